@@ -1,0 +1,59 @@
+"""The `memtrain` command: parses arguments, dispatches to the command modules, maps errors to exit codes.
+
+Each command module exposes ``add_arguments(parser)`` and ``run(args) -> int``. Errors of the
+MemtrainError family print one paragraph (exit 2 for bad input or configuration, 1 for failures);
+``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import traceback
+
+from memtrain.errors import MemtrainError
+
+COMMANDS = {
+    "prepare": ("memtrain.prepare.command", "turn a CSV/NPY/NPZ/HDF5/Parquet source into a sharded dataset"),
+    "train": ("memtrain.train.command", "run a training job (TOML job file)"),
+    "inspect": ("memtrain.inspection", "show datasets, runs, checkpoints and .npy files on disk"),
+    "serve": ("memtrain.serve", "run job files dropped into a jobs/ folder"),
+    "bench": ("memtrain.bench", "measure memtrain against one process, pickling and shared memory"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="memtrain",
+        description="Data-parallel training of numpy models across processes on memory-mapped files.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks instead of short errors")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        sub = commands.add_parser(name, help=help_text, description=module.__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+        sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                         help="show tracebacks instead of short errors")
+        module.add_arguments(sub)
+        sub.set_defaults(module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.module.run(args) or 0)
+    except MemtrainError as exc:
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        print(f"memtrain {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"memtrain {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""Dataset directory -> read-only access: the manifest, shards as memmaps, row ranges across shards.
+
+Format ``memtrain.dataset`` version 1 (specified in the README, "File formats"). ``manifest.json``::
+
+    {"format": "memtrain.dataset", "version": 1,
+     "task": "classification" | "regression",
+     "rows": int,                                  # train + val
+     "x": {"shape": [F, ...], "dtype": "float32"}, # shape of ONE row
+     "y": {"shape": [] | [K], "dtype": "int64" | "float32"},
+     "classes": ["name", ...] | null,              # class index i has name classes[i]
+     "splits": {"train": {"rows": int, "shards": [SHARD, ...]}, "val": {...}},
+     "stats": {"mean": [...], "std": [...], "min": [...], "max": [...]},  # per feature, train split
+     "source": {...}, "options": {...}, "created": "ISO-8601"}
+    SHARD = {"rows": int, "x": "train/x-00000.npy", "y": "train/y-00000.npy",
+             "x_bytes": int, "y_bytes": int, "x_checksum": "xxh3-128:..", "y_checksum": "xxh3-128:.."}
+
+Opening checks every shard's header and exact size (cheap); ``verify=True`` also re-hashes them.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memtrain.errors import CorruptFileError, InputError
+from memtrain.files import check_npy, open_npy, read_json, verify_checksum
+from memtrain.layout import MANIFEST, SPLITS
+
+FORMAT = "memtrain.dataset"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Shard:
+    rows: int
+    x_path: Path
+    y_path: Path
+    x_checksum: str
+    y_checksum: str
+
+
+@dataclass
+class Split:
+    """One split (train or val): its shards, mapped lazily and kept mapped."""
+
+    name: str
+    rows: int
+    shards: list[Shard]
+    x_shape: tuple[int, ...]
+    x_dtype: np.dtype
+    y_shape: tuple[int, ...]
+    y_dtype: np.dtype
+    starts: list[int] = field(init=False)
+    _maps: dict[int, tuple[np.ndarray, np.ndarray]] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.starts = np.concatenate([[0], np.cumsum([s.rows for s in self.shards])]).astype(int).tolist()
+        if self.starts[-1] != self.rows:
+            raise CorruptFileError(f"the {self.name} split's shard rows do not add up",
+                                   expected=self.rows, found=self.starts[-1])
+
+    def shard_arrays(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """The (x, y) memmaps of shard ``index``, validated against the manifest on first use."""
+        if index not in self._maps:
+            shard = self.shards[index]
+            x = open_npy(shard.x_path, shape=(shard.rows, *self.x_shape), dtype=self.x_dtype)
+            y = open_npy(shard.y_path, shape=(shard.rows, *self.y_shape), dtype=self.y_dtype)
+            self._maps[index] = (x, y)
+        return self._maps[index]
+
+    def segments(self, lo: int, hi: int) -> list[tuple[int, int, int]]:
+        """Rows [lo, hi) of the split as (shard, first row in shard, end row in shard) pieces."""
+        if not 0 <= lo <= hi <= self.rows:
+            raise IndexError(f"rows [{lo}, {hi}) outside the {self.name} split of {self.rows} rows")
+        pieces = []
+        position = lo
+        while position < hi:
+            shard = bisect.bisect_right(self.starts, position) - 1
+            end = min(hi, self.starts[shard + 1])
+            pieces.append((shard, position - self.starts[shard], end - self.starts[shard]))
+            position = end
+        return pieces
+
+    def read(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows [lo, hi) as arrays: a zero-copy view when they lie in one shard, a copy otherwise."""
+        pieces = self.segments(lo, hi)
+        if len(pieces) == 1:
+            shard, a, b = pieces[0]
+            x, y = self.shard_arrays(shard)
+            return x[a:b], y[a:b]
+        if not pieces:
+            return (np.empty((0, *self.x_shape), self.x_dtype), np.empty((0, *self.y_shape), self.y_dtype))
+        xs, ys = zip(*(self._slice(*piece) for piece in pieces), strict=True)
+        return np.concatenate(xs), np.concatenate(ys)
+
+    def _slice(self, shard: int, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        x, y = self.shard_arrays(shard)
+        return x[a:b], y[a:b]
+
+    def check_files(self) -> None:
+        """Headers and exact sizes of every shard (no mapping, no hashing): catches truncation early."""
+        for shard in self.shards:
+            check_npy(shard.x_path, shape=(shard.rows, *self.x_shape), dtype=self.x_dtype)
+            check_npy(shard.y_path, shape=(shard.rows, *self.y_shape), dtype=self.y_dtype)
+
+    def verify(self) -> None:
+        for shard in self.shards:
+            verify_checksum(shard.x_path, shard.x_checksum)
+            verify_checksum(shard.y_path, shard.y_checksum)
+
+
+@dataclass
+class Dataset:
+    path: Path
+    manifest: dict[str, Any]
+    splits: dict[str, Split]
+
+    @property
+    def task(self) -> str:
+        return self.manifest["task"]
+
+    @property
+    def classes(self) -> list[str] | None:
+        return self.manifest.get("classes")
+
+    @property
+    def n_features(self) -> int:
+        return int(np.prod(self.manifest["x"]["shape"]))
+
+    @property
+    def stats(self) -> dict[str, np.ndarray]:
+        return {k: np.asarray(v, dtype=np.float64) for k, v in self.manifest["stats"].items()}
+
+    def split(self, name: str) -> Split:
+        return self.splits[name]
+
+    def verify(self) -> None:
+        """Re-hash every shard against the manifest; raises CorruptFileError naming the first bad file."""
+        for split in self.splits.values():
+            split.verify()
+
+
+def open_dataset(path: str | Path, *, verify: bool = False) -> Dataset:
+    """Open a prepared dataset directory read-only.
+
+    >>> ds = open_dataset("data/digits")            # doctest: +SKIP
+    >>> x, y = ds.split("train").read(0, 128)      # rows 0..127, across shards if needed
+    """
+    path = Path(path)
+    manifest_path = path / MANIFEST
+    if not path.is_dir():
+        raise InputError("dataset directory not found", path=path,
+                         hint="create one with `memtrain prepare SOURCE OUT`")
+    if not manifest_path.exists():
+        raise InputError("not a memtrain dataset: no manifest.json", path=path,
+                         hint="an interrupted prepare leaves no manifest; run `memtrain prepare` again")
+    manifest = read_json(manifest_path, what="dataset manifest")
+    _check_format(manifest, manifest_path)
+    splits = {name: _split(path, name, manifest) for name in SPLITS}
+    for split in splits.values():
+        split.check_files()
+    dataset = Dataset(path, manifest, splits)
+    if verify:
+        dataset.verify()
+    return dataset
+
+
+def _check_format(manifest: Any, path: Path) -> None:
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise CorruptFileError("not a memtrain dataset manifest", path=path, where="format",
+                               expected=FORMAT, found=found)
+    if manifest.get("version") != FORMAT_VERSION:
+        raise CorruptFileError("unsupported dataset format version", path=path, where="version",
+                               expected=FORMAT_VERSION, found=manifest.get("version"),
+                               hint="prepare the dataset again with this memtrain")
+
+
+def _split(root: Path, name: str, manifest: dict[str, Any]) -> Split:
+    try:
+        entry = manifest["splits"][name]
+        shards = [Shard(int(s["rows"]), root / s["x"], root / s["y"], s["x_checksum"], s["y_checksum"])
+                  for s in entry["shards"]]
+        return Split(name, int(entry["rows"]), shards,
+                     tuple(manifest["x"]["shape"]), np.dtype(manifest["x"]["dtype"]),
+                     tuple(manifest["y"]["shape"]), np.dtype(manifest["y"]["dtype"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptFileError(f"manifest is missing or has a malformed field ({exc})",
+                               path=root / MANIFEST, where=f"splits.{name}") from exc

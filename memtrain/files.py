@@ -1,0 +1,313 @@
+"""Safe file primitives: publish by rename, safe .npy headers and maps, checksums, JSON.
+
+Every file memtrain writes goes through ``publish`` (temp name in the same directory, write, optional
+fsync, ``os.replace``, optional directory fsync). Every ``.npy`` it reads goes through ``open_npy``,
+which checks the header, the dtype and the exact file size before mapping, so a truncated file, trailing
+junk, a pickled object array or a header claiming a huge shape is an error naming the file, never a
+SIGBUS, a numpy traceback or an allocation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import xxhash
+
+from memtrain.errors import CorruptFileError, DiskFullError, InputError, MemtrainError
+from memtrain.layout import tmp_sibling
+
+CHECKSUM_ALGO = "xxh3-128"
+# 8 MiB: large enough that hashing runs at memory bandwidth, small enough to stay in L3-ish caches.
+HASH_CHUNK = 8 << 20
+# A header longer than this is not one numpy writes for any real array; refuse it before reading it.
+MAX_NPY_HEADER = 1 << 16
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _is_no_space(exc: OSError) -> bool:
+    # np.save on a full disk raises OSError("... requested and ... written") with errno None.
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT) or (exc.errno is None and "written" in str(exc))
+
+
+def reserve(fd: int, size: int, path: Path) -> None:
+    """Allocate ``size`` bytes up front: a full disk is then a clean error here, not a SIGBUS in a memmap."""
+    if size <= 0:
+        return
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+            return  # filesystem without fallocate: writes will still raise ENOSPC cleanly
+        raise
+
+
+def no_space_error(path: Path, size: int | None = None) -> DiskFullError:
+    try:
+        free = shutil.disk_usage(path.parent if not path.is_dir() else path).free
+    except OSError:
+        free = None
+    return DiskFullError(
+        "no space left on the device while writing",
+        path=path,
+        expected=f"{size} bytes free" if size else None,
+        found=f"{free} bytes free" if free is not None else None,
+        hint="free some space or point the output elsewhere; nothing partial was published",
+    )
+
+
+def publish(path: Path, write: Callable[[IO[bytes]], None], *, durable: bool, size_hint: int = 0) -> None:
+    """Write a file under a temporary name, then rename it to ``path`` atomically.
+
+    ``durable`` adds fsync of the file and of its directory (datasets, checkpoints, manifests); files
+    that can be recomputed after a crash (weight versions, gradients) skip it. An existing ``path`` keeps
+    its old inode, so a process that has it mapped keeps reading the old bytes, never torn ones.
+    """
+    tmp = tmp_sibling(path)
+    try:
+        with open(tmp, "wb") as handle:
+            reserve(handle.fileno(), size_hint, tmp)
+            write(handle)
+            handle.flush()
+            if durable:
+                os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if _is_no_space(exc):
+            raise no_space_error(path, size_hint) from exc
+        raise MemtrainError(f"cannot write: {exc.strerror or exc}", path=path) from exc
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if durable:
+        fsync_dir(path.parent)
+
+
+def npy_header_bytes(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
+    """The exact header numpy writes for an array of this shape and dtype (C order)."""
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": shape}
+    buffer = _Sink()
+    np.lib.format.write_array_header_1_0(buffer, header) if _fits_v1(header) else \
+        np.lib.format.write_array_header_2_0(buffer, header)
+    return bytes(buffer.data)
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def write(self, chunk: bytes) -> None:
+        self.data += chunk
+
+
+def _fits_v1(header: dict[str, Any]) -> bool:
+    return len(repr(header)) < 65000
+
+
+def publish_array(path: Path, array: np.ndarray, *, durable: bool) -> None:
+    """Publish ``array`` as a standard .npy file (never pickled)."""
+    array = np.ascontiguousarray(array)
+    if array.dtype.hasobject:
+        raise MemtrainError("refusing to write an object array", path=path)
+    header = npy_header_bytes(array.shape, array.dtype)
+
+    def write(handle: IO[bytes]) -> None:
+        handle.write(header)
+        handle.write(memoryview(array.reshape(-1).view(np.uint8)))
+
+    publish(path, write, durable=durable, size_hint=len(header) + array.nbytes)
+
+
+@contextlib.contextmanager
+def writing_npy(path: Path, shape: tuple[int, ...], dtype: np.dtype, *, durable: bool) -> Iterator[np.memmap]:
+    """Yield a writable map of a new .npy file (space reserved first); published at ``path`` on success.
+
+    Lets a producer compute straight into the file instead of into memory and then copying.
+    """
+    dtype = np.dtype(dtype)
+    header = npy_header_bytes(tuple(shape), dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    tmp = tmp_sibling(path)
+    try:
+        with open(tmp, "wb+") as handle:
+            reserve(handle.fileno(), len(header) + nbytes, tmp)
+            handle.write(header)
+            handle.truncate(len(header) + nbytes)
+        view = np.memmap(tmp, dtype=dtype, mode="r+", offset=len(header), shape=tuple(shape))
+        yield view
+        view.flush()
+        if durable:
+            with open(tmp, "rb+") as handle:
+                os.fsync(handle.fileno())
+        del view
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if _is_no_space(exc):
+            raise no_space_error(path, nbytes) from exc
+        raise MemtrainError(f"cannot write: {exc.strerror or exc}", path=path) from exc
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if durable:
+        fsync_dir(path.parent)
+
+
+class NpyHeader:
+    """What a .npy header says, read without trusting it."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, fortran_order: bool, offset: int):
+        self.shape = shape
+        self.dtype = dtype
+        self.fortran_order = fortran_order
+        self.offset = offset
+
+    @property
+    def nbytes(self) -> int:
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count * self.dtype.itemsize
+
+
+def read_npy_header(path: Path) -> NpyHeader:
+    """Parse the header of a .npy file, refusing object dtypes, absurd headers and malformed files."""
+    try:
+        with open(path, "rb") as handle:
+            try:
+                version = np.lib.format.read_magic(handle)
+            except ValueError as exc:
+                raise CorruptFileError("not a .npy file (bad magic string)", path=path) from exc
+            length_bytes = handle.read(2 if version == (1, 0) else 4)
+            header_len = int.from_bytes(length_bytes, "little") if length_bytes else 0
+            if header_len > MAX_NPY_HEADER:
+                raise CorruptFileError(
+                    "the .npy header is implausibly long", path=path,
+                    expected=f"at most {MAX_NPY_HEADER} bytes", found=f"{header_len} bytes")
+            handle.seek(0)
+            np.lib.format.read_magic(handle)
+            try:
+                reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                    np.lib.format.read_array_header_2_0
+                shape, fortran_order, dtype = reader(handle, max_header_size=MAX_NPY_HEADER)
+            except (ValueError, SyntaxError, EOFError) as exc:
+                raise CorruptFileError(f"unreadable .npy header ({exc})", path=path) from exc
+            offset = handle.tell()
+    except FileNotFoundError as exc:
+        raise MemtrainError("file not found", path=path) from exc
+    except IsADirectoryError as exc:
+        raise MemtrainError("expected a .npy file, found a directory", path=path) from exc
+    if dtype.hasobject:
+        raise CorruptFileError(
+            "refusing a .npy file that holds Python objects (loading it would unpickle)", path=path,
+            expected="a numeric dtype", found=str(dtype))
+    if any(dim < 0 for dim in shape):
+        raise CorruptFileError("negative dimension in the .npy header", path=path, found=shape)
+    return NpyHeader(tuple(int(d) for d in shape), dtype, bool(fortran_order), offset)
+
+
+def open_npy(path: Path, *, shape: tuple[int, ...] | None = None, dtype: Any = None,
+             mode: str = "r") -> np.ndarray:
+    """Map a .npy file read-only after checking its header and its exact size.
+
+    ``shape``/``dtype``, when given, must match the header (a manifest's record of the file).
+    """
+    path = Path(path)
+    header = check_npy(path, shape=shape, dtype=dtype)
+    if header.nbytes == 0:
+        return np.zeros(header.shape, dtype=header.dtype)
+    return np.memmap(path, dtype=header.dtype, mode=mode, offset=header.offset, shape=header.shape)
+
+
+def check_npy(path: Path, *, shape: tuple[int, ...] | None = None, dtype: Any = None) -> NpyHeader:
+    """Validate a .npy file's header against what was recorded, and its exact size, without mapping it."""
+    header = read_npy_header(path)
+    if dtype is not None and header.dtype != np.dtype(dtype):
+        raise CorruptFileError("dtype differs from what was recorded", path=path,
+                               expected=str(np.dtype(dtype)), found=str(header.dtype))
+    if shape is not None and header.shape != tuple(shape):
+        raise CorruptFileError("shape differs from what was recorded", path=path,
+                               expected=tuple(shape), found=header.shape)
+    if header.fortran_order:
+        raise CorruptFileError("Fortran-ordered arrays are not used by memtrain", path=path,
+                               expected="fortran_order False", found="True")
+    actual = os.path.getsize(path)
+    wanted = header.offset + header.nbytes
+    if actual != wanted:
+        what = "file is truncated" if actual < wanted else "file has trailing bytes after the array"
+        raise CorruptFileError(what, path=path, expected=f"{wanted} bytes",
+                               found=f"{actual} bytes")
+    return header
+
+
+def checksum_file(path: Path) -> str:
+    """``xxh3-128:<hex>`` of the whole file, streamed."""
+    digest = xxhash.xxh3_128()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(HASH_CHUNK):
+            digest.update(chunk)
+    return f"{CHECKSUM_ALGO}:{digest.hexdigest()}"
+
+
+def verify_checksum(path: Path, expected: str) -> None:
+    if not path.exists():
+        raise CorruptFileError("file is missing", path=path, expected=expected, found="no file")
+    found = checksum_file(path)
+    if found != expected:
+        raise CorruptFileError("checksum mismatch: the file changed since it was written", path=path,
+                               expected=expected, found=found)
+
+
+def write_json(path: Path, obj: Any, *, durable: bool) -> None:
+    text = json.dumps(obj, indent=2, sort_keys=False) + "\n"
+    publish(path, lambda handle: handle.write(text.encode()), durable=durable)
+
+
+def read_json(path: Path, *, what: str = "JSON file") -> Any:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except FileNotFoundError as exc:
+        raise InputError(f"{what} not found", path=path) from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        where = f"line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else None
+        raise CorruptFileError(f"{what} is not valid JSON ({exc})", path=path, where=where) from exc
+
+
+def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    """Append one line; a crash can leave at most one partial last line, which readers skip."""
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Read a JSON-lines log, skipping a torn last line left by a crash."""
+    if not path.exists():
+        return []
+    records = []
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records

@@ -1,0 +1,117 @@
+"""Every on-disk name memtrain uses, in one place: dataset dirs, run dirs, weights, gradients, checkpoints.
+
+No other module formats a path. Numbers are zero-padded so that names sort in order.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from pathlib import Path
+
+# --- dataset directory (written by `memtrain prepare`) ---
+MANIFEST = "manifest.json"
+SPLITS = ("train", "val")
+
+
+def shard_name(split: str, part: str, index: int) -> str:
+    """Relative name of one shard file: ``train/x-00000.npy`` (part is ``x`` or ``y``)."""
+    return f"{split}/{part}-{index:05d}.npy"
+
+
+# --- run directory (written by `memtrain train`) ---
+RUN_JOB = "job.json"  # the resolved job, every default filled in
+RUN_PARAMS = "params.json"  # parameter layout: name, shape, offset, dtype
+RUN_METRICS = "metrics.jsonl"
+RUN_EVENTS = "events.log"
+RUN_LINEAGE = "lineage.jsonl"  # which version and tasks produced each published version
+RUN_LOCK = "run.lock"
+RUN_EXCHANGE_LINK = "exchange.json"  # where this run's exchange area lives (it may be on /dev/shm)
+WEIGHTS_DIR = "weights"
+CHECKPOINTS_DIR = "checkpoints"
+CHECKPOINT_META = "meta.json"
+CHECKPOINT_WEIGHTS = "weights.npy"
+STATS_FILE = "stats.npy"  # additive models: the reduced sufficient statistics
+
+_VERSION_RE = re.compile(r"^v(\d{8})\.npy$")
+_CHECKPOINT_RE = re.compile(r"^c(\d{8})$")
+
+
+def weights_path(run_dir: Path, version: int) -> Path:
+    return run_dir / WEIGHTS_DIR / f"v{version:08d}.npy"
+
+
+def weight_versions(run_dir: Path) -> list[int]:
+    """Published weight versions on disk, oldest first."""
+    folder = run_dir / WEIGHTS_DIR
+    if not folder.is_dir():
+        return []
+    return sorted(int(m.group(1)) for name in os.listdir(folder) if (m := _VERSION_RE.match(name)))
+
+
+def checkpoint_path(run_dir: Path, update: int) -> Path:
+    return run_dir / CHECKPOINTS_DIR / f"c{update:08d}"
+
+
+def checkpoint_updates(run_dir: Path) -> list[int]:
+    """Committed checkpoint directories (by name; a tmp dir never matches), oldest first."""
+    folder = run_dir / CHECKPOINTS_DIR
+    if not folder.is_dir():
+        return []
+    return sorted(int(m.group(1)) for name in os.listdir(folder) if (m := _CHECKPOINT_RE.match(name)))
+
+
+def optimizer_state_name(slot: str) -> str:
+    return f"opt-{slot}.npy"
+
+
+# --- exchange area (gradient files and scratch; on /dev/shm or in the run dir) ---
+EXCHANGE_PREFIX = "memtrain-x-"
+
+
+def exchange_dir_name(run_id: str, owner_pid: int) -> str:
+    """The owner's pid is in the name so that leftovers of dead runs can be told from live ones."""
+    return f"{EXCHANGE_PREFIX}{run_id}-{owner_pid}"
+
+
+def parse_exchange_owner(name: str) -> int | None:
+    if not name.startswith(EXCHANGE_PREFIX):
+        return None
+    tail = name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else None
+
+
+def gradient_name(version: int, task: int, attempt: int) -> str:
+    """One gradient file per (weight version, task, attempt): a late or repeated attempt never collides."""
+    return f"g-v{version:08d}-t{task:05d}-a{attempt:03d}.npy"
+
+
+def state_buffer_name(slot: str, parity: int) -> str:
+    """Optimizer state is double-buffered: update n reads parity n%2 and writes the other one."""
+    return f"opt-{slot}-{parity}.npy"
+
+
+# --- temporary names ---
+TMP_MARK = ".tmp-"
+
+
+def tmp_sibling(path: Path) -> Path:
+    """A temporary name in the same directory (so os.replace is atomic); the pid lets sweeps find orphans."""
+    return path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def tmp_owner_pid(name: str) -> int | None:
+    """The pid that created a temporary file or directory, or None if ``name`` is not a temporary name."""
+    if TMP_MARK not in name:
+        return None
+    tail = name.split(TMP_MARK, 1)[1].split("-", 1)[0]
+    return int(tail) if tail.isdigit() else None
+
+
+# --- the jobs spool of `memtrain serve` ---
+SPOOL_RUNNING = "running"
+SPOOL_DONE = "done"
+SPOOL_FAILED = "failed"
+SPOOL_STATUS = "status.json"
+SPOOL_LOCK = ".lock"

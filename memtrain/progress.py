@@ -1,0 +1,69 @@
+"""Progress for people: a rich bar on a terminal, plain lines otherwise (logs, CI, pipes)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+
+def console(stderr: bool = True) -> Console:
+    return Console(stderr=stderr, highlight=False)
+
+
+class Reporter:
+    """Reports progress of one long step; ``update(done, **fields)``, ``line(text)``."""
+
+    def __init__(self, progress: Progress | None, task_id: int | None, label: str, total: float,
+                 plain_every: float):
+        self._progress = progress
+        self._task = task_id
+        self._label = label
+        self._total = total
+        self._plain_every = plain_every
+        self._last_plain = 0.0
+        self._start = time.monotonic()
+
+    def update(self, done: float, info: str = "") -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, completed=done, info=info)
+            return
+        now = time.monotonic()
+        if now - self._last_plain >= self._plain_every or done >= self._total:
+            self._last_plain = now
+            pct = 100.0 * done / self._total if self._total else 100.0
+            print(f"{self._label}: {pct:5.1f}% {info}".rstrip(), file=sys.stderr, flush=True)
+
+    def line(self, text: str) -> None:
+        if self._progress is not None:
+            self._progress.console.print(text, markup=False)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def reporting(label: str, total: float, *, plain_every: float = 5.0,
+              force_plain: bool = False) -> Iterator[Reporter]:
+    """A progress bar when stderr is a terminal, otherwise a plain line at most every ``plain_every`` s."""
+    out = console()
+    if force_plain or not out.is_terminal:
+        yield Reporter(None, None, label, total, plain_every)
+        return
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TaskProgressColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+               TimeRemainingColumn())
+    with Progress(*columns, console=out, transient=False) as progress:
+        task_id = progress.add_task(label, total=total, info="")
+        yield Reporter(progress, task_id, label, total, plain_every)
