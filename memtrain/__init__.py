@@ -20,6 +20,6 @@ def __getattr__(name: str) -> Any:
         from memtrain.predict import load_model
         return load_model
     if name == "load_checkpoint":
-        from memtrain.checkpoints import load_checkpoint
+        from memtrain.train.checkpoint import load_checkpoint
         return load_checkpoint
     raise AttributeError(name)

@@ -1,0 +1,70 @@
+"""The model protocol: what a worker needs from a model, and what a user model must implement.
+
+A model is built once per process from its options and a ``DataSpec``. Parameters are named float32
+arrays (see ``params.ParamLayout``); the flat vector is what weight files hold.
+
+Gradient models (``additive = False``) implement ``loss_and_grad``: the SUM over the given rows of the
+per-row loss, with the SUM of per-row gradients written into ``grads``. Sums, not means, so that the
+server can add task results in a fixed order and divide once by the row count of the update.
+
+Additive models (``additive = True``) implement ``statistics`` (sums of sufficient statistics over
+rows, e.g. X^T X for least squares) and ``solve`` (statistics -> parameters): one pass over the data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """What a model may know about the data: feature count, task, classes or target width."""
+
+    n_features: int
+    task: str  # "classification" | "regression"
+    n_classes: int = 0  # classification only
+    n_targets: int = 1  # regression: 1 for a scalar target, K for a vector target
+    target_shape: tuple[int, ...] = ()  # shape of one y row as stored in the dataset
+
+
+@runtime_checkable
+class Model(Protocol):
+    additive: ClassVar[bool]
+
+    def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Ordered names and shapes of the parameters."""
+
+    def init(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """Initial parameters (float32), drawn from ``rng`` only, so a seed fixes them."""
+
+    def loss(self, params: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray) -> float:
+        """Summed loss over rows (evaluation)."""
+
+    def predict(self, params: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+        """Class indices (classification) or target values (regression)."""
+
+
+@runtime_checkable
+class GradientModel(Model, Protocol):
+    def loss_and_grad(self, params: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray,
+                      grads: dict[str, np.ndarray]) -> float:
+        """Return the summed loss; write the summed gradient into ``grads`` (overwrite, do not add)."""
+
+
+@runtime_checkable
+class AdditiveModel(Model, Protocol):
+    def statistic_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Ordered names and shapes of the sufficient statistics (float64)."""
+
+    def statistics(self, x: np.ndarray, y: np.ndarray, out: dict[str, np.ndarray]) -> None:
+        """Write the statistics of these rows into ``out`` (overwrite)."""
+
+    def solve(self, stats: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Parameters from the statistics summed over all training rows."""
+
+
+def build_options_error(kind: str, key: str, allowed: Any) -> str:
+    return f"model '{kind}' has no option '{key}' (options: {', '.join(sorted(allowed)) or 'none'})"
