@@ -41,7 +41,7 @@ class Reporter:
             self._progress.update(self._task, completed=done, info=info)
             return
         now = time.monotonic()
-        if now - self._last_plain >= self._plain_every or done >= self._total:
+        if now - self._last_plain >= self._plain_every:
             self._last_plain = now
             pct = 100.0 * done / self._total if self._total else 100.0
             print(f"{self._label}: {pct:5.1f}% {info}".rstrip(), file=sys.stderr, flush=True)

@@ -1,0 +1,144 @@
+"""Weights + optimizer state + metadata -> ``checkpoints/cNNNNNNNN/``, committed by renaming a finished dir.
+
+A checkpoint directory whose name matches ``cNNNNNNNN`` is complete: its files are fsynced, ``meta.json``
+(with every file's checksum) is written last, and only then is the temporary directory renamed into place.
+``newest_checkpoint`` re-hashes what it returns and falls back to an older checkpoint if a file is bad.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memtrain.errors import CorruptFileError, InputError, MemtrainError
+from memtrain.faults import fault_point
+from memtrain.files import (
+    _is_no_space,
+    checksum_file,
+    fsync_dir,
+    no_space_error,
+    open_npy,
+    read_json,
+    verify_checksum,
+    write_json,
+)
+from memtrain.layout import (
+    CHECKPOINT_META,
+    CHECKPOINT_WEIGHTS,
+    CHECKPOINTS_DIR,
+    RUN_PARAMS,
+    checkpoint_path,
+    checkpoint_updates,
+    optimizer_state_name,
+    tmp_sibling,
+)
+from memtrain.models.params import ParamLayout
+
+FORMAT = "memtrain.checkpoint"
+FORMAT_VERSION = 1
+
+
+def write_checkpoint(run_dir: Path, update: int, meta: dict[str, Any], weights: Path,
+                     state: dict[str, Path], keep: int) -> Path:
+    """Copy weights and optimizer state into a new checkpoint and commit it; prune to the newest ``keep``."""
+    final = checkpoint_path(run_dir, update)
+    final.parent.mkdir(exist_ok=True)
+    tmp = tmp_sibling(final)
+    tmp.mkdir()
+    try:
+        sources = {CHECKPOINT_WEIGHTS: weights} | {optimizer_state_name(k): v for k, v in state.items()}
+        files = {name: _copy_durable(src, tmp / name) for name, src in sources.items()}
+        fault_point("ckpt_after_data")
+        write_json(tmp / CHECKPOINT_META, {"format": FORMAT, "version": FORMAT_VERSION, **meta, "files": files,
+                                           "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, durable=True)
+        fsync_dir(tmp)
+        fault_point("ckpt_before_commit")
+        if final.exists():
+            shutil.rmtree(final)  # a re-written checkpoint of the same update (after a resume)
+        os.rename(tmp, final)
+        fsync_dir(final.parent)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError) and _is_no_space(exc):
+            raise no_space_error(final) from exc
+        raise
+    prune_checkpoints(run_dir, keep)
+    return final
+
+
+def _copy_durable(src: Path, dst: Path) -> dict[str, Any]:
+    with open(src, "rb") as reader, open(dst, "wb") as writer:
+        shutil.copyfileobj(reader, writer, 8 << 20)
+        writer.flush()
+        os.fsync(writer.fileno())
+    return {"checksum": checksum_file(dst), "bytes": dst.stat().st_size}
+
+
+def prune_checkpoints(run_dir: Path, keep: int) -> None:
+    for update in checkpoint_updates(run_dir)[:-keep] if keep > 0 else []:
+        shutil.rmtree(checkpoint_path(run_dir, update), ignore_errors=True)
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    meta = read_json(path / CHECKPOINT_META, what="checkpoint metadata")
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CorruptFileError("not a memtrain checkpoint", path=path / CHECKPOINT_META, where="format",
+                               expected=FORMAT, found=meta.get("format") if isinstance(meta, dict) else None)
+    if meta.get("version") != FORMAT_VERSION:
+        raise CorruptFileError("unsupported checkpoint format version", path=path / CHECKPOINT_META,
+                               expected=FORMAT_VERSION, found=meta.get("version"))
+    return meta
+
+
+def verify_checkpoint(path: Path) -> dict[str, Any]:
+    """Re-hash every file of a checkpoint; returns its metadata or raises naming the bad file."""
+    meta = read_meta(path)
+    for name, record in meta["files"].items():
+        verify_checksum(path / name, record["checksum"])
+    return meta
+
+
+def newest_checkpoint(run_dir: Path, warn: Callable[[str], None] = print) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint whose files all match their checksums; bad ones are reported and skipped."""
+    for update in reversed(checkpoint_updates(run_dir)):
+        path = checkpoint_path(run_dir, update)
+        try:
+            return path, verify_checkpoint(path)
+        except MemtrainError as exc:
+            warn(f"skipping checkpoint {path.name}: {exc}")
+    return None
+
+
+def load_checkpoint(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """``({name: read-only memmapped array}, metadata)`` of a checkpoint dir (or of a run's newest one).
+
+    >>> params, meta = load_checkpoint("runs/digits-mlp")       # doctest: +SKIP
+    >>> params["W0"].shape, meta["epoch"]
+    """
+    path = Path(path)
+    if (path / CHECKPOINTS_DIR).is_dir() or (path / RUN_PARAMS).exists():
+        found = newest_checkpoint(path, warn=lambda _: None)
+        if found is None:
+            raise InputError("the run has no complete checkpoint", path=path)
+        path = found[0]
+    meta = read_meta(path)
+    layout = ParamLayout.from_json(meta["layout"], path=path / CHECKPOINT_META)
+    flat = open_npy(path / CHECKPOINT_WEIGHTS, shape=(layout.size,), dtype=layout.dtype)
+    return layout.views(flat), meta
+
+
+def discard_incomplete(run_dir: Path) -> None:
+    """Remove temporary checkpoint directories left by a crash (the run lock is held: no one owns them)."""
+    folder = run_dir / CHECKPOINTS_DIR
+    if folder.is_dir():
+        for entry in os.listdir(folder):
+            if entry.startswith("."):
+                with contextlib.suppress(OSError):
+                    shutil.rmtree(folder / entry)

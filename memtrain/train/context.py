@@ -1,0 +1,59 @@
+"""Dataset manifest + model options -> the model, its parameter layout and the feature normalizer.
+
+Built the same way in the server, in every worker and in ``load_model``, so all three agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from memtrain.dataset import Dataset
+from memtrain.models import build_model
+from memtrain.models.params import ParamLayout
+from memtrain.models.protocol import DataSpec, Model
+from memtrain.train.normalize import Normalizer
+
+
+@dataclass(frozen=True)
+class ModelContext:
+    spec: DataSpec
+    model: Model
+    layout: ParamLayout
+    stats_layout: ParamLayout | None  # additive models: layout of the sufficient statistics (float64)
+    normalize: Normalizer
+    manifest: dict[str, Any]
+
+    @property
+    def additive(self) -> bool:
+        return bool(getattr(self.model, "additive", False))
+
+    @property
+    def classifier(self) -> bool:
+        return self.spec.task == "classification"
+
+
+def data_spec(manifest: dict[str, Any]) -> DataSpec:
+    target_shape = tuple(manifest["y"]["shape"])
+    classes = manifest.get("classes") or []
+    return DataSpec(n_features=int(np.prod(manifest["x"]["shape"])), task=manifest["task"],
+                    n_classes=len(classes), n_targets=int(np.prod(target_shape)) if target_shape else 1,
+                    target_shape=target_shape)
+
+
+def model_context_from_manifest(manifest: dict[str, Any], kind: str, options: dict[str, Any],
+                                normalize: bool) -> ModelContext:
+    spec = data_spec(manifest)
+    model = build_model(kind, options, spec)
+    layout = ParamLayout.from_shapes(model.parameter_shapes())
+    stats_layout = None
+    if getattr(model, "additive", False):
+        stats_layout = ParamLayout(ParamLayout.from_shapes(model.statistic_shapes()).entries, np.dtype(np.float64))
+    return ModelContext(spec, model, layout, stats_layout, Normalizer.from_stats(manifest.get("stats"), normalize),
+                        manifest)
+
+
+def model_context(dataset: Dataset, kind: str, options: dict[str, Any], normalize: bool) -> ModelContext:
+    return model_context_from_manifest(dataset.manifest, kind, options, normalize)

@@ -1,0 +1,65 @@
+"""Gradient files of one update -> the next weight version: sum in task order, mean, optimizer step.
+
+Run by a worker on a slice [lo, hi) of the parameters; slices are disjoint, so the slice owners share
+the reduction without talking to each other. Everything here is elementwise, so the result does not
+depend on how the parameters are sliced: bitwise identical weights with any worker count.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from memtrain.faults import fault_point
+from memtrain.files import open_npy
+from memtrain.layout import state_buffer_name
+from memtrain.train.messages import StepTask
+from memtrain.train.optim import OptimizerConfig, apply_update, state_slots
+
+# Elements per pass: 64 Ki float32 = 256 KiB per stream, so the gradient rows, the accumulator, the
+# weights and the optimizer state of one chunk stay in L2 while they are added, stepped and written.
+CHUNK = 1 << 16
+
+
+def open_state(exchange: Path, optimizer: OptimizerConfig, parity: int, size: int, mode: str) -> dict[str, np.ndarray]:
+    return {slot: open_npy(exchange / state_buffer_name(slot, parity), shape=(size,), dtype=np.float32, mode=mode)
+            for slot in state_slots(optimizer)}
+
+
+def run_step_slice(task: StepTask, exchange: Path, run_dir: Path, size: int, optimizer: OptimizerConfig) -> bool:
+    """Do one slice of one update; False if the mean gradient or the new weights are not finite."""
+    from memtrain.layout import weights_path
+
+    grads = [open_npy(exchange / name, shape=(size,), dtype=np.float32) for name in task.grads]
+    weights = open_npy(weights_path(run_dir, task.version), shape=(size,), dtype=np.float32)
+    out = open_npy(Path(task.out), shape=(size,), dtype=np.float32, mode="r+")
+    state_in = open_state(exchange, optimizer, task.parity, size, "r")
+    state_out = open_state(exchange, optimizer, 1 - task.parity, size, "r+")
+    finite = reduce_and_step(grads, task.rows, weights, state_in, out, state_out, task.lo, task.hi,
+                             optimizer, task.step, task.lr)
+    out.flush()
+    return finite
+
+
+def reduce_and_step(grads: list[np.ndarray], rows: int, weights: np.ndarray, state_in: dict[str, np.ndarray],
+                    weights_out: np.ndarray, state_out: dict[str, np.ndarray], lo: int, hi: int,
+                    optimizer: OptimizerConfig, step: int, lr: float) -> bool:
+    """Fused, chunked: mean gradient of ``grads`` (added in list order) -> optimizer -> ``weights_out``."""
+    buffer = np.empty(min(CHUNK, max(hi - lo, 1)), dtype=np.float32)
+    divisor = np.float32(rows)
+    for a in range(lo, hi, CHUNK):
+        b = min(a + CHUNK, hi)
+        mean = buffer[: b - a]
+        np.copyto(mean, grads[0][a:b])
+        for grad in grads[1:]:
+            np.add(mean, grad[a:b], out=mean)
+        np.divide(mean, divisor, out=mean)
+        if not np.isfinite(mean).all():
+            return False
+        apply_update(optimizer, step, lr, weights[a:b], mean, {k: v[a:b] for k, v in state_in.items()},
+                     weights_out[a:b], {k: v[a:b] for k, v in state_out.items()})
+        if not np.isfinite(weights_out[a:b]).all():
+            return False
+        fault_point("mid_step")
+    return True

@@ -1,0 +1,82 @@
+"""A list of tasks -> their results in task order, whatever dies, hangs or answers late on the way.
+
+A dead worker's task is re-run (with a new attempt number, so it writes a new file) on a replacement;
+a task silent past its time limit gets its worker killed, then the same; a task that kills its worker
+``max_attempts`` times stops the run naming the task and its shards. Results of old attempts are ignored.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import replace
+
+from memtrain.errors import WorkerFailure
+from memtrain.faults import fault_point
+from memtrain.train.exchange import Event, WorkerPool
+from memtrain.train.messages import Result, Task
+
+WAIT_BOUND = 1.0  # seconds: the longest the server blocks without re-checking deadlines and signals
+
+
+class Scheduler:
+    def __init__(self, pool: WorkerPool, *, task_timeout: float, max_attempts: int,
+                 describe: Callable[[Task], str], log: Callable[[str], None]):
+        self.pool = pool
+        self.task_timeout = task_timeout
+        self.max_attempts = max_attempts
+        self.describe = describe
+        self.log = log
+        self.deaths = 0
+
+    def run(self, tasks: list[Task]) -> list[Result]:
+        """Run every task to a result; returns the results in the order of ``tasks``."""
+        pending = deque(tasks)
+        current = {task.task: task for task in tasks}
+        done: dict[int, Result] = {}
+        while len(done) < len(tasks):
+            for slot in self.pool.idle_slots():
+                if not pending:
+                    break
+                self.pool.send(slot, pending.popleft())
+            for event in self.pool.wait(self._wait_time()):
+                self._handle(event, current, pending, done)
+            self._kill_overdue()
+        return [done[task.task] for task in tasks]
+
+    def _handle(self, event: Event, current: dict[int, Task], pending: deque[Task], done: dict[int, Result]) -> None:
+        task = event.task
+        if task is None or current.get(task.task) != task or task.task in done:
+            return  # an idle worker died, or a stale attempt answered: nothing to do
+        if event.result is not None:
+            if event.result.error is not None:
+                raise WorkerFailure(f"{self.describe(task)} failed in worker {event.slot.index}:\n"
+                                    f"{event.result.error.rstrip()}")
+            done[task.task] = event.result
+            fault_point("after_result")
+            return
+        self.deaths += 1
+        self.log(f"worker {event.slot.index} (pid {event.slot.process.pid}) died with exit code {event.exitcode} "
+                 f"during {self.describe(task)}, attempt {task.attempt + 1}")
+        if task.attempt + 1 >= self.max_attempts:
+            raise WorkerFailure(f"{self.describe(task)} killed its worker {task.attempt + 1} times "
+                                f"(last exit code {event.exitcode})", hint="the data or the model may crash the "
+                                "worker; check the rows named above, or raise train.max_attempts")
+        retry = replace(task, attempt=task.attempt + 1)
+        current[task.task] = retry
+        pending.appendleft(retry)
+
+    def _wait_time(self) -> float:
+        busy = [slot.since for slot in self.pool.slots if not slot.idle]
+        if not busy:
+            return WAIT_BOUND
+        return max(0.0, min(WAIT_BOUND, min(busy) + self.task_timeout - time.monotonic()))
+
+    def _kill_overdue(self) -> None:
+        now = time.monotonic()
+        for slot in self.pool.slots:
+            if not slot.idle and now - slot.since > self.task_timeout and slot.process.is_alive():
+                self.log(f"worker {slot.index} (pid {slot.process.pid}) silent for {self.task_timeout:g} s "
+                         f"on {self.describe(slot.current)}; killing it")
+                self.pool.kill(slot)

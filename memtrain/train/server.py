@@ -1,0 +1,274 @@
+"""A job -> a trained run: publish a version, post tasks, collect, reduce in task order, step, log, checkpoint."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memtrain.config import Job
+from memtrain.dataset import Dataset, open_dataset
+from memtrain.errors import Interrupted, MemtrainError
+from memtrain.faults import fault_point
+from memtrain.files import open_npy
+from memtrain.layout import gradient_name
+from memtrain.progress import reporting
+from memtrain.train.context import ModelContext, model_context
+from memtrain.train.exchange import WorkerPool
+from memtrain.train.messages import EvalTask, GradTask, StatsTask, StepTask, Task, WorkerSetup
+from memtrain.train.optim import learning_rate, state_slots
+from memtrain.train.plan import Update, epoch_updates, eval_tasks, split_range, updates_per_epoch
+from memtrain.train.run_dir import RunDir, open_run_dir
+from memtrain.train.scheduler import Scheduler
+from memtrain.train.state import Position, resume, save_checkpoint, start_fresh, write_run_files
+from memtrain.train.weights import begin_weights, commit_weights, discard, publish_weights, retire_weights
+
+# Parameters per reduce slice below which one worker does the whole reduction: under ~256K floats
+# the per-task round trip costs more than the parallel add saves.
+MIN_SLICE = 1 << 18
+
+
+@dataclass
+class TrainSummary:
+    run_dir: Path
+    version: int
+    epochs: int
+    final: dict[str, Any]
+    best: dict[str, Any] | None
+    seconds: float
+    worker_deaths: int
+
+
+def train(job: Job, *, resume_run: bool = False, verify: bool = False) -> TrainSummary:
+    """Run (or resume) a job to the end; raises MemtrainError (Interrupted on SIGINT/SIGTERM)."""
+    dataset = open_dataset(job.data.path, verify=verify or job.data.verify)
+    context = model_context(dataset, job.model.kind, job.model.options, job.data.normalize)
+    size_bytes = context.layout.size * 4
+    slots = len(state_slots(job.train.optimizer))
+    run = open_run_dir(job, resume=resume_run,
+                       need_exchange=(2 * job.train.tasks_per_update + 2 + 2 * slots) * size_bytes,
+                       need_run=(job.run.keep_versions + 2 + (job.run.keep_checkpoints + 1) * (1 + slots)) * size_bytes)
+    try:
+        with _signals_raise():
+            return Trainer(job, dataset, context, run).run(resume_run)
+    finally:
+        run.close()
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """SIGTERM raises Interrupted in the main thread (SIGINT already raises KeyboardInterrupt)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise Interrupted("stopped by SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class Trainer:
+    def __init__(self, job: Job, dataset: Dataset, context: ModelContext, run: RunDir):
+        self.job, self.dataset, self.context, self.run_dir = job, dataset, context, run
+        self.train_rows = dataset.split("train").rows
+        self.val_rows = dataset.split("val").rows
+        self.per_epoch = updates_per_epoch(self.train_rows, job.train.batch_size)
+        self.total_updates = self.per_epoch * job.train.epochs
+        self.checkpointed: int | None = None
+        self.started = time.monotonic()
+
+    def run(self, resume_run: bool) -> TrainSummary:
+        write_run_files(self.run_dir, self.job, self.context)
+        position = (resume(self.run_dir, self.job, self.context, self.train_rows) if resume_run
+                    else start_fresh(self.run_dir, self.job, self.context))
+        self.checkpointed = position.update_index(self.per_epoch) if resume_run else None
+        pool = WorkerPool(self._setup(), self.job.train.workers)
+        scheduler = Scheduler(pool, task_timeout=self.job.train.task_timeout,
+                              max_attempts=self.job.train.max_attempts, describe=self.describe,
+                              log=self.log)
+        try:
+            last = self._fit(scheduler, position)
+        except (KeyboardInterrupt, Interrupted) as exc:
+            pool.close(timeout=2.0)
+            raise self._interrupted(position, exc) from None
+        finally:
+            pool.close()
+        return TrainSummary(self.run_dir.path, position.version, position.epoch, last, position.best,
+                            time.monotonic() - self.started, scheduler.deaths)
+
+    def _fit(self, scheduler: Scheduler, position: Position) -> dict[str, Any]:
+        last: dict[str, Any] = {}
+        if self.context.additive and position.version == 0:
+            self.fit_additive(scheduler, position)
+            return self.end_epoch(scheduler, position, time.monotonic(), final=True)
+        for epoch in range(position.epoch, self.job.train.epochs):
+            started = time.monotonic()
+            updates = epoch_updates(self.train_rows, self.job.train.batch_size, self.job.train.tasks_per_update,
+                                    self.job.train.seed, epoch)
+            with reporting(f"epoch {epoch + 1}/{self.job.train.epochs}", len(updates),
+                           plain_every=math.inf) as bar:
+                for update in updates[position.batch:]:
+                    self.update(scheduler, update, position)
+                    rate = position.epoch_rows / max(time.monotonic() - started, 1e-9)
+                    bar.update(position.batch, f"loss {position.epoch_loss / max(position.epoch_rows, 1):.4f}"
+                                               f"  {rate:,.0f} samples/s")
+                last = self.end_epoch(scheduler, position, started, final=epoch + 1 == self.job.train.epochs)
+                bar.line(self.epoch_line(last))
+        return last
+
+    def update(self, scheduler: Scheduler, update: Update, position: Position) -> None:
+        """One synchronous update: gradients of every task, then the sliced reduction and step."""
+        version, index = position.version, position.update_index(self.per_epoch)
+        results = scheduler.run([GradTask(t.index, 0, version, t.lo, t.hi) for t in update.tasks])
+        loss = sum(result.loss for result in results)
+        names = tuple(gradient_name(version, r.task, r.attempt) for r in results)
+        bad = [t for t, r in zip(update.tasks, results, strict=True) if not r.finite]
+        published = not bad and self.step(scheduler, update, version, names, index)
+        for name in names:
+            (self.run_dir.exchange / name).unlink(missing_ok=True)
+        if not published:
+            self.nonfinite(update, index, bad)
+            position.skipped += 1
+        else:
+            position.version += 1
+            retire_weights(self.run_dir.path, self.job.run.keep_versions, position.version)
+        position.epoch_loss += loss
+        position.epoch_rows += update.rows
+        position.batch += 1
+        self.run_dir.metric({"kind": "update", "epoch": update.epoch, "batch": update.batch, "update": index,
+                             "version": position.version, "loss": loss / update.rows, "rows": update.rows,
+                             "skipped": not published, "time": time.time()})
+
+    def step(self, scheduler: Scheduler, update: Update, version: int, names: tuple[str, ...], index: int) -> bool:
+        size = self.context.layout.size
+        tmp = begin_weights(self.run_dir.path, version + 1, size)
+        lr = learning_rate(self.job.train.optimizer, index, self.total_updates)
+        slices = split_range(0, size, min(self.job.train.workers, max(1, size // MIN_SLICE)))
+        tasks = [StepTask(i, 0, version, version + 1, lr, update.rows, version % 2, lo, hi, names, str(tmp))
+                 for i, (lo, hi) in enumerate(slices)]
+        try:
+            results = scheduler.run(tasks)
+            fault_point("mid_reduce")
+            if not all(result.finite for result in results):
+                return False
+            checksum = commit_weights(tmp, self.run_dir.path, version + 1)
+        finally:
+            discard(tmp)
+        self.run_dir.lineage({"version": version + 1, "parent": version, "update": index, "epoch": update.epoch,
+                              "batch": update.batch, "split": "train",
+                              "tasks": [[t.lo, t.hi] for t in update.tasks], "lr": lr, "checksum": checksum})
+        return True
+
+    def nonfinite(self, update: Update, index: int, bad: list[Any]) -> None:
+        where = ", ".join(self.describe_rows(t.lo, t.hi) for t in bad) or "the reduced gradient or new weights"
+        text = (f"non-finite loss or gradient at update {index} (epoch {update.epoch + 1}, batch {update.batch}): "
+                f"{where}")
+        if self.job.train.on_nonfinite == "stop":
+            raise MemtrainError(text, hint="lower train.lr, check the data, or set train.on_nonfinite = \"skip\"; "
+                                           "the published weights are unchanged")
+        self.log(text + "; update skipped")
+
+    def fit_additive(self, scheduler: Scheduler, position: Position) -> None:
+        """Additive models: one pass of sufficient statistics, summed in task order, then solved."""
+        pieces = split_range(0, self.train_rows, self.job.train.tasks_per_update)
+        results = scheduler.run([StatsTask(i, 0, lo, hi) for i, (lo, hi) in enumerate(pieces)])
+        layout = self.context.stats_layout
+        total = np.zeros(layout.size, dtype=np.float64)
+        for result in results:
+            path = self.run_dir.exchange / gradient_name(0, result.task, result.attempt)
+            total += open_npy(path, shape=(layout.size,), dtype=np.float64)
+            path.unlink()
+        params = self.context.model.solve(layout.views(total))
+        checksum = publish_weights(self.run_dir.path, 1, self.context.layout.flatten(params))
+        self.run_dir.lineage({"version": 1, "parent": 0, "update": 0, "epoch": 0, "split": "train",
+                              "tasks": [list(p) for p in pieces], "solve": self.job.model.kind, "checksum": checksum})
+        position.version, position.epoch_rows = 1, self.train_rows
+        position.epoch = self.job.train.epochs - 1
+
+    def end_epoch(self, scheduler: Scheduler, position: Position, started: float, *, final: bool) -> dict[str, Any]:
+        record = {"kind": "epoch", "epoch": position.epoch + 1, "update": (position.epoch + 1) * self.per_epoch,
+                  "version": position.version, "loss": position.epoch_loss / max(position.epoch_rows, 1),
+                  **self.evaluate(scheduler, position.version),
+                  "samples_per_s": position.epoch_rows / max(time.monotonic() - started, 1e-9), "time": time.time()}
+        if self.context.additive:
+            record["loss"] = None  # one closed-form solve: there is no running training loss
+        self.run_dir.metric(record)
+        if position.best is None or record.get("val_loss", math.inf) < position.best.get("val_loss", math.inf):
+            position.best = record
+        position.epoch, position.batch, position.epoch_loss, position.epoch_rows = position.epoch + 1, 0, 0.0, 0
+        if final or position.epoch % self.job.run.checkpoint_every == 0:
+            save_checkpoint(self.run_dir, self.job, self.context, position, self.per_epoch)
+            self.checkpointed = position.update_index(self.per_epoch)
+        return record
+
+    def evaluate(self, scheduler: Scheduler, version: int) -> dict[str, float]:
+        tasks = eval_tasks(self.val_rows, self.job.train.eval_rows)
+        if not tasks:
+            return {}
+        results = scheduler.run([EvalTask(t.index, 0, version, t.lo, t.hi) for t in tasks])
+        rows = sum(r.rows for r in results)
+        metrics = {"val_loss": sum(r.loss for r in results) / rows}
+        if self.context.classifier:
+            metrics["val_accuracy"] = sum(r.correct for r in results) / rows
+        return metrics
+
+    def epoch_line(self, record: dict[str, Any]) -> str:
+        parts = [f"epoch {record['epoch']}/{self.job.train.epochs}"]
+        if record["loss"] is not None:
+            parts.append(f"loss {record['loss']:.4f}")
+        if "val_loss" in record:
+            parts.append(f"val_loss {record['val_loss']:.4f}")
+        if "val_accuracy" in record:
+            parts.append(f"val_accuracy {record['val_accuracy']:.4f}")
+        parts.append(f"{record['samples_per_s']:,.0f} samples/s")
+        return "  ".join(parts)
+
+    def _interrupted(self, position: Position, exc: BaseException) -> Interrupted:
+        index = position.update_index(self.per_epoch)
+        if self.checkpointed != index and position.version > 0:
+            save_checkpoint(self.run_dir, self.job, self.context, position, self.per_epoch)
+        signame = "SIGTERM" if isinstance(exc, Interrupted) else "SIGINT"
+        error = Interrupted(f"stopped by {signame} at epoch {position.epoch + 1}, batch {position.batch}; "
+                            f"the newest checkpoint is intact",
+                            hint=f"resume with: memtrain train --resume {self.run_dir.path}")
+        error.exit_code = 143 if signame == "SIGTERM" else 130
+        self.run_dir.event(f"interrupted by {signame}")
+        return error
+
+    def describe(self, task: Task) -> str:
+        kind = {GradTask: "gradient", StatsTask: "statistics", EvalTask: "evaluation", StepTask: "reduce/step"}
+        name = kind.get(type(task), "task")
+        if isinstance(task, StepTask):
+            return f"{name} task {task.task} (parameters {task.lo}-{task.hi}, version {task.version})"
+        split = "val" if isinstance(task, EvalTask) else "train"
+        return f"{name} task {task.task} ({self.describe_rows(task.lo, task.hi, split)})"
+
+    def describe_rows(self, lo: int, hi: int, split: str = "train") -> str:
+        shards = self.dataset.split(split).segments(lo, hi)
+        names = ", ".join(self.dataset.split(split).shards[s].x_path.name for s, _, _ in shards)
+        return f"rows {lo}-{hi} of the {split} split, shard {names}"
+
+    def log(self, text: str) -> None:
+        self.run_dir.event(text)
+
+    def _setup(self) -> WorkerSetup:
+        optimizer = tuple((f.name, getattr(self.job.train.optimizer, f.name))
+                          for f in dataclasses.fields(self.job.train.optimizer))
+        return WorkerSetup(os.getpid(), str(self.run_dir.path), str(self.run_dir.exchange), str(self.dataset.path),
+                           self.job.data.normalize, self.job.model.kind, tuple(self.job.model.options.items()),
+                           self.job.train.blas_threads, optimizer, 0)

@@ -1,0 +1,142 @@
+"""Where a run stands (epoch, batch, weight version) <-> checkpoints; fresh starts and resumes.
+
+All randomness derives from ``train.seed`` (initial weights) and ``(seed, epoch)`` (batch order), so the
+position below is the whole RNG state: a resumed run repeats exactly what an uninterrupted one does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memtrain.config import Job, job_to_dict
+from memtrain.errors import InputError
+from memtrain.files import open_npy, publish, publish_array, read_jsonl, write_json
+from memtrain.layout import (
+    CHECKPOINT_WEIGHTS,
+    RUN_JOB,
+    RUN_LINEAGE,
+    RUN_METRICS,
+    RUN_PARAMS,
+    optimizer_state_name,
+    state_buffer_name,
+    weights_path,
+)
+from memtrain.train.checkpoint import discard_incomplete, newest_checkpoint, write_checkpoint
+from memtrain.train.context import ModelContext
+from memtrain.train.optim import state_slots
+from memtrain.train.plan import updates_per_epoch
+from memtrain.train.run_dir import RunDir
+from memtrain.train.weights import publish_weights
+
+
+@dataclass
+class Position:
+    """The run's place: next (epoch, batch) to compute, and the newest published weight version."""
+
+    epoch: int = 0
+    batch: int = 0
+    version: int = 0
+    epoch_loss: float = 0.0  # summed train loss of the current epoch so far
+    epoch_rows: int = 0
+    skipped: int = 0
+    best: dict[str, Any] | None = None  # best epoch record so far (by validation loss)
+
+    def update_index(self, per_epoch: int) -> int:
+        return self.epoch * per_epoch + self.batch
+
+
+def data_description(context: ModelContext, job: Job) -> dict[str, Any]:
+    """What a checkpoint needs to rebuild the model and its normalization without the dataset."""
+    manifest = context.manifest
+    return {"task": manifest["task"], "x": manifest["x"], "y": manifest["y"], "classes": manifest.get("classes"),
+            "stats": manifest.get("stats"), "normalize": job.data.normalize, "dataset": str(job.data.path)}
+
+
+def write_run_files(run: RunDir, job: Job, context: ModelContext) -> None:
+    write_json(run.path / RUN_JOB, job_to_dict(job), durable=True)
+    write_json(run.path / RUN_PARAMS, context.layout.to_json(), durable=True)
+
+
+def start_fresh(run: RunDir, job: Job, context: ModelContext) -> Position:
+    flat = context.layout.flatten(context.model.init(np.random.default_rng(job.train.seed)))
+    checksum = publish_weights(run.path, 0, flat)
+    run.lineage({"version": 0, "parent": None, "init": {"seed": job.train.seed}, "checksum": checksum})
+    zeros = np.zeros(context.layout.size, dtype=np.float32)
+    for slot in state_slots(job.train.optimizer):
+        for parity in (0, 1):
+            publish_array(run.exchange / state_buffer_name(slot, parity), zeros, durable=False)
+    return Position()
+
+
+def resume(run: RunDir, job: Job, context: ModelContext, train_rows: int) -> Position:
+    """Continue from the newest complete, verified checkpoint (or start fresh if there is none)."""
+    discard_incomplete(run.path)
+    found = newest_checkpoint(run.path, warn=lambda text: _warn(run, text))
+    if found is None:
+        run.event("resume: no complete checkpoint; starting from the beginning")
+        _truncate_logs(run, -1, -1)
+        return start_fresh(run, job, context)
+    path, meta = found
+    if meta["layout"] != context.layout.to_json():
+        raise InputError("the checkpoint's parameter layout does not match the job's model", path=path,
+                         expected=context.layout.to_json()["params"], found=meta["layout"]["params"])
+    position = Position(**{k: meta["position"][k] for k in (f.name for f in dataclasses.fields(Position))})
+    _restore_files(run, job, context, path, position.version)
+    _truncate_logs(run, position.update_index(updates_per_epoch(train_rows, job.train.batch_size)),
+                   position.version)
+    run.event(f"resumed from {path.name}: epoch {position.epoch}, batch {position.batch}, "
+              f"version {position.version}")
+    return position
+
+
+def _warn(run: RunDir, text: str) -> None:
+    run.event(text)
+    print(f"memtrain train: warning: {text}", flush=True)
+
+
+def _restore_files(run: RunDir, job: Job, context: ModelContext, path: Path, version: int) -> None:
+    size = context.layout.size
+    weights = open_npy(path / CHECKPOINT_WEIGHTS, shape=(size,), dtype=np.float32)
+    publish_array(weights_path(run.path, version), weights, durable=False)
+    for slot in state_slots(job.train.optimizer):
+        state = open_npy(path / optimizer_state_name(slot), shape=(size,), dtype=np.float32)
+        publish_array(run.exchange / state_buffer_name(slot, version % 2), state, durable=False)
+        publish_array(run.exchange / state_buffer_name(slot, 1 - version % 2), state, durable=False)
+
+
+def _truncate_logs(run: RunDir, update: int, version: int) -> None:
+    """Drop log lines written after the checkpoint we resume from: they will be written again."""
+    keep_metrics = [r for r in read_jsonl(run.path / RUN_METRICS) if r.get("update", -1) < update
+                    or (r.get("kind") == "epoch" and r.get("update", -1) <= update)]
+    keep_lineage = [r for r in read_jsonl(run.path / RUN_LINEAGE) if r.get("version", -1) <= version]
+    for name, records in ((RUN_METRICS, keep_metrics), (RUN_LINEAGE, keep_lineage)):
+        text = "".join(json.dumps(r) + "\n" for r in records)
+        publish(run.path / name, lambda handle, t=text: handle.write(t.encode()), durable=False)
+
+
+def save_checkpoint(run: RunDir, job: Job, context: ModelContext, position: Position, per_epoch: int) -> Path:
+    meta = {
+        "position": dataclasses.asdict(position),
+        "epoch": position.epoch,
+        "update": position.update_index(per_epoch),
+        "weights_version": position.version,
+        "rng": {"seed": job.train.seed, "scheme": "init from seed; batch order from (seed, epoch)"},
+        "optimizer": {"name": job.train.optimizer.name, "slots": list(state_slots(job.train.optimizer)),
+                      "step": position.version},
+        "model": {"kind": job.model.kind, "options": job.model.options},
+        "data": data_description(context, job),
+        "layout": context.layout.to_json(),
+        "metrics": position.best or {},
+    }
+    state = {slot: run.exchange / state_buffer_name(slot, position.version % 2)
+             for slot in state_slots(job.train.optimizer)}
+    saved = write_checkpoint(run.path, position.update_index(per_epoch), meta,
+                             weights_path(run.path, position.version), state, job.run.keep_checkpoints)
+    run.event(f"checkpoint {saved.name} written (epoch {position.epoch}, version {position.version})")
+    return saved

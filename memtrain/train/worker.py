@@ -1,0 +1,134 @@
+"""Task records in, result records out: a worker maps weights and shard rows read-only, writes gradient files.
+
+A worker never decides what to compute. It keeps the dataset shards mapped between tasks, maps each
+weight version once, writes gradients straight into a fresh mapped file (temporary name, then rename),
+and exits by itself when the server dies (parent-death signal, and a parent-pid check while it waits).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import signal
+import sys
+import traceback
+from multiprocessing.queues import SimpleQueue
+from pathlib import Path
+
+import numpy as np
+
+from memtrain.dataset import open_dataset
+from memtrain.faults import fault_point
+from memtrain.files import open_npy, writing_npy
+from memtrain.layout import gradient_name, weights_path
+from memtrain.train.context import model_context
+from memtrain.train.messages import EvalTask, GradTask, Result, StatsTask, StepTask, Stop, Task, WorkerSetup
+from memtrain.train.optim import OptimizerConfig
+from memtrain.train.reduce import run_step_slice
+
+PARENT_POLL_SECONDS = 1.0  # how often an idle worker checks that its server is still alive
+
+
+def worker_main(setup: WorkerSetup, tasks: SimpleQueue, results: SimpleQueue) -> None:
+    """Entry point of a worker process."""
+    _exit_with_parent(setup.server_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the server, which stops us in order
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(setup.blas_threads)
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=setup.blas_threads):
+        state = WorkerState(setup)
+        while (task := _receive(tasks, setup.server_pid)) is not None:
+            results.put(state.run(task))
+
+
+def _exit_with_parent(server_pid: int) -> None:
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != server_pid:  # the server died before the signal was armed
+        os._exit(1)
+
+
+def _receive(tasks: SimpleQueue, server_pid: int) -> Task | None:
+    while not tasks._reader.poll(PARENT_POLL_SECONDS):
+        if os.getppid() != server_pid:
+            return None
+    try:
+        message = tasks.get()
+    except (EOFError, OSError):
+        return None
+    return None if isinstance(message, Stop) else message
+
+
+class WorkerState:
+    """What a worker keeps between tasks: the model, the mapped shards, the current weight version."""
+
+    def __init__(self, setup: WorkerSetup):
+        self.setup = setup
+        self.exchange = Path(setup.exchange_dir)
+        self.run_dir = Path(setup.run_dir)
+        self.dataset = open_dataset(setup.dataset)
+        self.context = model_context(self.dataset, setup.model_kind, dict(setup.model_options), setup.normalize)
+        self.optimizer = OptimizerConfig(**dict(setup.optimizer))
+        self._weights: tuple[int, np.ndarray] | None = None
+
+    def run(self, task: Task) -> Result:
+        try:
+            if isinstance(task, GradTask):
+                return self.grad(task)
+            if isinstance(task, EvalTask):
+                return self.evaluate(task)
+            if isinstance(task, StatsTask):
+                return self.statistics(task)
+            return self.step(task)
+        except Exception as exc:  # reported to the server, which stops the run with this text
+            detail = "".join(traceback.format_exception_only(exc)).strip()
+            return Result(task.task, task.attempt, error=f"{detail}\n{traceback.format_exc(limit=-4)}")
+
+    def weights(self, version: int) -> np.ndarray:
+        if self._weights is None or self._weights[0] != version:
+            self._weights = (version, open_npy(weights_path(self.run_dir, version),
+                                               shape=(self.context.layout.size,), dtype=np.float32))
+        return self._weights[1]
+
+    def rows(self, split: str, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        x, y = self.dataset.split(split).read(lo, hi)
+        return self.context.normalize(x), np.asarray(y)
+
+    def grad(self, task: GradTask) -> Result:
+        layout, model = self.context.layout, self.context.model
+        params = layout.views(self.weights(task.version))
+        x, y = self.rows("train", task.lo, task.hi)
+        fault_point("before_grad_write")
+        out = self.exchange / gradient_name(task.version, task.task, task.attempt)
+        with writing_npy(out, (layout.size,), np.float32, durable=False) as flat:
+            loss = model.loss_and_grad(params, x, y, layout.views(flat))
+            fault_point("after_grad_tmp")
+        fault_point("after_grad_rename")
+        fault_point("before_notify")
+        return Result(task.task, task.attempt, loss=float(loss), rows=task.hi - task.lo, finite=math.isfinite(loss))
+
+    def statistics(self, task: StatsTask) -> Result:
+        shapes = self.context.stats_layout
+        x, y = self.rows("train", task.lo, task.hi)
+        out = self.exchange / gradient_name(0, task.task, task.attempt)
+        with writing_npy(out, (shapes.size,), np.float64, durable=False) as flat:
+            self.context.model.statistics(x, y, shapes.views(flat))
+        return Result(task.task, task.attempt, rows=task.hi - task.lo)
+
+    def evaluate(self, task: EvalTask) -> Result:
+        params = self.context.layout.views(self.weights(task.version))
+        x, y = self.rows("val", task.lo, task.hi)
+        loss = float(self.context.model.loss(params, x, y))
+        correct = 0
+        if self.context.classifier:
+            correct = int(np.count_nonzero(self.context.model.predict(params, x) == y))
+        return Result(task.task, task.attempt, loss=loss, rows=task.hi - task.lo, correct=correct,
+                      finite=math.isfinite(loss))
+
+    def step(self, task: StepTask) -> Result:
+        finite = run_step_slice(task, self.exchange, self.run_dir, self.context.layout.size, self.optimizer)
+        return Result(task.task, task.attempt, rows=task.hi - task.lo, finite=finite)
