@@ -1,0 +1,252 @@
+"""End-to-end training through the CLI on real files: run layout, determinism, reference, resume, errors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tiny_data import blobs, write_dataset
+
+from memtrain import load_model
+from memtrain.cli import main
+from memtrain.config import load_job
+from memtrain.dataset import open_dataset
+from memtrain.layout import checkpoint_updates, weight_versions, weights_path
+from memtrain.train.context import model_context
+from memtrain.train.messages import EvalTask, GradTask, Result, StatsTask, StepTask, WorkerSetup
+from memtrain.train.optim import apply_update, learning_rate, state_slots
+from memtrain.train.plan import epoch_updates, updates_per_epoch
+
+pytestmark = pytest.mark.timeout(120)
+
+JOB = """
+[data]
+path = "{data}"
+
+[model]
+kind = "{kind}"
+{model_extra}
+
+[train]
+epochs = {epochs}
+batch_size = {batch_size}
+tasks_per_update = 3
+optimizer = "adam"
+lr = 0.01
+seed = 7
+workers = 2
+
+[run]
+dir = "run"
+keep_versions = 2
+"""
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    x, y = blobs(n=1500, features=8, classes=3)
+    return write_dataset(tmp_path_factory.mktemp("data") / "blobs", x, y, shard_rows=300)
+
+
+def write_job(folder: Path, data: Path, *, kind: str = "mlp", model_extra: str = "hidden = [16]", epochs: int = 3,
+              batch_size: int = 200) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    job = folder / "job.toml"
+    job.write_text(JOB.format(data=data, kind=kind, model_extra=model_extra, epochs=epochs, batch_size=batch_size))
+    return job
+
+
+def final_weights(run: Path) -> np.ndarray:
+    return np.load(weights_path(run, weight_versions(run)[-1]), allow_pickle=False)
+
+
+def digest(run: Path) -> str:
+    return hashlib.sha256(final_weights(run).tobytes()).hexdigest()
+
+
+def train_cli(*args: str) -> int:
+    return main(["train", *map(str, args)])
+
+
+def test_train_writes_the_documented_run_directory(tmp_path: Path, dataset: Path, capsys) -> None:
+    job = write_job(tmp_path, dataset)
+    assert train_cli(job) == 0
+    run = tmp_path / "run"
+    out = capsys.readouterr().out
+    assert "val_accuracy" in out and f"memtrain inspect {run}" in out
+    names = set(p.name for p in run.iterdir())
+    assert {"job.json", "params.json", "metrics.jsonl", "lineage.jsonl", "events.log", "weights",
+            "checkpoints"} <= names
+    assert not [n for n in names if n.startswith("memtrain-x-")], "exchange area left behind"
+    per_epoch = updates_per_epoch(1350, 200)
+    assert weight_versions(run) == [3 * per_epoch - 1, 3 * per_epoch]  # keep_versions = 2
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in records if r["kind"] == "epoch"]
+    assert [r["epoch"] for r in epochs] == [1, 2, 3]
+    assert all({"loss", "val_loss", "val_accuracy", "update"} <= r.keys() for r in epochs)
+    assert len([r for r in records if r["kind"] == "update"]) == 3 * per_epoch
+    assert epochs[-1]["val_accuracy"] > 0.9
+    lineage = [json.loads(line) for line in (run / "lineage.jsonl").read_text().splitlines()]
+    assert [r["version"] for r in lineage] == list(range(3 * per_epoch + 1))
+    assert all(r["parent"] == r["version"] - 1 for r in lineage[1:])
+    resolved = json.loads((run / "job.json").read_text())
+    assert resolved["train"]["tasks_per_update"] == 3 and resolved["train"]["blas_threads"] == 1
+    assert checkpoint_updates(run)[-1] == 3 * per_epoch
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_any_worker_count_gives_bitwise_identical_weights(tmp_path: Path, dataset: Path, workers: int) -> None:
+    reference = write_job(tmp_path / "two", dataset)
+    assert train_cli(reference) == 0
+    other = write_job(tmp_path / "other", dataset)
+    assert train_cli(other, "--workers", workers) == 0
+    assert digest(tmp_path / "two" / "run") == digest(tmp_path / "other" / "run")
+
+
+def test_full_batch_rounds_reduce_once_per_epoch(tmp_path: Path, dataset: Path) -> None:
+    job = write_job(tmp_path, dataset, kind="softmax", model_extra="", epochs=4, batch_size=0)
+    job.write_text(job.read_text().replace("batch_size = 0\n", ""))
+    assert train_cli(job) == 0
+    assert weight_versions(tmp_path / "run")[-1] == 4
+
+
+def reference_weights(job_path: Path) -> np.ndarray:
+    """The same job in one process, no queues, no files: the plan, the model and the optimizer only."""
+    job = load_job(job_path)
+    data = open_dataset(job.data.path)
+    context = model_context(data, job.model.kind, job.model.options, job.data.normalize)
+    layout, model, train = context.layout, context.model, data.split("train")
+    weights = layout.flatten(model.init(np.random.default_rng(job.train.seed)))
+    state = {slot: np.zeros_like(weights) for slot in state_slots(job.train.optimizer)}
+    total = updates_per_epoch(train.rows, job.train.batch_size) * job.train.epochs
+    index = 0
+    for epoch in range(job.train.epochs):
+        plan = epoch_updates(train.rows, job.train.batch_size, job.train.tasks_per_update, job.train.seed, epoch)
+        for update in plan:
+            grad = np.zeros_like(weights)
+            for task in update.tasks:
+                x, y = train.read(task.lo, task.hi)
+                part = np.zeros_like(weights)
+                model.loss_and_grad(layout.views(weights), context.normalize(x), np.asarray(y), layout.views(part))
+                grad += part
+            grad /= np.float32(update.rows)
+            new_weights, new_state = np.empty_like(weights), {k: np.empty_like(v) for k, v in state.items()}
+            lr = learning_rate(job.train.optimizer, index, total)
+            apply_update(job.train.optimizer, index + 1, lr, weights, grad, state, new_weights, new_state)
+            weights, state, index = new_weights, new_state, index + 1
+    return weights
+
+
+def test_agrees_with_a_single_process_reference(tmp_path: Path, dataset: Path) -> None:
+    job = write_job(tmp_path, dataset)
+    assert train_cli(job) == 0
+    np.testing.assert_allclose(final_weights(tmp_path / "run"), reference_weights(job), rtol=1e-4, atol=1e-5)
+
+
+def test_resume_after_more_epochs_is_bitwise_identical(tmp_path: Path, dataset: Path) -> None:
+    straight = write_job(tmp_path / "straight", dataset, epochs=4)
+    assert train_cli(straight) == 0
+    split = write_job(tmp_path / "split", dataset, epochs=2)
+    assert train_cli(split) == 0
+    assert train_cli("--resume", tmp_path / "split" / "run", "--set", "train.epochs=4") == 0
+    assert digest(tmp_path / "straight" / "run") == digest(tmp_path / "split" / "run")
+    lines = (tmp_path / "split" / "run" / "metrics.jsonl").read_text().splitlines()
+    epochs = [json.loads(line)["epoch"] for line in lines if json.loads(line)["kind"] == "epoch"]
+    assert epochs == [1, 2, 3, 4]
+
+
+def test_load_model_predicts_raw_features_like_training(tmp_path: Path, dataset: Path) -> None:
+    job = write_job(tmp_path, dataset)
+    assert train_cli(job) == 0
+    model = load_model(tmp_path / "run")
+    x, y = open_dataset(dataset).split("val").read(0, 150)
+    accuracy = float(np.mean(model.predict(np.asarray(x)) == y))
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert accuracy == pytest.approx(metrics[-1]["val_accuracy"])
+    proba = model.predict_proba(np.asarray(x))
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-5)
+    assert model.classes == ["0", "1", "2"]
+
+
+def test_ridge_through_the_engine_matches_a_direct_solve(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(900, 5)).astype(np.float32)
+    y = (x @ np.array([1.5, -2.0, 0.5, 0.0, 3.0]) + 0.7 + 0.1 * rng.normal(size=900)).astype(np.float32)
+    data = write_dataset(tmp_path / "reg", x, y, task="regression", shard_rows=250)
+    job = write_job(tmp_path, data, kind="ridge", model_extra="alpha = 0.0", epochs=1, batch_size=100)
+    job.write_text(job.read_text().replace('[data]\npath', '[data]\nnormalize = false\npath'))
+    assert train_cli(job) == 0
+    model = load_model(tmp_path / "run")
+    xt, yt = x[90:].astype(np.float64), y[90:].astype(np.float64)
+    design = np.hstack([xt, np.ones((len(xt), 1))])
+    coef = np.linalg.lstsq(design, yt, rcond=None)[0]
+    np.testing.assert_allclose(model.predict(x[:90]).ravel(), np.hstack([x[:90], np.ones((90, 1))]) @ coef,
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_user_model_by_import_path_trains(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(600, 4)).astype(np.float32)
+    y = (x @ np.array([2.0, -1.0, 0.5, 1.0]) + 1.0).astype(np.float32)
+    data = write_dataset(tmp_path / "reg", x, y, task="regression", shard_rows=200)
+    job = write_job(tmp_path, data, kind="user_model_example:HuberRegression", model_extra="", epochs=15)
+    assert train_cli(job, "--set", "train.lr=0.2") == 0
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in metrics if r["kind"] == "epoch"]
+    assert epochs[-1]["val_loss"] < epochs[0]["val_loss"] / 2
+
+
+def test_messages_stay_small_whatever_the_sizes() -> None:
+    huge = 10**12
+    messages = [
+        GradTask(huge, 99, huge, huge, huge), StatsTask(huge, 99, huge, huge), EvalTask(huge, 99, huge, huge, huge),
+        StepTask(huge, 99, huge, huge, 0.001, huge, 1, huge, huge, tuple(f"g-v{huge:08d}-t{i:05d}-a000.npy"
+                                                                           for i in range(8)), "/" + "r" * 200),
+        Result(huge, 99, loss=1e300, rows=huge, correct=huge),
+    ]
+    for message in messages:
+        limit = 1200 if isinstance(message, StepTask) else 300
+        assert len(pickle.dumps(message)) < limit, message
+    setup = WorkerSetup(1, "/r", "/x", "/d", True, "mlp", (("hidden", (1024, 1024)),), 1, (("name", "adam"),), 0)
+    assert len(pickle.dumps(setup)) < 600
+
+
+def test_second_train_on_the_same_run_dir_is_refused(tmp_path: Path, dataset: Path) -> None:
+    job = write_job(tmp_path, dataset, epochs=40, batch_size=50)
+    first = subprocess.Popen([sys.executable, "-m", "memtrain", "train", str(job)], stderr=subprocess.PIPE)
+    try:
+        run = tmp_path / "run"
+        for _ in range(200):
+            if (run / "weights" / "v00000001.npy").exists():
+                break
+            subprocess.run(["sleep", "0.05"])
+        second = subprocess.run([sys.executable, "-m", "memtrain", "train", "--resume", str(run)],
+                                capture_output=True, text=True)
+        assert second.returncode == 2
+        assert "another memtrain train is using this run directory" in second.stderr
+        assert f"pid {first.pid}" in second.stderr
+    finally:
+        first.kill()
+        first.wait()
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    ("[train]\nepohcs = 3\n", "unknown key train.epohcs"),
+    ("[train]\nlr = \"fast\"\n", "wrong type for train.lr"),
+    ("[trian]\n", "unknown section [trian]"),
+    ("[train\n", "not valid TOML"),
+    ("[model]\nkind = \"mlp\"\nhiden = [3]\n", "model 'mlp' has no option 'hiden'"),
+])
+def test_bad_job_files_are_usage_errors_naming_the_key(tmp_path: Path, dataset: Path, edit: str, message: str,
+                                                        capsys) -> None:
+    job = tmp_path / "bad.toml"
+    job.write_text(f'[data]\npath = "{dataset}"\n' + edit)
+    assert train_cli(job) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
