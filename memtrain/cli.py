@@ -11,8 +11,10 @@ import argparse
 import importlib
 import sys
 import traceback
+from pathlib import Path
 
 from memtrain.errors import MemtrainError
+from memtrain.files import is_no_space, no_space_error
 
 COMMANDS = {
     "prepare": ("memtrain.prepare.command", "turn a CSV/NPY/NPZ/HDF5/Parquet source into a sharded dataset"),
@@ -23,13 +25,17 @@ COMMANDS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The full parser for ``command`` (only that command's module is imported: startup stays fast)."""
     parser = argparse.ArgumentParser(
         prog="memtrain",
         description="Data-parallel training of numpy models across processes on memory-mapped files.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks instead of short errors")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
+        if name != command:
+            commands.add_parser(name, help=help_text)
+            continue
         module = importlib.import_module(module_name)
         sub = commands.add_parser(name, help=help_text, description=module.__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -40,9 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_in(argv: list[str]) -> str | None:
+    return next((arg for arg in argv if arg in COMMANDS), None)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(_command_in(argv)).parse_args(argv)
     try:
         return int(args.module.run(args) or 0)
     except MemtrainError as exc:
@@ -50,6 +60,14 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"memtrain {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:
+        # The last net: an operating-system error is reported in one line, never as a traceback.
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        path = Path(exc.filename) if exc.filename else Path(".")
+        error = no_space_error(path) if is_no_space(exc) else MemtrainError(exc.strerror or str(exc), path=exc.filename)
+        print(f"memtrain {args.command}: error: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"memtrain {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -5,6 +5,8 @@ Points are named where a crash matters (``before_grad_write``, ``after_grad_tmp`
 so a test can loop n over every reachable hit, SQLite style, instead of killing at one lucky moment.
 ``MEMTRAIN_FAULT_ACTION=raise`` raises OSError(ENOSPC) instead (disk-full tests),
 ``MEMTRAIN_FAULT_ACTION=stop`` sends SIGSTOP (hang tests).
+``MEMTRAIN_FAULT_ONCE=/path/marker`` makes the fault fire in one process only, once per marker file
+(the first process to create the marker fires; replacements and other workers then run clean).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections import Counter
 
 ENV = "MEMTRAIN_FAULT"
 ACTION_ENV = "MEMTRAIN_FAULT_ACTION"
+ONCE_ENV = "MEMTRAIN_FAULT_ONCE"
 
 # Process-local hit counts of the test hook. This is the one piece of module state in memtrain: the
 # hook must count hits across call sites without threading a counter through every function.
@@ -39,9 +42,20 @@ def fault_point(name: str) -> None:
     if wanted is None:
         return
     _hits[name] += 1
-    if _hits[name] != wanted:
+    if _hits[name] != wanted or not _claim_once():
         return
     action = os.environ.get(ACTION_ENV, "kill")
     if action == "raise":
         raise OSError(errno.ENOSPC, f"injected fault at {name}")
     os.kill(os.getpid(), signal.SIGSTOP if action == "stop" else signal.SIGKILL)
+
+
+def _claim_once() -> bool:
+    marker = os.environ.get(ONCE_ENV)
+    if not marker:
+        return True
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True

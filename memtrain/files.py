@@ -22,6 +22,7 @@ import numpy as np
 import xxhash
 
 from memtrain.errors import CorruptFileError, DiskFullError, InputError, MemtrainError
+from memtrain.faults import fault_point
 from memtrain.layout import tmp_sibling
 
 CHECKSUM_ALGO = "xxh3-128"
@@ -39,7 +40,7 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _is_no_space(exc: OSError) -> bool:
+def is_no_space(exc: OSError) -> bool:
     # np.save on a full disk raises OSError("... requested and ... written") with errno None.
     return exc.errno in (errno.ENOSPC, errno.EDQUOT) or (exc.errno is None and "written" in str(exc))
 
@@ -81,6 +82,7 @@ def publish(path: Path, write: Callable[[IO[bytes]], None], *, durable: bool, si
     try:
         with open(tmp, "wb") as handle:
             reserve(handle.fileno(), size_hint, tmp)
+            fault_point("write")
             write(handle)
             handle.flush()
             if durable:
@@ -89,7 +91,7 @@ def publish(path: Path, write: Callable[[IO[bytes]], None], *, durable: bool, si
     except OSError as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        if _is_no_space(exc):
+        if is_no_space(exc):
             raise no_space_error(path, size_hint) from exc
         raise MemtrainError(f"cannot write: {exc.strerror or exc}", path=path) from exc
     except BaseException:
@@ -148,6 +150,7 @@ def writing_npy(path: Path, shape: tuple[int, ...], dtype: np.dtype, *, durable:
     try:
         with open(tmp, "wb+") as handle:
             reserve(handle.fileno(), len(header) + nbytes, tmp)
+            fault_point("write")
             handle.write(header)
             handle.truncate(len(header) + nbytes)
         view = np.memmap(tmp, dtype=dtype, mode="r+", offset=len(header), shape=tuple(shape))
@@ -161,7 +164,7 @@ def writing_npy(path: Path, shape: tuple[int, ...], dtype: np.dtype, *, durable:
     except OSError as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        if _is_no_space(exc):
+        if is_no_space(exc):
             raise no_space_error(path, nbytes) from exc
         raise MemtrainError(f"cannot write: {exc.strerror or exc}", path=path) from exc
     except BaseException:

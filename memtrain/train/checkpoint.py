@@ -20,9 +20,9 @@ import numpy as np
 from memtrain.errors import CorruptFileError, InputError, MemtrainError
 from memtrain.faults import fault_point
 from memtrain.files import (
-    _is_no_space,
     checksum_file,
     fsync_dir,
+    is_no_space,
     no_space_error,
     open_npy,
     read_json,
@@ -66,7 +66,7 @@ def write_checkpoint(run_dir: Path, update: int, meta: dict[str, Any], weights: 
         fsync_dir(final.parent)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, OSError) and _is_no_space(exc):
+        if isinstance(exc, OSError) and is_no_space(exc):
             raise no_space_error(final) from exc
         raise
     prune_checkpoints(run_dir, keep)
@@ -74,6 +74,7 @@ def write_checkpoint(run_dir: Path, update: int, meta: dict[str, Any], weights: 
 
 
 def _copy_durable(src: Path, dst: Path) -> dict[str, Any]:
+    fault_point("write")
     with open(src, "rb") as reader, open(dst, "wb") as writer:
         shutil.copyfileobj(reader, writer, 8 << 20)
         writer.flush()

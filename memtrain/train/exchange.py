@@ -57,6 +57,7 @@ class WorkerPool:
         self._setup = setup
         self.slots = [self._start(index) for index in range(count)]
         self.restarts = 0
+        self.started = [slot.process.pid for slot in self.slots]  # every worker pid ever started
 
     def _start(self, index: int) -> Slot:
         tasks, results = self._context.SimpleQueue(), self._context.SimpleQueue()
@@ -109,6 +110,7 @@ class WorkerPool:
     def _replace(self, slot: Slot) -> None:
         self.restarts += 1
         fresh = self._start(slot.index)
+        self.started.append(fresh.process.pid)
         self.slots[slot.index] = fresh
 
     def pids(self) -> list[int]:

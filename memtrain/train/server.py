@@ -98,6 +98,7 @@ class Trainer:
                     else start_fresh(self.run_dir, self.job, self.context))
         self.checkpointed = position.update_index(self.per_epoch) if resume_run else None
         pool = WorkerPool(self._setup(), self.job.train.workers)
+        self.log(f"server pid {os.getpid()}; workers started: pids {' '.join(map(str, pool.pids()))}")
         scheduler = Scheduler(pool, task_timeout=self.job.train.task_timeout,
                               max_attempts=self.job.train.max_attempts, describe=self.describe,
                               log=self.log)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from memtrain.files import checksum_file, npy_header_bytes, publish_array, reserve
+from memtrain.faults import fault_point
+from memtrain.files import checksum_file, is_no_space, no_space_error, npy_header_bytes, publish_array, reserve
 from memtrain.layout import tmp_sibling, weight_versions, weights_path
 from memtrain.models.params import PARAM_DTYPE
 
@@ -29,10 +30,17 @@ def begin_weights(run_dir: Path, version: int, size: int) -> Path:
     tmp = tmp_sibling(weights_path(run_dir, version))
     header = npy_header_bytes((size,), PARAM_DTYPE)
     total = len(header) + size * PARAM_DTYPE.itemsize
-    with open(tmp, "wb") as handle:
-        reserve(handle.fileno(), total, tmp)
-        handle.write(header)
-        handle.truncate(total)
+    try:
+        with open(tmp, "wb") as handle:
+            reserve(handle.fileno(), total, tmp)
+            fault_point("write")
+            handle.write(header)
+            handle.truncate(total)
+    except OSError as exc:
+        discard(tmp)
+        if is_no_space(exc):
+            raise no_space_error(tmp, total) from exc
+        raise
     return tmp
 
 

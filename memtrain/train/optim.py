@@ -1,0 +1,174 @@
+"""Mean gradient + weights + optimizer state (one slice) -> new weights + new state; and the learning rate.
+
+Every update here is elementwise: element i of the output depends only on element i of the inputs and
+on scalars. So applying it to the whole flat vector at once, or slice by slice in any split, gives
+bitwise identical results -- which is what lets several processes each step their own slice of the
+parameters. Nothing here may reduce over elements (no global norms, no gradient clipping by norm).
+
+All array arithmetic is float32. Python scalars (lr, bias corrections) are computed in float64 and
+cast to ``np.float32`` once, so results do not depend on numpy's scalar promotion rules.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from numbers import Real
+
+import numpy as np
+
+from memtrain.errors import InputError
+
+F32 = np.float32
+OPTIMIZERS = ("sgd", "adam", "adamw")
+SCHEDULES = ("constant", "cosine", "step")
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """Every optimizer and schedule option, with its default ([train] keys of a job file)."""
+
+    name: str = "adam"  # "sgd" | "adam" | "adamw"  (job key: train.optimizer)
+    lr: float = 1e-3
+    momentum: float = 0.0  # sgd
+    nesterov: bool = False  # sgd, requires momentum > 0
+    weight_decay: float = 0.0  # sgd/adam: L2 term added to the gradient; adamw: decoupled decay
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    schedule: str = "constant"  # "constant" | "cosine" | "step", applied after the warmup
+    warmup_updates: int = 0  # linear warmup: lr/warmup_updates, 2*lr/warmup_updates, ..., lr
+    step_every: int = 1000  # step schedule: multiply by step_gamma every step_every updates
+    step_gamma: float = 0.1
+    min_lr: float = 0.0  # cosine floor
+
+    def __post_init__(self) -> None:
+        _check_choice("train.optimizer", self.name, OPTIMIZERS)
+        _check_choice("train.schedule", self.schedule, SCHEDULES)
+        _check_number("train.lr", self.lr, "a number > 0", lambda v: v > 0)
+        _check_number("train.momentum", self.momentum, "a number in [0, 1)", lambda v: 0 <= v < 1)
+        _check_number("train.weight_decay", self.weight_decay, "a number >= 0", lambda v: v >= 0)
+        _check_number("train.beta1", self.beta1, "a number in [0, 1)", lambda v: 0 <= v < 1)
+        _check_number("train.beta2", self.beta2, "a number in [0, 1)", lambda v: 0 <= v < 1)
+        _check_number("train.eps", self.eps, "a number > 0", lambda v: v > 0)
+        _check_number("train.step_gamma", self.step_gamma, "a number in (0, 1]", lambda v: 0 < v <= 1)
+        _check_number("train.min_lr", self.min_lr, f"a number in [0, lr={self.lr}]", lambda v: 0 <= v <= self.lr)
+        _check_int("train.warmup_updates", self.warmup_updates, 0)
+        _check_int("train.step_every", self.step_every, 1)
+        if not isinstance(self.nesterov, bool):
+            raise InputError("wrong type for train.nesterov", expected="true or false", found=repr(self.nesterov))
+        if self.nesterov and (self.name != "sgd" or self.momentum == 0):
+            raise InputError("train.nesterov needs optimizer 'sgd' with momentum > 0",
+                             expected="train.momentum > 0 and train.optimizer = 'sgd'",
+                             found=f"optimizer {self.name!r}, momentum {self.momentum}")
+
+
+def _check_choice(key: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise InputError(f"bad value for {key}", expected=" or ".join(repr(c) for c in choices), found=repr(value))
+
+
+def _check_number(key: str, value: object, expected: str, ok) -> None:
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or not ok(value):
+        raise InputError(f"bad value for {key}", expected=expected, found=repr(value))
+
+
+def _check_int(key: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InputError(f"bad value for {key}", expected=f"an integer >= {minimum}", found=repr(value))
+
+
+def state_slots(config: OptimizerConfig) -> tuple[str, ...]:
+    """Names of the per-parameter state vectors (each as long as the weights, initially zeros)."""
+    if config.name == "sgd":
+        return ("m",) if config.momentum > 0 else ()
+    return ("m", "v")
+
+
+def learning_rate(config: OptimizerConfig, update: int, total_updates: int) -> float:
+    """The learning rate of update ``update`` (0-based) of a run of ``total_updates`` updates.
+
+    Warmup first: update u < warmup_updates gets lr * (u + 1) / warmup_updates. After it the schedule
+    counts t = u - warmup_updates over T = total_updates - warmup_updates updates:
+    constant: lr; step: lr * step_gamma ** (t // step_every);
+    cosine: min_lr + (lr - min_lr) * (1 + cos(pi * t / T)) / 2 (lr at t = 0, min_lr at t = T).
+
+    >>> learning_rate(OptimizerConfig(lr=1.0, warmup_updates=4), 0, 10)
+    0.25
+    """
+    if update < config.warmup_updates:
+        return config.lr * (update + 1) / config.warmup_updates
+    t = update - config.warmup_updates
+    if config.schedule == "step":
+        return config.lr * config.step_gamma ** (t // config.step_every)
+    if config.schedule == "cosine":
+        progress = min(1.0, t / max(1, total_updates - config.warmup_updates))
+        return config.min_lr + (config.lr - config.min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return config.lr
+
+
+def apply_update(config: OptimizerConfig, step: int, lr: float, weights: np.ndarray, grad: np.ndarray,
+                 state_in: dict[str, np.ndarray], weights_out: np.ndarray, state_out: dict[str, np.ndarray]) -> None:
+    """One optimizer step on one slice; write ``weights_out`` and ``state_out``, never touch the inputs.
+
+    The outputs must not overlap the inputs (the caller double-buffers, so a re-run step is idempotent).
+
+    ``step`` is the 1-based number of this update (Adam's bias correction); ``grad`` is the mean
+    gradient. The formulas are those documented for PyTorch's SGD (dampening 0), Adam and AdamW.
+    """
+    if config.name == "sgd":
+        _sgd(config, lr, weights, grad, state_in, weights_out, state_out)
+    else:
+        _adam(config, step, lr, weights, grad, state_in, weights_out, state_out)
+
+
+def _with_l2(weight_decay: float, weights: np.ndarray, grad: np.ndarray) -> np.ndarray:
+    """grad + weight_decay * weights as a new array (grad itself when there is no decay)."""
+    if weight_decay == 0:
+        return grad
+    g = np.multiply(weights, F32(weight_decay), dtype=F32)
+    np.add(g, grad, out=g)
+    return g
+
+
+def _sgd(config: OptimizerConfig, lr: float, weights: np.ndarray, grad: np.ndarray, state_in: dict[str, np.ndarray],
+         weights_out: np.ndarray, state_out: dict[str, np.ndarray]) -> None:
+    """buf = momentum * buf + g; direction = g + momentum * buf (nesterov) or buf; w -= lr * direction."""
+    g = _with_l2(config.weight_decay, weights, grad)
+    direction = g
+    if config.momentum > 0:
+        buf = state_out["m"]
+        np.multiply(state_in["m"], F32(config.momentum), out=buf)
+        np.add(buf, g, out=buf)
+        direction = buf
+        if config.nesterov:
+            direction = np.multiply(buf, F32(config.momentum), dtype=F32)
+            np.add(direction, g, out=direction)
+    np.multiply(direction, F32(lr), out=weights_out)
+    np.subtract(weights, weights_out, out=weights_out)
+
+
+def _adam(config: OptimizerConfig, step: int, lr: float, weights: np.ndarray, grad: np.ndarray,
+          state_in: dict[str, np.ndarray], weights_out: np.ndarray, state_out: dict[str, np.ndarray]) -> None:
+    """m, v moments; w -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps). AdamW first scales w by 1 - lr * wd."""
+    decoupled = config.name == "adamw"
+    g = grad if decoupled else _with_l2(config.weight_decay, weights, grad)
+    m, v = state_out["m"], state_out["v"]
+    scratch = np.multiply(g, F32(1.0 - config.beta1), dtype=F32)
+    np.multiply(state_in["m"], F32(config.beta1), out=m)
+    np.add(m, scratch, out=m)
+    np.multiply(g, g, out=scratch)
+    np.multiply(scratch, F32(1.0 - config.beta2), out=scratch)
+    np.multiply(state_in["v"], F32(config.beta2), out=v)
+    np.add(v, scratch, out=v)
+    # denominator sqrt(v) / sqrt(1 - beta2^t) + eps, then the step lr / (1 - beta1^t) * m / denominator
+    np.sqrt(v, out=scratch)
+    np.multiply(scratch, F32(1.0 / math.sqrt(1.0 - config.beta2 ** step)), out=scratch)
+    np.add(scratch, F32(config.eps), out=scratch)
+    np.divide(m, scratch, out=scratch)
+    np.multiply(scratch, F32(lr / (1.0 - config.beta1 ** step)), out=scratch)
+    if decoupled and config.weight_decay != 0:
+        np.multiply(weights, F32(1.0 - lr * config.weight_decay), out=weights_out)
+        np.subtract(weights_out, scratch, out=weights_out)
+    else:
+        np.subtract(weights, scratch, out=weights_out)
