@@ -151,9 +151,16 @@ def choose_exchange(job: Job, need_bytes: int, log: Any) -> Path:
                             hint="free space, lower train.tasks_per_update, or set run.exchange to a roomier dir")
     if len(roomy) == 1:
         return roomy[0]
-    timings = {folder: probe_write_seconds(folder) for folder in roomy}
+    timings = {}
+    for folder in roomy:
+        try:
+            timings[folder] = probe_write_seconds(folder)
+        except OSError as exc:  # e.g. room for the exchange but not for the probe: not the faster one anyway
+            log(f"exchange probe failed in {folder}: {exc.strerror}; not used")
+    if not timings:
+        return roomy[-1]
     log("exchange probe: " + ", ".join(f"{f} {t * 1e3:.1f} ms" for f, t in timings.items()))
-    return min(roomy, key=lambda folder: timings[folder])
+    return min(timings, key=lambda folder: timings[folder])
 
 
 def open_run_dir(job: Job, *, resume: bool, need_exchange: int, need_run: int) -> RunDir:

@@ -22,12 +22,13 @@ WAIT_BOUND = 1.0  # seconds: the longest the server blocks without re-checking d
 
 class Scheduler:
     def __init__(self, pool: WorkerPool, *, task_timeout: float, max_attempts: int,
-                 describe: Callable[[Task], str], log: Callable[[str], None]):
+                 describe: Callable[[Task], str], log: Callable[[str], None], check_stop: Callable[[], None]):
         self.pool = pool
         self.task_timeout = task_timeout
         self.max_attempts = max_attempts
         self.describe = describe
         self.log = log
+        self.check_stop = check_stop  # raises Interrupted when a stop was requested
         self.deaths = 0
 
     def run(self, tasks: list[Task]) -> list[Result]:
@@ -42,6 +43,7 @@ class Scheduler:
                 self.pool.send(slot, pending.popleft())
             for event in self.pool.wait(self._wait_time()):
                 self._handle(event, current, pending, done)
+            self.check_stop()
             self._kill_overdue()
         return [done[task.task] for task in tasks]
 

@@ -57,34 +57,47 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False) -> TrainS
     slots = len(state_slots(job.train.optimizer))
     run = open_run_dir(job, resume=resume_run,
                        need_exchange=(2 * job.train.tasks_per_update + 2 + 2 * slots) * size_bytes,
-                       need_run=(job.run.keep_versions + 2 + (job.run.keep_checkpoints + 1) * (1 + slots)) * size_bytes)
+                       need_run=(3 + slots) * size_bytes)  # the least that lets a run make progress
+    stop = StopRequest()
     try:
-        with _signals_raise():
-            return Trainer(job, dataset, context, run).run(resume_run)
+        with _stop_on_signals(stop):
+            return Trainer(job, dataset, context, run, stop).run(resume_run)
     finally:
         run.close()
 
 
+@dataclass
+class StopRequest:
+    """Set by SIGINT/SIGTERM; the scheduler checks it while waiting, so a stop never lands mid-bookkeeping."""
+
+    signum: int | None = None
+
+    def check(self) -> None:
+        if self.signum is not None:
+            name = signal.Signals(self.signum).name
+            raise Interrupted(f"stopped by {name}")
+
+
 @contextlib.contextmanager
-def _signals_raise() -> Iterator[None]:
-    """SIGTERM raises Interrupted in the main thread (SIGINT already raises KeyboardInterrupt)."""
+def _stop_on_signals(stop: StopRequest) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    def on_term(signum: int, frame: Any) -> None:
-        raise Interrupted("stopped by SIGTERM")
+    def request(signum: int, frame: Any) -> None:
+        stop.signum = signum
 
-    previous = signal.signal(signal.SIGTERM, on_term)
+    previous = {sig: signal.signal(sig, request) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class Trainer:
-    def __init__(self, job: Job, dataset: Dataset, context: ModelContext, run: RunDir):
-        self.job, self.dataset, self.context, self.run_dir = job, dataset, context, run
+    def __init__(self, job: Job, dataset: Dataset, context: ModelContext, run: RunDir, stop: StopRequest):
+        self.job, self.dataset, self.context, self.run_dir, self.stop = job, dataset, context, run, stop
         self.train_rows = dataset.split("train").rows
         self.val_rows = dataset.split("val").rows
         self.per_epoch = updates_per_epoch(self.train_rows, job.train.batch_size)
@@ -101,7 +114,7 @@ class Trainer:
         self.log(f"server pid {os.getpid()}; workers started: pids {' '.join(map(str, pool.pids()))}")
         scheduler = Scheduler(pool, task_timeout=self.job.train.task_timeout,
                               max_attempts=self.job.train.max_attempts, describe=self.describe,
-                              log=self.log)
+                              log=self.log, check_stop=self.stop.check)
         try:
             last = self._fit(scheduler, position)
         except (KeyboardInterrupt, Interrupted) as exc:
@@ -140,6 +153,8 @@ class Trainer:
         names = tuple(gradient_name(version, r.task, r.attempt) for r in results)
         bad = [t for t, r in zip(update.tasks, results, strict=True) if not r.finite]
         published = not bad and self.step(scheduler, update, version, names, index)
+        if not published:
+            bad = bad or self.nonfinite_gradients(update, names)
         for name in names:
             (self.run_dir.exchange / name).unlink(missing_ok=True)
         if not published:
@@ -175,8 +190,15 @@ class Trainer:
                               "tasks": [[t.lo, t.hi] for t in update.tasks], "lr": lr, "checksum": checksum})
         return True
 
+    def nonfinite_gradients(self, update: Update, names: tuple[str, ...]) -> list[Any]:
+        """The tasks whose gradient file holds NaN/Inf (read only on this rare path, never per update)."""
+        size = self.context.layout.size
+        return [task for task, name in zip(update.tasks, names, strict=True)
+                if not np.isfinite(open_npy(self.run_dir.exchange / name, shape=(size,), dtype=np.float32)).all()]
+
     def nonfinite(self, update: Update, index: int, bad: list[Any]) -> None:
-        where = ", ".join(self.describe_rows(t.lo, t.hi) for t in bad) or "the reduced gradient or new weights"
+        where = ", ".join(f"task {t.index} ({self.describe_rows(t.lo, t.hi)})" for t in bad) or \
+            "the mean gradient or the new weights (each task's gradient was finite)"
         text = (f"non-finite loss or gradient at update {index} (epoch {update.epoch + 1}, batch {update.batch}): "
                 f"{where}")
         if self.job.train.on_nonfinite == "stop":
@@ -243,7 +265,7 @@ class Trainer:
         index = position.update_index(self.per_epoch)
         if self.checkpointed != index and position.version > 0:
             save_checkpoint(self.run_dir, self.job, self.context, position, self.per_epoch)
-        signame = "SIGTERM" if isinstance(exc, Interrupted) else "SIGINT"
+        signame = "SIGTERM" if self.stop.signum == signal.SIGTERM else "SIGINT"
         error = Interrupted(f"stopped by {signame} at epoch {position.epoch + 1}, batch {position.batch}; "
                             f"the newest checkpoint is intact",
                             hint=f"resume with: memtrain train --resume {self.run_dir.path}")

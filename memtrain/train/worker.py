@@ -77,16 +77,20 @@ class WorkerState:
 
     def run(self, task: Task) -> Result:
         try:
-            if isinstance(task, GradTask):
-                return self.grad(task)
-            if isinstance(task, EvalTask):
-                return self.evaluate(task)
-            if isinstance(task, StatsTask):
-                return self.statistics(task)
-            return self.step(task)
+            with np.errstate(all="ignore"):  # non-finite results are detected and reported, not warned about
+                return self._run(task)
         except Exception as exc:  # reported to the server, which stops the run with this text
             detail = "".join(traceback.format_exception_only(exc)).strip()
             return Result(task.task, task.attempt, error=f"{detail}\n{traceback.format_exc(limit=-4)}")
+
+    def _run(self, task: Task) -> Result:
+        if isinstance(task, GradTask):
+            return self.grad(task)
+        if isinstance(task, EvalTask):
+            return self.evaluate(task)
+        if isinstance(task, StatsTask):
+            return self.statistics(task)
+        return self.step(task)
 
     def weights(self, version: int) -> np.ndarray:
         if self._weights is None or self._weights[0] != version:

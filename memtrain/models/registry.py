@@ -1,0 +1,88 @@
+"""Model kind + options + DataSpec -> a model object (built-in kinds, or a user class by import path)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from types import MappingProxyType
+from typing import Any
+
+from memtrain.errors import InputError
+from memtrain.models.protocol import DataSpec, Model, build_options_error
+
+# Built-in kinds name import paths, so a built-in model is found exactly the way a user model is.
+BUILTIN = MappingProxyType({
+    "linear": "memtrain.models.linear:LinearRegression",
+    "logistic": "memtrain.models.logistic:LogisticRegression",
+    "softmax": "memtrain.models.softmax:SoftmaxRegression",
+    "mlp": "memtrain.models.mlp:MLP",
+    "ridge": "memtrain.models.ridge:Ridge",
+    "naive_bayes": "memtrain.models.naive_bayes:GaussianNaiveBayes",
+})
+MODEL_KINDS = tuple(BUILTIN)
+BASE_METHODS = ("parameter_shapes", "init", "loss", "predict")
+GRADIENT_METHODS = ("loss_and_grad",)
+ADDITIVE_METHODS = ("statistic_shapes", "statistics", "solve")
+
+
+def build_model(kind: str, options: dict[str, Any], spec: DataSpec) -> Model:
+    """Build a model. ``kind`` is a built-in name or ``"package.module:ClassName"``.
+
+    >>> build_model("mlp", {"hidden": [32]}, DataSpec(n_features=4, task="classification", n_classes=3)).hidden
+    (32,)
+    """
+    cls = model_class(kind)
+    check_protocol(kind, cls)
+    options = {key: _tuples(value) for key, value in options.items()}
+    check_options(kind, cls, options)
+    return cls(spec, **options)
+
+
+def model_class(kind: str) -> type:
+    path = BUILTIN.get(kind, kind)
+    module_name, _, class_name = path.partition(":")
+    if not class_name or not module_name:
+        raise InputError(f"unknown model kind {kind!r}",
+                         expected=f"one of {', '.join(MODEL_KINDS)}, or 'package.module:ClassName'", found=repr(kind))
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InputError(f"cannot import module {module_name!r} of model {kind!r} ({exc})",
+                         hint="check the name and that the module is on PYTHONPATH") from exc
+    cls = getattr(module, class_name, None)
+    if not isinstance(cls, type):
+        raise InputError(f"module {module_name!r} has no class {class_name!r}", expected=f"a class {class_name}",
+                         found="nothing" if cls is None else type(cls).__name__)
+    return cls
+
+
+def check_protocol(kind: str, cls: type) -> None:
+    """A model class must say whether it is additive and have the methods of its kind of model."""
+    additive = getattr(cls, "additive", None)
+    if not isinstance(additive, bool):
+        raise InputError(f"model {kind!r} does not implement the model protocol",
+                         expected="a class attribute additive = True or False", found=repr(additive))
+    needed = BASE_METHODS + (ADDITIVE_METHODS if additive else GRADIENT_METHODS)
+    missing = [name for name in needed if not callable(getattr(cls, name, None))]
+    if missing:
+        raise InputError(f"model {kind!r} does not implement the model protocol",
+                         expected=f"methods {', '.join(needed)}", found=f"missing {', '.join(missing)}")
+
+
+def check_options(kind: str, cls: type, options: dict[str, Any]) -> None:
+    """Unknown and missing options, read from the constructor's signature after its first (spec) parameter."""
+    parameters = list(inspect.signature(cls).parameters.values())[1:]
+    named = {p.name: p for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+        for key in options:
+            if key not in named:
+                raise InputError(build_options_error(kind, key, named))
+    missing = [name for name, p in named.items() if p.default is p.empty and name not in options]
+    if missing:
+        raise InputError(f"model {kind!r} needs option {missing[0]!r}", expected=f"a value for {missing[0]}",
+                         found="nothing")
+
+
+def _tuples(value: Any) -> Any:
+    """TOML lists -> tuples, so options are hashable and fit tuple-typed dataclass fields."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value

@@ -1,0 +1,441 @@
+"""Real faults on real processes and files: kills at every write point, hangs, poison tasks, server crashes,
+signals, corrupt and truncated files, full disks, leftovers. "Identical" = sha256 of the final weights
+equals a fault-free run of the same job."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tiny_data import blobs, write_dataset
+
+from memtrain.layout import checkpoint_path, checkpoint_updates, weight_versions, weights_path
+
+pytestmark = pytest.mark.timeout(180)
+
+TESTS = Path(__file__).parent
+JOB = """
+[data]
+path = "{data}"
+normalize = {normalize}
+
+[model]
+kind = "{kind}"
+{model_extra}
+
+[train]
+epochs = {epochs}
+batch_size = 200
+tasks_per_update = 3
+optimizer = "adam"
+lr = 0.01
+seed = 3
+workers = {workers}
+task_timeout = {task_timeout}
+
+[run]
+dir = "run"
+keep_checkpoints = 10
+"""
+
+
+def write_job(folder: Path, data: Path, *, kind: str = "mlp", model_extra: str = "hidden = [16]", epochs: int = 2,
+              workers: int = 2, task_timeout: float = 60, normalize: str = "true", **extra: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    text = JOB.format(data=data, kind=kind, model_extra=model_extra, epochs=epochs, workers=workers,
+                      task_timeout=task_timeout, normalize=normalize)
+    for key, value in extra.items():
+        text = text.replace("[run]\n", f"[run]\n{key} = {value}\n") if key == "exchange" else text
+    (folder / "job.toml").write_text(text)
+    return folder / "job.toml"
+
+
+def memtrain(*args: object, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "memtrain", *map(str, args)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(TESTS), **(env or {})}, timeout=timeout)
+
+
+def start(*args: object, env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "memtrain", *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(TESTS), **(env or {})})
+
+
+def digest(run: Path) -> str:
+    path = weights_path(run, weight_versions(run)[-1])
+    return hashlib.sha256(np.load(path, allow_pickle=False).tobytes()).hexdigest()
+
+
+def events(run: Path) -> str:
+    return (run / "events.log").read_text()
+
+
+def worker_pids(run: Path) -> list[int]:
+    return [int(p) for line in re.findall(r"workers started: pids ([\d ]+)", events(run)) for p in line.split()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(")")[-1].split()[0] not in ("Z", "X")
+
+
+def wait_gone(pids: list[int], seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if alive(p)]
+
+
+def wait_for(path: Path, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+
+
+def leftovers(run: Path) -> list[str]:
+    """Temporary files or exchange areas left in the run directory."""
+    names = [p.name for p in run.rglob("*")]
+    return [n for n in names if ".tmp-" in n or n.startswith("memtrain-x-")]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    x, y = blobs(n=1000, features=6, classes=3, seed=1)
+    return write_dataset(tmp_path_factory.mktemp("faults") / "blobs", x, y, shard_rows=300)
+
+
+@pytest.fixture(scope="module")
+def baseline(data: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    job = write_job(tmp_path_factory.mktemp("baseline"), data)
+    result = memtrain("train", job)
+    assert result.returncode == 0, result.stderr
+    return digest(job.parent / "run")
+
+
+# --- workers dying ---
+
+@pytest.mark.parametrize("point", ["before_grad_write:2", "after_grad_tmp:2", "after_grad_rename:2",
+                                   "before_notify:2", "mid_step:1"])
+def test_worker_killed_at_each_point_recovers_identically(tmp_path: Path, data: Path, baseline: str,
+                                                          point: str) -> None:
+    job = write_job(tmp_path, data)
+    result = memtrain("train", job, env={"MEMTRAIN_FAULT": point, "MEMTRAIN_FAULT_ONCE": str(tmp_path / "fired")})
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "fired").exists(), "the fault never fired"
+    run = tmp_path / "run"
+    assert "died with exit code -9" in events(run)
+    assert "workers that died and were replaced: 1" in result.stdout
+    assert digest(run) == baseline
+    assert leftovers(run) == []
+
+
+def test_killing_workers_from_outside_including_idle_ones(tmp_path: Path, data: Path) -> None:
+    job = write_job(tmp_path / "clean", data, epochs=6, workers=4)
+    assert memtrain("train", job).returncode == 0
+    job = write_job(tmp_path / "chaos", data, epochs=6, workers=4)
+    proc = start("train", job)
+    run = tmp_path / "chaos" / "run"
+    wait_for(weights_path(run, 2))
+    killed = []
+    for pid in worker_pids(run)[:4]:  # four workers, three tasks per update: one is always idle
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+        time.sleep(0.15)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert events(run).count("died with exit code -9") + events(run).count("died") >= 1
+    assert digest(run) == digest(tmp_path / "clean" / "run")
+
+
+def test_hung_worker_is_killed_and_its_task_rerun(tmp_path: Path, data: Path, baseline: str) -> None:
+    job = write_job(tmp_path, data, task_timeout=2)
+    result = memtrain("train", job, env={"MEMTRAIN_FAULT": "before_grad_write:2", "MEMTRAIN_FAULT_ACTION": "stop",
+                                         "MEMTRAIN_FAULT_ONCE": str(tmp_path / "fired")})
+    assert result.returncode == 0, result.stderr
+    assert "silent for 2 s" in events(tmp_path / "run")
+    assert digest(tmp_path / "run") == baseline
+
+
+def poisoned(folder: Path, row: int = 700) -> Path:
+    x, y = blobs(n=1000, features=6, classes=3, seed=1)
+    x[row, 0] = 4242.0
+    return write_dataset(folder / "poison", x, y, shard_rows=300)
+
+
+def test_a_task_that_always_kills_its_worker_stops_the_run_naming_it(tmp_path: Path) -> None:
+    job = write_job(tmp_path, poisoned(tmp_path), kind="crash_models:KillsItsWorker", model_extra="",
+                    normalize="false")
+    result = memtrain("train", job)
+    assert result.returncode == 1
+    assert "killed its worker 3 times" in result.stderr
+    assert re.search(r"rows \d+-\d+ of the train split, shard x-0000[0-3]\.npy", result.stderr)
+    assert "Traceback" not in result.stderr
+
+
+def test_a_task_that_raises_stops_the_run_with_the_worker_traceback(tmp_path: Path) -> None:
+    job = write_job(tmp_path, poisoned(tmp_path), kind="crash_models:RaisesOnPoison", model_extra="",
+                    normalize="false")
+    result = memtrain("train", job, timeout=60)
+    assert result.returncode == 1
+    assert "failed in worker" in result.stderr and "ValueError: poisoned row in this batch" in result.stderr
+    assert re.search(r"gradient task \d \(rows \d+-\d+ of the train split", result.stderr)
+
+
+# --- the server dying, signals, resume ---
+
+@pytest.mark.parametrize("point", ["mid_reduce:3", "after_result:7", "ckpt_after_data:1", "ckpt_before_commit:2",
+                                   "write:9"])
+def test_server_killed_then_resumed_is_identical_and_leaves_no_orphans(tmp_path: Path, data: Path, baseline: str,
+                                                                        point: str) -> None:
+    job = write_job(tmp_path, data)
+    crashed = memtrain("train", job, env={"MEMTRAIN_FAULT": point, "MEMTRAIN_FAULT_ONCE": str(tmp_path / "fired")})
+    assert crashed.returncode == -9, crashed.stderr
+    run = tmp_path / "run"
+    assert wait_gone(worker_pids(run), 5) == [], "workers outlived their server"
+    resumed = memtrain("train", "--resume", run)
+    assert resumed.returncode == 0, resumed.stderr
+    assert digest(run) == baseline
+    assert leftovers(run) == []
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupt_checkpoints_and_says_how_to_resume(tmp_path: Path, data: Path, sig: int, code: int) -> None:
+    clean = write_job(tmp_path / "clean", data, epochs=4)
+    assert memtrain("train", clean).returncode == 0
+    job = write_job(tmp_path / "stopped", data, epochs=4)
+    proc = start("train", job)
+    run = tmp_path / "stopped" / "run"
+    wait_for(weights_path(run, 7))
+    os.kill(proc.pid, sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert f"resume with: memtrain train --resume {run}" in err
+    assert checkpoint_updates(run), "no checkpoint after the interrupt"
+    assert wait_gone(worker_pids(run), 5) == []
+    assert memtrain("train", "--resume", run).returncode == 0
+    assert digest(run) == digest(tmp_path / "clean" / "run")
+
+
+# --- corrupt files ---
+
+def flip_byte(path: Path, offset_from_end: int = 5) -> None:
+    data = bytearray(path.read_bytes())
+    data[-offset_from_end] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_verify_names_a_flipped_byte_in_a_shard(tmp_path: Path) -> None:
+    x, y = blobs(n=600, features=6, classes=3)
+    data = write_dataset(tmp_path / "d", x, y, shard_rows=300)
+    flip_byte(data / "train" / "x-00001.npy")
+    result = memtrain("train", write_job(tmp_path, data), "--verify")
+    assert result.returncode == 1
+    assert "train/x-00001.npy: checksum mismatch" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda p: os.truncate(p, p.stat().st_size - 100), "file is truncated"),
+    (lambda p: p.write_bytes(p.read_bytes() + b"junk"), "file has trailing bytes"),
+    (lambda p: p.write_bytes(b"not a numpy file at all"), "not a .npy file"),
+])
+def test_damaged_shards_are_clear_errors_not_crashes(tmp_path: Path, damage, message: str) -> None:
+    x, y = blobs(n=600, features=6, classes=3)
+    data = write_dataset(tmp_path / "d", x, y, shard_rows=300)
+    damage(data / "train" / "x-00000.npy")
+    result = memtrain("train", write_job(tmp_path, data))
+    assert result.returncode == 1
+    assert f"train/x-00000.npy: {message}" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_pickled_shard_is_refused_and_its_payload_never_runs(tmp_path: Path) -> None:
+    x, y = blobs(n=600, features=6, classes=3)
+    data = write_dataset(tmp_path / "d", x, y, shard_rows=300)
+    sentinel = tmp_path / "payload-ran"
+    payload = np.array([Payload(str(sentinel))], dtype=object)
+    with open(data / "train" / "y-00000.npy", "wb") as handle:
+        np.save(handle, payload, allow_pickle=True)
+    result = memtrain("train", write_job(tmp_path, data))
+    assert result.returncode == 1
+    assert "refusing a .npy file that holds Python objects" in result.stderr
+    assert not sentinel.exists()
+
+
+class Payload:
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def test_a_header_claiming_a_huge_shape_is_refused_before_allocating(tmp_path: Path) -> None:
+    x, y = blobs(n=600, features=6, classes=3)
+    data = write_dataset(tmp_path / "d", x, y, shard_rows=300)
+    shard = data / "train" / "x-00000.npy"
+    raw = shard.read_bytes()
+    header_end = raw.index(b"\n") + 1
+    header = raw[:header_end].replace(b"(300, 6)", b"(1000000000000, 6)")
+    shard.write_bytes(header[:8] + (len(header) - 10).to_bytes(2, "little") + header[10:] + raw[header_end:])
+    result = memtrain("train", write_job(tmp_path, data))
+    assert result.returncode == 1
+    assert "train/x-00000.npy: shape differs from what was recorded" in result.stderr
+    assert "(1000000000000, 6)" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_resume_skips_a_corrupt_newest_checkpoint_and_says_so(tmp_path: Path, data: Path) -> None:
+    clean = write_job(tmp_path / "clean", data, epochs=3)
+    assert memtrain("train", clean).returncode == 0
+    job = write_job(tmp_path / "run3", data, epochs=3)
+    assert memtrain("train", job, "--set", "train.epochs=2").returncode == 0
+    run = tmp_path / "run3" / "run"
+    newest = checkpoint_path(run, checkpoint_updates(run)[-1])
+    flip_byte(newest / "weights.npy")
+    resumed = memtrain("train", "--resume", run, "--set", "train.epochs=3")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"skipping checkpoint {newest.name}" in resumed.stdout + resumed.stderr
+    assert "weights.npy: checksum mismatch" in resumed.stdout + resumed.stderr
+    assert digest(run) == digest(tmp_path / "clean" / "run")
+
+
+# --- numerical failure ---
+
+def exploding(folder: Path) -> Path:
+    x, y = blobs(n=600, features=6, classes=3)
+    x[400:420] = 3e38  # finite in float32, but the loss overflows to inf
+    return write_dataset(folder / "big", x, y, shard_rows=300)
+
+
+def test_nonfinite_loss_stops_naming_update_and_task(tmp_path: Path) -> None:
+    job = write_job(tmp_path, exploding(tmp_path), kind="softmax", model_extra="", normalize="false")
+    result = memtrain("train", job)
+    assert result.returncode == 1
+    assert re.search(r"non-finite loss or gradient at update \d+ \(epoch 1, batch \d+\): task \d \(rows \d+-\d+ of "
+                     r"the train split", result.stderr)
+    assert "RuntimeWarning" not in result.stderr
+    for version in weight_versions(tmp_path / "run"):
+        assert np.isfinite(np.load(weights_path(tmp_path / "run", version))).all()
+
+
+def test_nonfinite_updates_can_be_skipped(tmp_path: Path) -> None:
+    job = write_job(tmp_path, exploding(tmp_path), kind="softmax", model_extra="", normalize="false")
+    result = memtrain("train", job, "--set", 'train.on_nonfinite="skip"')
+    assert result.returncode == 0, result.stderr
+    assert "update skipped" in events(tmp_path / "run")
+    for version in weight_versions(tmp_path / "run"):
+        assert np.isfinite(np.load(weights_path(tmp_path / "run", version))).all()
+
+
+# --- full disks and small exchange areas (real tmpfs mounts; root is needed) ---
+
+@pytest.fixture
+def tmpfs(tmp_path: Path):
+    mounted = []
+
+    def mount(size: str) -> Path:
+        point = tmp_path / f"tmpfs{len(mounted)}"
+        point.mkdir()
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(point)],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({result.stderr.strip()}); the injected variant still runs")
+        mounted.append(point)
+        return point
+
+    yield mount
+    for point in mounted:
+        subprocess.run(["umount", "-l", str(point)], check=False)
+
+
+def test_disk_full_during_training_is_clear_and_resumable(tmp_path: Path, data: Path, tmpfs) -> None:
+    big = 'hidden = [2048]'  # 82 KB per weight file: the 700 KB filesystem fills up at a checkpoint
+    clean = write_job(tmp_path / "clean", data, model_extra=big, epochs=3)
+    assert memtrain("train", clean).returncode == 0
+    small = tmpfs("700k")
+    job = write_job(small / "job", data, model_extra=big, epochs=3)
+    job.write_text(job.read_text().replace('dir = "run"', f'dir = "run"\nexchange = "{tmp_path}"'))
+    full = memtrain("train", job)
+    assert full.returncode == 1, full.stderr
+    assert "no space left on the device" in full.stderr
+    assert "Traceback" not in full.stderr and "Bus error" not in full.stderr
+    run = small / "job" / "run"
+    assert leftovers(run) == []
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small)], check=True)
+    resumed = memtrain("train", "--resume", run)
+    assert resumed.returncode == 0, resumed.stderr
+    assert digest(run) == digest(tmp_path / "clean" / "run")
+
+
+@pytest.mark.parametrize("hit", [1, 5, 12, 20])
+def test_injected_disk_full_at_a_write_keeps_the_last_checkpoint(tmp_path: Path, data: Path, baseline: str,
+                                                                  hit: int) -> None:
+    job = write_job(tmp_path, data)
+    full = memtrain("train", job, env={"MEMTRAIN_FAULT": f"write:{hit}", "MEMTRAIN_FAULT_ACTION": "raise",
+                                       "MEMTRAIN_FAULT_ONCE": str(tmp_path / "fired")})
+    assert full.returncode == 1, full.stderr
+    assert "no space left on the device" in full.stderr and "Traceback" not in full.stderr
+    resumed = memtrain("train", job, "--resume")  # works even when the run failed before writing job.json
+    assert resumed.returncode == 0, resumed.stderr
+    assert digest(tmp_path / "run") == baseline
+
+
+def test_exchange_without_room_is_refused_before_starting(tmp_path: Path, data: Path, tmpfs) -> None:
+    small = tmpfs("64k")
+    job = write_job(tmp_path, data, model_extra="hidden = [512]")
+    job.write_text(job.read_text().replace('dir = "run"', f'dir = "run"\nexchange = "{small}"'))
+    result = memtrain("train", job)
+    assert result.returncode == 1
+    assert "no room for the exchange area" in result.stderr and "MiB" in result.stderr
+
+
+def test_auto_exchange_falls_back_when_dev_shm_is_small(tmp_path: Path, data: Path) -> None:
+    job = write_job(tmp_path, data, model_extra="hidden = [4096]")  # the exchange needs ~2 MiB
+    script = f"mount -t tmpfs -o size=1m tmpfs /dev/shm && exec {sys.executable} -m memtrain train {job}"
+    result = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(TESTS)})
+    if "unshare failed" in result.stderr or "mount:" in result.stderr:
+        pytest.skip(f"no mount namespace here: {result.stderr.strip()}")
+    assert result.returncode == 0, result.stderr
+    log = events(tmp_path / "run")
+    assert "exchange: /dev/shm has" in log and "not used" in log
+    assert f"exchange area: {tmp_path / 'run'}" in log
+
+
+# --- leftovers ---
+
+def test_leftovers_of_dead_runs_are_swept_and_live_ones_kept(tmp_path: Path, data: Path) -> None:
+    job = write_job(tmp_path, data, epochs=1)
+    run = tmp_path / "run"
+    (run / "weights").mkdir(parents=True)
+    dead = subprocess.run(["true"]).returncode or 999_999
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        stale = [run / f"memtrain-x-dead0001-{dead}", Path("/dev/shm") / f"memtrain-x-dead0002-{dead}"]
+        live = Path("/dev/shm") / f"memtrain-x-live0001-{sleeper.pid}"
+        for folder in [*stale, live]:
+            folder.mkdir()
+            (folder / "g-v00000001-t00000-a000.npy").write_bytes(b"stale")
+        (run / "weights" / f".v00000001.npy.tmp-{dead}-abcdef12").write_bytes(b"partial")
+        result = memtrain("train", job, "--resume")
+        assert result.returncode == 0, result.stderr
+        assert not any(folder.exists() for folder in stale)
+        assert live.exists()
+        assert leftovers(run) == []
+    finally:
+        sleeper.kill()
+        import shutil
+        shutil.rmtree(Path("/dev/shm") / f"memtrain-x-live0001-{sleeper.pid}", ignore_errors=True)
