@@ -27,11 +27,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", nargs="?", const=True, default=False, metavar="RUN_DIR",
                         help="continue a run from its newest complete checkpoint")
     parser.add_argument("--verify", action="store_true", help="re-hash every dataset shard before training")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing run directory (only one that memtrain created)")
 
 
 def run(args: argparse.Namespace) -> int:
     job = _job(args)
-    summary = train(job, resume_run=bool(args.resume), verify=args.verify)
+    if args.overwrite and args.resume:
+        raise InputError("--overwrite and --resume contradict each other")
+    summary = train(job, resume_run=bool(args.resume), verify=args.verify, overwrite=args.overwrite)
     _print_summary(summary)
     return 0
 

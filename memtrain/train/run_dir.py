@@ -25,6 +25,7 @@ from memtrain.errors import InputError, MemtrainError
 from memtrain.files import append_jsonl
 from memtrain.layout import (
     RUN_EVENTS,
+    RUN_JOB,
     RUN_LINEAGE,
     RUN_LOCK,
     RUN_METRICS,
@@ -163,16 +164,22 @@ def choose_exchange(job: Job, need_bytes: int, log: Any) -> Path:
     return min(timings, key=lambda folder: timings[folder])
 
 
-def open_run_dir(job: Job, *, resume: bool, need_exchange: int, need_run: int) -> RunDir:
+def open_run_dir(job: Job, *, resume: bool, need_exchange: int, need_run: int, overwrite: bool = False) -> RunDir:
     """Create or reopen the run directory, take its lock, sweep leftovers and set up the exchange area."""
     path = job.run.dir
-    if path.exists() and not resume and any(path.iterdir()):
+    existing = path.exists() and any(path.iterdir())
+    if existing and not resume and not overwrite:
         raise InputError("the run directory already exists and is not empty", path=path,
-                         hint=f"resume it with `memtrain train --resume {path}` or choose another run.dir")
+                         hint=f"resume it with `memtrain train --resume {path}`, replace it with --overwrite, "
+                              "or choose another run.dir")
+    if existing and overwrite and not (path / RUN_JOB).exists():
+        raise InputError("refusing to overwrite a directory that is not a memtrain run (no job.json)", path=path)
     path.mkdir(parents=True, exist_ok=True)
-    (path / WEIGHTS_DIR).mkdir(exist_ok=True)
     lock = acquire_lock(path)
     try:
+        if existing and overwrite:
+            _empty_run_dir(path)
+        (path / WEIGHTS_DIR).mkdir(exist_ok=True)
         free = shutil.disk_usage(path).free
         if free < need_run:
             raise MemtrainError("not enough free space for the run's weight versions and checkpoints", path=path,
@@ -188,6 +195,16 @@ def open_run_dir(job: Job, *, resume: bool, need_exchange: int, need_run: int) -
     run = RunDir(path, exchange, lock)
     run.event(f"exchange area: {exchange}")
     return run
+
+
+def _empty_run_dir(path: Path) -> None:
+    for entry in path.iterdir():
+        if entry.name == RUN_LOCK:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def log_event(path: Path, text: str) -> None:

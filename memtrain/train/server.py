@@ -20,8 +20,8 @@ from memtrain.config import Job
 from memtrain.dataset import Dataset, open_dataset
 from memtrain.errors import Interrupted, MemtrainError
 from memtrain.faults import fault_point
-from memtrain.files import open_npy
-from memtrain.layout import gradient_name
+from memtrain.files import open_npy, read_jsonl
+from memtrain.layout import RUN_METRICS, gradient_name
 from memtrain.progress import reporting
 from memtrain.train.context import ModelContext, model_context
 from memtrain.train.exchange import WorkerPool
@@ -49,13 +49,13 @@ class TrainSummary:
     worker_deaths: int
 
 
-def train(job: Job, *, resume_run: bool = False, verify: bool = False) -> TrainSummary:
+def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite: bool = False) -> TrainSummary:
     """Run (or resume) a job to the end; raises MemtrainError (Interrupted on SIGINT/SIGTERM)."""
     dataset = open_dataset(job.data.path, verify=verify or job.data.verify)
     context = model_context(dataset, job.model.kind, job.model.options, job.data.normalize)
     size_bytes = context.layout.size * 4
     slots = len(state_slots(job.train.optimizer))
-    run = open_run_dir(job, resume=resume_run,
+    run = open_run_dir(job, resume=resume_run, overwrite=overwrite,
                        need_exchange=(2 * job.train.tasks_per_update + 2 + 2 * slots) * size_bytes,
                        need_run=(3 + slots) * size_bytes)  # the least that lets a run make progress
     stop = StopRequest()
@@ -116,7 +116,7 @@ class Trainer:
                               max_attempts=self.job.train.max_attempts, describe=self.describe,
                               log=self.log, check_stop=self.stop.check)
         try:
-            last = self._fit(scheduler, position)
+            last = self._fit(scheduler, position) or self._last_epoch_record()
         except (KeyboardInterrupt, Interrupted) as exc:
             pool.close(timeout=2.0)
             raise self._interrupted(position, exc) from None
@@ -272,6 +272,11 @@ class Trainer:
         error.exit_code = 143 if signame == "SIGTERM" else 130
         self.run_dir.event(f"interrupted by {signame}")
         return error
+
+    def _last_epoch_record(self) -> dict[str, Any]:
+        """When a resumed run has nothing left to do, its summary is the last epoch it logged."""
+        epochs = [r for r in read_jsonl(self.run_dir.path / RUN_METRICS) if r.get("kind") == "epoch"]
+        return epochs[-1] if epochs else {}
 
     def describe(self, task: Task) -> str:
         kind = {GradTask: "gradient", StatsTask: "statistics", EvalTask: "evaluation", StepTask: "reduce/step"}
