@@ -20,6 +20,33 @@ def shard_name(split: str, part: str, index: int) -> str:
     return f"{split}/{part}-{index:05d}.npy"
 
 
+# --- work area of `memtrain prepare` (a hidden sibling of the output, so the final rename is atomic) ---
+PREPARE_WORK_MARK = ".prepare-"
+PREPARE_SPOOL_DIR = "spool"  # the external shuffle's bucket files
+PREPARE_SPOOL_INFO = "spool.json"  # written once every bucket is complete: the spool's commit marker
+PREPARE_DONE_LOG = "done.jsonl"  # one line per finished shard pair, with checksums, for resume
+PREPARE_DATASET_DIR = "dataset"  # becomes OUT by one rename
+PREPARE_LOCK = "lock"
+
+
+def prepare_work_dir(out: Path, key: str) -> Path:
+    """``OUT/../.OUT.prepare-<key>``: deterministic, so a rerun with the same arguments finds it."""
+    return out.parent / f".{out.name}{PREPARE_WORK_MARK}{key}"
+
+
+def prepare_work_dirs(out: Path) -> list[Path]:
+    """Every work area of ``out`` on disk, whatever its key."""
+    prefix = f".{out.name}{PREPARE_WORK_MARK}"
+    if not out.parent.is_dir():
+        return []
+    return sorted(out.parent / name for name in os.listdir(out.parent) if name.startswith(prefix))
+
+
+def spool_bucket_names(bucket: int) -> tuple[str, str]:
+    """Bucket files of the external shuffle: raw rows of x (output dtype) and y (float64 label codes)."""
+    return f"x-{bucket:05d}.bin", f"y-{bucket:05d}.bin"
+
+
 # --- run directory (written by `memtrain train`) ---
 RUN_JOB = "job.json"  # the resolved job, every default filled in
 RUN_PARAMS = "params.json"  # parameter layout: name, shape, offset, dtype
@@ -87,6 +114,16 @@ def gradient_name(version: int, task: int, attempt: int) -> str:
     return f"g-v{version:08d}-t{task:05d}-a{attempt:03d}.npy"
 
 
+def gradient_buffer_name(owner_pid: int, index: int) -> str:
+    """A worker's reusable gradient buffer; a gradient file is a hard link to one (see train/gradbuf.py)."""
+    return f"{gradient_buffer_prefix(owner_pid)}{index:03d}.npy"
+
+
+def gradient_buffer_prefix(owner_pid: int) -> str:
+    """Every buffer of one worker starts with this, so a dead worker's buffers can be removed."""
+    return f"b-{owner_pid}-"
+
+
 def state_buffer_name(slot: str, parity: int) -> str:
     """Optimizer state is double-buffered: update n reads parity n%2 and writes the other one."""
     return f"opt-{slot}-{parity}.npy"
@@ -115,3 +152,39 @@ SPOOL_DONE = "done"
 SPOOL_FAILED = "failed"
 SPOOL_STATUS = "status.json"
 SPOOL_LOCK = ".lock"
+SPOOL_LOGS = "logs"  # one log per job: the output of its `memtrain train` child, every attempt appended
+SPOOL_JOB_SUFFIX = ".toml"  # only DIR/*.toml are jobs; NAME.toml.tmp, dotfiles and subfolders are not
+
+
+def spool_job_name(file_name: str) -> str | None:
+    """``NAME`` of a job file ``NAME.toml`` in the spool, or None for anything that is not a job file."""
+    if file_name.startswith(".") or not file_name.endswith(SPOOL_JOB_SUFFIX):
+        return None
+    name = file_name[: -len(SPOOL_JOB_SUFFIX)]
+    return name or None
+
+
+def spool_job_file(name: str) -> str:
+    return name + SPOOL_JOB_SUFFIX
+
+
+def spool_state_file(name: str) -> str:
+    """``running/NAME.state.json``: the claim record (run dir, starts, pid) of a claimed job."""
+    return f"{name}.state.json"
+
+
+def spool_result_file(name: str) -> str:
+    """``done/NAME.result.json`` or ``failed/NAME.result.json``: how the job ended."""
+    return f"{name}.result.json"
+
+
+def spool_log_file(name: str) -> str:
+    return f"{name}.log"
+
+
+def spool_archive_name(name: str, index: int) -> str:
+    """Name under which a finished job is kept in done/ or failed/: ``NAME``, then ``NAME~1``, ``NAME~2``...
+
+    A job name can be submitted again after it finished; the earlier record is never overwritten.
+    """
+    return name if index == 0 else f"{name}~{index}"

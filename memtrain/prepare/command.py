@@ -1,13 +1,107 @@
-"""(not yet built)"""
+"""Turn a CSV, NPY/NPZ, HDF5 or Parquet source (or synthetic data) into a sharded dataset directory.
+
+Examples:
+  memtrain prepare data/digits.csv data/digits
+  memtrain prepare table.parquet ds --label species --val-fraction 0.2 --seed 7
+  memtrain prepare features.npy ds --y labels.npy --no-shuffle
+  memtrain prepare store.h5 ds --x /train/images --y /train/labels
+  memtrain prepare --synthetic 1000000x64 big --classes 10
+An interrupted prepare, run again with the same arguments, continues from the shards it finished.
+"""
+
+from __future__ import annotations
 
 import argparse
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
 
-from memtrain.errors import MemtrainError
+from memtrain.errors import InputError
+from memtrain.prepare import options as defaults
+from memtrain.prepare.labels import TASKS
+from memtrain.prepare.options import PrepareOptions
+from memtrain.prepare.pipeline import PrepareSummary, prepare
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument("paths", nargs="+", metavar="SOURCE OUT", type=Path,
+                        help="source file and output directory (only OUT with --synthetic)")
+    parser.add_argument("--x", help="features: .npz array name or HDF5 dataset path (default x)")
+    parser.add_argument("--y", help="labels: .npz array name, HDF5 dataset path (default y), or the labels "
+                                    ".npy of a .npy source")
+    parser.add_argument("--label", help="CSV/Parquet target column (default: label, target or y)")
+    parser.add_argument("--task", choices=TASKS, default="auto",
+                        help="classification or regression (default: inferred from the labels and reported)")
+    parser.add_argument("--dtype", choices=defaults.DTYPES, default="float32", help="feature dtype (float32)")
+    parser.add_argument("--val-fraction", type=float, default=defaults.VAL_FRACTION,
+                        help=f"share of rows in the validation split ({defaults.VAL_FRACTION})")
+    parser.add_argument("--seed", type=int, default=defaults.SEED, help="seed of the shuffle and the split")
+    parser.add_argument("--no-shuffle", dest="shuffle", action="store_false",
+                        help="keep the source order (the validation rows are still a random subset)")
+    parser.add_argument("--shard-mb", type=float, default=defaults.SHARD_MB, help="size of one shard (64 MiB)")
+    parser.add_argument("--chunk-mb", type=float, default=defaults.CHUNK_MB,
+                        help="rows handled at once; bounds peak memory (64 MiB)")
+    parser.add_argument("--drop-nonfinite", action="store_true",
+                        help="drop rows with NaN/Inf instead of stopping (reports how many)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing dataset at OUT, once the new one is complete")
+    parser.add_argument("--synthetic", metavar="ROWSxFEATURES", help="generate data instead of reading SOURCE")
+    parser.add_argument("--classes", type=int, default=10, help="classes of --synthetic data (10)")
+    parser.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
 
 
 def run(args: argparse.Namespace) -> int:
-    raise MemtrainError("this command is not built yet")
+    options = options_from_args(args)
+    with _sigterm_as_interrupt():
+        summary = prepare(options, say=_say, force_plain=args.plain)
+    print_summary(summary)
+    return 0
+
+
+def options_from_args(args: argparse.Namespace) -> PrepareOptions:
+    wanted = 1 if args.synthetic else 2
+    if len(args.paths) != wanted:
+        usage = "--synthetic ROWSxFEATURES OUT" if args.synthetic else "SOURCE OUT"
+        raise InputError("wrong number of paths", expected=usage, found=" ".join(map(str, args.paths)))
+    return PrepareOptions(
+        source=None if args.synthetic else args.paths[0], out=args.paths[-1], x=args.x, y=args.y,
+        label=args.label, task=args.task, dtype=args.dtype, val_fraction=args.val_fraction, seed=args.seed,
+        shuffle=args.shuffle, shard_mb=args.shard_mb, chunk_mb=args.chunk_mb, drop_nonfinite=args.drop_nonfinite,
+        overwrite=args.overwrite, synthetic=args.synthetic, classes=args.classes)
+
+
+def _say(text: str) -> None:
+    print(f"memtrain prepare: {text}", file=sys.stderr, flush=True)
+
+
+def print_summary(summary: PrepareSummary) -> None:
+    rate = summary.bytes / 1e6 / max(summary.seconds, 1e-9)
+    lines = [
+        f"prepared {summary.out}",
+        f"  rows     {summary.rows:,} (train {summary.splits['train']:,}, val {summary.splits['val']:,})"
+        + (f", {summary.dropped:,} non-finite rows dropped" if summary.dropped else ""),
+        f"  task     {summary.notes[0] if summary.notes else summary.task}",
+    ]
+    if summary.classes:
+        shown = ", ".join(summary.classes[:12]) + (" ..." if len(summary.classes) > 12 else "")
+        lines.append(f"  classes  {shown}")
+    lines.append(f"  shards   {summary.shards}" + (f" ({summary.resumed_shards} reused from the interrupted run)"
+                                                   if summary.resumed_shards else ""))
+    lines.append(f"  bytes    {summary.bytes:,} in {summary.seconds:.1f} s ({rate:.0f} MB/s)")
+    print("\n".join(lines))
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops like Ctrl-C: finished shards are kept and a rerun resumes."""
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,82 @@
+"""Command-line arguments -> one frozen PrepareOptions (every default of `memtrain prepare` in one block)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from memtrain.errors import InputError
+
+# Defaults, with why:
+SHARD_MB = 64  # about 64 MiB per shard file: big enough for sequential reads, small enough to map freely
+CHUNK_MB = 64  # rows handled at once while reading and shuffling; peak memory is a small multiple of this
+VAL_FRACTION = 0.1
+SEED = 0
+DTYPES = ("float32", "float64", "float16")
+
+
+@dataclass(frozen=True)
+class PrepareOptions:
+    """Everything that decides the bytes of a prepared dataset (plus where it goes)."""
+
+    source: Path | None
+    out: Path
+    x: str | None = None  # npz array name / HDF5 dataset path of the features
+    y: str | None = None  # npz array name / HDF5 dataset path / labels .npy of the targets
+    label: str | None = None  # CSV/Parquet target column
+    task: str = "auto"
+    dtype: str = "float32"
+    val_fraction: float = VAL_FRACTION
+    seed: int = SEED
+    shuffle: bool = True
+    shard_mb: float = SHARD_MB
+    chunk_mb: float = CHUNK_MB
+    drop_nonfinite: bool = False
+    overwrite: bool = False
+    synthetic: str | None = None  # "ROWSxFEATURES"
+    classes: int = 10  # synthetic classification: number of classes
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise InputError("--val-fraction must be in [0, 1)", expected="0 <= f < 1", found=self.val_fraction)
+        if self.dtype not in DTYPES:
+            raise InputError("unsupported --dtype", expected=" or ".join(DTYPES), found=self.dtype)
+        if self.shard_mb <= 0 or self.chunk_mb <= 0:
+            raise InputError("--shard-mb and --chunk-mb must be positive", found=(self.shard_mb, self.chunk_mb))
+        if (self.source is None) == (self.synthetic is None):
+            raise InputError("give either a SOURCE file or --synthetic ROWSxFEATURES (not both)")
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return np.dtype(self.dtype)
+
+    @property
+    def chunk_bytes(self) -> int:
+        return max(1 << 16, int(self.chunk_mb * (1 << 20)))
+
+    @property
+    def shard_bytes(self) -> int:
+        return max(1, int(self.shard_mb * (1 << 20)))
+
+    def manifest_options(self) -> dict[str, object]:
+        """The options recorded in the manifest (paths and --overwrite are not options of the data)."""
+        skip = {"source", "out", "overwrite"}
+        return {k: v for k, v in asdict(self).items() if k not in skip}
+
+    def resume_key(self, source_identity: dict[str, object]) -> str:
+        """Hash of the options and the source's identity: a rerun with the same ones resumes."""
+        blob = json.dumps({"options": self.manifest_options(), "source": source_identity, "code": 1},
+                          sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def parse_synthetic(spec: str) -> tuple[int, int]:
+    """``"100000x64"`` -> (100000, 64)."""
+    rows, sep, features = spec.lower().replace("_", "").partition("x")
+    if not sep or not rows.isdigit() or not features.isdigit() or int(rows) < 1 or int(features) < 1:
+        raise InputError("--synthetic needs ROWSxFEATURES", expected="e.g. 100000x64", found=spec)
+    return int(rows), int(features)

@@ -1,0 +1,250 @@
+"""PrepareOptions -> a complete dataset directory at OUT (manifest + shards), resumable, or an error and no OUT.
+
+The stages, each its own module: source (``sources``/``csv_source``/...) -> checks, label codes and the
+scatter into the spool (pass 1, ``shuffle.Spool``) -> gather in shuffled order, split, statistics and
+shards (pass 2, ``shuffle.gather``, ``stats``, ``shard_writer``) -> manifest, written last -> one rename
+into place (``workdir``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memtrain.dataset import FORMAT, FORMAT_VERSION
+from memtrain.errors import InputError, Interrupted
+from memtrain.faults import fault_point
+from memtrain.files import write_json
+from memtrain.layout import MANIFEST
+from memtrain.prepare.labels import LabelCoder, Labels
+from memtrain.prepare.options import PrepareOptions, parse_synthetic
+from memtrain.prepare.shard_writer import ShardWriter, SplitSpec
+from memtrain.prepare.shuffle import CODE_DTYPE, Spool, ValSplit, bucket_count, gather, spool_intact
+from memtrain.prepare.sources import Chunk, Source, open_source
+from memtrain.prepare.stats import RunningStats
+from memtrain.prepare.synthetic import SyntheticSource
+from memtrain.prepare.workdir import WorkArea, check_out
+from memtrain.progress import reporting
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class PrepareSummary:
+    out: Path
+    rows: int
+    splits: dict[str, int]
+    shards: int
+    task: str
+    classes: list[str] | None
+    bytes: int
+    seconds: float
+    dropped: int
+    resumed_shards: int
+    notes: list[str] = field(default_factory=list)
+
+
+def prepare(options: PrepareOptions, *, say: Say = print, force_plain: bool = False) -> PrepareSummary:
+    """Prepare ``options.source`` (or synthetic data) into the dataset directory ``options.out``.
+
+    >>> prepare(PrepareOptions(Path("data/digits.csv"), Path("data/digits")))   # doctest: +SKIP
+    """
+    started = time.monotonic()
+    check_out(options.out, options.overwrite)
+    source = _open(options)
+    work = WorkArea(options.out, options.resume_key(_identity(source)))
+    work.claim()
+    try:
+        for other in work.sweep_others():
+            say(f"removed an unfinished prepare made with other arguments: {other}")
+        summary = _run(source, options, work, say, force_plain)
+    except InputError:
+        work.discard()
+        raise
+    except KeyboardInterrupt as exc:
+        raise Interrupted("interrupted; the shards finished so far are kept", path=work.root,
+                          hint="run the same command again to continue from them") from exc
+    finally:
+        work.release()
+    summary.seconds = time.monotonic() - started
+    return summary
+
+
+def _open(options: PrepareOptions) -> Source:
+    if options.synthetic is None:
+        return open_source(options)
+    rows, features = parse_synthetic(options.synthetic)
+    return SyntheticSource(rows, features, classes=options.classes, regression=options.task == "regression",
+                           seed=options.seed)
+
+
+def _identity(source: Source) -> dict[str, Any]:
+    identity = source.describe()
+    for key in ("path", "y"):
+        value = identity.get(key)
+        if isinstance(value, str) and Path(value).exists():
+            stat = Path(value).stat()
+            identity[key] = {"path": str(Path(value).resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    return identity
+
+
+def _run(source: Source, options: PrepareOptions, work: WorkArea, say: Say, force_plain: bool) -> PrepareSummary:
+    x_row_bytes = int(np.prod(source.feature_shape)) * options.np_dtype.itemsize
+    spool = work.load_spool()
+    if spool is not None and spool_intact(work.spool, spool["counts"], x_row_bytes):
+        finished = work.finished_shards()
+        done = sum(len(v) for v in finished.values())
+        say(f"resuming: the shuffle spool is complete; {done} shards already complete (verified by checksum)")
+    else:
+        work.reset()
+        spool = _scatter(source, options, work, force_plain)
+        finished = {}
+    labels = Labels(spool["task"], spool["classes"], spool["note"],
+                    None if spool["table"] is None else np.asarray(spool["table"]))
+    if spool["rows"] == 0:
+        raise _no_rows(source, spool["dropped"])
+    splits, stats = _write_shards(source, options, work, spool, labels, finished, force_plain)
+    manifest = _manifest(source, options, spool, labels, splits, stats)
+    write_json(work.dataset / MANIFEST, manifest, durable=True)
+    fault_point("prepare_before_publish")
+    work.publish(options.overwrite)
+    work.discard()
+    shards = sum(len(s["shards"]) for s in splits.values())
+    size = sum(e["x_bytes"] + e["y_bytes"] for s in splits.values() for e in s["shards"])
+    return PrepareSummary(options.out, spool["rows"], {k: v["rows"] for k, v in splits.items()}, shards,
+                          labels.task, labels.classes, size, 0.0, spool["dropped"],
+                          sum(len(v) for v in finished.values()), [labels.note])
+
+
+def _no_rows(source: Source, dropped: int) -> InputError:
+    if dropped:
+        return InputError("every row was dropped as non-finite", path=source.path, found=f"{dropped} rows dropped")
+    expected = "data rows after the header" if source.format == "csv" else "at least one row"
+    return InputError("no data rows", path=source.path, expected=expected, found="none")
+
+
+# --- pass 1: read, check, code the labels, scatter into the spool ---
+
+def _scatter(source: Source, options: PrepareOptions, work: WorkArea, force_plain: bool) -> dict[str, Any]:
+    features = int(np.prod(source.feature_shape))
+    rows_per_chunk = max(1, options.chunk_bytes // (8 * features))
+    spool = Spool(work.spool, bucket_count(_estimated_bytes(source, options), options.chunk_bytes, options.shuffle),
+                  options.seed)
+    coder = LabelCoder(options.task, source.path, source.label_name)
+    rows = dropped = read_bytes = 0
+    started = time.monotonic()
+    with reporting(f"reading {source.path or 'synthetic data'}", 1.0, plain_every=5.0,
+                   force_plain=force_plain) as report:
+        for chunk in source.chunks(rows_per_chunk):
+            x, codes, bad = _check_chunk(chunk, source, options, coder)
+            spool.add(x, codes)
+            rows, dropped = rows + len(x), dropped + bad
+            read_bytes += chunk.nbytes or len(chunk.x) * source.size_bytes // max(1, source.rows or 1)
+            mbps = read_bytes / 1e6 / max(1e-9, time.monotonic() - started)
+            report.update(min(1.0, read_bytes / max(1, source.size_bytes)), f"{rows:,} rows {mbps:.0f} MB/s")
+    labels = coder.finish() if rows else Labels("classification", [], "", None)
+    info = {"rows": rows, "dropped": dropped, "counts": spool.finish(), "task": labels.task,
+            "classes": labels.classes, "note": labels.note, "text": bool(coder.text),
+            "table": None if labels.table is None else labels.table.tolist()}
+    work.commit_spool(info)
+    return info
+
+
+def _estimated_bytes(source: Source, options: PrepareOptions) -> int:
+    features = int(np.prod(source.feature_shape))
+    # CSV (rows unknown): every value takes at least 2 bytes of text ("0,"), which bounds the row count.
+    rows = source.rows if source.rows is not None else source.size_bytes // (2 * (features + 1)) + 1
+    return rows * (features * options.np_dtype.itemsize + CODE_DTYPE.itemsize)
+
+
+def _check_chunk(chunk: Chunk, source: Source, options: PrepareOptions,
+                 coder: LabelCoder) -> tuple[np.ndarray, np.ndarray, int]:
+    n = len(chunk.x)
+    raw = np.asarray(chunk.x).reshape(n, -1)
+    with np.errstate(over="ignore", invalid="ignore"):  # out-of-range values become inf: reported below
+        x = raw.astype(options.np_dtype)
+    y = np.asarray(chunk.y).reshape(-1)
+    bad = ~np.isfinite(x).all(axis=1)
+    if y.dtype.kind in "biuf":
+        bad |= ~np.isfinite(y)
+    dropped = int(bad.sum())
+    if dropped:
+        if not options.drop_nonfinite:
+            raise _nonfinite_error(chunk, source, options, raw, x, y, int(np.flatnonzero(bad)[0]))
+        x, y = x[~bad], y[~bad]
+    codes = coder.encode(y, chunk.where(0)) if len(y) else np.empty(0, dtype=CODE_DTYPE)
+    return x, codes, dropped
+
+
+def _nonfinite_error(chunk: Chunk, source: Source, options: PrepareOptions, raw: np.ndarray, x: np.ndarray,
+                     y: np.ndarray, row: int) -> InputError:
+    columns = np.flatnonzero(~np.isfinite(x[row]))
+    if len(columns):
+        column = int(columns[0])
+        name = source.feature_names[column] if source.feature_names else f"feature {column}"
+        found = raw[row, column]
+    else:
+        name, found = source.label_name, y[row]
+    return InputError(f"a value is not a finite {options.dtype} (NaN, Inf or out of range)", path=source.path,
+                      where=f"{chunk.where(row)}, column '{name}'", expected="a finite number", found=found,
+                      hint="pass --drop-nonfinite to drop such rows (the summary reports how many)")
+
+
+# --- pass 2: gather in shuffled order, split, statistics, shards ---
+
+def _write_shards(source: Source, options: PrepareOptions, work: WorkArea, spool: dict[str, Any], labels: Labels,
+                  finished: dict[str, dict[int, Any]], force_plain: bool) -> tuple[dict[str, Any], RunningStats]:
+    rows = spool["rows"]
+    val_rows = min(round(rows * options.val_fraction), rows - 1)
+    specs = _split_specs(source, options, labels, rows - val_rows, val_rows)
+    stats = RunningStats(int(np.prod(source.feature_shape)))
+    splitter = ValSplit(rows, val_rows, options.seed)
+    piece_rows = max(1, options.chunk_bytes // (4 * max(1, int(np.prod(source.feature_shape)) * 8)))
+    pieces = gather(work.spool, spool["counts"], (int(np.prod(source.feature_shape)),), options.np_dtype,
+                    seed=options.seed, shuffle=options.shuffle, piece_rows=piece_rows)
+    done = 0
+    with ShardWriter(work.dataset, specs["train"], finished.get("train", {}), work.record_shard) as train, \
+            ShardWriter(work.dataset, specs["val"], finished.get("val", {}), work.record_shard) as val, \
+            reporting("writing shards", rows, force_plain=force_plain) as report:
+        for x, codes in pieces:
+            y = labels.encode(codes, text=spool["text"])
+            is_val = splitter.take(len(x))
+            val.push(x[is_val], y[is_val])
+            x_train = x[~is_val]
+            train.push(x_train, y[~is_val])
+            stats.update(x_train)
+            done += len(x)
+            report.update(done, f"{done:,} rows")
+    splits = {name: {"rows": spec.rows, "shards": writer.entries}
+              for name, spec, writer in (("train", specs["train"], train), ("val", specs["val"], val))}
+    return splits, stats
+
+
+def _split_specs(source: Source, options: PrepareOptions, labels: Labels, train_rows: int,
+                 val_rows: int) -> dict[str, SplitSpec]:
+    x_shape = tuple(source.feature_shape)
+    row_bytes = int(np.prod(x_shape)) * options.np_dtype.itemsize + labels.y_dtype.itemsize
+    per_shard = max(1, options.shard_bytes // row_bytes)
+    return {name: SplitSpec(name, count, per_shard, x_shape, options.np_dtype, (), labels.y_dtype)
+            for name, count in (("train", train_rows), ("val", val_rows))}
+
+
+def _manifest(source: Source, options: PrepareOptions, spool: dict[str, Any], labels: Labels,
+              splits: dict[str, Any], stats: RunningStats) -> dict[str, Any]:
+    return {
+        "format": FORMAT, "version": FORMAT_VERSION, "task": labels.task, "rows": spool["rows"],
+        "x": {"shape": list(source.feature_shape), "dtype": options.dtype},
+        "y": {"shape": [], "dtype": str(labels.y_dtype)},
+        "classes": labels.classes if labels.task == "classification" else None,
+        "splits": splits, "stats": stats.as_dict(),
+        "source": source.describe(), "options": options.manifest_options(),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "feature_names": source.feature_names, "task_note": labels.note, "dropped_rows": spool["dropped"],
+        "shard_rows": splits["train"]["shards"][0]["rows"] if splits["train"]["shards"] else None,
+    }

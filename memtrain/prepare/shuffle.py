@@ -1,0 +1,147 @@
+"""Rows in source order -> K bucket files (pass 1) -> pieces of rows in a uniformly random order (pass 2).
+
+The external shuffle, in bounded memory whatever the data set's size:
+  pass 1 (scatter): every row gets an independent uniform bucket in [0, K) from a generator seeded with
+    ``--seed`` and is appended to that bucket's file (x in the output dtype, y as a float64 label code).
+  pass 2 (gather): buckets are visited in order; each bucket gets a uniform permutation of its rows from
+    a generator seeded with (seed, bucket), and its rows are emitted in that order, a piece at a time.
+Given the bucket sizes, each bucket holds a uniform random subset of the rows and is ordered uniformly,
+so the concatenation is a uniformly random permutation of all rows (the scatter-gather shuffle; see
+e.g. Sanders 1998, "Random permutations on distributed, external and hierarchical memory"). K is chosen
+so that a bucket is expected to hold about half a chunk; only a bucket's permutation (8 bytes per row)
+and one piece of rows are in memory at once. ``--no-shuffle`` uses one bucket and the identity order.
+
+The train/validation split is drawn piece by piece from the hypergeometric distribution, which gives
+exactly ``round(val_fraction * rows)`` validation rows as a uniform random subset, in O(piece) memory.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from memtrain.faults import fault_point
+from memtrain.files import no_space_error
+from memtrain.layout import spool_bucket_names
+
+# Upper bound on bucket files: beyond it buckets grow past half a chunk (about 2 TiB of rows at the
+# default 64 MiB chunk) rather than the spool opening an unbounded number of files.
+MAX_BUCKETS = 4096
+CODE_DTYPE = np.dtype(np.float64)
+# numpy's hypergeometric sampler needs both counts below 10**9; past that the split uses a binomial draw.
+HYPERGEOMETRIC_LIMIT = 10**9
+
+
+def bucket_count(estimated_bytes: int, chunk_bytes: int, shuffle: bool) -> int:
+    if not shuffle:
+        return 1
+    return max(1, min(MAX_BUCKETS, math.ceil(2 * estimated_bytes / chunk_bytes)))
+
+
+class Spool:
+    """Pass 1: append rows to K bucket files by a seeded uniform random bucket per row."""
+
+    def __init__(self, folder: Path, buckets: int, seed: int):
+        self.folder = folder
+        self.buckets = buckets
+        self.counts = np.zeros(buckets, dtype=np.int64)
+        self._rng = np.random.default_rng([seed, 1])
+
+    def add(self, x: np.ndarray, codes: np.ndarray) -> None:
+        if len(x) == 0:
+            return
+        if self.buckets == 1:
+            self._append(0, x, codes)
+            return
+        bucket = self._rng.integers(self.buckets, size=len(x))
+        order = np.argsort(bucket, kind="stable")
+        sizes = np.bincount(bucket, minlength=self.buckets)
+        bounds = np.concatenate([[0], np.cumsum(sizes)])
+        xs, ys = x[order], codes[order]
+        for k in np.flatnonzero(sizes):
+            self._append(int(k), xs[bounds[k]:bounds[k + 1]], ys[bounds[k]:bounds[k + 1]])
+        fault_point("prepare_mid_spool")
+
+    def _append(self, bucket: int, x: np.ndarray, codes: np.ndarray) -> None:
+        for name, rows in zip(spool_bucket_names(bucket), (x, codes), strict=True):
+            path = self.folder / name
+            try:
+                with open(path, "ab") as handle:
+                    handle.write(np.ascontiguousarray(rows).data)
+            except OSError as exc:
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise no_space_error(path) from exc
+                raise
+        self.counts[bucket] += len(x)
+
+    def finish(self) -> list[int]:
+        """Make the bucket files durable (the caller then writes the spool's commit marker)."""
+        for bucket in np.flatnonzero(self.counts):
+            for name in spool_bucket_names(int(bucket)):
+                with open(self.folder / name, "rb+") as handle:
+                    os.fsync(handle.fileno())
+        return self.counts.tolist()
+
+
+def spool_intact(folder: Path, counts: list[int], x_row_bytes: int) -> bool:
+    """Every bucket file has exactly the bytes its count says (a damaged spool is redone, not trusted)."""
+    for bucket, count in enumerate(counts):
+        x_name, y_name = spool_bucket_names(bucket)
+        for name, row_bytes in ((x_name, x_row_bytes), (y_name, CODE_DTYPE.itemsize)):
+            path = folder / name
+            size = path.stat().st_size if path.exists() else 0
+            if size != count * row_bytes:
+                return False
+    return True
+
+
+def gather(folder: Path, counts: list[int], x_shape: tuple[int, ...], x_dtype: np.dtype, *, seed: int,
+           shuffle: bool, piece_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Pass 2: (x, codes) pieces of at most ``piece_rows`` rows, in the shuffled (or source) order."""
+    for bucket, count in enumerate(counts):
+        if count == 0:
+            continue
+        x_name, y_name = spool_bucket_names(bucket)
+        x = np.memmap(folder / x_name, dtype=x_dtype, mode="r", shape=(count, *x_shape))
+        y = np.memmap(folder / y_name, dtype=CODE_DTYPE, mode="r", shape=(count,))
+        order = np.random.default_rng([seed, 2, bucket]).permutation(count) if shuffle else None
+        for lo in range(0, count, piece_rows):
+            hi = min(count, lo + piece_rows)
+            if order is None:
+                yield np.asarray(x[lo:hi]), np.asarray(y[lo:hi])
+            else:
+                yield x[order[lo:hi]], y[order[lo:hi]]
+
+
+class ValSplit:
+    """Marks exactly ``val_rows`` of ``rows`` as validation, a uniform random subset, piece by piece."""
+
+    def __init__(self, rows: int, val_rows: int, seed: int):
+        self._rng = np.random.default_rng([seed, 3])
+        self._left = rows
+        self._val_left = val_rows
+
+    def take(self, n: int) -> np.ndarray:
+        """Boolean mask of the next ``n`` rows: True for validation rows."""
+        mask = np.zeros(n, dtype=bool)
+        if n == 0:
+            return mask
+        if self._val_left == 0:
+            k = 0
+        elif self._val_left == self._left:
+            k = n
+        elif max(self._val_left, self._left - self._val_left) < HYPERGEOMETRIC_LIMIT:
+            k = int(self._rng.hypergeometric(self._val_left, self._left - self._val_left, n))
+        else:  # numpy's limit: a binomial draw, clamped so the total stays exact
+            k = int(self._rng.binomial(n, self._val_left / self._left))
+            k = min(max(k, n - (self._left - self._val_left)), self._val_left, n)
+        if k:
+            mask[self._rng.choice(n, k, replace=False)] = True
+        self._left -= n
+        self._val_left -= k
+        return mask

@@ -1,0 +1,149 @@
+"""OUT + a resume key -> the hidden work area of one prepare, and the final rename of its dataset into OUT.
+
+``.OUT.prepare-<key>/`` (a sibling of OUT, so renames stay on one filesystem) holds the shuffle spool,
+``spool.json`` (the spool's commit marker), ``done.jsonl`` (one record per finished shard pair, with its
+checksums) and ``dataset/``, which becomes OUT by one rename once its manifest is written. The key hashes
+the options and the source's identity (path, size, mtime), so only a rerun with the same ones resumes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from memtrain.errors import CorruptFileError, InputError
+from memtrain.files import append_jsonl, fsync_dir, read_json, read_jsonl, verify_checksum, write_json
+from memtrain.layout import (
+    MANIFEST,
+    PREPARE_DATASET_DIR,
+    PREPARE_DONE_LOG,
+    PREPARE_LOCK,
+    PREPARE_SPOOL_DIR,
+    PREPARE_SPOOL_INFO,
+    TMP_MARK,
+    prepare_work_dir,
+    prepare_work_dirs,
+)
+
+
+def check_out(out: Path, overwrite: bool) -> None:
+    """Refuse an existing output unless --overwrite, and refuse to replace anything but a dataset."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if not overwrite:
+        raise InputError("the output path exists", path=out, hint="pass --overwrite to replace it (the old "
+                         "dataset is replaced only once the new one is complete)")
+    if not out.is_dir() or out.is_symlink() or not ((out / MANIFEST).exists() or not any(out.iterdir())):
+        raise InputError("refusing to replace something that is not a memtrain dataset", path=out,
+                         expected="a dataset directory (with manifest.json) or an empty directory")
+
+
+class WorkArea:
+    """The work directory of one (OUT, key); ``claim()`` locks it against a second prepare."""
+
+    def __init__(self, out: Path, key: str):
+        self.out = out
+        self.root = prepare_work_dir(out, key)
+        self.spool = self.root / PREPARE_SPOOL_DIR
+        self.dataset = self.root / PREPARE_DATASET_DIR
+        self._lock: int | None = None
+
+    def claim(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / PREPARE_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            os.close(fd)
+            raise InputError("another memtrain prepare is writing this output", path=self.out) from exc
+        self._lock = fd
+
+    def release(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+    def sweep_others(self) -> list[Path]:
+        """Remove unfinished work areas of OUT made with other arguments (they can never resume now)."""
+        removed = []
+        for other in prepare_work_dirs(self.out):
+            if other != self.root and _unlocked(other):
+                shutil.rmtree(other, ignore_errors=True)
+                removed.append(other)
+        return removed
+
+    def load_spool(self) -> dict[str, Any] | None:
+        path = self.root / PREPARE_SPOOL_INFO
+        if not path.exists():
+            return None
+        try:
+            return read_json(path, what="spool marker")
+        except CorruptFileError:
+            return None
+
+    def reset(self) -> None:
+        """Start from nothing: no spool, no finished shards."""
+        for name in (PREPARE_SPOOL_INFO, PREPARE_DONE_LOG):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.root / name)
+        for folder in (self.spool, self.dataset):
+            shutil.rmtree(folder, ignore_errors=True)
+        self.spool.mkdir(parents=True)
+        self.dataset.mkdir(parents=True)
+
+    def commit_spool(self, info: dict[str, Any]) -> None:
+        fsync_dir(self.spool)
+        write_json(self.root / PREPARE_SPOOL_INFO, info, durable=True)
+
+    def finished_shards(self) -> dict[str, dict[int, dict[str, Any]]]:
+        """Shards recorded as finished whose files still match their checksums, by split and index.
+
+        Temporary files of the interrupted run are removed first (we hold the lock: nobody else writes here).
+        """
+        for leftover in self.dataset.rglob(f"*{TMP_MARK}*"):
+            leftover.unlink(missing_ok=True)
+        finished: dict[str, dict[int, dict[str, Any]]] = {}
+        for record in read_jsonl(self.root / PREPARE_DONE_LOG):
+            entry = record["entry"]
+            try:
+                verify_checksum(self.dataset / entry["x"], entry["x_checksum"])
+                verify_checksum(self.dataset / entry["y"], entry["y_checksum"])
+            except CorruptFileError:
+                continue
+            finished.setdefault(record["split"], {})[int(record["index"])] = entry
+        return finished
+
+    def record_shard(self, split: str, index: int, entry: dict[str, Any]) -> None:
+        append_jsonl(self.root / PREPARE_DONE_LOG, {"split": split, "index": index, "entry": entry})
+
+    def publish(self, overwrite: bool) -> None:
+        """Rename the finished dataset into OUT; an old dataset is moved aside first and removed after."""
+        check_out(self.out, overwrite)
+        old = self.root / "replaced"
+        if self.out.exists():
+            os.replace(self.out, old)
+        os.replace(self.dataset, self.out)
+        fsync_dir(self.out.parent)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def discard(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+        self.release()
+
+
+def _unlocked(folder: Path) -> bool:
+    try:
+        fd = os.open(folder / PREPARE_LOCK, os.O_RDWR)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)

@@ -1,0 +1,59 @@
+"""Shared tiny fixtures: small files on disk and an in-process `memtrain` CLI runner."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from memtrain.cli import main
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., CliResult]:
+    """Run ``memtrain ARGS...`` in this process; returns exit code, stdout and stderr."""
+    def run(*args: object) -> CliResult:
+        capsys.readouterr()
+        code = main([os.fspath(a) if isinstance(a, Path) else str(a) for a in args])
+        captured = capsys.readouterr()
+        return CliResult(code, captured.out, captured.err)
+    return run
+
+
+@pytest.fixture
+def write_file(tmp_path: Path) -> Callable[[str, str | bytes], Path]:
+    """Write text or bytes to ``tmp_path/name`` and return the path."""
+    def write(name: str, content: str | bytes) -> Path:
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content.encode() if isinstance(content, str) else content)
+        return path
+    return write
+
+
+@pytest.fixture
+def small_table() -> tuple[np.ndarray, np.ndarray]:
+    """40 rows x 3 float features (exact in float32) and integer labels 0..3."""
+    rng = np.random.default_rng(1234)
+    x = np.round(rng.normal(size=(40, 3)) * 8) / 8
+    y = rng.integers(0, 4, size=40)
+    return x, y
+
+
+def table_csv(x: np.ndarray, y: np.ndarray, names: list[str] | None = None, label: str = "label") -> str:
+    """CSV text of a feature matrix and a label column (header included)."""
+    names = names or [f"f{i}" for i in range(x.shape[1])]
+    lines = [",".join([*names, label])]
+    lines += [",".join([*(repr(float(v)) for v in row), str(t)]) for row, t in zip(x, y, strict=True)]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,40 @@
+"""Every example job in jobs/examples/ runs (one short epoch, on data prepared by the CLI)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from memtrain.cli import main
+
+pytestmark = pytest.mark.timeout(120)
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "jobs" / "examples").glob("*.toml"))
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("example-data")
+    made = {"digits": root / "digits", "synthetic-binary": root / "binary", "synthetic-regression": root / "reg"}
+    assert main(["prepare", str(ROOT / "data" / "digits.csv"), str(made["digits"])]) == 0
+    assert main(["prepare", "--synthetic", "3000x10", str(made["synthetic-binary"]), "--classes", "2"]) == 0
+    assert main(["prepare", "--synthetic", "3000x10", str(made["synthetic-regression"]), "--task", "regression"]) == 0
+    return made
+
+
+def test_there_is_an_example_for_every_builtin_model() -> None:
+    from memtrain.models import MODEL_KINDS
+
+    kinds = {line.split("=")[1].strip().strip('"') for job in EXAMPLES for line in job.read_text().splitlines()
+             if line.startswith("kind")}
+    assert kinds == set(MODEL_KINDS)
+
+
+@pytest.mark.parametrize("job", EXAMPLES, ids=[job.stem for job in EXAMPLES])
+def test_example_job_trains(job: Path, datasets: dict[str, Path], tmp_path: Path, capsys) -> None:
+    data = next(path for name, path in datasets.items() if f'data/{name}"' in job.read_text())
+    code = main(["train", str(job), "--set", f'data.path="{data}"', "--set", "train.epochs=1",
+                 "--run-dir", str(tmp_path / "run"), "--workers", "2"])
+    assert code == 0, capsys.readouterr().err
+    assert "val_loss" in capsys.readouterr().out

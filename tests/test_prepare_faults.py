@@ -1,0 +1,131 @@
+"""memtrain prepare under faults: SIGKILL at each stage then rerun, disk full (injected and real tmpfs), atomicity."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memtrain.prepare.synthetic import write_synthetic_source
+
+ROOT = Path(__file__).parents[1]
+OPTIONS = ["--shard-mb", "0.1", "--chunk-mb", "0.5", "--seed", "4"]
+
+
+def run_prepare(source: Path, out: Path, *extra: str, fault: str | None = None, action: str | None = None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMTRAIN_FAULT")}
+    if fault:
+        env["MEMTRAIN_FAULT"] = fault
+    if action:
+        env["MEMTRAIN_FAULT_ACTION"] = action
+    return subprocess.run([sys.executable, "-m", "memtrain", "prepare", str(source), str(out), *OPTIONS, *extra],
+                          capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+
+
+def dataset_bytes(path: Path) -> dict[str, bytes]:
+    files = {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+    manifest = json.loads(files.pop("manifest.json"))
+    manifest.pop("created")
+    files["manifest.json"] = json.dumps(manifest, sort_keys=True).encode()
+    return files
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    (path,) = write_synthetic_source(tmp_path_factory.mktemp("src") / "s.csv", 12_000, 16, seed=3)
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(source, tmp_path_factory) -> dict[str, bytes]:
+    out = tmp_path_factory.mktemp("ref") / "ds"
+    result = run_prepare(source, out)
+    assert result.returncode == 0, result.stderr
+    return dataset_bytes(out)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fault, resumed", [
+    ("prepare_mid_spool:3", None),
+    ("prepare_mid_shard:1", "0 shards already complete"),
+    ("prepare_mid_shard:9", "shards already complete"),
+    ("prepare_after_shard:4", "4 shards already complete"),
+    ("prepare_before_publish:1", "shards already complete"),
+])
+def test_sigkill_then_rerun_gives_identical_bytes(source, reference, tmp_path, fault, resumed):
+    out = tmp_path / "ds"
+    killed = run_prepare(source, out, fault=fault)
+    assert killed.returncode == -9, killed.stderr
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".ds.prepare-")]
+    again = run_prepare(source, out)
+    assert again.returncode == 0, again.stderr
+    if resumed:
+        assert "resuming:" in again.stderr and resumed in again.stderr, again.stderr
+    else:
+        assert "resuming:" not in again.stderr
+    assert dataset_bytes(out) == reference
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]
+
+
+@pytest.mark.timeout(120)
+def test_damaged_finished_shard_is_rewritten(source, reference, tmp_path):
+    out = tmp_path / "ds"
+    assert run_prepare(source, out, fault="prepare_after_shard:3").returncode == -9
+    (work,) = [p for p in tmp_path.iterdir() if p.name.startswith(".ds.prepare-")]
+    shard = work / "dataset" / "train" / "x-00001.npy"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    again = run_prepare(source, out)
+    assert "2 shards already complete" in again.stderr, again.stderr
+    assert dataset_bytes(out) == reference
+
+
+@pytest.mark.timeout(120)
+def test_injected_disk_full_then_rerun(source, reference, tmp_path):
+    out = tmp_path / "ds"
+    full = run_prepare(source, out, fault="prepare_mid_shard:5", action="raise")
+    assert full.returncode == 1 and "no space left" in full.stderr, full.stderr
+    assert "Traceback" not in full.stderr and not out.exists()
+    assert not list(tmp_path.rglob("*.tmp-*"))  # the half-written shard was not kept
+    again = run_prepare(source, out)
+    assert again.returncode == 0 and "resuming:" in again.stderr
+    assert dataset_bytes(out) == reference
+
+
+@pytest.mark.timeout(120)
+def test_overwrite_keeps_the_old_dataset_until_the_new_one_is_complete(source, reference, tmp_path):
+    out = tmp_path / "ds"
+    assert run_prepare(source, out, "--seed", "1").returncode == 0
+    old = dataset_bytes(out)
+    assert run_prepare(source, out, "--overwrite", fault="prepare_before_publish:1").returncode == -9
+    assert dataset_bytes(out) == old  # killed before the rename: the old dataset is intact
+    assert run_prepare(source, out, "--overwrite").returncode == 0
+    assert dataset_bytes(out) == reference
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path):
+    mount = tmp_path / "small"
+    mount.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True,
+                            text=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {result.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=False)
+
+
+@pytest.mark.timeout(120)
+def test_real_disk_full_on_a_small_tmpfs(source, tiny_tmpfs):
+    out = tiny_tmpfs / "ds"
+    result = run_prepare(source, out)
+    assert result.returncode == 1, result.stderr
+    assert "no space left" in result.stderr and "Traceback" not in result.stderr
+    assert not out.exists()
+    assert not list(tiny_tmpfs.rglob("*.tmp-*"))
