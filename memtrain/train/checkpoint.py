@@ -60,8 +60,8 @@ def write_checkpoint(run_dir: Path, update: int, meta: dict[str, Any], weights: 
                                            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, durable=True)
         fsync_dir(tmp)
         fault_point("ckpt_before_commit")
-        if final.exists():
-            shutil.rmtree(final)  # a re-written checkpoint of the same update (after a resume)
+        if final.exists():  # a re-written checkpoint of the same update (after a resume)
+            _remove_committed(final)
         os.rename(tmp, final)
         fsync_dir(final.parent)
     except BaseException as exc:
@@ -84,7 +84,14 @@ def _copy_durable(src: Path, dst: Path) -> dict[str, Any]:
 
 def prune_checkpoints(run_dir: Path, keep: int) -> None:
     for update in checkpoint_updates(run_dir)[:-keep] if keep > 0 else []:
-        shutil.rmtree(checkpoint_path(run_dir, update), ignore_errors=True)
+        _remove_committed(checkpoint_path(run_dir, update))
+
+
+def _remove_committed(path: Path) -> None:
+    """Rename a committed checkpoint out of sight first, so no reader ever sees a half-deleted one."""
+    doomed = tmp_sibling(path)
+    os.rename(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def read_meta(path: Path) -> dict[str, Any]:

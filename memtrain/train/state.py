@@ -120,7 +120,8 @@ def _truncate_logs(run: RunDir, update: int, version: int) -> None:
         publish(run.path / name, lambda handle, t=text: handle.write(t.encode()), durable=False)
 
 
-def save_checkpoint(run: RunDir, job: Job, context: ModelContext, position: Position, per_epoch: int) -> Path:
+def save_checkpoint(run: RunDir, job: Job, context: ModelContext, position: Position, per_epoch: int,
+                    metrics: dict[str, Any] | None = None) -> Path:
     meta = {
         "position": dataclasses.asdict(position),
         "epoch": position.epoch,
@@ -132,7 +133,8 @@ def save_checkpoint(run: RunDir, job: Job, context: ModelContext, position: Posi
         "model": {"kind": job.model.kind, "options": job.model.options},
         "data": data_description(context, job),
         "layout": context.layout.to_json(),
-        "metrics": position.best or {},
+        "metrics": metrics or {},  # the epoch record this checkpoint was taken after (empty mid-epoch)
+        "best": position.best or {},  # the best epoch record so far, by validation loss
     }
     state = {slot: run.exchange / state_buffer_name(slot, position.version % 2)
              for slot in state_slots(job.train.optimizer)}

@@ -1,0 +1,121 @@
+"""Datasets, runs, checkpoints, weight versions, gradients and .npy files on disk -> tables or JSON.
+
+Reads only published files, takes no lock (safe on a run that is still training), never unpickles, and
+streams statistics over memory maps (a checkpoint larger than memory is fine).
+
+Examples:
+  memtrain inspect data/digits                       # rows, splits, shards, classes, feature statistics
+  memtrain inspect runs/digits-mlp                   # job, checkpoints and weight versions
+  memtrain inspect runs/digits-mlp/checkpoints/c00000024    # per-parameter statistics, optimizer state
+  memtrain inspect runs/digits-mlp --verify          # re-hash every file against its recorded checksum
+  memtrain inspect runs/a/checkpoints/c00000010 --diff runs/a/checkpoints/c00000020
+  memtrain inspect runs/digits-mlp --plot loss.png   # loss and accuracy curves
+  memtrain inspect runs/digits-mlp --export params.npz      # newest complete checkpoint as named arrays
+  memtrain inspect runs/digits-mlp --json            # any view as JSON, for scripts
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from memtrain.errors import InputError, MemtrainError
+from memtrain.inspection.dataset_view import dataset_view
+from memtrain.inspection.detect import Target, detect
+from memtrain.inspection.diff import diff_view
+from memtrain.inspection.export import export
+from memtrain.inspection.output import print_json
+from memtrain.inspection.plot import plot_run
+from memtrain.inspection.render import render
+from memtrain.inspection.run_view import run_view
+from memtrain.inspection.stats import CHUNK
+from memtrain.inspection.tensor_view import tensor_view
+from memtrain.inspection.tensors import source_tensors
+from memtrain.inspection.verify import Check, annotate, verify
+
+__all__ = ["add_arguments", "run", "detect", "build_view"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", type=Path, help="a dataset, run or checkpoint directory, or a .npy file")
+    parser.add_argument("--all", action="store_true", help="show every feature of a dataset (default: the first 10)")
+    parser.add_argument("--verify", action="store_true",
+                        help="re-hash every file against its recorded checksum; exit 1 naming each bad file")
+    parser.add_argument("--with-dataset", action="store_true",
+                        help="with --verify on a run: also re-hash the shards of the run's dataset")
+    actions = parser.add_mutually_exclusive_group()
+    actions.add_argument("--diff", type=Path, metavar="OTHER",
+                         help="per-parameter differences from PATH to OTHER (checkpoints, runs or versions)")
+    actions.add_argument("--plot", type=Path, metavar="OUT.png", help="loss/accuracy curves of a run (matplotlib)")
+    actions.add_argument("--export", type=Path, metavar="OUT.npz|OUT.h5",
+                         help="a checkpoint's (or run's newest complete checkpoint's) parameters as named arrays")
+    parser.add_argument("--json", action="store_true", help="print the view as JSON on stdout (NaN/Inf as null)")
+    parser.add_argument("--chunk", type=int, default=CHUNK, metavar="N",
+                        help=f"elements per streamed piece when computing statistics (default {CHUNK:,})")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.chunk < 1:
+        raise InputError("--chunk must be at least 1", found=args.chunk)
+    if args.with_dataset and not args.verify:
+        raise InputError("--with-dataset only makes sense with --verify")
+    target = detect(args.path)
+    if args.diff is not None or args.export is not None or args.plot is not None:
+        return run_action(target, args)
+    checks = verify(target, dataset=args.with_dataset) if args.verify else None
+    try:
+        view = build_view(target, every_feature=args.all, chunk=args.chunk)
+    except MemtrainError:
+        report(checks or [])
+        raise
+    if checks is not None:
+        annotate(view, checks)
+    emit(view, args.json)
+    return report(checks or [])
+
+
+def build_view(target: Target, *, every_feature: bool = False, chunk: int = CHUNK) -> dict[str, Any]:
+    """The plain-dict view of ``target`` (what ``--json`` prints)."""
+    if target.kind == "dataset":
+        return dataset_view(target.path, every_feature=every_feature, chunk=chunk)
+    if target.kind == "run":
+        return run_view(target.path)
+    return tensor_view(target, chunk)
+
+
+def run_action(target: Target, args: argparse.Namespace) -> int:
+    """--diff, --plot or --export (with --verify: only once every input's checksums hold)."""
+    other = detect(args.diff) if args.diff is not None else None
+    if args.verify:
+        checks = [c for t in (target, other) if t is not None for c in verify(t, dataset=args.with_dataset)]
+        if report(checks):
+            return 1
+    if other is not None:
+        view = diff_view(source_tensors(target)[0], source_tensors(other)[0], args.chunk)
+    elif args.plot is not None:
+        if target.run is None:
+            raise InputError("--plot needs a run directory (or a checkpoint or weight version inside one)",
+                             path=target.path)
+        view = plot_run(target.run, args.plot)
+    else:
+        tensors, meta = source_tensors(target)
+        view = export(tensors, args.export, meta, args.chunk)
+    emit(view, args.json)
+    return 0
+
+
+def emit(view: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print_json(view)
+    else:
+        render(view)
+
+
+def report(checks: list[Check]) -> int:
+    """Name every failed check on stderr; 1 if there was one, else 0."""
+    failures = [c for c in checks if c.failed]
+    for check in failures:
+        print(f"memtrain inspect: error: {check.message()}", file=sys.stderr)
+    return 1 if failures else 0

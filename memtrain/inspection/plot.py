@@ -1,0 +1,73 @@
+"""A run's ``metrics.jsonl`` -> a PNG (or SVG/PDF) of training and validation loss, and accuracy, per update.
+
+matplotlib is an optional extra (``pip install 'memtrain[plot]'``); it is imported only here, and only
+its object API is used (``Figure``, no pyplot), so no global backend state is touched.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from memtrain.errors import InputError, MemtrainError
+from memtrain.files import publish, read_jsonl
+from memtrain.inspection.tensor_view import SCHEMA
+from memtrain.layout import RUN_METRICS
+
+FORMATS = (".png", ".svg", ".pdf")
+
+
+def load_figure_class() -> Any:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise MemtrainError("--plot needs matplotlib, which is not installed",
+                            hint="install it with: pip install 'memtrain[plot]'") from exc
+    return Figure
+
+
+def plot_run(run: Path, out: Path) -> dict[str, Any]:
+    """Draw the loss (and accuracy) curves of ``run`` into ``out``; returns what was drawn."""
+    if out.suffix.lower() not in FORMATS:
+        raise InputError("unknown plot format", path=out, expected=", ".join(FORMATS), found=out.suffix or "none")
+    figure_class = load_figure_class()
+    records = read_jsonl(run / RUN_METRICS)
+    updates = [r for r in records if r.get("kind") == "update" and not r.get("skipped")]
+    epochs = [r for r in records if r.get("kind") == "epoch"]
+    if not updates and not epochs:
+        raise InputError("nothing to plot yet: metrics.jsonl has no update or epoch records", path=run / RUN_METRICS)
+    accuracy = [r for r in epochs if r.get("val_accuracy") is not None]
+    figure = figure_class(figsize=(8, 7 if accuracy else 4.5), layout="constrained")
+    axes = figure.subplots(2 if accuracy else 1, 1, sharex=True, squeeze=False)[:, 0]
+    draw_loss(axes[0], updates, epochs)
+    if accuracy:
+        axes[1].plot(*series(accuracy, "val_accuracy"), marker="o", color="C2", label="validation accuracy")
+        axes[1].set_ylabel("accuracy")
+        axes[1].legend()
+    axes[-1].set_xlabel("updates")
+    figure.suptitle(run.name)
+    publish(out, lambda handle: figure.savefig(handle, format=out.suffix[1:].lower(), dpi=100), durable=False)
+    return {"schema": SCHEMA, "kind": "plot", "path": str(run), "out": str(out),
+            "updates": len(updates), "epochs": len(epochs)}
+
+
+def draw_loss(axis: Any, updates: list[dict[str, Any]], epochs: list[dict[str, Any]]) -> None:
+    if updates:
+        # update records carry the 0-based index of the update; epoch records the number done.
+        xs, ys = series(updates, "loss")
+        axis.plot([x + 1 for x in xs], ys, color="C0", alpha=0.35, linewidth=1, label="train loss (per update)")
+    if any(r.get("loss") is not None for r in epochs):
+        axis.plot(*series(epochs, "loss"), marker="o", color="C0", label="train loss (epoch mean)")
+    if any(r.get("val_loss") is not None for r in epochs):
+        axis.plot(*series(epochs, "val_loss"), marker="o", color="C1", label="validation loss")
+    values = [y for r in updates + epochs for key in ("loss", "val_loss") if isinstance(y := r.get(key), float)]
+    if values and min(values) > 0:
+        axis.set_yscale("log")
+    axis.set_ylabel("loss")
+    axis.legend()
+
+
+def series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    pairs = [(r.get("update"), r.get(key)) for r in records]
+    pairs = [(x, y) for x, y in pairs if isinstance(x, int) and isinstance(y, int | float)]
+    return [x for x, _ in pairs], [float(y) for _, y in pairs]

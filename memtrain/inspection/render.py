@@ -1,0 +1,204 @@
+"""A view dict -> rich tables on stdout, for people. Every cell is plain text (names are never read as markup)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+# Width used when stdout is not a terminal (a pipe, a log, a test): wide enough that tables never wrap.
+PIPE_WIDTH = 200
+STAT_COLUMNS = ("min", "max", "mean", "std", "l2", "nan", "inf")
+NOT_CHECKED = "not checked"
+
+
+def make_console() -> Console:
+    console = Console(highlight=False, markup=False, emoji=False)
+    if not console.is_terminal:
+        console = Console(highlight=False, markup=False, emoji=False, width=PIPE_WIDTH)
+    return console
+
+
+def num(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def size(value: int | None) -> str:
+    if value is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return str(value)
+
+
+def verified(value: bool | None) -> str:
+    return NOT_CHECKED if value is None else "ok" if value else "FAILED"
+
+
+def table(title: str, columns: Iterable[str], rows: Iterable[Iterable[Any]], right: Iterable[str] = ()) -> Group:
+    """A titled table; the title is a line of its own so that a narrow table never wraps it."""
+    right = set(right)
+    result = Table(show_edge=False, pad_edge=False)
+    for column in columns:
+        result.add_column(Text(column), justify="right" if column in right else "left", no_wrap=True)
+    for row in rows:
+        result.add_row(*(Text(cell if isinstance(cell, str) else num(cell)) for cell in row))
+    return Group(Text(""), Text(title, style="bold"), result)
+
+
+def lines(console: Console, pairs: Iterable[tuple[str, Any]]) -> None:
+    for label, value in pairs:
+        if value is not None:
+            console.print(Text(f"{label}: ", style="bold") + Text(value if isinstance(value, str) else num(value)))
+
+
+def render(view: dict[str, Any], console: Console | None = None) -> None:
+    console = console or make_console()
+    renderers: dict[str, Callable[[dict[str, Any], Console], None]] = {
+        "dataset": render_dataset, "run": render_run, "diff": render_diff,
+        "export": render_written, "plot": render_written}
+    renderers.get(view["kind"], render_tensors)(view, console)
+    if "verify" in view:
+        render_verify(view["verify"], console)
+
+
+def render_dataset(view: dict[str, Any], console: Console) -> None:
+    x, y = view["x"] or {}, view["y"] or {}
+    lines(console, [("dataset", view["path"]), ("task", view["task"]), ("rows", view["rows"]),
+                    ("features", f"shape {tuple(x.get('shape', []))} {x.get('dtype')}"),
+                    ("targets", f"shape {tuple(y.get('shape', []))} {y.get('dtype')}"),
+                    ("splits", ", ".join(f"{name} {s['rows']:,} rows in {len(s['shards'])} shards"
+                                         for name, s in view["splits"].items()))])
+    shards = [(name, s["index"], s["rows"], size(s["x_bytes"]), size(s["y_bytes"]), s["x"], verified(s["verified"]))
+              for name, split in view["splits"].items() for s in split["shards"]]
+    console.print(table("shards", ("split", "#", "rows", "x bytes", "y bytes", "x file", "checksum"), shards,
+                        right=("#", "rows", "x bytes", "y bytes")))
+    if view["classes"]:
+        rows = [(c["index"], c["name"], c["train"], c["val"], c["total"]) for c in view["classes"]]
+        console.print(table("classes", ("#", "class", "train", "val", "total"), rows,
+                            right=("#", "train", "val", "total")))
+    if view["targets"]:
+        rows = [(name, *(s[k] for k in STAT_COLUMNS)) for name, s in view["targets"].items()]
+        console.print(table("targets", ("split", *STAT_COLUMNS), rows, right=STAT_COLUMNS))
+    features = view["features"]
+    rows = [(f["index"], f["name"] or "", f["mean"], f["std"], f["min"], f["max"]) for f in features["stats"]]
+    console.print(table(f"features (statistics from the {features['source']})",
+                        ("#", "name", "mean", "std", "min", "max"), rows, right=("#", "mean", "std", "min", "max")))
+    if features["shown"] < features["count"]:
+        console.print(Text(f"showing {features['shown']} of {features['count']} features; --all shows every one"))
+
+
+def render_run(view: dict[str, Any], console: Console) -> None:
+    job, progress = view["job"] or {}, view["progress"]
+    train, model = job.get("train", {}), job.get("model", {})
+    options = ", ".join(f"{k}={v}" for k, v in model.items() if k != "kind")
+    lines(console, [
+        ("run", view["path"]),
+        ("model", f"{model.get('kind')}" + (f" ({options})" if options else "") if model else None),
+        ("parameters", _parameters(view["params"])),
+        ("data", job.get("data", {}).get("path")),
+        ("optimizer", f"{train.get('optimizer')} lr {train.get('lr')} schedule {train.get('schedule')}"
+         if train else None),
+        ("training", f"{train.get('epochs')} epochs, batch {train.get('batch_size') or 'full'}, "
+                     f"{train.get('workers')} workers, seed {train.get('seed')}" if train else None),
+        ("progress", f"{progress['epochs_done']}/{progress['epochs'] or '?'} epochs, {progress['updates']:,} updates, "
+                     f"newest version {num(progress['newest_version'])}")])
+    for label, key in (("last epoch", "last_epoch"), ("best epoch", "best_epoch")):
+        if progress[key]:
+            record = progress[key]
+            lines(console, [(label, f"{record.get('epoch')}: " + "  ".join(
+                f"{k} {num(record.get(k))}" for k in ("loss", "val_loss", "val_accuracy") if k in record))])
+    rows = [("*" if e["newest_complete"] else "", e["type"], e["name"], e["version"], e["update"], e["epoch"],
+             e["train_loss"], e["val_loss"], e["val_accuracy"], e["written"] or "-", size(e["bytes"]),
+             verified(e["verified"]) if e["complete"] else f"INCOMPLETE: {e['problem']}") for e in view["entries"]]
+    console.print(table("checkpoints and weight versions",
+                        ("", "type", "name", "version", "update", "epoch", "train loss", "val loss", "val acc",
+                         "written", "size", "verified"), rows,
+                        right=("version", "update", "epoch", "train loss", "val loss", "val acc", "size")))
+    console.print(Text("* newest complete checkpoint (what `memtrain train --resume` starts from). "
+                       "train loss: the epoch mean for a version that ends an epoch, else its update's batch loss."))
+    if not any(e["verified"] is not None for e in view["entries"]):
+        console.print(Text("checksums not checked; --verify re-hashes every file"))
+
+
+def _parameters(params: dict[str, Any] | None) -> str | None:
+    return f"{num(params['count'])} in {params['tensors']} arrays" if params else None
+
+
+def render_tensors(view: dict[str, Any], console: Console) -> None:
+    kind = view["kind"]
+    named = f"named by {view['named_by']}" if view["named_by"] else "one array (no layout describes this file)"
+    lines(console, [(kind, view["path"]), ("file", f"{view['file']} ({size(view['bytes'])}), {named}"),
+                    ("run", view["run"])])
+    if kind == "checkpoint":
+        lines(console, [("position", f"update {num(view['update'])}, epoch {num(view['epoch'])}, "
+                                     f"weights version {num(view['weights_version'])}"),
+                        ("created", view["created"]), ("model", view["model"] and view["model"].get("kind"))])
+    if kind in ("weights", "gradient"):
+        lines(console, [("version", view["version"]), ("task", view.get("task")), ("attempt", view.get("attempt")),
+                        ("recorded checksum", view.get("checksum"))])
+    if view.get("metrics"):
+        record = view["metrics"]
+        lines(console, [(f"metrics ({record.get('kind')} record)", "  ".join(
+            f"{k} {num(record.get(k))}" for k in ("loss", "val_loss", "val_accuracy") if k in record))])
+    columns = ("name", "shape", "dtype", *STAT_COLUMNS)
+    rows = [(p["name"], str(tuple(p["shape"])), p["dtype"], *(p[k] for k in STAT_COLUMNS)) for p in view["params"]]
+    total = view["total"]
+    rows.append(("(all)", f"{total['size']:,} values", "", *(total[k] for k in STAT_COLUMNS)))
+    console.print(table("parameters (min/max/mean/std/l2 over finite values)", columns, rows, right=STAT_COLUMNS))
+    if kind == "checkpoint":
+        render_checkpoint_extras(view, console)
+    elif "verified" in view:
+        lines(console, [("checksum", verified(view["verified"]))])
+
+
+def render_checkpoint_extras(view: dict[str, Any], console: Console) -> None:
+    optimizer = view["optimizer"]
+    rows = [(s["slot"], s["file"], s["size"], *(s[k] for k in STAT_COLUMNS)) for s in optimizer.get("state", [])]
+    title = f"optimizer state: {optimizer.get('name')}, step {num(optimizer.get('step'))}"
+    if rows:
+        console.print(table(title, ("slot", "file", "values", *STAT_COLUMNS), rows, right=("values", *STAT_COLUMNS)))
+    else:
+        console.print(Text(title + " (no state arrays)"))
+    files = [(f["name"], size(f["bytes"]), f["checksum"], verified(f["verified"])) for f in view["files"]]
+    console.print(table("files", ("name", "size", "recorded checksum", "verified"), files, right=("size",)))
+
+
+def render_diff(view: dict[str, Any], console: Console) -> None:
+    lines(console, [("base", view["path"]), ("other", view["other"])])
+    columns = ("name", "shape", "l2 distance", "max abs diff", "relative change", "norm", "other norm")
+    keys = ("l2_distance", "max_abs_diff", "relative_change", "norm", "other_norm")
+    rows = [(p["name"], str(tuple(p["shape"])), *(p[k] for k in keys)) for p in view["params"]]
+    rows.append(("(all)", "", *(view["total"][k] for k in keys)))
+    console.print(table("differences (other - base; relative to ||base||)", columns, rows, right=columns[2:]))
+
+
+def render_written(view: dict[str, Any], console: Console) -> None:
+    if view["kind"] == "export":
+        detail = f"{len(view['arrays'])} arrays, {view['format']}, {size(view['bytes'])}"
+    else:
+        detail = f"{view['epochs']} epochs, {view['updates']} updates"
+    console.print(Text(f"wrote {view['out']} ({detail}) from {view['path']}"))
+
+
+def render_verify(result: dict[str, Any], console: Console) -> None:
+    if result["ok"]:
+        console.print(Text(f"verify: {result['checked']} files re-hashed, every checksum matches"))
+    else:
+        console.print(Text(f"verify: {len(result['failures'])} of {result['checked']} files FAILED", style="bold red"))
+    if result["unrecorded"]:
+        console.print(Text(f"verify: no checksum recorded for {len(result['unrecorded'])} file(s); "
+                           "their headers and sizes are valid"))

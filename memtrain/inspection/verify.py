@@ -1,0 +1,190 @@
+"""A target -> every file it records a checksum for, re-hashed: ok, mismatch, missing (or gone, on a live run).
+
+What is checked: a dataset's shards against ``manifest.json``; a checkpoint's files against its
+``meta.json``; a run's checkpoints, and each weight version still on disk against ``lineage.jsonl``
+(plus the dataset's shards with ``dataset=True``). A file a live run retires between listing and hashing
+(an old weight version, a pruned checkpoint) is reported as ``gone``, not as a failure.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from memtrain.errors import CorruptFileError, InputError, MemtrainError
+from memtrain.files import checksum_file, read_json, read_jsonl
+from memtrain.inspection.detect import Target
+from memtrain.layout import (
+    CHECKPOINT_META,
+    MANIFEST,
+    RUN_JOB,
+    RUN_LINEAGE,
+    checkpoint_path,
+    checkpoint_updates,
+    weight_versions,
+    weights_path,
+)
+from memtrain.train.checkpoint import read_meta
+
+FAILURES = ("mismatch", "missing", "unreadable")
+# How long a failing checkpoint of a run gets to disappear before its failure counts: a live run prunes
+# old checkpoints with rmtree, which removes the files one by one before the directory itself.
+PRUNE_GRACE = 1.0
+
+
+@dataclass(frozen=True)
+class Check:
+    """One file's verdict. status: ok | mismatch | missing | unreadable | gone | unrecorded."""
+
+    path: Path
+    status: str
+    expected: str | None = None
+    found: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.status in FAILURES
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": str(self.path), "status": self.status, "expected": self.expected, "found": self.found}
+
+    def message(self) -> str:
+        text = {"mismatch": "checksum mismatch: the file changed since it was written",
+                "missing": "file is missing", "unreadable": "cannot be read"}.get(self.status, self.status)
+        return f"{self.path}: {text} (expected {self.expected}, found {self.found})"
+
+
+def verify(target: Target, *, dataset: bool = False) -> list[Check]:
+    """Re-hash every file ``target`` records a checksum for."""
+    if target.kind == "dataset":
+        return dataset_checks(target.path)
+    if target.kind == "checkpoint":
+        return checkpoint_checks(target.path)
+    if target.kind == "run":
+        return run_checks(target.path, dataset=dataset)
+    if target.kind == "weights" and target.run is not None:
+        return [weights_check(target.run, target.version, lineage_checksums(target.run), gone_ok=False)]
+    if target.kind == "npy" and target.checkpoint is not None:
+        return [c for c in checkpoint_checks(target.checkpoint) if c.path == target.path]
+    return [Check(target.path, "unrecorded")]
+
+
+def hash_check(path: Path, expected: str | None, *, gone_ok: bool) -> Check:
+    if expected is None:
+        return Check(path, "unrecorded")
+    try:
+        found = checksum_file(path)
+    except FileNotFoundError:
+        return Check(path, "gone" if gone_ok else "missing", expected, "no file")
+    except OSError as exc:
+        return Check(path, "unreadable", expected, exc.strerror or str(exc))
+    return Check(path, "ok" if found == expected else "mismatch", expected, found)
+
+
+def dataset_checks(root: Path) -> list[Check]:
+    manifest = read_json(root / MANIFEST, what="dataset manifest")
+    try:
+        records = [(shard[part], shard.get(f"{part}_checksum")) for split in manifest["splits"].values()
+                   for shard in split["shards"] for part in ("x", "y")]
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise CorruptFileError(f"manifest has a missing or malformed shard list ({exc})", path=root / MANIFEST,
+                               where="splits") from exc
+    return [hash_check(root / name, checksum, gone_ok=False) for name, checksum in records]
+
+
+def checkpoint_checks(path: Path, *, prunable: Callable[[], bool] | None = None) -> list[Check]:
+    """``prunable``: whether a live run may be deleting this checkpoint; if so, its failures become ``gone``."""
+    checks = list(_checkpoint_checks(path))
+    failed = prunable is not None and any(c.failed for c in checks)
+    if failed and (not path.exists() or (prunable() and vanishes(path))):
+        checks = [Check(c.path, "gone", c.expected, c.found) for c in checks]
+    return checks
+
+
+def _checkpoint_checks(path: Path) -> Iterator[Check]:
+    try:
+        meta = read_meta(path)
+    except MemtrainError as exc:
+        yield Check(path / CHECKPOINT_META, "unreadable", "a readable meta.json", str(exc))
+        return
+    for name, record in meta.get("files", {}).items():
+        yield hash_check(path / name, record.get("checksum"), gone_ok=False)
+
+
+def vanishes(path: Path, within: float = PRUNE_GRACE) -> bool:
+    """True if ``path`` is (or soon is) gone: a pruning ``rmtree`` deletes files one by one, then the dir."""
+    deadline = time.monotonic() + within
+    while path.exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def lineage_checksums(run: Path) -> dict[int, str]:
+    """Version -> checksum recorded when it was published (the last record wins: resumes rewrite it)."""
+    return {r["version"]: r["checksum"] for r in read_jsonl(run / RUN_LINEAGE) if "version" in r and "checksum" in r}
+
+
+def weights_check(run: Path, version: int, recorded: dict[int, str], *, gone_ok: bool) -> Check:
+    return hash_check(weights_path(run, version), recorded.get(version), gone_ok=gone_ok)
+
+
+def run_checks(run: Path, *, dataset: bool) -> list[Check]:
+    checks = []
+    job = read_json(run / RUN_JOB, what="saved job") if (run / RUN_JOB).exists() else {}
+    keep = job.get("run", {}).get("keep_checkpoints")
+    for update in checkpoint_updates(run):
+        checks.extend(checkpoint_checks(checkpoint_path(run, update), prunable=partial(pruned_soon, run, update, keep)))
+    recorded = lineage_checksums(run)
+    checks.extend(weights_check(run, version, recorded, gone_ok=True) for version in weight_versions(run))
+    if dataset:
+        data = job.get("data", {}).get("path")
+        if data is None:
+            raise InputError("--with-dataset: the run's job.json does not name its dataset", path=run / RUN_JOB)
+        checks.extend(dataset_checks(Path(data)))
+    return checks
+
+
+def pruned_soon(run: Path, update: int, keep: int | None) -> bool:
+    """A checkpoint older than the newest ``keep`` (listed now) is one the run is about to delete."""
+    if not isinstance(keep, int) or keep < 1:
+        return True
+    return update in checkpoint_updates(run)[:-keep]
+
+
+def summary(checks: list[Check]) -> dict[str, Any]:
+    """The ``verify`` block of the JSON output."""
+    failures = [c for c in checks if c.failed]
+    return {"checked": sum(c.status not in ("gone", "unrecorded") for c in checks), "ok": not failures,
+            "failures": [c.to_dict() for c in failures],
+            "unrecorded": [str(c.path) for c in checks if c.status == "unrecorded"]}
+
+
+def annotate(view: dict[str, Any], checks: list[Check]) -> None:
+    """Fill the ``verified`` fields of a view (True, False, or None where nothing was checked) and ``verify``."""
+    status = {str(c.path): c.status for c in checks}
+    if view["kind"] == "dataset":
+        for split in view["splits"].values():
+            for shard in split["shards"]:
+                shard["verified"] = verdict(status, [str(Path(view["path"]) / shard[p]) for p in ("x", "y")])
+    elif view["kind"] == "run":
+        for entry in view["entries"]:
+            prefix = entry["path"] + "/" if entry["type"] == "checkpoint" else entry["path"]
+            entry["verified"] = verdict(status, [p for p in status if p == prefix or p.startswith(prefix)])
+    else:
+        for record in view.get("files", []):
+            record["verified"] = verdict(status, [str(Path(view["path"]) / record["name"])])
+        view["verified"] = verdict(status, list(status))
+    view["verify"] = summary(checks)
+
+
+def verdict(status: dict[str, str], paths: list[str]) -> bool | None:
+    found = [status[p] for p in paths if p in status and status[p] not in ("gone", "unrecorded")]
+    if not found:
+        return None
+    return all(s == "ok" for s in found)
