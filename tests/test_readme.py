@@ -1,0 +1,50 @@
+"""The README's commands and job reference are checked, so the prose cannot drift from the code."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from pathlib import Path
+
+from memtrain.config import DataConfig, RunConfig, TrainConfig, job_from_dict
+from memtrain.train.optim import OptimizerConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def code_blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", README, flags=re.S)
+
+
+def test_ci_runs_exactly_the_readme_test_command() -> None:
+    commands = [line for line in code_blocks("bash")[0].splitlines() if line and not line.startswith("#")]
+    assert len(commands) == 2, "the first block holds the two commands of a fresh machine"
+    lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    ci = [line for line in lines if line and not line.startswith(("#", "set ", "cd "))]
+    assert ci == [commands[1]]
+
+
+def test_the_main_command_names_files_that_exist() -> None:
+    main = code_blocks("bash")[0].splitlines()[1]
+    for path in re.findall(r"(?:data|jobs)/[\w./-]+\.(?:csv|toml)", main):
+        assert (ROOT / path).exists(), path
+
+
+def test_the_job_reference_lists_every_key_with_its_real_default() -> None:
+    block = next(b for b in code_blocks("toml") if b.startswith("[data]") and "exchange" in b)
+    raw = tomllib.loads(block.replace("<cores>", "2").replace('"runs/<job file name>"', '"runs/x"'))
+    job = job_from_dict(raw, base=ROOT)
+    defaults = {f.name: f for cls in (DataConfig, RunConfig) for f in dataclasses.fields(cls)}
+    for section in ("data", "run"):
+        for key, value in raw[section].items():
+            field = defaults[key]
+            if key not in ("path", "dir"):
+                assert value == field.default, f"README says {section}.{key} = {value}, code says {field.default}"
+    for field in dataclasses.fields(TrainConfig):
+        if field.name not in ("optimizer", "workers", "batch_size"):
+            assert field.name in raw["train"], f"train.{field.name} missing from the README"
+            assert raw["train"][field.name] == field.default, field.name
+    assert raw["train"]["optimizer"] == OptimizerConfig.name and raw["train"]["lr"] == OptimizerConfig.lr
+    assert job.train.workers == 2
