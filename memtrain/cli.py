@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"memtrain {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:  # `memtrain ... | head`: the reader left; not an error worth a message
+        sys.stderr.close()
+        return 0
     except OSError as exc:
         # The last net: an operating-system error is reported in one line, never as a traceback.
         if getattr(args, "debug", False):

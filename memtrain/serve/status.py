@@ -1,0 +1,121 @@
+"""A jobs folder (+ the live service's view of it) -> a status snapshot (status.json) -> a table or JSON.
+
+The running service rewrites ``DIR/status.json`` atomically every second and on every change. Without a
+service, ``memtrain serve --status`` builds the same snapshot from the folders themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from memtrain.errors import MemtrainError
+from memtrain.files import read_json
+from memtrain.layout import spool_job_name
+from memtrain.serve.runner import progress
+from memtrain.serve.spool import Spool, read_state, results, service_alive
+
+STATUS_FORMAT = "memtrain.serve-status"
+STATUS_VERSION = 1
+SHOWN = 20  # newest done and failed records listed in a snapshot; the counts cover every one
+
+
+def snapshot(spool: Spool, *, service: dict[str, Any] | None, queued: list[dict[str, Any]],
+             running: list[dict[str, Any]]) -> dict[str, Any]:
+    """Everything ``--status`` shows, as plain JSON-able data."""
+    done_count, done = results(spool.done, SHOWN)
+    failed_count, failed = results(spool.failed, SHOWN)
+    return {"format": STATUS_FORMAT, "version": STATUS_VERSION, "updated_at": time.time(),
+            "folder": str(spool.folder), "service": service,
+            "counts": {"queued": len(queued), "running": len(running), "done": done_count, "failed": failed_count},
+            "queued": queued, "running": running, "done": done, "failed": failed}
+
+
+def offline_snapshot(spool: Spool) -> dict[str, Any]:
+    """The snapshot of a folder no service is watching: claimed jobs are stopped until one starts."""
+    queued = [{"name": spool_job_name(p.name), "file": str(p), "state": "queued"} for p in spool.queued()]
+    running = []
+    for path in spool.claimed():
+        name = spool_job_name(path.name) or path.name
+        state = read_state(spool, name)
+        run_dir = state.get("run_dir")
+        running.append({"name": name, "state": "stopped", "file": str(path), "run_dir": run_dir,
+                        "log": str(spool.log(name)), "epochs": state.get("epochs"),
+                        "progress": progress(Path(run_dir)) if run_dir else {},
+                        "reason": "no service is running; it resumes when one starts"})
+    return snapshot(spool, service=None, queued=queued, running=running)
+
+
+def current(spool: Spool) -> dict[str, Any]:
+    """The live service's status.json if one is running, else a snapshot built from the folders."""
+    if service_alive(spool) and spool.status_file.exists():
+        try:
+            found = read_json(spool.status_file, what="status file")
+        except MemtrainError:
+            found = None
+        if isinstance(found, dict) and found.get("format") == STATUS_FORMAT:
+            for item in found.get("running", []):  # progress moves between rewrites: read it fresh
+                if item.get("run_dir"):
+                    item["progress"] = progress(Path(item["run_dir"]))
+            return found
+    return offline_snapshot(spool)
+
+
+def show(spool: Spool, *, as_json: bool) -> int:
+    """Print the status of a jobs folder (a table, or the snapshot as JSON)."""
+    snap = current(spool)
+    if as_json:
+        print(json.dumps(snap, indent=2))
+        return 0
+    out = Console(highlight=False)
+    out.print(_headline(snap), markup=False, soft_wrap=True)
+    out.print(table(snap))
+    return 0
+
+
+def table(snap: dict[str, Any]) -> Table:
+    grid = Table(show_header=True, header_style="bold")
+    for column in ("state", "job", "progress / result", "detail"):
+        grid.add_column(column, overflow="fold")
+    for item in snap["running"]:
+        grid.add_row(item["state"], item["name"], _progress_text(item),
+                     item.get("reason") or item.get("run_dir") or "")
+    for item in snap["queued"]:
+        grid.add_row(item["state"], item["name"] or "", "", item.get("file", ""))
+    for item in snap["done"]:
+        grid.add_row("done", item.get("name", ""), _metrics_text(item.get("final") or {}), item.get("run_dir", ""))
+    for item in snap["failed"]:
+        grid.add_row("failed", item.get("name", ""), "", item.get("error", ""))
+    return grid
+
+
+def _headline(snap: dict[str, Any]) -> str:
+    counts = snap["counts"]
+    totals = ", ".join(f"{counts[k]} {k}" for k in ("queued", "running", "done", "failed"))
+    service = snap.get("service")
+    if not service:
+        return f"{snap['folder']}: no service running; {totals}"
+    age = time.time() - snap["updated_at"]
+    return (f"{snap['folder']}: memtrain serve pid {service['pid']} ({service['observer']}, "
+            f"at most {service['max_concurrent']} at once), updated {age:.1f} s ago; {totals}")
+
+
+def _progress_text(item: dict[str, Any]) -> str:
+    found = item.get("progress") or {}
+    parts = []
+    if item.get("epochs"):
+        parts.append(f"epoch {found.get('epochs_done') or 0}/{item['epochs']}")
+    if found.get("loss") is not None:
+        parts.append(f"loss {found['loss']:.4f}")
+    return "  ".join(parts)
+
+
+def _metrics_text(record: dict[str, Any]) -> str:
+    keys = ("epoch", "val_loss", "val_accuracy")
+    return "  ".join(f"{k} {record[k]:.4g}" if isinstance(record[k], float) else f"{k} {record[k]}"
+                     for k in keys if record.get(k) is not None)
