@@ -98,10 +98,12 @@ def wait_gone(pids: list[int], seconds: float) -> list[int]:
     return [p for p in pids if alive(p)]
 
 
-def wait_for(path: Path, seconds: float = 30) -> None:
+def wait_for_version(run: Path, version: int, seconds: float = 30) -> None:
+    """Wait until ``version`` has been published (old versions may already be retired from weights/)."""
     deadline = time.monotonic() + seconds
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
+    lineage = run / "lineage.jsonl"
+    while not (lineage.exists() and lineage.read_text().count("\n") > version):
+        assert time.monotonic() < deadline, f"version {version} of {run} never appeared"
         time.sleep(0.02)
 
 
@@ -148,7 +150,7 @@ def test_killing_workers_from_outside_including_idle_ones(tmp_path: Path, data: 
     job = write_job(tmp_path / "chaos", data, epochs=6, workers=4)
     proc = start("train", job)
     run = tmp_path / "chaos" / "run"
-    wait_for(weights_path(run, 2))
+    wait_for_version(run, 2)
     killed = []
     for pid in worker_pids(run)[:4]:  # four workers, three tasks per update: one is always idle
         os.kill(pid, signal.SIGKILL)
@@ -218,7 +220,7 @@ def test_interrupt_checkpoints_and_says_how_to_resume(tmp_path: Path, data: Path
     job = write_job(tmp_path / "stopped", data, epochs=4)
     proc = start("train", job)
     run = tmp_path / "stopped" / "run"
-    wait_for(weights_path(run, 7))
+    wait_for_version(run, 7)
     os.kill(proc.pid, sig)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == code, err
