@@ -133,7 +133,9 @@ def _fits_v1(header: dict[str, Any]) -> bool:
 
 def publish_array(path: Path, array: np.ndarray, *, durable: bool) -> None:
     """Publish ``array`` as a standard .npy file (never pickled)."""
-    array = np.ascontiguousarray(array)
+    array = np.asarray(array)
+    if not array.flags.c_contiguous:  # (np.ascontiguousarray would turn a 0-d array into 1-d)
+        array = array.copy(order="C")
     if array.dtype.hasobject:
         raise MemtrainError("refusing to write an object array", path=path)
     header = npy_header_bytes(array.shape, array.dtype)
@@ -238,7 +240,8 @@ def open_npy(path: Path, *, shape: tuple[int, ...] | None = None, dtype: Any = N
         empty = np.zeros(header.shape, dtype=header.dtype)
         empty.flags.writeable = mode != "r"
         return empty
-    return np.memmap(path, dtype=header.dtype, mode=mode, offset=header.offset, shape=header.shape)
+    mapped = np.memmap(path, dtype=header.dtype, mode=mode, offset=header.offset, shape=header.shape or (1,))
+    return mapped.reshape(header.shape)  # np.memmap turns shape () into (1,)
 
 
 def check_npy(path: Path, *, shape: tuple[int, ...] | None = None, dtype: Any = None) -> NpyHeader:

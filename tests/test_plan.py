@@ -1,0 +1,53 @@
+"""The plan: row ranges per task and update, deterministic, covering every row once per epoch."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from memtrain.train.plan import epoch_updates, eval_tasks, split_range, updates_per_epoch
+
+
+@given(st.integers(0, 10_000), st.integers(0, 10_000), st.integers(1, 64))
+def test_split_range_cuts_contiguous_near_equal_pieces(lo: int, length: int, parts: int) -> None:
+    hi = lo + length
+    pieces = split_range(lo, hi, parts)
+    if length == 0:
+        assert pieces == [(lo, hi)] or pieces == []
+        return
+    assert pieces[0][0] == lo and pieces[-1][1] == hi
+    assert all(a < b for a, b in pieces)
+    assert all(pieces[i][1] == pieces[i + 1][0] for i in range(len(pieces) - 1))
+    assert len(pieces) == min(parts, length)
+    sizes = [b - a for a, b in pieces]
+    assert max(sizes) - min(sizes) <= 1
+
+
+@given(rows=st.integers(1, 5_000), batch=st.one_of(st.none(), st.integers(1, 700)), tasks=st.integers(1, 9),
+       seed=st.integers(0, 2**32 - 1), epoch=st.integers(0, 50))
+def test_an_epoch_visits_every_row_exactly_once(rows: int, batch: int | None, tasks: int, seed: int,
+                                                epoch: int) -> None:
+    updates = epoch_updates(rows, batch, tasks, seed, epoch)
+    assert len(updates) == updates_per_epoch(rows, batch)
+    covered = sorted((t.lo, t.hi) for u in updates for t in u.tasks)
+    assert covered[0][0] == 0 and covered[-1][1] == rows
+    assert all(covered[i][1] == covered[i + 1][0] for i in range(len(covered) - 1))
+    for number, update in enumerate(updates):
+        assert update.epoch == epoch and update.batch == number
+        assert [t.index for t in update.tasks] == list(range(len(update.tasks)))
+        assert len(update.tasks) <= tasks
+        assert batch is None or update.rows <= batch
+    assert updates == epoch_updates(rows, batch, tasks, seed, epoch), "the plan must be deterministic"
+
+
+def test_batch_order_changes_between_epochs_but_not_between_runs() -> None:
+    orders = [[u.tasks[0].lo for u in epoch_updates(10_000, 100, 2, 7, epoch)] for epoch in range(3)]
+    assert orders[0] != orders[1] != orders[2]
+    assert orders[1] == [u.tasks[0].lo for u in epoch_updates(10_000, 100, 2, 7, 1)]
+
+
+@given(st.integers(0, 100_000), st.integers(1, 10_000))
+def test_eval_tasks_cover_the_validation_split(rows: int, per_task: int) -> None:
+    tasks = eval_tasks(rows, per_task)
+    assert sum(t.rows for t in tasks) == rows
+    assert all(t.rows <= per_task for t in tasks)
