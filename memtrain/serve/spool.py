@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from memtrain.errors import InputError, MemtrainError
-from memtrain.files import read_json, write_json
+from memtrain.files import LockHeld, read_json, take_pid_lock, write_json
 from memtrain.layout import (
     SPOOL_DONE,
     SPOOL_FAILED,
@@ -122,21 +122,12 @@ def _check_parents(folder: Path) -> None:
 
 def lock_spool(spool: Spool) -> IO[str]:
     """Take the one-service lock (``flock`` on DIR/.lock, dropped by the kernel when we die)."""
-    handle = open(spool.folder / SPOOL_LOCK, "a+", encoding="utf-8")  # noqa: SIM115 - held while serving
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        owner = handle.read().strip() or "unknown"
-        handle.close()
+        return take_pid_lock(spool.folder / SPOOL_LOCK)
+    except LockHeld as held:
         raise InputError("another memtrain serve is already watching this folder", path=spool.folder,
-                         found=f"lock {SPOOL_LOCK} held by pid {owner}",
+                         found=f"lock {SPOOL_LOCK} held by pid {held.owner}",
                          hint="stop it first, or see its jobs with: memtrain serve --status") from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(str(os.getpid()))
-    handle.flush()
-    return handle
 
 
 def service_alive(spool: Spool) -> bool:

@@ -22,7 +22,7 @@ import numpy as np
 
 from memtrain.config import Job
 from memtrain.errors import InputError, MemtrainError
-from memtrain.files import append_jsonl
+from memtrain.files import LockHeld, append_jsonl, take_pid_lock
 from memtrain.layout import (
     RUN_EVENTS,
     RUN_JOB,
@@ -73,21 +73,12 @@ def pid_alive(pid: int) -> bool:
 
 
 def acquire_lock(path: Path) -> IO[str]:
-    handle = open(path / RUN_LOCK, "a+", encoding="utf-8")  # noqa: SIM115 - held for the whole run
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        owner = handle.read().strip() or "unknown"
-        handle.close()
+        return take_pid_lock(path / RUN_LOCK)
+    except LockHeld as held:
         raise InputError("another memtrain train is using this run directory", path=path,
-                         found=f"lock held by pid {owner}",
+                         found=f"lock held by pid {held.owner}",
                          hint="wait for it to finish or choose another run.dir") from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(str(os.getpid()))
-    handle.flush()
-    return handle
 
 
 def sweep_leftovers(run_dir: Path, exchange_parents: list[Path]) -> list[Path]:
