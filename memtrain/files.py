@@ -266,6 +266,34 @@ def check_npy(path: Path, *, shape: tuple[int, ...] | None = None, dtype: Any = 
     return header
 
 
+class LockHeld(Exception):
+    """``take_pid_lock`` found the lock held; ``owner`` is the pid written in the lock file."""
+
+    def __init__(self, owner: str):
+        super().__init__(owner)
+        self.owner = owner
+
+
+def take_pid_lock(path: Path) -> IO[str]:
+    """Hold an ``flock`` on ``path`` and write our pid in it; the kernel drops it when we die.
+
+    Raises ``LockHeld`` (with the holder's pid) instead of waiting.
+    """
+    handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held by the caller for its lifetime
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        owner = handle.read().strip() or "unknown"
+        handle.close()
+        raise LockHeld(owner) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
+
+
 def checksum_file(path: Path, *, mapped: bool = False) -> str:
     """``xxh3-128:<hex>`` of the whole file, streamed.
 
