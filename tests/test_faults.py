@@ -75,7 +75,8 @@ def digest(run: Path) -> str:
 
 
 def events(run: Path) -> str:
-    return (run / "events.log").read_text()
+    log = run / "events.log"
+    return log.read_text() if log.exists() else ""  # a server killed early may not have written it yet
 
 
 def worker_pids(run: Path) -> list[int]:
