@@ -223,7 +223,7 @@ def test_second_train_on_the_same_run_dir_is_refused(tmp_path: Path, dataset: Pa
     try:
         run = tmp_path / "run"
         for _ in range(200):
-            if (run / "weights" / "v00000001.npy").exists():
+            if any((run / "weights").glob("v*.npy")):  # versions are recycled fast: v1 may be gone already
                 break
             subprocess.run(["sleep", "0.05"])
         second = subprocess.run([sys.executable, "-m", "memtrain", "train", "--resume", str(run)],
@@ -250,3 +250,13 @@ def test_bad_job_files_are_usage_errors_naming_the_key(tmp_path: Path, dataset: 
     assert train_cli(job) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("configured", "expected", "code"), [(1, 1, 0), (2, 2, 0), (1, 2, 1)])
+def test_each_worker_uses_the_configured_blas_threads(tmp_path: Path, dataset: Path, configured: int, expected: int,
+                                                      code: int, capsys) -> None:
+    job = write_job(tmp_path, dataset, kind="probe_models:ExpectsBlasThreads",
+                    model_extra=f"expect_threads = {expected}", epochs=1)
+    assert train_cli(job, "--set", f"train.blas_threads={configured}") == code
+    if code:
+        assert f"BLAS threads in this worker: [{configured}], expected {expected}" in capsys.readouterr().err
