@@ -1,9 +1,11 @@
-"""Benchmarks: `memtrain bench prepare` measures prepare throughput against a plain numpy/pyarrow baseline.
+"""Benchmarks: `bench prepare` (prepare vs a plain numpy/pyarrow baseline), `bench train` (memtrain vs peers).
 
 Examples:
   memtrain bench prepare             # 1 GB NPY and CSV sources, side by side with the baseline
   memtrain bench prepare --gb 0.1    # a quick run
-`memtrain bench train` (memtrain vs one process, pickling and shared memory) is not built yet.
+  memtrain bench train               # memtrain vs one process, pickling and shared memory: 1e5-1e7 params
+  memtrain bench train --sizes 1e6 --json
+  memtrain bench train --larger-than-ram --limit-mib 256   # a dataset 4x larger than a memory limit
 """
 
 from __future__ import annotations
@@ -11,18 +13,23 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from memtrain.errors import InputError, MemtrainError
+from memtrain.errors import InputError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("what", choices=("train", "prepare"), help="what to measure")
     parser.add_argument("--gb", type=float, default=1.0, help="prepare: size of each source in GB (1.0)")
-    parser.add_argument("--dir", type=Path, help="prepare: where to put the temporary files (default: $TMPDIR)")
+    parser.add_argument("--dir", type=Path, help="where to put the temporary files (default: $TMPDIR)")
+    from memtrain.benchmarks.train_bench import add_arguments as train_arguments
+
+    train_arguments(parser.add_argument_group("train"))
 
 
 def run(args: argparse.Namespace) -> int:
     if args.what == "train":
-        raise MemtrainError("not built yet", hint="`memtrain bench prepare` is available")
+        from memtrain.benchmarks.train_bench import run as bench_train
+
+        return bench_train(args)
     if args.gb <= 0:
         raise InputError("--gb must be positive", found=args.gb)
     from memtrain.prepare.bench import bench_prepare, format_table

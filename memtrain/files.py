@@ -294,14 +294,31 @@ def take_pid_lock(path: Path) -> IO[str]:
     return handle
 
 
+def pin_shared(path: Path) -> IO[bytes]:
+    """Open ``path`` holding a shared ``flock`` while the handle lives: a live run never recycles a pinned
+    weight version (it deletes it instead, and our open handle keeps its bytes readable).
+
+    Raises FileNotFoundError if the path was retired between the open and the lock.
+    """
+    handle = open(path, "rb")  # noqa: SIM115 - the caller holds it while it reads
+    try:
+        fcntl.flock(handle, fcntl.LOCK_SH)
+        if os.stat(path).st_ino != os.fstat(handle.fileno()).st_ino:
+            raise FileNotFoundError(errno.ENOENT, "retired while being opened", str(path))
+    except BaseException:
+        handle.close()
+        raise
+    return handle
+
+
 def checksum_file(path: Path, *, mapped: bool = False) -> str:
-    """``xxh3-128:<hex>`` of the whole file, streamed.
+    """``xxh3-128:<hex>`` of the whole file, streamed, under a shared lock (see ``pin_shared``).
 
     ``mapped`` hashes the page cache through a map instead of copying it into buffers (2-5x faster for
     a file just written); only for files memtrain owns, which nobody truncates while it hashes them.
     """
     digest = xxhash.xxh3_128()
-    with open(path, "rb") as handle:
+    with pin_shared(path) as handle:
         size = os.fstat(handle.fileno()).st_size
         if mapped and size:
             with mmap.mmap(handle.fileno(), size, prot=mmap.PROT_READ) as pages, memoryview(pages) as view:

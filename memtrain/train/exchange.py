@@ -16,8 +16,10 @@ import time
 from dataclasses import dataclass, replace
 from multiprocessing.connection import wait
 from multiprocessing.queues import SimpleQueue
+from pathlib import Path
 from typing import Any
 
+from memtrain.train.gradbuf import remove_buffers
 from memtrain.train.messages import Result, Stop, Task, WorkerSetup
 from memtrain.train.worker import worker_main
 
@@ -109,6 +111,7 @@ class WorkerPool:
 
     def _replace(self, slot: Slot) -> None:
         self.restarts += 1
+        remove_buffers(Path(self._setup.exchange_dir), slot.process.pid)
         fresh = self._start(slot.index)
         self.started.append(fresh.process.pid)
         self.slots[slot.index] = fresh

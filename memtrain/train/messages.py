@@ -97,3 +97,4 @@ class Result:
     correct: int = 0
     finite: bool = True
     error: str | None = None
+    seconds: float = 0.0  # time the worker spent computing (gradient tasks): what the benchmark subtracts

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from memtrain.faults import fault_point
-from memtrain.files import open_npy
-from memtrain.layout import state_buffer_name
+from memtrain.layout import state_buffer_name, weights_path
+from memtrain.train.maps import MapCache
 from memtrain.train.messages import StepTask
 from memtrain.train.optim import OptimizerConfig, apply_update, state_slots
 
@@ -22,24 +22,26 @@ from memtrain.train.optim import OptimizerConfig, apply_update, state_slots
 CHUNK = 1 << 16
 
 
-def open_state(exchange: Path, optimizer: OptimizerConfig, parity: int, size: int, mode: str) -> dict[str, np.ndarray]:
-    return {slot: open_npy(exchange / state_buffer_name(slot, parity), shape=(size,), dtype=np.float32, mode=mode)
+def open_state(maps: MapCache, exchange: Path, optimizer: OptimizerConfig, parity: int, size: int,
+               mode: str) -> dict[str, np.ndarray]:
+    return {slot: maps.get(exchange / state_buffer_name(slot, parity), (size,), np.float32, mode)
             for slot in state_slots(optimizer)}
 
 
-def run_step_slice(task: StepTask, exchange: Path, run_dir: Path, size: int, optimizer: OptimizerConfig) -> bool:
-    """Do one slice of one update; False if the mean gradient or the new weights are not finite."""
-    from memtrain.layout import weights_path
+def run_step_slice(task: StepTask, exchange: Path, run_dir: Path, size: int, optimizer: OptimizerConfig,
+                   maps: MapCache) -> bool:
+    """Do one slice of one update; False if the mean gradient or the new weights are not finite.
 
-    grads = [open_npy(exchange / name, shape=(size,), dtype=np.float32) for name in task.grads]
-    weights = open_npy(weights_path(run_dir, task.version), shape=(size,), dtype=np.float32)
-    out = open_npy(Path(task.out), shape=(size,), dtype=np.float32, mode="r+")
-    state_in = open_state(exchange, optimizer, task.parity, size, "r")
-    state_out = open_state(exchange, optimizer, 1 - task.parity, size, "r+")
-    finite = reduce_and_step(grads, task.rows, weights, state_in, out, state_out, task.lo, task.hi,
-                             optimizer, task.step, task.lr)
-    out.flush()
-    return finite
+    No msync at the end: the maps share the page cache with every other process, and weight versions
+    are not meant to survive a machine crash (checkpoints are).
+    """
+    grads = [maps.get(exchange / name, (size,), np.float32) for name in task.grads]
+    weights = maps.get(weights_path(run_dir, task.version), (size,), np.float32)
+    out = maps.get(Path(task.out), (size,), np.float32, "r+")
+    state_in = open_state(maps, exchange, optimizer, task.parity, size, "r")
+    state_out = open_state(maps, exchange, optimizer, 1 - task.parity, size, "r+")
+    return reduce_and_step(grads, task.rows, weights, state_in, out, state_out, task.lo, task.hi,
+                           optimizer, task.step, task.lr)
 
 
 def reduce_and_step(grads: list[np.ndarray], rows: int, weights: np.ndarray, state_in: dict[str, np.ndarray],

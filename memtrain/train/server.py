@@ -104,6 +104,7 @@ class Trainer:
         self.total_updates = self.per_epoch * job.train.epochs
         self.checkpointed: int | None = None
         self.started = time.monotonic()
+        self.spare: Path | None = None  # a retired weight file, renamed away, that the next version reuses
 
     def run(self, resume_run: bool) -> TrainSummary:
         write_run_files(self.run_dir, self.job, self.context)
@@ -122,6 +123,8 @@ class Trainer:
             raise self._interrupted(position, exc) from None
         finally:
             pool.close()
+            if self.spare is not None:
+                discard(self.spare)
         return TrainSummary(self.run_dir.path, position.version, position.epoch, last, position.best,
                             time.monotonic() - self.started, scheduler.deaths)
 
@@ -162,17 +165,19 @@ class Trainer:
             position.skipped += 1
         else:
             position.version += 1
-            retire_weights(self.run_dir.path, self.job.run.keep_versions, position.version)
+            self.spare = retire_weights(self.run_dir.path, self.job.run.keep_versions, position.version,
+                                        recycle=True)
         position.epoch_loss += loss
         position.epoch_rows += update.rows
         position.batch += 1
         self.run_dir.metric({"kind": "update", "epoch": update.epoch, "batch": update.batch, "update": index,
                              "version": position.version, "loss": loss / update.rows, "rows": update.rows,
-                             "skipped": not published, "time": time.time()})
+                             "skipped": not published, "compute_s": max(r.seconds for r in results),
+                             "time": time.time()})
 
     def step(self, scheduler: Scheduler, update: Update, version: int, names: tuple[str, ...], index: int) -> bool:
         size = self.context.layout.size
-        tmp = begin_weights(self.run_dir.path, version + 1, size)
+        tmp, self.spare = begin_weights(self.run_dir.path, version + 1, size, self.spare), None
         lr = learning_rate(self.job.train.optimizer, index, self.total_updates)
         slices = split_range(0, size, min(self.job.train.workers, max(1, size // MIN_SLICE)))
         tasks = [StepTask(i, 0, version, version + 1, lr, update.rows, version % 2, lo, hi, names, str(tmp))
@@ -235,7 +240,7 @@ class Trainer:
             position.best = record
         position.epoch, position.batch, position.epoch_loss, position.epoch_rows = position.epoch + 1, 0, 0.0, 0
         if final or position.epoch % self.job.run.checkpoint_every == 0:
-            save_checkpoint(self.run_dir, self.job, self.context, position, self.per_epoch)
+            save_checkpoint(self.run_dir, self.job, self.context, position, self.per_epoch, record)
             self.checkpointed = position.update_index(self.per_epoch)
         return record
 

@@ -1,12 +1,14 @@
 """Flat parameter vectors -> published weight versions ``weights/vNNNNNNNN.npy``; never modified once published.
 
 The next version is built in a temporary file that the slice owners write into; publishing is the rename.
-Old versions are deleted (never rewritten) once nothing can still be reading them.
+Old versions are deleted once nothing can still be reading them, or recycled: renamed away, then rewritten
+as a later version, once every task of theirs is finished and no outside reader holds a lock on them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 from pathlib import Path
 
@@ -22,15 +24,23 @@ def publish_weights(run_dir: Path, version: int, flat: np.ndarray) -> str:
     """Publish ``flat`` as ``version``; returns its checksum."""
     path = weights_path(run_dir, version)
     publish_array(path, np.asarray(flat, dtype=PARAM_DTYPE), durable=False)
-    return checksum_file(path)
+    return checksum_file(path, mapped=True)
 
 
-def begin_weights(run_dir: Path, version: int, size: int) -> Path:
-    """Create the (unpublished) file of ``version`` with its header and reserved space; returns its tmp path."""
+def begin_weights(run_dir: Path, version: int, size: int, spare: Path | None = None) -> Path:
+    """Create the (unpublished) file of ``version`` with its header and reserved space; returns its tmp path.
+
+    ``spare`` (a retired version from ``retire_weights``) is reused when it has the right size: its pages
+    are allocated and already mapped by the workers, so writing it costs no allocation and no page
+    faults. Every value in it is overwritten by the slice owners before it is published.
+    """
     tmp = tmp_sibling(weights_path(run_dir, version))
     header = npy_header_bytes((size,), PARAM_DTYPE)
     total = len(header) + size * PARAM_DTYPE.itemsize
     try:
+        if spare is not None and _reuse(spare, tmp, total):
+            fault_point("write")  # the same hit as for a fresh file, so fault tests count the same writes
+            return tmp
         with open(tmp, "wb") as handle:
             reserve(handle.fileno(), total, tmp)
             fault_point("write")
@@ -44,10 +54,22 @@ def begin_weights(run_dir: Path, version: int, size: int) -> Path:
     return tmp
 
 
+def _reuse(spare: Path, tmp: Path, total: int) -> bool:
+    """Rename ``spare`` to ``tmp`` if it has the right size; delete it otherwise."""
+    try:
+        if os.path.getsize(spare) == total:
+            os.replace(spare, tmp)
+            return True
+        os.unlink(spare)
+    except FileNotFoundError:
+        pass
+    return False
+
+
 def commit_weights(tmp: Path, run_dir: Path, version: int) -> str:
     path = weights_path(run_dir, version)
     os.replace(tmp, path)
-    return checksum_file(path)
+    return checksum_file(path, mapped=True)
 
 
 def discard(tmp: Path) -> None:
@@ -55,9 +77,41 @@ def discard(tmp: Path) -> None:
         os.unlink(tmp)
 
 
-def retire_weights(run_dir: Path, keep: int, current: int) -> None:
-    """Delete versions older than the newest ``keep`` (the current one is always kept)."""
-    for version in weight_versions(run_dir):
-        if version <= current - keep:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(weights_path(run_dir, version))
+def retire_weights(run_dir: Path, keep: int, current: int, *, recycle: bool = False) -> Path | None:
+    """Unpublish versions older than the newest ``keep`` (the current one is always kept).
+
+    They are deleted, except that with ``recycle`` the newest of them is renamed to a temporary name and
+    returned as a spare for ``begin_weights`` -- the caller vouches that every task of that version is
+    finished -- and only if no other process holds an flock on it: a reader outside the run (such as
+    ``inspect --verify``) takes a shared lock while it reads a version, and a locked file is deleted,
+    never rewritten.
+    """
+    spare = None
+    for version in sorted(weight_versions(run_dir), reverse=True):
+        if version > current - keep:
+            continue
+        path = weights_path(run_dir, version)
+        if recycle and spare is None:
+            spare = _take_unlocked(path)
+            if spare is not None:
+                continue
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    return spare
+
+
+def _take_unlocked(path: Path) -> Path | None:
+    """Rename ``path`` to a temporary name if nobody holds a lock on it (checked under our own lock)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        spare = tmp_sibling(path)
+        os.replace(path, spare)
+        return spare
+    except BlockingIOError:
+        return None
+    finally:
+        os.close(fd)

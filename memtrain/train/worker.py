@@ -1,7 +1,8 @@
 """Task records in, result records out: a worker maps weights and shard rows read-only, writes gradient files.
 
-A worker never decides what to compute. It keeps the dataset shards mapped between tasks, maps each
-weight version once, writes gradients straight into a fresh mapped file (temporary name, then rename),
+A worker never decides what to compute. It keeps the dataset shards and the files it meets mapped between
+tasks (train/maps.py), writes gradients straight into a kept, mapped buffer published by a hard link
+(train/gradbuf.py),
 and exits by itself when the server dies (parent-death signal, and a parent-pid check while it waits).
 """
 
@@ -12,6 +13,7 @@ import math
 import os
 import signal
 import sys
+import time
 import traceback
 from multiprocessing.queues import SimpleQueue
 from pathlib import Path
@@ -20,9 +22,11 @@ import numpy as np
 
 from memtrain.dataset import open_dataset
 from memtrain.faults import fault_point
-from memtrain.files import open_npy, writing_npy
+from memtrain.files import writing_npy
 from memtrain.layout import gradient_name, weights_path
 from memtrain.train.context import model_context
+from memtrain.train.gradbuf import GradientBuffers
+from memtrain.train.maps import MapCache
 from memtrain.train.messages import EvalTask, GradTask, Result, StatsTask, StepTask, Stop, Task, WorkerSetup
 from memtrain.train.optim import OptimizerConfig
 from memtrain.train.reduce import run_step_slice
@@ -73,7 +77,8 @@ class WorkerState:
         self.dataset = open_dataset(setup.dataset)
         self.context = model_context(self.dataset, setup.model_kind, dict(setup.model_options), setup.normalize)
         self.optimizer = OptimizerConfig(**dict(setup.optimizer))
-        self._weights: tuple[int, np.ndarray] | None = None
+        self.maps = MapCache()
+        self.buffers = GradientBuffers(self.exchange)
 
     def run(self, task: Task) -> Result:
         try:
@@ -93,10 +98,7 @@ class WorkerState:
         return self.step(task)
 
     def weights(self, version: int) -> np.ndarray:
-        if self._weights is None or self._weights[0] != version:
-            self._weights = (version, open_npy(weights_path(self.run_dir, version),
-                                               shape=(self.context.layout.size,), dtype=np.float32))
-        return self._weights[1]
+        return self.maps.get(weights_path(self.run_dir, version), (self.context.layout.size,), np.float32)
 
     def rows(self, split: str, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         x, y = self.dataset.split(split).read(lo, hi)
@@ -107,13 +109,16 @@ class WorkerState:
         params = layout.views(self.weights(task.version))
         x, y = self.rows("train", task.lo, task.hi)
         fault_point("before_grad_write")
-        out = self.exchange / gradient_name(task.version, task.task, task.attempt)
-        with writing_npy(out, (layout.size,), np.float32, durable=False) as flat:
-            loss = model.loss_and_grad(params, x, y, layout.views(flat))
-            fault_point("after_grad_tmp")
+        buffer = self.buffers.take(layout.size, np.dtype(np.float32))
+        started = time.perf_counter()
+        loss = model.loss_and_grad(params, x, y, layout.views(buffer.array))  # overwrites every element
+        seconds = time.perf_counter() - started
+        fault_point("after_grad_tmp")
+        self.buffers.publish(buffer, self.exchange / gradient_name(task.version, task.task, task.attempt))
         fault_point("after_grad_rename")
         fault_point("before_notify")
-        return Result(task.task, task.attempt, loss=float(loss), rows=task.hi - task.lo, finite=math.isfinite(loss))
+        return Result(task.task, task.attempt, loss=float(loss), rows=task.hi - task.lo, finite=math.isfinite(loss),
+                      seconds=seconds)
 
     def statistics(self, task: StatsTask) -> Result:
         shapes = self.context.stats_layout
@@ -134,5 +139,6 @@ class WorkerState:
                       finite=math.isfinite(loss))
 
     def step(self, task: StepTask) -> Result:
-        finite = run_step_slice(task, self.exchange, self.run_dir, self.context.layout.size, self.optimizer)
+        finite = run_step_slice(task, self.exchange, self.run_dir, self.context.layout.size, self.optimizer,
+                                self.maps)
         return Result(task.task, task.attempt, rows=task.hi - task.lo, finite=finite)

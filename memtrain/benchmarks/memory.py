@@ -1,0 +1,95 @@
+"""A process id -> the peak memory of it and all its descendants, sampled from /proc while they run.
+
+``VmHWM`` is the kernel's own high-water mark of a process's resident set, so sampling misses nothing
+of it as long as each process is seen once before it exits; ``RssAnon`` has no high-water mark and is
+the largest value sampled. The sum over processes counts shared pages (mapped files, shared memory)
+once per process that touches them, as ``ps``/``top`` do.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+
+# Reading three status files costs ~0.1 ms; listing the whole /proc tree ~3 ms, so it is done only
+# every RESCAN_EVERY samples (new processes are found within half a second, long before they peak).
+SAMPLE_SECONDS = 0.05
+RESCAN_EVERY = 10
+
+
+@dataclass
+class Peaks:
+    hwm_kib: dict[int, int] = field(default_factory=dict)
+    anon_kib: dict[int, int] = field(default_factory=dict)
+    names: dict[int, str] = field(default_factory=dict)
+
+    def total_mib(self) -> float:
+        return sum(self.hwm_kib.values()) / 1024
+
+    def per_process(self) -> list[dict[str, object]]:
+        return [{"pid": pid, "name": self.names.get(pid, ""), "peak_rss_mib": self.hwm_kib[pid] / 1024,
+                 "peak_anon_mib": self.anon_kib.get(pid, 0) / 1024} for pid in sorted(self.hwm_kib)]
+
+
+def descendants(root: int) -> list[int]:
+    """``root`` and every process below it (from the parent ids in /proc/*/stat)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", encoding="utf-8") as handle:
+                    ppid = int(handle.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(name))
+    found, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack.extend(children.get(pid, []))
+    return found
+
+
+def status(pid: int) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8") as handle:
+            return dict(line.split(":", 1) for line in handle if ":" in line)
+    except OSError:
+        return {}
+
+
+def sample(pids: list[int], peaks: Peaks) -> None:
+    for pid in pids:
+        fields = status(pid)
+        if "VmHWM" not in fields:
+            continue
+        peaks.names[pid] = fields.get("Name", "").strip()
+        peaks.hwm_kib[pid] = max(peaks.hwm_kib.get(pid, 0), int(fields["VmHWM"].split()[0]))
+        peaks.anon_kib[pid] = max(peaks.anon_kib.get(pid, 0), int(fields.get("RssAnon", "0 kB").split()[0]))
+
+
+class Sampler:
+    """Samples a process tree in a background thread until stopped."""
+
+    def __init__(self, root: int):
+        self.root = root
+        self.peaks = Peaks()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        pids, count = [self.root], 0
+        while not self._stop.wait(SAMPLE_SECONDS):
+            if count % RESCAN_EVERY == 0:
+                pids = descendants(self.root)
+            sample(pids, self.peaks)
+            count += 1

@@ -1,0 +1,75 @@
+"""A benchmark problem (dataset dir, MLP shape, updates, workers) -> the model every method computes with.
+
+Every method builds its model, initial weights and optimizer here, from memtrain's own MLP and
+optimizer code, so that the compute is identical and only the exchange differs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from memtrain.dataset import open_dataset
+from memtrain.train.context import ModelContext, model_context
+from memtrain.train.optim import OptimizerConfig, apply_update
+
+BATCH = 512
+LR = 0.01
+
+
+@dataclass(frozen=True)
+class Problem:
+    dataset: str
+    hidden: int
+    updates: int
+    workers: int = 2
+    batch: int = BATCH
+    seed: int = 0
+    optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(name="sgd", lr=LR))
+
+    def batches(self) -> list[tuple[int, int]]:
+        return [(k * self.batch, (k + 1) * self.batch) for k in range(self.updates)]
+
+    def pieces(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """A batch cut into one task per worker (as memtrain's plan cuts it)."""
+        edges = [lo + (hi - lo) * k // self.workers for k in range(self.workers + 1)]
+        return list(zip(edges, edges[1:], strict=False))
+
+
+class Model:
+    """memtrain's MLP on the problem's dataset, and the SGD step on flat vectors."""
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+        self.dataset = open_dataset(problem.dataset)
+        self.context: ModelContext = model_context(self.dataset, "mlp", {"hidden": [problem.hidden]}, False)
+        self.layout = self.context.layout
+        self.train = self.dataset.split("train")
+
+    @property
+    def size(self) -> int:
+        return self.layout.size
+
+    def initial(self) -> np.ndarray:
+        return self.layout.flatten(self.context.model.init(np.random.default_rng(self.problem.seed)))
+
+    def rows(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.train.read(lo, hi)
+
+    def grad(self, weights: np.ndarray, x: np.ndarray, y: np.ndarray, out: np.ndarray) -> tuple[float, float]:
+        """Summed gradient of rows (x, y) into ``out``; returns (loss, compute seconds)."""
+        start = time.perf_counter()
+        loss = self.context.model.loss_and_grad(self.layout.views(weights), x, y, self.layout.views(out))
+        return float(loss), time.perf_counter() - start
+
+    def step(self, update: int, weights: np.ndarray, summed: np.ndarray, rows: int, out: np.ndarray) -> None:
+        """out = optimizer step of ``weights`` with the mean gradient ``summed / rows`` (``summed`` is scaled)."""
+        np.divide(summed, np.float32(rows), out=summed)
+        apply_update(self.problem.optimizer, update + 1, self.problem.optimizer.lr, weights, summed, {}, out, {})
+
+
+def timings(walls: list[float], computes: list[float], **extra: object) -> dict[str, object]:
+    """The per-update record every method returns."""
+    return {"update_seconds": walls, "compute_seconds": computes, **extra}

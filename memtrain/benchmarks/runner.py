@@ -1,0 +1,57 @@
+"""One method on one problem, in a fresh process: ``python -m memtrain.benchmarks.runner SPEC_JSON`` -> JSON.
+
+Each method runs in its own process so that its memory peak, its BLAS threads and its imports are its
+own; the harness samples the memory of this process and its workers from outside.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+from pathlib import Path
+from typing import Any
+
+from memtrain.benchmarks.problem import Problem
+from memtrain.train.optim import OptimizerConfig
+
+METHODS = ("memtrain", "one_process", "pickle_queue", "shared_memory", "one_process_blas")
+
+
+def run_method(method: str, problem: Problem, scratch: Path, exchange: str = "auto") -> dict[str, Any]:
+    from memtrain.benchmarks import peers
+    from memtrain.benchmarks.memtrain_run import run_memtrain
+
+    if method == "memtrain":
+        return run_memtrain(problem, scratch, exchange)
+    if method == "one_process":
+        return peers.one_process(problem, threads=1)
+    if method == "one_process_blas":
+        return peers.one_process(problem, threads=os.cpu_count() or 1)
+    if method == "pickle_queue":
+        return peers.pickle_queue(problem)
+    if method == "shared_memory":
+        return peers.shared_memory_peer(problem)
+    raise ValueError(f"unknown method {method!r}")
+
+
+def spec_to_problem(spec: dict[str, Any]) -> Problem:
+    fields = dict(spec["problem"])
+    fields["optimizer"] = OptimizerConfig(**fields["optimizer"])
+    return Problem(**fields)
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(argv[1])
+    limit = spec.get("data_limit_bytes")
+    if limit:  # private (anonymous) memory only: file maps are MAP_SHARED and not counted
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    result = run_method(spec["method"], spec_to_problem(spec), Path(spec["scratch"]), spec.get("exchange", "auto"))
+    result["self_maxrss_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,186 @@
+"""Sizes + methods -> the training benchmark table (samples/s, overhead, peak memory, ratio), or JSON.
+
+For each parameter count a synthetic dataset is written once; then every method runs in a fresh
+process, the methods alternating (memtrain, one process, pickle, shared memory, BLAS on every core,
+then again), and their steady-state updates are pooled. The first ``warmup`` updates of every run are
+left out: they pay for process start, imports and first page faults, which a long job pays once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from memtrain.benchmarks import larger_than_ram
+from memtrain.benchmarks.memory import Sampler
+from memtrain.benchmarks.problem import BATCH, Problem
+from memtrain.benchmarks.runner import METHODS
+from memtrain.benchmarks.synthetic import CLASSES, FEATURES, mlp_shape, write_dataset
+from memtrain.errors import InputError, MemtrainError
+
+LABELS = {"memtrain": "memtrain", "one_process": "one process, 1 thread", "pickle_queue": "pickle via Queue",
+          "shared_memory": "shared_memory", "one_process_blas": "one process, all-core BLAS"}
+VAL_ROWS = BATCH
+RUN_TIMEOUT = 1800.0  # seconds for one method at one size; a hung run fails the benchmark, not the machine
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sizes", default="1e5,1e6,1e7", help="parameter counts (default %(default)s)")
+    parser.add_argument("--updates", type=int, default=40, help="updates per run (default %(default)s)")
+    parser.add_argument("--warmup", type=int, default=3, help="updates per run left out (default %(default)s)")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of every method per size (default %(default)s)")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes (default %(default)s)")
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of %(default)s")
+    parser.add_argument("--exchange", default="auto", help="memtrain's run.exchange (default %(default)s)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    larger_than_ram.add_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``memtrain bench train``: the table (or JSON); ``--larger-than-ram``: the memory-limit scenario.
+
+    ``args.dir`` (optional) is where the temporary datasets and runs go.
+    """
+    sizes, methods = parse_sizes(args.sizes), parse_methods(args.methods)
+    if args.updates <= args.warmup + 1:
+        raise InputError("--updates must exceed --warmup + 1", found=f"{args.updates} and {args.warmup}")
+    scratch = Path(tempfile.mkdtemp(prefix="memtrain-bench-", dir=getattr(args, "dir", None)))
+    try:
+        if args.larger_than_ram:
+            larger_than_ram.print_report(larger_than_ram.run_scenario(args, scratch), args.json)
+            return 0
+        load_before = os.getloadavg()
+        rows = [row for size in sizes for row in bench_size(size, methods, args, scratch)]
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    report = {"machine": machine() | {"loadavg_before": load_before, "loadavg_after": os.getloadavg()},
+              "settings": settings(args, sizes, methods), "results": rows}
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_table(report)
+    return 0
+
+
+def parse_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(float(part)) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise InputError("--sizes takes parameter counts such as 1e5,1e6", found=text) from None
+    if not sizes or min(sizes) < 100:
+        raise InputError("--sizes needs parameter counts of at least 100", found=text)
+    return sizes
+
+
+def parse_methods(text: str) -> list[str]:
+    methods = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise InputError("unknown --methods", expected=", ".join(METHODS), found=", ".join(unknown) or text)
+    return methods
+
+
+def bench_size(size: int, methods: list[str], args: argparse.Namespace, scratch: Path) -> list[dict[str, Any]]:
+    shape = mlp_shape(size)
+    data = write_dataset(scratch / f"data-{shape.params}", args.updates * BATCH, VAL_ROWS, features=shape.features,
+                         classes=shape.classes)
+    problem = Problem(str(data), shape.hidden, args.updates, workers=args.workers)
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
+    for _ in range(args.repeats):
+        for method in methods:
+            runs[method].append(run_once(method, problem, scratch, args.exchange))
+    rows = [summarize(method, runs[method], args.warmup) | {"params": shape.params, "shape": asdict(shape)}
+            for method in methods]
+    base = next((r["samples_per_s"] for r in rows if r["method"] == "memtrain"), None)
+    for row in rows:
+        row["memtrain_ratio"] = base / row["samples_per_s"] if base else None
+    return rows
+
+
+def run_once(method: str, problem: Problem, scratch: Path, exchange: str,
+             data_limit: int | None = None) -> dict[str, Any]:
+    """Run one method in a fresh process, sampling the memory of it and its workers from here."""
+    spec = {"method": method, "problem": asdict(problem), "scratch": str(scratch / "run"), "exchange": exchange,
+            "data_limit_bytes": data_limit}
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    process = subprocess.Popen([sys.executable, "-m", "memtrain.benchmarks.runner", json.dumps(spec)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    with Sampler(process.pid) as sampler:
+        try:
+            out, err = process.communicate(timeout=RUN_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            raise MemtrainError(f"benchmark method {method} took longer than {RUN_TIMEOUT:g} s") from None
+    if process.returncode != 0 or not out.strip():
+        raise MemtrainError(f"benchmark method {method} failed (exit code {process.returncode})",
+                            found=err.strip()[-2000:])
+    result = json.loads(out.strip().splitlines()[-1])
+    peaks = sampler.peaks
+    peaks.hwm_kib[process.pid] = max(peaks.hwm_kib.get(process.pid, 0), result["self_maxrss_kib"])
+    result["peak_mib"] = peaks.total_mib()
+    result["processes"] = peaks.per_process()
+    return result
+
+
+def summarize(method: str, runs: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
+    """Steady-state updates of every run of ``method``, pooled; medians, so that a stray slow update
+    (another process on the machine, a page-cache flush) does not move the figure."""
+    walls = [w for r in runs for w in r["update_seconds"][max(0, warmup - r.get("first_update", 0)):]]
+    computes = [c for r in runs for c in r["compute_seconds"][max(0, warmup - r.get("first_update", 0)):]]
+    wall = median(walls)
+    compute = median(computes) if computes else None
+    return {"method": method, "label": LABELS[method], "samples_per_s": BATCH / wall, "update_ms": wall * 1e3,
+            "compute_ms": compute * 1e3 if compute is not None else None,
+            "overhead_ms": (wall - compute) * 1e3 if compute is not None else None,
+            "peak_mib": max(r["peak_mib"] for r in runs), "updates_measured": len(walls),
+            "exchange": runs[0].get("exchange")}
+
+
+def machine() -> dict[str, Any]:
+    import numpy as np
+
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "numpy": np.__version__}
+
+
+def settings(args: argparse.Namespace, sizes: list[int], methods: list[str]) -> dict[str, Any]:
+    return {"sizes": sizes, "methods": methods, "batch": BATCH, "workers": args.workers, "updates": args.updates,
+            "warmup": args.warmup, "repeats": args.repeats, "optimizer": "sgd", "exchange": args.exchange}
+
+
+def print_table(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    s = report["settings"]
+    table = Table(title=f"memtrain bench train: MLP {FEATURES}-H-{CLASSES}, SGD, batch {s['batch']}, "
+                        f"{s['workers']} workers; medians of {s['updates'] - s['warmup']} steady updates x "
+                        f"{s['repeats']} runs per method")
+    for name in ("params", "method", "samples/s", "ms/update", "compute ms", "overhead ms", "peak MiB",
+                 "memtrain ÷ method"):
+        table.add_column(name, justify="left" if name == "method" else "right")
+    for row in report["results"]:
+        table.add_row(f"{row['params']:,}", row["label"], f"{row['samples_per_s']:,.0f}", f"{row['update_ms']:.1f}",
+                      _num(row["compute_ms"]), _num(row["overhead_ms"]), f"{row['peak_mib']:,.0f}",
+                      _num(row["memtrain_ratio"], 2))
+    Console(width=140).print(table)
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
