@@ -47,21 +47,28 @@ def run_step_slice(task: StepTask, exchange: Path, run_dir: Path, size: int, opt
 def reduce_and_step(grads: list[np.ndarray], rows: int, weights: np.ndarray, state_in: dict[str, np.ndarray],
                     weights_out: np.ndarray, state_out: dict[str, np.ndarray], lo: int, hi: int,
                     optimizer: OptimizerConfig, step: int, lr: float) -> bool:
-    """Fused, chunked: mean gradient of ``grads`` (added in list order) -> optimizer -> ``weights_out``."""
-    buffer = np.empty(min(CHUNK, max(hi - lo, 1)), dtype=np.float32)
+    """Fused, chunked: mean gradient of ``grads`` (added in list order) -> optimizer -> ``weights_out``.
+
+    Finiteness is checked on the new weights only: a NaN or Inf anywhere in the mean gradient reaches them
+    through every optimizer here (lr > 0), so one check per chunk catches both.
+    """
+    length = min(CHUNK, max(hi - lo, 1))
+    buffer = np.empty(length, dtype=np.float32)
+    finite = np.empty(length, dtype=bool)
     divisor = np.float32(rows)
     for a in range(lo, hi, CHUNK):
         b = min(a + CHUNK, hi)
         mean = buffer[: b - a]
-        np.copyto(mean, grads[0][a:b])
-        for grad in grads[1:]:
+        if len(grads) == 1:
+            np.copyto(mean, grads[0][a:b])
+        else:
+            np.add(grads[0][a:b], grads[1][a:b], out=mean)  # the same sum, in the same order, one pass less
+        for grad in grads[2:]:
             np.add(mean, grad[a:b], out=mean)
         np.divide(mean, divisor, out=mean)
-        if not np.isfinite(mean).all():
-            return False
         apply_update(optimizer, step, lr, weights[a:b], mean, {k: v[a:b] for k, v in state_in.items()},
                      weights_out[a:b], {k: v[a:b] for k, v in state_out.items()})
-        if not np.isfinite(weights_out[a:b]).all():
+        if not np.isfinite(weights_out[a:b], out=finite[: b - a]).all():
             return False
         fault_point("mid_step")
     return True
