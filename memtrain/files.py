@@ -294,31 +294,27 @@ def take_pid_lock(path: Path) -> IO[str]:
     return handle
 
 
-def pin_shared(path: Path) -> IO[bytes]:
-    """Open ``path`` holding a shared ``flock`` while the handle lives: a live run never recycles a pinned
-    weight version (it deletes it instead, and our open handle keeps its bytes readable).
+def still_published(path: Path, inode: int) -> bool:
+    """True if ``path`` still names ``inode``.
 
-    Raises FileNotFoundError if the path was retired between the open and the lock.
+    A live run rewrites a retired weight file only after renaming it away, and a published name never
+    comes back: so bytes read from ``inode`` are untorn if this holds after the read. Readers need no lock.
     """
-    handle = open(path, "rb")  # noqa: SIM115 - the caller holds it while it reads
     try:
-        fcntl.flock(handle, fcntl.LOCK_SH)
-        if os.stat(path).st_ino != os.fstat(handle.fileno()).st_ino:
-            raise FileNotFoundError(errno.ENOENT, "retired while being opened", str(path))
-    except BaseException:
-        handle.close()
-        raise
-    return handle
+        return os.stat(path).st_ino == inode
+    except FileNotFoundError:
+        return False
 
 
 def checksum_file(path: Path, *, mapped: bool = False) -> str:
-    """``xxh3-128:<hex>`` of the whole file, streamed, under a shared lock (see ``pin_shared``).
+    """``xxh3-128:<hex>`` of the whole file, streamed; FileNotFoundError if it was retired while read.
 
     ``mapped`` hashes the page cache through a map instead of copying it into buffers (2-5x faster for
     a file just written); only for files memtrain owns, which nobody truncates while it hashes them.
     """
     digest = xxhash.xxh3_128()
-    with pin_shared(path) as handle:
+    with open(path, "rb") as handle:
+        inode = os.fstat(handle.fileno()).st_ino
         size = os.fstat(handle.fileno()).st_size
         if mapped and size:
             with mmap.mmap(handle.fileno(), size, prot=mmap.PROT_READ) as pages, memoryview(pages) as view:
@@ -327,6 +323,8 @@ def checksum_file(path: Path, *, mapped: bool = False) -> str:
         else:
             while chunk := handle.read(HASH_CHUNK):
                 digest.update(chunk)
+    if not still_published(path, inode):
+        raise FileNotFoundError(errno.ENOENT, "retired while being read", str(path))
     return f"{CHECKSUM_ALGO}:{digest.hexdigest()}"
 
 

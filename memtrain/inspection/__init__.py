@@ -93,7 +93,10 @@ def run_action(target: Target, args: argparse.Namespace) -> int:
         if report(checks):
             return 1
     if other is not None:
-        view = diff_view(source_tensors(target)[0], source_tensors(other)[0], args.chunk)
+        left, right = source_tensors(target)[0], source_tensors(other)[0]
+        view = diff_view(left, right, args.chunk)
+        left.check_unchanged()
+        right.check_unchanged()
     elif args.plot is not None:
         if target.run is None:
             raise InputError("--plot needs a run directory (or a checkpoint or weight version inside one)",
@@ -102,6 +105,7 @@ def run_action(target: Target, args: argparse.Namespace) -> int:
     else:
         tensors, meta = source_tensors(target)
         view = export(tensors, args.export, meta, args.chunk)
+        tensors.check_unchanged()
     emit(view, args.json)
     return 0
 

@@ -42,6 +42,7 @@ def param_rows(arrays: dict[str, np.ndarray], chunk: int = CHUNK) -> tuple[list[
 
 def base_view(kind: str, target: Target, tensors: Tensors, chunk: int) -> dict[str, Any]:
     rows, total = param_rows(tensors.arrays, chunk)
+    tensors.check_unchanged()
     return {"schema": SCHEMA, "kind": kind, "path": str(target.path),
             "run": str(target.run) if target.run else None,
             "file": str(tensors.path), "bytes": os.path.getsize(tensors.path),

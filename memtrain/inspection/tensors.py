@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from memtrain.errors import InputError, MemtrainError
-from memtrain.files import check_npy, open_npy, pin_shared, read_json
+from memtrain.files import check_npy, open_npy, read_json, still_published
 from memtrain.inspection.detect import Target
 from memtrain.layout import CHECKPOINT_META, CHECKPOINT_WEIGHTS, RUN_PARAMS, checkpoint_path, checkpoint_updates
 from memtrain.models.params import ParamLayout
@@ -29,7 +29,13 @@ class Tensors:
     path: Path
     arrays: dict[str, np.ndarray]
     named_by: Path | None
-    pin: Any = None  # the shared lock that keeps a live run from recycling the file while we read it
+    inode: int = 0  # the file read; ``check_unchanged`` confirms a live run did not retire it meanwhile
+
+    def check_unchanged(self) -> None:
+        """Raise if a live run retired (and may have reused) the file while we were reading it."""
+        if self.inode and not still_published(self.path, self.inode):
+            raise MemtrainError("the file was retired by the live run while it was being read", path=self.path,
+                                hint="inspect it again, or inspect a checkpoint (checkpoints are never reused)")
 
     def layout_signature(self) -> list[tuple[str, tuple[int, ...]]]:
         return [(name, tuple(array.shape)) for name, array in self.arrays.items()]
@@ -37,29 +43,30 @@ class Tensors:
 
 def plain(path: Path) -> Tensors:
     """A .npy shown as one array named after the file."""
-    array, pin = _map_pinned(path)
-    return Tensors(path, {path.stem: array}, None, pin)
+    array, inode = _map(path)
+    return Tensors(path, {path.stem: array}, None, inode)
 
 
 def with_layout(path: Path, layout: ParamLayout, named_by: Path, *, strict: bool) -> Tensors:
     """Name the parts of a flat vector; ``strict``: a file that does not fit the layout is corrupt."""
     if strict:
-        flat, pin = _map_pinned(path, shape=(layout.size,), dtype=layout.dtype)
-        return Tensors(path, layout.views(flat), named_by, pin)
+        flat, inode = _map(path, shape=(layout.size,), dtype=layout.dtype)
+        return Tensors(path, layout.views(flat), named_by, inode)
     header = check_npy(path)
     if header.shape != (layout.size,) or header.dtype != layout.dtype:
         return plain(path)
-    flat, pin = _map_pinned(path)
-    return Tensors(path, layout.views(flat), named_by, pin)
+    flat, inode = _map(path)
+    return Tensors(path, layout.views(flat), named_by, inode)
 
 
-def _map_pinned(path: Path, shape: tuple[int, ...] | None = None, dtype: Any = None) -> tuple[np.ndarray, Any]:
-    """A read-only map of ``path`` taken under ``pin_shared``, so a live run cannot rewrite it under us."""
-    pin = pin_shared(path)
-    header = check_npy(path, shape=shape, dtype=dtype)
-    if header.nbytes == 0:
-        return open_npy(path), pin
-    return np.memmap(pin, dtype=header.dtype, mode="r", offset=header.offset, shape=header.shape), pin
+def _map(path: Path, shape: tuple[int, ...] | None = None, dtype: Any = None) -> tuple[np.ndarray, int]:
+    """A read-only map of ``path`` and the inode it maps (for ``Tensors.check_unchanged``)."""
+    with open(path, "rb") as handle:
+        inode = os.fstat(handle.fileno()).st_ino
+        header = check_npy(path, shape=shape, dtype=dtype)
+        if header.nbytes == 0:
+            return open_npy(path), inode
+        return np.memmap(handle, dtype=header.dtype, mode="r", offset=header.offset, shape=header.shape), inode
 
 
 def run_layout(run: Path) -> ParamLayout:

@@ -82,9 +82,10 @@ def retire_weights(run_dir: Path, keep: int, current: int, *, recycle: bool = Fa
 
     They are deleted, except that with ``recycle`` the newest of them is renamed to a temporary name and
     returned as a spare for ``begin_weights`` -- the caller vouches that every task of that version is
-    finished -- and only if no other process holds an flock on it: a reader outside the run (such as
-    ``inspect --verify``) takes a shared lock while it reads a version, and a locked file is deleted,
-    never rewritten.
+    finished -- and only if no other process holds an flock on it: a reader outside the run that needs a
+    retired version to stay unchanged may hold ``flock(LOCK_SH)`` on it, and a locked file is deleted,
+    never rewritten. (``inspect`` takes no lock: it confirms after reading that the name still holds
+    the same inode, see ``files.still_published``.)
     """
     spare = None
     for version in sorted(weight_versions(run_dir), reverse=True):
