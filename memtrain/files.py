@@ -148,23 +148,34 @@ def publish_array(path: Path, array: np.ndarray, *, durable: bool) -> None:
     publish(path, write, durable=durable, size_hint=len(header) + array.nbytes)
 
 
+def allocate_npy(path: Path, shape: tuple[int, ...], dtype: np.dtype) -> int:
+    """Create the file ``path`` as a .npy of ``shape`` with all its space reserved; returns the data offset.
+
+    The caller maps and fills it. Reserving first turns a full disk into DiskFullError here, instead of a
+    SIGBUS at the first write through the map. On failure nothing is left at ``path``.
+    """
+    dtype = np.dtype(dtype)
+    header = npy_header_bytes(tuple(shape), dtype)
+    total = len(header) + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    with _cleaning_up(path, path, total), open(path, "wb") as handle:
+        reserve(handle.fileno(), total, path)
+        fault_point("write")
+        handle.write(header)
+        handle.truncate(total)
+    return len(header)
+
+
 @contextlib.contextmanager
 def writing_npy(path: Path, shape: tuple[int, ...], dtype: np.dtype, *, durable: bool) -> Iterator[np.memmap]:
     """Yield a writable map of a new .npy file (space reserved first); published at ``path`` on success.
 
     Lets a producer compute straight into the file instead of into memory and then copying.
     """
-    dtype = np.dtype(dtype)
-    header = npy_header_bytes(tuple(shape), dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
     tmp = tmp_sibling(path)
+    offset = allocate_npy(tmp, shape, dtype)
     with _cleaning_up(tmp, path, nbytes):
-        with open(tmp, "wb+") as handle:
-            reserve(handle.fileno(), len(header) + nbytes, tmp)
-            fault_point("write")
-            handle.write(header)
-            handle.truncate(len(header) + nbytes)
-        view = np.memmap(tmp, dtype=dtype, mode="r+", offset=len(header), shape=tuple(shape))
+        view = np.memmap(tmp, dtype=dtype, mode="r+", offset=offset, shape=tuple(shape))
         yield view
         if durable:  # a map's pages are the page cache: other processes see them without msync
             view.flush()

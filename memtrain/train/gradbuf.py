@@ -20,7 +20,7 @@ import numpy as np
 
 from memtrain.errors import MemtrainError
 from memtrain.faults import fault_point
-from memtrain.files import is_no_space, no_space_error, npy_header_bytes, reserve
+from memtrain.files import allocate_npy, is_no_space, no_space_error
 from memtrain.layout import gradient_buffer_name, gradient_buffer_prefix, tmp_sibling
 
 
@@ -61,24 +61,11 @@ class GradientBuffers:
 
     def _create(self, size: int, dtype: np.dtype) -> Buffer:
         path = self.exchange / gradient_buffer_name(os.getpid(), len(self.buffers))
-        header = npy_header_bytes((size,), dtype)
-        total = len(header) + size * dtype.itemsize
         tmp = tmp_sibling(path)
-        try:
-            with open(tmp, "wb") as handle:
-                reserve(handle.fileno(), total, tmp)
-                fault_point("write")
-                handle.write(header)
-                handle.truncate(total)
-            os.replace(tmp, path)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            if is_no_space(exc):
-                raise no_space_error(path, total) from exc
-            raise MemtrainError(f"cannot create a gradient buffer: {exc.strerror or exc}", path=path) from exc
+        offset = allocate_npy(tmp, (size,), dtype)
+        os.replace(tmp, path)
         fd = os.open(path, os.O_RDWR)
-        array = np.memmap(path, dtype=dtype, mode="r+", offset=len(header), shape=(size,))
+        array = np.memmap(path, dtype=dtype, mode="r+", offset=offset, shape=(size,))
         return Buffer(path, fd, array)
 
 

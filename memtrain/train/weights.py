@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from memtrain.faults import fault_point
-from memtrain.files import checksum_file, is_no_space, no_space_error, npy_header_bytes, publish_array, reserve
+from memtrain.files import allocate_npy, checksum_file, npy_header_bytes, publish_array
 from memtrain.layout import tmp_sibling, weight_versions, weights_path
 from memtrain.models.params import PARAM_DTYPE
 
@@ -35,22 +35,11 @@ def begin_weights(run_dir: Path, version: int, size: int, spare: Path | None = N
     faults. Every value in it is overwritten by the slice owners before it is published.
     """
     tmp = tmp_sibling(weights_path(run_dir, version))
-    header = npy_header_bytes((size,), PARAM_DTYPE)
-    total = len(header) + size * PARAM_DTYPE.itemsize
-    try:
-        if spare is not None and _reuse(spare, tmp, total):
-            fault_point("write")  # the same hit as for a fresh file, so fault tests count the same writes
-            return tmp
-        with open(tmp, "wb") as handle:
-            reserve(handle.fileno(), total, tmp)
-            fault_point("write")
-            handle.write(header)
-            handle.truncate(total)
-    except OSError as exc:
-        discard(tmp)
-        if is_no_space(exc):
-            raise no_space_error(tmp, total) from exc
-        raise
+    total = len(npy_header_bytes((size,), PARAM_DTYPE)) + size * PARAM_DTYPE.itemsize
+    if spare is not None and _reuse(spare, tmp, total):
+        fault_point("write")  # the same hit as for a fresh file, so fault tests count the same writes
+        return tmp
+    allocate_npy(tmp, (size,), PARAM_DTYPE)
     return tmp
 
 
