@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from memtrain.moments import merge_moments
+
 # Elements per streamed chunk: 1M elements is 8 MiB of float64 scratch, enough to run at memory speed
 # while bounding the memory a summary takes whatever the size of the checkpoint.
 CHUNK = 1 << 20
@@ -52,13 +54,9 @@ class Summary:
         self.merge(part)
 
     def merge(self, other: Summary) -> None:
-        total = self.finite + other.finite
-        if total:
-            delta = other.mean - self.mean
-            self.m2 += other.m2 + delta * delta * self.finite * other.finite / total
-            self.mean += delta * other.finite / total
+        self.finite, self.mean, self.m2 = merge_moments(self.finite, self.mean, self.m2, other.finite, other.mean,
+                                                        other.m2)
         self.size += other.size
-        self.finite = total
         self.nan += other.nan
         self.inf += other.inf
         self.sumsq += other.sumsq

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from memtrain.moments import merge_moments
+
 # Bytes of float64 per block: bounds the temporaries of one update (two blocks) at about 8 MiB.
 BLOCK_BYTES = 4 << 20
 
@@ -35,11 +37,7 @@ class RunningStats:
             return
         mean = block.mean(axis=0)
         m2 = np.square(block - mean).sum(axis=0)
-        total = self.count + n
-        delta = mean - self.mean
-        self.mean = self.mean + delta * (n / total)
-        self.m2 = self.m2 + m2 + np.square(delta) * (self.count * n / total)
-        self.count = total
+        self.count, self.mean, self.m2 = merge_moments(self.count, self.mean, self.m2, n, mean, m2)
         np.minimum(self.min, block.min(axis=0), out=self.min)
         np.maximum(self.max, block.max(axis=0), out=self.max)
 

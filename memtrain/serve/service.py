@@ -11,10 +11,8 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
-import signal
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +37,7 @@ from memtrain.serve.spool import (
     write_state,
 )
 from memtrain.serve.status import offline_snapshot, snapshot
+from memtrain.stopping import on_stop_signals
 
 TICK = 0.1  # seconds per loop turn: the latency a job waits at most; an idle turn costs a few syscalls
 STATUS_EVERY = 1.0  # seconds between status.json rewrites while nothing changes (progress still moves)
@@ -314,18 +313,9 @@ class Service:
                   for w in self.waiting.values()]
         return items
 
-    @contextlib.contextmanager
-    def _signals(self) -> Iterator[None]:
+    def _signals(self) -> contextlib.AbstractContextManager[None]:
         """SIGTERM/SIGINT only set a flag: the loop stops at its next turn and stops the children."""
-        def on_signal(signum: int, frame: Any) -> None:
-            self.signal = self.signal or signum
-
-        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        return on_stop_signals(lambda signum: setattr(self, "signal", self.signal or signum))
 
 
 def _times(state: dict[str, Any]) -> dict[str, Any]:

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import os
 import signal
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +20,7 @@ from memtrain.faults import fault_point
 from memtrain.files import open_npy, read_jsonl
 from memtrain.layout import RUN_METRICS, gradient_name
 from memtrain.progress import reporting
+from memtrain.stopping import on_stop_signals
 from memtrain.train.context import ModelContext, model_context
 from memtrain.train.exchange import WorkerPool
 from memtrain.train.messages import EvalTask, GradTask, StatsTask, StepTask, Task, WorkerSetup
@@ -60,7 +58,7 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
                        need_run=(3 + slots) * size_bytes)  # the least that lets a run make progress
     stop = StopRequest()
     try:
-        with _stop_on_signals(stop):
+        with on_stop_signals(lambda signum: setattr(stop, "signum", signum)):
             return Trainer(job, dataset, context, run, stop).run(resume_run)
     finally:
         run.close()
@@ -76,23 +74,6 @@ class StopRequest:
         if self.signum is not None:
             name = signal.Signals(self.signum).name
             raise Interrupted(f"stopped by {name}")
-
-
-@contextlib.contextmanager
-def _stop_on_signals(stop: StopRequest) -> Iterator[None]:
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def request(signum: int, frame: Any) -> None:
-        stop.signum = signum
-
-    previous = {sig: signal.signal(sig, request) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 class Trainer:
