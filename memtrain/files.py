@@ -28,6 +28,11 @@ from memtrain.faults import fault_point
 from memtrain.layout import tmp_sibling
 
 CHECKSUM_ALGO = "xxh3-128"
+# Weight versions are written in parallel, each slice owner writing whole blocks of the data: their
+# checksum is a hash of per-block hashes, so every owner hashes the blocks it writes while they are
+# still in its cache, and nobody reads the file again to checksum it. See ``block_checksum``.
+BLOCK_CHECKSUM_ALGO = "xxh3-128-blocks"
+CHECKSUM_BLOCK_BYTES = 256 << 10
 # 8 MiB: large enough that hashing runs at memory bandwidth, small enough to stay in L3-ish caches.
 HASH_CHUNK = 8 << 20
 # A header longer than this is not one numpy writes for any real array; refuse it before reading it.
@@ -317,32 +322,98 @@ def still_published(path: Path, inode: int) -> bool:
         return False
 
 
-def checksum_file(path: Path, *, mapped: bool = False) -> str:
-    """``xxh3-128:<hex>`` of the whole file, streamed; FileNotFoundError if it was retired while read.
+def checksum_file(path: Path, *, mapped: bool = False, algo: str = CHECKSUM_ALGO) -> str:
+    """``<algo>:<hex>`` of the whole file, streamed; FileNotFoundError if it was retired while read.
 
+    ``algo`` is ``xxh3-128`` (the bytes in order) or ``xxh3-128-blocks`` (see ``block_checksum``).
     ``mapped`` hashes the page cache through a map instead of copying it into buffers (2-5x faster for
     a file just written); only for files memtrain owns, which nobody truncates while it hashes them.
     """
-    digest = xxhash.xxh3_128()
+    if algo not in (CHECKSUM_ALGO, BLOCK_CHECKSUM_ALGO):
+        raise ValueError(f"unknown checksum algorithm {algo!r}")
     with open(path, "rb") as handle:
         inode = os.fstat(handle.fileno()).st_ino
         size = os.fstat(handle.fileno()).st_size
         if mapped and size:
             with mmap.mmap(handle.fileno(), size, prot=mmap.PROT_READ) as pages, memoryview(pages) as view:
-                for start in range(0, size, HASH_CHUNK):
-                    digest.update(view[start:start + HASH_CHUNK])
+                found = _hash_view(view, algo)
         else:
-            while chunk := handle.read(HASH_CHUNK):
-                digest.update(chunk)
+            found = _hash_stream(handle, algo)
     if not still_published(path, inode):
         raise FileNotFoundError(errno.ENOENT, "retired while being read", str(path))
+    return found
+
+
+def checksum_algo(recorded: str) -> str:
+    """The algorithm a recorded checksum was made with (``xxh3-128`` for anything unrecognised)."""
+    algo = recorded.split(":", 1)[0]
+    return algo if algo == BLOCK_CHECKSUM_ALGO else CHECKSUM_ALGO
+
+
+def _hash_stream(handle: IO[bytes], algo: str) -> str:
+    if algo == BLOCK_CHECKSUM_ALGO:
+        offset = npy_data_offset(handle.read(MAX_NPY_HEADER))
+        handle.seek(0)
+        header = handle.read(offset)
+        digests = bytearray()
+        while block := handle.read(CHECKSUM_BLOCK_BYTES):
+            digests += block_digest(block)
+        return block_checksum(header, bytes(digests))
+    digest = xxhash.xxh3_128()
+    while chunk := handle.read(HASH_CHUNK):
+        digest.update(chunk)
     return f"{CHECKSUM_ALGO}:{digest.hexdigest()}"
+
+
+def _hash_view(view: memoryview, algo: str) -> str:
+    if algo == BLOCK_CHECKSUM_ALGO:
+        offset = npy_data_offset(view[:MAX_NPY_HEADER])
+        data = view[offset:]
+        digests = b"".join(block_digest(data[start:start + CHECKSUM_BLOCK_BYTES])
+                           for start in range(0, len(data), CHECKSUM_BLOCK_BYTES))
+        return block_checksum(view[:offset], digests)
+    digest = xxhash.xxh3_128()
+    for start in range(0, len(view), HASH_CHUNK):
+        digest.update(view[start:start + HASH_CHUNK])
+    return f"{CHECKSUM_ALGO}:{digest.hexdigest()}"
+
+
+def block_digest(block: Any) -> bytes:
+    """The 16-byte hash of one block (any buffer: bytes, a memoryview, a contiguous array slice)."""
+    return xxhash.xxh3_128_digest(block)
+
+
+def block_checksum(header: Any, digests: bytes) -> str:
+    """``xxh3-128-blocks:<hex>``: xxh3-128 of the .npy header bytes followed by the digests of the data's blocks.
+
+    The data (everything after the header) is cut into ``CHECKSUM_BLOCK_BYTES`` blocks from its first
+    byte, the last one possibly shorter; each block's ``block_digest`` is 16 bytes, in file order. The
+    value depends only on the file's bytes, never on who wrote which block.
+    """
+    return f"{BLOCK_CHECKSUM_ALGO}:{xxhash.xxh3_128_hexdigest(bytes(header) + digests)}"
+
+
+def npy_data_offset(head: Any) -> int:
+    """Where the data of a .npy file starts, from its first bytes; 0 if they are not a .npy header.
+
+    Never raises: a damaged header gives a different offset, hence a checksum that does not match.
+    """
+    head = bytes(head)
+    if head[:6] != b"\x93NUMPY" or len(head) < 12:
+        return 0
+    if head[6] == 1:
+        offset = 10 + int.from_bytes(head[8:10], "little")
+    elif head[6] in (2, 3):
+        offset = 12 + int.from_bytes(head[8:12], "little")
+    else:
+        return 0
+    return offset if offset <= MAX_NPY_HEADER else 0
 
 
 def verify_checksum(path: Path, expected: str) -> None:
     if not path.exists():
         raise CorruptFileError("file is missing", path=path, expected=expected, found="no file")
-    found = checksum_file(path)
+    found = checksum_file(path, algo=checksum_algo(expected))
     if found != expected:
         raise CorruptFileError("checksum mismatch: the file changed since it was written", path=path,
                                expected=expected, found=found)

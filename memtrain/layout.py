@@ -129,6 +129,11 @@ def state_buffer_name(slot: str, parity: int) -> str:
     return f"opt-{slot}-{parity}.npy"
 
 
+# The block digests of the weight version being written (see files.block_checksum): one 16-byte row per
+# block, each row written by the slice owner of that block, combined into the checksum by the server.
+WEIGHT_DIGESTS = "weight-digests.npy"
+
+
 # --- temporary names ---
 TMP_MARK = ".tmp-"
 

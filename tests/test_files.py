@@ -12,7 +12,19 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from memtrain.errors import CorruptFileError, DiskFullError
-from memtrain.files import checksum_file, open_npy, publish_array, read_jsonl, writing_npy
+from memtrain.files import (
+    BLOCK_CHECKSUM_ALGO,
+    CHECKSUM_BLOCK_BYTES,
+    block_checksum,
+    block_digest,
+    checksum_file,
+    npy_data_offset,
+    open_npy,
+    publish_array,
+    read_jsonl,
+    verify_checksum,
+    writing_npy,
+)
 
 DTYPES = st.sampled_from([np.float32, np.float64, np.int64, np.int32, np.uint8, np.float16, np.bool_])
 
@@ -123,3 +135,40 @@ def test_jsonl_reader_skips_a_torn_last_line(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
     path.write_text('{"a": 1}\n{"a": 2}\n{"a": 3')
     assert read_jsonl(path) == [{"a": 1}, {"a": 2}]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(size=st.integers(0, 5 * CHECKSUM_BLOCK_BYTES // 4), cut=st.integers(0, 5), seed=st.integers(0, 2**16),
+       flip=st.integers(0, 2**31))
+def test_block_checksum_is_one_value_however_the_blocks_are_shared(tmp_path: Path, size: int, cut: int, seed: int,
+                                                                   flip: int) -> None:
+    """Streamed, mapped, and assembled from two writers' digests (any block boundary): the same value.
+
+    One changed byte anywhere, header or data, changes it.
+    """
+    array = np.random.default_rng(seed).standard_normal(size).astype(np.float32)
+    path = tmp_path / "w.npy"
+    np.save(path, array)
+    raw = path.read_bytes()
+    offset = npy_data_offset(raw)
+    per_block = CHECKSUM_BLOCK_BYTES // 4
+    blocks = [array[a:a + per_block] for a in range(0, size, per_block)]
+    first, second = blocks[:cut], blocks[cut:]  # two slice owners, each hashing its own blocks
+    assembled = block_checksum(raw[:offset], b"".join(map(block_digest, first)) + b"".join(map(block_digest, second)))
+    streamed = checksum_file(path, algo=BLOCK_CHECKSUM_ALGO)
+    assert streamed == checksum_file(path, algo=BLOCK_CHECKSUM_ALGO, mapped=True) == assembled
+    verify_checksum(path, streamed)
+    damaged = bytearray(raw)
+    damaged[flip % len(raw)] ^= 0x01
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(CorruptFileError, match="checksum mismatch"):
+        verify_checksum(path, streamed)
+
+
+@pytest.mark.parametrize("head", [b"", b"not a numpy file at all", b"\x93NUMPY\x09\x00\xff\xff" + b" " * 8,
+                                  b"\x93NUMPY\x02\x00\xff\xff\xff\x7f" + b" " * 8])
+def test_block_checksum_of_a_damaged_header_is_a_value_not_an_exception(tmp_path: Path, head: bytes) -> None:
+    path = tmp_path / "bad.npy"
+    path.write_bytes(head + b"\x00" * 1000)
+    assert npy_data_offset(head) == 0
+    assert checksum_file(path, algo=BLOCK_CHECKSUM_ALGO).startswith("xxh3-128-blocks:")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrain.errors import CorruptFileError, InputError, MemtrainError
-from memtrain.files import checksum_file, read_json, read_jsonl
+from memtrain.files import checksum_algo, checksum_file, read_json, read_jsonl
 from memtrain.inspection.detect import Target
 from memtrain.layout import (
     CHECKPOINT_META,
@@ -77,7 +77,7 @@ def hash_check(path: Path, expected: str | None, *, gone_ok: bool) -> Check:
     if expected is None:
         return Check(path, "unrecorded")
     try:
-        found = checksum_file(path)
+        found = checksum_file(path, algo=checksum_algo(expected))
     except FileNotFoundError:
         return Check(path, "gone" if gone_ok else "missing", expected, "no file")
     except OSError as exc:

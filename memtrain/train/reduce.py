@@ -12,14 +12,17 @@ from pathlib import Path
 import numpy as np
 
 from memtrain.faults import fault_point
-from memtrain.layout import state_buffer_name, weights_path
+from memtrain.files import block_digest
+from memtrain.layout import WEIGHT_DIGESTS, state_buffer_name, weights_path
 from memtrain.train.maps import MapCache
 from memtrain.train.messages import StepTask
 from memtrain.train.optim import OptimizerConfig, apply_update, state_slots
+from memtrain.train.weights import BLOCK, DIGEST_BYTES, block_count
 
-# Elements per pass: 64 Ki float32 = 256 KiB per stream, so the gradient rows, the accumulator, the
-# weights and the optimizer state of one chunk stay in L2 while they are added, stepped and written.
-CHUNK = 1 << 16
+# Elements per pass: one checksum block, 64 Ki float32 = 256 KiB per stream, so the gradient rows, the
+# accumulator, the weights and the optimizer state of one chunk stay in L2 while they are added,
+# stepped, written and hashed.
+CHUNK = BLOCK
 
 
 def open_state(maps: MapCache, exchange: Path, optimizer: OptimizerConfig, parity: int, size: int,
@@ -40,18 +43,23 @@ def run_step_slice(task: StepTask, exchange: Path, run_dir: Path, size: int, opt
     out = maps.get(Path(task.out), (size,), np.float32, "r+")
     state_in = open_state(maps, exchange, optimizer, task.parity, size, "r")
     state_out = open_state(maps, exchange, optimizer, 1 - task.parity, size, "r+")
+    digests = maps.get(exchange / WEIGHT_DIGESTS, (block_count(size), DIGEST_BYTES), np.uint8, "r+")
     return reduce_and_step(grads, task.rows, weights, state_in, out, state_out, task.lo, task.hi,
-                           optimizer, task.step, task.lr)
+                           optimizer, task.step, task.lr, digests)
 
 
 def reduce_and_step(grads: list[np.ndarray], rows: int, weights: np.ndarray, state_in: dict[str, np.ndarray],
                     weights_out: np.ndarray, state_out: dict[str, np.ndarray], lo: int, hi: int,
-                    optimizer: OptimizerConfig, step: int, lr: float) -> bool:
+                    optimizer: OptimizerConfig, step: int, lr: float, digests: np.ndarray) -> bool:
     """Fused, chunked: mean gradient of ``grads`` (added in list order) -> optimizer -> ``weights_out``.
 
-    Finiteness is checked on the new weights only: a NaN or Inf anywhere in the mean gradient reaches them
-    through every optimizer here (lr > 0), so one check per chunk catches both.
+    Each chunk is one checksum block (``lo`` is a multiple of CHUNK); its digest goes to row ``a // CHUNK``
+    of ``digests``, hashed while the chunk is still in cache. Finiteness is checked on the new weights
+    only: a NaN or Inf anywhere in the mean gradient reaches them through every optimizer here (lr > 0),
+    so one check per chunk catches both.
     """
+    if lo % CHUNK:
+        raise ValueError(f"a step slice must start on a checksum block boundary, not at {lo}")
     length = min(CHUNK, max(hi - lo, 1))
     buffer = np.empty(length, dtype=np.float32)
     finite = np.empty(length, dtype=bool)
@@ -70,5 +78,6 @@ def reduce_and_step(grads: list[np.ndarray], rows: int, weights: np.ndarray, sta
                      weights_out[a:b], {k: v[a:b] for k, v in state_out.items()})
         if not np.isfinite(weights_out[a:b], out=finite[: b - a]).all():
             return False
+        digests[a // CHUNK] = np.frombuffer(block_digest(weights_out[a:b]), dtype=np.uint8)
         fault_point("mid_step")
     return True

@@ -29,11 +29,21 @@ from memtrain.train.plan import Update, epoch_updates, eval_tasks, split_range, 
 from memtrain.train.run_dir import RunDir, open_run_dir
 from memtrain.train.scheduler import Scheduler
 from memtrain.train.state import Position, resume, save_checkpoint, start_fresh, write_run_files
-from memtrain.train.weights import begin_weights, commit_weights, discard, publish_weights, retire_weights
+from memtrain.train.weights import (
+    BLOCK,
+    begin_weights,
+    block_count,
+    commit_weights,
+    create_digests,
+    discard,
+    publish_weights,
+    retire_weights,
+    weights_checksum,
+)
 
-# Parameters per reduce slice below which one worker does the whole reduction: under ~256K floats
+# Checksum blocks per reduce slice below which one worker does the whole reduction: under ~256K floats
 # the per-task round trip costs more than the parallel add saves.
-MIN_SLICE = 1 << 18
+MIN_SLICE_BLOCKS = 4
 
 
 @dataclass
@@ -86,6 +96,7 @@ class Trainer:
         self.checkpointed: int | None = None
         self.started = time.monotonic()
         self.spare: Path | None = None  # a retired weight file, renamed away, that the next version reuses
+        self.digests = create_digests(run.exchange, context.layout.size)
 
     def run(self, resume_run: bool) -> TrainSummary:
         write_run_files(self.run_dir, self.job, self.context)
@@ -160,21 +171,27 @@ class Trainer:
         size = self.context.layout.size
         tmp, self.spare = begin_weights(self.run_dir.path, version + 1, size, self.spare), None
         lr = learning_rate(self.job.train.optimizer, index, self.total_updates)
-        slices = split_range(0, size, min(self.job.train.workers, max(1, size // MIN_SLICE)))
         tasks = [StepTask(i, 0, version, version + 1, lr, update.rows, version % 2, lo, hi, names, str(tmp))
-                 for i, (lo, hi) in enumerate(slices)]
+                 for i, (lo, hi) in enumerate(self.step_slices(size))]
         try:
             results = scheduler.run(tasks)
             fault_point("mid_reduce")
             if not all(result.finite for result in results):
                 return False
-            checksum = commit_weights(tmp, self.run_dir.path, version + 1)
+            checksum = weights_checksum(self.digests, size)
+            commit_weights(tmp, self.run_dir.path, version + 1)
         finally:
             discard(tmp)
         self.run_dir.lineage({"version": version + 1, "parent": version, "update": index, "epoch": update.epoch,
                               "batch": update.batch, "split": "train",
                               "tasks": [[t.lo, t.hi] for t in update.tasks], "lr": lr, "checksum": checksum})
         return True
+
+    def step_slices(self, size: int) -> list[tuple[int, int]]:
+        """One parameter slice per worker (fewer for small models), each a whole number of checksum blocks."""
+        blocks = block_count(size)
+        parts = min(self.job.train.workers, max(1, blocks // MIN_SLICE_BLOCKS))
+        return [(a * BLOCK, min(b * BLOCK, size)) for a, b in split_range(0, blocks, parts)]
 
     def nonfinite_gradients(self, update: Update, names: tuple[str, ...]) -> list[Any]:
         """The tasks whose gradient file holds NaN/Inf (read only on this rare path, never per update)."""

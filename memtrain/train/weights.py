@@ -15,16 +15,48 @@ from pathlib import Path
 import numpy as np
 
 from memtrain.faults import fault_point
-from memtrain.files import allocate_npy, checksum_file, npy_header_bytes, publish_array
-from memtrain.layout import tmp_sibling, weight_versions, weights_path
+from memtrain.files import (
+    BLOCK_CHECKSUM_ALGO,
+    CHECKSUM_BLOCK_BYTES,
+    allocate_npy,
+    block_checksum,
+    checksum_file,
+    npy_header_bytes,
+    publish_array,
+)
+from memtrain.layout import WEIGHT_DIGESTS, tmp_sibling, weight_versions, weights_path
 from memtrain.models.params import PARAM_DTYPE
+
+# Parameters per checksum block: a slice owner's slice is a whole number of blocks (the last one may be short).
+BLOCK = CHECKSUM_BLOCK_BYTES // PARAM_DTYPE.itemsize
+DIGEST_BYTES = 16
 
 
 def publish_weights(run_dir: Path, version: int, flat: np.ndarray) -> str:
     """Publish ``flat`` as ``version``; returns its checksum."""
     path = weights_path(run_dir, version)
     publish_array(path, np.asarray(flat, dtype=PARAM_DTYPE), durable=False)
-    return checksum_file(path, mapped=True)
+    return checksum_file(path, mapped=True, algo=BLOCK_CHECKSUM_ALGO)
+
+
+def block_count(size: int) -> int:
+    return -(-size // BLOCK)
+
+
+def create_digests(exchange: Path, size: int) -> np.ndarray:
+    """The exchange file the slice owners write each block's digest into; returned mapped read-only."""
+    path = exchange / WEIGHT_DIGESTS
+    shape = (block_count(size), DIGEST_BYTES)
+    offset = allocate_npy(path, shape, np.dtype(np.uint8))
+    return np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=shape)
+
+
+def weights_checksum(digests: np.ndarray, size: int) -> str:
+    """The checksum of a weight version of ``size`` parameters whose block digests are ``digests``.
+
+    Equal to ``checksum_file(path, algo="xxh3-128-blocks")`` of the file, without reading it again.
+    """
+    return block_checksum(npy_header_bytes((size,), PARAM_DTYPE), digests.tobytes())
 
 
 def begin_weights(run_dir: Path, version: int, size: int, spare: Path | None = None) -> Path:
@@ -55,10 +87,8 @@ def _reuse(spare: Path, tmp: Path, total: int) -> bool:
     return False
 
 
-def commit_weights(tmp: Path, run_dir: Path, version: int) -> str:
-    path = weights_path(run_dir, version)
-    os.replace(tmp, path)
-    return checksum_file(path, mapped=True)
+def commit_weights(tmp: Path, run_dir: Path, version: int) -> None:
+    os.replace(tmp, weights_path(run_dir, version))
 
 
 def discard(tmp: Path) -> None:
