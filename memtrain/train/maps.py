@@ -3,7 +3,8 @@
 Mapping a 40 MB file afresh costs ~10,000 page faults every time it is touched; a map that is kept is
 free. Gradient buffers and weight files are recycled (rewritten in place once nothing reads them), so a
 worker keeps meeting the same inodes under new names: the cache is keyed by inode, not by name. A map
-whose file was deleted is dropped at the next lookup, so it never pins a deleted file's pages for long.
+whose file was deleted is dropped by ``drop_deleted``, which a worker calls once per task, so it never
+pins a deleted file's pages for long.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import numpy as np
 
 from memtrain.files import check_npy
 
-# Maps kept per process: weight versions on disk (+1 being written), gradient buffers of one update,
-# optimizer state. Beyond this the least recently used is dropped (it is only a page-fault saving).
-MAX_MAPS = 16
+# Maps kept per process: weight versions read and written (~3 inodes, 2 modes), gradient buffers of one
+# update, the block digests, and double-buffered optimizer state read and written (Adam: 2 slots x 2
+# parities x 2 modes). Beyond this the least recently used is dropped (it is only a page-fault saving).
+MAX_MAPS = 32
 
 
 class MapCache:
@@ -29,7 +31,6 @@ class MapCache:
         self._maps: OrderedDict[tuple[int, int, str], tuple[int, np.ndarray]] = OrderedDict()
 
     def get(self, path: Path, shape: tuple[int, ...], dtype: np.dtype, mode: str = "r") -> np.ndarray:
-        self._drop_deleted()
         fd = os.open(path, os.O_RDWR if mode == "r+" else os.O_RDONLY)
         try:
             info = os.fstat(fd)
@@ -60,7 +61,7 @@ class MapCache:
             _, (dropped, _) = self._maps.popitem(last=False)
             os.close(dropped)
 
-    def _drop_deleted(self) -> None:
+    def drop_deleted(self) -> None:
         for key in [k for k, (fd, _) in self._maps.items() if os.fstat(fd).st_nlink == 0]:
             os.close(self._maps.pop(key)[0])
 

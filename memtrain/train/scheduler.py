@@ -31,8 +31,12 @@ class Scheduler:
         self.check_stop = check_stop  # raises Interrupted when a stop was requested
         self.deaths = 0
 
-    def run(self, tasks: list[Task]) -> list[Result]:
-        """Run every task to a result; returns the results in the order of ``tasks``."""
+    def run(self, tasks: list[Task], while_waiting: Callable[[], None] | None = None) -> list[Result]:
+        """Run every task to a result; returns the results in the order of ``tasks``.
+
+        ``while_waiting`` is called once, right after the first tasks are sent: the server's own work
+        that does not depend on these results runs while the workers compute.
+        """
         pending = deque(tasks)
         current = {task.task: task for task in tasks}
         done: dict[int, Result] = {}
@@ -41,6 +45,9 @@ class Scheduler:
                 if not pending:
                     break
                 self.pool.send(slot, pending.popleft())
+            if while_waiting is not None:
+                while_waiting()
+                while_waiting = None
             for event in self.pool.wait(self._wait_time()):
                 self._handle(event, current, pending, done)
             self.check_stop()

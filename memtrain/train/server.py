@@ -7,6 +7,7 @@ import math
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,7 +96,7 @@ class Trainer:
         self.total_updates = self.per_epoch * job.train.epochs
         self.checkpointed: int | None = None
         self.started = time.monotonic()
-        self.spare: Path | None = None  # a retired weight file, renamed away, that the next version reuses
+        self.next_file: tuple[int, Path] | None = None  # (version, unpublished file) made ready in advance
         self.digests = create_digests(run.exchange, context.layout.size)
 
     def run(self, resume_run: bool) -> TrainSummary:
@@ -115,8 +116,8 @@ class Trainer:
             raise self._interrupted(position, exc) from None
         finally:
             pool.close()
-            if self.spare is not None:
-                discard(self.spare)
+            if self.next_file is not None:
+                discard(self.next_file[1])
         return TrainSummary(self.run_dir.path, position.version, position.epoch, last, position.best,
                             time.monotonic() - self.started, scheduler.deaths)
 
@@ -143,7 +144,8 @@ class Trainer:
     def update(self, scheduler: Scheduler, update: Update, position: Position) -> None:
         """One synchronous update: gradients of every task, then the sliced reduction and step."""
         version, index = position.version, position.update_index(self.per_epoch)
-        results = scheduler.run([GradTask(t.index, 0, version, t.lo, t.hi) for t in update.tasks])
+        results = scheduler.run([GradTask(t.index, 0, version, t.lo, t.hi) for t in update.tasks],
+                                while_waiting=lambda: self.prepare_next_version(version))
         loss = sum(result.loss for result in results)
         names = tuple(gradient_name(version, r.task, r.attempt) for r in results)
         bad = [t for t, r in zip(update.tasks, results, strict=True) if not r.finite]
@@ -157,8 +159,6 @@ class Trainer:
             position.skipped += 1
         else:
             position.version += 1
-            self.spare = retire_weights(self.run_dir.path, self.job.run.keep_versions, position.version,
-                                        recycle=True)
         position.epoch_loss += loss
         position.epoch_rows += update.rows
         position.batch += 1
@@ -169,7 +169,8 @@ class Trainer:
 
     def step(self, scheduler: Scheduler, update: Update, version: int, names: tuple[str, ...], index: int) -> bool:
         size = self.context.layout.size
-        tmp, self.spare = begin_weights(self.run_dir.path, version + 1, size, self.spare), None
+        self.prepare_next_version(version)
+        tmp, self.next_file = self.next_file[1], None
         lr = learning_rate(self.job.train.optimizer, index, self.total_updates)
         tasks = [StepTask(i, 0, version, version + 1, lr, update.rows, version % 2, lo, hi, names, str(tmp))
                  for i, (lo, hi) in enumerate(self.step_slices(size))]
@@ -186,6 +187,19 @@ class Trainer:
                               "batch": update.batch, "split": "train",
                               "tasks": [[t.lo, t.hi] for t in update.tasks], "lr": lr, "checksum": checksum})
         return True
+
+    def prepare_next_version(self, version: int) -> None:
+        """Retire versions beyond ``keep_versions`` and make the (unpublished) file of ``version + 1`` ready.
+
+        Called while the workers compute the gradients at ``version``: no task of a retired version is
+        still running then, so the newest retired file is recycled as the next version's file.
+        """
+        if self.next_file is not None and self.next_file[0] == version + 1:
+            return
+        spare = retire_weights(self.run_dir.path, self.job.run.keep_versions, version, recycle=True)
+        if self.next_file is not None:
+            discard(self.next_file[1])
+        self.next_file = (version + 1, begin_weights(self.run_dir.path, version + 1, self.context.layout.size, spare))
 
     def step_slices(self, size: int) -> list[tuple[int, int]]:
         """One parameter slice per worker (fewer for small models), each a whole number of checksum blocks."""
@@ -227,10 +241,15 @@ class Trainer:
         position.epoch = self.job.train.epochs - 1
 
     def end_epoch(self, scheduler: Scheduler, position: Position, started: float, *, final: bool) -> dict[str, Any]:
+        def retire() -> None:  # so that the run holds keep_versions versions whenever it stops after this
+            if not self.context.additive:
+                self.prepare_next_version(position.version)
+
         record = {"kind": "epoch", "epoch": position.epoch + 1, "update": (position.epoch + 1) * self.per_epoch,
                   "version": position.version, "loss": position.epoch_loss / max(position.epoch_rows, 1),
-                  **self.evaluate(scheduler, position.version),
+                  **self.evaluate(scheduler, position.version, while_waiting=retire),
                   "samples_per_s": position.epoch_rows / max(time.monotonic() - started, 1e-9), "time": time.time()}
+        retire()
         if self.context.additive:
             record["loss"] = None  # one closed-form solve: there is no running training loss
         self.run_dir.metric(record)
@@ -242,11 +261,12 @@ class Trainer:
             self.checkpointed = position.update_index(self.per_epoch)
         return record
 
-    def evaluate(self, scheduler: Scheduler, version: int) -> dict[str, float]:
+    def evaluate(self, scheduler: Scheduler, version: int,
+                 while_waiting: Callable[[], None] | None = None) -> dict[str, float]:
         tasks = eval_tasks(self.val_rows, self.job.train.eval_rows)
         if not tasks:
             return {}
-        results = scheduler.run([EvalTask(t.index, 0, version, t.lo, t.hi) for t in tasks])
+        results = scheduler.run([EvalTask(t.index, 0, version, t.lo, t.hi) for t in tasks], while_waiting)
         rows = sum(r.rows for r in results)
         metrics = {"val_loss": sum(r.loss for r in results) / rows}
         if self.context.classifier:

@@ -102,6 +102,7 @@ class WorkerState:
         self.buffers = GradientBuffers(self.exchange)
 
     def run(self, task: Task) -> Result:
+        self.maps.drop_deleted()
         try:
             with np.errstate(all="ignore"):  # non-finite results are detected and reported, not warned about
                 return self._run(task)
