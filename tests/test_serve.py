@@ -24,6 +24,9 @@ pytestmark = pytest.mark.timeout(60)
 # Small waits keep the tests fast; --rescan is long unless a test needs it, so that a job picked up
 # after the start is proof that the observer's events work, not the periodic scan.
 FAST = ("--settle", "0.3", "--grace", "1", "--rescan", "60")
+# A job that must still be running when the test stops the service (status.json is rewritten every
+# second): ~7 s on the development machine, where 40 epochs took under a second and raced the stop.
+LONG_EPOCHS = 400
 
 JOB = """
 [data]
@@ -261,7 +264,7 @@ def test_root_refuses_paths_that_resolve_outside_it(tmp_path: Path, cli: Callabl
 
 
 def test_sigterm_checkpoints_and_the_next_start_resumes(spool: Path) -> None:
-    drop(spool, "long", job_text("long", epochs=40))
+    drop(spool, "long", job_text("long", epochs=LONG_EPOCHS))
     metrics = spool.parent / "runs" / "long" / RUN_METRICS
     proc = serve(spool)
     try:
@@ -269,8 +272,8 @@ def test_sigterm_checkpoints_and_the_next_start_resumes(spool: Path) -> None:
     finally:
         assert stop(proc) == 143
     running = _running(spool)
-    assert [(r["name"], r["state"], r["epochs"]) for r in running] == [("long", "stopped", 40)]
-    assert metrics.read_text().count('"kind": "epoch"') < 40
+    assert [(r["name"], r["state"], r["epochs"]) for r in running] == [("long", "stopped", LONG_EPOCHS)]
+    assert metrics.read_text().count('"kind": "epoch"') < LONG_EPOCHS
     assert names(spool / "running") == ["long.state.json", "long.toml"]
     assert json.loads((spool / "running" / "long.state.json").read_text())["clean_stop"] is True
     table = subprocess.run([sys.executable, "-m", "memtrain", "serve", "--jobs", str(spool), "--status"],
@@ -279,7 +282,7 @@ def test_sigterm_checkpoints_and_the_next_start_resumes(spool: Path) -> None:
     done = serve_once(spool)
     assert done.returncode == 0, done.stderr
     assert "resumed from" in (spool.parent / "runs" / "long" / RUN_EVENTS).read_text()
-    assert result(spool, "done", "long")["final"]["epoch"] == 40
+    assert result(spool, "done", "long")["final"]["epoch"] == LONG_EPOCHS
 
 
 def test_polling_observer_sees_new_jobs(spool: Path) -> None:
