@@ -216,9 +216,9 @@ def test_server_killed_then_resumed_is_identical_and_leaves_no_orphans(tmp_path:
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupt_checkpoints_and_says_how_to_resume(tmp_path: Path, data: Path, sig: int, code: int) -> None:
-    clean = write_job(tmp_path / "clean", data, epochs=4)
+    clean = write_job(tmp_path / "clean", data, epochs=12)  # 60 updates: the stop at version 7 lands mid-run
     assert memtrain("train", clean).returncode == 0
-    job = write_job(tmp_path / "stopped", data, epochs=4)
+    job = write_job(tmp_path / "stopped", data, epochs=12)
     proc = start("train", job)
     run = tmp_path / "stopped" / "run"
     wait_for_version(run, 7)
