@@ -17,6 +17,7 @@ import mmap
 import os
 import shutil
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
@@ -336,9 +337,9 @@ def checksum_file(path: Path, *, mapped: bool = False, algo: str = CHECKSUM_ALGO
         size = os.fstat(handle.fileno()).st_size
         if mapped and size:
             with mmap.mmap(handle.fileno(), size, prot=mmap.PROT_READ) as pages, memoryview(pages) as view:
-                found = _hash_view(view, algo)
+                found = _hash(algo, bytes(view[:MAX_NPY_HEADER]), partial(_view_chunks, view))
         else:
-            found = _hash_stream(handle, algo)
+            found = _hash(algo, handle.read(MAX_NPY_HEADER), partial(_read_chunks, handle))
     if not still_published(path, inode):
         raise FileNotFoundError(errno.ENOENT, "retired while being read", str(path))
     return found
@@ -350,36 +351,32 @@ def checksum_algo(recorded: str) -> str:
     return algo if algo == BLOCK_CHECKSUM_ALGO else CHECKSUM_ALGO
 
 
-def _hash_stream(handle: IO[bytes], algo: str) -> str:
+def _hash(algo: str, head: bytes, chunks: Callable[[int, int], Iterator[Any]]) -> str:
+    """``head``: the file's first bytes; ``chunks(start, n)``: its bytes from ``start`` on, ``n`` at a time."""
     if algo == BLOCK_CHECKSUM_ALGO:
-        offset = npy_data_offset(handle.read(MAX_NPY_HEADER))
-        handle.seek(0)
-        header = handle.read(offset)
-        digests = bytearray()
-        while block := handle.read(CHECKSUM_BLOCK_BYTES):
-            digests += block_digest(block)
-        return block_checksum(header, bytes(digests))
+        offset = npy_data_offset(head)
+        return block_checksum(head[:offset], b"".join(map(block_digest, chunks(offset, CHECKSUM_BLOCK_BYTES))))
     digest = xxhash.xxh3_128()
-    while chunk := handle.read(HASH_CHUNK):
+    for chunk in chunks(0, HASH_CHUNK):
         digest.update(chunk)
     return f"{CHECKSUM_ALGO}:{digest.hexdigest()}"
 
 
-def _hash_view(view: memoryview, algo: str) -> str:
-    if algo == BLOCK_CHECKSUM_ALGO:
-        offset = npy_data_offset(view[:MAX_NPY_HEADER])
-        data = view[offset:]
-        digests = b"".join(block_digest(data[start:start + CHECKSUM_BLOCK_BYTES])
-                           for start in range(0, len(data), CHECKSUM_BLOCK_BYTES))
-        return block_checksum(view[:offset], digests)
-    digest = xxhash.xxh3_128()
-    for start in range(0, len(view), HASH_CHUNK):
-        digest.update(view[start:start + HASH_CHUNK])
-    return f"{CHECKSUM_ALGO}:{digest.hexdigest()}"
+def _view_chunks(view: memoryview, start: int, n: int) -> Iterator[memoryview]:
+    return (view[at:at + n] for at in range(start, len(view), n))
+
+
+def _read_chunks(handle: IO[bytes], start: int, n: int) -> Iterator[bytes]:
+    handle.seek(start)
+    while chunk := handle.read(n):
+        yield chunk
+
+
+DIGEST_BYTES = 16  # of one block's digest
 
 
 def block_digest(block: Any) -> bytes:
-    """The 16-byte hash of one block (any buffer: bytes, a memoryview, a contiguous array slice)."""
+    """The DIGEST_BYTES-byte hash of one block (any buffer: bytes, a memoryview, a contiguous array slice)."""
     return xxhash.xxh3_128_digest(block)
 
 

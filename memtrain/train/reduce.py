@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 
 from memtrain.faults import fault_point
-from memtrain.files import block_digest
+from memtrain.files import DIGEST_BYTES, block_digest
 from memtrain.layout import WEIGHT_DIGESTS, state_buffer_name, weights_path
 from memtrain.train.maps import MapCache
 from memtrain.train.messages import StepTask
 from memtrain.train.optim import OptimizerConfig, apply_update, state_slots
-from memtrain.train.weights import BLOCK, DIGEST_BYTES, block_count
+from memtrain.train.weights import BLOCK, block_count
 
 # Elements per pass: one checksum block, 64 Ki float32 = 256 KiB per stream, so the gradient rows, the
 # accumulator, the weights and the optimizer state of one chunk stay in L2 while they are added,

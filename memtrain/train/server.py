@@ -96,7 +96,7 @@ class Trainer:
         self.total_updates = self.per_epoch * job.train.epochs
         self.checkpointed: int | None = None
         self.started = time.monotonic()
-        self.next_file: tuple[int, Path] | None = None  # (version, unpublished file) made ready in advance
+        self.next_file: Path | None = None  # an unpublished weight file of the right size, made ready in advance
         self.digests = create_digests(run.exchange, context.layout.size)
 
     def run(self, resume_run: bool) -> TrainSummary:
@@ -117,7 +117,7 @@ class Trainer:
         finally:
             pool.close()
             if self.next_file is not None:
-                discard(self.next_file[1])
+                discard(self.next_file)
         return TrainSummary(self.run_dir.path, position.version, position.epoch, last, position.best,
                             time.monotonic() - self.started, scheduler.deaths)
 
@@ -170,7 +170,7 @@ class Trainer:
     def step(self, scheduler: Scheduler, update: Update, version: int, names: tuple[str, ...], index: int) -> bool:
         size = self.context.layout.size
         self.prepare_next_version(version)
-        tmp, self.next_file = self.next_file[1], None
+        tmp, self.next_file = self.next_file, None
         lr = learning_rate(self.job.train.optimizer, index, self.total_updates)
         tasks = [StepTask(i, 0, version, version + 1, lr, update.rows, version % 2, lo, hi, names, str(tmp))
                  for i, (lo, hi) in enumerate(self.step_slices(size))]
@@ -192,14 +192,13 @@ class Trainer:
         """Retire versions beyond ``keep_versions`` and make the (unpublished) file of ``version + 1`` ready.
 
         Called while the workers compute the gradients at ``version``: no task of a retired version is
-        still running then, so the newest retired file is recycled as the next version's file.
+        still running then, so the newest retired file is recycled as the next version's file. A no-op
+        while a file is ready: ``step`` takes it, and nothing new is published until it does.
         """
-        if self.next_file is not None and self.next_file[0] == version + 1:
+        if self.next_file is not None:
             return
         spare = retire_weights(self.run_dir.path, self.job.run.keep_versions, version, recycle=True)
-        if self.next_file is not None:
-            discard(self.next_file[1])
-        self.next_file = (version + 1, begin_weights(self.run_dir.path, version + 1, self.context.layout.size, spare))
+        self.next_file = begin_weights(self.run_dir.path, version + 1, self.context.layout.size, spare)
 
     def step_slices(self, size: int) -> list[tuple[int, int]]:
         """One parameter slice per worker (fewer for small models), each a whole number of checksum blocks."""

@@ -18,6 +18,7 @@ from memtrain.faults import fault_point
 from memtrain.files import (
     BLOCK_CHECKSUM_ALGO,
     CHECKSUM_BLOCK_BYTES,
+    DIGEST_BYTES,
     allocate_npy,
     block_checksum,
     checksum_file,
@@ -29,7 +30,6 @@ from memtrain.models.params import PARAM_DTYPE
 
 # Parameters per checksum block: a slice owner's slice is a whole number of blocks (the last one may be short).
 BLOCK = CHECKSUM_BLOCK_BYTES // PARAM_DTYPE.itemsize
-DIGEST_BYTES = 16
 
 
 def publish_weights(run_dir: Path, version: int, flat: np.ndarray) -> str:
