@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -18,9 +20,9 @@ class ParamEntry:
     shape: tuple[int, ...]
     offset: int
 
-    @property
+    @cached_property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class ParamLayout:
             offset += entry.size
         return cls(tuple(entries))
 
-    @property
+    @cached_property
     def size(self) -> int:
         return sum(entry.size for entry in self.entries)
 

@@ -45,7 +45,8 @@ class MapCache:
                 os.close(fd)
                 return np.zeros(header.shape, dtype=header.dtype)
             with os.fdopen(os.dup(fd), "r+b" if mode == "r+" else "rb") as handle:
-                array = np.memmap(handle, dtype=header.dtype, mode=mode, offset=header.offset, shape=header.shape)
+                mapped = np.memmap(handle, dtype=header.dtype, mode=mode, offset=header.offset, shape=header.shape)
+            array = mapped.view(np.ndarray)  # keeps the map alive; slicing a memmap runs Python code per slice
         except BaseException:
             os.close(fd)
             raise

@@ -56,13 +56,15 @@ def reduce_and_step(grads: list[np.ndarray], rows: int, weights: np.ndarray, sta
     Each chunk is one checksum block (``lo`` is a multiple of CHUNK); its digest goes to row ``a // CHUNK``
     of ``digests``, hashed while the chunk is still in cache. Finiteness is checked on the new weights
     only: a NaN or Inf anywhere in the mean gradient reaches them through every optimizer here (lr > 0),
-    so one check per chunk catches both.
+    so one check per chunk catches both. The check is a dot product with zeros, which is 0 exactly when
+    every element is finite (x * 0 is NaN for x = NaN or +-Inf, and NaN survives the sum): one read pass
+    in BLAS, half the time of ``np.isfinite(...).all()``.
     """
     if lo % CHUNK:
         raise ValueError(f"a step slice must start on a checksum block boundary, not at {lo}")
     length = min(CHUNK, max(hi - lo, 1))
     buffer = np.empty(length, dtype=np.float32)
-    finite = np.empty(length, dtype=bool)
+    zeros = np.zeros(length, dtype=np.float32)
     divisor = np.float32(rows)
     for a in range(lo, hi, CHUNK):
         b = min(a + CHUNK, hi)
@@ -76,7 +78,7 @@ def reduce_and_step(grads: list[np.ndarray], rows: int, weights: np.ndarray, sta
         np.divide(mean, divisor, out=mean)
         apply_update(optimizer, step, lr, weights[a:b], mean, {k: v[a:b] for k, v in state_in.items()},
                      weights_out[a:b], {k: v[a:b] for k, v in state_out.items()})
-        if not np.isfinite(weights_out[a:b], out=finite[: b - a]).all():
+        if np.dot(weights_out[a:b], zeros[: b - a]) != 0:
             return False
         digests[a // CHUNK] = np.frombuffer(block_digest(weights_out[a:b]), dtype=np.uint8)
         fault_point("mid_step")
