@@ -133,6 +133,10 @@ def state_buffer_name(slot: str, parity: int) -> str:
 # block, each row written by the slice owner of that block, combined into the checksum by the server.
 WEIGHT_DIGESTS = "weight-digests.npy"
 
+# One int64 per step slice: the sequence number of the step whose slice its owner last wrote (see
+# train/marks.py); gradient tasks of a fused round wait on them before reading the new version.
+STEP_MARKS = "step-marks.npy"
+
 
 # --- temporary names ---
 TMP_MARK = ".tmp-"

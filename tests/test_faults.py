@@ -5,6 +5,7 @@ equals a fault-free run of the same job."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import signal
@@ -15,9 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from crash_models import POISON
 from tiny_data import blobs, write_dataset
 
 from memtrain.layout import checkpoint_path, checkpoint_updates, weight_versions, weights_path
+from memtrain.train.server import MIN_SLICE_BLOCKS
+from memtrain.train.weights import block_count
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -195,6 +199,80 @@ def test_a_task_that_raises_stops_the_run_with_the_worker_traceback(tmp_path: Pa
     assert result.returncode == 1
     assert "failed in worker" in result.stderr and "ValueError: poisoned row in this batch" in result.stderr
     assert re.search(r"gradient task \d \(rows \d+-\d+ of the train split", result.stderr)
+
+
+
+# --- fused rounds: each worker steps its slice of the parameters, waits for its peers', then computes ---
+
+TWO_SLICES = "hidden = [90000]"  # 14 checksum blocks: with 2 workers every step is cut into 2 slices
+
+
+@pytest.fixture(scope="module")
+def two_slice_baseline(data: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    job = write_job(tmp_path_factory.mktemp("two-slices"), data, model_extra=TWO_SLICES)
+    result = memtrain("train", job)
+    assert result.returncode == 0, result.stderr
+    run = job.parent / "run"
+    assert block_count(np.load(weights_path(run, weight_versions(run)[-1])).size) // MIN_SLICE_BLOCKS >= 2
+    return digest(job.parent / "run")
+
+
+@pytest.mark.parametrize("action", ["kill", "stop"])
+def test_worker_lost_in_its_step_slice_while_its_peer_waits_recovers_identically(
+        tmp_path: Path, data: Path, two_slice_baseline: str, action: str) -> None:
+    """Killed (or hung, then killed after task_timeout) in the middle of its slice: the peer that waits
+    for that slice hands its task back when its wait runs out, the slice is redone by a replacement."""
+    job = write_job(tmp_path, data, model_extra=TWO_SLICES, task_timeout=3)
+    result = memtrain("train", job, env={"MEMTRAIN_FAULT": "mid_step:10", "MEMTRAIN_FAULT_ACTION": action,
+                                         "MEMTRAIN_FAULT_ONCE": str(tmp_path / "fired")})
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "fired").exists(), "the fault never fired"
+    run = tmp_path / "run"
+    assert "died with exit code -9" in events(run)
+    if action == "stop":
+        assert "silent for 3 s" in events(run)
+    assert digest(run) == two_slice_baseline
+    assert leftovers(run) == []
+
+
+def poisoned_batch(folder: Path) -> Path:
+    """Train rows 400-599 poisoned: the whole of batch 2 (batch_size 200), in every task of its update."""
+    x, y = blobs(n=1000, features=6, classes=3, seed=1)
+    x[500:700, 0] = POISON  # the first 100 rows are the validation split
+    return write_dataset(folder / "poison", x, y, shard_rows=300)
+
+
+def test_a_nonfinite_step_in_a_fused_round_skips_its_update_like_a_nonfinite_gradient(tmp_path: Path) -> None:
+    """Every task's gradient finite, their sum not: the update is skipped at its step, inside the round
+    that already computes the next gradients. Those are recomputed at the unchanged version, so the run
+    ends bitwise where a run that skipped the same update at its gradients ends."""
+    data = poisoned_batch(tmp_path)
+    runs = {}
+    for kind in ("NanLossOnPoison", "HugeGradientOnPoison"):
+        job = write_job(tmp_path / kind, data, kind=f"crash_models:{kind}", model_extra=TWO_SLICES,
+                        normalize="false")
+        result = memtrain("train", job, "--set", 'train.on_nonfinite="skip"')
+        assert result.returncode == 0, result.stderr
+        runs[kind] = tmp_path / kind / "run"
+        updates = [r for r in map(json.loads, (runs[kind] / "metrics.jsonl").open()) if r["kind"] == "update"]
+        skipped = [r for r in updates if r["skipped"]]
+        assert [(r["epoch"], r["batch"]) for r in skipped] == [(0, 1), (1, 3)]  # neither last in its epoch
+    assert "the mean gradient or the new weights" in events(runs["HugeGradientOnPoison"])
+    assert digest(runs["NanLossOnPoison"]) == digest(runs["HugeGradientOnPoison"])
+    for version in weight_versions(runs["HugeGradientOnPoison"]):
+        assert np.isfinite(np.load(weights_path(runs["HugeGradientOnPoison"], version))).all()
+
+
+def test_a_nonfinite_step_in_a_fused_round_stops_the_run_with_the_published_weights_intact(tmp_path: Path) -> None:
+    job = write_job(tmp_path, poisoned_batch(tmp_path), kind="crash_models:HugeGradientOnPoison",
+                    model_extra=TWO_SLICES, normalize="false")
+    result = memtrain("train", job)
+    assert result.returncode == 1
+    assert ("non-finite loss or gradient at update 1 (epoch 1, batch 1): the mean gradient or the new weights"
+            in result.stderr)
+    run = tmp_path / "run"
+    assert weight_versions(run)[-1] == 1  # update 0 published; update 1's step void
+    assert leftovers(run) == []
 
 
 # --- the server dying, signals, resume ---

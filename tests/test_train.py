@@ -18,11 +18,13 @@ from memtrain.cli import main
 from memtrain.config import load_job
 from memtrain.dataset import open_dataset
 from memtrain.files import BLOCK_CHECKSUM_ALGO, checksum_file
-from memtrain.layout import checkpoint_updates, weight_versions, weights_path
+from memtrain.layout import STEP_MARKS, checkpoint_updates, weight_versions, weights_path
 from memtrain.train.context import model_context
-from memtrain.train.messages import EvalTask, GradTask, Result, StatsTask, StepTask, WorkerSetup
+from memtrain.train.marks import PeerWaitExpired, StepMarks, create_marks
+from memtrain.train.messages import Building, EvalTask, GradTask, Result, StatsTask, StepTask, WorkerSetup
 from memtrain.train.optim import apply_update, learning_rate, state_slots
 from memtrain.train.plan import epoch_updates, updates_per_epoch
+from memtrain.train.server import MIN_SLICE_BLOCKS
 from memtrain.train.weights import block_count
 
 pytestmark = pytest.mark.timeout(120)
@@ -113,14 +115,14 @@ def test_any_worker_count_gives_bitwise_identical_weights(tmp_path: Path, datase
 
 def test_sliced_steps_give_identical_weights_and_checksums_for_any_worker_count(tmp_path: Path,
                                                                               dataset: Path) -> None:
-    """A model of six checksum blocks: 1, 2 and 3 workers each own different slices of every step.
+    """A model of 13 checksum blocks: 1, 2 and 3 workers cut every step into 1, 2 and 3 slices.
 
     The weights are bitwise identical, and the checksum the server assembled from the slice owners'
     block digests is, for every version, the one a reader computes from the file alone.
     """
     lineages = {}
     for workers in (1, 2, 3):
-        job = write_job(tmp_path / str(workers), dataset, model_extra="hidden = [30000]", epochs=1)
+        job = write_job(tmp_path / str(workers), dataset, model_extra="hidden = [70000]", epochs=1)
         assert train_cli(job, "--workers", workers) == 0
         run = tmp_path / str(workers) / "run"
         lineage = {r["version"]: r["checksum"] for r in map(json.loads, (run / "lineage.jsonl").open())}
@@ -129,7 +131,7 @@ def test_sliced_steps_give_identical_weights_and_checksums_for_any_worker_count(
             path = weights_path(run, version)
             assert checksum_file(path, algo=BLOCK_CHECKSUM_ALGO) == lineage[version]
         lineages[workers] = lineage
-    assert block_count(final_weights(tmp_path / "1" / "run").size) == 6
+    assert block_count(final_weights(tmp_path / "1" / "run").size) // MIN_SLICE_BLOCKS == 3
     assert lineages[1] == lineages[2] == lineages[3]
     assert digest(tmp_path / "1" / "run") == digest(tmp_path / "3" / "run")
 
@@ -229,14 +231,15 @@ def test_user_model_by_import_path_trains(tmp_path: Path) -> None:
 
 def test_messages_stay_small_whatever_the_sizes() -> None:
     huge = 10**12
+    step = StepTask(huge, 99, huge, huge, 0.001, huge, 1, huge, huge,
+                    tuple(f"g-v{huge:08d}-t{i:05d}-a000.npy" for i in range(8)), "/" + "r" * 200, huge)
+    fused = GradTask(huge, 99, huge, huge, huge, step, Building("/" + "r" * 200, huge, 8, 1e9))
     messages = [
         GradTask(huge, 99, huge, huge, huge), StatsTask(huge, 99, huge, huge), EvalTask(huge, 99, huge, huge, huge),
-        StepTask(huge, 99, huge, huge, 0.001, huge, 1, huge, huge, tuple(f"g-v{huge:08d}-t{i:05d}-a000.npy"
-                                                                           for i in range(8)), "/" + "r" * 200),
-        Result(huge, 99, loss=1e300, rows=huge, correct=huge),
+        step, fused, Result(huge, 99, loss=1e300, rows=huge, correct=huge),
     ]
     for message in messages:
-        limit = 1200 if isinstance(message, StepTask) else 300
+        limit = 1200 if isinstance(message, StepTask) else 1700 if message is fused else 300
         assert len(pickle.dumps(message)) < limit, message
     setup = WorkerSetup(1, "/r", "/x", "/d", True, "mlp", (("hidden", (1024, 1024)),), 1, (("name", "adam"),), 0)
     assert len(pickle.dumps(setup)) < 600
@@ -285,3 +288,22 @@ def test_each_worker_uses_the_configured_blas_threads(tmp_path: Path, dataset: P
     assert train_cli(job, "--set", f"train.blas_threads={configured}") == code
     if code:
         assert f"BLAS threads in this worker: [{configured}], expected {expected}" in capsys.readouterr().err
+
+
+def test_step_marks_wait_for_every_slice_of_this_step_and_report_a_void_one(tmp_path: Path) -> None:
+    path = tmp_path / STEP_MARKS
+    create_marks(path, 3)
+    marks = StepMarks(path)
+    for index in (0, 1):
+        marks.mark(index, 5, finite=True)
+    with pytest.raises(PeerWaitExpired, match=r"slices \[2\] not written"):
+        marks.wait(5, 3, limit=0.05, alive=lambda: None)
+    marks.mark(2, 5, finite=True)
+    assert marks.wait(5, 3, limit=0.05, alive=lambda: None) is True
+    assert marks.wait(5, 2, limit=0.05, alive=lambda: None) is True  # fewer slices this time
+    with pytest.raises(PeerWaitExpired):  # step 5's marks never stand for step 6
+        marks.wait(6, 3, limit=0.05, alive=lambda: None)
+    for index, finite in enumerate((True, False, True)):
+        marks.mark(index, 6, finite=finite)
+    assert marks.wait(6, 3, limit=0.05, alive=lambda: None) is False
+    marks.close()

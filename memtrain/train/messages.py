@@ -25,10 +25,46 @@ class WorkerSetup:
 
 
 @dataclass(frozen=True, slots=True)
+class StepTask:
+    """Reduce the gradient files ``grads`` over parameters [lo, hi), apply the optimizer, write ``out``.
+
+    ``out`` is the unpublished next weight file (each slice owner writes only its slice). The optimizer
+    state is read from buffer ``parity`` and written to the other one, so re-running a step is harmless.
+    When done, the owner marks slice ``task`` with ``seq`` (train/marks.py).
+    """
+
+    task: int
+    attempt: int
+    version: int
+    step: int
+    lr: float
+    rows: int
+    parity: int
+    lo: int
+    hi: int
+    grads: tuple[str, ...]
+    out: str
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Building:
+    """The weights a fused round's gradient tasks compute at: being written by this round's slice owners."""
+
+    path: str  # the unpublished weight file
+    seq: int  # the step's sequence number; every slice owner marks it when its slice is written
+    slices: int
+    wait_limit: float  # seconds to wait for a peer's slice before handing the task back to the server
+
+
+@dataclass(frozen=True, slots=True)
 class GradTask:
     """Loss and summed gradient of train rows [lo, hi) at weight ``version``.
 
     Written to the exchange file ``layout.gradient_name(version, task, attempt)``: every attempt its own file.
+    In a fused round (``building`` set) ``version`` is not published yet: the task first does its ``slice``
+    of the step that makes it (if it owns one), waits until every slice is written, then computes at
+    ``building.path``. One dispatch round per update instead of two.
     """
 
     task: int
@@ -36,6 +72,8 @@ class GradTask:
     version: int
     lo: int
     hi: int
+    slice: StepTask | None = None
+    building: Building | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,27 +98,6 @@ class EvalTask:
 
 
 @dataclass(frozen=True, slots=True)
-class StepTask:
-    """Reduce the gradient files ``grads`` over parameters [lo, hi), apply the optimizer, write ``out``.
-
-    ``out`` is the unpublished next weight file (each slice owner writes only its slice). The optimizer
-    state is read from buffer ``parity`` and written to the other one, so re-running a step is harmless.
-    """
-
-    task: int
-    attempt: int
-    version: int
-    step: int
-    lr: float
-    rows: int
-    parity: int
-    lo: int
-    hi: int
-    grads: tuple[str, ...]
-    out: str
-
-
-@dataclass(frozen=True, slots=True)
 class Stop:
     """Tell a worker to exit."""
 
@@ -98,3 +115,6 @@ class Result:
     finite: bool = True
     error: str | None = None
     seconds: float = 0.0  # time the worker spent computing (gradient tasks): what the benchmark subtracts
+    step_finite: bool = True  # the task's step slice (fused round) came out finite
+    new_version_void: bool = False  # a slice of the version it was to compute at was not finite: nothing computed
+    peer_wait_expired: bool = False  # a peer's slice did not land in time: nothing computed, send it again

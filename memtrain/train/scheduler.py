@@ -62,6 +62,9 @@ class Scheduler:
             if event.result.error is not None:
                 raise WorkerFailure(f"{self.describe(task)} failed in worker {event.slot.index}:\n"
                                     f"{event.result.error.rstrip()}")
+            if event.result.peer_wait_expired:  # its worker waited in vain for a peer's step slice: not its fault
+                pending.append(task)
+                return
             done[task.task] = event.result
             fault_point("after_result")
             return

@@ -19,12 +19,13 @@ from memtrain.dataset import Dataset, open_dataset
 from memtrain.errors import Interrupted, MemtrainError
 from memtrain.faults import fault_point
 from memtrain.files import open_npy, read_jsonl
-from memtrain.layout import RUN_METRICS, gradient_name
+from memtrain.layout import RUN_METRICS, STEP_MARKS, gradient_name
 from memtrain.progress import reporting
 from memtrain.stopping import on_stop_signals
 from memtrain.train.context import ModelContext, model_context
 from memtrain.train.exchange import WorkerPool
-from memtrain.train.messages import EvalTask, GradTask, StatsTask, StepTask, Task, WorkerSetup
+from memtrain.train.marks import create_marks
+from memtrain.train.messages import Building, EvalTask, GradTask, Result, StatsTask, StepTask, Task, WorkerSetup
 from memtrain.train.optim import learning_rate, state_slots
 from memtrain.train.plan import Update, epoch_updates, eval_tasks, split_range, updates_per_epoch
 from memtrain.train.run_dir import RunDir, open_run_dir
@@ -47,6 +48,18 @@ from memtrain.train.weights import (
 MIN_SLICE_BLOCKS = 4
 
 
+@dataclass(frozen=True)
+class Collected:
+    """An update whose gradients are in (at ``version``) and whose step is not done yet."""
+
+    update: Update
+    version: int
+    index: int  # the update's number in the run
+    names: tuple[str, ...]  # its gradient files, in task order
+    loss: float
+    compute_s: float  # the slowest task's compute time
+
+
 @dataclass
 class TrainSummary:
     run_dir: Path
@@ -65,7 +78,7 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
     size_bytes = context.layout.size * 4
     slots = len(state_slots(job.train.optimizer))
     run = open_run_dir(job, resume=resume_run, overwrite=overwrite,
-                       need_exchange=(2 * job.train.tasks_per_update + 2 + 2 * slots) * size_bytes,
+                       need_exchange=(3 * job.train.tasks_per_update + 2 + 2 * slots) * size_bytes,
                        need_run=(3 + slots) * size_bytes)  # the least that lets a run make progress
     stop = StopRequest()
     try:
@@ -98,6 +111,8 @@ class Trainer:
         self.started = time.monotonic()
         self.next_file: Path | None = None  # an unpublished weight file of the right size, made ready in advance
         self.digests = create_digests(run.exchange, context.layout.size)
+        create_marks(run.exchange / STEP_MARKS, job.train.workers)
+        self.seq = 0  # steps so far; each slice owner marks its slice with its step's number
 
     def run(self, resume_run: bool) -> TrainSummary:
         write_run_files(self.run_dir, self.job, self.context)
@@ -132,61 +147,119 @@ class Trainer:
                                     self.job.train.seed, epoch)
             with reporting(f"epoch {epoch + 1}/{self.job.train.epochs}", len(updates),
                            plain_every=math.inf) as bar:
+                collected = None
                 for update in updates[position.batch:]:
-                    self.update(scheduler, update, position)
+                    collected = self.update(scheduler, update, position, collected)
                     rate = position.epoch_rows / max(time.monotonic() - started, 1e-9)
                     bar.update(position.batch, f"loss {position.epoch_loss / max(position.epoch_rows, 1):.4f}"
                                                f"  {rate:,.0f} samples/s")
+                if collected is not None:
+                    self.step_alone(scheduler, position, collected)
                 last = self.end_epoch(scheduler, position, started, final=epoch + 1 == self.job.train.epochs)
                 bar.line(self.epoch_line(last))
         return last
 
-    def update(self, scheduler: Scheduler, update: Update, position: Position) -> None:
-        """One synchronous update: gradients of every task, then the sliced reduction and step."""
-        version, index = position.version, position.update_index(self.per_epoch)
-        results = scheduler.run([GradTask(t.index, 0, version, t.lo, t.hi) for t in update.tasks],
-                                while_waiting=lambda: self.prepare_next_version(version))
-        loss = sum(result.loss for result in results)
-        names = tuple(gradient_name(version, r.task, r.attempt) for r in results)
-        bad = [t for t, r in zip(update.tasks, results, strict=True) if not r.finite]
-        published = not bad and self.step(scheduler, update, version, names, index)
-        if not published:
-            bad = bad or self.nonfinite_gradients(update, names)
-        for name in names:
-            (self.run_dir.exchange / name).unlink(missing_ok=True)
-        if not published:
-            self.nonfinite(update, index, bad)
-            position.skipped += 1
-        else:
-            position.version += 1
-        position.epoch_loss += loss
-        position.epoch_rows += update.rows
-        position.batch += 1
-        self.run_dir.metric({"kind": "update", "epoch": update.epoch, "batch": update.batch, "update": index,
-                             "version": position.version, "loss": loss / update.rows, "rows": update.rows,
-                             "skipped": not published, "compute_s": max(r.seconds for r in results),
-                             "time": time.time()})
+    def update(self, scheduler: Scheduler, update: Update, position: Position,
+               previous: Collected | None) -> Collected | None:
+        """The gradients of ``update`` -- in the same round as the step of ``previous``, when there is one.
 
-    def step(self, scheduler: Scheduler, update: Update, version: int, names: tuple[str, ...], index: int) -> bool:
-        size = self.context.layout.size
-        self.prepare_next_version(version)
-        tmp, self.next_file = self.next_file, None
-        lr = learning_rate(self.job.train.optimizer, index, self.total_updates)
-        tasks = [StepTask(i, 0, version, version + 1, lr, update.rows, version % 2, lo, hi, names, str(tmp))
-                 for i, (lo, hi) in enumerate(self.step_slices(size))]
+        Returns ``update`` collected (its step is done by the next round), or None when its gradients
+        were not finite and it was skipped.
+        """
+        results = self.fused_round(scheduler, update, position, previous) if previous is not None else None
+        if results is None:  # no step pending, or the pending one was void: gradients at the published version
+            version = position.version
+            results = scheduler.run([GradTask(t.index, 0, version, t.lo, t.hi) for t in update.tasks],
+                                    while_waiting=lambda: self.prepare_next_version(version))
+        collected = Collected(update, position.version, position.update_index(self.per_epoch),
+                              tuple(gradient_name(position.version, r.task, r.attempt) for r in results),
+                              sum(r.loss for r in results), max(r.seconds for r in results))
+        bad = [t for t, r in zip(update.tasks, results, strict=True) if not r.finite]
+        if bad:
+            self.finish(position, collected, published=False, bad=bad)
+            return None
+        return collected
+
+    def fused_round(self, scheduler: Scheduler, update: Update, position: Position,
+                    previous: Collected) -> list[Result] | None:
+        """One dispatch round: each worker steps its slice of ``previous`` into the next version, waits
+        for the other slices, then computes its gradient of ``update`` at that version.
+
+        Returns the gradient results; None when the step came out non-finite (``previous`` is then
+        skipped, or the run stops, per ``train.on_nonfinite``, and no gradient was computed).
+        """
+        version = previous.version
+        tasks = self.step_tasks(previous, len(update.tasks))
+        building = Building(tasks[0].out, tasks[0].seq, len(tasks), self.job.train.task_timeout / 2)
+        grads = [GradTask(t.index, 0, version + 1, t.lo, t.hi, tasks[i] if i < len(tasks) else None, building)
+                 for i, t in enumerate(update.tasks)]
+        try:
+            results = scheduler.run(grads, while_waiting=lambda: self.prepare_next_version(version))
+            fault_point("mid_reduce")
+            published = all(r.step_finite and not r.new_version_void for r in results)
+            if published:
+                self.publish(previous, tasks)
+            else:
+                for result in results:
+                    (self.run_dir.exchange / gradient_name(version + 1, result.task, result.attempt)).unlink(
+                        missing_ok=True)
+        finally:
+            discard(Path(building.path))
+        self.finish(position, previous, published=published)
+        return results if published else None
+
+    def step_alone(self, scheduler: Scheduler, position: Position, previous: Collected) -> None:
+        """The step of the epoch's last update, in a round of its own (evaluation needs the new version)."""
+        tasks = self.step_tasks(previous, len(previous.update.tasks))
         try:
             results = scheduler.run(tasks)
             fault_point("mid_reduce")
-            if not all(result.finite for result in results):
-                return False
-            checksum = weights_checksum(self.digests, size)
-            commit_weights(tmp, self.run_dir.path, version + 1)
+            published = all(result.finite for result in results)
+            if published:
+                self.publish(previous, tasks)
         finally:
-            discard(tmp)
-        self.run_dir.lineage({"version": version + 1, "parent": version, "update": index, "epoch": update.epoch,
-                              "batch": update.batch, "split": "train",
-                              "tasks": [[t.lo, t.hi] for t in update.tasks], "lr": lr, "checksum": checksum})
-        return True
+            discard(Path(tasks[0].out))
+        self.finish(position, previous, published=published)
+
+    def step_tasks(self, previous: Collected, tasks: int) -> list[StepTask]:
+        """The slices of the step after ``previous``, into the version file made ready in advance."""
+        version = previous.version
+        self.prepare_next_version(version)
+        out, self.next_file = str(self.next_file), None
+        self.seq += 1
+        lr = learning_rate(self.job.train.optimizer, previous.index, self.total_updates)
+        return [StepTask(i, 0, version, version + 1, lr, previous.update.rows, version % 2, lo, hi, previous.names,
+                         out, self.seq)
+                for i, (lo, hi) in enumerate(self.step_slices(self.context.layout.size, tasks))]
+
+    def publish(self, previous: Collected, tasks: list[StepTask]) -> None:
+        first = tasks[0]
+        checksum = weights_checksum(self.digests, self.context.layout.size)
+        commit_weights(Path(first.out), self.run_dir.path, first.version + 1)
+        update = previous.update
+        self.run_dir.lineage({"version": first.version + 1, "parent": first.version, "update": previous.index,
+                              "epoch": update.epoch, "batch": update.batch, "split": "train",
+                              "tasks": [[t.lo, t.hi] for t in update.tasks], "lr": first.lr, "checksum": checksum})
+
+    def finish(self, position: Position, collected: Collected, *, published: bool,
+               bad: list[Any] | None = None) -> None:
+        """Account for an update whose step was published or skipped, and delete its gradient files."""
+        update = collected.update
+        if not published:
+            bad = bad or self.nonfinite_gradients(update, collected.names)
+        for name in collected.names:
+            (self.run_dir.exchange / name).unlink(missing_ok=True)
+        if not published:
+            self.nonfinite(update, collected.index, bad)
+            position.skipped += 1
+        else:
+            position.version += 1
+        position.epoch_loss += collected.loss
+        position.epoch_rows += update.rows
+        position.batch += 1
+        self.run_dir.metric({"kind": "update", "epoch": update.epoch, "batch": update.batch, "update": collected.index,
+                             "version": position.version, "loss": collected.loss / update.rows, "rows": update.rows,
+                             "skipped": not published, "compute_s": collected.compute_s, "time": time.time()})
 
     def prepare_next_version(self, version: int) -> None:
         """Retire versions beyond ``keep_versions`` and make the (unpublished) file of ``version + 1`` ready.
@@ -200,10 +273,11 @@ class Trainer:
         spare = retire_weights(self.run_dir.path, self.job.run.keep_versions, version, recycle=True)
         self.next_file = begin_weights(self.run_dir.path, version + 1, self.context.layout.size, spare)
 
-    def step_slices(self, size: int) -> list[tuple[int, int]]:
-        """One parameter slice per worker (fewer for small models), each a whole number of checksum blocks."""
+    def step_slices(self, size: int, tasks: int) -> list[tuple[int, int]]:
+        """One parameter slice per worker (fewer for small models, or when an update has fewer tasks, since
+        in a fused round each slice rides with a gradient task), each a whole number of checksum blocks."""
         blocks = block_count(size)
-        parts = min(self.job.train.workers, max(1, blocks // MIN_SLICE_BLOCKS))
+        parts = min(self.job.train.workers, tasks, max(1, blocks // MIN_SLICE_BLOCKS))
         return [(a * BLOCK, min(b * BLOCK, size)) for a, b in split_range(0, blocks, parts)]
 
     def nonfinite_gradients(self, update: Update, names: tuple[str, ...]) -> list[Any]:
@@ -306,7 +380,10 @@ class Trainer:
         if isinstance(task, StepTask):
             return f"{name} task {task.task} (parameters {task.lo}-{task.hi}, version {task.version})"
         split = "val" if isinstance(task, EvalTask) else "train"
-        return f"{name} task {task.task} ({self.describe_rows(task.lo, task.hi, split)})"
+        text = f"{name} task {task.task} ({self.describe_rows(task.lo, task.hi, split)})"
+        if isinstance(task, GradTask) and task.slice is not None:
+            text += f", after its step slice (parameters {task.slice.lo}-{task.slice.hi}, version {task.version})"
+        return text
 
     def describe_rows(self, lo: int, hi: int, split: str = "train") -> str:
         shards = self.dataset.split(split).segments(lo, hi)

@@ -23,10 +23,11 @@ import numpy as np
 from memtrain.dataset import open_dataset
 from memtrain.faults import fault_point
 from memtrain.files import writing_npy
-from memtrain.layout import gradient_name, weights_path
+from memtrain.layout import STEP_MARKS, gradient_name, weights_path
 from memtrain.train.context import model_context
 from memtrain.train.gradbuf import GradientBuffers
 from memtrain.train.maps import MapCache
+from memtrain.train.marks import PeerWaitExpired, StepMarks
 from memtrain.train.messages import EvalTask, GradTask, Result, StatsTask, StepTask, Stop, Task, WorkerSetup
 from memtrain.train.optim import OptimizerConfig
 from memtrain.train.reduce import run_step_slice
@@ -55,7 +56,11 @@ def _exit_with_parent(server_pid: int) -> None:
     if sys.platform.startswith("linux"):
         pr_set_pdeathsig = 1
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() != server_pid:  # the server died before the signal was armed
+    _exit_if_orphaned(server_pid)  # the server died before the signal was armed
+
+
+def _exit_if_orphaned(server_pid: int) -> None:
+    if os.getppid() != server_pid:
         os._exit(1)
 
 
@@ -100,6 +105,7 @@ class WorkerState:
         self.optimizer = OptimizerConfig(**dict(setup.optimizer))
         self.maps = MapCache()
         self.buffers = GradientBuffers(self.exchange)
+        self.marks = StepMarks(self.exchange / STEP_MARKS)
 
     def run(self, task: Task) -> Result:
         self.maps.drop_deleted()
@@ -127,8 +133,21 @@ class WorkerState:
         return self.context.normalize(x), np.asarray(y)
 
     def grad(self, task: GradTask) -> Result:
+        step_finite = True
+        if task.building is not None:
+            if task.slice is not None:
+                step_finite = self.step_slice(task.slice)
+            try:
+                usable = self.marks.wait(task.building.seq, task.building.slices, task.building.wait_limit,
+                                         lambda: _exit_if_orphaned(self.setup.server_pid))
+            except PeerWaitExpired:
+                return Result(task.task, task.attempt, step_finite=step_finite, peer_wait_expired=True)
+            if not usable:
+                return Result(task.task, task.attempt, finite=False, step_finite=step_finite, new_version_void=True)
         layout, model = self.context.layout, self.context.model
-        params = layout.views(self.weights(task.version))
+        weights = (self.maps.get(Path(task.building.path), (layout.size,), np.float32) if task.building is not None
+                   else self.weights(task.version))
+        params = layout.views(weights)
         x, y = self.rows("train", task.lo, task.hi)
         fault_point("before_grad_write")
         buffer = self.buffers.take(layout.size, np.dtype(np.float32))
@@ -140,7 +159,7 @@ class WorkerState:
         fault_point("after_grad_rename")
         fault_point("before_notify")
         return Result(task.task, task.attempt, loss=float(loss), rows=task.hi - task.lo, finite=math.isfinite(loss),
-                      seconds=seconds)
+                      seconds=seconds, step_finite=step_finite)
 
     def statistics(self, task: StatsTask) -> Result:
         shapes = self.context.stats_layout
@@ -162,7 +181,13 @@ class WorkerState:
 
     def step(self, task: StepTask) -> Result:
         started = time.perf_counter()
-        finite = run_step_slice(task, self.exchange, self.run_dir, self.context.layout.size, self.optimizer,
-                                self.maps)
+        finite = self.step_slice(task)
         return Result(task.task, task.attempt, rows=task.hi - task.lo, finite=finite,
                       seconds=time.perf_counter() - started)
+
+    def step_slice(self, task: StepTask) -> bool:
+        """Write this slice of the next version, then mark it (for the peers that wait to read it)."""
+        finite = run_step_slice(task, self.exchange, self.run_dir, self.context.layout.size, self.optimizer,
+                                self.maps)
+        self.marks.mark(task.task, task.seq, finite)
+        return finite
