@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import json
 import mmap
 import os
@@ -117,8 +118,10 @@ def _cleaning_up(tmp: Path, path: Path, size: int) -> Iterator[None]:
         raise
 
 
+@functools.lru_cache(maxsize=64)
 def npy_header_bytes(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
-    """The exact header numpy writes for an array of this shape and dtype (C order)."""
+    """The exact header numpy writes for an array of this shape and dtype (C order); cached, it is
+    asked for on every update."""
     header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": shape}
     buffer = _Sink()
     np.lib.format.write_array_header_1_0(buffer, header) if _fits_v1(header) else \

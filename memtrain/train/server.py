@@ -113,6 +113,7 @@ class Trainer:
         self.digests = create_digests(run.exchange, context.layout.size)
         create_marks(run.exchange / STEP_MARKS, job.train.workers)
         self.seq = 0  # steps so far; each slice owner marks its slice with its step's number
+        self.unwritten: list[tuple[str, dict[str, Any]]] = []  # log records kept off the critical path
 
     def run(self, resume_run: bool) -> TrainSummary:
         write_run_files(self.run_dir, self.job, self.context)
@@ -130,6 +131,7 @@ class Trainer:
             pool.close(timeout=2.0)
             raise self._interrupted(position, exc) from None
         finally:
+            self.write_logs()
             pool.close()
             if self.next_file is not None:
                 discard(self.next_file)
@@ -170,7 +172,7 @@ class Trainer:
         if results is None:  # no step pending, or the pending one was void: gradients at the published version
             version = position.version
             results = scheduler.run([GradTask(t.index, 0, version, t.lo, t.hi) for t in update.tasks],
-                                    while_waiting=lambda: self.prepare_next_version(version))
+                                    while_waiting=lambda: self.meanwhile(version))
         collected = Collected(update, position.version, position.update_index(self.per_epoch),
                               tuple(gradient_name(position.version, r.task, r.attempt) for r in results),
                               sum(r.loss for r in results), max(r.seconds for r in results))
@@ -194,7 +196,7 @@ class Trainer:
         grads = [GradTask(t.index, 0, version + 1, t.lo, t.hi, tasks[i] if i < len(tasks) else None, building)
                  for i, t in enumerate(update.tasks)]
         try:
-            results = scheduler.run(grads, while_waiting=lambda: self.prepare_next_version(version))
+            results = scheduler.run(grads, while_waiting=lambda: self.meanwhile(version))
             fault_point("mid_reduce")
             published = all(r.step_finite and not r.new_version_void for r in results)
             if published:
@@ -212,7 +214,7 @@ class Trainer:
         """The step of the epoch's last update, in a round of its own (evaluation needs the new version)."""
         tasks = self.step_tasks(previous, len(previous.update.tasks))
         try:
-            results = scheduler.run(tasks)
+            results = scheduler.run(tasks, while_waiting=self.write_logs)
             fault_point("mid_reduce")
             published = all(result.finite for result in results)
             if published:
@@ -237,9 +239,10 @@ class Trainer:
         checksum = weights_checksum(self.digests, self.context.layout.size)
         commit_weights(Path(first.out), self.run_dir.path, first.version + 1)
         update = previous.update
-        self.run_dir.lineage({"version": first.version + 1, "parent": first.version, "update": previous.index,
-                              "epoch": update.epoch, "batch": update.batch, "split": "train",
-                              "tasks": [[t.lo, t.hi] for t in update.tasks], "lr": first.lr, "checksum": checksum})
+        self.unwritten.append(("lineage", {
+            "version": first.version + 1, "parent": first.version, "update": previous.index, "epoch": update.epoch,
+            "batch": update.batch, "split": "train", "tasks": [[t.lo, t.hi] for t in update.tasks], "lr": first.lr,
+            "checksum": checksum}))
 
     def finish(self, position: Position, collected: Collected, *, published: bool,
                bad: list[Any] | None = None) -> None:
@@ -257,9 +260,26 @@ class Trainer:
         position.epoch_loss += collected.loss
         position.epoch_rows += update.rows
         position.batch += 1
-        self.run_dir.metric({"kind": "update", "epoch": update.epoch, "batch": update.batch, "update": collected.index,
-                             "version": position.version, "loss": collected.loss / update.rows, "rows": update.rows,
-                             "skipped": not published, "compute_s": collected.compute_s, "time": time.time()})
+        self.unwritten.append(("metric", {
+            "kind": "update", "epoch": update.epoch, "batch": update.batch, "update": collected.index,
+            "version": position.version, "loss": collected.loss / update.rows, "rows": update.rows,
+            "skipped": not published, "compute_s": collected.compute_s, "time": time.time()}))
+
+    def meanwhile(self, version: int) -> None:
+        """The server's own work while the workers compute at ``version`` (or build the one after it)."""
+        self.write_logs()
+        self.prepare_next_version(version)
+
+    def write_logs(self) -> None:
+        """Append the lineage and metric records of the updates finished since the last call.
+
+        Kept off the path between two rounds: they are written while the next round computes, and
+        always before an epoch's record, a checkpoint or the end of the run. A crash in between loses
+        only records that resume rewrites anyway (it truncates the logs to its checkpoint).
+        """
+        for kind, record in self.unwritten:
+            getattr(self.run_dir, kind)(record)
+        self.unwritten.clear()
 
     def prepare_next_version(self, version: int) -> None:
         """Retire versions beyond ``keep_versions`` and make the (unpublished) file of ``version + 1`` ready.
@@ -314,6 +334,7 @@ class Trainer:
         position.epoch = self.job.train.epochs - 1
 
     def end_epoch(self, scheduler: Scheduler, position: Position, started: float, *, final: bool) -> dict[str, Any]:
+        self.write_logs()
         def retire() -> None:  # so that the run holds keep_versions versions whenever it stops after this
             if not self.context.additive:
                 self.prepare_next_version(position.version)
@@ -358,6 +379,7 @@ class Trainer:
         return "  ".join(parts)
 
     def _interrupted(self, position: Position, exc: BaseException) -> Interrupted:
+        self.write_logs()
         index = position.update_index(self.per_epoch)
         if self.checkpointed != index and position.version > 0:
             save_checkpoint(self.run_dir, self.job, self.context, position, self.per_epoch)

@@ -133,8 +133,12 @@ class WorkerState:
         return self.context.normalize(x), np.asarray(y)
 
     def grad(self, task: GradTask) -> Result:
+        layout, model = self.context.layout, self.context.model
+        x, y = self.rows("train", task.lo, task.hi)
+        fault_point("before_grad_write")
+        buffer = self.buffers.take(layout.size, np.dtype(np.float32))
         step_finite = True
-        if task.building is not None:
+        if task.building is not None:  # the rows and the buffer are ready before the wait: less to do after it
             if task.slice is not None:
                 step_finite = self.step_slice(task.slice)
             try:
@@ -144,15 +148,10 @@ class WorkerState:
                 return Result(task.task, task.attempt, step_finite=step_finite, peer_wait_expired=True)
             if not usable:
                 return Result(task.task, task.attempt, finite=False, step_finite=step_finite, new_version_void=True)
-        layout, model = self.context.layout, self.context.model
         weights = (self.maps.get(Path(task.building.path), (layout.size,), np.float32) if task.building is not None
                    else self.weights(task.version))
-        params = layout.views(weights)
-        x, y = self.rows("train", task.lo, task.hi)
-        fault_point("before_grad_write")
-        buffer = self.buffers.take(layout.size, np.dtype(np.float32))
         started = time.perf_counter()
-        loss = model.loss_and_grad(params, x, y, layout.views(buffer.array))  # overwrites every element
+        loss = model.loss_and_grad(layout.views(weights), x, y, layout.views(buffer.array))  # overwrites all
         seconds = time.perf_counter() - started
         fault_point("after_grad_tmp")
         self.buffers.publish(buffer, self.exchange / gradient_name(task.version, task.task, task.attempt))
