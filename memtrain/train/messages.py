@@ -115,6 +115,6 @@ class Result:
     finite: bool = True
     error: str | None = None
     seconds: float = 0.0  # time the worker spent computing (gradient tasks): what the benchmark subtracts
-    step_finite: bool = True  # the task's step slice (fused round) came out finite
+    step_finite: bool = True  # the task's step slice (step task, or fused round) came out finite
     new_version_void: bool = False  # a slice of the version it was to compute at was not finite: nothing computed
     peer_wait_expired: bool = False  # a peer's slice did not land in time: nothing computed, send it again

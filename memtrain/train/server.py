@@ -188,40 +188,37 @@ class Trainer:
         for the other slices, then computes its gradient of ``update`` at that version.
 
         Returns the gradient results; None when the step came out non-finite (``previous`` is then
-        skipped, or the run stops, per ``train.on_nonfinite``, and no gradient was computed).
+        skipped, or the run stops, per ``train.on_nonfinite``, and no gradient was computed: every
+        waiter saw the void mark first).
         """
         version = previous.version
-        tasks = self.step_tasks(previous, len(update.tasks))
-        building = Building(tasks[0].out, tasks[0].seq, len(tasks), self.job.train.task_timeout / 2)
-        grads = [GradTask(t.index, 0, version + 1, t.lo, t.hi, tasks[i] if i < len(tasks) else None, building)
+        steps = self.step_tasks(previous, len(update.tasks))
+        building = Building(steps[0].out, steps[0].seq, len(steps), self.job.train.task_timeout / 2)
+        grads = [GradTask(t.index, 0, version + 1, t.lo, t.hi, steps[i] if i < len(steps) else None, building)
                  for i, t in enumerate(update.tasks)]
-        try:
-            results = scheduler.run(grads, while_waiting=lambda: self.meanwhile(version))
-            fault_point("mid_reduce")
-            published = all(r.step_finite and not r.new_version_void for r in results)
-            if published:
-                self.publish(previous, tasks)
-            else:
-                for result in results:
-                    (self.run_dir.exchange / gradient_name(version + 1, result.task, result.attempt)).unlink(
-                        missing_ok=True)
-        finally:
-            discard(Path(building.path))
-        self.finish(position, previous, published=published)
-        return results if published else None
+        return self.step_round(scheduler, position, previous, steps, grads, lambda: self.meanwhile(version))
 
     def step_alone(self, scheduler: Scheduler, position: Position, previous: Collected) -> None:
         """The step of the epoch's last update, in a round of its own (evaluation needs the new version)."""
-        tasks = self.step_tasks(previous, len(previous.update.tasks))
+        steps = self.step_tasks(previous, len(previous.update.tasks))
+        self.step_round(scheduler, position, previous, steps, steps, self.write_logs)
+
+    def step_round(self, scheduler: Scheduler, position: Position, previous: Collected, steps: list[StepTask],
+                   tasks: list[Task], while_waiting: Callable[[], None]) -> list[Result] | None:
+        """Run ``tasks`` (which carry ``steps``), then publish the new version or skip ``previous``.
+
+        Returns the results, or None when a slice of the step was not finite.
+        """
         try:
-            results = scheduler.run(tasks, while_waiting=self.write_logs)
+            results = scheduler.run(tasks, while_waiting)
             fault_point("mid_reduce")
-            published = all(result.finite for result in results)
+            published = all(r.step_finite and not r.new_version_void for r in results)
             if published:
-                self.publish(previous, tasks)
+                self.publish(previous, steps)
         finally:
-            discard(Path(tasks[0].out))
+            discard(Path(steps[0].out))
         self.finish(position, previous, published=published)
+        return results if published else None
 
     def step_tasks(self, previous: Collected, tasks: int) -> list[StepTask]:
         """The slices of the step after ``previous``, into the version file made ready in advance."""

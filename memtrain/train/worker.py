@@ -181,7 +181,7 @@ class WorkerState:
     def step(self, task: StepTask) -> Result:
         started = time.perf_counter()
         finite = self.step_slice(task)
-        return Result(task.task, task.attempt, rows=task.hi - task.lo, finite=finite,
+        return Result(task.task, task.attempt, rows=task.hi - task.lo, finite=finite, step_finite=finite,
                       seconds=time.perf_counter() - started)
 
     def step_slice(self, task: StepTask) -> bool:
