@@ -40,6 +40,7 @@ def test_json_report_has_every_method_with_sane_fields(tmp_path: Path) -> None:
     assert memtrain["memtrain_ratio"] == pytest.approx(1.0)
     assert any("exchange area" in line for line in memtrain["exchange"])
     assert os.listdir(tmp_path) == []  # datasets and runs are removed
+    assert report["machine"]["cpus"] >= 1 and report["machine"]["cpu"] and report["machine"]["blas"] != "unknown"
 
 
 def test_table_lists_every_method(tmp_path: Path) -> None:
@@ -48,6 +49,7 @@ def test_table_lists_every_method(tmp_path: Path) -> None:
     for header in ("samples/s", "overhead ms", "peak MiB", "memtrain ÷ method"):
         assert header in result.stdout
     assert "memtrain" in result.stdout and "one process, 1 thread" in result.stdout
+    assert "numpy " in result.stdout and " CPUs (" in result.stdout  # the caption names the machine
 
 
 def test_unknown_method_is_a_usage_error(tmp_path: Path) -> None:

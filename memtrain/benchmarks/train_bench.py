@@ -147,10 +147,33 @@ def summarize(method: str, runs: list[dict[str, Any]], warmup: int) -> dict[str,
 
 
 def machine() -> dict[str, Any]:
+    """What the figures were measured on: they move with the CPU and the BLAS kernels far more than with memtrain."""
     import numpy as np
 
-    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "numpy": np.__version__}
+    return {"cpus": os.cpu_count(), "cpu": cpu_model(), "platform": platform.platform(),
+            "python": platform.python_version(), "numpy": np.__version__, "blas": blas_build()}
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def blas_build() -> str:
+    """numpy's BLAS as threadpoolctl sees it, e.g. ``openblas 0.3.31 (Haswell kernels)``."""
+    from threadpoolctl import threadpool_info
+
+    for pool in threadpool_info():
+        if pool.get("user_api") == "blas":
+            kernels = f" ({pool['architecture']} kernels)" if pool.get("architecture") else ""
+            return f"{pool.get('internal_api', '?')} {pool.get('version', '?')}{kernels}"
+    return "unknown"
 
 
 def settings(args: argparse.Namespace, sizes: list[int], methods: list[str]) -> dict[str, Any]:
@@ -166,6 +189,8 @@ def print_table(report: dict[str, Any]) -> None:
     table = Table(title=f"memtrain bench train: MLP {FEATURES}-H-{CLASSES}, SGD, batch {s['batch']}, "
                         f"{s['workers']} workers; medians of {s['updates'] - s['warmup']} steady updates x "
                         f"{s['repeats']} runs per method")
+    m = report["machine"]
+    table.caption = f"{m['cpus']} CPUs ({m['cpu']}), numpy {m['numpy']} with {m['blas']}, Python {m['python']}"
     for name in ("params", "method", "samples/s", "ms/update", "compute ms", "overhead ms", "peak MiB",
                  "memtrain ÷ method"):
         table.add_column(name, justify="left" if name == "method" else "right")
