@@ -1,0 +1,136 @@
+"""Worker pools started and stopped many times while the server process has busy threads (RELIABILITY #36).
+
+A forked child inherits only the forking thread, so a lock held by another thread at that moment (a
+logging handler's, watchdog's) stays locked forever in the child. memtrain starts workers with
+``spawn``; these tests hold such locks busy on purpose while pools come and go, and require every pool
+to do real work, every worker to be a spawned interpreter (not a fork of the busy process) and to exit
+by itself when asked.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tiny_data import blobs, write_dataset
+from watchdog.events import FileSystemEventHandler
+from watchdog.observers import Observer
+
+from memtrain.layout import STEP_MARKS, gradient_name
+from memtrain.train.exchange import WorkerPool
+from memtrain.train.marks import create_marks
+from memtrain.train.messages import StatsTask, WorkerSetup
+
+WORKERS = 2
+
+
+class Busy:
+    """A thread logging through a file handler and a watchdog observer fed by a thread touching files."""
+
+    def __init__(self, root: Path):
+        self.stop = threading.Event()
+        self.logged = 0
+        self.seen = 0
+        watched = root / "watched"
+        watched.mkdir()
+        self.logger = logging.getLogger(f"memtrain-test-busy-{id(self)}")
+        self.logger.propagate = False
+        self.handler = logging.FileHandler(root / "busy.log")
+        self.logger.addHandler(self.handler)
+        self.observer = Observer()
+        self.observer.schedule(self._Counter(self), str(watched))
+        self.threads = [threading.Thread(target=self._log, daemon=True),
+                        threading.Thread(target=self._touch, args=(watched,), daemon=True)]
+
+    class _Counter(FileSystemEventHandler):
+        def __init__(self, busy: Busy):
+            self.busy = busy
+
+        def on_any_event(self, event) -> None:
+            self.busy.seen += 1
+
+    def _log(self) -> None:
+        while not self.stop.is_set():
+            self.logger.warning("busy line %d", self.logged)
+            self.logged += 1
+
+    def _touch(self, watched: Path) -> None:
+        k = 0
+        while not self.stop.is_set():
+            (watched / f"f{k % 50}").write_text(str(k))
+            k += 1
+            time.sleep(0.001)
+
+    def __enter__(self) -> Busy:
+        self.observer.start()
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(5)
+        self.observer.stop()
+        self.observer.join(5)
+        self.logger.removeHandler(self.handler)
+        self.handler.close()
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> Iterator[WorkerSetup]:
+    x, y = blobs(n=400, features=4)
+    data = write_dataset(tmp_path / "data", x, y, val_rows=40)
+    exchange = tmp_path / "exchange"
+    exchange.mkdir()
+    create_marks(exchange / STEP_MARKS, WORKERS)
+    yield WorkerSetup(os.getpid(), str(tmp_path / "run"), str(exchange), str(data), False, "naive_bayes", (), 1,
+                      (("name", "sgd"),), 0)
+
+
+def spawned(pid: int) -> bool:
+    """A spawned worker is a fresh interpreter running multiprocessing's spawn_main; a fork runs our argv."""
+    return b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+def cycle_pools(setup: WorkerSetup, root: Path, cycles: int) -> None:
+    exchange = Path(setup.exchange_dir)
+    with Busy(root) as busy:
+        for cycle in range(cycles):
+            pool = WorkerPool(setup, WORKERS)
+            pids = pool.pids()
+            for slot in pool.slots:
+                pool.send(slot, StatsTask(slot.index, cycle, slot.index * 100, slot.index * 100 + 100))
+            results = []
+            deadline = time.monotonic() + 60
+            while len(results) < WORKERS and time.monotonic() < deadline:
+                for event in pool.wait(1.0):
+                    assert event.result is not None, f"cycle {cycle}: worker {event.slot.index} died"
+                    assert event.result.error is None, event.result.error
+                    results.append(event.result)
+            assert sorted(r.rows for r in results) == [100] * WORKERS, f"cycle {cycle}: {results}"
+            assert all(spawned(pid) for pid in pids), f"cycle {cycle}: a worker is a fork of the server"
+            for r in results:
+                out = exchange / gradient_name(0, r.task, r.attempt)
+                assert np.isfinite(np.load(out)).all()
+                out.unlink()
+            processes = [slot.process for slot in pool.slots]
+            pool.close(timeout=30)
+            assert [p.exitcode for p in processes] == [0] * WORKERS, f"cycle {cycle}: pids {pids} had to be killed"
+        assert busy.logged > 0 and busy.seen > 0  # the threads really were busy the whole time
+
+
+def test_twenty_pools_come_and_go_while_threads_hold_locks(setup: WorkerSetup, tmp_path: Path) -> None:
+    cycle_pools(setup, tmp_path, 20)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_hundred_pools_come_and_go_while_threads_hold_locks(setup: WorkerSetup, tmp_path: Path) -> None:
+    cycle_pools(setup, tmp_path, 200)
