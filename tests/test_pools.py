@@ -13,7 +13,6 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -84,13 +83,13 @@ class Busy:
 
 
 @pytest.fixture
-def setup(tmp_path: Path) -> Iterator[WorkerSetup]:
+def setup(tmp_path: Path) -> WorkerSetup:
     x, y = blobs(n=400, features=4)
     data = write_dataset(tmp_path / "data", x, y, val_rows=40)
     exchange = tmp_path / "exchange"
     exchange.mkdir()
     create_marks(exchange / STEP_MARKS, WORKERS)
-    yield WorkerSetup(os.getpid(), str(tmp_path / "run"), str(exchange), str(data), False, "naive_bayes", (), 1,
+    return WorkerSetup(os.getpid(), str(tmp_path / "run"), str(exchange), str(data), False, "naive_bayes", (), 1,
                       (("name", "sgd"),), 0)
 
 

@@ -85,13 +85,11 @@ def recording(monkeypatch: pytest.MonkeyPatch, log: DiskLog) -> None:
         real_fsync(fd)
         log.fsync(fd)
 
-    def rename(src, dst, *args, **kwargs) -> None:
-        real_rename(src, dst, *args, **kwargs)
-        log.rename(src, dst)
-
-    def replace(src, dst, *args, **kwargs) -> None:
-        real_replace(src, dst, *args, **kwargs)
-        log.rename(src, dst)
+    def moving(real):
+        def move(src, dst, *args, **kwargs) -> None:
+            real(src, dst, *args, **kwargs)
+            log.rename(src, dst)
+        return move
 
     def mkdir(path, *args, **kwargs) -> None:
         real_mkdir(path, *args, **kwargs)
@@ -105,8 +103,8 @@ def recording(monkeypatch: pytest.MonkeyPatch, log: DiskLog) -> None:
         if name == "memtrain" or name.startswith("memtrain."):
             monkeypatch.setattr(module, "open", opener, raising=False)
     monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(os, "rename", rename)
-    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "rename", moving(real_rename))
+    monkeypatch.setattr(os, "replace", moving(real_replace))
     monkeypatch.setattr(os, "mkdir", mkdir)
     monkeypatch.setattr(shutil, "rmtree", rmtree)
 
@@ -123,6 +121,11 @@ def snapshot(root: Path) -> dict[str, bytes | None]:
     return tree
 
 
+def subtree(tree: dict, top: str) -> list[str]:
+    """``top`` and every path below it."""
+    return [p for p in tree if p == top or p.startswith(top + os.sep)]
+
+
 def crash_state(start: dict[str, bytes | None], log: DiskLog, done: int, kept: int) -> dict[str, bytes | None]:
     """The disk after a power loss: the directory changes of the first ``kept`` operations applied; each
     file created meanwhile holds its bytes as of its last fsync among the first ``done`` (else nothing)."""
@@ -134,13 +137,13 @@ def crash_state(start: dict[str, bytes | None], log: DiskLog, done: int, kept: i
         elif op[0] == "create":
             tree[op[1]] = op[2]
         elif op[0] == "remove":
-            for path in [p for p in tree if p == op[1] or p.startswith(op[1] + os.sep)]:
+            for path in subtree(tree, op[1]):
                 del tree[path]
         elif op[0] == "rename":
             src, dst = op[1], op[2]
-            for path in [p for p in tree if p == dst or p.startswith(dst + os.sep)]:
+            for path in subtree(tree, dst):
                 del tree[path]
-            for path in [p for p in tree if p == src or p.startswith(src + os.sep)]:
+            for path in subtree(tree, src):
                 tree[dst + path[len(src):]] = tree.pop(path)
     return {path: durable.get(value, b"") if isinstance(value, int) else value for path, value in tree.items()}
 
@@ -193,7 +196,7 @@ def commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, b
     with monkeypatch.context() as patch:
         recording(patch, log)
         write_checkpoint(run, NEW, {"update": NEW}, sources[NEW][0], sources[NEW][1], keep=1)
-    return start, log, {u: np.load(sources[u][0]) for u in (OLD, NEW)}
+    return start, log, weights
 
 
 def test_the_recorded_commit_has_the_operations_the_model_needs(commit) -> None:
@@ -207,23 +210,20 @@ def test_the_recorded_commit_has_the_operations_the_model_needs(commit) -> None:
 def test_every_power_loss_during_a_commit_recovers_a_whole_checkpoint(commit, tmp_path: Path) -> None:
     start, log, weights = commit
     states = 0
-    for done in range(len(log.ops) + 1):
-        for kept in allowed_prefixes(log, done):
-            root = tmp_path / "crash" / f"{done}-{kept}"
-            materialize(crash_state(start, log, done, kept), root)
-            discard_incomplete(root)
-            skipped: list[str] = []
-            found = newest_checkpoint(root, warn=skipped.append)
-            where = f"after {done} of {len(log.ops)} operations, {kept} on disk: {log.ops[:done]}"
-            assert not skipped, f"a committed checkpoint was incomplete {where}: {skipped}"
-            assert found is not None, f"no checkpoint left {where}"
-            path, meta = found
-            assert meta["update"] in (OLD, NEW)
-            assert np.array_equal(np.load(path / CHECKPOINT_WEIGHTS), weights[meta["update"]])
-            if done == len(log.ops):
-                assert meta["update"] == NEW, f"write_checkpoint returned but NEW is not durable ({kept} on disk)"
-            assert not [e for e in os.listdir(root / CHECKPOINTS_DIR) if e.startswith(".")]
-            states += 1
+    for done, kept, root in crash_states(start, log, tmp_path / "crash"):
+        discard_incomplete(root)
+        skipped: list[str] = []
+        found = newest_checkpoint(root, warn=skipped.append)
+        where = f"after {done} of {len(log.ops)} operations, {kept} on disk: {log.ops[:done]}"
+        assert not skipped, f"a committed checkpoint was incomplete {where}: {skipped}"
+        assert found is not None, f"no checkpoint left {where}"
+        path, meta = found
+        assert meta["update"] in (OLD, NEW)
+        assert np.array_equal(np.load(path / CHECKPOINT_WEIGHTS), weights[meta["update"]])
+        if done == len(log.ops):
+            assert meta["update"] == NEW, f"write_checkpoint returned but NEW is not durable ({kept} on disk)"
+        assert not [e for e in os.listdir(root / CHECKPOINTS_DIR) if e.startswith(".")]
+        states += 1
     assert states > len(log.ops)
 
 
@@ -232,13 +232,10 @@ def test_the_model_catches_a_commit_without_fsync(commit, tmp_path: Path) -> Non
     start, log, _ = commit
     careless = DiskLog(log.root, log.ops)
     failures = 0
-    for done in range(len(careless.ops) + 1):
-        for kept in allowed_prefixes(careless, done):
-            root = tmp_path / "careless" / f"{done}-{kept}"
-            materialize(crash_state(start, careless, done, kept), root)
-            skipped: list[str] = []
-            newest_checkpoint(root, warn=skipped.append)
-            failures += bool(skipped)
+    for _, _, root in crash_states(start, careless, tmp_path / "careless"):
+        skipped: list[str] = []
+        newest_checkpoint(root, warn=skipped.append)
+        failures += bool(skipped)
     assert failures > 0
 
 
