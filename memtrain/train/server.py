@@ -22,7 +22,7 @@ from memtrain.files import open_npy, read_jsonl
 from memtrain.layout import RUN_METRICS, STEP_MARKS, gradient_name
 from memtrain.progress import reporting
 from memtrain.stopping import on_stop_signals
-from memtrain.train.context import ModelContext, model_context
+from memtrain.train.context import ModelContext, model_context, startup_check
 from memtrain.train.exchange import WorkerPool
 from memtrain.train.marks import create_marks
 from memtrain.train.messages import Building, EvalTask, GradTask, Result, StatsTask, StepTask, Task, WorkerSetup
@@ -75,6 +75,7 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
     """Run (or resume) a job to the end; raises MemtrainError (Interrupted on SIGINT/SIGTERM)."""
     dataset = open_dataset(job.data.path, verify=verify or job.data.verify)
     context = model_context(dataset, job.model.kind, job.model.options, job.data.normalize)
+    note = startup_check(context, dataset, job.train.blas_threads)  # a model's dry run: its errors exit 2 here
     size_bytes = context.layout.size * 4
     slots = len(state_slots(job.train.optimizer))
     run = open_run_dir(job, resume=resume_run, overwrite=overwrite,
@@ -82,6 +83,8 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
                        need_run=(3 + slots) * size_bytes)  # the least that lets a run make progress
     stop = StopRequest()
     try:
+        if note:
+            run.event(note)
         with on_stop_signals(lambda signum: setattr(stop, "signum", signum)):
             return Trainer(job, dataset, context, run, stop).run(resume_run)
     finally:
@@ -417,4 +420,4 @@ class Trainer:
                           for f in dataclasses.fields(self.job.train.optimizer))
         return WorkerSetup(os.getpid(), str(self.run_dir.path), str(self.run_dir.exchange), str(self.dataset.path),
                            self.job.data.normalize, self.job.model.kind, tuple(self.job.model.options.items()),
-                           self.job.train.blas_threads, optimizer, 0)
+                           self.job.train.blas_threads, optimizer, 0, self.job.train.seed)
