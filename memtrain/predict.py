@@ -40,6 +40,16 @@ class TrainedModel:
         """Class indices (classification; names via ``classes``) or predicted targets (regression)."""
         return self.context.model.predict(self.params, self._features(x))
 
+    @property
+    def module(self) -> Any:
+        """A torch model's ``torch.nn.Module`` with the trained weights, in eval mode (it takes normalized
+        rows: ``predict`` and ``predict_proba`` normalize raw ones)."""
+        to_module = getattr(self.context.model, "to_module", None)
+        if to_module is None:
+            raise InputError(f"model '{self.meta['model']['kind']}' is not a torch module",
+                             hint="only kind = \"torch\" models have .module; use predict or .params")
+        return to_module(self.params)
+
     def predict_proba(self, x: Any) -> np.ndarray:
         if not hasattr(self.context.model, "predict_proba"):
             raise InputError(f"model '{self.meta['model']['kind']}' does not give probabilities")

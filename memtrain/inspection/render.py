@@ -188,7 +188,8 @@ def render_diff(view: dict[str, Any], console: Console) -> None:
 
 def render_written(view: dict[str, Any], console: Console) -> None:
     if view["kind"] == "export":
-        detail = f"{len(view['arrays'])} arrays, {view['format']}, {size(view['bytes'])}"
+        detail = (f"{len(view['arrays'])} arrays, {view['format']}, {size(view['bytes'])}; "
+                  f"normalization: {view.get('normalization', 'unknown')}")
     else:
         detail = f"{view['epochs']} epochs, {view['updates']} updates"
     console.print(Text(f"wrote {view['out']} ({detail}) from {view['path']}"))
