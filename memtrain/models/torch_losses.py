@@ -52,7 +52,8 @@ def resolve_loss(name: str | None, spec: DataSpec) -> Loss:
         raise InputError("wrong type for model.loss", expected="a string", found=repr(name))
     if name == "cross_entropy":
         if not classifier:
-            raise InputError("model.loss 'cross_entropy' needs classification data", found=f"task {spec.task!r}",
+            raise InputError("model.loss 'cross_entropy' needs classification data", expected="task 'classification'",
+                             found=f"task {spec.task!r}",
                              hint="use loss = \"mse\" (the regression default) or a 'module:fn'")
         return Loss(name, _cross_entropy, True)
     if name == "mse":
@@ -71,8 +72,8 @@ def targets(y: np.ndarray, spec: DataSpec) -> Any:
     """Class indices (int64, [n]) or float32 targets [n, K], as tensors."""
     import torch
 
-    if spec.task == CLASSIFICATION:
-        return torch.from_numpy(np.array(class_indices(y, spec.n_classes), dtype=np.int64))  # a copy: y may be a read-only map
+    if spec.task == CLASSIFICATION:  # copies: y may be a read-only map
+        return torch.from_numpy(np.array(class_indices(y, spec.n_classes), dtype=np.int64))
     return torch.from_numpy(np.array(regression_targets(y, spec.n_targets), dtype=np.float32))
 
 
@@ -82,7 +83,7 @@ def check_output(factory: str, loss: Loss, spec: DataSpec, rows: int, output: An
 
     if not isinstance(output, torch.Tensor):
         raise InputError(f"model factory {factory!r}: the module must return one tensor of scores",
-                         found=type(output).__name__)
+                         expected="a torch.Tensor", found=type(output).__name__)
     if loss.builtin:
         expected = (rows, output_width(spec))
         if tuple(output.shape) != expected:
@@ -105,5 +106,6 @@ def _call_loss(factory: str, loss: Loss, output: Any, target: Any) -> Any:
         return loss.per_row(output, target)
     except Exception as exc:  # the user's loss on the dry run's rows
         raise InputError(f"loss {loss.name!r} of model factory {factory!r} raised {type(exc).__name__}: {exc}",
+                         expected="fn(output, target) -> one loss per row",
                          found=f"output shape {list(output.shape)}, target shape {list(target.shape)} "
                                f"({target.dtype})") from exc

@@ -88,7 +88,9 @@ class TorchModel:
             except Exception as exc:  # the user's forward pass on real rows
                 raise InputError(f"model factory {self.factory!r}: the module fails on {len(x)} rows of the "
                                  f"training data: {type(exc).__name__}: {exc}",
-                                 found=f"input shape {list(inputs.shape)} (float32, normalized rows)") from exc
+                                 expected=f"a module taking float32 rows of shape [n, "
+                                          f"{', '.join(map(str, self.spec.feature_shape))}]",
+                                 found=f"input shape {list(inputs.shape)}") from exc
             check_output(self.factory, self.criterion, self.spec, len(x), output, target)
         current = {name: tensor.detach().to(dtype=_float32()).numpy().copy()
                    for name, tensor in (*self.slots.trained, *self.slots.state)}
@@ -98,6 +100,7 @@ class TorchModel:
         except Exception as exc:
             raise InputError(f"model factory {self.factory!r}: the gradient of loss {self.criterion.name!r} fails on "
                              f"{len(x)} rows: {type(exc).__name__}: {exc}",
+                             expected="a loss autograd can differentiate with respect to the parameters",
                              found=f"input shape {list(inputs.shape)}, output shape {list(output.shape)}") from exc
         return runtime_note(threads)
 

@@ -12,6 +12,7 @@ name), sparse gradients, SyncBatchNorm (needs a torch process group), extra stat
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -61,8 +62,8 @@ def build_module(factory: str, spec: DataSpec, options: dict[str, Any], seed: in
             module = make(spec, **options)
         except Exception as exc:  # the user's code: any error is a configuration error, reported at start
             raise InputError(f"model factory {factory!r} raised {type(exc).__name__}: {exc}",
-                             found=f"options {options or '{}'}, feature shape {list(spec.feature_shape)}, "
-                                   f"task {spec.task}") from exc
+                             hint=f"it was called with options {options or '{}'} and a DataSpec of feature "
+                                  f"shape {list(spec.feature_shape)}, task {spec.task}") from exc
     if not isinstance(module, torch.nn.Module):
         raise InputError(f"model factory {factory!r} did not return a torch.nn.Module",
                          expected="a torch.nn.Module", found=type(module).__name__)
@@ -70,8 +71,9 @@ def build_module(factory: str, spec: DataSpec, options: dict[str, Any], seed: in
     return module.float()
 
 
-def refuse(factory: str, reason: str, found: str) -> InputError:
-    return InputError(f"model factory {factory!r}: memtrain cannot train this module: {reason}", found=found)
+def refuse(factory: str, reason: str, expected: str, found: str) -> InputError:
+    return InputError(f"model factory {factory!r}: memtrain cannot train this module: {reason}", expected=expected,
+                      found=found, hint="see 'Modules memtrain refuses' in docs/torch.md")
 
 
 def check_module(module: Any, factory: str) -> None:
@@ -82,30 +84,33 @@ def check_module(module: Any, factory: str) -> None:
     unique = dict(module.named_parameters())
     for name, param in named:
         if isinstance(param, torch.nn.parameter.UninitializedParameter):
-            raise refuse(factory, "lazy modules have no shapes before their first forward pass", f"{name} lazy")
+            raise refuse(factory, "lazy modules have no shapes before their first forward pass",
+                         "layers with sizes (nn.Linear, not nn.LazyLinear)", f"{name} uninitialized")
         if not param.is_floating_point():
             raise refuse(factory, "parameters must be real floating point (trained as float32)",
-                         f"{name} of dtype {param.dtype}")
+                         "float16, bfloat16, float32 or float64", f"{name} of dtype {param.dtype}")
         if param.device.type != "cpu":
-            raise refuse(factory, "memtrain trains on the CPU", f"{name} on {param.device}")
+            raise refuse(factory, "memtrain trains on the CPU", "parameters on cpu", f"{name} on {param.device}")
     if len(named) != len(unique):
         tied = sorted({n for n, p in named} - set(unique))
         raise refuse(factory, "parameters shared between names (tied weights) are not supported",
-                     f"{', '.join(tied)} shared with another parameter")
+                     "one tensor per parameter name", f"{', '.join(tied)} shared with another parameter")
     if not any(param.requires_grad for param in unique.values()):
-        raise refuse(factory, "it has no trainable parameter", f"{len(unique)} parameters, none requires grad")
+        raise refuse(factory, "it has no trainable parameter", "a parameter with requires_grad=True",
+                     f"{len(unique)} parameters, none requires grad")
     for name, sub in module.named_modules():
         if isinstance(sub, torch.nn.SyncBatchNorm):
             raise refuse(factory, "SyncBatchNorm needs a torch process group; use BatchNorm (memtrain averages "
-                                  "the running statistics, see docs/torch.md)", f"{name or 'the module'}")
+                                  "the running statistics, see docs/torch.md)", "nn.BatchNorm*",
+                         f"SyncBatchNorm at {name or 'the top'}")
         if getattr(sub, "sparse", False) is True:
-            raise refuse(factory, "sparse gradients are not supported", f"{name} has sparse=True")
+            raise refuse(factory, "sparse gradients are not supported", "sparse=False", f"{name} has sparse=True")
     for name, value in module.state_dict(keep_vars=True).items():
         if not isinstance(value, torch.Tensor):
-            raise refuse(factory, "state that is not a tensor cannot live in a weight file",
+            raise refuse(factory, "state that is not a tensor cannot live in a weight file", "tensors only",
                          f"{name} of type {type(value).__name__}")
         if value.is_complex():
-            raise refuse(factory, "complex buffers are not supported", f"{name} of dtype {value.dtype}")
+            raise refuse(factory, "complex buffers are not supported", "real buffers", f"{name} of dtype {value.dtype}")
 
 
 def module_slots(module: Any) -> Slots:
@@ -132,8 +137,6 @@ def pin_process(threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
-    try:
+    with contextlib.suppress(RuntimeError):  # already set, or parallel work already ran here: keep it
         torch.set_num_interop_threads(1)
-    except RuntimeError:  # already set, or parallel work already ran in this process: keep what it has
-        pass
     torch.use_deterministic_algorithms(True)
