@@ -294,10 +294,20 @@ def test_a_module_that_cannot_train_fails_at_start_naming_factory_and_shapes(
     assert not (tmp_path / "run").exists()  # refused before any run directory or worker
 
 
-def test_a_custom_per_row_loss_trains(data: Path, tmp_path: Path) -> None:
-    job = write_job(tmp_path, data, "torch_nets:mlp", model='loss = "torch_nets:per_row_loss"', epochs=1)
-    train_in_process(job, "--workers", 1)
-    assert weight_versions(tmp_path / "run")[-1] == 6
+def test_a_custom_loss_gets_output_and_target_and_its_per_row_losses_are_summed(data: Path) -> None:
+    dataset = open_dataset(data)
+    x, y = dataset.split("train").read(0, 40)
+    gradients = {}
+    for loss in ("cross_entropy", "torch_nets:per_row_loss"):  # per_row_loss: 2 x cross-entropy
+        context = model_context(dataset, "torch", {"factory": "torch_nets:mlp", "loss": loss}, True)
+        weights = context.layout.flatten(context.model.init(np.random.default_rng(0)))
+        out = np.empty(context.layout.size, dtype=np.float32)
+        value = context.model.loss_and_grad(context.layout.views(weights), context.normalize(x), y,
+                                            context.layout.views(out))
+        gradients[loss] = (value, out)
+    (plain, grad), (doubled, grad2) = gradients.values()
+    assert doubled == pytest.approx(2 * plain, rel=1e-6)
+    np.testing.assert_allclose(grad2, 2 * grad, rtol=1e-6, atol=1e-7)
 
 
 def test_without_torch_a_torch_job_fails_at_start_with_the_install_hint(

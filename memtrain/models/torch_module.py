@@ -139,4 +139,10 @@ def pin_process(threads: int) -> None:
     torch.set_num_threads(threads)
     with contextlib.suppress(RuntimeError):  # already set, or parallel work already ran here: keep it
         torch.set_num_interop_threads(1)
-    torch.use_deterministic_algorithms(True)
+    # What torch.use_deterministic_algorithms(True) does, minus its import of torch._inductor (1-5 s per
+    # process, measured) to set a torch.compile option; torch.are_deterministic_algorithms_enabled() reads it.
+    set_deterministic = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if set_deterministic is None:
+        torch.use_deterministic_algorithms(True)
+    else:
+        set_deterministic(True)
