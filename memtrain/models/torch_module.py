@@ -57,7 +57,7 @@ def build_module(factory: str, spec: DataSpec, options: dict[str, Any], seed: in
         raise InputError(f"model factory {factory!r} is not callable", expected="a function (spec, **options)",
                          found=type(make).__name__)
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        torch.default_generator.manual_seed(seed)  # = torch.manual_seed on the CPU (see TorchModel.loss_and_grad)
         try:
             module = make(spec, **options)
         except Exception as exc:  # the user's code: any error is a configuration error, reported at start
