@@ -20,7 +20,7 @@ from tiny_data import blobs, write_dataset
 import memtrain
 from memtrain.cli import main
 from memtrain.dataset import open_dataset
-from memtrain.layout import RUN_LINEAGE, weight_versions, weights_path
+from memtrain.layout import weight_versions, weights_path
 from memtrain.models.params import ParamLayout
 from memtrain.models.torch_bind import BINDINGS
 from memtrain.train.context import data_spec, model_context
