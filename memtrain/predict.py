@@ -6,7 +6,7 @@ class indices back to class names with ``classes``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ class TrainedModel:
     context: ModelContext
     params: dict[str, np.ndarray]
     meta: dict[str, Any]
+    _module: Any = field(default=None, init=False, repr=False)  # built on first use of .module
 
     @property
     def classes(self) -> list[str] | None:
@@ -48,7 +49,9 @@ class TrainedModel:
         if to_module is None:
             raise InputError(f"model '{self.meta['model']['kind']}' is not a torch module",
                              hint="only kind = \"torch\" models have .module; use predict or .params")
-        return to_module(self.params)
+        if self._module is None:
+            self._module = to_module(self.params)
+        return self._module
 
     def predict_proba(self, x: Any) -> np.ndarray:
         if not hasattr(self.context.model, "predict_proba"):

@@ -148,9 +148,10 @@ class TorchModel:
         """The module with ``params`` loaded (``load_state_dict(strict=True)``), in eval mode."""
         import torch
 
+        module = build_module(self.factory, self.spec, self.options, seed=0)  # self.module may be unbound
         state = {name: torch.from_numpy(np.array(params[name], dtype=np.float32)) for name in params}
-        self.module.load_state_dict(state, strict=True)
-        return self.module.eval()
+        module.load_state_dict(state, strict=True)
+        return module.eval()
 
     def _evaluate(self, params: Params, x: np.ndarray) -> Any:
         """Scores in eval mode with ``params`` bound as views (buffers as copies), no autograd."""
