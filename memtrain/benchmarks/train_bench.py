@@ -34,7 +34,7 @@ from memtrain.errors import InputError, MemtrainError
 
 LABELS = {"memtrain": "memtrain", "one_process": "one process, 1 thread", "pickle_queue": "pickle via Queue",
           "shared_memory": "shared_memory", "one_process_blas": "one process, all-core BLAS",
-          "torch_memtrain": "memtrain, torch module", "torch_ddp": "torch DDP (gloo, 1 thread/rank)",
+          "torch_memtrain": "memtrain, torch module", "torch_ddp": "torch DDP, gloo",
           "torch_all_cores": "one torch process, all cores"}
 BASES = {"memtrain": "memtrain", "torch": "torch_memtrain"}  # the row each method's ratio is taken against
 VAL_ROWS = BATCH
