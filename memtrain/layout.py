@@ -12,7 +12,8 @@ from pathlib import Path
 
 # --- dataset directory (written by `memtrain prepare`) ---
 MANIFEST = "manifest.json"
-SPLITS = ("train", "val")
+SPLITS = ("train", "val", "test")
+OPTIONAL_SPLITS = ("test",)  # written only when asked for (prepare --test-fraction)
 
 
 def shard_name(split: str, part: str, index: int) -> str:

@@ -9,6 +9,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from memtrain.errors import plural
+
 # Width used when stdout is not a terminal (a pipe, a log, a test): wide enough that tables never wrap.
 PIPE_WIDTH = 200
 STAT_COLUMNS = ("min", "max", "mean", "std", "l2", "nan", "inf")
@@ -80,16 +82,16 @@ def render_dataset(view: dict[str, Any], console: Console) -> None:
     lines(console, [("dataset", view["path"]), ("task", view["task"]), ("rows", view["rows"]),
                     ("features", f"shape {tuple(x.get('shape', []))} {x.get('dtype')}"),
                     ("targets", f"shape {tuple(y.get('shape', []))} {y.get('dtype')}"),
-                    ("splits", ", ".join(f"{name} {s['rows']:,} rows in {len(s['shards'])} shards"
+                    ("splits", ", ".join(f"{name} {plural(s['rows'], 'row')} in {plural(len(s['shards']), 'shard')}"
                                          for name, s in view["splits"].items()))])
     shards = [(name, s["index"], s["rows"], size(s["x_bytes"]), size(s["y_bytes"]), s["x"], verified(s["verified"]))
               for name, split in view["splits"].items() for s in split["shards"]]
     console.print(table("shards", ("split", "#", "rows", "x bytes", "y bytes", "x file", "checksum"), shards,
                         right=("#", "rows", "x bytes", "y bytes")))
     if view["classes"]:
-        rows = [(c["index"], c["name"], c["train"], c["val"], c["total"]) for c in view["classes"]]
-        console.print(table("classes", ("#", "class", "train", "val", "total"), rows,
-                            right=("#", "train", "val", "total")))
+        splits = tuple(view["splits"])
+        rows = [(c["index"], c["name"], *(c[s] for s in splits), c["total"]) for c in view["classes"]]
+        console.print(table("classes", ("#", "class", *splits, "total"), rows, right=("#", *splits, "total")))
     if view["targets"]:
         rows = [(name, *(s[k] for k in STAT_COLUMNS)) for name, s in view["targets"].items()]
         console.print(table("targets", ("split", *STAT_COLUMNS), rows, right=STAT_COLUMNS))
@@ -114,7 +116,8 @@ def render_run(view: dict[str, Any], console: Console) -> None:
          if train else None),
         ("training", f"{train.get('epochs')} epochs, batch {train.get('batch_size') or 'full'}, "
                      f"{train.get('workers')} workers, seed {train.get('seed')}" if train else None),
-        ("progress", f"{progress['epochs_done']}/{progress['epochs'] or '?'} epochs, {progress['updates']:,} updates, "
+        ("progress", f"{progress['epochs_done']}/{progress['epochs'] or '?'} epochs, "
+                     f"{plural(progress['updates'], 'update')}, "
                      f"newest version {num(progress['newest_version'])}")])
     for label, key in (("last epoch", "last_epoch"), ("best epoch", "best_epoch")):
         if progress[key]:
@@ -188,17 +191,18 @@ def render_diff(view: dict[str, Any], console: Console) -> None:
 
 def render_written(view: dict[str, Any], console: Console) -> None:
     if view["kind"] == "export":
-        detail = f"{len(view['arrays'])} arrays, {view['format']}, {size(view['bytes'])}"
+        detail = f"{plural(len(view['arrays']), 'array')}, {view['format']}, {size(view['bytes'])}"
     else:
-        detail = f"{view['epochs']} epochs, {view['updates']} updates"
+        detail = f"{plural(view['epochs'], 'epoch')}, {plural(view['updates'], 'update')}"
     console.print(Text(f"wrote {view['out']} ({detail}) from {view['path']}"))
 
 
 def render_verify(result: dict[str, Any], console: Console) -> None:
     if result["ok"]:
-        console.print(Text(f"verify: {result['checked']} files re-hashed, every checksum matches"))
+        console.print(Text(f"verify: {plural(result['checked'], 'file')} re-hashed, every checksum matches"))
     else:
-        console.print(Text(f"verify: {len(result['failures'])} of {result['checked']} files FAILED", style="bold red"))
+        console.print(Text(f"verify: {len(result['failures'])} of {plural(result['checked'], 'file')} FAILED",
+                           style="bold red"))
     if result["unrecorded"]:
-        console.print(Text(f"verify: no checksum recorded for {len(result['unrecorded'])} file(s); "
+        console.print(Text(f"verify: no checksum recorded for {plural(len(result['unrecorded']), 'file')}; "
                            "their headers and sizes are valid"))

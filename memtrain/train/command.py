@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from memtrain.config import load_job, load_saved_job
-from memtrain.errors import InputError
+from memtrain.errors import InputError, plural
 from memtrain.train.server import TrainSummary, train
 
 
@@ -29,13 +29,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verify", action="store_true", help="re-hash every dataset shard before training")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing run directory (only one that memtrain created)")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress bar and no epoch lines (warnings and the summary are still printed)")
 
 
 def run(args: argparse.Namespace) -> int:
     job = _job(args)
     if args.overwrite and args.resume:
         raise InputError("--overwrite and --resume contradict each other")
-    summary = train(job, resume_run=bool(args.resume), verify=args.verify, overwrite=args.overwrite)
+    summary = train(job, resume_run=bool(args.resume), verify=args.verify, overwrite=args.overwrite,
+                    quiet=args.quiet)
     _print_summary(summary)
     return 0
 
@@ -54,7 +57,7 @@ def _job(args: argparse.Namespace):  # noqa: ANN202 - returns config.Job
 
 def _print_summary(summary: TrainSummary) -> None:
     final, best = summary.final, summary.best or {}
-    lines = [f"done: {summary.epochs} epochs, weight version {summary.version}, {summary.seconds:.1f} s"]
+    lines = [f"done: {plural(summary.epochs, 'epoch')}, weight version {summary.version}, {summary.seconds:.1f} s"]
     for label, record in (("final", final), ("best", best)):
         metrics = [f"{key} {record[key]:.4f}" for key in ("val_loss", "val_accuracy") if key in record]
         if metrics:

@@ -202,3 +202,26 @@ def log_event(path: Path, text: str) -> None:
     """One timestamped line in the run's event log."""
     with open(path / RUN_EVENTS, "a", encoding="utf-8") as handle:
         handle.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
+
+
+def refuse_live_run(path: Path) -> None:
+    """Refuse, with advice that works, to start in a run directory that a live ``memtrain train`` holds.
+
+    Checked before anything else: the usual advice for an existing run (``--resume``, ``--overwrite``)
+    would fail too while its owner runs. Nothing is created or changed.
+    """
+    try:
+        handle = open(path / RUN_LOCK, encoding="utf-8")  # noqa: SIM115 - closed below
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = handle.read().strip() or "unknown"
+            raise InputError("a memtrain train is running in this run directory", path=path,
+                             found=f"its lock held by pid {owner}",
+                             hint=f"wait for it to finish (or stop it: kill -INT {owner}) and then resume it with "
+                                  f"`memtrain train --resume {path}`, or start another run with --run-dir NEW_DIR"
+                             ) from None
+        fcntl.flock(handle, fcntl.LOCK_UN)

@@ -28,7 +28,7 @@ from memtrain.train.marks import create_marks
 from memtrain.train.messages import Building, EvalTask, GradTask, Result, StatsTask, StepTask, Task, WorkerSetup
 from memtrain.train.optim import learning_rate, state_slots
 from memtrain.train.plan import Update, epoch_updates, eval_tasks, split_range, updates_per_epoch
-from memtrain.train.run_dir import RunDir, open_run_dir
+from memtrain.train.run_dir import RunDir, open_run_dir, refuse_live_run
 from memtrain.train.scheduler import Scheduler
 from memtrain.train.state import Position, resume, save_checkpoint, start_fresh, write_run_files
 from memtrain.train.weights import (
@@ -71,8 +71,13 @@ class TrainSummary:
     worker_deaths: int
 
 
-def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite: bool = False) -> TrainSummary:
-    """Run (or resume) a job to the end; raises MemtrainError (Interrupted on SIGINT/SIGTERM)."""
+def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite: bool = False,
+          quiet: bool = False) -> TrainSummary:
+    """Run (or resume) a job to the end; raises MemtrainError (Interrupted on SIGINT/SIGTERM).
+
+    ``quiet``: no progress bar and no epoch lines (warnings are still printed).
+    """
+    refuse_live_run(job.run.dir)
     dataset = open_dataset(job.data.path, verify=verify or job.data.verify)
     context = model_context(dataset, job.model.kind, job.model.options, job.data.normalize)
     size_bytes = context.layout.size * 4
@@ -83,7 +88,7 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
     stop = StopRequest()
     try:
         with on_stop_signals(lambda signum: setattr(stop, "signum", signum)):
-            return Trainer(job, dataset, context, run, stop).run(resume_run)
+            return Trainer(job, dataset, context, run, stop, quiet=quiet).run(resume_run)
     finally:
         run.close()
 
@@ -101,8 +106,10 @@ class StopRequest:
 
 
 class Trainer:
-    def __init__(self, job: Job, dataset: Dataset, context: ModelContext, run: RunDir, stop: StopRequest):
+    def __init__(self, job: Job, dataset: Dataset, context: ModelContext, run: RunDir, stop: StopRequest, *,
+                 quiet: bool = False):
         self.job, self.dataset, self.context, self.run_dir, self.stop = job, dataset, context, run, stop
+        self.quiet = quiet
         self.train_rows = dataset.split("train").rows
         self.val_rows = dataset.split("val").rows
         self.per_epoch = updates_per_epoch(self.train_rows, job.train.batch_size)
@@ -148,7 +155,7 @@ class Trainer:
             updates = epoch_updates(self.train_rows, self.job.train.batch_size, self.job.train.tasks_per_update,
                                     self.job.train.seed, epoch)
             with reporting(f"epoch {epoch + 1}/{self.job.train.epochs}", len(updates),
-                           plain_every=math.inf) as bar:
+                           plain_every=math.inf, quiet=self.quiet) as bar:
                 collected = None
                 for update in updates[position.batch:]:
                     collected = self.update(scheduler, update, position, collected)
