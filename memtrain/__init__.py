@@ -50,4 +50,5 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    """The API and the module's own dunder names (not the helpers imported to implement the laziness)."""
+    return sorted({*__all__, *(name for name in globals() if name.startswith("__"))})

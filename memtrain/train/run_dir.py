@@ -219,8 +219,8 @@ def refuse_live_run(path: Path) -> None:
             fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
             owner = handle.read().strip() or "unknown"
-            raise InputError("a memtrain train is running in this run directory", path=path,
-                             found=f"its lock held by pid {owner}",
+            raise InputError("another memtrain train is using this run directory", path=path,
+                             found=f"lock held by pid {owner}",
                              hint=f"wait for it to finish (or stop it: kill -INT {owner}) and then resume it with "
                                   f"`memtrain train --resume {path}`, or start another run with --run-dir NEW_DIR"
                              ) from None
