@@ -27,8 +27,9 @@ from memtrain.prepare.pipeline import PrepareSummary, prepare
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("paths", nargs="+", metavar="SOURCE OUT", type=Path,
-                        help="source file and output directory (only OUT with --synthetic)")
+    parser.add_argument("source", nargs="?", metavar="SOURCE", type=Path,
+                        help="source file (CSV, NPY, NPZ, HDF5, Parquet); not given with --synthetic")
+    parser.add_argument("out", metavar="OUT", type=Path, help="output dataset directory")
     parser.add_argument("--x", help="features: .npz array name or HDF5 dataset path (default x)")
     parser.add_argument("--y", help="labels: .npz array name, HDF5 dataset path (default y), or the labels "
                                     ".npy of a .npy source")
@@ -51,23 +52,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--synthetic", metavar="ROWSxFEATURES", help="generate data instead of reading SOURCE")
     parser.add_argument("--classes", type=int, default=10, help="classes of --synthetic data (10)")
     parser.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress (the summary is still printed)")
 
 
 def run(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     with _sigterm_as_interrupt():
-        summary = prepare(options, say=_say, force_plain=args.plain)
+        summary = prepare(options, say=_say, force_plain=args.plain, quiet=args.quiet)
     print_summary(summary)
     return 0
 
 
 def options_from_args(args: argparse.Namespace) -> PrepareOptions:
-    wanted = 1 if args.synthetic else 2
-    if len(args.paths) != wanted:
-        usage = "--synthetic ROWSxFEATURES OUT" if args.synthetic else "SOURCE OUT"
-        raise InputError("wrong number of paths", expected=usage, found=" ".join(map(str, args.paths)))
+    if (args.source is None) == (args.synthetic is None):
+        given = " ".join(str(p) for p in (args.source, args.out) if p is not None)
+        raise InputError("give a SOURCE file and OUT, or --synthetic ROWSxFEATURES and OUT",
+                         expected="SOURCE OUT" if args.synthetic is None else "--synthetic ROWSxFEATURES OUT",
+                         found=(f"--synthetic {args.synthetic} " if args.synthetic else "") + given)
     return PrepareOptions(
-        source=None if args.synthetic else args.paths[0], out=args.paths[-1], x=args.x, y=args.y,
+        source=args.source, out=args.out, x=args.x, y=args.y,
         label=args.label, task=args.task, dtype=args.dtype, val_fraction=args.val_fraction, seed=args.seed,
         shuffle=args.shuffle, shard_mb=args.shard_mb, chunk_mb=args.chunk_mb, drop_nonfinite=args.drop_nonfinite,
         overwrite=args.overwrite, synthetic=args.synthetic, classes=args.classes)

@@ -35,6 +35,14 @@ from memtrain.progress import reporting
 Say = Callable[[str], None]
 
 
+@dataclass(frozen=True)
+class Display:
+    """How progress is shown: ``plain`` lines even on a terminal; ``quiet``: nothing."""
+
+    plain: bool = False
+    quiet: bool = False
+
+
 @dataclass
 class PrepareSummary:
     out: Path
@@ -50,7 +58,8 @@ class PrepareSummary:
     notes: list[str] = field(default_factory=list)
 
 
-def prepare(options: PrepareOptions, *, say: Say = print, force_plain: bool = False) -> PrepareSummary:
+def prepare(options: PrepareOptions, *, say: Say = print, force_plain: bool = False,
+            quiet: bool = False) -> PrepareSummary:
     """Prepare ``options.source`` (or synthetic data) into the dataset directory ``options.out``.
 
     >>> prepare(PrepareOptions(Path("data/digits.csv"), Path("data/digits")))   # doctest: +SKIP
@@ -63,7 +72,7 @@ def prepare(options: PrepareOptions, *, say: Say = print, force_plain: bool = Fa
     try:
         for other in work.sweep_others():
             say(f"removed an unfinished prepare made with other arguments: {other}")
-        summary = _run(source, options, work, say, force_plain)
+        summary = _run(source, options, work, say, Display(force_plain, quiet))
     except InputError:
         work.discard()
         raise
@@ -94,7 +103,7 @@ def _identity(source: Source) -> dict[str, Any]:
     return identity
 
 
-def _run(source: Source, options: PrepareOptions, work: WorkArea, say: Say, force_plain: bool) -> PrepareSummary:
+def _run(source: Source, options: PrepareOptions, work: WorkArea, say: Say, display: Display) -> PrepareSummary:
     x_row_bytes = int(np.prod(source.feature_shape)) * options.np_dtype.itemsize
     spool = work.load_spool()
     if spool is not None and spool_intact(work.spool, spool["counts"], x_row_bytes):
@@ -103,13 +112,13 @@ def _run(source: Source, options: PrepareOptions, work: WorkArea, say: Say, forc
         say(f"resuming: the shuffle spool is complete; {done} shards already complete (verified by checksum)")
     else:
         work.reset()
-        spool = _scatter(source, options, work, force_plain)
+        spool = _scatter(source, options, work, display)
         finished = {}
     labels = Labels(spool["task"], spool["classes"], spool["note"],
                     None if spool["table"] is None else np.asarray(spool["table"]))
     if spool["rows"] == 0:
         raise _no_rows(source, spool["dropped"])
-    splits, stats = _write_shards(source, options, work, spool, labels, finished, force_plain)
+    splits, stats = _write_shards(source, options, work, spool, labels, finished, display)
     manifest = _manifest(source, options, spool, labels, splits, stats)
     write_json(work.dataset / MANIFEST, manifest, durable=True)
     fault_point("prepare_before_publish")
@@ -131,7 +140,7 @@ def _no_rows(source: Source, dropped: int) -> InputError:
 
 # --- pass 1: read, check, code the labels, scatter into the spool ---
 
-def _scatter(source: Source, options: PrepareOptions, work: WorkArea, force_plain: bool) -> dict[str, Any]:
+def _scatter(source: Source, options: PrepareOptions, work: WorkArea, display: Display) -> dict[str, Any]:
     features = int(np.prod(source.feature_shape))
     rows_per_chunk = max(1, options.chunk_bytes // (8 * features))
     spool = Spool(work.spool, bucket_count(_estimated_bytes(source, options), options.chunk_bytes, options.shuffle),
@@ -140,7 +149,7 @@ def _scatter(source: Source, options: PrepareOptions, work: WorkArea, force_plai
     rows = dropped = read_bytes = 0
     started = time.monotonic()
     with reporting(f"reading {source.path or 'synthetic data'}", 1.0, plain_every=5.0,
-                   force_plain=force_plain) as report:
+                   force_plain=display.plain, quiet=display.quiet) as report:
         for chunk in source.chunks(rows_per_chunk):
             x, codes, bad = _check_chunk(chunk, source, options, coder)
             spool.add(x, codes)
@@ -199,7 +208,7 @@ def _nonfinite_error(chunk: Chunk, source: Source, options: PrepareOptions, raw:
 # --- pass 2: gather in shuffled order, split, statistics, shards ---
 
 def _write_shards(source: Source, options: PrepareOptions, work: WorkArea, spool: dict[str, Any], labels: Labels,
-                  finished: dict[str, dict[int, Any]], force_plain: bool) -> tuple[dict[str, Any], RunningStats]:
+                  finished: dict[str, dict[int, Any]], display: Display) -> tuple[dict[str, Any], RunningStats]:
     rows = spool["rows"]
     val_rows = min(round(rows * options.val_fraction), rows - 1)
     specs = _split_specs(source, options, labels, rows - val_rows, val_rows)
@@ -211,7 +220,7 @@ def _write_shards(source: Source, options: PrepareOptions, work: WorkArea, spool
     done = 0
     with ShardWriter(work.dataset, specs["train"], finished.get("train", {}), work.record_shard) as train, \
             ShardWriter(work.dataset, specs["val"], finished.get("val", {}), work.record_shard) as val, \
-            reporting("writing shards", rows, force_plain=force_plain) as report:
+            reporting("writing shards", rows, force_plain=display.plain, quiet=display.quiet) as report:
         for x, codes in pieces:
             y = labels.encode(codes, text=spool["text"])
             is_val = splitter.take(len(x))
