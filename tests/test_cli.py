@@ -191,8 +191,9 @@ def test_prepare_usage_and_behaviour_agree(tmp_path: Path, cli, capsys) -> None:
     assert both.code == 2 and "give a SOURCE file and OUT, or --synthetic ROWSxFEATURES and OUT" in both.err
 
 
-@pytest.mark.parametrize(("spec", "shape"), [("1e6x4", (1_000_000, 4)), ("2.5e3x8", (2500, 8)), ("1E3X2", (1000, 2)),
-                                             ("1_000x3", (1000, 3)), ("1,000x3", (1000, 3)), ("100000x64", (100000, 64))])
+@pytest.mark.parametrize(("spec", "shape"), [
+    ("1e6x4", (1_000_000, 4)), ("2.5e3x8", (2500, 8)), ("1E3X2", (1000, 2)), ("1_000x3", (1000, 3)),
+    ("1,000x3", (1000, 3)), ("100000x64", (100000, 64))])
 def test_synthetic_sizes_may_use_scientific_notation(spec: str, shape: tuple[int, int]) -> None:
     assert parse_synthetic(spec) == shape
 
