@@ -114,6 +114,11 @@ def gradient_name(version: int, task: int, attempt: int) -> str:
     return f"g-v{version:08d}-t{task:05d}-a{attempt:03d}.npy"
 
 
+def metrics_name(version: int, task: int, attempt: int) -> str:
+    """The summed validation statistics of one evaluation task at a weight version (train/metrics.py)."""
+    return f"m-v{version:08d}-t{task:05d}-a{attempt:03d}.npy"
+
+
 def gradient_buffer_name(owner_pid: int, index: int) -> str:
     """A worker's reusable gradient buffer; a gradient file is a hard link to one (see train/gradbuf.py)."""
     return f"{gradient_buffer_prefix(owner_pid)}{index:03d}.npy"

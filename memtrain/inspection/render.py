@@ -123,7 +123,7 @@ def render_run(view: dict[str, Any], console: Console) -> None:
         if progress[key]:
             record = progress[key]
             lines(console, [(label, f"{record.get('epoch')}: " + "  ".join(
-                f"{k} {num(record.get(k))}" for k in ("loss", "val_loss", "val_accuracy") if k in record))])
+                f"{k} {num(record.get(k))}" for k in _metric_keys(record)))])
     rows = [("*" if e["newest_complete"] else "", e["type"], e["name"], e["version"], e["update"], e["epoch"],
              e["train_loss"], e["val_loss"], e["val_accuracy"], e["written"] or "-", size(e["bytes"]),
              verified(e["verified"]) if e["complete"] else f"INCOMPLETE: {e['problem']}") for e in view["entries"]]
@@ -156,7 +156,7 @@ def render_tensors(view: dict[str, Any], console: Console) -> None:
     if view.get("metrics"):
         record = view["metrics"]
         lines(console, [(f"metrics ({record.get('kind')} record)", "  ".join(
-            f"{k} {num(record.get(k))}" for k in ("loss", "val_loss", "val_accuracy") if k in record))])
+            f"{k} {num(record.get(k))}" for k in _metric_keys(record)))])
     columns = ("name", "shape", "dtype", *STAT_COLUMNS)
     rows = [(p["name"], str(tuple(p["shape"])), p["dtype"], *(p[k] for k in STAT_COLUMNS)) for p in view["params"]]
     total = view["total"]
@@ -187,6 +187,12 @@ def render_diff(view: dict[str, Any], console: Console) -> None:
     rows = [(p["name"], str(tuple(p["shape"])), *(p[k] for k in keys)) for p in view["params"]]
     rows.append(("(all)", "", *(view["total"][k] for k in keys)))
     console.print(table("differences (other - base; relative to ||base||)", columns, rows, right=columns[2:]))
+
+
+def _metric_keys(record: dict[str, Any]) -> list[str]:
+    """The training loss and every validation metric of an epoch record, val_loss first."""
+    return [k for k in ("loss", "val_loss") if k in record] + sorted(
+        k for k in record if k.startswith("val_") and k != "val_loss")
 
 
 def render_written(view: dict[str, Any], console: Console) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from memtrain.config import load_job, load_saved_job
 from memtrain.errors import InputError, plural
+from memtrain.train.metrics import SHOWN
 from memtrain.train.server import TrainSummary, train
 
 
@@ -59,7 +60,7 @@ def _print_summary(summary: TrainSummary) -> None:
     final, best = summary.final, summary.best or {}
     lines = [f"done: {plural(summary.epochs, 'epoch')}, weight version {summary.version}, {summary.seconds:.1f} s"]
     for label, record in (("final", final), ("best", best)):
-        metrics = [f"{key} {record[key]:.4f}" for key in ("val_loss", "val_accuracy") if key in record]
+        metrics = [f"{key} {record[key]:.4f}" for key in SHOWN if key in record]
         if metrics:
             lines.append(f"{label} (epoch {record.get('epoch')}): " + "  ".join(metrics))
     if summary.worker_deaths:

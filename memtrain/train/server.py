@@ -26,6 +26,8 @@ from memtrain.train.context import ModelContext, model_context
 from memtrain.train.exchange import WorkerPool
 from memtrain.train.marks import create_marks
 from memtrain.train.messages import Building, EvalTask, GradTask, Result, StatsTask, StepTask, Task, WorkerSetup
+from memtrain.train.metrics import SHOWN
+from memtrain.train.metrics import collect as validation_metrics
 from memtrain.train.optim import learning_rate, state_slots
 from memtrain.train.plan import Update, epoch_updates, eval_tasks, split_range, updates_per_epoch
 from memtrain.train.run_dir import RunDir, open_run_dir, refuse_live_run
@@ -369,16 +371,13 @@ class Trainer:
         metrics = {"val_loss": sum(r.loss for r in results) / rows}
         if self.context.classifier:
             metrics["val_accuracy"] = sum(r.correct for r in results) / rows
-        return metrics
+        return metrics | validation_metrics(self.run_dir.exchange, version, results, self.context)
 
     def epoch_line(self, record: dict[str, Any]) -> str:
         parts = [f"epoch {record['epoch']}/{self.job.train.epochs}"]
         if record["loss"] is not None:
             parts.append(f"loss {record['loss']:.4f}")
-        if "val_loss" in record:
-            parts.append(f"val_loss {record['val_loss']:.4f}")
-        if "val_accuracy" in record:
-            parts.append(f"val_accuracy {record['val_accuracy']:.4f}")
+        parts += [f"{key} {record[key]:.4f}" for key in SHOWN if key in record]
         parts.append(f"{record['samples_per_s']:,.0f} samples/s")
         return "  ".join(parts)
 
