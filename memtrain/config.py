@@ -44,6 +44,7 @@ class TrainConfig:
     task_timeout: float = 600.0  # seconds before a silent task's worker is killed and the task re-run
     max_attempts: int = 3  # a task that kills its worker this many times stops the run
     on_nonfinite: str = "stop"  # "stop" | "skip": what a NaN/Inf loss or gradient does to the update
+    patience: int | None = None  # stop after this many epochs without a better val_loss; None: never stop early
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
 
 
@@ -52,6 +53,7 @@ class RunConfig:
     dir: Path = Path("runs/default")
     checkpoint_every: int = 1  # epochs
     keep_checkpoints: int = 3
+    keep_best: bool = False  # also keep the best epoch's checkpoint (by val_loss), whatever keep_checkpoints prunes
     keep_versions: int = 3  # weight versions left on disk for inspection
     exchange: str = "auto"  # "auto" (measure /dev/shm vs the run's filesystem) | "shm" | "run" | a directory
 
@@ -217,6 +219,8 @@ def _check_train(train: TrainConfig, where: Any) -> None:
                 "max_attempts": train.max_attempts}
     if train.batch_size is not None:
         positive["batch_size"] = train.batch_size
+    if train.patience is not None:
+        positive["patience"] = train.patience
     for key, value in positive.items():
         if value < 1:
             raise InputError(f"train.{key} must be at least 1", path=where, found=value)

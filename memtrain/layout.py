@@ -89,6 +89,26 @@ def checkpoint_updates(run_dir: Path) -> list[int]:
     return sorted(int(m.group(1)) for name in os.listdir(folder) if (m := _CHECKPOINT_RE.match(name)))
 
 
+def existing_hint(path: Path) -> str | None:
+    """For a checkpoint or weight version that does not exist: the ones its run has (an error's hint)."""
+    run = path.parent.parent
+    if path.parent.name == CHECKPOINTS_DIR or _CHECKPOINT_RE.match(path.name):
+        run = run if path.parent.name == CHECKPOINTS_DIR else path.parent
+        names = [checkpoint_path(run, u).name for u in checkpoint_updates(run)]
+        what = "checkpoints"
+    elif path.parent.name == WEIGHTS_DIR or _VERSION_RE.match(path.name):
+        run = run if path.parent.name == WEIGHTS_DIR else path.parent
+        names = [weights_path(run, v).name for v in weight_versions(run)]
+        what = "weight versions"
+    else:
+        return None
+    if not (run / CHECKPOINTS_DIR).is_dir() and not (run / WEIGHTS_DIR).is_dir():
+        return None  # not in a run: nothing to list
+    if not names:
+        return f"{run} has no {what}"
+    return f"{run} has {what} {', '.join(names)}"
+
+
 def optimizer_state_name(slot: str) -> str:
     return f"opt-{slot}.npy"
 

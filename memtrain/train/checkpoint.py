@@ -36,6 +36,7 @@ from memtrain.layout import (
     RUN_PARAMS,
     checkpoint_path,
     checkpoint_updates,
+    existing_hint,
     optimizer_state_name,
     tmp_sibling,
 )
@@ -46,8 +47,9 @@ FORMAT_VERSION = 1
 
 
 def write_checkpoint(run_dir: Path, update: int, meta: dict[str, Any], weights: Path,
-                     state: dict[str, Path], keep: int) -> Path:
-    """Copy weights and optimizer state into a new checkpoint and commit it; prune to the newest ``keep``."""
+                     state: dict[str, Path], keep: int, protect: int | None = None) -> Path:
+    """Copy weights and optimizer state into a new checkpoint and commit it; prune to the newest ``keep``
+    (and the checkpoint of update ``protect``, the best epoch's with ``run.keep_best``)."""
     final = checkpoint_path(run_dir, update)
     final.parent.mkdir(exist_ok=True)
     tmp = tmp_sibling(final)
@@ -69,7 +71,7 @@ def write_checkpoint(run_dir: Path, update: int, meta: dict[str, Any], weights: 
         if isinstance(exc, OSError) and is_no_space(exc):
             raise no_space_error(final) from exc
         raise
-    prune_checkpoints(run_dir, keep)
+    prune_checkpoints(run_dir, keep, protect)
     return final
 
 
@@ -82,9 +84,10 @@ def _copy_durable(src: Path, dst: Path) -> dict[str, Any]:
     return {"checksum": checksum_file(dst), "bytes": dst.stat().st_size}
 
 
-def prune_checkpoints(run_dir: Path, keep: int) -> None:
+def prune_checkpoints(run_dir: Path, keep: int, protect: int | None = None) -> None:
     for update in checkpoint_updates(run_dir)[:-keep] if keep > 0 else []:
-        _remove_committed(checkpoint_path(run_dir, update))
+        if update != protect:
+            _remove_committed(checkpoint_path(run_dir, update))
 
 
 def _remove_committed(path: Path) -> None:
@@ -131,6 +134,8 @@ def load_checkpoint(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, 
     >>> params["W0"].shape, meta["epoch"]
     """
     path = Path(path)
+    if not path.exists():
+        raise InputError("no such checkpoint or run directory", path=path, hint=existing_hint(path))
     if (path / CHECKPOINTS_DIR).is_dir() or (path / RUN_PARAMS).exists():
         found = newest_checkpoint(path, warn=lambda _: None)
         if found is None:

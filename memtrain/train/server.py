@@ -6,6 +6,7 @@ import dataclasses
 import math
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from memtrain.files import open_npy, read_jsonl
 from memtrain.layout import RUN_METRICS, STEP_MARKS, gradient_name
 from memtrain.progress import reporting
 from memtrain.stopping import on_stop_signals
+from memtrain.train.advice import few_updates_note
 from memtrain.train.context import ModelContext, model_context
 from memtrain.train.exchange import WorkerPool
 from memtrain.train.marks import create_marks
@@ -64,6 +66,12 @@ class Collected:
 
 @dataclass
 class TrainSummary:
+    """What ``memtrain.fit`` (and ``memtrain train``) returns: where the run is and how it ended.
+
+    ``final`` and ``best`` are epoch records as in ``metrics.jsonl`` (``val_loss``, ``val_accuracy``, ...);
+    ``best`` is the epoch with the lowest ``val_loss``; ``epochs`` counts the epochs done.
+    """
+
     run_dir: Path
     version: int
     epochs: int
@@ -71,6 +79,7 @@ class TrainSummary:
     best: dict[str, Any] | None
     seconds: float
     worker_deaths: int
+    stopped_early: bool = False  # by train.patience
 
 
 def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite: bool = False,
@@ -82,6 +91,9 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
     refuse_live_run(job.run.dir)
     dataset = open_dataset(job.data.path, verify=verify or job.data.verify)
     context = model_context(dataset, job.model.kind, job.model.options, job.data.normalize)
+    note = few_updates_note(job, dataset.split("train").rows, context.additive)
+    if note is not None:
+        print(f"memtrain train: note: {note}", file=sys.stderr, flush=True)
     size_bytes = context.layout.size * 4
     slots = len(state_slots(job.train.optimizer))
     run = open_run_dir(job, resume=resume_run, overwrite=overwrite,
@@ -145,7 +157,8 @@ class Trainer:
             if self.next_file is not None:
                 discard(self.next_file)
         return TrainSummary(self.run_dir.path, position.version, position.epoch, last, position.best,
-                            time.monotonic() - self.started, scheduler.deaths)
+                            time.monotonic() - self.started, scheduler.deaths,
+                            stopped_early=position.epoch < self.job.train.epochs and self.out_of_patience(position))
 
     def _fit(self, scheduler: Scheduler, position: Position) -> dict[str, Any]:
         last: dict[str, Any] = {}
@@ -153,6 +166,8 @@ class Trainer:
             self.fit_additive(scheduler, position)
             return self.end_epoch(scheduler, position, time.monotonic(), final=True)
         for epoch in range(position.epoch, self.job.train.epochs):
+            if self.out_of_patience(position):  # a resumed run that had stopped early
+                break
             started = time.monotonic()
             updates = epoch_updates(self.train_rows, self.job.train.batch_size, self.job.train.tasks_per_update,
                                     self.job.train.seed, epoch)
@@ -353,13 +368,24 @@ class Trainer:
         if self.context.additive:
             record["loss"] = None  # one closed-form solve: there is no running training loss
         self.run_dir.metric(record)
-        if position.best is None or record.get("val_loss", math.inf) < position.best.get("val_loss", math.inf):
+        improved = position.best is None or record.get("val_loss", math.inf) < position.best.get("val_loss", math.inf)
+        if improved:
             position.best = record
         position.epoch, position.batch, position.epoch_loss, position.epoch_rows = position.epoch + 1, 0, 0.0, 0
-        if final or position.epoch % self.job.run.checkpoint_every == 0:
+        if self.out_of_patience(position):
+            self.log(f"stopping early: no better val_loss for {self.job.train.patience} epochs "
+                     f"(best: epoch {position.best['epoch']})")
+            final = True
+        if final or position.epoch % self.job.run.checkpoint_every == 0 or (improved and self.job.run.keep_best):
             save_checkpoint(self.run_dir, self.job, self.context, position, self.per_epoch, record)
             self.checkpointed = position.update_index(self.per_epoch)
         return record
+
+    def out_of_patience(self, position: Position) -> bool:
+        """Early stopping: ``train.patience`` epochs have passed since the one with the best val_loss."""
+        patience, best = self.job.train.patience, position.best
+        return patience is not None and best is not None and "val_loss" in best and \
+            position.epoch - best["epoch"] >= patience
 
     def evaluate(self, scheduler: Scheduler, version: int,
                  while_waiting: Callable[[], None] | None = None) -> dict[str, float]:

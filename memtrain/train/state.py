@@ -138,7 +138,8 @@ def save_checkpoint(run: RunDir, job: Job, context: ModelContext, position: Posi
     }
     state = {slot: run.exchange / state_buffer_name(slot, position.version % 2)
              for slot in state_slots(job.train.optimizer)}
+    best = position.best.get("update") if job.run.keep_best and position.best else None
     saved = write_checkpoint(run.path, position.update_index(per_epoch), meta,
-                             weights_path(run.path, position.version), state, job.run.keep_checkpoints)
+                             weights_path(run.path, position.version), state, job.run.keep_checkpoints, best)
     run.event(f"checkpoint {saved.name} written (epoch {position.epoch}, version {position.version})")
     return saved
