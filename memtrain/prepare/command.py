@@ -39,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=defaults.DTYPES, default="float32", help="feature dtype (float32)")
     parser.add_argument("--val-fraction", type=float, default=defaults.VAL_FRACTION,
                         help=f"share of rows in the validation split ({defaults.VAL_FRACTION})")
+    parser.add_argument("--test-fraction", type=float, default=0.0,
+                        help="share of rows in a test split, which training never reads (default: no test split)")
+    parser.add_argument("--stratify", action="store_true",
+                        help="keep each class's share of rows in train, val and test (classification)")
     parser.add_argument("--seed", type=int, default=defaults.SEED, help="seed of the shuffle and the split")
     parser.add_argument("--no-shuffle", dest="shuffle", action="store_false",
                         help="keep the source order (the validation rows are still a random subset)")
@@ -73,7 +77,8 @@ def options_from_args(args: argparse.Namespace) -> PrepareOptions:
         source=args.source, out=args.out, x=args.x, y=args.y,
         label=args.label, task=args.task, dtype=args.dtype, val_fraction=args.val_fraction, seed=args.seed,
         shuffle=args.shuffle, shard_mb=args.shard_mb, chunk_mb=args.chunk_mb, drop_nonfinite=args.drop_nonfinite,
-        overwrite=args.overwrite, synthetic=args.synthetic, classes=args.classes)
+        overwrite=args.overwrite, synthetic=args.synthetic, classes=args.classes,
+        test_fraction=args.test_fraction, stratify=args.stratify)
 
 
 def _say(text: str) -> None:
@@ -84,7 +89,8 @@ def print_summary(summary: PrepareSummary) -> None:
     rate = summary.bytes / 1e6 / max(summary.seconds, 1e-9)
     lines = [
         f"prepared {summary.out}",
-        f"  rows     {summary.rows:,} (train {summary.splits['train']:,}, val {summary.splits['val']:,})"
+        f"  rows     {summary.rows:,} ("
+        + ", ".join(f"{name} {rows:,}" for name, rows in summary.splits.items()) + ")"
         + (f", {summary.dropped:,} non-finite rows dropped" if summary.dropped else ""),
         f"  task     {summary.notes[0] if summary.notes else summary.task}",
     ]

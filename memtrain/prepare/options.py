@@ -40,10 +40,16 @@ class PrepareOptions:
     overwrite: bool = False
     synthetic: str | None = None  # "ROWSxFEATURES"
     classes: int = 10  # synthetic classification: number of classes
+    test_fraction: float = 0.0  # share of rows in a test split (none when 0)
+    stratify: bool = False  # keep each class's share of rows the same in train, val and test
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.val_fraction < 1.0:
             raise InputError("--val-fraction must be in [0, 1)", expected="0 <= f < 1", found=self.val_fraction)
+        if not 0.0 <= self.test_fraction < 1.0 or self.val_fraction + self.test_fraction >= 1.0:
+            raise InputError("--test-fraction must be in [0, 1) and leave rows for training", expected=
+                             "0 <= test fraction and val fraction + test fraction < 1",
+                             found=f"{self.test_fraction} (val fraction {self.val_fraction})")
         if self.dtype not in DTYPES:
             raise InputError("unsupported --dtype", expected=" or ".join(DTYPES), found=self.dtype)
         if self.shard_mb <= 0 or self.chunk_mb <= 0:
