@@ -114,8 +114,8 @@ def render_run(view: dict[str, Any], console: Console) -> None:
         ("data", job.get("data", {}).get("path")),
         ("optimizer", f"{train.get('optimizer')} lr {train.get('lr')} schedule {train.get('schedule')}"
          if train else None),
-        ("training", f"{train.get('epochs')} epochs, batch {train.get('batch_size') or 'full'}, "
-                     f"{train.get('workers')} workers, seed {train.get('seed')}" if train else None),
+        ("training", f"{_count(train.get('epochs'), 'epoch')}, batch {train.get('batch_size') or 'full'}, "
+                     f"{_count(train.get('workers'), 'worker')}, seed {train.get('seed')}" if train else None),
         ("progress", f"{progress['epochs_done']}/{progress['epochs'] or '?'} epochs, "
                      f"{plural(progress['updates'], 'update')}, "
                      f"newest version {num(progress['newest_version'])}")])
@@ -138,7 +138,7 @@ def render_run(view: dict[str, Any], console: Console) -> None:
 
 
 def _parameters(params: dict[str, Any] | None) -> str | None:
-    return f"{num(params['count'])} in {params['tensors']} arrays" if params else None
+    return f"{num(params['count'])} in {plural(params['tensors'], 'array')}" if params else None
 
 
 def render_tensors(view: dict[str, Any], console: Console) -> None:
@@ -187,6 +187,11 @@ def render_diff(view: dict[str, Any], console: Console) -> None:
     rows = [(p["name"], str(tuple(p["shape"])), *(p[k] for k in keys)) for p in view["params"]]
     rows.append(("(all)", "", *(view["total"][k] for k in keys)))
     console.print(table("differences (other - base; relative to ||base||)", columns, rows, right=columns[2:]))
+
+
+def _count(value: Any, noun: str) -> str:
+    """A count from a saved job (which may lack it) with its noun."""
+    return plural(value, noun) if isinstance(value, int) else f"{value} {noun}s"
 
 
 def _metric_keys(record: dict[str, Any]) -> list[str]:

@@ -144,7 +144,8 @@ def _run(source: Source, options: PrepareOptions, work: WorkArea, say: Say, disp
 
 def _no_rows(source: Source, dropped: int) -> InputError:
     if dropped:
-        return InputError("every row was dropped as non-finite", path=source.path, found=f"{dropped} rows dropped")
+        return InputError("every row was dropped as non-finite", path=source.path,
+                          found=f"{plural(dropped, 'row')} dropped")
     expected = "data rows after the header" if source.format == "csv" else "at least one row"
     return InputError("no data rows", path=source.path, expected=expected, found="none")
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from memtrain.config import Job
 from memtrain.dataset import Dataset, open_dataset
-from memtrain.errors import Interrupted, MemtrainError
+from memtrain.errors import Interrupted, MemtrainError, plural
 from memtrain.faults import fault_point
 from memtrain.files import open_npy, read_jsonl
 from memtrain.layout import RUN_METRICS, STEP_MARKS, gradient_name
@@ -373,7 +373,7 @@ class Trainer:
             position.best = record
         position.epoch, position.batch, position.epoch_loss, position.epoch_rows = position.epoch + 1, 0, 0.0, 0
         if self.out_of_patience(position):
-            self.log(f"stopping early: no better val_loss for {self.job.train.patience} epochs "
+            self.log(f"stopping early: no better val_loss for {plural(self.job.train.patience, 'epoch')} "
                      f"(best: epoch {position.best['epoch']})")
             final = True
         if final or position.epoch % self.job.run.checkpoint_every == 0 or (improved and self.job.run.keep_best):
