@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shlex
+import sys
 import tomllib
+import types
 from pathlib import Path
 
+import pytest
+
+from memtrain.cli import main
 from memtrain.config import DataConfig, RunConfig, TrainConfig, job_from_dict
 from memtrain.train.optim import OptimizerConfig
 
@@ -50,3 +56,31 @@ def test_the_job_reference_lists_every_key_with_its_real_default() -> None:
     assert raw["train"]["optimizer"] == OptimizerConfig.name and raw["train"]["lr"] == OptimizerConfig.lr
     assert job.train.workers == 2
     assert "# batch_size = " in block and "# patience = " in block  # shown commented out
+
+
+@pytest.mark.timeout(180)
+def test_the_tour_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """The five-minute tour, block by block in an empty folder: python runs, a toml block whose first line
+    is `# NAME.toml` becomes that file, every memtrain command exits 0, and what a print is said to show
+    (`print(...)  # [...]`) is what it prints."""
+    tour = README.split("## A five-minute tour", 1)[1].split("\n## ", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    ran = []
+    for language, body in re.findall(r"^```(\w*)\n(.*?)^```", tour, flags=re.S | re.M):
+        if language == "python":
+            module = types.ModuleType("readme_tour")
+            monkeypatch.setitem(sys.modules, module.__name__, module)
+            exec(compile(body, "README.md (tour)", "exec"), module.__dict__)
+            out = capsys.readouterr().out
+            for shown in re.findall(r"^print\(.*\)\s+# (\[.*\])$", body, flags=re.M):
+                assert shown in out, f"the tour says {shown}, the code printed {out}"
+        elif language == "toml":
+            name = re.fullmatch(r"# (\S+\.toml)", body.splitlines()[0])
+            assert name, "a job file block of the tour starts with its file name"
+            Path(name.group(1)).write_text(body)
+        elif language == "bash":
+            for command in filter(None, body.splitlines()):
+                code = main(shlex.split(command)[1:])
+                assert code == 0, f"`{command}` exited {code}: {capsys.readouterr().err}"
+        ran.append(language)
+    assert ran == ["python", "bash", "toml", "bash", "bash", "python"]
