@@ -92,9 +92,9 @@ def run_in_terminal(argv: list[str], cwd: Path) -> list[str]:
 
 def test_progress_bars_leave_no_trace_on_a_terminal(tmp_path: Path, dataset: Path) -> None:
     job = job_file(tmp_path, dataset, epochs=3)
-    shown = run_in_terminal(["train", str(job)], tmp_path)
+    shown = run_in_terminal(["train", str(job), "--set", "train.batch_size=25"], tmp_path)  # 108 updates: no note
     assert [line.split("  ")[0] for line in shown[:3]] == ["epoch 1/3", "epoch 2/3", "epoch 3/3"]
-    assert shown[3].startswith("done: 3 epochs, weight version 27")
+    assert shown[3].startswith("done: 3 epochs, weight version 108")
     assert len(shown) == 8, shown  # 3 epoch lines and the 5 summary lines: no bar left behind
     assert not any("━" in line or "%" in line for line in shown), shown
     shown = run_in_terminal(["prepare", "--synthetic", "2e3x4", str(tmp_path / "synthetic")], tmp_path)
@@ -103,9 +103,10 @@ def test_progress_bars_leave_no_trace_on_a_terminal(tmp_path: Path, dataset: Pat
 
 def test_quiet_prints_no_progress_and_no_epoch_lines(tmp_path: Path, dataset: Path, cli) -> None:
     job = job_file(tmp_path, dataset)
-    loud = cli("train", job, "--run-dir", tmp_path / "loud")
+    enough = ("--set", "train.batch_size=16")  # 114 updates: no few-updates note (which --quiet still prints)
+    loud = cli("train", job, *enough, "--run-dir", tmp_path / "loud")
     assert loud.code == 0 and "epoch 2/2" in loud.err
-    quiet = cli("train", job, "--quiet", "--run-dir", tmp_path / "quiet")
+    quiet = cli("train", job, *enough, "--quiet", "--run-dir", tmp_path / "quiet")
     assert quiet.code == 0 and quiet.err == ""
     assert quiet.out.startswith("done: 2 epochs")
     prepared = cli("prepare", "--synthetic", "1e3x4", tmp_path / "ds", "-q")
