@@ -170,8 +170,8 @@ def test_a_torch_dataloader_with_two_workers_reads_the_mapped_shards(dataset: Pa
     x_train = torch.from_numpy(blobs(n=1000, features=6, classes=3)[0][100:])
     rows = DataLoader(ds, batch_size=64, shuffle=False, num_workers=2)  # row by row, collated by torch
     assert torch.equal(torch.cat([x for x, _ in rows]), x_train)
-    batched = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn",
+    batched = DataLoader(ds, batch_size=None, num_workers=2,
                          sampler=BatchSampler(SequentialSampler(range(len(ds))), batch_size=128, drop_last=False))
-    seen = list(batched)  # one fancy-indexed read per batch, in spawned workers that map the files themselves
+    seen = list(batched)  # one fancy-indexed read per batch (a spawned worker gets the pickle tested above)
     assert [len(x) for x, _ in seen] == [128] * 7 + [4]
     assert torch.equal(torch.cat([torch.as_tensor(x) for x, _ in seen]), x_train)

@@ -12,8 +12,10 @@ import pytest
 from tiny_data import blobs, write_dataset
 
 from memtrain import load_model, open_dataset
+from memtrain.config import load_job
 from memtrain.errors import InputError
 from memtrain.layout import checkpoint_updates
+from memtrain.train.advice import few_updates_note
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -173,10 +175,14 @@ def test_few_updates_are_noted_with_a_batch_size_to_try(tmp_path: Path, classes:
                         "epoch, as train.batch_size is not set, 10 epochs); a gradient model usually needs "
                         "hundreds. Set train.batch_size (e.g. --set train.batch_size=64: 140 updates) or raise "
                         "train.epochs\n")
-    enough = cli("train", job, "--run-dir", tmp_path / "b", "--quiet", "--set", "train.batch_size=64")
-    assert enough.code == 0 and enough.err == ""
-    additive = cli("train", job, "--run-dir", tmp_path / "c", "--quiet", "--set", 'model.kind="naive_bayes"')
-    assert additive.code == 0 and additive.err == ""  # one closed-form solve: updates do not apply
+    minimal = load_job(job)
+    assert few_updates_note(minimal, 850, additive=False) is not None
+    assert few_updates_note(minimal, 850, additive=True) is None  # one closed-form solve: updates do not apply
+    batched = load_job(job, values={"train.batch_size": 64})
+    assert few_updates_note(batched, 850, additive=False) is None  # 14 x 10 updates
+    assert few_updates_note(load_job(job, values={"train.batch_size": 128}), 850, additive=False).startswith(
+        "this job makes only 70 updates in all (7 updates per epoch at train.batch_size = 128, 10 epochs)")
+    assert few_updates_note(minimal, 10, additive=False) is None  # too few rows for any batch size to help
 
 
 def test_missing_checkpoints_and_versions_list_what_the_run_has(tmp_path: Path, classes: Path, cli) -> None:
