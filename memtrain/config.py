@@ -86,14 +86,14 @@ def load_job(path: Path | None, overrides: typing.Sequence[str] = (), *, workers
 
 
 def load_saved_job(run_dir: Path, overrides: typing.Sequence[str] = (), *, workers: int | None = None) -> Job:
-    """The resolved job saved in a run directory (for ``--resume``), with overrides such as more epochs."""
-    from memtrain.files import read_json
-    from memtrain.layout import RUN_JOB
+    """The job a run directory follows (for ``--resume``): its record with the changes of its history, then
+    ``overrides`` such as more epochs. ``run.dir`` is ``run_dir``, wherever the directory has been moved."""
+    from memtrain.train.record import recorded_job
 
-    if not (run_dir / RUN_JOB).exists():
-        raise InputError("not a run directory: no job.json", path=run_dir,
-                         hint="give the run directory that `memtrain train` created (run.dir of the job)")
-    raw = read_json(run_dir / RUN_JOB, what="saved job")
+    if not run_dir.is_dir():
+        raise InputError("no run directory here", path=run_dir,
+                         hint=f"start a run there with `memtrain train JOB.toml --run-dir {run_dir}`")
+    raw = recorded_job(run_dir)
     for item in overrides:
         _apply_override(raw, item)
     if workers is not None:
