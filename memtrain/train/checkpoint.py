@@ -111,7 +111,14 @@ def read_meta(path: Path) -> dict[str, Any]:
         raise CorruptFileError("unsupported checkpoint format version", path=file,
                                expected=FORMAT_VERSION, found=meta.get("version"))
     meta = unseal(meta, path=file, what="checkpoint metadata")
-    _check_fields(meta, file)
+    files = meta.get("files")
+    if not isinstance(files, dict) or CHECKPOINT_WEIGHTS not in files:
+        raise CorruptFileError("checkpoint metadata lists no weights file", path=file, where="files")
+    bad = [name for name, record in files.items() if not _file_name(name) or not isinstance(record, dict)
+           or not isinstance(record.get("checksum"), str)]
+    if bad:  # a name that is not one of a checkpoint's own files could point anywhere
+        raise CorruptFileError("checkpoint metadata names a file that is not a checkpoint's own", path=file,
+                               where="files", expected=f"{CHECKPOINT_WEIGHTS} or opt-<slot>.npy", found=bad[0])
     return meta
 
 
@@ -124,12 +131,6 @@ def _check_fields(meta: dict[str, Any], file: Path) -> None:
         problems += [f"position.{key}" for key in ("epoch", "batch", "version", "epoch_rows", "skipped")
                      if not _count(position.get(key))]
     problems += [key for key in ("layout", "data", "model", "optimizer") if not isinstance(meta.get(key), dict)]
-    files = meta.get("files")
-    if not isinstance(files, dict) or CHECKPOINT_WEIGHTS not in files:
-        problems.append("files")
-    else:
-        problems += [f"files.{name}" for name, record in files.items() if not _file_name(name)
-                     or not isinstance(record, dict) or not isinstance(record.get("checksum"), str)]
     if problems:
         raise CorruptFileError("checkpoint metadata lacks or mangles a field", path=file, where=", ".join(problems))
 
@@ -145,8 +146,9 @@ def _file_name(name: str) -> bool:
 
 
 def verify_checkpoint(path: Path) -> dict[str, Any]:
-    """Re-hash every file of a checkpoint; returns its metadata or raises naming the bad file."""
+    """Re-hash every file of a checkpoint; returns its metadata or raises naming the bad file or field."""
     meta = read_meta(path)
+    _check_fields(meta, path / CHECKPOINT_META)
     for name, record in meta["files"].items():
         verify_checksum(path / name, record["checksum"])
     return meta
@@ -156,7 +158,9 @@ def done_epochs(run_dir: Path) -> int | None:
     """The epochs of the newest checkpoint whose metadata is intact (its files are not re-hashed), or None."""
     for update in reversed(checkpoint_updates(run_dir)):
         try:
-            return int(read_meta(checkpoint_path(run_dir, update))["position"]["epoch"])
+            meta = read_meta(checkpoint_path(run_dir, update))
+            _check_fields(meta, checkpoint_path(run_dir, update) / CHECKPOINT_META)
+            return int(meta["position"]["epoch"])
         except MemtrainError:
             continue
     return None
@@ -186,6 +190,7 @@ def load_checkpoint(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, 
             raise InputError("the run has no complete checkpoint", path=path)
         path = found[0]
     meta = read_meta(path)
+    _check_fields(meta, path / CHECKPOINT_META)
     layout = ParamLayout.from_json(meta["layout"], path=path / CHECKPOINT_META)
     flat = open_npy(path / CHECKPOINT_WEIGHTS, shape=(layout.size,), dtype=layout.dtype)
     return layout.views(flat), meta
