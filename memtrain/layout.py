@@ -20,6 +20,11 @@ def shard_name(split: str, part: str, index: int) -> str:
     return f"{split}/{part}-{index:05d}.npy"
 
 
+def is_shard_name(name: str) -> bool:
+    """True for the file name of a shard within its split folder (``x-00000.npy``)."""
+    return re.fullmatch(r"[xy]-\d{5,}\.npy", name) is not None
+
+
 # --- work area of `memtrain prepare` (a hidden sibling of the output, so the final rename is atomic) ---
 PREPARE_WORK_MARK = ".prepare-"
 PREPARE_SPOOL_DIR = "spool"  # the external shuffle's bucket files

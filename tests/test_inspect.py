@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tiny_data import sealed
 
 import memtrain
 from memtrain.cli import main
@@ -125,7 +126,7 @@ def copied(tmp_path: Path, run: Path, dataset: Path) -> tuple[Path, Path]:
     shutil.copytree(run, tmp_path / "run", ignore=shutil.ignore_patterns("memtrain-x-*"))
     job = json.loads((tmp_path / "run" / "job.json").read_text())
     job["data"]["path"] = str(tmp_path / "ds")
-    (tmp_path / "run" / "job.json").write_text(json.dumps(job))
+    (tmp_path / "run" / "job.json").write_text(json.dumps(sealed(job)))  # a real edit: sealed again
     return tmp_path / "run", tmp_path / "ds"
 
 
