@@ -88,12 +88,17 @@ def load_job(path: Path | None, overrides: typing.Sequence[str] = (), *, workers
 def load_saved_job(run_dir: Path, overrides: typing.Sequence[str] = (), *, workers: int | None = None) -> Job:
     """The job a run directory follows (for ``--resume``): its record with the changes of its history, then
     ``overrides`` such as more epochs. ``run.dir`` is ``run_dir``, wherever the directory has been moved."""
+    from memtrain.errors import CorruptFileError
     from memtrain.train.record import recorded_job
+    from memtrain.train.run_dir import damaged_record
 
     if not run_dir.is_dir():
         raise InputError("no run directory here", path=run_dir,
                          hint=f"start a run there with `memtrain train JOB.toml --run-dir {run_dir}`")
-    raw = recorded_job(run_dir)
+    try:
+        raw = recorded_job(run_dir)
+    except CorruptFileError as exc:
+        raise damaged_record(exc, run_dir, None) from None
     for item in overrides:
         _apply_override(raw, item)
     if workers is not None:

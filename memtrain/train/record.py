@@ -72,8 +72,8 @@ def read_job_record(run_dir: Path) -> dict[str, Any]:
     path = run_dir / RUN_JOB
     if not path.exists():
         raise InputError("not a memtrain run directory: no job.json", path=run_dir,
-                         hint="give the directory that `memtrain train` created (the run.dir of the job), or "
-                              "start a run there with `memtrain train JOB.toml --run-dir DIR`")
+                         hint="give the directory that `memtrain train` created (the run.dir of the job), or start "
+                              "a new run in a new directory with `memtrain train JOB.toml --run-dir NEW_DIR`")
     record = read_sealed_json(path, what="the run's job record")
     if record.get("format") != FORMAT or record.get("version") != FORMAT_VERSION:
         raise CorruptFileError("not a job record this memtrain can read", path=path, where="format",

@@ -209,10 +209,11 @@ def open_run_dir(job: Job, *, resume: bool, need_exchange: int, need_run: int, o
     path = job.run.dir
     found = _state(path)
     decision = None
+    command = f"memtrain train {job.source or 'JOB.toml'}"
     if found == "foreign":
         raise InputError("the run directory exists and is not a memtrain run (no job.json); memtrain writes "
                          "only into a new or empty directory, or into a run it made", path=path,
-                         hint="choose another with `memtrain train JOB.toml --run-dir NEW_DIR`")
+                         hint=f"choose another with `{command} --run-dir NEW_DIR`")
     if found == "run" and resume:
         decision = _decide(path, job, asked, layout)
         lock = acquire_lock(path)
@@ -226,7 +227,7 @@ def open_run_dir(job: Job, *, resume: bool, need_exchange: int, need_run: int, o
     elif found == "run":
         raise InputError("the run directory already exists", path=path,
                          hint=f"resume it with `memtrain train --resume {path}`, replace it with "
-                              "`memtrain train JOB.toml --overwrite`, or choose another with --run-dir")
+                              f"`{command} --run-dir {path} --overwrite`, or choose another with --run-dir")
     else:
         lock = _create(path, job, layout)
     try:
@@ -258,10 +259,15 @@ def _decide(path: Path, job: Job, asked: Collection[str], layout: dict[str, Any]
         return decide(path, job, asked, done_epochs=done_epochs(path), layout=layout,
                       recorded_layout=read_params(path))
     except CorruptFileError as exc:
-        exc.hint = exc.hint or (f"the run's record cannot be trusted, so it is not resumed; look at it with "
-                                f"`memtrain inspect {path}`, or start it over with "
-                                f"`memtrain train JOB.toml --run-dir {path} --overwrite`")
-        raise
+        raise damaged_record(exc, path, job.source) from None
+
+
+def damaged_record(exc: CorruptFileError, path: Path, source: Path | None) -> CorruptFileError:
+    """A damaged record of a run, with what to do about it: it is never resumed from."""
+    exc.hint = exc.hint or (f"the run's records cannot be trusted, so it is not resumed; look at it with "
+                            f"`memtrain inspect {path}`, or start it over with "
+                            f"`memtrain train {source or 'JOB.toml'} --run-dir {path} --overwrite`")
+    return exc
 
 
 def _create(path: Path, job: Job, layout: dict[str, Any] | None) -> IO[str]:
@@ -332,7 +338,7 @@ def _check_owned(path: Path) -> None:
         record = None
     if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
         raise InputError("refusing to overwrite: its job.json is not a memtrain job record", path=path,
-                         hint="choose another with `memtrain train JOB.toml --run-dir NEW_DIR`")
+                         hint="choose another run directory with --run-dir NEW_DIR")
 
 
 def _clear_run(path: Path) -> None:
