@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _name_resume(exc: MemtrainError, run_dir: Path) -> None:
     """A failure after the run directory was made says how to continue it (a refusal, exit 2, says its own)."""
-    if exc.exit_code == 1 and (run_dir / RUN_JOB).is_file() and "--resume" not in (exc.hint or ""):
+    if exc.exit_code == 1 and (run_dir / RUN_JOB).is_file() and "memtrain " not in (exc.hint or ""):
         exc.hint = (exc.hint + "; then r" if exc.hint else "R") + f"esume with: memtrain train --resume {run_dir}"
 
 

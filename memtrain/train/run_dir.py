@@ -111,7 +111,8 @@ def acquire_lock(path: Path) -> IO[str]:
     except LockHeld as held:
         raise InputError("another memtrain train is using this run directory", path=path,
                          found=f"lock held by pid {held.owner}",
-                         hint="wait for it to finish or choose another run.dir") from None
+                         hint=f"wait for it to finish (then `memtrain train --resume {path}` continues it), or "
+                              "choose another run directory with --run-dir") from None
 
 
 def sweep_leftovers(run_dir: Path, exchange_parents: list[Path]) -> list[Path]:
