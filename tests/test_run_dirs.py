@@ -224,6 +224,17 @@ def test_a_job_file_that_differs_in_a_changeable_setting_names_the_command_that_
     assert same.code == 0, same.err
 
 
+def test_an_additive_model_has_no_epochs_to_add(tmp_path: Path, data: Path, cli) -> None:
+    job = tmp_path / "nb.toml"
+    job.write_text(f'[data]\npath = "{data}"\nnormalize = false\n[model]\nkind = "naive_bayes"\n'
+                   '[train]\nepochs = 1\nworkers = 1\n[run]\ndir = "run"\n')
+    assert cli("train", job).code == 0
+    before = snapshot(tmp_path / "run")
+    refused = cli("train", "--resume", tmp_path / "run", "--set", "train.epochs=3")
+    assert refused.code == 2 and "train.epochs" in refused.err and "Traceback" not in refused.err
+    assert snapshot(tmp_path / "run") == before
+
+
 # --- 3. a run directory can be moved ---
 
 def test_a_moved_run_directory_trains_where_it_is_now(tmp_path: Path, data: Path, finished: Path, cli) -> None:

@@ -148,14 +148,19 @@ def compare(recorded: dict[str, Any], job: Job, asked: Collection[str]) -> tuple
 
 
 def decide(run_dir: Path, job: Job, asked: Collection[str], *, done_epochs: int | None,
-           layout: dict[str, Any] | None, recorded_layout: dict[str, Any] | None) -> Decision:
+           layout: dict[str, Any] | None, recorded_layout: dict[str, Any] | None, one_pass: bool = False) -> Decision:
     """Check that ``job`` may continue the run in ``run_dir``; raises InputError naming every difference.
 
     Reads only. ``done_epochs``: the epochs of the newest checkpoint (None: none yet). ``layout``: the
     parameter layout of ``job`` on its dataset; ``recorded_layout``: the run's ``params.json``.
+    ``one_pass``: an additive model, solved in one pass, for which ``train.epochs`` means nothing to change.
     """
     recorded = recorded_job(run_dir)
     allowed, unasked, fixed = compare(recorded, job, asked)
+    if one_pass:
+        fixed += [d for d in allowed + unasked if d.key == "train.epochs"]
+        allowed = [d for d in allowed if d.key != "train.epochs"]
+        unasked = [d for d in unasked if d.key != "train.epochs"]
     resume = f"memtrain train --resume {run_dir}"
     moved = layout is not None and recorded_layout is not None and layout != recorded_layout
     if fixed or moved:

@@ -199,13 +199,13 @@ def choose_exchange(job: Job, need_bytes: int, log: Any) -> Path:
 
 
 def open_run_dir(job: Job, *, resume: bool, need_exchange: int, need_run: int, overwrite: bool = False,
-                 layout: dict[str, Any] | None = None, asked: Collection[str] = ()) -> RunDir:
+                 layout: dict[str, Any] | None = None, asked: Collection[str] = (), one_pass: bool = False) -> RunDir:
     """Create, replace or reopen the run directory, take its lock, sweep leftovers and set up the exchange area.
 
     A new run directory is built under a temporary name with its records (``job.json`` first) and renamed
     into place: it exists complete or not at all. A resume decides (``record.decide``) before it writes
     anything. ``layout``: the job's parameter layout (``params.json``); ``asked``: the keys named with
-    ``--set``, the only settings a resume may change.
+    ``--set``, the only settings a resume may change; ``one_pass``: an additive model (no epochs to add).
     """
     path = job.run.dir
     found = _state(path)
@@ -216,9 +216,10 @@ def open_run_dir(job: Job, *, resume: bool, need_exchange: int, need_run: int, o
                          "only into a new or empty directory, or into a run it made", path=path,
                          hint=f"choose another with `{command} --run-dir NEW_DIR`")
     if found == "run" and resume:
-        decision = _decide(path, job, asked, layout)
+        decision = _decide(path, job, asked, layout, one_pass)
         lock = acquire_lock(path)
-        decision = _decide(path, job, asked, layout)  # again under the lock: another resume may have come first
+        # again under the lock: another resume may have come first
+        decision = _decide(path, job, asked, layout, one_pass)
     elif found == "run" and overwrite:
         _check_owned(path)
         lock = acquire_lock(path)
@@ -255,10 +256,11 @@ def _state(path: Path) -> str:
     return "run" if RUN_JOB in names else "foreign"
 
 
-def _decide(path: Path, job: Job, asked: Collection[str], layout: dict[str, Any] | None) -> Decision:
+def _decide(path: Path, job: Job, asked: Collection[str], layout: dict[str, Any] | None,
+            one_pass: bool) -> Decision:
     try:
         return decide(path, job, asked, done_epochs=done_epochs(path), layout=layout,
-                      recorded_layout=read_params(path))
+                      recorded_layout=read_params(path), one_pass=one_pass)
     except CorruptFileError as exc:
         raise damaged_record(exc, path, job.source) from None
 

@@ -83,6 +83,7 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
     size_bytes = context.layout.size * 4
     slots = len(state_slots(job.train.optimizer))
     run = open_run_dir(job, resume=resume_run, overwrite=overwrite, layout=context.layout.to_json(), asked=asked,
+                       one_pass=context.additive,
                        need_exchange=(3 * job.train.tasks_per_update + 2 + 2 * slots) * size_bytes,
                        need_run=(3 + slots) * size_bytes)  # the least that lets a run make progress
     stop = StopRequest()
