@@ -1,6 +1,6 @@
 """Dataset directory -> read-only access: the manifest, shards as memmaps, row ranges across shards.
 
-Format ``memtrain.dataset`` version 2 (specified in the README, "File formats"). ``manifest.json``::
+Format ``memtrain.dataset`` version 2 (specified in docs/formats.md). ``manifest.json``::
 
     {"format": "memtrain.dataset", "version": 2,
      "task": "classification" | "regression",

@@ -31,6 +31,7 @@ PREPARE_SPOOL_DIR = "spool"  # the external shuffle's bucket files
 PREPARE_SPOOL_INFO = "spool.json"  # written once every bucket is complete: the spool's commit marker
 PREPARE_DONE_LOG = "done.jsonl"  # one line per finished shard pair, with checksums, for resume
 PREPARE_DATASET_DIR = "dataset"  # becomes OUT by one rename
+PREPARE_REPLACED_DIR = "replaced"  # an older OUT moved aside by --overwrite, removed after the rename
 PREPARE_LOCK = "lock"
 
 
@@ -60,12 +61,10 @@ RUN_METRICS = "metrics.jsonl"
 RUN_EVENTS = "events.log"
 RUN_LINEAGE = "lineage.jsonl"  # which version and tasks produced each published version
 RUN_LOCK = "run.lock"
-RUN_EXCHANGE_LINK = "exchange.json"  # where this run's exchange area lives (it may be on /dev/shm)
 WEIGHTS_DIR = "weights"
 CHECKPOINTS_DIR = "checkpoints"
 CHECKPOINT_META = "meta.json"
 CHECKPOINT_WEIGHTS = "weights.npy"
-STATS_FILE = "stats.npy"  # additive models: the reduced sufficient statistics
 
 _VERSION_RE = re.compile(r"^v(\d{8})\.npy$")
 _CHECKPOINT_RE = re.compile(r"^c(\d{8})$")

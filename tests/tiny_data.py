@@ -1,7 +1,7 @@
 """Tiny datasets written straight in the documented dataset format (an independent check of the reader).
 
 Used by the engine tests so that they do not depend on `prepare`; the format is the one in
-memtrain/dataset.py and the README's "File formats" section.
+memtrain/dataset.py and docs/formats.md.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from memtrain.layout import (
     PREPARE_DATASET_DIR,
     PREPARE_DONE_LOG,
     PREPARE_LOCK,
+    PREPARE_REPLACED_DIR,
     PREPARE_SPOOL_DIR,
     PREPARE_SPOOL_INFO,
     SPLITS,
@@ -162,7 +163,7 @@ class WorkArea:
     def publish(self, overwrite: bool) -> None:
         """Rename the finished dataset into OUT; an old dataset is moved aside first and removed after."""
         check_out(self.out, overwrite)
-        old = self.root / "replaced"
+        old = self.root / PREPARE_REPLACED_DIR
         if self.out.exists():
             os.replace(self.out, old)
         os.replace(self.dataset, self.out)

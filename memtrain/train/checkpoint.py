@@ -181,7 +181,7 @@ def load_checkpoint(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, 
     """``({name: read-only memmapped array}, metadata)`` of a checkpoint dir (or of a run's newest one).
 
     >>> params, meta = load_checkpoint("runs/digits-mlp")       # doctest: +SKIP
-    >>> params["W0"].shape, meta["epoch"]
+    >>> params["W1"].shape, meta["epoch"]
     """
     path = Path(path)
     if (path / CHECKPOINTS_DIR).is_dir() or (path / RUN_PARAMS).exists():
