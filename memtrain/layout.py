@@ -107,7 +107,7 @@ def exchange_dir_name(run_id: str, owner_pid: int) -> str:
     return f"{EXCHANGE_PREFIX}{run_id}-{owner_pid}"
 
 
-EXCHANGE_MARK = ".memtrain-exchange"  # created first in every exchange area: what proves the directory is ours
+EXCHANGE_MARK = ".memtrain-exchange.json"  # created first in every exchange area: what proves the directory is ours
 _EXCHANGE_RE = re.compile(rf"^{EXCHANGE_PREFIX}[0-9a-f]{{8}}-(\d+)$")
 
 

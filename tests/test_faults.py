@@ -509,7 +509,7 @@ def test_leftovers_of_dead_runs_are_swept_and_live_ones_kept(tmp_path: Path, dat
         stale = [run / f"memtrain-x-dead0001-{dead}", Path("/dev/shm") / f"memtrain-x-dead0002-{dead}"]
         for folder in [*stale, live]:
             folder.mkdir()
-            (folder / ".memtrain-exchange").write_text(str(dead))
+            (folder / ".memtrain-exchange.json").write_text(str(dead))
             (folder / "g-v00000001-t00000-a000.npy").write_bytes(b"stale")
         (run / "weights" / f".v00000001.npy.tmp-{dead}-abcdef12").write_bytes(b"partial")
         (run / f".metrics.jsonl.tmp-{dead}-0123abcd").write_bytes(b"partial")

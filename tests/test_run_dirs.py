@@ -311,7 +311,7 @@ def test_exchange_areas_are_removed_only_with_memtrain_s_mark(tmp_path: Path, da
     (users / "results.csv").write_text("precious")
     stale = scratch / f"memtrain-x-0dead0ff-{dead_pid()}"
     stale.mkdir()
-    (stale / ".memtrain-exchange").write_text("1")
+    (stale / ".memtrain-exchange.json").write_text("1")
     job = write_job(tmp_path, data, extra=f'exchange = "{scratch}"\n')
     assert cli("train", job).code == 0
     assert (users / "results.csv").read_text() == "precious"

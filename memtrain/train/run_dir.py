@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import shutil
 import tempfile
@@ -383,7 +384,7 @@ def _set_up(job: Job, path: Path, lock: IO[str], need_exchange: int, need_run: i
     parent = choose_exchange(job, need_exchange, lambda text: log_event(path, text))
     exchange = parent / exchange_dir_name(uuid.uuid4().hex[:8], os.getpid())
     exchange.mkdir()
-    (exchange / EXCHANGE_MARK).write_text(f"{os.getpid()}\n")
+    (exchange / EXCHANGE_MARK).write_text(json.dumps({"owner": os.getpid()}) + "\n")
     run = RunDir(path, exchange, lock)
     run.event(f"exchange area: {exchange}")
     return run
