@@ -376,24 +376,35 @@ def test_a_damaged_checkpoint_meta_is_skipped_for_the_previous_one(tmp_path: Pat
     assert digest(run_copy) == digest(straight.parent / "run")
 
 
-@pytest.mark.parametrize("record", ["job.json", "history.jsonl", "params.json"])
-def test_a_damaged_run_record_is_reported_and_never_trusted(run_copy: Path, record: str, cli) -> None:
-    path = run_copy / record
-    if record == "job.json":
-        edit_json(path, lambda job: job["train"].update(lr=0.5))
-    elif record == "history.jsonl":
-        path.write_text(path.read_text().replace('"start"', '"resume", "changes": {"train.epochs": '
-                                                            '{"from": 2, "to": 9}}'))
-    else:
-        flip_digit(path, r'"size": \d')
+def reseal_without(path: Path, section: str, key: str) -> None:
+    """A consistent (sealed) record that lacks a field: what a buggy writer or a hand edit could leave."""
+    record = json.loads(path.read_text())
+    del record[section][key]
+    path.write_text(json.dumps(sealed(record)))
+
+
+@pytest.mark.parametrize(("record", "damage", "message"), [
+    ("job.json", lambda p: edit_json(p, lambda job: job["train"].update(lr=0.5)), "damaged"),
+    ("job.json", lambda p: reseal_without(p, "train", "epochs"), "lacks a setting"),
+    ("history.jsonl", lambda p: p.write_text(p.read_text().replace(
+        '"start"', '"resume", "changes": {"train.epochs": {"from": 2, "to": 9}}')), "damaged"),
+    ("history.jsonl", lambda p: p.write_text(json.dumps(sealed({"event": "resume", "changes": {
+        "train.seed": {"from": 3, "to": 4}}})) + "\n"), "malformed"),
+    ("params.json", lambda p: flip_digit(p, r'"size": \d'), "damaged"),
+], ids=["job-edited", "job-resealed-incomplete", "history-edited", "history-resealed-fixed-key", "params"])
+def test_a_damaged_run_record_is_reported_and_never_trusted(run_copy: Path, record: str, damage, message: str,
+                                                            cli) -> None:
+    damage(run_copy / record)
     before = snapshot(run_copy)
     refused = cli("train", "--resume", run_copy, "--set", "train.epochs=3")
-    assert refused.code == 1 and "damaged" in refused.err and record in refused.err
+    assert refused.code == 1 and message in refused.err and record in refused.err
     assert "Traceback" not in refused.err and "--overwrite" in refused.err
     assert snapshot(run_copy) == before
     shown = cli("inspect", run_copy)
     assert shown.code == 0 and "DAMAGED" in shown.out
     assert cli("inspect", run_copy, "--verify").code == 1
+    assert cli("train", write_job(run_copy.parent / "job", Path(json.loads(
+        (run_copy / "job.json").read_text())["data"]["path"])), "--run-dir", run_copy, "--overwrite").code == 0
 
 
 def test_a_damaged_lineage_line_is_reported_by_verify(run_copy: Path, cli) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memtrain.config import Job, job_to_dict
+from memtrain.config import Job, job_from_dict, job_to_dict
 from memtrain.errors import CorruptFileError, InputError
 from memtrain.files import publish, read_sealed_json, read_sealed_jsonl, seal, write_sealed_json
 from memtrain.layout import RUN_HISTORY, RUN_JOB
@@ -83,7 +83,16 @@ def read_job_record(run_dir: Path) -> dict[str, Any]:
     if not all(isinstance(sections.get(name), dict) for name in ("data", "model", "train", "run")):
         raise CorruptFileError("the job record lacks a section", path=path,
                                expected="data, model, train and run", found=", ".join(sections))
+    missing = sorted(set(_every_key()) - set(flatten(sections)))
+    if missing:  # a default would silently stand in for what the run really used
+        raise CorruptFileError("the job record lacks a setting", path=path, where=", ".join(missing))
     return sections
+
+
+def _every_key() -> list[str]:
+    """``section.key`` of every setting a job record holds (the model's own options vary, its kind does not)."""
+    defaults = job_record(job_from_dict({}, base=Path("/")))
+    return [key for key in flatten(defaults) if not key.startswith("model.") or key == "model.kind"]
 
 
 def read_history(run_dir: Path) -> list[dict[str, Any]]:
@@ -110,10 +119,17 @@ def recorded_job(run_dir: Path) -> dict[str, Any]:
     >>> recorded_job(Path("runs/digits-mlp"))["train"]["epochs"]    # doctest: +SKIP
     """
     sections = read_job_record(run_dir)
-    for entry in read_history(run_dir):
-        for key, change in entry.get("changes", {}).items():
+    for number, entry in enumerate(read_history(run_dir), start=1):
+        changes = entry.get("changes", {})
+        if not isinstance(changes, dict) or not all(
+                kind_of(key) == "adjustable" and isinstance(change, dict) and "to" in change
+                for key, change in changes.items()):
+            raise CorruptFileError("a history entry's changes are malformed", path=run_dir / RUN_HISTORY,
+                                   where=f"line {number}", expected='{"section.key": {"from": ..., "to": ...}}',
+                                   found=json.dumps(changes)[:200])
+        for key, change in changes.items():
             section, _, name = key.partition(".")
-            sections.setdefault(section, {})[name] = change["to"]
+            sections[section][name] = change["to"]
     sections["run"]["dir"] = "."  # relative to the run directory: wherever it is now
     return sections
 
