@@ -481,6 +481,8 @@ def test_exchange_without_room_is_refused_before_starting(tmp_path: Path, data: 
     result = memtrain("train", job)
     assert result.returncode == 1
     assert "no room for the exchange area" in result.stderr and "MiB" in result.stderr
+    assert not (tmp_path / "run").exists()  # refused after it was made: the run directory is removed again
+    assert memtrain("train", job, "--set", 'run.exchange="run"').returncode == 0  # so the hint's fix just works
 
 
 def test_auto_exchange_falls_back_when_dev_shm_is_small(tmp_path: Path, data: Path) -> None:
