@@ -254,7 +254,8 @@ def _state(path: Path) -> str:
     names = os.listdir(path)
     if not names:
         return "empty"
-    return "run" if RUN_JOB in names else "foreign"
+    job = path / RUN_JOB
+    return "run" if RUN_JOB in names and job.is_file() and not job.is_symlink() else "foreign"
 
 
 def _decide(path: Path, job: Job, asked: Collection[str], layout: dict[str, Any] | None,
