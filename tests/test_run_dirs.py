@@ -245,6 +245,7 @@ def test_a_moved_run_directory_trains_where_it_is_now(tmp_path: Path, data: Path
     moved = tmp_path / "moved" / "B"
     moved.parent.mkdir()
     origin.rename(moved)
+    assert cli("train", "--resume", moved, "--set", f'run.dir="{origin}"').code == 2  # it resumes where it is
     resumed = cli("train", "--resume", moved, "--set", "train.epochs=3")
     assert resumed.code == 0, resumed.err
     assert not origin.exists()

@@ -62,6 +62,9 @@ def _job(args: argparse.Namespace):  # noqa: ANN202 - returns config.Job
     if isinstance(args.resume, str):
         if args.job is not None:
             raise InputError("give either a job file or --resume RUN_DIR, not both")
+        if args.run_dir is not None or any(item.partition("=")[0].strip() == "run.dir" for item in args.overrides):
+            raise InputError("--resume RUN_DIR continues that directory: --run-dir and run.dir do not apply",
+                             hint=f"memtrain train --resume {args.resume}")
         return load_saved_job(Path(args.resume).resolve(), args.overrides, workers=args.workers)
     if args.job is None:
         raise InputError("a job file is needed", hint="memtrain train JOB.toml, or memtrain train --resume RUN_DIR")
