@@ -39,7 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     job = _job(args)
     if args.overwrite and args.resume:
-        raise InputError("--overwrite and --resume contradict each other")
+        raise InputError("--overwrite and --resume contradict each other",
+                         hint=f"continue the run with `memtrain train --resume {job.run.dir}`, or start it over "
+                              f"with `memtrain train {job.source or 'JOB.toml'} --run-dir {job.run.dir} --overwrite`")
     asked = {item.partition("=")[0].strip() for item in args.overrides}
     try:
         summary = train(job, resume_run=bool(args.resume), verify=args.verify, overwrite=args.overwrite, asked=asked)
