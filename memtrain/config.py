@@ -97,15 +97,20 @@ def load_job(path: str | os.PathLike[str] | None, overrides: typing.Sequence[str
 
 def load_saved_job(run_dir: str | os.PathLike[str], overrides: typing.Sequence[str] = (), *,
                    workers: int | None = None, values: typing.Mapping[str, Any] | None = None) -> Job:
-    """The resolved job saved in a run directory (for ``--resume``), with overrides such as more epochs."""
-    from memtrain.files import read_json
-    from memtrain.layout import RUN_JOB
+    """The job a run directory follows (for ``--resume``): its record with the changes of its history, then
+    ``overrides`` such as more epochs. ``run.dir`` is ``run_dir``, wherever the directory has been moved."""
+    from memtrain.errors import CorruptFileError
+    from memtrain.train.record import recorded_job
+    from memtrain.train.run_dir import damaged_record
 
     run_dir = Path(run_dir).resolve()
-    if not (run_dir / RUN_JOB).exists():
-        raise InputError("not a run directory: no job.json", path=run_dir,
-                         hint="give the run directory that `memtrain train` created (run.dir of the job)")
-    raw = read_json(run_dir / RUN_JOB, what="saved job")
+    if not run_dir.is_dir():
+        raise InputError("no run directory here", path=run_dir,
+                         hint=f"start a run there with `memtrain train JOB.toml --run-dir {run_dir}`")
+    try:
+        raw = recorded_job(run_dir)
+    except CorruptFileError as exc:
+        raise damaged_record(exc, run_dir, None) from None
     _apply_overrides(raw, overrides, values, workers)
     return job_from_dict(raw, base=run_dir, source=None)
 

@@ -1,8 +1,8 @@
 """Dataset directory -> read-only access: the manifest, shards as memmaps, row ranges across shards.
 
-Format ``memtrain.dataset`` version 1 (specified in docs/formats.md). ``manifest.json``::
+Format ``memtrain.dataset`` version 2 (specified in docs/formats.md). ``manifest.json``::
 
-    {"format": "memtrain.dataset", "version": 1,
+    {"format": "memtrain.dataset", "version": 2,
      "task": "classification" | "regression",
      "rows": int,                                  # train + val
      "x": {"shape": [F, ...], "dtype": "float32"}, # shape of ONE row
@@ -10,11 +10,14 @@ Format ``memtrain.dataset`` version 1 (specified in docs/formats.md). ``manifest
      "classes": ["name", ...] | null,              # class index i has name classes[i]
      "splits": {"train": {"rows": int, "shards": [SHARD, ...]}, "val": {...}, "test": {...}},  # test: optional
      "stats": {"mean": [...], "std": [...], "min": [...], "max": [...]},  # per feature, train split
-     "source": {...}, "options": {...}, "created": "ISO-8601"}
+     "source": {...}, "options": {...}, "created": "ISO-8601",
+     "record_checksum": "xxh3-128:.."}             # of every other field (files.seal): damage is refused
     SHARD = {"rows": int, "x": "train/x-00000.npy", "y": "train/y-00000.npy",
              "x_bytes": int, "y_bytes": int, "x_checksum": "xxh3-128:..", "y_checksum": "xxh3-128:.."}
 
-Opening checks every shard's header and exact size (cheap); ``verify=True`` also re-hashes them.
+Shard paths are relative and must resolve inside the dataset directory (no absolute path, no ``..``, no
+symlink that leaves it). Opening checks every shard's header and exact size (cheap); ``verify=True``
+also re-hashes them.
 
 For your own training loop: ``len(ds)``, ``ds[i]`` / ``ds[a:b]`` / ``ds[[i, j]]`` and ``ds.batches(...)``
 address the train split (``ds.split("val")`` has the same methods). Shards are mapped read-only and lazily;
@@ -25,6 +28,7 @@ a pickled dataset carries only its paths and manifest, so every process that unp
 from __future__ import annotations
 
 import bisect
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,11 +37,11 @@ from typing import Any
 import numpy as np
 
 from memtrain.errors import CorruptFileError, InputError, plural
-from memtrain.files import check_npy, open_npy, read_json, verify_checksum
+from memtrain.files import check_npy, open_npy, read_json, unseal, verify_checksum, write_sealed_json
 from memtrain.layout import MANIFEST, OPTIONAL_SPLITS, SPLITS
 
 FORMAT = "memtrain.dataset"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the manifest is sealed (record_checksum); 1 had no checksum of its own
 
 
 @dataclass(frozen=True)
@@ -260,8 +264,7 @@ def open_dataset(path: str | Path, *, verify: bool = False) -> Dataset:
     if not manifest_path.exists():
         raise InputError("not a memtrain dataset: no manifest.json", path=path,
                          hint="an interrupted prepare leaves no manifest; run `memtrain prepare` again")
-    manifest = read_json(manifest_path, what="dataset manifest")
-    _check_format(manifest, manifest_path)
+    manifest = read_manifest(path)
     present = manifest.get("splits") if isinstance(manifest.get("splits"), dict) else {}
     splits = {name: _split(path, name, manifest) for name in SPLITS if name in present or
               name not in OPTIONAL_SPLITS}
@@ -271,6 +274,36 @@ def open_dataset(path: str | Path, *, verify: bool = False) -> Dataset:
     if verify:
         dataset.verify()
     return dataset
+
+
+def read_manifest(root: Path) -> dict[str, Any]:
+    """The manifest of the dataset ``root``: its format and version checked, then its seal."""
+    path = root / MANIFEST
+    manifest = read_json(path, what="dataset manifest")
+    _check_format(manifest, path)
+    return unseal(manifest, path=path, what="dataset manifest")
+
+
+def write_manifest(folder: Path, manifest: dict[str, Any], *, durable: bool) -> None:
+    write_sealed_json(folder / MANIFEST, {"format": FORMAT, "version": FORMAT_VERSION, **manifest}, durable=durable)
+
+
+def shard_file(root: Path, name: Any, *, where: str) -> Path:
+    """``root / name`` for a shard path of a manifest, refused unless it is relative and stays inside ``root``
+    (also through symlinks): a manifest cannot make memtrain read a file outside its dataset."""
+    manifest = root / MANIFEST
+    if not isinstance(name, str) or not name:
+        raise CorruptFileError("a shard path must be a non-empty string", path=manifest, where=where,
+                               found=repr(name))
+    if os.path.isabs(name) or ".." in Path(name).parts:
+        raise CorruptFileError("a shard path must be relative to the dataset, without '..'", path=manifest,
+                               where=where, found=name)
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(root / name)
+    if os.path.commonpath([real_root, real]) != real_root:
+        raise CorruptFileError("a shard path leaves the dataset directory (through a symbolic link)",
+                               path=manifest, where=where, expected=f"a file under {real_root}", found=real)
+    return root / name
 
 
 def _check_format(manifest: Any, path: Path) -> None:
@@ -287,8 +320,9 @@ def _check_format(manifest: Any, path: Path) -> None:
 def _split(root: Path, name: str, manifest: dict[str, Any]) -> Split:
     try:
         entry = manifest["splits"][name]
-        shards = [Shard(int(s["rows"]), root / s["x"], root / s["y"], s["x_checksum"], s["y_checksum"])
-                  for s in entry["shards"]]
+        shards = [Shard(int(s["rows"]), shard_file(root, s["x"], where=f"splits.{name}.shards[{i}].x"),
+                        shard_file(root, s["y"], where=f"splits.{name}.shards[{i}].y"), s["x_checksum"],
+                        s["y_checksum"]) for i, s in enumerate(entry["shards"])]
         return Split(name, int(entry["rows"]), shards,
                      tuple(manifest["x"]["shape"]), np.dtype(manifest["x"]["dtype"]),
                      tuple(manifest["y"]["shape"]), np.dtype(manifest["y"]["dtype"]))

@@ -21,6 +21,11 @@ def shard_name(split: str, part: str, index: int) -> str:
     return f"{split}/{part}-{index:05d}.npy"
 
 
+def is_shard_name(name: str) -> bool:
+    """True for the file name of a shard within its split folder (``x-00000.npy``)."""
+    return re.fullmatch(r"[xy]-\d{5,}\.npy", name) is not None
+
+
 # --- work area of `memtrain prepare` (a hidden sibling of the output, so the final rename is atomic) ---
 PREPARE_WORK_MARK = ".prepare-"
 PREPARE_SPOOL_DIR = "spool"  # the external shuffle's bucket files
@@ -50,7 +55,8 @@ def spool_bucket_names(bucket: int) -> tuple[str, str]:
 
 
 # --- run directory (written by `memtrain train`) ---
-RUN_JOB = "job.json"  # the resolved job, every default filled in
+RUN_JOB = "job.json"  # the job the run was started with, every default filled in; written once, sealed
+RUN_HISTORY = "history.jsonl"  # one sealed line per start or resume, with the changes asked for on resume
 RUN_PARAMS = "params.json"  # parameter layout: name, shape, offset, dtype
 RUN_METRICS = "metrics.jsonl"
 RUN_EVENTS = "events.log"
@@ -122,11 +128,14 @@ def exchange_dir_name(run_id: str, owner_pid: int) -> str:
     return f"{EXCHANGE_PREFIX}{run_id}-{owner_pid}"
 
 
+EXCHANGE_MARK = ".memtrain-exchange.json"  # created first in every exchange area: what proves the directory is ours
+_EXCHANGE_RE = re.compile(rf"^{EXCHANGE_PREFIX}[0-9a-f]{{8}}-(\d+)$")
+
+
 def parse_exchange_owner(name: str) -> int | None:
-    if not name.startswith(EXCHANGE_PREFIX):
-        return None
-    tail = name.rsplit("-", 1)[-1]
-    return int(tail) if tail.isdigit() else None
+    """The owner pid of an exchange area's name, or None if ``name`` is not one memtrain makes."""
+    match = _EXCHANGE_RE.match(name)
+    return int(match.group(1)) if match else None
 
 
 def gradient_name(version: int, task: int, attempt: int) -> str:
@@ -172,12 +181,30 @@ def tmp_sibling(path: Path) -> Path:
     return path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
+_TMP_RE = re.compile(r"^\.(?P<target>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]{8}$")
+
+
 def tmp_owner_pid(name: str) -> int | None:
     """The pid that created a temporary file or directory, or None if ``name`` is not a temporary name."""
-    if TMP_MARK not in name:
-        return None
-    tail = name.split(TMP_MARK, 1)[1].split("-", 1)[0]
-    return int(tail) if tail.isdigit() else None
+    match = _TMP_RE.match(name)
+    return int(match.group("pid")) if match else None
+
+
+def tmp_target(name: str) -> str | None:
+    """The final name that the temporary name ``name`` stands for (``.job.json.tmp-12-0a1b2c3d`` -> ``job.json``).
+
+    None for anything ``tmp_sibling`` does not make: ``notes.tmp-123-abc`` is a user's file, not ours.
+    """
+    match = _TMP_RE.match(name)
+    return match.group("target") if match else None
+
+
+def is_version_name(name: str) -> bool:
+    return _VERSION_RE.match(name) is not None
+
+
+def is_checkpoint_name(name: str) -> bool:
+    return _CHECKPOINT_RE.match(name) is not None
 
 
 # --- the jobs spool of `memtrain serve` ---

@@ -30,6 +30,7 @@ def dataset_bytes(path: Path) -> dict[str, bytes]:
     files = {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
     manifest = json.loads(files.pop("manifest.json"))
     manifest.pop("created")
+    manifest.pop("record_checksum")  # covers "created" too
     files["manifest.json"] = json.dumps(manifest, sort_keys=True).encode()
     return files
 

@@ -103,6 +103,19 @@ def render_dataset(view: dict[str, Any], console: Console) -> None:
         console.print(Text(f"showing {features['shown']} of {features['count']} features; --all shows every one"))
 
 
+def _history(entries: list[dict[str, Any]]) -> str | None:
+    """``started T; resumed 2 times; train.epochs 15 -> 20 (T)``."""
+    if not entries:
+        return None
+    resumes = [e for e in entries if e.get("event") == "resume"]
+    parts = [f"started {entries[0].get('time')}"]
+    if resumes:
+        parts.append(f"resumed {len(resumes)} time{'s' * (len(resumes) > 1)}")
+    parts += [f"{key} {change.get('from')} -> {change.get('to')} ({e.get('time')})" for e in resumes
+              for key, change in (e.get("changes") or {}).items()]
+    return "; ".join(parts)
+
+
 def render_run(view: dict[str, Any], console: Console) -> None:
     job, progress = view["job"] or {}, view["progress"]
     train, model = job.get("train", {}), job.get("model", {})
@@ -118,7 +131,10 @@ def render_run(view: dict[str, Any], console: Console) -> None:
                      f"{_count(train.get('workers'), 'worker')}, seed {train.get('seed')}" if train else None),
         ("progress", f"{progress['epochs_done']}/{progress['epochs'] or '?'} epochs, "
                      f"{plural(progress['updates'], 'update')}, "
-                     f"newest version {num(progress['newest_version'])}")])
+                     f"newest version {num(progress['newest_version'])}"),
+        ("history", _history(view.get("history") or []))])
+    for problem in view.get("record_problems") or []:
+        lines(console, [("DAMAGED", problem)])
     for label, key in (("last epoch", "last_epoch"), ("best epoch", "best_epoch")):
         if progress[key]:
             record = progress[key]

@@ -18,11 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from memtrain.dataset import FORMAT, FORMAT_VERSION
+from memtrain.dataset import FORMAT, FORMAT_VERSION, write_manifest
 from memtrain.errors import InputError, Interrupted, plural
 from memtrain.faults import fault_point
-from memtrain.files import write_json
-from memtrain.layout import MANIFEST
 from memtrain.prepare.labels import LabelCoder, Labels
 from memtrain.prepare.options import PrepareOptions, parse_synthetic
 from memtrain.prepare.shard_writer import ShardWriter, SplitSpec
@@ -131,7 +129,7 @@ def _run(source: Source, options: PrepareOptions, work: WorkArea, say: Say, disp
         raise _no_rows(source, spool["dropped"])
     splits, stats = _write_shards(source, options, work, spool, labels, finished, display)
     manifest = _manifest(source, options, spool, labels, splits, stats)
-    write_json(work.dataset / MANIFEST, manifest, durable=True)
+    write_manifest(work.dataset, manifest, durable=True)
     fault_point("prepare_before_publish")
     work.publish(options.overwrite)
     work.discard()

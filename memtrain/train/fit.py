@@ -42,7 +42,8 @@ def fit(job: str | os.PathLike[str] | None = None, *, resume: str | os.PathLike[
         raise InputError("a job file is needed", hint='memtrain.fit("job.toml"), or memtrain.fit(resume="RUN_DIR")')
     else:
         loaded = load_job(job, workers=workers, run_dir=run_dir, values=values)
-    return train(loaded, resume_run=resume is not None, verify=verify, overwrite=overwrite, quiet=quiet)
+    return train(loaded, resume_run=resume is not None, verify=verify, overwrite=overwrite, asked=set(values),
+                 quiet=quiet)
 
 
 def _dotted(sections: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:

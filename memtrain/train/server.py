@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,9 +32,10 @@ from memtrain.train.metrics import SHOWN
 from memtrain.train.metrics import collect as validation_metrics
 from memtrain.train.optim import learning_rate, state_slots
 from memtrain.train.plan import Update, epoch_updates, eval_tasks, split_range, updates_per_epoch
+from memtrain.train.record import Decision
 from memtrain.train.run_dir import RunDir, open_run_dir, refuse_live_run
 from memtrain.train.scheduler import Scheduler
-from memtrain.train.state import Position, resume, save_checkpoint, start_fresh, write_run_files
+from memtrain.train.state import Position, resume, save_checkpoint, start_fresh
 from memtrain.train.weights import (
     BLOCK,
     begin_weights,
@@ -83,9 +84,10 @@ class TrainSummary:
 
 
 def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite: bool = False,
-          quiet: bool = False) -> TrainSummary:
+          asked: Collection[str] = (), quiet: bool = False) -> TrainSummary:
     """Run (or resume) a job to the end; raises MemtrainError (Interrupted on SIGINT/SIGTERM).
 
+    ``asked``: the ``section.key`` settings named on the command line, the only ones a resume may change.
     ``quiet``: no progress bar and no epoch lines (warnings are still printed).
     """
     refuse_live_run(job.run.dir)
@@ -96,13 +98,14 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
         print(f"memtrain train: note: {note}", file=sys.stderr, flush=True)
     size_bytes = context.layout.size * 4
     slots = len(state_slots(job.train.optimizer))
-    run = open_run_dir(job, resume=resume_run, overwrite=overwrite,
+    run = open_run_dir(job, resume=resume_run, overwrite=overwrite, layout=context.layout.to_json(), asked=asked,
+                       one_pass=context.additive,
                        need_exchange=(3 * job.train.tasks_per_update + 2 + 2 * slots) * size_bytes,
                        need_run=(3 + slots) * size_bytes)  # the least that lets a run make progress
     stop = StopRequest()
     try:
         with on_stop_signals(lambda signum: setattr(stop, "signum", signum)):
-            return Trainer(job, dataset, context, run, stop, quiet=quiet).run(resume_run)
+            return Trainer(job, dataset, context, run, stop, quiet=quiet).run(run.decision)
     finally:
         run.close()
 
@@ -136,11 +139,11 @@ class Trainer:
         self.seq = 0  # steps so far; each slice owner marks its slice with its step's number
         self.unwritten: list[tuple[str, dict[str, Any]]] = []  # log records kept off the critical path
 
-    def run(self, resume_run: bool) -> TrainSummary:
-        write_run_files(self.run_dir, self.job, self.context)
-        position = (resume(self.run_dir, self.job, self.context, self.train_rows) if resume_run
+    def run(self, decision: Decision | None) -> TrainSummary:
+        """``decision``: what a resume was allowed to change; None for a new run."""
+        position = (resume(self.run_dir, self.job, self.context, self.train_rows, decision) if decision is not None
                     else start_fresh(self.run_dir, self.job, self.context))
-        self.checkpointed = position.update_index(self.per_epoch) if resume_run else None
+        self.checkpointed = position.update_index(self.per_epoch) if decision is not None else None
         pool = WorkerPool(self._setup(), self.job.train.workers)
         self.log(f"server pid {os.getpid()}; workers started: pids {' '.join(map(str, pool.pids()))}")
         scheduler = Scheduler(pool, task_timeout=self.job.train.task_timeout,
