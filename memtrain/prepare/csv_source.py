@@ -1,6 +1,6 @@
 """A CSV file with a header row -> chunks of (x, y) rows, each row knowing its line for error messages.
 
-Parser, chosen by measurement (README, "Preparing data"): ``np.loadtxt``'s C parser on blocks of whole
+Parser, chosen by measurement (docs/prepare.md): ``np.loadtxt``'s C parser on blocks of whole
 records, about 3x the standard ``csv`` module and with no optional dependency. The file is cut into
 blocks only at newlines outside quotes, so quoted fields may hold commas and newlines. When a block fails
 to parse, the ``csv`` module re-reads that block alone to name the exact line and column. Policy: UTF-8
