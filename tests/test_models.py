@@ -402,7 +402,7 @@ def error_text(kind, options, spec) -> str:
     ("naive_bayes", {}, REG1, "model 'naive_bayes' needs classification data (expected task 'classification', "
                               "found task 'regression'). use 'ridge' or 'linear' for regression"),
     ("forest", {}, CLS3, "unknown model kind 'forest' (expected one of linear, logistic, softmax, mlp, ridge, "
-                         "naive_bayes, or 'package.module:ClassName', found 'forest')"),
+                         "naive_bayes, torch, or 'package.module:ClassName', found 'forest')"),
     ("user_model_example:Nope", {}, REG1,
      "module 'user_model_example' has no class 'Nope' (expected a class Nope, found nothing)"),
     ("user_model_example:dataclass", {}, REG1,
