@@ -352,3 +352,28 @@ def test_load_model_module_and_safetensors_export_predict_like_training_on_raw_r
     proba = trained.predict_proba(raw)
     np.testing.assert_allclose(proba.sum(1), 1, rtol=1e-5)
     np.testing.assert_array_equal(proba.argmax(1), exported)
+
+
+def test_regression_trains_on_mse_and_predicts_in_the_targets_shape(tmp_path: Path) -> None:
+    x, _ = blobs(n=300, features=4, classes=2, seed=4)
+    y = (x @ np.array([0.5, -1.0, 0.25, 2.0], dtype=np.float32) + 3).astype(np.float32)
+    data = write_dataset(tmp_path / "reg", x, y, task="regression", shard_rows=300)
+    dataset = open_dataset(data)
+    context = model_context(dataset, "torch", {"factory": "torch_nets:regressor"}, True)
+    model, layout = context.model, context.layout
+    assert model.criterion.name == "mse"  # the regression default
+    train = dataset.split("train")
+    rows, targets = train.read(0, train.rows)
+    assert "torch" in model.startup(context.normalize(rows[:2]), targets[:2], 1)
+    weights = layout.flatten(model.init(np.random.default_rng(0)))
+    grad = np.empty(layout.size, dtype=np.float32)
+    before = model.loss(layout.views(weights), context.normalize(rows), targets)
+    for _ in range(30):  # plain gradient descent on the mean loss, through the protocol
+        model.loss_and_grad(layout.views(weights), context.normalize(rows), targets, layout.views(grad))
+        weights -= 0.01 * grad / train.rows
+    after = model.loss(layout.views(weights), context.normalize(rows), targets)
+    assert after < 0.5 * before
+    assert model.predict(layout.views(weights), context.normalize(rows[:5])).shape == (5,)
+    wrong = model_context(dataset, "torch", {"factory": "torch_nets:wrong_width"}, True)  # 2 outputs
+    with pytest.raises(memtrain.errors.InputError, match=r"does not fit loss 'mse' \(expected output shape \[2, 1\]"):
+        wrong.model.startup(context.normalize(rows[:2]), targets[:2], 1)
