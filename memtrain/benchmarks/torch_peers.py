@@ -12,8 +12,10 @@ rate on the mean loss of each global batch:
 - one process: the whole batch, torch on every core, ``torch.optim.SGD``.
 
 DDP's compute time is calibrated, not measured per update (its all-reduce overlaps the backward pass):
-before timing, rank 0 runs a few updates under ``no_sync()`` (forward, backward and step, no
-communication) and their median is its compute; the rest of an update is what DDP adds.
+after the timed updates, warm, every rank runs a few more under ``no_sync()`` (forward, backward and
+step, no communication) and rank 0's median is its compute; the rest of an update is what DDP adds.
+(Calibrating before the timed run measured the first, page-faulting allocations: at 1e7 it came out
+longer than a whole timed update.)
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from memtrain.benchmarks.problem import Problem, timings
 from memtrain.dataset import open_dataset
 from memtrain.models.protocol import DataSpec
 
-CALIBRATION = 5  # no-sync updates rank 0 runs before timing, to estimate DDP's compute time
+CALIBRATION = 5  # no-sync updates each rank runs after timing, to estimate DDP's compute time
 FACTORY = "memtrain.benchmarks.torch_peers:benchmark_mlp"
 
 
@@ -119,7 +121,6 @@ def _rank(problem: Problem, rank: int, port: int, report: Any) -> None:
     try:
         model = DistributedDataParallel(_module(problem))
         optimizer = torch.optim.SGD(model.parameters(), lr=problem.optimizer.lr)
-        compute = _calibrate(problem, model, optimizer, rank)
         walls = []
         dist.barrier()
         for lo, hi in problem.batches():
@@ -128,6 +129,7 @@ def _rank(problem: Problem, rank: int, port: int, report: Any) -> None:
             x, y = _rows(problem, a, b)
             _update(model, optimizer, x, y, problem.workers / (hi - lo))
             walls.append(time.perf_counter() - started)
+        compute = _calibrate(problem, model, optimizer, rank)
         if report is not None:
             report.send(timings(walls, [compute] * len(walls), ranks=problem.workers, backend="gloo",
                                 compute_from="no_sync calibration"))
@@ -136,18 +138,13 @@ def _rank(problem: Problem, rank: int, port: int, report: Any) -> None:
 
 
 def _calibrate(problem: Problem, model: Any, optimizer: Any, rank: int) -> float:
-    """Median time of a local update with no communication (forward, backward, step), on a copy of the
-    weights that is put back afterwards, so the timed run starts from the same weights as the others."""
-    saved = {k: v.detach().clone() for k, v in model.module.state_dict().items()}
+    """Median time of a local update with no communication (forward, backward, step) on this rank's rows
+    of the first batch. Run after the timed updates: the weights it changes are not used any more."""
     lo, hi = problem.batches()[0]
     a, b = problem.pieces(lo, hi)[rank]
     x, y = _rows(problem, a, b)
-    times = []
     with model.no_sync():
-        for _ in range(CALIBRATION):
-            times.append(_update(model, optimizer, x, y, problem.workers / (hi - lo)))
-    model.module.load_state_dict(saved)
-    optimizer.zero_grad(set_to_none=True)
+        times = [_update(model, optimizer, x, y, problem.workers / (hi - lo)) for _ in range(CALIBRATION)]
     return sorted(times)[len(times) // 2]
 
 
