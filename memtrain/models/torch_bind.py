@@ -188,6 +188,6 @@ def unbind(slots: Slots) -> None:
 
 BINDINGS = {"functional_grad": FunctionalGrad(), "functional_grad_views": FunctionalGradViews(),
             "data_grad": DataGrad(), "data_grad_views": DataGradViews()}
-# The fastest measured (docs/torch.md): the only one with no work beyond the floor of the same computation
-# on private parameters -- no functional_call re-parametrization per call, no separate gradient copy.
+# The fastest measured (docs/torch.md), closest to the floor of the same computation on private
+# parameters: no functional_call re-parametrization per call, no separate gradient copy.
 CHOSEN = "data_grad_views"
