@@ -168,12 +168,14 @@ def _check_chunk(chunk: Chunk, source: Source, options: PrepareOptions,
     n = len(chunk.x)
     raw = np.asarray(chunk.x).reshape(n, -1)
     with np.errstate(over="ignore", invalid="ignore"):  # out-of-range values become inf: reported below
-        x = raw.astype(options.np_dtype)
+        x = raw.astype(options.np_dtype, copy=False)
     y = np.asarray(chunk.y).reshape(-1)
-    bad = ~np.isfinite(x).all(axis=1)
-    if y.dtype.kind in "biuf":
-        bad |= ~np.isfinite(y)
-    dropped = int(bad.sum())
+    dropped = 0
+    if not chunk.finite:
+        bad = ~np.isfinite(x).all(axis=1)
+        if y.dtype.kind in "biuf":
+            bad |= ~np.isfinite(y)
+        dropped = int(bad.sum())
     if dropped:
         if not options.drop_nonfinite:
             raise _nonfinite_error(chunk, source, options, raw, x, y, int(np.flatnonzero(bad)[0]))

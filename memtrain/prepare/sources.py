@@ -32,6 +32,7 @@ class Chunk:
     first_row: int
     nbytes: int = 0  # source bytes this chunk came from, when known (CSV), for progress
     line_of: Callable[[int], int] | None = field(default=None, repr=False)  # csv: row in chunk -> line
+    finite: bool = False  # the source already checked that x (in the output dtype) and y are all finite
 
     def where(self, row: int) -> str:
         """Where row ``row`` of this chunk is in the file: ``line 12`` (CSV) or ``row 11`` (0-based)."""
@@ -243,7 +244,7 @@ def open_source(options: Any) -> Source:
         raise InputError("the file is empty", path=path, expected="a header and data rows" if suffix == ".csv"
                          else "data", found="0 bytes")
     if suffix in (".csv", ".txt"):
-        return CsvSource(path, options.label, options.chunk_bytes)
+        return CsvSource(path, options.label, options.chunk_bytes, options.np_dtype)
     if suffix == ".npy":
         return NpySource(path, Path(options.y) if options.y else None)
     if suffix == ".npz":
