@@ -41,6 +41,9 @@ class ArrowBlockParser:
         import pyarrow.csv as pacsv
 
         self._pa, self._pacsv = pa, pacsv
+        # The C library's allocator: freed blocks go back to it at once, where pyarrow's default (mimalloc)
+        # keeps several MiB per thread; measured peak growth of prepare with 2 MiB chunks 24 vs 33 MiB.
+        self._pool = pa.system_memory_pool()
         self._names = [f"c{i}" for i in range(columns)]
         self._features = [i for i in range(columns) if i != label_index]
         self._label = label_index
@@ -62,7 +65,7 @@ class ArrowBlockParser:
         try:
             table = self._pacsv.read_csv(self._pa.py_buffer(data), read_options=self._read,
                                          parse_options=self._quoted if QUOTE in data else self._plain,
-                                         convert_options=self._convert)
+                                         convert_options=self._convert, memory_pool=self._pool)
         except self._pa.ArrowException:
             return None
         if table.num_rows == 0:
@@ -90,7 +93,7 @@ class ArrowBlockParser:
         if not self._text_labels:
             y = column.to_numpy()
             return y if np.isfinite(y).all() else None
-        encoded = column.combine_chunks().dictionary_encode()
+        encoded = column.combine_chunks(memory_pool=self._pool).dictionary_encode()
         names = encoded.dictionary.to_pylist()
         if any(len(name.encode()) > MAX_LABEL_BYTES for name in names):
             return None

@@ -33,8 +33,9 @@ MIN_BLOCK = 1 << 16
 # Longest field an error can point into (the csv module refuses fields of 128 Ki characters and more).
 MAX_FIELD_BYTES = 1 << 16
 # A parsed value is 8 bytes (float64) and the shortest text for one is 2 bytes ("0,"), so a block of B
-# text bytes parses into at most 4B bytes: a quarter of the chunk budget keeps the parsed block within it.
-TEXT_SHARE = 4
+# text bytes parses into at most 4B bytes. Two blocks are in flight (one parsed ahead on the background
+# thread), so a block is an eighth of the chunk: both parsed blocks together stay within the chunk budget.
+TEXT_SHARE = 8
 
 
 def record_end(data: bytes, *, last: bool) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from memtrain.dataset import FORMAT, FORMAT_VERSION
-from memtrain.errors import InputError, Interrupted
+from memtrain.errors import DiskFullError, InputError, Interrupted
 from memtrain.faults import fault_point
 from memtrain.files import write_json
 from memtrain.layout import MANIFEST
@@ -64,12 +64,16 @@ def prepare(options: PrepareOptions, *, say: Say = print, force_plain: bool = Fa
         for other in work.sweep_others():
             say(f"removed an unfinished prepare made with other arguments: {other}")
         summary = _run(source, options, work, say, force_plain)
-    except InputError:
-        work.discard()
-        raise
-    except KeyboardInterrupt as exc:
+    except KeyboardInterrupt as exc:  # (SIGTERM too): a rerun continues from the finished work
         raise Interrupted("interrupted; the shards finished so far are kept", path=work.root,
                           hint="run the same command again to continue from them") from exc
+    except DiskFullError as exc:  # a rerun with more room continues from the finished work
+        exc.hint = f"{exc.hint}; the finished shards are kept in {work.root}: run the same command again to " \
+                   "continue from them"
+        raise
+    except BaseException:  # bad input, or anything unforeseen: a rerun could not use the work, so none is left
+        work.discard()
+        raise
     finally:
         work.release()
     summary.seconds = time.monotonic() - started
