@@ -196,6 +196,47 @@ def writing_npy(path: Path, shape: tuple[int, ...], dtype: np.dtype, *, durable:
         fsync_dir(path.parent)
 
 
+class NpyRows:
+    """Rows written into a reserved .npy file at their offsets (``pwrite``): see ``writing_npy_rows``."""
+
+    def __init__(self, fd: int, offset: int, shape: tuple[int, ...], dtype: np.dtype):
+        self.fd, self.offset, self.shape, self.dtype = fd, offset, shape, dtype
+        self.row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+
+    def write(self, row: int, rows: np.ndarray) -> None:
+        """Write C-contiguous ``rows`` (this file's dtype) starting at row ``row``."""
+        data = memoryview(rows).cast("B")
+        at = self.offset + row * self.row_bytes
+        while data:  # pwrite may write less than asked
+            done = os.pwrite(self.fd, data, at)
+            data, at = data[done:], at + done
+
+
+@contextlib.contextmanager
+def writing_npy_rows(path: Path, shape: tuple[int, ...], dtype: np.dtype, *, durable: bool) -> Iterator[NpyRows]:
+    """Like ``writing_npy``, but the rows are written with ``pwrite`` instead of through a map.
+
+    For a producer that has its rows in memory already: the kernel copies them into the page cache, about
+    twice as fast as filling a new map page fault by page fault (measured 2.7 vs 1.3 GB/s). The space is
+    reserved first, so a full disk is a clean error here too.
+    """
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    tmp = tmp_sibling(path)
+    offset = allocate_npy(tmp, shape, dtype)
+    with _cleaning_up(tmp, path, nbytes):
+        fd = os.open(tmp, os.O_WRONLY)
+        try:
+            yield NpyRows(fd, offset, tuple(shape), dtype)
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    if durable:
+        fsync_dir(path.parent)
+
+
 class NpyHeader:
     """What a .npy header says, read without trusting it."""
 

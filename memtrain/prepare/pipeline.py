@@ -138,13 +138,13 @@ def _no_rows(source: Source, dropped: int) -> InputError:
 def _scatter(source: Source, options: PrepareOptions, work: WorkArea, force_plain: bool) -> dict[str, Any]:
     features = int(np.prod(source.feature_shape))
     rows_per_chunk = max(1, options.chunk_bytes // (8 * features))
-    spool = Spool(work.spool, bucket_count(_estimated_bytes(source, options), options.chunk_bytes, options.shuffle),
-                  options.seed)
+    buckets = bucket_count(_estimated_bytes(source, options), options.chunk_bytes, options.shuffle)
     coder = LabelCoder(options.task, source.path, source.label_name)
     rows = dropped = read_bytes = 0
     started = time.monotonic()
-    with reporting(f"reading {source.path or 'synthetic data'}", 1.0, plain_every=5.0,
-                   force_plain=force_plain) as report:
+    with Spool(work.spool, buckets, options.seed) as spool, \
+            reporting(f"reading {source.path or 'synthetic data'}", 1.0, plain_every=5.0,
+                      force_plain=force_plain) as report:
         for chunk in source.chunks(rows_per_chunk):
             x, codes, bad = _check_chunk(chunk, source, options, coder)
             spool.add(x, codes)
@@ -152,8 +152,9 @@ def _scatter(source: Source, options: PrepareOptions, work: WorkArea, force_plai
             read_bytes += chunk.nbytes or len(chunk.x) * source.size_bytes // max(1, source.rows or 1)
             mbps = read_bytes / 1e6 / max(1e-9, time.monotonic() - started)
             report.update(min(1.0, read_bytes / max(1, source.size_bytes)), f"{rows:,} rows {mbps:.0f} MB/s")
+        counts = spool.finish()
     labels = coder.finish() if rows else Labels("classification", [], "", None)
-    info = {"rows": rows, "dropped": dropped, "counts": spool.finish(), "task": labels.task,
+    info = {"rows": rows, "dropped": dropped, "counts": counts, "task": labels.task,
             "classes": labels.classes, "note": labels.note, "text": bool(coder.text),
             "table": None if labels.table is None else labels.table.tolist()}
     work.commit_spool(info)
