@@ -87,8 +87,9 @@ def write_source(source: str, root: Path, gb: float) -> list[Path]:
 
         xs, ys = np.load(x, mmap_mode="r"), np.load(y, mmap_mode="r")
         with h5py.File(root / "src.h5", "w") as handle:
-            hx = handle.create_dataset("x", shape=xs.shape, dtype=xs.dtype, chunks=(4096, FEATURES))
-            hy = handle.create_dataset("y", shape=ys.shape, dtype=ys.dtype, chunks=(65536,))
+            rows = len(xs)
+            hx = handle.create_dataset("x", shape=xs.shape, dtype=xs.dtype, chunks=(min(rows, 4096), FEATURES))
+            hy = handle.create_dataset("y", shape=ys.shape, dtype=ys.dtype, chunks=(min(rows, 65536),))
             for lo in range(0, len(xs), 262144):
                 hx[lo:lo + 262144] = xs[lo:lo + 262144]
                 hy[lo:lo + 262144] = ys[lo:lo + 262144]
@@ -260,7 +261,7 @@ def format_table(report: dict[str, Any]) -> str:
     s, m = report["settings"], report["machine"]
     lines = [f"memtrain bench prepare: {s['gb']:g} GB sources, {s['features']} float features + a label; "
              f"median (min-max) of {s['repeats']} alternating runs",
-             f"{'source':<7}{'memtrain':<12}{'size MB':>8}  {'baseline':<32}{'baseline MB/s':>16}"
+             f"{'source':<7}{'options':<12}{'size MB':>8}  {'baseline':<32}{'baseline MB/s':>16}"
              f"{'memtrain MB/s':>16}{'ratio':>18}{'peak MiB base / memtrain':>27}"]
     for row in report["results"]:
         peaks = f"{median(row['baseline_peak_mib']):,.0f} / {median(row['memtrain_peak_mib']):,.0f}"

@@ -53,8 +53,7 @@ def record_end(data: bytes, *, last: bool) -> int:
 class CsvSource:
     format = "csv"
 
-    def __init__(self, path: Path, label: str | None, chunk_bytes: int, dtype: np.dtype = np.dtype(np.float32),
-                 *, fast: bool = True):
+    def __init__(self, path: Path, label: str | None, chunk_bytes: int, dtype: Any = np.float32):
         self.path = path
         self.size_bytes = path.stat().st_size
         self.block_bytes = max(MIN_BLOCK, chunk_bytes // TEXT_SHARE)
@@ -73,7 +72,7 @@ class CsvSource:
         self.text_labels = self._sniff_text_labels()
         self._fast = csv_fast.ArrowBlockParser(columns=len(self.columns), label_index=self.label_index,
                                                text_labels=self.text_labels, dtype=self.dtype) \
-            if fast and csv_fast.available() else None
+            if csv_fast.available() else None
 
     @property
     def parser(self) -> str:
@@ -236,13 +235,13 @@ class CsvSource:
         offset, index, length = found
         column = f"column '{names[index]}'" if names and index < len(names) else f"field {index + 1}"
         preview = data[offset:offset + 24].decode("utf-8", errors="replace")
-        quoted = data[offset:offset + 1] == b'"'
+        unclosed = data[offset:offset + 1] == b'"' and data.count(b'"', offset, offset + length) % 2 == 1
         line += data.count(b"\n", 0, offset)
         return InputError(
             "a field is far too long for a number or a label", path=self.path, where=f"line {line}, {column}",
             expected=f"at most {limit:,} bytes", found=f"{length:,} bytes starting {preview!r}",
             hint="a quote that is never closed runs on to the end of the file: close it or remove it"
-            if quoted else None)
+            if unclosed else None)
 
     def _oversized(self, data: bytes, line: int, names: list[str] | None) -> InputError:
         """A record that does not end within one block (a quarter of --chunk-mb)."""

@@ -80,6 +80,7 @@ class WriteBehind:
                     return
                 job, nbytes = self._jobs.popleft()
                 self._busy = True
+                self._cond.notify_all()  # room in the queue
             failure = None
             try:
                 job()
