@@ -379,7 +379,8 @@ def error_text(kind, options, spec) -> str:
 
 
 @pytest.mark.parametrize(("kind", "options", "spec", "message"), [
-    ("mlp", {"hiden": [3]}, CLS3, "model 'mlp' has no option 'hiden' (options: activation, hidden)"),
+    ("mlp", {"hiden": [3]}, CLS3, "model 'mlp' has no option 'hiden' (options: activation, hidden). "
+                                  "did you mean `hidden`?"),
     ("softmax", {"alpha": 1}, CLS3, "model 'softmax' has no option 'alpha' (options: none)"),
     ("mlp", {"activation": "sigmoid"}, CLS3,
      "bad value for model.activation (expected 'relu' or 'tanh', found 'sigmoid')"),
@@ -472,11 +473,9 @@ def test_toml_lists_become_tuples():
     assert hash(model)
 
 
-def test_readme_example_is_the_tested_file():
-    """The README shows tests/user_model_example.py verbatim (skipped until the README has the section)."""
-    readme = Path(__file__).parent.parent / "README.md"
-    blocks = readme.read_text().split("```python\n")[1:] if readme.exists() else []
+def test_docs_example_is_the_tested_file():
+    """docs/models.md shows tests/user_model_example.py verbatim."""
+    page = Path(__file__).parent.parent / "docs" / "models.md"
+    blocks = page.read_text().split("```python\n")[1:]
     shown = [block.split("```")[0] for block in blocks if "class HuberRegression" in block]
-    if not shown:
-        pytest.skip("README.md has no user model example yet")
-    assert shown[0] == (Path(__file__).parent / "user_model_example.py").read_text()
+    assert shown == [(Path(__file__).parent / "user_model_example.py").read_text()]

@@ -12,7 +12,7 @@ import pytest
 from memtrain.prepare.synthetic import write_synthetic_source
 
 PROBE = Path(__file__).with_name("prepare_memory_probe.py")
-# The documented bound (README, "Memory"): growth of RssAnon <= 4.5 x --chunk-mb + 16 MiB of fixed costs.
+# The documented bound (docs/prepare.md, "Memory"): growth of RssAnon <= 4.5 x --chunk-mb + 16 MiB of fixed costs.
 SLOPE, FIXED_MIB = 4.5, 16
 
 

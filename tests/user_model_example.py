@@ -1,4 +1,4 @@
-"""An example user model (the README's): Huber regression, params w [D], b [1], option delta.
+"""An example user model (docs/models.md's): Huber regression, params w [D], b [1], option delta.
 
 Use it in a job with ``[model] kind = "user_model_example:HuberRegression"`` and ``delta = 1.0``,
 with this file's directory on PYTHONPATH. The tests build it by that import path.
