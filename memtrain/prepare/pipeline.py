@@ -247,8 +247,10 @@ def _write_shards(source: Source, options: PrepareOptions, work: WorkArea, spool
             y = labels.encode(codes, text=spool["text"])
             split = splitter.take(y if options.stratify else np.zeros(len(y), dtype=np.int64))
             for code, writer in enumerate(writers):  # TRAIN, VAL, TEST
-                writer.push(x[split == code], y[split == code])
-            stats.update(x[split == TRAIN])
+                rows = x[split == code]
+                writer.push(rows, y[split == code])
+                if code == TRAIN:
+                    stats.update(rows)
             done += len(x)
             report.update(done, f"{done:,} rows")
     splits = {name: {"rows": specs[name].rows, "shards": writer.entries} for name, writer in zip(sizes, writers,
