@@ -54,9 +54,10 @@ class Spool:
     and checks the next chunk; ``finish`` waits for them, and leaving the block stops the thread.
     """
 
-    def __init__(self, folder: Path, buckets: int, seed: int):
+    def __init__(self, folder: Path, buckets: int, seed: int, *, keep_x: bool = True):
         self.folder = folder
         self.buckets = buckets
+        self.keep_x = keep_x  # False: only the label codes are spooled (pass 2 reads the rows from the source)
         self.counts = np.zeros(buckets, dtype=np.int64)
         self._rng = np.random.default_rng([seed, 1])
         self._writer = WriteBehind(0)  # one chunk appended while the next is queued
@@ -90,6 +91,8 @@ class Spool:
     def _append(self, pieces: list[tuple[int, np.ndarray, np.ndarray]]) -> None:
         for bucket, x, codes in pieces:
             for name, rows in zip(spool_bucket_names(bucket), (x, codes), strict=True):
+                if rows is x and not self.keep_x:
+                    continue
                 path = self.folder / name
                 try:
                     with open(path, "ab") as handle:
@@ -104,14 +107,15 @@ class Spool:
         marker)."""
         self._writer.drain()
         for bucket in np.flatnonzero(self.counts):
-            for name in spool_bucket_names(int(bucket)):
+            for name in spool_bucket_names(int(bucket))[0 if self.keep_x else 1:]:
                 with open(self.folder / name, "rb+") as handle:
                     os.fsync(handle.fileno())
         return self.counts.tolist()
 
 
 def spool_intact(folder: Path, counts: list[int], x_row_bytes: int) -> bool:
-    """Every bucket file has exactly the bytes its count says (a damaged spool is redone, not trusted)."""
+    """Every bucket file has exactly the bytes its count says (a damaged spool is redone, not trusted); an
+    ``x_row_bytes`` of 0 means the rows were not spooled (pass 2 reads them from the source)."""
     for bucket, count in enumerate(counts):
         x_name, y_name = spool_bucket_names(bucket)
         for name, row_bytes in ((x_name, x_row_bytes), (y_name, CODE_DTYPE.itemsize)):
@@ -138,6 +142,14 @@ def gather(folder: Path, counts: list[int], x_shape: tuple[int, ...], x_dtype: n
                 yield np.asarray(x[lo:hi]), np.asarray(y[lo:hi])
             else:
                 yield x[order[lo:hi]], y[order[lo:hi]]
+
+
+def unshuffled_codes(folder: Path, counts: list[int]) -> np.ndarray:
+    """The label codes of a one-bucket (``--no-shuffle``) spool in source order, mapped, not read."""
+    if len(counts) != 1 or counts[0] == 0:
+        assert sum(counts) == 0, "an unshuffled spool has one bucket"
+        return np.empty(0, dtype=CODE_DTYPE)
+    return np.memmap(folder / spool_bucket_names(0)[1], dtype=CODE_DTYPE, mode="r", shape=(counts[0],))
 
 
 def spool_codes(folder: Path, counts: list[int], piece_rows: int) -> Iterator[np.ndarray]:
