@@ -28,8 +28,10 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    kind: str = "mlp"  # linear | logistic | softmax | mlp | ridge | naive_bayes | "pkg.module:Class"
-    options: dict[str, Any] = field(default_factory=dict)  # every other key of [model], checked by the model
+    kind: str = "mlp"  # linear | logistic | softmax | mlp | ridge | naive_bayes | torch | "pkg.module:Class"
+    # every other key of [model], checked by the model; a model of the user's own code (torch, or a class
+    # path) also gets code_dir: where its code is imported from first (default: the job file's directory)
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,7 @@ def job_from_dict(raw: dict[str, Any], *, base: Path, source: Path | None = None
         if not isinstance(value, dict):
             raise InputError(f"'{name}' must be a table [{name}]", path=where, found=type(value).__name__)
     data = _build(DataConfig, raw.get("data", {}), "data", where)
-    model = _model_config(raw.get("model", {}), where)
+    model = _model_config(raw.get("model", {}), where, base)
     train = _train_config(raw.get("train", {}), where)
     run = _build(RunConfig, raw.get("run", {}), "run", where)
     data = dataclasses.replace(data, path=(base / data.path).resolve())
@@ -196,15 +198,21 @@ def _set_value(raw: dict[str, Any], section: str, name: str, value: Any) -> None
 
 
 def _names_a_path(section: str, name: str, value: Any) -> bool:
-    return (section, name) in (("data", "path"), ("run", "dir")) or (
+    return (section, name) in (("data", "path"), ("run", "dir"), ("model", "code_dir")) or (
         (section, name) == ("run", "exchange") and value not in EXCHANGE_CHOICES)
 
 
-def _model_config(values: dict[str, Any], where: Any) -> ModelConfig:
+def _model_config(values: dict[str, Any], where: Any, base: Path) -> ModelConfig:
     values = dict(values)
     kind = values.pop("kind", ModelConfig.kind)
     if not isinstance(kind, str):
         raise InputError("wrong type for model.kind", path=where, expected="a string", found=repr(kind))
+    if ":" in kind or kind == "torch" or "code_dir" in values:
+        code_dir = values.get("code_dir", ".")
+        if not isinstance(code_dir, str):
+            raise InputError("wrong type for model.code_dir", path=where, expected="a path string",
+                             found=repr(code_dir))
+        values["code_dir"] = str((base / code_dir).resolve())
     return ModelConfig(kind, values)
 
 

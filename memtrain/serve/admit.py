@@ -112,6 +112,8 @@ def _check_paths(job: Job, resolved: dict[str, Any], path: Path, *, base: Path, 
                  spool: Path) -> None:
     run_dir = Path(os.path.realpath(job.run.dir))
     named = {"data.path": Path(os.path.realpath(job.data.path)), "run.dir": run_dir}
+    if "code_dir" in job.model.options:  # where model code is imported from: confined like the data
+        named["model.code_dir"] = Path(os.path.realpath(job.model.options["code_dir"]))
     exchange = resolved["run"]["exchange"]
     if exchange not in EXCHANGE_CHOICES:
         resolved["run"]["exchange"] = os.path.realpath(base / exchange)

@@ -24,7 +24,7 @@ from memtrain.layout import RUN_METRICS, STEP_MARKS, gradient_name
 from memtrain.progress import reporting
 from memtrain.stopping import on_stop_signals
 from memtrain.train.advice import few_updates_note
-from memtrain.train.context import ModelContext, model_context
+from memtrain.train.context import ModelContext, model_context, startup_check
 from memtrain.train.exchange import WorkerPool
 from memtrain.train.marks import create_marks
 from memtrain.train.messages import Building, EvalTask, GradTask, Result, StatsTask, StepTask, Task, WorkerSetup
@@ -93,6 +93,7 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
     refuse_live_run(job.run.dir)
     dataset = open_dataset(job.data.path, verify=verify or job.data.verify)
     context = model_context(dataset, job.model.kind, job.model.options, job.data.normalize)
+    runtime = startup_check(context, dataset, job.train.blas_threads)  # a model's dry run: its errors exit 2 here
     note = few_updates_note(job, dataset.split("train").rows, context.additive)
     if note is not None:
         print(f"memtrain train: note: {note}", file=sys.stderr, flush=True)
@@ -104,6 +105,8 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
                        need_run=(3 + slots) * size_bytes)  # the least that lets a run make progress
     stop = StopRequest()
     try:
+        if runtime:
+            run.event(runtime)
         with on_stop_signals(lambda signum: setattr(stop, "signum", signum)):
             return Trainer(job, dataset, context, run, stop, quiet=quiet).run(run.decision)
     finally:
@@ -452,4 +455,4 @@ class Trainer:
                           for f in dataclasses.fields(self.job.train.optimizer))
         return WorkerSetup(os.getpid(), str(self.run_dir.path), str(self.run_dir.exchange), str(self.dataset.path),
                            self.job.data.normalize, self.job.model.kind, tuple(self.job.model.options.items()),
-                           self.job.train.blas_threads, optimizer, 0)
+                           self.job.train.blas_threads, optimizer, 0, self.job.train.seed)
