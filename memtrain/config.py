@@ -134,13 +134,13 @@ def job_to_dict(job: Job) -> dict[str, Any]:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
+    from memtrain.files import open_regular
+
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path, what="a job file", error=InputError) as handle:
             return tomllib.load(handle)
     except FileNotFoundError as exc:
         raise InputError("job file not found", path=path) from exc
-    except IsADirectoryError as exc:
-        raise InputError("expected a job file, found a directory", path=path) from exc
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"not valid TOML: {exc}", path=path) from exc
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrain.errors import MemtrainError
-from memtrain.files import read_json
+from memtrain.files import open_regular, read_json
 from memtrain.layout import RUN_JOB, RUN_LOCK, RUN_METRICS
 from memtrain.serve.admit import Admission
 
@@ -52,9 +52,11 @@ def run_lock_owner(run_dir: Path) -> str | None:
     running by a service that died without killing it is waited for, never doubled.
     """
     try:
-        handle = open(run_dir / RUN_LOCK, encoding="utf-8")  # noqa: SIM115 - closed below
+        handle = open_regular(run_dir / RUN_LOCK, text=True)
     except (FileNotFoundError, NotADirectoryError):
         return None
+    except MemtrainError:
+        return "unknown (run.lock is not a regular file)"
     with handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -133,11 +135,11 @@ def final_record(run_dir: Path) -> dict[str, Any] | None:
 
 def _tail(path: Path, start: int) -> list[str]:
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             size = handle.seek(0, os.SEEK_END)
             handle.seek(max(start, size - TAIL_BYTES))
             data = handle.read()
-    except FileNotFoundError:
+    except (FileNotFoundError, MemtrainError):
         return []
     lines = data.decode("utf-8", errors="replace").splitlines()
     return lines[1:] if start < size - TAIL_BYTES else lines  # the first line may be cut

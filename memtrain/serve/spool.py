@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from memtrain.errors import InputError, MemtrainError
-from memtrain.files import LockHeld, read_json, take_pid_lock, write_json
+from memtrain.files import LockHeld, open_regular, read_json, take_pid_lock, write_json
 from memtrain.layout import (
     SPOOL_DONE,
     SPOOL_FAILED,
@@ -133,7 +133,7 @@ def lock_spool(spool: Spool) -> IO[str]:
 def service_alive(spool: Spool) -> bool:
     """True while a service holds the folder's lock."""
     try:
-        with open(spool.folder / SPOOL_LOCK, encoding="utf-8") as handle:
+        with open_regular(spool.folder / SPOOL_LOCK, text=True) as handle:
             try:
                 fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:

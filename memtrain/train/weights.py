@@ -123,7 +123,7 @@ def retire_weights(run_dir: Path, keep: int, current: int, *, recycle: bool = Fa
 def _take_unlocked(path: Path) -> Path | None:
     """Rename ``path`` to a temporary name if nobody holds a lock on it (checked under our own lock)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
     try:
