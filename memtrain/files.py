@@ -28,7 +28,7 @@ import xxhash
 
 from memtrain.errors import CorruptFileError, DiskFullError, InputError, MemtrainError
 from memtrain.faults import fault_point
-from memtrain.layout import tmp_sibling
+from memtrain.layout import tmp_owner_pid, tmp_sibling, tmp_target
 
 CHECKSUM_ALGO = "xxh3-128"
 # Weight versions are written in parallel, each slice owner writing whole blocks of the data: their
@@ -358,6 +358,38 @@ def open_regular(path: Path, *, what: str = "a regular file", write: bool = Fals
 def check_regular(path: Path, *, what: str = "a regular file", error: type[MemtrainError] = MemtrainError) -> None:
     """Refuse ``path`` unless it is a regular file (for readers that open it by name: h5py, pyarrow, zipfile)."""
     os.close(open_fd(path, what=what, error=error))
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_orphans(folder: Path, ours: Callable[[str], bool]) -> list[Path]:
+    """Remove what ``tmp_sibling`` left in ``folder`` for a final name ``ours`` accepts, if its maker is dead.
+
+    A process killed between creating a temporary name and renaming it leaves it behind; the pid in the
+    name tells a dead writer's leftover from a live writer's file in progress. Returns what was removed.
+    """
+    removed = []
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for name in os.listdir(folder):
+            target, owner = tmp_target(name), tmp_owner_pid(name)
+            if target is None or owner is None or not ours(target) or pid_alive(owner):
+                continue
+            path = folder / name
+            with contextlib.suppress(FileNotFoundError):
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+                removed.append(path)
+    return removed
 
 
 class LockHeld(Exception):

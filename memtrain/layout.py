@@ -146,12 +146,27 @@ def tmp_sibling(path: Path) -> Path:
     return path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
+_TMP_RE = re.compile(r"^\.(?P<target>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]{8}$")
+
+
 def tmp_owner_pid(name: str) -> int | None:
     """The pid that created a temporary file or directory, or None if ``name`` is not a temporary name."""
-    if TMP_MARK not in name:
-        return None
-    tail = name.split(TMP_MARK, 1)[1].split("-", 1)[0]
-    return int(tail) if tail.isdigit() else None
+    match = _TMP_RE.match(name)
+    return int(match.group("pid")) if match else None
+
+
+def tmp_target(name: str) -> str | None:
+    """The final name that the temporary name ``name`` stands for (``.job.json.tmp-12-0a1b2c3d`` -> ``job.json``).
+
+    None for anything ``tmp_sibling`` does not make: ``notes.tmp-123-abc`` is a user's file, not ours.
+    """
+    match = _TMP_RE.match(name)
+    return match.group("target") if match else None
+
+
+# The file written to measure a candidate exchange location at start (``.memtrain-probe.tmp-PID-HEX``, a
+# ``tmp_sibling`` name, so that a server killed while measuring leaves nothing the next start cannot sweep).
+EXCHANGE_PROBE = "memtrain-probe"
 
 
 # --- the jobs spool of `memtrain serve` ---

@@ -19,7 +19,7 @@ from typing import IO, Any
 import numpy as np
 
 from memtrain.errors import InputError
-from memtrain.files import publish
+from memtrain.files import publish, sweep_orphans
 from memtrain.inspection.output import plain
 from memtrain.inspection.stats import CHUNK
 from memtrain.inspection.tensor_view import SCHEMA
@@ -34,6 +34,7 @@ def export(tensors: Tensors, out: Path, meta: dict[str, Any] | None, chunk: int 
     kind = FORMATS.get(out.suffix.lower())
     if kind is None:
         raise InputError("unknown export format", path=out, expected=" or ".join(FORMATS), found=out.suffix or "none")
+    sweep_orphans(out.parent, out.name.__eq__)  # what an export to the same file that was killed left
     if kind == "npz":
         publish(out, lambda handle: write_npz(handle, tensors.arrays), durable=True)
     else:

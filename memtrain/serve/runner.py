@@ -29,7 +29,7 @@ ERROR_PREFIX = "memtrain train: error: "
 # Enough of the end of a log or metrics file to find its last error line or epoch record; reading
 # only the tail keeps status updates cheap on long runs.
 TAIL_BYTES = 64 << 10
-STOPPED_CODES = (128 + signal.SIGTERM, 128 + signal.SIGINT, -signal.SIGTERM, -signal.SIGINT)
+STOPPED_CODES = tuple(code for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) for code in (128 + sig, -sig))
 
 
 @dataclass

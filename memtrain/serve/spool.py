@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from memtrain.errors import InputError, MemtrainError
-from memtrain.files import LockHeld, open_regular, read_json, take_pid_lock, write_json
+from memtrain.files import LockHeld, open_regular, read_json, sweep_orphans, take_pid_lock, write_json
 from memtrain.layout import (
     SPOOL_DONE,
     SPOOL_FAILED,
@@ -194,12 +194,20 @@ def write_state(spool: Spool, name: str, state: dict[str, Any]) -> None:
 
 
 def sweep_claim_records(spool: Spool) -> None:
-    """Remove claim records whose job file is gone (a crash between archiving a job and this cleanup)."""
+    """Remove claim records whose job file is gone (a crash between archiving a job and this cleanup), and
+    the temporary files of records that a service killed while writing them left behind."""
+    for folder in (spool.folder, spool.running, spool.done, spool.failed):
+        sweep_orphans(folder, _record_name)
     suffix = spool_state_file("")
     for file_name in os.listdir(spool.running):
         name = file_name.removesuffix(suffix)
         if name != file_name and not (spool.running / spool_job_file(name)).exists():
             (spool.running / file_name).unlink(missing_ok=True)
+
+
+def _record_name(name: str) -> bool:
+    """The names of the records a service writes (by rename): status.json, NAME.state.json, NAME.result.json."""
+    return name == SPOOL_STATUS or name.endswith((spool_state_file(""), spool_result_file("")))
 
 
 def results(folder: Path, newest: int) -> tuple[int, list[dict[str, Any]]]:

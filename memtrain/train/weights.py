@@ -88,6 +88,13 @@ def _reuse(spare: Path, tmp: Path, total: int) -> bool:
 
 
 def commit_weights(tmp: Path, run_dir: Path, version: int) -> None:
+    """Publish a version: stamp it with the time of publication, then rename it into place.
+
+    The stamp matters for a recycled file: it is written through maps, and a write to a page that is
+    still dirty from its earlier life does not update the file's mtime, so without it a version could
+    show an older ``written`` time than the version before it.
+    """
+    os.utime(tmp)
     os.replace(tmp, weights_path(run_dir, version))
 
 
