@@ -257,7 +257,7 @@ def test_a_nonfinite_step_in_a_fused_round_skips_its_update_like_a_nonfinite_gra
         runs[kind] = tmp_path / kind / "run"
         updates = [r for r in map(json.loads, (runs[kind] / "metrics.jsonl").open()) if r["kind"] == "update"]
         skipped = [r for r in updates if r["skipped"]]
-        assert [(r["epoch"], r["batch"]) for r in skipped] == [(0, 1), (1, 3)]  # neither last in its epoch
+        assert [(r["epoch"], r["batch"]) for r in skipped] == [(1, 2), (2, 4)]  # neither last in its epoch
     assert "the mean gradient or the new weights" in events(runs["HugeGradientOnPoison"])
     assert digest(runs["NanLossOnPoison"]) == digest(runs["HugeGradientOnPoison"])
     for version in weight_versions(runs["HugeGradientOnPoison"]):
@@ -269,7 +269,7 @@ def test_a_nonfinite_step_in_a_fused_round_stops_the_run_with_the_published_weig
                     model_extra=TWO_SLICES, normalize="false")
     result = memtrain("train", job)
     assert result.returncode == 1
-    assert ("non-finite loss or gradient at update 1 (epoch 1, batch 1): the mean gradient or the new weights"
+    assert ("non-finite loss or gradient at update 2 (epoch 1, batch 2): the mean gradient or the new weights"
             in result.stderr)
     run = tmp_path / "run"
     assert weight_versions(run)[-1] == 1  # update 0 published; update 1's step void
