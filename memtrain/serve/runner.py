@@ -85,7 +85,7 @@ def launch(admission: Admission, claimed: Path, *, folder: Path, log: Path, resu
     args = admission.train_args(claimed, resume=resume)
     with open(log, "ab") as handle:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
-        handle.write(f"=== {stamp} memtrain serve: {' '.join(args)}\n".encode())
+        handle.write(f"=== {stamp} memtrain serve: {' '.join(args)}\n".encode(errors="backslashreplace"))
         handle.flush()
         offset = handle.tell()
         proc = subprocess.Popen(

@@ -198,10 +198,9 @@ def sweep_claim_records(spool: Spool) -> None:
     the temporary files of records that a service killed while writing them left behind."""
     for folder in (spool.folder, spool.running, spool.done, spool.failed):
         sweep_orphans(folder, _record_name)
-    suffix = spool_state_file("")
+    claimed = {spool_state_file(spool_job_name(path.name) or path.name) for path in spool.claimed()}
     for file_name in os.listdir(spool.running):
-        name = file_name.removesuffix(suffix)
-        if name != file_name and not (spool.running / spool_job_file(name)).exists():
+        if file_name.endswith(spool_state_file("")) and file_name not in claimed:
             (spool.running / file_name).unlink(missing_ok=True)
 
 

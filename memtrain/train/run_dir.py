@@ -213,5 +213,5 @@ def _empty_run_dir(path: Path) -> None:
 
 def log_event(path: Path, text: str) -> None:
     """One timestamped line in the run's event log."""
-    with open(path / RUN_EVENTS, "a", encoding="utf-8") as handle:
+    with open(path / RUN_EVENTS, "a", encoding="utf-8", errors="backslashreplace") as handle:
         handle.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
