@@ -313,20 +313,22 @@ def file_kind(mode: int) -> str:
 def regular_file_error(path: Path, kind: str, *, what: str = "a regular file",
                        error: type[MemtrainError] = MemtrainError) -> MemtrainError:
     return error(f"expected {what}, found {kind}", path=path,
-                 hint="memtrain reads only regular files (reading a FIFO, socket or device could block forever)")
+                 hint="memtrain opens only regular files (a FIFO, socket or device could block it forever)")
 
 
-def open_fd(path: Path, *, what: str = "a regular file", write: bool = False,
+def open_fd(path: Path, *, what: str = "a regular file", write: bool = False, append: bool = False,
             error: type[MemtrainError] = MemtrainError) -> int:
     """A descriptor of the regular file ``path``, opened without blocking, then checked with ``fstat``.
 
     ``O_NONBLOCK`` keeps a FIFO from blocking the open (one without a writer would hang memtrain forever);
     ``fstat`` on the descriptor then refuses anything that is not a regular file, naming what it is. The
-    descriptor is switched back to blocking mode. FileNotFoundError passes through.
+    descriptor is switched back to blocking mode. FileNotFoundError passes through. ``append``: for
+    appending, created if missing (a FIFO without a reader then fails the open with ENXIO: refused too).
     """
-    flags = (os.O_RDWR if write else os.O_RDONLY) | os.O_NONBLOCK | os.O_CLOEXEC
+    flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT if append else os.O_RDWR if write else os.O_RDONLY) | \
+        os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, flags, 0o644)
     except OSError as exc:
         if exc.errno not in (errno.ENXIO, errno.EISDIR, errno.EOPNOTSUPP):  # a socket, a directory to write
             raise

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrain.errors import MemtrainError
-from memtrain.files import open_regular, read_json
+from memtrain.files import open_fd, open_regular, read_json
 from memtrain.layout import RUN_JOB, RUN_LOCK, RUN_METRICS
 from memtrain.serve.admit import Admission
 
@@ -83,7 +83,7 @@ def wants_resume(admission: Admission) -> bool:
 def launch(admission: Admission, claimed: Path, *, folder: Path, log: Path, resume: bool) -> Child:
     """Start ``memtrain train`` on a claimed job file, its output appended to ``log``."""
     args = admission.train_args(claimed, resume=resume)
-    with open(log, "ab") as handle:
+    with os.fdopen(open_fd(log, what="a log file", append=True), "ab") as handle:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
         handle.write(f"=== {stamp} memtrain serve: {' '.join(args)}\n".encode(errors="backslashreplace"))
         handle.flush()
