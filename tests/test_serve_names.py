@@ -70,22 +70,24 @@ def test_serve_runs_or_fails_every_kind_of_entry_and_goes_on(folder: Path) -> No
     (folder / "logs").mkdir(mode=0o755)
     (folder / "logs" / "blocked.log").mkdir()  # where its log would go: a directory
     os.mkfifo(folder / "logs" / "piped.log")  # ... or a FIFO, which would block a plain open() forever
-    for name in ("blocked", "piped"):
+    (folder / "running").mkdir(mode=0o755)
+    (folder / "running" / "taken.state.json").mkdir()  # where its claim record would go: a directory
+    for name in ("blocked", "piped", "taken"):
         (folder / f"{name}.toml").write_text(GOOD.format(data="../data"))
     result = serve_once(folder)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     assert set(results(folder, "done")) == {"ok"}
     failed = results(folder, "failed")
-    assert set(failed) == {"dir", "fifo", LONG, ODD, "blocked", "piped"}
+    assert set(failed) == {"dir", "fifo", LONG, ODD, "blocked", "piped", "taken"}
     assert "found a directory" in failed["dir"]["error"] and "found a FIFO" in failed["fifo"]["error"]
     for name in (LONG, ODD):
         assert "dataset directory not found" in failed[name]["error"]
         assert (folder / "logs" / spool_log_file(name)).exists()
-    assert "the service could not run this job" in failed["blocked"]["error"]
-    assert "blocked.log: expected a log file, found a directory" in failed["blocked"]["error"]
-    assert "piped.log: expected a log file, found a FIFO" in failed["piped"]["error"]
-    assert os.listdir(folder / "running") == []
+    assert "blocked.log: expected a regular file (found a directory)" in failed["blocked"]["error"]
+    assert "piped.log: expected a regular file (found a FIFO" in failed["piped"]["error"]
+    assert "the service could not run this job: MemtrainError" in failed["taken"]["error"]
+    assert os.listdir(folder / "running") == ["taken.state.json"]  # not a record the service wrote: left
     assert serve_once(folder).returncode == 0  # and the next start finds nothing to trip on
 
 

@@ -148,7 +148,7 @@ def claim(spool: Spool, path: Path) -> Path | None:
     name = spool_job_name(path.name)
     assert name is not None, path
     target = spool.running / spool_job_file(name)
-    if target.exists() or spool.state_file(name).exists():
+    if os.path.lexists(target) or spool.state_file(name).is_file():
         return None  # a job of the same name is running: this one waits for it
     try:
         os.rename(path, target)
@@ -167,7 +167,8 @@ def archive(spool: Spool, path: Path, outcome: str, result: dict[str, Any]) -> P
     with contextlib.suppress(FileNotFoundError):
         os.rename(path, folder / spool_job_file(stem))
     if path.parent == spool.running:
-        spool.state_file(name).unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):  # a directory is not our record
+            spool.state_file(name).unlink()
     return folder / spool_job_file(stem)
 
 
@@ -200,8 +201,9 @@ def sweep_claim_records(spool: Spool) -> None:
         sweep_orphans(folder, _record_name)
     claimed = {spool_state_file(spool_job_name(path.name) or path.name) for path in spool.claimed()}
     for file_name in os.listdir(spool.running):
-        if file_name.endswith(spool_state_file("")) and file_name not in claimed:
-            (spool.running / file_name).unlink(missing_ok=True)
+        path = spool.running / file_name
+        if file_name.endswith(spool_state_file("")) and file_name not in claimed and not path.is_dir():
+            path.unlink(missing_ok=True)  # (a directory of that name is not a record the service wrote)
 
 
 def _record_name(name: str) -> bool:

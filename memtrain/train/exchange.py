@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrain.train.gradbuf import remove_buffers
+from memtrain.train.launch import script_not_rerun
 from memtrain.train.messages import Result, Stop, Task, WorkerSetup
 from memtrain.train.worker import worker_main
 
@@ -65,7 +66,8 @@ class WorkerPool:
         tasks, results = self._context.SimpleQueue(), self._context.SimpleQueue()
         process = self._context.Process(target=worker_main, args=(replace(self._setup, slot=index), tasks, results),
                                         name=f"memtrain-worker-{index}", daemon=True)
-        process.start()
+        with script_not_rerun(self._setup.model_kind):
+            process.start()
         return Slot(index, process, tasks, results)
 
     def idle_slots(self) -> list[Slot]:

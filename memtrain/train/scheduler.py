@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 
-from memtrain.errors import WorkerFailure
+from memtrain.errors import WorkerFailure, plural
 from memtrain.faults import fault_point
 from memtrain.train.exchange import Event, WorkerPool
 from memtrain.train.messages import Result, Task
@@ -87,7 +87,7 @@ class Scheduler:
         self.log(f"worker {event.slot.index} (pid {event.slot.process.pid}) died with exit code {event.exitcode} "
                  f"during {self.describe(task)}, attempt {task.attempt + 1}")
         if task.attempt + 1 >= self.max_attempts:
-            raise WorkerFailure(f"{self.describe(task)} killed its worker {task.attempt + 1} times "
+            raise WorkerFailure(f"{self.describe(task)} killed its worker {plural(task.attempt + 1, 'time')} "
                                 f"(last exit code {event.exitcode})", hint="the data or the model may crash the "
                                 "worker; check the rows named above, or raise train.max_attempts")
         retry = replace(task, attempt=task.attempt + 1)

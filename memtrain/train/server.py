@@ -6,8 +6,9 @@ import dataclasses
 import math
 import os
 import signal
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,24 +17,28 @@ import numpy as np
 
 from memtrain.config import Job
 from memtrain.dataset import Dataset, open_dataset
-from memtrain.errors import Interrupted, MemtrainError
+from memtrain.errors import Interrupted, MemtrainError, plural
 from memtrain.faults import fault_point
 from memtrain.files import open_npy, read_jsonl
 from memtrain.layout import RUN_METRICS, STEP_MARKS, gradient_name
 from memtrain.progress import reporting
 from memtrain.stopping import on_stop_signals, start_resource_tracker
+from memtrain.train.advice import few_updates_note
 from memtrain.train.context import ModelContext, model_context
 from memtrain.train.counters import batch_number, epoch_number, position_text, update_number
 from memtrain.train.datacheck import check_trainable
 from memtrain.train.exchange import WorkerPool
 from memtrain.train.marks import create_marks
 from memtrain.train.messages import Building, EvalTask, GradTask, Result, StatsTask, StepTask, Task, WorkerSetup
+from memtrain.train.metrics import SHOWN
+from memtrain.train.metrics import collect as validation_metrics
 from memtrain.train.optim import learning_rate
 from memtrain.train.plan import Update, epoch_updates, eval_tasks, split_range, updates_per_epoch
+from memtrain.train.record import Decision
 from memtrain.train.room import room_needed
-from memtrain.train.run_dir import RunDir, open_run_dir
+from memtrain.train.run_dir import RunDir, open_run_dir, refuse_live_run
 from memtrain.train.scheduler import Scheduler
-from memtrain.train.state import Position, resume, save_checkpoint, start_fresh, write_run_files
+from memtrain.train.state import Position, resume, save_checkpoint, start_fresh
 from memtrain.train.weights import (
     BLOCK,
     begin_weights,
@@ -65,6 +70,12 @@ class Collected:
 
 @dataclass
 class TrainSummary:
+    """What ``memtrain.fit`` (and ``memtrain train``) returns: where the run is and how it ended.
+
+    ``final`` and ``best`` are epoch records as in ``metrics.jsonl`` (``val_loss``, ``val_accuracy``, ...);
+    ``best`` is the epoch with the lowest ``val_loss``; ``epochs`` counts the epochs done.
+    """
+
     run_dir: Path
     version: int
     epochs: int
@@ -72,21 +83,31 @@ class TrainSummary:
     best: dict[str, Any] | None
     seconds: float
     worker_deaths: int
+    stopped_early: bool = False  # by train.patience
 
 
-def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite: bool = False) -> TrainSummary:
-    """Run (or resume) a job to the end; raises MemtrainError (Interrupted on SIGINT/SIGTERM/SIGHUP)."""
+def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite: bool = False,
+          asked: Collection[str] = (), quiet: bool = False) -> TrainSummary:
+    """Run (or resume) a job to the end; raises MemtrainError (Interrupted on SIGINT/SIGTERM/SIGHUP).
+
+    ``asked``: the ``section.key`` settings named on the command line, the only ones a resume may change.
+    ``quiet``: no progress bar and no epoch lines (warnings are still printed).
+    """
     stop = StopRequest()
     with on_stop_signals(stop.record):
         start_resource_tracker()
+        refuse_live_run(job.run.dir)
         dataset = open_dataset(job.data.path, verify=verify or job.data.verify)
         check_trainable(dataset)
         context = model_context(dataset, job.model.kind, job.model.options, job.data.normalize)
+        note = few_updates_note(job, dataset.split("train").rows, context.additive)
+        if note is not None:
+            print(f"memtrain train: note: {note}", file=sys.stderr, flush=True)
         room = room_needed(job, context)  # every file the run will write, at its peak
-        run = open_run_dir(job, resume=resume_run, overwrite=overwrite, need_exchange=room.exchange,
-                           need_run=room.run)
+        run = open_run_dir(job, resume=resume_run, overwrite=overwrite, layout=context.layout.to_json(),
+                           asked=asked, one_pass=context.additive, need_exchange=room.exchange, need_run=room.run)
         try:
-            return Trainer(job, dataset, context, run, stop).run(resume_run)
+            return Trainer(job, dataset, context, run, stop, quiet=quiet).run(run.decision)
         except (MemtrainError, OSError) as exc:
             if not isinstance(exc, Interrupted):  # the run's log tells how it ended, even with no terminal
                 run.event(f"failed: {exc}")
@@ -124,8 +145,10 @@ class StopRequest:
 
 
 class Trainer:
-    def __init__(self, job: Job, dataset: Dataset, context: ModelContext, run: RunDir, stop: StopRequest):
+    def __init__(self, job: Job, dataset: Dataset, context: ModelContext, run: RunDir, stop: StopRequest, *,
+                 quiet: bool = False):
         self.job, self.dataset, self.context, self.run_dir, self.stop = job, dataset, context, run, stop
+        self.quiet = quiet
         self.train_rows = dataset.split("train").rows
         self.val_rows = dataset.split("val").rows
         self.per_epoch = updates_per_epoch(self.train_rows, job.train.batch_size)
@@ -138,14 +161,14 @@ class Trainer:
         self.seq = 0  # steps so far; each slice owner marks its slice with its step's number
         self.unwritten: list[tuple[str, dict[str, Any]]] = []  # log records kept off the critical path
 
-    def run(self, resume_run: bool) -> TrainSummary:
+    def run(self, decision: Decision | None) -> TrainSummary:
+        """``decision``: what a resume was allowed to change; None for a new run."""
         self.stop.deferred = True  # from here a stop checkpoints where the run stands
         if self.stop.signum is not None:
             raise Interrupted(f"stopped by {signal.Signals(self.stop.signum).name} during start-up")
-        write_run_files(self.run_dir, self.job, self.context)
-        position = (resume(self.run_dir, self.job, self.context, self.train_rows) if resume_run
+        position = (resume(self.run_dir, self.job, self.context, self.train_rows, decision) if decision is not None
                     else start_fresh(self.run_dir, self.job, self.context))
-        self.checkpointed = position.update_index(self.per_epoch) if resume_run else None
+        self.checkpointed = position.update_index(self.per_epoch) if decision is not None else None
         pool = WorkerPool(self._setup(), self.job.train.workers)
         self.log(f"server pid {os.getpid()}; workers started: pids {' '.join(map(str, pool.pids()))}")
         scheduler = Scheduler(pool, task_timeout=self.job.train.task_timeout,
@@ -163,7 +186,8 @@ class Trainer:
                 discard(self.next_file)
         self.log(f"done: {position.epoch} epochs, weight version {position.version}")
         return TrainSummary(self.run_dir.path, position.version, position.epoch, last, position.best,
-                            time.monotonic() - self.started, scheduler.deaths)
+                            time.monotonic() - self.started, scheduler.deaths,
+                            stopped_early=position.epoch < self.job.train.epochs and self.out_of_patience(position))
 
     def _fit(self, scheduler: Scheduler, position: Position) -> dict[str, Any]:
         last: dict[str, Any] = {}
@@ -171,11 +195,13 @@ class Trainer:
             self.fit_additive(scheduler, position)
             return self.end_epoch(scheduler, position, time.monotonic(), final=True)
         for epoch in range(position.epoch, self.job.train.epochs):
+            if self.out_of_patience(position):  # a resumed run that had stopped early
+                break
             started = time.monotonic()
             updates = epoch_updates(self.train_rows, self.job.train.batch_size, self.job.train.tasks_per_update,
                                     self.job.train.seed, epoch)
             with reporting(f"epoch {epoch + 1}/{self.job.train.epochs}", len(updates),
-                           plain_every=math.inf) as bar:
+                           plain_every=math.inf, quiet=self.quiet) as bar:
                 collected = None
                 for update in updates[position.batch:]:
                     collected = self.update(scheduler, update, position, collected)
@@ -381,13 +407,24 @@ class Trainer:
         if self.context.additive:
             record["loss"] = None  # one closed-form solve: there is no running training loss
         self.run_dir.metric(record)
-        if position.best is None or record.get("val_loss", math.inf) < position.best.get("val_loss", math.inf):
+        improved = position.best is None or record.get("val_loss", math.inf) < position.best.get("val_loss", math.inf)
+        if improved:
             position.best = record
         position.epoch, position.batch, position.epoch_loss, position.epoch_rows = position.epoch + 1, 0, 0.0, 0
-        if final or position.epoch % self.job.run.checkpoint_every == 0:
+        if self.out_of_patience(position):
+            self.log(f"stopping early: no better val_loss for {plural(self.job.train.patience, 'epoch')} "
+                     f"(best: epoch {position.best['epoch']})")
+            final = True
+        if final or position.epoch % self.job.run.checkpoint_every == 0 or (improved and self.job.run.keep_best):
             save_checkpoint(self.run_dir, self.job, self.context, position, self.per_epoch, record)
             self.checkpointed = position.update_index(self.per_epoch)
         return record
+
+    def out_of_patience(self, position: Position) -> bool:
+        """Early stopping: ``train.patience`` epochs have passed since the one with the best val_loss."""
+        patience, best = self.job.train.patience, position.best
+        return patience is not None and best is not None and "val_loss" in best and \
+            position.epoch - best["epoch"] >= patience
 
     def evaluate(self, scheduler: Scheduler, version: int,
                  while_waiting: Callable[[], None] | None = None) -> dict[str, float]:
@@ -399,16 +436,13 @@ class Trainer:
         metrics = {"val_loss": sum(r.loss for r in results) / rows}
         if self.context.classifier:
             metrics["val_accuracy"] = sum(r.correct for r in results) / rows
-        return metrics
+        return metrics | validation_metrics(self.run_dir.exchange, version, results, self.context)
 
     def epoch_line(self, record: dict[str, Any]) -> str:
         parts = [f"epoch {record['epoch']}/{self.job.train.epochs}"]
         if record["loss"] is not None:
             parts.append(f"loss {record['loss']:.4f}")
-        if "val_loss" in record:
-            parts.append(f"val_loss {record['val_loss']:.4f}")
-        if "val_accuracy" in record:
-            parts.append(f"val_accuracy {record['val_accuracy']:.4f}")
+        parts += [f"{key} {record[key]:.4f}" for key in SHOWN if key in record]
         parts.append(f"{record['samples_per_s']:,.0f} samples/s")
         return "  ".join(parts)
 

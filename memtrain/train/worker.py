@@ -29,6 +29,7 @@ from memtrain.train.gradbuf import GradientBuffers
 from memtrain.train.maps import MapCache
 from memtrain.train.marks import PeerWaitExpired, StepMarks
 from memtrain.train.messages import EvalTask, GradTask, Result, StatsTask, StepTask, Stop, Task, WorkerSetup
+from memtrain.train.metrics import write_task_statistics
 from memtrain.train.optim import OptimizerConfig
 from memtrain.train.reduce import run_step_slice
 
@@ -176,6 +177,7 @@ class WorkerState:
         correct = 0
         if self.context.classifier:
             correct = int(np.count_nonzero(self.context.model.predict(params, x) == y))
+        write_task_statistics(self.exchange, task.version, task.task, task.attempt, self.context, params, x, y)
         return Result(task.task, task.attempt, loss=loss, rows=task.hi - task.lo, correct=correct,
                       finite=math.isfinite(loss))
 
