@@ -454,10 +454,9 @@ def test_disk_full_during_training_is_clear_and_resumable(tmp_path: Path, data: 
     proc = start("train", job)
     run = small / "job" / "run"
     wait_for_version(run, 3)
-    with open(small / "filler", "wb") as filler, contextlib.suppress(OSError):
-        while True:  # another program takes every free block
-            filler.write(b"\0" * 65536)
-            filler.flush()
+    with open(small / "filler", "wb", buffering=0) as filler, contextlib.suppress(OSError):
+        while True:  # another program takes every free block (unbuffered: the last write fails here)
+            filler.write(b"\0" * 4096)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err
     assert "no space left on the device" in err

@@ -23,14 +23,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from memtrain.config import Job
-from memtrain.files import DIGEST_BYTES, MAX_NPY_HEADER
+from memtrain.files import DIGEST_BYTES
 from memtrain.models.params import PARAM_DTYPE
 from memtrain.train.context import ModelContext
 from memtrain.train.optim import state_slots
 from memtrain.train.weights import block_count
 
-# Per file: the .npy header and the filesystem's rounding up to whole pages (4 KiB), at most.
-FILE_OVERHEAD = MAX_NPY_HEADER + 4096
+# Per file: the .npy header of a 1-D array (128 bytes; 4 KiB is ample) and the rounding up to whole pages.
+FILE_OVERHEAD = 8192
 
 
 @dataclass(frozen=True)
