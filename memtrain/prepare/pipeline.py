@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import numpy as np
 from memtrain.dataset import FORMAT, FORMAT_VERSION, write_manifest
 from memtrain.errors import DiskFullError, InputError, Interrupted, plural
 from memtrain.faults import fault_point
+from memtrain.prepare.background import BackgroundJobs
 from memtrain.prepare.labels import LabelCoder, Labels
 from memtrain.prepare.options import PrepareOptions, parse_synthetic
 from memtrain.prepare.shard_writer import ShardWriter, SplitSpec
@@ -260,6 +262,7 @@ def _write_shards(source: Source, options: PrepareOptions, work: WorkArea, spool
                                                    work.record_shard)) for name in sizes]
         report = stack.enter_context(reporting("writing shards", rows, force_plain=display.plain,
                                                quiet=display.quiet))
+        summing = stack.enter_context(BackgroundJobs(0))  # the statistics, beside the writes
         for x, codes in pieces:
             y = labels.encode(codes, text=spool["text"])
             split = splitter.take(y if options.stratify else np.zeros(len(y), dtype=np.int64))
@@ -267,9 +270,10 @@ def _write_shards(source: Source, options: PrepareOptions, work: WorkArea, spool
                 rows = x[split == code]
                 writer.push(rows, y[split == code])
                 if code == TRAIN:
-                    stats.update(rows)
+                    summing.submit(partial(stats.update, rows), rows.nbytes)
             done += len(x)
             report.update(done, f"{done:,} rows")
+        summing.drain()
     splits = {name: {"rows": specs[name].rows, "shards": writer.entries} for name, writer in zip(sizes, writers,
                                                                                                  strict=True)}
     return splits, stats

@@ -22,7 +22,7 @@ import xxhash
 from memtrain.faults import fault_point
 from memtrain.files import CHECKSUM_ALGO, npy_header_bytes, writing_npy_rows
 from memtrain.layout import shard_name
-from memtrain.prepare.write_behind import WriteBehind
+from memtrain.prepare.background import BackgroundJobs
 
 ShardEntry = dict[str, Any]
 
@@ -65,9 +65,10 @@ class _Part:
 class ShardWriter:
     """Context manager: ``push(x, y)`` any number of times; ``entries`` lists the finished shards.
 
-    The caller's thread converts and hashes the rows; a write-behind thread (``WriteBehind``) writes them
-    and publishes each finished shard (fsync, rename, ``on_done``), in order, while the caller prepares the
-    next rows. ``entries`` is complete once the ``with`` block has ended without an error.
+    The caller's thread converts and hashes the rows; a background thread (``BackgroundJobs``) writes them,
+    and a second one publishes each finished shard (fsync, rename, ``on_done``), in order, so that waiting
+    for the disk holds up neither the writes of the next shard nor the caller. ``entries`` is complete once
+    the ``with`` block has ended without an error.
     """
 
     def __init__(self, root: Path, spec: SplitSpec, finished: dict[int, ShardEntry],
@@ -83,7 +84,8 @@ class ShardWriter:
         self._parts: tuple[_Part, _Part] | None = None
         self._open: list[contextlib.ExitStack] = []  # shards not published yet (the writer removes them)
         (root / spec.name).mkdir(parents=True, exist_ok=True)
-        self._writer = WriteBehind(0)  # one piece written while the next is queued: two pieces of memory
+        self._writer = BackgroundJobs(0)  # one piece written while the next is queued: two pieces of memory
+        self._publisher = BackgroundJobs(0)  # fsync and rename of finished shards (no rows held)
 
     def __enter__(self) -> ShardWriter:
         return self
@@ -94,9 +96,11 @@ class ShardWriter:
         if kind is None:
             try:
                 self._writer.drain()
+                self._publisher.drain()
             except BaseException as error:  # raised below, once the unpublished files are removed
                 failure = error
         self._writer.stop(cancel=failure is not None)
+        self._publisher.stop(cancel=failure is not None)
         for stack in reversed(self._open):  # an error mid-shard: the open files are unlinked, never published
             try:
                 stack.__exit__(type(failure), failure, failure.__traceback__ if failure else None)
@@ -145,7 +149,7 @@ class ShardWriter:
         self._index += 1
         if index in self.finished:
             entry = self.finished[index]
-            self._writer.submit(lambda: self.entries.append(entry))
+            self._writer.submit(lambda: self._publisher.submit(lambda: self.entries.append(entry)))
             return
         assert self._parts is not None
         x_part, y_part = self._parts
@@ -162,4 +166,4 @@ class ShardWriter:
             self.on_done(self.spec.name, index, entry)
             fault_point("prepare_after_shard")
 
-        self._writer.submit(publish)
+        self._writer.submit(lambda: self._publisher.submit(publish))  # once its rows are written

@@ -31,7 +31,7 @@ import numpy as np
 from memtrain.faults import fault_point
 from memtrain.files import no_space_error
 from memtrain.layout import spool_bucket_names
-from memtrain.prepare.write_behind import WriteBehind
+from memtrain.prepare.background import BackgroundJobs
 
 # Upper bound on bucket files: beyond it buckets grow past half a chunk (about 2 TiB of rows at the
 # default 64 MiB chunk) rather than the spool opening an unbounded number of files.
@@ -50,7 +50,7 @@ def bucket_count(estimated_bytes: int, chunk_bytes: int, shuffle: bool) -> int:
 class Spool:
     """Pass 1: append rows to K bucket files by a seeded uniform random bucket per row.
 
-    A context manager: the appends run on a write-behind thread (``WriteBehind``) while the caller reads
+    A context manager: the appends run on a background thread (``BackgroundJobs``) while the caller reads
     and checks the next chunk; ``finish`` waits for them, and leaving the block stops the thread.
     """
 
@@ -60,7 +60,7 @@ class Spool:
         self.keep_x = keep_x  # False: only the label codes are spooled (pass 2 reads the rows from the source)
         self.counts = np.zeros(buckets, dtype=np.int64)
         self._rng = np.random.default_rng([seed, 1])
-        self._writer = WriteBehind(0)  # one chunk appended while the next is queued
+        self._writer = BackgroundJobs(0)  # one chunk appended while the next is queued
 
     def __enter__(self) -> Spool:
         return self

@@ -1,12 +1,13 @@
-"""Write jobs (closures over rows already in memory) -> run in order on one background thread.
+"""Jobs (closures over arrays already in memory) -> run in order on one background thread.
 
-``write``/``pwrite``/``fsync`` release the GIL, so while the kernel copies one piece of rows into the page
-cache (or waits for the disk), the caller gathers, checks and hashes the next: on two cores, prepare's
-compute and its I/O overlap instead of taking turns. At most ``limit_bytes`` of rows wait in the queue
-(one job is always accepted), which keeps memory within the chunk budget. The first failure stops the
-queue; it is raised in the caller at its next ``submit`` or ``drain``.
+``write``/``pwrite``/``fsync`` and numpy's loops release the GIL, so while one thread copies a piece of
+rows into the page cache, waits for the disk or sums statistics, the caller gathers, checks and hashes the
+next: on two cores, prepare's compute and its I/O overlap instead of taking turns. At most
+``limit_bytes`` of rows wait in the queue (one job is always accepted), which keeps memory within the
+chunk budget. The first failure stops the queue; it is raised in the caller at its next ``submit`` or
+``drain``.
 
-    >>> with WriteBehind(64 << 20) as writer:        # doctest: +SKIP
+    >>> with BackgroundJobs(64 << 20) as writer:     # doctest: +SKIP
     ...     writer.submit(lambda: os.pwrite(fd, rows.data, offset), rows.nbytes)
     ...     writer.drain()                           # every job done (or its error raised here)
 """
@@ -19,8 +20,8 @@ from collections.abc import Callable
 from types import TracebackType
 
 
-class WriteBehind:
-    """A queue of write jobs and the thread that runs them; leaving the ``with`` block stops the thread."""
+class BackgroundJobs:
+    """A queue of jobs and the thread that runs them; leaving the ``with`` block stops the thread."""
 
     def __init__(self, limit_bytes: int):
         self._limit = limit_bytes
@@ -30,10 +31,10 @@ class WriteBehind:
         self._busy = False
         self._stopping = False
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="memtrain-write-behind", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="memtrain-background", daemon=True)
         self._thread.start()
 
-    def __enter__(self) -> WriteBehind:
+    def __enter__(self) -> BackgroundJobs:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
