@@ -56,7 +56,9 @@ def hung_up(data: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path,
 def test_sighup_stops_like_sigterm_with_a_checkpoint_and_no_leaked_semaphores(hung_up) -> None:
     run, code, err = hung_up
     assert code == 128 + signal.SIGHUP, err
-    assert "stopped by SIGHUP after" in err and f"resume with: memtrain train --resume {run}" in err
+    # the stop lands after a batch, or exactly at an epoch's end on a loaded machine: both are named positions
+    assert re.search(r"stopped by SIGHUP (after batch \d+ of \d+ of|at the end of) epoch \d+", err), err
+    assert f"resume with: memtrain train --resume {run}" in err
     assert "leaked semaphore" not in err and "resource_tracker" not in err, err
     assert re.search(r"interrupted by SIGHUP (after batch \d+ of 5 of epoch \d+|at the end of epoch \d+)",
                      events(run))
