@@ -244,11 +244,11 @@ class CsvSource:
             if unclosed else None)
 
     def _oversized(self, data: bytes, line: int, names: list[str] | None) -> InputError:
-        """A record that does not end within one block (a quarter of --chunk-mb)."""
+        """A record that does not end within one block (an eighth of --chunk-mb)."""
         return self._long_field(data, line, names) or InputError(
             "a row is longer than one block of the file", path=self.path, where=f"line {line}",
             expected=f"rows of at most {self.block_bytes:,} bytes", found=f"no end of row in {len(data):,} bytes",
-            hint="raise --chunk-mb (a block is a quarter of it); rows end with LF or CRLF")
+            hint="raise --chunk-mb (a block is an eighth of it); rows end with LF or CRLF")
 
     def _check_record(self, record: list[str], line: int) -> InputError | None:
         if len(record) != len(self.columns):
