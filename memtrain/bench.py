@@ -3,6 +3,7 @@
 Examples:
   memtrain bench prepare             # 1 GB NPY and CSV sources, side by side with the baseline
   memtrain bench prepare --gb 0.1    # a quick run
+  memtrain bench prepare --sources npy,npz,h5,csv --repeats 3 --dir /data/scratch
   memtrain bench train               # memtrain vs one process, pickling and shared memory: 1e5-1e7 params
   memtrain bench train --sizes 1e6 --json
   memtrain bench train --larger-than-ram --limit-mib 256   # a dataset 4x larger than a memory limit
@@ -11,6 +12,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from memtrain.errors import InputError
@@ -19,6 +21,8 @@ from memtrain.errors import InputError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("what", choices=("train", "prepare"), help="what to measure")
     parser.add_argument("--gb", type=float, default=1.0, help="prepare: size of each source in GB (1.0)")
+    parser.add_argument("--sources", default="npy,csv", help="prepare: comma-separated subset of npy,npz,h5,csv "
+                                                              "(default %(default)s)")
     parser.add_argument("--dir", type=Path, help="where to put the temporary files (default: $TMPDIR)")
     from memtrain.benchmarks.train_bench import add_arguments as train_arguments
 
@@ -26,13 +30,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.dir is not None and not args.dir.is_dir():
+        raise InputError("--dir must be an existing directory", path=args.dir, expected="a directory",
+                         found="a file" if args.dir.exists() else "nothing there", hint="create it first")
     if args.what == "train":
         from memtrain.benchmarks.train_bench import run as bench_train
 
         return bench_train(args)
     if args.gb <= 0:
         raise InputError("--gb must be positive", found=args.gb)
-    from memtrain.prepare.bench import bench_prepare, format_table
+    from memtrain.prepare.bench import bench_prepare, format_table, parse_sources
 
-    print(format_table(bench_prepare(args.gb, args.dir)))
+    report = bench_prepare(args.gb, args.dir, sources=parse_sources(args.sources), repeats=args.repeats)
+    print(json.dumps(report, indent=2) if args.json else format_table(report))
     return 0

@@ -30,7 +30,7 @@ from typing import IO, Any
 import numpy as np
 
 from memtrain.errors import InputError
-from memtrain.files import publish
+from memtrain.files import publish, sweep_orphans
 from memtrain.inspection.output import plain
 from memtrain.inspection.stats import CHUNK
 from memtrain.inspection.tensor_view import SCHEMA
@@ -59,6 +59,7 @@ def export(tensors: Tensors, out: Path, meta: dict[str, Any] | None, chunk: int 
     if clash:
         raise InputError("a parameter has the name the normalization is exported under", path=tensors.path,
                          found=", ".join(clash))
+    sweep_orphans(out.parent, out.name.__eq__)  # what an export to the same file that was killed left
     if kind == "npz":
         publish(out, lambda handle: write_npz(handle, tensors.arrays | normalize), durable=True)
     elif kind == "safetensors":

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from memtrain.errors import InputError, MemtrainError
-from memtrain.files import check_npy, open_npy, read_json, still_published
+from memtrain.files import check_npy, open_npy, open_regular, read_json, still_published
 from memtrain.inspection.detect import Target
 from memtrain.layout import (
     CHECKPOINT_META,
@@ -69,7 +69,7 @@ def with_layout(path: Path, layout: ParamLayout, named_by: Path, *, strict: bool
 
 def _map(path: Path, shape: tuple[int, ...] | None = None, dtype: Any = None) -> tuple[np.ndarray, int]:
     """A read-only map of ``path`` and the inode it maps (for ``Tensors.check_unchanged``)."""
-    with open(path, "rb") as handle:
+    with open_regular(path, what="a .npy file") as handle:
         inode = os.fstat(handle.fileno()).st_ino
         header = check_npy(path, shape=shape, dtype=dtype)
         if header.nbytes == 0:

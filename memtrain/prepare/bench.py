@@ -1,85 +1,282 @@
-"""Size in GB -> a table of prepare throughput: memtrain prepare vs the plain read-and-np.save baseline.
+"""Size in GB -> a table of prepare throughput: memtrain prepare against a plain read-and-save baseline.
 
-For an NPY and a CSV source of about ``gb`` GB each (synthetic, 64 features, written to a temporary
-directory), it times the plain baseline (``np.load`` + ``np.save`` for NPY; ``pyarrow.csv.read_csv``
-when installed, else ``np.loadtxt``, + ``np.save`` for CSV) and ``memtrain prepare`` with default options
-(shuffle, split, statistics, checksums, fsync), each on a cold start of the same file. MB/s is source
-bytes per second of wall time.
+Sources, synthetic (64 float features + an integer label), written once into a temporary directory:
+  npy   features .npy + labels .npy    baseline: np.load + np.save + fsync of both (a durable copy)
+  npz   one uncompressed .npz          baseline: the same, loading from the archive
+  h5    one HDF5 file, x and y         baseline: the same, reading with h5py
+  csv   one CSV file                   baseline: pyarrow.csv.read_csv + np.save (np.loadtxt + np.save when
+                                       pyarrow is missing; the table names the one it used)
+memtrain runs ``prepare`` with its default options (global shuffle, split, statistics, checksums, fsync)
+and, for array sources, with ``--no-shuffle`` as well. Every measurement runs in a fresh process (its peak
+anonymous memory sampled from /proc), baseline and memtrain alternating, ``repeats`` times; the table
+gives the median and the spread (min-max) of each figure, and the ratio of each back-to-back pair, so a
+burst of load from another process moves one pair, not the comparison. MB/s is source bytes per second
+of wall time; the source is in the page cache for both (it was just written, or read by the previous run).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import platform
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
+from statistics import median
+from typing import Any
 
 import numpy as np
 
-from memtrain.prepare.options import PrepareOptions
-from memtrain.prepare.pipeline import prepare
-from memtrain.prepare.synthetic import write_synthetic_source
+from memtrain.benchmarks.memory import Sampler
+from memtrain.errors import InputError, MemtrainError
 
 FEATURES = 64
 NPY_ROW_BYTES = FEATURES * 4 + 8
 CSV_ROW_BYTES = FEATURES * 7 + 2
+SOURCES = ("npy", "npz", "h5", "csv")
+DEFAULT_SOURCES = ("npy", "csv")
+RUN_TIMEOUT = 3600.0  # seconds for one measurement; a hung run fails the benchmark, not the machine
 
 
-def bench_prepare(gb: float, folder: Path | None = None) -> list[tuple[str, float, float, float]]:
-    """Rows of (source, size MB, baseline MB/s, memtrain MB/s)."""
+def parse_sources(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [n for n in names if n not in SOURCES]
+    if unknown or not names:
+        raise InputError("unknown --sources", expected=", ".join(SOURCES), found=", ".join(unknown) or text)
+    return names
+
+
+def bench_prepare(gb: float, folder: Path | None = None, *, sources: list[str] | None = None,
+                  repeats: int = 3) -> dict[str, Any]:
+    """The report: machine, settings and one row per (source, options) with every run's figures."""
+    if repeats < 1:
+        raise InputError("--repeats must be at least 1", found=repeats)
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="memtrain-bench-", dir=folder) as tmp:
         root = Path(tmp)
+        machine = describe_machine(root)
         rows = []
-        x, y = write_synthetic_source(root / "src.npy", int(gb * 1e9 / NPY_ROW_BYTES), FEATURES, seed=1)
-        rows.append(_measure("npy", x.stat().st_size + y.stat().st_size, lambda: _npy_baseline(x, y, root),
-                             PrepareOptions(x, root / "ds-npy", y=str(y)), root))
-        (csv_path,) = write_synthetic_source(root / "src.csv", int(gb * 1e9 / CSV_ROW_BYTES), FEATURES, seed=1)
-        rows.append(_measure("csv", csv_path.stat().st_size, lambda: _csv_baseline(csv_path, root),
-                             PrepareOptions(csv_path, root / "ds-csv"), root))
-        return rows
+        for source in sources or list(DEFAULT_SOURCES):
+            files = write_source(source, root, gb)
+            size = sum(f.stat().st_size for f in files)
+            for shuffle in (True, False) if source != "csv" else (True,):
+                rows.append(_compare(source, files, size, shuffle, root, repeats))
+            for path in files:
+                path.unlink()
+    machine["loadavg"] = [round(v, 2) for v in (*load_before, *os.getloadavg())]
+    return {"machine": machine, "settings": {"gb": gb, "repeats": repeats, "features": FEATURES}, "results": rows}
 
 
-def _measure(name: str, size: int, baseline: Callable[[], str], options: PrepareOptions,
-             root: Path) -> tuple[str, float, float, float]:
-    seconds = _timed(baseline)
-    shutil.rmtree(root / "baseline", ignore_errors=True)
-    ours = _timed(lambda: prepare(options, say=lambda _: None, force_plain=True))
-    shutil.rmtree(options.out, ignore_errors=True)
-    return name, size / 1e6, size / 1e6 / seconds, size / 1e6 / ours
+def write_source(source: str, root: Path, gb: float) -> list[Path]:
+    """A synthetic source of about ``gb`` GB on disk, streamed (never all in memory)."""
+    from memtrain.prepare.synthetic import write_synthetic_source
+
+    if source == "csv":
+        return write_synthetic_source(root / "src.csv", max(10, int(gb * 1e9 / CSV_ROW_BYTES)), FEATURES, seed=1)
+    x, y = write_synthetic_source(root / "src.npy", max(10, int(gb * 1e9 / NPY_ROW_BYTES)), FEATURES, seed=1)
+    if source == "npy":
+        return [x, y]
+    if source == "npz":
+        np.savez(root / "src.npz", x=np.load(x, mmap_mode="r"), y=np.load(y, mmap_mode="r"))
+        out = [root / "src.npz"]
+    else:
+        import h5py
+
+        xs, ys = np.load(x, mmap_mode="r"), np.load(y, mmap_mode="r")
+        with h5py.File(root / "src.h5", "w") as handle:
+            rows = len(xs)
+            hx = handle.create_dataset("x", shape=xs.shape, dtype=xs.dtype, chunks=(min(rows, 4096), FEATURES))
+            hy = handle.create_dataset("y", shape=ys.shape, dtype=ys.dtype, chunks=(min(rows, 65536),))
+            for lo in range(0, len(xs), 262144):
+                hx[lo:lo + 262144] = xs[lo:lo + 262144]
+                hy[lo:lo + 262144] = ys[lo:lo + 262144]
+        out = [root / "src.h5"]
+    x.unlink()
+    y.unlink()
+    return out
 
 
-def _timed(action: Callable[[], object]) -> float:
+def _compare(source: str, files: list[Path], size: int, shuffle: bool, root: Path, repeats: int) -> dict[str, Any]:
+    runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "memtrain": []}
+    for _ in range(repeats):
+        for what in ("baseline", "memtrain"):
+            spec = {"what": what, "source": source, "files": [str(f) for f in files], "shuffle": shuffle,
+                    "out": str(root / "out")}
+            runs[what].append(run_once(spec))
+            shutil.rmtree(root / "out", ignore_errors=True)
+    base = [size / 1e6 / r["seconds"] for r in runs["baseline"]]
+    ours = [size / 1e6 / r["seconds"] for r in runs["memtrain"]]
+    return {"source": source, "options": "shuffle" if shuffle else "no-shuffle", "size_mb": size / 1e6,
+            "baseline": runs["baseline"][0]["name"], "parser": runs["memtrain"][0].get("parser"),
+            "baseline_mbps": base, "memtrain_mbps": ours, "ratios": [o / b for o, b in zip(ours, base, strict=True)],
+            "baseline_peak_mib": [r["peak_anon_mib"] for r in runs["baseline"]],
+            "memtrain_peak_mib": [r["peak_anon_mib"] for r in runs["memtrain"]]}
+
+
+def run_once(spec: dict[str, Any]) -> dict[str, Any]:
+    """One measurement in a fresh process; its peak anonymous memory sampled from here."""
+    process = subprocess.Popen([sys.executable, "-m", "memtrain.prepare.bench", json.dumps(spec)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with Sampler(process.pid) as sampler:
+        try:
+            out, err = process.communicate(timeout=RUN_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            raise MemtrainError(f"bench prepare: {spec['what']} on {spec['source']} took over {RUN_TIMEOUT:g} s") \
+                from None
+    if process.returncode != 0 or not out.strip():
+        raise MemtrainError(f"bench prepare: {spec['what']} on {spec['source']} failed "
+                            f"(exit code {process.returncode})", found=err.strip()[-2000:])
+    result = json.loads(out.strip().splitlines()[-1])
+    result["peak_anon_mib"] = max(sampler.peaks.anon_kib.get(process.pid, 0) / 1024, result["anon_mib"])
+    return result
+
+
+def _measure(spec: dict[str, Any]) -> dict[str, Any]:
+    """In the child: run one baseline or one prepare and time it (imports are done before the clock)."""
+    files = [Path(f) for f in spec["files"]]
+    out = Path(spec["out"])
+    if spec["what"] == "baseline":
+        action, name = _baseline(spec["source"], files, out)
+        parser = None
+    else:
+        action, name, parser = _memtrain(spec["source"], files, out, spec["shuffle"])
     started = time.perf_counter()
     action()
-    return time.perf_counter() - started
+    seconds = time.perf_counter() - started
+    return {"name": name, "seconds": seconds, "parser": parser, "anon_mib": _anon_mib()}
 
 
-def _npy_baseline(x: Path, y: Path, root: Path) -> str:
-    (root / "baseline").mkdir(exist_ok=True)
-    np.save(root / "baseline" / "x.npy", np.load(x))
-    np.save(root / "baseline" / "y.npy", np.load(y))
-    return "np.load + np.save"
+def _baseline(source: str, files: list[Path], out: Path) -> tuple[Any, str]:
+    if source == "csv":
+        try:
+            import pyarrow.csv
+        except ImportError:
+            return (lambda: _loadtxt_baseline(files[0], out)), "np.loadtxt + np.save"
+        return (lambda: _pyarrow_baseline(pyarrow.csv, files[0], out)), "pyarrow.csv.read_csv + np.save"
+    read = {"npy": "np.load", "npz": "np.load(.npz)", "h5": "h5py read"}[source]
+    if source == "h5":
+        import h5py  # noqa: F401
+    return (lambda: _durable_copy(source, files, out)), f"{read} + np.save + fsync"
 
 
-def _csv_baseline(path: Path, root: Path) -> str:
-    (root / "baseline").mkdir(exist_ok=True)
-    try:
-        import pyarrow.csv
-    except ImportError:
-        table = np.loadtxt(path, delimiter=",", skiprows=1, dtype=np.float32)
-        np.save(root / "baseline" / "x.npy", table[:, :-1])
-        np.save(root / "baseline" / "y.npy", table[:, -1].astype(np.int64))
-        return "np.loadtxt + np.save"
-    table = pyarrow.csv.read_csv(path)
+def _memtrain(source: str, files: list[Path], out: Path, shuffle: bool) -> tuple[Any, str, str | None]:
+    from memtrain.prepare.options import PrepareOptions
+    from memtrain.prepare.pipeline import prepare
+    from memtrain.prepare.sources import open_source
+
+    y = str(files[1]) if source == "npy" else None
+    options = PrepareOptions(files[0], out, y=y, shuffle=shuffle)
+    parser = getattr(open_source(options), "parser", None)  # imports the parser too, before the clock
+    return (lambda: prepare(options, say=lambda _: None, force_plain=True)), "memtrain prepare", parser
+
+
+def _save_durably(path: Path, array: np.ndarray) -> None:
+    with open(path, "wb") as handle:
+        np.save(handle, array)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _durable_copy(source: str, files: list[Path], out: Path) -> None:
+    out.mkdir()
+    if source == "npy":
+        arrays = {"x": lambda: np.load(files[0]), "y": lambda: np.load(files[1])}
+    elif source == "npz":
+        archive = np.load(files[0])
+        arrays = {"x": lambda: archive["x"], "y": lambda: archive["y"]}
+    else:
+        import h5py
+
+        handle = h5py.File(files[0], "r")
+        arrays = {"x": lambda: handle["x"][()], "y": lambda: handle["y"][()]}
+    for name, load in arrays.items():
+        _save_durably(out / f"{name}.npy", load())
+
+
+def _pyarrow_baseline(pacsv: Any, path: Path, out: Path) -> None:
+    out.mkdir()
+    table = pacsv.read_csv(path)
     x = np.column_stack([table.column(i).to_numpy() for i in range(FEATURES)]).astype(np.float32)
-    np.save(root / "baseline" / "x.npy", x)
-    np.save(root / "baseline" / "y.npy", table.column(FEATURES).to_numpy())
-    return "pyarrow.csv.read_csv + np.save"
+    np.save(out / "x.npy", x)
+    np.save(out / "y.npy", table.column(FEATURES).to_numpy())
 
 
-def format_table(rows: list[tuple[str, float, float, float]]) -> str:
-    lines = [f"{'source':<8}{'size MB':>10}{'baseline MB/s':>15}{'memtrain MB/s':>15}{'ratio':>8}"]
-    for name, size, base, ours in rows:
-        lines.append(f"{name:<8}{size:>10.0f}{base:>15.1f}{ours:>15.1f}{ours / base:>8.2f}")
+def _loadtxt_baseline(path: Path, out: Path) -> None:
+    out.mkdir()
+    table = np.loadtxt(path, delimiter=",", skiprows=1, dtype=np.float32)
+    np.save(out / "x.npy", table[:, :-1])
+    np.save(out / "y.npy", table[:, -1].astype(np.int64))
+
+
+def _anon_mib() -> float:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def describe_machine(folder: Path) -> dict[str, Any]:
+    """What the figures were measured on: CPUs, memory, the filesystem of ``folder``, library versions."""
+    from memtrain.benchmarks.train_bench import cpu_model
+
+    try:
+        import pyarrow
+        arrow = pyarrow.__version__
+    except ImportError:
+        arrow = None
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {"cpus": os.cpu_count(), "cpu": cpu_model(), "memory_gib": round(memory, 1),
+            "filesystem": filesystem(folder), "python": platform.python_version(), "numpy": np.__version__,
+            "pyarrow": arrow}
+
+
+def filesystem(folder: Path) -> str:
+    """``ext4 on /dev/vda``: the mount (from /proc/mounts) holding ``folder``."""
+    best, found = "", "unknown filesystem"
+    try:
+        with open("/proc/mounts", encoding="utf-8") as mounts:
+            for line in mounts:
+                device, point, kind = line.split()[:3]
+                inside = str(folder.resolve()).startswith(point.rstrip("/") + "/") or point == "/"
+                if inside and len(point) >= len(best):
+                    best, found = point, f"{kind} on {device}"
+    except OSError:
+        pass
+    return found
+
+
+def _spread(values: list[float], digits: int = 0) -> str:
+    text = f"{median(values):.{digits}f}"
+    return text if len(values) == 1 else f"{text} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The report as printed by ``memtrain bench prepare``: a title, one line per row, the machine."""
+    s, m = report["settings"], report["machine"]
+    lines = [f"memtrain bench prepare: {s['gb']:g} GB sources, {s['features']} float features + a label; "
+             f"median (min-max) of {s['repeats']} alternating runs",
+             f"{'source':<7}{'options':<12}{'size MB':>8}  {'baseline':<32}{'baseline MB/s':>16}"
+             f"{'memtrain MB/s':>16}{'ratio':>18}{'peak MiB base / memtrain':>27}"]
+    for row in report["results"]:
+        peaks = f"{median(row['baseline_peak_mib']):,.0f} / {median(row['memtrain_peak_mib']):,.0f}"
+        lines.append(f"{row['source']:<7}{row['options']:<12}{row['size_mb']:>8.0f}  {row['baseline']:<32}"
+                     f"{_spread(row['baseline_mbps']):>16}{_spread(row['memtrain_mbps']):>16}"
+                     f"{_spread(row['ratios'], 2):>18}{peaks:>27}")
+    parsers = sorted({row["parser"] for row in report["results"] if row.get("parser")})
+    load = m["loadavg"]
+    lines.append(f"machine: {m['cpus']} CPUs ({m['cpu']}), {m['memory_gib']:g} GiB RAM, files on {m['filesystem']}; "
+                 f"Python {m['python']}, numpy {m['numpy']}, pyarrow {m['pyarrow'] or 'not installed'}"
+                 + (f"; memtrain's CSV parser: {', '.join(parsers)}" if parsers else ""))
+    lines.append(f"load average (1, 5, 15 min) before {load[0]:g} {load[1]:g} {load[2]:g}, "
+                 f"after {load[3]:g} {load[4]:g} {load[5]:g}")
     return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(json.dumps(_measure(json.loads(sys.argv[1]))))

@@ -1,11 +1,13 @@
 """A CSV file with a header row -> chunks of (x, y) rows, each row knowing its line for error messages.
 
-Parser, chosen by measurement (docs/prepare.md): ``np.loadtxt``'s C parser on blocks of whole
-records, about 3x the standard ``csv`` module and with no optional dependency. The file is cut into
-blocks only at newlines outside quotes, so quoted fields may hold commas and newlines. When a block fails
-to parse, the ``csv`` module re-reads that block alone to name the exact line and column. Policy: UTF-8
-(a BOM is skipped), LF or CRLF, blank lines skipped, ragged rows and empty fields are errors (never
-padded), surrounding spaces in text labels are ignored.
+The file is cut into blocks of whole records (only at newlines outside quotes, so quoted fields may hold
+commas and newlines; a record must fit in one block, which bounds memory). Parsers, chosen by measurement
+(docs/prepare-performance.md): pyarrow's multi-threaded C++ reader (``csv_fast``) parses each block, on a
+background thread one block ahead of the caller; a block it declines (anything not plainly well-formed
+and finite) is read by the reference parser here — ``np.loadtxt``'s C parser, and when that fails the
+``csv`` module, which names the exact line and column. Policy: UTF-8 (a BOM is skipped), LF or CRLF,
+blank lines skipped, ragged rows and empty fields are errors (never padded), surrounding spaces in text
+labels are ignored.
 """
 
 from __future__ import annotations
@@ -14,20 +16,26 @@ import csv
 import io
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from memtrain.errors import InputError
+from memtrain.prepare import csv_fast
 from memtrain.prepare.sources import Chunk, resolve_label
 
 QUOTE = ord('"')
 NEWLINE = ord("\n")
+COMMA = ord(",")
 MIN_BLOCK = 1 << 16
+# Longest field an error can point into (the csv module refuses fields of 128 Ki characters and more).
+MAX_FIELD_BYTES = 1 << 16
 # A parsed value is 8 bytes (float64) and the shortest text for one is 2 bytes ("0,"), so a block of B
-# text bytes parses into at most 4B bytes: a quarter of the chunk budget keeps the parsed block within it.
-TEXT_SHARE = 4
+# text bytes parses into at most 4B bytes. Two blocks are in flight (one parsed ahead on the background
+# thread), so a block is an eighth of the chunk: both parsed blocks together stay within the chunk budget.
+TEXT_SHARE = 8
 
 
 def record_end(data: bytes, *, last: bool) -> int:
@@ -36,9 +44,7 @@ def record_end(data: bytes, *, last: bool) -> int:
         pos = data.rfind(b"\n") if last else data.find(b"\n")
         return pos + 1 if pos >= 0 else -1
     raw = np.frombuffer(data, dtype=np.uint8)
-    quotes = np.flatnonzero(raw == QUOTE)
-    newlines = np.flatnonzero(raw == NEWLINE)
-    outside = newlines[np.searchsorted(quotes, newlines) % 2 == 0]
+    outside = _outside_quotes(raw, np.flatnonzero(raw == NEWLINE))
     if len(outside) == 0:
         return -1
     return int(outside[-1 if last else 0]) + 1
@@ -47,10 +53,11 @@ def record_end(data: bytes, *, last: bool) -> int:
 class CsvSource:
     format = "csv"
 
-    def __init__(self, path: Path, label: str | None, chunk_bytes: int):
+    def __init__(self, path: Path, label: str | None, chunk_bytes: int, dtype: Any = np.float32):
         self.path = path
         self.size_bytes = path.stat().st_size
         self.block_bytes = max(MIN_BLOCK, chunk_bytes // TEXT_SHARE)
+        self.dtype = np.dtype(dtype)
         header, self.data_offset = self._header_bytes()
         self.first_line = header.count(b"\n") + 1
         self.columns = self._header_names(header)
@@ -63,6 +70,14 @@ class CsvSource:
         self.feature_shape = (len(self.feature_names),)
         self.rows = None
         self.text_labels = self._sniff_text_labels()
+        self._fast = csv_fast.ArrowBlockParser(columns=len(self.columns), label_index=self.label_index,
+                                               text_labels=self.text_labels, dtype=self.dtype) \
+            if csv_fast.available() else None
+
+    @property
+    def parser(self) -> str:
+        """Which parser reads the blocks (the reference parser re-reads any block the fast one declines)."""
+        return "pyarrow" if self._fast is not None else "numpy.loadtxt"
 
     def _header_bytes(self) -> tuple[bytes, int]:
         data = b""
@@ -72,6 +87,8 @@ class CsvSource:
                 end = record_end(data, last=False)
                 if end >= 0:
                     return data[:end], end
+                if len(data) >= self.block_bytes:
+                    raise self._oversized(data, 1, None)
         return data, len(data)
 
     def _header_names(self, header: bytes) -> list[str]:
@@ -79,7 +96,11 @@ class CsvSource:
         if not text.strip():
             raise InputError("the file is empty", path=self.path, expected="a header row and data rows",
                              found="no header")
-        names = next(csv.reader(io.StringIO(text, newline="")))
+        try:
+            names = next(csv.reader(io.StringIO(text, newline="")))
+        except csv.Error as exc:
+            raise (self._long_field(header, 1, None) or
+                   InputError(f"malformed CSV header ({exc})", path=self.path, where="line 1")) from exc
         return [name.strip() for name in names]
 
     def _sniff_text_labels(self) -> bool:
@@ -88,39 +109,75 @@ class CsvSource:
             handle.seek(self.data_offset)
             sample = handle.read(MIN_BLOCK)
         text = sample.decode("utf-8", errors="replace")
-        for record in csv.reader(io.StringIO(text, newline="")):
-            if record and len(record) == len(self.columns):
-                try:
-                    float(record[self.label_index])
-                except ValueError:
-                    return True
-                return False
+        try:
+            for record in csv.reader(io.StringIO(text, newline="")):
+                if record and len(record) == len(self.columns):
+                    try:
+                        float(record[self.label_index])
+                    except ValueError:
+                        return True
+                    return False
+        except csv.Error:
+            pass  # a broken first record: numeric labels assumed, and the parse says what is wrong
         return False
 
     def chunks(self, rows: int) -> Iterator[Chunk]:
-        """Blocks of about ``block_bytes`` of text, cut after whole records (``rows`` is ignored)."""
-        line, first_row, carry = self.first_line, 0, b""
+        """Blocks of at most ``block_bytes`` of text, cut after whole records (``rows`` is ignored).
+
+        The next block is read and parsed on a background thread while the caller works on this one;
+        pyarrow releases the GIL, so parsing overlaps the caller's shuffle and writes.
+        """
+        blocks = self._blocks()
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memtrain-csv")
+        try:
+            first_row = 0
+            ahead = pool.submit(self._parse_next, blocks)
+            while (chunk := ahead.result()) is not _END:
+                ahead = pool.submit(self._parse_next, blocks)
+                if chunk is not None:
+                    chunk.first_row = first_row
+                    first_row += len(chunk.x)
+                    yield chunk
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)  # the worker is done with ``blocks`` now
+            blocks.close()
+
+    def _blocks(self) -> Iterator[tuple[bytes, int]]:
+        """(text, the line it starts on): at most ``block_bytes`` each, ending after a whole record."""
+        line, carry = self.first_line, b""
         with open(self.path, "rb") as handle:
             handle.seek(self.data_offset)
             while True:
-                block = handle.read(self.block_bytes)
+                block = handle.read(self.block_bytes - len(carry))
                 data = carry + block
                 if block:
                     end = record_end(data, last=True)
                     if end < 0:
+                        if len(data) >= self.block_bytes:
+                            raise self._oversized(data, line, self.columns)
                         carry = data
                         continue
                     data, carry = data[:end], data[end:]
                 if data:
-                    chunk = self._parse(data, line, first_row)
+                    yield data, line
                     line += data.count(b"\n")
-                    if chunk is not None:
-                        first_row += len(chunk.x)
-                        yield chunk
                 if not block:
                     return
 
-    def _parse(self, data: bytes, line: int, first_row: int) -> Chunk | None:
+    def _parse_next(self, blocks: Iterator[tuple[bytes, int]]) -> Chunk | None | object:
+        item = next(blocks, None)
+        if item is None:
+            return _END
+        data, line = item
+        if self._fast is not None:
+            parsed = self._fast.parse(data)
+            if parsed is not None:
+                x, y = parsed
+                return Chunk(x, y, 0, len(data), line_of=lambda i: record_line(data, line, i), finite=True)
+        return self._parse(data, line)
+
+    def _parse(self, data: bytes, line: int) -> Chunk | None:
+        """The reference parser: ``np.loadtxt``, and the ``csv`` module to locate what it rejects."""
         text = _decode(data, self.path, line)
         if not text.strip():
             return None
@@ -133,13 +190,17 @@ class CsvSource:
                 table = np.loadtxt(_lines(text), delimiter=",", quotechar='"', comments=None,
                                    dtype=np.float64, ndmin=2, converters=converters)
         except ValueError as exc:
-            raise self._diagnose(text, line, exc) from exc
+            raise self._diagnose(data, text, line, exc) from exc
         if table.shape[1] != len(self.columns):
-            raise self._diagnose(text, line, ValueError(f"{table.shape[1]} columns"))
+            raise self._diagnose(data, text, line, ValueError(f"{table.shape[1]} columns"))
+        if any(len(name.encode()) > csv_fast.MAX_LABEL_BYTES for name in names):
+            long = self._long_field(data, line, self.columns, csv_fast.MAX_LABEL_BYTES)
+            assert long is not None  # a label's field is at least as long as the label
+            raise long
         x, y = self._split_columns(table)
         if self.text_labels:
             y = np.array(list(names), dtype=str)[y.astype(np.int64)]
-        return Chunk(x, y, first_row, len(data), line_of=lambda i: record_line(text, line, i))
+        return Chunk(x, y, 0, len(data), line_of=lambda i: record_line(data, line, i))
 
     def _split_columns(self, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         k = self.label_index
@@ -149,7 +210,7 @@ class CsvSource:
             return table[:, 1:], table[:, 0]
         return np.delete(table, k, axis=1), table[:, k]
 
-    def _diagnose(self, text: str, line: int, exc: Exception) -> InputError:
+    def _diagnose(self, data: bytes, text: str, line: int, exc: Exception) -> InputError:
         """Re-read a block that failed to parse with the csv module: the first bad line and column."""
         reader = csv.reader(io.StringIO(text, newline=""), strict=True)
         end = 0
@@ -161,8 +222,33 @@ class CsvSource:
                     if problem is not None:
                         return problem
         except csv.Error as error:
-            return InputError(f"malformed CSV ({error})", path=self.path, where=f"line {line + reader.line_num - 1}")
+            return self._long_field(data, line, self.columns) or InputError(
+                f"malformed CSV ({error})", path=self.path, where=f"line {line + reader.line_num - 1}")
         return InputError(f"cannot parse the CSV ({exc})", path=self.path, where=f"lines {line}-{line + end - 1}")
+
+    def _long_field(self, data: bytes, line: int, names: list[str] | None,
+                    limit: int = MAX_FIELD_BYTES) -> InputError | None:
+        """The first field of ``data`` longer than ``limit`` bytes, as an error naming its line and column."""
+        found = long_field(data, limit)
+        if found is None:
+            return None
+        offset, index, length = found
+        column = f"column '{names[index]}'" if names and index < len(names) else f"field {index + 1}"
+        preview = data[offset:offset + 24].decode("utf-8", errors="replace")
+        unclosed = data[offset:offset + 1] == b'"' and data.count(b'"', offset, offset + length) % 2 == 1
+        line += data.count(b"\n", 0, offset)
+        return InputError(
+            "a field is far too long for a number or a label", path=self.path, where=f"line {line}, {column}",
+            expected=f"at most {limit:,} bytes", found=f"{length:,} bytes starting {preview!r}",
+            hint="a quote that is never closed runs on to the end of the file: close it or remove it"
+            if unclosed else None)
+
+    def _oversized(self, data: bytes, line: int, names: list[str] | None) -> InputError:
+        """A record that does not end within one block (an eighth of --chunk-mb)."""
+        return self._long_field(data, line, names) or InputError(
+            "a row is longer than one block of the file", path=self.path, where=f"line {line}",
+            expected=f"rows of at most {self.block_bytes:,} bytes", found=f"no end of row in {len(data):,} bytes",
+            hint="raise --chunk-mb (a block is an eighth of it); rows end with LF or CRLF")
 
     def _check_record(self, record: list[str], line: int) -> InputError | None:
         if len(record) != len(self.columns):
@@ -192,17 +278,45 @@ class CsvSource:
         return {"format": "csv", "path": str(self.path), "label": self.label_name, "bytes": self.size_bytes}
 
 
-def record_line(text: str, first_line: int, row: int) -> int:
+_END = object()  # the end of the blocks, from the background parse
+
+
+def record_line(data: bytes, first_line: int, row: int) -> int:
     """The line on which data row ``row`` (0-based, blank lines not counted) of a block starts."""
-    reader = csv.reader(io.StringIO(text, newline=""))
-    end, seen = 0, 0
-    for record in reader:
-        start, end = first_line + end, reader.line_num
-        if record:
-            if seen == row:
-                return start
-            seen += 1
-    return first_line + end
+    if row == 0:  # asked for every chunk (labels name it in errors): skip the blank lines, nothing more
+        start = 0
+        while start < len(data) and data[start] in b"\r\n":
+            start += 1
+        return first_line + data.count(b"\n", 0, start)
+    raw = np.frombuffer(data, dtype=np.uint8)
+    ends = _outside_quotes(raw, np.flatnonzero(raw == NEWLINE))
+    starts = np.concatenate([[0], ends + 1])
+    stops = np.concatenate([ends, [len(raw)]])
+    width = stops - starts
+    blank = (width == 0) | ((width == 1) & (raw[np.minimum(starts, len(raw) - 1)] == ord("\r")))
+    records = starts[~blank]
+    start = int(records[row]) if row < len(records) else len(data)
+    return first_line + data.count(b"\n", 0, start)
+
+
+def long_field(data: bytes, limit: int) -> tuple[int, int, int] | None:
+    """(byte offset, index in its record, length) of the first field of ``data`` longer than ``limit``."""
+    raw = np.frombuffer(data, dtype=np.uint8)
+    separators = _outside_quotes(raw, np.flatnonzero((raw == COMMA) | (raw == NEWLINE)))
+    bounds = np.concatenate([[-1], separators, [len(raw)]])
+    long = np.flatnonzero(np.diff(bounds) - 1 > limit)
+    if len(long) == 0:
+        return None
+    field = int(long[0])
+    row_ends = np.flatnonzero(raw[separators[:field]] == NEWLINE)
+    index = field - (int(row_ends[-1]) + 1 if len(row_ends) else 0)
+    return int(bounds[field]) + 1, index, int(bounds[field + 1] - bounds[field] - 1)
+
+
+def _outside_quotes(raw: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """The positions not inside a quoted field (an even number of quotes before them)."""
+    quotes = np.flatnonzero(raw == QUOTE)
+    return positions[np.searchsorted(quotes, positions) % 2 == 0] if len(quotes) else positions
 
 
 def _lines(text: str) -> list[str] | io.StringIO:

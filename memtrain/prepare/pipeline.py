@@ -3,24 +3,28 @@
 The stages, each its own module: source (``sources``/``csv_source``/...) -> checks, label codes and the
 scatter into the spool (pass 1, ``shuffle.Spool``) -> gather in shuffled order, split, statistics and
 shards (pass 2, ``shuffle.gather``, ``stats``, ``shard_writer``) -> manifest, written last -> one rename
-into place (``workdir``).
+into place (``workdir``). With ``--no-shuffle``, an array source (NPY, NPZ, HDF5) is read again in pass
+2 instead of being copied into the spool, which then holds only the label codes: the rows are written
+once, as they are by a plain copy.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from memtrain.dataset import FORMAT, FORMAT_VERSION, write_manifest
-from memtrain.errors import InputError, Interrupted, plural
+from memtrain.errors import DiskFullError, InputError, Interrupted, plural
 from memtrain.faults import fault_point
+from memtrain.prepare.background import BackgroundJobs
 from memtrain.prepare.labels import LabelCoder, Labels
 from memtrain.prepare.options import PrepareOptions, parse_synthetic
 from memtrain.prepare.shard_writer import ShardWriter, SplitSpec
@@ -33,6 +37,7 @@ from memtrain.prepare.shuffle import (
     gather,
     spool_codes,
     spool_intact,
+    unshuffled_codes,
 )
 from memtrain.prepare.sources import Chunk, Source, open_source
 from memtrain.prepare.stats import RunningStats
@@ -41,6 +46,9 @@ from memtrain.prepare.workdir import WorkArea, check_out
 from memtrain.progress import reporting
 
 Say = Callable[[str], None]
+# Sources read again in pass 2 under --no-shuffle instead of being copied into the spool: reading them is
+# cheaper than writing, syncing and reading a copy (CSV would be parsed twice, synthetic data generated twice).
+REREAD_FORMATS = ("npy", "npz", "hdf5")
 
 
 @dataclass(frozen=True)
@@ -81,12 +89,16 @@ def prepare(options: PrepareOptions, *, say: Say = print, force_plain: bool = Fa
         for other in work.sweep_others():
             say(f"removed an unfinished prepare made with other arguments: {other}")
         summary = _run(source, options, work, say, Display(force_plain, quiet))
-    except InputError:
-        work.discard()
-        raise
-    except KeyboardInterrupt as exc:
+    except KeyboardInterrupt as exc:  # (SIGTERM too): a rerun continues from the finished work
         raise Interrupted("interrupted; the shards finished so far are kept", path=work.root,
                           hint="run the same command again to continue from them") from exc
+    except DiskFullError as exc:  # a rerun with more room continues from the finished work
+        exc.hint = f"{exc.hint}; the finished shards are kept in {work.root}: run the same command again to " \
+                   "continue from them"
+        raise
+    except BaseException:  # bad input, or anything unforeseen: a rerun could not use the work, so none is left
+        work.discard()
+        raise
     finally:
         work.release()
     summary.seconds = time.monotonic() - started
@@ -114,7 +126,8 @@ def _identity(source: Source) -> dict[str, Any]:
 def _run(source: Source, options: PrepareOptions, work: WorkArea, say: Say, display: Display) -> PrepareSummary:
     x_row_bytes = int(np.prod(source.feature_shape)) * options.np_dtype.itemsize
     spool = work.load_spool()
-    if spool is not None and spool_intact(work.spool, spool["counts"], x_row_bytes):
+    if spool is not None and spool_intact(work.spool, spool["counts"],
+                                          x_row_bytes if spool.get("x_spooled", True) else 0):
         finished = work.finished_shards()
         done = sum(len(v) for v in finished.values())
         say(f"resuming: the shuffle spool is complete; {plural(done, 'shard')} already complete "
@@ -153,13 +166,14 @@ def _no_rows(source: Source, dropped: int) -> InputError:
 def _scatter(source: Source, options: PrepareOptions, work: WorkArea, display: Display) -> dict[str, Any]:
     features = int(np.prod(source.feature_shape))
     rows_per_chunk = max(1, options.chunk_bytes // (8 * features))
-    spool = Spool(work.spool, bucket_count(_estimated_bytes(source, options), options.chunk_bytes, options.shuffle),
-                  options.seed)
+    buckets = bucket_count(_estimated_bytes(source, options), options.chunk_bytes, options.shuffle)
     coder = LabelCoder(options.task, source.path, source.label_name)
     rows = dropped = read_bytes = 0
     started = time.monotonic()
-    with reporting(f"reading {source.path or 'synthetic data'}", 1.0, plain_every=5.0,
-                   force_plain=display.plain, quiet=display.quiet) as report:
+    keep_x = options.shuffle or source.format not in REREAD_FORMATS
+    with Spool(work.spool, buckets, options.seed, keep_x=keep_x) as spool, \
+            reporting(f"reading {source.path or 'synthetic data'}", 1.0, plain_every=5.0,
+                      force_plain=display.plain, quiet=display.quiet) as report:
         for chunk in source.chunks(rows_per_chunk):
             x, codes, bad = _check_chunk(chunk, source, options, coder)
             spool.add(x, codes)
@@ -167,8 +181,10 @@ def _scatter(source: Source, options: PrepareOptions, work: WorkArea, display: D
             read_bytes += chunk.nbytes or len(chunk.x) * source.size_bytes // max(1, source.rows or 1)
             mbps = read_bytes / 1e6 / max(1e-9, time.monotonic() - started)
             report.update(min(1.0, read_bytes / max(1, source.size_bytes)), f"{rows:,} rows {mbps:.0f} MB/s")
+        counts = spool.finish()
     labels = coder.finish() if rows else Labels("classification", [], "", None)
-    info = {"rows": rows, "dropped": dropped, "counts": spool.finish(), "task": labels.task,
+    info = {"rows": rows, "dropped": dropped, "counts": counts, "x_spooled": keep_x, "source": _identity(source),
+            "task": labels.task,
             "classes": labels.classes, "note": labels.note, "text": bool(coder.text),
             "table": None if labels.table is None else labels.table.tolist()}
     work.commit_spool(info)
@@ -187,18 +203,25 @@ def _check_chunk(chunk: Chunk, source: Source, options: PrepareOptions,
     n = len(chunk.x)
     raw = np.asarray(chunk.x).reshape(n, -1)
     with np.errstate(over="ignore", invalid="ignore"):  # out-of-range values become inf: reported below
-        x = raw.astype(options.np_dtype)
+        x = raw.astype(options.np_dtype, copy=False)
     y = np.asarray(chunk.y).reshape(-1)
-    bad = ~np.isfinite(x).all(axis=1)
-    if y.dtype.kind in "biuf":
-        bad |= ~np.isfinite(y)
-    dropped = int(bad.sum())
+    dropped = 0
+    if not chunk.finite:
+        bad = _nonfinite_rows(x, y)
+        dropped = int(bad.sum())
     if dropped:
         if not options.drop_nonfinite:
             raise _nonfinite_error(chunk, source, options, raw, x, y, int(np.flatnonzero(bad)[0]))
         x, y = x[~bad], y[~bad]
     codes = coder.encode(y, chunk.where(0)) if len(y) else np.empty(0, dtype=CODE_DTYPE)
     return x, codes, dropped
+
+
+def _nonfinite_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    bad = ~np.isfinite(x).all(axis=1)
+    if y.dtype.kind in "biuf":
+        bad |= ~np.isfinite(y)
+    return bad
 
 
 def _nonfinite_error(chunk: Chunk, source: Source, options: PrepareOptions, raw: np.ndarray, x: np.ndarray,
@@ -228,25 +251,75 @@ def _write_shards(source: Source, options: PrepareOptions, work: WorkArea, spool
     specs = _split_specs(source, options, labels, sizes)
     stats = RunningStats(int(np.prod(source.feature_shape)))
     splitter = RowSplit(groups, options.seed)
-    pieces = gather(work.spool, spool["counts"], (int(np.prod(source.feature_shape)),), options.np_dtype,
-                    seed=options.seed, shuffle=options.shuffle, piece_rows=piece_rows)
+    if spool.get("x_spooled", True):
+        pieces = gather(work.spool, spool["counts"], (int(np.prod(source.feature_shape)),), options.np_dtype,
+                        seed=options.seed, shuffle=options.shuffle, piece_rows=piece_rows)
+    else:
+        pieces = _reread(source, options, work, spool, piece_rows)
     done = 0
     with contextlib.ExitStack() as stack:
         writers = [stack.enter_context(ShardWriter(work.dataset, specs[name], finished.get(name, {}),
                                                    work.record_shard)) for name in sizes]
         report = stack.enter_context(reporting("writing shards", rows, force_plain=display.plain,
                                                quiet=display.quiet))
+        summing = stack.enter_context(BackgroundJobs(0))  # the statistics, beside the writes
         for x, codes in pieces:
             y = labels.encode(codes, text=spool["text"])
             split = splitter.take(y if options.stratify else np.zeros(len(y), dtype=np.int64))
             for code, writer in enumerate(writers):  # TRAIN, VAL, TEST
-                writer.push(x[split == code], y[split == code])
-            stats.update(x[split == TRAIN])
+                rows = x[split == code]
+                writer.push(rows, y[split == code])
+                if code == TRAIN:
+                    summing.submit(partial(stats.update, rows), rows.nbytes)
             done += len(x)
             report.update(done, f"{done:,} rows")
+        summing.drain()
     splits = {name: {"rows": specs[name].rows, "shards": writer.entries} for name, writer in zip(sizes, writers,
                                                                                                  strict=True)}
     return splits, stats
+
+
+def _reread(source: Source, options: PrepareOptions, work: WorkArea, spool: dict[str, Any],
+            piece_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(x, codes) pieces in source order: the rows read again from the source (checked in pass 1, with the
+    same non-finite rows dropped) beside their label codes from the spool, cut where ``gather`` cuts a
+    spooled source (every ``piece_rows`` rows), so that the split draws, and the bytes, are the same."""
+    if spool.get("source") != _identity(source):
+        raise InputError("the source changed while it was being prepared", path=source.path,
+                         hint="run the command again once nothing writes to the source")
+    labels = unshuffled_codes(work.spool, spool["counts"])
+    at = 0
+    for piece in _cut(_checked_rows(source, options), piece_rows):
+        yield piece, labels[at:at + len(piece)]
+        at += len(piece)
+    if at != spool["rows"]:
+        raise InputError("the source changed while it was being prepared", path=source.path,
+                         expected=f"{spool['rows']:,} rows", found=f"{at:,} rows")
+
+
+def _checked_rows(source: Source, options: PrepareOptions) -> Iterator[np.ndarray]:
+    """The source's rows as pass 1 spooled them: in the output dtype, non-finite rows dropped if asked."""
+    for chunk in source.chunks(max(1, options.chunk_bytes // (8 * int(np.prod(source.feature_shape))))):
+        n = len(chunk.x)
+        with np.errstate(over="ignore", invalid="ignore"):
+            x = np.asarray(chunk.x).reshape(n, -1).astype(options.np_dtype, copy=False)
+        yield x[~_nonfinite_rows(x, np.asarray(chunk.y).reshape(-1))] if options.drop_nonfinite else x
+
+
+def _cut(blocks: Iterator[np.ndarray], rows: int) -> Iterator[np.ndarray]:
+    """The rows of ``blocks``, re-cut into pieces of exactly ``rows`` rows (the last one shorter)."""
+    pending: list[np.ndarray] = []
+    have = 0
+    for block in blocks:
+        while len(block):
+            take = min(rows - have, len(block))
+            pending.append(block[:take])
+            have, block = have + take, block[take:]
+            if have == rows:
+                yield pending[0] if len(pending) == 1 else np.concatenate(pending)
+                pending, have = [], 0
+    if have:
+        yield pending[0] if len(pending) == 1 else np.concatenate(pending)
 
 
 def _split_groups(options: PrepareOptions, labels: Labels, rows: int, work: WorkArea, spool: dict[str, Any],

@@ -24,16 +24,18 @@ import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from types import TracebackType
 
 import numpy as np
 
 from memtrain.faults import fault_point
 from memtrain.files import no_space_error
 from memtrain.layout import spool_bucket_names
+from memtrain.prepare.background import BackgroundJobs
 
 # Upper bound on bucket files: beyond it buckets grow past half a chunk (about 2 TiB of rows at the
 # default 64 MiB chunk) rather than the spool opening an unbounded number of files.
-MAX_BUCKETS = 4096
+MAX_BUCKETS = 4096  # (bucket ids fit in 16 bits, which keeps the scatter's sort a radix sort)
 CODE_DTYPE = np.dtype(np.float64)
 # numpy's hypergeometric sampler needs both counts below 10**9; past that the split uses a binomial draw.
 HYPERGEOMETRIC_LIMIT = 10**9
@@ -46,52 +48,74 @@ def bucket_count(estimated_bytes: int, chunk_bytes: int, shuffle: bool) -> int:
 
 
 class Spool:
-    """Pass 1: append rows to K bucket files by a seeded uniform random bucket per row."""
+    """Pass 1: append rows to K bucket files by a seeded uniform random bucket per row.
 
-    def __init__(self, folder: Path, buckets: int, seed: int):
+    A context manager: the appends run on a background thread (``BackgroundJobs``) while the caller reads
+    and checks the next chunk; ``finish`` waits for them, and leaving the block stops the thread.
+    """
+
+    def __init__(self, folder: Path, buckets: int, seed: int, *, keep_x: bool = True):
         self.folder = folder
         self.buckets = buckets
+        self.keep_x = keep_x  # False: only the label codes are spooled (pass 2 reads the rows from the source)
         self.counts = np.zeros(buckets, dtype=np.int64)
         self._rng = np.random.default_rng([seed, 1])
+        self._writer = BackgroundJobs(0)  # one chunk appended while the next is queued
+
+    def __enter__(self) -> Spool:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._writer.stop(cancel=kind is not None)
 
     def add(self, x: np.ndarray, codes: np.ndarray) -> None:
+        """Queue the rows' appends; ``x`` and ``codes`` must not change afterwards."""
         if len(x) == 0:
             return
         if self.buckets == 1:
-            self._append(0, x, codes)
-            return
-        bucket = self._rng.integers(self.buckets, size=len(x))
-        order = np.argsort(bucket, kind="stable")
-        sizes = np.bincount(bucket, minlength=self.buckets)
-        bounds = np.concatenate([[0], np.cumsum(sizes)])
-        xs, ys = x[order], codes[order]
-        for k in np.flatnonzero(sizes):
-            self._append(int(k), xs[bounds[k]:bounds[k + 1]], ys[bounds[k]:bounds[k + 1]])
+            pieces = [(0, x, codes)]
+        else:
+            bucket = self._rng.integers(self.buckets, size=len(x))
+            order = np.argsort(bucket.astype(np.uint16), kind="stable")  # 16-bit keys: numpy's radix sort, O(n)
+            sizes = np.bincount(bucket, minlength=self.buckets)
+            bounds = np.concatenate([[0], np.cumsum(sizes)])
+            xs, ys = x[order], codes[order]
+            pieces = [(int(k), xs[bounds[k]:bounds[k + 1]], ys[bounds[k]:bounds[k + 1]])
+                      for k in np.flatnonzero(sizes)]
+        for bucket_index, rows, _ in pieces:
+            self.counts[bucket_index] += len(rows)
+        self._writer.submit(lambda: self._append(pieces), x.nbytes + codes.nbytes)
         fault_point("prepare_mid_spool")
 
-    def _append(self, bucket: int, x: np.ndarray, codes: np.ndarray) -> None:
-        for name, rows in zip(spool_bucket_names(bucket), (x, codes), strict=True):
-            path = self.folder / name
-            try:
-                with open(path, "ab") as handle:
-                    handle.write(np.ascontiguousarray(rows).data)
-            except OSError as exc:
-                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                    raise no_space_error(path) from exc
-                raise
-        self.counts[bucket] += len(x)
+    def _append(self, pieces: list[tuple[int, np.ndarray, np.ndarray]]) -> None:
+        for bucket, x, codes in pieces:
+            for name, rows in zip(spool_bucket_names(bucket), (x, codes), strict=True):
+                if rows is x and not self.keep_x:
+                    continue
+                path = self.folder / name
+                try:
+                    with open(path, "ab") as handle:
+                        handle.write(np.ascontiguousarray(rows).data)
+                except OSError as exc:
+                    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                        raise no_space_error(path) from exc
+                    raise
 
     def finish(self) -> list[int]:
-        """Make the bucket files durable (the caller then writes the spool's commit marker)."""
+        """Wait for the appends and make the bucket files durable (the caller then writes the spool's commit
+        marker)."""
+        self._writer.drain()
         for bucket in np.flatnonzero(self.counts):
-            for name in spool_bucket_names(int(bucket)):
+            for name in spool_bucket_names(int(bucket))[0 if self.keep_x else 1:]:
                 with open(self.folder / name, "rb+") as handle:
                     os.fsync(handle.fileno())
         return self.counts.tolist()
 
 
 def spool_intact(folder: Path, counts: list[int], x_row_bytes: int) -> bool:
-    """Every bucket file has exactly the bytes its count says (a damaged spool is redone, not trusted)."""
+    """Every bucket file has exactly the bytes its count says (a damaged spool is redone, not trusted); an
+    ``x_row_bytes`` of 0 means the rows were not spooled (pass 2 reads them from the source)."""
     for bucket, count in enumerate(counts):
         x_name, y_name = spool_bucket_names(bucket)
         for name, row_bytes in ((x_name, x_row_bytes), (y_name, CODE_DTYPE.itemsize)):
@@ -118,6 +142,14 @@ def gather(folder: Path, counts: list[int], x_shape: tuple[int, ...], x_dtype: n
                 yield np.asarray(x[lo:hi]), np.asarray(y[lo:hi])
             else:
                 yield x[order[lo:hi]], y[order[lo:hi]]
+
+
+def unshuffled_codes(folder: Path, counts: list[int]) -> np.ndarray:
+    """The label codes of a one-bucket (``--no-shuffle``) spool in source order, mapped, not read."""
+    if len(counts) != 1 or counts[0] == 0:
+        assert sum(counts) == 0, "an unshuffled spool has one bucket"
+        return np.empty(0, dtype=CODE_DTYPE)
+    return np.memmap(folder / spool_bucket_names(0)[1], dtype=CODE_DTYPE, mode="r", shape=(counts[0],))
 
 
 def spool_codes(folder: Path, counts: list[int], piece_rows: int) -> Iterator[np.ndarray]:

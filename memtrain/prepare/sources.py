@@ -17,7 +17,7 @@ from typing import IO, Any, Protocol
 import numpy as np
 
 from memtrain.errors import InputError, MemtrainError
-from memtrain.files import MAX_NPY_HEADER, check_npy, open_npy
+from memtrain.files import MAX_NPY_HEADER, check_npy, check_regular, open_npy
 
 LABEL_NAMES = ("label", "target", "y")
 NUMERIC_KINDS = "biuf"
@@ -32,6 +32,7 @@ class Chunk:
     first_row: int
     nbytes: int = 0  # source bytes this chunk came from, when known (CSV), for progress
     line_of: Callable[[int], int] | None = field(default=None, repr=False)  # csv: row in chunk -> line
+    finite: bool = False  # the source already checked that x (in the output dtype) and y are all finite
 
     def where(self, row: int) -> str:
         """Where row ``row`` of this chunk is in the file: ``line 12`` (CSV) or ``row 11`` (0-based)."""
@@ -234,16 +235,18 @@ def open_source(options: Any) -> Source:
     from memtrain.prepare.parquet_source import ParquetSource
 
     path: Path = options.source
-    if not path.exists():
-        raise InputError("source file not found", path=path)
-    if path.is_dir():
-        raise InputError("the source is a directory", path=path, expected="a .csv, .npy, .npz, .h5 or .parquet file")
+    for named in (path, Path(options.y) if options.y and path.suffix.lower() == ".npy" else None):
+        if named is None:
+            continue
+        if not named.exists():
+            raise InputError("source file not found", path=named)
+        check_regular(named, what="a .csv, .npy, .npz, .h5 or .parquet file", error=InputError)
     suffix = path.suffix.lower()
     if path.stat().st_size == 0:
         raise InputError("the file is empty", path=path, expected="a header and data rows" if suffix == ".csv"
                          else "data", found="0 bytes")
     if suffix in (".csv", ".txt"):
-        return CsvSource(path, options.label, options.chunk_bytes)
+        return CsvSource(path, options.label, options.chunk_bytes, options.np_dtype)
     if suffix == ".npy":
         return NpySource(path, Path(options.y) if options.y else None)
     if suffix == ".npz":

@@ -42,7 +42,8 @@ def worker_main(setup: WorkerSetup, tasks: SimpleQueue, results: SimpleQueue) ->
     """Entry point of a worker process."""
     _exit_with_parent(setup.server_pid)
     _keep_freed_memory()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the server, which stops us in order
+    for stop in (signal.SIGINT, signal.SIGHUP):  # Ctrl-C or a closed terminal: the server stops us in order
+        signal.signal(stop, signal.SIG_IGN)
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(setup.blas_threads)
     from threadpoolctl import threadpool_limits
