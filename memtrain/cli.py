@@ -2,7 +2,8 @@
 
 Each command module exposes ``add_arguments(parser)`` and ``run(args) -> int``. Errors of the
 MemtrainError family print one paragraph (exit 2 for bad input or configuration, 1 for failures);
-``--debug`` shows the traceback instead.
+``--debug`` shows the traceback instead. Console output is best effort (memtrain/streams.py): a closed
+pipe or terminal never stops a command, and never turns a failure into exit 0.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from memtrain import __version__
 from memtrain.errors import MemtrainError
 from memtrain.files import is_no_space, no_space_error
+from memtrain.streams import guarded_streams
 
 COMMANDS = {
     "prepare": ("memtrain.prepare.command", "turn a CSV/NPY/NPZ/HDF5/Parquet source into a sharded dataset"),
@@ -55,6 +57,11 @@ def _command_in(argv: list[str]) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(_command_in(argv)).parse_args(argv)
+    with guarded_streams():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.module.run(args) or 0)
     except MemtrainError as exc:
@@ -62,9 +69,6 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"memtrain {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except BrokenPipeError:  # `memtrain ... | head`: the reader left; not an error worth a message
-        sys.stderr.close()
-        return 0
     except OSError as exc:
         # The last net: an operating-system error is reported in one line, never as a traceback.
         if getattr(args, "debug", False):

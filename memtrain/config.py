@@ -1,22 +1,73 @@
 """Job file (TOML) + ``--set`` overrides -> a validated, frozen ``Job``; the one place defaults live.
 
-Every default of a job is visible in the dataclasses below. Unknown sections or keys and wrong types are
-``InputError``s naming the key and the file (exit 2). Paths in the file are relative to the file; paths given
+Every default of a job is visible in the dataclasses below. Unknown sections or keys, wrong types and values
+out of range (``RANGES``, checked by every config class when it is made) are ``InputError``s naming the key,
+the file, the range and the value found (exit 2). Paths in the file are relative to the file; paths given
 on the command line (``--set data.path=...``, ``--run-dir``) or from Python are relative to the current directory.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from memtrain.errors import InputError, did_you_mean
 from memtrain.train.optim import OptimizerConfig
+
+# Bound of train.workers (and train.blas_threads): each worker is a process with its own maps, two pipes and
+# a slice of every step; thousands of them is a typo, and would exhaust the server's file descriptors first.
+MAX_WORKERS = 1024
+# numpy seeds its generators with non-negative integers; a TOML integer is at most 2**63 - 1.
+MAX_SEED = 2**63 - 1
+EXCHANGE_CHOICES = ("auto", "shm", "run")  # any other run.exchange value is a directory that must exist
+
+
+def _integers(low: int, high: int | None = None) -> tuple[str, Callable[[Any], bool]]:
+    text = f"an integer >= {low}" if high is None else f"an integer from {low} to {high}"
+    return text, lambda v: isinstance(v, int) and low <= v and (high is None or v <= high)
+
+
+def _positive_finite(unit: str) -> tuple[str, Callable[[Any], bool]]:
+    return f"a finite number of {unit} > 0", lambda v: isinstance(v, int | float) and math.isfinite(v) and v > 0
+
+
+# The range of every numeric job value ([train] optimizer keys are checked by OptimizerConfig; [model] keys by
+# the model). Checked when a config object is made, whoever makes it: a job file, --set, job.json on resume,
+# or Python code; a value out of range stops the job before anything is written.
+RANGES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "train.epochs": _integers(1),
+    "train.batch_size": _integers(1),
+    "train.tasks_per_update": _integers(1),
+    "train.workers": _integers(1, MAX_WORKERS),
+    "train.seed": _integers(0, MAX_SEED),
+    "train.blas_threads": _integers(1, MAX_WORKERS),
+    "train.eval_rows": _integers(1),
+    "train.task_timeout": _positive_finite("seconds"),
+    "train.max_attempts": _integers(1),
+    "train.patience": _integers(1),
+    "run.checkpoint_every": _integers(1),
+    "run.keep_checkpoints": _integers(1),
+    "run.keep_versions": _integers(1),
+}
+
+
+def check_ranges(config: Any, section: str) -> None:
+    """InputError for the first value of ``config`` (a [section] dataclass) outside its range in RANGES."""
+    for field_ in dataclasses.fields(config):
+        key = f"{section}.{field_.name}"
+        value = getattr(config, field_.name)
+        if key not in RANGES or value is None:
+            continue
+        expected, holds = RANGES[key]
+        if isinstance(value, bool) or not holds(value):
+            raise InputError(f"{key} out of range", expected=expected, found=repr(value))
 
 
 @dataclass(frozen=True)
@@ -28,8 +79,10 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    kind: str = "mlp"  # linear | logistic | softmax | mlp | ridge | naive_bayes | "pkg.module:Class"
-    options: dict[str, Any] = field(default_factory=dict)  # every other key of [model], checked by the model
+    kind: str = "mlp"  # linear | logistic | softmax | mlp | ridge | naive_bayes | torch | "pkg.module:Class"
+    # every other key of [model], checked by the model; a model of the user's own code (torch, or a class
+    # path) also gets code_dir: where its code is imported from first (default: the job file's directory)
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -37,7 +90,7 @@ class TrainConfig:
     epochs: int = 10
     batch_size: int | None = None  # None: one update per epoch (full batch), as in the design card
     tasks_per_update: int = 4  # how each update is cut into tasks; never depends on the worker count
-    workers: int = field(default_factory=lambda: os.cpu_count() or 1)
+    workers: int = field(default_factory=lambda: min(os.cpu_count() or 1, MAX_WORKERS))
     seed: int = 0
     blas_threads: int = 1  # per worker: N workers x all-core BLAS oversubscribes the machine
     eval_rows: int = 8192  # validation rows per evaluation task
@@ -46,6 +99,9 @@ class TrainConfig:
     on_nonfinite: str = "stop"  # "stop" | "skip": what a NaN/Inf loss or gradient does to the update
     patience: int | None = None  # stop after this many epochs without a better val_loss; None: never stop early
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+
+    def __post_init__(self) -> None:
+        check_ranges(self, "train")
 
 
 @dataclass(frozen=True)
@@ -56,6 +112,9 @@ class RunConfig:
     keep_best: bool = False  # also keep the best epoch's checkpoint (by val_loss), whatever keep_checkpoints prunes
     keep_versions: int = 3  # weight versions left on disk for inspection
     exchange: str = "auto"  # "auto" (measure /dev/shm vs the run's filesystem) | "shm" | "run" | a directory
+
+    def __post_init__(self) -> None:
+        check_ranges(self, "run")
 
 
 @dataclass(frozen=True)
@@ -70,7 +129,6 @@ class Job:
 OPTIMIZER_KEYS = tuple(f.name for f in dataclasses.fields(OptimizerConfig))
 OPTIMIZER_RENAMES = {"optimizer": "name"}  # [train] optimizer = "adam" is OptimizerConfig.name
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "run": RunConfig}
-EXCHANGE_CHOICES = ("auto", "shm", "run")  # any other run.exchange value is a directory
 
 
 def load_job(path: str | os.PathLike[str] | None, overrides: typing.Sequence[str] = (), *,
@@ -140,13 +198,14 @@ def job_from_dict(raw: dict[str, Any], *, base: Path, source: Path | None = None
         if not isinstance(value, dict):
             raise InputError(f"'{name}' must be a table [{name}]", path=where, found=type(value).__name__)
     data = _build(DataConfig, raw.get("data", {}), "data", where)
-    model = _model_config(raw.get("model", {}), where)
+    model = _model_config(raw.get("model", {}), where, base)
     train = _train_config(raw.get("train", {}), where)
     run = _build(RunConfig, raw.get("run", {}), "run", where)
     data = dataclasses.replace(data, path=(base / data.path).resolve())
     run = dataclasses.replace(run, dir=(base / run.dir).resolve())
     if run.exchange not in EXCHANGE_CHOICES:
         run = dataclasses.replace(run, exchange=str((base / run.exchange).resolve()))
+    _check_exchange(run.exchange, where)
     return Job(data, model, train, run, source.resolve() if source else None)
 
 
@@ -164,13 +223,13 @@ def job_to_dict(job: Job) -> dict[str, Any]:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
+    from memtrain.files import open_regular
+
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path, what="a job file", error=InputError) as handle:
             return tomllib.load(handle)
     except FileNotFoundError as exc:
         raise InputError("job file not found", path=path) from exc
-    except IsADirectoryError as exc:
-        raise InputError("expected a job file, found a directory", path=path) from exc
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"not valid TOML: {exc}", path=path) from exc
 
@@ -196,15 +255,21 @@ def _set_value(raw: dict[str, Any], section: str, name: str, value: Any) -> None
 
 
 def _names_a_path(section: str, name: str, value: Any) -> bool:
-    return (section, name) in (("data", "path"), ("run", "dir")) or (
+    return (section, name) in (("data", "path"), ("run", "dir"), ("model", "code_dir")) or (
         (section, name) == ("run", "exchange") and value not in EXCHANGE_CHOICES)
 
 
-def _model_config(values: dict[str, Any], where: Any) -> ModelConfig:
+def _model_config(values: dict[str, Any], where: Any, base: Path) -> ModelConfig:
     values = dict(values)
     kind = values.pop("kind", ModelConfig.kind)
     if not isinstance(kind, str):
         raise InputError("wrong type for model.kind", path=where, expected="a string", found=repr(kind))
+    if ":" in kind or kind == "torch" or "code_dir" in values:
+        code_dir = values.get("code_dir", ".")
+        if not isinstance(code_dir, str):
+            raise InputError("wrong type for model.code_dir", path=where, expected="a path string",
+                             found=repr(code_dir))
+        values["code_dir"] = str((base / code_dir).resolve())
     return ModelConfig(kind, values)
 
 
@@ -218,19 +283,19 @@ def _train_config(values: dict[str, Any], where: Any) -> TrainConfig:
     return train
 
 
+def _check_exchange(exchange: str, where: Any) -> None:
+    """run.exchange names a place that exists: it is never created (a typo would make a folder at /)."""
+    if exchange == "shm" and not os.path.isdir("/dev/shm"):
+        raise InputError("run.exchange = 'shm' but this machine has no /dev/shm", path=where,
+                         expected="'auto', 'run' or an existing directory", found=repr(exchange))
+    if exchange not in EXCHANGE_CHOICES and not os.path.isdir(exchange):
+        found = "a file" if os.path.lexists(exchange) else "nothing there"
+        raise InputError(f"run.exchange is not an existing directory: {exchange}", path=where,
+                         expected=f"{' or '.join(repr(c) for c in EXCHANGE_CHOICES)}, or an existing directory",
+                         found=found, hint="create the directory first, or use run.exchange = 'auto'")
+
+
 def _check_train(train: TrainConfig, where: Any) -> None:
-    positive = {"epochs": train.epochs, "tasks_per_update": train.tasks_per_update, "workers": train.workers,
-                "blas_threads": train.blas_threads, "eval_rows": train.eval_rows,
-                "max_attempts": train.max_attempts}
-    if train.batch_size is not None:
-        positive["batch_size"] = train.batch_size
-    if train.patience is not None:
-        positive["patience"] = train.patience
-    for key, value in positive.items():
-        if value < 1:
-            raise InputError(f"train.{key} must be at least 1", path=where, found=value)
-    if train.task_timeout <= 0:
-        raise InputError("train.task_timeout must be positive", path=where, found=train.task_timeout)
     if train.on_nonfinite not in ("stop", "skip"):
         raise InputError("bad value for train.on_nonfinite", path=where, expected="'stop' or 'skip'",
                          found=repr(train.on_nonfinite))

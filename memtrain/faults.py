@@ -2,7 +2,7 @@
 
 Points are named where a crash matters (``before_grad_write``, ``after_grad_tmp``, ``after_grad_rename``,
 ``before_notify``, ``mid_reduce``, ``ckpt_after_data``, ``ckpt_before_commit``, ``prepare_mid_shard``,
-``serve_after_claim``, ``serve_after_launch``, ...)
+``serve_after_claim``, ``serve_after_launch``, ``exchange_probe``, ...)
 so a test can loop n over every reachable hit, SQLite style, instead of killing at one lucky moment.
 ``MEMTRAIN_FAULT_ACTION=raise`` raises OSError(ENOSPC) instead (disk-full tests),
 ``MEMTRAIN_FAULT_ACTION=stop`` sends SIGSTOP (hang tests).

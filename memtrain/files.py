@@ -32,7 +32,7 @@ import xxhash
 
 from memtrain.errors import CorruptFileError, DiskFullError, InputError, MemtrainError
 from memtrain.faults import fault_point
-from memtrain.layout import tmp_sibling
+from memtrain.layout import tmp_owner_pid, tmp_sibling, tmp_target
 
 CHECKSUM_ALGO = "xxh3-128"
 # Weight versions are written in parallel, each slice owner writing whole blocks of the data: their
@@ -136,7 +136,7 @@ def open_own(path: Path, flags: int) -> int:
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         os.close(fd)
-        raise MemtrainError("expected a regular file", path=path, found=stat.filemode(info.st_mode))
+        raise MemtrainError("expected a regular file", path=path, found=file_kind(info.st_mode))
     os.set_blocking(fd, True)
     return fd
 
@@ -157,7 +157,7 @@ def _write_error(exc: OSError, path: Path, size: int) -> MemtrainError:
 
 def _kind(path: Path) -> str:
     try:
-        return stat.filemode(os.lstat(path).st_mode)
+        return file_kind(os.lstat(path).st_mode)
     except OSError:
         return "something else"
 
@@ -165,7 +165,7 @@ def _kind(path: Path) -> str:
 def append_text(path: Path, text: str) -> None:
     """Append ``text`` to the regular file ``path`` (created if missing), never through a symlink."""
     fd = open_own(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+    with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as handle:  # any file name's bytes
         handle.write(text)
 
 
@@ -323,31 +323,37 @@ class NpyHeader:
 
 def read_npy_header(path: Path) -> NpyHeader:
     """Parse the header of a .npy file, refusing object dtypes, absurd headers and malformed files."""
+    with _open_npy_file(path) as handle:
+        return _parse_header(handle, path)
+
+
+def _open_npy_file(path: Path, *, write: bool = False) -> IO[bytes]:
     try:
-        with open(path, "rb") as handle:
-            try:
-                version = np.lib.format.read_magic(handle)
-            except ValueError as exc:
-                raise CorruptFileError("not a .npy file (bad magic string)", path=path) from exc
-            length_bytes = handle.read(2 if version == (1, 0) else 4)
-            header_len = int.from_bytes(length_bytes, "little") if length_bytes else 0
-            if header_len > MAX_NPY_HEADER:
-                raise CorruptFileError(
-                    "the .npy header is implausibly long", path=path,
-                    expected=f"at most {MAX_NPY_HEADER} bytes", found=f"{header_len} bytes")
-            handle.seek(0)
-            np.lib.format.read_magic(handle)
-            try:
-                reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
-                    np.lib.format.read_array_header_2_0
-                shape, fortran_order, dtype = reader(handle, max_header_size=MAX_NPY_HEADER)
-            except (ValueError, SyntaxError, EOFError) as exc:
-                raise CorruptFileError(f"unreadable .npy header ({exc})", path=path) from exc
-            offset = handle.tell()
+        return open_regular(path, what="a .npy file", write=write)
     except FileNotFoundError as exc:
         raise MemtrainError("file not found", path=path) from exc
-    except IsADirectoryError as exc:
-        raise MemtrainError("expected a .npy file, found a directory", path=path) from exc
+
+
+def _parse_header(handle: IO[bytes], path: Path) -> NpyHeader:
+    try:
+        version = np.lib.format.read_magic(handle)
+    except ValueError as exc:
+        raise CorruptFileError("not a .npy file (bad magic string)", path=path) from exc
+    length_bytes = handle.read(2 if version == (1, 0) else 4)
+    header_len = int.from_bytes(length_bytes, "little") if length_bytes else 0
+    if header_len > MAX_NPY_HEADER:
+        raise CorruptFileError(
+            "the .npy header is implausibly long", path=path,
+            expected=f"at most {MAX_NPY_HEADER} bytes", found=f"{header_len} bytes")
+    handle.seek(0)
+    np.lib.format.read_magic(handle)
+    try:
+        reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+            np.lib.format.read_array_header_2_0
+        shape, fortran_order, dtype = reader(handle, max_header_size=MAX_NPY_HEADER)
+    except (ValueError, SyntaxError, EOFError) as exc:
+        raise CorruptFileError(f"unreadable .npy header ({exc})", path=path) from exc
+    offset = handle.tell()
     if dtype.hasobject:
         raise CorruptFileError(
             "refusing a .npy file that holds Python objects (loading it would unpickle)", path=path,
@@ -361,21 +367,28 @@ def open_npy(path: Path, *, shape: tuple[int, ...] | None = None, dtype: Any = N
              mode: str = "r") -> np.ndarray:
     """Map a .npy file read-only after checking its header and its exact size.
 
-    ``shape``/``dtype``, when given, must match the header (a manifest's record of the file).
+    ``shape``/``dtype``, when given, must match the header (a manifest's record of the file). The map is
+    made from the descriptor that was checked, so a name swapped meanwhile is never mapped.
     """
     path = Path(path)
-    header = check_npy(path, shape=shape, dtype=dtype)
-    if header.nbytes == 0:  # mmap cannot map zero bytes; an empty array behaves the same
-        empty = np.zeros(header.shape, dtype=header.dtype)
-        empty.flags.writeable = mode != "r"
-        return empty
-    mapped = np.memmap(path, dtype=header.dtype, mode=mode, offset=header.offset, shape=header.shape or (1,))
+    with _open_npy_file(path, write=mode != "r") as handle:
+        header = _check_header(handle, path, shape, dtype)
+        if header.nbytes == 0:  # mmap cannot map zero bytes; an empty array behaves the same
+            empty = np.zeros(header.shape, dtype=header.dtype)
+            empty.flags.writeable = mode != "r"
+            return empty
+        mapped = np.memmap(handle, dtype=header.dtype, mode=mode, offset=header.offset, shape=header.shape or (1,))
     return mapped.reshape(header.shape)  # np.memmap turns shape () into (1,)
 
 
 def check_npy(path: Path, *, shape: tuple[int, ...] | None = None, dtype: Any = None) -> NpyHeader:
     """Validate a .npy file's header against what was recorded, and its exact size, without mapping it."""
-    header = read_npy_header(path)
+    with _open_npy_file(path) as handle:
+        return _check_header(handle, path, shape, dtype)
+
+
+def _check_header(handle: IO[bytes], path: Path, shape: tuple[int, ...] | None, dtype: Any) -> NpyHeader:
+    header = _parse_header(handle, path)
     if dtype is not None and header.dtype != np.dtype(dtype):
         raise CorruptFileError("dtype differs from what was recorded", path=path,
                                expected=str(np.dtype(dtype)), found=str(header.dtype))
@@ -385,13 +398,105 @@ def check_npy(path: Path, *, shape: tuple[int, ...] | None = None, dtype: Any = 
     if header.fortran_order:
         raise CorruptFileError("Fortran-ordered arrays are not used by memtrain", path=path,
                                expected="fortran_order False", found="True")
-    actual = os.path.getsize(path)
+    actual = os.fstat(handle.fileno()).st_size
     wanted = header.offset + header.nbytes
     if actual != wanted:
         what = "file is truncated" if actual < wanted else "file has trailing bytes after the array"
         raise CorruptFileError(what, path=path, expected=f"{wanted} bytes",
                                found=f"{actual} bytes")
     return header
+
+
+# --- reading: regular files only ---
+
+def file_kind(mode: int) -> str:
+    """What a ``st_mode`` is, in words: ``a FIFO (named pipe)``, ``a directory``, ``a regular file``..."""
+    kinds = ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISLNK, "a symbolic link"))
+    return next((name for test, name in kinds if test(mode)), f"a file of mode {stat.filemode(mode)}")
+
+
+def regular_file_error(path: Path, kind: str, *, what: str = "a regular file",
+                       error: type[MemtrainError] = MemtrainError) -> MemtrainError:
+    return error(f"expected {what}, found {kind}", path=path,
+                 hint="memtrain opens only regular files (a FIFO, socket or device could block it forever)")
+
+
+def open_fd(path: Path, *, what: str = "a regular file", write: bool = False,
+            error: type[MemtrainError] = MemtrainError) -> int:
+    """A descriptor of the regular file ``path``, opened without blocking, then checked with ``fstat``.
+
+    ``O_NONBLOCK`` keeps a FIFO from blocking the open (one without a writer would hang memtrain forever);
+    ``fstat`` on the descriptor then refuses anything that is not a regular file, naming what it is. The
+    descriptor is switched back to blocking mode. FileNotFoundError passes through. (Writing: ``open_own``.)
+    """
+    flags = (os.O_RDWR if write else os.O_RDONLY) | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno not in (errno.ENXIO, errno.EISDIR, errno.EOPNOTSUPP):  # a socket, a directory to write
+            raise
+        try:
+            kind = file_kind(os.stat(path).st_mode)
+        except OSError:
+            raise exc from None
+        raise regular_file_error(path, kind, what=what, error=error) from exc
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise regular_file_error(path, file_kind(info.st_mode), what=what, error=error)
+    os.set_blocking(fd, True)
+    return fd
+
+
+def open_regular(path: Path, *, what: str = "a regular file", write: bool = False, text: bool = False,
+                 error: type[MemtrainError] = MemtrainError) -> IO[Any]:
+    """``open(path)`` for reading (``write``: reading and writing), refusing anything but a regular file.
+
+    >>> with open_regular(Path("data/digits/manifest.json"), text=True) as handle:   # doctest: +SKIP
+    ...     text = handle.read()
+    """
+    fd = open_fd(path, what=what, write=write, error=error)
+    mode = ("r+" if write else "r") + ("" if text else "b")
+    return os.fdopen(fd, mode, encoding="utf-8" if text else None)
+
+
+def check_regular(path: Path, *, what: str = "a regular file", error: type[MemtrainError] = MemtrainError) -> None:
+    """Refuse ``path`` unless it is a regular file (for readers that open it by name: h5py, pyarrow, zipfile)."""
+    os.close(open_fd(path, what=what, error=error))
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_orphans(folder: Path, ours: Callable[[str], bool]) -> list[Path]:
+    """Remove what ``tmp_sibling`` left in ``folder`` for a final name ``ours`` accepts, if its maker is dead.
+
+    A process killed between creating a temporary name and renaming it leaves it behind; the pid in the
+    name tells a dead writer's leftover from a live writer's file in progress. Returns what was removed.
+    """
+    removed = []
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for name in os.listdir(folder):
+            target, owner = tmp_target(name), tmp_owner_pid(name)
+            if target is None or owner is None or not ours(target) or pid_alive(owner):
+                continue
+            path = folder / name
+            with contextlib.suppress(FileNotFoundError):
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+                removed.append(path)
+    return removed
 
 
 class LockHeld(Exception):
@@ -443,7 +548,7 @@ def checksum_file(path: Path, *, mapped: bool = False, algo: str = CHECKSUM_ALGO
     """
     if algo not in (CHECKSUM_ALGO, BLOCK_CHECKSUM_ALGO):
         raise ValueError(f"unknown checksum algorithm {algo!r}")
-    with open(path, "rb") as handle:
+    with open_regular(path) as handle:
         inode = os.fstat(handle.fileno()).st_ino
         size = os.fstat(handle.fileno()).st_size
         if mapped and size:
@@ -534,7 +639,7 @@ def write_json(path: Path, obj: Any, *, durable: bool) -> None:
 
 def read_json(path: Path, *, what: str = "JSON file") -> Any:
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open_regular(path, what=f"a {what}", text=True) as handle:
             return json.load(handle)
     except FileNotFoundError as exc:
         raise InputError(f"{what} not found", path=path) from exc
@@ -553,7 +658,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     records = []
-    with open(path, encoding="utf-8") as handle:
+    with open_regular(path, text=True) as handle:
         for line in handle:
             try:
                 records.append(json.loads(line))
@@ -615,7 +720,7 @@ def read_sealed_jsonl(path: Path, *, what: str) -> tuple[list[dict[str, Any]], l
     if not path.exists():
         return [], []
     records, damaged = [], []
-    with open(path, encoding="utf-8", errors="replace") as handle:
+    with os.fdopen(open_fd(path), encoding="utf-8", errors="replace") as handle:
         lines = handle.readlines()
     for number, line in enumerate(lines, start=1):
         torn = number == len(lines) and not line.endswith("\n")

@@ -5,6 +5,7 @@ No other module formats a path. Numbers are zero-padded so that names sort in or
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import uuid
@@ -207,6 +208,11 @@ def is_checkpoint_name(name: str) -> bool:
     return _CHECKPOINT_RE.match(name) is not None
 
 
+# The file written to measure a candidate exchange location at start (``.memtrain-probe.tmp-PID-HEX``, a
+# ``tmp_sibling`` name, so that a server killed while measuring leaves nothing the next start cannot sweep).
+EXCHANGE_PROBE = "memtrain-probe"
+
+
 # --- the jobs spool of `memtrain serve` ---
 SPOOL_RUNNING = "running"
 SPOOL_DONE = "done"
@@ -229,23 +235,49 @@ def spool_job_file(name: str) -> str:
     return name + SPOOL_JOB_SUFFIX
 
 
+# The service's own files for a job are named from the job's name, which can be anything a file name can:
+# up to 250 bytes, not UTF-8, unprintable. A stem longer than this would leave no room within NAME_MAX (255
+# bytes) for ".result.json", an archive's "~N" and a temporary name's ".tmp-PID-XXXXXXXX".
+MAX_RECORD_STEM = 100  # bytes
+_PLAIN = re.compile(r"[A-Za-z0-9._+-]")
+
+
+def spool_record_stem(name: str) -> str:
+    """The stem of the service's files for job ``name``: the name itself when it is short, printable UTF-8;
+    else a readable prefix and a hash of its bytes (``aaaa…aaaa-3f2c1d0e9b8a7c6d``), unique and always valid.
+
+    >>> spool_record_stem("nightly"), spool_record_stem("a" * 230)[-17:]
+    ('nightly', '-ae935371d83221b0')
+    """
+    raw = os.fsencode(name)
+    try:
+        plain = raw.decode("utf-8").isprintable() and not name.startswith(".")
+    except UnicodeDecodeError:
+        plain = False
+    if plain and len(raw) <= MAX_RECORD_STEM:
+        return name
+    readable = "".join(c if _PLAIN.fullmatch(c) else "_" for c in raw.decode("utf-8", errors="replace"))
+    return f"{readable[:40].lstrip('.')}-{hashlib.sha256(raw).hexdigest()[:16]}"
+
+
 def spool_state_file(name: str) -> str:
-    """``running/NAME.state.json``: the claim record (run dir, starts, pid) of a claimed job."""
-    return f"{name}.state.json"
+    """``running/NAME.state.json``: the claim record (run dir, starts, pid) of the claimed job ``name``."""
+    return f"{spool_record_stem(name)}.state.json"
 
 
-def spool_result_file(name: str) -> str:
-    """``done/NAME.result.json`` or ``failed/NAME.result.json``: how the job ended."""
-    return f"{name}.result.json"
+def spool_result_file(stem: str) -> str:
+    """``done/STEM.result.json`` or ``failed/STEM.result.json``: how the job ended (STEM: ``spool_archive_name``)."""
+    return f"{stem}.result.json"
 
 
 def spool_log_file(name: str) -> str:
-    return f"{name}.log"
+    return f"{spool_record_stem(name)}.log"
 
 
 def spool_archive_name(name: str, index: int) -> str:
-    """Name under which a finished job is kept in done/ or failed/: ``NAME``, then ``NAME~1``, ``NAME~2``...
+    """Stem under which a finished job is kept in done/ or failed/: ``NAME``, then ``NAME~1``, ``NAME~2``...
 
     A job name can be submitted again after it finished; the earlier record is never overwritten.
     """
-    return name if index == 0 else f"{name}~{index}"
+    stem = spool_record_stem(name)
+    return stem if index == 0 else f"{stem}~{index}"

@@ -6,7 +6,7 @@ class indices back to class names with ``classes``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ class TrainedModel:
     context: ModelContext
     params: dict[str, np.ndarray]
     meta: dict[str, Any]
+    _module: Any = field(default=None, init=False, repr=False)  # built on first use of .module
 
     @property
     def classes(self) -> list[str] | None:
@@ -44,6 +45,18 @@ class TrainedModel:
     def predict(self, x: Any) -> np.ndarray:
         """Class indices (classification; names via ``classes``) or predicted targets (regression)."""
         return self.context.model.predict(self.params, self._features(x))
+
+    @property
+    def module(self) -> Any:
+        """A torch model's ``torch.nn.Module`` with the trained weights, in eval mode (it takes normalized
+        rows: ``predict`` and ``predict_proba`` normalize raw ones)."""
+        to_module = getattr(self.context.model, "to_module", None)
+        if to_module is None:
+            raise InputError(f"model '{self.meta['model']['kind']}' is not a torch module",
+                             hint="only kind = \"torch\" models have .module; use predict or .params")
+        if self._module is None:
+            self._module = to_module(self.params)
+        return self._module
 
     def predict_proba(self, x: Any) -> np.ndarray:
         if not hasattr(self.context.model, "predict_proba"):

@@ -1,8 +1,9 @@
-"""SIGINT/SIGTERM -> a callback that records the request; the caller stops at a point of its choosing.
+"""SIGINT/SIGTERM/SIGHUP -> a callback that records the request; the caller stops at a point of its choosing.
 
 Used by the training server (between updates) and by ``serve`` (at the next turn of its loop), so that a
 stop never lands in the middle of bookkeeping. Handlers are installed only in the main thread (the only
-one Python lets install them) and the previous handlers are restored on exit.
+one Python lets install them) and the previous handlers are restored on exit. SIGHUP (the terminal was
+closed) is a stop request like the others: a run in a closed terminal checkpoints and says so in its log.
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @contextlib.contextmanager
 def on_stop_signals(record: Callable[[int], None]) -> Iterator[None]:
-    """While inside, SIGINT and SIGTERM call ``record(signum)`` instead of interrupting the program."""
+    """While inside, SIGINT, SIGTERM and SIGHUP call ``record(signum)`` instead of interrupting the program."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -32,3 +33,21 @@ def on_stop_signals(record: Callable[[int], None]) -> Iterator[None]:
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+def start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker now, with SIGHUP ignored (ignored signals survive ``exec``).
+
+    The tracker (which unlinks the worker queues' semaphores if the server dies) ignores SIGINT and SIGTERM
+    itself, but not SIGHUP: closing the terminal would kill it along with the server's process group, and
+    the server would then relaunch it with a "process died unexpectedly" warning and leak semaphores.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    from multiprocessing import resource_tracker
+
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.signal(signal.SIGHUP, previous)

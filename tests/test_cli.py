@@ -128,6 +128,7 @@ def test_paths_in_a_job_file_are_relative_to_it_and_paths_on_the_command_line_to
     (tmp_path / "data" / "blobs").symlink_to(dataset)
     job = job_file(tmp_path / "jobs" / "examples", "../../data/blobs")
     job.write_text(job.read_text() + '\n[run]\ndir = "../../runs/from-file"\nexchange = "xch"\n')
+    (job.parent / "xch").mkdir()  # an exchange directory must exist: memtrain never creates one
     monkeypatch.chdir(tmp_path)
     assert cli("train", job).code == 0
     assert (tmp_path / "runs" / "from-file" / "checkpoints").is_dir()

@@ -160,6 +160,7 @@ def test_every_block_has_a_known_language() -> None:
 def test_page_blocks(page: Path, sandbox: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     monkeypatch.chdir(sandbox)
     monkeypatch.syspath_prepend(str(ROOT / "tests"))  # user_model_example, as docs/models.md says
+    monkeypatch.syspath_prepend(str(ROOT / "jobs" / "examples"))  # nets, beside the jobs of docs/torch.md
     for block in blocks(page):
         if block.language == "python" and not block.opted_out:
             module = types.ModuleType(f"docs_block_{block.line}")  # a real module: dataclasses look it up

@@ -38,3 +38,18 @@ def test_example_job_trains(job: Path, datasets: dict[str, Path], tmp_path: Path
                  "--run-dir", str(tmp_path / "run"), "--workers", "2"])
     assert code == 0, capsys.readouterr().err
     assert "val_loss" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_digits_cnn_reaches_97_percent_validation_accuracy(datasets: dict[str, Path], tmp_path: Path,
+                                                           capsys) -> None:
+    """The documented claim for jobs/examples/digits-cnn.toml, with its own settings (20 epochs)."""
+    import json
+
+    code = main(["train", str(ROOT / "jobs" / "examples" / "digits-cnn.toml"), "--set",
+                 f'data.path="{datasets["digits"]}"', "--run-dir", str(tmp_path / "run"), "--workers", "2"])
+    assert code == 0, capsys.readouterr().err
+    epochs = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+              if json.loads(line)["kind"] == "epoch"]
+    assert len(epochs) == 20 and epochs[-1]["val_accuracy"] >= 0.97

@@ -33,19 +33,21 @@ MADE = {
     "metrics_name": lambda: [layout.metrics_name(390, 1, 0)],
     "gradient_buffer_name": lambda: [layout.gradient_buffer_name(4242, 0)],
     "state_buffer_name": lambda: [layout.state_buffer_name("m", 0), layout.state_buffer_name("v", 1)],
-    "tmp_sibling": lambda: [layout.tmp_sibling(Path("meta.json")).name],
+    "tmp_sibling": lambda: [layout.tmp_sibling(Path("meta.json")).name,
+                            layout.tmp_sibling(Path(layout.EXCHANGE_PROBE)).name],
     "spool_job_file": lambda: [layout.spool_job_file("NAME"), layout.spool_job_file("NAME~1")],
     "spool_state_file": lambda: [layout.spool_state_file("NAME")],
     "spool_result_file": lambda: [layout.spool_result_file("NAME"), layout.spool_result_file("NAME~1")],
     "spool_log_file": lambda: [layout.spool_log_file("NAME")],
     "spool_archive_name": lambda: [layout.spool_archive_name("NAME", 1), layout.spool_archive_name("NAME", 2)],
+    "spool_record_stem": lambda: [layout.spool_job_file(layout.spool_record_stem("NAME"))],
 }
 # Functions that read names back (parsers and listings) and the prefix of a name made above.
 READERS = {"prepare_work_dirs", "weight_versions", "checkpoint_updates", "parse_exchange_owner", "tmp_owner_pid",
            "spool_job_name", "gradient_buffer_prefix", "tmp_target", "is_version_name", "is_checkpoint_name",
            "is_shard_name", "existing_hint"}
 # Constants that are parts of names, not names: each must occur inside a name made above.
-FRAGMENTS = {"PREPARE_WORK_MARK", "TMP_MARK", "EXCHANGE_PREFIX", "SPOOL_JOB_SUFFIX"}
+FRAGMENTS = {"PREPARE_WORK_MARK", "TMP_MARK", "EXCHANGE_PREFIX", "SPOOL_JOB_SUFFIX", "EXCHANGE_PROBE"}
 # Names the user chooses (the root of a listing), not memtrain.
 USER_NAMES = {"OUT", "runs", "digits-mlp", "jobs"}
 
@@ -53,7 +55,7 @@ USER_NAMES = {"OUT", "runs", "digits-mlp", "jobs"}
 def layout_constants() -> dict[str, list[str]]:
     found = {}
     for key, value in vars(layout).items():
-        if key.isupper() and not key.startswith("_"):
+        if key.isupper() and not key.startswith("_") and isinstance(value, str | tuple):  # not limits
             found[key] = list(value) if isinstance(value, tuple) else [value]
     return found
 

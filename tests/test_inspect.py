@@ -495,29 +495,65 @@ def test_diff_refuses_mismatched_layouts(capsys: pytest.CaptureFixture[str], run
 # --- --export ---
 
 
-@pytest.mark.parametrize("suffix", [".npz", ".h5"])
+@pytest.mark.parametrize("suffix", [".npz", ".h5", ".safetensors"])
 def test_export_round_trip(capsys: pytest.CaptureFixture[str], run: Path, tmp_path: Path, suffix: str) -> None:
     out = tmp_path / f"params{suffix}"
     code, text, err = inspect(capsys, run, "--export", out, "--json", "--chunk", "5")
     assert code == 0, err
-    assert strict_json(text)["out"] == str(out)
+    assert strict_json(text)["out"] == str(out) and strict_json(text)["normalization"] == "written"
     params, meta = memtrain.load_checkpoint(run)
-    # Read back with numpy or h5py alone, in a process where memtrain cannot be imported.
+    # Read back with numpy, h5py or safetensors alone, in a process where memtrain cannot be imported.
     reader = ("import sys, json, numpy as np, h5py; sys.modules['memtrain'] = None\n"
               f"p = {str(out)!r}\n"
               "if p.endswith('.npz'):\n"
               "    with np.load(p, allow_pickle=False) as f: d = {k: f[k].tolist() for k in f.files}\n"
-              "else:\n"
+              "elif p.endswith('.h5'):\n"
               "    with h5py.File(p, 'r') as f:\n"
               "        d = {k: f[k][()].tolist() for k in f}; d['@'] = f.attrs['memtrain_meta']\n"
+              "else:\n"
+              "    from safetensors import safe_open\n"
+              "    with safe_open(p, 'numpy') as f:\n"
+              "        d = {k: f.get_tensor(k).tolist() for k in f.keys()}; m = f.metadata()\n"
+              "    d['@'] = m.pop('memtrain_meta'); d.update({k: json.loads(v) for k, v in m.items()})\n"
               "print(json.dumps(d))")
     done = subprocess.run([sys.executable, "-c", reader], capture_output=True, text=True, timeout=60, check=True)
     loaded = json.loads(done.stdout)
-    if suffix == ".h5":
+    if suffix != ".npz":
         assert json.loads(loaded.pop("@"))["update"] == meta["update"]
+    normalization = [loaded.pop("memtrain.normalize.mean"), loaded.pop("memtrain.normalize.std")]
+    np.testing.assert_array_equal(normalization, np.asarray([meta["data"]["stats"]["mean"],
+                                                             meta["data"]["stats"]["std"]], dtype=np.float32))
     assert sorted(loaded) == sorted(params)
     for name, array in params.items():
         np.testing.assert_array_equal(np.asarray(loaded[name], dtype=np.float32), array)
+
+
+def test_exported_weights_predict_on_raw_rows_as_load_model_does(capsys: pytest.CaptureFixture[str], run: Path,
+                                                                 dataset: Path, tmp_path: Path) -> None:
+    """The MLP's forward pass by hand from the .npz alone: (x - mean) / std, then the layers."""
+    out = tmp_path / "mlp.npz"
+    assert inspect(capsys, run, "--export", out)[0] == 0
+    with np.load(out, allow_pickle=False) as f:
+        arrays = {k: f[k] for k in f.files}
+    val = memtrain.open_dataset(dataset).split("val")
+    raw = np.asarray(val.read(0, val.rows)[0], dtype=np.float32)
+    x = (raw - arrays["memtrain.normalize.mean"]) / arrays["memtrain.normalize.std"]
+    scores = np.maximum(x @ arrays["W1"] + arrays["b1"], 0) @ arrays["W2"] + arrays["b2"]
+    np.testing.assert_array_equal(scores.argmax(1), memtrain.load_model(run).predict(raw))
+
+
+def test_export_never_replaces_a_file_unless_asked(capsys: pytest.CaptureFixture[str], run: Path,
+                                                   tmp_path: Path) -> None:
+    out = tmp_path / "keep.safetensors"
+    out.write_bytes(b"precious")
+    code, _, err = inspect(capsys, run, "--export", out)
+    assert code == 2 and f"{out}: the export file exists" in err and "--overwrite" in err
+    assert out.read_bytes() == b"precious"
+    code, _, err = inspect(capsys, run, "--export", out, "--overwrite")
+    assert code == 0, err
+    assert out.read_bytes()[8:9] == b"{"
+    code, _, err = inspect(capsys, run, "--overwrite")
+    assert code == 2 and "--overwrite only makes sense with --export" in err
 
 
 def test_export_refuses_unknown_format_and_datasets(capsys: pytest.CaptureFixture[str], run: Path,

@@ -155,7 +155,7 @@ def test_no_rows_give_zero_loss_and_gradient(kind, options, spec):
 @pytest.mark.parametrize("kind", MODEL_KINDS)
 def test_init_is_seeded_float32_and_shaped(kind):
     spec = REG2 if kind == "linear" else CLS2 if kind == "logistic" else CLS3
-    model = build_model(kind, {}, spec)
+    model = build_model(kind, {"factory": "torch_nets:mlp"} if kind == "torch" else {}, spec)
     a, b = model.init(np.random.default_rng(7)), model.init(np.random.default_rng(7))
     assert list(a) == list(model.parameter_shapes())
     for name, shape in model.parameter_shapes().items():
@@ -402,7 +402,7 @@ def error_text(kind, options, spec) -> str:
     ("naive_bayes", {}, REG1, "model 'naive_bayes' needs classification data (expected task 'classification', "
                               "found task 'regression'). use 'ridge' or 'linear' for regression"),
     ("forest", {}, CLS3, "unknown model kind 'forest' (expected one of linear, logistic, softmax, mlp, ridge, "
-                         "naive_bayes, or 'package.module:ClassName', found 'forest')"),
+                         "naive_bayes, torch, or 'package.module:ClassName', found 'forest')"),
     ("user_model_example:Nope", {}, REG1,
      "module 'user_model_example' has no class 'Nope' (expected a class Nope, found nothing)"),
     ("user_model_example:dataclass", {}, REG1,

@@ -142,13 +142,13 @@ def test_a_start_killed_at_any_write_leaves_no_run_or_a_resumable_one(tmp_path: 
 
 def test_a_start_refused_after_the_directory_was_made_leaves_nothing(tmp_path: Path, data: Path, cli) -> None:
     job = write_job(tmp_path, data)
-    not_a_dir = tmp_path / "exchange-file"
-    not_a_dir.write_text("a file where the exchange area should go")
-    refused = cli("train", job, "--set", f'run.exchange="{not_a_dir}"')
+    too_many = "run.keep_checkpoints=1000000000"  # more room than any disk has: refused by the room check
+    refused = cli("train", job, "--set", too_many)
     assert refused.code == 1 and "Traceback" not in refused.err
+    assert "not enough free space for the run's weight versions and checkpoints" in refused.err
     assert not (tmp_path / "run").exists()
     (tmp_path / "empty").mkdir()
-    refused = cli("train", job, "--run-dir", tmp_path / "empty", "--set", f'run.exchange="{not_a_dir}"')
+    refused = cli("train", job, "--run-dir", tmp_path / "empty", "--set", too_many)
     assert refused.code == 1 and list((tmp_path / "empty").iterdir()) == []  # put back as it was
     assert cli("train", job).code == 0  # the same command, without the bad setting, just works
 

@@ -253,12 +253,13 @@ def test_root_refuses_paths_that_resolve_outside_it(tmp_path: Path, cli: Callabl
     drop(folder, "absolute", job_text("absolute", data=str(tmp_path / "elsewhere")))
     drop(folder, "symlink", job_text("symlink", data="../link"))
     drop(folder, "rundir", job_text("rundir").replace('"../runs/rundir"', '"../../runs/rundir"'))
+    drop(folder, "code", job_text("code").replace('kind = "softmax"', 'kind = "evil:Model"\ncode_dir = "../.."'))
     drop(folder, "inside", job_text("inside"))
     done = serve_once(folder, "--root", str(root))
     assert done.returncode == 0, done.stderr
     assert names(folder / "done") == ["inside.result.json", "inside.toml"]
     for name, key in (("escape", "data.path"), ("absolute", "data.path"), ("symlink", "data.path"),
-                      ("rundir", "run.dir")):
+                      ("rundir", "run.dir"), ("code", "model.code_dir")):
         assert f"{key} resolves outside the root" in result(folder, "failed", name)["error"]
     assert not (tmp_path / "runs").exists()
 

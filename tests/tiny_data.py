@@ -31,7 +31,8 @@ def write_dataset(out: Path, x: np.ndarray, y: np.ndarray, *, task: str = "class
     val_rows = len(x) // 10 if val_rows is None else val_rows
     splits = {"val": (x[:val_rows], y[:val_rows]), "train": (x[val_rows:], y[val_rows:])}
     manifest_splits = {name: _write_split(out, name, xs, ys, shard_rows) for name, (xs, ys) in splits.items()}
-    train = x[val_rows:].reshape(len(x) - val_rows, -1).astype(np.float64)
+    rows = x[val_rows:] if val_rows < len(x) else x  # statistics of no rows: those of the val split
+    train = rows.reshape(len(rows), -1).astype(np.float64)
     classes = [str(c) for c in range(int(y.max()) + 1)] if task == "classification" else None
     manifest = {
         "format": "memtrain.dataset", "version": 2, "task": task, "rows": len(x),

@@ -3,7 +3,8 @@
 ``VmHWM`` is the kernel's own high-water mark of a process's resident set, so sampling misses nothing
 of it as long as each process is seen once before it exits; ``RssAnon`` has no high-water mark and is
 the largest value sampled. The sum over processes counts shared pages (mapped files, shared memory)
-once per process that touches them, as ``ps``/``top`` do.
+once per process that touches them, as ``ps``/``top`` do; the PSS total (sampled: a short peak between
+two samples can be missed) splits them instead, counting each once.
 """
 
 from __future__ import annotations
@@ -23,9 +24,13 @@ class Peaks:
     hwm_kib: dict[int, int] = field(default_factory=dict)
     anon_kib: dict[int, int] = field(default_factory=dict)
     names: dict[int, str] = field(default_factory=dict)
+    pss_total_kib: int = 0  # the largest sum of PSS over the tree seen in one sample
 
     def total_mib(self) -> float:
         return sum(self.hwm_kib.values()) / 1024
+
+    def pss_mib(self) -> float:
+        return self.pss_total_kib / 1024
 
     def per_process(self) -> list[dict[str, object]]:
         return [{"pid": pid, "name": self.names.get(pid, ""), "peak_rss_mib": self.hwm_kib[pid] / 1024,
@@ -59,7 +64,21 @@ def status(pid: int) -> dict[str, str]:
         return {}
 
 
+def pss_kib(pid: int) -> int:
+    """Proportional set size: each shared page (a mapped file, torch's libraries) split among the processes
+    that map it, so a sum over processes counts it once -- unlike VmHWM."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def sample(pids: list[int], peaks: Peaks) -> None:
+    peaks.pss_total_kib = max(peaks.pss_total_kib, sum(pss_kib(pid) for pid in pids))
     for pid in pids:
         fields = status(pid)
         if "VmHWM" not in fields:

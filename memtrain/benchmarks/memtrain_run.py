@@ -19,24 +19,25 @@ from memtrain.files import read_jsonl
 from memtrain.layout import RUN_METRICS
 
 
-def job_for(problem: Problem, run_dir: Path, exchange: str = "auto") -> Job:
-    """The memtrain job that computes exactly what the peers compute."""
+def job_for(problem: Problem, run_dir: Path, exchange: str = "auto", model: ModelConfig | None = None) -> Job:
+    """The memtrain job that computes exactly what the peers compute (memtrain's MLP unless ``model``)."""
     return Job(
         data=DataConfig(path=Path(problem.dataset), normalize=False),
-        model=ModelConfig("mlp", {"hidden": [problem.hidden]}),
+        model=model or ModelConfig("mlp", {"hidden": [problem.hidden]}),
         train=TrainConfig(epochs=1, batch_size=problem.batch, tasks_per_update=problem.workers,
                           workers=problem.workers, seed=problem.seed, optimizer=problem.optimizer),
         run=RunConfig(dir=run_dir, exchange=exchange, keep_versions=2),
     )
 
 
-def run_memtrain(problem: Problem, run_dir: Path, exchange: str = "auto") -> dict[str, object]:
+def run_memtrain(problem: Problem, run_dir: Path, exchange: str = "auto",
+                 model: ModelConfig | None = None) -> dict[str, object]:
     from memtrain.train.server import train
 
     shutil.rmtree(run_dir, ignore_errors=True)
     started = time.perf_counter()
     try:
-        summary = train(job_for(problem, run_dir, exchange))
+        summary = train(job_for(problem, run_dir, exchange, model))
         total = time.perf_counter() - started
         records = [r for r in read_jsonl(run_dir / RUN_METRICS) if r.get("kind") == "update"]
         events = (run_dir / "events.log").read_text(encoding="utf-8").splitlines()

@@ -17,6 +17,9 @@ from memtrain.benchmarks.problem import Problem
 from memtrain.train.optim import OptimizerConfig
 
 METHODS = ("memtrain", "one_process", "pickle_queue", "shared_memory", "one_process_blas")
+# The same comparison for a torch.nn.Module (benchmarks/torch_peers.py): memtrain with kind = "torch",
+# torch DDP on gloo, one torch process on every core. Ratios are taken against torch_memtrain.
+TORCH_METHODS = ("torch_memtrain", "torch_ddp", "torch_all_cores")
 
 
 def run_method(method: str, problem: Problem, scratch: Path, exchange: str = "auto") -> dict[str, Any]:
@@ -25,6 +28,8 @@ def run_method(method: str, problem: Problem, scratch: Path, exchange: str = "au
 
     if method == "memtrain":
         return run_memtrain(problem, scratch, exchange)
+    if method in TORCH_METHODS:
+        return run_torch_method(method, problem, scratch, exchange)
     if method == "one_process":
         return peers.one_process(problem, threads=1)
     if method == "one_process_blas":
@@ -34,6 +39,19 @@ def run_method(method: str, problem: Problem, scratch: Path, exchange: str = "au
     if method == "shared_memory":
         return peers.shared_memory_peer(problem)
     raise ValueError(f"unknown method {method!r}")
+
+
+def run_torch_method(method: str, problem: Problem, scratch: Path, exchange: str) -> dict[str, Any]:
+    from memtrain.benchmarks import torch_peers
+    from memtrain.benchmarks.memtrain_run import run_memtrain
+    from memtrain.config import ModelConfig
+
+    if method == "torch_memtrain":
+        model = ModelConfig("torch", {"factory": torch_peers.FACTORY, "hidden": problem.hidden})
+        return run_memtrain(problem, scratch, exchange, model)
+    if method == "torch_ddp":
+        return torch_peers.ddp(problem)
+    return torch_peers.all_cores(problem)
 
 
 def spec_to_problem(spec: dict[str, Any]) -> Problem:

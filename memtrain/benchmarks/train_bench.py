@@ -4,6 +4,11 @@ For each parameter count a synthetic dataset is written once; then every method 
 process, the methods alternating (memtrain, one process, pickle, shared memory, BLAS on every core,
 then again), and their steady-state updates are pooled. The first ``warmup`` updates of every run are
 left out: they pay for process start, imports and first page faults, which a long job pays once.
+
+With torch installed, the same MLP as a torch module is measured too, side by side (torch_peers.py):
+memtrain with ``kind = "torch"`` against torch DDP on gloo and one torch process on every core; those
+rows' ratios are memtrain-torch's samples/s over theirs. Memory is the peak of the summed VmHWM
+(shared pages counted per process) and the peak of the summed PSS (shared pages counted once).
 """
 
 from __future__ import annotations
@@ -23,12 +28,15 @@ from typing import Any
 from memtrain.benchmarks import larger_than_ram
 from memtrain.benchmarks.memory import Sampler
 from memtrain.benchmarks.problem import BATCH, Problem
-from memtrain.benchmarks.runner import METHODS
+from memtrain.benchmarks.runner import METHODS, TORCH_METHODS
 from memtrain.benchmarks.synthetic import CLASSES, FEATURES, mlp_shape, write_dataset
 from memtrain.errors import InputError, MemtrainError
 
 LABELS = {"memtrain": "memtrain", "one_process": "one process, 1 thread", "pickle_queue": "pickle via Queue",
-          "shared_memory": "shared_memory", "one_process_blas": "one process, all-core BLAS"}
+          "shared_memory": "shared_memory", "one_process_blas": "one process, all-core BLAS",
+          "torch_memtrain": "memtrain, torch module", "torch_ddp": "torch DDP, gloo",
+          "torch_all_cores": "one torch process, all cores"}
+BASES = {"memtrain": "memtrain", "torch": "torch_memtrain"}  # the row each method's ratio is taken against
 VAL_ROWS = BATCH
 RUN_TIMEOUT = 1800.0  # seconds for one method at one size; a hung run fails the benchmark, not the machine
 
@@ -39,7 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=3, help="updates per run left out (default %(default)s)")
     parser.add_argument("--repeats", type=int, default=2, help="runs of every method per size (default %(default)s)")
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default %(default)s)")
-    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of %(default)s")
+    parser.add_argument("--methods", help=f"comma-separated subset of {','.join(METHODS + TORCH_METHODS)} "
+                                          "(default: all; the torch ones when torch is installed)")
     parser.add_argument("--exchange", default="auto", help="memtrain's run.exchange (default %(default)s)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     larger_than_ram.add_arguments(parser)
@@ -50,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
     ``args.dir`` (optional) is where the temporary datasets and runs go.
     """
-    sizes, methods = parse_sizes(args.sizes), parse_methods(args.methods)
+    sizes, methods = parse_sizes(args.sizes), parse_methods(args.methods or default_methods())
     if args.updates <= args.warmup + 1:
         raise InputError("--updates must exceed --warmup + 1", found=f"{args.updates} and {args.warmup}")
     scratch = Path(tempfile.mkdtemp(prefix="memtrain-bench-", dir=getattr(args, "dir", None)))
@@ -81,12 +90,27 @@ def parse_sizes(text: str) -> list[int]:
     return sizes
 
 
+def default_methods() -> str:
+    try:
+        import torch  # noqa: F401 - only whether it is there
+    except ImportError:
+        print('bench train: torch is not installed; the torch comparison is left out '
+              '(pip install "memtrain[torch]")', file=sys.stderr)
+        return ",".join(METHODS)
+    return ",".join(METHODS + TORCH_METHODS)
+
+
 def parse_methods(text: str) -> list[str]:
     methods = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = [m for m in methods if m not in METHODS]
+    known = METHODS + TORCH_METHODS
+    unknown = [m for m in methods if m not in known]
     if unknown or not methods:
-        raise InputError("unknown --methods", expected=", ".join(METHODS), found=", ".join(unknown) or text)
+        raise InputError("unknown --methods", expected=", ".join(known), found=", ".join(unknown) or text)
     return methods
+
+
+def family(method: str) -> str:
+    return "torch" if method in TORCH_METHODS else "memtrain"
 
 
 def bench_size(size: int, methods: list[str], args: argparse.Namespace, scratch: Path) -> list[dict[str, Any]]:
@@ -100,8 +124,8 @@ def bench_size(size: int, methods: list[str], args: argparse.Namespace, scratch:
             runs[method].append(run_once(method, problem, scratch, args.exchange))
     rows = [summarize(method, runs[method], args.warmup) | {"params": shape.params, "shape": asdict(shape)}
             for method in methods]
-    base = next((r["samples_per_s"] for r in rows if r["method"] == "memtrain"), None)
     for row in rows:
+        base = next((r["samples_per_s"] for r in rows if r["method"] == BASES[family(row["method"])]), None)
         row["memtrain_ratio"] = base / row["samples_per_s"] if base else None
     return rows
 
@@ -128,6 +152,7 @@ def run_once(method: str, problem: Problem, scratch: Path, exchange: str,
     peaks = sampler.peaks
     peaks.hwm_kib[process.pid] = max(peaks.hwm_kib.get(process.pid, 0), result["self_maxrss_kib"])
     result["peak_mib"] = peaks.total_mib()
+    result["pss_mib"] = peaks.pss_mib()
     result["processes"] = peaks.per_process()
     return result
 
@@ -142,7 +167,8 @@ def summarize(method: str, runs: list[dict[str, Any]], warmup: int) -> dict[str,
     return {"method": method, "label": LABELS[method], "samples_per_s": BATCH / wall, "update_ms": wall * 1e3,
             "compute_ms": compute * 1e3 if compute is not None else None,
             "overhead_ms": (wall - compute) * 1e3 if compute is not None else None,
-            "peak_mib": max(r["peak_mib"] for r in runs), "updates_measured": len(walls),
+            "peak_mib": max(r["peak_mib"] for r in runs), "pss_mib": max(r["pss_mib"] for r in runs),
+            "updates_measured": len(walls),
             "exchange": runs[0].get("exchange")}
 
 
@@ -151,7 +177,17 @@ def machine() -> dict[str, Any]:
     import numpy as np
 
     return {"cpus": os.cpu_count(), "cpu": cpu_model(), "platform": platform.platform(),
-            "python": platform.python_version(), "numpy": np.__version__, "blas": blas_build()}
+            "python": platform.python_version(), "numpy": np.__version__, "blas": blas_build(),
+            "torch": torch_version()}
+
+
+def torch_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("torch")
+    except Exception:  # not installed (PackageNotFoundError), or broken metadata
+        return None
 
 
 def cpu_model() -> str:
@@ -191,13 +227,16 @@ def print_table(report: dict[str, Any]) -> None:
                         f"{s['repeats']} runs per method")
     m = report["machine"]
     table.caption = f"{m['cpus']} CPUs ({m['cpu']}), numpy {m['numpy']} with {m['blas']}, Python {m['python']}"
+    if any(family(row["method"]) == "torch" for row in report["results"]):
+        table.caption += (f"; torch {m.get('torch')}. Torch rows: the same MLP as a torch.nn.Module, ratio = "
+                          "memtrain (torch module) ÷ method; DDP compute from a no_sync calibration")
     for name in ("params", "method", "samples/s", "ms/update", "compute ms", "overhead ms", "peak MiB",
-                 "memtrain ÷ method"):
+                 "peak PSS MiB", "memtrain ÷ method"):
         table.add_column(name, justify="left" if name == "method" else "right")
     for row in report["results"]:
         table.add_row(f"{row['params']:,}", row["label"], f"{row['samples_per_s']:,.0f}", f"{row['update_ms']:.1f}",
                       _num(row["compute_ms"]), _num(row["overhead_ms"]), f"{row['peak_mib']:,.0f}",
-                      _num(row["memtrain_ratio"], 2))
+                      f"{row['pss_mib']:,.0f}", _num(row["memtrain_ratio"], 2))
     Console(width=140).print(table)
 
 

@@ -11,6 +11,7 @@ Examples:
   memtrain inspect runs/a/checkpoints/c00000010 --diff runs/a/checkpoints/c00000020
   memtrain inspect runs/digits-mlp --plot loss.png   # loss and accuracy curves
   memtrain inspect runs/digits-mlp --export params.npz      # newest complete checkpoint as named arrays
+  memtrain inspect runs/digits-cnn --export model.safetensors   # state_dict keys, for load_state_dict
   memtrain inspect runs/digits-mlp --json            # any view as JSON, for scripts
 """
 
@@ -32,7 +33,7 @@ from memtrain.inspection.render import render
 from memtrain.inspection.run_view import run_view
 from memtrain.inspection.stats import CHUNK
 from memtrain.inspection.tensor_view import tensor_view
-from memtrain.inspection.tensors import source_tensors
+from memtrain.inspection.tensors import source_tensors, training_data
 from memtrain.inspection.verify import Check, annotate, verify
 
 __all__ = ["add_arguments", "run", "detect", "build_view"]
@@ -49,8 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions.add_argument("--diff", type=Path, metavar="OTHER",
                          help="per-parameter differences from PATH to OTHER (checkpoints, runs or versions)")
     actions.add_argument("--plot", type=Path, metavar="OUT.png", help="loss/accuracy curves of a run (matplotlib)")
-    actions.add_argument("--export", type=Path, metavar="OUT.npz|OUT.h5",
-                         help="a checkpoint's (or run's newest complete checkpoint's) parameters as named arrays")
+    actions.add_argument("--export", type=Path, metavar="OUT.npz|OUT.h5|OUT.safetensors",
+                         help="a checkpoint's (or run's newest complete checkpoint's) parameters as named arrays, "
+                              "with the feature normalization")
+    parser.add_argument("--overwrite", action="store_true", help="with --export: replace an existing OUT")
     parser.add_argument("--json", action="store_true", help="print the view as JSON on stdout (NaN/Inf as null)")
     parser.add_argument("--chunk", type=int, default=CHUNK, metavar="N",
                         help=f"elements per streamed piece when computing statistics (default {CHUNK:,})")
@@ -61,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--chunk must be at least 1", found=args.chunk)
     if args.with_dataset and not args.verify:
         raise InputError("--with-dataset only makes sense with --verify")
+    if args.overwrite and args.export is None:
+        raise InputError("--overwrite only makes sense with --export")
     target = detect(args.path)
     if args.diff is not None or args.export is not None or args.plot is not None:
         return run_action(target, args)
@@ -104,7 +109,8 @@ def run_action(target: Target, args: argparse.Namespace) -> int:
         view = plot_run(target.run, args.plot)
     else:
         tensors, meta = source_tensors(target)
-        view = export(tensors, args.export, meta, args.chunk)
+        view = export(tensors, args.export, meta, args.chunk, data=training_data(target, meta),
+                      overwrite=args.overwrite)
         tensors.check_unchanged()
     emit(view, args.json)
     return 0

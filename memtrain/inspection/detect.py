@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memtrain.errors import InputError
+from memtrain.files import file_kind, regular_file_error
 from memtrain.layout import (
     CHECKPOINT_META,
     CHECKPOINTS_DIR,
@@ -53,6 +54,9 @@ def detect(path: str | Path) -> Target:
         raise InputError("no such file or directory", path=path, hint=existing_hint(path) or RECOGNISED)
     if path.is_dir():
         return _directory(path)
+    kind = file_kind(path.stat().st_mode)
+    if kind != "a regular file":  # never opened: a FIFO or a device could block inspect forever
+        raise regular_file_error(path, kind, what="a regular file or a directory", error=InputError)
     return _file(path)
 
 

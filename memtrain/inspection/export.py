@@ -1,10 +1,21 @@
-"""Named arrays (a checkpoint's parameters) -> ``OUT.npz`` or ``OUT.h5``, readable with numpy or h5py alone.
+"""Named arrays (a checkpoint's parameters) -> ``OUT.npz``, ``OUT.h5`` or ``OUT.safetensors``, readable
+with numpy, h5py or safetensors alone.
 
-Both are written under a temporary name and renamed into place, streaming from the memmaps (numpy
-writes a zip member in 16 MiB pieces; HDF5 datasets are filled block by block), so a checkpoint larger
-than memory exports in bounded memory. The .npz is a plain zip of ``NAME.npy`` members (never pickled:
+All are written under a temporary name and renamed into place, streaming from the memmaps (numpy
+writes a zip member in 16 MiB pieces; HDF5 datasets and safetensors data are written block by block),
+so a checkpoint larger than memory exports in bounded memory. An existing OUT is never replaced unless
+asked (``--overwrite``). The .npz is a plain zip of ``NAME.npy`` members (never pickled:
 ``np.load(OUT, allow_pickle=False)`` reads it); the .h5 has one dataset per parameter and the
-checkpoint's metadata as a JSON string in the file attribute ``memtrain_meta``.
+checkpoint's metadata as a JSON string in the file attribute ``memtrain_meta``. The .safetensors file
+(https://github.com/huggingface/safetensors, format below) has one F32 tensor per parameter named by
+the layout -- a torch model's state_dict keys, so ``module.load_state_dict(load_file(OUT), strict=True)``
+works -- and the metadata as JSON strings.
+
+Features are standardized in training, so the weights alone predict wrongly on raw rows. Every export
+therefore carries the normalization too: ``(x - mean) / std`` per feature, float32 (std 0 already
+replaced by 1), as arrays ``memtrain.normalize.mean`` and ``memtrain.normalize.std`` in .npz and .h5,
+and as JSON lists under the same keys of the safetensors metadata (not as tensors, which a strict
+``load_state_dict`` would refuse). A run trained without normalization exports none.
 """
 
 from __future__ import annotations
@@ -19,28 +30,84 @@ from typing import IO, Any
 import numpy as np
 
 from memtrain.errors import InputError
-from memtrain.files import publish
+from memtrain.files import publish, sweep_orphans
 from memtrain.inspection.output import plain
 from memtrain.inspection.stats import CHUNK
 from memtrain.inspection.tensor_view import SCHEMA
 from memtrain.inspection.tensors import Tensors
 from memtrain.layout import tmp_sibling
 
-FORMATS = {".npz": "npz", ".h5": "hdf5", ".hdf5": "hdf5"}
+FORMATS = {".npz": "npz", ".h5": "hdf5", ".hdf5": "hdf5", ".safetensors": "safetensors"}
+NORMALIZE_KEYS = ("memtrain.normalize.mean", "memtrain.normalize.std")
+SAFETENSORS_DTYPES = {"float32": "F32", "float64": "F64", "int64": "I64", "int32": "I32", "uint8": "U8"}
 
 
-def export(tensors: Tensors, out: Path, meta: dict[str, Any] | None, chunk: int = CHUNK) -> dict[str, Any]:
-    """Write ``tensors`` to ``out`` (format from its suffix); returns what was written."""
+def export(tensors: Tensors, out: Path, meta: dict[str, Any] | None, chunk: int = CHUNK, *,
+           data: dict[str, Any] | None = None, overwrite: bool = False) -> dict[str, Any]:
+    """Write ``tensors`` (and the normalization ``data`` describes) to ``out``; returns what was written.
+
+    ``data`` is a checkpoint's ``data`` record (``stats``, ``normalize``); None: no normalization known.
+    """
     kind = FORMATS.get(out.suffix.lower())
     if kind is None:
         raise InputError("unknown export format", path=out, expected=" or ".join(FORMATS), found=out.suffix or "none")
+    if out.is_dir() or (out.exists() and not overwrite):
+        raise InputError("the export file exists" if not out.is_dir() else "the export path is a directory",
+                         path=out, hint="pass --overwrite to replace the file, or give another name")
+    normalize = normalization(data)
+    clash = sorted(set(tensors.arrays) & set(NORMALIZE_KEYS))
+    if clash:
+        raise InputError("a parameter has the name the normalization is exported under", path=tensors.path,
+                         found=", ".join(clash))
+    sweep_orphans(out.parent, out.name.__eq__)  # what an export to the same file that was killed left
     if kind == "npz":
-        publish(out, lambda handle: write_npz(handle, tensors.arrays), durable=True)
+        publish(out, lambda handle: write_npz(handle, tensors.arrays | normalize), durable=True)
+    elif kind == "safetensors":
+        extra = {key: json.dumps(value.tolist()) for key, value in normalize.items()}
+        if meta is not None:
+            extra["memtrain_meta"] = json.dumps(plain(meta), allow_nan=False)
+        publish(out, lambda handle: write_safetensors(handle, tensors.arrays, extra, chunk), durable=True)
     else:
-        write_h5(out, tensors.arrays, meta, chunk)
+        write_h5(out, tensors.arrays | normalize, meta, chunk)
     return {"schema": SCHEMA, "kind": "export", "path": str(tensors.path), "out": str(out), "format": kind,
-            "bytes": os.path.getsize(out),
+            "bytes": os.path.getsize(out), "normalization": "written" if normalize else
+            ("none (trained on raw features)" if data is not None else "unknown (no checkpoint metadata)"),
             "arrays": [{"name": n, "shape": list(a.shape), "dtype": a.dtype.name} for n, a in tensors.arrays.items()]}
+
+
+def normalization(data: dict[str, Any] | None) -> dict[str, np.ndarray]:
+    """The exported normalization arrays (mean, std with 0 -> 1), or {} when training used raw features."""
+    if not data or not data.get("normalize") or not data.get("stats"):
+        return {}
+    std = np.asarray(data["stats"]["std"], dtype=np.float64)
+    return {NORMALIZE_KEYS[0]: np.asarray(data["stats"]["mean"], dtype=np.float32),
+            NORMALIZE_KEYS[1]: np.where(std > 0, std, 1.0).astype(np.float32)}
+
+
+def write_safetensors(handle: IO[bytes], arrays: dict[str, np.ndarray], metadata: dict[str, str],
+                      chunk: int) -> None:
+    """The safetensors format: an 8-byte little-endian header length N, N bytes of JSON (padded with
+    spaces to a multiple of 8) mapping each name to its dtype, shape and [begin, end) byte offsets into
+    the data that follows, plus ``__metadata__`` (strings only); then the tensors' bytes, in order,
+    little-endian, C order, without gaps."""
+    header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+    offset = 0
+    for name, array in arrays.items():
+        dtype = SAFETENSORS_DTYPES.get(array.dtype.name)
+        if dtype is None:
+            raise InputError("cannot export this dtype to safetensors", found=f"{name}: {array.dtype}",
+                             expected=", ".join(SAFETENSORS_DTYPES))
+        header[name] = {"dtype": dtype, "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
+        offset += array.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    handle.write(len(text).to_bytes(8, "little"))
+    handle.write(text)
+    for array in arrays.values():
+        flat = array.reshape(-1)
+        for lo in range(0, flat.size, chunk):
+            piece = np.ascontiguousarray(flat[lo:lo + chunk], dtype=array.dtype.newbyteorder("<"))
+            handle.write(memoryview(piece).cast("B"))
 
 
 def write_npz(handle: IO[bytes], arrays: dict[str, np.ndarray]) -> None:

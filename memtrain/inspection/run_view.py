@@ -81,8 +81,8 @@ def _row(kind: str, path: Path, version: int | None, metrics: dict[int, dict[str
     logged = metrics.get(version, {}) if version is not None else {}
     origin = lineage.get(version, {}) if version is not None else {}
     return {"type": kind, "name": path.name, "path": str(path), "version": version,
-            "update": origin["update"] + 1 if isinstance(origin.get("update"), int) else 0 if version == 0 else None,
-            "epoch": origin["epoch"] + 1 if isinstance(origin.get("epoch"), int) else None,
+            "update": origin.get("update") if isinstance(origin.get("update"), int) else 0 if version == 0 else None,
+            "epoch": origin.get("epoch") if isinstance(origin.get("epoch"), int) else None,
             "train_loss": logged.get("loss"), "metrics_from": logged.get("kind"),
             "val_loss": logged.get("val_loss"), "val_accuracy": logged.get("val_accuracy"),
             "written": None, "bytes": None, "complete": True, "newest_complete": False, "verified": None,

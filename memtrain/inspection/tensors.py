@@ -15,9 +15,17 @@ from typing import Any
 import numpy as np
 
 from memtrain.errors import InputError, MemtrainError
-from memtrain.files import check_npy, open_npy, read_json, still_published
+from memtrain.files import check_npy, open_npy, open_regular, read_json, still_published
 from memtrain.inspection.detect import Target
-from memtrain.layout import CHECKPOINT_META, CHECKPOINT_WEIGHTS, RUN_PARAMS, checkpoint_path, checkpoint_updates
+from memtrain.layout import (
+    CHECKPOINT_META,
+    CHECKPOINT_WEIGHTS,
+    MANIFEST,
+    RUN_JOB,
+    RUN_PARAMS,
+    checkpoint_path,
+    checkpoint_updates,
+)
 from memtrain.models.params import ParamLayout
 from memtrain.train.checkpoint import read_meta
 
@@ -61,7 +69,7 @@ def with_layout(path: Path, layout: ParamLayout, named_by: Path, *, strict: bool
 
 def _map(path: Path, shape: tuple[int, ...] | None = None, dtype: Any = None) -> tuple[np.ndarray, int]:
     """A read-only map of ``path`` and the inode it maps (for ``Tensors.check_unchanged``)."""
-    with open(path, "rb") as handle:
+    with open_regular(path, what="a .npy file") as handle:
         inode = os.fstat(handle.fileno()).st_ino
         header = check_npy(path, shape=shape, dtype=dtype)
         if header.nbytes == 0:
@@ -125,6 +133,23 @@ def newest_complete(run: Path) -> Path | None:
         if complete_problem(path) is None:
             return path
     return None
+
+
+def training_data(target: Target, meta: dict[str, Any] | None) -> dict[str, Any] | None:
+    """How the tensors' model saw its features (``normalize``, ``stats``): a checkpoint records it; for a
+    weight version it is the run's job and dataset manifest. None when neither can be read."""
+    if meta is not None:
+        return meta.get("data")
+    if target.run is None:
+        return None
+    try:
+        job = read_json(target.run / RUN_JOB, what="saved job")
+        if not job["data"]["normalize"]:
+            return {"normalize": False}
+        manifest = read_json(Path(job["data"]["path"]) / MANIFEST, what="dataset manifest")
+        return {"normalize": True, "stats": manifest.get("stats")}
+    except (MemtrainError, OSError, KeyError, TypeError):
+        return None
 
 
 def source_tensors(target: Target) -> tuple[Tensors, dict[str, Any] | None]:

@@ -1,4 +1,9 @@
-"""Parameter layout: named arrays <-> one flat float32 vector (the unit that weight files hold)."""
+"""Parameter layout: named arrays <-> one flat float32 vector (the unit that weight files hold).
+
+A layout may end with *buffers*: model state that is not trained by the optimizer (a torch module's
+BatchNorm running statistics, frozen parameters). They ride in the same files as the parameters; the
+step adds the mean of what the tasks report for them instead of applying the optimizer (train/reduce.py).
+"""
 
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ class ParamEntry:
     name: str
     shape: tuple[int, ...]
     offset: int
+    buffer: bool = False  # not stepped by the optimizer (see the module docstring)
 
     @cached_property
     def size(self) -> int:
@@ -38,17 +44,25 @@ class ParamLayout:
     dtype: np.dtype = PARAM_DTYPE
 
     @classmethod
-    def from_shapes(cls, shapes: dict[str, tuple[int, ...]]) -> ParamLayout:
+    def from_shapes(cls, shapes: dict[str, tuple[int, ...]],
+                    buffers: dict[str, tuple[int, ...]] | None = None) -> ParamLayout:
+        """Parameters first, then ``buffers`` (so the trained part is one prefix of the flat vector)."""
         entries, offset = [], 0
-        for name, shape in shapes.items():
-            entry = ParamEntry(name, tuple(int(d) for d in shape), offset)
-            entries.append(entry)
-            offset += entry.size
+        for is_buffer, named in ((False, shapes), (True, buffers or {})):
+            for name, shape in named.items():
+                entry = ParamEntry(name, tuple(int(d) for d in shape), offset, is_buffer)
+                entries.append(entry)
+                offset += entry.size
         return cls(tuple(entries))
 
     @cached_property
     def size(self) -> int:
         return sum(entry.size for entry in self.entries)
+
+    @cached_property
+    def trainable(self) -> int:
+        """Length of the prefix the optimizer steps: everything before the first buffer."""
+        return next((e.offset for e in self.entries if e.buffer), self.size)
 
     def views(self, flat: np.ndarray) -> dict[str, np.ndarray]:
         """Named views into ``flat`` (no copies; writable iff ``flat`` is)."""
@@ -62,12 +76,14 @@ class ParamLayout:
 
     def to_json(self) -> dict[str, Any]:
         return {"dtype": self.dtype.str, "size": self.size,
-                "params": [{"name": e.name, "shape": list(e.shape), "offset": e.offset} for e in self.entries]}
+                "params": [{"name": e.name, "shape": list(e.shape), "offset": e.offset} | ({"buffer": True}
+                           if e.buffer else {}) for e in self.entries]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any], *, path: Any = None) -> ParamLayout:
         try:
-            entries = tuple(ParamEntry(p["name"], tuple(p["shape"]), int(p["offset"])) for p in data["params"])
+            entries = tuple(ParamEntry(p["name"], tuple(p["shape"]), int(p["offset"]), bool(p.get("buffer", False)))
+                            for p in data["params"])
             layout = cls(entries, np.dtype(data["dtype"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptFileError(f"malformed parameter layout ({exc})", path=path) from exc

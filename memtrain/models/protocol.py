@@ -9,6 +9,17 @@ server can add task results in a fixed order and divide once by the row count of
 
 Additive models (``additive = True``) implement ``statistics`` (sums of sufficient statistics over
 rows, e.g. X^T X for least squares) and ``solve`` (statistics -> parameters): one pass over the data.
+
+Optional, for models that need them (a torch module uses all four; see models/torch_model.py):
+- ``buffer_shapes()``: state that is not trained (running statistics). It follows the parameters in the
+  flat vector; ``loss_and_grad`` writes, for each buffer, (updated value - given value) * rows into
+  ``grads``, and the step adds the mean of those over the update's tasks (the row-weighted mean of each
+  task's updated buffer), in task order.
+- ``seeded = True``: ``loss_and_grad`` takes a keyword ``seed=(train.seed, version, task)`` and draws
+  every random number (dropout) from it alone, so results never depend on the worker count.
+- ``in_worker(threads)``: called once in each worker process before its first task (pin thread pools).
+- ``startup(x, y, threads)``: run by the server on two training rows before any worker starts; raises
+  ``InputError`` for a model that cannot train on this data, returns a line for the run's event log.
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ class DataSpec:
     n_classes: int = 0  # classification only
     n_targets: int = 1  # regression: 1 for a scalar target, K for a vector target
     target_shape: tuple[int, ...] = ()  # shape of one y row as stored in the dataset
+    feature_shape: tuple[int, ...] = ()  # shape of one x row as stored in the dataset (() when unknown)
 
 
 @runtime_checkable

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
+import sys
+from collections.abc import Iterator
 from types import MappingProxyType
 from typing import Any
 
@@ -18,11 +21,15 @@ BUILTIN = MappingProxyType({
     "mlp": "memtrain.models.mlp:MLP",
     "ridge": "memtrain.models.ridge:Ridge",
     "naive_bayes": "memtrain.models.naive_bayes:GaussianNaiveBayes",
+    "torch": "memtrain.models.torch_model:TorchModel",
 })
 MODEL_KINDS = tuple(BUILTIN)
 BASE_METHODS = ("parameter_shapes", "init", "loss", "predict")
 GRADIENT_METHODS = ("loss_and_grad",)
 ADDITIVE_METHODS = ("statistic_shapes", "statistics", "solve")
+# The [model] key that says where a model's own code is imported from first (config.py fills it in with
+# the job file's directory); it is consumed here, never passed to the model.
+CODE_DIR = "code_dir"
 
 
 def build_model(kind: str, options: dict[str, Any], spec: DataSpec) -> Model:
@@ -31,11 +38,42 @@ def build_model(kind: str, options: dict[str, Any], spec: DataSpec) -> Model:
     >>> build_model("mlp", {"hidden": [32]}, DataSpec(n_features=4, task="classification", n_classes=3)).hidden
     (32,)
     """
-    cls = model_class(kind)
-    check_protocol(kind, cls)
     options = {key: _tuples(value) for key, value in options.items()}
-    check_options(kind, cls, options)
-    return cls(spec, **options)
+    with code_on_path(options.pop(CODE_DIR, None)):
+        cls = model_class(kind)
+        check_protocol(kind, cls)
+        check_options(kind, cls, options)
+        return cls(spec, **options)
+
+
+@contextlib.contextmanager
+def code_on_path(folder: str | None) -> Iterator[None]:
+    """``folder`` first on ``sys.path`` while a model (and what it imports by name) is built."""
+    if folder is None or folder in sys.path:
+        yield
+        return
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(folder)
+
+
+def import_object(path: str, what: str) -> object:
+    """``"package.module:name"`` -> the object; InputError naming ``what`` when it cannot be found."""
+    module_name, _, name = path.partition(":")
+    if not module_name or not name:
+        raise InputError(f"bad {what} {path!r}", expected="'module:name', e.g. 'nets:make_cnn'", found=repr(path))
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InputError(f"cannot import module {module_name!r} of {what} {path!r} ({exc})",
+                         hint="put it beside the job file (or in model.code_dir), or on PYTHONPATH") from exc
+    if not hasattr(module, name):
+        raise InputError(f"module {module_name!r} has no {name!r} (the {what})", expected=f"a name {name}",
+                         found="nothing", path=getattr(module, "__file__", None))
+    return getattr(module, name)
 
 
 def model_class(kind: str) -> type:

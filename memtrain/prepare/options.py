@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -52,8 +53,11 @@ class PrepareOptions:
                              found=f"{self.test_fraction} (val fraction {self.val_fraction})")
         if self.dtype not in DTYPES:
             raise InputError("unsupported --dtype", expected=" or ".join(DTYPES), found=self.dtype)
-        if self.shard_mb <= 0 or self.chunk_mb <= 0:
-            raise InputError("--shard-mb and --chunk-mb must be positive", found=(self.shard_mb, self.chunk_mb))
+        for flag, value in (("--shard-mb", self.shard_mb), ("--chunk-mb", self.chunk_mb)):
+            if not math.isfinite(value) or value <= 0:
+                raise InputError(f"{flag} out of range", expected="a finite number of MiB > 0", found=value)
+        if self.seed < 0:
+            raise InputError("--seed out of range", expected="an integer >= 0", found=self.seed)
         if (self.source is None) == (self.synthetic is None):
             raise InputError("give either a SOURCE file or --synthetic ROWSxFEATURES (not both)")
 

@@ -17,7 +17,7 @@ from typing import IO, Any, Protocol
 import numpy as np
 
 from memtrain.errors import InputError, MemtrainError
-from memtrain.files import MAX_NPY_HEADER, check_npy, open_npy
+from memtrain.files import MAX_NPY_HEADER, check_npy, check_regular, open_npy
 
 LABEL_NAMES = ("label", "target", "y")
 NUMERIC_KINDS = "biuf"
@@ -235,10 +235,12 @@ def open_source(options: Any) -> Source:
     from memtrain.prepare.parquet_source import ParquetSource
 
     path: Path = options.source
-    if not path.exists():
-        raise InputError("source file not found", path=path)
-    if path.is_dir():
-        raise InputError("the source is a directory", path=path, expected="a .csv, .npy, .npz, .h5 or .parquet file")
+    for named in (path, Path(options.y) if options.y and path.suffix.lower() == ".npy" else None):
+        if named is None:
+            continue
+        if not named.exists():
+            raise InputError("source file not found", path=named)
+        check_regular(named, what="a .csv, .npy, .npz, .h5 or .parquet file", error=InputError)
     suffix = path.suffix.lower()
     if path.stat().st_size == 0:
         raise InputError("the file is empty", path=path, expected="a header and data rows" if suffix == ".csv"

@@ -19,6 +19,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from memtrain.errors import InputError
@@ -66,7 +67,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
     if args.max_concurrent < 1:
         raise InputError("--max-concurrent must be at least 1", found=args.max_concurrent)
     for flag in ("settle", "grace", "rescan"):
-        if getattr(args, flag) <= 0:
-            raise InputError(f"--{flag} must be positive", found=getattr(args, flag))
+        value = getattr(args, flag)
+        if not math.isfinite(value) or value <= 0:
+            raise InputError(f"--{flag} out of range", expected="a finite number of seconds > 0", found=value)
     if args.root is not None and not args.root.is_dir():
         raise InputError("the --root folder does not exist", path=args.root)

@@ -19,7 +19,8 @@ from typing import Any
 
 from memtrain.config import Job, job_from_dict, job_to_dict
 from memtrain.errors import InputError
-from memtrain.layout import SPOOL_DONE, SPOOL_FAILED, SPOOL_LOGS, SPOOL_RUNNING, spool_job_name
+from memtrain.files import file_kind
+from memtrain.layout import SPOOL_DONE, SPOOL_FAILED, SPOOL_LOGS, SPOOL_RUNNING, spool_job_name, spool_record_stem
 
 # A real job file is a few hundred bytes. 1 MiB is far beyond any of them and small enough that
 # reading and parsing a hostile one costs nothing.
@@ -56,10 +57,12 @@ def read_job_file(path: Path) -> bytes:
         reason = "it is a symbolic link" if os.path.islink(path) else exc.strerror
         raise InputError(f"cannot open the job file: {reason}", path=path,
                          hint="drop the job file itself into the folder, not a link to it") from exc
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):  # checked before os.fdopen, which refuses a directory with a traceback
+        os.close(fd)
+        raise InputError("a job file must be a regular file", path=path, expected="a regular file",
+                         found=file_kind(info.st_mode))
     with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise InputError("a job file must be a regular file", path=path, found=stat.filemode(info.st_mode))
         if info.st_size > MAX_JOB_BYTES:
             raise InputError("the job file is too large", path=path, expected=f"at most {MAX_JOB_BYTES} bytes",
                              found=f"{info.st_size} bytes")
@@ -93,7 +96,7 @@ def admit(content: bytes, path: Path, *, base: Path, root: Path | None, spool: P
     name = spool_job_name(path.name) or path.name
     run = raw.setdefault("run", {})
     if isinstance(run, dict):
-        run.setdefault("dir", str(Path("runs") / name))  # the default of `memtrain train JOB.toml`
+        run.setdefault("dir", str(Path("runs") / spool_record_stem(name)))  # `memtrain train JOB.toml`'s default
     try:
         job = job_from_dict(raw, base=base, source=None)
         resolved = json.loads(json.dumps(job_to_dict(job)))
@@ -112,6 +115,8 @@ def _check_paths(job: Job, resolved: dict[str, Any], path: Path, *, base: Path, 
                  spool: Path) -> None:
     run_dir = Path(os.path.realpath(job.run.dir))
     named = {"data.path": Path(os.path.realpath(job.data.path)), "run.dir": run_dir}
+    if "code_dir" in job.model.options:  # where model code is imported from: confined like the data
+        named["model.code_dir"] = Path(os.path.realpath(job.model.options["code_dir"]))
     exchange = resolved["run"]["exchange"]
     if exchange not in EXCHANGE_CHOICES:
         resolved["run"]["exchange"] = os.path.realpath(base / exchange)

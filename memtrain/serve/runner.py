@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrain.errors import MemtrainError
-from memtrain.files import open_own
+from memtrain.files import open_own, open_regular
 from memtrain.layout import RUN_JOB, RUN_LOCK, RUN_METRICS
 from memtrain.serve.admit import Admission
 from memtrain.train.record import compare, recorded_job
@@ -30,7 +30,7 @@ ERROR_PREFIX = "memtrain train: error: "
 # Enough of the end of a log or metrics file to find its last error line or epoch record; reading
 # only the tail keeps status updates cheap on long runs.
 TAIL_BYTES = 64 << 10
-STOPPED_CODES = (128 + signal.SIGTERM, 128 + signal.SIGINT, -signal.SIGTERM, -signal.SIGINT)
+STOPPED_CODES = tuple(code for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) for code in (128 + sig, -sig))
 
 
 @dataclass
@@ -53,9 +53,11 @@ def run_lock_owner(run_dir: Path) -> str | None:
     running by a service that died without killing it is waited for, never doubled.
     """
     try:
-        handle = open(run_dir / RUN_LOCK, encoding="utf-8")  # noqa: SIM115 - closed below
+        handle = open_regular(run_dir / RUN_LOCK, text=True)
     except (FileNotFoundError, NotADirectoryError):
         return None
+    except MemtrainError:
+        return "unknown (run.lock is not a regular file)"
     with handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -85,7 +87,7 @@ def launch(admission: Admission, claimed: Path, *, folder: Path, log: Path, resu
     args = admission.train_args(claimed, resume=resume)
     with os.fdopen(open_own(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as handle:  # never via a symlink
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
-        handle.write(f"=== {stamp} memtrain serve: {' '.join(args)}\n".encode())
+        handle.write(f"=== {stamp} memtrain serve: {' '.join(args)}\n".encode(errors="backslashreplace"))
         handle.flush()
         offset = handle.tell()
         proc = subprocess.Popen(
@@ -135,11 +137,11 @@ def final_record(run_dir: Path) -> dict[str, Any] | None:
 
 def _tail(path: Path, start: int) -> list[str]:
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             size = handle.seek(0, os.SEEK_END)
             handle.seek(max(start, size - TAIL_BYTES))
             data = handle.read()
-    except FileNotFoundError:
+    except (FileNotFoundError, MemtrainError):
         return []
     lines = data.decode("utf-8", errors="replace").splitlines()
     return lines[1:] if start < size - TAIL_BYTES else lines  # the first line may be cut

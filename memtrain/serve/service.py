@@ -13,6 +13,7 @@ import os
 import queue
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from memtrain.files import write_json
 from memtrain.layout import spool_job_file, spool_job_name
 from memtrain.serve import runner
 from memtrain.serve.admit import Admission, admit, read_job_file
-from memtrain.serve.arrivals import Arrivals, Rejected, start_observer
+from memtrain.serve.arrivals import Arrivals, Rejected, Settled, start_observer
 from memtrain.serve.spool import (
     Spool,
     archive,
@@ -79,6 +80,7 @@ class Service:
         self.valid: dict[Path, Admission] = {}
         self.waiting: dict[str, Waiting] = {}
         self.children: dict[str, runner.Child] = {}
+        self.broken: set[Path] = set()  # job files that could not even be moved to failed/: ignored
         self.signal: int | None = None
         self.stopping = False
         self.observer_kind = "polling" if settings.polling else "inotify"
@@ -138,25 +140,63 @@ class Service:
     def settle(self, now: float) -> None:
         """Complete files are validated now (bad ones fail at once, even while every slot is busy)."""
         for item in self.arrivals.poll(now):
-            if isinstance(item, Rejected):
-                self.fail_unclaimed(item.path, str(item.error))
+            if item.path in self.broken:
+                self.forget(item.path)
                 continue
-            try:
-                self.valid[item.path] = admit(item.content, item.path, base=self.spool.folder,
-                                              root=self.settings.root, spool=self.spool.folder)
-            except InputError as exc:
-                self.fail_unclaimed(item.path, str(exc))
+            self.contain(job_name(item.path), [item.path], lambda item=item: self.admit(item))
+
+    def admit(self, item: Settled | Rejected) -> None:
+        if isinstance(item, Rejected):
+            self.fail_unclaimed(item.path, str(item.error))
+            return
+        try:
+            self.valid[item.path] = admit(item.content, item.path, base=self.spool.folder,
+                                          root=self.settings.root, spool=self.spool.folder)
+        except InputError as exc:
+            self.fail_unclaimed(item.path, str(exc))
 
     def launch(self) -> None:
         for waiting in list(self.waiting.values()):
             if len(self.children) >= self.settings.max_concurrent:
                 return
-            self.start(waiting.name, waiting.claimed, waiting.admission, waiting.state)
+            self.contain(waiting.name, [waiting.claimed], lambda w=waiting: self.start(w.name, w.claimed,
+                                                                                       w.admission, w.state))
         for path in self.arrivals.settled():
             if len(self.children) >= self.settings.max_concurrent:
                 return
             if path in self.valid:
-                self.claim_and_start(path, self.valid[path])
+                self.contain(job_name(path), [path, self.spool.running / path.name],
+                             lambda path=path: self.claim_and_start(path, self.valid[path]))
+
+    def contain(self, name: str, paths: list[Path], step: Callable[[], None]) -> None:
+        """Run one job's ``step``; whatever it raises fails that job, never the service, which goes on.
+
+        Validation errors are handled where they are expected; this is for everything else (a name the
+        filesystem cannot take, bytes that are not text, a bug): the job goes to failed/ with the reason,
+        so that no job can stop the service on every start.
+        """
+        try:
+            step()
+        except Exception as exc:  # noqa: BLE001 - one job must never stop the service, nor every later job
+            self.forget_all(paths)
+            if name in self.children:  # its train runs: reap() records how it ends
+                say(f"error while starting {name!r}: {exc!r}; it runs on")
+                return
+            where = next((p for p in paths if os.path.lexists(p)), None)
+            reason = f"the service could not run this job: {type(exc).__name__}: {exc}"
+            try:
+                if where is not None:
+                    self.fail(name, where, reason, {"submitted": str(paths[0])})
+            except Exception as again:  # noqa: BLE001 - not even failed/ takes it: leave it, and say so once
+                self.broken.update(paths)
+                say(f"cannot move {where} to failed/ ({again!r}) after: {reason}; it is left where it is and "
+                    "ignored until the service restarts")
+
+    def forget_all(self, paths: list[Path]) -> None:
+        for path in paths:
+            self.forget(path)
+        for waiting in [w for w in self.waiting.values() if w.claimed in paths]:
+            self.waiting.pop(waiting.name, None)
 
     def claim_and_start(self, path: Path, admission: Admission) -> None:
         claimed = claim(self.spool, path)
@@ -214,7 +254,7 @@ class Service:
             code = child.proc.poll()
             if code is not None:
                 del self.children[name]
-                self.finished(child, code)
+                self.contain(name, [child.claimed], lambda child=child, code=code: self.finished(child, code))
 
     def finished(self, child: runner.Child, code: int) -> None:
         self.status_written = 0.0
@@ -240,30 +280,34 @@ class Service:
         """Jobs left in running/ by an earlier service: resume them, or fail them with the reason."""
         sweep_claim_records(self.spool)
         for claimed in self.spool.claimed():
-            name = spool_job_name(claimed.name) or claimed.name
-            state = read_state(self.spool, name)
-            if state.get("starts", 0) and not state.get("clean_stop"):
-                state["crashes"] = state.get("crashes", 0) + 1
-            state["clean_stop"] = False
-            original = Path(state.get("submitted") or self.spool.folder / spool_job_file(name))
-            try:
-                if state.get("crashes", 0) >= MAX_CRASHES:
-                    raise InputError(f"the service died {state['crashes']} times while this job ran; not starting "
-                                     "it again", hint="move its job file back into the folder to resume it")
-                admission = admit(read_job_file(claimed), original, base=self.spool.folder,
-                                  root=self.settings.root, spool=self.spool.folder)
-            except (InputError, FileNotFoundError) as exc:
-                self.fail(name, claimed, str(exc), {**_times(state), "submitted": str(original)})
-                continue
-            state.setdefault("claimed_at", claimed.stat().st_mtime)
-            state.update(run_dir=str(admission.job.run.dir), epochs=admission.job.train.epochs)
-            self.waiting[name] = Waiting(name, claimed, admission, state)
-            say(f"found {name} in running/ (left by an earlier service): it will resume")
+            name = job_name(claimed)
+            self.contain(name, [claimed], lambda claimed=claimed, name=name: self.recover_one(claimed, name))
+
+    def recover_one(self, claimed: Path, name: str) -> None:
+        """Resume one job left in running/, or fail it with the reason."""
+        state = read_state(self.spool, name)
+        if state.get("starts", 0) and not state.get("clean_stop"):
+            state["crashes"] = state.get("crashes", 0) + 1
+        state["clean_stop"] = False
+        original = Path(state.get("submitted") or self.spool.folder / spool_job_file(name))
+        try:
+            if state.get("crashes", 0) >= MAX_CRASHES:
+                raise InputError(f"the service died {state['crashes']} times while this job ran; not starting "
+                                 "it again", hint="move its job file back into the folder to resume it")
+            admission = admit(read_job_file(claimed), original, base=self.spool.folder,
+                              root=self.settings.root, spool=self.spool.folder)
+        except (InputError, FileNotFoundError) as exc:
+            self.fail(name, claimed, str(exc), {**_times(state), "submitted": str(original)})
+            return
+        state.setdefault("claimed_at", claimed.stat().st_mtime)
+        state.update(run_dir=str(admission.job.run.dir), epochs=admission.job.train.epochs)
+        self.waiting[name] = Waiting(name, claimed, admission, state)
+        say(f"found {name} in running/ (left by an earlier service): it will resume")
 
     def fail_unclaimed(self, path: Path, message: str) -> None:
         self.forget(path)
         if path.exists() or path.is_symlink():
-            self.fail(spool_job_name(path.name) or path.name, path, message, {"submitted": str(path)})
+            self.fail(job_name(path), path, message, {"submitted": str(path)})
 
     def fail(self, name: str, path: Path, message: str, record: dict[str, Any]) -> None:
         target = archive(self.spool, path, "failed", {**record, "finished_at": time.time(), "error": message})
@@ -320,6 +364,10 @@ class Service:
     def _signals(self) -> contextlib.AbstractContextManager[None]:
         """SIGTERM/SIGINT only set a flag: the loop stops at its next turn and stops the children."""
         return on_stop_signals(lambda signum: setattr(self, "signal", self.signal or signum))
+
+
+def job_name(path: Path) -> str:
+    return spool_job_name(path.name) or path.name
 
 
 def _times(state: dict[str, Any]) -> dict[str, Any]:

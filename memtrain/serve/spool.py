@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from memtrain.errors import InputError, MemtrainError
-from memtrain.files import LockHeld, read_json, take_pid_lock, write_json
+from memtrain.files import LockHeld, open_regular, read_json, sweep_orphans, take_pid_lock, write_json
 from memtrain.layout import (
     SPOOL_DONE,
     SPOOL_FAILED,
@@ -133,7 +133,7 @@ def lock_spool(spool: Spool) -> IO[str]:
 def service_alive(spool: Spool) -> bool:
     """True while a service holds the folder's lock."""
     try:
-        with open(spool.folder / SPOOL_LOCK, encoding="utf-8") as handle:
+        with open_regular(spool.folder / SPOOL_LOCK, text=True) as handle:
             try:
                 fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -148,7 +148,7 @@ def claim(spool: Spool, path: Path) -> Path | None:
     name = spool_job_name(path.name)
     assert name is not None, path
     target = spool.running / spool_job_file(name)
-    if target.exists() or spool.state_file(name).exists():
+    if os.path.lexists(target) or spool.state_file(name).is_file():
         return None  # a job of the same name is running: this one waits for it
     try:
         os.rename(path, target)
@@ -167,7 +167,8 @@ def archive(spool: Spool, path: Path, outcome: str, result: dict[str, Any]) -> P
     with contextlib.suppress(FileNotFoundError):
         os.rename(path, folder / spool_job_file(stem))
     if path.parent == spool.running:
-        spool.state_file(name).unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):  # a directory is not our record
+            spool.state_file(name).unlink()
     return folder / spool_job_file(stem)
 
 
@@ -194,12 +195,20 @@ def write_state(spool: Spool, name: str, state: dict[str, Any]) -> None:
 
 
 def sweep_claim_records(spool: Spool) -> None:
-    """Remove claim records whose job file is gone (a crash between archiving a job and this cleanup)."""
-    suffix = spool_state_file("")
+    """Remove claim records whose job file is gone (a crash between archiving a job and this cleanup), and
+    the temporary files of records that a service killed while writing them left behind."""
+    for folder in (spool.folder, spool.running, spool.done, spool.failed):
+        sweep_orphans(folder, _record_name)
+    claimed = {spool_state_file(spool_job_name(path.name) or path.name) for path in spool.claimed()}
     for file_name in os.listdir(spool.running):
-        name = file_name.removesuffix(suffix)
-        if name != file_name and not (spool.running / spool_job_file(name)).exists():
-            (spool.running / file_name).unlink(missing_ok=True)
+        path = spool.running / file_name
+        if file_name.endswith(spool_state_file("")) and file_name not in claimed and not path.is_dir():
+            path.unlink(missing_ok=True)  # (a directory of that name is not a record the service wrote)
+
+
+def _record_name(name: str) -> bool:
+    """The names of the records a service writes (by rename): status.json, NAME.state.json, NAME.result.json."""
+    return name == SPOOL_STATUS or name.endswith((spool_state_file(""), spool_result_file("")))
 
 
 def results(folder: Path, newest: int) -> tuple[int, list[dict[str, Any]]]:

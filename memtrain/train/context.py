@@ -40,14 +40,15 @@ def data_spec(manifest: dict[str, Any]) -> DataSpec:
     classes = manifest.get("classes") or []
     return DataSpec(n_features=int(np.prod(manifest["x"]["shape"])), task=manifest["task"],
                     n_classes=len(classes), n_targets=int(np.prod(target_shape)) if target_shape else 1,
-                    target_shape=target_shape)
+                    target_shape=target_shape, feature_shape=tuple(manifest["x"]["shape"]))
 
 
 def model_context_from_manifest(manifest: dict[str, Any], kind: str, options: dict[str, Any],
                                 normalize: bool) -> ModelContext:
     spec = data_spec(manifest)
     model = build_model(kind, options, spec)
-    layout = ParamLayout.from_shapes(model.parameter_shapes())
+    buffers = model.buffer_shapes() if hasattr(model, "buffer_shapes") else None
+    layout = ParamLayout.from_shapes(model.parameter_shapes(), buffers)
     stats_layout = None
     if getattr(model, "additive", False):
         stats_layout = ParamLayout(ParamLayout.from_shapes(model.statistic_shapes()).entries, np.dtype(np.float64))
@@ -57,3 +58,17 @@ def model_context_from_manifest(manifest: dict[str, Any], kind: str, options: di
 
 def model_context(dataset: Dataset, kind: str, options: dict[str, Any], normalize: bool) -> ModelContext:
     return model_context_from_manifest(dataset.manifest, kind, options, normalize)
+
+
+STARTUP_ROWS = 2
+
+
+def startup_check(context: ModelContext, dataset: Dataset, threads: int) -> str | None:
+    """A model's dry run on the first training rows, in the server before any worker starts (exit 2 on a
+    model that cannot train on this data); returns what the model asks the run's event log to record."""
+    startup = getattr(context.model, "startup", None)
+    train = dataset.split("train")
+    if startup is None or train.rows == 0:
+        return None
+    x, y = train.read(0, min(STARTUP_ROWS, train.rows))
+    return startup(context.normalize(x), np.asarray(y), threads)

@@ -21,7 +21,7 @@ import numpy as np
 from memtrain.errors import MemtrainError
 from memtrain.faults import fault_point
 from memtrain.files import allocate_npy, is_no_space, no_space_error
-from memtrain.layout import gradient_buffer_name, gradient_buffer_prefix, tmp_sibling
+from memtrain.layout import gradient_buffer_name, gradient_buffer_prefix, tmp_owner_pid, tmp_sibling
 
 
 @dataclass
@@ -80,10 +80,11 @@ def _write_point(path: Path, nbytes: int) -> None:
 
 
 def remove_buffers(exchange: Path, owner_pid: int) -> None:
-    """Delete a dead worker's buffers (gradient files linked to them keep their data until deleted)."""
+    """Delete a dead worker's buffers and its half-written files (gradient files linked to its buffers keep
+    their data until the server deletes them: those of its accepted results are still to be reduced)."""
     prefix = gradient_buffer_prefix(owner_pid)
     with contextlib.suppress(OSError):
         for name in os.listdir(exchange):
-            if name.startswith(prefix):
+            if name.startswith(prefix) or tmp_owner_pid(name) == owner_pid:
                 with contextlib.suppress(OSError):
                     os.unlink(exchange / name)

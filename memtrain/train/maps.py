@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from memtrain.files import check_npy
+from memtrain.files import check_npy, open_fd
 
 # Maps kept per process: weight versions read and written (~3 inodes, 2 modes), gradient buffers of one
 # update, the block digests, and double-buffered optimizer state read and written (Adam: 2 slots x 2
@@ -31,7 +31,7 @@ class MapCache:
         self._maps: OrderedDict[tuple[int, int, str], tuple[int, np.ndarray]] = OrderedDict()
 
     def get(self, path: Path, shape: tuple[int, ...], dtype: np.dtype, mode: str = "r") -> np.ndarray:
-        fd = os.open(path, os.O_RDWR if mode == "r+" else os.O_RDONLY)
+        fd = open_fd(path, what="a .npy file", write=mode == "r+")
         try:
             info = os.fstat(fd)
             key = (info.st_dev, info.st_ino, mode)

@@ -22,6 +22,7 @@ class WorkerSetup:
     blas_threads: int
     optimizer: tuple[tuple[str, object], ...]  # OptimizerConfig fields
     slot: int
+    seed: int = 0  # train.seed: a seeded model's randomness is drawn from (seed, version, task)
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,9 @@
 Run by a worker on a slice [lo, hi) of the parameters; slices are disjoint, so the slice owners share
 the reduction without talking to each other. Everything here is elementwise, so the result does not
 depend on how the parameters are sliced: bitwise identical weights with any worker count.
+
+Buffers (the layout's elements from ``trainable`` on: running statistics, frozen parameters) are not
+stepped: their mean "gradient" is the row-weighted mean change the tasks reported, added as it is.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ def open_state(maps: MapCache, exchange: Path, optimizer: OptimizerConfig, parit
 
 
 def run_step_slice(task: StepTask, exchange: Path, run_dir: Path, size: int, optimizer: OptimizerConfig,
-                   maps: MapCache) -> bool:
+                   maps: MapCache, trainable: int | None = None) -> bool:
     """Do one slice of one update; False if the mean gradient or the new weights are not finite.
 
     No msync at the end: the maps share the page cache with every other process, and weight versions
@@ -45,12 +48,13 @@ def run_step_slice(task: StepTask, exchange: Path, run_dir: Path, size: int, opt
     state_out = open_state(maps, exchange, optimizer, 1 - task.parity, size, "r+")
     digests = maps.get(exchange / WEIGHT_DIGESTS, (block_count(size), DIGEST_BYTES), np.uint8, "r+")
     return reduce_and_step(grads, task.rows, weights, state_in, out, state_out, task.lo, task.hi,
-                           optimizer, task.step, task.lr, digests)
+                           optimizer, task.step, task.lr, digests, size if trainable is None else trainable)
 
 
 def reduce_and_step(grads: list[np.ndarray], rows: int, weights: np.ndarray, state_in: dict[str, np.ndarray],
                     weights_out: np.ndarray, state_out: dict[str, np.ndarray], lo: int, hi: int,
-                    optimizer: OptimizerConfig, step: int, lr: float, digests: np.ndarray) -> bool:
+                    optimizer: OptimizerConfig, step: int, lr: float, digests: np.ndarray,
+                    trainable: int | None = None) -> bool:
     """Fused, chunked: mean gradient of ``grads`` (added in list order) -> optimizer -> ``weights_out``.
 
     Each chunk is one checksum block (``lo`` is a multiple of CHUNK); its digest goes to row ``a // CHUNK``
@@ -58,7 +62,8 @@ def reduce_and_step(grads: list[np.ndarray], rows: int, weights: np.ndarray, sta
     only: a NaN or Inf anywhere in the mean gradient reaches them through every optimizer here (lr > 0),
     so one check per chunk catches both. The check is a dot product with zeros, which is 0 exactly when
     every element is finite (x * 0 is NaN for x = NaN or +-Inf, and NaN survives the sum): one read pass
-    in BLAS, half the time of ``np.isfinite(...).all()``.
+    in BLAS, half the time of ``np.isfinite(...).all()``. Elements from ``trainable`` on are buffers:
+    the mean is added to them, the optimizer and its state leave them alone.
     """
     if lo % CHUNK:
         raise ValueError(f"a step slice must start on a checksum block boundary, not at {lo}")
@@ -66,6 +71,7 @@ def reduce_and_step(grads: list[np.ndarray], rows: int, weights: np.ndarray, sta
     buffer = np.empty(length, dtype=np.float32)
     zeros = np.zeros(length, dtype=np.float32)
     divisor = np.float32(rows)
+    trainable = hi if trainable is None else trainable
     for a in range(lo, hi, CHUNK):
         b = min(a + CHUNK, hi)
         mean = buffer[: b - a]
@@ -76,8 +82,12 @@ def reduce_and_step(grads: list[np.ndarray], rows: int, weights: np.ndarray, sta
         for grad in grads[2:]:
             np.add(mean, grad[a:b], out=mean)
         np.divide(mean, divisor, out=mean)
-        apply_update(optimizer, step, lr, weights[a:b], mean, {k: v[a:b] for k, v in state_in.items()},
-                     weights_out[a:b], {k: v[a:b] for k, v in state_out.items()})
+        t = min(max(trainable, a), b)  # [a, t) is stepped, [t, b) holds buffers
+        if t > a:
+            apply_update(optimizer, step, lr, weights[a:t], mean[: t - a], {k: v[a:t] for k, v in state_in.items()},
+                         weights_out[a:t], {k: v[a:t] for k, v in state_out.items()})
+        if t < b:
+            np.add(weights[t:b], mean[t - a:], out=weights_out[t:b])
         if np.dot(weights_out[a:b], zeros[: b - a]) != 0:
             return False
         digests[a // CHUNK] = np.frombuffer(block_digest(weights_out[a:b]), dtype=np.uint8)

@@ -17,7 +17,6 @@ import fcntl
 import json
 import os
 import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Collection
@@ -35,15 +34,19 @@ from memtrain.files import (
     append_jsonl,
     append_text,
     fsync_dir,
+    open_regular,
+    pid_alive,
     read_json,
     read_sealed_json,
     seal,
+    sweep_orphans,
     take_pid_lock,
     write_sealed_json,
 )
 from memtrain.layout import (
     CHECKPOINTS_DIR,
     EXCHANGE_MARK,
+    EXCHANGE_PROBE,
     RUN_EVENTS,
     RUN_HISTORY,
     RUN_JOB,
@@ -63,6 +66,7 @@ from memtrain.layout import (
 from memtrain.train.checkpoint import done_epochs
 from memtrain.train.record import FORMAT as RECORD_FORMAT
 from memtrain.train.record import Decision, decide, write_records
+from memtrain.train.room import size_text
 
 SHM = Path("/dev/shm")
 # Probe size for choosing the exchange filesystem: big enough to see page-fault and copy costs, small
@@ -96,16 +100,6 @@ class RunDir:
         self.lock.close()
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def acquire_lock(path: Path) -> IO[str]:
     try:
         return take_pid_lock(path / RUN_LOCK)
@@ -118,7 +112,8 @@ def acquire_lock(path: Path) -> IO[str]:
 
 def sweep_leftovers(run_dir: Path, exchange_parents: list[Path]) -> list[Path]:
     """Remove temporary files of memtrain's own names in the run (we hold its lock), and exchange areas
-    (marked as memtrain's) whose owner is dead. ``notes.tmp-1-x`` or a user's ``memtrain-x-*`` stay."""
+    (marked as memtrain's) and exchange probes whose owner is dead. ``notes.tmp-1-x`` or a user's
+    ``memtrain-x-*`` stay."""
     removed = []
     for folder, ours in ((run_dir / WEIGHTS_DIR, is_version_name), (run_dir, RUN_RECORDS.__contains__)):
         if folder.is_dir():
@@ -128,6 +123,7 @@ def sweep_leftovers(run_dir: Path, exchange_parents: list[Path]) -> list[Path]:
                     (folder / name).unlink(missing_ok=True)
                     removed.append(folder / name)
     for parent in exchange_parents:
+        removed += sweep_orphans(parent, EXCHANGE_PROBE.__eq__)  # a server killed while measuring it
         with contextlib.suppress(OSError):
             for name in os.listdir(parent):
                 owner = parse_exchange_owner(name)
@@ -157,34 +153,50 @@ def exchange_candidates(job: Job) -> list[Path]:
 
 
 def probe_write_seconds(folder: Path) -> float:
-    """Time to write, map and read back a probe file in ``folder`` (best of three)."""
+    """Time to write, map and read back a probe file in ``folder`` (best of three).
+
+    The probe has a ``tmp_sibling`` name carrying our pid: if we are killed while measuring, the next start
+    in this folder finds it (``sweep_leftovers``) and removes it.
+    """
     data = np.ones(PROBE_BYTES // 4, dtype=np.float32)
     best = float("inf")
-    for _ in range(3):
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-") as handle:
-            start = time.perf_counter()
-            handle.write(memoryview(data).cast("B"))
-            handle.flush()
-            float(np.fromfile(handle.name, dtype=np.float32).sum())
-            best = min(best, time.perf_counter() - start)
+    path = tmp_sibling(folder / EXCHANGE_PROBE)
+    try:
+        with open(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), "w+b") as handle:
+            fault_point("exchange_probe")
+            for _ in range(3):
+                handle.seek(0)
+                handle.truncate()  # freed, so that every round allocates its pages again, as a new file would
+                start = time.perf_counter()
+                handle.write(memoryview(data).cast("B"))
+                handle.flush()
+                float(np.fromfile(path, dtype=np.float32).sum())
+                best = min(best, time.perf_counter() - start)
+    finally:
+        path.unlink(missing_ok=True)
     return best
 
 
-def choose_exchange(job: Job, need_bytes: int, log: Any) -> Path:
-    """Pick the exchange parent: among the candidates with room for ``need_bytes``, the fastest measured."""
-    roomy = []
+def choose_exchange(job: Job, need_bytes: int, log: Any, run_bytes: int = 0) -> Path:
+    """Pick the exchange parent: among the candidates with room for ``need_bytes``, the fastest measured.
+
+    A candidate on the run directory's filesystem must also hold the run's own ``run_bytes``."""
+    roomy, needs = [], {}
+    run_device = os.stat(job.run.dir).st_dev
     for folder in exchange_candidates(job):
         folder.mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(folder).free
-        if free >= need_bytes:
+        needs[folder] = need_bytes + (run_bytes if os.stat(folder).st_dev == run_device else 0)
+        if free >= needs[folder]:
             roomy.append(folder)
         else:
-            log(f"exchange: {folder} has {free >> 20} MiB free, needs {need_bytes >> 20} MiB; not used")
+            log(f"exchange: {folder} has {size_text(free)} free, needs {size_text(needs[folder])}; not used")
     if not roomy:
-        raise MemtrainError("no room for the exchange area (gradient files and optimizer state)",
-                            expected=f"{need_bytes >> 20} MiB free", found=", ".join(
-                                f"{f}: {shutil.disk_usage(f).free >> 20} MiB" for f in exchange_candidates(job)),
-                            hint="free space, lower train.tasks_per_update, or set run.exchange to a roomier dir")
+        raise MemtrainError("no room for the exchange area (gradient files, statistics and optimizer state)",
+                            expected=" or ".join(f"{size_text(n)} free in {f}" for f, n in needs.items()),
+                            found=", ".join(f"{f}: {size_text(shutil.disk_usage(f).free)} free" for f in needs),
+                            hint="free space, lower train.tasks_per_update or train.workers, or set run.exchange "
+                                 "to a roomier directory")
     if len(roomy) == 1:
         return roomy[0]
     timings = {}
@@ -379,10 +391,12 @@ def _set_up(job: Job, path: Path, lock: IO[str], need_exchange: int, need_run: i
     free = shutil.disk_usage(path).free
     if free < need_run:
         raise MemtrainError("not enough free space for the run's weight versions and checkpoints", path=path,
-                            expected=f"{need_run >> 20} MiB", found=f"{free >> 20} MiB free")
+                            expected=f"{size_text(need_run)} free", found=f"{size_text(free)} free",
+                            hint="free space, lower run.keep_versions or run.keep_checkpoints, or choose "
+                                 "another run directory")
     candidates = exchange_candidates(job)
     sweep_leftovers(path, candidates)
-    parent = choose_exchange(job, need_exchange, lambda text: log_event(path, text))
+    parent = choose_exchange(job, need_exchange, lambda text: log_event(path, text), need_run)
     exchange = parent / exchange_dir_name(uuid.uuid4().hex[:8], os.getpid())
     exchange.mkdir()
     (exchange / EXCHANGE_MARK).write_text(json.dumps({"owner": os.getpid()}) + "\n")
@@ -414,7 +428,7 @@ def refuse_live_run(path: Path) -> None:
     would fail too while its owner runs. Nothing is created or changed.
     """
     try:
-        handle = open(path / RUN_LOCK, encoding="utf-8")  # noqa: SIM115 - closed below
+        handle = open_regular(path / RUN_LOCK, text=True)
     except (FileNotFoundError, NotADirectoryError):
         return
     with handle:

@@ -1,6 +1,7 @@
 """A list of tasks -> their results in task order, whatever dies, hangs or answers late on the way.
 
-A dead worker's task is re-run (with a new attempt number, so it writes a new file) on a replacement;
+A dead worker's task is re-run (with a new attempt number, so it writes a new file) on a replacement, and
+whatever the dead attempt may have published is deleted at once (``discard``);
 a task silent past its time limit gets its worker killed, then the same; a task that kills its worker
 ``max_attempts`` times stops the run naming the task and its shards. Results of old attempts are ignored.
 """
@@ -24,14 +25,17 @@ CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os
 
 class Scheduler:
     def __init__(self, pool: WorkerPool, *, task_timeout: float, max_attempts: int,
-                 describe: Callable[[Task], str], log: Callable[[str], None], check_stop: Callable[[], None]):
+                 describe: Callable[[Task], str], log: Callable[[str], None], check_stop: Callable[[], None],
+                 discard: Callable[[Task], None] = lambda task: None):
         self.pool = pool
         self.task_timeout = task_timeout
         self.max_attempts = max_attempts
         self.describe = describe
         self.log = log
         self.check_stop = check_stop  # raises Interrupted when a stop was requested
+        self.discard = discard  # deletes what an attempt that will never be used may have written
         self.deaths = 0
+        self.killed: set[int] = set()  # pids killed for silence: killed (and logged) once, then awaited
 
     def run(self, tasks: list[Task], while_waiting: Callable[[], None] | None = None) -> list[Result]:
         """Run every task to a result; returns the results in the order of ``tasks``.
@@ -65,6 +69,8 @@ class Scheduler:
     def _handle(self, event: Event, current: dict[int, Task], pending: deque[Task], done: dict[int, Result]) -> None:
         task = event.task
         if task is None or current.get(task.task) != task or task.task in done:
+            if task is not None and current.get(task.task) != task:
+                self.discard(task)  # a superseded attempt answered late: its file is never read
             return  # an idle worker died, or a stale attempt answered: nothing to do
         if event.result is not None:
             if event.result.error is not None:
@@ -77,6 +83,7 @@ class Scheduler:
             fault_point("after_result")
             return
         self.deaths += 1
+        self.discard(task)  # at once: the exchange holds only what the run reserved, whatever fails
         self.log(f"worker {event.slot.index} (pid {event.slot.process.pid}) died with exit code {event.exitcode} "
                  f"during {self.describe(task)}, attempt {task.attempt + 1}")
         if task.attempt + 1 >= self.max_attempts:
@@ -92,7 +99,7 @@ class Scheduler:
         return busy < CORES or (bool(done) and not pending and len(done) < total)
 
     def _wait_time(self) -> float:
-        busy = [slot.since for slot in self.pool.slots if not slot.idle]
+        busy = [slot.since for slot in self.pool.slots if not slot.idle and slot.process.pid not in self.killed]
         if not busy:
             return WAIT_BOUND
         return max(0.0, min(WAIT_BOUND, min(busy) + self.task_timeout - time.monotonic()))
@@ -100,7 +107,9 @@ class Scheduler:
     def _kill_overdue(self) -> None:
         now = time.monotonic()
         for slot in self.pool.slots:
-            if not slot.idle and now - slot.since > self.task_timeout and slot.process.is_alive():
+            overdue = not slot.idle and now - slot.since > self.task_timeout
+            if overdue and slot.process.pid not in self.killed and slot.process.is_alive():
+                self.killed.add(slot.process.pid)
                 self.log(f"worker {slot.index} (pid {slot.process.pid}) silent for {self.task_timeout:g} s "
                          f"on {self.describe(slot.current)}; killing it")
                 self.pool.kill(slot)

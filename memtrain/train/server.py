@@ -22,17 +22,20 @@ from memtrain.faults import fault_point
 from memtrain.files import open_npy, read_jsonl
 from memtrain.layout import RUN_METRICS, STEP_MARKS, gradient_name
 from memtrain.progress import reporting
-from memtrain.stopping import on_stop_signals
+from memtrain.stopping import on_stop_signals, start_resource_tracker
 from memtrain.train.advice import few_updates_note
-from memtrain.train.context import ModelContext, model_context
+from memtrain.train.context import ModelContext, model_context, startup_check
+from memtrain.train.counters import batch_number, epoch_number, position_text, update_number
+from memtrain.train.datacheck import check_trainable
 from memtrain.train.exchange import WorkerPool
 from memtrain.train.marks import create_marks
 from memtrain.train.messages import Building, EvalTask, GradTask, Result, StatsTask, StepTask, Task, WorkerSetup
 from memtrain.train.metrics import SHOWN
 from memtrain.train.metrics import collect as validation_metrics
-from memtrain.train.optim import learning_rate, state_slots
+from memtrain.train.optim import learning_rate
 from memtrain.train.plan import Update, epoch_updates, eval_tasks, split_range, updates_per_epoch
 from memtrain.train.record import Decision
+from memtrain.train.room import room_needed
 from memtrain.train.run_dir import RunDir, open_run_dir, refuse_live_run
 from memtrain.train.scheduler import Scheduler
 from memtrain.train.state import Position, resume, save_checkpoint, start_fresh
@@ -85,36 +88,58 @@ class TrainSummary:
 
 def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite: bool = False,
           asked: Collection[str] = (), quiet: bool = False) -> TrainSummary:
-    """Run (or resume) a job to the end; raises MemtrainError (Interrupted on SIGINT/SIGTERM).
+    """Run (or resume) a job to the end; raises MemtrainError (Interrupted on SIGINT/SIGTERM/SIGHUP).
 
     ``asked``: the ``section.key`` settings named on the command line, the only ones a resume may change.
     ``quiet``: no progress bar and no epoch lines (warnings are still printed).
     """
-    refuse_live_run(job.run.dir)
-    dataset = open_dataset(job.data.path, verify=verify or job.data.verify)
-    context = model_context(dataset, job.model.kind, job.model.options, job.data.normalize)
-    note = few_updates_note(job, dataset.split("train").rows, context.additive)
-    if note is not None:
-        print(f"memtrain train: note: {note}", file=sys.stderr, flush=True)
-    size_bytes = context.layout.size * 4
-    slots = len(state_slots(job.train.optimizer))
-    run = open_run_dir(job, resume=resume_run, overwrite=overwrite, layout=context.layout.to_json(), asked=asked,
-                       one_pass=context.additive,
-                       need_exchange=(3 * job.train.tasks_per_update + 2 + 2 * slots) * size_bytes,
-                       need_run=(3 + slots) * size_bytes)  # the least that lets a run make progress
     stop = StopRequest()
-    try:
-        with on_stop_signals(lambda signum: setattr(stop, "signum", signum)):
+    with on_stop_signals(stop.record):
+        start_resource_tracker()
+        refuse_live_run(job.run.dir)
+        dataset = open_dataset(job.data.path, verify=verify or job.data.verify)
+        check_trainable(dataset)
+        context = model_context(dataset, job.model.kind, job.model.options, job.data.normalize)
+        runtime = startup_check(context, dataset, job.train.blas_threads)  # a model's dry run: its errors exit 2 here
+        note = few_updates_note(job, dataset.split("train").rows, context.additive)
+        if note is not None:
+            print(f"memtrain train: note: {note}", file=sys.stderr, flush=True)
+        room = room_needed(job, context)  # every file the run will write, at its peak
+        run = open_run_dir(job, resume=resume_run, overwrite=overwrite, layout=context.layout.to_json(),
+                           asked=asked, one_pass=context.additive, need_exchange=room.exchange, need_run=room.run)
+        try:
+            if runtime:
+                run.event(runtime)
             return Trainer(job, dataset, context, run, stop, quiet=quiet).run(run.decision)
-    finally:
-        run.close()
+        except (MemtrainError, OSError) as exc:
+            if not isinstance(exc, Interrupted):  # the run's log tells how it ended, even with no terminal
+                run.event(f"failed: {exc}")
+            raise
+        finally:
+            run.close()
 
 
 @dataclass
 class StopRequest:
-    """Set by SIGINT/SIGTERM; the scheduler checks it while waiting, so a stop never lands mid-bookkeeping."""
+    """Set by SIGINT/SIGTERM/SIGHUP.
+
+    Until training starts (``deferred`` False) a stop raises at once, wherever start-up is (opening or
+    verifying the dataset, measuring the exchange): there is nothing to save yet, and every step of it
+    cleans up after itself. From then on a stop is only recorded; the scheduler checks it while waiting,
+    so it never lands mid-bookkeeping, and the run checkpoints where it stands.
+    """
 
     signum: int | None = None
+    deferred: bool = False
+
+    def record(self, signum: int) -> None:
+        self.signum = self.signum or signum
+        if not self.deferred:
+            self.deferred = True  # a second signal during the unwinding must not interrupt the cleanup
+            error = Interrupted(f"stopped by {signal.Signals(signum).name} during start-up, before training began",
+                                hint="nothing was trained; run the same command again to start")
+            error.exit_code = 128 + signum
+            raise error
 
     def check(self) -> None:
         if self.signum is not None:
@@ -141,6 +166,9 @@ class Trainer:
 
     def run(self, decision: Decision | None) -> TrainSummary:
         """``decision``: what a resume was allowed to change; None for a new run."""
+        self.stop.deferred = True  # from here a stop checkpoints where the run stands
+        if self.stop.signum is not None:
+            raise Interrupted(f"stopped by {signal.Signals(self.stop.signum).name} during start-up")
         position = (resume(self.run_dir, self.job, self.context, self.train_rows, decision) if decision is not None
                     else start_fresh(self.run_dir, self.job, self.context))
         self.checkpointed = position.update_index(self.per_epoch) if decision is not None else None
@@ -148,7 +176,7 @@ class Trainer:
         self.log(f"server pid {os.getpid()}; workers started: pids {' '.join(map(str, pool.pids()))}")
         scheduler = Scheduler(pool, task_timeout=self.job.train.task_timeout,
                               max_attempts=self.job.train.max_attempts, describe=self.describe,
-                              log=self.log, check_stop=self.stop.check)
+                              log=self.log, check_stop=self.stop.check, discard=self.discard_attempt)
         try:
             last = self._fit(scheduler, position) or self._last_epoch_record()
         except (KeyboardInterrupt, Interrupted) as exc:
@@ -159,6 +187,7 @@ class Trainer:
             pool.close()
             if self.next_file is not None:
                 discard(self.next_file)
+        self.log(f"done: {position.epoch} epochs, weight version {position.version}")
         return TrainSummary(self.run_dir.path, position.version, position.epoch, last, position.best,
                             time.monotonic() - self.started, scheduler.deaths,
                             stopped_early=position.epoch < self.job.train.epochs and self.out_of_patience(position))
@@ -185,7 +214,9 @@ class Trainer:
                 if collected is not None:
                     self.step_alone(scheduler, position, collected)
                 last = self.end_epoch(scheduler, position, started, final=epoch + 1 == self.job.train.epochs)
-                bar.line(self.epoch_line(last))
+                line = self.epoch_line(last)
+                self.log(line)  # the run's own record: the console may be gone (a closed terminal or pipe)
+                bar.line(line)
         return last
 
     def update(self, scheduler: Scheduler, update: Update, position: Position,
@@ -264,8 +295,9 @@ class Trainer:
         commit_weights(Path(first.out), self.run_dir.path, first.version + 1)
         update = previous.update
         self.unwritten.append(("lineage", {
-            "version": first.version + 1, "parent": first.version, "update": previous.index, "epoch": update.epoch,
-            "batch": update.batch, "split": "train", "tasks": [[t.lo, t.hi] for t in update.tasks], "lr": first.lr,
+            "version": first.version + 1, "parent": first.version, "update": update_number(previous.index),
+            "epoch": epoch_number(update.epoch), "batch": batch_number(update.batch), "split": "train",
+            "tasks": [[t.lo, t.hi] for t in update.tasks], "lr": first.lr,
             "checksum": checksum}))
 
     def finish(self, position: Position, collected: Collected, *, published: bool,
@@ -285,9 +317,16 @@ class Trainer:
         position.epoch_rows += update.rows
         position.batch += 1
         self.unwritten.append(("metric", {
-            "kind": "update", "epoch": update.epoch, "batch": update.batch, "update": collected.index,
+            "kind": "update", "epoch": epoch_number(update.epoch), "batch": batch_number(update.batch),
+            "update": update_number(collected.index),
             "version": position.version, "loss": collected.loss / update.rows, "rows": update.rows,
             "skipped": not published, "compute_s": collected.compute_s, "time": time.time()}))
+
+    def discard_attempt(self, task: Task) -> None:
+        """Delete the gradient or statistics file a dead or superseded attempt may have published."""
+        if isinstance(task, GradTask | StatsTask):
+            version = task.version if isinstance(task, GradTask) else 0
+            (self.run_dir.exchange / gradient_name(version, task.task, task.attempt)).unlink(missing_ok=True)
 
     def meanwhile(self, version: int) -> None:
         """The server's own work while the workers compute at ``version`` (or build the one after it)."""
@@ -333,8 +372,8 @@ class Trainer:
     def nonfinite(self, update: Update, index: int, bad: list[Any]) -> None:
         where = ", ".join(f"task {t.index} ({self.describe_rows(t.lo, t.hi)})" for t in bad) or \
             "the mean gradient or the new weights (each task's gradient was finite)"
-        text = (f"non-finite loss or gradient at update {index} (epoch {update.epoch + 1}, batch {update.batch}): "
-                f"{where}")
+        text = (f"non-finite loss or gradient at update {update_number(index)} (epoch {epoch_number(update.epoch)}, "
+                f"batch {batch_number(update.batch)}): {where}")
         if self.job.train.on_nonfinite == "stop":
             raise MemtrainError(text, hint="lower train.lr, check the data, or set train.on_nonfinite = \"skip\"; "
                                            "the published weights are unchanged")
@@ -352,7 +391,7 @@ class Trainer:
             path.unlink()
         params = self.context.model.solve(layout.views(total))
         checksum = publish_weights(self.run_dir.path, 1, self.context.layout.flatten(params))
-        self.run_dir.lineage({"version": 1, "parent": 0, "update": 0, "epoch": 0, "split": "train",
+        self.run_dir.lineage({"version": 1, "parent": 0, "update": 1, "epoch": 1, "split": "train",
                               "tasks": [list(p) for p in pieces], "solve": self.job.model.kind, "checksum": checksum})
         position.version, position.epoch_rows = 1, self.train_rows
         position.epoch = self.job.train.epochs - 1
@@ -415,12 +454,13 @@ class Trainer:
         index = position.update_index(self.per_epoch)
         if self.checkpointed != index and position.version > 0:
             save_checkpoint(self.run_dir, self.job, self.context, position, self.per_epoch)
-        signame = "SIGTERM" if self.stop.signum == signal.SIGTERM else "SIGINT"
-        error = Interrupted(f"stopped by {signame} at epoch {position.epoch + 1}, batch {position.batch}; "
-                            f"the newest checkpoint is intact",
-                            hint=f"resume with: memtrain train --resume {self.run_dir.path}")
-        error.exit_code = 143 if signame == "SIGTERM" else 130
-        self.run_dir.event(f"interrupted by {signame}")
+        signum = self.stop.signum or signal.SIGINT  # KeyboardInterrupt: SIGINT outside our handler
+        name = signal.Signals(signum).name
+        where = position_text(position.epoch, position.batch, self.per_epoch)
+        error = Interrupted(f"stopped by {name} {where} (weight version {position.version}); the newest "
+                            "checkpoint is intact", hint=f"resume with: memtrain train --resume {self.run_dir.path}")
+        error.exit_code = 128 + signum
+        self.run_dir.event(f"interrupted by {name} {where} (weight version {position.version})")
         return error
 
     def _last_epoch_record(self) -> dict[str, Any]:
@@ -452,4 +492,4 @@ class Trainer:
                           for f in dataclasses.fields(self.job.train.optimizer))
         return WorkerSetup(os.getpid(), str(self.run_dir.path), str(self.run_dir.exchange), str(self.dataset.path),
                            self.job.data.normalize, self.job.model.kind, tuple(self.job.model.options.items()),
-                           self.job.train.blas_threads, optimizer, 0)
+                           self.job.train.blas_threads, optimizer, 0, self.job.train.seed)

@@ -27,6 +27,7 @@ from memtrain.layout import (
 )
 from memtrain.train.checkpoint import discard_incomplete, newest_checkpoint, write_checkpoint
 from memtrain.train.context import ModelContext
+from memtrain.train.counters import position_text
 from memtrain.train.optim import state_slots
 from memtrain.train.plan import updates_per_epoch
 from memtrain.train.record import Decision, add_history, history_entry
@@ -94,8 +95,9 @@ def resume(run: RunDir, job: Job, context: ModelContext, train_rows: int, decisi
     _restore_files(run, job, context, path, position.version)
     _truncate_logs(run, position.update_index(updates_per_epoch(train_rows, job.train.batch_size)),
                    position.version)
-    run.event(f"resumed from {path.name}: epoch {position.epoch}, batch {position.batch}, "
-              f"version {position.version}")
+    per_epoch = updates_per_epoch(train_rows, job.train.batch_size)
+    run.event(f"resumed from {path.name}: {position_text(position.epoch, position.batch, per_epoch)}, "
+              f"weight version {position.version}")
     return position
 
 
@@ -115,11 +117,11 @@ def _restore_files(run: RunDir, job: Job, context: ModelContext, path: Path, ver
 
 
 def _truncate_logs(run: RunDir, update: int, version: int) -> None:
-    """Drop log lines written after the checkpoint we resume from: they will be written again.
+    """Drop log lines written after the checkpoint we resume from (``update`` updates done): they will be
+    written again. Records are numbered as in train/counters.py: update n's records say ``"update": n``.
 
     A damaged lineage line is dropped too (with a warning): its record can no longer be trusted."""
-    keep_metrics = [r for r in read_jsonl(run.path / RUN_METRICS) if r.get("update", -1) < update
-                    or (r.get("kind") == "epoch" and r.get("update", -1) <= update)]
+    keep_metrics = [r for r in read_jsonl(run.path / RUN_METRICS) if r.get("update", -1) <= update]
     lineage, damaged = read_sealed_jsonl(run.path / RUN_LINEAGE, what="lineage record")
     for problem in damaged:
         _warn(run, f"dropping a damaged lineage record: {problem}")
@@ -150,5 +152,6 @@ def save_checkpoint(run: RunDir, job: Job, context: ModelContext, position: Posi
     best = position.best.get("update") if job.run.keep_best and position.best else None
     saved = write_checkpoint(run.path, position.update_index(per_epoch), meta,
                              weights_path(run.path, position.version), state, job.run.keep_checkpoints, best)
-    run.event(f"checkpoint {saved.name} written (epoch {position.epoch}, version {position.version})")
+    run.event(f"checkpoint {saved.name} written ({position_text(position.epoch, position.batch, per_epoch)}, "
+              f"weight version {position.version})")
     return saved

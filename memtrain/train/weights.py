@@ -88,6 +88,13 @@ def _reuse(spare: Path, tmp: Path, total: int) -> bool:
 
 
 def commit_weights(tmp: Path, run_dir: Path, version: int) -> None:
+    """Publish a version: stamp it with the time of publication, then rename it into place.
+
+    The stamp matters for a recycled file: it is written through maps, and a write to a page that is
+    still dirty from its earlier life does not update the file's mtime, so without it a version could
+    show an older ``written`` time than the version before it.
+    """
+    os.utime(tmp)
     os.replace(tmp, weights_path(run_dir, version))
 
 
@@ -123,7 +130,7 @@ def retire_weights(run_dir: Path, keep: int, current: int, *, recycle: bool = Fa
 def _take_unlocked(path: Path) -> Path | None:
     """Rename ``path`` to a temporary name if nobody holds a lock on it (checked under our own lock)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
     try:

@@ -42,7 +42,8 @@ def worker_main(setup: WorkerSetup, tasks: SimpleQueue, results: SimpleQueue) ->
     """Entry point of a worker process."""
     _exit_with_parent(setup.server_pid)
     _keep_freed_memory()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the server, which stops us in order
+    for stop in (signal.SIGINT, signal.SIGHUP):  # Ctrl-C or a closed terminal: the server stops us in order
+        signal.signal(stop, signal.SIG_IGN)
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(setup.blas_threads)
     from threadpoolctl import threadpool_limits
@@ -107,6 +108,8 @@ class WorkerState:
         self.maps = MapCache()
         self.buffers = GradientBuffers(self.exchange)
         self.marks = StepMarks(self.exchange / STEP_MARKS)
+        if hasattr(self.context.model, "in_worker"):  # e.g. a torch module pins its thread pool
+            self.context.model.in_worker(setup.blas_threads)
 
     def run(self, task: Task) -> Result:
         self.maps.drop_deleted()
@@ -151,8 +154,9 @@ class WorkerState:
                 return Result(task.task, task.attempt, finite=False, step_finite=step_finite, new_version_void=True)
         weights = (self.maps.get(Path(task.building.path), (layout.size,), np.float32) if task.building is not None
                    else self.weights(task.version))
+        seeded = {"seed": (self.setup.seed, task.version, task.task)} if getattr(model, "seeded", False) else {}
         started = time.perf_counter()
-        loss = model.loss_and_grad(layout.views(weights), x, y, layout.views(buffer.array))  # overwrites all
+        loss = model.loss_and_grad(layout.views(weights), x, y, layout.views(buffer.array), **seeded)  # overwrites
         seconds = time.perf_counter() - started
         fault_point("after_grad_tmp")
         self.buffers.publish(buffer, self.exchange / gradient_name(task.version, task.task, task.attempt))
@@ -189,6 +193,6 @@ class WorkerState:
     def step_slice(self, task: StepTask) -> bool:
         """Write this slice of the next version, then mark it (for the peers that wait to read it)."""
         finite = run_step_slice(task, self.exchange, self.run_dir, self.context.layout.size, self.optimizer,
-                                self.maps)
+                                self.maps, self.context.layout.trainable)
         self.marks.mark(task.task, task.seq, finite)
         return finite

@@ -1,0 +1,157 @@
+"""A benchmark problem -> per-update times of the torch MLP: memtrain, torch DDP on gloo, one all-core process.
+
+All three train the same ``torch.nn.Module`` (features -> hidden -> classes, Linear + ReLU), built by
+``benchmark_mlp`` under ``torch.manual_seed(problem.seed)`` (so the same initial weights: memtrain's
+version 0 is built the same way), on the same rows in the same order, with SGD at the same learning
+rate on the mean loss of each global batch:
+
+- memtrain: ``kind = "torch"`` through the real ``train`` path, ``problem.workers`` workers, one thread each;
+- DDP: ``problem.workers`` ranks (spawned processes) on gloo over 127.0.0.1, one thread per rank, each
+  rank the same half of the batch a memtrain task gets, ``torch.optim.SGD``; DDP averages the ranks'
+  gradients, so each rank's loss is its sum scaled by ranks / batch rows;
+- one process: the whole batch, torch on every core, ``torch.optim.SGD``.
+
+DDP's compute time is calibrated, not measured per update (its all-reduce overlaps the backward pass):
+before timing, rank 0 runs a few updates under ``no_sync()`` (forward, backward and step, no
+communication) and their median is its compute; the rest of an update is what DDP adds.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+import numpy as np
+
+from memtrain.benchmarks.problem import Problem, timings
+from memtrain.dataset import open_dataset
+from memtrain.models.protocol import DataSpec
+
+CALIBRATION = 5  # no-sync updates rank 0 runs before timing, to estimate DDP's compute time
+FACTORY = "memtrain.benchmarks.torch_peers:benchmark_mlp"
+
+
+def benchmark_mlp(spec: DataSpec, hidden: int = 64) -> Any:
+    """The benchmark MLP as a torch module (the factory memtrain's torch job names)."""
+    from torch import nn
+
+    return nn.Sequential(nn.Linear(spec.n_features, hidden), nn.ReLU(), nn.Linear(hidden, spec.n_classes))
+
+
+def _module(problem: Problem) -> Any:
+    import torch
+
+    from memtrain.train.context import data_spec
+
+    torch.manual_seed(problem.seed)
+    return benchmark_mlp(data_spec(open_dataset(problem.dataset).manifest), problem.hidden)
+
+
+def _rows(problem: Problem, lo: int, hi: int) -> tuple[Any, Any]:
+    import torch
+
+    x, y = open_dataset(problem.dataset).split("train").read(lo, hi)
+    return torch.from_numpy(np.array(x, dtype=np.float32)), torch.from_numpy(np.array(y, dtype=np.int64))
+
+
+def _update(module: Any, optimizer: Any, x: Any, y: Any, scale: float) -> float:
+    import torch.nn.functional as F
+
+    started = time.perf_counter()
+    loss = F.cross_entropy(module(x), y, reduction="sum") * scale
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return time.perf_counter() - started
+
+
+def all_cores(problem: Problem) -> dict[str, object]:
+    """The whole batch in one process, torch on every core."""
+    import torch
+
+    threads = os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    module = _module(problem)
+    optimizer = torch.optim.SGD(module.parameters(), lr=problem.optimizer.lr)
+    walls, computes = [], []
+    for lo, hi in problem.batches():
+        started = time.perf_counter()
+        x, y = _rows(problem, lo, hi)
+        computes.append(_update(module, optimizer, x, y, 1.0 / (hi - lo)))
+        walls.append(time.perf_counter() - started)
+    return timings(walls, computes, threads=threads)
+
+
+def ddp(problem: Problem) -> dict[str, object]:
+    """``problem.workers`` DDP ranks on gloo over loopback; rank 0's per-update times come back by a pipe."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    port = _free_port()
+    receive, send = context.Pipe(duplex=False)
+    ranks = [context.Process(target=_rank, args=(problem, rank, port, send if rank == 0 else None), daemon=True)
+             for rank in range(problem.workers)]
+    for process in ranks:
+        process.start()
+    try:
+        result = receive.recv()
+        for process in ranks:
+            process.join(60)
+    finally:
+        for process in ranks:
+            if process.is_alive():
+                process.kill()
+                process.join()
+    if any(process.exitcode != 0 for process in ranks):
+        raise RuntimeError(f"a DDP rank failed: exit codes {[p.exitcode for p in ranks]}")
+    return result
+
+
+def _rank(problem: Problem, rank: int, port: int, report: Any) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=problem.workers)
+    try:
+        model = DistributedDataParallel(_module(problem))
+        optimizer = torch.optim.SGD(model.parameters(), lr=problem.optimizer.lr)
+        compute = _calibrate(problem, model, optimizer, rank)
+        walls = []
+        dist.barrier()
+        for lo, hi in problem.batches():
+            started = time.perf_counter()
+            a, b = problem.pieces(lo, hi)[rank]
+            x, y = _rows(problem, a, b)
+            _update(model, optimizer, x, y, problem.workers / (hi - lo))
+            walls.append(time.perf_counter() - started)
+        if report is not None:
+            report.send(timings(walls, [compute] * len(walls), ranks=problem.workers, backend="gloo",
+                                compute_from="no_sync calibration"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _calibrate(problem: Problem, model: Any, optimizer: Any, rank: int) -> float:
+    """Median time of a local update with no communication (forward, backward, step), on a copy of the
+    weights that is put back afterwards, so the timed run starts from the same weights as the others."""
+    saved = {k: v.detach().clone() for k, v in model.module.state_dict().items()}
+    lo, hi = problem.batches()[0]
+    a, b = problem.pieces(lo, hi)[rank]
+    x, y = _rows(problem, a, b)
+    times = []
+    with model.no_sync():
+        for _ in range(CALIBRATION):
+            times.append(_update(model, optimizer, x, y, problem.workers / (hi - lo)))
+    model.module.load_state_dict(saved)
+    optimizer.zero_grad(set_to_none=True)
+    return sorted(times)[len(times) // 2]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -1,0 +1,66 @@
+"""A job and its model -> the bytes every file of the run will take at its peak, in the exchange area and in
+the run directory: what the start-up room check reserves, so that a run that starts never fills a disk by
+its own doing.
+
+Exchange area (deleted when the run ends):
+- gradient buffers: every live gradient (the ``T`` tasks of the update being reduced and the ``T`` of the
+  update computed meanwhile, in a fused round) plus one spare per worker kept for reuse;
+  a killed or superseded attempt's files are removed at once (train/scheduler.py), so failures add nothing;
+- additive models instead: one statistics file (float64) per task, all alive until they are summed;
+- the optimizer state, double-buffered (2 per slot), the block digests and the step marks.
+
+Run directory:
+- weight versions: the ``keep_versions`` kept ones plus the one being built;
+- checkpoints: ``keep_checkpoints`` plus the one being written before the oldest is pruned, each holding
+  the weights and one file per optimizer slot.
+The logs (metrics, lineage, events) grow by a few hundred bytes per update and are not counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from memtrain.config import Job
+from memtrain.files import DIGEST_BYTES
+from memtrain.models.params import PARAM_DTYPE
+from memtrain.train.context import ModelContext
+from memtrain.train.optim import state_slots
+from memtrain.train.weights import block_count
+
+# Per file: the .npy header of a 1-D array (128 bytes; 4 KiB is ample) and the rounding up to whole pages.
+FILE_OVERHEAD = 8192
+
+
+@dataclass(frozen=True)
+class Room:
+    exchange: int  # bytes
+    run: int
+
+    def describe(self) -> str:
+        return f"exchange {size_text(self.exchange)}, run directory {size_text(self.run)}"
+
+
+def room_needed(job: Job, context: ModelContext) -> Room:
+    """The peak bytes of the run's files (see the module docstring for what is counted)."""
+    weights = context.layout.size * PARAM_DTYPE.itemsize + FILE_OVERHEAD
+    slots = len(state_slots(job.train.optimizer))
+    tasks, workers = job.train.tasks_per_update, job.train.workers
+    if context.additive:
+        stats = context.stats_layout.size * np.dtype(np.float64).itemsize + FILE_OVERHEAD
+        gradients = tasks * stats
+    else:
+        gradients = (2 * tasks + workers) * weights
+    small = block_count(context.layout.size) * DIGEST_BYTES + 8 * workers + 2 * FILE_OVERHEAD
+    exchange = gradients + 2 * slots * weights + small
+    run = (job.run.keep_versions + 1) * weights + (job.run.keep_checkpoints + 1) * (1 + slots) * weights
+    return Room(exchange=exchange, run=run)
+
+
+def size_text(size: int) -> str:
+    """``80.0 GiB``, ``1.5 MiB``, ``12 KiB``: a figure a person can compare with ``df -h``."""
+    for unit, shift in (("GiB", 30), ("MiB", 20)):
+        if size >= 1 << shift:
+            return f"{size / (1 << shift):.1f} {unit}"
+    return f"{-(-size // 1024)} KiB"

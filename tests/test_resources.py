@@ -1,0 +1,141 @@
+"""Resources (issue 14, items 9-11): the exchange holds at most what the start-up room check reserved, whatever
+fails; the room check covers every file the run will write (an additive model's statistics too) and refuses
+up front with the figure; the orphan sweep knows every temporary name memtrain makes."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_faults import data, events, memtrain, start, write_job
+from tiny_data import write_dataset
+
+from memtrain.config import load_job
+from memtrain.dataset import open_dataset
+from memtrain.train.context import model_context
+from memtrain.train.room import room_needed
+
+pytestmark = pytest.mark.timeout(180)
+__all__ = ["data"]
+DEAD_PID = 999_999  # above the default pid_max: never a live process
+
+
+def exchange_usage(run: Path, stop: threading.Event, peak: dict[str, int]) -> None:
+    """Sample the run's exchange area until ``stop``: the most bytes and gradient files it ever held."""
+    while not stop.is_set():
+        for area in run.glob("memtrain-x-*"):
+            try:
+                names = os.listdir(area)
+                sizes = {}
+                for name in names:
+                    info = os.stat(area / name)
+                    sizes[info.st_ino] = info.st_blocks * 512  # hard links counted once
+            except FileNotFoundError:
+                continue
+            peak["bytes"] = max(peak["bytes"], sum(sizes.values()))
+            peak["gradients"] = max(peak["gradients"], sum(n.startswith("g-") for n in names))
+        stop.wait(0.002)
+
+
+def test_gradient_files_of_killed_attempts_are_removed_at_once(tmp_path: Path, data: Path) -> None:  # noqa: F811
+    """Every worker dies right after publishing its 2nd gradient, before it reports it: each death leaves a
+    complete gradient file of an attempt the server never hears of. The exchange must never hold more than
+    the live gradients (2 updates x 3 tasks), nor more bytes than the start-up check reserved."""
+    job = write_job(tmp_path, data, epochs=1, model_extra="hidden = [2000]")
+    job.write_text(job.read_text().replace('dir = "run"', 'dir = "run"\nexchange = "run"')
+                   .replace("task_timeout", "max_attempts = 100\ntask_timeout"))
+    resolved = load_job(job)
+    dataset = open_dataset(resolved.data.path)
+    reserved = room_needed(resolved, model_context(dataset, "mlp", {"hidden": (2000,)}, True)).exchange
+    peak = {"bytes": 0, "gradients": 0}
+    stop = threading.Event()
+    sampler = threading.Thread(target=exchange_usage, args=(tmp_path / "run", stop, peak))
+    sampler.start()
+    try:
+        result = memtrain("train", job, env={"MEMTRAIN_FAULT": "after_grad_rename:3"})
+    finally:
+        stop.set()
+        sampler.join()
+    assert result.returncode == 0, result.stderr
+    assert events(tmp_path / "run").count("died with exit code -9") >= 4
+    assert peak["gradients"] <= 2 * 3, peak
+    assert 0 < peak["bytes"] <= reserved, (peak, reserved)
+
+
+def wide_dataset(folder: Path, features: int) -> Path:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(12, features)).astype(np.float32)
+    return write_dataset(folder / "wide", x, x[:, 0].copy(), task="regression", val_rows=2)
+
+
+def test_an_additive_models_statistics_are_counted_and_refused_up_front(tmp_path: Path) -> None:
+    """ridge on 150,000 features: every statistics task writes a 180 GB file; refused before any worker starts."""
+    data = wide_dataset(tmp_path, 150_000)
+    job = write_job(tmp_path, data, kind="ridge", model_extra="", normalize="false")
+    result = memtrain("train", job)
+    assert result.returncode == 1, result.stderr
+    assert "no room for the exchange area (gradient files, statistics and optimizer state)" in result.stderr
+    need = re.search(r"expected ([\d.]+) GiB free in", result.stderr)
+    assert need and float(need.group(1)) >= 0.99 * 3 * 150_000**2 * 8 / 2**30  # 3 tasks, full statistics each
+    assert "Traceback" not in result.stderr and "died" not in events(tmp_path / "run")
+
+
+def test_the_run_directory_needs_room_for_every_version_and_checkpoint_it_keeps(tmp_path: Path,
+                                                                               data: Path) -> None:  # noqa: F811
+    job = write_job(tmp_path, data, model_extra="hidden = [100000]")  # 4 MB per weight version
+    job.write_text(job.read_text().replace("keep_checkpoints = 10", "keep_checkpoints = 10000000"))
+    result = memtrain("train", job)
+    assert result.returncode == 1, result.stderr
+    assert "not enough free space for the run's weight versions and checkpoints" in result.stderr
+    assert re.search(r"expected [\d.]+ GiB free, found [\d.]+ [KMG]iB free", result.stderr)
+
+
+def test_a_probe_left_by_a_server_killed_during_start_up_is_swept(tmp_path: Path, data: Path) -> None:  # noqa: F811
+    """The 16 MiB file that measures /dev/shm against the run's filesystem, left by a SIGKILL while measuring:
+    the next start (here the resume) removes it."""
+    if not (os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK)):
+        pytest.skip("no writable /dev/shm: the exchange location is not measured")
+    job = write_job(tmp_path, data, epochs=1)
+    crashed = start("train", job, env={"MEMTRAIN_FAULT": "exchange_probe:1"})
+    crashed.communicate(timeout=60)
+    assert crashed.returncode == -9
+    left = [p for folder in (Path("/dev/shm"), tmp_path / "run")
+            for p in folder.glob(f".memtrain-probe.tmp-{crashed.pid}-*")]
+    assert left, "the fault did not leave a probe behind"
+    resumed = memtrain("train", job, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert not [p for p in left if p.exists()]
+
+
+def test_serve_sweeps_the_records_a_killed_service_was_writing(cli, tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs"
+    jobs.mkdir(mode=0o755)
+    for sub in ("running", "done", "failed"):
+        (jobs / sub).mkdir(mode=0o755)
+    orphans = [jobs / f".status.json.tmp-{DEAD_PID}-0a1b2c3d",
+               jobs / "running" / f".a.state.json.tmp-{DEAD_PID}-deadbeef",
+               jobs / "done" / f".a.result.json.tmp-{DEAD_PID}-00ff00ff"]
+    kept = [jobs / ".notes.tmp-123-abc", jobs / f".status.json.tmp-{os.getpid()}-0a1b2c3d",  # not ours; alive
+            jobs / "done" / f".mine.txt.tmp-{DEAD_PID}-0a1b2c3d"]  # not a record the service writes
+    for path in orphans + kept:
+        path.write_text("{")
+    result = cli("serve", "--jobs", jobs, "--once")
+    assert result.code == 0, result.err
+    assert [p for p in orphans if p.exists()] == []
+    assert all(p.exists() for p in kept)
+
+
+def test_an_export_sweeps_what_a_killed_export_to_the_same_file_left(cli, tmp_path: Path) -> None:
+    np.save(tmp_path / "weights.npy", np.arange(10, dtype=np.float32))
+    out = tmp_path / "params.npz"
+    orphan = tmp_path / f".params.npz.tmp-{DEAD_PID}-0a1b2c3d"
+    other = tmp_path / f".other.npz.tmp-{DEAD_PID}-0a1b2c3d"
+    for path in (orphan, other):
+        path.write_bytes(b"partial")
+    result = cli("inspect", tmp_path / "weights.npy", "--export", out)
+    assert result.code == 0, result.err
+    assert out.exists() and not orphan.exists() and other.exists()
