@@ -7,7 +7,6 @@ Every default of a job is visible in the dataclasses below. Unknown sections or 
 from __future__ import annotations
 
 import dataclasses
-import os
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ class TrainConfig:
     epochs: int = 10
     batch_size: int | None = None  # None: one update per epoch (full batch), as in the design card
     tasks_per_update: int = 4  # how each update is cut into tasks; never depends on the worker count
-    workers: int = field(default_factory=lambda: os.cpu_count() or 1)
+    workers: int | str = "auto"  # worker processes; 0: the server trains alone; "auto": measured at start
     seed: int = 0
     blas_threads: int = 1  # per worker: N workers x all-core BLAS oversubscribes the machine
     eval_rows: int = 8192  # validation rows per evaluation task
@@ -177,7 +176,11 @@ def _train_config(values: dict[str, Any], where: Any) -> TrainConfig:
 
 
 def _check_train(train: TrainConfig, where: Any) -> None:
-    positive = {"epochs": train.epochs, "tasks_per_update": train.tasks_per_update, "workers": train.workers,
+    if train.workers != "auto" and (not isinstance(train.workers, int) or train.workers < 0):
+        raise InputError("bad value for train.workers", path=where,
+                         expected='"auto", 0 (the server trains alone) or a number of worker processes',
+                         found=repr(train.workers))
+    positive = {"epochs": train.epochs, "tasks_per_update": train.tasks_per_update,
                 "blas_threads": train.blas_threads, "eval_rows": train.eval_rows,
                 "max_attempts": train.max_attempts}
     if train.batch_size is not None:

@@ -435,10 +435,11 @@ def read_json(path: Path, *, what: str = "JSON file") -> Any:
         raise CorruptFileError(f"{what} is not valid JSON ({exc})", path=path, where=where) from exc
 
 
-def append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    """Append one line; a crash can leave at most one partial last line, which readers skip."""
+def append_jsonl(path: Path, *records: dict[str, Any]) -> None:
+    """Append one line per record, in one write; a crash can leave at most one partial last line, which
+    readers skip."""
     with open(path, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(record) + "\n")
+        handle.write("".join(json.dumps(record) + "\n" for record in records))
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

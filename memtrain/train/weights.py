@@ -1,8 +1,9 @@
 """Flat parameter vectors -> published weight versions ``weights/vNNNNNNNN.npy``; never modified once published.
 
-The next version is built in a temporary file that the slice owners write into; publishing is the rename.
-Old versions are deleted once nothing can still be reading them, or recycled: renamed away, then rewritten
-as a later version, once every task of theirs is finished and no outside reader holds a lock on them.
+The next version is built in a temporary file (``layout.building_path``) that the slice owners write into;
+publishing is the rename. Old versions are deleted once nothing can still be reading them, or recycled:
+renamed away, then rewritten as a later version, once every task of theirs is finished and no outside
+reader holds a lock on them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from memtrain.errors import CorruptFileError
 from memtrain.faults import fault_point
 from memtrain.files import (
     BLOCK_CHECKSUM_ALGO,
@@ -21,11 +23,20 @@ from memtrain.files import (
     DIGEST_BYTES,
     allocate_npy,
     block_checksum,
+    check_npy,
     checksum_file,
     npy_header_bytes,
     publish_array,
 )
-from memtrain.layout import WEIGHT_DIGESTS, tmp_sibling, weight_versions, weights_path
+from memtrain.layout import (
+    TMP_MARK,
+    WEIGHT_DIGESTS,
+    WEIGHTS_DIR,
+    building_path,
+    tmp_sibling,
+    weight_versions,
+    weights_path,
+)
 from memtrain.models.params import PARAM_DTYPE
 
 # Parameters per checksum block: a slice owner's slice is a whole number of blocks (the last one may be short).
@@ -59,20 +70,29 @@ def weights_checksum(digests: np.ndarray, size: int) -> str:
     return block_checksum(npy_header_bytes((size,), PARAM_DTYPE), digests.tobytes())
 
 
-def begin_weights(run_dir: Path, version: int, size: int, spare: Path | None = None) -> Path:
-    """Create the (unpublished) file of ``version`` with its header and reserved space; returns its tmp path.
+def ready_building(run_dir: Path, version: int, size: int, owner_pid: int, keep: int) -> Path:
+    """Make sure the (unpublished) file of ``version`` exists, ready for the slice owners; returns its path.
 
-    ``spare`` (a retired version from ``retire_weights``) is reused when it has the right size: its pages
-    are allocated and already mapped by the workers, so writing it costs no allocation and no page
-    faults. Every value in it is overwritten by the slice owners before it is published.
+    The versions older than the newest ``keep`` before it are retired first, and the newest retired one
+    is reused when it has the right size: its pages are allocated and already mapped by the workers, so
+    writing it costs no allocation and no page faults. Every value in the file is overwritten by the
+    slice owners before it is published. A file already there (a stretch restarted after a fault) is
+    kept if its header is whole.
     """
-    tmp = tmp_sibling(weights_path(run_dir, version))
+    path = building_path(run_dir, version, owner_pid)
+    if os.path.exists(path):
+        try:
+            check_npy(path, shape=(size,), dtype=PARAM_DTYPE)
+            return path
+        except CorruptFileError:  # its writer died while creating it
+            os.unlink(path)
+    spare = retire_weights(run_dir, keep, version - 1, recycle=True)
     total = len(npy_header_bytes((size,), PARAM_DTYPE)) + size * PARAM_DTYPE.itemsize
-    if spare is not None and _reuse(spare, tmp, total):
+    if spare is not None and _reuse(spare, path, total):
         fault_point("write")  # the same hit as for a fresh file, so fault tests count the same writes
-        return tmp
-    allocate_npy(tmp, (size,), PARAM_DTYPE)
-    return tmp
+        return path
+    allocate_npy(path, (size,), PARAM_DTYPE)
+    return path
 
 
 def _reuse(spare: Path, tmp: Path, total: int) -> bool:
@@ -91,9 +111,14 @@ def commit_weights(tmp: Path, run_dir: Path, version: int) -> None:
     os.replace(tmp, weights_path(run_dir, version))
 
 
-def discard(tmp: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
+def discard_building(run_dir: Path, owner_pid: int) -> None:
+    """Delete every unpublished version file of ``owner_pid``'s run (at its end, or after a fault)."""
+    folder = run_dir / WEIGHTS_DIR
+    suffix = building_path(run_dir, 0, owner_pid).name.split(TMP_MARK, 1)[1]
+    for name in os.listdir(folder):
+        if TMP_MARK in name and name.split(TMP_MARK, 1)[1] == suffix:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(folder / name)
 
 
 def retire_weights(run_dir: Path, keep: int, current: int, *, recycle: bool = False) -> Path | None:
