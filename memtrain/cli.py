@@ -14,6 +14,7 @@ import traceback
 from pathlib import Path
 
 from memtrain.errors import MemtrainError
+from memtrain.faults import check_spec as check_fault_spec
 from memtrain.files import is_no_space, no_space_error
 
 COMMANDS = {
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(_command_in(argv)).parse_args(argv)
     try:
+        check_fault_spec()  # a test asking for a fault point that does not exist would pass by killing nothing
         return int(args.module.run(args) or 0)
     except MemtrainError as exc:
         if getattr(args, "debug", False):

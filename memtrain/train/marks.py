@@ -152,10 +152,10 @@ class Board:
         started = checked = time.monotonic()
         while True:
             words = self._read()
-            if words[CANCEL] == generation:
-                raise Cancelled
             if ready(words):
                 return words
+            if words[CANCEL] == generation:
+                raise Cancelled
             now = time.monotonic()
             if now - checked > ALIVE_EVERY:
                 alive()

@@ -227,6 +227,7 @@ class Participant:
         self.record(update, PUBLISHED)
         files.records["checksum"][update.batch] = np.frombuffer(bytes.fromhex(checksum.split(":")[1]), np.uint8)
         commit_weights(building_path(files.run_dir, self.version, files.server_pid), files.run_dir, self.version)
+        fault_point("after_publish")
         files.board.set_ledger(Ledger(self.generation, update.update, self.version))
 
     def skip(self, update: Update, bad: tuple[int, ...] | list[int]) -> None:

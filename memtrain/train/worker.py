@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from memtrain.dataset import open_dataset
+from memtrain.errors import MemtrainError
 from memtrain.files import writing_npy
 from memtrain.layout import ROUND_BOARD, gradient_name, weights_path
 from memtrain.train.context import model_context
@@ -129,8 +130,8 @@ class WorkerState:
                 self.maps.drop_deleted()
                 return self.statistics(message) if isinstance(message, StatsTask) else self.evaluate(message)
         except Exception as exc:  # reported to the server, which stops the run with this text
-            detail = "".join(traceback.format_exception_only(exc)).strip()
-            error = f"{detail}\n{traceback.format_exc(limit=-4)}"
+            error = str(exc) if isinstance(exc, MemtrainError) else \
+                "".join(traceback.format_exception_only(exc)).strip() + "\n" + traceback.format_exc(limit=-4)
             if isinstance(message, Stretch):
                 return StretchEnd(generation=message.generation, slot=message.slot, outcome=Outcome.FAILED,
                                   error=error)
