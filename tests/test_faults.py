@@ -278,7 +278,7 @@ def test_a_nonfinite_step_stops_the_run_with_the_published_weights_intact(tmp_pa
 
 # --- the server dying, signals, resume ---
 
-@pytest.mark.parametrize("point", ["after_update_logged:3", "after_result:7", "ckpt_after_data:1", "ckpt_before_commit:2",
+@pytest.mark.parametrize("point", ["after_update_logged:3", "after_result:2", "ckpt_after_data:1", "ckpt_before_commit:2",
                                    "write:9"])
 def test_server_killed_then_resumed_is_identical_and_leaves_no_orphans(tmp_path: Path, data: Path, baseline: str,
                                                                         point: str) -> None:

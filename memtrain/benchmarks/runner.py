@@ -17,14 +17,26 @@ from memtrain.benchmarks.problem import Problem
 from memtrain.train.optim import OptimizerConfig
 
 METHODS = ("memtrain", "one_process", "pickle_queue", "shared_memory", "one_process_blas")
+# memtrain with its placement forced (train.workers = 0 or = the problem's workers): not run by default
+FORCED = ("memtrain_server", "memtrain_workers")
+# the README's first command (memtrain/benchmarks/first_job.py)
+FIRST_JOB = ("first_memtrain", "first_loop")
 
 
 def run_method(method: str, problem: Problem, scratch: Path, exchange: str = "auto") -> dict[str, Any]:
-    from memtrain.benchmarks import peers
+    from memtrain.benchmarks import first_job, peers
     from memtrain.benchmarks.memtrain_run import run_memtrain
 
     if method == "memtrain":
-        return run_memtrain(problem, scratch, exchange)
+        return run_memtrain(problem, scratch, exchange, workers="auto")
+    if method == "memtrain_server":
+        return run_memtrain(problem, scratch, exchange, workers=0)
+    if method == "memtrain_workers":
+        return run_memtrain(problem, scratch, exchange, workers=problem.workers)
+    if method == "first_memtrain":
+        return first_job.run_memtrain(Path(problem.dataset), scratch)
+    if method == "first_loop":
+        return first_job.run_loop(Path(problem.dataset))
     if method == "one_process":
         return peers.one_process(problem, threads=1)
     if method == "one_process_blas":
