@@ -65,7 +65,7 @@ _CHECKPOINT_RE = re.compile(r"^c(\d{8})$")
 
 
 def weights_path(run_dir: Path, version: int) -> Path:
-    return run_dir / WEIGHTS_DIR / f"v{version:08d}.npy"
+    return Path(f"{run_dir}/{WEIGHTS_DIR}/v{version:08d}.npy")  # one Path, not three: asked for on every update
 
 
 def weight_versions(run_dir: Path) -> list[int]:
@@ -139,8 +139,7 @@ ROUND_RECORDS = "round-records.npy"
 def building_path(run_dir: Path, version: int, owner_pid: int) -> Path:
     """The unpublished file of ``version`` while the slice owners write it: a temporary name of the server's,
     the same in every process (so no message has to carry it); publishing renames it to ``weights_path``."""
-    path = weights_path(run_dir, version)
-    return path.with_name(f".{path.name}{TMP_MARK}{owner_pid}-building")
+    return Path(f"{run_dir}/{WEIGHTS_DIR}/.v{version:08d}.npy{TMP_MARK}{owner_pid}-building")
 
 
 # --- temporary names ---

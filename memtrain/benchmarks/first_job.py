@@ -10,11 +10,15 @@ Both are timed from the first update to the end, in a fresh process each, withou
 
 from __future__ import annotations
 
+import contextlib
+import io
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from memtrain.errors import MemtrainError
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "jobs" / "examples" / "digits-mlp.toml"
@@ -30,8 +34,11 @@ def prepare_digits(scratch: Path) -> Path:
     from memtrain.cli import main
 
     out = scratch / "digits"
-    if main(["prepare", str(SOURCE), str(out), "--overwrite"]) != 0:
-        raise RuntimeError("memtrain prepare of data/digits.csv failed")
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+        code = main(["prepare", str(SOURCE), str(out), "--overwrite"])
+    if code != 0:
+        raise MemtrainError("memtrain prepare of data/digits.csv failed", found=said.getvalue()[-2000:])
     return out
 
 

@@ -23,7 +23,8 @@ more than one meeting ahead of another (every meeting needs everyone's mark), so
 enough for the step marks; the gradients marks are kept in two banks (update parity) because a skipped
 update has no step meeting in between. The ready mark only grows: a waiter accepts a later one. Marks
 are written with ``pwrite`` and read with ``pread``: the system call orders them after the data they
-stand for, which was written through a map.
+stand for, which was written through a map. A waiter that finds its marks missing sleeps on the
+board's doorbell, which every mark rings (train/doorbell.py).
 
 Each update's record (``round-records.npy``, one row per update of the current epoch) holds each task's
 loss and compute time, written by the task's owner before its mark, and how the update ended, written
@@ -44,14 +45,16 @@ from pathlib import Path
 import numpy as np
 
 from memtrain.files import DIGEST_BYTES, allocate_npy, check_npy
+from memtrain.train.doorbell import Doorbell
 
 WORD = np.dtype("<i8")
-SPIN_SECONDS = 0.002  # a peer's mark usually lands within this; after it, sleep instead of spinning
-SLEEP_SECONDS = 0.0002
+# A waiter looks at the marks this long before it sleeps on the doorbell (train/doorbell.py): on an idle
+# machine the peer's mark often lands within it, and the wake-up of a sleeper costs about as much.
+SPIN_SECONDS = 100e-6
 ALIVE_EVERY = 1.0  # seconds between the waiter's checks that its server is still there
 
 # Board words
-CANCEL, LEDGER, READY, ACTIVITIES = 0, 1, 4, 8
+CANCEL, LEDGER, READY, DOORBELL, ACTIVITIES = 0, 1, 4, 6, 8
 ACTIVITY_WORDS = 5  # generation, kind, update, item, started (ns of CLOCK_MONOTONIC)
 
 # Activity kinds
@@ -103,6 +106,7 @@ class Board:
         else:
             self._offset = check_npy(path, shape=(self.size,), dtype=WORD).offset
             self._fd = os.open(path, os.O_RDWR)
+            self._bell = Doorbell(self._fd, self._offset + DOORBELL * WORD.itemsize)
 
     @classmethod
     def create(cls, path: Path, slots: int) -> Board:
@@ -116,11 +120,13 @@ class Board:
             return self._memory
         return np.frombuffer(os.pread(self._fd, self.size * WORD.itemsize, self._offset), dtype=WORD)
 
-    def _write(self, index: int, *values: int) -> None:
+    def _write(self, index: int, *values: int, ring: bool = True) -> None:
         if self.path is None:
             self._memory[index:index + len(values)] = values
-        else:
-            os.pwrite(self._fd, np.array(values, dtype=WORD).tobytes(), self._offset + index * WORD.itemsize)
+            return
+        os.pwrite(self._fd, np.array(values, dtype=WORD).tobytes(), self._offset + index * WORD.itemsize)
+        if ring:
+            self._bell.ring()
 
     # --- marks ---
 
@@ -151,17 +157,20 @@ class Board:
     def _wait(self, generation: int, alive: Callable[[], None], ready: Callable[[np.ndarray], bool]) -> np.ndarray:
         started = checked = time.monotonic()
         while True:
+            rung = self._bell.value if self.path is not None else 0
             words = self._read()
             if ready(words):
                 return words
             if words[CANCEL] == generation:
                 raise Cancelled
+            if self.path is None:
+                raise AssertionError("a lone participant waits for a mark only it can write")
             now = time.monotonic()
             if now - checked > ALIVE_EVERY:
                 alive()
                 checked = now
             if now - started > SPIN_SECONDS:
-                time.sleep(SLEEP_SECONDS)
+                self._bell.sleep(rung, ALIVE_EVERY)
 
     # --- the server's words ---
 
@@ -172,14 +181,15 @@ class Board:
         return bool(self._read()[CANCEL] == generation)
 
     def set_ledger(self, ledger: Ledger) -> None:
-        self._write(LEDGER, ledger.generation, ledger.update, ledger.version)
+        self._write(LEDGER, ledger.generation, ledger.update, ledger.version, ring=False)
 
     def ledger(self) -> Ledger:
         words = self._read()
         return Ledger(int(words[LEDGER]), int(words[LEDGER + 1]), int(words[LEDGER + 2]))
 
     def doing(self, slot: int, generation: int, kind: int, update: int, item: int = 0) -> None:
-        self._write(ACTIVITIES + slot * ACTIVITY_WORDS, generation, kind, update, item, time.monotonic_ns())
+        self._write(ACTIVITIES + slot * ACTIVITY_WORDS, generation, kind, update, item, time.monotonic_ns(),
+                    ring=False)
 
     def activities(self, generation: int) -> list[Activity]:
         """What each slot of stretch ``generation`` is doing (slots that have not started it are left out)."""
@@ -192,6 +202,7 @@ class Board:
 
     def close(self) -> None:
         if self.path is not None:
+            self._bell.close()
             os.close(self._fd)
 
 

@@ -111,7 +111,7 @@ class RoundFiles:
         return self.context.normalize(x), np.asarray(y)
 
     def ready_building(self, version: int) -> None:
-        ready_building(self.run_dir, version, self.size, self.server_pid, self.setup.keep_versions)
+        ready_building(self.run_dir, version, self.size, self.server_pid, self.setup.keep_versions, fast=True)
 
     def close(self) -> None:
         del self.records, self.loss, self.seconds, self.bad

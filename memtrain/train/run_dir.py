@@ -143,6 +143,9 @@ def choose_exchange(job: Job, need_bytes: int, log: Any) -> Path:
                             hint="free space, lower train.tasks_per_update, or set run.exchange to a roomier dir")
     if len(roomy) == 1:
         return roomy[0]
+    if need_bytes < PROBE_BYTES:  # a few small files: where they live cannot matter as much as the probe costs
+        log(f"exchange: {roomy[0]} (no probe: the exchange needs {need_bytes >> 10} KiB)")
+        return roomy[0]
     timings = {}
     for folder in roomy:
         try:

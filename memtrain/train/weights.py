@@ -33,7 +33,6 @@ from memtrain.layout import (
     WEIGHT_DIGESTS,
     WEIGHTS_DIR,
     building_path,
-    tmp_sibling,
     weight_versions,
     weights_path,
 )
@@ -70,14 +69,16 @@ def weights_checksum(digests: np.ndarray, size: int) -> str:
     return block_checksum(npy_header_bytes((size,), PARAM_DTYPE), digests.tobytes())
 
 
-def ready_building(run_dir: Path, version: int, size: int, owner_pid: int, keep: int) -> Path:
+def ready_building(run_dir: Path, version: int, size: int, owner_pid: int, keep: int, *, fast: bool = False) -> Path:
     """Make sure the (unpublished) file of ``version`` exists, ready for the slice owners; returns its path.
 
     The versions older than the newest ``keep`` before it are retired first, and the newest retired one
     is reused when it has the right size: its pages are allocated and already mapped by the workers, so
     writing it costs no allocation and no page faults. Every value in the file is overwritten by the
     slice owners before it is published. A file already there (a stretch restarted after a fault) is
-    kept if its header is whole.
+    kept if its header is whole. ``fast`` (once per update in a stretch) retires only the version that
+    has just fallen out of the newest ``keep``, without listing the folder: the stretch's start retired
+    every older one.
     """
     path = building_path(run_dir, version, owner_pid)
     if os.path.exists(path):
@@ -86,25 +87,13 @@ def ready_building(run_dir: Path, version: int, size: int, owner_pid: int, keep:
             return path
         except CorruptFileError:  # its writer died while creating it
             os.unlink(path)
-    spare = retire_weights(run_dir, keep, version - 1, recycle=True)
     total = len(npy_header_bytes((size,), PARAM_DTYPE)) + size * PARAM_DTYPE.itemsize
-    if spare is not None and _reuse(spare, path, total):
+    spare = retire_weights(run_dir, keep, version - 1, recycle=(path, total), only_newest=fast)
+    if spare is not None:
         fault_point("write")  # the same hit as for a fresh file, so fault tests count the same writes
         return path
     allocate_npy(path, (size,), PARAM_DTYPE)
     return path
-
-
-def _reuse(spare: Path, tmp: Path, total: int) -> bool:
-    """Rename ``spare`` to ``tmp`` if it has the right size; delete it otherwise."""
-    try:
-        if os.path.getsize(spare) == total:
-            os.replace(spare, tmp)
-            return True
-        os.unlink(spare)
-    except FileNotFoundError:
-        pass
-    return False
 
 
 def commit_weights(tmp: Path, run_dir: Path, version: int) -> None:
@@ -121,23 +110,26 @@ def discard_building(run_dir: Path, owner_pid: int) -> None:
                 os.unlink(folder / name)
 
 
-def retire_weights(run_dir: Path, keep: int, current: int, *, recycle: bool = False) -> Path | None:
+def retire_weights(run_dir: Path, keep: int, current: int, *, recycle: tuple[Path, int] | None = None,
+                   only_newest: bool = False) -> Path | None:
     """Unpublish versions older than the newest ``keep`` (the current one is always kept).
 
-    They are deleted, except that with ``recycle`` the newest of them is renamed to a temporary name and
-    returned as a spare for ``begin_weights`` -- the caller vouches that every task of that version is
-    finished -- and only if no other process holds an flock on it: a reader outside the run that needs a
-    retired version to stay unchanged may hold ``flock(LOCK_SH)`` on it, and a locked file is deleted,
-    never rewritten. (``inspect`` takes no lock: it confirms after reading that the name still holds
-    the same inode, see ``files.still_published``.)
+    They are deleted, except that with ``recycle = (path, size)`` the newest of them, if it has that size
+    in bytes, is renamed to ``path`` and returned, to be rewritten as a later version -- the caller vouches
+    that every task of that version is finished -- and only if no other process holds an flock on it: a
+    reader outside the run that needs a retired version to stay unchanged may hold ``flock(LOCK_SH)`` on
+    it, and a locked file is deleted, never rewritten. (``inspect`` takes no lock: it confirms after
+    reading that the name still holds the same inode, see ``files.still_published``.) ``only_newest``:
+    only version ``current - keep`` (the caller knows no older one is left).
     """
     spare = None
-    for version in sorted(weight_versions(run_dir), reverse=True):
+    versions = [current - keep] if only_newest else sorted(weight_versions(run_dir), reverse=True)
+    for version in versions:
         if version > current - keep:
             continue
         path = weights_path(run_dir, version)
-        if recycle and spare is None:
-            spare = _take_unlocked(path)
+        if recycle is not None and spare is None:
+            spare = _take_unlocked(path, *recycle)
             if spare is not None:
                 continue
         with contextlib.suppress(FileNotFoundError):
@@ -145,17 +137,19 @@ def retire_weights(run_dir: Path, keep: int, current: int, *, recycle: bool = Fa
     return spare
 
 
-def _take_unlocked(path: Path) -> Path | None:
-    """Rename ``path`` to a temporary name if nobody holds a lock on it (checked under our own lock)."""
+def _take_unlocked(path: Path, to: Path, size: int) -> Path | None:
+    """Rename ``path`` to ``to`` if it has ``size`` bytes and nobody holds a lock on it (checked under our
+    own lock)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        spare = tmp_sibling(path)
-        os.replace(path, spare)
-        return spare
+        if os.fstat(fd).st_size != size:
+            return None
+        os.replace(path, to)
+        return to
     except BlockingIOError:
         return None
     finally:
