@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -217,7 +218,7 @@ def _check_type(hint: Any, value: Any, key: str, where: Any) -> None:
 
 def _matches(hint: Any, value: Any) -> bool:
     origin = typing.get_origin(hint)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+    if origin in (typing.Union, types.UnionType):
         return any(_matches(arg, value) for arg in typing.get_args(hint))
     if hint is type(None):
         return value is None

@@ -4,6 +4,7 @@ equals a fault-free run of the same job."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -309,6 +310,74 @@ def test_interrupt_checkpoints_and_says_how_to_resume(tmp_path: Path, data: Path
     assert wait_gone(worker_pids(run), 5) == []
     assert memtrain("train", "--resume", run).returncode == 0
     assert digest(run) == digest(tmp_path / "clean" / "run")
+
+
+# --- the server running the rounds itself (train.workers = 0): the same guarantees ---
+
+@pytest.mark.parametrize("point", ["before_grad_write:7", "mid_step:4", "after_publish:3", "after_update_logged:5"])
+def test_server_running_the_rounds_killed_then_resumed_is_identical(tmp_path: Path, data: Path, baseline: str,
+                                                                    point: str) -> None:
+    """The baseline ran on 2 worker processes: the same bits from the server alone, across a crash."""
+    job = write_job(tmp_path, data, workers=0)
+    crashed = memtrain("train", job, env={"MEMTRAIN_FAULT": point})
+    assert crashed.returncode == -9, crashed.stderr
+    run = tmp_path / "run"
+    assert "rounds: in the server (train.workers = 0)" in events(run)
+    resumed = memtrain("train", "--resume", run)
+    assert resumed.returncode == 0, resumed.stderr
+    assert digest(run) == baseline
+    assert leftovers(run) == []
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_server_running_the_rounds_stops_cleanly_on_a_signal(tmp_path: Path, data: Path, sig: int,
+                                                             code: int) -> None:
+    clean = write_job(tmp_path / "clean", data, epochs=40, workers=2)
+    assert memtrain("train", clean).returncode == 0
+    job = write_job(tmp_path / "stopped", data, epochs=40, workers=0)
+    proc = start("train", job)
+    run = tmp_path / "stopped" / "run"
+    wait_for_version(run, 30)
+    os.kill(proc.pid, sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert f"resume with: memtrain train --resume {run}" in err
+    stopped_at = json.loads((run / "lineage.jsonl").read_text().splitlines()[-1])["version"]
+    assert stopped_at < 200, "the signal landed after the run had finished"
+    assert memtrain("train", "--resume", run).returncode == 0
+    assert digest(run) == digest(tmp_path / "clean" / "run")
+
+
+def test_a_version_an_outside_reader_locks_is_never_rewritten(tmp_path: Path, data: Path) -> None:
+    """Retired versions are recycled as later versions' files, unless a reader holds flock on them: a
+    locked version is only unlinked, so the reader keeps its bytes."""
+    job = write_job(tmp_path, data, epochs=8)
+    proc = start("train", job)
+    run = tmp_path / "run"
+    wait_for_version(run, 2)
+    for version in range(2, 40):
+        try:
+            fd = os.open(weights_path(run, version), os.O_RDONLY)
+            break
+        except FileNotFoundError:  # already retired: take a newer one
+            continue
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    before = os.pread(fd, 1 << 20, 0)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert version not in weight_versions(run), "the locked version was still published at the end"
+    assert os.pread(fd, 1 << 20, 0) == before, "a locked version was rewritten"
+    lineage = {r["version"]: r["checksum"] for r in map(json.loads, (run / "lineage.jsonl").open())}
+    assert checksum_bytes(before) == lineage[version]
+    os.close(fd)
+
+
+def checksum_bytes(data: bytes) -> str:
+    from memtrain.files import block_checksum, block_digest, npy_data_offset
+
+    offset = npy_data_offset(data)
+    blocks = [data[offset + k:offset + k + (256 << 10)] for k in range(0, len(data) - offset, 256 << 10)]
+    return block_checksum(data[:offset], b"".join(block_digest(block) for block in blocks))
 
 
 # --- corrupt files ---

@@ -45,6 +45,7 @@ from memtrain.train.weights import (
     publish_weights,
     ready_building,
     retire_weights,
+    unpublish_after,
 )
 from memtrain.train.worker import WorkerState
 
@@ -124,6 +125,9 @@ class Trainer:
         position = (resume(self.run_dir, self.job, self.context, self.train_rows) if resume_run
                     else start_fresh(self.run_dir, self.job, self.context))
         self.checkpointed = position.update_index(self.per_epoch) if resume_run else None
+        newer = unpublish_after(self.run_dir.path, position.version)
+        if newer:
+            self.log(f"unpublished versions {newer[0]}-{newer[-1]}: made after the checkpoint, they are made again")
         self.log(f"server pid {os.getpid()}")
         in_server = InServer(WorkerState(self._setup(), alive=lambda: None, board=self.memory_board,
                                          heartbeat=lambda: self.heartbeat(position)))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from memtrain.errors import CorruptFileError
+from memtrain.errors import CorruptFileError, MemtrainError
 from memtrain.faults import fault_point
 from memtrain.files import (
     BLOCK_CHECKSUM_ALGO,
@@ -97,7 +97,24 @@ def ready_building(run_dir: Path, version: int, size: int, owner_pid: int, keep:
 
 
 def commit_weights(tmp: Path, run_dir: Path, version: int) -> None:
-    os.replace(tmp, weights_path(run_dir, version))
+    """Publish the complete file ``tmp`` as ``version``: a second name, then the first one dropped. Unlike a
+    rename, the link never replaces a published version (whose readers must keep their bytes)."""
+    path = weights_path(run_dir, version)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise MemtrainError(f"weight version {version} is already published; refusing to replace it", path=path,
+                            hint="this is a bug in memtrain: please report it with the run's events.log") from None
+    os.unlink(tmp)
+
+
+def unpublish_after(run_dir: Path, version: int) -> list[int]:
+    """Delete the versions newer than ``version`` (a run resumed from an older checkpoint makes them again)."""
+    newer = [v for v in weight_versions(run_dir) if v > version]
+    for v in newer:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(weights_path(run_dir, v))
+    return newer
 
 
 def discard_building(run_dir: Path, owner_pid: int) -> None:
