@@ -151,9 +151,9 @@ def test_worker_killed_at_each_point_recovers_identically(tmp_path: Path, data: 
 
 
 def test_killing_workers_from_outside_including_idle_ones(tmp_path: Path, data: Path) -> None:
-    job = write_job(tmp_path / "clean", data, epochs=6, workers=4)
+    job = write_job(tmp_path / "clean", data, epochs=60, workers=4)  # long enough for every kill to land mid-run
     assert memtrain("train", job).returncode == 0
-    job = write_job(tmp_path / "chaos", data, epochs=6, workers=4)
+    job = write_job(tmp_path / "chaos", data, epochs=60, workers=4)
     proc = start("train", job)
     run = tmp_path / "chaos" / "run"
     wait_for_version(run, 2)

@@ -30,7 +30,8 @@ MADE = {
     "optimizer_state_name": lambda: [layout.optimizer_state_name("m"), layout.optimizer_state_name("v")],
     "exchange_dir_name": lambda: [layout.exchange_dir_name("ab12cd34", 4242)],
     "gradient_name": lambda: [layout.gradient_name(390, 1, 0)],
-    "gradient_buffer_name": lambda: [layout.gradient_buffer_name(4242, 0)],
+    "gradient_buffer_name": lambda: [layout.gradient_buffer_name(0), layout.gradient_buffer_name(3)],
+    "building_path": lambda: [layout.building_path(Path(), 391, 4242).as_posix()],
     "state_buffer_name": lambda: [layout.state_buffer_name("m", 0), layout.state_buffer_name("v", 1)],
     "tmp_sibling": lambda: [layout.tmp_sibling(Path("meta.json")).name],
     "spool_job_file": lambda: [layout.spool_job_file("NAME"), layout.spool_job_file("NAME~1")],
@@ -41,7 +42,7 @@ MADE = {
 }
 # Functions that read names back (parsers and listings) and the prefix of a name made above.
 READERS = {"prepare_work_dirs", "weight_versions", "checkpoint_updates", "parse_exchange_owner", "tmp_owner_pid",
-           "spool_job_name", "gradient_buffer_prefix"}
+           "spool_job_name"}
 # Constants that are parts of names, not names: each must occur inside a name made above.
 FRAGMENTS = {"PREPARE_WORK_MARK", "TMP_MARK", "EXCHANGE_PREFIX", "SPOOL_JOB_SUFFIX"}
 # Names the user chooses (the root of a listing), not memtrain.

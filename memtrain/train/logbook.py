@@ -9,7 +9,6 @@ loses only lines that a resume rewrites anyway (it truncates the logs to its che
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -112,7 +111,3 @@ class Logbook:
         if self.metrics:
             append_jsonl(self.run_dir / RUN_METRICS, *self.metrics)
             self.metrics.clear()
-
-    def since(self, seconds: float) -> float:
-        """Wall time of the updates logged in the last ``seconds`` (for the progress line)."""
-        return time.time() - seconds

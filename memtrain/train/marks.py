@@ -37,6 +37,7 @@ are the same, the waits never wait.
 from __future__ import annotations
 
 import os
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -124,7 +125,7 @@ class Board:
         if self.path is None:
             self._memory[index:index + len(values)] = values
             return
-        os.pwrite(self._fd, np.array(values, dtype=WORD).tobytes(), self._offset + index * WORD.itemsize)
+        os.pwrite(self._fd, struct.pack(f"<{len(values)}q", *values), self._offset + index * WORD.itemsize)
         if ring:
             self._bell.ring()
 

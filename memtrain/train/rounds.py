@@ -113,9 +113,6 @@ class RoundFiles:
     def ready_building(self, version: int) -> None:
         ready_building(self.run_dir, version, self.size, self.server_pid, self.setup.keep_versions, fast=True)
 
-    def close(self) -> None:
-        del self.records, self.loss, self.seconds, self.bad
-
 
 class Participant:
     """One slot's part in one stretch: the loop, and the pieces of a round it is made of."""
