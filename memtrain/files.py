@@ -1,7 +1,11 @@
 """Safe file primitives: publish by rename, safe .npy headers and maps, checksums, JSON.
 
-Every file memtrain writes goes through ``publish`` (temp name in the same directory, write, optional
-fsync, ``os.replace``, optional directory fsync). Every ``.npy`` it reads goes through ``open_npy``,
+A file written whole goes through ``publish`` (temp name in the same directory, write, optional fsync,
+``os.replace``, optional directory fsync) or ``writing_npy`` (the same, for a map filled in place).
+The other renames are their owners': a dataset or a checkpoint directory built under a temporary name
+(prepare/workdir.py, train/checkpoint.py), a weight version written by the slice owners and published
+by a link (train/weights.py), a job moved between the spool's folders (serve/spool.py), an export
+(inspection/export.py). Every ``.npy`` memtrain reads goes through ``open_npy``,
 which checks the header, the dtype and the exact file size before mapping, so a truncated file, trailing
 junk, a pickled object array or a header claiming a huge shape is an error naming the file, never a
 SIGBUS, a numpy traceback or an allocation.

@@ -99,8 +99,8 @@ class Logbook:
 
     def nonfinite_gradients(self, update: Update) -> list[TaskRange]:
         """The tasks whose gradient buffer holds NaN/Inf (read only on this rare path, never per update)."""
-        return [task for task in update.tasks
-                if not np.isfinite(open_npy(self.exchange / gradient_buffer_name(task.task), shape=(self.size,),
+        return [rows for rows in update.tasks
+                if not np.isfinite(open_npy(self.exchange / gradient_buffer_name(rows.task), shape=(self.size,),
                                             dtype=np.float32)).all()]
 
     def write(self) -> None:

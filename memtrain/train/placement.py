@@ -24,10 +24,11 @@ from memtrain.train.exchange import InServer, Transport, WorkerPool
 # for the stretch's start).
 PROBE_UPDATES = 6
 
-# Compute per update that workers must be able to take off the server before they are even tried: two
-# meetings at marks and a publication cost about this much between processes on an idle 2-core
-# machine (measured: docs/performance.md), so below it workers cannot win.
-MIN_GAIN_S = 0.4e-3
+# Compute per update that workers must be able to take off the server before they are even tried (and
+# spawned: ~0.3 s of start-up each). Between processes an update costs at least two futex wake-ups
+# (~10-50 us each on an idle core) and the marks' system calls on top of what the server pays; this
+# floor is an estimate, kept low on purpose: above it, the two are timed against each other.
+MIN_GAIN_S = 0.15e-3
 
 
 class Phase(enum.Enum):

@@ -106,8 +106,8 @@ class RoundFiles:
     def building(self, version: int) -> np.ndarray:
         return self._map(building_path(self.run_dir, version, self.server_pid))
 
-    def rows(self, task: TaskRange) -> tuple[np.ndarray, np.ndarray]:
-        x, y = self.train.read(task.lo, task.hi)
+    def rows(self, rows: TaskRange) -> tuple[np.ndarray, np.ndarray]:
+        x, y = self.train.read(rows.lo, rows.hi)
         return self.context.normalize(x), np.asarray(y)
 
     def ready_building(self, version: int) -> None:
@@ -181,9 +181,9 @@ class Participant:
     def gradients(self, update: Update) -> Update | None:
         files, board = self.files, self.files.board
         finite = True
-        for task in update.tasks:
-            if task_owner(task.task, self.stretch.participants) == self.slot:
-                finite = self.gradient(update, task) and finite
+        for rows in update.tasks:
+            if task_owner(rows.task, self.stretch.participants) == self.slot:
+                finite = self.gradient(update, rows) and finite
         board.mark_gradients(self.generation, update.update, self.slot, finite)
         if self.slot == 0:
             self.publish()
@@ -196,18 +196,18 @@ class Participant:
             return None
         return update
 
-    def gradient(self, update: Update, task: TaskRange) -> bool:
+    def gradient(self, update: Update, rows: TaskRange) -> bool:
         """One task's gradient into its buffer; False if its loss is not finite."""
         files = self.files
-        files.board.doing(self.slot, self.generation, GRADIENT, update.update, task.task)
-        x, y = files.rows(task)
+        files.board.doing(self.slot, self.generation, GRADIENT, update.update, rows.task)
+        x, y = files.rows(rows)
         fault_point("before_grad_write")
         layout = files.context.layout
         started = time.perf_counter()
         loss = files.context.model.loss_and_grad(layout.views(self.weights), x, y,
-                                                 layout.views(files.grads[task.task]))  # overwrites every value
-        files.seconds[update.batch, task.task] = time.perf_counter() - started
-        files.loss[update.batch, task.task] = loss
+                                                 layout.views(files.grads[rows.task]))  # overwrites every value
+        files.seconds[update.batch, rows.task] = time.perf_counter() - started
+        files.loss[update.batch, rows.task] = loss
         fault_point("after_grad_write")
         return math.isfinite(loss)
 

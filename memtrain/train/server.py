@@ -304,16 +304,16 @@ class Trainer:
         epochs = [r for r in read_jsonl(self.run_dir.path / RUN_METRICS) if r.get("kind") == "epoch"]
         return epochs[-1] if epochs else {}
 
-    def describe_task(self, task: Task) -> str:
-        if isinstance(task, EvalTask):
-            return f"evaluation task {task.task} ({self.describe_rows(task.lo, task.hi, 'val')})"
-        return f"statistics task {task.task} ({self.describe_rows(task.lo, task.hi)})"
+    def describe_task(self, message: Task) -> str:
+        if isinstance(message, EvalTask):
+            return f"evaluation task {message.task} ({self.describe_rows(message.lo, message.hi, 'val')})"
+        return f"statistics task {message.task} ({self.describe_rows(message.lo, message.hi)})"
 
     def describe_activity(self, activity: Activity) -> str:
         update = self.plan.update(activity.update)
         if activity.kind == GRADIENT:
-            task = update.tasks[activity.item]
-            return f"gradient task {task.task} ({self.describe_rows(task.lo, task.hi)}) of update {update.update}"
+            rows = update.tasks[activity.item]
+            return f"gradient task {rows.task} ({self.describe_rows(rows.lo, rows.hi)}) of update {update.update}"
         if activity.kind == STEP:
             lo, hi = step_slices(self.context.layout.size, self.participants, BLOCK)[activity.item]
             return f"step slice {activity.item} (parameters {lo}-{hi}) of update {update.update}"

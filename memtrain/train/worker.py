@@ -155,22 +155,22 @@ class WorkerState:
         x, y = self.dataset.split(split).read(lo, hi)
         return self.context.normalize(x), np.asarray(y)
 
-    def statistics(self, task: StatsTask) -> Result:
+    def statistics(self, message: StatsTask) -> Result:
         shapes = self.context.stats_layout
-        x, y = self.rows("train", task.lo, task.hi)
-        out = self.exchange / gradient_name(0, task.task, task.attempt)
+        x, y = self.rows("train", message.lo, message.hi)
+        out = self.exchange / gradient_name(0, message.task, message.attempt)
         with writing_npy(out, (shapes.size,), np.float64, durable=False) as flat:
             self.context.model.statistics(x, y, shapes.views(flat))
-        return Result(task=task.task, attempt=task.attempt, outcome=Outcome.DONE, rows=task.hi - task.lo)
+        return Result(task=message.task, attempt=message.attempt, outcome=Outcome.DONE, rows=message.hi - message.lo)
 
-    def evaluate(self, task: EvalTask) -> Result:
-        weights = self.maps.get(weights_path(self.run_dir, task.version), (self.context.layout.size,), np.float32)
+    def evaluate(self, message: EvalTask) -> Result:
+        weights = self.maps.get(weights_path(self.run_dir, message.version), (self.context.layout.size,), np.float32)
         params = self.context.layout.views(weights)
-        x, y = self.rows("val", task.lo, task.hi)
+        x, y = self.rows("val", message.lo, message.hi)
         loss = float(self.context.model.loss(params, x, y))
         correct = 0
         if self.context.classifier:
             correct = int(np.count_nonzero(self.context.model.predict(params, x) == y))
-        return Result(task=task.task, attempt=task.attempt,
+        return Result(task=message.task, attempt=message.attempt,
                       outcome=Outcome.DONE if math.isfinite(loss) else Outcome.NONFINITE,
-                      loss=loss, rows=task.hi - task.lo, correct=correct)
+                      loss=loss, rows=message.hi - message.lo, correct=correct)
