@@ -4,7 +4,8 @@
 - ``train.workers = N``: N worker processes run them; the server only watches.
 - ``train.workers = "auto"`` (the default): the server runs the first updates itself and times them.
   If the compute that workers could take off its hands is below what a round between processes costs
-  (MIN_GAIN_S), it keeps the rounds: no worker is ever started. Otherwise it starts one worker per core
+  (MIN_GAIN_S), or saves less over the rest of the job than starting them costs (SPAWN_COST_S each), it
+  keeps the rounds: no worker is ever started. Otherwise it starts one worker per core
   (at most one per task of an update) and goes on training while they start; once they are ready they
   run a few updates, and the faster of the two, as measured, runs the rest of the job.
 
@@ -29,6 +30,11 @@ PROBE_UPDATES = 6
 # (~10-50 us each on an idle core) and the marks' system calls on top of what the server pays; this
 # floor is an estimate, kept low on purpose: above it, the two are timed against each other.
 MIN_GAIN_S = 0.15e-3
+
+# Starting a worker (an interpreter, numpy, the model, the dataset's maps) costs about this much CPU,
+# taken from the server on a machine without a spare core; the saving over the rest of the job must
+# be larger before workers are tried.
+SPAWN_COST_S = 0.5
 
 
 class Phase(enum.Enum):
@@ -84,15 +90,15 @@ class Placement:
         """Between two updates the server runs itself: True ends its stretch (the workers are ready)."""
         return self.phase == Phase.STARTING and self.pool.ready()
 
-    def observe(self, timeline: list[tuple[int, float, float]], update: int) -> None:
+    def observe(self, timeline: list[tuple[int, float, float]], update: int, remaining: int) -> None:
         """The (update, publication time, compute seconds) of the last stretch's updates; ``update`` is the
-        next update to run."""
+        next update to run, ``remaining`` how many the job has left."""
         walls = [b[1] - a[1] for a, b in zip(timeline, timeline[1:], strict=False) if b[0] == a[0] + 1]
         if self.phase == Phase.SERVER_PROBE:
             self.server_walls += walls
             self.server_computes += [c for _, _, c in timeline[1:]]
             if len(self.server_walls) >= PROBE_UPDATES:
-                self._after_server_probe(update)
+                self._after_server_probe(update, remaining)
         elif self.phase == Phase.STARTING and self.pool.ready():
             self.phase = Phase.WORKERS_PROBE
         elif self.phase == Phase.WORKERS_PROBE:
@@ -100,7 +106,7 @@ class Placement:
             if len(self.worker_walls) >= PROBE_UPDATES:
                 self._after_workers_probe(update)
 
-    def _after_server_probe(self, update: int) -> None:
+    def _after_server_probe(self, update: int, remaining: int) -> None:
         wall, compute = _median(self.server_walls), _median(self.server_computes)
         gain = compute * (1 - 1 / self.count)
         figures = f"an update takes {wall * 1e3:.2f} ms in the server, {compute * 1e3:.2f} ms of it computing"
@@ -109,6 +115,12 @@ class Placement:
             self.log(f"rounds: in the server from update {update}: {figures}; {self.count} workers could save at "
                      f"most {gain * 1e3:.2f} ms of it, less than a round between processes costs "
                      f"({MIN_GAIN_S * 1e3:.2f} ms)")
+            return
+        if gain * remaining < SPAWN_COST_S * self.count:
+            self.phase = Phase.SERVER
+            self.log(f"rounds: in the server from update {update}: {figures}; {self.count} workers could save at "
+                     f"most {gain * remaining:.2f} s over the {remaining} updates left, less than starting them "
+                     f"costs ({SPAWN_COST_S * self.count:.1f} s)")
             return
         self.log(f"rounds: {figures}; starting {self.count} workers to compare")
         self.pool = self.start_pool(self.count)

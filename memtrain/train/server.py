@@ -198,7 +198,8 @@ class Trainer:
             raise Interrupted("stopped by a signal")
         if ended == Ended.NONFINITE:  # catch_up raised unless the stop landed before the update was logged
             raise MemtrainError("a non-finite update stopped the run", hint="see the event log")
-        self.placement.observe(self.logbook.timeline[logged:], position.update_index(self.per_epoch))
+        done = position.update_index(self.per_epoch)
+        self.placement.observe(self.logbook.timeline[logged:], done, self.plan.total_updates - done)
 
     def look(self, position: Position, board: Board) -> None:
         """The server's look at a running stretch: log what finished, show progress."""
