@@ -119,7 +119,7 @@ class Placement:
         if gain * remaining < SPAWN_COST_S * self.count:
             self.phase = Phase.SERVER
             self.log(f"rounds: in the server from update {update}: {figures}; {self.count} workers could save at "
-                     f"most {gain * remaining:.2f} s over the {remaining} updates left, less than starting them "
+                     f"most {gain * remaining:.3g} s over the {remaining} updates left, less than starting them "
                      f"costs ({SPAWN_COST_S * self.count:.1f} s)")
             return
         self.log(f"rounds: {figures}; starting {self.count} workers to compare")
