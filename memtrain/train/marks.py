@@ -51,7 +51,7 @@ from memtrain.train.doorbell import Doorbell
 WORD = np.dtype("<i8")
 # A waiter looks at the marks this long before it sleeps on the doorbell (train/doorbell.py): on an idle
 # machine the peer's mark often lands within it, and the wake-up of a sleeper costs about as much.
-SPIN_SECONDS = 100e-6
+SPIN_SECONDS = 200e-6
 ALIVE_EVERY = 1.0  # seconds between the waiter's checks that its server is still there
 
 # Board words
