@@ -1,25 +1,54 @@
-"""memtrain: data-parallel training of numpy models across processes on memory-mapped files."""
+"""memtrain: data-parallel training of numpy models across processes on memory-mapped files.
+
+The Python API (the command line, ``memtrain --help``, does the same from a shell)::
+
+    import memtrain
+    summary = memtrain.fit("job.toml", train={"epochs": 5})   # train a job file; no __main__ guard needed
+    model = memtrain.load_model(summary.run_dir, which="best") # predict / predict_proba on raw features
+    ds = memtrain.open_dataset("data/digits")                 # a prepared dataset, mapped read-only
+    for x, y in ds.batches(128, seed=0, epoch=0): ...          # numpy batches for your own training loop
+
+- ``fit(job, **settings)``: run a training job (``memtrain train``); returns a ``TrainSummary``.
+- ``load_job(path)``: read and validate a job file without running it.
+- ``open_dataset(path)``: a ``Dataset`` made by ``memtrain prepare``.
+- ``load_model(run, which="last" | "best")``: a ``TrainedModel`` from a run or checkpoint.
+- ``load_checkpoint(path)``: the raw parameter arrays and metadata of a checkpoint.
+- ``MemtrainError``: every error memtrain raises on purpose (``InputError``: bad input or settings).
+"""
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["open_dataset", "load_model", "load_checkpoint", "__version__"]
+__all__ = ["fit", "load_job", "open_dataset", "Dataset", "load_model", "TrainedModel", "load_checkpoint",
+           "TrainSummary", "MemtrainError", "InputError", "__version__"]
+
+# Lazy: `import memtrain` stays cheap for worker processes and for `memtrain --help`.
+_WHERE = {
+    "fit": "memtrain.train.fit", "load_job": "memtrain.config", "open_dataset": "memtrain.dataset",
+    "Dataset": "memtrain.dataset", "load_model": "memtrain.predict", "TrainedModel": "memtrain.predict",
+    "load_checkpoint": "memtrain.train.checkpoint", "TrainSummary": "memtrain.train.server",
+    "MemtrainError": "memtrain.errors", "InputError": "memtrain.errors",
+}
 
 if TYPE_CHECKING:
-    from memtrain.dataset import open_dataset
+    from memtrain.config import load_job
+    from memtrain.dataset import Dataset, open_dataset
+    from memtrain.errors import InputError, MemtrainError
+    from memtrain.predict import TrainedModel, load_model
+    from memtrain.train.checkpoint import load_checkpoint
+    from memtrain.train.fit import fit
+    from memtrain.train.server import TrainSummary
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy: `import memtrain` stays cheap for worker processes and for `memtrain --help`.
-    if name == "open_dataset":
-        from memtrain.dataset import open_dataset
-        return open_dataset
-    if name == "load_model":
-        from memtrain.predict import load_model
-        return load_model
-    if name == "load_checkpoint":
-        from memtrain.train.checkpoint import load_checkpoint
-        return load_checkpoint
-    raise AttributeError(name)
+    if name not in _WHERE:
+        raise AttributeError(f"module 'memtrain' has no attribute {name!r}")
+    return getattr(importlib.import_module(_WHERE[name]), name)
+
+
+def __dir__() -> list[str]:
+    """The API and the module's own dunder names (not the helpers imported to implement the laziness)."""
+    return sorted({*__all__, *(name for name in globals() if name.startswith("__"))})

@@ -13,6 +13,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from memtrain import __version__
 from memtrain.errors import MemtrainError
 from memtrain.faults import check_spec as check_fault_spec
 from memtrain.files import is_no_space, no_space_error
@@ -32,6 +33,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="memtrain",
         description="Data-parallel training of numpy models across processes on memory-mapped files.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks instead of short errors")
+    parser.add_argument("--version", action="version", version=f"memtrain {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
         if name != command:

@@ -1,12 +1,14 @@
 """Job file (TOML) + ``--set`` overrides -> a validated, frozen ``Job``; the one place defaults live.
 
 Every default of a job is visible in the dataclasses below. Unknown sections or keys and wrong types are
-``InputError``s naming the key and the file (exit 2). Paths in the file are relative to the file.
+``InputError``s naming the key and the file (exit 2). Paths in the file are relative to the file; paths given
+on the command line (``--set data.path=...``, ``--run-dir``) or from Python are relative to the current directory.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import tomllib
 import types
 import typing
@@ -14,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memtrain.errors import InputError
+from memtrain.errors import InputError, did_you_mean
 from memtrain.train.optim import OptimizerConfig
 
 
@@ -43,6 +45,7 @@ class TrainConfig:
     task_timeout: float = 600.0  # seconds before a silent task's worker is killed and the task re-run
     max_attempts: int = 3  # a task that kills its worker this many times stops the run
     on_nonfinite: str = "stop"  # "stop" | "skip": what a NaN/Inf loss or gradient does to the update
+    patience: int | None = None  # stop after this many epochs without a better val_loss; None: never stop early
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
 
 
@@ -51,6 +54,7 @@ class RunConfig:
     dir: Path = Path("runs/default")
     checkpoint_every: int = 1  # epochs
     keep_checkpoints: int = 3
+    keep_best: bool = False  # also keep the best epoch's checkpoint (by val_loss), whatever keep_checkpoints prunes
     keep_versions: int = 3  # weight versions left on disk for inspection
     exchange: str = "auto"  # "auto" (measure /dev/shm vs the run's filesystem) | "shm" | "run" | a directory
 
@@ -67,38 +71,62 @@ class Job:
 OPTIMIZER_KEYS = tuple(f.name for f in dataclasses.fields(OptimizerConfig))
 OPTIMIZER_RENAMES = {"optimizer": "name"}  # [train] optimizer = "adam" is OptimizerConfig.name
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "run": RunConfig}
+EXCHANGE_CHOICES = ("auto", "shm", "run")  # any other run.exchange value is a directory
 
 
-def load_job(path: Path | None, overrides: typing.Sequence[str] = (), *, workers: int | None = None,
-             run_dir: Path | None = None) -> Job:
-    """Read a job file, apply ``section.key=value`` overrides (values in TOML syntax) and validate it."""
+def load_job(path: str | os.PathLike[str] | None, overrides: typing.Sequence[str] = (), *,
+             workers: int | None = None, run_dir: str | os.PathLike[str] | None = None,
+             values: typing.Mapping[str, Any] | None = None) -> Job:
+    """Read a job file, apply overrides and validate it.
+
+    ``overrides`` are ``section.key=value`` strings (values in TOML syntax, as ``--set`` takes them);
+    ``values`` are the same as Python values by dotted key. Paths in the file are relative to the file;
+    paths in overrides, values and ``run_dir`` are relative to the current directory.
+
+    >>> job = load_job("jobs/examples/digits-mlp.toml", values={"train.epochs": 5})   # doctest: +SKIP
+    """
+    path = Path(path) if path is not None else None
     raw: dict[str, Any] = _read_toml(path) if path is not None else {}
     base = path.resolve().parent if path is not None else Path.cwd()
-    for item in overrides:
-        _apply_override(raw, item)
-    if workers is not None:
-        raw.setdefault("train", {})["workers"] = workers
+    _apply_overrides(raw, overrides, values, workers)
     if run_dir is not None:
-        raw.setdefault("run", {})["dir"] = str(Path(run_dir).resolve())
+        raw.setdefault("run", {})["dir"] = os.path.abspath(run_dir)
     if path is not None:
         raw.setdefault("run", {}).setdefault("dir", str(Path("runs") / path.stem))
     return job_from_dict(raw, base=base, source=path)
 
 
-def load_saved_job(run_dir: Path, overrides: typing.Sequence[str] = (), *, workers: int | None = None) -> Job:
-    """The resolved job saved in a run directory (for ``--resume``), with overrides such as more epochs."""
-    from memtrain.files import read_json
-    from memtrain.layout import RUN_JOB
+def load_saved_job(run_dir: str | os.PathLike[str], overrides: typing.Sequence[str] = (), *,
+                   workers: int | None = None, values: typing.Mapping[str, Any] | None = None) -> Job:
+    """The job a run directory follows (for ``--resume``): its record with the changes of its history, then
+    ``overrides`` such as more epochs. ``run.dir`` is ``run_dir``, wherever the directory has been moved."""
+    from memtrain.errors import CorruptFileError
+    from memtrain.train.record import recorded_job
+    from memtrain.train.run_dir import damaged_record
 
-    if not (run_dir / RUN_JOB).exists():
-        raise InputError("not a run directory: no job.json", path=run_dir,
-                         hint="give the run directory that `memtrain train` created (run.dir of the job)")
-    raw = read_json(run_dir / RUN_JOB, what="saved job")
+    run_dir = Path(run_dir).resolve()
+    if not run_dir.is_dir():
+        raise InputError("no run directory here", path=run_dir,
+                         hint=f"start a run there with `memtrain train JOB.toml --run-dir {run_dir}`")
+    try:
+        raw = recorded_job(run_dir)
+    except CorruptFileError as exc:
+        raise damaged_record(exc, run_dir, None) from None
+    _apply_overrides(raw, overrides, values, workers)
+    return job_from_dict(raw, base=run_dir, source=None)
+
+
+def _apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str], values: typing.Mapping[str, Any] | None,
+                     workers: int | None) -> None:
     for item in overrides:
         _apply_override(raw, item)
+    for key, value in (values or {}).items():
+        section, dot, name = key.partition(".")
+        if not dot or not name:
+            raise InputError("an override takes a section.key name", expected="e.g. train.lr", found=key)
+        _set_value(raw, section, name, value)
     if workers is not None:
-        raw["train"]["workers"] = workers
-    return job_from_dict(raw, base=run_dir, source=None)
+        raw.setdefault("train", {})["workers"] = workers
 
 
 def job_from_dict(raw: dict[str, Any], *, base: Path, source: Path | None = None) -> Job:
@@ -106,8 +134,9 @@ def job_from_dict(raw: dict[str, Any], *, base: Path, source: Path | None = None
     where = source or "job"
     unknown = set(raw) - set(SECTIONS)
     if unknown:
-        raise InputError(f"unknown section [{sorted(unknown)[0]}]", path=where,
-                         expected=f"one of {', '.join(f'[{s}]' for s in SECTIONS)}")
+        name = sorted(unknown)[0]
+        raise InputError(f"unknown section [{name}]", path=where,
+                         expected=f"one of {', '.join(f'[{s}]' for s in SECTIONS)}", hint=did_you_mean(name, SECTIONS))
     for name, value in raw.items():
         if not isinstance(value, dict):
             raise InputError(f"'{name}' must be a table [{name}]", path=where, found=type(value).__name__)
@@ -117,6 +146,8 @@ def job_from_dict(raw: dict[str, Any], *, base: Path, source: Path | None = None
     run = _build(RunConfig, raw.get("run", {}), "run", where)
     data = dataclasses.replace(data, path=(base / data.path).resolve())
     run = dataclasses.replace(run, dir=(base / run.dir).resolve())
+    if run.exchange not in EXCHANGE_CHOICES:
+        run = dataclasses.replace(run, exchange=str((base / run.exchange).resolve()))
     return Job(data, model, train, run, source.resolve() if source else None)
 
 
@@ -155,7 +186,19 @@ def _apply_override(raw: dict[str, Any], item: str) -> None:
         value = tomllib.loads(f"v = {text.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = text.strip()  # a bare word: take it as a string
+    _set_value(raw, section.strip(), name, value)
+
+
+def _set_value(raw: dict[str, Any], section: str, name: str, value: Any) -> None:
+    """One override. A path given here is relative to the current directory, not to the job file."""
+    if isinstance(value, str | os.PathLike) and _names_a_path(section, name, value):
+        value = os.path.abspath(os.path.expanduser(value))
     raw.setdefault(section, {})[name] = value
+
+
+def _names_a_path(section: str, name: str, value: Any) -> bool:
+    return (section, name) in (("data", "path"), ("run", "dir")) or (
+        (section, name) == ("run", "exchange") and value not in EXCHANGE_CHOICES)
 
 
 def _model_config(values: dict[str, Any], where: Any) -> ModelConfig:
@@ -186,6 +229,8 @@ def _check_train(train: TrainConfig, where: Any) -> None:
                 "max_attempts": train.max_attempts}
     if train.batch_size is not None:
         positive["batch_size"] = train.batch_size
+    if train.patience is not None:
+        positive["patience"] = train.patience
     for key, value in positive.items():
         if value < 1:
             raise InputError(f"train.{key} must be at least 1", path=where, found=value)
@@ -202,7 +247,8 @@ def _build(cls: type, values: dict[str, Any], section: str, where: Any, **fixed:
     for key, value in values.items():
         if key not in names:
             allowed = sorted(names | (set(OPTIMIZER_KEYS) - {"name"} | {"optimizer"} if section == "train" else set()))
-            raise InputError(f"unknown key {section}.{key}", path=where, expected=f"one of {', '.join(allowed)}")
+            raise InputError(f"unknown key {section}.{key}", path=where, expected=f"one of {', '.join(allowed)}",
+                             hint=did_you_mean(key, allowed))
         _check_type(hints[key], value, f"{section}.{key}", where)
     try:
         return cls(**{k: _convert(hints[k], v) for k, v in values.items()}, **fixed)

@@ -1,37 +1,47 @@
 """Dataset directory -> read-only access: the manifest, shards as memmaps, row ranges across shards.
 
-Format ``memtrain.dataset`` version 1 (specified in docs/formats.md). ``manifest.json``::
+Format ``memtrain.dataset`` version 2 (specified in docs/formats.md). ``manifest.json``::
 
-    {"format": "memtrain.dataset", "version": 1,
+    {"format": "memtrain.dataset", "version": 2,
      "task": "classification" | "regression",
      "rows": int,                                  # train + val
      "x": {"shape": [F, ...], "dtype": "float32"}, # shape of ONE row
      "y": {"shape": [] | [K], "dtype": "int64" | "float32"},
      "classes": ["name", ...] | null,              # class index i has name classes[i]
-     "splits": {"train": {"rows": int, "shards": [SHARD, ...]}, "val": {...}},
+     "splits": {"train": {"rows": int, "shards": [SHARD, ...]}, "val": {...}, "test": {...}},  # test: optional
      "stats": {"mean": [...], "std": [...], "min": [...], "max": [...]},  # per feature, train split
-     "source": {...}, "options": {...}, "created": "ISO-8601"}
+     "source": {...}, "options": {...}, "created": "ISO-8601",
+     "record_checksum": "xxh3-128:.."}             # of every other field (files.seal): damage is refused
     SHARD = {"rows": int, "x": "train/x-00000.npy", "y": "train/y-00000.npy",
              "x_bytes": int, "y_bytes": int, "x_checksum": "xxh3-128:..", "y_checksum": "xxh3-128:.."}
 
-Opening checks every shard's header and exact size (cheap); ``verify=True`` also re-hashes them.
+Shard paths are relative and must resolve inside the dataset directory (no absolute path, no ``..``, no
+symlink that leaves it). Opening checks every shard's header and exact size (cheap); ``verify=True``
+also re-hashes them.
+
+For your own training loop: ``len(ds)``, ``ds[i]`` / ``ds[a:b]`` / ``ds[[i, j]]`` and ``ds.batches(...)``
+address the train split (``ds.split("val")`` has the same methods). Shards are mapped read-only and lazily;
+a pickled dataset carries only its paths and manifest, so every process that unpickles it (a PyTorch
+``DataLoader`` worker, say) maps the same files and shares their pages with every other process.
 """
 
 from __future__ import annotations
 
 import bisect
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from memtrain.errors import CorruptFileError, InputError
-from memtrain.files import check_npy, open_npy, read_json, verify_checksum
-from memtrain.layout import MANIFEST, SPLITS
+from memtrain.errors import CorruptFileError, InputError, plural
+from memtrain.files import check_npy, open_npy, read_json, unseal, verify_checksum, write_sealed_json
+from memtrain.layout import MANIFEST, OPTIONAL_SPLITS, SPLITS
 
 FORMAT = "memtrain.dataset"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the manifest is sealed (record_checksum); 1 had no checksum of its own
 
 
 @dataclass(frozen=True)
@@ -101,6 +111,62 @@ class Split:
         x, y = self.shard_arrays(shard)
         return x[a:b], y[a:b]
 
+    def __len__(self) -> int:
+        return self.rows
+
+    def __repr__(self) -> str:
+        return f"Split({self.name!r}: {plural(self.rows, 'row')} in {plural(len(self.shards), 'shard')})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without its maps: the receiving process maps the same files (no copy of the data)."""
+        return {key: value for key, value in self.__dict__.items() if key != "_maps"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _maps={})
+
+    def __getitem__(self, key: int | slice | Any) -> tuple[np.ndarray, np.ndarray]:
+        """Rows as new (writable) arrays: ``split[i]`` one row, ``split[a:b]`` or ``split[[i, j, ...]]`` several."""
+        if isinstance(key, slice):
+            key = range(*key.indices(self.rows))
+        index = np.asarray(key)
+        if index.dtype == bool or not np.issubdtype(index.dtype, np.integer) and index.size:
+            raise TypeError(f"rows are indexed by integers, slices or integer arrays, not {index.dtype}")
+        index = index.astype(np.int64)
+        if index.size and (index.min() < -self.rows or index.max() >= self.rows):
+            raise IndexError(f"row index out of range for the {self.name} split of {self.rows} rows")
+        index = np.where(index < 0, index + self.rows, index)
+        flat = index.reshape(-1)
+        x = np.empty((len(flat), *self.x_shape), self.x_dtype)
+        y = np.empty((len(flat), *self.y_shape), self.y_dtype)
+        shard_of = np.searchsorted(self.starts, flat, side="right") - 1
+        for shard in np.unique(shard_of):
+            mask = shard_of == shard
+            xs, ys = self.shard_arrays(int(shard))
+            x[mask], y[mask] = xs[flat[mask] - self.starts[shard]], ys[flat[mask] - self.starts[shard]]
+        return x.reshape(index.shape + self.x_shape), y.reshape(index.shape + self.y_shape)
+
+    def batches(self, batch_size: int, *, seed: int = 0, epoch: int = 0, shuffle: bool = True,
+                drop_last: bool = False) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """``(x, y)`` numpy batches of consecutive rows, the batches visited in a random order per epoch.
+
+        The batches and their order are those ``memtrain train`` uses for the same ``train.batch_size``,
+        ``train.seed`` and epoch (the rows were shuffled once by ``prepare``). Arrays are read-only:
+        views of the mapped shard when a batch lies in one shard (no copy), a copy otherwise.
+
+        >>> for x, y in ds.batches(128, seed=0, epoch=3):   # doctest: +SKIP
+        ...     loss = step(x, y)
+        """
+        if not isinstance(batch_size, int | np.integer) or batch_size < 1:
+            raise InputError("batch_size must be a positive integer", found=repr(batch_size))
+        starts = range(0, self.rows, batch_size)
+        order = np.random.default_rng([seed, epoch]).permutation(len(starts)) if shuffle else range(len(starts))
+        for k in order:
+            lo, hi = starts[k], min(starts[k] + batch_size, self.rows)
+            if drop_last and hi - lo < batch_size:
+                continue
+            x, y = self.read(lo, hi)
+            yield _read_only(x), _read_only(y)
+
     def check_files(self) -> None:
         """Headers and exact sizes of every shard (no mapping, no hashing): catches truncation early."""
         for shard in self.shards:
@@ -113,11 +179,47 @@ class Split:
             verify_checksum(shard.y_path, shard.y_checksum)
 
 
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
+
+
 @dataclass
 class Dataset:
+    """A prepared dataset, opened read-only; ``len``, indexing and ``batches`` address its train split.
+
+    >>> ds = open_dataset("data/digits")     # doctest: +SKIP
+    >>> ds                                   # doctest: +SKIP
+    Dataset('data/digits': classification, 10 classes; x (64,) float32; train 1,617 rows, val 180 rows)
+    >>> x, y = ds[0]; len(ds)                # doctest: +SKIP
+    """
+
     path: Path
     manifest: dict[str, Any]
     splits: dict[str, Split]
+
+    def __repr__(self) -> str:
+        task = self.task + (f", {plural(len(self.classes), 'class', 'classes')}" if self.classes else "")
+        x = self.manifest["x"]
+        sizes = ", ".join(f"{name} {plural(split.rows, 'row')}" for name, split in self.splits.items())
+        return f"Dataset({str(self.path)!r}: {task}; x {tuple(x['shape'])} {x['dtype']}; {sizes})"
+
+    def __len__(self) -> int:
+        return self.split("train").rows
+
+    def __getitem__(self, key: int | slice | Any) -> tuple[np.ndarray, np.ndarray]:
+        """Train rows as new arrays: ``ds[i]``, ``ds[a:b]``, ``ds[[i, j, ...]]`` (see ``Split.__getitem__``)."""
+        return self.split("train")[key]
+
+    def batches(self, batch_size: int, *, seed: int = 0, epoch: int = 0, shuffle: bool = True,
+                drop_last: bool = False, split: str = "train") -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Numpy ``(x, y)`` batches of a split for your own training loop (see ``Split.batches``).
+
+        >>> for epoch in range(10):                                   # doctest: +SKIP
+        ...     for x, y in ds.batches(128, seed=0, epoch=epoch):
+        ...         ...
+        """
+        return self.split(split).batches(batch_size, seed=seed, epoch=epoch, shuffle=shuffle, drop_last=drop_last)
 
     @property
     def task(self) -> str:
@@ -136,6 +238,10 @@ class Dataset:
         return {k: np.asarray(v, dtype=np.float64) for k, v in self.manifest["stats"].items()}
 
     def split(self, name: str) -> Split:
+        """The ``train``, ``val`` or (when prepared with ``--test-fraction``) ``test`` split."""
+        if name not in self.splits:
+            raise InputError(f"the dataset has no {name!r} split", path=self.path,
+                             expected=" or ".join(repr(n) for n in self.splits), found=repr(name))
         return self.splits[name]
 
     def verify(self) -> None:
@@ -158,15 +264,46 @@ def open_dataset(path: str | Path, *, verify: bool = False) -> Dataset:
     if not manifest_path.exists():
         raise InputError("not a memtrain dataset: no manifest.json", path=path,
                          hint="an interrupted prepare leaves no manifest; run `memtrain prepare` again")
-    manifest = read_json(manifest_path, what="dataset manifest")
-    _check_format(manifest, manifest_path)
-    splits = {name: _split(path, name, manifest) for name in SPLITS}
+    manifest = read_manifest(path)
+    present = manifest.get("splits") if isinstance(manifest.get("splits"), dict) else {}
+    splits = {name: _split(path, name, manifest) for name in SPLITS if name in present or
+              name not in OPTIONAL_SPLITS}
     for split in splits.values():
         split.check_files()
     dataset = Dataset(path, manifest, splits)
     if verify:
         dataset.verify()
     return dataset
+
+
+def read_manifest(root: Path) -> dict[str, Any]:
+    """The manifest of the dataset ``root``: its format and version checked, then its seal."""
+    path = root / MANIFEST
+    manifest = read_json(path, what="dataset manifest")
+    _check_format(manifest, path)
+    return unseal(manifest, path=path, what="dataset manifest")
+
+
+def write_manifest(folder: Path, manifest: dict[str, Any], *, durable: bool) -> None:
+    write_sealed_json(folder / MANIFEST, {"format": FORMAT, "version": FORMAT_VERSION, **manifest}, durable=durable)
+
+
+def shard_file(root: Path, name: Any, *, where: str) -> Path:
+    """``root / name`` for a shard path of a manifest, refused unless it is relative and stays inside ``root``
+    (also through symlinks): a manifest cannot make memtrain read a file outside its dataset."""
+    manifest = root / MANIFEST
+    if not isinstance(name, str) or not name:
+        raise CorruptFileError("a shard path must be a non-empty string", path=manifest, where=where,
+                               found=repr(name))
+    if os.path.isabs(name) or ".." in Path(name).parts:
+        raise CorruptFileError("a shard path must be relative to the dataset, without '..'", path=manifest,
+                               where=where, found=name)
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(root / name)
+    if os.path.commonpath([real_root, real]) != real_root:
+        raise CorruptFileError("a shard path leaves the dataset directory (through a symbolic link)",
+                               path=manifest, where=where, expected=f"a file under {real_root}", found=real)
+    return root / name
 
 
 def _check_format(manifest: Any, path: Path) -> None:
@@ -183,8 +320,9 @@ def _check_format(manifest: Any, path: Path) -> None:
 def _split(root: Path, name: str, manifest: dict[str, Any]) -> Split:
     try:
         entry = manifest["splits"][name]
-        shards = [Shard(int(s["rows"]), root / s["x"], root / s["y"], s["x_checksum"], s["y_checksum"])
-                  for s in entry["shards"]]
+        shards = [Shard(int(s["rows"]), shard_file(root, s["x"], where=f"splits.{name}.shards[{i}].x"),
+                        shard_file(root, s["y"], where=f"splits.{name}.shards[{i}].y"), s["x_checksum"],
+                        s["y_checksum"]) for i, s in enumerate(entry["shards"])]
         return Split(name, int(entry["rows"]), shards,
                      tuple(manifest["x"]["shape"]), np.dtype(manifest["x"]["dtype"]),
                      tuple(manifest["y"]["shape"]), np.dtype(manifest["y"]["dtype"]))

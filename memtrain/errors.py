@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -30,11 +32,28 @@ class MemtrainError(Exception):
         elif self.where:
             place = f"{self.where}: "
         text = place + self.message
-        if self.expected is not None or self.found is not None:
-            text += f" (expected {self.expected}, found {self.found})"
+        parts = [f"{label} {value}" for label, value in (("expected", self.expected), ("found", self.found))
+                 if value is not None]
+        if parts:
+            text += f" ({', '.join(parts)})"
         if self.hint:
             text += f". {self.hint}"
         return text
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
+    """A hint naming the closest of ``choices`` to a misspelt ``word``, or None when none is close.
+
+    >>> did_you_mean("epocs", ["epochs", "seed"])
+    'did you mean `epochs`?'
+    """
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.7)
+    return f"did you mean `{close[0]}`?" if close else None
+
+
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """``plural(1, "shard")`` -> ``"1 shard"``; ``plural(3, "shard")`` -> ``"3 shards"`` (thousands separated)."""
+    return f"{count:,} {noun if count == 1 else nouns or noun + 's'}"
 
 
 class InputError(MemtrainError):

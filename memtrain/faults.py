@@ -37,6 +37,7 @@ POINTS = {
     "after_update_logged": "an update's lineage and metric lines made, not written yet",
     "ckpt_after_data": "a checkpoint's files copied, its meta.json not written",
     "ckpt_before_commit": "a checkpoint complete under its temporary name, not renamed",
+    "run_before_commit": "a new run directory's records written under its temporary name, not renamed",
     # any process
     "write": "every file memtrain creates or reuses (ENOSPC with MEMTRAIN_FAULT_ACTION=raise)",
     # prepare

@@ -1,14 +1,18 @@
-"""Safe file primitives: publish by rename, safe .npy headers and maps, checksums, JSON.
+"""Safe file primitives: publish by rename, safe .npy headers and maps, checksums, sealed JSON.
 
 A file written whole goes through ``publish`` (temp name in the same directory, write, optional fsync,
-``os.replace``, optional directory fsync) or ``writing_npy`` (the same, for a map filled in place).
-The other renames are their owners': a dataset or a checkpoint directory built under a temporary name
-(prepare/workdir.py, train/checkpoint.py), a weight version written by the slice owners and published
-by a link (train/weights.py), a job moved between the spool's folders (serve/spool.py), an export
-(inspection/export.py). Every ``.npy`` memtrain reads goes through ``open_npy``,
-which checks the header, the dtype and the exact file size before mapping, so a truncated file, trailing
-junk, a pickled object array or a header claiming a huge shape is an error naming the file, never a
-SIGBUS, a numpy traceback or an allocation.
+``os.replace``, optional directory fsync) or ``writing_npy`` (the same, for a map filled in place); a
+file appended to or locked goes through a descriptor opened with ``O_NOFOLLOW``: memtrain never writes
+through a symbolic link it did not make. The other renames are their owners': a dataset or a checkpoint
+directory built under a temporary name (prepare/workdir.py, train/checkpoint.py), a weight version
+written by the slice owners and published by a link (train/weights.py), a job moved between the spool's
+folders (serve/spool.py), an export (inspection/export.py). A JSON record that decides what memtrain does
+next (a job record, a checkpoint's metadata, a manifest, a lineage line) is *sealed*: it carries the
+checksum of its own content, and a reader that finds it damaged never trusts it.
+
+Every ``.npy`` it reads goes through ``open_npy``, which checks the header, the dtype and the exact file
+size before mapping, so a truncated file, trailing junk, a pickled object array or a header claiming a huge
+shape is an error naming the file, never a SIGBUS, a numpy traceback or an allocation.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import json
 import mmap
 import os
 import shutil
+import stat
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -92,8 +97,9 @@ def publish(path: Path, write: Callable[[IO[bytes]], None], *, durable: bool, si
     its old inode, so a process that has it mapped keeps reading the old bytes, never torn ones.
     """
     tmp = tmp_sibling(path)
+    created = _create(tmp, path, size_hint)
     with _cleaning_up(tmp, path, size_hint):
-        with open(tmp, "wb") as handle:
+        with created as handle:
             reserve(handle.fileno(), size_hint, tmp)
             fault_point("write")
             write(handle)
@@ -105,6 +111,68 @@ def publish(path: Path, write: Callable[[IO[bytes]], None], *, durable: bool, si
         fsync_dir(path.parent)
 
 
+# Flags of every descriptor memtrain writes through: a symbolic link (which memtrain never makes) is
+# refused rather than followed out of the directory, and a FIFO cannot block the open.
+WRITE_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+
+
+def open_new(path: Path) -> IO[bytes]:
+    """Create ``path`` for writing; it must not exist yet (so nothing at that name is followed or clobbered)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | WRITE_FLAGS, 0o644)
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "wb")
+
+
+def open_own(path: Path, flags: int) -> int:
+    """A descriptor of the regular file ``path`` (created if ``flags`` say so), never through a symlink.
+
+    A symbolic link, a FIFO, a directory or a device at a name memtrain writes is an error naming it.
+    """
+    try:
+        fd = os.open(path, flags | WRITE_FLAGS, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or os.path.islink(path):
+            raise MemtrainError("refusing to write through a symbolic link (memtrain never makes one here)",
+                                path=path, hint="remove the link; memtrain recreates the file") from exc
+        if exc.errno in (errno.ENXIO, errno.EISDIR):
+            raise MemtrainError("expected a regular file", path=path, found=_kind(path)) from exc
+        raise
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise MemtrainError("expected a regular file", path=path, found=stat.filemode(info.st_mode))
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _create(tmp: Path, path: Path, size: int) -> IO[bytes]:
+    """``open_new(tmp)``, its failure reported for ``path`` (and nothing removed: the name is not ours)."""
+    try:
+        return open_new(tmp)
+    except OSError as exc:
+        raise _write_error(exc, path, size) from exc
+
+
+def _write_error(exc: OSError, path: Path, size: int) -> MemtrainError:
+    if is_no_space(exc):
+        return no_space_error(path, size)
+    return MemtrainError(f"cannot write: {exc.strerror or exc}", path=path)
+
+
+def _kind(path: Path) -> str:
+    try:
+        return stat.filemode(os.lstat(path).st_mode)
+    except OSError:
+        return "something else"
+
+
+def append_text(path: Path, text: str) -> None:
+    """Append ``text`` to the regular file ``path`` (created if missing), never through a symlink."""
+    fd = open_own(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
 @contextlib.contextmanager
 def _cleaning_up(tmp: Path, path: Path, size: int) -> Iterator[None]:
     """On any failure remove the temporary file; a full disk becomes DiskFullError, other OS errors one line."""
@@ -113,9 +181,7 @@ def _cleaning_up(tmp: Path, path: Path, size: int) -> Iterator[None]:
     except OSError as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        if is_no_space(exc):
-            raise no_space_error(path, size) from exc
-        raise MemtrainError(f"cannot write: {exc.strerror or exc}", path=path) from exc
+        raise _write_error(exc, path, size) from exc
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -170,7 +236,8 @@ def allocate_npy(path: Path, shape: tuple[int, ...], dtype: np.dtype) -> int:
     dtype = np.dtype(dtype)
     header = npy_header_bytes(tuple(shape), dtype)
     total = len(header) + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    with _cleaning_up(path, path, total), open(path, "wb") as handle:
+    created = _create(path, path, total)
+    with _cleaning_up(path, path, total), created as handle:
         reserve(handle.fileno(), total, path)
         fault_point("write")
         handle.write(header)
@@ -303,7 +370,7 @@ def take_pid_lock(path: Path) -> IO[str]:
 
     Raises ``LockHeld`` (with the holder's pid) instead of waiting.
     """
-    handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held by the caller for its lifetime
+    handle = os.fdopen(open_own(path, os.O_RDWR | os.O_CREAT), "r+", encoding="utf-8")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -442,8 +509,7 @@ def read_json(path: Path, *, what: str = "JSON file") -> Any:
 def append_jsonl(path: Path, *records: dict[str, Any]) -> None:
     """Append one line per record, in one write; a crash can leave at most one partial last line, which
     readers skip."""
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write("".join(json.dumps(record) + "\n" for record in records))
+    append_text(path, "".join(json.dumps(record) + "\n" for record in records))
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -458,3 +524,70 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 continue
     return records
+
+
+# --- sealed JSON records ---
+SEAL_KEY = "record_checksum"
+
+
+def json_checksum(body: dict[str, Any]) -> str:
+    """``xxh3-128:<hex>`` of the compact JSON of ``body``: keys sorted, separators ``,`` and ``:``, ASCII only.
+
+    Computed on the JSON round trip of ``body``, so that the writer hashes exactly what a reader parses.
+    """
+    canonical = json.loads(json.dumps(body))
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return f"{CHECKSUM_ALGO}:{xxhash.xxh3_128_hexdigest(text.encode())}"
+
+
+def seal(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with a ``record_checksum`` field covering every other field."""
+    body = {key: value for key, value in record.items() if key != SEAL_KEY}
+    return {**body, SEAL_KEY: json_checksum(body)}
+
+
+def unseal(record: Any, *, path: Path, what: str, where: str | None = None) -> dict[str, Any]:
+    """The fields of a sealed record (without its checksum) once the checksum matches; CorruptFileError if not."""
+    if not isinstance(record, dict):
+        raise CorruptFileError(f"{what} is not a JSON object", path=path, where=where,
+                               found=type(record).__name__)
+    recorded = record.get(SEAL_KEY)
+    body = {key: value for key, value in record.items() if key != SEAL_KEY}
+    if not isinstance(recorded, str):
+        raise CorruptFileError(f"{what} has no checksum of its content: damaged, or not written by this memtrain",
+                               path=path, where=where)
+    found = json_checksum(body)
+    if found != recorded:
+        raise CorruptFileError(f"{what} is damaged: its content does not match its checksum", path=path,
+                               where=where, expected=recorded, found=found)
+    return body
+
+
+def write_sealed_json(path: Path, record: dict[str, Any], *, durable: bool) -> None:
+    write_json(path, seal(record), durable=durable)
+
+
+def read_sealed_json(path: Path, *, what: str) -> dict[str, Any]:
+    return unseal(read_json(path, what=what), path=path, what=what)
+
+
+def read_sealed_jsonl(path: Path, *, what: str) -> tuple[list[dict[str, Any]], list[CorruptFileError]]:
+    """The verified records of a sealed JSON-lines file, and one error per damaged line.
+
+    A torn last line (no newline: a crash while appending) is skipped silently, like ``read_jsonl``.
+    """
+    if not path.exists():
+        return [], []
+    records, damaged = [], []
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        lines = handle.readlines()
+    for number, line in enumerate(lines, start=1):
+        torn = number == len(lines) and not line.endswith("\n")
+        try:
+            records.append(unseal(json.loads(line), path=path, what=what, where=f"line {number}"))
+        except json.JSONDecodeError:
+            if not torn:
+                damaged.append(CorruptFileError(f"{what} is not valid JSON", path=path, where=f"line {number}"))
+        except CorruptFileError as exc:
+            damaged.append(exc)
+    return records, damaged

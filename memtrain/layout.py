@@ -12,12 +12,18 @@ from pathlib import Path
 
 # --- dataset directory (written by `memtrain prepare`) ---
 MANIFEST = "manifest.json"
-SPLITS = ("train", "val")
+SPLITS = ("train", "val", "test")
+OPTIONAL_SPLITS = ("test",)  # written only when asked for (prepare --test-fraction)
 
 
 def shard_name(split: str, part: str, index: int) -> str:
     """Relative name of one shard file: ``train/x-00000.npy`` (part is ``x`` or ``y``)."""
     return f"{split}/{part}-{index:05d}.npy"
+
+
+def is_shard_name(name: str) -> bool:
+    """True for the file name of a shard within its split folder (``x-00000.npy``)."""
+    return re.fullmatch(r"[xy]-\d{5,}\.npy", name) is not None
 
 
 # --- work area of `memtrain prepare` (a hidden sibling of the output, so the final rename is atomic) ---
@@ -49,7 +55,8 @@ def spool_bucket_names(bucket: int) -> tuple[str, str]:
 
 
 # --- run directory (written by `memtrain train`) ---
-RUN_JOB = "job.json"  # the resolved job, every default filled in
+RUN_JOB = "job.json"  # the job the run was started with, every default filled in; written once, sealed
+RUN_HISTORY = "history.jsonl"  # one sealed line per start or resume, with the changes asked for on resume
 RUN_PARAMS = "params.json"  # parameter layout: name, shape, offset, dtype
 RUN_METRICS = "metrics.jsonl"
 RUN_EVENTS = "events.log"
@@ -88,6 +95,26 @@ def checkpoint_updates(run_dir: Path) -> list[int]:
     return sorted(int(m.group(1)) for name in os.listdir(folder) if (m := _CHECKPOINT_RE.match(name)))
 
 
+def existing_hint(path: Path) -> str | None:
+    """For a checkpoint or weight version that does not exist: the ones its run has (an error's hint)."""
+    run = path.parent.parent
+    if path.parent.name == CHECKPOINTS_DIR or _CHECKPOINT_RE.match(path.name):
+        run = run if path.parent.name == CHECKPOINTS_DIR else path.parent
+        names = [checkpoint_path(run, u).name for u in checkpoint_updates(run)]
+        what = "checkpoints"
+    elif path.parent.name == WEIGHTS_DIR or _VERSION_RE.match(path.name):
+        run = run if path.parent.name == WEIGHTS_DIR else path.parent
+        names = [weights_path(run, v).name for v in weight_versions(run)]
+        what = "weight versions"
+    else:
+        return None
+    if not (run / CHECKPOINTS_DIR).is_dir() and not (run / WEIGHTS_DIR).is_dir():
+        return None  # not in a run: nothing to list
+    if not names:
+        return f"{run} has no {what}"
+    return f"{run} has {what} {', '.join(names)}"
+
+
 def optimizer_state_name(slot: str) -> str:
     return f"opt-{slot}.npy"
 
@@ -101,16 +128,24 @@ def exchange_dir_name(run_id: str, owner_pid: int) -> str:
     return f"{EXCHANGE_PREFIX}{run_id}-{owner_pid}"
 
 
+EXCHANGE_MARK = ".memtrain-exchange.json"  # created first in every exchange area: what proves the directory is ours
+_EXCHANGE_RE = re.compile(rf"^{EXCHANGE_PREFIX}[0-9a-f]{{8}}-(\d+)$")
+
+
 def parse_exchange_owner(name: str) -> int | None:
-    if not name.startswith(EXCHANGE_PREFIX):
-        return None
-    tail = name.rsplit("-", 1)[-1]
-    return int(tail) if tail.isdigit() else None
+    """The owner pid of an exchange area's name, or None if ``name`` is not one memtrain makes."""
+    match = _EXCHANGE_RE.match(name)
+    return int(match.group(1)) if match else None
 
 
 def gradient_name(version: int, task: int, attempt: int) -> str:
     """One file per (weight version, task, attempt): an additive model's statistics of one task."""
     return f"g-v{version:08d}-t{task:05d}-a{attempt:03d}.npy"
+
+
+def metrics_name(version: int, task: int, attempt: int) -> str:
+    """The summed validation statistics of one evaluation task at a weight version (train/metrics.py)."""
+    return f"m-v{version:08d}-t{task:05d}-a{attempt:03d}.npy"
 
 
 def gradient_buffer_name(task: int) -> str:
@@ -137,9 +172,10 @@ ROUND_RECORDS = "round-records.npy"
 
 
 def building_path(run_dir: Path, version: int, owner_pid: int) -> Path:
-    """The unpublished file of ``version`` while the slice owners write it: a temporary name of the server's,
-    the same in every process (so no message has to carry it); publishing renames it to ``weights_path``."""
-    return Path(f"{run_dir}/{WEIGHTS_DIR}/.v{version:08d}.npy{TMP_MARK}{owner_pid}-building")
+    """The unpublished file of ``version`` while the slice owners write it: a temporary name of the server's
+    with a fixed tag, the same in every process (so no message has to carry it), swept like any temporary
+    name of a version; publishing links it to ``weights_path`` and drops this name."""
+    return Path(f"{run_dir}/{WEIGHTS_DIR}/.v{version:08d}.npy{TMP_MARK}{owner_pid}-00000000")
 
 
 # --- temporary names ---
@@ -151,12 +187,30 @@ def tmp_sibling(path: Path) -> Path:
     return path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
+_TMP_RE = re.compile(r"^\.(?P<target>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]{8}$")
+
+
 def tmp_owner_pid(name: str) -> int | None:
     """The pid that created a temporary file or directory, or None if ``name`` is not a temporary name."""
-    if TMP_MARK not in name:
-        return None
-    tail = name.split(TMP_MARK, 1)[1].split("-", 1)[0]
-    return int(tail) if tail.isdigit() else None
+    match = _TMP_RE.match(name)
+    return int(match.group("pid")) if match else None
+
+
+def tmp_target(name: str) -> str | None:
+    """The final name that the temporary name ``name`` stands for (``.job.json.tmp-12-0a1b2c3d`` -> ``job.json``).
+
+    None for anything ``tmp_sibling`` does not make: ``notes.tmp-123-abc`` is a user's file, not ours.
+    """
+    match = _TMP_RE.match(name)
+    return match.group("target") if match else None
+
+
+def is_version_name(name: str) -> bool:
+    return _VERSION_RE.match(name) is not None
+
+
+def is_checkpoint_name(name: str) -> bool:
+    return _CHECKPOINT_RE.match(name) is not None
 
 
 # --- the jobs spool of `memtrain serve` ---

@@ -53,10 +53,29 @@ class Reporter:
             print(text, file=sys.stderr, flush=True)
 
 
+class Silent(Reporter):
+    """``--quiet``: reports nothing."""
+
+    def __init__(self) -> None:
+        super().__init__(None, None, "", 0, 0.0)
+
+    def update(self, done: float, info: str = "") -> None:
+        pass
+
+    def line(self, text: str) -> None:
+        pass
+
+
 @contextmanager
-def reporting(label: str, total: float, *, plain_every: float = 5.0,
-              force_plain: bool = False) -> Iterator[Reporter]:
-    """A progress bar when stderr is a terminal, otherwise a plain line at most every ``plain_every`` s."""
+def reporting(label: str, total: float, *, plain_every: float = 5.0, force_plain: bool = False,
+              quiet: bool = False) -> Iterator[Reporter]:
+    """A progress bar when stderr is a terminal, otherwise a plain line at most every ``plain_every`` s.
+
+    The bar is transient: it disappears when the step ends, leaving only the lines printed with ``line``.
+    """
+    if quiet:
+        yield Silent()
+        return
     out = console()
     if force_plain or not out.is_terminal:
         yield Reporter(None, None, label, total, plain_every)
@@ -64,6 +83,6 @@ def reporting(label: str, total: float, *, plain_every: float = 5.0,
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TaskProgressColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
                TimeRemainingColumn())
-    with Progress(*columns, console=out, transient=False) as progress:
+    with Progress(*columns, console=out, transient=True) as progress:
         task_id = progress.add_task(label, total=total, info="")
         yield Reporter(progress, task_id, label, total, plain_every)

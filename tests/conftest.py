@@ -9,8 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import settings
 
 from memtrain.cli import main
+
+# Property tests check results, never speed: a per-example deadline only measures how loaded the machine is.
+settings.register_profile("memtrain", deadline=None)
+settings.load_profile("memtrain")
 
 
 @dataclass

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(180)
 TESTS = Path(__file__).parent
 PYTHONPATH = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))  # and the caller's
 TRAIN = {"before_grad_write", "after_grad_write", "mid_step", "after_publish", "after_result", "after_update_logged",
-         "ckpt_after_data", "ckpt_before_commit", "write"}
+         "ckpt_after_data", "ckpt_before_commit", "run_before_commit", "write"}
 PREPARE = {"prepare_mid_spool", "prepare_mid_shard", "prepare_after_shard", "prepare_before_publish", "write"}
 SERVE = {"serve_after_claim", "serve_after_launch"}
 
@@ -35,7 +35,7 @@ def fired(log: Path) -> set[str]:
 
 
 def test_the_scenarios_cover_every_declared_point() -> None:
-    assert TRAIN | PREPARE | SERVE == set(POINTS)
+    assert set(POINTS) == TRAIN | PREPARE | SERVE
 
 
 def job(folder: Path, data: Path, name: str = "job") -> Path:

@@ -279,8 +279,8 @@ def test_a_nonfinite_step_stops_the_run_with_the_published_weights_intact(tmp_pa
 
 # --- the server dying, signals, resume ---
 
-@pytest.mark.parametrize("point", ["after_update_logged:3", "after_result:2", "ckpt_after_data:1", "ckpt_before_commit:2",
-                                   "write:9"])
+@pytest.mark.parametrize("point", ["after_update_logged:3", "after_result:2", "ckpt_after_data:1",
+                                   "ckpt_before_commit:2", "write:9"])
 def test_server_killed_then_resumed_is_identical_and_leaves_no_orphans(tmp_path: Path, data: Path, baseline: str,
                                                                         point: str) -> None:
     job = write_job(tmp_path, data)
@@ -551,6 +551,8 @@ def test_exchange_without_room_is_refused_before_starting(tmp_path: Path, data: 
     result = memtrain("train", job)
     assert result.returncode == 1
     assert "no room for the exchange area" in result.stderr and "MiB" in result.stderr
+    assert not (tmp_path / "run").exists()  # refused after it was made: the run directory is removed again
+    assert memtrain("train", job, "--set", 'run.exchange="run"').returncode == 0  # so the hint's fix just works
 
 
 def test_auto_exchange_falls_back_when_dev_shm_is_small(tmp_path: Path, data: Path) -> None:
@@ -571,17 +573,19 @@ def test_auto_exchange_falls_back_when_dev_shm_is_small(tmp_path: Path, data: Pa
 def test_leftovers_of_dead_runs_are_swept_and_live_ones_kept(tmp_path: Path, data: Path) -> None:
     job = write_job(tmp_path, data, epochs=1)
     run = tmp_path / "run"
-    (run / "weights").mkdir(parents=True)
+    assert memtrain("train", job).returncode == 0
     dead = subprocess.run(["true"]).returncode or 999_999
     sleeper = subprocess.Popen(["sleep", "30"])
+    live = Path("/dev/shm") / f"memtrain-x-a11e0001-{sleeper.pid}"
     try:
         stale = [run / f"memtrain-x-dead0001-{dead}", Path("/dev/shm") / f"memtrain-x-dead0002-{dead}"]
-        live = Path("/dev/shm") / f"memtrain-x-live0001-{sleeper.pid}"
         for folder in [*stale, live]:
             folder.mkdir()
+            (folder / ".memtrain-exchange.json").write_text(str(dead))
             (folder / "g-v00000001-t00000-a000.npy").write_bytes(b"stale")
         (run / "weights" / f".v00000001.npy.tmp-{dead}-abcdef12").write_bytes(b"partial")
-        result = memtrain("train", job, "--resume")
+        (run / f".metrics.jsonl.tmp-{dead}-0123abcd").write_bytes(b"partial")
+        result = memtrain("train", job, "--resume", "--set", "train.epochs=2")
         assert result.returncode == 0, result.stderr
         assert not any(folder.exists() for folder in stale)
         assert live.exists()
@@ -589,4 +593,4 @@ def test_leftovers_of_dead_runs_are_swept_and_live_ones_kept(tmp_path: Path, dat
     finally:
         sleeper.kill()
         import shutil
-        shutil.rmtree(Path("/dev/shm") / f"memtrain-x-live0001-{sleeper.pid}", ignore_errors=True)
+        shutil.rmtree(live, ignore_errors=True)

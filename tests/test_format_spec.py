@@ -30,6 +30,7 @@ MADE = {
     "optimizer_state_name": lambda: [layout.optimizer_state_name("m"), layout.optimizer_state_name("v")],
     "exchange_dir_name": lambda: [layout.exchange_dir_name("ab12cd34", 4242)],
     "gradient_name": lambda: [layout.gradient_name(390, 1, 0)],
+    "metrics_name": lambda: [layout.metrics_name(390, 1, 0)],
     "gradient_buffer_name": lambda: [layout.gradient_buffer_name(0), layout.gradient_buffer_name(3)],
     "building_path": lambda: [layout.building_path(Path(), 391, 4242).as_posix()],
     "state_buffer_name": lambda: [layout.state_buffer_name("m", 0), layout.state_buffer_name("v", 1)],
@@ -42,7 +43,8 @@ MADE = {
 }
 # Functions that read names back (parsers and listings) and the prefix of a name made above.
 READERS = {"prepare_work_dirs", "weight_versions", "checkpoint_updates", "parse_exchange_owner", "tmp_owner_pid",
-           "spool_job_name"}
+           "spool_job_name", "tmp_target", "is_version_name", "is_checkpoint_name", "is_shard_name",
+           "existing_hint"}
 # Constants that are parts of names, not names: each must occur inside a name made above.
 FRAGMENTS = {"PREPARE_WORK_MARK", "TMP_MARK", "EXCHANGE_PREFIX", "SPOOL_JOB_SUFFIX"}
 # Names the user chooses (the root of a listing), not memtrain.
@@ -182,7 +184,7 @@ def test_the_spec_lists_the_files_of_a_run(written: Path) -> None:
 
 
 def test_format_names_are_the_ones_files_carry(written: Path) -> None:
-    carried = {json.loads(path.read_text()).get("format") for name in ("manifest.json", "meta.json", "status.json")
-               for path in written.rglob(name)}
+    carried = {json.loads(path.read_text()).get("format")
+               for name in ("manifest.json", "meta.json", "status.json", "job.json") for path in written.rglob(name)}
     named = set(re.findall(r'"(memtrain\.[\w-]+)"', SPEC)) | set(re.findall(r"\(`(memtrain\.[\w-]+)`,", SPEC))
     assert named == carried

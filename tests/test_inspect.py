@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tiny_data import sealed
 
 import memtrain
 from memtrain.cli import main
@@ -125,7 +126,7 @@ def copied(tmp_path: Path, run: Path, dataset: Path) -> tuple[Path, Path]:
     shutil.copytree(run, tmp_path / "run", ignore=shutil.ignore_patterns("memtrain-x-*"))
     job = json.loads((tmp_path / "run" / "job.json").read_text())
     job["data"]["path"] = str(tmp_path / "ds")
-    (tmp_path / "run" / "job.json").write_text(json.dumps(job))
+    (tmp_path / "run" / "job.json").write_text(json.dumps(sealed(job)))  # a real edit: sealed again
     return tmp_path / "run", tmp_path / "ds"
 
 
@@ -204,7 +205,8 @@ def test_regression_targets_match_numpy(capsys: pytest.CaptureFixture[str], tmp_
 
 def test_run_view_lists_checkpoints_and_versions(capsys: pytest.CaptureFixture[str], run: Path) -> None:
     view = inspect_json(capsys, run)
-    assert set(view) == {"schema", "kind", "path", "job", "params", "progress", "entries", "newest_complete"}
+    assert set(view) == {"schema", "kind", "path", "job", "history", "record_problems", "params", "progress",
+                         "entries", "newest_complete"}
     assert view["job"]["model"]["kind"] == "mlp"
     assert view["params"]["count"] == layout_of(run).size
     checkpoints = [e for e in view["entries"] if e["type"] == "checkpoint"]
@@ -288,6 +290,7 @@ def test_weight_version_named_by_params_json(capsys: pytest.CaptureFixture[str],
     for row, entry in zip(view["params"], layout.entries, strict=True):
         assert_stats(row, flat[entry.offset:entry.offset + entry.size])
     lineage = [r for r in read_jsonl(run / RUN_LINEAGE) if r["version"] == version][-1]
+    assert lineage.pop("record_checksum")  # the view shows a lineage record once its seal is checked
     assert view["checksum"] == lineage["checksum"] and view["lineage"] == lineage
 
 

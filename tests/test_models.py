@@ -379,7 +379,8 @@ def error_text(kind, options, spec) -> str:
 
 
 @pytest.mark.parametrize(("kind", "options", "spec", "message"), [
-    ("mlp", {"hiden": [3]}, CLS3, "model 'mlp' has no option 'hiden' (options: activation, hidden)"),
+    ("mlp", {"hiden": [3]}, CLS3, "model 'mlp' has no option 'hiden' (options: activation, hidden). "
+                                  "did you mean `hidden`?"),
     ("softmax", {"alpha": 1}, CLS3, "model 'softmax' has no option 'alpha' (options: none)"),
     ("mlp", {"activation": "sigmoid"}, CLS3,
      "bad value for model.activation (expected 'relu' or 'tanh', found 'sigmoid')"),

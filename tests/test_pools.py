@@ -106,7 +106,8 @@ def cycle_pools(setup: WorkerSetup, root: Path, cycles: int) -> None:
             pool = WorkerPool(setup, WORKERS)
             pids = pool.pids()
             for slot in pool.slots:
-                pool.send(slot, StatsTask(task=slot.index, attempt=cycle, lo=slot.index * 100, hi=slot.index * 100 + 100))
+                lo = slot.index * 100
+                pool.send(slot, StatsTask(task=slot.index, attempt=cycle, lo=lo, hi=lo + 100))
             results = []
             deadline = time.monotonic() + 60
             while len(results) < WORKERS and time.monotonic() < deadline:

@@ -190,13 +190,20 @@ def commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, b
     for update in (OLD, NEW):
         sources[update] = (write_weights(tmp_path / f"w{update}.npy", weights[update]),
                            {"m": write_weights(tmp_path / f"m{update}.npy", state[update])})
-    write_checkpoint(run, OLD, {"update": OLD}, sources[OLD][0], sources[OLD][1], keep=1)
+    write_checkpoint(run, OLD, meta_of(OLD), sources[OLD][0], sources[OLD][1], keep=1)
     start = snapshot(run)
     log = DiskLog(run)
     with monkeypatch.context() as patch:
         recording(patch, log)
-        write_checkpoint(run, NEW, {"update": NEW}, sources[NEW][0], sources[NEW][1], keep=1)
+        write_checkpoint(run, NEW, meta_of(NEW), sources[NEW][0], sources[NEW][1], keep=1)
     return start, log, weights
+
+
+def meta_of(update: int) -> dict:
+    """The metadata fields a resume reads (a checkpoint without them is skipped as damaged)."""
+    position = {"epoch": update, "batch": 0, "version": update, "epoch_loss": 0.0, "epoch_rows": 0, "skipped": 0,
+                "best": None}
+    return {"update": update, "position": position, "layout": {}, "data": {}, "model": {}, "optimizer": {}}
 
 
 def test_the_recorded_commit_has_the_operations_the_model_needs(commit) -> None:

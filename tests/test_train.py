@@ -266,11 +266,14 @@ def test_second_train_on_the_same_run_dir_is_refused(tmp_path: Path, dataset: Pa
             if any((run / "weights").glob("v*.npy")):  # versions are recycled fast: v1 may be gone already
                 break
             subprocess.run(["sleep", "0.05"])
-        second = subprocess.run([sys.executable, "-m", "memtrain", "train", "--resume", str(run)],
-                                capture_output=True, text=True)
-        assert second.returncode == 2
-        assert "another memtrain train is using this run directory" in second.stderr
-        assert f"pid {first.pid}" in second.stderr
+        for how in (["--resume", str(run)], [str(job)], [str(job), "--overwrite"]):
+            second = subprocess.run([sys.executable, "-m", "memtrain", "train", *how], capture_output=True, text=True)
+            assert second.returncode == 2, second.stderr
+            assert "another memtrain train is using this run directory" in second.stderr
+            assert f"pid {first.pid}" in second.stderr
+            # the advice is what works once the first one is done, not --resume/--overwrite now
+            assert "wait for it to finish" in second.stderr and "--overwrite" not in second.stderr
+        assert first.poll() is None  # the running train was left alone
     finally:
         first.kill()
         first.wait()

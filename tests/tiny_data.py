@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import xxhash
 
 from memtrain.files import checksum_file, publish_array
 from memtrain.layout import MANIFEST, shard_name
@@ -33,15 +34,23 @@ def write_dataset(out: Path, x: np.ndarray, y: np.ndarray, *, task: str = "class
     train = x[val_rows:].reshape(len(x) - val_rows, -1).astype(np.float64)
     classes = [str(c) for c in range(int(y.max()) + 1)] if task == "classification" else None
     manifest = {
-        "format": "memtrain.dataset", "version": 1, "task": task, "rows": len(x),
+        "format": "memtrain.dataset", "version": 2, "task": task, "rows": len(x),
         "x": {"shape": list(x.shape[1:]), "dtype": str(x.dtype)},
         "y": {"shape": list(y.shape[1:]), "dtype": str(y.dtype)},
         "classes": classes, "splits": manifest_splits,
         "stats": {"mean": train.mean(0).tolist(), "std": train.std(0).tolist(),
                   "min": train.min(0).tolist(), "max": train.max(0).tolist()},
     }
-    (out / MANIFEST).write_text(json.dumps(manifest))
+    (out / MANIFEST).write_text(json.dumps(sealed(manifest)))
     return out
+
+
+def sealed(record: dict) -> dict:
+    """``record`` with its ``record_checksum``, computed as the README specifies (not with memtrain's code):
+    XXH3-128 of the compact JSON of every other field, keys sorted, ASCII only."""
+    body = {k: v for k, v in record.items() if k != "record_checksum"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return {**body, "record_checksum": f"xxh3-128:{xxhash.xxh3_128_hexdigest(text.encode())}"}
 
 
 def _write_split(out: Path, name: str, x: np.ndarray, y: np.ndarray, shard_rows: int) -> dict:

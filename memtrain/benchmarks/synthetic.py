@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from memtrain.dataset import FORMAT, FORMAT_VERSION
-from memtrain.files import checksum_file, publish_array, write_json
+from memtrain.dataset import FORMAT, FORMAT_VERSION, write_manifest
+from memtrain.files import checksum_file, publish_array
 from memtrain.layout import MANIFEST, shard_name, tmp_sibling
 
 # Features per row. Fixed, so that the parameter count changes only the hidden width: a task's data
@@ -77,7 +77,7 @@ def write_dataset(path: Path, train_rows: int, val_rows: int, *, features: int =
                     "y": {"shape": [], "dtype": "int64"}, "classes": [f"c{k}" for k in range(classes)],
                     "splits": splits, "stats": stats, "source": {"synthetic": True, "seed": seed},
                     "options": {}, "created": "synthetic"}
-        write_json(tmp / MANIFEST, manifest, durable=False)
+        write_manifest(tmp, manifest, durable=False)
         os.replace(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -16,7 +16,6 @@ import numpy as np
 from memtrain.dataset import Dataset, Split, open_dataset
 from memtrain.inspection.stats import CHUNK, Summary, chunks
 from memtrain.inspection.tensor_view import SCHEMA
-from memtrain.layout import SPLITS
 
 FEATURES_SHOWN = 10
 STAT_KEYS = ("mean", "std", "min", "max")
@@ -28,7 +27,7 @@ def dataset_view(path: Path, *, every_feature: bool = False, chunk: int = CHUNK)
     classes = dataset.classes
     return {"schema": SCHEMA, "kind": "dataset", "path": str(path), "format_version": manifest.get("version"),
             "task": dataset.task, "rows": manifest.get("rows"), "x": manifest.get("x"), "y": manifest.get("y"),
-            "splits": {name: split_view(path, manifest, dataset.split(name)) for name in SPLITS},
+            "splits": {name: split_view(path, manifest, split) for name, split in dataset.splits.items()},
             "classes": class_counts(dataset, classes, chunk) if classes else None,
             "targets": None if classes else target_stats(dataset, chunk),
             "features": feature_stats(dataset, every_feature),
@@ -49,13 +48,14 @@ def split_view(root: Path, manifest: dict[str, Any], split: Split) -> dict[str, 
 
 def class_counts(dataset: Dataset, classes: list[str], chunk: int) -> list[dict[str, Any]]:
     """Rows per class and split; labels outside ``[0, len(classes))`` are counted under index None."""
-    counts = {name: label_counts(dataset.split(name), len(classes), chunk) for name in SPLITS}
-    rows = [{"index": i, "name": name} | {s: int(counts[s][i]) for s in SPLITS} for i, name in enumerate(classes)]
-    other = {s: int(counts[s][-1]) for s in SPLITS}
+    splits = list(dataset.splits)
+    counts = {name: label_counts(dataset.split(name), len(classes), chunk) for name in splits}
+    rows = [{"index": i, "name": name} | {s: int(counts[s][i]) for s in splits} for i, name in enumerate(classes)]
+    other = {s: int(counts[s][-1]) for s in splits}
     if any(other.values()):
         rows.append({"index": None, "name": "(out of range)"} | other)
     for row in rows:
-        row["total"] = sum(row[s] for s in SPLITS)
+        row["total"] = sum(row[s] for s in splits)
     return rows
 
 
@@ -75,8 +75,8 @@ def label_counts(split: Split, n_classes: int, chunk: int) -> np.ndarray:
 def target_stats(dataset: Dataset, chunk: int) -> dict[str, Any]:
     """Regression targets: streamed statistics of y per split."""
     result = {}
-    for name in SPLITS:
-        split, summary = dataset.split(name), Summary()
+    for name, split in dataset.splits.items():
+        summary = Summary()
         for index in range(len(split.shards)):
             for piece in chunks(split.shard_arrays(index)[1], chunk):
                 summary.add(piece)

@@ -21,6 +21,7 @@ from memtrain.layout import (
     RUN_METRICS,
     RUN_PARAMS,
     WEIGHTS_DIR,
+    existing_hint,
     gradient_name,
     weights_path,
 )
@@ -49,7 +50,7 @@ def detect(path: str | Path) -> Target:
     """Recognise ``path``; raises InputError (exit 2) naming the kinds that are recognised."""
     path = Path(path)
     if not path.exists():
-        raise InputError("no such file or directory", path=path, hint=RECOGNISED)
+        raise InputError("no such file or directory", path=path, hint=existing_hint(path) or RECOGNISED)
     if path.is_dir():
         return _directory(path)
     return _file(path)

@@ -9,6 +9,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from memtrain.errors import plural
+
 # Width used when stdout is not a terminal (a pipe, a log, a test): wide enough that tables never wrap.
 PIPE_WIDTH = 200
 STAT_COLUMNS = ("min", "max", "mean", "std", "l2", "nan", "inf")
@@ -80,16 +82,16 @@ def render_dataset(view: dict[str, Any], console: Console) -> None:
     lines(console, [("dataset", view["path"]), ("task", view["task"]), ("rows", view["rows"]),
                     ("features", f"shape {tuple(x.get('shape', []))} {x.get('dtype')}"),
                     ("targets", f"shape {tuple(y.get('shape', []))} {y.get('dtype')}"),
-                    ("splits", ", ".join(f"{name} {s['rows']:,} rows in {len(s['shards'])} shards"
+                    ("splits", ", ".join(f"{name} {plural(s['rows'], 'row')} in {plural(len(s['shards']), 'shard')}"
                                          for name, s in view["splits"].items()))])
     shards = [(name, s["index"], s["rows"], size(s["x_bytes"]), size(s["y_bytes"]), s["x"], verified(s["verified"]))
               for name, split in view["splits"].items() for s in split["shards"]]
     console.print(table("shards", ("split", "#", "rows", "x bytes", "y bytes", "x file", "checksum"), shards,
                         right=("#", "rows", "x bytes", "y bytes")))
     if view["classes"]:
-        rows = [(c["index"], c["name"], c["train"], c["val"], c["total"]) for c in view["classes"]]
-        console.print(table("classes", ("#", "class", "train", "val", "total"), rows,
-                            right=("#", "train", "val", "total")))
+        splits = tuple(view["splits"])
+        rows = [(c["index"], c["name"], *(c[s] for s in splits), c["total"]) for c in view["classes"]]
+        console.print(table("classes", ("#", "class", *splits, "total"), rows, right=("#", *splits, "total")))
     if view["targets"]:
         rows = [(name, *(s[k] for k in STAT_COLUMNS)) for name, s in view["targets"].items()]
         console.print(table("targets", ("split", *STAT_COLUMNS), rows, right=STAT_COLUMNS))
@@ -99,6 +101,19 @@ def render_dataset(view: dict[str, Any], console: Console) -> None:
                         ("#", "name", "mean", "std", "min", "max"), rows, right=("#", "mean", "std", "min", "max")))
     if features["shown"] < features["count"]:
         console.print(Text(f"showing {features['shown']} of {features['count']} features; --all shows every one"))
+
+
+def _history(entries: list[dict[str, Any]]) -> str | None:
+    """``started T; resumed 2 times; train.epochs 15 -> 20 (T)``."""
+    if not entries:
+        return None
+    resumes = [e for e in entries if e.get("event") == "resume"]
+    parts = [f"started {entries[0].get('time')}"]
+    if resumes:
+        parts.append(f"resumed {len(resumes)} time{'s' * (len(resumes) > 1)}")
+    parts += [f"{key} {change.get('from')} -> {change.get('to')} ({e.get('time')})" for e in resumes
+              for key, change in (e.get("changes") or {}).items()]
+    return "; ".join(parts)
 
 
 def render_run(view: dict[str, Any], console: Console) -> None:
@@ -112,15 +127,19 @@ def render_run(view: dict[str, Any], console: Console) -> None:
         ("data", job.get("data", {}).get("path")),
         ("optimizer", f"{train.get('optimizer')} lr {train.get('lr')} schedule {train.get('schedule')}"
          if train else None),
-        ("training", f"{train.get('epochs')} epochs, batch {train.get('batch_size') or 'full'}, "
-                     f"{train.get('workers')} workers, seed {train.get('seed')}" if train else None),
-        ("progress", f"{progress['epochs_done']}/{progress['epochs'] or '?'} epochs, {progress['updates']:,} updates, "
-                     f"newest version {num(progress['newest_version'])}")])
+        ("training", f"{_count(train.get('epochs'), 'epoch')}, batch {train.get('batch_size') or 'full'}, "
+                     f"{_count(train.get('workers'), 'worker')}, seed {train.get('seed')}" if train else None),
+        ("progress", f"{progress['epochs_done']}/{progress['epochs'] or '?'} epochs, "
+                     f"{plural(progress['updates'], 'update')}, "
+                     f"newest version {num(progress['newest_version'])}"),
+        ("history", _history(view.get("history") or []))])
+    for problem in view.get("record_problems") or []:
+        lines(console, [("DAMAGED", problem)])
     for label, key in (("last epoch", "last_epoch"), ("best epoch", "best_epoch")):
         if progress[key]:
             record = progress[key]
             lines(console, [(label, f"{record.get('epoch')}: " + "  ".join(
-                f"{k} {num(record.get(k))}" for k in ("loss", "val_loss", "val_accuracy") if k in record))])
+                f"{k} {num(record.get(k))}" for k in _metric_keys(record)))])
     rows = [("*" if e["newest_complete"] else "", e["type"], e["name"], e["version"], e["update"], e["epoch"],
              e["train_loss"], e["val_loss"], e["val_accuracy"], e["written"] or "-", size(e["bytes"]),
              verified(e["verified"]) if e["complete"] else f"INCOMPLETE: {e['problem']}") for e in view["entries"]]
@@ -135,7 +154,7 @@ def render_run(view: dict[str, Any], console: Console) -> None:
 
 
 def _parameters(params: dict[str, Any] | None) -> str | None:
-    return f"{num(params['count'])} in {params['tensors']} arrays" if params else None
+    return f"{num(params['count'])} in {plural(params['tensors'], 'array')}" if params else None
 
 
 def render_tensors(view: dict[str, Any], console: Console) -> None:
@@ -153,7 +172,7 @@ def render_tensors(view: dict[str, Any], console: Console) -> None:
     if view.get("metrics"):
         record = view["metrics"]
         lines(console, [(f"metrics ({record.get('kind')} record)", "  ".join(
-            f"{k} {num(record.get(k))}" for k in ("loss", "val_loss", "val_accuracy") if k in record))])
+            f"{k} {num(record.get(k))}" for k in _metric_keys(record)))])
     columns = ("name", "shape", "dtype", *STAT_COLUMNS)
     rows = [(p["name"], str(tuple(p["shape"])), p["dtype"], *(p[k] for k in STAT_COLUMNS)) for p in view["params"]]
     total = view["total"]
@@ -186,19 +205,31 @@ def render_diff(view: dict[str, Any], console: Console) -> None:
     console.print(table("differences (other - base; relative to ||base||)", columns, rows, right=columns[2:]))
 
 
+def _count(value: Any, noun: str) -> str:
+    """A count from a saved job (which may lack it) with its noun."""
+    return plural(value, noun) if isinstance(value, int) else f"{value} {noun}s"
+
+
+def _metric_keys(record: dict[str, Any]) -> list[str]:
+    """The training loss and every validation metric of an epoch record, val_loss first."""
+    return [k for k in ("loss", "val_loss") if k in record] + sorted(
+        k for k in record if k.startswith("val_") and k != "val_loss")
+
+
 def render_written(view: dict[str, Any], console: Console) -> None:
     if view["kind"] == "export":
-        detail = f"{len(view['arrays'])} arrays, {view['format']}, {size(view['bytes'])}"
+        detail = f"{plural(len(view['arrays']), 'array')}, {view['format']}, {size(view['bytes'])}"
     else:
-        detail = f"{view['epochs']} epochs, {view['updates']} updates"
+        detail = f"{plural(view['epochs'], 'epoch')}, {plural(view['updates'], 'update')}"
     console.print(Text(f"wrote {view['out']} ({detail}) from {view['path']}"))
 
 
 def render_verify(result: dict[str, Any], console: Console) -> None:
     if result["ok"]:
-        console.print(Text(f"verify: {result['checked']} files re-hashed, every checksum matches"))
+        console.print(Text(f"verify: {plural(result['checked'], 'file')} re-hashed, every checksum matches"))
     else:
-        console.print(Text(f"verify: {len(result['failures'])} of {result['checked']} files FAILED", style="bold red"))
+        console.print(Text(f"verify: {len(result['failures'])} of {plural(result['checked'], 'file')} FAILED",
+                           style="bold red"))
     if result["unrecorded"]:
-        console.print(Text(f"verify: no checksum recorded for {len(result['unrecorded'])} file(s); "
+        console.print(Text(f"verify: no checksum recorded for {plural(len(result['unrecorded']), 'file')}; "
                            "their headers and sizes are valid"))

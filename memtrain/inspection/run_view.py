@@ -14,35 +14,54 @@ from pathlib import Path
 from typing import Any
 
 from memtrain.errors import MemtrainError
-from memtrain.files import read_json, read_jsonl
+from memtrain.files import read_jsonl, read_sealed_jsonl
 from memtrain.inspection.tensor_view import SCHEMA, metrics_by_version
 from memtrain.inspection.tensors import complete_problem
 from memtrain.layout import (
     RUN_JOB,
     RUN_LINEAGE,
     RUN_METRICS,
-    RUN_PARAMS,
     checkpoint_path,
     checkpoint_updates,
     weight_versions,
     weights_path,
 )
 from memtrain.train.checkpoint import read_meta
+from memtrain.train.record import read_history, recorded_job
+from memtrain.train.run_dir import read_params
 
 
 def run_view(run: Path) -> dict[str, Any]:
-    job = read_json(run / RUN_JOB, what="saved job") if (run / RUN_JOB).exists() else None
-    params = read_json(run / RUN_PARAMS, what="parameter layout") if (run / RUN_PARAMS).exists() else None
+    job, history, problems = records(run)
+    params = None
+    try:
+        params = read_params(run)
+    except MemtrainError as exc:
+        problems.append(str(exc))
     metrics = read_jsonl(run / RUN_METRICS)
-    lineage = {r["version"]: r for r in read_jsonl(run / RUN_LINEAGE) if isinstance(r.get("version"), int)}
+    lineage_records, damaged = read_sealed_jsonl(run / RUN_LINEAGE, what="lineage record")
+    problems += [str(exc) for exc in damaged]
+    lineage = {r["version"]: r for r in lineage_records if isinstance(r.get("version"), int)}
     context = (metrics_by_version(metrics), lineage)
     rows = [row for update in checkpoint_updates(run) if (row := checkpoint_row(run, update, *context))]
     rows += [row for version in weight_versions(run) if (row := weights_row(run, version, *context))]
     rows.sort(key=lambda row: (row["version"] if row["version"] is not None else -1, row["type"] == "weights"))
     newest = mark_newest_complete(rows)
-    return {"schema": SCHEMA, "kind": "run", "path": str(run), "job": job,
+    return {"schema": SCHEMA, "kind": "run", "path": str(run), "job": job, "history": history,
+            "record_problems": problems,
             "params": {"count": params.get("size"), "tensors": len(params.get("params", []))} if params else None,
             "progress": progress(job, metrics, lineage), "entries": rows, "newest_complete": newest}
+
+
+def records(run: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[str]]:
+    """The job the run follows now (job.json with its history's changes), its history, and why either is
+    untrusted (a damaged record is reported, not shown as if it were true)."""
+    if not (run / RUN_JOB).exists():
+        return None, [], []
+    try:
+        return recorded_job(run), read_history(run), []
+    except MemtrainError as exc:
+        return None, [], [str(exc)]
 
 
 def progress(job: dict[str, Any] | None, metrics: list[dict[str, Any]],

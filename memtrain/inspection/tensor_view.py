@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from memtrain.files import read_jsonl
+from memtrain.files import read_jsonl, read_sealed_jsonl
 from memtrain.inspection.detect import Target
 from memtrain.inspection.stats import CHUNK, EMPTY_STATS, Summary, is_numeric, summarise
 from memtrain.inspection.tensors import Tensors, checkpoint_file, open_tensors
@@ -86,7 +86,8 @@ def checkpoint_details(path: Path, chunk: int) -> dict[str, Any]:
 def lineage_record(run: Path | None, version: int | None) -> dict[str, Any] | None:
     if run is None:
         return None
-    found = [r for r in read_jsonl(run / RUN_LINEAGE) if r.get("version") == version]
+    records, _ = read_sealed_jsonl(run / RUN_LINEAGE, what="lineage record")  # a damaged line is not shown
+    found = [r for r in records if r.get("version") == version]
     return found[-1] if found else None
 
 

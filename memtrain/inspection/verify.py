@@ -15,20 +15,24 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from memtrain.dataset import read_manifest, shard_file
 from memtrain.errors import CorruptFileError, InputError, MemtrainError
-from memtrain.files import checksum_algo, checksum_file, read_json, read_jsonl
+from memtrain.files import checksum_algo, checksum_file, read_sealed_jsonl
 from memtrain.inspection.detect import Target
 from memtrain.layout import (
     CHECKPOINT_META,
     MANIFEST,
     RUN_JOB,
     RUN_LINEAGE,
+    RUN_PARAMS,
     checkpoint_path,
     checkpoint_updates,
     weight_versions,
     weights_path,
 )
 from memtrain.train.checkpoint import read_meta
+from memtrain.train.record import recorded_job
+from memtrain.train.run_dir import read_params
 
 FAILURES = ("mismatch", "missing", "unreadable")
 # How long a failing checkpoint of a run gets to disappear before its failure counts: a live run prunes
@@ -86,14 +90,15 @@ def hash_check(path: Path, expected: str | None, *, gone_ok: bool) -> Check:
 
 
 def dataset_checks(root: Path) -> list[Check]:
-    manifest = read_json(root / MANIFEST, what="dataset manifest")
+    manifest = read_manifest(root)
     try:
-        records = [(shard[part], shard.get(f"{part}_checksum")) for split in manifest["splits"].values()
-                   for shard in split["shards"] for part in ("x", "y")]
+        records = [(shard_file(root, shard[part], where=f"splits.{name}.shards[{i}].{part}"),
+                    shard.get(f"{part}_checksum")) for name, split in manifest["splits"].items()
+                   for i, shard in enumerate(split["shards"]) for part in ("x", "y")]
     except (KeyError, TypeError, AttributeError) as exc:
         raise CorruptFileError(f"manifest has a missing or malformed shard list ({exc})", path=root / MANIFEST,
                                where="splits") from exc
-    return [hash_check(root / name, checksum, gone_ok=False) for name, checksum in records]
+    return [hash_check(path, checksum, gone_ok=False) for path, checksum in records]
 
 
 def checkpoint_checks(path: Path, *, prunable: Callable[[], bool] | None = None) -> list[Check]:
@@ -126,8 +131,25 @@ def vanishes(path: Path, within: float = PRUNE_GRACE) -> bool:
 
 
 def lineage_checksums(run: Path) -> dict[int, str]:
-    """Version -> checksum recorded when it was published (the last record wins: resumes rewrite it)."""
-    return {r["version"]: r["checksum"] for r in read_jsonl(run / RUN_LINEAGE) if "version" in r and "checksum" in r}
+    """Version -> checksum recorded when it was published (the last record wins: resumes rewrite it).
+
+    Only records whose seal matches: a version with a damaged record counts as unrecorded."""
+    records, _ = read_sealed_jsonl(run / RUN_LINEAGE, what="lineage record")
+    return {r["version"]: r["checksum"] for r in records if "version" in r and "checksum" in r}
+
+
+def record_checks(run: Path) -> list[Check]:
+    """The run's own records: job.json, history.jsonl, params.json and every lineage line, each sealed."""
+    checks = []
+    for path, read in ((run / RUN_JOB, lambda: recorded_job(run)), (run / RUN_PARAMS, lambda: read_params(run))):
+        try:
+            read()
+            checks.append(Check(path, "ok", "a sealed record", "its checksum matches"))
+        except MemtrainError as exc:
+            checks.append(Check(path, "mismatch", "a sealed record", str(exc)))
+    _, damaged = read_sealed_jsonl(run / RUN_LINEAGE, what="lineage record")
+    checks += [Check(run / RUN_LINEAGE, "mismatch", "a sealed record", str(exc)) for exc in damaged]
+    return checks
 
 
 def weights_check(run: Path, version: int, recorded: dict[int, str], *, gone_ok: bool) -> Check:
@@ -135,8 +157,11 @@ def weights_check(run: Path, version: int, recorded: dict[int, str], *, gone_ok:
 
 
 def run_checks(run: Path, *, dataset: bool) -> list[Check]:
-    checks = []
-    job = read_json(run / RUN_JOB, what="saved job") if (run / RUN_JOB).exists() else {}
+    checks = record_checks(run)
+    try:
+        job = recorded_job(run)
+    except MemtrainError:
+        job = {}
     keep = job.get("run", {}).get("keep_checkpoints")
     for update in checkpoint_updates(run):
         checks.extend(checkpoint_checks(checkpoint_path(run, update), prunable=partial(pruned_soon, run, update, keep)))

@@ -18,6 +18,8 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
+from memtrain.errors import did_you_mean
+
 
 @dataclass(frozen=True)
 class DataSpec:
@@ -67,4 +69,6 @@ class AdditiveModel(Model, Protocol):
 
 
 def build_options_error(kind: str, key: str, allowed: Any) -> str:
-    return f"model '{kind}' has no option '{key}' (options: {', '.join(sorted(allowed)) or 'none'})"
+    guess = did_you_mean(key, allowed)
+    return (f"model '{kind}' has no option '{key}' (options: {', '.join(sorted(allowed)) or 'none'})"
+            + (f". {guess}" if guess else ""))

@@ -27,8 +27,9 @@ from memtrain.prepare.pipeline import PrepareSummary, prepare
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("paths", nargs="+", metavar="SOURCE OUT", type=Path,
-                        help="source file and output directory (only OUT with --synthetic)")
+    parser.add_argument("source", nargs="?", metavar="SOURCE", type=Path,
+                        help="source file (CSV, NPY, NPZ, HDF5, Parquet); not given with --synthetic")
+    parser.add_argument("out", metavar="OUT", type=Path, help="output dataset directory")
     parser.add_argument("--x", help="features: .npz array name or HDF5 dataset path (default x)")
     parser.add_argument("--y", help="labels: .npz array name, HDF5 dataset path (default y), or the labels "
                                     ".npy of a .npy source")
@@ -38,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=defaults.DTYPES, default="float32", help="feature dtype (float32)")
     parser.add_argument("--val-fraction", type=float, default=defaults.VAL_FRACTION,
                         help=f"share of rows in the validation split ({defaults.VAL_FRACTION})")
+    parser.add_argument("--test-fraction", type=float, default=0.0,
+                        help="share of rows in a test split, which training never reads (default: no test split)")
+    parser.add_argument("--stratify", action="store_true",
+                        help="keep each class's share of rows in train, val and test (classification)")
     parser.add_argument("--seed", type=int, default=defaults.SEED, help="seed of the shuffle and the split")
     parser.add_argument("--no-shuffle", dest="shuffle", action="store_false",
                         help="keep the source order (the validation rows are still a random subset)")
@@ -51,26 +56,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--synthetic", metavar="ROWSxFEATURES", help="generate data instead of reading SOURCE")
     parser.add_argument("--classes", type=int, default=10, help="classes of --synthetic data (10)")
     parser.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress (the summary is still printed)")
 
 
 def run(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     with _sigterm_as_interrupt():
-        summary = prepare(options, say=_say, force_plain=args.plain)
+        summary = prepare(options, say=_say, force_plain=args.plain, quiet=args.quiet)
     print_summary(summary)
     return 0
 
 
 def options_from_args(args: argparse.Namespace) -> PrepareOptions:
-    wanted = 1 if args.synthetic else 2
-    if len(args.paths) != wanted:
-        usage = "--synthetic ROWSxFEATURES OUT" if args.synthetic else "SOURCE OUT"
-        raise InputError("wrong number of paths", expected=usage, found=" ".join(map(str, args.paths)))
+    if (args.source is None) == (args.synthetic is None):
+        given = " ".join(str(p) for p in (args.source, args.out) if p is not None)
+        raise InputError("give a SOURCE file and OUT, or --synthetic ROWSxFEATURES and OUT",
+                         expected="SOURCE OUT" if args.synthetic is None else "--synthetic ROWSxFEATURES OUT",
+                         found=(f"--synthetic {args.synthetic} " if args.synthetic else "") + given)
     return PrepareOptions(
-        source=None if args.synthetic else args.paths[0], out=args.paths[-1], x=args.x, y=args.y,
+        source=args.source, out=args.out, x=args.x, y=args.y,
         label=args.label, task=args.task, dtype=args.dtype, val_fraction=args.val_fraction, seed=args.seed,
         shuffle=args.shuffle, shard_mb=args.shard_mb, chunk_mb=args.chunk_mb, drop_nonfinite=args.drop_nonfinite,
-        overwrite=args.overwrite, synthetic=args.synthetic, classes=args.classes)
+        overwrite=args.overwrite, synthetic=args.synthetic, classes=args.classes,
+        test_fraction=args.test_fraction, stratify=args.stratify)
 
 
 def _say(text: str) -> None:
@@ -81,7 +89,8 @@ def print_summary(summary: PrepareSummary) -> None:
     rate = summary.bytes / 1e6 / max(summary.seconds, 1e-9)
     lines = [
         f"prepared {summary.out}",
-        f"  rows     {summary.rows:,} (train {summary.splits['train']:,}, val {summary.splits['val']:,})"
+        f"  rows     {summary.rows:,} ("
+        + ", ".join(f"{name} {rows:,}" for name, rows in summary.splits.items()) + ")"
         + (f", {summary.dropped:,} non-finite rows dropped" if summary.dropped else ""),
         f"  task     {summary.notes[0] if summary.notes else summary.task}",
     ]

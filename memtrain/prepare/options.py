@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 import numpy as np
@@ -39,10 +40,16 @@ class PrepareOptions:
     overwrite: bool = False
     synthetic: str | None = None  # "ROWSxFEATURES"
     classes: int = 10  # synthetic classification: number of classes
+    test_fraction: float = 0.0  # share of rows in a test split (none when 0)
+    stratify: bool = False  # keep each class's share of rows the same in train, val and test
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.val_fraction < 1.0:
             raise InputError("--val-fraction must be in [0, 1)", expected="0 <= f < 1", found=self.val_fraction)
+        if not 0.0 <= self.test_fraction < 1.0 or self.val_fraction + self.test_fraction >= 1.0:
+            raise InputError("--test-fraction must be in [0, 1) and leave rows for training", expected=
+                             "0 <= test fraction and val fraction + test fraction < 1",
+                             found=f"{self.test_fraction} (val fraction {self.val_fraction})")
         if self.dtype not in DTYPES:
             raise InputError("unsupported --dtype", expected=" or ".join(DTYPES), found=self.dtype)
         if self.shard_mb <= 0 or self.chunk_mb <= 0:
@@ -75,8 +82,20 @@ class PrepareOptions:
 
 
 def parse_synthetic(spec: str) -> tuple[int, int]:
-    """``"100000x64"`` -> (100000, 64)."""
-    rows, sep, features = spec.lower().replace("_", "").partition("x")
-    if not sep or not rows.isdigit() or not features.isdigit() or int(rows) < 1 or int(features) < 1:
-        raise InputError("--synthetic needs ROWSxFEATURES", expected="e.g. 100000x64", found=spec)
-    return int(rows), int(features)
+    """``"100000x64"`` -> (100000, 64); counts may be written ``1e6``, ``1_000_000`` or ``1,000,000``."""
+    rows, sep, features = spec.lower().replace("_", "").replace(",", "").partition("x")
+    counts = (_count(rows), _count(features)) if sep else (None, None)
+    if counts[0] is None or counts[1] is None:
+        raise InputError("--synthetic needs ROWSxFEATURES", expected="e.g. 100000x64 or 1e6x64", found=spec)
+    return counts
+
+
+def _count(text: str) -> int | None:
+    """A positive whole number written in digits or in scientific notation (``1e6``, ``2.5e3``); else None."""
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        return None
+    if not value.is_finite() or value < 1 or value != value.to_integral_value():
+        return None
+    return int(value)

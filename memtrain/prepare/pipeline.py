@@ -8,6 +8,7 @@ into place (``workdir``).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,15 +18,22 @@ from typing import Any
 
 import numpy as np
 
-from memtrain.dataset import FORMAT, FORMAT_VERSION
-from memtrain.errors import InputError, Interrupted
+from memtrain.dataset import FORMAT, FORMAT_VERSION, write_manifest
+from memtrain.errors import InputError, Interrupted, plural
 from memtrain.faults import fault_point
-from memtrain.files import write_json
-from memtrain.layout import MANIFEST
 from memtrain.prepare.labels import LabelCoder, Labels
 from memtrain.prepare.options import PrepareOptions, parse_synthetic
 from memtrain.prepare.shard_writer import ShardWriter, SplitSpec
-from memtrain.prepare.shuffle import CODE_DTYPE, Spool, ValSplit, bucket_count, gather, spool_intact
+from memtrain.prepare.shuffle import (
+    CODE_DTYPE,
+    TRAIN,
+    RowSplit,
+    Spool,
+    bucket_count,
+    gather,
+    spool_codes,
+    spool_intact,
+)
 from memtrain.prepare.sources import Chunk, Source, open_source
 from memtrain.prepare.stats import RunningStats
 from memtrain.prepare.synthetic import SyntheticSource
@@ -33,6 +41,14 @@ from memtrain.prepare.workdir import WorkArea, check_out
 from memtrain.progress import reporting
 
 Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Display:
+    """How progress is shown: ``plain`` lines even on a terminal; ``quiet``: nothing."""
+
+    plain: bool = False
+    quiet: bool = False
 
 
 @dataclass
@@ -50,7 +66,8 @@ class PrepareSummary:
     notes: list[str] = field(default_factory=list)
 
 
-def prepare(options: PrepareOptions, *, say: Say = print, force_plain: bool = False) -> PrepareSummary:
+def prepare(options: PrepareOptions, *, say: Say = print, force_plain: bool = False,
+            quiet: bool = False) -> PrepareSummary:
     """Prepare ``options.source`` (or synthetic data) into the dataset directory ``options.out``.
 
     >>> prepare(PrepareOptions(Path("data/digits.csv"), Path("data/digits")))   # doctest: +SKIP
@@ -63,7 +80,7 @@ def prepare(options: PrepareOptions, *, say: Say = print, force_plain: bool = Fa
     try:
         for other in work.sweep_others():
             say(f"removed an unfinished prepare made with other arguments: {other}")
-        summary = _run(source, options, work, say, force_plain)
+        summary = _run(source, options, work, say, Display(force_plain, quiet))
     except InputError:
         work.discard()
         raise
@@ -94,24 +111,25 @@ def _identity(source: Source) -> dict[str, Any]:
     return identity
 
 
-def _run(source: Source, options: PrepareOptions, work: WorkArea, say: Say, force_plain: bool) -> PrepareSummary:
+def _run(source: Source, options: PrepareOptions, work: WorkArea, say: Say, display: Display) -> PrepareSummary:
     x_row_bytes = int(np.prod(source.feature_shape)) * options.np_dtype.itemsize
     spool = work.load_spool()
     if spool is not None and spool_intact(work.spool, spool["counts"], x_row_bytes):
         finished = work.finished_shards()
         done = sum(len(v) for v in finished.values())
-        say(f"resuming: the shuffle spool is complete; {done} shards already complete (verified by checksum)")
+        say(f"resuming: the shuffle spool is complete; {plural(done, 'shard')} already complete "
+            "(verified by checksum)")
     else:
         work.reset()
-        spool = _scatter(source, options, work, force_plain)
+        spool = _scatter(source, options, work, display)
         finished = {}
     labels = Labels(spool["task"], spool["classes"], spool["note"],
                     None if spool["table"] is None else np.asarray(spool["table"]))
     if spool["rows"] == 0:
         raise _no_rows(source, spool["dropped"])
-    splits, stats = _write_shards(source, options, work, spool, labels, finished, force_plain)
+    splits, stats = _write_shards(source, options, work, spool, labels, finished, display)
     manifest = _manifest(source, options, spool, labels, splits, stats)
-    write_json(work.dataset / MANIFEST, manifest, durable=True)
+    write_manifest(work.dataset, manifest, durable=True)
     fault_point("prepare_before_publish")
     work.publish(options.overwrite)
     work.discard()
@@ -124,14 +142,15 @@ def _run(source: Source, options: PrepareOptions, work: WorkArea, say: Say, forc
 
 def _no_rows(source: Source, dropped: int) -> InputError:
     if dropped:
-        return InputError("every row was dropped as non-finite", path=source.path, found=f"{dropped} rows dropped")
+        return InputError("every row was dropped as non-finite", path=source.path,
+                          found=f"{plural(dropped, 'row')} dropped")
     expected = "data rows after the header" if source.format == "csv" else "at least one row"
     return InputError("no data rows", path=source.path, expected=expected, found="none")
 
 
 # --- pass 1: read, check, code the labels, scatter into the spool ---
 
-def _scatter(source: Source, options: PrepareOptions, work: WorkArea, force_plain: bool) -> dict[str, Any]:
+def _scatter(source: Source, options: PrepareOptions, work: WorkArea, display: Display) -> dict[str, Any]:
     features = int(np.prod(source.feature_shape))
     rows_per_chunk = max(1, options.chunk_bytes // (8 * features))
     spool = Spool(work.spool, bucket_count(_estimated_bytes(source, options), options.chunk_bytes, options.shuffle),
@@ -140,7 +159,7 @@ def _scatter(source: Source, options: PrepareOptions, work: WorkArea, force_plai
     rows = dropped = read_bytes = 0
     started = time.monotonic()
     with reporting(f"reading {source.path or 'synthetic data'}", 1.0, plain_every=5.0,
-                   force_plain=force_plain) as report:
+                   force_plain=display.plain, quiet=display.quiet) as report:
         for chunk in source.chunks(rows_per_chunk):
             x, codes, bad = _check_chunk(chunk, source, options, coder)
             spool.add(x, codes)
@@ -199,40 +218,62 @@ def _nonfinite_error(chunk: Chunk, source: Source, options: PrepareOptions, raw:
 # --- pass 2: gather in shuffled order, split, statistics, shards ---
 
 def _write_shards(source: Source, options: PrepareOptions, work: WorkArea, spool: dict[str, Any], labels: Labels,
-                  finished: dict[str, dict[int, Any]], force_plain: bool) -> tuple[dict[str, Any], RunningStats]:
+                  finished: dict[str, dict[int, Any]], display: Display) -> tuple[dict[str, Any], RunningStats]:
     rows = spool["rows"]
-    val_rows = min(round(rows * options.val_fraction), rows - 1)
-    specs = _split_specs(source, options, labels, rows - val_rows, val_rows)
-    stats = RunningStats(int(np.prod(source.feature_shape)))
-    splitter = ValSplit(rows, val_rows, options.seed)
     piece_rows = max(1, options.chunk_bytes // (4 * max(1, int(np.prod(source.feature_shape)) * 8)))
+    groups = _split_groups(options, labels, rows, work, spool, piece_rows)
+    sizes = {"train": sum(g[0] - g[1] - g[2] for g in groups), "val": sum(g[1] for g in groups)}
+    if options.test_fraction > 0:
+        sizes["test"] = sum(g[2] for g in groups)
+    specs = _split_specs(source, options, labels, sizes)
+    stats = RunningStats(int(np.prod(source.feature_shape)))
+    splitter = RowSplit(groups, options.seed)
     pieces = gather(work.spool, spool["counts"], (int(np.prod(source.feature_shape)),), options.np_dtype,
                     seed=options.seed, shuffle=options.shuffle, piece_rows=piece_rows)
     done = 0
-    with ShardWriter(work.dataset, specs["train"], finished.get("train", {}), work.record_shard) as train, \
-            ShardWriter(work.dataset, specs["val"], finished.get("val", {}), work.record_shard) as val, \
-            reporting("writing shards", rows, force_plain=force_plain) as report:
+    with contextlib.ExitStack() as stack:
+        writers = [stack.enter_context(ShardWriter(work.dataset, specs[name], finished.get(name, {}),
+                                                   work.record_shard)) for name in sizes]
+        report = stack.enter_context(reporting("writing shards", rows, force_plain=display.plain,
+                                               quiet=display.quiet))
         for x, codes in pieces:
             y = labels.encode(codes, text=spool["text"])
-            is_val = splitter.take(len(x))
-            val.push(x[is_val], y[is_val])
-            x_train = x[~is_val]
-            train.push(x_train, y[~is_val])
-            stats.update(x_train)
+            split = splitter.take(y if options.stratify else np.zeros(len(y), dtype=np.int64))
+            for code, writer in enumerate(writers):  # TRAIN, VAL, TEST
+                writer.push(x[split == code], y[split == code])
+            stats.update(x[split == TRAIN])
             done += len(x)
             report.update(done, f"{done:,} rows")
-    splits = {name: {"rows": spec.rows, "shards": writer.entries}
-              for name, spec, writer in (("train", specs["train"], train), ("val", specs["val"], val))}
+    splits = {name: {"rows": specs[name].rows, "shards": writer.entries} for name, writer in zip(sizes, writers,
+                                                                                                 strict=True)}
     return splits, stats
 
 
-def _split_specs(source: Source, options: PrepareOptions, labels: Labels, train_rows: int,
-                 val_rows: int) -> dict[str, SplitSpec]:
+def _split_groups(options: PrepareOptions, labels: Labels, rows: int, work: WorkArea, spool: dict[str, Any],
+                  piece_rows: int) -> list[tuple[int, int, int]]:
+    """(rows, val rows, test rows) of the whole data, or of each class when stratified (see RowSplit)."""
+    def counts(n: int) -> tuple[int, int, int]:
+        val = min(round(n * options.val_fraction), max(n - 1, 0))
+        return n, val, min(round(n * options.test_fraction), max(n - 1 - val, 0))
+
+    if not options.stratify:
+        return [counts(rows)]
+    if labels.task != "classification":
+        raise InputError("--stratify needs classification labels", expected="task classification",
+                         found=f"task {labels.task}", hint="leave out --stratify for regression targets")
+    per_class = np.zeros(len(labels.classes), dtype=np.int64)
+    for codes in spool_codes(work.spool, spool["counts"], piece_rows):
+        per_class += np.bincount(labels.encode(codes, text=spool["text"]), minlength=len(per_class))
+    return [counts(int(n)) for n in per_class]
+
+
+def _split_specs(source: Source, options: PrepareOptions, labels: Labels,
+                 sizes: dict[str, int]) -> dict[str, SplitSpec]:
     x_shape = tuple(source.feature_shape)
     row_bytes = int(np.prod(x_shape)) * options.np_dtype.itemsize + labels.y_dtype.itemsize
     per_shard = max(1, options.shard_bytes // row_bytes)
     return {name: SplitSpec(name, count, per_shard, x_shape, options.np_dtype, (), labels.y_dtype)
-            for name, count in (("train", train_rows), ("val", val_rows))}
+            for name, count in sizes.items()}
 
 
 def _manifest(source: Source, options: PrepareOptions, spool: dict[str, Any], labels: Labels,

@@ -12,7 +12,9 @@ so that a bucket is expected to hold about half a chunk; only a bucket's permuta
 and one piece of rows are in memory at once. ``--no-shuffle`` uses one bucket and the identity order.
 
 The train/validation split is drawn piece by piece from the hypergeometric distribution, which gives
-exactly ``round(val_fraction * rows)`` validation rows as a uniform random subset, in O(piece) memory.
+exactly ``round(val_fraction * rows)`` validation rows as a uniform random subset, in O(piece) memory;
+the optional test split is drawn the same way from the rows that are not validation rows. Stratified
+(``--stratify``), both are drawn within each class, from exact per-class counts counted beforehand.
 """
 
 from __future__ import annotations
@@ -118,11 +120,20 @@ def gather(folder: Path, counts: list[int], x_shape: tuple[int, ...], x_dtype: n
                 yield x[order[lo:hi]], y[order[lo:hi]]
 
 
+def spool_codes(folder: Path, counts: list[int], piece_rows: int) -> Iterator[np.ndarray]:
+    """The label codes of the spool, a piece at a time, in no particular order (for counting classes)."""
+    for bucket, count in enumerate(counts):
+        if count:
+            y = np.memmap(folder / spool_bucket_names(bucket)[1], dtype=CODE_DTYPE, mode="r", shape=(count,))
+            for lo in range(0, count, piece_rows):
+                yield np.asarray(y[lo:lo + piece_rows])
+
+
 class ValSplit:
     """Marks exactly ``val_rows`` of ``rows`` as validation, a uniform random subset, piece by piece."""
 
-    def __init__(self, rows: int, val_rows: int, seed: int):
-        self._rng = np.random.default_rng([seed, 3])
+    def __init__(self, rows: int, val_rows: int, seed: int, stream: tuple[int, ...] = (3,)):
+        self._rng = np.random.default_rng([seed, *stream])
         self._left = rows
         self._val_left = val_rows
 
@@ -145,3 +156,31 @@ class ValSplit:
         self._left -= n
         self._val_left -= k
         return mask
+
+
+TRAIN, VAL, TEST = 0, 1, 2  # what RowSplit.take gives each row
+
+
+class RowSplit:
+    """Assigns each row to train, val or test: exact counts per group, uniformly random, piece by piece.
+
+    ``groups[g] = (rows, val_rows, test_rows)``; one group for a plain split, one per class when
+    stratified. Test rows are drawn from the rows that are not validation rows. With one group and no
+    test rows, the validation rows are exactly those ``ValSplit(rows, val_rows, seed)`` marks.
+    """
+
+    def __init__(self, groups: list[tuple[int, int, int]], seed: int):
+        tag = [(g,) for g in range(len(groups))] if len(groups) > 1 else [()]
+        self._val = [ValSplit(rows, val, seed, (3, *tag[g])) for g, (rows, val, _) in enumerate(groups)]
+        self._test = [ValSplit(rows - val, test, seed, (4, *tag[g])) for g, (rows, val, test) in enumerate(groups)]
+
+    def take(self, group: np.ndarray) -> np.ndarray:
+        """``TRAIN``/``VAL``/``TEST`` (uint8) for the next rows, whose groups (class indices, or zeros) are given."""
+        out = np.full(len(group), TRAIN, dtype=np.uint8)
+        for g in np.unique(group):
+            rows = np.flatnonzero(group == g)
+            is_val = self._val[g].take(len(rows))
+            out[rows[is_val]] = VAL
+            rest = rows[~is_val]
+            out[rest[self._test[g].take(len(rest))]] = TEST
+        return out

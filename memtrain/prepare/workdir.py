@@ -15,8 +15,18 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from memtrain.dataset import shard_file
 from memtrain.errors import CorruptFileError, InputError
-from memtrain.files import append_jsonl, fsync_dir, read_json, read_jsonl, verify_checksum, write_json
+from memtrain.files import (
+    append_jsonl,
+    fsync_dir,
+    open_own,
+    read_sealed_json,
+    read_sealed_jsonl,
+    seal,
+    verify_checksum,
+    write_sealed_json,
+)
 from memtrain.layout import (
     MANIFEST,
     PREPARE_DATASET_DIR,
@@ -25,14 +35,18 @@ from memtrain.layout import (
     PREPARE_REPLACED_DIR,
     PREPARE_SPOOL_DIR,
     PREPARE_SPOOL_INFO,
+    SPLITS,
     TMP_MARK,
+    is_shard_name,
     prepare_work_dir,
     prepare_work_dirs,
+    tmp_target,
 )
 
 
 def check_out(out: Path, overwrite: bool) -> None:
-    """Refuse an existing output unless --overwrite, and refuse to replace anything but a dataset."""
+    """Refuse an existing output unless --overwrite, and refuse to replace anything but a dataset that holds
+    nothing memtrain did not write (replacing it deletes every file in it)."""
     if not out.exists() and not out.is_symlink():
         return
     if not overwrite:
@@ -41,6 +55,27 @@ def check_out(out: Path, overwrite: bool) -> None:
     if not out.is_dir() or out.is_symlink() or not ((out / MANIFEST).exists() or not any(out.iterdir())):
         raise InputError("refusing to replace something that is not a memtrain dataset", path=out,
                          expected="a dataset directory (with manifest.json) or an empty directory")
+    foreign = foreign_entries(out)
+    if foreign:
+        raise InputError("refusing to replace a dataset that holds files memtrain did not write", path=out,
+                         found=", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""),
+                         hint="move them out of the dataset directory, then run the same command again")
+
+
+def foreign_entries(out: Path) -> list[str]:
+    """Entries of a dataset directory that are not memtrain's names: manifest.json, the split folders and
+    the shards in them (and temporary names of those)."""
+    foreign = []
+    for name in sorted(os.listdir(out)):
+        path = out / name
+        if name == MANIFEST and path.is_file() and not path.is_symlink():
+            continue
+        if name in SPLITS and path.is_dir() and not path.is_symlink():
+            foreign += [f"{name}/{entry}" for entry in sorted(os.listdir(path))
+                        if not is_shard_name(tmp_target(entry) or entry) or (path / entry).is_dir()]
+            continue
+        foreign.append(name)
+    return foreign
 
 
 class WorkArea:
@@ -54,8 +89,11 @@ class WorkArea:
         self._lock: int | None = None
 
     def claim(self) -> None:
+        if self.root.is_symlink():
+            raise InputError("the work area of this prepare is a symbolic link; memtrain does not write through "
+                             "links it did not make", path=self.root, hint="remove the link and run again")
         self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.root / PREPARE_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_own(self.root / PREPARE_LOCK, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
@@ -69,10 +107,11 @@ class WorkArea:
             self._lock = None
 
     def sweep_others(self) -> list[Path]:
-        """Remove unfinished work areas of OUT made with other arguments (they can never resume now)."""
+        """Remove unfinished work areas of OUT made with other arguments (they can never resume now): only
+        directories with a work area's name, its lock file in them, and that lock free."""
         removed = []
         for other in prepare_work_dirs(self.out):
-            if other != self.root and _unlocked(other):
+            if other != self.root and not other.is_symlink() and (other / PREPARE_LOCK).is_file() and _unlocked(other):
                 shutil.rmtree(other, ignore_errors=True)
                 removed.append(other)
         return removed
@@ -82,8 +121,8 @@ class WorkArea:
         if not path.exists():
             return None
         try:
-            return read_json(path, what="spool marker")
-        except CorruptFileError:
+            return read_sealed_json(path, what="spool marker")
+        except CorruptFileError:  # damaged: never trusted, the spool is written again
             return None
 
     def reset(self) -> None:
@@ -98,7 +137,7 @@ class WorkArea:
 
     def commit_spool(self, info: dict[str, Any]) -> None:
         fsync_dir(self.spool)
-        write_json(self.root / PREPARE_SPOOL_INFO, info, durable=True)
+        write_sealed_json(self.root / PREPARE_SPOOL_INFO, info, durable=True)
 
     def finished_shards(self) -> dict[str, dict[int, dict[str, Any]]]:
         """Shards recorded as finished whose files still match their checksums, by split and index.
@@ -108,18 +147,18 @@ class WorkArea:
         for leftover in self.dataset.rglob(f"*{TMP_MARK}*"):
             leftover.unlink(missing_ok=True)
         finished: dict[str, dict[int, dict[str, Any]]] = {}
-        for record in read_jsonl(self.root / PREPARE_DONE_LOG):
+        for record in read_sealed_jsonl(self.root / PREPARE_DONE_LOG, what="finished-shard record")[0]:
             entry = record["entry"]
             try:
-                verify_checksum(self.dataset / entry["x"], entry["x_checksum"])
-                verify_checksum(self.dataset / entry["y"], entry["y_checksum"])
-            except CorruptFileError:
+                verify_checksum(shard_file(self.dataset, entry["x"], where="x"), entry["x_checksum"])
+                verify_checksum(shard_file(self.dataset, entry["y"], where="y"), entry["y_checksum"])
+            except (CorruptFileError, KeyError, TypeError):
                 continue
             finished.setdefault(record["split"], {})[int(record["index"])] = entry
         return finished
 
     def record_shard(self, split: str, index: int, entry: dict[str, Any]) -> None:
-        append_jsonl(self.root / PREPARE_DONE_LOG, {"split": split, "index": index, "entry": entry})
+        append_jsonl(self.root / PREPARE_DONE_LOG, seal({"split": split, "index": index, "entry": entry}))
 
     def publish(self, overwrite: bool) -> None:
         """Rename the finished dataset into OUT; an old dataset is moved aside first and removed after."""

@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from memtrain.errors import MemtrainError
-from memtrain.files import read_json
+from memtrain.files import open_own
 from memtrain.layout import RUN_JOB, RUN_LOCK, RUN_METRICS
 from memtrain.serve.admit import Admission
+from memtrain.train.record import compare, recorded_job
 
 ERROR_PREFIX = "memtrain train: error: "
 # Enough of the end of a log or metrics file to find its last error line or epoch record; reading
@@ -64,24 +65,25 @@ def run_lock_owner(run_dir: Path) -> str | None:
 
 
 def wants_resume(admission: Admission) -> bool:
-    """Resume only a run this very job created: its saved job.json equals the job's resolved form.
+    """Resume only a run this very job created: the job its records say it follows is this job (nothing but
+    how it is executed differs; see ``train.record``).
 
     So a restarted service continues its own runs, a job submitted again after it finished finds its run
     complete, and a job pointed at someone else's run directory is refused by ``memtrain train``.
     """
-    saved = admission.job.run.dir / RUN_JOB
-    if not saved.exists():
+    if not (admission.job.run.dir / RUN_JOB).exists():
         return False
     try:
-        return read_json(saved, what="saved job") == admission.resolved
+        _, unasked, fixed = compare(recorded_job(admission.job.run.dir), admission.job, asked=())
     except MemtrainError:
         return False
+    return not unasked and not fixed
 
 
 def launch(admission: Admission, claimed: Path, *, folder: Path, log: Path, resume: bool) -> Child:
     """Start ``memtrain train`` on a claimed job file, its output appended to ``log``."""
     args = admission.train_args(claimed, resume=resume)
-    with open(log, "ab") as handle:
+    with os.fdopen(open_own(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as handle:  # never via a symlink
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
         handle.write(f"=== {stamp} memtrain serve: {' '.join(args)}\n".encode())
         handle.flush()

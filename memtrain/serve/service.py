@@ -19,7 +19,7 @@ from typing import Any
 
 from watchdog.observers.api import BaseObserver
 
-from memtrain.errors import InputError
+from memtrain.errors import InputError, MemtrainError
 from memtrain.faults import fault_point
 from memtrain.files import write_json
 from memtrain.layout import spool_job_file, spool_job_name
@@ -194,8 +194,12 @@ class Service:
         state.update(starts=state.get("starts", 0) + 1, clean_stop=False, started_at=state.get("started_at")
                      or time.time())
         write_state(self.spool, name, state)
-        child = runner.launch(admission, claimed, folder=self.spool.folder, log=self.spool.log(name),
-                              resume=resume)
+        try:
+            child = runner.launch(admission, claimed, folder=self.spool.folder, log=self.spool.log(name),
+                                  resume=resume)
+        except MemtrainError as exc:  # e.g. its log is a symbolic link, which memtrain never writes through
+            self.fail(name, claimed, str(exc), state)
+            return
         state["pid"] = child.proc.pid
         write_state(self.spool, name, state)
         fault_point("serve_after_launch")

@@ -1,8 +1,9 @@
 """Weights + optimizer state + metadata -> ``checkpoints/cNNNNNNNN/``, committed by renaming a finished dir.
 
 A checkpoint directory whose name matches ``cNNNNNNNN`` is complete: its files are fsynced, ``meta.json``
-(with every file's checksum) is written last, and only then is the temporary directory renamed into place.
-``newest_checkpoint`` re-hashes what it returns and falls back to an older checkpoint if a file is bad.
+(with every file's checksum, and sealed with the checksum of its own content) is written last, and only
+then is the temporary directory renamed into place. ``newest_checkpoint`` re-hashes what it returns and
+falls back to an older checkpoint if a file or the metadata itself is bad.
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ from memtrain.files import (
     fsync_dir,
     is_no_space,
     no_space_error,
+    open_new,
     open_npy,
     read_json,
+    unseal,
     verify_checksum,
-    write_json,
+    write_sealed_json,
 )
 from memtrain.layout import (
     CHECKPOINT_META,
@@ -36,18 +39,23 @@ from memtrain.layout import (
     RUN_PARAMS,
     checkpoint_path,
     checkpoint_updates,
+    existing_hint,
+    is_checkpoint_name,
     optimizer_state_name,
     tmp_sibling,
+    tmp_target,
 )
 from memtrain.models.params import ParamLayout
 
 FORMAT = "memtrain.checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: meta.json is sealed (its own checksum); 1 had none and is not read
+POSITION_KEYS = ("epoch", "batch", "version", "epoch_loss", "epoch_rows", "skipped", "best")
 
 
 def write_checkpoint(run_dir: Path, update: int, meta: dict[str, Any], weights: Path,
-                     state: dict[str, Path], keep: int) -> Path:
-    """Copy weights and optimizer state into a new checkpoint and commit it; prune to the newest ``keep``."""
+                     state: dict[str, Path], keep: int, protect: int | None = None) -> Path:
+    """Copy weights and optimizer state into a new checkpoint and commit it; prune to the newest ``keep``
+    (and the checkpoint of update ``protect``, the best epoch's with ``run.keep_best``)."""
     final = checkpoint_path(run_dir, update)
     final.parent.mkdir(exist_ok=True)
     tmp = tmp_sibling(final)
@@ -56,8 +64,8 @@ def write_checkpoint(run_dir: Path, update: int, meta: dict[str, Any], weights: 
         sources = {CHECKPOINT_WEIGHTS: weights} | {optimizer_state_name(k): v for k, v in state.items()}
         files = {name: _copy_durable(src, tmp / name) for name, src in sources.items()}
         fault_point("ckpt_after_data")
-        write_json(tmp / CHECKPOINT_META, {"format": FORMAT, "version": FORMAT_VERSION, **meta, "files": files,
-                                           "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, durable=True)
+        write_sealed_json(tmp / CHECKPOINT_META, {"format": FORMAT, "version": FORMAT_VERSION, **meta, "files": files,
+                                                  "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, durable=True)
         fsync_dir(tmp)
         fault_point("ckpt_before_commit")
         if final.exists():  # a re-written checkpoint of the same update (after a resume)
@@ -69,22 +77,23 @@ def write_checkpoint(run_dir: Path, update: int, meta: dict[str, Any], weights: 
         if isinstance(exc, OSError) and is_no_space(exc):
             raise no_space_error(final) from exc
         raise
-    prune_checkpoints(run_dir, keep)
+    prune_checkpoints(run_dir, keep, protect)
     return final
 
 
 def _copy_durable(src: Path, dst: Path) -> dict[str, Any]:
     fault_point("write")
-    with open(src, "rb") as reader, open(dst, "wb") as writer:
+    with open(src, "rb") as reader, open_new(dst) as writer:
         shutil.copyfileobj(reader, writer, 8 << 20)
         writer.flush()
         os.fsync(writer.fileno())
     return {"checksum": checksum_file(dst), "bytes": dst.stat().st_size}
 
 
-def prune_checkpoints(run_dir: Path, keep: int) -> None:
+def prune_checkpoints(run_dir: Path, keep: int, protect: int | None = None) -> None:
     for update in checkpoint_updates(run_dir)[:-keep] if keep > 0 else []:
-        _remove_committed(checkpoint_path(run_dir, update))
+        if update != protect:
+            _remove_committed(checkpoint_path(run_dir, update))
 
 
 def _remove_committed(path: Path) -> None:
@@ -95,22 +104,69 @@ def _remove_committed(path: Path) -> None:
 
 
 def read_meta(path: Path) -> dict[str, Any]:
-    meta = read_json(path / CHECKPOINT_META, what="checkpoint metadata")
+    """A checkpoint's metadata, trusted only once its seal matches and every field a resume uses is there."""
+    file = path / CHECKPOINT_META
+    meta = read_json(file, what="checkpoint metadata")
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise CorruptFileError("not a memtrain checkpoint", path=path / CHECKPOINT_META, where="format",
+        raise CorruptFileError("not a memtrain checkpoint", path=file, where="format",
                                expected=FORMAT, found=meta.get("format") if isinstance(meta, dict) else None)
     if meta.get("version") != FORMAT_VERSION:
-        raise CorruptFileError("unsupported checkpoint format version", path=path / CHECKPOINT_META,
+        raise CorruptFileError("unsupported checkpoint format version", path=file,
                                expected=FORMAT_VERSION, found=meta.get("version"))
+    meta = unseal(meta, path=file, what="checkpoint metadata")
+    files = meta.get("files")
+    if not isinstance(files, dict) or CHECKPOINT_WEIGHTS not in files:
+        raise CorruptFileError("checkpoint metadata lists no weights file", path=file, where="files")
+    bad = [name for name, record in files.items() if not _file_name(name) or not isinstance(record, dict)
+           or not isinstance(record.get("checksum"), str)]
+    if bad:  # a name that is not one of a checkpoint's own files could point anywhere
+        raise CorruptFileError("checkpoint metadata names a file that is not a checkpoint's own", path=file,
+                               where="files", expected=f"{CHECKPOINT_WEIGHTS} or opt-<slot>.npy", found=bad[0])
     return meta
+
+
+def _check_fields(meta: dict[str, Any], file: Path) -> None:
+    """Every field a resume or a load reads, with its type: a missing one is a damaged checkpoint, not a KeyError."""
+    position = meta.get("position")
+    problems = [] if isinstance(position, dict) else ["position"]
+    if isinstance(position, dict):
+        problems += [f"position.{key}" for key in POSITION_KEYS if key not in position]
+        problems += [f"position.{key}" for key in ("epoch", "batch", "version", "epoch_rows", "skipped")
+                     if not _count(position.get(key))]
+    problems += [key for key in ("layout", "data", "model", "optimizer") if not isinstance(meta.get(key), dict)]
+    if problems:
+        raise CorruptFileError("checkpoint metadata lacks or mangles a field", path=file, where=", ".join(problems))
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _file_name(name: str) -> bool:
+    """A checkpoint's files are its own plain names, never a path out of it."""
+    return name == CHECKPOINT_WEIGHTS or (name.startswith("opt-") and name.endswith(".npy") and "/" not in name
+                                           and not name.startswith("."))
 
 
 def verify_checkpoint(path: Path) -> dict[str, Any]:
-    """Re-hash every file of a checkpoint; returns its metadata or raises naming the bad file."""
+    """Re-hash every file of a checkpoint; returns its metadata or raises naming the bad file or field."""
     meta = read_meta(path)
+    _check_fields(meta, path / CHECKPOINT_META)
     for name, record in meta["files"].items():
         verify_checksum(path / name, record["checksum"])
     return meta
+
+
+def done_epochs(run_dir: Path) -> int | None:
+    """The epochs of the newest checkpoint whose metadata is intact (its files are not re-hashed), or None."""
+    for update in reversed(checkpoint_updates(run_dir)):
+        try:
+            meta = read_meta(checkpoint_path(run_dir, update))
+            _check_fields(meta, checkpoint_path(run_dir, update) / CHECKPOINT_META)
+            return int(meta["position"]["epoch"])
+        except MemtrainError:
+            continue
+    return None
 
 
 def newest_checkpoint(run_dir: Path, warn: Callable[[str], None] = print) -> tuple[Path, dict[str, Any]] | None:
@@ -131,22 +187,27 @@ def load_checkpoint(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, 
     >>> params["W1"].shape, meta["epoch"]
     """
     path = Path(path)
+    if not path.exists():
+        raise InputError("no such checkpoint or run directory", path=path, hint=existing_hint(path))
     if (path / CHECKPOINTS_DIR).is_dir() or (path / RUN_PARAMS).exists():
         found = newest_checkpoint(path, warn=lambda _: None)
         if found is None:
             raise InputError("the run has no complete checkpoint", path=path)
         path = found[0]
     meta = read_meta(path)
+    _check_fields(meta, path / CHECKPOINT_META)
     layout = ParamLayout.from_json(meta["layout"], path=path / CHECKPOINT_META)
     flat = open_npy(path / CHECKPOINT_WEIGHTS, shape=(layout.size,), dtype=layout.dtype)
     return layout.views(flat), meta
 
 
 def discard_incomplete(run_dir: Path) -> None:
-    """Remove temporary checkpoint directories left by a crash (the run lock is held: no one owns them)."""
+    """Remove temporary checkpoint directories left by a crash (the run lock is held: no one owns them).
+
+    Only names that ``tmp_sibling`` makes of a checkpoint's name: ``checkpoints/.hidden/`` is not ours."""
     folder = run_dir / CHECKPOINTS_DIR
     if folder.is_dir():
         for entry in os.listdir(folder):
-            if entry.startswith("."):
+            if is_checkpoint_name(tmp_target(entry) or "") and not (folder / entry).is_symlink():
                 with contextlib.suppress(OSError):
                     shutil.rmtree(folder / entry)

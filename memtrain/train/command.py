@@ -5,6 +5,10 @@ Examples:
   memtrain train job.toml --set train.lr=0.01 --set train.epochs=5 --workers 2
   memtrain train --resume runs/digits-mlp            # continue from the newest complete checkpoint
   memtrain train --resume runs/digits-mlp --set train.epochs=60   # ... and train longer
+
+On resume, the job must be the run's own: a change to the data, the model, the seed, the batches or the
+optimizer is refused, and any other setting (epochs, lr, ...) changes only when named with --set on the
+command line; the change is added to the run's history.jsonl, never written over its job.json.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ import sys
 from pathlib import Path
 
 from memtrain.config import load_job, load_saved_job
-from memtrain.errors import InputError
+from memtrain.errors import InputError, MemtrainError, plural
+from memtrain.layout import RUN_JOB
+from memtrain.train.metrics import SHOWN
 from memtrain.train.server import TrainSummary, train
 
 
@@ -30,15 +36,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verify", action="store_true", help="re-hash every dataset shard before training")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing run directory (only one that memtrain created)")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress bar and no epoch lines (warnings and the summary are still printed)")
 
 
 def run(args: argparse.Namespace) -> int:
     job = _job(args)
     if args.overwrite and args.resume:
-        raise InputError("--overwrite and --resume contradict each other")
-    summary = train(job, resume_run=bool(args.resume), verify=args.verify, overwrite=args.overwrite)
+        raise InputError("--overwrite and --resume contradict each other",
+                         hint=f"continue the run with `memtrain train --resume {job.run.dir}`, or start it over "
+                              f"with `memtrain train {job.source or 'JOB.toml'} --run-dir {job.run.dir} --overwrite`")
+    asked = {item.partition("=")[0].strip() for item in args.overrides}
+    try:
+        summary = train(job, resume_run=bool(args.resume), verify=args.verify, overwrite=args.overwrite, asked=asked,
+                        quiet=args.quiet)
+    except MemtrainError as exc:
+        _name_resume(exc, job.run.dir)
+        raise
     _print_summary(summary)
     return 0
+
+
+def _name_resume(exc: MemtrainError, run_dir: Path) -> None:
+    """A failure after the run directory was made says how to continue it (a refusal, exit 2, says its own)."""
+    if exc.exit_code == 1 and (run_dir / RUN_JOB).is_file() and "memtrain " not in (exc.hint or ""):
+        exc.hint = (exc.hint + "; then r" if exc.hint else "R") + f"esume with: memtrain train --resume {run_dir}"
 
 
 def _job(args: argparse.Namespace):  # noqa: ANN202 - returns config.Job
@@ -47,6 +69,9 @@ def _job(args: argparse.Namespace):  # noqa: ANN202 - returns config.Job
     if isinstance(args.resume, str):
         if args.job is not None:
             raise InputError("give either a job file or --resume RUN_DIR, not both")
+        if args.run_dir is not None or any(item.partition("=")[0].strip() == "run.dir" for item in args.overrides):
+            raise InputError("--resume RUN_DIR continues that directory: --run-dir and run.dir do not apply",
+                             hint=f"memtrain train --resume {args.resume}")
         return load_saved_job(Path(args.resume).resolve(), args.overrides, workers=args.workers)
     if args.job is None:
         raise InputError("a job file is needed", hint="memtrain train JOB.toml, or memtrain train --resume RUN_DIR")
@@ -55,11 +80,14 @@ def _job(args: argparse.Namespace):  # noqa: ANN202 - returns config.Job
 
 def _print_summary(summary: TrainSummary) -> None:
     final, best = summary.final, summary.best or {}
-    lines = [f"done: {summary.epochs} epochs, weight version {summary.version}, {summary.seconds:.1f} s"]
+    lines = [f"done: {plural(summary.epochs, 'epoch')}, weight version {summary.version}, {summary.seconds:.1f} s"]
     for label, record in (("final", final), ("best", best)):
-        metrics = [f"{key} {record[key]:.4f}" for key in ("val_loss", "val_accuracy") if key in record]
+        metrics = [f"{key} {record[key]:.4f}" for key in SHOWN if key in record]
         if metrics:
             lines.append(f"{label} (epoch {record.get('epoch')}): " + "  ".join(metrics))
+    if summary.stopped_early:
+        lines.append(f"stopped early: no better val_loss for {plural(summary.epochs - best['epoch'], 'epoch')} "
+                     f"after epoch {best['epoch']}")
     if summary.worker_deaths:
         lines.append(f"workers that died and were replaced: {summary.worker_deaths}")
     lines.append(f"run directory: {summary.run_dir}")

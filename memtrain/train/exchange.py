@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Protocol
 
+from memtrain.train.launch import script_not_rerun
 from memtrain.train.messages import Message, Ready, Result, Stop, StretchEnd, WorkerSetup
 from memtrain.train.worker import WorkerState, worker_main
 
@@ -87,7 +88,8 @@ class WorkerPool:
         outbox, worker_out = self._context.Pipe(duplex=False)
         process = self._context.Process(target=worker_main, args=(self._setup, worker_in, worker_out),
                                         name=f"memtrain-worker-{index}", daemon=True)
-        process.start()
+        with script_not_rerun(self._setup.model_kind):
+            process.start()
         worker_in.close()  # the worker has its own copies; without ours, its death reads as end-of-file
         worker_out.close()
         return Slot(index, process, inbox, outbox)

@@ -1,4 +1,8 @@
-"""A job -> its run directory: lock, resolved job, logs, and the exchange area for gradient files.
+"""A job -> its run directory: records, lock, logs, and the exchange area for gradient files.
+
+A new run directory is created complete (its records written under a temporary name, then renamed into
+place) or not at all; a resume decides against the records before it writes anything. memtrain deletes
+only what it can prove it wrote: its own names in a run it made, and exchange areas that carry its mark.
 
 The run lock is an ``flock`` on ``run.lock``: the kernel drops it when its owner dies, so a crashed run
 never blocks the next one. The exchange area holds gradient files and the optimizer's double buffers;
@@ -8,12 +12,15 @@ its name carries the owner's pid, so that leftovers of dead runs can be swept wi
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import json
 import os
 import shutil
 import tempfile
 import time
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -21,19 +28,41 @@ from typing import IO, Any
 import numpy as np
 
 from memtrain.config import Job
-from memtrain.errors import InputError, MemtrainError
-from memtrain.files import LockHeld, append_jsonl, take_pid_lock
+from memtrain.errors import CorruptFileError, InputError, MemtrainError
+from memtrain.faults import fault_point
+from memtrain.files import (
+    LockHeld,
+    append_jsonl,
+    append_text,
+    fsync_dir,
+    read_json,
+    read_sealed_json,
+    seal,
+    take_pid_lock,
+    write_sealed_json,
+)
 from memtrain.layout import (
+    CHECKPOINTS_DIR,
+    EXCHANGE_MARK,
     RUN_EVENTS,
+    RUN_HISTORY,
     RUN_JOB,
     RUN_LINEAGE,
     RUN_LOCK,
     RUN_METRICS,
+    RUN_PARAMS,
     WEIGHTS_DIR,
     exchange_dir_name,
+    is_checkpoint_name,
+    is_version_name,
     parse_exchange_owner,
     tmp_owner_pid,
+    tmp_sibling,
+    tmp_target,
 )
+from memtrain.train.checkpoint import done_epochs
+from memtrain.train.record import FORMAT as RECORD_FORMAT
+from memtrain.train.record import Decision, decide, write_records
 
 SHM = Path("/dev/shm")
 # Probe size for choosing the exchange filesystem: big enough to see page-fault and copy costs, small
@@ -41,11 +70,16 @@ SHM = Path("/dev/shm")
 PROBE_BYTES = 16 << 20
 
 
+# Files of a run directory that memtrain rewrites by rename: their temporary names are its own leftovers.
+RUN_RECORDS = (RUN_JOB, RUN_PARAMS, RUN_HISTORY, RUN_METRICS, RUN_LINEAGE)
+
+
 @dataclass
 class RunDir:
     path: Path
     exchange: Path
     lock: IO[str]
+    decision: Decision | None = None  # a resume: the changes it was allowed to make; None for a new run
 
     def event(self, text: str) -> None:
         log_event(self.path, text)
@@ -54,7 +88,7 @@ class RunDir:
         append_jsonl(self.path / RUN_METRICS, record)
 
     def lineage(self, record: dict[str, Any]) -> None:
-        append_jsonl(self.path / RUN_LINEAGE, record)
+        append_jsonl(self.path / RUN_LINEAGE, seal(record))
 
     def close(self) -> None:
         shutil.rmtree(self.exchange, ignore_errors=True)
@@ -78,26 +112,36 @@ def acquire_lock(path: Path) -> IO[str]:
     except LockHeld as held:
         raise InputError("another memtrain train is using this run directory", path=path,
                          found=f"lock held by pid {held.owner}",
-                         hint="wait for it to finish or choose another run.dir") from None
+                         hint=f"wait for it to finish (then `memtrain train --resume {path}` continues it), or "
+                              "choose another run directory with --run-dir") from None
 
 
 def sweep_leftovers(run_dir: Path, exchange_parents: list[Path]) -> list[Path]:
-    """Remove temporary files in the run (we hold its lock) and exchange dirs whose owner is dead."""
+    """Remove temporary files of memtrain's own names in the run (we hold its lock), and exchange areas
+    (marked as memtrain's) whose owner is dead. ``notes.tmp-1-x`` or a user's ``memtrain-x-*`` stay."""
     removed = []
-    for folder in (run_dir / WEIGHTS_DIR, run_dir):
+    for folder, ours in ((run_dir / WEIGHTS_DIR, is_version_name), (run_dir, RUN_RECORDS.__contains__)):
         if folder.is_dir():
             for name in os.listdir(folder):
-                if tmp_owner_pid(name) is not None and (folder / name).is_file():
+                target = tmp_target(name)
+                if target is not None and ours(target) and (folder / name).is_file():
                     (folder / name).unlink(missing_ok=True)
                     removed.append(folder / name)
     for parent in exchange_parents:
         with contextlib.suppress(OSError):
             for name in os.listdir(parent):
                 owner = parse_exchange_owner(name)
-                if owner is not None and not pid_alive(owner):
-                    shutil.rmtree(parent / name, ignore_errors=True)
+                if owner is not None and not pid_alive(owner) and _remove_exchange(parent / name):
                     removed.append(parent / name)
     return removed
+
+
+def _remove_exchange(folder: Path) -> bool:
+    """Delete an exchange area only if memtrain's mark is in it (a directory that merely has the name stays)."""
+    if folder.is_symlink() or not (folder / EXCHANGE_MARK).is_file():
+        return False
+    shutil.rmtree(folder, ignore_errors=True)
+    return True
 
 
 def exchange_candidates(job: Job) -> list[Path]:
@@ -158,50 +202,232 @@ def choose_exchange(job: Job, need_bytes: int, log: Any) -> Path:
     return min(timings, key=lambda folder: timings[folder])
 
 
-def open_run_dir(job: Job, *, resume: bool, need_exchange: int, need_run: int, overwrite: bool = False) -> RunDir:
-    """Create or reopen the run directory, take its lock, sweep leftovers and set up the exchange area."""
+def open_run_dir(job: Job, *, resume: bool, need_exchange: int, need_run: int, overwrite: bool = False,
+                 layout: dict[str, Any] | None = None, asked: Collection[str] = (), one_pass: bool = False) -> RunDir:
+    """Create, replace or reopen the run directory, take its lock, sweep leftovers and set up the exchange area.
+
+    A new run directory is built under a temporary name with its records (``job.json`` first) and renamed
+    into place: it exists complete or not at all. A resume decides (``record.decide``) before it writes
+    anything. ``layout``: the job's parameter layout (``params.json``); ``asked``: the keys named with
+    ``--set``, the only settings a resume may change; ``one_pass``: an additive model (no epochs to add).
+    """
     path = job.run.dir
-    existing = path.exists() and any(path.iterdir())
-    if existing and not resume and not overwrite:
-        raise InputError("the run directory already exists and is not empty", path=path,
-                         hint=f"resume it with `memtrain train --resume {path}`, replace it with --overwrite, "
-                              "or choose another run.dir")
-    if existing and overwrite and not (path / RUN_JOB).exists():
-        raise InputError("refusing to overwrite a directory that is not a memtrain run (no job.json)", path=path)
-    path.mkdir(parents=True, exist_ok=True)
-    lock = acquire_lock(path)
+    found = _state(path)
+    decision = None
+    command = f"memtrain train {job.source or 'JOB.toml'}"
+    if found == "foreign":
+        raise InputError("the run directory exists and is not a memtrain run (no job.json); memtrain writes "
+                         "only into a new or empty directory, or into a run it made", path=path,
+                         hint=f"choose another with `{command} --run-dir NEW_DIR`")
+    if found == "run" and resume:
+        decision = _decide(path, job, asked, layout, one_pass)
+        lock = acquire_lock(path)
+        # again under the lock: another resume may have come first
+        decision = _decide(path, job, asked, layout, one_pass)
+    elif found == "run" and overwrite:
+        _check_owned(path)
+        lock = acquire_lock(path)
+        _clear_run(path)
+        write_records(path, job)
+        write_params(path, layout)
+    elif found == "run":
+        raise InputError("the run directory already exists", path=path,
+                         hint=f"resume it with `memtrain train --resume {path}`, replace it with "
+                              f"`{command} --run-dir {path} --overwrite`, or choose another with --run-dir")
+    else:
+        lock = _create(path, job, layout)
     try:
-        if existing and overwrite:
-            _empty_run_dir(path)
-        (path / WEIGHTS_DIR).mkdir(exist_ok=True)
-        free = shutil.disk_usage(path).free
-        if free < need_run:
-            raise MemtrainError("not enough free space for the run's weight versions and checkpoints", path=path,
-                                expected=f"{need_run >> 20} MiB", found=f"{free >> 20} MiB free")
-        candidates = exchange_candidates(job)
-        sweep_leftovers(path, candidates)
-        parent = choose_exchange(job, need_exchange, lambda text: log_event(path, text))
-        exchange = parent / exchange_dir_name(uuid.uuid4().hex[:8], os.getpid())
-        exchange.mkdir()
+        _check_dirs(path)
+        run = _set_up(job, path, lock, need_exchange, need_run)
     except BaseException:
+        if decision is None and found != "run":
+            _uncreate(path, empty=found == "empty")  # a start refused before it began leaves nothing behind
         lock.close()
         raise
+    run.decision = decision
+    return run
+
+
+def _state(path: Path) -> str:
+    """``missing``, ``empty``, ``run`` (it has a job.json) or ``foreign`` (anything else)."""
+    if not os.path.lexists(path):
+        return "missing"
+    if not path.is_dir() or path.is_symlink():
+        return "foreign"
+    names = os.listdir(path)
+    if not names:
+        return "empty"
+    job = path / RUN_JOB
+    return "run" if RUN_JOB in names and job.is_file() and not job.is_symlink() else "foreign"
+
+
+def _decide(path: Path, job: Job, asked: Collection[str], layout: dict[str, Any] | None,
+            one_pass: bool) -> Decision:
+    try:
+        return decide(path, job, asked, done_epochs=done_epochs(path), layout=layout,
+                      recorded_layout=read_params(path), one_pass=one_pass)
+    except CorruptFileError as exc:
+        raise damaged_record(exc, path, job.source) from None
+
+
+def damaged_record(exc: CorruptFileError, path: Path, source: Path | None) -> CorruptFileError:
+    """A damaged record of a run, with what to do about it: it is never resumed from."""
+    exc.hint = exc.hint or (f"the run's records cannot be trusted, so it is not resumed; look at it with "
+                            f"`memtrain inspect {path}`, or start it over with "
+                            f"`memtrain train {source or 'JOB.toml'} --run-dir {path} --overwrite`")
+    return exc
+
+
+def _create(path: Path, job: Job, layout: dict[str, Any] | None) -> IO[str]:
+    """Build the run directory under a temporary name (locked, records first) and rename it to ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _sweep_creations(path)
+    tmp = tmp_sibling(path)
+    tmp.mkdir()
+    lock = None
+    try:
+        lock = take_pid_lock(tmp / RUN_LOCK)
+        write_records(tmp, job)
+        write_params(tmp, layout)
+        (tmp / WEIGHTS_DIR).mkdir()
+        fsync_dir(tmp)
+        fault_point("run_before_commit")
+        os.rename(tmp, path)  # replaces a missing or empty directory, atomically; refuses anything else
+        fsync_dir(path.parent)
+    except BaseException as exc:
+        if lock is not None:
+            lock.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+            raise InputError("the run directory appeared while this run was being created", path=path,
+                             hint=f"resume it with `memtrain train --resume {path}`, or choose another with "
+                                  "--run-dir") from None
+        if isinstance(exc, OSError):
+            raise MemtrainError(f"cannot create the run directory: {exc.strerror or exc}", path=path) from exc
+        raise
+    return lock
+
+
+def _uncreate(path: Path, *, empty: bool) -> None:
+    """Remove a run directory this very call created (we hold its lock): renamed out of sight first.
+
+    ``empty``: it replaced an empty directory, which is put back."""
+    with contextlib.suppress(OSError):
+        doomed = tmp_sibling(path)
+        os.rename(path, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+        if empty:
+            path.mkdir()
+
+
+def _sweep_creations(path: Path) -> None:
+    """Remove ``.NAME.tmp-PID-*`` siblings of ``path`` left by a creation that died: only ones whose owner is
+    dead and that hold nothing but a new run's records."""
+    for name in os.listdir(path.parent):
+        if tmp_target(name) != path.name or pid_alive(tmp_owner_pid(name) or 0):
+            continue
+        folder = path.parent / name
+        with contextlib.suppress(OSError):
+            if not folder.is_symlink() and folder.is_dir() and all(
+                    _record_name(entry) for entry in os.listdir(folder)):
+                shutil.rmtree(folder)
+
+
+def _record_name(name: str) -> bool:
+    name = tmp_target(name) or name
+    return name in (RUN_JOB, RUN_HISTORY, RUN_PARAMS, RUN_LOCK, WEIGHTS_DIR)
+
+
+def _check_owned(path: Path) -> None:
+    """``--overwrite`` replaces only a directory that proves it is a memtrain run: its job.json says so."""
+    try:
+        record = read_json(path / RUN_JOB, what="the run's job record")
+    except MemtrainError:
+        record = None
+    if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
+        raise InputError("refusing to overwrite: its job.json is not a memtrain job record", path=path,
+                         hint="choose another run directory with --run-dir NEW_DIR")
+
+
+def _clear_run(path: Path) -> None:
+    """Delete what memtrain wrote in a run (by its names), oldest products first and the records last;
+    anything else in the directory is left where it is."""
+    for name in os.listdir(path / CHECKPOINTS_DIR) if (path / CHECKPOINTS_DIR).is_dir() else ():
+        if is_checkpoint_name(tmp_target(name) or name):
+            shutil.rmtree(path / CHECKPOINTS_DIR / name, ignore_errors=True)
+    for name in os.listdir(path / WEIGHTS_DIR) if (path / WEIGHTS_DIR).is_dir() else ():
+        if is_version_name(tmp_target(name) or name):
+            (path / WEIGHTS_DIR / name).unlink(missing_ok=True)
+    for name in os.listdir(path):
+        target = tmp_target(name) or name
+        if target in (RUN_METRICS, RUN_LINEAGE, RUN_EVENTS, RUN_HISTORY, RUN_PARAMS) and not (path / name).is_dir():
+            (path / name).unlink(missing_ok=True)
+        elif parse_exchange_owner(name) is not None and not pid_alive(parse_exchange_owner(name) or 0):
+            _remove_exchange(path / name)
+    left = sorted(set(os.listdir(path)) - {RUN_JOB, RUN_LOCK, WEIGHTS_DIR, CHECKPOINTS_DIR})
+    if left:
+        log_event(path, f"overwrite: left in place (not written by memtrain): {', '.join(left)}")
+
+
+def _check_dirs(path: Path) -> None:
+    """The run's folders must be real directories: memtrain never writes through a link it did not make."""
+    for name in (WEIGHTS_DIR, CHECKPOINTS_DIR):
+        if (path / name).is_symlink() or (os.path.lexists(path / name) and not (path / name).is_dir()):
+            raise MemtrainError("expected a directory that memtrain made, found a symbolic link or a file",
+                                path=path / name, hint="remove it; memtrain makes the directory again")
+
+
+def _set_up(job: Job, path: Path, lock: IO[str], need_exchange: int, need_run: int) -> RunDir:
+    (path / WEIGHTS_DIR).mkdir(exist_ok=True)
+    free = shutil.disk_usage(path).free
+    if free < need_run:
+        raise MemtrainError("not enough free space for the run's weight versions and checkpoints", path=path,
+                            expected=f"{need_run >> 20} MiB", found=f"{free >> 20} MiB free")
+    candidates = exchange_candidates(job)
+    sweep_leftovers(path, candidates)
+    parent = choose_exchange(job, need_exchange, lambda text: log_event(path, text))
+    exchange = parent / exchange_dir_name(uuid.uuid4().hex[:8], os.getpid())
+    exchange.mkdir()
+    (exchange / EXCHANGE_MARK).write_text(json.dumps({"owner": os.getpid()}) + "\n")
     run = RunDir(path, exchange, lock)
     run.event(f"exchange area: {exchange}")
     return run
 
 
-def _empty_run_dir(path: Path) -> None:
-    for entry in path.iterdir():
-        if entry.name == RUN_LOCK:
-            continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
+def write_params(folder: Path, layout: dict[str, Any] | None) -> None:
+    if layout is not None:
+        write_sealed_json(folder / RUN_PARAMS, layout, durable=True)
+
+
+def read_params(run_dir: Path) -> dict[str, Any] | None:
+    """The run's parameter layout (``params.json``, verified), or None if it has none yet."""
+    path = run_dir / RUN_PARAMS
+    return read_sealed_json(path, what="the run's parameter layout") if path.exists() else None
 
 
 def log_event(path: Path, text: str) -> None:
-    """One timestamped line in the run's event log."""
-    with open(path / RUN_EVENTS, "a", encoding="utf-8") as handle:
-        handle.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
+    """One timestamped line in the run's event log (never written through a symlink)."""
+    append_text(path / RUN_EVENTS, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
+
+
+def refuse_live_run(path: Path) -> None:
+    """Refuse, with advice that works, to start in a run directory that a live ``memtrain train`` holds.
+
+    Checked before anything else: the usual advice for an existing run (``--resume``, ``--overwrite``)
+    would fail too while its owner runs. Nothing is created or changed.
+    """
+    try:
+        handle = open(path / RUN_LOCK, encoding="utf-8")  # noqa: SIM115 - closed below
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = handle.read().strip() or "unknown"
+            raise InputError("another memtrain train is using this run directory", path=path,
+                             found=f"lock held by pid {owner}",
+                             hint=f"wait for it to finish (or stop it: kill -INT {owner}) and then resume it with "
+                                  f"`memtrain train --resume {path}`, or start another run with --run-dir NEW_DIR"
+                             ) from None
+        fcntl.flock(handle, fcntl.LOCK_UN)

@@ -22,7 +22,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from memtrain.errors import Interrupted, WorkerFailure
+from memtrain.errors import Interrupted, WorkerFailure, plural
 from memtrain.faults import fault_point
 from memtrain.train.exchange import Event, Slot, Transport
 from memtrain.train.marks import WAITING, Activity, Board
@@ -200,7 +200,8 @@ class Scheduler:
                  f"during {what}, attempt {attempts}")
         if attempts < self.max_attempts:
             return None
-        failure = WorkerFailure(f"{what} killed its worker {attempts} times (last exit code {event.exitcode})",
+        failure = WorkerFailure(f"{what} killed its worker {plural(attempts, 'time')} "
+                                f"(last exit code {event.exitcode})",
                                 hint="the data or the model may crash the worker; check the rows named above, "
                                      "or raise train.max_attempts")
         if raise_at_limit:

@@ -12,7 +12,9 @@ import dataclasses
 import math
 import os
 import signal
+import sys
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,22 +24,26 @@ from threadpoolctl import threadpool_limits
 
 from memtrain.config import Job
 from memtrain.dataset import Dataset, open_dataset
-from memtrain.errors import Interrupted, MemtrainError
+from memtrain.errors import Interrupted, MemtrainError, plural
 from memtrain.files import allocate_npy, open_npy, read_jsonl
 from memtrain.layout import ROUND_BOARD, ROUND_RECORDS, RUN_METRICS, gradient_buffer_name, gradient_name
 from memtrain.progress import Reporter, reporting
 from memtrain.stopping import on_stop_signals
+from memtrain.train.advice import few_updates_note
 from memtrain.train.context import ModelContext, model_context
 from memtrain.train.exchange import InServer, WorkerPool
 from memtrain.train.logbook import Logbook
 from memtrain.train.marks import GRADIENT, PUBLISH, STEP, Activity, Board, Ledger, create_records, open_records
 from memtrain.train.messages import EvalTask, RoundSetup, StatsTask, Stretch, Task, WorkerSetup
+from memtrain.train.metrics import SHOWN
+from memtrain.train.metrics import collect as validation_metrics
 from memtrain.train.optim import state_slots
 from memtrain.train.placement import Placement
 from memtrain.train.plan import Plan, eval_tasks, split_range, step_slices
-from memtrain.train.run_dir import RunDir, open_run_dir
+from memtrain.train.record import Decision
+from memtrain.train.run_dir import RunDir, open_run_dir, refuse_live_run
 from memtrain.train.scheduler import CORES, Ended, Scheduler
-from memtrain.train.state import Position, resume, save_checkpoint, start_fresh, write_run_files
+from memtrain.train.state import Position, resume, save_checkpoint, start_fresh
 from memtrain.train.weights import (
     BLOCK,
     create_digests,
@@ -54,6 +60,12 @@ PROGRESS_SECONDS = 0.2  # between the server's looks at its own stretch: logs an
 
 @dataclass
 class TrainSummary:
+    """What ``memtrain.fit`` (and ``memtrain train``) returns: where the run is and how it ended.
+
+    ``final`` and ``best`` are epoch records as in ``metrics.jsonl`` (``val_loss``, ``val_accuracy``, ...);
+    ``best`` is the epoch with the lowest ``val_loss``; ``epochs`` counts the epochs done.
+    """
+
     run_dir: Path
     version: int
     epochs: int
@@ -61,21 +73,32 @@ class TrainSummary:
     best: dict[str, Any] | None
     seconds: float
     worker_deaths: int
+    stopped_early: bool = False  # by train.patience
 
 
-def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite: bool = False) -> TrainSummary:
-    """Run (or resume) a job to the end; raises MemtrainError (Interrupted on SIGINT/SIGTERM)."""
+def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite: bool = False,
+          asked: Collection[str] = (), quiet: bool = False) -> TrainSummary:
+    """Run (or resume) a job to the end; raises MemtrainError (Interrupted on SIGINT/SIGTERM).
+
+    ``asked``: the ``section.key`` settings named on the command line, the only ones a resume may change.
+    ``quiet``: no progress bar and no epoch lines (warnings are still printed).
+    """
+    refuse_live_run(job.run.dir)
     dataset = open_dataset(job.data.path, verify=verify or job.data.verify)
     context = model_context(dataset, job.model.kind, job.model.options, job.data.normalize)
+    note = few_updates_note(job, dataset.split("train").rows, context.additive)
+    if note is not None:
+        print(f"memtrain train: note: {note}", file=sys.stderr, flush=True)
     size_bytes = context.layout.size * 4
     slots = len(state_slots(job.train.optimizer))
-    run = open_run_dir(job, resume=resume_run, overwrite=overwrite,
+    run = open_run_dir(job, resume=resume_run, overwrite=overwrite, layout=context.layout.to_json(), asked=asked,
+                       one_pass=context.additive,
                        need_exchange=(job.train.tasks_per_update + 2 * slots) * size_bytes,
                        need_run=(3 + slots) * size_bytes)  # the least that lets a run make progress
     stop = StopRequest()
     try:
         with on_stop_signals(lambda signum: setattr(stop, "signum", signum)):
-            return Trainer(job, dataset, context, run, stop).run(resume_run)
+            return Trainer(job, dataset, context, run, stop, quiet=quiet).run(run.decision)
     finally:
         run.close()
 
@@ -92,8 +115,10 @@ class StopRequest:
 
 
 class Trainer:
-    def __init__(self, job: Job, dataset: Dataset, context: ModelContext, run: RunDir, stop: StopRequest):
+    def __init__(self, job: Job, dataset: Dataset, context: ModelContext, run: RunDir, stop: StopRequest, *,
+                 quiet: bool = False):
         self.job, self.dataset, self.context, self.run_dir, self.stop = job, dataset, context, run, stop
+        self.quiet = quiet
         self.train_rows = dataset.split("train").rows
         self.val_rows = dataset.split("val").rows
         self.plan = Plan(self.train_rows, job.train.batch_size, job.train.tasks_per_update, job.train.seed,
@@ -120,11 +145,11 @@ class Trainer:
         workers = self.job.train.workers
         return min(CORES, self.job.train.tasks_per_update) if workers == "auto" else max(1, workers)
 
-    def run(self, resume_run: bool) -> TrainSummary:
-        write_run_files(self.run_dir, self.job, self.context)
-        position = (resume(self.run_dir, self.job, self.context, self.train_rows) if resume_run
+    def run(self, decision: Decision | None) -> TrainSummary:
+        """``decision``: what a resume was allowed to change; None for a new run."""
+        position = (resume(self.run_dir, self.job, self.context, self.train_rows, decision) if decision is not None
                     else start_fresh(self.run_dir, self.job, self.context))
-        self.checkpointed = position.update_index(self.per_epoch) if resume_run else None
+        self.checkpointed = position.update_index(self.per_epoch) if decision is not None else None
         newer = unpublish_after(self.run_dir.path, position.version)
         if newer:
             self.log(f"unpublished versions {newer[0]}-{newer[-1]}: made after the checkpoint, they are made again")
@@ -148,7 +173,8 @@ class Trainer:
             self.board.close()
             discard_building(self.run_dir.path, os.getpid())
         return TrainSummary(self.run_dir.path, position.version, position.epoch, last, position.best,
-                            time.monotonic() - self.started, self.scheduler.deaths)
+                            time.monotonic() - self.started, self.scheduler.deaths,
+                            stopped_early=position.epoch < self.job.train.epochs and self.out_of_patience(position))
 
     def _start_pool(self, count: int) -> WorkerPool:
         pool = WorkerPool(self._setup(), count)
@@ -161,8 +187,11 @@ class Trainer:
             self.fit_additive(position)
             return self.end_epoch(position, time.monotonic(), final=True)
         for epoch in range(position.epoch, self.job.train.epochs):
+            if self.out_of_patience(position):  # a resumed run that had stopped early
+                break
             started = time.monotonic()
-            with reporting(f"epoch {epoch + 1}/{self.job.train.epochs}", self.per_epoch, plain_every=math.inf) as bar:
+            with reporting(f"epoch {epoch + 1}/{self.job.train.epochs}", self.per_epoch, plain_every=math.inf,
+                           quiet=self.quiet) as bar:
                 self.bar = bar
                 while position.batch < self.per_epoch:
                     self.stretch(position, started)
@@ -253,13 +282,24 @@ class Trainer:
         if self.context.additive:
             record["loss"] = None  # one closed-form solve: there is no running training loss
         self.run_dir.metric(record)
-        if position.best is None or record.get("val_loss", math.inf) < position.best.get("val_loss", math.inf):
+        improved = position.best is None or record.get("val_loss", math.inf) < position.best.get("val_loss", math.inf)
+        if improved:
             position.best = record
         position.epoch, position.batch, position.epoch_loss, position.epoch_rows = position.epoch + 1, 0, 0.0, 0
-        if final or position.epoch % self.job.run.checkpoint_every == 0:
+        if self.out_of_patience(position):
+            self.log(f"stopping early: no better val_loss for {plural(self.job.train.patience, 'epoch')} "
+                     f"(best: epoch {position.best['epoch']})")
+            final = True
+        if final or position.epoch % self.job.run.checkpoint_every == 0 or (improved and self.job.run.keep_best):
             save_checkpoint(self.run_dir, self.job, self.context, position, self.per_epoch, record)
             self.checkpointed = position.update_index(self.per_epoch)
         return record
+
+    def out_of_patience(self, position: Position) -> bool:
+        """Early stopping: ``train.patience`` epochs have passed since the one with the best val_loss."""
+        patience, best = self.job.train.patience, position.best
+        return patience is not None and best is not None and "val_loss" in best and \
+            position.epoch - best["epoch"] >= patience
 
     def evaluate(self, version: int, while_waiting: Any = None) -> dict[str, float]:
         tasks = eval_tasks(self.val_rows, self.job.train.eval_rows)
@@ -274,16 +314,13 @@ class Trainer:
         metrics = {"val_loss": sum(r.loss for r in results) / rows}
         if self.context.classifier:
             metrics["val_accuracy"] = sum(r.correct for r in results) / rows
-        return metrics
+        return metrics | validation_metrics(self.run_dir.exchange, version, results, self.context)
 
     def epoch_line(self, record: dict[str, Any]) -> str:
         parts = [f"epoch {record['epoch']}/{self.job.train.epochs}"]
         if record["loss"] is not None:
             parts.append(f"loss {record['loss']:.4f}")
-        if "val_loss" in record:
-            parts.append(f"val_loss {record['val_loss']:.4f}")
-        if "val_accuracy" in record:
-            parts.append(f"val_accuracy {record['val_accuracy']:.4f}")
+        parts += [f"{key} {record[key]:.4f}" for key in SHOWN if key in record]
         parts.append(f"{record['samples_per_s']:,.0f} samples/s")
         return "  ".join(parts)
 

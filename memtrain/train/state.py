@@ -14,15 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from memtrain.config import Job, job_to_dict
+from memtrain.config import Job
 from memtrain.errors import InputError
-from memtrain.files import open_npy, publish, publish_array, read_jsonl, write_json
+from memtrain.files import open_npy, publish, publish_array, read_jsonl, read_sealed_jsonl, seal
 from memtrain.layout import (
     CHECKPOINT_WEIGHTS,
-    RUN_JOB,
     RUN_LINEAGE,
     RUN_METRICS,
-    RUN_PARAMS,
     optimizer_state_name,
     state_buffer_name,
     weights_path,
@@ -31,7 +29,8 @@ from memtrain.train.checkpoint import discard_incomplete, newest_checkpoint, wri
 from memtrain.train.context import ModelContext
 from memtrain.train.optim import state_slots
 from memtrain.train.plan import updates_per_epoch
-from memtrain.train.run_dir import RunDir
+from memtrain.train.record import Decision, add_history, history_entry
+from memtrain.train.run_dir import RunDir, read_params, write_params
 from memtrain.train.weights import publish_weights
 
 
@@ -58,11 +57,6 @@ def data_description(context: ModelContext, job: Job) -> dict[str, Any]:
             "stats": manifest.get("stats"), "normalize": job.data.normalize, "dataset": str(job.data.path)}
 
 
-def write_run_files(run: RunDir, job: Job, context: ModelContext) -> None:
-    write_json(run.path / RUN_JOB, job_to_dict(job), durable=True)
-    write_json(run.path / RUN_PARAMS, context.layout.to_json(), durable=True)
-
-
 def start_fresh(run: RunDir, job: Job, context: ModelContext) -> Position:
     flat = context.layout.flatten(context.model.init(np.random.default_rng(job.train.seed)))
     checksum = publish_weights(run.path, 0, flat)
@@ -74,18 +68,28 @@ def start_fresh(run: RunDir, job: Job, context: ModelContext) -> Position:
     return Position()
 
 
-def resume(run: RunDir, job: Job, context: ModelContext, train_rows: int) -> Position:
-    """Continue from the newest complete, verified checkpoint (or start fresh if there is none)."""
+def resume(run: RunDir, job: Job, context: ModelContext, train_rows: int, decision: Decision) -> Position:
+    """Continue from the newest complete, verified checkpoint (or start fresh if there is none).
+
+    ``decision`` is what ``record.decide`` allowed; it becomes the run's next history entry.
+    """
     discard_incomplete(run.path)
     found = newest_checkpoint(run.path, warn=lambda text: _warn(run, text))
+    if found is not None and found[1]["layout"] != context.layout.to_json():
+        raise InputError("the checkpoint's parameter layout does not match the job's model", path=found[0],
+                         expected=context.layout.to_json()["params"], found=found[1]["layout"]["params"])
+    if read_params(run.path) is None:  # a run replaced by --overwrite that died before writing it
+        write_params(run.path, context.layout.to_json())
+    add_history(run.path, history_entry(decision, checkpoint=found[0].name if found else None,
+                                        epoch=found[1]["position"]["epoch"] if found else 0))
+    if decision.changes:
+        run.event("resume changes " + ", ".join(f"{key} from {old!r} to {new!r}"
+                                                 for key, (old, new) in decision.changes.items()))
     if found is None:
         run.event("resume: no complete checkpoint; starting from the beginning")
         _truncate_logs(run, -1, -1)
         return start_fresh(run, job, context)
     path, meta = found
-    if meta["layout"] != context.layout.to_json():
-        raise InputError("the checkpoint's parameter layout does not match the job's model", path=path,
-                         expected=context.layout.to_json()["params"], found=meta["layout"]["params"])
     position = Position(**{k: meta["position"][k] for k in (f.name for f in dataclasses.fields(Position))})
     _restore_files(run, job, context, path, position.version)
     _truncate_logs(run, position.update_index(updates_per_epoch(train_rows, job.train.batch_size)),
@@ -111,10 +115,15 @@ def _restore_files(run: RunDir, job: Job, context: ModelContext, path: Path, ver
 
 
 def _truncate_logs(run: RunDir, update: int, version: int) -> None:
-    """Drop log lines written after the checkpoint we resume from: they will be written again."""
+    """Drop log lines written after the checkpoint we resume from: they will be written again.
+
+    A damaged lineage line is dropped too (with a warning): its record can no longer be trusted."""
     keep_metrics = [r for r in read_jsonl(run.path / RUN_METRICS) if r.get("update", -1) < update
                     or (r.get("kind") == "epoch" and r.get("update", -1) <= update)]
-    keep_lineage = [r for r in read_jsonl(run.path / RUN_LINEAGE) if r.get("version", -1) <= version]
+    lineage, damaged = read_sealed_jsonl(run.path / RUN_LINEAGE, what="lineage record")
+    for problem in damaged:
+        _warn(run, f"dropping a damaged lineage record: {problem}")
+    keep_lineage = [seal(r) for r in lineage if isinstance(r.get("version"), int) and r["version"] <= version]
     for name, records in ((RUN_METRICS, keep_metrics), (RUN_LINEAGE, keep_lineage)):
         text = "".join(json.dumps(r) + "\n" for r in records)
         publish(run.path / name, lambda handle, t=text: handle.write(t.encode()), durable=False)
@@ -138,7 +147,8 @@ def save_checkpoint(run: RunDir, job: Job, context: ModelContext, position: Posi
     }
     state = {slot: run.exchange / state_buffer_name(slot, position.version % 2)
              for slot in state_slots(job.train.optimizer)}
+    best = position.best.get("update") if job.run.keep_best and position.best else None
     saved = write_checkpoint(run.path, position.update_index(per_epoch), meta,
-                             weights_path(run.path, position.version), state, job.run.keep_checkpoints)
+                             weights_path(run.path, position.version), state, job.run.keep_checkpoints, best)
     run.event(f"checkpoint {saved.name} written (epoch {position.epoch}, version {position.version})")
     return saved

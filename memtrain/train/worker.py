@@ -39,6 +39,7 @@ from memtrain.train.messages import (
     StretchEnd,
     WorkerSetup,
 )
+from memtrain.train.metrics import write_task_statistics
 from memtrain.train.optim import OptimizerConfig
 from memtrain.train.rounds import Participant, RoundFiles
 
@@ -171,6 +172,8 @@ class WorkerState:
         correct = 0
         if self.context.classifier:
             correct = int(np.count_nonzero(self.context.model.predict(params, x) == y))
+        write_task_statistics(self.exchange, message.version, message.task, message.attempt, self.context, params,
+                              x, y)
         return Result(task=message.task, attempt=message.attempt,
                       outcome=Outcome.DONE if math.isfinite(loss) else Outcome.NONFINITE,
                       loss=loss, rows=message.hi - message.lo, correct=correct)

@@ -1,0 +1,34 @@
+"""A worker process's start -> a spawned interpreter that never runs the user's script again.
+
+multiprocessing's ``spawn`` makes every child import the parent's ``__main__`` (by path for a script, by
+name for ``python -m``), so that objects defined there can be unpickled. A plain script that calls
+``memtrain.fit`` without an ``if __name__ == "__main__":`` guard then runs again in each worker, which
+starts training again, which multiprocessing refuses: every worker dies and the task gets the blame.
+Workers need nothing from ``__main__`` -- every record they receive is a memtrain class and models are
+imported by name -- so while a worker starts, the parent's ``__main__`` is an empty module. The one
+exception is a model class defined in the script itself (``kind = "__main__:Class"``): its workers must
+import the script, which then needs the guard, as with any spawned process.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+MAIN_MODULES = ("__main__", "__mp_main__")
+
+
+@contextmanager
+def script_not_rerun(model_kind: str) -> Iterator[None]:
+    """Start processes inside this block: they begin with an empty ``__main__`` (see the module docstring)."""
+    if model_kind.partition(":")[0] in MAIN_MODULES:
+        yield
+        return
+    script = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = script
