@@ -101,7 +101,8 @@ class WorkerPool:
 
     def send(self, slot: Slot, message: Message) -> None:
         slot.current, slot.since = message, time.monotonic()
-        slot.inbox.send(message)
+        with contextlib.suppress(OSError):  # it died since the last wait (EPIPE): its sentinel reports the death
+            slot.inbox.send(message)
 
     def wait(self, timeout: float) -> list[Event]:
         """Answers and deaths, waiting at most ``timeout`` seconds for the first one."""

@@ -84,7 +84,9 @@ class Scheduler:
     def _handle(self, event: Event, current: dict[int, Task], pending: deque[Task], done: dict[int, Result]) -> None:
         message = event.message
         if not isinstance(message, Task) or current.get(message.task) != message or message.task in done:
-            return  # an idle worker died, or a stale attempt answered: nothing to do
+            if event.answer is None:
+                self._died_idle(event)
+            return  # a stale attempt answered: nothing to do
         if event.answer is not None:
             if event.answer.outcome == Outcome.FAILED:
                 raise WorkerFailure(f"{self.describe_task(message)} failed in worker {event.slot.index}:\n"
@@ -150,19 +152,22 @@ class Scheduler:
     def _stretch_event(self, event: Event, watch: _Watch, board: Board) -> None:
         message = event.message
         if not (isinstance(message, Stretch) and message.generation == watch.generation):
-            if event.answer is None:  # an idle worker died: its replacement is already starting
-                self.deaths += 1
-                self.log(f"worker {event.slot.index} (pid {event.slot.pid}) died with exit code {event.exitcode} "
-                         f"while idle")
+            if event.answer is None:
+                self._died_idle(event)
             return
         slot = message.slot
         if event.answer is None:
             activity = watch.activities.get(slot) or _current(board, watch.generation, slot)
-            key = (activity.kind, activity.update, activity.item) if activity else (WAITING, -1, slot)
-            self.attempts[key] += 1
-            what = self.describe_activity(activity) if activity else "the start of a stretch"
-            failure = self._died(event, what, self.attempts[key], raise_at_limit=False)
-            watch.failure = watch.failure or failure
+            if activity is None or activity.kind == WAITING:  # no piece of work to blame: nothing to count
+                self.deaths += 1
+                what = self.describe_activity(activity) if activity else "the start of a stretch"
+                self.log(f"worker {event.slot.index} (pid {event.slot.pid}) died with exit code {event.exitcode} "
+                         f"during {what}")
+            else:
+                key = (activity.kind, activity.update, activity.item)
+                self.attempts[key] += 1
+                failure = self._died(event, self.describe_activity(activity), self.attempts[key], raise_at_limit=False)
+                watch.failure = watch.failure or failure
             watch.faults += 1
             watch.ended[slot] = StretchEnd(generation=watch.generation, slot=slot, outcome=Outcome.CANCELLED)
             board.cancel(watch.generation)
@@ -193,6 +198,11 @@ class Scheduler:
                 transport.kill(slot)
 
     # --- both ---
+
+    def _died_idle(self, event: Event) -> None:
+        """A worker died between two pieces of work: its replacement is already starting."""
+        self.deaths += 1
+        self.log(f"worker {event.slot.index} (pid {event.slot.pid}) died with exit code {event.exitcode} while idle")
 
     def _died(self, event: Event, what: str, attempts: int, *, raise_at_limit: bool = True) -> WorkerFailure | None:
         self.deaths += 1
