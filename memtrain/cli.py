@@ -16,6 +16,7 @@ from pathlib import Path
 
 from memtrain import __version__
 from memtrain.errors import MemtrainError
+from memtrain.faults import check_spec as check_fault_spec
 from memtrain.files import is_no_space, no_space_error
 from memtrain.streams import guarded_streams
 
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     try:
+        check_fault_spec()  # a test asking for a fault point that does not exist would pass by killing nothing
         return int(args.module.run(args) or 0)
     except MemtrainError as exc:
         if getattr(args, "debug", False):

@@ -12,6 +12,7 @@ import dataclasses
 import math
 import os
 import tomllib
+import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +35,12 @@ def _integers(low: int, high: int | None = None) -> tuple[str, Callable[[Any], b
     return text, lambda v: isinstance(v, int) and low <= v and (high is None or v <= high)
 
 
+def _workers() -> tuple[str, Callable[[Any], bool]]:
+    text = (f'"auto" (measured at start), 0 (the server trains alone) or a number of worker processes '
+            f'up to {MAX_WORKERS}')
+    return text, lambda v: v == "auto" or (isinstance(v, int) and 0 <= v <= MAX_WORKERS)
+
+
 def _positive_finite(unit: str) -> tuple[str, Callable[[Any], bool]]:
     return f"a finite number of {unit} > 0", lambda v: isinstance(v, int | float) and math.isfinite(v) and v > 0
 
@@ -45,7 +52,7 @@ RANGES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "train.epochs": _integers(1),
     "train.batch_size": _integers(1),
     "train.tasks_per_update": _integers(1),
-    "train.workers": _integers(1, MAX_WORKERS),
+    "train.workers": _workers(),
     "train.seed": _integers(0, MAX_SEED),
     "train.blas_threads": _integers(1, MAX_WORKERS),
     "train.eval_rows": _integers(1),
@@ -90,7 +97,7 @@ class TrainConfig:
     epochs: int = 10
     batch_size: int | None = None  # None: one update per epoch (full batch), as in the design card
     tasks_per_update: int = 4  # how each update is cut into tasks; never depends on the worker count
-    workers: int = field(default_factory=lambda: min(os.cpu_count() or 1, MAX_WORKERS))
+    workers: int | str = "auto"  # worker processes; 0: the server trains alone; "auto": measured at start
     seed: int = 0
     blas_threads: int = 1  # per worker: N workers x all-core BLAS oversubscribes the machine
     eval_rows: int = 8192  # validation rows per evaluation task
@@ -324,7 +331,7 @@ def _check_type(hint: Any, value: Any, key: str, where: Any) -> None:
 
 def _matches(hint: Any, value: Any) -> bool:
     origin = typing.get_origin(hint)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+    if origin in (typing.Union, types.UnionType):
         return any(_matches(arg, value) for arg in typing.get_args(hint))
     if hint is type(None):
         return value is None

@@ -1,13 +1,14 @@
 """Fault injection for tests: ``MEMTRAIN_FAULT=point:n[,point:n]`` SIGKILLs this process at the n-th hit.
 
-Points are named where a crash matters (``before_grad_write``, ``after_grad_tmp``, ``after_grad_rename``,
-``before_notify``, ``mid_reduce``, ``ckpt_after_data``, ``ckpt_before_commit``, ``prepare_mid_shard``,
-``serve_after_claim``, ``serve_after_launch``, ``exchange_probe``, ...)
-so a test can loop n over every reachable hit, SQLite style, instead of killing at one lucky moment.
+The points are declared in ``POINTS`` below, each where a crash matters, so a test can loop n over every
+reachable hit, SQLite style, instead of killing at one lucky moment. A name not in ``POINTS`` is refused
+at the start of every command (``check_spec``); tests/test_fault_points.py makes each point fire.
 ``MEMTRAIN_FAULT_ACTION=raise`` raises OSError(ENOSPC) instead (disk-full tests),
 ``MEMTRAIN_FAULT_ACTION=stop`` sends SIGSTOP (hang tests).
 ``MEMTRAIN_FAULT_ONCE=/path/marker`` makes the fault fire in one process only, once per marker file
 (the first process to create the marker fires; replacements and other workers then run clean).
+``MEMTRAIN_FAULT_ACTION=record`` with ``MEMTRAIN_FAULT_LOG=/path`` appends the point's name to that file and
+goes on (a test that every point is reached).
 """
 
 from __future__ import annotations
@@ -17,9 +18,38 @@ import os
 import signal
 from collections import Counter
 
+from memtrain.errors import InputError
+
 ENV = "MEMTRAIN_FAULT"
 ACTION_ENV = "MEMTRAIN_FAULT_ACTION"
 ONCE_ENV = "MEMTRAIN_FAULT_ONCE"
+LOG_ENV = "MEMTRAIN_FAULT_LOG"
+
+# Every fault point: its name and where it fires.
+POINTS = {
+    # the rounds: in a worker, or in the server when it runs them itself (train/rounds.py)
+    "before_grad_write": "a task's rows are read, its gradient not computed yet",
+    "after_grad_write": "a task's gradient is in its buffer, the participant's mark not written yet",
+    "mid_step": "after each chunk of a step slice (weights, optimizer state and block digest written)",
+    "after_publish": "a version renamed into place, the ledger not yet past its update",
+    # the server
+    "after_result": "an evaluation or statistics result accepted",
+    "after_update_logged": "an update's lineage and metric lines made, not written yet",
+    "exchange_probe": "the exchange probe file created in a candidate folder, not yet timed or removed",
+    "ckpt_after_data": "a checkpoint's files copied, its meta.json not written",
+    "ckpt_before_commit": "a checkpoint complete under its temporary name, not renamed",
+    "run_before_commit": "a new run directory's records written under its temporary name, not renamed",
+    # any process
+    "write": "every file memtrain creates or reuses (ENOSPC with MEMTRAIN_FAULT_ACTION=raise)",
+    # prepare
+    "prepare_mid_spool": "while the shuffle's spool is written",
+    "prepare_mid_shard": "while a shard is written",
+    "prepare_after_shard": "a shard pair written and logged",
+    "prepare_before_publish": "the dataset complete, not renamed into place",
+    # serve
+    "serve_after_claim": "a job claimed (moved to running/), its train not launched",
+    "serve_after_launch": "a job's train launched",
+}
 
 # Process-local hit counts of the test hook. This is the one piece of module state in memtrain: the
 # hook must count hits across call sites without threading a counter through every function.
@@ -31,14 +61,26 @@ def _targets() -> dict[str, int]:
     targets = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
         name, _, count = item.partition(":")
-        targets[name] = int(count or 1)
+        targets[name] = int(count) if count.isdigit() else 1 if not count else -1  # no count: the first hit
     return targets
+
+
+def check_spec() -> None:
+    """Refuse a ``MEMTRAIN_FAULT`` that names an unknown point or a bad count (a test that would kill nothing)."""
+    for name, count in _targets().items():
+        if name not in POINTS:
+            raise InputError(f"unknown fault point {name!r} in {ENV}", expected=", ".join(POINTS), found=name)
+        if count < 1:
+            raise InputError(f"bad hit count for fault point {name!r} in {ENV}", expected="point:n with n >= 1",
+                             found=os.environ[ENV])
 
 
 def fault_point(name: str) -> None:
     """Die here if the test environment asks for it; a no-op (one dict lookup) otherwise."""
     if ENV not in os.environ:
         return
+    if name not in POINTS:
+        raise AssertionError(f"fault point {name!r} is not declared in memtrain/faults.py POINTS")
     wanted = _targets().get(name)
     if wanted is None:
         return
@@ -46,6 +88,10 @@ def fault_point(name: str) -> None:
     if _hits[name] != wanted or not _claim_once():
         return
     action = os.environ.get(ACTION_ENV, "kill")
+    if action == "record":
+        with open(os.environ[LOG_ENV], "a", encoding="utf-8") as log:
+            log.write(name + "\n")
+        return
     if action == "raise":
         raise OSError(errno.ENOSPC, f"injected fault at {name}")
     os.kill(os.getpid(), signal.SIGSTOP if action == "stop" else signal.SIGKILL)

@@ -1,10 +1,14 @@
 """Safe file primitives: publish by rename, safe .npy headers and maps, checksums, sealed JSON.
 
-Every file memtrain writes goes through ``publish`` (temp name in the same directory, write, optional
-fsync, ``os.replace``, optional directory fsync), or is appended to or locked through a descriptor opened
-with ``O_NOFOLLOW``: memtrain never writes through a symbolic link it did not make. A JSON record that
-decides what memtrain does next (a job record, a checkpoint's metadata, a manifest, a lineage line) is
-*sealed*: it carries the checksum of its own content, and a reader that finds it damaged never trusts it.
+A file written whole goes through ``publish`` (temp name in the same directory, write, optional fsync,
+``os.replace``, optional directory fsync) or ``writing_npy`` (the same, for a map filled in place); a
+file appended to or locked goes through a descriptor opened with ``O_NOFOLLOW``: memtrain never writes
+through a symbolic link it did not make. The other renames are their owners': a dataset or a checkpoint
+directory built under a temporary name (prepare/workdir.py, train/checkpoint.py), a weight version
+written by the slice owners and published by a link (train/weights.py), a job moved between the spool's
+folders (serve/spool.py), an export (inspection/export.py). A JSON record that decides what memtrain does
+next (a job record, a checkpoint's metadata, a manifest, a lineage line) is *sealed*: it carries the
+checksum of its own content, and a reader that finds it damaged never trusts it.
 
 Every ``.npy`` it reads goes through ``open_npy``, which checks the header, the dtype and the exact file
 size before mapping, so a truncated file, trailing junk, a pickled object array or a header claiming a huge
@@ -648,9 +652,10 @@ def read_json(path: Path, *, what: str = "JSON file") -> Any:
         raise CorruptFileError(f"{what} is not valid JSON ({exc})", path=path, where=where) from exc
 
 
-def append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    """Append one line; a crash can leave at most one partial last line, which readers skip."""
-    append_text(path, json.dumps(record) + "\n")
+def append_jsonl(path: Path, *records: dict[str, Any]) -> None:
+    """Append one line per record, in one write; a crash can leave at most one partial last line, which
+    readers skip."""
+    append_text(path, "".join(json.dumps(record) + "\n" for record in records))
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -73,7 +73,7 @@ _CHECKPOINT_RE = re.compile(r"^c(\d{8})$")
 
 
 def weights_path(run_dir: Path, version: int) -> Path:
-    return run_dir / WEIGHTS_DIR / f"v{version:08d}.npy"
+    return Path(f"{run_dir}/{WEIGHTS_DIR}/v{version:08d}.npy")  # one Path, not three: asked for on every update
 
 
 def weight_versions(run_dir: Path) -> list[int]:
@@ -140,7 +140,7 @@ def parse_exchange_owner(name: str) -> int | None:
 
 
 def gradient_name(version: int, task: int, attempt: int) -> str:
-    """One gradient file per (weight version, task, attempt): a late or repeated attempt never collides."""
+    """One file per (weight version, task, attempt): an additive model's statistics of one task."""
     return f"g-v{version:08d}-t{task:05d}-a{attempt:03d}.npy"
 
 
@@ -149,14 +149,9 @@ def metrics_name(version: int, task: int, attempt: int) -> str:
     return f"m-v{version:08d}-t{task:05d}-a{attempt:03d}.npy"
 
 
-def gradient_buffer_name(owner_pid: int, index: int) -> str:
-    """A worker's reusable gradient buffer; a gradient file is a hard link to one (see train/gradbuf.py)."""
-    return f"{gradient_buffer_prefix(owner_pid)}{index:03d}.npy"
-
-
-def gradient_buffer_prefix(owner_pid: int) -> str:
-    """Every buffer of one worker starts with this, so a dead worker's buffers can be removed."""
-    return f"b-{owner_pid}-"
+def gradient_buffer_name(task: int) -> str:
+    """The buffer that task ``task`` of every update writes its gradient into (see train/rounds.py)."""
+    return f"g-t{task:05d}.npy"
 
 
 def state_buffer_name(slot: str, parity: int) -> str:
@@ -168,9 +163,20 @@ def state_buffer_name(slot: str, parity: int) -> str:
 # block, each row written by the slice owner of that block, combined into the checksum by the server.
 WEIGHT_DIGESTS = "weight-digests.npy"
 
-# One int64 per step slice: the sequence number of the step whose slice its owner last wrote (see
-# train/marks.py); gradient tasks of a fused round wait on them before reading the new version.
-STEP_MARKS = "step-marks.npy"
+# The marks the participants of a round meet at, the ledger of the last finished update, and what each
+# participant is doing (int64 words, see train/marks.py).
+ROUND_BOARD = "round-board.npy"
+
+# One record per update of the current epoch: each task's loss and compute time, and how the update
+# ended (published as which version, with which checksum, when; or skipped). See train/marks.py.
+ROUND_RECORDS = "round-records.npy"
+
+
+def building_path(run_dir: Path, version: int, owner_pid: int) -> Path:
+    """The unpublished file of ``version`` while the slice owners write it: a temporary name of the server's
+    with a fixed tag, the same in every process (so no message has to carry it), swept like any temporary
+    name of a version; publishing links it to ``weights_path`` and drops this name."""
+    return Path(f"{run_dir}/{WEIGHTS_DIR}/.v{version:08d}.npy{TMP_MARK}{owner_pid}-00000000")
 
 
 # --- temporary names ---

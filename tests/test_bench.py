@@ -26,7 +26,7 @@ def bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_json_report_has_every_method_with_sane_fields(tmp_path: Path) -> None:
-    result = bench(tmp_path, "--json", "--methods", ",".join(METHODS))
+    result = bench(tmp_path, "--json", "--no-first-job", "--repeats", "2", "--methods", ",".join(METHODS))
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     rows = report["results"]
@@ -35,11 +35,16 @@ def test_json_report_has_every_method_with_sane_fields(tmp_path: Path) -> None:
         assert row["params"] == mlp_shape(10_000).params
         assert row["samples_per_s"] > 0 and row["update_ms"] > 0 and row["peak_mib"] > 0
         assert 0 < row["pss_mib"] <= row["peak_mib"]
-        assert row["updates_measured"] == 3
         assert row["compute_ms"] is not None and row["compute_ms"] > 0
+        assert len(row["runs_samples_per_s"]) == 2 and len(row["ratio_runs"]) == 2
     memtrain = rows[0]
-    assert memtrain["memtrain_ratio"] == pytest.approx(1.0)
+    assert memtrain["updates_measured"] >= 2 * 3  # counted from its placement's decision, not its first update
+    assert all(row["updates_measured"] == 2 * 3 for row in rows[1:])
+    assert memtrain["memtrain_ratio"] == pytest.approx(1.0) and memtrain["ratio_runs"] == [1.0, 1.0]
     assert any("exchange area" in line for line in memtrain["exchange"])
+    assert all(any(line.startswith("rounds: ") for line in run) for run in memtrain["rounds"])
+    (best,) = report["baselines"]
+    assert best["best"] in ("one_process", "one_process_blas", "shared_memory") and best["ratio"] > 0
     assert os.listdir(tmp_path) == []  # datasets and runs are removed
     assert report["machine"]["cpus"] >= 1 and report["machine"]["cpu"] and report["machine"]["blas"] != "unknown"
 
@@ -60,13 +65,17 @@ def test_torch_comparison_runs_ddp_and_takes_ratios_against_memtrain_with_the_to
     assert os.listdir(tmp_path) == []
 
 
-def test_table_lists_every_method(tmp_path: Path) -> None:
-    result = bench(tmp_path, "--methods", "memtrain,one_process")
+def test_table_lists_every_method_and_the_first_command(tmp_path: Path) -> None:
+    result = bench(tmp_path, "--methods", "memtrain,one_process,memtrain_server")
     assert result.returncode == 0, result.stderr
-    for header in ("samples/s", "overhead ms", "peak MiB", "peak PSS MiB", "memtrain ÷ method"):
+    for header in ("samples/s", "overhead ms", "peak MiB", "peak PSS MiB", "memtrain ÷ method", "over runs"):
         assert header in result.stdout
-    assert "memtrain" in result.stdout and "one process, 1 thread" in result.stdout
+    assert "memtrain (in the server)" in result.stdout or "memtrain (on 2 workers)" in result.stdout
+    assert "memtrain, train.workers = 0 (in the server)" in result.stdout
+    assert "one process, 1 thread" in result.stdout and "÷ best of one process" in result.stdout
     assert "numpy " in result.stdout and " CPUs (" in result.stdout  # the caption names the machine
+    assert "the README's first command" in result.stdout and "plain numpy loop" in result.stdout
+    assert "memtrain train (" in result.stdout  # where its rounds ran
 
 
 def test_unknown_method_is_a_usage_error(tmp_path: Path) -> None:

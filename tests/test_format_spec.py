@@ -31,7 +31,8 @@ MADE = {
     "exchange_dir_name": lambda: [layout.exchange_dir_name("ab12cd34", 4242)],
     "gradient_name": lambda: [layout.gradient_name(390, 1, 0)],
     "metrics_name": lambda: [layout.metrics_name(390, 1, 0)],
-    "gradient_buffer_name": lambda: [layout.gradient_buffer_name(4242, 0)],
+    "gradient_buffer_name": lambda: [layout.gradient_buffer_name(0), layout.gradient_buffer_name(3)],
+    "building_path": lambda: [layout.building_path(Path(), 391, 4242).as_posix()],
     "state_buffer_name": lambda: [layout.state_buffer_name("m", 0), layout.state_buffer_name("v", 1)],
     "tmp_sibling": lambda: [layout.tmp_sibling(Path("meta.json")).name,
                             layout.tmp_sibling(Path(layout.EXCHANGE_PROBE)).name],
@@ -44,8 +45,8 @@ MADE = {
 }
 # Functions that read names back (parsers and listings) and the prefix of a name made above.
 READERS = {"prepare_work_dirs", "weight_versions", "checkpoint_updates", "parse_exchange_owner", "tmp_owner_pid",
-           "spool_job_name", "gradient_buffer_prefix", "tmp_target", "is_version_name", "is_checkpoint_name",
-           "is_shard_name", "existing_hint"}
+           "spool_job_name", "tmp_target", "is_version_name", "is_checkpoint_name", "is_shard_name",
+           "existing_hint"}
 # Constants that are parts of names, not names: each must occur inside a name made above.
 FRAGMENTS = {"PREPARE_WORK_MARK", "TMP_MARK", "EXCHANGE_PREFIX", "SPOOL_JOB_SUFFIX", "EXCHANGE_PROBE"}
 # Names the user chooses (the root of a listing), not memtrain.

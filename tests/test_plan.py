@@ -34,7 +34,8 @@ def test_an_epoch_visits_every_row_exactly_once(rows: int, batch: int | None, ta
     assert all(covered[i][1] == covered[i + 1][0] for i in range(len(covered) - 1))
     for number, update in enumerate(updates):
         assert update.epoch == epoch and update.batch == number
-        assert [t.index for t in update.tasks] == list(range(len(update.tasks)))
+        assert update.update == epoch * len(updates) + number
+        assert [t.task for t in update.tasks] == list(range(len(update.tasks)))
         assert len(update.tasks) <= tasks
         assert batch is None or update.rows <= batch
     assert updates == epoch_updates(rows, batch, tasks, seed, epoch), "the plan must be deterministic"

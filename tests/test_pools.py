@@ -21,10 +21,9 @@ from tiny_data import blobs, write_dataset
 from watchdog.events import FileSystemEventHandler
 from watchdog.observers import Observer
 
-from memtrain.layout import STEP_MARKS, gradient_name
+from memtrain.layout import gradient_name
 from memtrain.train.exchange import WorkerPool
-from memtrain.train.marks import create_marks
-from memtrain.train.messages import StatsTask, WorkerSetup
+from memtrain.train.messages import RoundSetup, StatsTask, WorkerSetup
 
 WORKERS = 2
 
@@ -88,9 +87,11 @@ def setup(tmp_path: Path) -> WorkerSetup:
     data = write_dataset(tmp_path / "data", x, y, val_rows=40)
     exchange = tmp_path / "exchange"
     exchange.mkdir()
-    create_marks(exchange / STEP_MARKS, WORKERS)
-    return WorkerSetup(os.getpid(), str(tmp_path / "run"), str(exchange), str(data), False, "naive_bayes", (), 1,
-                      (("name", "sgd"),), 0)
+    rounds = RoundSetup(batch_size=None, tasks_per_update=WORKERS, seed=0, epochs=1, keep_versions=1,
+                        on_nonfinite="stop", slots=WORKERS)
+    return WorkerSetup(server_pid=os.getpid(), run_dir=str(tmp_path / "run"), exchange_dir=str(exchange),
+                       dataset=str(data), normalize=False, model_kind="naive_bayes", model_options=(), blas_threads=1,
+                       optimizer=(("name", "sgd"),), rounds=rounds)
 
 
 def spawned(pid: int) -> bool:
@@ -105,14 +106,15 @@ def cycle_pools(setup: WorkerSetup, root: Path, cycles: int) -> None:
             pool = WorkerPool(setup, WORKERS)
             pids = pool.pids()
             for slot in pool.slots:
-                pool.send(slot, StatsTask(slot.index, cycle, slot.index * 100, slot.index * 100 + 100))
+                lo = slot.index * 100
+                pool.send(slot, StatsTask(task=slot.index, attempt=cycle, lo=lo, hi=lo + 100))
             results = []
             deadline = time.monotonic() + 60
             while len(results) < WORKERS and time.monotonic() < deadline:
                 for event in pool.wait(1.0):
-                    assert event.result is not None, f"cycle {cycle}: worker {event.slot.index} died"
-                    assert event.result.error is None, event.result.error
-                    results.append(event.result)
+                    assert event.answer is not None, f"cycle {cycle}: worker {event.slot.index} died"
+                    assert event.answer.error is None, event.answer.error
+                    results.append(event.answer)
             assert sorted(r.rows for r in results) == [100] * WORKERS, f"cycle {cycle}: {results}"
             assert all(spawned(pid) for pid in pids), f"cycle {cycle}: a worker is a fork of the server"
             for r in results:

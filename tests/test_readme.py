@@ -41,7 +41,7 @@ def test_the_main_command_names_files_that_exist() -> None:
 def test_the_job_reference_lists_every_key_with_its_real_default() -> None:
     train_page = (ROOT / "docs" / "train.md").read_text()
     block = next(b for b in code_blocks("toml", train_page) if b.startswith("[data]") and "exchange" in b)
-    raw = tomllib.loads(block.replace("<cores>", "2").replace('"runs/<job file name>"', '"runs/x"'))
+    raw = tomllib.loads(block.replace('"runs/<job file name>"', '"runs/x"'))
     job = job_from_dict(raw, base=ROOT)
     defaults = {f.name: f for cls in (DataConfig, RunConfig) for f in dataclasses.fields(cls)}
     for section in ("data", "run"):
@@ -50,11 +50,11 @@ def test_the_job_reference_lists_every_key_with_its_real_default() -> None:
             if key not in ("path", "dir"):
                 assert value == field.default, f"docs say {section}.{key} = {value}, code says {field.default}"
     for field in dataclasses.fields(TrainConfig):
-        if field.name not in ("optimizer", "workers", "batch_size", "patience"):  # the last two: default None
+        if field.name not in ("optimizer", "batch_size", "patience"):  # the last two: default None
             assert field.name in raw["train"], f"train.{field.name} missing from docs/train.md"
             assert raw["train"][field.name] == field.default, field.name
     assert raw["train"]["optimizer"] == OptimizerConfig.name and raw["train"]["lr"] == OptimizerConfig.lr
-    assert job.train.workers == 2
+    assert job.train.workers == "auto"
     assert "# batch_size = " in block and "# patience = " in block  # shown commented out
 
 

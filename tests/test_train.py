@@ -18,14 +18,22 @@ from memtrain.cli import main
 from memtrain.config import load_job
 from memtrain.dataset import open_dataset
 from memtrain.files import BLOCK_CHECKSUM_ALGO, checksum_file
-from memtrain.layout import STEP_MARKS, checkpoint_updates, weight_versions, weights_path
+from memtrain.layout import ROUND_BOARD, checkpoint_updates, weight_versions, weights_path
 from memtrain.train.context import model_context
-from memtrain.train.marks import PeerWaitExpired, StepMarks, create_marks
-from memtrain.train.messages import Building, EvalTask, GradTask, Result, StatsTask, StepTask, WorkerSetup
+from memtrain.train.marks import Board, Cancelled, Ledger
+from memtrain.train.messages import (
+    EvalTask,
+    Outcome,
+    Result,
+    RoundSetup,
+    StatsTask,
+    Stretch,
+    StretchEnd,
+    WorkerSetup,
+)
 from memtrain.train.optim import apply_update, learning_rate, state_slots
-from memtrain.train.plan import epoch_updates, updates_per_epoch
-from memtrain.train.server import MIN_SLICE_BLOCKS
-from memtrain.train.weights import block_count
+from memtrain.train.plan import epoch_updates, step_slices, updates_per_epoch
+from memtrain.train.weights import BLOCK
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -131,7 +139,7 @@ def test_sliced_steps_give_identical_weights_and_checksums_for_any_worker_count(
             path = weights_path(run, version)
             assert checksum_file(path, algo=BLOCK_CHECKSUM_ALGO) == lineage[version]
         lineages[workers] = lineage
-    assert block_count(final_weights(tmp_path / "1" / "run").size) // MIN_SLICE_BLOCKS == 3
+    assert len(step_slices(final_weights(tmp_path / "1" / "run").size, 3, BLOCK)) == 3
     assert lineages[1] == lineages[2] == lineages[3]
     assert digest(tmp_path / "1" / "run") == digest(tmp_path / "3" / "run")
 
@@ -231,18 +239,22 @@ def test_user_model_by_import_path_trains(tmp_path: Path) -> None:
 
 def test_messages_stay_small_whatever_the_sizes() -> None:
     huge = 10**12
-    step = StepTask(huge, 99, huge, huge, 0.001, huge, 1, huge, huge,
-                    tuple(f"g-v{huge:08d}-t{i:05d}-a000.npy" for i in range(8)), "/" + "r" * 200, huge)
-    fused = GradTask(huge, 99, huge, huge, huge, step, Building("/" + "r" * 200, huge, 8, 1e9))
     messages = [
-        GradTask(huge, 99, huge, huge, huge), StatsTask(huge, 99, huge, huge), EvalTask(huge, 99, huge, huge, huge),
-        step, fused, Result(huge, 99, loss=1e300, rows=huge, correct=huge),
+        Stretch(generation=huge, epoch=huge, first=huge, stop=huge, version=huge, slot=huge, participants=huge,
+                slices=huge),
+        StatsTask(task=huge, attempt=99, lo=huge, hi=huge), EvalTask(task=huge, attempt=99, version=huge, lo=huge,
+                                                                     hi=huge),
+        Result(task=huge, attempt=99, outcome=Outcome.DONE, loss=1e300, rows=huge, correct=huge),
+        StretchEnd(generation=huge, slot=huge, outcome=Outcome.CANCELLED),
     ]
     for message in messages:
-        limit = 1200 if isinstance(message, StepTask) else 1700 if message is fused else 300
-        assert len(pickle.dumps(message)) < limit, message
-    setup = WorkerSetup(1, "/r", "/x", "/d", True, "mlp", (("hidden", (1024, 1024)),), 1, (("name", "adam"),), 0)
-    assert len(pickle.dumps(setup)) < 600
+        assert len(pickle.dumps(message)) < 400, message
+    rounds = RoundSetup(batch_size=huge, tasks_per_update=huge, seed=huge, epochs=huge, keep_versions=huge,
+                        on_nonfinite="skip", slots=huge)
+    setup = WorkerSetup(server_pid=1, run_dir="/r", exchange_dir="/x", dataset="/d", normalize=True, model_kind="mlp",
+                        model_options=(("hidden", (1024, 1024)),), blas_threads=1, optimizer=(("name", "adam"),),
+                        rounds=rounds)
+    assert len(pickle.dumps(setup)) < 900
 
 
 def test_second_train_on_the_same_run_dir_is_refused(tmp_path: Path, dataset: Path) -> None:
@@ -293,20 +305,32 @@ def test_each_worker_uses_the_configured_blas_threads(tmp_path: Path, dataset: P
         assert f"BLAS threads in this worker: [{configured}], expected {expected}" in capsys.readouterr().err
 
 
-def test_step_marks_wait_for_every_slice_of_this_step_and_report_a_void_one(tmp_path: Path) -> None:
-    path = tmp_path / STEP_MARKS
-    create_marks(path, 3)
-    marks = StepMarks(path)
-    for index in (0, 1):
-        marks.mark(index, 5, finite=True)
-    with pytest.raises(PeerWaitExpired, match=r"slices \[2\] not written"):
-        marks.wait(5, 3, limit=0.05, alive=lambda: None)
-    marks.mark(2, 5, finite=True)
-    assert marks.wait(5, 3, limit=0.05, alive=lambda: None) is True
-    assert marks.wait(5, 2, limit=0.05, alive=lambda: None) is True  # fewer slices this time
-    with pytest.raises(PeerWaitExpired):  # step 5's marks never stand for step 6
-        marks.wait(6, 3, limit=0.05, alive=lambda: None)
-    for index, finite in enumerate((True, False, True)):
-        marks.mark(index, 6, finite=finite)
-    assert marks.wait(6, 3, limit=0.05, alive=lambda: None) is False
-    marks.close()
+def test_marks_wait_for_every_participant_of_this_update_and_report_a_void_one(tmp_path: Path) -> None:
+    board = Board.create(tmp_path / ROUND_BOARD, 3)
+    peer = Board(3, tmp_path / ROUND_BOARD)  # another process's handle on the same file
+    alive = lambda: None  # noqa: E731
+    for slot in (0, 1):
+        board.mark_step(1, 5, slot, finite=True)
+    board.cancel(1)
+    with pytest.raises(Cancelled):  # slot 2 has not marked: only the server's cancel ends the wait
+        peer.wait_step(1, 5, 3, alive)
+    board.mark_step(2, 5, 2, finite=True)
+    board.cancel(2)
+    with pytest.raises(Cancelled):  # generation 1's marks of slots 0 and 1 never stand for generation 2
+        peer.wait_step(2, 5, 3, alive)
+    board.mark_step(2, 5, 0, finite=True)
+    board.mark_step(2, 5, 1, finite=False)
+    assert peer.wait_step(2, 5, 3, alive) is False  # all marked, one slice void: the step is void
+    assert peer.wait_step(2, 5, 1, alive) is True  # a stretch of one participant reads only slot 0
+    for slot in range(3):
+        board.mark_gradients(2, 6, slot, finite=slot != 1)
+    with pytest.raises(Cancelled):  # no ready mark yet
+        peer.wait_gradients(2, 6, 3, alive)
+    board.mark_ready(2, 7)  # a later ready mark stands for this one too
+    assert peer.wait_gradients(2, 6, 3, alive) is False
+    board.mark_gradients(2, 7, 1, finite=True)  # update 7 is in the other bank: update 6's marks stay
+    assert peer.wait_gradients(2, 6, 3, alive) is False
+    board.set_ledger(Ledger(2, 6, 4))
+    assert peer.ledger() == Ledger(2, 6, 4)
+    board.close()
+    peer.close()

@@ -1,50 +1,106 @@
 """A benchmark problem -> a memtrain job run through the real ``train`` path -> per-update wall and compute times.
 
 The times come from the run's own ``metrics.jsonl``: one record per update, stamped when the update's
-version is published and logged, so they include everything the loop does (publication, dispatch,
-gradient files, reduction, optimizer step, retirement, logs). Worker compute time is the slowest
-gradient task of the update, as the worker measured it (``compute_s``); absent, it is left out.
-Update 0 has no wall time of its own (it starts with the workers), so the lists begin at update 1.
+version is published, so they include everything the rounds do (gradients, step, publication,
+checksums, logs). Worker compute time is the slowest participant's gradient time of the update, as it
+measured it (``compute_s``).
+
+With ``train.workers = "auto"`` memtrain first decides where its rounds run (train/placement.py); the
+steady state is what follows the decision. The job then runs epoch after epoch over the problem's data
+until ``problem.updates`` updates have followed the decision, and is stopped with SIGINT, through the
+same path as Ctrl-C. A forced placement runs the problem's one epoch.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
+import signal
+import threading
 import time
 from pathlib import Path
 
 from memtrain.benchmarks.problem import Problem, timings
 from memtrain.config import DataConfig, Job, ModelConfig, RunConfig, TrainConfig
+from memtrain.errors import Interrupted
 from memtrain.files import read_jsonl
-from memtrain.layout import RUN_METRICS
+from memtrain.layout import RUN_EVENTS, RUN_METRICS
+
+EPOCHS_AUTO = 10_000  # enough for any decision; the run is stopped once it has been measured
+DECIDED = re.compile(r"rounds: (?:(?:on|in) .*? from update (\d+)|on \d+ worker processes \(|in the server \()")
 
 
-def job_for(problem: Problem, run_dir: Path, exchange: str = "auto", model: ModelConfig | None = None) -> Job:
+def job_for(problem: Problem, run_dir: Path, exchange: str = "auto", workers: int | str = 2,
+            model: ModelConfig | None = None) -> Job:
     """The memtrain job that computes exactly what the peers compute (memtrain's MLP unless ``model``)."""
     return Job(
         data=DataConfig(path=Path(problem.dataset), normalize=False),
         model=model or ModelConfig("mlp", {"hidden": [problem.hidden]}),
-        train=TrainConfig(epochs=1, batch_size=problem.batch, tasks_per_update=problem.workers,
-                          workers=problem.workers, seed=problem.seed, optimizer=problem.optimizer),
-        run=RunConfig(dir=run_dir, exchange=exchange, keep_versions=2),
+        train=TrainConfig(epochs=EPOCHS_AUTO if workers == "auto" else 1, batch_size=problem.batch,
+                          tasks_per_update=problem.workers, workers=workers, seed=problem.seed,
+                          optimizer=problem.optimizer),
+        run=RunConfig(dir=run_dir, exchange=exchange, keep_versions=2, checkpoint_every=EPOCHS_AUTO),
     )
 
 
-def run_memtrain(problem: Problem, run_dir: Path, exchange: str = "auto",
+def decided_at(run_dir: Path) -> int | None:
+    """The update from which the placement's choice holds (0 when train.workers forced it), or None yet."""
+    path = run_dir / RUN_EVENTS
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    for match in DECIDED.finditer(text):
+        return int(match.group(1)) if match.group(1) else 0
+    return None
+
+
+def run_memtrain(problem: Problem, run_dir: Path, exchange: str = "auto", workers: int | str = 2,
                  model: ModelConfig | None = None) -> dict[str, object]:
     from memtrain.train.server import train
 
     shutil.rmtree(run_dir, ignore_errors=True)
+    watcher = _StopWhenMeasured(run_dir, problem.updates) if workers == "auto" else None
     started = time.perf_counter()
     try:
-        summary = train(job_for(problem, run_dir, exchange, model))
+        try:
+            train(job_for(problem, run_dir, exchange, workers, model))
+        except Interrupted:
+            if watcher is None or not watcher.fired:
+                raise
+        finally:
+            if watcher is not None:
+                watcher.stop.set()
         total = time.perf_counter() - started
-        records = [r for r in read_jsonl(run_dir / RUN_METRICS) if r.get("kind") == "update"]
-        events = (run_dir / "events.log").read_text(encoding="utf-8").splitlines()
+        first = decided_at(run_dir) or 0
+        records = [r for r in read_jsonl(run_dir / RUN_METRICS) if r.get("kind") == "update" and r["update"] >= first]
+        events = (run_dir / RUN_EVENTS).read_text(encoding="utf-8").splitlines()
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
-    stamps = [r["time"] for r in records]
-    walls = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
-    computes = [r["compute_s"] for r in records[1:] if "compute_s" in r]
-    return timings(walls, computes, first_update=1, total_seconds=total, version=summary.version,
-                   exchange=[line.split(" ", 1)[1] for line in events if "exchange" in line])
+    pairs = [(a, b) for a, b in zip(records, records[1:], strict=False) if b["update"] == a["update"] + 1]
+    walls = [b["time"] - a["time"] for a, b in pairs]
+    computes = [b["compute_s"] for _, b in pairs]
+    return timings(walls, computes, first_update=1, total_seconds=total, decided_at=first,
+                   exchange=[line.split(" ", 1)[1] for line in events if "exchange" in line],
+                   rounds=[line.split(" ", 1)[1] for line in events if "rounds:" in line])
+
+
+class _StopWhenMeasured(threading.Thread):
+    """Sends this process SIGINT once ``updates`` updates have followed the placement's decision."""
+
+    def __init__(self, run_dir: Path, updates: int):
+        super().__init__(daemon=True)
+        self.run_dir, self.updates = run_dir, updates
+        self.stop = threading.Event()
+        self.fired = False
+        self.start()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.05):
+            first = decided_at(self.run_dir)
+            if first is None:
+                continue
+            done = sum(1 for r in read_jsonl(self.run_dir / RUN_METRICS)
+                       if r.get("kind") == "update" and r["update"] >= first)
+            if done > self.updates:
+                self.fired = True
+                os.kill(os.getpid(), signal.SIGINT)
+                return

@@ -20,14 +20,26 @@ METHODS = ("memtrain", "one_process", "pickle_queue", "shared_memory", "one_proc
 # The same comparison for a torch.nn.Module (benchmarks/torch_peers.py): memtrain with kind = "torch",
 # torch DDP on gloo, one torch process on every core. Ratios are taken against torch_memtrain.
 TORCH_METHODS = ("torch_memtrain", "torch_ddp", "torch_all_cores")
+# memtrain with its placement forced (train.workers = 0 or = the problem's workers): not run by default
+FORCED = ("memtrain_server", "memtrain_workers")
+# the README's first command (memtrain/benchmarks/first_job.py)
+FIRST_JOB = ("first_memtrain", "first_loop")
 
 
 def run_method(method: str, problem: Problem, scratch: Path, exchange: str = "auto") -> dict[str, Any]:
-    from memtrain.benchmarks import peers
+    from memtrain.benchmarks import first_job, peers
     from memtrain.benchmarks.memtrain_run import run_memtrain
 
     if method == "memtrain":
-        return run_memtrain(problem, scratch, exchange)
+        return run_memtrain(problem, scratch, exchange, workers="auto")
+    if method == "memtrain_server":
+        return run_memtrain(problem, scratch, exchange, workers=0)
+    if method == "memtrain_workers":
+        return run_memtrain(problem, scratch, exchange, workers=problem.workers)
+    if method == "first_memtrain":
+        return first_job.run_memtrain(Path(problem.dataset), scratch)
+    if method == "first_loop":
+        return first_job.run_loop(Path(problem.dataset))
     if method in TORCH_METHODS:
         return run_torch_method(method, problem, scratch, exchange)
     if method == "one_process":
@@ -48,7 +60,7 @@ def run_torch_method(method: str, problem: Problem, scratch: Path, exchange: str
 
     if method == "torch_memtrain":
         model = ModelConfig("torch", {"factory": torch_peers.FACTORY, "hidden": problem.hidden})
-        return run_memtrain(problem, scratch, exchange, model)
+        return run_memtrain(problem, scratch, exchange, workers="auto", model=model)
     if method == "torch_ddp":
         return torch_peers.ddp(problem)
     return torch_peers.all_cores(problem)

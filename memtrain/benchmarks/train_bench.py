@@ -1,9 +1,13 @@
-"""Sizes + methods -> the training benchmark table (samples/s, overhead, peak memory, ratio), or JSON.
+"""Sizes + methods -> the training benchmark tables (samples/s, overhead, peak memory, ratios), or JSON.
 
 For each parameter count a synthetic dataset is written once; then every method runs in a fresh
 process, the methods alternating (memtrain, one process, pickle, shared memory, BLAS on every core,
 then again), and their steady-state updates are pooled. The first ``warmup`` updates of every run are
-left out: they pay for process start, imports and first page faults, which a long job pays once.
+left out: they pay for process start, imports and first page faults, which a long job pays once
+(memtrain's are counted from the update where it decided where its rounds run). Each ratio is given
+with its spread over the repeats (each repeat compares runs made side by side), and per size the
+ratio to the best of the single-machine baselines. Then the README's first command, memtrain against
+a plain numpy loop of the same model (memtrain/benchmarks/first_job.py).
 
 With torch installed, the same MLP as a torch module is measured too, side by side (torch_peers.py):
 memtrain with ``kind = "torch"`` against torch DDP on gloo and one torch process on every core; those
@@ -25,30 +29,36 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from memtrain.benchmarks import larger_than_ram
+from memtrain.benchmarks import first_job, larger_than_ram
 from memtrain.benchmarks.memory import Sampler
 from memtrain.benchmarks.problem import BATCH, Problem
-from memtrain.benchmarks.runner import METHODS, TORCH_METHODS
+from memtrain.benchmarks.runner import FIRST_JOB, FORCED, METHODS, TORCH_METHODS
 from memtrain.benchmarks.synthetic import CLASSES, FEATURES, mlp_shape, write_dataset
 from memtrain.errors import InputError, MemtrainError
 
 LABELS = {"memtrain": "memtrain", "one_process": "one process, 1 thread", "pickle_queue": "pickle via Queue",
           "shared_memory": "shared_memory", "one_process_blas": "one process, all-core BLAS",
+          "memtrain_server": "memtrain, train.workers = 0", "memtrain_workers": "memtrain, train.workers = N",
+          "first_memtrain": "memtrain train", "first_loop": "plain numpy loop",
           "torch_memtrain": "memtrain, torch module", "torch_ddp": "torch DDP, gloo",
           "torch_all_cores": "one torch process, all cores"}
 BASES = {"memtrain": "memtrain", "torch": "torch_memtrain"}  # the row each method's ratio is taken against
+BASELINES = ("one_process", "one_process_blas", "shared_memory")  # what a user on one machine would otherwise do
 VAL_ROWS = BATCH
 RUN_TIMEOUT = 1800.0  # seconds for one method at one size; a hung run fails the benchmark, not the machine
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sizes", default="1e5,1e6,1e7", help="parameter counts (default %(default)s)")
+    parser.add_argument("--sizes", default="1e4,1e5,1e6,1e7", help="parameter counts (default %(default)s)")
     parser.add_argument("--updates", type=int, default=40, help="updates per run (default %(default)s)")
     parser.add_argument("--warmup", type=int, default=3, help="updates per run left out (default %(default)s)")
-    parser.add_argument("--repeats", type=int, default=2, help="runs of every method per size (default %(default)s)")
-    parser.add_argument("--workers", type=int, default=2, help="worker processes (default %(default)s)")
-    parser.add_argument("--methods", help=f"comma-separated subset of {','.join(METHODS + TORCH_METHODS)} "
-                                          "(default: all; the torch ones when torch is installed)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of every method per size (default %(default)s)")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="worker processes of the peers, and tasks per update (default %(default)s)")
+    parser.add_argument("--methods", help=f"comma-separated subset of {','.join(METHODS + TORCH_METHODS + FORCED)} "
+                                          f"(default: {','.join(METHODS)}, and the torch ones when torch is installed)")
+    parser.add_argument("--first-job", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time the README's first command against a plain numpy loop (default: yes)")
     parser.add_argument("--exchange", default="auto", help="memtrain's run.exchange (default %(default)s)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     larger_than_ram.add_arguments(parser)
@@ -69,10 +79,12 @@ def run(args: argparse.Namespace) -> int:
             return 0
         load_before = os.getloadavg()
         rows = [row for size in sizes for row in bench_size(size, methods, args, scratch)]
+        first = bench_first_job(args.repeats, scratch) if args.first_job and first_job.available() else []
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     report = {"machine": machine() | {"loadavg_before": load_before, "loadavg_after": os.getloadavg()},
-              "settings": settings(args, sizes, methods), "results": rows}
+              "settings": settings(args, sizes, methods), "results": rows, "baselines": best_of(rows),
+              "first_job": first}
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -102,7 +114,7 @@ def default_methods() -> str:
 
 def parse_methods(text: str) -> list[str]:
     methods = [part.strip() for part in text.split(",") if part.strip()]
-    known = METHODS + TORCH_METHODS
+    known = METHODS + TORCH_METHODS + FORCED
     unknown = [m for m in methods if m not in known]
     if unknown or not methods:
         raise InputError("unknown --methods", expected=", ".join(known), found=", ".join(unknown) or text)
@@ -125,8 +137,49 @@ def bench_size(size: int, methods: list[str], args: argparse.Namespace, scratch:
     rows = [summarize(method, runs[method], args.warmup) | {"params": shape.params, "shape": asdict(shape)}
             for method in methods]
     for row in rows:
-        base = next((r["samples_per_s"] for r in rows if r["method"] == BASES[family(row["method"])]), None)
-        row["memtrain_ratio"] = base / row["samples_per_s"] if base else None
+        base = next((r for r in rows if r["method"] == BASES[family(row["method"])]), None)
+        row["memtrain_ratio"] = base["samples_per_s"] / row["samples_per_s"] if base else None
+        row["ratio_runs"] = [a / b for a, b in zip(base["runs_samples_per_s"], row["runs_samples_per_s"],
+                                                   strict=True)] if base else []
+    return rows
+
+
+def best_of(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per size: memtrain against the best of the single-machine baselines, run by run."""
+    out = []
+    for params in dict.fromkeys(r["params"] for r in rows):
+        here = {r["method"]: r for r in rows if r["params"] == params}
+        present = [m for m in BASELINES if m in here]
+        if "memtrain" not in here or not present:
+            continue
+        best = max(present, key=lambda m: here[m]["samples_per_s"])
+        runs = [mine / max(here[m]["runs_samples_per_s"][k] for m in present)
+                for k, mine in enumerate(here["memtrain"]["runs_samples_per_s"])]
+        out.append({"params": params, "best": best, "ratio": here["memtrain"]["samples_per_s"] /
+                    here[best]["samples_per_s"], "ratio_runs": runs, "memtrain_rounds": here["memtrain"]["rounds"],
+                    "memtrain_overhead_ms": here["memtrain"]["overhead_ms"]})
+    return out
+
+
+def bench_first_job(repeats: int, scratch: Path) -> list[dict[str, Any]]:
+    """memtrain train of the README's first job against a plain loop, alternating, ``repeats`` times each."""
+    data = first_job.prepare_digits(scratch)
+    problem = Problem(str(data), 64, 0)
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in FIRST_JOB}
+    for _ in range(repeats):
+        for method in FIRST_JOB:
+            runs[method].append(run_once(method, problem, scratch, "auto"))
+    rows = []
+    for method in FIRST_JOB:
+        seconds = [r["seconds"] for r in runs[method]]
+        rows.append({"method": method, "label": LABELS[method], "seconds": median(seconds), "runs_seconds": seconds,
+                     "updates": runs[method][0]["updates"], "samples_per_s": runs[method][0]["rows"] / median(seconds),
+                     "final": runs[method][0]["final"], "rounds": runs[method][0].get("rounds", []),
+                     "peak_mib": max(r["peak_mib"] for r in runs[method])})
+    mine = rows[0]["runs_seconds"]
+    for row in rows:
+        row["memtrain_ratio"] = row["seconds"] / rows[0]["seconds"]
+        row["ratio_runs"] = [theirs / ours for ours, theirs in zip(mine, row["runs_seconds"], strict=True)]
     return rows
 
 
@@ -160,16 +213,32 @@ def run_once(method: str, problem: Problem, scratch: Path, exchange: str,
 def summarize(method: str, runs: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
     """Steady-state updates of every run of ``method``, pooled; medians, so that a stray slow update
     (another process on the machine, a page-cache flush) does not move the figure."""
-    walls = [w for r in runs for w in r["update_seconds"][max(0, warmup - r.get("first_update", 0)):]]
-    computes = [c for r in runs for c in r["compute_seconds"][max(0, warmup - r.get("first_update", 0)):]]
+    def steady(run: dict[str, Any], key: str) -> list[float]:
+        return run[key][max(0, warmup - run.get("first_update", 0)):]
+
+    walls = [w for r in runs for w in steady(r, "update_seconds")]
+    computes = [c for r in runs for c in steady(r, "compute_seconds")]
     wall = median(walls)
     compute = median(computes) if computes else None
-    return {"method": method, "label": LABELS[method], "samples_per_s": BATCH / wall, "update_ms": wall * 1e3,
+    rounds = runs[0].get("rounds") or []
+    memtrain = method.startswith("memtrain") or method == "torch_memtrain"
+    label = LABELS[method] + (f" ({placement(rounds)})" if memtrain and rounds else "")
+    return {"method": method, "label": label, "samples_per_s": BATCH / wall, "update_ms": wall * 1e3,
             "compute_ms": compute * 1e3 if compute is not None else None,
             "overhead_ms": (wall - compute) * 1e3 if compute is not None else None,
             "peak_mib": max(r["peak_mib"] for r in runs), "pss_mib": max(r["pss_mib"] for r in runs),
             "updates_measured": len(walls),
-            "exchange": runs[0].get("exchange")}
+            "runs_samples_per_s": [BATCH / median(steady(r, "update_seconds")) for r in runs],
+            "exchange": runs[0].get("exchange"), "rounds": [r.get("rounds", []) for r in runs]}
+
+
+def placement(rounds: list[str]) -> str:
+    """Where memtrain's rounds ran, from its event log: "in the server" or "on N workers"."""
+    final = rounds[-1]
+    if "in the server" in final:
+        return "in the server"
+    workers = next((word for word in final.split("on ", 1)[1].split()[:1]), "?") if "on " in final else "?"
+    return f"on {workers} workers"
 
 
 def machine() -> dict[str, Any]:
@@ -214,7 +283,8 @@ def blas_build() -> str:
 
 def settings(args: argparse.Namespace, sizes: list[int], methods: list[str]) -> dict[str, Any]:
     return {"sizes": sizes, "methods": methods, "batch": BATCH, "workers": args.workers, "updates": args.updates,
-            "warmup": args.warmup, "repeats": args.repeats, "optimizer": "sgd", "exchange": args.exchange}
+            "warmup": args.warmup, "repeats": args.repeats, "optimizer": "sgd", "exchange": args.exchange,
+            "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
 
 
 def print_table(report: dict[str, Any]) -> None:
@@ -223,21 +293,47 @@ def print_table(report: dict[str, Any]) -> None:
 
     s = report["settings"]
     table = Table(title=f"memtrain bench train: MLP {FEATURES}-H-{CLASSES}, SGD, batch {s['batch']}, "
-                        f"{s['workers']} workers; medians of {s['updates'] - s['warmup']} steady updates x "
-                        f"{s['repeats']} runs per method")
+                        f"{s['workers']} tasks per update (peers: {s['workers']} workers); medians of "
+                        f"{s['updates'] - s['warmup']} steady updates x {s['repeats']} runs per method")
     m = report["machine"]
-    table.caption = f"{m['cpus']} CPUs ({m['cpu']}), numpy {m['numpy']} with {m['blas']}, Python {m['python']}"
+    table.caption = (f"{m['cpus']} CPUs ({m['cpu']}), numpy {m['numpy']} with {m['blas']}, Python {m['python']}; "
+                     f"load average {m['loadavg_before'][0]:.1f} before, {m['loadavg_after'][0]:.1f} after")
     if any(family(row["method"]) == "torch" for row in report["results"]):
         table.caption += (f"; torch {m.get('torch')}. Torch rows: the same MLP as a torch.nn.Module, ratio = "
                           "memtrain (torch module) ÷ method; DDP compute from a no_sync calibration")
-    for name in ("params", "method", "samples/s", "ms/update", "compute ms", "overhead ms", "peak MiB",
-                 "peak PSS MiB", "memtrain ÷ method"):
+    for name in ("params", "method", "samples/s", "runs ±", "ms/update", "compute ms", "overhead ms", "peak MiB",
+                 "peak PSS MiB", "memtrain ÷ method", "over runs"):
         table.add_column(name, justify="left" if name == "method" else "right")
     for row in report["results"]:
-        table.add_row(f"{row['params']:,}", row["label"], f"{row['samples_per_s']:,.0f}", f"{row['update_ms']:.1f}",
-                      _num(row["compute_ms"]), _num(row["overhead_ms"]), f"{row['peak_mib']:,.0f}",
-                      f"{row['pss_mib']:,.0f}", _num(row["memtrain_ratio"], 2))
-    Console(width=140).print(table)
+        table.add_row(f"{row['params']:,}", row["label"], f"{row['samples_per_s']:,.0f}",
+                      _spread(row["runs_samples_per_s"]), f"{row['update_ms']:.2f}", _num(row["compute_ms"], 2),
+                      _num(row["overhead_ms"], 2), f"{row['peak_mib']:,.0f}", f"{row['pss_mib']:,.0f}",
+                      _num(row["memtrain_ratio"], 2), _range(row["ratio_runs"]))
+    console = Console(width=180)
+    console.print(table)
+    for best in report["baselines"]:
+        console.print(f"{best['params']:>12,} params: memtrain ({placement(best['memtrain_rounds'][0])}) ÷ best "
+                      f"of one process / all-core BLAS / shared_memory ({LABELS[best['best']]}) = "
+                      f"{best['ratio']:.2f}, runs {_range(best['ratio_runs'])}; memtrain's overhead "
+                      f"{_num(best['memtrain_overhead_ms'], 2)} ms per update", highlight=False)
+    if report["first_job"]:
+        print_first_job(report["first_job"], console)
+
+
+def print_first_job(rows: list[dict[str, Any]], console: Any) -> None:
+    from rich.table import Table
+
+    table = Table(title="the README's first command: digits MLP 64-64-10, batch 128, Adam, 30 epochs "
+                        f"({rows[0]['updates']} updates), training time")
+    for name in ("method", "seconds", "runs ±", "samples/s", "val_accuracy", "peak MiB", "memtrain ÷ method",
+                 "over runs"):
+        table.add_column(name, justify="left" if name == "method" else "right")
+    for row in rows:
+        label = row["label"] + (f" ({placement(row['rounds'])})" if row["rounds"] else "")
+        table.add_row(label, f"{row['seconds']:.3f}", _spread(row["runs_seconds"]), f"{row['samples_per_s']:,.0f}",
+                      f"{row['final'].get('val_accuracy', float('nan')):.4f}", f"{row['peak_mib']:,.0f}",
+                      f"{row['memtrain_ratio']:.2f}", _range(row["ratio_runs"]))
+    console.print(table)
 
 
 def median(values: list[float]) -> float:
@@ -248,3 +344,14 @@ def median(values: list[float]) -> float:
 
 def _num(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _spread(values: list[float]) -> str:
+    """Half the range over the runs, in percent of the median."""
+    if len(values) < 2:
+        return "-"
+    return f"{50 * (max(values) - min(values)) / median(values):.0f}%"
+
+
+def _range(values: list[float]) -> str:
+    return f"{min(values):.2f}-{max(values):.2f}" if values else "-"

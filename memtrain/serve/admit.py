@@ -105,7 +105,7 @@ def admit(content: bytes, path: Path, *, base: Path, root: Path | None, spool: P
                          expected="numbers, strings, booleans, arrays and tables") from exc
     _check_paths(job, resolved, path, base=base, root=root, spool=spool)
     cores = os.cpu_count() or 1
-    if job.train.workers > cores:
+    if job.train.workers != "auto" and job.train.workers > cores:
         raise InputError("train.workers is more than this machine's cores", path=path,
                          expected=f"at most {cores}", found=job.train.workers)
     return Admission(name, job, content, resolved)

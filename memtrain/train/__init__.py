@@ -1,0 +1,27 @@
+"""Training: a job -> versioned weight files, through rounds that worker processes (or the server) run.
+
+Which process runs which module:
+
+    server process                          worker process (one per slot; spawned)
+    --------------                          ---------------------------------------
+    command.py     the `memtrain train` CLI
+    server.py      epochs of stretches, evaluation, checkpoints, a clean stop
+    placement.py   rounds in the server or on workers (train.workers, measured at start)
+    scheduler.py   watches a stretch / runs tasks: deaths, hangs, failures, stop signals
+    logbook.py     records up to the ledger -> lineage and metric lines, the position
+    exchange.py    a pipe pair per worker slot; or InServer: the server as its own worker
+    state.py, checkpoint.py, run_dir.py     resume, checkpoints, the run directory
+                                            worker.py   messages in, answers out
+    ------------------------- both (the server when train.workers = 0) -------------------------
+    rounds.py      the round, one loop: step the previous update's slice, meet, compute this update's
+                   gradients, meet; slot 0 publishes
+    marks.py       the board the participants meet at (marks, ledger, activities) and the records
+    doorbell.py    sleeping on the board until a mark lands
+    reduce.py      gradient buffers -> mean -> optimizer -> a slice of the next version
+    plan.py        the fixed schedule: updates, tasks, who does which task and slice
+    messages.py    the records that cross between processes
+    weights.py     publishing, retiring and recycling weight versions
+    maps.py, context.py, optim.py, normalize.py     maps kept between tasks, the model, the optimizer
+
+docs/round.md walks through one round.
+"""

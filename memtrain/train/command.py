@@ -28,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", nargs="?", type=Path, help="job file (TOML); not needed with --resume RUN_DIR")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override a job setting (value in TOML syntax); repeatable")
-    parser.add_argument("--workers", type=int, help="worker processes (default: train.workers, or the cores)")
+    parser.add_argument("--workers", type=int,
+                        help="worker processes; 0: the server trains alone (default: train.workers, \"auto\")")
     parser.add_argument("--run-dir", type=Path, help="run directory (default: run.dir of the job)")
     parser.add_argument("--resume", nargs="?", const=True, default=False, metavar="RUN_DIR",
                         help="continue a run from its newest complete checkpoint")
@@ -63,8 +64,8 @@ def _name_resume(exc: MemtrainError, run_dir: Path) -> None:
 
 
 def _job(args: argparse.Namespace):  # noqa: ANN202 - returns config.Job
-    if args.workers is not None and args.workers < 1:
-        raise InputError("--workers must be at least 1", found=args.workers)
+    if args.workers is not None and args.workers < 0:
+        raise InputError("--workers must be 0 (the server trains alone) or more", found=args.workers)
     if isinstance(args.resume, str):
         if args.job is not None:
             raise InputError("give either a job file or --resume RUN_DIR, not both")

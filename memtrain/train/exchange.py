@@ -1,9 +1,18 @@
-"""Tasks out, results back: worker processes, one task queue and one result queue per worker slot.
+"""Messages out, answers back: where the work runs -- worker processes on this machine, or the server itself.
 
-Only ``messages`` records cross the queues. No queue is shared between workers: a worker killed while it
-holds a queue's lock can then wedge only its own slot, which is replaced with fresh queues. Every wait
-watches the result pipes and the process sentinels together and has a bound, so a death is seen at once.
-This is the one module that knows how tasks reach workers; another dispatcher (Dask, Ray) would replace it.
+``Transport`` is the interface the scheduler drives: ``send`` a message to a slot, ``wait`` for answers
+and deaths, ``kill`` a slot's process. Two implementations:
+
+- ``WorkerPool``: one process per slot, started with ``spawn``. This module makes two pipes per slot
+  (messages in, answers out) and hands the worker its ends; the worker reads only its inbox and writes
+  only its outbox (train/worker.py). No pipe is shared between workers, so a worker killed in the middle
+  of a write can wedge only its own slot, which is replaced with fresh pipes. Every wait watches the
+  answer pipes and the process sentinels together and has a bound, so a death is seen at once.
+- ``InServer``: one slot, no process: ``send`` runs the message in the server right away (the same
+  ``WorkerState``, the same files and arithmetic) and ``wait`` hands back its answer.
+
+Only ``messages`` records cross a transport. Across machines (Dask) a third implementation would carry
+the same records; the rounds' marks would then travel as messages too (see docs/round.md).
 """
 
 from __future__ import annotations
@@ -13,16 +22,13 @@ import multiprocessing
 import os
 import signal
 import time
-from dataclasses import dataclass, replace
-from multiprocessing.connection import wait
-from multiprocessing.queues import SimpleQueue
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any, Protocol
 
-from memtrain.train.gradbuf import remove_buffers
 from memtrain.train.launch import script_not_rerun
-from memtrain.train.messages import Result, Stop, Task, WorkerSetup
-from memtrain.train.worker import worker_main
+from memtrain.train.messages import Message, Ready, Result, Stop, StretchEnd, WorkerSetup
+from memtrain.train.worker import WorkerState, worker_main
 
 # Workers start with `spawn`: never fork a server that may hold threads, BLAS pools or HDF5 handles.
 START_METHOD = "spawn"
@@ -31,78 +37,102 @@ START_METHOD = "spawn"
 @dataclass
 class Slot:
     index: int
-    process: Any
-    tasks: SimpleQueue
-    results: SimpleQueue
-    current: Task | None = None
+    process: Any  # None for the server's own slot
+    inbox: Connection | None = None  # the server's end of the pipe the worker reads
+    outbox: Connection | None = None  # the server's end of the pipe the worker answers on
+    ready: bool = False  # the worker has started and said so
+    current: Message | None = None
     since: float = 0.0
 
     @property
     def idle(self) -> bool:
         return self.current is None
 
+    @property
+    def pid(self) -> int:
+        return self.process.pid if self.process is not None else os.getpid()
+
 
 @dataclass(frozen=True)
 class Event:
-    """A result from a slot, or the death of its process (``result`` None, ``exitcode`` set)."""
+    """An answer from a slot, or the death of its process (``answer`` None, ``exitcode`` set)."""
 
     slot: Slot
-    result: Result | None
+    answer: Result | StretchEnd | None
+    message: Message | None  # what the slot was working on
     exitcode: int | None = None
-    task: Task | None = None
+
+
+class Transport(Protocol):
+    slots: list[Slot]
+
+    def send(self, slot: Slot, message: Message) -> None: ...
+
+    def wait(self, timeout: float) -> list[Event]: ...
+
+    def kill(self, slot: Slot) -> None: ...
+
+    def close(self, timeout: float = 5.0) -> None: ...
 
 
 class WorkerPool:
-    """A fixed number of worker slots; a dead worker's slot gets a new process and new queues."""
+    """A fixed number of worker slots; a dead worker's slot gets a new process and new pipes."""
 
     def __init__(self, setup: WorkerSetup, count: int):
         self._context = multiprocessing.get_context(START_METHOD)
         self._setup = setup
         self.slots = [self._start(index) for index in range(count)]
-        self.restarts = 0
-        self.started = [slot.process.pid for slot in self.slots]  # every worker pid ever started
 
     def _start(self, index: int) -> Slot:
-        tasks, results = self._context.SimpleQueue(), self._context.SimpleQueue()
-        process = self._context.Process(target=worker_main, args=(replace(self._setup, slot=index), tasks, results),
+        worker_in, inbox = self._context.Pipe(duplex=False)
+        outbox, worker_out = self._context.Pipe(duplex=False)
+        process = self._context.Process(target=worker_main, args=(self._setup, worker_in, worker_out),
                                         name=f"memtrain-worker-{index}", daemon=True)
         with script_not_rerun(self._setup.model_kind):
             process.start()
-        return Slot(index, process, tasks, results)
+        worker_in.close()  # the worker has its own copies; without ours, its death reads as end-of-file
+        worker_out.close()
+        return Slot(index, process, inbox, outbox)
 
-    def idle_slots(self) -> list[Slot]:
-        return [slot for slot in self.slots if slot.idle]
+    def ready(self) -> bool:
+        """Every worker has started (polls without blocking)."""
+        self.wait(0)
+        return all(slot.ready for slot in self.slots)
 
-    def send(self, slot: Slot, task: Task) -> None:
-        slot.current, slot.since = task, time.monotonic()
-        slot.tasks.put(task)
+    def send(self, slot: Slot, message: Message) -> None:
+        slot.current, slot.since = message, time.monotonic()
+        with contextlib.suppress(OSError):  # it died since the last wait (EPIPE): its sentinel reports the death
+            slot.inbox.send(message)
 
     def wait(self, timeout: float) -> list[Event]:
-        """Results and deaths, waiting at most ``timeout`` seconds for the first one."""
-        by_reader = {slot.results._reader: slot for slot in self.slots}
+        """Answers and deaths, waiting at most ``timeout`` seconds for the first one."""
+        by_outbox = {slot.outbox: slot for slot in self.slots}
         by_sentinel = {slot.process.sentinel: slot for slot in self.slots}
-        ready = wait([*by_reader, *by_sentinel], timeout)
+        ready = wait([*by_outbox, *by_sentinel], timeout)
         events, dead = [], []
         for handle in ready:
-            if handle in by_reader:
-                events.extend(self._drain(by_reader[handle]))
+            if handle in by_outbox:
+                events.extend(self._drain(by_outbox[handle]))
             else:
                 dead.append(by_sentinel[handle])
         for slot in dead:
             events.extend(self._drain(slot))
             slot.process.join()
-            events.append(Event(slot, None, slot.process.exitcode, slot.current))
+            events.append(Event(slot, None, slot.current, slot.process.exitcode))
             self._replace(slot)
         return events
 
     def _drain(self, slot: Slot) -> list[Event]:
         events = []
-        while slot.results._reader.poll(0):
+        while slot.outbox.poll(0):
             try:
-                result = slot.results.get()
+                answer = slot.outbox.recv()
             except (EOFError, OSError):
                 break
-            events.append(Event(slot, result, task=slot.current))
+            if isinstance(answer, Ready):
+                slot.ready = True
+                continue
+            events.append(Event(slot, answer, slot.current))
             slot.current = None
         return events
 
@@ -112,11 +142,9 @@ class WorkerPool:
             os.kill(slot.process.pid, signal.SIGKILL)
 
     def _replace(self, slot: Slot) -> None:
-        self.restarts += 1
-        remove_buffers(Path(self._setup.exchange_dir), slot.process.pid)
-        fresh = self._start(slot.index)
-        self.started.append(fresh.process.pid)
-        self.slots[slot.index] = fresh
+        for end in (slot.inbox, slot.outbox):
+            end.close()
+        self.slots[slot.index] = self._start(slot.index)
 
     def pids(self) -> list[int]:
         return [slot.process.pid for slot in self.slots]
@@ -126,10 +154,37 @@ class WorkerPool:
         for slot in self.slots:
             with contextlib.suppress(OSError, ValueError):
                 if slot.idle:
-                    slot.tasks.put(Stop())
+                    slot.inbox.send(Stop())
         deadline = time.monotonic() + timeout
         for slot in self.slots:
             slot.process.join(max(0.0, deadline - time.monotonic()) if slot.idle else 0)
             if slot.process.is_alive():
                 slot.process.kill()
                 slot.process.join()
+            for end in (slot.inbox, slot.outbox):
+                end.close()
+
+
+class InServer:
+    """The server as its own single worker: ``send`` runs the message here and now."""
+
+    def __init__(self, state: WorkerState):
+        self.state = state
+        self.slots = [Slot(0, None, ready=True)]
+        self._events: list[Event] = []
+
+    def send(self, slot: Slot, message: Message) -> None:
+        slot.current, slot.since = message, time.monotonic()
+        answer = self.state.handle(message)
+        slot.current = None
+        self._events.append(Event(slot, answer, message))
+
+    def wait(self, timeout: float) -> list[Event]:
+        events, self._events = self._events, []
+        return events
+
+    def kill(self, slot: Slot) -> None:
+        raise AssertionError("the server's own slot is never killed")
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._events.clear()

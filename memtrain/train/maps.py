@@ -65,7 +65,3 @@ class MapCache:
     def drop_deleted(self) -> None:
         for key in [k for k, (fd, _) in self._maps.items() if os.fstat(fd).st_nlink == 0]:
             os.close(self._maps.pop(key)[0])
-
-    def close(self) -> None:
-        while self._maps:
-            os.close(self._maps.popitem()[1][0])

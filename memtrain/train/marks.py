@@ -1,69 +1,224 @@
-"""Slice owners -> the gradient tasks that need the whole new version: one mark per step slice.
+"""Participants of a round -> each other and the server: the marks they meet at, and what each update did.
 
-In a fused round each worker first steps its slice of the parameters into the unpublished next weight
-file, marks its slice done, and then computes its gradient at that file -- which it may only read once
-every slice is written. The marks are one int64 per slice in an exchange file, written and read with
-``pwrite``/``pread`` (a system call orders them after the slice's stores through the map). A mark holds
-the step's sequence number, negated when the slice came out non-finite, so waiters learn that the new
-version is void instead of computing a gradient at it. The server numbers steps from 1 and creates the
-file zeroed, so a mark from an earlier step (or an earlier server) never reads as this one's.
+A stretch of rounds runs without the server in the path. The participants meet at marks on a small
+board, a file of int64 words in the exchange area (``round-board.npy``). Every participant marks every
+meeting, whether or not it had work there:
+
+- a **gradients mark** per slot: written once the slot's tasks of an update are in their buffers (and
+  their losses in the update's record); negative if one of them had a non-finite loss;
+- a **step mark** per slot: written once the slot's slice of the next weight version (and of the
+  optimizer state, and the slice's block digests) is written; negative if the slice is not finite;
+- the **ready mark**: written by the publisher (slot 0) once the previous update's version is
+  published and the file of the version after it is there, so the next step can write it;
+- the **cancel word**: written by the server to call a stretch off (a fault, a stop signal); every wait
+  watches it;
+- the **ledger**: the last update finished (published or skipped) and the version after it, written by
+  the publisher after each update; where the next stretch starts after a fault;
+- an **activity** per slot: what it is doing since when, so the server can name a dead or silent
+  participant's work and time it out without a message per update.
+
+A mark holds ``generation << 32 | (update + 1)``, negated when the piece came out non-finite, so a mark
+from an older stretch, or from an earlier update, never counts for this one. No participant can be
+more than one meeting ahead of another (every meeting needs everyone's mark), so one word per slot is
+enough for the step marks; the gradients marks are kept in two banks (update parity) because a skipped
+update has no step meeting in between. The ready mark only grows: a waiter accepts a later one. Marks
+are written with ``pwrite`` and read with ``pread``: the system call orders them after the data they
+stand for, which was written through a map. A waiter that finds its marks missing sleeps on the
+board's doorbell, which every mark rings (train/doorbell.py).
+
+Each update's record (``round-records.npy``, one row per update of the current epoch) holds each task's
+loss and compute time, written by the task's owner before its mark, and how the update ended, written
+by the publisher before the ledger: the server reads records only up to the ledger.
+
+When the server runs the rounds itself (``train.workers = 0``) the board lives in memory: the marks
+are the same, the waits never wait.
 """
 
 from __future__ import annotations
 
 import os
+import struct
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from memtrain.files import allocate_npy, check_npy
+from memtrain.files import DIGEST_BYTES, allocate_npy, check_npy
+from memtrain.train.doorbell import Doorbell
 
-MARK = np.dtype("<i8")
-SPIN_SECONDS = 0.002  # a peer's slice usually lands within this; after it, sleep instead of spinning
-SLEEP_SECONDS = 0.0005
+WORD = np.dtype("<i8")
+# A waiter looks at the marks this long before it sleeps on the doorbell (train/doorbell.py): on an idle
+# machine the peer's mark often lands within it, and the wake-up of a sleeper costs about as much.
+SPIN_SECONDS = 200e-6
+ALIVE_EVERY = 1.0  # seconds between the waiter's checks that its server is still there
+
+# Board words
+CANCEL, LEDGER, READY, DOORBELL, ACTIVITIES = 0, 1, 4, 6, 8
+ACTIVITY_WORDS = 5  # generation, kind, update, item, started (ns of CLOCK_MONOTONIC)
+
+# Activity kinds
+WAITING, GRADIENT, STEP, PUBLISH = 0, 1, 2, 3
+
+# Record status
+PENDING, PUBLISHED, SKIPPED = 0, 1, 2
+
+# Record ``bad`` flags, per task
+LOSS_NONFINITE, GRADIENT_NONFINITE = 1, 2
 
 
-class PeerWaitExpired(Exception):
-    """A peer's slice did not land within the wait limit (its worker is dead or hung)."""
+class Cancelled(Exception):
+    """The server called the stretch off."""
 
 
-def create_marks(path: Path, slices: int) -> None:
-    allocate_npy(path, (slices,), MARK)
+def mark_value(generation: int, update: int) -> int:
+    return (generation << 32) | (update + 1)
 
 
-class StepMarks:
-    """A worker's handle on the marks file (opened once, kept for the worker's life)."""
+@dataclass(frozen=True)
+class Ledger:
+    generation: int
+    update: int  # the last update finished (published or skipped); -1 before the first
+    version: int  # the newest version after it
 
-    def __init__(self, path: Path):
-        self.offset = check_npy(path, dtype=MARK).offset
-        self.fd = os.open(path, os.O_RDWR)
 
-    def mark(self, slice_index: int, seq: int, finite: bool) -> None:
-        value = np.array([seq if finite else -seq], dtype=MARK)
-        os.pwrite(self.fd, value.tobytes(), self.offset + slice_index * MARK.itemsize)
+@dataclass(frozen=True)
+class Activity:
+    slot: int
+    generation: int
+    kind: int
+    update: int
+    item: int  # the task (GRADIENT) or slice (STEP)
+    started: float  # time.monotonic() when it began
 
-    def wait(self, seq: int, slices: int, limit: float, alive: Callable[[], None]) -> bool:
-        """Wait until every slice of step ``seq`` is marked; True if all came out finite.
 
-        Raises PeerWaitExpired after ``limit`` seconds; calls ``alive()`` (which exits the process when
-        the server is gone) about once a second while it waits.
-        """
+class Board:
+    """The board of a run with ``slots`` participants at most."""
+
+    def __init__(self, slots: int, path: Path | None = None):
+        self.slots = slots
+        self.grad_words = ACTIVITIES + ACTIVITY_WORDS * slots
+        self.step_words = self.grad_words + 2 * slots
+        self.size = self.step_words + slots
+        self.path = path
+        if path is None:
+            self._memory = np.zeros(self.size, dtype=WORD)
+        else:
+            self._offset = check_npy(path, shape=(self.size,), dtype=WORD).offset
+            self._fd = os.open(path, os.O_RDWR)
+            self._bell = Doorbell(self._fd, self._offset + DOORBELL * WORD.itemsize)
+
+    @classmethod
+    def create(cls, path: Path, slots: int) -> Board:
+        allocate_npy(path, (cls(slots).size,), WORD)
+        return cls(slots, path)
+
+    # --- words ---
+
+    def _read(self) -> np.ndarray:
+        if self.path is None:
+            return self._memory
+        return np.frombuffer(os.pread(self._fd, self.size * WORD.itemsize, self._offset), dtype=WORD)
+
+    def _write(self, index: int, *values: int, ring: bool = True) -> None:
+        if self.path is None:
+            self._memory[index:index + len(values)] = values
+            return
+        os.pwrite(self._fd, struct.pack(f"<{len(values)}q", *values), self._offset + index * WORD.itemsize)
+        if ring:
+            self._bell.ring()
+
+    # --- marks ---
+
+    def mark_gradients(self, generation: int, update: int, slot: int, finite: bool) -> None:
+        value = mark_value(generation, update)
+        self._write(self.grad_words + (update % 2) * self.slots + slot, value if finite else -value)
+
+    def mark_step(self, generation: int, update: int, slot: int, finite: bool) -> None:
+        value = mark_value(generation, update)
+        self._write(self.step_words + slot, value if finite else -value)
+
+    def mark_ready(self, generation: int, update: int) -> None:
+        self._write(READY, mark_value(generation, update))
+
+    def wait_gradients(self, generation: int, update: int, participants: int, alive: Callable[[], None]) -> bool:
+        """Wait for every participant's gradients mark of ``update`` and for the ready mark; True if all finite."""
+        value, start = mark_value(generation, update), self.grad_words + (update % 2) * self.slots
+        words = self._wait(generation, alive, lambda w: w[READY] >= value and (np.abs(w[start:start + participants])
+                                                                               == value).all())
+        return bool((words[start:start + participants] > 0).all())
+
+    def wait_step(self, generation: int, update: int, participants: int, alive: Callable[[], None]) -> bool:
+        """Wait for every participant's step mark of ``update``; True if every slice is finite."""
+        value, start = mark_value(generation, update), self.step_words
+        words = self._wait(generation, alive, lambda w: (np.abs(w[start:start + participants]) == value).all())
+        return bool((words[start:start + participants] > 0).all())
+
+    def _wait(self, generation: int, alive: Callable[[], None], ready: Callable[[np.ndarray], bool]) -> np.ndarray:
         started = checked = time.monotonic()
         while True:
-            marks = np.frombuffer(os.pread(self.fd, slices * MARK.itemsize, self.offset), dtype=MARK)
-            if (np.abs(marks) == seq).all():
-                return bool((marks > 0).all())
+            rung = self._bell.value if self.path is not None else 0
+            words = self._read()
+            if ready(words):
+                return words
+            if words[CANCEL] == generation:
+                raise Cancelled
+            if self.path is None:
+                raise AssertionError("a lone participant waits for a mark only it can write")
             now = time.monotonic()
-            if now - started > limit:
-                raise PeerWaitExpired(f"step {seq}: slices {np.flatnonzero(np.abs(marks) != seq).tolist()} "
-                                      f"not written after {limit:g} s")
-            if now - checked > 1.0:
+            if now - checked > ALIVE_EVERY:
                 alive()
                 checked = now
             if now - started > SPIN_SECONDS:
-                time.sleep(SLEEP_SECONDS)
+                self._bell.sleep(rung, ALIVE_EVERY)
+
+    # --- the server's words ---
+
+    def cancel(self, generation: int) -> None:
+        self._write(CANCEL, generation)
+
+    def cancelled(self, generation: int) -> bool:
+        return bool(self._read()[CANCEL] == generation)
+
+    def set_ledger(self, ledger: Ledger) -> None:
+        self._write(LEDGER, ledger.generation, ledger.update, ledger.version, ring=False)
+
+    def ledger(self) -> Ledger:
+        words = self._read()
+        return Ledger(int(words[LEDGER]), int(words[LEDGER + 1]), int(words[LEDGER + 2]))
+
+    def doing(self, slot: int, generation: int, kind: int, update: int, item: int = 0) -> None:
+        self._write(ACTIVITIES + slot * ACTIVITY_WORDS, generation, kind, update, item, time.monotonic_ns(),
+                    ring=False)
+
+    def activities(self, generation: int) -> list[Activity]:
+        """What each slot of stretch ``generation`` is doing (slots that have not started it are left out)."""
+        words, found = self._read(), []
+        for slot in range(self.slots):
+            g, kind, update, item, started = (int(w) for w in words[ACTIVITIES + slot * ACTIVITY_WORDS:][:5])
+            if g == generation:
+                found.append(Activity(slot, g, kind, update, item, started / 1e9))
+        return found
 
     def close(self) -> None:
-        os.close(self.fd)
+        if self.path is not None:
+            self._bell.close()
+            os.close(self._fd)
+
+
+def records_dtype(tasks: int) -> np.dtype:
+    """One update's record. ``loss`` and ``seconds`` per task; ``participants`` is how many shared its tasks."""
+    return np.dtype([("loss", "<f8", (tasks,)), ("seconds", "<f8", (tasks,)), ("bad", "u1", (tasks,)),
+                     ("status", "i1"), ("participants", "<i2"), ("version", "<i8"), ("time", "<f8"),
+                     ("checksum", "u1", (DIGEST_BYTES,))])
+
+
+def create_records(path: Path, updates: int, tasks: int) -> None:
+    allocate_npy(path, (updates,), records_dtype(tasks))
+
+
+def open_records(path: Path, updates: int, tasks: int) -> np.ndarray:
+    """The records of the current epoch, mapped for reading and writing (every participant writes its part)."""
+    offset = check_npy(path, shape=(updates,), dtype=records_dtype(tasks)).offset
+    return np.memmap(path, dtype=records_dtype(tasks), mode="r+", offset=offset, shape=(updates,))

@@ -1,16 +1,39 @@
-"""The small records that cross the queues: file names and integers only, never arrays.
+"""The small records that cross between the server and its workers: file names and integers, never arrays.
 
-A test pickles each of them and checks that it stays a few hundred bytes whatever the model and data.
+Every record is keyword-only and typed. A test pickles each of them and checks that it stays a few
+hundred bytes whatever the model and data.
+
+Counters have one name each, everywhere in ``memtrain/train/``:
+- ``version``: a weight version (``weights/vNNNNNNNN.npy``); a published update makes version + 1;
+- ``update``: an update's number in the whole run (epoch * updates per epoch + batch);
+- ``batch``: an update's number within its epoch;
+- ``task``: a task's number within its update (the reduction adds gradients in this order);
+- ``generation``: a stretch's number (the marks of an older stretch never count for a newer one);
+- ``attempt``: how many times a piece of work was started before (a retry after a death).
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoundSetup:
+    """What every participant needs to follow the plan on its own (train/plan.py)."""
+
+    batch_size: int | None
+    tasks_per_update: int
+    seed: int
+    epochs: int
+    keep_versions: int
+    on_nonfinite: str  # "stop" | "skip"
+    slots: int  # participants a stretch may have at most (the board has room for them)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerSetup:
-    """Sent once, when a worker process starts."""
+    """Sent once, when a worker process starts (and used as is by the server when it runs rounds itself)."""
 
     server_pid: int
     run_dir: str
@@ -21,73 +44,30 @@ class WorkerSetup:
     model_options: tuple[tuple[str, object], ...]
     blas_threads: int
     optimizer: tuple[tuple[str, object], ...]  # OptimizerConfig fields
+    rounds: RoundSetup
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stretch:
+    """Run the rounds of batches [first, stop) of ``epoch``, starting at weight ``version``, as ``slot``.
+
+    Every participant gets the same stretch but its own ``slot``. The plan says the rest: which tasks
+    each update has (task t goes to slot ``t % participants``), which parameter slice each slot steps
+    (slice j to slot j, ``slices`` of them), and slot 0 publishes. The participants meet at marks
+    (train/marks.py), not at the server. A stretch ends with the step of its last update.
+    """
+
+    generation: int
+    epoch: int
+    first: int
+    stop: int
+    version: int
     slot: int
-    seed: int = 0  # train.seed: a seeded model's randomness is drawn from (seed, version, task)
-
-
-@dataclass(frozen=True, slots=True)
-class StepTask:
-    """Reduce the gradient files ``grads`` over parameters [lo, hi), apply the optimizer, write ``out``.
-
-    ``out`` is the unpublished next weight file (each slice owner writes only its slice). The optimizer
-    state is read from buffer ``parity`` and written to the other one, so re-running a step is harmless.
-    When done, the owner marks slice ``task`` with ``seq`` (train/marks.py).
-    """
-
-    task: int
-    attempt: int
-    version: int
-    step: int
-    lr: float
-    rows: int
-    parity: int
-    lo: int
-    hi: int
-    grads: tuple[str, ...]
-    out: str
-    seq: int
-
-
-@dataclass(frozen=True, slots=True)
-class Building:
-    """The weights a fused round's gradient tasks compute at: being written by this round's slice owners."""
-
-    path: str  # the unpublished weight file
-    seq: int  # the step's sequence number; every slice owner marks it when its slice is written
+    participants: int
     slices: int
-    wait_limit: float  # seconds to wait for a peer's slice before handing the task back to the server
 
 
-@dataclass(frozen=True, slots=True)
-class GradTask:
-    """Loss and summed gradient of train rows [lo, hi) at weight ``version``.
-
-    Written to the exchange file ``layout.gradient_name(version, task, attempt)``: every attempt its own file.
-    In a fused round (``building`` set) ``version`` is not published yet: the task first does its ``slice``
-    of the step that makes it (if it owns one), waits until every slice is written, then computes at
-    ``building.path``. One dispatch round per update instead of two.
-    """
-
-    task: int
-    attempt: int
-    version: int
-    lo: int
-    hi: int
-    slice: StepTask | None = None
-    building: Building | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class StatsTask:
-    """Sufficient statistics of train rows [lo, hi) (additive models), to ``gradient_name(0, task, attempt)``."""
-
-    task: int
-    attempt: int
-    lo: int
-    hi: int
-
-
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class EvalTask:
     """Loss sum and correct count of validation rows [lo, hi) at weight ``version``."""
 
@@ -98,24 +78,57 @@ class EvalTask:
     hi: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatsTask:
+    """Sufficient statistics of train rows [lo, hi) (additive models), to ``gradient_name(0, task, attempt)``."""
+
+    task: int
+    attempt: int
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Stop:
     """Tell a worker to exit."""
 
 
-Task = GradTask | StatsTask | EvalTask | StepTask
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ready:
+    """A worker's first message: it has opened the dataset and built the model, and waits for work."""
+
+    pid: int
 
 
-@dataclass(frozen=True, slots=True)
+Task = EvalTask | StatsTask
+Message = Stretch | EvalTask | StatsTask | Stop
+
+
+class Outcome(enum.Enum):
+    DONE = "done"
+    NONFINITE = "nonfinite"  # a stretch stopped at a non-finite update (train.on_nonfinite = "stop")
+    CANCELLED = "cancelled"  # a stretch the server called off (a fault elsewhere, a stop signal)
+    FAILED = "failed"  # the work raised; ``error`` has the text
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Result:
+    """The answer to an EvalTask or a StatsTask."""
+
     task: int
     attempt: int
+    outcome: Outcome
     loss: float = 0.0
     rows: int = 0
     correct: int = 0
-    finite: bool = True
     error: str | None = None
-    seconds: float = 0.0  # time the worker spent computing (gradient tasks): what the benchmark subtracts
-    step_finite: bool = True  # the task's step slice (step task, or fused round) came out finite
-    new_version_void: bool = False  # a slice of the version it was to compute at was not finite: nothing computed
-    peer_wait_expired: bool = False  # a peer's slice did not land in time: nothing computed, send it again
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StretchEnd:
+    """The answer to a Stretch: how it ended. What it computed is in the round's records (train/marks.py)."""
+
+    generation: int
+    slot: int
+    outcome: Outcome
+    error: str | None = None

@@ -1,7 +1,9 @@
-"""Job + split sizes -> the fixed list of updates and tasks (row ranges); the server's schedule.
+"""Job + split sizes -> the fixed list of updates and tasks (row ranges), and who does which part of a round.
 
 The plan depends only on the job (rows, batch size, tasks per update, seed, epoch), never on the
 worker count or on timing, which is what makes results bitwise identical with any number of workers.
+Because it is fixed, every participant of a round derives it on its own (``Plan``): a worker is handed a
+whole stretch of it in one message, not one task at a time.
 
 Rows are read in contiguous ranges (fast, sequential I/O on datasets larger than RAM). The dataset was
 shuffled once by ``prepare``; each epoch additionally visits the batches in a seeded random order.
@@ -18,7 +20,7 @@ import numpy as np
 class TaskRange:
     """Rows [lo, hi) of one split, computed by one task."""
 
-    index: int  # position in the update: the reduction adds task results in this order
+    task: int  # position in the update: the reduction adds task results in this order
     lo: int
     hi: int
 
@@ -29,8 +31,14 @@ class TaskRange:
 
 @dataclass(frozen=True)
 class Update:
+    """One synchronous update. Its gradients are computed at the version the previous update published.
+
+    (A fixed staleness k would compute them k versions earlier: the plan is where that would be said.)
+    """
+
     epoch: int
-    batch: int  # index of this update within its epoch
+    batch: int  # this update's number within its epoch
+    update: int  # its number in the run
     tasks: tuple[TaskRange, ...]
 
     @property
@@ -60,9 +68,44 @@ def epoch_updates(train_rows: int, batch_size: int | None, tasks_per_update: int
         starts = range(0, train_rows, batch_size)
         order = np.random.default_rng([seed, epoch]).permutation(len(starts))
         batches = [(starts[k], min(starts[k] + batch_size, train_rows)) for k in order]
-    return [Update(epoch, number, tuple(TaskRange(i, a, b)
-                                        for i, (a, b) in enumerate(split_range(lo, hi, tasks_per_update))))
+    first = epoch * len(batches)
+    return [Update(epoch, number, first + number,
+                   tuple(TaskRange(i, a, b) for i, (a, b) in enumerate(split_range(lo, hi, tasks_per_update))))
             for number, (lo, hi) in enumerate(batches)]
+
+
+class Plan:
+    """The job's schedule as every participant of a round sees it: the same in every process."""
+
+    def __init__(self, train_rows: int, batch_size: int | None, tasks_per_update: int, seed: int, epochs: int):
+        self.train_rows, self.batch_size, self.tasks_per_update = train_rows, batch_size, tasks_per_update
+        self.seed, self.epochs = seed, epochs
+        self.per_epoch = updates_per_epoch(train_rows, batch_size)
+        self.total_updates = self.per_epoch * epochs
+        self._epoch: tuple[int, list[Update]] | None = None
+
+    def updates(self, epoch: int) -> list[Update]:
+        if self._epoch is None or self._epoch[0] != epoch:
+            self._epoch = epoch, epoch_updates(self.train_rows, self.batch_size, self.tasks_per_update, self.seed,
+                                               epoch)
+        return self._epoch[1]
+
+    def update(self, update: int) -> Update:
+        """An update by its number in the run."""
+        return self.updates(update // self.per_epoch)[update % self.per_epoch]
+
+
+def task_owner(task: int, participants: int) -> int:
+    """The slot that computes task ``task`` of every update (any choice gives the same bits: the reduction
+    order is the task order, not the owner's)."""
+    return task % participants
+
+
+def step_slices(size: int, participants: int, block: int) -> list[tuple[int, int]]:
+    """The parameter slices of a step, one per participant at most, each a whole number of ``block``s
+    (the checksum blocks, so each block's digest has one writer). Slice j is stepped by slot j."""
+    blocks = -(-size // block)
+    return [(a * block, min(b * block, size)) for a, b in split_range(0, blocks, min(participants, blocks))]
 
 
 def eval_tasks(val_rows: int, eval_rows: int) -> tuple[TaskRange, ...]:

@@ -1,8 +1,9 @@
-"""Gradient files of one update -> the next weight version: sum in task order, mean, optimizer step.
+"""Gradient buffers of one update -> the next weight version: sum in task order, mean, optimizer step.
 
-Run by a worker on a slice [lo, hi) of the parameters; slices are disjoint, so the slice owners share
-the reduction without talking to each other. Everything here is elementwise, so the result does not
-depend on how the parameters are sliced: bitwise identical weights with any worker count.
+Run by each participant of a round on its slice [lo, hi) of the parameters (train/rounds.py); slices are
+disjoint, so the slice owners share the reduction without talking to each other. Everything here is
+elementwise, so the result does not depend on how the parameters are sliced: bitwise identical weights
+with any worker count, and when the server runs the whole step itself.
 
 Buffers (the layout's elements from ``trainable`` on: running statistics, frozen parameters) are not
 stepped: their mean "gradient" is the row-weighted mean change the tasks reported, added as it is.
@@ -10,45 +11,17 @@ stepped: their mean "gradient" is the row-weighted mean change the tasks reporte
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from memtrain.faults import fault_point
-from memtrain.files import DIGEST_BYTES, block_digest
-from memtrain.layout import WEIGHT_DIGESTS, state_buffer_name, weights_path
-from memtrain.train.maps import MapCache
-from memtrain.train.messages import StepTask
-from memtrain.train.optim import OptimizerConfig, apply_update, state_slots
-from memtrain.train.weights import BLOCK, block_count
+from memtrain.files import block_digest
+from memtrain.train.optim import OptimizerConfig, apply_update
+from memtrain.train.weights import BLOCK
 
 # Elements per pass: one checksum block, 64 Ki float32 = 256 KiB per stream, so the gradient rows, the
 # accumulator, the weights and the optimizer state of one chunk stay in L2 while they are added,
 # stepped, written and hashed.
 CHUNK = BLOCK
-
-
-def open_state(maps: MapCache, exchange: Path, optimizer: OptimizerConfig, parity: int, size: int,
-               mode: str) -> dict[str, np.ndarray]:
-    return {slot: maps.get(exchange / state_buffer_name(slot, parity), (size,), np.float32, mode)
-            for slot in state_slots(optimizer)}
-
-
-def run_step_slice(task: StepTask, exchange: Path, run_dir: Path, size: int, optimizer: OptimizerConfig,
-                   maps: MapCache, trainable: int | None = None) -> bool:
-    """Do one slice of one update; False if the mean gradient or the new weights are not finite.
-
-    No msync at the end: the maps share the page cache with every other process, and weight versions
-    are not meant to survive a machine crash (checkpoints are).
-    """
-    grads = [maps.get(exchange / name, (size,), np.float32) for name in task.grads]
-    weights = maps.get(weights_path(run_dir, task.version), (size,), np.float32)
-    out = maps.get(Path(task.out), (size,), np.float32, "r+")
-    state_in = open_state(maps, exchange, optimizer, task.parity, size, "r")
-    state_out = open_state(maps, exchange, optimizer, 1 - task.parity, size, "r+")
-    digests = maps.get(exchange / WEIGHT_DIGESTS, (block_count(size), DIGEST_BYTES), np.uint8, "r+")
-    return reduce_and_step(grads, task.rows, weights, state_in, out, state_out, task.lo, task.hi,
-                           optimizer, task.step, task.lr, digests, size if trainable is None else trainable)
 
 
 def reduce_and_step(grads: list[np.ndarray], rows: int, weights: np.ndarray, state_in: dict[str, np.ndarray],

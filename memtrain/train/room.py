@@ -3,11 +3,12 @@ the run directory: what the start-up room check reserves, so that a run that sta
 its own doing.
 
 Exchange area (deleted when the run ends):
-- gradient buffers: every live gradient (the ``T`` tasks of the update being reduced and the ``T`` of the
-  update computed meanwhile, in a fused round) plus one spare per worker kept for reuse;
-  a killed or superseded attempt's files are removed at once (train/scheduler.py), so failures add nothing;
-- additive models instead: one statistics file (float64) per task, all alive until they are summed;
-- the optimizer state, double-buffered (2 per slot), the block digests and the step marks.
+- gradient buffers: one per task of an update (``T``), made at start and rewritten by every update
+  (train/rounds.py), so neither failures nor the worker count add any;
+- additive models also: one statistics file (float64) per task, all alive until they are summed; a killed
+  or superseded attempt's file is removed at once (train/scheduler.py), so failures add nothing;
+- the optimizer state, double-buffered (2 per slot), the block digests, the round records (one per update of
+  an epoch) and the board the participants meet at.
 
 Run directory:
 - weight versions: the ``keep_versions`` kept ones plus the one being built;
@@ -26,6 +27,7 @@ from memtrain.config import Job
 from memtrain.files import DIGEST_BYTES
 from memtrain.models.params import PARAM_DTYPE
 from memtrain.train.context import ModelContext
+from memtrain.train.marks import WORD, Board, records_dtype
 from memtrain.train.optim import state_slots
 from memtrain.train.weights import block_count
 
@@ -42,17 +44,17 @@ class Room:
         return f"exchange {size_text(self.exchange)}, run directory {size_text(self.run)}"
 
 
-def room_needed(job: Job, context: ModelContext) -> Room:
-    """The peak bytes of the run's files (see the module docstring for what is counted)."""
+def room_needed(job: Job, context: ModelContext, *, per_epoch: int, slots: int) -> Room:
+    """The peak bytes of the run's files (see the module docstring for what is counted): ``per_epoch`` updates
+    per epoch, ``slots`` participants at most."""
     weights = context.layout.size * PARAM_DTYPE.itemsize + FILE_OVERHEAD
     slots = len(state_slots(job.train.optimizer))
-    tasks, workers = job.train.tasks_per_update, job.train.workers
+    tasks = job.train.tasks_per_update
+    gradients = tasks * weights
     if context.additive:
-        stats = context.stats_layout.size * np.dtype(np.float64).itemsize + FILE_OVERHEAD
-        gradients = tasks * stats
-    else:
-        gradients = (2 * tasks + workers) * weights
-    small = block_count(context.layout.size) * DIGEST_BYTES + 8 * workers + 2 * FILE_OVERHEAD
+        gradients += tasks * (context.stats_layout.size * np.dtype(np.float64).itemsize + FILE_OVERHEAD)
+    small = (block_count(context.layout.size) * DIGEST_BYTES + per_epoch * records_dtype(tasks).itemsize
+             + Board(slots).size * WORD.itemsize + 3 * FILE_OVERHEAD)
     exchange = gradients + 2 * slots * weights + small
     run = (job.run.keep_versions + 1) * weights + (job.run.keep_checkpoints + 1) * (1 + slots) * weights
     return Room(exchange=exchange, run=run)

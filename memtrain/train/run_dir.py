@@ -199,6 +199,9 @@ def choose_exchange(job: Job, need_bytes: int, log: Any, run_bytes: int = 0) -> 
                                  "to a roomier directory")
     if len(roomy) == 1:
         return roomy[0]
+    if need_bytes < PROBE_BYTES:  # a few small files: where they live cannot matter as much as the probe costs
+        log(f"exchange: {roomy[0]} (no probe: the exchange needs {need_bytes >> 10} KiB)")
+        return roomy[0]
     timings = {}
     for folder in roomy:
         try:

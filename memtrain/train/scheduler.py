@@ -1,115 +1,248 @@
-"""A list of tasks -> their results in task order, whatever dies, hangs or answers late on the way.
+"""Work sent to a transport -> its answers, whatever dies, hangs or fails on the way.
 
-A dead worker's task is re-run (with a new attempt number, so it writes a new file) on a replacement, and
-whatever the dead attempt may have published is deleted at once (``discard``);
-a task silent past its time limit gets its worker killed, then the same; a task that kills its worker
-``max_attempts`` times stops the run naming the task and its shards. Results of old attempts are ignored.
+Two kinds of work:
+- ``run``: a list of tasks (evaluation, statistics) -> their results in task order. A dead worker's task
+  is re-run (a new attempt number, so it writes a new file) on its replacement, and whatever the dead
+  attempt may have written is deleted at once (``discard``); a task silent past ``task_timeout`` gets its
+  worker killed (once), then the same.
+- ``run_stretch``: one stretch of rounds on several slots at once (train/rounds.py). The server is not in
+  the rounds' path: it watches the processes, the board's activities (train/marks.py) and the clock.
+  A death, a silent participant (killed), a failure or a stop signal calls the stretch off: every other
+  participant ends at its next mark, and the server starts the next stretch from the ledger, after the
+  last update that was finished.
+
+A piece of work that kills its worker ``max_attempts`` times stops the run naming it and its rows.
 """
 
 from __future__ import annotations
 
+import enum
 import os
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
-from memtrain.errors import WorkerFailure, plural
+from memtrain.errors import Interrupted, WorkerFailure, plural
 from memtrain.faults import fault_point
-from memtrain.train.exchange import Event, WorkerPool
-from memtrain.train.messages import Result, Task
+from memtrain.train.exchange import Event, Slot, Transport
+from memtrain.train.marks import WAITING, Activity, Board
+from memtrain.train.messages import Outcome, Result, Stretch, StretchEnd, Task
 
 WAIT_BOUND = 1.0  # seconds: the longest the server blocks without re-checking deadlines and signals
+TICK = 0.1  # seconds between the server's looks at a running stretch (progress, logs, time limits)
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+class Ended(enum.Enum):
+    DONE = "done"
+    NONFINITE = "nonfinite"  # the participants stopped at a non-finite update (train.on_nonfinite = "stop")
+    FAULT = "fault"  # a participant died or was killed; the next stretch restarts from the ledger
+    STOPPED = "stopped"  # a stop signal
+
+
 class Scheduler:
-    def __init__(self, pool: WorkerPool, *, task_timeout: float, max_attempts: int,
-                 describe: Callable[[Task], str], log: Callable[[str], None], check_stop: Callable[[], None],
-                 discard: Callable[[Task], None] = lambda task: None):
-        self.pool = pool
+    def __init__(self, *, task_timeout: float, max_attempts: int, describe_task: Callable[[Task], str],
+                 describe_activity: Callable[[Activity], str], log: Callable[[str], None],
+                 stop_requested: Callable[[], bool], discard: Callable[[Task], None] = lambda task: None):
         self.task_timeout = task_timeout
         self.max_attempts = max_attempts
-        self.describe = describe
+        self.describe_task, self.describe_activity = describe_task, describe_activity
         self.log = log
-        self.check_stop = check_stop  # raises Interrupted when a stop was requested
+        self.stop_requested = stop_requested
         self.discard = discard  # deletes what an attempt that will never be used may have written
-        self.deaths = 0
         self.killed: set[int] = set()  # pids killed for silence: killed (and logged) once, then awaited
+        self.deaths = 0
+        self.attempts: Counter[tuple[int, int, int]] = Counter()  # deaths per piece of a round (kind, update, item)
 
-    def run(self, tasks: list[Task], while_waiting: Callable[[], None] | None = None) -> list[Result]:
+    # --- tasks ---
+
+    def run(self, transport: Transport, tasks: list[Task],
+            while_waiting: Callable[[], None] | None = None) -> list[Result]:
         """Run every task to a result; returns the results in the order of ``tasks``.
 
         ``while_waiting`` is the server's own work that does not depend on these results. It is called
         once, as soon as a core is spare: at once if fewer workers are busy than there are cores, else
-        when a worker has finished and nothing is left to send it while others still compute. Called
-        right after sending on a machine with a core per worker, it would hold up the worker on the
-        server's core (measured: the second worker then started 0.5 ms after the first at 1e6
-        parameters). It is called at the latest before returning.
+        when a worker has finished and nothing is left to send it while others still compute. It is
+        called at the latest before returning.
         """
         pending = deque(tasks)
-        current = {task.task: task for task in tasks}
+        current = {message.task: message for message in tasks}
         done: dict[int, Result] = {}
         while len(done) < len(tasks):
-            for slot in self.pool.idle_slots():
-                if not pending:
-                    break
-                self.pool.send(slot, pending.popleft())
-            for event in self.pool.wait(self._wait_time()):
+            for slot in transport.slots:
+                if slot.idle and pending:
+                    transport.send(slot, pending.popleft())
+            for event in transport.wait(self._wait_time(transport.slots)):
                 self._handle(event, current, pending, done)
-            if while_waiting is not None and self._core_to_spare(done, pending, len(tasks)):
+            if while_waiting is not None and self._core_to_spare(transport.slots, done, pending, len(tasks)):
                 while_waiting()
                 while_waiting = None
-            self.check_stop()
-            self._kill_overdue()
+            self._check_stop()
+            self._kill_overdue(transport)
         if while_waiting is not None:
             while_waiting()
-        return [done[task.task] for task in tasks]
+        return [done[message.task] for message in tasks]
 
     def _handle(self, event: Event, current: dict[int, Task], pending: deque[Task], done: dict[int, Result]) -> None:
-        task = event.task
-        if task is None or current.get(task.task) != task or task.task in done:
-            if task is not None and current.get(task.task) != task:
-                self.discard(task)  # a superseded attempt answered late: its file is never read
-            return  # an idle worker died, or a stale attempt answered: nothing to do
-        if event.result is not None:
-            if event.result.error is not None:
-                raise WorkerFailure(f"{self.describe(task)} failed in worker {event.slot.index}:\n"
-                                    f"{event.result.error.rstrip()}")
-            if event.result.peer_wait_expired:  # its worker waited in vain for a peer's step slice: not its fault
-                pending.append(task)
-                return
-            done[task.task] = event.result
+        message = event.message
+        if not isinstance(message, Task) or current.get(message.task) != message or message.task in done:
+            if isinstance(message, Task) and current.get(message.task) != message:
+                self.discard(message)  # a superseded attempt answered late: its file is never read
+            if event.answer is None:
+                self._died_idle(event)
+            return  # a stale attempt answered: nothing to do
+        if event.answer is not None:
+            if event.answer.outcome == Outcome.FAILED:
+                raise WorkerFailure(f"{self.describe_task(message)} failed in worker {event.slot.index}:\n"
+                                    f"{event.answer.error.rstrip()}")
+            done[message.task] = event.answer
             fault_point("after_result")
             return
-        self.deaths += 1
-        self.discard(task)  # at once: the exchange holds only what the run reserved, whatever fails
-        self.log(f"worker {event.slot.index} (pid {event.slot.process.pid}) died with exit code {event.exitcode} "
-                 f"during {self.describe(task)}, attempt {task.attempt + 1}")
-        if task.attempt + 1 >= self.max_attempts:
-            raise WorkerFailure(f"{self.describe(task)} killed its worker {plural(task.attempt + 1, 'time')} "
-                                f"(last exit code {event.exitcode})", hint="the data or the model may crash the "
-                                "worker; check the rows named above, or raise train.max_attempts")
-        retry = replace(task, attempt=task.attempt + 1)
-        current[task.task] = retry
+        self.discard(message)  # at once: the exchange holds only what the run reserved, whatever fails
+        self._died(event, self.describe_task(message), message.attempt + 1)
+        retry = replace(message, attempt=message.attempt + 1)
+        current[message.task] = retry
         pending.appendleft(retry)
 
-    def _core_to_spare(self, done: dict[int, Result], pending: deque[Task], total: int) -> bool:
-        busy = sum(not slot.idle for slot in self.pool.slots)
+    def _core_to_spare(self, slots: list[Slot], done: dict[int, Result], pending: deque[Task], total: int) -> bool:
+        busy = sum(not slot.idle for slot in slots)
         return busy < CORES or (bool(done) and not pending and len(done) < total)
 
-    def _wait_time(self) -> float:
-        busy = [slot.since for slot in self.pool.slots if not slot.idle and slot.process.pid not in self.killed]
+    def _wait_time(self, slots: list[Slot]) -> float:
+        busy = [slot.since for slot in slots if not slot.idle and slot.pid not in self.killed]
         if not busy:
             return WAIT_BOUND
         return max(0.0, min(WAIT_BOUND, min(busy) + self.task_timeout - time.monotonic()))
 
-    def _kill_overdue(self) -> None:
+    def _kill_overdue(self, transport: Transport) -> None:
         now = time.monotonic()
-        for slot in self.pool.slots:
-            overdue = not slot.idle and now - slot.since > self.task_timeout
-            if overdue and slot.process.pid not in self.killed and slot.process.is_alive():
-                self.killed.add(slot.process.pid)
-                self.log(f"worker {slot.index} (pid {slot.process.pid}) silent for {self.task_timeout:g} s "
-                         f"on {self.describe(slot.current)}; killing it")
-                self.pool.kill(slot)
+        for slot in transport.slots:
+            if (not slot.idle and slot.process is not None and now - slot.since > self.task_timeout
+                    and slot.pid not in self.killed and slot.process.is_alive()):
+                self.killed.add(slot.pid)
+                self.log(f"worker {slot.index} (pid {slot.pid}) silent for {self.task_timeout:g} s "
+                         f"on {self.describe_task(slot.current)}; killing it")
+                transport.kill(slot)
+
+    # --- stretches ---
+
+    def run_stretch(self, transport: Transport, board: Board, stretches: list[Stretch],
+                    progress: Callable[[], None]) -> Ended:
+        """Run one stretch on slots 0..len(stretches)-1; ``progress`` (the server's logging) runs every TICK.
+
+        Returns once every participant has ended. A failure, or a piece of work that killed its worker
+        ``max_attempts`` times, raises WorkerFailure -- after the others have ended, so nobody still writes.
+        """
+        generation = stretches[0].generation
+        for slot, stretch in zip(transport.slots, stretches, strict=False):
+            transport.send(slot, stretch)  # the server's own slot runs the whole stretch right here
+        watch = _Watch(len(stretches), generation)
+        while len(watch.ended) < len(stretches):
+            for event in transport.wait(TICK):
+                self._stretch_event(event, watch, board)
+            progress()
+            if self.stop_requested() and not watch.stopped:
+                watch.stopped = True
+                board.cancel(generation)
+            self._kill_silent(transport, board, watch)
+        if watch.failure is not None:
+            raise watch.failure
+        if watch.stopped:
+            return Ended.STOPPED
+        if watch.faults:
+            return Ended.FAULT
+        if any(end.outcome == Outcome.NONFINITE for end in watch.ended.values()):
+            return Ended.NONFINITE
+        return Ended.DONE
+
+    def _stretch_event(self, event: Event, watch: _Watch, board: Board) -> None:
+        message = event.message
+        if not (isinstance(message, Stretch) and message.generation == watch.generation):
+            if event.answer is None:
+                self._died_idle(event)
+            return
+        slot = message.slot
+        if event.answer is None:
+            activity = watch.activities.get(slot) or _current(board, watch.generation, slot)
+            if activity is None or activity.kind == WAITING:  # no piece of work to blame: nothing to count
+                self.deaths += 1
+                what = self.describe_activity(activity) if activity else "the start of a stretch"
+                self.log(f"worker {event.slot.index} (pid {event.slot.pid}) died with exit code {event.exitcode} "
+                         f"during {what}")
+            else:
+                key = (activity.kind, activity.update, activity.item)
+                self.attempts[key] += 1
+                failure = self._died(event, self.describe_activity(activity), self.attempts[key], raise_at_limit=False)
+                watch.failure = watch.failure or failure
+            watch.faults += 1
+            watch.ended[slot] = StretchEnd(generation=watch.generation, slot=slot, outcome=Outcome.CANCELLED)
+            board.cancel(watch.generation)
+            return
+        watch.ended[slot] = event.answer
+        if event.answer.outcome == Outcome.FAILED:
+            activity = _current(board, watch.generation, slot)
+            what = self.describe_activity(activity) if activity else "a stretch of rounds"
+            watch.failure = watch.failure or WorkerFailure(
+                f"{what} failed in worker {event.slot.index}:\n{event.answer.error.rstrip()}")
+            board.cancel(watch.generation)
+
+    def _kill_silent(self, transport: Transport, board: Board, watch: _Watch) -> None:
+        """Kill a participant that has worked on one piece for longer than ``task_timeout`` (hung)."""
+        now = time.monotonic()
+        activities = {a.slot: a for a in board.activities(watch.generation)}
+        for slot in transport.slots[:watch.participants]:
+            if slot.index in watch.ended or slot.index in watch.killed or slot.process is None:
+                continue
+            activity = activities.get(slot.index)
+            started = activity.started if activity is not None else slot.since
+            if (activity is None or activity.kind != WAITING) and now - started > self.task_timeout:
+                what = self.describe_activity(activity) if activity else "the start of a stretch"
+                self.log(f"worker {slot.index} (pid {slot.pid}) silent for {self.task_timeout:g} s on {what}; "
+                         f"killing it")
+                watch.activities[slot.index] = activity
+                watch.killed.add(slot.index)
+                transport.kill(slot)
+
+    # --- both ---
+
+    def _died_idle(self, event: Event) -> None:
+        """A worker died between two pieces of work: its replacement is already starting."""
+        self.deaths += 1
+        self.log(f"worker {event.slot.index} (pid {event.slot.pid}) died with exit code {event.exitcode} while idle")
+
+    def _died(self, event: Event, what: str, attempts: int, *, raise_at_limit: bool = True) -> WorkerFailure | None:
+        self.deaths += 1
+        self.log(f"worker {event.slot.index} (pid {event.slot.pid}) died with exit code {event.exitcode} "
+                 f"during {what}, attempt {attempts}")
+        if attempts < self.max_attempts:
+            return None
+        failure = WorkerFailure(f"{what} killed its worker {plural(attempts, 'time')} "
+                                f"(last exit code {event.exitcode})",
+                                hint="the data or the model may crash the worker; check the rows named above, "
+                                     "or raise train.max_attempts")
+        if raise_at_limit:
+            raise failure
+        return failure
+
+    def _check_stop(self) -> None:
+        if self.stop_requested():
+            raise Interrupted("stopped by a signal")
+
+
+@dataclass
+class _Watch:
+    """What the server knows about a running stretch."""
+
+    participants: int
+    generation: int
+    ended: dict[int, StretchEnd] = field(default_factory=dict)
+    activities: dict[int, Activity | None] = field(default_factory=dict)  # of participants it killed
+    killed: set[int] = field(default_factory=set)
+    failure: WorkerFailure | None = None
+    faults: int = 0
+    stopped: bool = False
+
+
+def _current(board: Board, generation: int, slot: int) -> Activity | None:
+    return next((a for a in board.activities(generation) if a.slot == slot), None)

@@ -1,4 +1,10 @@
-"""A job -> a trained run: publish a version, post tasks, collect, reduce in task order, step, log, checkpoint."""
+"""A job -> a trained run: per epoch, stretches of rounds (train/rounds.py), then evaluation and a checkpoint.
+
+The server does not take part in the rounds it hands out: it places them (train/placement.py), starts
+each stretch from the last finished update, watches it (train/scheduler.py), logs what finished
+(train/logbook.py), evaluates each epoch's last version, checkpoints and stops cleanly on a signal.
+When it runs the rounds itself, it does its own work between two updates (``heartbeat``).
+"""
 
 from __future__ import annotations
 
@@ -8,64 +14,50 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from memtrain.config import Job
 from memtrain.dataset import Dataset, open_dataset
 from memtrain.errors import Interrupted, MemtrainError, plural
-from memtrain.faults import fault_point
-from memtrain.files import open_npy, read_jsonl
-from memtrain.layout import RUN_METRICS, STEP_MARKS, gradient_name
-from memtrain.progress import reporting
+from memtrain.files import allocate_npy, open_npy, read_jsonl
+from memtrain.layout import ROUND_BOARD, ROUND_RECORDS, RUN_METRICS, gradient_buffer_name, gradient_name
+from memtrain.progress import Reporter, reporting
 from memtrain.stopping import on_stop_signals, start_resource_tracker
 from memtrain.train.advice import few_updates_note
 from memtrain.train.context import ModelContext, model_context, startup_check
-from memtrain.train.counters import batch_number, epoch_number, position_text, update_number
+from memtrain.train.counters import position_text, update_number
 from memtrain.train.datacheck import check_trainable
-from memtrain.train.exchange import WorkerPool
-from memtrain.train.marks import create_marks
-from memtrain.train.messages import Building, EvalTask, GradTask, Result, StatsTask, StepTask, Task, WorkerSetup
+from memtrain.train.exchange import InServer, WorkerPool
+from memtrain.train.logbook import Logbook
+from memtrain.train.marks import GRADIENT, PUBLISH, STEP, Activity, Board, Ledger, create_records, open_records
+from memtrain.train.messages import EvalTask, RoundSetup, StatsTask, Stretch, Task, WorkerSetup
 from memtrain.train.metrics import SHOWN
 from memtrain.train.metrics import collect as validation_metrics
-from memtrain.train.optim import learning_rate
-from memtrain.train.plan import Update, epoch_updates, eval_tasks, split_range, updates_per_epoch
+from memtrain.train.placement import Placement
+from memtrain.train.plan import Plan, eval_tasks, split_range, step_slices
 from memtrain.train.record import Decision
 from memtrain.train.room import room_needed
 from memtrain.train.run_dir import RunDir, open_run_dir, refuse_live_run
-from memtrain.train.scheduler import Scheduler
+from memtrain.train.scheduler import CORES, Ended, Scheduler
 from memtrain.train.state import Position, resume, save_checkpoint, start_fresh
 from memtrain.train.weights import (
     BLOCK,
-    begin_weights,
-    block_count,
-    commit_weights,
     create_digests,
-    discard,
+    discard_building,
     publish_weights,
+    ready_building,
     retire_weights,
-    weights_checksum,
+    unpublish_after,
 )
+from memtrain.train.worker import WorkerState
 
-# Checksum blocks per reduce slice below which one worker does the whole reduction: under ~256K floats
-# the per-task round trip costs more than the parallel add saves.
-MIN_SLICE_BLOCKS = 4
-
-
-@dataclass(frozen=True)
-class Collected:
-    """An update whose gradients are in (at ``version``) and whose step is not done yet."""
-
-    update: Update
-    version: int
-    index: int  # the update's number in the run
-    names: tuple[str, ...]  # its gradient files, in task order
-    loss: float
-    compute_s: float  # the slowest task's compute time
+PROGRESS_SECONDS = 0.2  # between the server's looks at its own stretch: logs and the progress line
 
 
 @dataclass
@@ -104,7 +96,10 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
         note = few_updates_note(job, dataset.split("train").rows, context.additive)
         if note is not None:
             print(f"memtrain train: note: {note}", file=sys.stderr, flush=True)
-        room = room_needed(job, context)  # every file the run will write, at its peak
+        room = room_needed(job, context, per_epoch=Plan(dataset.split("train").rows, job.train.batch_size,
+                                                        job.train.tasks_per_update, job.train.seed,
+                                                        job.train.epochs).per_epoch,
+                           slots=round_slots(job))  # every file the run will write, at its peak
         run = open_run_dir(job, resume=resume_run, overwrite=overwrite, layout=context.layout.to_json(),
                            asked=asked, one_pass=context.additive, need_exchange=room.exchange, need_run=room.run)
         try:
@@ -119,13 +114,19 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
             run.close()
 
 
+def round_slots(job: Job) -> int:
+    """The most participants a stretch may have: the workers asked for, or as many as cores (and tasks)."""
+    workers = job.train.workers
+    return min(CORES, job.train.tasks_per_update) if workers == "auto" else max(1, workers)
+
+
 @dataclass
 class StopRequest:
     """Set by SIGINT/SIGTERM/SIGHUP.
 
     Until training starts (``deferred`` False) a stop raises at once, wherever start-up is (opening or
     verifying the dataset, measuring the exchange): there is nothing to save yet, and every step of it
-    cleans up after itself. From then on a stop is only recorded; the scheduler checks it while waiting,
+    cleans up after itself. From then on a stop is only recorded; the server looks at it between updates,
     so it never lands mid-bookkeeping, and the run checkpoints where it stands.
     """
 
@@ -141,10 +142,9 @@ class StopRequest:
             error.exit_code = 128 + signum
             raise error
 
-    def check(self) -> None:
-        if self.signum is not None:
-            name = signal.Signals(self.signum).name
-            raise Interrupted(f"stopped by {name}")
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
 
 
 class Trainer:
@@ -154,15 +154,25 @@ class Trainer:
         self.quiet = quiet
         self.train_rows = dataset.split("train").rows
         self.val_rows = dataset.split("val").rows
-        self.per_epoch = updates_per_epoch(self.train_rows, job.train.batch_size)
-        self.total_updates = self.per_epoch * job.train.epochs
+        self.plan = Plan(self.train_rows, job.train.batch_size, job.train.tasks_per_update, job.train.seed,
+                         job.train.epochs)
+        self.per_epoch = self.plan.per_epoch
         self.checkpointed: int | None = None
         self.started = time.monotonic()
-        self.next_file: Path | None = None  # an unpublished weight file of the right size, made ready in advance
-        self.digests = create_digests(run.exchange, context.layout.size)
-        create_marks(run.exchange / STEP_MARKS, job.train.workers)
-        self.seq = 0  # steps so far; each slice owner marks its slice with its step's number
-        self.unwritten: list[tuple[str, dict[str, Any]]] = []  # log records kept off the critical path
+        self.generation = 0
+        self.slots = round_slots(job)
+        self.board = create_round_files(run.exchange, context.layout.size, job.train.tasks_per_update, self.slots,
+                                        self.per_epoch)
+        self.memory_board = Board(1)
+        self.logbook = Logbook(run_dir=run.path, exchange=run.exchange, plan=self.plan,
+                               records=open_records(run.exchange / ROUND_RECORDS, self.per_epoch,
+                                                    job.train.tasks_per_update),
+                               optimizer=job.train.optimizer, on_nonfinite=job.train.on_nonfinite,
+                               size=context.layout.size, describe_rows=self.describe_rows, log=self.log)
+        self.bar: Reporter | None = None
+        self.next_look = 0.0
+        self.epoch_started = self.started
+        self.participants = 1
 
     def run(self, decision: Decision | None) -> TrainSummary:
         """``decision``: what a resume was allowed to change; None for a new run."""
@@ -172,217 +182,116 @@ class Trainer:
         position = (resume(self.run_dir, self.job, self.context, self.train_rows, decision) if decision is not None
                     else start_fresh(self.run_dir, self.job, self.context))
         self.checkpointed = position.update_index(self.per_epoch) if decision is not None else None
-        pool = WorkerPool(self._setup(), self.job.train.workers)
-        self.log(f"server pid {os.getpid()}; workers started: pids {' '.join(map(str, pool.pids()))}")
-        scheduler = Scheduler(pool, task_timeout=self.job.train.task_timeout,
-                              max_attempts=self.job.train.max_attempts, describe=self.describe,
-                              log=self.log, check_stop=self.stop.check, discard=self.discard_attempt)
+        newer = unpublish_after(self.run_dir.path, position.version)
+        if newer:
+            self.log(f"unpublished versions {newer[0]}-{newer[-1]}: made after the checkpoint, they are made again")
+        self.log(f"server pid {os.getpid()}")
+        in_server = InServer(WorkerState(self._setup(), alive=lambda: None, board=self.memory_board,
+                                         heartbeat=lambda: self.heartbeat(position)))
+        self.placement = Placement(workers=self.job.train.workers, tasks=self.job.train.tasks_per_update,
+                                   cores=CORES, in_server=in_server, start_pool=self._start_pool, log=self.log)
+        self.scheduler = Scheduler(task_timeout=self.job.train.task_timeout, max_attempts=self.job.train.max_attempts,
+                                   describe_task=self.describe_task, describe_activity=self.describe_activity,
+                                   log=self.log, stop_requested=lambda: self.stop.requested,
+                                   discard=self.discard_attempt)
         try:
-            last = self._fit(scheduler, position) or self._last_epoch_record()
+            with threadpool_limits(limits=self.job.train.blas_threads):  # the rounds it runs itself: same arithmetic
+                last = self.fit(position) or self._last_epoch_record()
         except (KeyboardInterrupt, Interrupted) as exc:
-            pool.close(timeout=2.0)
+            self.placement.close(timeout=2.0)
             raise self._interrupted(position, exc) from None
         finally:
-            self.write_logs()
-            pool.close()
-            if self.next_file is not None:
-                discard(self.next_file)
+            self.logbook.write()
+            self.placement.close()
+            self.board.close()
+            discard_building(self.run_dir.path, os.getpid())
         self.log(f"done: {position.epoch} epochs, weight version {position.version}")
         return TrainSummary(self.run_dir.path, position.version, position.epoch, last, position.best,
-                            time.monotonic() - self.started, scheduler.deaths,
+                            time.monotonic() - self.started, self.scheduler.deaths,
                             stopped_early=position.epoch < self.job.train.epochs and self.out_of_patience(position))
 
-    def _fit(self, scheduler: Scheduler, position: Position) -> dict[str, Any]:
+    def _start_pool(self, count: int) -> WorkerPool:
+        pool = WorkerPool(self._setup(), count)
+        self.log(f"workers started: pids {' '.join(map(str, pool.pids()))}")
+        return pool
+
+    def fit(self, position: Position) -> dict[str, Any]:
         last: dict[str, Any] = {}
         if self.context.additive and position.version == 0:
-            self.fit_additive(scheduler, position)
-            return self.end_epoch(scheduler, position, time.monotonic(), final=True)
+            self.fit_additive(position)
+            return self.end_epoch(position, time.monotonic(), final=True)
         for epoch in range(position.epoch, self.job.train.epochs):
             if self.out_of_patience(position):  # a resumed run that had stopped early
                 break
             started = time.monotonic()
-            updates = epoch_updates(self.train_rows, self.job.train.batch_size, self.job.train.tasks_per_update,
-                                    self.job.train.seed, epoch)
-            with reporting(f"epoch {epoch + 1}/{self.job.train.epochs}", len(updates),
-                           plain_every=math.inf, quiet=self.quiet) as bar:
-                collected = None
-                for update in updates[position.batch:]:
-                    collected = self.update(scheduler, update, position, collected)
-                    rate = position.epoch_rows / max(time.monotonic() - started, 1e-9)
-                    bar.update(position.batch, f"loss {position.epoch_loss / max(position.epoch_rows, 1):.4f}"
-                                               f"  {rate:,.0f} samples/s")
-                if collected is not None:
-                    self.step_alone(scheduler, position, collected)
-                last = self.end_epoch(scheduler, position, started, final=epoch + 1 == self.job.train.epochs)
+            with reporting(f"epoch {epoch + 1}/{self.job.train.epochs}", self.per_epoch, plain_every=math.inf,
+                           quiet=self.quiet) as bar:
+                self.bar = bar
+                while position.batch < self.per_epoch:
+                    self.stretch(position, started)
+                last = self.end_epoch(position, started, final=epoch + 1 == self.job.train.epochs)
                 line = self.epoch_line(last)
                 self.log(line)  # the run's own record: the console may be gone (a closed terminal or pipe)
                 bar.line(line)
         return last
 
-    def update(self, scheduler: Scheduler, update: Update, position: Position,
-               previous: Collected | None) -> Collected | None:
-        """The gradients of ``update`` -- in the same round as the step of ``previous``, when there is one.
+    def stretch(self, position: Position, started: float) -> None:
+        """Run the rounds from ``position`` on, to the end of its epoch unless cut short (a fault, a probe)."""
+        transport = self.placement.transport
+        in_server = isinstance(transport, InServer)
+        board = self.memory_board if in_server else self.board
+        limit = self.placement.stretch_limit()
+        first, version = position.batch, position.version
+        stop = self.per_epoch if limit is None else min(self.per_epoch, first + limit)
+        participants = 1 if in_server else min(len(transport.slots), self.job.train.tasks_per_update)
+        self.participants = participants
+        self.generation += 1
+        board.set_ledger(Ledger(self.generation, position.update_index(self.per_epoch) - 1, version))
+        self.logbook.records["status"][first:stop] = 0
+        ready_building(self.run_dir.path, version + 1, self.context.layout.size, os.getpid(),
+                       self.job.run.keep_versions)
+        slices = len(step_slices(self.context.layout.size, participants, BLOCK))
+        stretches = [Stretch(generation=self.generation, epoch=position.epoch, first=first, stop=stop,
+                             version=version, slot=slot, participants=participants, slices=slices)
+                     for slot in range(participants)]
+        self.epoch_started = started
+        logged = len(self.logbook.timeline)
+        ended = self.scheduler.run_stretch(transport, board, stretches, lambda: self.look(position, board))
+        self.logbook.catch_up(position, board.ledger(), final=True)
+        self.report(position)
+        if ended == Ended.STOPPED:
+            raise Interrupted("stopped by a signal")
+        if ended == Ended.NONFINITE:  # catch_up raised unless the stop landed before the update was logged
+            raise MemtrainError("a non-finite update stopped the run", hint="see the event log")
+        done = position.update_index(self.per_epoch)
+        self.placement.observe(self.logbook.timeline[logged:], done, self.plan.total_updates - done)
 
-        Returns ``update`` collected (its step is done by the next round), or None when its gradients
-        were not finite and it was skipped.
-        """
-        results = self.fused_round(scheduler, update, position, previous) if previous is not None else None
-        if results is None:  # no step pending, or the pending one was void: gradients at the published version
-            version = position.version
-            results = scheduler.run([GradTask(t.index, 0, version, t.lo, t.hi) for t in update.tasks],
-                                    while_waiting=lambda: self.meanwhile(version))
-        collected = Collected(update, position.version, position.update_index(self.per_epoch),
-                              tuple(gradient_name(position.version, r.task, r.attempt) for r in results),
-                              sum(r.loss for r in results), max(r.seconds for r in results))
-        bad = [t for t, r in zip(update.tasks, results, strict=True) if not r.finite]
-        if bad:
-            self.finish(position, collected, published=False, bad=bad)
-            return None
-        return collected
+    def look(self, position: Position, board: Board) -> None:
+        """The server's look at a running stretch: log what finished, show progress."""
+        self.logbook.catch_up(position, board.ledger(), final=False)
+        self.report(position)
 
-    def fused_round(self, scheduler: Scheduler, update: Update, position: Position,
-                    previous: Collected) -> list[Result] | None:
-        """One dispatch round: each worker steps its slice of ``previous`` into the next version, waits
-        for the other slices, then computes its gradient of ``update`` at that version.
+    def heartbeat(self, position: Position) -> bool:
+        """Called by the rounds the server runs itself, between two updates; True ends the stretch there."""
+        now = time.monotonic()
+        if now < self.next_look:
+            return False
+        self.next_look = now + PROGRESS_SECONDS
+        self.look(position, self.memory_board)
+        return self.stop.requested or self.placement.heartbeat()
 
-        Returns the gradient results; None when the step came out non-finite (``previous`` is then
-        skipped, or the run stops, per ``train.on_nonfinite``, and no gradient was computed: every
-        waiter saw the void mark first).
-        """
-        version = previous.version
-        steps = self.step_tasks(previous, len(update.tasks))
-        building = Building(steps[0].out, steps[0].seq, len(steps), self.job.train.task_timeout / 2)
-        grads = [GradTask(t.index, 0, version + 1, t.lo, t.hi, steps[i] if i < len(steps) else None, building)
-                 for i, t in enumerate(update.tasks)]
-        return self.step_round(scheduler, position, previous, steps, grads, lambda: self.meanwhile(version))
+    def report(self, position: Position) -> None:
+        self.logbook.write()
+        if self.bar is not None:
+            rate = position.epoch_rows / max(time.monotonic() - self.epoch_started, 1e-9)
+            self.bar.update(position.batch, f"loss {position.epoch_loss / max(position.epoch_rows, 1):.4f}"
+                                            f"  {rate:,.0f} samples/s")
 
-    def step_alone(self, scheduler: Scheduler, position: Position, previous: Collected) -> None:
-        """The step of the epoch's last update, in a round of its own (evaluation needs the new version)."""
-        steps = self.step_tasks(previous, len(previous.update.tasks))
-        self.step_round(scheduler, position, previous, steps, steps, self.write_logs)
-
-    def step_round(self, scheduler: Scheduler, position: Position, previous: Collected, steps: list[StepTask],
-                   tasks: list[Task], while_waiting: Callable[[], None]) -> list[Result] | None:
-        """Run ``tasks`` (which carry ``steps``), then publish the new version or skip ``previous``.
-
-        Returns the results, or None when a slice of the step was not finite.
-        """
-        try:
-            results = scheduler.run(tasks, while_waiting)
-            fault_point("mid_reduce")
-            published = all(r.step_finite and not r.new_version_void for r in results)
-            if published:
-                self.publish(previous, steps)
-        finally:
-            discard(Path(steps[0].out))
-        self.finish(position, previous, published=published)
-        return results if published else None
-
-    def step_tasks(self, previous: Collected, tasks: int) -> list[StepTask]:
-        """The slices of the step after ``previous``, into the version file made ready in advance."""
-        version = previous.version
-        self.prepare_next_version(version)
-        out, self.next_file = str(self.next_file), None
-        self.seq += 1
-        lr = learning_rate(self.job.train.optimizer, previous.index, self.total_updates)
-        return [StepTask(i, 0, version, version + 1, lr, previous.update.rows, version % 2, lo, hi, previous.names,
-                         out, self.seq)
-                for i, (lo, hi) in enumerate(self.step_slices(self.context.layout.size, tasks))]
-
-    def publish(self, previous: Collected, tasks: list[StepTask]) -> None:
-        first = tasks[0]
-        checksum = weights_checksum(self.digests, self.context.layout.size)
-        commit_weights(Path(first.out), self.run_dir.path, first.version + 1)
-        update = previous.update
-        self.unwritten.append(("lineage", {
-            "version": first.version + 1, "parent": first.version, "update": update_number(previous.index),
-            "epoch": epoch_number(update.epoch), "batch": batch_number(update.batch), "split": "train",
-            "tasks": [[t.lo, t.hi] for t in update.tasks], "lr": first.lr,
-            "checksum": checksum}))
-
-    def finish(self, position: Position, collected: Collected, *, published: bool,
-               bad: list[Any] | None = None) -> None:
-        """Account for an update whose step was published or skipped, and delete its gradient files."""
-        update = collected.update
-        if not published:
-            bad = bad or self.nonfinite_gradients(update, collected.names)
-        for name in collected.names:
-            (self.run_dir.exchange / name).unlink(missing_ok=True)
-        if not published:
-            self.nonfinite(update, collected.index, bad)
-            position.skipped += 1
-        else:
-            position.version += 1
-        position.epoch_loss += collected.loss
-        position.epoch_rows += update.rows
-        position.batch += 1
-        self.unwritten.append(("metric", {
-            "kind": "update", "epoch": epoch_number(update.epoch), "batch": batch_number(update.batch),
-            "update": update_number(collected.index),
-            "version": position.version, "loss": collected.loss / update.rows, "rows": update.rows,
-            "skipped": not published, "compute_s": collected.compute_s, "time": time.time()}))
-
-    def discard_attempt(self, task: Task) -> None:
-        """Delete the gradient or statistics file a dead or superseded attempt may have published."""
-        if isinstance(task, GradTask | StatsTask):
-            version = task.version if isinstance(task, GradTask) else 0
-            (self.run_dir.exchange / gradient_name(version, task.task, task.attempt)).unlink(missing_ok=True)
-
-    def meanwhile(self, version: int) -> None:
-        """The server's own work while the workers compute at ``version`` (or build the one after it)."""
-        self.write_logs()
-        self.prepare_next_version(version)
-
-    def write_logs(self) -> None:
-        """Append the lineage and metric records of the updates finished since the last call.
-
-        Kept off the path between two rounds: they are written while the next round computes, and
-        always before an epoch's record, a checkpoint or the end of the run. A crash in between loses
-        only records that resume rewrites anyway (it truncates the logs to its checkpoint).
-        """
-        for kind, record in self.unwritten:
-            getattr(self.run_dir, kind)(record)
-        self.unwritten.clear()
-
-    def prepare_next_version(self, version: int) -> None:
-        """Retire versions beyond ``keep_versions`` and make the (unpublished) file of ``version + 1`` ready.
-
-        Called while the workers compute the gradients at ``version``: no task of a retired version is
-        still running then, so the newest retired file is recycled as the next version's file. A no-op
-        while a file is ready: ``step`` takes it, and nothing new is published until it does.
-        """
-        if self.next_file is not None:
-            return
-        spare = retire_weights(self.run_dir.path, self.job.run.keep_versions, version, recycle=True)
-        self.next_file = begin_weights(self.run_dir.path, version + 1, self.context.layout.size, spare)
-
-    def step_slices(self, size: int, tasks: int) -> list[tuple[int, int]]:
-        """One parameter slice per worker (fewer for small models, or when an update has fewer tasks, since
-        in a fused round each slice rides with a gradient task), each a whole number of checksum blocks."""
-        blocks = block_count(size)
-        parts = min(self.job.train.workers, tasks, max(1, blocks // MIN_SLICE_BLOCKS))
-        return [(a * BLOCK, min(b * BLOCK, size)) for a, b in split_range(0, blocks, parts)]
-
-    def nonfinite_gradients(self, update: Update, names: tuple[str, ...]) -> list[Any]:
-        """The tasks whose gradient file holds NaN/Inf (read only on this rare path, never per update)."""
-        size = self.context.layout.size
-        return [task for task, name in zip(update.tasks, names, strict=True)
-                if not np.isfinite(open_npy(self.run_dir.exchange / name, shape=(size,), dtype=np.float32)).all()]
-
-    def nonfinite(self, update: Update, index: int, bad: list[Any]) -> None:
-        where = ", ".join(f"task {t.index} ({self.describe_rows(t.lo, t.hi)})" for t in bad) or \
-            "the mean gradient or the new weights (each task's gradient was finite)"
-        text = (f"non-finite loss or gradient at update {update_number(index)} (epoch {epoch_number(update.epoch)}, "
-                f"batch {batch_number(update.batch)}): {where}")
-        if self.job.train.on_nonfinite == "stop":
-            raise MemtrainError(text, hint="lower train.lr, check the data, or set train.on_nonfinite = \"skip\"; "
-                                           "the published weights are unchanged")
-        self.log(text + "; update skipped")
-
-    def fit_additive(self, scheduler: Scheduler, position: Position) -> None:
+    def fit_additive(self, position: Position) -> None:
         """Additive models: one pass of sufficient statistics, summed in task order, then solved."""
         pieces = split_range(0, self.train_rows, self.job.train.tasks_per_update)
-        results = scheduler.run([StatsTask(i, 0, lo, hi) for i, (lo, hi) in enumerate(pieces)])
+        results = self.scheduler.run(self.placement.transport, [StatsTask(task=i, attempt=0, lo=lo, hi=hi)
+                                                                for i, (lo, hi) in enumerate(pieces)])
         layout = self.context.stats_layout
         total = np.zeros(layout.size, dtype=np.float64)
         for result in results:
@@ -396,17 +305,16 @@ class Trainer:
         position.version, position.epoch_rows = 1, self.train_rows
         position.epoch = self.job.train.epochs - 1
 
-    def end_epoch(self, scheduler: Scheduler, position: Position, started: float, *, final: bool) -> dict[str, Any]:
-        self.write_logs()
+    def end_epoch(self, position: Position, started: float, *, final: bool) -> dict[str, Any]:
+        self.logbook.write()
+
         def retire() -> None:  # so that the run holds keep_versions versions whenever it stops after this
-            if not self.context.additive:
-                self.prepare_next_version(position.version)
+            retire_weights(self.run_dir.path, self.job.run.keep_versions, position.version)
 
         record = {"kind": "epoch", "epoch": position.epoch + 1, "update": (position.epoch + 1) * self.per_epoch,
                   "version": position.version, "loss": position.epoch_loss / max(position.epoch_rows, 1),
-                  **self.evaluate(scheduler, position.version, while_waiting=retire),
+                  **self.evaluate(position.version, while_waiting=retire),
                   "samples_per_s": position.epoch_rows / max(time.monotonic() - started, 1e-9), "time": time.time()}
-        retire()
         if self.context.additive:
             record["loss"] = None  # one closed-form solve: there is no running training loss
         self.run_dir.metric(record)
@@ -429,12 +337,15 @@ class Trainer:
         return patience is not None and best is not None and "val_loss" in best and \
             position.epoch - best["epoch"] >= patience
 
-    def evaluate(self, scheduler: Scheduler, version: int,
-                 while_waiting: Callable[[], None] | None = None) -> dict[str, float]:
+    def evaluate(self, version: int, while_waiting: Any = None) -> dict[str, float]:
         tasks = eval_tasks(self.val_rows, self.job.train.eval_rows)
         if not tasks:
+            if while_waiting is not None:
+                while_waiting()
             return {}
-        results = scheduler.run([EvalTask(t.index, 0, version, t.lo, t.hi) for t in tasks], while_waiting)
+        results = self.scheduler.run(self.placement.transport,
+                                     [EvalTask(task=t.task, attempt=0, version=version, lo=t.lo, hi=t.hi)
+                                      for t in tasks], while_waiting)
         rows = sum(r.rows for r in results)
         metrics = {"val_loss": sum(r.loss for r in results) / rows}
         if self.context.classifier:
@@ -450,7 +361,7 @@ class Trainer:
         return "  ".join(parts)
 
     def _interrupted(self, position: Position, exc: BaseException) -> Interrupted:
-        self.write_logs()
+        self.logbook.write()
         index = position.update_index(self.per_epoch)
         if self.checkpointed != index and position.version > 0:
             save_checkpoint(self.run_dir, self.job, self.context, position, self.per_epoch)
@@ -468,16 +379,29 @@ class Trainer:
         epochs = [r for r in read_jsonl(self.run_dir.path / RUN_METRICS) if r.get("kind") == "epoch"]
         return epochs[-1] if epochs else {}
 
-    def describe(self, task: Task) -> str:
-        kind = {GradTask: "gradient", StatsTask: "statistics", EvalTask: "evaluation", StepTask: "reduce/step"}
-        name = kind.get(type(task), "task")
-        if isinstance(task, StepTask):
-            return f"{name} task {task.task} (parameters {task.lo}-{task.hi}, version {task.version})"
-        split = "val" if isinstance(task, EvalTask) else "train"
-        text = f"{name} task {task.task} ({self.describe_rows(task.lo, task.hi, split)})"
-        if isinstance(task, GradTask) and task.slice is not None:
-            text += f", after its step slice (parameters {task.slice.lo}-{task.slice.hi}, version {task.version})"
-        return text
+    def discard_attempt(self, task: Task) -> None:
+        """Delete the statistics file a dead or superseded attempt may have written (gradients go to the
+        per-task buffers, which the next attempt overwrites)."""
+        if isinstance(task, StatsTask):
+            (self.run_dir.exchange / gradient_name(0, task.task, task.attempt)).unlink(missing_ok=True)
+
+    def describe_task(self, message: Task) -> str:
+        if isinstance(message, EvalTask):
+            return f"evaluation task {message.task} ({self.describe_rows(message.lo, message.hi, 'val')})"
+        return f"statistics task {message.task} ({self.describe_rows(message.lo, message.hi)})"
+
+    def describe_activity(self, activity: Activity) -> str:
+        update = self.plan.update(activity.update)
+        if activity.kind == GRADIENT:
+            rows = update.tasks[activity.item]
+            return (f"gradient task {rows.task} ({self.describe_rows(rows.lo, rows.hi)}) of update "
+                    f"{update_number(update.update)}")
+        if activity.kind == STEP:
+            lo, hi = step_slices(self.context.layout.size, self.participants, BLOCK)[activity.item]
+            return f"step slice {activity.item} (parameters {lo}-{hi}) of update {update_number(update.update)}"
+        if activity.kind == PUBLISH:
+            return f"the publication of update {update_number(update.update)}'s version"
+        return f"a wait for its peers at update {update_number(update.update)}"
 
     def describe_rows(self, lo: int, hi: int, split: str = "train") -> str:
         shards = self.dataset.split(split).segments(lo, hi)
@@ -488,8 +412,24 @@ class Trainer:
         self.run_dir.event(text)
 
     def _setup(self) -> WorkerSetup:
-        optimizer = tuple((f.name, getattr(self.job.train.optimizer, f.name))
-                          for f in dataclasses.fields(self.job.train.optimizer))
-        return WorkerSetup(os.getpid(), str(self.run_dir.path), str(self.run_dir.exchange), str(self.dataset.path),
-                           self.job.data.normalize, self.job.model.kind, tuple(self.job.model.options.items()),
-                           self.job.train.blas_threads, optimizer, 0, self.job.train.seed)
+        job = self.job
+        fields = dataclasses.fields(job.train.optimizer)
+        optimizer = tuple((f.name, getattr(job.train.optimizer, f.name)) for f in fields)
+        rounds = RoundSetup(batch_size=job.train.batch_size, tasks_per_update=job.train.tasks_per_update,
+                            seed=job.train.seed, epochs=job.train.epochs, keep_versions=job.run.keep_versions,
+                            on_nonfinite=job.train.on_nonfinite, slots=self.slots)
+        return WorkerSetup(server_pid=os.getpid(), run_dir=str(self.run_dir.path),
+                           exchange_dir=str(self.run_dir.exchange), dataset=str(self.dataset.path),
+                           normalize=job.data.normalize, model_kind=job.model.kind,
+                           model_options=tuple(job.model.options.items()), blas_threads=job.train.blas_threads,
+                           optimizer=optimizer, rounds=rounds)
+
+
+def create_round_files(exchange: Path, size: int, tasks: int, slots: int, per_epoch: int) -> Board:
+    """The exchange files the rounds use, made once per run: a gradient buffer per task, the block digests,
+    the records and the board (the optimizer state is made by train/state.py)."""
+    for task in range(tasks):
+        allocate_npy(exchange / gradient_buffer_name(task), (size,), np.float32)
+    create_digests(exchange, size)
+    create_records(exchange / ROUND_RECORDS, per_epoch, tasks)
+    return Board.create(exchange / ROUND_BOARD, slots)

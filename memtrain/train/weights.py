@@ -1,8 +1,9 @@
 """Flat parameter vectors -> published weight versions ``weights/vNNNNNNNN.npy``; never modified once published.
 
-The next version is built in a temporary file that the slice owners write into; publishing is the rename.
-Old versions are deleted once nothing can still be reading them, or recycled: renamed away, then rewritten
-as a later version, once every task of theirs is finished and no outside reader holds a lock on them.
+The next version is built in a temporary file (``layout.building_path``) that the slice owners write into;
+publishing is the rename. Old versions are deleted once nothing can still be reading them, or recycled:
+renamed away, then rewritten as a later version, once every task of theirs is finished and no outside
+reader holds a lock on them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from memtrain.errors import CorruptFileError, MemtrainError
 from memtrain.faults import fault_point
 from memtrain.files import (
     BLOCK_CHECKSUM_ALGO,
@@ -21,11 +23,19 @@ from memtrain.files import (
     DIGEST_BYTES,
     allocate_npy,
     block_checksum,
+    check_npy,
     checksum_file,
     npy_header_bytes,
     publish_array,
 )
-from memtrain.layout import WEIGHT_DIGESTS, tmp_sibling, weight_versions, weights_path
+from memtrain.layout import (
+    TMP_MARK,
+    WEIGHT_DIGESTS,
+    WEIGHTS_DIR,
+    building_path,
+    weight_versions,
+    weights_path,
+)
 from memtrain.models.params import PARAM_DTYPE
 
 # Parameters per checksum block: a slice owner's slice is a whole number of blocks (the last one may be short).
@@ -59,67 +69,91 @@ def weights_checksum(digests: np.ndarray, size: int) -> str:
     return block_checksum(npy_header_bytes((size,), PARAM_DTYPE), digests.tobytes())
 
 
-def begin_weights(run_dir: Path, version: int, size: int, spare: Path | None = None) -> Path:
-    """Create the (unpublished) file of ``version`` with its header and reserved space; returns its tmp path.
+def ready_building(run_dir: Path, version: int, size: int, owner_pid: int, keep: int, *, fast: bool = False) -> Path:
+    """Make sure the (unpublished) file of ``version`` exists, ready for the slice owners; returns its path.
 
-    ``spare`` (a retired version from ``retire_weights``) is reused when it has the right size: its pages
-    are allocated and already mapped by the workers, so writing it costs no allocation and no page
-    faults. Every value in it is overwritten by the slice owners before it is published.
+    The versions older than the newest ``keep`` before it are retired first, and the newest retired one
+    is reused when it has the right size: its pages are allocated and already mapped by the workers, so
+    writing it costs no allocation and no page faults. Every value in the file is overwritten by the
+    slice owners before it is published. A file already there (a stretch restarted after a fault) is
+    kept if its header is whole. ``fast`` (once per update in a stretch) retires only the version that
+    has just fallen out of the newest ``keep``, without listing the folder: the stretch's start retired
+    every older one.
     """
-    tmp = tmp_sibling(weights_path(run_dir, version))
+    path = building_path(run_dir, version, owner_pid)
+    if os.path.exists(path):
+        try:
+            check_npy(path, shape=(size,), dtype=PARAM_DTYPE)
+            return path
+        except CorruptFileError:  # its writer died while creating it
+            os.unlink(path)
     total = len(npy_header_bytes((size,), PARAM_DTYPE)) + size * PARAM_DTYPE.itemsize
-    if spare is not None and _reuse(spare, tmp, total):
+    spare = retire_weights(run_dir, keep, version - 1, recycle=(path, total), only_newest=fast)
+    if spare is not None:
         fault_point("write")  # the same hit as for a fresh file, so fault tests count the same writes
-        return tmp
-    allocate_npy(tmp, (size,), PARAM_DTYPE)
-    return tmp
-
-
-def _reuse(spare: Path, tmp: Path, total: int) -> bool:
-    """Rename ``spare`` to ``tmp`` if it has the right size; delete it otherwise."""
-    try:
-        if os.path.getsize(spare) == total:
-            os.replace(spare, tmp)
-            return True
-        os.unlink(spare)
-    except FileNotFoundError:
-        pass
-    return False
+        return path
+    allocate_npy(path, (size,), PARAM_DTYPE)
+    return path
 
 
 def commit_weights(tmp: Path, run_dir: Path, version: int) -> None:
-    """Publish a version: stamp it with the time of publication, then rename it into place.
+    """Publish the complete file ``tmp`` as ``version``: stamp it with the time of publication, give it a
+    second name, then drop the first one. Unlike a rename, the link never replaces a published version
+    (whose readers must keep their bytes).
 
     The stamp matters for a recycled file: it is written through maps, and a write to a page that is
     still dirty from its earlier life does not update the file's mtime, so without it a version could
     show an older ``written`` time than the version before it.
     """
     os.utime(tmp)
-    os.replace(tmp, weights_path(run_dir, version))
+    path = weights_path(run_dir, version)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise MemtrainError(f"weight version {version} is already published; refusing to replace it", path=path,
+                            hint="this is a bug in memtrain: please report it with the run's events.log") from None
+    os.unlink(tmp)
 
 
-def discard(tmp: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
+def unpublish_after(run_dir: Path, version: int) -> list[int]:
+    """Delete the versions newer than ``version`` (a run resumed from an older checkpoint makes them again)."""
+    newer = [v for v in weight_versions(run_dir) if v > version]
+    for v in newer:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(weights_path(run_dir, v))
+    return newer
 
 
-def retire_weights(run_dir: Path, keep: int, current: int, *, recycle: bool = False) -> Path | None:
+def discard_building(run_dir: Path, owner_pid: int) -> None:
+    """Delete every unpublished version file of ``owner_pid``'s run (at its end, or after a fault)."""
+    folder = run_dir / WEIGHTS_DIR
+    suffix = building_path(run_dir, 0, owner_pid).name.split(TMP_MARK, 1)[1]
+    for name in os.listdir(folder):
+        if TMP_MARK in name and name.split(TMP_MARK, 1)[1] == suffix:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(folder / name)
+
+
+def retire_weights(run_dir: Path, keep: int, current: int, *, recycle: tuple[Path, int] | None = None,
+                   only_newest: bool = False) -> Path | None:
     """Unpublish versions older than the newest ``keep`` (the current one is always kept).
 
-    They are deleted, except that with ``recycle`` the newest of them is renamed to a temporary name and
-    returned as a spare for ``begin_weights`` -- the caller vouches that every task of that version is
-    finished -- and only if no other process holds an flock on it: a reader outside the run that needs a
-    retired version to stay unchanged may hold ``flock(LOCK_SH)`` on it, and a locked file is deleted,
-    never rewritten. (``inspect`` takes no lock: it confirms after reading that the name still holds
-    the same inode, see ``files.still_published``.)
+    They are deleted, except that with ``recycle = (path, size)`` the newest of them, if it has that size
+    in bytes, is renamed to ``path`` and returned, to be rewritten as a later version -- the caller vouches
+    that every task of that version is finished -- and only if no other process holds an flock on it: a
+    reader outside the run that needs a retired version to stay unchanged may hold ``flock(LOCK_SH)`` on
+    it, and a locked file is deleted, never rewritten. (``inspect`` takes no lock: it confirms after
+    reading that the name still holds the same inode, see ``files.still_published``.) ``only_newest``:
+    only version ``current - keep`` (the caller knows no older one is left).
     """
     spare = None
-    for version in sorted(weight_versions(run_dir), reverse=True):
+    versions = [current - keep] if only_newest else sorted(weight_versions(run_dir), reverse=True)
+    for version in versions:
         if version > current - keep:
             continue
         path = weights_path(run_dir, version)
-        if recycle and spare is None:
-            spare = _take_unlocked(path)
+        if recycle is not None and spare is None:
+            spare = _take_unlocked(path, *recycle)
             if spare is not None:
                 continue
         with contextlib.suppress(FileNotFoundError):
@@ -127,17 +161,19 @@ def retire_weights(run_dir: Path, keep: int, current: int, *, recycle: bool = Fa
     return spare
 
 
-def _take_unlocked(path: Path) -> Path | None:
-    """Rename ``path`` to a temporary name if nobody holds a lock on it (checked under our own lock)."""
+def _take_unlocked(path: Path, to: Path, size: int) -> Path | None:
+    """Rename ``path`` to ``to`` if it has ``size`` bytes and nobody holds a lock on it (checked under our
+    own lock)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        spare = tmp_sibling(path)
-        os.replace(path, spare)
-        return spare
+        if os.fstat(fd).st_size != size:
+            return None
+        os.replace(path, to)
+        return to
     except BlockingIOError:
         return None
     finally:

@@ -1,9 +1,9 @@
-"""Task records in, result records out: a worker maps weights and shard rows read-only, writes gradient files.
+"""Messages in, answers out: a worker runs stretches of rounds (train/rounds.py) and evaluation/statistics tasks.
 
-A worker never decides what to compute. It keeps the dataset shards and the files it meets mapped between
-tasks (train/maps.py), writes gradients straight into a kept, mapped buffer published by a hard link
-(train/gradbuf.py),
-and exits by itself when the server dies (parent-death signal, and a parent-pid check while it waits).
+A worker never decides what to compute: a stretch names the updates, the plan says which parts are this
+slot's. It keeps the dataset shards and the files it meets mapped between messages (train/maps.py), and
+exits by itself when the server dies (parent-death signal, and a parent-pid check while it waits).
+The server runs the same ``WorkerState`` itself when it runs the rounds alone (train/exchange.py).
 """
 
 from __future__ import annotations
@@ -13,33 +13,43 @@ import math
 import os
 import signal
 import sys
-import time
 import traceback
-from multiprocessing.queues import SimpleQueue
+from collections.abc import Callable
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import numpy as np
 
 from memtrain.dataset import open_dataset
-from memtrain.faults import fault_point
+from memtrain.errors import MemtrainError
 from memtrain.files import writing_npy
-from memtrain.layout import STEP_MARKS, gradient_name, weights_path
+from memtrain.layout import ROUND_BOARD, gradient_name, weights_path
 from memtrain.train.context import model_context
-from memtrain.train.gradbuf import GradientBuffers
 from memtrain.train.maps import MapCache
-from memtrain.train.marks import PeerWaitExpired, StepMarks
-from memtrain.train.messages import EvalTask, GradTask, Result, StatsTask, StepTask, Stop, Task, WorkerSetup
+from memtrain.train.marks import Board
+from memtrain.train.messages import (
+    EvalTask,
+    Message,
+    Outcome,
+    Ready,
+    Result,
+    StatsTask,
+    Stop,
+    Stretch,
+    StretchEnd,
+    WorkerSetup,
+)
 from memtrain.train.metrics import write_task_statistics
 from memtrain.train.optim import OptimizerConfig
-from memtrain.train.reduce import run_step_slice
+from memtrain.train.rounds import Participant, RoundFiles
 
 PARENT_POLL_SECONDS = 1.0  # how often an idle worker checks that its server is still alive
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
 KEEP_BLOCKS_BELOW = 1 << 30  # allocations below this come from (and return to) the heap, which is not trimmed
 
 
-def worker_main(setup: WorkerSetup, tasks: SimpleQueue, results: SimpleQueue) -> None:
-    """Entry point of a worker process."""
+def worker_main(setup: WorkerSetup, inbox: Connection, outbox: Connection) -> None:
+    """Entry point of a worker process: ``inbox`` and ``outbox`` are its ends of the pipes train/exchange.py made."""
     _exit_with_parent(setup.server_pid)
     _keep_freed_memory()
     for stop in (signal.SIGINT, signal.SIGHUP):  # Ctrl-C or a closed terminal: the server stops us in order
@@ -49,9 +59,10 @@ def worker_main(setup: WorkerSetup, tasks: SimpleQueue, results: SimpleQueue) ->
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=setup.blas_threads):
-        state = WorkerState(setup)
-        while (task := _receive(tasks, setup.server_pid)) is not None:
-            results.put(state.run(task))
+        state = WorkerState(setup, alive=lambda: _exit_if_orphaned(setup.server_pid))
+        outbox.send(Ready(pid=os.getpid()))
+        while (message := _receive(inbox, setup.server_pid)) is not None:
+            outbox.send(state.handle(message))
 
 
 def _exit_with_parent(server_pid: int) -> None:
@@ -84,115 +95,88 @@ def _keep_freed_memory() -> None:
         pass
 
 
-def _receive(tasks: SimpleQueue, server_pid: int) -> Task | None:
-    while not tasks._reader.poll(PARENT_POLL_SECONDS):
+def _receive(inbox: Connection, server_pid: int) -> Message | None:
+    while not inbox.poll(PARENT_POLL_SECONDS):
         if os.getppid() != server_pid:
             return None
     try:
-        message = tasks.get()
+        message = inbox.recv()
     except (EOFError, OSError):
         return None
     return None if isinstance(message, Stop) else message
 
 
 class WorkerState:
-    """What a worker keeps between tasks: the model, the mapped shards, the current weight version."""
+    """What a worker keeps between messages: the model, the mapped shards and round files, the board.
 
-    def __init__(self, setup: WorkerSetup):
-        self.setup = setup
+    ``board`` is the board the rounds meet at (the exchange's file; the server passes its in-memory one
+    when it runs the rounds alone), ``heartbeat`` the server's own work between two updates then.
+    """
+
+    def __init__(self, setup: WorkerSetup, *, alive: Callable[[], None], board: Board | None = None,
+                 heartbeat: Callable[[], bool] | None = None):
+        self.setup, self.alive, self.heartbeat = setup, alive, heartbeat
         self.exchange = Path(setup.exchange_dir)
         self.run_dir = Path(setup.run_dir)
         self.dataset = open_dataset(setup.dataset)
         self.context = model_context(self.dataset, setup.model_kind, dict(setup.model_options), setup.normalize)
-        self.optimizer = OptimizerConfig(**dict(setup.optimizer))
         self.maps = MapCache()
-        self.buffers = GradientBuffers(self.exchange)
-        self.marks = StepMarks(self.exchange / STEP_MARKS)
+        self.board = board
         if hasattr(self.context.model, "in_worker"):  # e.g. a torch module pins its thread pool
             self.context.model.in_worker(setup.blas_threads)
+        self._rounds: RoundFiles | None = None
 
-    def run(self, task: Task) -> Result:
-        self.maps.drop_deleted()
+    def handle(self, message: Message) -> Result | StretchEnd:
         try:
             with np.errstate(all="ignore"):  # non-finite results are detected and reported, not warned about
-                return self._run(task)
+                if isinstance(message, Stretch):
+                    return self.stretch(message)
+                self.maps.drop_deleted()
+                return self.statistics(message) if isinstance(message, StatsTask) else self.evaluate(message)
         except Exception as exc:  # reported to the server, which stops the run with this text
-            detail = "".join(traceback.format_exception_only(exc)).strip()
-            return Result(task.task, task.attempt, error=f"{detail}\n{traceback.format_exc(limit=-4)}")
+            error = str(exc) if isinstance(exc, MemtrainError) else \
+                "".join(traceback.format_exception_only(exc)).strip() + "\n" + traceback.format_exc(limit=-4)
+            if isinstance(message, Stretch):
+                return StretchEnd(generation=message.generation, slot=message.slot, outcome=Outcome.FAILED,
+                                  error=error)
+            return Result(task=message.task, attempt=message.attempt, outcome=Outcome.FAILED, error=error)
 
-    def _run(self, task: Task) -> Result:
-        if isinstance(task, GradTask):
-            return self.grad(task)
-        if isinstance(task, EvalTask):
-            return self.evaluate(task)
-        if isinstance(task, StatsTask):
-            return self.statistics(task)
-        return self.step(task)
+    def rounds(self) -> RoundFiles:
+        if self._rounds is None:
+            setup = self.setup
+            board = self.board or Board(setup.rounds.slots, self.exchange / ROUND_BOARD)
+            self._rounds = RoundFiles(context=self.context, dataset=self.dataset, run_dir=self.run_dir,
+                                      exchange=self.exchange, server_pid=setup.server_pid,
+                                      optimizer=OptimizerConfig(**dict(setup.optimizer)), setup=setup.rounds,
+                                      board=board, maps=self.maps)
+        return self._rounds
 
-    def weights(self, version: int) -> np.ndarray:
-        return self.maps.get(weights_path(self.run_dir, version), (self.context.layout.size,), np.float32)
+    def stretch(self, stretch: Stretch) -> StretchEnd:
+        outcome = Participant(self.rounds(), stretch, alive=self.alive, heartbeat=self.heartbeat).run()
+        return StretchEnd(generation=stretch.generation, slot=stretch.slot, outcome=outcome)
 
     def rows(self, split: str, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         x, y = self.dataset.split(split).read(lo, hi)
         return self.context.normalize(x), np.asarray(y)
 
-    def grad(self, task: GradTask) -> Result:
-        layout, model = self.context.layout, self.context.model
-        x, y = self.rows("train", task.lo, task.hi)
-        fault_point("before_grad_write")
-        buffer = self.buffers.take(layout.size, np.dtype(np.float32))
-        step_finite = True
-        if task.building is not None:  # the rows and the buffer are ready before the wait: less to do after it
-            if task.slice is not None:
-                step_finite = self.step_slice(task.slice)
-            try:
-                usable = self.marks.wait(task.building.seq, task.building.slices, task.building.wait_limit,
-                                         lambda: _exit_if_orphaned(self.setup.server_pid))
-            except PeerWaitExpired:
-                return Result(task.task, task.attempt, step_finite=step_finite, peer_wait_expired=True)
-            if not usable:
-                return Result(task.task, task.attempt, finite=False, step_finite=step_finite, new_version_void=True)
-        weights = (self.maps.get(Path(task.building.path), (layout.size,), np.float32) if task.building is not None
-                   else self.weights(task.version))
-        seeded = {"seed": (self.setup.seed, task.version, task.task)} if getattr(model, "seeded", False) else {}
-        started = time.perf_counter()
-        loss = model.loss_and_grad(layout.views(weights), x, y, layout.views(buffer.array), **seeded)  # overwrites
-        seconds = time.perf_counter() - started
-        fault_point("after_grad_tmp")
-        self.buffers.publish(buffer, self.exchange / gradient_name(task.version, task.task, task.attempt))
-        fault_point("after_grad_rename")
-        fault_point("before_notify")
-        return Result(task.task, task.attempt, loss=float(loss), rows=task.hi - task.lo, finite=math.isfinite(loss),
-                      seconds=seconds, step_finite=step_finite)
-
-    def statistics(self, task: StatsTask) -> Result:
+    def statistics(self, message: StatsTask) -> Result:
         shapes = self.context.stats_layout
-        x, y = self.rows("train", task.lo, task.hi)
-        out = self.exchange / gradient_name(0, task.task, task.attempt)
+        x, y = self.rows("train", message.lo, message.hi)
+        out = self.exchange / gradient_name(0, message.task, message.attempt)
         with writing_npy(out, (shapes.size,), np.float64, durable=False) as flat:
             self.context.model.statistics(x, y, shapes.views(flat))
-        return Result(task.task, task.attempt, rows=task.hi - task.lo)
+        return Result(task=message.task, attempt=message.attempt, outcome=Outcome.DONE, rows=message.hi - message.lo)
 
-    def evaluate(self, task: EvalTask) -> Result:
-        params = self.context.layout.views(self.weights(task.version))
-        x, y = self.rows("val", task.lo, task.hi)
+    def evaluate(self, message: EvalTask) -> Result:
+        weights = self.maps.get(weights_path(self.run_dir, message.version), (self.context.layout.size,), np.float32)
+        params = self.context.layout.views(weights)
+        x, y = self.rows("val", message.lo, message.hi)
         loss = float(self.context.model.loss(params, x, y))
         correct = 0
         if self.context.classifier:
             correct = int(np.count_nonzero(self.context.model.predict(params, x) == y))
-        write_task_statistics(self.exchange, task.version, task.task, task.attempt, self.context, params, x, y)
-        return Result(task.task, task.attempt, loss=loss, rows=task.hi - task.lo, correct=correct,
-                      finite=math.isfinite(loss))
-
-    def step(self, task: StepTask) -> Result:
-        started = time.perf_counter()
-        finite = self.step_slice(task)
-        return Result(task.task, task.attempt, rows=task.hi - task.lo, finite=finite, step_finite=finite,
-                      seconds=time.perf_counter() - started)
-
-    def step_slice(self, task: StepTask) -> bool:
-        """Write this slice of the next version, then mark it (for the peers that wait to read it)."""
-        finite = run_step_slice(task, self.exchange, self.run_dir, self.context.layout.size, self.optimizer,
-                                self.maps, self.context.layout.trainable)
-        self.marks.mark(task.task, task.seq, finite)
-        return finite
+        write_task_statistics(self.exchange, message.version, message.task, message.attempt, self.context, params,
+                              x, y)
+        return Result(task=message.task, attempt=message.attempt,
+                      outcome=Outcome.DONE if math.isfinite(loss) else Outcome.NONFINITE,
+                      loss=loss, rows=message.hi - message.lo, correct=correct)

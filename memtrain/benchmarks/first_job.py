@@ -1,0 +1,100 @@
+"""The README's first command -> its training time with memtrain and with a plain numpy loop of the same model.
+
+The job is ``jobs/examples/digits-mlp.toml`` on the shipped ``data/digits.csv``: an MLP 64 -> 64 -> 10
+(ReLU), batch 128, Adam, 30 epochs, 390 updates, validation every epoch. memtrain runs it through
+``train`` as the command does (placement decided at start, versioned weight files, logs, checkpoints);
+the loop is what a user writes by hand: the data in memory, normalized once, one gradient per batch,
+memtrain's own MLP and Adam so that the arithmetic is the same, the validation loss after every epoch.
+Both are timed from the first update to the end, in a fresh process each, without interpreter start-up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memtrain.errors import MemtrainError
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = ROOT / "jobs" / "examples" / "digits-mlp.toml"
+SOURCE = ROOT / "data" / "digits.csv"
+
+
+def available() -> bool:
+    """The job file and the data ship with the repository, not with an installed package."""
+    return JOB.exists() and SOURCE.exists()
+
+
+def prepare_digits(scratch: Path) -> Path:
+    from memtrain.cli import main
+
+    out = scratch / "digits"
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+        code = main(["prepare", str(SOURCE), str(out), "--overwrite"])
+    if code != 0:
+        raise MemtrainError("memtrain prepare of data/digits.csv failed", found=said.getvalue()[-2000:])
+    return out
+
+
+def run_memtrain(dataset: Path, run_dir: Path) -> dict[str, Any]:
+    from memtrain.config import load_job
+    from memtrain.train.server import train
+
+    job = load_job(JOB, [f'data.path="{dataset}"'], run_dir=run_dir)
+    started = time.perf_counter()
+    summary = train(job, overwrite=True)
+    seconds = time.perf_counter() - started
+    events = (run_dir / "events.log").read_text(encoding="utf-8").splitlines()
+    return {"seconds": seconds, "version": summary.version, "updates": summary.version,
+            "rows": _train_rows(dataset) * job.train.epochs, "final": summary.final,
+            "rounds": [line.split(" ", 1)[1] for line in events if "rounds:" in line]}
+
+
+def run_loop(dataset: Path) -> dict[str, Any]:
+    """The same training as a plain loop in this process."""
+    from memtrain.config import load_job
+    from memtrain.dataset import open_dataset
+    from memtrain.train.context import model_context
+    from memtrain.train.optim import apply_update, learning_rate, state_slots
+    from memtrain.train.plan import epoch_updates, updates_per_epoch
+
+    job = load_job(JOB, [f'data.path="{dataset}"'])
+    data = open_dataset(dataset)
+    context = model_context(data, job.model.kind, job.model.options, job.data.normalize)
+    layout, model, opt = context.layout, context.model, job.train.optimizer
+    rows = data.split("train").rows
+    x, y = data.split("train").read(0, rows)
+    x, y = context.normalize(x), np.asarray(y)
+    xv, yv = data.split("val").read(0, data.split("val").rows)
+    xv, yv = context.normalize(xv), np.asarray(yv)
+    weights = layout.flatten(model.init(np.random.default_rng(job.train.seed)))
+    state = {slot: np.zeros_like(weights) for slot in state_slots(opt)}
+    grad, new_weights = np.empty_like(weights), np.empty_like(weights)
+    new_state = {slot: np.empty_like(weights) for slot in state}
+    total = updates_per_epoch(rows, job.train.batch_size) * job.train.epochs
+    started = time.perf_counter()
+    step = 0
+    for epoch in range(job.train.epochs):
+        for update in epoch_updates(rows, job.train.batch_size, 1, job.train.seed, epoch):
+            lo, hi = update.tasks[0].lo, update.tasks[-1].hi
+            model.loss_and_grad(layout.views(weights), x[lo:hi], y[lo:hi], layout.views(grad))
+            grad /= np.float32(hi - lo)
+            apply_update(opt, step + 1, learning_rate(opt, step, total), weights, grad, state, new_weights, new_state)
+            weights, new_weights, state, new_state, step = new_weights, weights, new_state, state, step + 1
+        val_loss = float(model.loss(layout.views(weights), xv, yv)) / len(yv)
+    seconds = time.perf_counter() - started
+    accuracy = float(np.mean(model.predict(layout.views(weights), xv) == yv))
+    return {"seconds": seconds, "updates": step, "rows": rows * job.train.epochs,
+            "final": {"val_loss": val_loss, "val_accuracy": accuracy}}
+
+
+def _train_rows(dataset: Path) -> int:
+    from memtrain.dataset import open_dataset
+
+    return open_dataset(dataset).split("train").rows

@@ -1,0 +1,115 @@
+"""Records of finished updates (train/marks.py) -> lineage and metric lines, and where the run stands.
+
+The participants of a stretch write each update's record (each task's loss and compute time, how the
+update ended) and the publisher moves the ledger past it; the server reads the records up to the
+ledger, moves its ``Position`` along and writes the log lines -- in batches, while the rounds go on, and
+always before an epoch's record, a checkpoint, an interrupt or the end of the run. A crash in between
+loses only lines that a resume rewrites anyway (it truncates the logs to its checkpoint).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memtrain.errors import MemtrainError
+from memtrain.faults import fault_point
+from memtrain.files import append_jsonl, open_npy
+from memtrain.layout import RUN_LINEAGE, RUN_METRICS, gradient_buffer_name, weights_path
+from memtrain.train.counters import batch_number, epoch_number, update_number
+from memtrain.train.marks import PUBLISHED, SKIPPED, Ledger
+from memtrain.train.optim import OptimizerConfig, learning_rate
+from memtrain.train.plan import Plan, TaskRange, Update, task_owner
+from memtrain.train.state import Position
+
+
+class Logbook:
+    def __init__(self, *, run_dir: Path, exchange: Path, plan: Plan, records: np.ndarray, optimizer: OptimizerConfig,
+                 on_nonfinite: str, size: int, describe_rows: Callable[[int, int], str], log: Callable[[str], None]):
+        self.run_dir, self.exchange, self.plan, self.records = run_dir, exchange, plan, records
+        self.optimizer, self.on_nonfinite, self.size = optimizer, on_nonfinite, size
+        self.describe_rows, self.log = describe_rows, log
+        self.lineage: list[dict[str, Any]] = []
+        self.metrics: list[dict[str, Any]] = []
+        self.timeline: list[tuple[int, float, float]] = []  # (update, time, compute s) of each update logged
+
+    def catch_up(self, position: Position, ledger: Ledger, *, final: bool) -> None:
+        """Log every update up to the ledger's, moving ``position`` along.
+
+        With ``final`` (the stretch has ended, every participant stopped) also an update published but
+        not yet in the ledger (its publisher died between the rename and the ledger), and a non-finite
+        update with ``on_nonfinite = "stop"``, which raises.
+        """
+        per_epoch = self.plan.per_epoch
+        while position.batch < per_epoch:
+            update = self.plan.updates(position.epoch)[position.batch]
+            row = self.records[position.batch]
+            finished = update.update <= ledger.update or (final and self._published_after_ledger(row, position))
+            if not finished or (row["status"] == SKIPPED and self.on_nonfinite == "stop" and not final):
+                return
+            self.finish(position, update, row)
+
+    def _published_after_ledger(self, row: np.void, position: Position) -> bool:
+        return bool(row["status"] == PUBLISHED and row["version"] == position.version + 1
+                    and weights_path(self.run_dir, position.version + 1).exists())
+
+    def finish(self, position: Position, update: Update, row: np.void) -> None:
+        tasks = len(update.tasks)
+        loss = sum(float(value) for value in row["loss"][:tasks])  # task order, as the step adds them
+        participants = max(1, int(row["participants"]))
+        compute = max(sum(float(row["seconds"][t]) for t in range(tasks) if task_owner(t, participants) == slot)
+                      for slot in range(min(participants, tasks)))
+        published = bool(row["status"] == PUBLISHED)
+        if published:
+            position.version = int(row["version"])
+            self.lineage.append({
+                "version": position.version, "parent": position.version - 1, "update": update_number(update.update),
+                "epoch": epoch_number(update.epoch), "batch": batch_number(update.batch), "split": "train",
+                "tasks": [[t.lo, t.hi] for t in update.tasks],
+                "lr": learning_rate(self.optimizer, update.update, self.plan.total_updates),
+                "checksum": "xxh3-128-blocks:" + bytes(row["checksum"]).hex()})
+        else:
+            self.nonfinite(update, [t for t in update.tasks if row["bad"][t.task]])
+            position.skipped += 1
+        position.epoch_loss += loss
+        position.epoch_rows += update.rows
+        position.batch += 1
+        self.metrics.append({
+            "kind": "update", "epoch": epoch_number(update.epoch), "batch": batch_number(update.batch),
+            "update": update_number(update.update),
+            "version": position.version, "loss": loss / update.rows, "rows": update.rows, "skipped": not published,
+            "compute_s": compute, "time": float(row["time"])})
+        self.timeline.append((update.update, float(row["time"]), compute))
+        fault_point("after_update_logged")
+
+    def nonfinite(self, update: Update, bad: list[TaskRange]) -> None:
+        if not bad and self.on_nonfinite == "stop":  # the stretch stopped right here: the buffers are intact
+            bad = self.nonfinite_gradients(update)
+        where = ", ".join(f"task {t.task} ({self.describe_rows(t.lo, t.hi)})" for t in bad) or \
+            ("the mean gradient or the new weights (each task's gradient was finite)" if self.on_nonfinite == "stop"
+             else "the mean gradient or the new weights")
+        text = (f"non-finite loss or gradient at update {update_number(update.update)} (epoch "
+                f"{epoch_number(update.epoch)}, batch {batch_number(update.batch)}): {where}")
+        if self.on_nonfinite == "stop":
+            self.write()
+            raise MemtrainError(text, hint="lower train.lr, check the data, or set train.on_nonfinite = \"skip\"; "
+                                           "the published weights are unchanged")
+        self.log(text + "; update skipped")
+
+    def nonfinite_gradients(self, update: Update) -> list[TaskRange]:
+        """The tasks whose gradient buffer holds NaN/Inf (read only on this rare path, never per update)."""
+        return [rows for rows in update.tasks
+                if not np.isfinite(open_npy(self.exchange / gradient_buffer_name(rows.task), shape=(self.size,),
+                                            dtype=np.float32)).all()]
+
+    def write(self) -> None:
+        """Append the lines logged since the last call."""
+        if self.lineage:
+            append_jsonl(self.run_dir / RUN_LINEAGE, *self.lineage)
+            self.lineage.clear()
+        if self.metrics:
+            append_jsonl(self.run_dir / RUN_METRICS, *self.metrics)
+            self.metrics.clear()

@@ -1,0 +1,149 @@
+"""``train.workers`` and a measurement at start -> where the rounds run: in the server, or on worker processes.
+
+- ``train.workers = 0``: the server runs every round itself (train/rounds.py, one participant).
+- ``train.workers = N``: N worker processes run them; the server only watches.
+- ``train.workers = "auto"`` (the default): the server runs the first updates itself and times them.
+  If the compute that workers could take off its hands is below what a round between processes costs
+  (MIN_GAIN_S), or saves less over the rest of the job than starting them costs (SPAWN_COST_S each), it
+  keeps the rounds: no worker is ever started. Otherwise it starts one worker per core
+  (at most one per task of an update) and goes on training while they start; once they are ready they
+  run a few updates, and the faster of the two, as measured, runs the rest of the job.
+
+Either way the results are bitwise identical: the same files, the same tasks, the same arithmetic, the
+same order of additions (the participants' count never enters a sum). The choice and its figures go to
+the event log.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+
+from memtrain.train.exchange import InServer, Transport, WorkerPool
+
+# Updates timed in each place before choosing (the first update of each stretch is not timed: it pays
+# for the stretch's start).
+PROBE_UPDATES = 6
+
+# Compute per update that workers must be able to take off the server before they are even tried (and
+# spawned: ~0.3 s of start-up each). Between processes an update costs at least two futex wake-ups
+# (~10-50 us each on an idle core) and the marks' system calls on top of what the server pays; this
+# floor is an estimate, kept low on purpose: above it, the two are timed against each other.
+MIN_GAIN_S = 0.15e-3
+
+# Starting a worker (an interpreter, numpy, the model, the dataset's maps) costs about this much CPU,
+# taken from the server on a machine without a spare core; the saving over the rest of the job must
+# be larger before workers are tried.
+SPAWN_COST_S = 0.5
+
+
+class Phase(enum.Enum):
+    SERVER_PROBE = "timing the rounds in the server"
+    STARTING = "the server trains while workers start"
+    WORKERS_PROBE = "timing the rounds on workers"
+    SERVER = "in the server"
+    WORKERS = "on workers"
+
+
+class Placement:
+    def __init__(self, *, workers: int | str, tasks: int, cores: int, in_server: InServer,
+                 start_pool: Callable[[int], WorkerPool], log: Callable[[str], None]):
+        self.in_server, self.start_pool, self.log = in_server, start_pool, log
+        self.pool: WorkerPool | None = None
+        self.count = min(cores, tasks) if workers == "auto" else int(workers)
+        self.server_walls: list[float] = []
+        self.server_computes: list[float] = []
+        self.worker_walls: list[float] = []
+        if workers == 0:
+            self.phase = Phase.SERVER
+            log("rounds: in the server (train.workers = 0)")
+        elif workers != "auto":
+            self.phase = Phase.WORKERS
+            self.pool = start_pool(self.count)
+            log(f"rounds: on {self.count} worker processes (train.workers = {self.count})")
+        elif self.count < 2:
+            self.phase = Phase.SERVER
+            log(f"rounds: in the server (train.workers = \"auto\": {cores} core(s), {tasks} task(s) per update: "
+                f"nothing to share)")
+        else:
+            self.phase = Phase.SERVER_PROBE
+
+    @property
+    def transport(self) -> Transport:
+        if self.phase in (Phase.WORKERS, Phase.WORKERS_PROBE):
+            return self.pool
+        return self.in_server
+
+    @property
+    def decided(self) -> bool:
+        return self.phase in (Phase.SERVER, Phase.WORKERS)
+
+    def stretch_limit(self) -> int | None:
+        """How many updates the next stretch may run (None: to the end of its epoch)."""
+        if self.phase == Phase.SERVER_PROBE:
+            return PROBE_UPDATES + 1
+        if self.phase == Phase.WORKERS_PROBE:
+            return PROBE_UPDATES + 1
+        return None
+
+    def heartbeat(self) -> bool:
+        """Between two updates the server runs itself: True ends its stretch (the workers are ready)."""
+        return self.phase == Phase.STARTING and self.pool.ready()
+
+    def observe(self, timeline: list[tuple[int, float, float]], update: int, remaining: int) -> None:
+        """The (update, publication time, compute seconds) of the last stretch's updates; ``update`` is the
+        next update to run, ``remaining`` how many the job has left."""
+        walls = [b[1] - a[1] for a, b in zip(timeline, timeline[1:], strict=False) if b[0] == a[0] + 1]
+        if self.phase == Phase.SERVER_PROBE:
+            self.server_walls += walls
+            self.server_computes += [c for _, _, c in timeline[1:]]
+            if len(self.server_walls) >= PROBE_UPDATES:
+                self._after_server_probe(update, remaining)
+        elif self.phase == Phase.STARTING and self.pool.ready():
+            self.phase = Phase.WORKERS_PROBE
+        elif self.phase == Phase.WORKERS_PROBE:
+            self.worker_walls += walls
+            if len(self.worker_walls) >= PROBE_UPDATES:
+                self._after_workers_probe(update)
+
+    def _after_server_probe(self, update: int, remaining: int) -> None:
+        wall, compute = _median(self.server_walls), _median(self.server_computes)
+        gain = compute * (1 - 1 / self.count)
+        figures = f"an update takes {wall * 1e3:.2f} ms in the server, {compute * 1e3:.2f} ms of it computing"
+        if gain < MIN_GAIN_S:
+            self.phase = Phase.SERVER
+            self.log(f"rounds: in the server from update {update}: {figures}; {self.count} workers could save at "
+                     f"most {gain * 1e3:.2f} ms of it, less than a round between processes costs "
+                     f"({MIN_GAIN_S * 1e3:.2f} ms)")
+            return
+        if gain * remaining < SPAWN_COST_S * self.count:
+            self.phase = Phase.SERVER
+            self.log(f"rounds: in the server from update {update}: {figures}; {self.count} workers could save at "
+                     f"most {gain * remaining:.3g} s over the {remaining} updates left, less than starting them "
+                     f"costs ({SPAWN_COST_S * self.count:.1f} s)")
+            return
+        self.log(f"rounds: {figures}; starting {self.count} workers to compare")
+        self.pool = self.start_pool(self.count)
+        self.phase = Phase.STARTING
+
+    def _after_workers_probe(self, update: int) -> None:
+        server, workers = _median(self.server_walls), _median(self.worker_walls)
+        figures = f"{workers * 1e3:.2f} ms per update on {self.count} workers, {server * 1e3:.2f} ms in the server"
+        if workers < server:
+            self.phase = Phase.WORKERS
+            self.log(f"rounds: on {self.count} workers from update {update}: {figures}")
+            return
+        self.phase = Phase.SERVER
+        self.log(f"rounds: in the server from update {update}: {figures}; workers stopped")
+        self.pool.close()
+        self.pool = None
+
+    def close(self, timeout: float = 5.0) -> None:
+        if self.pool is not None:
+            self.pool.close(timeout)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2

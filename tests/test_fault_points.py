@@ -1,0 +1,84 @@
+"""Every fault point declared in memtrain/faults.py is reached by the command it belongs to, and a
+MEMTRAIN_FAULT naming a point that does not exist is refused (a fault test that can never fire cannot fail)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tiny_data import blobs, write_dataset
+
+from memtrain.faults import POINTS
+from memtrain.prepare.synthetic import write_synthetic_source
+
+pytestmark = pytest.mark.timeout(180)
+TESTS = Path(__file__).parent
+PYTHONPATH = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))  # and the caller's
+TRAIN = {"before_grad_write", "after_grad_write", "mid_step", "after_publish", "after_result", "after_update_logged",
+         "ckpt_after_data", "ckpt_before_commit", "run_before_commit", "write"}
+PREPARE = {"prepare_mid_spool", "prepare_mid_shard", "prepare_after_shard", "prepare_before_publish", "write"}
+SERVE = {"serve_after_claim", "serve_after_launch"}
+
+
+def memtrain(*args: object, points: set[str], log: Path, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": PYTHONPATH, "MEMTRAIN_FAULT": ",".join(f"{p}:1" for p in sorted(points)),
+           "MEMTRAIN_FAULT_ACTION": "record", "MEMTRAIN_FAULT_LOG": str(log)}
+    return subprocess.run([sys.executable, "-m", "memtrain", *map(str, args)], capture_output=True, text=True,
+                          env=env, timeout=150, cwd=cwd)
+
+
+def fired(log: Path) -> set[str]:
+    return set(log.read_text().split()) if log.exists() else set()
+
+
+def test_the_scenarios_cover_every_declared_point() -> None:
+    assert set(POINTS) == TRAIN | PREPARE | SERVE
+
+
+def job(folder: Path, data: Path, name: str = "job") -> Path:
+    path = folder / f"{name}.toml"
+    path.write_text(f'[data]\npath = "{data}"\n[model]\nkind = "mlp"\nhidden = [8]\n[train]\nepochs = 2\n'
+                    f'batch_size = 100\ntasks_per_update = 2\nworkers = 2\n[run]\ndir = "{folder / "run"}"\n')
+    return path
+
+
+def test_every_train_point_fires(tmp_path: Path) -> None:
+    x, y = blobs(n=500, features=4, classes=3)
+    data = write_dataset(tmp_path / "data", x, y, shard_rows=200)
+    result = memtrain("train", job(tmp_path, data), points=TRAIN, log=tmp_path / "fired", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert fired(tmp_path / "fired") == TRAIN
+
+
+def test_every_prepare_point_fires(tmp_path: Path) -> None:
+    (source,) = write_synthetic_source(tmp_path / "s.csv", 12_000, 16, seed=3)
+    result = memtrain("prepare", source, tmp_path / "ds", "--shard-mb", "0.1", "--chunk-mb", "0.5", points=PREPARE,
+                      log=tmp_path / "fired", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert fired(tmp_path / "fired") == PREPARE
+
+
+def test_every_serve_point_fires(tmp_path: Path) -> None:
+    x, y = blobs(n=300, features=4, classes=3)
+    data = write_dataset(tmp_path / "data", x, y, shard_rows=200)
+    spool = tmp_path / "jobs"
+    spool.mkdir(mode=0o700)
+    job(spool, data, "k").write_text(job(tmp_path, data).read_text())
+    result = memtrain("serve", "--jobs", spool, "--once", points=SERVE, log=tmp_path / "fired", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert fired(tmp_path / "fired") == SERVE
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("after_grad_tmp:2", "unknown fault point 'after_grad_tmp' in MEMTRAIN_FAULT"),
+    ("mid_step:0", "bad hit count for fault point 'mid_step'"),
+    ("mid_step:x", "bad hit count for fault point 'mid_step'"),
+])
+def test_an_unknown_point_or_count_is_refused(tmp_path: Path, spec: str, message: str) -> None:
+    result = subprocess.run([sys.executable, "-m", "memtrain", "inspect", str(tmp_path)], capture_output=True,
+                            text=True, env={**os.environ, "MEMTRAIN_FAULT": spec}, timeout=60)
+    assert result.returncode == 2
+    assert message in result.stderr and "expected" in result.stderr

@@ -1,0 +1,143 @@
+"""The rounds' machinery on its own: the doorbell waiters sleep on, and where the rounds run (train.workers).
+
+End to end: the server running the rounds itself gives the same bits as worker processes, and
+``train.workers = "auto"`` records its choice and the figures it chose by in the event log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tiny_data import blobs, write_dataset
+
+from memtrain.cli import main
+from memtrain.layout import weight_versions, weights_path
+from memtrain.train import doorbell
+from memtrain.train.doorbell import Doorbell
+from memtrain.train.placement import MIN_GAIN_S, PROBE_UPDATES, SPAWN_COST_S
+from memtrain.train.scheduler import CORES
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _ring_later(path: str, offset: int, delay: float) -> None:
+    fd = os.open(path, os.O_RDWR)
+    time.sleep(delay)
+    Doorbell(fd, offset).ring()
+
+
+@pytest.mark.skipif(not doorbell.available(), reason="futexes are Linux-only; elsewhere the waiters nap")
+def test_a_sleeper_is_woken_by_a_ring_from_another_process_and_never_misses_one(tmp_path: Path) -> None:
+    path = tmp_path / "board"
+    path.write_bytes(bytes(4096))
+    bell = Doorbell(os.open(path, os.O_RDWR), 48)
+    seen = bell.value
+    started = time.monotonic()
+    bell.sleep(seen, 0.3)  # nobody rings: the timeout ends it
+    assert time.monotonic() - started >= 0.25
+    ringer = multiprocessing.get_context("spawn").Process(target=_ring_later, args=(str(path), 48, 0.5))
+    ringer.start()
+    started = time.monotonic()
+    bell.sleep(seen, 60.0)  # woken by the other process long before the timeout
+    assert time.monotonic() - started < 30
+    ringer.join(30)
+    assert bell.value == (seen + 1) & 0xFFFFFFFF
+    started = time.monotonic()
+    bell.sleep(seen, 60.0)  # the word moved since it was read: a ring that came first is not missed
+    assert time.monotonic() - started < 30
+    bell.close()
+
+
+JOB = """
+[data]
+path = "{data}"
+[model]
+kind = "mlp"
+hidden = {hidden}
+[train]
+epochs = {epochs}
+batch_size = 200
+tasks_per_update = 3
+optimizer = "adam"
+lr = 0.01
+seed = 5
+{workers}
+[run]
+dir = "run"
+keep_versions = 2
+"""
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    x, y = blobs(n=1500, features=8, classes=3, seed=4)
+    return write_dataset(tmp_path_factory.mktemp("data") / "blobs", x, y, shard_rows=300)
+
+
+def train(folder: Path, data: Path, workers: str, *, hidden: str = "[16]", epochs: int = 2) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "job.toml").write_text(JOB.format(data=data, hidden=hidden, epochs=epochs, workers=workers))
+    assert main(["train", str(folder / "job.toml")]) == 0
+    return folder / "run"
+
+
+def digest(run: Path) -> str:
+    return hashlib.sha256(np.load(weights_path(run, weight_versions(run)[-1])).tobytes()).hexdigest()
+
+
+def events(run: Path) -> str:
+    return (run / "events.log").read_text()
+
+
+def test_the_server_running_the_rounds_itself_gives_the_bits_of_worker_processes(tmp_path: Path,
+                                                                                 dataset: Path) -> None:
+    server = train(tmp_path / "server", dataset, "workers = 0")
+    workers = train(tmp_path / "workers", dataset, "workers = 2")
+    assert "rounds: in the server (train.workers = 0)" in events(server)
+    assert "workers started" not in events(server)
+    assert "rounds: on 2 worker processes (train.workers = 2)" in events(workers)
+    assert digest(server) == digest(workers)
+    for name in ("lineage.jsonl", "metrics.jsonl"):  # the same versions, checksums, losses
+        strip = re.compile(r'"(time|compute_s|samples_per_s)": [0-9.e+-]+')
+        assert strip.sub("", (server / name).read_text()) == strip.sub("", (workers / name).read_text())
+
+
+def test_auto_keeps_a_tiny_model_in_the_server_and_says_why(tmp_path: Path, dataset: Path) -> None:
+    run = train(tmp_path / "auto", dataset, "")  # train.workers defaults to "auto"
+    log = events(run)
+    if CORES < 2:
+        assert 'rounds: in the server (train.workers = "auto": 1 core(s)' in log
+    else:
+        found = re.search(r"rounds: in the server from update (\d+): an update takes ([\d.]+) ms in the server, "
+                          r"([\d.]+) ms of it computing; 2 workers could save at most ([\d.]+) (ms of it|s over the "
+                          r"(\d+) updates left)", log)
+        assert found, log
+        assert int(found.group(1)) == PROBE_UPDATES + 1
+        saved = float(found.group(4))
+        assert saved < MIN_GAIN_S * 1e3 if found.group(5) == "ms of it" else saved < SPAWN_COST_S * 2
+    assert "workers started" not in log
+    assert digest(run) == digest(train(tmp_path / "two", dataset, "workers = 2"))
+
+
+@pytest.mark.skipif(CORES < 2, reason="with one core there is nothing to compare: covered by the test above")
+def test_auto_times_workers_against_the_server_and_keeps_the_faster(tmp_path: Path, dataset: Path) -> None:
+    big = "[1024, 512]"  # a few ms of compute per update, 560 updates: workers are worth trying
+    run = train(tmp_path / "auto", dataset, "", hidden=big, epochs=80)
+    log = events(run)
+    assert re.search(r"rounds: an update takes [\d.]+ ms in the server, [\d.]+ ms of it computing; starting 2 "
+                     r"workers to compare", log), log
+    assert "workers started: pids" in log
+    decided = re.search(r"rounds: (on 2 workers|in the server) from update (\d+): ([\d.]+) ms per update on 2 "
+                        r"workers, ([\d.]+) ms in the server", log)
+    assert decided, log
+    faster = "on 2 workers" if float(decided.group(3)) < float(decided.group(4)) else "in the server"
+    assert decided.group(1) == faster
+    assert ("workers stopped" in log) == (faster == "in the server")
+    assert digest(run) == digest(train(tmp_path / "server", dataset, "workers = 0", hidden=big, epochs=80))
