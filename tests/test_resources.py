@@ -17,7 +17,9 @@ from tiny_data import write_dataset
 from memtrain.config import load_job
 from memtrain.dataset import open_dataset
 from memtrain.train.context import model_context
+from memtrain.train.plan import Plan
 from memtrain.train.room import room_needed
+from memtrain.train.server import round_slots
 
 pytestmark = pytest.mark.timeout(180)
 __all__ = ["data"]
@@ -41,28 +43,31 @@ def exchange_usage(run: Path, stop: threading.Event, peak: dict[str, int]) -> No
         stop.wait(0.002)
 
 
-def test_gradient_files_of_killed_attempts_are_removed_at_once(tmp_path: Path, data: Path) -> None:  # noqa: F811
-    """Every worker dies right after publishing its 2nd gradient, before it reports it: each death leaves a
-    complete gradient file of an attempt the server never hears of. The exchange must never hold more than
-    the live gradients (2 updates x 3 tasks), nor more bytes than the start-up check reserved."""
+def test_killed_participants_never_grow_the_exchange(tmp_path: Path, data: Path) -> None:  # noqa: F811
+    """Every worker dies right after writing its 3rd gradient, before it marks it: each death leaves a complete
+    gradient of a round that is called off and run again. The exchange must never hold more than one gradient
+    buffer per task (3), nor more bytes than the start-up check reserved."""
     job = write_job(tmp_path, data, epochs=1, model_extra="hidden = [2000]")
     job.write_text(job.read_text().replace('dir = "run"', 'dir = "run"\nexchange = "run"')
                    .replace("task_timeout", "max_attempts = 100\ntask_timeout"))
     resolved = load_job(job)
     dataset = open_dataset(resolved.data.path)
-    reserved = room_needed(resolved, model_context(dataset, "mlp", {"hidden": (2000,)}, True)).exchange
+    plan = Plan(dataset.split("train").rows, resolved.train.batch_size, resolved.train.tasks_per_update,
+                resolved.train.seed, resolved.train.epochs)
+    reserved = room_needed(resolved, model_context(dataset, "mlp", {"hidden": (2000,)}, True),
+                           per_epoch=plan.per_epoch, slots=round_slots(resolved)).exchange
     peak = {"bytes": 0, "gradients": 0}
     stop = threading.Event()
     sampler = threading.Thread(target=exchange_usage, args=(tmp_path / "run", stop, peak))
     sampler.start()
     try:
-        result = memtrain("train", job, env={"MEMTRAIN_FAULT": "after_grad_rename:3"})
+        result = memtrain("train", job, env={"MEMTRAIN_FAULT": "after_grad_write:3"})
     finally:
         stop.set()
         sampler.join()
     assert result.returncode == 0, result.stderr
     assert events(tmp_path / "run").count("died with exit code -9") >= 4
-    assert peak["gradients"] <= 2 * 3, peak
+    assert peak["gradients"] <= 3, peak
     assert 0 < peak["bytes"] <= reserved, (peak, reserved)
 
 

@@ -128,17 +128,17 @@ def test_a_closed_pipe_never_stops_training(data: Path, tmp_path: Path, clean: s
 
 def test_a_run_that_fails_with_no_one_reading_exits_1_and_its_log_says_why(data: Path, tmp_path: Path) -> None:  # noqa: F811
     """stdout and stderr are a pipe whose reader is gone from the start; the run fails later (an injected full
-    disk during a step): exit 1, not 0, and events.log says why."""
+    disk while the server logs an update): exit 1, not 0, and events.log says why."""
     job = write_job(tmp_path, data, epochs=EPOCHS)
     read, write = os.pipe()
     os.close(read)
-    proc = popen(job, stdout=write, stderr=write, env={"MEMTRAIN_FAULT": "mid_reduce:12",
+    proc = popen(job, stdout=write, stderr=write, env={"MEMTRAIN_FAULT": "after_update_logged:12",
                                                        "MEMTRAIN_FAULT_ACTION": "raise"})
     os.close(write)
     assert proc.wait(timeout=120) == 1
     log = events(tmp_path / "run")
     assert f"epoch 2/{EPOCHS}" in log  # it went on after its first console write failed
-    assert "failed: " in log and "injected fault at mid_reduce" in log
+    assert "failed: " in log and "injected fault at after_update_logged" in log
 
 
 def test_sigterm_during_start_up_is_a_clean_stop_that_leaves_no_probe(data: Path, tmp_path: Path) -> None:  # noqa: F811

@@ -252,7 +252,7 @@ def test_server_killed_then_resumed_is_bitwise_identical(data: Path, bn_runs: di
                                                          tmp_path: Path) -> None:
     copy_nets(tmp_path)
     job = write_job(tmp_path, data, "torch_nets:bn_dropout", optimizer="adamw", lr=0.01, train="weight_decay = 0.1")
-    crashed = memtrain_cli("train", job, env={"MEMTRAIN_FAULT": "mid_reduce:9",
+    crashed = memtrain_cli("train", job, env={"MEMTRAIN_FAULT": "after_update_logged:9",
                                               "MEMTRAIN_FAULT_ONCE": str(tmp_path / "fired")})
     assert crashed.returncode == -9, crashed.stderr
     resumed = memtrain_cli("train", "--resume", tmp_path / "run")
