@@ -16,7 +16,7 @@ from tiny_data import blobs, write_dataset
 from memtrain.files import read_jsonl
 from memtrain.layout import weights_path
 from memtrain.train.counters import position_text
-from memtrain.train.weights import begin_weights, commit_weights
+from memtrain.train.weights import commit_weights, ready_building
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -70,14 +70,14 @@ def test_a_recycled_weight_file_is_published_with_the_time_of_publication(tmp_pa
     """A retired version's file is renamed and rewritten through maps; a write to a page still dirty from its
     earlier life does not touch its mtime, so `inspect` would show it older than the version before it."""
     (tmp_path / "weights").mkdir()
-    spare = tmp_path / "weights" / "spare"
-    tmp = begin_weights(tmp_path, 1, 1000)
-    os.replace(tmp, spare)
-    os.utime(spare, (1e9, 1e9))  # its earlier life, long ago
-    tmp = begin_weights(tmp_path, 7, 1000, spare)
+    for version in (1, 2):
+        commit_weights(ready_building(tmp_path, version, 1000, os.getpid(), keep=1), tmp_path, version)
+    os.utime(weights_path(tmp_path, 1), (1e9, 1e9))  # its earlier life, long ago
+    building = ready_building(tmp_path, 3, 1000, os.getpid(), keep=1)  # retires version 1 into this file
+    assert not weights_path(tmp_path, 1).exists() and os.stat(building).st_mtime == 1e9
     before = time.time()
-    commit_weights(tmp, tmp_path, 7)
-    assert os.stat(weights_path(tmp_path, 7)).st_mtime >= before - 1
+    commit_weights(building, tmp_path, 3)
+    assert os.stat(weights_path(tmp_path, 3)).st_mtime >= before - 1
 
 
 def test_a_dataset_without_training_rows_is_an_error_at_start(cli, tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ TRAIN = {"before_grad_write", "after_grad_write", "mid_step", "after_publish", "
          "ckpt_after_data", "ckpt_before_commit", "run_before_commit", "write"}
 PREPARE = {"prepare_mid_spool", "prepare_mid_shard", "prepare_after_shard", "prepare_before_publish", "write"}
 SERVE = {"serve_after_claim", "serve_after_launch"}
+PROBE = {"exchange_probe"}  # only where an exchange of 16 MiB or more picks between /dev/shm and the run's disk
 
 
 def memtrain(*args: object, points: set[str], log: Path, cwd: Path) -> subprocess.CompletedProcess:
@@ -35,12 +36,12 @@ def fired(log: Path) -> set[str]:
 
 
 def test_the_scenarios_cover_every_declared_point() -> None:
-    assert set(POINTS) == TRAIN | PREPARE | SERVE
+    assert set(POINTS) == TRAIN | PREPARE | SERVE | PROBE
 
 
-def job(folder: Path, data: Path, name: str = "job") -> Path:
+def job(folder: Path, data: Path, name: str = "job", hidden: int = 8) -> Path:
     path = folder / f"{name}.toml"
-    path.write_text(f'[data]\npath = "{data}"\n[model]\nkind = "mlp"\nhidden = [8]\n[train]\nepochs = 2\n'
+    path.write_text(f'[data]\npath = "{data}"\n[model]\nkind = "mlp"\nhidden = [{hidden}]\n[train]\nepochs = 2\n'
                     f'batch_size = 100\ntasks_per_update = 2\nworkers = 2\n[run]\ndir = "{folder / "run"}"\n')
     return path
 
@@ -51,6 +52,17 @@ def test_every_train_point_fires(tmp_path: Path) -> None:
     result = memtrain("train", job(tmp_path, data), points=TRAIN, log=tmp_path / "fired", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert fired(tmp_path / "fired") == TRAIN
+
+
+def test_the_exchange_probe_fires_for_a_large_exchange(tmp_path: Path) -> None:
+    if not (os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK)):
+        pytest.skip("no writable /dev/shm: the exchange location is not measured")
+    x, y = blobs(n=200, features=4, classes=3)
+    data = write_dataset(tmp_path / "data", x, y, shard_rows=200)
+    big = job(tmp_path, data, hidden=600_000)  # 4.2 M parameters: 17 MB per file, 85 MB of exchange
+    result = memtrain("train", big, "--set", "train.epochs=1", points=PROBE, log=tmp_path / "fired", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert fired(tmp_path / "fired") == PROBE
 
 
 def test_every_prepare_point_fires(tmp_path: Path) -> None:

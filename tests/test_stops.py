@@ -146,7 +146,7 @@ def test_sigterm_during_start_up_is_a_clean_stop_that_leaves_no_probe(data: Path
     SIGTERM): a message and exit 143, and the 16 MiB probe file is gone."""
     if not (os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK)):
         pytest.skip("no writable /dev/shm: the exchange location is not measured")
-    job = write_job(tmp_path, data)
+    job = write_job(tmp_path, data, model_extra="hidden = [200000]")  # an exchange over 16 MiB: probed
     proc = popen(job, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                  env={"MEMTRAIN_FAULT": "exchange_probe:1", "MEMTRAIN_FAULT_ACTION": "stop"})
     probes = []

@@ -17,19 +17,20 @@ import numpy as np
 
 from memtrain.errors import MemtrainError
 from memtrain.faults import fault_point
-from memtrain.files import append_jsonl, open_npy
-from memtrain.layout import RUN_LINEAGE, RUN_METRICS, gradient_buffer_name, weights_path
+from memtrain.files import open_npy
+from memtrain.layout import gradient_buffer_name, weights_path
 from memtrain.train.counters import batch_number, epoch_number, update_number
 from memtrain.train.marks import PUBLISHED, SKIPPED, Ledger
 from memtrain.train.optim import OptimizerConfig, learning_rate
 from memtrain.train.plan import Plan, TaskRange, Update, task_owner
+from memtrain.train.run_dir import RunDir
 from memtrain.train.state import Position
 
 
 class Logbook:
-    def __init__(self, *, run_dir: Path, exchange: Path, plan: Plan, records: np.ndarray, optimizer: OptimizerConfig,
+    def __init__(self, *, run: RunDir, exchange: Path, plan: Plan, records: np.ndarray, optimizer: OptimizerConfig,
                  on_nonfinite: str, size: int, describe_rows: Callable[[int, int], str], log: Callable[[str], None]):
-        self.run_dir, self.exchange, self.plan, self.records = run_dir, exchange, plan, records
+        self.run, self.exchange, self.plan, self.records = run, exchange, plan, records
         self.optimizer, self.on_nonfinite, self.size = optimizer, on_nonfinite, size
         self.describe_rows, self.log = describe_rows, log
         self.lineage: list[dict[str, Any]] = []
@@ -54,7 +55,7 @@ class Logbook:
 
     def _published_after_ledger(self, row: np.void, position: Position) -> bool:
         return bool(row["status"] == PUBLISHED and row["version"] == position.version + 1
-                    and weights_path(self.run_dir, position.version + 1).exists())
+                    and weights_path(self.run.path, position.version + 1).exists())
 
     def finish(self, position: Position, update: Update, row: np.void) -> None:
         tasks = len(update.tasks)
@@ -108,8 +109,8 @@ class Logbook:
     def write(self) -> None:
         """Append the lines logged since the last call."""
         if self.lineage:
-            append_jsonl(self.run_dir / RUN_LINEAGE, *self.lineage)
+            self.run.lineage(*self.lineage)
             self.lineage.clear()
         if self.metrics:
-            append_jsonl(self.run_dir / RUN_METRICS, *self.metrics)
+            self.run.metric(*self.metrics)
             self.metrics.clear()

@@ -88,11 +88,12 @@ class RunDir:
     def event(self, text: str) -> None:
         log_event(self.path, text)
 
-    def metric(self, record: dict[str, Any]) -> None:
-        append_jsonl(self.path / RUN_METRICS, record)
+    def metric(self, *records: dict[str, Any]) -> None:
+        append_jsonl(self.path / RUN_METRICS, *records)
 
-    def lineage(self, record: dict[str, Any]) -> None:
-        append_jsonl(self.path / RUN_LINEAGE, seal(record))
+    def lineage(self, *records: dict[str, Any]) -> None:
+        """Append lineage records, each sealed (a torn or edited line is found when it is read)."""
+        append_jsonl(self.path / RUN_LINEAGE, *map(seal, records))
 
     def close(self) -> None:
         shutil.rmtree(self.exchange, ignore_errors=True)

@@ -164,7 +164,7 @@ class Trainer:
         self.board = create_round_files(run.exchange, context.layout.size, job.train.tasks_per_update, self.slots,
                                         self.per_epoch)
         self.memory_board = Board(1)
-        self.logbook = Logbook(run_dir=run.path, exchange=run.exchange, plan=self.plan,
+        self.logbook = Logbook(run=run, exchange=run.exchange, plan=self.plan,
                                records=open_records(run.exchange / ROUND_RECORDS, self.per_epoch,
                                                     job.train.tasks_per_update),
                                optimizer=job.train.optimizer, on_nonfinite=job.train.on_nonfinite,
