@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from memtrain.prepare.synthetic import write_synthetic_source
+from tests.dataset_files import dataset_bytes
 
 ROOT = Path(__file__).parents[1]
 OPTIONS = ["--shard-mb", "0.1", "--chunk-mb", "0.5", "--seed", "4"]
@@ -24,15 +24,6 @@ def run_prepare(source: Path, out: Path, *extra: str, fault: str | None = None, 
         env["MEMTRAIN_FAULT_ACTION"] = action
     return subprocess.run([sys.executable, "-m", "memtrain", "prepare", str(source), str(out), *OPTIONS, *extra],
                           capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
-
-
-def dataset_bytes(path: Path) -> dict[str, bytes]:
-    files = {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
-    manifest = json.loads(files.pop("manifest.json"))
-    manifest.pop("created")
-    manifest.pop("record_checksum")  # covers "created" too
-    files["manifest.json"] = json.dumps(manifest, sort_keys=True).encode()
-    return files
 
 
 @pytest.fixture(scope="module")

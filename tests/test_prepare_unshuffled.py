@@ -16,6 +16,7 @@ import pytest
 import memtrain.prepare.pipeline
 from memtrain.errors import InputError
 from memtrain.prepare import PrepareOptions, prepare
+from tests import dataset_files
 from tests.conftest import table_csv
 
 ROOT = Path(__file__).parents[1]
@@ -26,12 +27,7 @@ def quiet(options: PrepareOptions) -> None:
 
 
 def dataset_bytes(path: Path) -> dict[str, bytes]:
-    files = {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
-    manifest = json.loads(files.pop("manifest.json"))
-    for key in ("created", "source", "options", "feature_names", "record_checksum"):  # what names the source
-        manifest.pop(key)
-    files["manifest.json"] = json.dumps(manifest, sort_keys=True).encode()
-    return files
+    return dataset_files.dataset_bytes(path, ignore=("source", "options", "feature_names"))  # what names the source
 
 
 @pytest.fixture
