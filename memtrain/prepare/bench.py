@@ -11,7 +11,11 @@ and, for array sources, with ``--no-shuffle`` as well. Every measurement runs in
 anonymous memory sampled from /proc), baseline and memtrain alternating, ``repeats`` times; the table
 gives the median and the spread (min-max) of each figure, and the ratio of each back-to-back pair, so a
 burst of load from another process moves one pair, not the comparison. MB/s is source bytes per second
-of wall time; the source is in the page cache for both (it was just written, or read by the previous run).
+of wall time; the source is in the page cache for both (it was just written, or read by the previous run),
+and every run starts with no dirty pages to write back (``os.sync()`` before the clock): without it, the
+first run after the source was written paid for writing the source back (measured: a 304 MB npy copy at
+157 MB/s right after writing, 1145 MB/s after a sync), a cost that fell on whichever side ran first and
+on some sources more than others (the h5 source's npy scratch files are deleted before they reach the disk).
 """
 
 from __future__ import annotations
@@ -145,6 +149,7 @@ def _measure(spec: dict[str, Any]) -> dict[str, Any]:
         parser = None
     else:
         action, name, parser = _memtrain(spec["source"], files, out, spec["shuffle"])
+    os.sync()  # no earlier write (the source, the last run) is written back on this run's clock
     started = time.perf_counter()
     action()
     seconds = time.perf_counter() - started
