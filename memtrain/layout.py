@@ -179,6 +179,17 @@ def building_path(run_dir: Path, version: int, owner_pid: int) -> Path:
     return Path(f"{run_dir}/{WEIGHTS_DIR}/.v{version:08d}.npy{TMP_MARK}{owner_pid}-00000000")
 
 
+# --- a cluster run (memtrain/cluster/) ---
+def cluster_worker_dir_name(token: str) -> str:
+    """A Dask worker's own folder in the exchange area, for its gradient buffers: pids repeat across hosts."""
+    return f"w-{token}"
+
+
+def cluster_probe_name(token: str) -> str:
+    """The start-up probe a Dask worker writes into the exchange area (or the server into the run dir)."""
+    return f".cluster-probe-{token}.json"
+
+
 # --- temporary names ---
 TMP_MARK = ".tmp-"
 
