@@ -180,11 +180,6 @@ def building_path(run_dir: Path, version: int, owner_pid: int) -> Path:
 
 
 # --- a cluster run (memtrain/cluster/) ---
-def cluster_worker_dir_name(token: str) -> str:
-    """A Dask worker's own folder in the exchange area, for its gradient buffers: pids repeat across hosts."""
-    return f"w-{token}"
-
-
 def cluster_probe_name(token: str) -> str:
     """The start-up probe a Dask worker writes into the exchange area (or the server into the run dir)."""
     return f".cluster-probe-{token}.json"

@@ -42,7 +42,6 @@ MADE = {
     "spool_log_file": lambda: [layout.spool_log_file("NAME")],
     "spool_archive_name": lambda: [layout.spool_archive_name("NAME", 1), layout.spool_archive_name("NAME", 2)],
     "spool_record_stem": lambda: [layout.spool_job_file(layout.spool_record_stem("NAME"))],
-    "cluster_worker_dir_name": lambda: [layout.cluster_worker_dir_name("0123456789ab")],
     "cluster_probe_name": lambda: [layout.cluster_probe_name("0123456789ab")],
 }
 # Functions that read names back (parsers and listings) and the prefix of a name made above.

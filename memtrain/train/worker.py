@@ -1,4 +1,5 @@
-"""Messages in, answers out: a worker runs stretches of rounds (train/rounds.py) and evaluation/statistics tasks.
+"""Messages in, answers out: a worker runs stretches of rounds (train/rounds.py), evaluation/statistics tasks
+and gradient tasks (train/stream.py).
 
 A worker never decides what to compute: a stretch names the updates, the plan says which parts are this
 slot's. It keeps the dataset shards and the files it meets mapped between messages (train/maps.py), and
@@ -29,6 +30,7 @@ from memtrain.train.maps import MapCache
 from memtrain.train.marks import Board
 from memtrain.train.messages import (
     EvalTask,
+    GradTask,
     Message,
     Outcome,
     Ready,
@@ -42,6 +44,7 @@ from memtrain.train.messages import (
 from memtrain.train.metrics import write_task_statistics
 from memtrain.train.optim import OptimizerConfig
 from memtrain.train.rounds import Participant, RoundFiles
+from memtrain.train.stream import gradient
 
 PARENT_POLL_SECONDS = 1.0  # how often an idle worker checks that its server is still alive
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
@@ -132,6 +135,8 @@ class WorkerState:
                 if isinstance(message, Stretch):
                     return self.stretch(message)
                 self.maps.drop_deleted()
+                if isinstance(message, GradTask):
+                    return gradient(self, message)
                 return self.statistics(message) if isinstance(message, StatsTask) else self.evaluate(message)
         except Exception as exc:  # reported to the server, which stops the run with this text
             error = str(exc) if isinstance(exc, MemtrainError) else \

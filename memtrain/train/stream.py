@@ -1,0 +1,121 @@
+"""Gradient tasks streamed to workers, the step in the server: the round when its participants cannot meet.
+
+The round (train/rounds.py) has every participant meet at marks in a shared file. Workers on other
+machines cannot: a network filesystem gives close-to-open consistency, not a coherent shared map. So
+on a cluster the server runs the round's loop alone (one participant, the in-memory board) and only
+the gradients leave it, as messages:
+
+1. **step**: the server steps the whole parameter vector (train/reduce.py: the same sums in the same
+   task order, the same optimizer) from the gradient files of the update, then deletes them;
+2. **publish** the new version (a link), synced where the filesystem needs it, *before* any message
+   names it: a file is read on another machine only after its writer closed (and synced) it and a
+   message said so;
+3. **gradients**: one ``GradTask`` per task of the next update, at that version, through any Transport
+   (``Scheduler.run``: a dead worker's task re-runs under a new attempt number, into a new file). Each
+   worker writes its gradient into a new file ``g-vV-tT-aA.npy`` (``gradient``), closes (and syncs) it,
+   then answers with the loss and the compute time, which the server writes into the round's records.
+
+Same files, same arithmetic, same order of additions as the fused round: the weights are bitwise
+identical to a local run of the job, whatever the number of workers or the deaths on the way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from memtrain.faults import fault_point
+from memtrain.files import open_npy, writing_npy
+from memtrain.layout import gradient_name, weights_path
+from memtrain.train.messages import GradTask, Outcome, Result
+from memtrain.train.plan import Update
+from memtrain.train.rounds import Participant, RoundFiles
+from memtrain.train.weights import ready_building
+
+if TYPE_CHECKING:
+    from memtrain.train.worker import WorkerState
+
+RunTasks = Callable[[list[GradTask]], list[Result]]
+
+
+def gradient(state: WorkerState, message: GradTask) -> Result:
+    """A worker's part: the gradient of ``message``'s rows at its version, into a new file of its own name."""
+    context = state.context
+    size = context.layout.size
+    weights = state.maps.get(weights_path(state.run_dir, message.version), (size,), np.float32)
+    x, y = state.rows("train", message.lo, message.hi)
+    model = context.model
+    seeded = {"seed": (state.setup.rounds.seed, message.version, message.task)} if getattr(model, "seeded", False) \
+        else {}
+    fault_point("before_grad_write")
+    started = time.perf_counter()
+    with writing_npy(state.exchange / gradient_name(message.version, message.task, message.attempt), (size,),
+                     np.float32, durable=False) as out:
+        loss = model.loss_and_grad(context.layout.views(weights), x, y, context.layout.views(out), **seeded)
+    seconds = time.perf_counter() - started
+    fault_point("after_grad_write")
+    return Result(task=message.task, attempt=message.attempt, outcome=Outcome.DONE, loss=float(loss),
+                  rows=message.hi - message.lo, seconds=seconds)
+
+
+class StreamParticipant(Participant):
+    """The server as the round's only participant, its gradients computed elsewhere (``run_tasks``).
+
+    ``publish_sync``: makes a published version readable on other machines (an fsync on a network
+    filesystem, nothing on a local one). ``recycle``: whether a retired version's file may be rewritten
+    as a later one -- not when a worker on another machine may still hold a map of it.
+    """
+
+    def __init__(self, files: RoundFiles, stretch, *, run_tasks: RunTasks,  # noqa: ANN001 - a messages.Stretch
+                 publish_sync: Callable[[Path], None], recycle: bool, heartbeat: Callable[[], bool] | None = None):
+        super().__init__(files, stretch, alive=lambda: None, heartbeat=heartbeat)
+        self.run_tasks, self.publish_sync, self.recycle = run_tasks, publish_sync, recycle
+        self.received: list[Path] = []  # the gradient files of the update to step next
+
+    def gradient_buffers(self, update: Update) -> list[np.ndarray]:
+        size = self.files.size
+        return [open_npy(path, shape=(size,), dtype=np.float32) for path in self.received]
+
+    def step(self, update: Update) -> None:
+        try:
+            super().step(update)
+        finally:
+            self.discard_received()
+
+    def gradients(self, update: Update) -> Update | None:
+        files = self.files
+        self.publish()  # the version the tasks name is published (and synced) before any message names it
+        tasks = [GradTask(task=rows.task, attempt=0, update=update.update, version=self.version, lo=rows.lo,
+                          hi=rows.hi) for rows in update.tasks]
+        results = self.run_tasks(tasks)
+        self.received = [files.exchange / gradient_name(self.version, r.task, r.attempt) for r in results]
+        for result in results:
+            files.seconds[update.batch, result.task] = result.seconds
+            files.loss[update.batch, result.task] = result.loss
+        ready_building(files.run_dir, self.version + 1, files.size, files.server_pid, files.setup.keep_versions,
+                       fast=True, recycle=self.recycle)
+        bad = [r.task for r in results if not math.isfinite(r.loss)]
+        if bad:
+            self.discard_received()
+            self.skip(update, bad)
+            return None
+        return update
+
+    def publish(self) -> None:
+        if self.unpublished is None:
+            return
+        super().publish()
+        self.publish_sync(weights_path(self.files.run_dir, self.version))
+
+    def discard_received(self) -> None:
+        for path in self.received:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        self.received = []
