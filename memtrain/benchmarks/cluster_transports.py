@@ -27,14 +27,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from memtrain.train.messages import GradTask, Result
+from memtrain.train.messages import GradTask, Outcome, Result
 
-RECORD = GradTask(task=3, attempt=0, version=1234, lo=1_000_000, hi=2_000_000)
-ANSWER = Result(task=3, attempt=0, loss=123.456, rows=1_000_000, seconds=0.01)
+RECORD = GradTask(task=3, attempt=0, update=5678, version=1234, lo=1_000_000, hi=2_000_000)
+ANSWER = Result(task=3, attempt=0, outcome=Outcome.DONE, loss=123.456, rows=1_000_000, seconds=0.01)
 
 
 def answer(record: GradTask) -> Result:
-    return Result(record.task, record.attempt, loss=ANSWER.loss, rows=record.hi - record.lo, seconds=ANSWER.seconds)
+    return Result(task=record.task, attempt=record.attempt, outcome=Outcome.DONE, loss=ANSWER.loss,
+                  rows=record.hi - record.lo, seconds=ANSWER.seconds)
 
 
 class Echo:
