@@ -284,6 +284,7 @@ class Trainer:
         sync = needs_sync(self.run_dir.path)
         participant = StreamParticipant(
             self.in_server.state.rounds(), stretch, run_tasks=lambda tasks: self.scheduler.run(transport, tasks),
+            workers=lambda: len(transport.slots),
             publish_sync=sync_for_readers if sync else lambda path: None, recycle=False,
             heartbeat=lambda: self.heartbeat(position))
         outcome = participant.run()

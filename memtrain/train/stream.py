@@ -34,7 +34,7 @@ import numpy as np
 from memtrain.faults import fault_point
 from memtrain.files import open_npy, writing_npy
 from memtrain.layout import gradient_name, weights_path
-from memtrain.train.messages import GradTask, Outcome, Result
+from memtrain.train.messages import GradTask, Outcome, Result, Stretch
 from memtrain.train.plan import Update
 from memtrain.train.rounds import Participant, RoundFiles
 from memtrain.train.weights import ready_building
@@ -55,11 +55,11 @@ def gradient(state: WorkerState, message: GradTask) -> Result:
     seeded = {"seed": (state.setup.rounds.seed, message.version, message.task)} if getattr(model, "seeded", False) \
         else {}
     fault_point("before_grad_write")
-    started = time.perf_counter()
     with writing_npy(state.exchange / gradient_name(message.version, message.task, message.attempt), (size,),
                      np.float32, durable=False) as out:
+        started = time.perf_counter()  # the compute alone, as in the round: the new file is the stream's cost
         loss = model.loss_and_grad(context.layout.views(weights), x, y, context.layout.views(out), **seeded)
-    seconds = time.perf_counter() - started
+        seconds = time.perf_counter() - started
     fault_point("after_grad_write")
     return Result(task=message.task, attempt=message.attempt, outcome=Outcome.DONE, loss=float(loss),
                   rows=message.hi - message.lo, seconds=seconds)
@@ -68,15 +68,18 @@ def gradient(state: WorkerState, message: GradTask) -> Result:
 class StreamParticipant(Participant):
     """The server as the round's only participant, its gradients computed elsewhere (``run_tasks``).
 
-    ``publish_sync``: makes a published version readable on other machines (an fsync on a network
-    filesystem, nothing on a local one). ``recycle``: whether a retired version's file may be rewritten
-    as a later one -- not when a worker on another machine may still hold a map of it.
+    ``workers``: how many run the tasks at once (the records' ``participants``: the logbook times an
+    update's compute as its busiest worker's). ``publish_sync``: makes a published version readable on
+    other machines (an fsync on a network filesystem, nothing on a local one). ``recycle``: whether a
+    retired version's file may be rewritten as a later one -- not when a worker on another machine may
+    still hold a map of it.
     """
 
-    def __init__(self, files: RoundFiles, stretch, *, run_tasks: RunTasks,  # noqa: ANN001 - a messages.Stretch
+    def __init__(self, files: RoundFiles, stretch: Stretch, *, run_tasks: RunTasks, workers: Callable[[], int],
                  publish_sync: Callable[[Path], None], recycle: bool, heartbeat: Callable[[], bool] | None = None):
         super().__init__(files, stretch, alive=lambda: None, heartbeat=heartbeat)
-        self.run_tasks, self.publish_sync, self.recycle = run_tasks, publish_sync, recycle
+        self.run_tasks, self.workers = run_tasks, workers
+        self.publish_sync, self.recycle = publish_sync, recycle
         self.received: list[Path] = []  # the gradient files of the update to step next
 
     def gradient_buffers(self, update: Update) -> list[np.ndarray]:
@@ -113,6 +116,10 @@ class StreamParticipant(Participant):
             return
         super().publish()
         self.publish_sync(weights_path(self.files.run_dir, self.version))
+
+    def record(self, update: Update, status: int) -> None:
+        super().record(update, status)
+        self.files.records[update.batch]["participants"] = max(1, min(self.workers(), len(update.tasks)))
 
     def discard_received(self) -> None:
         for path in self.received:
