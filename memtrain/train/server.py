@@ -283,8 +283,8 @@ class Trainer:
         transport = self.placement.transport
         sync = needs_sync(self.run_dir.path)
         participant = StreamParticipant(
-            self.in_server.state.rounds(), stretch, run_tasks=lambda tasks: self.scheduler.run(transport, tasks),
-            workers=lambda: len(transport.slots),
+            self.in_server.state.rounds(), stretch, workers=lambda: len(transport.slots),
+            run_tasks=lambda tasks, meanwhile: self.scheduler.run(transport, tasks, meanwhile),
             publish_sync=sync_for_readers if sync else lambda path: None, recycle=False,
             heartbeat=lambda: self.heartbeat(position))
         outcome = participant.run()

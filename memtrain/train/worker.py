@@ -128,6 +128,13 @@ class WorkerState:
         if hasattr(self.context.model, "in_worker"):  # e.g. a torch module pins its thread pool
             self.context.model.in_worker(setup.blas_threads)
         self._rounds: RoundFiles | None = None
+        self._scratch: np.ndarray | None = None
+
+    def scratch(self, size: int) -> np.ndarray:
+        """A float32 buffer of ``size`` kept between tasks (a streamed gradient is computed into it)."""
+        if self._scratch is None or self._scratch.size != size:
+            self._scratch = np.empty(size, dtype=np.float32)
+        return self._scratch
 
     def handle(self, message: Message) -> Result | StretchEnd:
         try:
