@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrain.config import Job
+from memtrain.train.exchange import Transport
 from memtrain.train.messages import WorkerSetup
 from memtrain.train.run_dir import RunDir
 
@@ -43,9 +44,9 @@ class OnCluster:
     """The placement of a cluster run (train/placement.py's interface): tasks on the Dask workers, the
     rounds' loop in the server (train/stream.py), never re-decided."""
 
-    def __init__(self, pool: Any):
+    def __init__(self, pool: Transport, log: Callable[[str], None]):
         self.transport = pool
-        pool.log(f"rounds: in the server (the gradients streamed to {len(pool.slots)} Dask workers, the step here)")
+        log(f"rounds: in the server (the gradients streamed to {len(pool.slots)} Dask workers, the step here)")
 
     def stretch_limit(self) -> int | None:
         return None

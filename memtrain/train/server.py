@@ -191,7 +191,7 @@ class Trainer:
         self.in_server = InServer(WorkerState(self._setup(), alive=lambda: None, board=self.memory_board,
                                               heartbeat=lambda: self.heartbeat(position)))
         if self.job.run.cluster:
-            self.placement = OnCluster(open_cluster(self.job, self._setup(), self.run_dir, self.log))
+            self.placement = OnCluster(open_cluster(self.job, self._setup(), self.run_dir, self.log), self.log)
         else:
             self.placement = Placement(workers=self.job.train.workers, tasks=self.job.train.tasks_per_update,
                                        cores=CORES, in_server=self.in_server, start_pool=self._start_pool,

@@ -89,7 +89,8 @@ class StreamParticipant(Participant):
 
     def run(self) -> Outcome:
         try:
-            return super().run()
+            with np.errstate(all="ignore"):  # non-finite results are detected and reported, not warned about
+                return super().run()
         finally:
             self.discard_received()
 
@@ -98,10 +99,13 @@ class StreamParticipant(Participant):
         return [open_npy(path, shape=(size,), dtype=np.float32) for path in self.received]
 
     def step(self, update: Update) -> None:
+        version = self.version
         try:
             super().step(update)
         finally:
             self.stepped, self.received = self.received, []
+        if self.version == version:  # a void step: the next gradients, at this version again, reuse the names
+            self.discard_received()
 
     def gradients(self, update: Update) -> Update | None:
         files = self.files
