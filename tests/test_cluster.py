@@ -204,6 +204,7 @@ def test_a_worker_killed_mid_run_changes_nothing(cluster, dataset: Path, local_d
         dask.started.remove(faulty)
 
 
+@pytest.mark.slow  # kept out of CI for time; the core fault tests above and below stay in
 def test_a_hung_worker_is_left_out_and_its_task_runs_elsewhere(cluster, dataset: Path, local_digest,
                                                                 tmp_path: Path) -> None:
     """A third worker SIGSTOPs itself inside its 3rd gradient task: silent past train.task_timeout."""
@@ -231,6 +232,7 @@ def covering(folder: Path) -> tuple[str, ...]:
             f"mount -t tmpfs memtrain-test {folder} && exec \"$@\"", "sh")
 
 
+@pytest.mark.slow  # kept out of CI for time; the core fault tests above and below stay in
 def test_a_worker_that_joins_later_gets_a_slot_and_work_and_its_leaving_is_seen(cluster, dataset: Path,
                                                                                  tmp_path: Path) -> None:
     """... while one that joins at the same time but cannot see the run directory is left out."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -134,3 +135,37 @@ def test_a_worker_killed_after_writing_its_gradient_changes_nothing(tmp_path: Pa
     assert "died with exit code -9 during gradient task" in (stream / "events.log").read_text()
     assert digest(stream) == digest(fused)
     assert not [p for p in stream.rglob("g-v*")]  # the dead attempt's file was discarded
+
+
+def test_the_exchange_never_holds_more_than_the_room_check_reserved(tmp_path: Path, dataset: Path,
+                                                                     streamed: list[object]) -> None:
+    """The stream's gradient files (those of the update just stepped and the next one's) are counted."""
+    from test_resources import exchange_usage
+
+    from memtrain.config import load_job
+    from memtrain.dataset import open_dataset
+    from memtrain.train.context import model_context
+    from memtrain.train.plan import Plan
+    from memtrain.train.room import room_needed
+
+    folder = tmp_path / "stream"
+    folder.mkdir()
+    job = folder / "job.toml"
+    job.write_text(JOB.format(data=dataset, kind="mlp").replace("hidden = [16]", "hidden = [2000]")
+                   .replace('dir = "run"', 'dir = "run"\nexchange = "run"\ncluster = "local:2"'))
+    resolved = load_job(job)
+    data = open_dataset(resolved.data.path)
+    plan = Plan(data.split("train").rows, 200, 3, 7, 2)
+    reserved = room_needed(resolved, model_context(data, "mlp", {"hidden": (2000,)}, True),
+                           per_epoch=plan.per_epoch, slots=2).exchange
+    peak = {"bytes": 0, "gradients": 0}
+    stop = threading.Event()
+    sampler = threading.Thread(target=exchange_usage, args=(folder / "run", stop, peak))
+    sampler.start()
+    try:
+        assert main(["train", str(job)]) == 0
+    finally:
+        stop.set()
+        sampler.join()
+    assert peak["gradients"] > 3, peak  # the per-task buffers, and some of the stream's files were seen
+    assert 0 < peak["bytes"] <= reserved, (peak, reserved)
