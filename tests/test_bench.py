@@ -57,7 +57,9 @@ def test_torch_comparison_runs_ddp_and_takes_ratios_against_memtrain_with_the_to
     assert list(rows) == list(TORCH_METHODS)
     base = rows["torch_memtrain"]["samples_per_s"]
     for row in rows.values():
-        assert row["params"] == mlp_shape(10_000).params and row["updates_measured"] == 3
+        assert row["params"] == mlp_shape(10_000).params
+        # memtrain's are counted from its placement's decision, and it runs until it has enough of them
+        assert row["updates_measured"] >= 3 if row["method"] == "torch_memtrain" else row["updates_measured"] == 3
         assert row["samples_per_s"] > 0 and 0 < row["pss_mib"] <= row["peak_mib"]
         assert row["memtrain_ratio"] == pytest.approx(base / row["samples_per_s"])
         assert 0 < row["compute_ms"] <= row["update_ms"] * 1.5
