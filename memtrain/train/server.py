@@ -405,13 +405,14 @@ class Trainer:
         epochs = [r for r in read_jsonl(self.run_dir.path / RUN_METRICS) if r.get("kind") == "epoch"]
         return epochs[-1] if epochs else {}
 
-    def discard_attempt(self, task: Task) -> None:
-        """Delete the statistics file a dead or superseded attempt may have written (gradients go to the
-        per-task buffers, which the next attempt overwrites)."""
-        if isinstance(task, StatsTask):
-            (self.run_dir.exchange / gradient_name(0, task.task, task.attempt)).unlink(missing_ok=True)
-        if isinstance(task, GradTask):  # a cluster run's gradients go to one file per attempt (train/stream.py)
-            (self.run_dir.exchange / gradient_name(task.version, task.task, task.attempt)).unlink(missing_ok=True)
+    def discard_attempt(self, message: Task) -> None:
+        """Delete the file a dead or superseded attempt may have written: statistics, or a streamed gradient
+        (a cluster run's; in the round, gradients go to the per-task buffers, which the next attempt overwrites)."""
+        if isinstance(message, StatsTask):
+            (self.run_dir.exchange / gradient_name(0, message.task, message.attempt)).unlink(missing_ok=True)
+        if isinstance(message, GradTask):  # a cluster run's gradients go to one file per attempt (train/stream.py)
+            (self.run_dir.exchange / gradient_name(message.version, message.task, message.attempt)).unlink(
+                missing_ok=True)
 
     def describe_task(self, message: Task) -> str:
         if isinstance(message, EvalTask):
