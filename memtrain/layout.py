@@ -144,6 +144,12 @@ def gradient_name(version: int, task: int, attempt: int) -> str:
     return f"g-v{version:08d}-t{task:05d}-a{attempt:03d}.npy"
 
 
+def streamed_gradient_name(update: int, task: int, attempt: int) -> str:
+    """A streamed gradient (train/stream.py): one file per (update, task, attempt), so a name is never reused
+    in a run -- not by the next update after a skipped one, nor by a retry."""
+    return f"g-u{update:08d}-t{task:05d}-a{attempt:03d}.npy"
+
+
 def metrics_name(version: int, task: int, attempt: int) -> str:
     """The summed validation statistics of one evaluation task at a weight version (train/metrics.py)."""
     return f"m-v{version:08d}-t{task:05d}-a{attempt:03d}.npy"

@@ -92,7 +92,7 @@ def test_the_stream_gives_the_bits_and_records_of_the_fused_round(tmp_path: Path
     assert digest(stream) == digest(fused)
     for name in ("lineage.jsonl", "metrics.jsonl"):
         assert records(stream, name) == records(fused, name)
-    assert not [p for p in stream.rglob("*") if ".tmp-" in p.name or p.name.startswith(("memtrain-x-", "g-v"))]
+    assert not [p for p in stream.rglob("*") if ".tmp-" in p.name or p.name.startswith(("memtrain-x-", "g-"))]
 
 
 def poisoned(folder: Path) -> Path:
@@ -134,7 +134,7 @@ def test_a_worker_killed_after_writing_its_gradient_changes_nothing(tmp_path: Pa
     assert len(retried) == 1
     assert "died with exit code -9 during gradient task" in (stream / "events.log").read_text()
     assert digest(stream) == digest(fused)
-    assert not [p for p in stream.rglob("g-v*")]  # the dead attempt's file was discarded
+    assert not [p for p in stream.rglob("g-*")]  # the dead attempt's file was discarded
 
 
 def test_the_exchange_never_holds_more_than_the_room_check_reserved(tmp_path: Path, dataset: Path,

@@ -31,7 +31,7 @@ from typing import Any
 
 from memtrain.cluster.sharedfs import View, ViewProbe, look, needs_sync, read_back, refuse
 from memtrain.errors import MemtrainError
-from memtrain.layout import gradient_name
+from memtrain.layout import gradient_name, streamed_gradient_name
 from memtrain.train.exchange import Event
 from memtrain.train.messages import GradTask, Result, StatsTask, Task, WorkerSetup
 
@@ -79,8 +79,9 @@ class ClusterWorker:
         """Write the task's file back to the file server before the result says it is there."""
         import os
 
-        version = task.version if isinstance(task, GradTask) else 0
-        fd = os.open(Path(self.setup.exchange_dir) / gradient_name(version, task.task, task.attempt), os.O_RDONLY)
+        name = streamed_gradient_name(task.update, task.task, task.attempt) if isinstance(task, GradTask) \
+            else gradient_name(0, task.task, task.attempt)
+        fd = os.open(Path(self.setup.exchange_dir) / name, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:

@@ -26,7 +26,14 @@ from memtrain.config import Job
 from memtrain.dataset import Dataset, open_dataset
 from memtrain.errors import Interrupted, MemtrainError, plural
 from memtrain.files import allocate_npy, open_npy, read_jsonl
-from memtrain.layout import ROUND_BOARD, ROUND_RECORDS, RUN_METRICS, gradient_buffer_name, gradient_name
+from memtrain.layout import (
+    ROUND_BOARD,
+    ROUND_RECORDS,
+    RUN_METRICS,
+    gradient_buffer_name,
+    gradient_name,
+    streamed_gradient_name,
+)
 from memtrain.progress import Reporter, reporting
 from memtrain.stopping import on_stop_signals, start_resource_tracker
 from memtrain.train.advice import few_updates_note
@@ -411,7 +418,7 @@ class Trainer:
         if isinstance(message, StatsTask):
             (self.run_dir.exchange / gradient_name(0, message.task, message.attempt)).unlink(missing_ok=True)
         if isinstance(message, GradTask):  # a cluster run's gradients go to one file per attempt (train/stream.py)
-            (self.run_dir.exchange / gradient_name(message.version, message.task, message.attempt)).unlink(
+            (self.run_dir.exchange / streamed_gradient_name(message.update, message.task, message.attempt)).unlink(
                 missing_ok=True)
 
     def describe_task(self, message: Task) -> str:

@@ -12,7 +12,7 @@ the gradients leave it, as messages:
    message said so;
 3. **gradients**: one ``GradTask`` per task of the next update, at that version, through any Transport
    (``Scheduler.run``: a dead worker's task re-runs under a new attempt number, into a new file). Each
-   worker writes its gradient into a new file ``g-vV-tT-aA.npy`` (``gradient``), closes (and syncs) it,
+   worker writes its gradient into a new file ``g-uU-tT-aA.npy`` (``gradient``), closes (and syncs) it,
    then answers with the loss and the compute time, which the server writes into the round's records.
 
 Same files, same arithmetic, same order of additions as the fused round: the weights are bitwise
@@ -33,7 +33,7 @@ import numpy as np
 
 from memtrain.faults import fault_point
 from memtrain.files import open_npy, writing_npy_rows
-from memtrain.layout import gradient_name, weights_path
+from memtrain.layout import streamed_gradient_name, weights_path
 from memtrain.train.messages import GradTask, Outcome, Result, Stretch
 from memtrain.train.plan import Update
 from memtrain.train.rounds import Participant, RoundFiles
@@ -61,8 +61,8 @@ def gradient(state: WorkerState, message: GradTask) -> Result:
     loss = model.loss_and_grad(context.layout.views(weights), x, y, context.layout.views(out), **seeded)
     seconds = time.perf_counter() - started
     # Written with pwrite from memory the process keeps: twice as fast as faulting in a new file's map.
-    with writing_npy_rows(state.exchange / gradient_name(message.version, message.task, message.attempt), (size,),
-                          np.float32, durable=False) as rows:
+    with writing_npy_rows(state.exchange / streamed_gradient_name(message.update, message.task, message.attempt),
+                          (size,), np.float32, durable=False) as rows:
         rows.write(0, out)
     fault_point("after_grad_write")
     return Result(task=message.task, attempt=message.attempt, outcome=Outcome.DONE, loss=float(loss),
@@ -99,13 +99,10 @@ class StreamParticipant(Participant):
         return [open_npy(path, shape=(size,), dtype=np.float32) for path in self.received]
 
     def step(self, update: Update) -> None:
-        version = self.version
         try:
             super().step(update)
         finally:
             self.stepped, self.received = self.received, []
-        if self.version == version:  # a void step: the next gradients, at this version again, reuse the names
-            self.discard_received()
 
     def gradients(self, update: Update) -> Update | None:
         files = self.files
@@ -113,7 +110,7 @@ class StreamParticipant(Participant):
         tasks = [GradTask(task=rows.task, attempt=0, update=update.update, version=self.version, lo=rows.lo,
                           hi=rows.hi) for rows in update.tasks]
         results = self.run_tasks(tasks, self.housekeeping)
-        self.received = [files.exchange / gradient_name(self.version, r.task, r.attempt) for r in results]
+        self.received = [files.exchange / streamed_gradient_name(update.update, r.task, r.attempt) for r in results]
         for result in results:
             files.seconds[update.batch, result.task] = result.seconds
             files.loss[update.batch, result.task] = result.loss
