@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -335,6 +336,32 @@ def test_losing_the_scheduler_stops_the_run_and_resume_finishes_it_locally(datas
     finally:
         dask.close()
     assert train("--resume", run, "--cluster", "") == 0
+    assert digest(run) == local_digest[12]
+
+
+def test_a_stop_signal_mid_run_checkpoints_and_resume_finishes_it(cluster, dataset: Path, local_digest,
+                                                                    tmp_path: Path) -> None:
+    """SIGINT to a cluster run's server, mid-stream (a weight version past the first epoch's): exit 130,
+    a checkpoint where it stood, and ``--resume`` on the cluster ends on the bits of a local run."""
+    dask, _ = cluster
+    job = write_job(tmp_path, dataset, epochs=12)
+    run = tmp_path / "run"
+    server = subprocess.Popen([sys.executable, "-m", "memtrain", "train", str(job), "--cluster", dask.address],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while (not (run / WEIGHTS_DIR).is_dir() or max(weight_versions(run), default=0) < 10) \
+                and time.monotonic() < deadline and server.poll() is None:
+            time.sleep(0.01)
+        server.send_signal(signal.SIGINT)
+        _, err = server.communicate(timeout=60)
+    finally:
+        server.kill()
+    assert server.returncode == 130, err
+    assert f"resume with: memtrain train --resume {run}" in err and "Traceback" not in err
+    assert max(checkpoint_updates(run)) >= 10  # where it stood, not only the last epoch's checkpoint
+    assert not [p for p in run.rglob("g-*")]
+    assert train("--resume", run, "--cluster", dask.address) == 0
     assert digest(run) == local_digest[12]
 
 
