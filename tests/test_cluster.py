@@ -36,7 +36,7 @@ from memtrain.errors import InputError, MemtrainError  # noqa: E402
 from memtrain.layout import (  # noqa: E402
     WEIGHTS_DIR,
     checkpoint_updates,
-    gradient_name,
+    streamed_gradient_name,
     weight_versions,
     weights_path,
 )
@@ -269,7 +269,7 @@ def test_a_worker_that_joins_later_gets_a_slot_and_work_and_its_leaving_is_seen(
         while not events and time.monotonic() < deadline:
             events = pool.wait(1.0)
         assert [(e.slot.process.address, e.message, e.answer.rows) for e in events] == [(address, task, 100)]
-        assert (exchange / gradient_name(0, 5, 0)).exists()
+        assert (exchange / streamed_gradient_name(0, 5, 0)).exists()
         dask.stop(late[0])
         events = []
         while not events and time.monotonic() < deadline:
