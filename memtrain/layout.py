@@ -150,6 +150,12 @@ def streamed_gradient_name(update: int, task: int, attempt: int) -> str:
     return f"g-u{update:08d}-t{task:05d}-a{attempt:03d}.npy"
 
 
+def spare_gradient_name(update: int, task: int, attempt: int) -> str:
+    """A stepped streamed gradient's file (``streamed_gradient_name``'s numbers: never reused in a run), handed
+    to a worker to rewrite as a later gradient (train/stream.py)."""
+    return f"g-s{update:08d}-t{task:05d}-a{attempt:03d}.npy"
+
+
 def metrics_name(version: int, task: int, attempt: int) -> str:
     """The summed validation statistics of one evaluation task at a weight version (train/metrics.py)."""
     return f"m-v{version:08d}-t{task:05d}-a{attempt:03d}.npy"

@@ -88,6 +88,8 @@ def test_the_stream_gives_the_bits_and_records_of_the_fused_round(tmp_path: Path
     streamed.clear()
     stream = train(tmp_path / "stream", dataset, "--cluster", "local:2")
     assert {type(m).__name__ for m in streamed} == {"GradTask", "EvalTask"}  # never a Stretch: nobody meets
+    spares = [m.spare for m in streamed if type(m).__name__ == "GradTask" and m.spare]
+    assert len(spares) > len(streamed) / 2 and len(set(spares)) == len(spares)  # stepped files, rewritten
     assert "rounds: in the server (the gradients streamed to 2 Dask workers" in (stream / "events.log").read_text()
     assert digest(stream) == digest(fused)
     for name in ("lineage.jsonl", "metrics.jsonl"):

@@ -2,7 +2,9 @@
 
 Run: ``python -m memtrain.benchmarks.stream_profile [--params 1e6] [--updates 40] [--cluster local:2]``.
 Trains the benchmark's MLP (memtrain/benchmarks/synthetic.py) for one epoch on the cluster and prints,
-per piece, the median over the updates after the first few:
+per piece, the median over the updates after the first few. ``--cluster processes`` streams to two local
+worker processes (train/exchange.WorkerPool) instead of Dask workers: the same stream without Dask,
+which separates what Dask costs from what the stream itself costs.
 
 - ``round``: one whole update in the server (its step, then the next update's gradients);
 - ``step``: the server's step of the whole parameter vector (train/reduce.py);
@@ -30,6 +32,7 @@ from memtrain.benchmarks.synthetic import mlp_shape, write_dataset
 from memtrain.train.stream import StreamParticipant
 
 SKIP = 3  # first updates left out (maps and caches warming up)
+PROCESSES = "processes"
 
 
 def timed(times: dict[str, list[float]], name: str, function: Callable[..., Any]) -> Callable[..., Any]:
@@ -67,15 +70,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=float, default=1e6, help="parameters of the MLP (1e6)")
     parser.add_argument("--updates", type=int, default=40, help="updates to run (40)")
-    parser.add_argument("--cluster", default="local:2", help="run.cluster (local:2)")
+    parser.add_argument("--cluster", default="local:2",
+                        help=f"run.cluster (local:2), or {PROCESSES!r}: local worker processes, no Dask")
     args = parser.parse_args(argv)
     scratch = Path(tempfile.mkdtemp(prefix="memtrain-stream-profile-"))
     shape = mlp_shape(int(args.params))
     data = write_dataset(scratch / "data", args.updates * BATCH, BATCH, features=shape.features, classes=shape.classes)
     times: dict[str, list[float]] = {}
     instrument(times)
+    cluster = args.cluster
+    if cluster == PROCESSES:
+        from memtrain.train import server
+        from memtrain.train.exchange import WorkerPool
+
+        server.open_cluster = lambda job, setup, run, log: WorkerPool(setup, 2)
+        cluster = "local:2"  # a cluster run, on the pool above
     train(job_for(Problem(str(data), shape.hidden, args.updates, workers=2), scratch / "run", workers=2,
-                  cluster=args.cluster), quiet=True)
+                  cluster=cluster), quiet=True)
     print(f"{shape.params:,} parameters, {args.updates} updates on {args.cluster}; medians in ms")
     for name, values in times.items():
         kept = values[SKIP:] or values

@@ -99,6 +99,7 @@ class GradTask:
     version: int
     lo: int
     hi: int
+    spare: str = ""  # a stepped gradient file's new name, to rewrite instead of creating a file ("": none)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
