@@ -7,6 +7,7 @@ Examples:
   memtrain bench train               # memtrain vs one process, pickling and shared memory: 1e5-1e7 params
   memtrain bench train --sizes 1e6 --json
   memtrain bench train --larger-than-ram --limit-mib 256   # a dataset 4x larger than a memory limit
+  memtrain bench train --sizes 1e6,1e7 --methods memtrain --cluster local:2   # the Dask transport vs local
 """
 
 from __future__ import annotations

@@ -119,6 +119,7 @@ class RunConfig:
     keep_best: bool = False  # also keep the best epoch's checkpoint (by val_loss), whatever keep_checkpoints prunes
     keep_versions: int = 3  # weight versions left on disk for inspection
     exchange: str = "auto"  # "auto" (measure /dev/shm vs the run's filesystem) | "shm" | "run" | a directory
+    cluster: str = ""  # "": worker processes on this machine; "tcp://HOST:PORT" or "local:N": Dask workers
 
     def __post_init__(self) -> None:
         check_ranges(self, "run")
@@ -208,6 +209,7 @@ def job_from_dict(raw: dict[str, Any], *, base: Path, source: Path | None = None
     model = _model_config(raw.get("model", {}), where, base)
     train = _train_config(raw.get("train", {}), where)
     run = _build(RunConfig, raw.get("run", {}), "run", where)
+    _check_run(run, where)
     data = dataclasses.replace(data, path=(base / data.path).resolve())
     run = dataclasses.replace(run, dir=(base / run.dir).resolve())
     if run.exchange not in EXCHANGE_CHOICES:
@@ -306,6 +308,22 @@ def _check_train(train: TrainConfig, where: Any) -> None:
     if train.on_nonfinite not in ("stop", "skip"):
         raise InputError("bad value for train.on_nonfinite", path=where, expected="'stop' or 'skip'",
                          found=repr(train.on_nonfinite))
+
+
+def _check_run(run: RunConfig, where: Any) -> None:
+    if not run.cluster:
+        return
+    from memtrain.cluster.address import parse_cluster
+
+    try:
+        address = parse_cluster(run.cluster, where="run.cluster")
+    except InputError as exc:
+        exc.path = where
+        raise
+    if run.exchange == "shm" and not address.local:
+        raise InputError("run.exchange = \"shm\" is not shared between machines", path=where,
+                         hint="on a cluster the exchange area must be on the shared filesystem: leave run.exchange "
+                              "at \"auto\" (the run directory's filesystem) or name a shared directory")
 
 
 def _build(cls: type, values: dict[str, Any], section: str, where: Any, **fixed: Any) -> Any:

@@ -29,7 +29,7 @@ LOG_ENV = "MEMTRAIN_FAULT_LOG"
 POINTS = {
     # the rounds: in a worker, or in the server when it runs them itself (train/rounds.py)
     "before_grad_write": "a task's rows are read, its gradient not computed yet",
-    "after_grad_write": "a task's gradient is in its buffer, the participant's mark not written yet",
+    "after_grad_write": "a task's gradient is in its buffer (its own file on a cluster), not marked (answered) yet",
     "mid_step": "after each chunk of a step slice (weights, optimizer state and block digest written)",
     "after_publish": "a version renamed into place, the ledger not yet past its update",
     # the server

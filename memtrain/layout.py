@@ -144,6 +144,18 @@ def gradient_name(version: int, task: int, attempt: int) -> str:
     return f"g-v{version:08d}-t{task:05d}-a{attempt:03d}.npy"
 
 
+def streamed_gradient_name(update: int, task: int, attempt: int) -> str:
+    """A streamed gradient (train/stream.py): one file per (update, task, attempt), so a name is never reused
+    in a run -- not by the next update after a skipped one, nor by a retry."""
+    return f"g-u{update:08d}-t{task:05d}-a{attempt:03d}.npy"
+
+
+def spare_gradient_name(update: int, task: int, attempt: int) -> str:
+    """A stepped streamed gradient's file (``streamed_gradient_name``'s numbers: never reused in a run), handed
+    to a worker to rewrite as a later gradient (train/stream.py)."""
+    return f"g-s{update:08d}-t{task:05d}-a{attempt:03d}.npy"
+
+
 def metrics_name(version: int, task: int, attempt: int) -> str:
     """The summed validation statistics of one evaluation task at a weight version (train/metrics.py)."""
     return f"m-v{version:08d}-t{task:05d}-a{attempt:03d}.npy"
@@ -177,6 +189,12 @@ def building_path(run_dir: Path, version: int, owner_pid: int) -> Path:
     with a fixed tag, the same in every process (so no message has to carry it), swept like any temporary
     name of a version; publishing links it to ``weights_path`` and drops this name."""
     return Path(f"{run_dir}/{WEIGHTS_DIR}/.v{version:08d}.npy{TMP_MARK}{owner_pid}-00000000")
+
+
+# --- a cluster run (memtrain/cluster/) ---
+def cluster_probe_name(token: str) -> str:
+    """The start-up probe a Dask worker writes into the exchange area (or the server into the run dir)."""
+    return f".cluster-probe-{token}.json"
 
 
 # --- temporary names ---

@@ -72,6 +72,24 @@ def test_fit_runs_without_a_main_guard(tmp_path: Path, dataset: Path, how: str) 
     assert (folder / "runs" / "job" / "checkpoints").is_dir()
 
 
+def test_fit_runs_in_a_jupyter_notebook(tmp_path: Path, dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same lines as cells of a notebook, executed by a real IPython kernel (ipykernel + nbclient)."""
+    import nbclient  # in the test extra: installed wherever the tests run
+    import nbformat
+    folder = project(tmp_path, dataset)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), str(folder)]))  # the kernel's environment
+    cells = [nbformat.v4.new_code_cell(source) for source in SCRIPT.strip().split("\n")]
+    notebook = nbformat.v4.new_notebook(cells=cells)
+    nbclient.NotebookClient(notebook, timeout=100, kernel_name="python3",
+                            resources={"metadata": {"path": str(folder)}}).execute()
+    printed = [out.get("text", "") for cell in notebook.cells for out in cell.outputs if out.output_type == "stream"
+               and out.name == "stdout"]
+    errors = [out for cell in notebook.cells for out in cell.outputs if out.output_type == "error"]
+    assert not errors, errors
+    assert "".join(printed).splitlines() == ["top of the script", "epochs 3 version 15", "accuracy True"]
+    assert (folder / "runs" / "job" / "checkpoints").is_dir()
+
+
 def test_fit_overrides_and_errors(tmp_path: Path, dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     folder = project(tmp_path, dataset)
     monkeypatch.chdir(folder)

@@ -31,6 +31,8 @@ MADE = {
     "exchange_dir_name": lambda: [layout.exchange_dir_name("ab12cd34", 4242)],
     "gradient_name": lambda: [layout.gradient_name(390, 1, 0)],
     "metrics_name": lambda: [layout.metrics_name(390, 1, 0)],
+    "streamed_gradient_name": lambda: [layout.streamed_gradient_name(390, 1, 0)],
+    "spare_gradient_name": lambda: [layout.spare_gradient_name(390, 1, 0)],
     "gradient_buffer_name": lambda: [layout.gradient_buffer_name(0), layout.gradient_buffer_name(3)],
     "building_path": lambda: [layout.building_path(Path(), 391, 4242).as_posix()],
     "state_buffer_name": lambda: [layout.state_buffer_name("m", 0), layout.state_buffer_name("v", 1)],
@@ -42,6 +44,7 @@ MADE = {
     "spool_log_file": lambda: [layout.spool_log_file("NAME")],
     "spool_archive_name": lambda: [layout.spool_archive_name("NAME", 1), layout.spool_archive_name("NAME", 2)],
     "spool_record_stem": lambda: [layout.spool_job_file(layout.spool_record_stem("NAME"))],
+    "cluster_probe_name": lambda: [layout.cluster_probe_name("0123456789ab")],
 }
 # Functions that read names back (parsers and listings) and the prefix of a name made above.
 READERS = {"prepare_work_dirs", "weight_versions", "checkpoint_updates", "parse_exchange_owner", "tmp_owner_pid",

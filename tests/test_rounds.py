@@ -121,7 +121,8 @@ def test_auto_keeps_a_tiny_model_in_the_server_and_says_why(tmp_path: Path, data
         assert found, log
         assert int(found.group(1)) == PROBE_UPDATES + 1
         saved = float(found.group(4))
-        assert saved < MIN_GAIN_S * 1e3 if found.group(5) == "ms of it" else saved < SPAWN_COST_S * 2
+        limit = MIN_GAIN_S * 1e3 if found.group(5) == "ms of it" else SPAWN_COST_S * 2
+        assert saved <= limit * 1.01, (saved, limit)  # the log rounds (2 decimals, 3 digits): 0.149 prints as 0.15
     assert "workers started" not in log
     assert digest(run) == digest(train(tmp_path / "two", dataset, "workers = 2"))
 

@@ -32,7 +32,7 @@ DECIDED = re.compile(r"rounds: (?:(?:on|in) .*? from update (\d+)|on \d+ worker 
 
 
 def job_for(problem: Problem, run_dir: Path, exchange: str = "auto", workers: int | str = 2,
-            model: ModelConfig | None = None) -> Job:
+            model: ModelConfig | None = None, cluster: str = "") -> Job:
     """The memtrain job that computes exactly what the peers compute (memtrain's MLP unless ``model``)."""
     return Job(
         data=DataConfig(path=Path(problem.dataset), normalize=False),
@@ -40,7 +40,8 @@ def job_for(problem: Problem, run_dir: Path, exchange: str = "auto", workers: in
         train=TrainConfig(epochs=EPOCHS_AUTO if workers == "auto" else 1, batch_size=problem.batch,
                           tasks_per_update=problem.workers, workers=workers, seed=problem.seed,
                           optimizer=problem.optimizer),
-        run=RunConfig(dir=run_dir, exchange=exchange, keep_versions=2, checkpoint_every=EPOCHS_AUTO),
+        run=RunConfig(dir=run_dir, exchange=exchange, keep_versions=2, checkpoint_every=EPOCHS_AUTO,
+                      cluster=cluster),
     )
 
 
@@ -54,7 +55,7 @@ def decided_at(run_dir: Path) -> int | None:
 
 
 def run_memtrain(problem: Problem, run_dir: Path, exchange: str = "auto", workers: int | str = 2,
-                 model: ModelConfig | None = None) -> dict[str, object]:
+                 model: ModelConfig | None = None, cluster: str = "") -> dict[str, object]:
     from memtrain.train.server import train
 
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -62,7 +63,7 @@ def run_memtrain(problem: Problem, run_dir: Path, exchange: str = "auto", worker
     started = time.perf_counter()
     try:
         try:
-            train(job_for(problem, run_dir, exchange, workers, model))
+            train(job_for(problem, run_dir, exchange, workers, model, cluster))
         except Interrupted:
             if watcher is None or not watcher.fired:
                 raise

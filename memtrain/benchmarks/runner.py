@@ -24,14 +24,18 @@ TORCH_METHODS = ("torch_memtrain", "torch_ddp", "torch_all_cores")
 FORCED = ("memtrain_server", "memtrain_workers")
 # the README's first command (memtrain/benchmarks/first_job.py)
 FIRST_JOB = ("first_memtrain", "first_loop")
+CLUSTER_METHOD = "memtrain_cluster"  # memtrain with its workers on Dask (``bench train --cluster ADDRESS``)
 
 
-def run_method(method: str, problem: Problem, scratch: Path, exchange: str = "auto") -> dict[str, Any]:
+def run_method(method: str, problem: Problem, scratch: Path, exchange: str = "auto",
+               cluster: str = "") -> dict[str, Any]:
     from memtrain.benchmarks import first_job, peers
     from memtrain.benchmarks.memtrain_run import run_memtrain
 
     if method == "memtrain":
         return run_memtrain(problem, scratch, exchange, workers="auto")
+    if method == CLUSTER_METHOD:
+        return run_memtrain(problem, scratch, exchange, workers=problem.workers, cluster=cluster)
     if method == "memtrain_server":
         return run_memtrain(problem, scratch, exchange, workers=0)
     if method == "memtrain_workers":
@@ -77,7 +81,8 @@ def main(argv: list[str]) -> int:
     limit = spec.get("data_limit_bytes")
     if limit:  # private (anonymous) memory only: file maps are MAP_SHARED and not counted
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-    result = run_method(spec["method"], spec_to_problem(spec), Path(spec["scratch"]), spec.get("exchange", "auto"))
+    result = run_method(spec["method"], spec_to_problem(spec), Path(spec["scratch"]), spec.get("exchange", "auto"),
+                        spec.get("cluster", ""))
     result["self_maxrss_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps(result), flush=True)
     return 0

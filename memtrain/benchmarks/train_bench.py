@@ -32,7 +32,7 @@ from typing import Any
 from memtrain.benchmarks import first_job, larger_than_ram
 from memtrain.benchmarks.memory import Sampler
 from memtrain.benchmarks.problem import BATCH, Problem
-from memtrain.benchmarks.runner import FIRST_JOB, FORCED, METHODS, TORCH_METHODS
+from memtrain.benchmarks.runner import CLUSTER_METHOD, FIRST_JOB, FORCED, METHODS, TORCH_METHODS
 from memtrain.benchmarks.synthetic import CLASSES, FEATURES, mlp_shape, write_dataset
 from memtrain.errors import InputError, MemtrainError
 
@@ -41,7 +41,7 @@ LABELS = {"memtrain": "memtrain", "one_process": "one process, 1 thread", "pickl
           "memtrain_server": "memtrain, train.workers = 0", "memtrain_workers": "memtrain, train.workers = N",
           "first_memtrain": "memtrain train", "first_loop": "plain numpy loop",
           "torch_memtrain": "memtrain, torch module", "torch_ddp": "torch DDP, gloo",
-          "torch_all_cores": "one torch process, all cores"}
+          "torch_all_cores": "one torch process, all cores", CLUSTER_METHOD: "memtrain on Dask"}
 BASES = {"memtrain": "memtrain", "torch": "torch_memtrain"}  # the row each method's ratio is taken against
 BASELINES = ("one_process", "one_process_blas", "shared_memory")  # what a user on one machine would otherwise do
 VAL_ROWS = BATCH
@@ -61,6 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also time the README's first command against a plain numpy loop (default: yes)")
     parser.add_argument("--exchange", default="auto", help="memtrain's run.exchange (default %(default)s)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--cluster", metavar="ADDRESS", default="",
+                        help="also run memtrain with its workers on Dask (tcp://HOST:PORT or local:N), to compare "
+                             "its per-update overhead with the local exchange")
     larger_than_ram.add_arguments(parser)
 
 
@@ -70,6 +73,11 @@ def run(args: argparse.Namespace) -> int:
     ``args.dir`` (optional) is where the temporary datasets and runs go.
     """
     sizes, methods = parse_sizes(args.sizes), parse_methods(args.methods or default_methods())
+    if getattr(args, "cluster", ""):
+        from memtrain.cluster.address import parse_cluster
+
+        parse_cluster(args.cluster)
+        methods.append(CLUSTER_METHOD)
     if args.updates <= args.warmup + 1:
         raise InputError("--updates must exceed --warmup + 1", found=f"{args.updates} and {args.warmup}")
     scratch = Path(tempfile.mkdtemp(prefix="memtrain-bench-", dir=getattr(args, "dir", None)))
@@ -133,7 +141,7 @@ def bench_size(size: int, methods: list[str], args: argparse.Namespace, scratch:
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
     for _ in range(args.repeats):
         for method in methods:
-            runs[method].append(run_once(method, problem, scratch, args.exchange))
+            runs[method].append(run_once(method, problem, scratch, args.exchange, cluster=getattr(args, "cluster", "")))
     rows = [summarize(method, runs[method], args.warmup) | {"params": shape.params, "shape": asdict(shape)}
             for method in methods]
     for row in rows:
@@ -184,10 +192,10 @@ def bench_first_job(repeats: int, scratch: Path) -> list[dict[str, Any]]:
 
 
 def run_once(method: str, problem: Problem, scratch: Path, exchange: str,
-             data_limit: int | None = None) -> dict[str, Any]:
+             data_limit: int | None = None, cluster: str = "") -> dict[str, Any]:
     """Run one method in a fresh process, sampling the memory of it and its workers from here."""
     spec = {"method": method, "problem": asdict(problem), "scratch": str(scratch / "run"), "exchange": exchange,
-            "data_limit_bytes": data_limit}
+            "data_limit_bytes": data_limit, "cluster": cluster}
     env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
     process = subprocess.Popen([sys.executable, "-m", "memtrain.benchmarks.runner", json.dumps(spec)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -233,12 +241,19 @@ def summarize(method: str, runs: list[dict[str, Any]], warmup: int) -> dict[str,
 
 
 def placement(rounds: list[str]) -> str:
-    """Where memtrain's rounds ran, from its event log: "in the server" or "on N workers"."""
-    final = rounds[-1]
-    if "in the server" in final:
+    """Where memtrain's rounds ran, from its event log: "in the server" or "on N workers".
+
+    The decision is the last line that starts with ``rounds: in the server`` or ``rounds: on N``; its
+    figures may name the other place ("... 15.2 ms per update on 2 workers, 28.9 ms in the server").
+    """
+    decisions = [line.removeprefix("rounds: ") for line in rounds
+                 if line.startswith(("rounds: in the server", "rounds: on "))]
+    if not decisions:
+        return "undecided"
+    final = decisions[-1]
+    if final.startswith("in the server"):
         return "in the server"
-    workers = next((word for word in final.split("on ", 1)[1].split()[:1]), "?") if "on " in final else "?"
-    return f"on {workers} workers"
+    return f"on {final.split()[1]} workers"
 
 
 def machine() -> dict[str, Any]:
@@ -284,7 +299,8 @@ def blas_build() -> str:
 def settings(args: argparse.Namespace, sizes: list[int], methods: list[str]) -> dict[str, Any]:
     return {"sizes": sizes, "methods": methods, "batch": BATCH, "workers": args.workers, "updates": args.updates,
             "warmup": args.warmup, "repeats": args.repeats, "optimizer": "sgd", "exchange": args.exchange,
-            "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
+            "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            "cluster": getattr(args, "cluster", "")}
 
 
 def print_table(report: dict[str, Any]) -> None:

@@ -99,7 +99,8 @@ def print_summary(summary: PrepareSummary) -> None:
         lines.append(f"  classes  {shown}")
     lines.append(f"  shards   {summary.shards}" + (f" ({summary.resumed_shards} reused from the interrupted run)"
                                                    if summary.resumed_shards else ""))
-    lines.append(f"  bytes    {summary.bytes:,} in {summary.seconds:.1f} s ({rate:.0f} MB/s)")
+    shown_rate = f"{rate:.0f}" if rate >= 10 else f"{rate:.2g}"  # a small file is not "0 MB/s"
+    lines.append(f"  bytes    {summary.bytes:,} in {summary.seconds:.1f} s ({shown_rate} MB/s)")
     print("\n".join(lines))
 
 

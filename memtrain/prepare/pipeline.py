@@ -181,6 +181,7 @@ def _scatter(source: Source, options: PrepareOptions, work: WorkArea, display: D
             read_bytes += chunk.nbytes or len(chunk.x) * source.size_bytes // max(1, source.rows or 1)
             mbps = read_bytes / 1e6 / max(1e-9, time.monotonic() - started)
             report.update(min(1.0, read_bytes / max(1, source.size_bytes)), f"{rows:,} rows {mbps:.0f} MB/s")
+        report.update(1.0, f"{rows:,} rows")  # the whole source is read (the byte count leaves out its header)
         counts = spool.finish()
     labels = coder.finish() if rows else Labels("classification", [], "", None)
     info = {"rows": rows, "dropped": dropped, "counts": counts, "x_spooled": keep_x, "source": _identity(source),

@@ -5,6 +5,8 @@ Examples:
   memtrain train job.toml --set train.lr=0.01 --set train.epochs=5 --workers 2
   memtrain train --resume runs/digits-mlp            # continue from the newest complete checkpoint
   memtrain train --resume runs/digits-mlp --set train.epochs=60   # ... and train longer
+  memtrain train job.toml --cluster tcp://scheduler-host:8786     # workers on a Dask cluster (docs/cluster.md)
+  memtrain train job.toml --cluster local:2                       # a Dask cluster of 2 workers on this machine
 
 On resume, the job must be the run's own: a change to the data, the model, the seed, the batches or the
 optimizer is refused, and any other setting (epochs, lr, ...) changes only when named with --set on the
@@ -33,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-dir", type=Path, help="run directory (default: run.dir of the job)")
     parser.add_argument("--resume", nargs="?", const=True, default=False, metavar="RUN_DIR",
                         help="continue a run from its newest complete checkpoint")
+    parser.add_argument("--cluster", metavar="ADDRESS",
+                        help='run the workers on Dask: tcp://HOST:PORT of a scheduler, or local:N; "" for local '
+                             'processes (default: run.cluster of the job)')
     parser.add_argument("--verify", action="store_true", help="re-hash every dataset shard before training")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing run directory (only one that memtrain created)")
@@ -72,10 +77,16 @@ def _job(args: argparse.Namespace):  # noqa: ANN202 - returns config.Job
         if args.run_dir is not None or any(item.partition("=")[0].strip() == "run.dir" for item in args.overrides):
             raise InputError("--resume RUN_DIR continues that directory: --run-dir and run.dir do not apply",
                              hint=f"memtrain train --resume {args.resume}")
-        return load_saved_job(Path(args.resume).resolve(), args.overrides, workers=args.workers)
+        return load_saved_job(Path(args.resume).resolve(), args.overrides, workers=args.workers,
+                              values=_cluster(args))
     if args.job is None:
         raise InputError("a job file is needed", hint="memtrain train JOB.toml, or memtrain train --resume RUN_DIR")
-    return load_job(args.job, args.overrides, workers=args.workers, run_dir=args.run_dir)
+    return load_job(args.job, args.overrides, workers=args.workers, run_dir=args.run_dir, values=_cluster(args))
+
+
+def _cluster(args: argparse.Namespace) -> dict[str, str]:
+    """``--cluster`` as a job value: on resume it moves a run onto a cluster, or ("") back to this machine."""
+    return {} if args.cluster is None else {"run.cluster": args.cluster}
 
 
 def _print_summary(summary: TrainSummary) -> None:

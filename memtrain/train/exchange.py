@@ -11,8 +11,10 @@ and deaths, ``kill`` a slot's process. Two implementations:
 - ``InServer``: one slot, no process: ``send`` runs the message in the server right away (the same
   ``WorkerState``, the same files and arithmetic) and ``wait`` hands back its answer.
 
-Only ``messages`` records cross a transport. Across machines (Dask) a third implementation would carry
-the same records; the rounds' marks would then travel as messages too (see docs/round.md).
+Only ``messages`` records cross a transport. Across machines a third implementation,
+``cluster.transport.ClusterPool`` (one Dask actor per Dask worker), carries the same records; it is sent
+tasks only, never a stretch: workers on other machines cannot meet at marks, so a cluster run streams
+the round (train/stream.py).
 """
 
 from __future__ import annotations

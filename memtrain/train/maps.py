@@ -65,3 +65,9 @@ class MapCache:
     def drop_deleted(self) -> None:
         for key in [k for k, (fd, _) in self._maps.items() if os.fstat(fd).st_nlink == 0]:
             os.close(self._maps.pop(key)[0])
+
+    def close(self) -> None:
+        """Drop every map (a long-lived process that is done with the run: a Dask worker)."""
+        while self._maps:
+            _, (fd, _) = self._maps.popitem()
+            os.close(fd)

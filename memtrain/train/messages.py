@@ -89,6 +89,20 @@ class StatsTask:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class GradTask:
+    """The gradient of train rows [lo, hi) at published weight ``version``, into ``gradient_name(version, task,
+    attempt)`` (train/stream.py: the round when the participants cannot meet at marks, e.g. on a cluster)."""
+
+    task: int
+    attempt: int
+    update: int
+    version: int
+    lo: int
+    hi: int
+    spare: str = ""  # a stepped gradient file's new name, to rewrite instead of creating a file ("": none)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Stop:
     """Tell a worker to exit."""
 
@@ -100,8 +114,8 @@ class Ready:
     pid: int
 
 
-Task = EvalTask | StatsTask
-Message = Stretch | EvalTask | StatsTask | Stop
+Task = EvalTask | StatsTask | GradTask
+Message = Stretch | EvalTask | StatsTask | GradTask | Stop
 
 
 class Outcome(enum.Enum):
@@ -113,7 +127,7 @@ class Outcome(enum.Enum):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Result:
-    """The answer to an EvalTask or a StatsTask."""
+    """The answer to an EvalTask, a StatsTask or a GradTask (``seconds``: a gradient's compute time)."""
 
     task: int
     attempt: int
@@ -121,6 +135,7 @@ class Result:
     loss: float = 0.0
     rows: int = 0
     correct: int = 0
+    seconds: float = 0.0
     error: str | None = None
 
 

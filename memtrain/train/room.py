@@ -9,6 +9,8 @@ Exchange area (deleted when the run ends):
   or superseded attempt's file is removed at once (train/scheduler.py), so failures add nothing;
 - the optimizer state, double-buffered (2 per slot), the block digests, the round records (one per update of
   an epoch) and the board the participants meet at.
+- on a cluster (``run.cluster``, train/stream.py), also a gradient file per task of two updates: those of
+  the update just stepped are deleted while the next update's are written;
 
 Run directory:
 - weight versions: the ``keep_versions`` kept ones plus the one being built;
@@ -53,6 +55,8 @@ def room_needed(job: Job, context: ModelContext, *, per_epoch: int, slots: int) 
     gradients = tasks * weights
     if context.additive:
         gradients += tasks * (context.stats_layout.size * np.dtype(np.float64).itemsize + FILE_OVERHEAD)
+    if job.run.cluster:
+        gradients += 2 * tasks * weights
     small = (block_count(context.layout.size) * DIGEST_BYTES + per_epoch * records_dtype(tasks).itemsize
              + Board(slots).size * WORD.itemsize + 3 * FILE_OVERHEAD)
     exchange = gradients + 2 * slots * weights + small

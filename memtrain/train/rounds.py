@@ -161,7 +161,7 @@ class Participant:
         if self.slice is not None:
             board.doing(self.slot, self.generation, STEP, update.update, self.slot)
             parity = self.version % 2
-            finite = reduce_and_step([files.grads[t.task] for t in update.tasks], update.rows, self.weights,
+            finite = reduce_and_step(self.gradient_buffers(update), update.rows, self.weights,
                                      files.state[parity], out, files.state[1 - parity], *self.slice, files.optimizer,
                                      self.version + 1, learning_rate(files.optimizer, update.update,
                                                                      files.plan.total_updates), files.digests,
@@ -176,6 +176,10 @@ class Participant:
             self.unpublished = update
         if update.update % DROP_DELETED_EVERY == 0:
             files.maps.drop_deleted()
+
+    def gradient_buffers(self, update: Update) -> list[np.ndarray]:
+        """The update's gradients, in task order (train/stream.py reads them from files workers sent)."""
+        return [self.files.grads[t.task] for t in update.tasks]
 
     # --- 2. the gradients ---
 

@@ -150,6 +150,8 @@ def exchange_candidates(job: Job) -> list[Path]:
         return [run_parent]
     if choice != "auto":
         return [Path(choice)]
+    if job.run.cluster and not job.run.cluster.startswith("local:"):
+        return [run_parent]  # other machines must see it: /dev/shm is this machine's memory
     return [SHM, run_parent] if SHM.is_dir() and os.access(SHM, os.W_OK) else [run_parent]
 
 

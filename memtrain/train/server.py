@@ -26,7 +26,14 @@ from memtrain.config import Job
 from memtrain.dataset import Dataset, open_dataset
 from memtrain.errors import Interrupted, MemtrainError, plural
 from memtrain.files import allocate_npy, open_npy, read_jsonl
-from memtrain.layout import ROUND_BOARD, ROUND_RECORDS, RUN_METRICS, gradient_buffer_name, gradient_name
+from memtrain.layout import (
+    ROUND_BOARD,
+    ROUND_RECORDS,
+    RUN_METRICS,
+    gradient_buffer_name,
+    gradient_name,
+    streamed_gradient_name,
+)
 from memtrain.progress import Reporter, reporting
 from memtrain.stopping import on_stop_signals, start_resource_tracker
 from memtrain.train.advice import few_updates_note
@@ -36,16 +43,18 @@ from memtrain.train.datacheck import check_trainable
 from memtrain.train.exchange import InServer, WorkerPool
 from memtrain.train.logbook import Logbook
 from memtrain.train.marks import GRADIENT, PUBLISH, STEP, Activity, Board, Ledger, create_records, open_records
-from memtrain.train.messages import EvalTask, RoundSetup, StatsTask, Stretch, Task, WorkerSetup
+from memtrain.train.messages import EvalTask, GradTask, Outcome, RoundSetup, StatsTask, Stretch, Task, WorkerSetup
 from memtrain.train.metrics import SHOWN
 from memtrain.train.metrics import collect as validation_metrics
 from memtrain.train.placement import Placement
 from memtrain.train.plan import Plan, eval_tasks, split_range, step_slices
+from memtrain.train.pools import OnCluster, open_cluster
 from memtrain.train.record import Decision
 from memtrain.train.room import room_needed
 from memtrain.train.run_dir import RunDir, open_run_dir, refuse_live_run
 from memtrain.train.scheduler import CORES, Ended, Scheduler
 from memtrain.train.state import Position, resume, save_checkpoint, start_fresh
+from memtrain.train.stream import StreamParticipant
 from memtrain.train.weights import (
     BLOCK,
     create_digests,
@@ -186,10 +195,14 @@ class Trainer:
         if newer:
             self.log(f"unpublished versions {newer[0]}-{newer[-1]}: made after the checkpoint, they are made again")
         self.log(f"server pid {os.getpid()}")
-        in_server = InServer(WorkerState(self._setup(), alive=lambda: None, board=self.memory_board,
-                                         heartbeat=lambda: self.heartbeat(position)))
-        self.placement = Placement(workers=self.job.train.workers, tasks=self.job.train.tasks_per_update,
-                                   cores=CORES, in_server=in_server, start_pool=self._start_pool, log=self.log)
+        self.in_server = InServer(WorkerState(self._setup(), alive=lambda: None, board=self.memory_board,
+                                              heartbeat=lambda: self.heartbeat(position)))
+        if self.job.run.cluster:
+            self.placement = OnCluster(open_cluster(self.job, self._setup(), self.run_dir, self.log), self.log)
+        else:
+            self.placement = Placement(workers=self.job.train.workers, tasks=self.job.train.tasks_per_update,
+                                       cores=CORES, in_server=self.in_server, start_pool=self._start_pool,
+                                       log=self.log)
         self.scheduler = Scheduler(task_timeout=self.job.train.task_timeout, max_attempts=self.job.train.max_attempts,
                                    describe_task=self.describe_task, describe_activity=self.describe_activity,
                                    log=self.log, stop_requested=lambda: self.stop.requested,
@@ -238,7 +251,8 @@ class Trainer:
     def stretch(self, position: Position, started: float) -> None:
         """Run the rounds from ``position`` on, to the end of its epoch unless cut short (a fault, a probe)."""
         transport = self.placement.transport
-        in_server = isinstance(transport, InServer)
+        cluster = isinstance(self.placement, OnCluster)
+        in_server = cluster or isinstance(transport, InServer)
         board = self.memory_board if in_server else self.board
         limit = self.placement.stretch_limit()
         first, version = position.batch, position.version
@@ -249,15 +263,18 @@ class Trainer:
         board.set_ledger(Ledger(self.generation, position.update_index(self.per_epoch) - 1, version))
         self.logbook.records["status"][first:stop] = 0
         ready_building(self.run_dir.path, version + 1, self.context.layout.size, os.getpid(),
-                       self.job.run.keep_versions)
+                       self.job.run.keep_versions, recycle=not cluster)
         slices = len(step_slices(self.context.layout.size, participants, BLOCK))
         stretches = [Stretch(generation=self.generation, epoch=position.epoch, first=first, stop=stop,
                              version=version, slot=slot, participants=participants, slices=slices)
                      for slot in range(participants)]
         self.epoch_started = started
         logged = len(self.logbook.timeline)
-        ended = self.scheduler.run_stretch(transport, board, stretches, lambda: self.look(position, board))
-        self.logbook.catch_up(position, board.ledger(), final=True)
+        try:
+            ended = (self.stream(stretches[0], position) if cluster else
+                     self.scheduler.run_stretch(transport, board, stretches, lambda: self.look(position, board)))
+        finally:  # a stop or a lost cluster mid-stretch: the position (and so a checkpoint) is where it stands
+            self.logbook.catch_up(position, board.ledger(), final=True)
         self.report(position)
         if ended == Ended.STOPPED:
             raise Interrupted("stopped by a signal")
@@ -265,6 +282,22 @@ class Trainer:
             raise MemtrainError("a non-finite update stopped the run", hint="see the event log")
         done = position.update_index(self.per_epoch)
         self.placement.observe(self.logbook.timeline[logged:], done, self.plan.total_updates - done)
+
+    def stream(self, stretch: Stretch, position: Position) -> Ended:
+        """A stretch run by the server alone, its gradient tasks streamed to the cluster's workers."""
+        from memtrain.cluster.sharedfs import needs_sync, sync_for_readers
+
+        transport = self.placement.transport
+        sync = needs_sync(self.run_dir.path)
+        participant = StreamParticipant(
+            self.in_server.state.rounds(), stretch, workers=lambda: len(transport.slots),
+            run_tasks=lambda tasks, meanwhile: self.scheduler.run(transport, tasks, meanwhile),
+            publish_sync=sync_for_readers if sync else lambda path: None, recycle=False,
+            heartbeat=lambda: self.heartbeat(position))
+        outcome = participant.run()
+        if self.stop.requested:
+            return Ended.STOPPED
+        return Ended.NONFINITE if outcome == Outcome.NONFINITE else Ended.DONE
 
     def look(self, position: Position, board: Board) -> None:
         """The server's look at a running stretch: log what finished, show progress."""
@@ -379,15 +412,21 @@ class Trainer:
         epochs = [r for r in read_jsonl(self.run_dir.path / RUN_METRICS) if r.get("kind") == "epoch"]
         return epochs[-1] if epochs else {}
 
-    def discard_attempt(self, task: Task) -> None:
-        """Delete the statistics file a dead or superseded attempt may have written (gradients go to the
-        per-task buffers, which the next attempt overwrites)."""
-        if isinstance(task, StatsTask):
-            (self.run_dir.exchange / gradient_name(0, task.task, task.attempt)).unlink(missing_ok=True)
+    def discard_attempt(self, message: Task) -> None:
+        """Delete the file a dead or superseded attempt may have written: statistics, or a streamed gradient
+        (a cluster run's; in the round, gradients go to the per-task buffers, which the next attempt overwrites)."""
+        if isinstance(message, StatsTask):
+            (self.run_dir.exchange / gradient_name(0, message.task, message.attempt)).unlink(missing_ok=True)
+        if isinstance(message, GradTask):  # a cluster run's gradients go to one file per attempt (train/stream.py)
+            (self.run_dir.exchange / streamed_gradient_name(message.update, message.task, message.attempt)).unlink(
+                missing_ok=True)
 
     def describe_task(self, message: Task) -> str:
         if isinstance(message, EvalTask):
             return f"evaluation task {message.task} ({self.describe_rows(message.lo, message.hi, 'val')})"
+        if isinstance(message, GradTask):
+            return (f"gradient task {message.task} ({self.describe_rows(message.lo, message.hi)}) of update "
+                    f"{update_number(message.update)}")
         return f"statistics task {message.task} ({self.describe_rows(message.lo, message.hi)})"
 
     def describe_activity(self, activity: Activity) -> str:

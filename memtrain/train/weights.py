@@ -69,7 +69,8 @@ def weights_checksum(digests: np.ndarray, size: int) -> str:
     return block_checksum(npy_header_bytes((size,), PARAM_DTYPE), digests.tobytes())
 
 
-def ready_building(run_dir: Path, version: int, size: int, owner_pid: int, keep: int, *, fast: bool = False) -> Path:
+def ready_building(run_dir: Path, version: int, size: int, owner_pid: int, keep: int, *, fast: bool = False,
+                   recycle: bool = True) -> Path:
     """Make sure the (unpublished) file of ``version`` exists, ready for the slice owners; returns its path.
 
     The versions older than the newest ``keep`` before it are retired first, and the newest retired one
@@ -78,7 +79,8 @@ def ready_building(run_dir: Path, version: int, size: int, owner_pid: int, keep:
     slice owners before it is published. A file already there (a stretch restarted after a fault) is
     kept if its header is whole. ``fast`` (once per update in a stretch) retires only the version that
     has just fallen out of the newest ``keep``, without listing the folder: the stretch's start retired
-    every older one.
+    every older one. ``recycle`` False: never reuse a retired file (on a cluster a worker on another machine
+    may still hold a map of it, and only a new file is sure to be read afresh there).
     """
     path = building_path(run_dir, version, owner_pid)
     if os.path.exists(path):
@@ -88,7 +90,7 @@ def ready_building(run_dir: Path, version: int, size: int, owner_pid: int, keep:
         except CorruptFileError:  # its writer died while creating it
             os.unlink(path)
     total = len(npy_header_bytes((size,), PARAM_DTYPE)) + size * PARAM_DTYPE.itemsize
-    spare = retire_weights(run_dir, keep, version - 1, recycle=(path, total), only_newest=fast)
+    spare = retire_weights(run_dir, keep, version - 1, recycle=(path, total) if recycle else None, only_newest=fast)
     if spare is not None:
         fault_point("write")  # the same hit as for a fresh file, so fault tests count the same writes
         return path

@@ -1,4 +1,5 @@
-"""Messages in, answers out: a worker runs stretches of rounds (train/rounds.py) and evaluation/statistics tasks.
+"""Messages in, answers out: a worker runs stretches of rounds (train/rounds.py), evaluation/statistics tasks
+and gradient tasks (train/stream.py).
 
 A worker never decides what to compute: a stretch names the updates, the plan says which parts are this
 slot's. It keeps the dataset shards and the files it meets mapped between messages (train/maps.py), and
@@ -29,6 +30,7 @@ from memtrain.train.maps import MapCache
 from memtrain.train.marks import Board
 from memtrain.train.messages import (
     EvalTask,
+    GradTask,
     Message,
     Outcome,
     Ready,
@@ -42,6 +44,7 @@ from memtrain.train.messages import (
 from memtrain.train.metrics import write_task_statistics
 from memtrain.train.optim import OptimizerConfig
 from memtrain.train.rounds import Participant, RoundFiles
+from memtrain.train.stream import gradient
 
 PARENT_POLL_SECONDS = 1.0  # how often an idle worker checks that its server is still alive
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
@@ -125,6 +128,13 @@ class WorkerState:
         if hasattr(self.context.model, "in_worker"):  # e.g. a torch module pins its thread pool
             self.context.model.in_worker(setup.blas_threads)
         self._rounds: RoundFiles | None = None
+        self._scratch: np.ndarray | None = None
+
+    def scratch(self, size: int) -> np.ndarray:
+        """A float32 buffer of ``size`` kept between tasks (a streamed gradient is computed into it)."""
+        if self._scratch is None or self._scratch.size != size:
+            self._scratch = np.empty(size, dtype=np.float32)
+        return self._scratch
 
     def handle(self, message: Message) -> Result | StretchEnd:
         try:
@@ -132,6 +142,8 @@ class WorkerState:
                 if isinstance(message, Stretch):
                     return self.stretch(message)
                 self.maps.drop_deleted()
+                if isinstance(message, GradTask):
+                    return gradient(self, message)
                 return self.statistics(message) if isinstance(message, StatsTask) else self.evaluate(message)
         except Exception as exc:  # reported to the server, which stops the run with this text
             error = str(exc) if isinstance(exc, MemtrainError) else \

@@ -1,0 +1,98 @@
+"""Where a streamed update's time goes (train/stream.py): the server's pieces, timed around each update.
+
+Run: ``python -m memtrain.benchmarks.stream_profile [--params 1e6] [--updates 40] [--cluster local:2]``.
+Trains the benchmark's MLP (memtrain/benchmarks/synthetic.py) for one epoch on the cluster and prints,
+per piece, the median over the updates after the first few. ``--cluster processes`` streams to two local
+worker processes (train/exchange.WorkerPool) instead of Dask workers: the same stream without Dask,
+which separates what Dask costs from what the stream itself costs.
+
+- ``round``: one whole update in the server (its step, then the next update's gradients);
+- ``step``: the server's step of the whole parameter vector (train/reduce.py);
+- ``publish``: the link that publishes a version (and its sync, on a network filesystem);
+- ``tasks``: from sending an update's gradient tasks to having every answer;
+- ``tasks - slowest compute``: what the tasks cost beyond the longest gradient computation: the actor
+  round trips, the workers' reading of the rows and the new version, their writing of the gradient files;
+- ``housekeeping``: the server's work while the workers compute (deleting the stepped gradient files,
+  readying and faulting in the next version's file): off the update's path when a core is spare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from memtrain.benchmarks.memtrain_run import job_for
+from memtrain.benchmarks.problem import BATCH, Problem
+from memtrain.benchmarks.synthetic import mlp_shape, write_dataset
+from memtrain.train.stream import StreamParticipant
+
+SKIP = 3  # first updates left out (maps and caches warming up)
+PROCESSES = "processes"
+
+
+def timed(times: dict[str, list[float]], name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            times.setdefault(name, []).append(time.perf_counter() - started)
+    return wrapper
+
+
+def instrument(times: dict[str, list[float]]) -> None:
+    """Wrap the stream's pieces (in this process: the server) so that each call is timed."""
+    for name in ("round", "step", "publish", "housekeeping"):
+        setattr(StreamParticipant, name, timed(times, name, getattr(StreamParticipant, name)))
+    start = StreamParticipant.__init__
+
+    def init(self: StreamParticipant, files: Any, stretch: Any, *, run_tasks: Any, **options: Any) -> None:
+        def run_tasks_timed(tasks: list, meanwhile: Callable[[], None]) -> list:
+            started = time.perf_counter()
+            results = run_tasks(tasks, meanwhile)
+            wall = time.perf_counter() - started
+            times.setdefault("tasks", []).append(wall)
+            times.setdefault("tasks - slowest compute", []).append(wall - max(r.seconds for r in results))
+            return results
+        start(self, files, stretch, run_tasks=run_tasks_timed, **options)
+
+    StreamParticipant.__init__ = init
+
+
+def main(argv: list[str] | None = None) -> int:
+    from memtrain.train.server import train
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", type=float, default=1e6, help="parameters of the MLP (1e6)")
+    parser.add_argument("--updates", type=int, default=40, help="updates to run (40)")
+    parser.add_argument("--cluster", default="local:2",
+                        help=f"run.cluster (local:2), or {PROCESSES!r}: local worker processes, no Dask")
+    args = parser.parse_args(argv)
+    scratch = Path(tempfile.mkdtemp(prefix="memtrain-stream-profile-"))
+    shape = mlp_shape(int(args.params))
+    data = write_dataset(scratch / "data", args.updates * BATCH, BATCH, features=shape.features, classes=shape.classes)
+    times: dict[str, list[float]] = {}
+    instrument(times)
+    cluster = args.cluster
+    if cluster == PROCESSES:
+        from memtrain.train import server
+        from memtrain.train.exchange import WorkerPool
+
+        server.open_cluster = lambda job, setup, run, log: WorkerPool(setup, 2)
+        cluster = "local:2"  # a cluster run, on the pool above
+    train(job_for(Problem(str(data), shape.hidden, args.updates, workers=2), scratch / "run", workers=2,
+                  cluster=cluster), quiet=True)
+    print(f"{shape.params:,} parameters, {args.updates} updates on {args.cluster}; medians in ms")
+    for name, values in times.items():
+        kept = values[SKIP:] or values
+        print(f"{name:>24}: {statistics.median(kept) * 1e3:8.2f}   (n={len(kept)})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

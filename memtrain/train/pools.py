@@ -1,0 +1,61 @@
+"""A job with ``run.cluster`` -> its Dask workers as a Transport, and the placement of its rounds on them.
+
+On a cluster the rounds do not run on the workers (their participants cannot meet at marks across
+machines): the server runs them alone and streams the gradient tasks to the workers (train/stream.py);
+evaluation and statistics tasks go to the same workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from memtrain.config import Job
+from memtrain.train.exchange import Transport
+from memtrain.train.messages import WorkerSetup
+from memtrain.train.run_dir import RunDir
+
+
+def open_cluster(job: Job, setup: WorkerSetup, run: RunDir, log: Callable[[str], None]) -> Any:
+    """A ``cluster.transport.ClusterPool`` on ``run.cluster``, its workers checked against the run's files;
+    its ``close`` also disconnects (and stops a ``local:N`` cluster)."""
+    from memtrain.cluster.address import parse_cluster
+    from memtrain.cluster.connect import connected
+    from memtrain.cluster.sharedfs import cleanup, server_probe
+    from memtrain.cluster.transport import ClusterPool
+
+    stack = contextlib.ExitStack()
+    try:
+        client = stack.enter_context(connected(parse_cluster(job.run.cluster, where="run.cluster")))
+        probe = server_probe(Path(setup.dataset), run.path, run.exchange)
+        stack.callback(cleanup, probe)
+        pool = ClusterPool(client, setup, probe, log=log, on_close=stack)
+    except BaseException:
+        stack.close()
+        raise
+    log(f"Dask scheduler {client.scheduler.address}: workers "
+        + ", ".join(f"{s.process.address} (host {s.process.host}, pid {s.process.pid})" for s in pool.slots))
+    return pool
+
+
+class OnCluster:
+    """The placement of a cluster run (train/placement.py's interface): tasks on the Dask workers, the
+    rounds' loop in the server (train/stream.py), never re-decided."""
+
+    def __init__(self, pool: Transport, log: Callable[[str], None]):
+        self.transport = pool
+        log(f"rounds: in the server (the gradients streamed to {len(pool.slots)} Dask workers, the step here)")
+
+    def stretch_limit(self) -> int | None:
+        return None
+
+    def heartbeat(self) -> bool:
+        return False
+
+    def observe(self, timeline: list[tuple[int, float, float]], update: int, remaining: int) -> None:
+        pass
+
+    def close(self, timeout: float = 5.0) -> None:
+        self.transport.close(timeout)

@@ -1,0 +1,48 @@
+"""Functions the cluster tests run on Dask workers (importable there as ``tests.cluster_tasks``)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+from distributed import get_worker
+
+from memtrain.cluster.memory import anonymous_bytes
+from memtrain.train.maps import MapCache
+
+CHUNK = 50 << 20
+
+
+def scan(path: str, size: int) -> dict[str, object]:
+    """Touch every page of ``path`` through a kept read-only map, noting the worker's state as it goes."""
+    worker = get_worker()
+    maps = MapCache()
+    data = maps.get(Path(path), (size,), np.uint8)
+    statuses, file_bytes = set(), 0
+    for start in range(0, size, CHUNK):
+        int(data[start:start + CHUNK:4096].sum())
+        time.sleep(0.12)  # the monitors run every 100 ms: give them a look at each step
+        statuses.add(worker.status.name)
+        status = Path(f"/proc/{os.getpid()}/status").read_text()
+        file_bytes = max(file_bytes, int(status.split("RssFile:")[1].split()[0]) * 1024)
+    time.sleep(0.5)
+    statuses.add(worker.status.name)
+    return {"statuses": sorted(statuses), "pid": os.getpid(), "file_bytes": file_bytes,
+            "anonymous": anonymous_bytes(os.getpid())}
+
+
+
+
+def open_files_under(folder: str) -> list[str]:
+    """The files under ``folder`` this process holds open (descriptors), on Linux."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(folder.rstrip("/") + "/"):
+            found.append(target)
+    return found
