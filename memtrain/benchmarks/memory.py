@@ -9,9 +9,15 @@ two samples can be missed) splits them instead, counting each once.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import threading
 from dataclasses import dataclass, field
+from typing import Any
+
+from memtrain.errors import MemtrainError
 
 # Reading three status files costs ~0.1 ms; listing the whole /proc tree ~3 ms, so it is done only
 # every RESCAN_EVERY samples (new processes are found within half a second, long before they peak).
@@ -112,3 +118,21 @@ class Sampler:
                 pids = descendants(self.root)
             sample(pids, self.peaks)
             count += 1
+
+
+def run_sampled(module: str, spec: dict[str, Any], *, what: str, timeout: float,
+                env: dict[str, str] | None = None) -> tuple[dict[str, Any], int, Peaks]:
+    """``python -m module SPEC_JSON`` in a fresh process, its tree's memory sampled from here: its last line
+    of output (JSON), its pid and the peaks. MemtrainError naming ``what`` if it fails or outlives ``timeout``."""
+    process = subprocess.Popen([sys.executable, "-m", module, json.dumps(spec)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env)
+    with Sampler(process.pid) as sampler:
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            raise MemtrainError(f"{what} took longer than {timeout:g} s") from None
+    if process.returncode != 0 or not out.strip():
+        raise MemtrainError(f"{what} failed (exit code {process.returncode})", found=err.strip()[-2000:])
+    return json.loads(out.strip().splitlines()[-1]), process.pid, sampler.peaks

@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 from dataclasses import asdict
@@ -30,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from memtrain.benchmarks import first_job, larger_than_ram
-from memtrain.benchmarks.memory import Sampler
+from memtrain.benchmarks.memory import run_sampled
 from memtrain.benchmarks.problem import BATCH, Problem
 from memtrain.benchmarks.runner import CLUSTER_METHOD, FIRST_JOB, FORCED, METHODS, TORCH_METHODS
 from memtrain.benchmarks.synthetic import CLASSES, FEATURES, mlp_shape, write_dataset
-from memtrain.errors import InputError, MemtrainError
+from memtrain.errors import InputError
 
 LABELS = {"memtrain": "memtrain", "one_process": "one process, 1 thread", "pickle_queue": "pickle via Queue",
           "shared_memory": "shared_memory", "one_process_blas": "one process, all-core BLAS",
@@ -197,21 +196,9 @@ def run_once(method: str, problem: Problem, scratch: Path, exchange: str,
     spec = {"method": method, "problem": asdict(problem), "scratch": str(scratch / "run"), "exchange": exchange,
             "data_limit_bytes": data_limit, "cluster": cluster}
     env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
-    process = subprocess.Popen([sys.executable, "-m", "memtrain.benchmarks.runner", json.dumps(spec)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    with Sampler(process.pid) as sampler:
-        try:
-            out, err = process.communicate(timeout=RUN_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.communicate()
-            raise MemtrainError(f"benchmark method {method} took longer than {RUN_TIMEOUT:g} s") from None
-    if process.returncode != 0 or not out.strip():
-        raise MemtrainError(f"benchmark method {method} failed (exit code {process.returncode})",
-                            found=err.strip()[-2000:])
-    result = json.loads(out.strip().splitlines()[-1])
-    peaks = sampler.peaks
-    peaks.hwm_kib[process.pid] = max(peaks.hwm_kib.get(process.pid, 0), result["self_maxrss_kib"])
+    result, pid, peaks = run_sampled("memtrain.benchmarks.runner", spec, what=f"benchmark method {method}",
+                                     timeout=RUN_TIMEOUT, env=env)
+    peaks.hwm_kib[pid] = max(peaks.hwm_kib.get(pid, 0), result["self_maxrss_kib"])
     result["peak_mib"] = peaks.total_mib()
     result["pss_mib"] = peaks.pss_mib()
     result["processes"] = peaks.per_process()

@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from memtrain.benchmarks.memory import Sampler
-from memtrain.errors import InputError, MemtrainError
+from memtrain.benchmarks.memory import run_sampled
+from memtrain.errors import InputError
 
 FEATURES = 64
 NPY_ROW_BYTES = FEATURES * 4 + 8
@@ -122,21 +121,9 @@ def _compare(source: str, files: list[Path], size: int, shuffle: bool, root: Pat
 
 def run_once(spec: dict[str, Any]) -> dict[str, Any]:
     """One measurement in a fresh process; its peak anonymous memory sampled from here."""
-    process = subprocess.Popen([sys.executable, "-m", "memtrain.prepare.bench", json.dumps(spec)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    with Sampler(process.pid) as sampler:
-        try:
-            out, err = process.communicate(timeout=RUN_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.communicate()
-            raise MemtrainError(f"bench prepare: {spec['what']} on {spec['source']} took over {RUN_TIMEOUT:g} s") \
-                from None
-    if process.returncode != 0 or not out.strip():
-        raise MemtrainError(f"bench prepare: {spec['what']} on {spec['source']} failed "
-                            f"(exit code {process.returncode})", found=err.strip()[-2000:])
-    result = json.loads(out.strip().splitlines()[-1])
-    result["peak_anon_mib"] = max(sampler.peaks.anon_kib.get(process.pid, 0) / 1024, result["anon_mib"])
+    result, pid, peaks = run_sampled("memtrain.prepare.bench", spec, what=f"bench prepare: {spec['what']} on "
+                                     f"{spec['source']}", timeout=RUN_TIMEOUT)
+    result["peak_anon_mib"] = max(peaks.anon_kib.get(pid, 0) / 1024, result["anon_mib"])
     return result
 
 
