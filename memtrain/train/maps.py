@@ -28,15 +28,26 @@ class MapCache:
 
     def __init__(self, capacity: int = MAX_MAPS):
         self.capacity = capacity
-        self._maps: OrderedDict[tuple[int, int, str], tuple[int, np.ndarray]] = OrderedDict()
+        self._maps: OrderedDict[tuple[int, int, str], tuple[int, np.ndarray, int]] = OrderedDict()  # fd, map, bytes
 
     def get(self, path: Path, shape: tuple[int, ...], dtype: np.dtype, mode: str = "r") -> np.ndarray:
+        # A hit costs one stat: the cached descriptor holds its inode, so no other file can have taken
+        # its number, and a name that points to that inode now is a name of the cached file.
+        try:
+            info = os.stat(path)
+        except FileNotFoundError:
+            info = None
+        if info is not None:
+            entry = self._maps.get((info.st_dev, info.st_ino, mode))
+            if entry is not None and entry[2] == info.st_size:
+                self._maps.move_to_end((info.st_dev, info.st_ino, mode))
+                return entry[1]
         fd = open_fd(path, what="a .npy file", write=mode == "r+")
         try:
             info = os.fstat(fd)
             key = (info.st_dev, info.st_ino, mode)
             entry = self._maps.get(key)
-            if entry is not None and os.fstat(entry[0]).st_size == info.st_size:
+            if entry is not None and entry[2] == info.st_size:
                 self._maps.move_to_end(key)
                 os.close(fd)
                 return entry[1]
@@ -50,24 +61,24 @@ class MapCache:
         except BaseException:
             os.close(fd)
             raise
-        self._put(key, fd, array)
+        self._put(key, fd, array, info.st_size)
         return array
 
-    def _put(self, key: tuple[int, int, str], fd: int, array: np.ndarray) -> None:
+    def _put(self, key: tuple[int, int, str], fd: int, array: np.ndarray, size: int) -> None:
         old = self._maps.pop(key, None)
         if old is not None:
             os.close(old[0])
-        self._maps[key] = (fd, array)
+        self._maps[key] = (fd, array, size)
         while len(self._maps) > self.capacity:
-            _, (dropped, _) = self._maps.popitem(last=False)
+            _, (dropped, _, _) = self._maps.popitem(last=False)
             os.close(dropped)
 
     def drop_deleted(self) -> None:
-        for key in [k for k, (fd, _) in self._maps.items() if os.fstat(fd).st_nlink == 0]:
+        for key in [k for k, (fd, _, _) in self._maps.items() if os.fstat(fd).st_nlink == 0]:
             os.close(self._maps.pop(key)[0])
 
     def close(self) -> None:
         """Drop every map (a long-lived process that is done with the run: a Dask worker)."""
         while self._maps:
-            _, (fd, _) = self._maps.popitem()
+            _, (fd, _, _) = self._maps.popitem()
             os.close(fd)

@@ -221,4 +221,5 @@ def create_records(path: Path, updates: int, tasks: int) -> None:
 def open_records(path: Path, updates: int, tasks: int) -> np.ndarray:
     """The records of the current epoch, mapped for reading and writing (every participant writes its part)."""
     offset = check_npy(path, shape=(updates,), dtype=records_dtype(tasks)).offset
-    return np.memmap(path, dtype=records_dtype(tasks), mode="r+", offset=offset, shape=(updates,))
+    mapped = np.memmap(path, dtype=records_dtype(tasks), mode="r+", offset=offset, shape=(updates,))
+    return mapped.view(np.ndarray)  # keeps the map alive; indexing a memmap runs Python code on every access

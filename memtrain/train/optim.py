@@ -108,53 +108,59 @@ def learning_rate(config: OptimizerConfig, update: int, total_updates: int) -> f
 
 
 def apply_update(config: OptimizerConfig, step: int, lr: float, weights: np.ndarray, grad: np.ndarray,
-                 state_in: dict[str, np.ndarray], weights_out: np.ndarray, state_out: dict[str, np.ndarray]) -> None:
+                 state_in: dict[str, np.ndarray], weights_out: np.ndarray, state_out: dict[str, np.ndarray], *,
+                 scratch: np.ndarray | None = None) -> None:
     """One optimizer step on one slice; write ``weights_out`` and ``state_out``, never touch the inputs.
 
     The outputs must not overlap the inputs (the caller double-buffers, so a re-run step is idempotent).
 
     ``step`` is the 1-based number of this update (Adam's bias correction); ``grad`` is the mean
     gradient. The formulas are those documented for PyTorch's SGD (dampening 0), Adam and AdamW.
+    ``scratch``: a float32 array as long as the slice for the temporary (Adam's, weight decay's, Nesterov's),
+    so that a step allocates nothing; one is made when None. The arithmetic is the same either way.
     """
     if config.name == "sgd":
-        _sgd(config, lr, weights, grad, state_in, weights_out, state_out)
+        _sgd(config, lr, weights, grad, state_in, weights_out, state_out, scratch)
     else:
-        _adam(config, step, lr, weights, grad, state_in, weights_out, state_out)
+        _adam(config, step, lr, weights, grad, state_in, weights_out, state_out, scratch)
 
 
-def _with_l2(weight_decay: float, weights: np.ndarray, grad: np.ndarray) -> np.ndarray:
-    """grad + weight_decay * weights as a new array (grad itself when there is no decay)."""
+def _with_l2(weight_decay: float, weights: np.ndarray, grad: np.ndarray, scratch: np.ndarray | None) -> np.ndarray:
+    """grad + weight_decay * weights, into ``scratch`` (a new array when None); grad itself when there is no decay."""
     if weight_decay == 0:
         return grad
-    g = np.multiply(weights, F32(weight_decay), dtype=F32)
+    g = np.multiply(weights, F32(weight_decay), dtype=F32, out=scratch)
     np.add(g, grad, out=g)
     return g
 
 
 def _sgd(config: OptimizerConfig, lr: float, weights: np.ndarray, grad: np.ndarray, state_in: dict[str, np.ndarray],
-         weights_out: np.ndarray, state_out: dict[str, np.ndarray]) -> None:
+         weights_out: np.ndarray, state_out: dict[str, np.ndarray], scratch: np.ndarray | None) -> None:
     """buf = momentum * buf + g; direction = g + momentum * buf (nesterov) or buf; w -= lr * direction."""
-    g = _with_l2(config.weight_decay, weights, grad)
+    g = _with_l2(config.weight_decay, weights, grad, scratch)
     direction = g
     if config.momentum > 0:
         buf = state_out["m"]
         np.multiply(state_in["m"], F32(config.momentum), out=buf)
         np.add(buf, g, out=buf)
         direction = buf
-        if config.nesterov:
-            direction = np.multiply(buf, F32(config.momentum), dtype=F32)
+        if config.nesterov:  # g is only read from here on, so the temporary may overwrite it when it is scratch
+            direction = np.multiply(buf, F32(config.momentum), dtype=F32,
+                                    out=None if scratch is None or g is scratch else scratch)
             np.add(direction, g, out=direction)
     np.multiply(direction, F32(lr), out=weights_out)
     np.subtract(weights, weights_out, out=weights_out)
 
 
 def _adam(config: OptimizerConfig, step: int, lr: float, weights: np.ndarray, grad: np.ndarray,
-          state_in: dict[str, np.ndarray], weights_out: np.ndarray, state_out: dict[str, np.ndarray]) -> None:
+          state_in: dict[str, np.ndarray], weights_out: np.ndarray, state_out: dict[str, np.ndarray],
+          temporary: np.ndarray | None) -> None:
     """m, v moments; w -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps). AdamW first scales w by 1 - lr * wd."""
     decoupled = config.name == "adamw"
-    g = grad if decoupled else _with_l2(config.weight_decay, weights, grad)
     m, v = state_out["m"], state_out["v"]
-    scratch = np.multiply(g, F32(1.0 - config.beta1), dtype=F32)
+    # with L2 decay, g = grad + wd * w is held in weights_out, which is read-free until its own write at the end
+    g = grad if decoupled else _with_l2(config.weight_decay, weights, grad, weights_out)
+    scratch = np.multiply(g, F32(1.0 - config.beta1), dtype=F32, out=temporary)
     np.multiply(state_in["m"], F32(config.beta1), out=m)
     np.add(m, scratch, out=m)
     np.multiply(g, g, out=scratch)

@@ -24,10 +24,21 @@ from memtrain.train.weights import BLOCK
 CHUNK = BLOCK
 
 
+class Scratch:
+    """The step's working memory, kept between updates: a chunk of the mean gradient, a chunk of zeros
+    (the finiteness check), and the optimizer's temporaries (train/optim.py). Allocated once, so a step
+    neither allocates nor zeroes anything."""
+
+    def __init__(self, length: int = CHUNK) -> None:
+        self.mean = np.empty(length, dtype=np.float32)
+        self.zeros = np.zeros(length, dtype=np.float32)
+        self.optimizer = np.empty(length, dtype=np.float32)
+
+
 def reduce_and_step(grads: list[np.ndarray], rows: int, weights: np.ndarray, state_in: dict[str, np.ndarray],
                     weights_out: np.ndarray, state_out: dict[str, np.ndarray], lo: int, hi: int,
                     optimizer: OptimizerConfig, step: int, lr: float, digests: np.ndarray,
-                    trainable: int | None = None) -> bool:
+                    trainable: int | None = None, scratch: Scratch | None = None) -> bool:
     """Fused, chunked: mean gradient of ``grads`` (added in list order) -> optimizer -> ``weights_out``.
 
     Each chunk is one checksum block (``lo`` is a multiple of CHUNK); its digest goes to row ``a // CHUNK``
@@ -36,13 +47,13 @@ def reduce_and_step(grads: list[np.ndarray], rows: int, weights: np.ndarray, sta
     so one check per chunk catches both. The check is a dot product with zeros, which is 0 exactly when
     every element is finite (x * 0 is NaN for x = NaN or +-Inf, and NaN survives the sum): one read pass
     in BLAS, half the time of ``np.isfinite(...).all()``. Elements from ``trainable`` on are buffers:
-    the mean is added to them, the optimizer and its state leave them alone.
+    the mean is added to them, the optimizer and its state leave them alone. ``scratch``: buffers kept
+    by the caller between steps (made here when None).
     """
     if lo % CHUNK:
         raise ValueError(f"a step slice must start on a checksum block boundary, not at {lo}")
-    length = min(CHUNK, max(hi - lo, 1))
-    buffer = np.empty(length, dtype=np.float32)
-    zeros = np.zeros(length, dtype=np.float32)
+    scratch = scratch or Scratch(min(CHUNK, max(hi - lo, 1)))
+    buffer, zeros = scratch.mean, scratch.zeros
     divisor = np.float32(rows)
     trainable = hi if trainable is None else trainable
     for a in range(lo, hi, CHUNK):
@@ -58,7 +69,8 @@ def reduce_and_step(grads: list[np.ndarray], rows: int, weights: np.ndarray, sta
         t = min(max(trainable, a), b)  # [a, t) is stepped, [t, b) holds buffers
         if t > a:
             apply_update(optimizer, step, lr, weights[a:t], mean[: t - a], {k: v[a:t] for k, v in state_in.items()},
-                         weights_out[a:t], {k: v[a:t] for k, v in state_out.items()})
+                         weights_out[a:t], {k: v[a:t] for k, v in state_out.items()},
+                         scratch=scratch.optimizer[: t - a])
         if t < b:
             np.add(weights[t:b], mean[t - a:], out=weights_out[t:b])
         if np.dot(weights_out[a:b], zeros[: b - a]) != 0:

@@ -49,7 +49,7 @@ from memtrain.layout import (
     weights_path,
 )
 from memtrain.train.context import ModelContext
-from memtrain.train.maps import MapCache
+from memtrain.train.maps import MAX_MAPS, MapCache
 from memtrain.train.marks import (
     GRADIENT,
     LOSS_NONFINITE,
@@ -66,7 +66,7 @@ from memtrain.train.marks import (
 from memtrain.train.messages import Outcome, RoundSetup, Stretch
 from memtrain.train.optim import OptimizerConfig, learning_rate, state_slots
 from memtrain.train.plan import Plan, TaskRange, Update, step_slices, task_owner
-from memtrain.train.reduce import reduce_and_step
+from memtrain.train.reduce import Scratch, reduce_and_step
 from memtrain.train.weights import BLOCK, block_count, commit_weights, ready_building, weights_checksum
 
 DROP_DELETED_EVERY = 16  # updates between checks for maps of deleted files (a retired version not recycled)
@@ -96,6 +96,9 @@ class RoundFiles:
         self.state = [{slot: self._map(exchange / state_buffer_name(slot, parity)) for slot in state_slots(optimizer)}
                       for parity in (0, 1)]
         self.digests = maps.get(exchange / WEIGHT_DIGESTS, (block_count(self.size), DIGEST_BYTES), np.uint8, "r+")
+        self.scratch = Scratch()
+        self._building: tuple[int, Path] = (-1, run_dir)
+        self._views: dict[int, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
 
     def _map(self, path: Path, mode: str = "r+") -> np.ndarray:
         return self.maps.get(path, (self.size,), np.float32, mode)
@@ -103,8 +106,23 @@ class RoundFiles:
     def weights(self, version: int) -> np.ndarray:
         return self._map(weights_path(self.run_dir, version), "r")
 
+    def building_path(self, version: int) -> Path:
+        """The unpublished file of ``version`` (asked for by the step, the publication and the next step)."""
+        if self._building[0] != version:
+            self._building = (version, building_path(self.run_dir, version, self.server_pid))
+        return self._building[1]
+
     def building(self, version: int) -> np.ndarray:
-        return self._map(building_path(self.run_dir, version, self.server_pid))
+        return self._map(self.building_path(version))
+
+    def views(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        """The model's named views of a mapped vector, made once per map (the maps are kept: train/maps.py)."""
+        entry = self._views.get(id(flat))
+        if entry is None or entry[0] is not flat:
+            if len(self._views) >= 4 * MAX_MAPS:
+                self._views.clear()
+            entry = self._views[id(flat)] = (flat, self.context.layout.views(flat))
+        return dict(entry[1])  # a fresh dict: a model may keep or change the one it is given
 
     def rows(self, rows: TaskRange) -> tuple[np.ndarray, np.ndarray]:
         x, y = self.train.read(rows.lo, rows.hi)
@@ -165,7 +183,7 @@ class Participant:
                                      files.state[parity], out, files.state[1 - parity], *self.slice, files.optimizer,
                                      self.version + 1, learning_rate(files.optimizer, update.update,
                                                                      files.plan.total_updates), files.digests,
-                                     files.context.layout.trainable)
+                                     files.context.layout.trainable, files.scratch)
         board.mark_step(self.generation, update.update, self.slot, finite)
         board.doing(self.slot, self.generation, WAITING, update.update)
         if not board.wait_step(self.generation, update.update, self.stretch.participants, self.alive):
@@ -207,11 +225,10 @@ class Participant:
         files.board.doing(self.slot, self.generation, GRADIENT, update.update, rows.task)
         x, y = files.rows(rows)
         fault_point("before_grad_write")
-        layout = files.context.layout
         started = time.perf_counter()
         model = files.context.model
         seeded = {"seed": (files.setup.seed, self.version, rows.task)} if getattr(model, "seeded", False) else {}
-        loss = model.loss_and_grad(layout.views(self.weights), x, y, layout.views(files.grads[rows.task]),
+        loss = model.loss_and_grad(files.views(self.weights), x, y, files.views(files.grads[rows.task]),
                                    **seeded)  # overwrites every value
         files.seconds[update.batch, rows.task] = time.perf_counter() - started
         files.loss[update.batch, rows.task] = loss
@@ -230,7 +247,7 @@ class Participant:
         checksum = weights_checksum(files.digests, files.size)
         self.record(update, PUBLISHED)
         files.records["checksum"][update.batch] = np.frombuffer(bytes.fromhex(checksum.split(":")[1]), np.uint8)
-        commit_weights(building_path(files.run_dir, self.version, files.server_pid), files.run_dir, self.version)
+        commit_weights(files.building_path(self.version), files.run_dir, self.version)
         fault_point("after_publish")
         files.board.set_ledger(Ledger(self.generation, update.update, self.version))
 
