@@ -607,7 +607,12 @@ def block_checksum(header: Any, digests: bytes) -> str:
     byte, the last one possibly shorter; each block's ``block_digest`` is 16 bytes, in file order. The
     value depends only on the file's bytes, never on who wrote which block.
     """
-    return f"{BLOCK_CHECKSUM_ALGO}:{xxhash.xxh3_128_hexdigest(bytes(header) + digests)}"
+    return f"{BLOCK_CHECKSUM_ALGO}:{block_checksum_digest(header, digests).hex()}"
+
+
+def block_checksum_digest(header: Any, digests: bytes) -> bytes:
+    """The 16 bytes whose hex ``block_checksum`` gives after its algorithm's name."""
+    return xxhash.xxh3_128_digest(bytes(header) + digests)
 
 
 def npy_data_offset(head: Any) -> int:
@@ -676,20 +681,22 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 SEAL_KEY = "record_checksum"
 
 
-def json_checksum(body: dict[str, Any]) -> str:
+def json_checksum(body: dict[str, Any], *, native: bool = False) -> str:
     """``xxh3-128:<hex>`` of the compact JSON of ``body``: keys sorted, separators ``,`` and ``:``, ASCII only.
 
     Computed on the JSON round trip of ``body``, so that the writer hashes exactly what a reader parses.
+    ``native``: the caller vouches that ``body`` is its own round trip (str keys only; str, int, float,
+    bool, None, lists and dicts), so the round trip is skipped (one per update in a run's lineage).
     """
-    canonical = json.loads(json.dumps(body))
+    canonical = body if native else json.loads(json.dumps(body))
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return f"{CHECKSUM_ALGO}:{xxhash.xxh3_128_hexdigest(text.encode())}"
 
 
-def seal(record: dict[str, Any]) -> dict[str, Any]:
-    """``record`` with a ``record_checksum`` field covering every other field."""
+def seal(record: dict[str, Any], *, native: bool = False) -> dict[str, Any]:
+    """``record`` with a ``record_checksum`` field covering every other field (``native``: see json_checksum)."""
     body = {key: value for key, value in record.items() if key != SEAL_KEY}
-    return {**body, SEAL_KEY: json_checksum(body)}
+    return {**body, SEAL_KEY: json_checksum(body, native=native)}
 
 
 def unseal(record: Any, *, path: Path, what: str, where: str | None = None) -> dict[str, Any]:

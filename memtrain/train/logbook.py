@@ -59,9 +59,10 @@ class Logbook:
 
     def finish(self, position: Position, update: Update, row: np.void) -> None:
         tasks = len(update.tasks)
-        loss = sum(float(value) for value in row["loss"][:tasks])  # task order, as the step adds them
+        loss = sum(row["loss"][:tasks].tolist())  # task order, as the step adds them
         participants = max(1, int(row["participants"]))
-        compute = max(sum(float(row["seconds"][t]) for t in range(tasks) if task_owner(t, participants) == slot)
+        seconds = row["seconds"][:tasks].tolist()
+        compute = max(sum(seconds[t] for t in range(tasks) if task_owner(t, participants) == slot)
                       for slot in range(min(participants, tasks)))
         published = bool(row["status"] == PUBLISHED)
         if published:
@@ -109,7 +110,7 @@ class Logbook:
     def write(self) -> None:
         """Append the lines logged since the last call."""
         if self.lineage:
-            self.run.lineage(*self.lineage)
+            self.run.lineage(*self.lineage, native=True)  # built in ``finish`` from Python ints, floats and str
             self.lineage.clear()
         if self.metrics:
             self.run.metric(*self.metrics)

@@ -103,10 +103,11 @@ class Board:
         self.size = self.step_words + slots
         self.path = path
         if path is None:
-            self._memory = np.zeros(self.size, dtype=WORD)
+            self._memory = [0] * self.size
         else:
             self._offset = check_npy(path, shape=(self.size,), dtype=WORD).offset
             self._fd = os.open(path, os.O_RDWR)
+            self._format = f"<{self.size}q"
             self._bell = Doorbell(self._fd, self._offset + DOORBELL * WORD.itemsize)
 
     @classmethod
@@ -116,10 +117,12 @@ class Board:
 
     # --- words ---
 
-    def _read(self) -> np.ndarray:
+    def _read(self) -> list[int]:
+        """Every word, as Python ints: a board is a few dozen words, read on every wait, where numpy's
+        per-call cost would be most of the time."""
         if self.path is None:
             return self._memory
-        return np.frombuffer(os.pread(self._fd, self.size * WORD.itemsize, self._offset), dtype=WORD)
+        return list(struct.unpack(self._format, os.pread(self._fd, self.size * WORD.itemsize, self._offset)))
 
     def _write(self, index: int, *values: int, ring: bool = True) -> None:
         if self.path is None:
@@ -145,17 +148,17 @@ class Board:
     def wait_gradients(self, generation: int, update: int, participants: int, alive: Callable[[], None]) -> bool:
         """Wait for every participant's gradients mark of ``update`` and for the ready mark; True if all finite."""
         value, start = mark_value(generation, update), self.grad_words + (update % 2) * self.slots
-        words = self._wait(generation, alive, lambda w: w[READY] >= value and (np.abs(w[start:start + participants])
-                                                                               == value).all())
-        return bool((words[start:start + participants] > 0).all())
+        marks = slice(start, start + participants)
+        words = self._wait(generation, alive, lambda w: w[READY] >= value and all(abs(m) == value for m in w[marks]))
+        return all(m > 0 for m in words[marks])
 
     def wait_step(self, generation: int, update: int, participants: int, alive: Callable[[], None]) -> bool:
         """Wait for every participant's step mark of ``update``; True if every slice is finite."""
-        value, start = mark_value(generation, update), self.step_words
-        words = self._wait(generation, alive, lambda w: (np.abs(w[start:start + participants]) == value).all())
-        return bool((words[start:start + participants] > 0).all())
+        value, marks = mark_value(generation, update), slice(self.step_words, self.step_words + participants)
+        words = self._wait(generation, alive, lambda w: all(abs(m) == value for m in w[marks]))
+        return all(m > 0 for m in words[marks])
 
-    def _wait(self, generation: int, alive: Callable[[], None], ready: Callable[[np.ndarray], bool]) -> np.ndarray:
+    def _wait(self, generation: int, alive: Callable[[], None], ready: Callable[[list[int]], bool]) -> list[int]:
         started = checked = time.monotonic()
         while True:
             rung = self._bell.value if self.path is not None else 0
@@ -179,14 +182,14 @@ class Board:
         self._write(CANCEL, generation)
 
     def cancelled(self, generation: int) -> bool:
-        return bool(self._read()[CANCEL] == generation)
+        return self._read()[CANCEL] == generation
 
     def set_ledger(self, ledger: Ledger) -> None:
         self._write(LEDGER, ledger.generation, ledger.update, ledger.version, ring=False)
 
     def ledger(self) -> Ledger:
         words = self._read()
-        return Ledger(int(words[LEDGER]), int(words[LEDGER + 1]), int(words[LEDGER + 2]))
+        return Ledger(words[LEDGER], words[LEDGER + 1], words[LEDGER + 2])
 
     def doing(self, slot: int, generation: int, kind: int, update: int, item: int = 0) -> None:
         self._write(ACTIVITIES + slot * ACTIVITY_WORDS, generation, kind, update, item, time.monotonic_ns(),
@@ -196,7 +199,7 @@ class Board:
         """What each slot of stretch ``generation`` is doing (slots that have not started it are left out)."""
         words, found = self._read(), []
         for slot in range(self.slots):
-            g, kind, update, item, started = (int(w) for w in words[ACTIVITIES + slot * ACTIVITY_WORDS:][:5])
+            g, kind, update, item, started = words[ACTIVITIES + slot * ACTIVITY_WORDS:][:ACTIVITY_WORDS]
             if g == generation:
                 found.append(Activity(slot, g, kind, update, item, started / 1e9))
         return found

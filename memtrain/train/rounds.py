@@ -67,9 +67,14 @@ from memtrain.train.messages import Outcome, RoundSetup, Stretch
 from memtrain.train.optim import OptimizerConfig, learning_rate, state_slots
 from memtrain.train.plan import Plan, TaskRange, Update, step_slices, task_owner
 from memtrain.train.reduce import Scratch, reduce_and_step
-from memtrain.train.weights import BLOCK, block_count, commit_weights, ready_building, weights_checksum
+from memtrain.train.weights import BLOCK, block_count, commit_weights, ready_building, weights_digest
 
 DROP_DELETED_EVERY = 16  # updates between checks for maps of deleted files (a retired version not recycled)
+# A task's rows are read (and normalized) once and kept for the next epochs, up to this many bytes of
+# copies per process (views of the shard maps cost nothing and are always kept): on a small dataset
+# reading and normalizing a task's rows costs more than computing its gradient, and a plain loop reads
+# them once. Beyond the budget rows are read per task, as a dataset larger than RAM needs.
+ROW_CACHE_BYTES = 32 << 20
 
 
 class NonfiniteStop(Exception):
@@ -99,6 +104,8 @@ class RoundFiles:
         self.scratch = Scratch()
         self._building: tuple[int, Path] = (-1, run_dir)
         self._views: dict[int, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
+        self._rows: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._row_bytes = 0
 
     def _map(self, path: Path, mode: str = "r+") -> np.ndarray:
         return self.maps.get(path, (self.size,), np.float32, mode)
@@ -125,11 +132,22 @@ class RoundFiles:
         return dict(entry[1])  # a fresh dict: a model may keep or change the one it is given
 
     def rows(self, rows: TaskRange) -> tuple[np.ndarray, np.ndarray]:
+        """A task's rows, normalized (kept for later epochs while ROW_CACHE_BYTES allows)."""
+        kept = self._rows.get((rows.lo, rows.hi))
+        if kept is not None:
+            return kept
         x, y = self.train.read(rows.lo, rows.hi)
-        return self.context.normalize(x), np.asarray(y)
+        x, y = self.context.normalize(x), np.asarray(y)
+        copied = sum(a.nbytes for a in (x, y) if a.base is None)  # views of the maps take no memory
+        if self._row_bytes + copied <= ROW_CACHE_BYTES:
+            x.flags.writeable = y.flags.writeable = False  # like the maps' views: read by every later epoch
+            self._rows[rows.lo, rows.hi] = x, y
+            self._row_bytes += copied
+        return x, y
 
     def ready_building(self, version: int) -> None:
-        ready_building(self.run_dir, version, self.size, self.server_pid, self.setup.keep_versions, fast=True)
+        ready_building(self.run_dir, version, self.size, self.server_pid, self.setup.keep_versions, fast=True,
+                       path=self.building_path(version))
 
 
 class Participant:
@@ -144,6 +162,7 @@ class Participant:
         slices = step_slices(files.size, stretch.slices, BLOCK)
         self.slice = slices[self.slot] if self.slot < len(slices) else None
         self.unpublished: Update | None = None  # slot 0: an update whose version is complete, not yet renamed
+        self.readied = -1  # slot 0: the version whose file it readied last (a skipped update asks again)
 
     def run(self) -> Outcome:
         updates = self.files.plan.updates(self.stretch.epoch)[self.stretch.first:self.stretch.stop]
@@ -210,7 +229,9 @@ class Participant:
         board.mark_gradients(self.generation, update.update, self.slot, finite)
         if self.slot == 0:
             self.publish()
-            files.ready_building(self.version + 1)
+            if self.readied != self.version + 1:
+                files.ready_building(self.version + 1)
+                self.readied = self.version + 1
             board.mark_ready(self.generation, update.update)
         board.doing(self.slot, self.generation, WAITING, update.update)
         if not board.wait_gradients(self.generation, update.update, self.stretch.participants, self.alive):
@@ -244,9 +265,9 @@ class Participant:
         update, self.unpublished = self.unpublished, None
         files = self.files
         files.board.doing(self.slot, self.generation, PUBLISH, update.update)
-        checksum = weights_checksum(files.digests, files.size)
+        digest = weights_digest(files.digests, files.size)
         self.record(update, PUBLISHED)
-        files.records["checksum"][update.batch] = np.frombuffer(bytes.fromhex(checksum.split(":")[1]), np.uint8)
+        files.records["checksum"][update.batch] = np.frombuffer(digest, np.uint8)
         commit_weights(files.building_path(self.version), files.run_dir, self.version)
         fault_point("after_publish")
         files.board.set_ledger(Ledger(self.generation, update.update, self.version))

@@ -91,9 +91,10 @@ class RunDir:
     def metric(self, *records: dict[str, Any]) -> None:
         append_jsonl(self.path / RUN_METRICS, *records)
 
-    def lineage(self, *records: dict[str, Any]) -> None:
-        """Append lineage records, each sealed (a torn or edited line is found when it is read)."""
-        append_jsonl(self.path / RUN_LINEAGE, *map(seal, records))
+    def lineage(self, *records: dict[str, Any], native: bool = False) -> None:
+        """Append lineage records, each sealed (a torn or edited line is found when it is read); ``native``:
+        the records are plain JSON values already (``files.json_checksum``)."""
+        append_jsonl(self.path / RUN_LINEAGE, *(seal(record, native=native) for record in records))
 
     def close(self) -> None:
         shutil.rmtree(self.exchange, ignore_errors=True)

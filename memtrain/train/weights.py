@@ -23,6 +23,7 @@ from memtrain.files import (
     DIGEST_BYTES,
     allocate_npy,
     block_checksum,
+    block_checksum_digest,
     check_npy,
     checksum_file,
     npy_header_bytes,
@@ -69,8 +70,13 @@ def weights_checksum(digests: np.ndarray, size: int) -> str:
     return block_checksum(npy_header_bytes((size,), PARAM_DTYPE), digests.tobytes())
 
 
+def weights_digest(digests: np.ndarray, size: int) -> bytes:
+    """The raw digest of ``weights_checksum`` (the hex after ``xxh3-128-blocks:``), as the round records keep it."""
+    return block_checksum_digest(npy_header_bytes((size,), PARAM_DTYPE), digests.tobytes())
+
+
 def ready_building(run_dir: Path, version: int, size: int, owner_pid: int, keep: int, *, fast: bool = False,
-                   recycle: bool = True) -> Path:
+                   recycle: bool = True, path: Path | None = None) -> Path:
     """Make sure the (unpublished) file of ``version`` exists, ready for the slice owners; returns its path.
 
     The versions older than the newest ``keep`` before it are retired first, and the newest retired one
@@ -80,9 +86,10 @@ def ready_building(run_dir: Path, version: int, size: int, owner_pid: int, keep:
     kept if its header is whole. ``fast`` (once per update in a stretch) retires only the version that
     has just fallen out of the newest ``keep``, without listing the folder: the stretch's start retired
     every older one. ``recycle`` False: never reuse a retired file (on a cluster a worker on another machine
-    may still hold a map of it, and only a new file is sure to be read afresh there).
+    may still hold a map of it, and only a new file is sure to be read afresh there). ``path``: the
+    file's name if the caller has it already (``layout.building_path``).
     """
-    path = building_path(run_dir, version, owner_pid)
+    path = path or building_path(run_dir, version, owner_pid)
     if os.path.exists(path):
         try:
             check_npy(path, shape=(size,), dtype=PARAM_DTYPE)
