@@ -8,8 +8,8 @@ meeting, whether or not it had work there:
   their losses in the update's record); negative if one of them had a non-finite loss;
 - a **step mark** per slot: written once the slot's slice of the next weight version (and of the
   optimizer state, and the slice's block digests) is written; negative if the slice is not finite;
-- the **ready mark**: written by the publisher (slot 0) once the previous update's version is
-  published and the file of the version after it is there, so the next step can write it;
+- the **ready mark**: written by the readier (the last slot; slot 0 when it is alone) once the file
+  of the next version is there, so the next step can write it;
 - the **cancel word**: written by the server to call a stretch off (a fault, a stop signal); every wait
   watches it;
 - the **ledger**: the last update finished (published or skipped) and the version after it, written by
@@ -59,7 +59,7 @@ CANCEL, LEDGER, READY, DOORBELL, ACTIVITIES = 0, 1, 4, 6, 8
 ACTIVITY_WORDS = 5  # generation, kind, update, item, started (ns of CLOCK_MONOTONIC)
 
 # Activity kinds
-WAITING, GRADIENT, STEP, PUBLISH = 0, 1, 2, 3
+WAITING, GRADIENT, STEP, PUBLISH, READY = 0, 1, 2, 3, 4
 
 # Record status
 PENDING, PUBLISHED, SKIPPED = 0, 1, 2

@@ -15,12 +15,14 @@ A round is the step of the previous update and the gradients of this one:
    version (and the optimizer state, and the slice's block digests); mark my step and wait until every
    participant has. The new version is complete.
 2. **gradients** of ``update``: each of my tasks, at that version, into the task's buffer; mark my
-   gradients. Slot 0 (the publisher) then publishes the new version (a rename), records it, readies the
-   file of the version after it and marks ready. Wait until every participant has marked, and ready.
+   gradients. Slot 0 (the publisher) then publishes the new version (a link) and records it; the last
+   slot (the readier; slot 0 too when it is alone) readies the file of the version after it and marks
+   ready. Wait until every participant has marked, and ready.
 
-The overlap: nobody waits for the server, and the publisher's bookkeeping runs while its peers are
-still computing (it is between its own marks and its own wait). Two meetings per update, at marks
-(train/marks.py); the server only watches the board, the processes and the clock.
+The overlap: nobody waits for the server, and the bookkeeping runs while peers are still computing
+(between a participant's own marks and its own wait), split between two participants so that neither
+carries all of it. Two meetings per update, at marks (train/marks.py); the server only watches the
+board, the processes and the clock.
 
 Non-finite: a task whose loss is NaN/Inf marks itself so; everyone sees it at the meeting and the
 update is skipped (no step; its next update is computed at the same version). A step slice that comes
@@ -55,6 +57,7 @@ from memtrain.train.marks import (
     LOSS_NONFINITE,
     PUBLISH,
     PUBLISHED,
+    READY,
     SKIPPED,
     STEP,
     WAITING,
@@ -162,7 +165,7 @@ class Participant:
         slices = step_slices(files.size, stretch.slices, BLOCK)
         self.slice = slices[self.slot] if self.slot < len(slices) else None
         self.unpublished: Update | None = None  # slot 0: an update whose version is complete, not yet renamed
-        self.readied = -1  # slot 0: the version whose file it readied last (a skipped update asks again)
+        self.readied = -1  # the last slot: the version whose file it readied last
 
     def run(self) -> Outcome:
         updates = self.files.plan.updates(self.stretch.epoch)[self.stretch.first:self.stretch.stop]
@@ -229,7 +232,9 @@ class Participant:
         board.mark_gradients(self.generation, update.update, self.slot, finite)
         if self.slot == 0:
             self.publish()
-            if self.readied != self.version + 1:
+        if self.slot == self.stretch.participants - 1:  # the readier: slot 0 too when it is alone
+            if self.readied != self.version + 1:  # a skipped update asks for the same file again
+                board.doing(self.slot, self.generation, READY, update.update)
                 files.ready_building(self.version + 1)
                 self.readied = self.version + 1
             board.mark_ready(self.generation, update.update)

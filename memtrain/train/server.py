@@ -42,7 +42,17 @@ from memtrain.train.counters import position_text, update_number
 from memtrain.train.datacheck import check_trainable
 from memtrain.train.exchange import InServer, WorkerPool
 from memtrain.train.logbook import Logbook
-from memtrain.train.marks import GRADIENT, PUBLISH, STEP, Activity, Board, Ledger, create_records, open_records
+from memtrain.train.marks import (
+    GRADIENT,
+    PUBLISH,
+    READY,
+    STEP,
+    Activity,
+    Board,
+    Ledger,
+    create_records,
+    open_records,
+)
 from memtrain.train.messages import EvalTask, GradTask, Outcome, RoundSetup, StatsTask, Stretch, Task, WorkerSetup
 from memtrain.train.metrics import SHOWN
 from memtrain.train.metrics import collect as validation_metrics
@@ -440,6 +450,8 @@ class Trainer:
             return f"step slice {activity.item} (parameters {lo}-{hi}) of update {update_number(update.update)}"
         if activity.kind == PUBLISH:
             return f"the publication of update {update_number(update.update)}'s version"
+        if activity.kind == READY:
+            return f"the readying of the file of the version after update {update_number(update.update)}"
         return f"a wait for its peers at update {update_number(update.update)}"
 
     def describe_rows(self, lo: int, hi: int, split: str = "train") -> str:
