@@ -18,6 +18,7 @@ shape is an error naming the file, never a SIGBUS, a numpy traceback or an alloc
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import functools
@@ -26,6 +27,7 @@ import mmap
 import os
 import shutil
 import stat
+import sys
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -109,6 +111,42 @@ def publish(path: Path, write: Callable[[IO[bytes]], None], *, durable: bool, si
         os.replace(tmp, path)
     if durable:
         fsync_dir(path.parent)
+
+
+AT_FDCWD, RENAME_NOREPLACE = -100, 1  # renameat2(2): paths relative to the working directory; never replace
+
+
+@functools.cache
+def _renameat2() -> Any:
+    """libc's renameat2, or None (not Linux, or a libc without it)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        call = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    call.restype = ctypes.c_int
+    return call
+
+
+def rename_new(src: Path, dst: Path) -> None:
+    """Rename ``src`` to ``dst`` unless ``dst`` exists (then FileExistsError, and both stay as they were).
+
+    Unlike ``os.replace`` it never replaces a file, so a published name can never be given a second
+    content. One system call where the kernel and the filesystem have ``RENAME_NOREPLACE`` (ext4, XFS,
+    btrfs, tmpfs); elsewhere a hard link, then the old name dropped: the same outcome in two steps.
+    """
+    call = _renameat2()
+    if call is not None:
+        if call(AT_FDCWD, os.fsencode(src), AT_FDCWD, os.fsencode(dst), RENAME_NOREPLACE) == 0:
+            return
+        code = ctypes.get_errno()
+        if code not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # not a lack of support: a real failure
+            raise FileExistsError(code, os.strerror(code), str(dst)) if code == errno.EEXIST else \
+                OSError(code, os.strerror(code), str(src))
+    os.link(src, dst)
+    os.unlink(src)
 
 
 # Flags of every descriptor memtrain writes through: a symbolic link (which memtrain never makes) is

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from memtrain import files
 from memtrain.errors import CorruptFileError, DiskFullError
 from memtrain.files import (
     BLOCK_CHECKSUM_ALGO,
@@ -22,6 +23,7 @@ from memtrain.files import (
     open_npy,
     publish_array,
     read_jsonl,
+    rename_new,
     verify_checksum,
     writing_npy,
 )
@@ -172,3 +174,22 @@ def test_block_checksum_of_a_damaged_header_is_a_value_not_an_exception(tmp_path
     path.write_bytes(head + b"\x00" * 1000)
     assert npy_data_offset(head) == 0
     assert checksum_file(path, algo=BLOCK_CHECKSUM_ALGO).startswith("xxh3-128-blocks:")
+
+
+@pytest.mark.parametrize("one_call", [True, False], ids=["renameat2", "link-and-unlink"])
+def test_rename_new_renames_and_never_replaces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               one_call: bool) -> None:
+    if not one_call:  # a kernel or filesystem without RENAME_NOREPLACE: the fallback must behave the same
+        monkeypatch.setattr(files, "_renameat2", lambda: None)
+    src, dst, taken = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    src.write_bytes(b"new")
+    taken.write_bytes(b"published")
+    inode = os.stat(src).st_ino
+    with pytest.raises(FileExistsError):
+        rename_new(src, taken)
+    assert taken.read_bytes() == b"published" and src.read_bytes() == b"new"
+    rename_new(src, dst)
+    assert not src.exists() and dst.read_bytes() == b"new" and os.stat(dst).st_ino == inode
+    assert os.stat(dst).st_nlink == 1
+    with pytest.raises(FileNotFoundError):
+        rename_new(tmp_path / "missing", tmp_path / "d")

@@ -28,6 +28,7 @@ from memtrain.files import (
     checksum_file,
     npy_header_bytes,
     publish_array,
+    rename_new,
 )
 from memtrain.layout import (
     TMP_MARK,
@@ -106,9 +107,9 @@ def ready_building(run_dir: Path, version: int, size: int, owner_pid: int, keep:
 
 
 def commit_weights(tmp: Path, run_dir: Path, version: int) -> None:
-    """Publish the complete file ``tmp`` as ``version``: stamp it with the time of publication, give it a
-    second name, then drop the first one. Unlike a rename, the link never replaces a published version
-    (whose readers must keep their bytes).
+    """Publish the complete file ``tmp`` as ``version``: stamp it with the time of publication, then rename
+    it without replacing (``files.rename_new``): a published version, whose readers must keep their bytes,
+    is never replaced.
 
     The stamp matters for a recycled file: it is written through maps, and a write to a page that is
     still dirty from its earlier life does not update the file's mtime, so without it a version could
@@ -117,11 +118,10 @@ def commit_weights(tmp: Path, run_dir: Path, version: int) -> None:
     os.utime(tmp)
     path = weights_path(run_dir, version)
     try:
-        os.link(tmp, path)
+        rename_new(tmp, path)
     except FileExistsError:
         raise MemtrainError(f"weight version {version} is already published; refusing to replace it", path=path,
                             hint="this is a bug in memtrain: please report it with the run's events.log") from None
-    os.unlink(tmp)
 
 
 def unpublish_after(run_dir: Path, version: int) -> list[int]:
