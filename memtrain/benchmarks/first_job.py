@@ -5,13 +5,17 @@ The job is ``jobs/examples/digits-mlp.toml`` on the shipped ``data/digits.csv``:
 ``train`` as the command does (placement decided at start, versioned weight files, logs, checkpoints);
 the loop is what a user writes by hand: the data in memory, normalized once, one gradient per batch,
 memtrain's own MLP and Adam so that the arithmetic is the same, the validation loss after every epoch.
-Both are timed from the first update to the end, in a fresh process each, without interpreter start-up.
+Each runs in a fresh process, interpreter start-up and imports left out: memtrain is timed from the call
+of ``train`` to its return (its start-up included: the dataset opened and checked, a new run directory
+made, the model's dry run), the loop from its first update to its last evaluation (the data already read
+and normalized).
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -47,8 +51,9 @@ def run_memtrain(dataset: Path, run_dir: Path) -> dict[str, Any]:
     from memtrain.train.server import train
 
     job = load_job(JOB, [f'data.path="{dataset}"'], run_dir=run_dir)
+    shutil.rmtree(run_dir, ignore_errors=True)  # the command's first run makes a new run directory
     started = time.perf_counter()
-    summary = train(job, overwrite=True)
+    summary = train(job)
     seconds = time.perf_counter() - started
     events = (run_dir / "events.log").read_text(encoding="utf-8").splitlines()
     return {"seconds": seconds, "version": summary.version, "updates": summary.version,
