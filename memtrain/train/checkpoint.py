@@ -64,9 +64,9 @@ def write_checkpoint(run_dir: Path, update: int, meta: dict[str, Any], weights: 
         sources = {CHECKPOINT_WEIGHTS: weights} | {optimizer_state_name(k): v for k, v in state.items()}
         files = {name: _copy_durable(src, tmp / name) for name, src in sources.items()}
         fault_point("ckpt_after_data")
+        # durable: meta.json fsynced, then its directory -- which also makes the data files' names durable
         write_sealed_json(tmp / CHECKPOINT_META, {"format": FORMAT, "version": FORMAT_VERSION, **meta, "files": files,
                                                   "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, durable=True)
-        fsync_dir(tmp)
         fault_point("ckpt_before_commit")
         if final.exists():  # a re-written checkpoint of the same update (after a resume)
             _remove_committed(final)

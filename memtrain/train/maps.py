@@ -38,10 +38,18 @@ class MapCache:
         except FileNotFoundError:
             info = None
         if info is not None:
-            entry = self._maps.get((info.st_dev, info.st_ino, mode))
+            key = (info.st_dev, info.st_ino, mode)
+            entry = self._maps.get(key)
             if entry is not None and entry[2] == info.st_size:
-                self._maps.move_to_end((info.st_dev, info.st_ino, mode))
+                self._maps.move_to_end(key)
                 return entry[1]
+            writable = self._maps.get((info.st_dev, info.st_ino, "r+"))
+            if mode == "r" and writable is not None and writable[2] == info.st_size:
+                # the same shared pages, read-only: a version a process wrote is read without a new map
+                view = writable[1].view()
+                view.flags.writeable = False
+                self._put(key, os.dup(writable[0]), view, info.st_size)
+                return view
         fd = open_fd(path, what="a .npy file", write=mode == "r+")
         try:
             info = os.fstat(fd)

@@ -14,10 +14,10 @@ A round is the step of the previous update and the gradients of this one:
    in task order, divide by its rows, apply the optimizer, write the slice into the file of the next
    version (and the optimizer state, and the slice's block digests); mark my step and wait until every
    participant has. The new version is complete.
-2. **gradients** of ``update``: each of my tasks, at that version, into the task's buffer; mark my
-   gradients. Slot 0 (the publisher) then publishes the new version (a link) and records it; the last
-   slot (the readier; slot 0 too when it is alone) readies the file of the version after it and marks
-   ready. Wait until every participant has marked, and ready.
+2. **gradients** of ``update``: each of my tasks, at that version, into the task's buffer. Slot 0 (the
+   publisher) then publishes the new version (a rename) and records it; every participant marks its
+   gradients; the last slot (the readier; slot 0 too when it is alone) then readies the file of the
+   version after it and marks ready. Wait until every participant has marked, and ready.
 
 The overlap: nobody waits for the server, and the bookkeeping runs while peers are still computing
 (between a participant's own marks and its own wait), split between two participants so that neither
@@ -229,9 +229,9 @@ class Participant:
         for rows in update.tasks:
             if task_owner(rows.task, self.stretch.participants) == self.slot:
                 finite = self.gradient(update, rows) and finite
-        board.mark_gradients(self.generation, update.update, self.slot, finite)
-        if self.slot == 0:
+        if self.slot == 0:  # before its mark: once everyone has met, the next step rewrites the digests it reads
             self.publish()
+        board.mark_gradients(self.generation, update.update, self.slot, finite)
         if self.slot == self.stretch.participants - 1:  # the readier: slot 0 too when it is alone
             if self.readied != self.version + 1:  # a skipped update asks for the same file again
                 board.doing(self.slot, self.generation, READY, update.update)
