@@ -18,10 +18,13 @@ import pytest
 from tiny_data import blobs, write_dataset
 
 from memtrain.cli import main
+from memtrain.files import open_npy, publish_array
 from memtrain.layout import weight_versions, weights_path
 from memtrain.train import doorbell
 from memtrain.train.doorbell import Doorbell
+from memtrain.train.maps import MapCache
 from memtrain.train.placement import MIN_GAIN_S, PROBE_UPDATES, SPAWN_COST_S
+from memtrain.train.rounds import RowCache, _private_bytes
 from memtrain.train.scheduler import CORES
 
 pytestmark = pytest.mark.timeout(180)
@@ -142,3 +145,47 @@ def test_auto_times_workers_against_the_server_and_keeps_the_faster(tmp_path: Pa
     assert decided.group(1) == faster
     assert ("workers stopped" in log) == (faster == "in the server")
     assert digest(run) == digest(train(tmp_path / "server", dataset, "workers = 0", hidden=big, epochs=80))
+
+
+# --- what a participant keeps between updates ---
+
+
+def test_rows_are_kept_within_the_budget_and_only_copies_count(tmp_path: Path) -> None:
+    x, _ = blobs(n=40, features=4, classes=2)
+    publish_array(tmp_path / "x.npy", x.astype(np.float32), durable=False)
+    mapped = open_npy(tmp_path / "x.npy", shape=(40, 4), dtype=np.float32)
+    reads: list[tuple[int, int]] = []
+
+    def copies(lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:  # as normalized rows are
+        reads.append((lo, hi))
+        return np.array(mapped[lo:hi]), np.arange(lo, hi)
+
+    cache = RowCache(budget=2 * (10 * 4 * 4 + 10 * 8))  # room for the copies of two tasks of 10 rows
+    for lo in (0, 10, 20, 0, 10, 20):
+        got_x, got_y = cache.get(lo, lo + 10, copies)
+        assert np.array_equal(got_x, mapped[lo:lo + 10]) and np.array_equal(got_y, np.arange(lo, lo + 10))
+    assert reads == [(0, 10), (10, 20), (20, 30), (20, 30)]  # the third task did not fit: read each time
+    assert cache.used == cache.budget
+    kept_x, kept_y = cache.get(0, 10, copies)
+    assert not kept_x.flags.writeable and not kept_y.flags.writeable  # shared by every later epoch
+
+    views = RowCache(budget=0)  # views of a file map take no memory: always kept
+    first = views.get(0, 40, lambda lo, hi: (mapped[lo:hi], mapped[lo:hi, 0]))
+    assert views.get(0, 40, copies) is first and views.used == 0
+    assert _private_bytes(np.ones((4, 4)).reshape(16)[:4]) == 128  # a view of a copy holds the whole copy
+
+
+def test_a_map_is_reused_by_inode_and_a_read_map_of_a_written_file_is_a_view_of_its_map(tmp_path: Path) -> None:
+    path = tmp_path / "v.npy"
+    publish_array(path, np.zeros(8, np.float32), durable=False)
+    maps = MapCache()
+    written = maps.get(path, (8,), np.float32, "r+")
+    assert maps.get(path, (8,), np.float32, "r+") is written
+    os.rename(path, tmp_path / "w.npy")  # a new name for the same inode (a version published): the same map
+    assert maps.get(tmp_path / "w.npy", (8,), np.float32, "r+") is written
+    read = maps.get(tmp_path / "w.npy", (8,), np.float32, "r")
+    written[:] = 7
+    assert np.shares_memory(read, written) and (read == 7).all() and not read.flags.writeable
+    publish_array(path, np.ones(8, np.float32), durable=False)  # another file under an old name: a new map
+    fresh = maps.get(path, (8,), np.float32, "r+")
+    assert fresh is not written and (fresh == 1).all()

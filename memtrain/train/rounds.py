@@ -33,6 +33,7 @@ out non-finite is marked so too; the new version is void and the update is skipp
 from __future__ import annotations
 
 import math
+import mmap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -107,8 +108,7 @@ class RoundFiles:
         self.scratch = Scratch()
         self._building: tuple[int, Path] = (-1, run_dir)
         self._views: dict[int, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
-        self._rows: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
-        self._row_bytes = 0
+        self._rows = RowCache(ROW_CACHE_BYTES)
 
     def _map(self, path: Path, mode: str = "r+") -> np.ndarray:
         return self.maps.get(path, (self.size,), np.float32, mode)
@@ -136,21 +136,49 @@ class RoundFiles:
 
     def rows(self, rows: TaskRange) -> tuple[np.ndarray, np.ndarray]:
         """A task's rows, normalized (kept for later epochs while ROW_CACHE_BYTES allows)."""
-        kept = self._rows.get((rows.lo, rows.hi))
-        if kept is not None:
-            return kept
-        x, y = self.train.read(rows.lo, rows.hi)
-        x, y = self.context.normalize(x), np.asarray(y)
-        copied = sum(a.nbytes for a in (x, y) if a.base is None)  # views of the maps take no memory
-        if self._row_bytes + copied <= ROW_CACHE_BYTES:
-            x.flags.writeable = y.flags.writeable = False  # like the maps' views: read by every later epoch
-            self._rows[rows.lo, rows.hi] = x, y
-            self._row_bytes += copied
-        return x, y
+        return self._rows.get(rows.lo, rows.hi, self._read)
+
+    def _read(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        x, y = self.train.read(lo, hi)
+        return self.context.normalize(x), np.asarray(y)
 
     def ready_building(self, version: int) -> None:
         ready_building(self.run_dir, version, self.size, self.server_pid, self.setup.keep_versions, fast=True,
                        path=self.building_path(version))
+
+
+class RowCache:
+    """Rows [lo, hi) -> (x, y) as ``read`` gives them, kept while the copies among them fit in ``budget`` bytes.
+
+    Views of the shards' maps cost no memory and are always kept. Kept arrays are made read-only, as the
+    maps' views already are: every later epoch reads them.
+    """
+
+    def __init__(self, budget: int):
+        self.budget, self.used = budget, 0
+        self._kept: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+    def get(self, lo: int, hi: int, read: Callable[[int, int], tuple[np.ndarray, np.ndarray]]
+            ) -> tuple[np.ndarray, np.ndarray]:
+        kept = self._kept.get((lo, hi))
+        if kept is not None:
+            return kept
+        rows = read(lo, hi)
+        copied = sum(_private_bytes(a) for a in rows)
+        if self.used + copied <= self.budget:
+            for array in rows:
+                array.flags.writeable = False
+            self._kept[lo, hi] = rows
+            self.used += copied
+        return rows
+
+
+def _private_bytes(array: np.ndarray) -> int:
+    """The bytes of memory that keeping ``array`` holds: none for a view of a file map, else its whole base's."""
+    root = array
+    while isinstance(root, np.ndarray) and root.base is not None:
+        root = root.base
+    return 0 if isinstance(root, mmap.mmap) else getattr(root, "nbytes", array.nbytes)
 
 
 class Participant:
