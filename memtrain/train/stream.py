@@ -8,9 +8,9 @@ the gradients leave it, as messages:
 1. **step**: the server steps the whole parameter vector (train/reduce.py: the same sums in the same
    task order, the same optimizer) from the gradient files of the update; while the next update's
    tasks compute, it renames them to spares (``g-sU-tT-aA.npy``) and readies the next version's file;
-2. **publish** the new version (a rename that never replaces), synced where the filesystem needs it, *before* any message
-   names it: a file is read on another machine only after its writer closed (and synced) it and a
-   message said so;
+2. **publish** the new version (a rename that never replaces), synced where the filesystem needs it,
+   *before* any message names it: a file is read on another machine only after its writer closed (and
+   synced) it and a message said so;
 3. **gradients**: one ``GradTask`` per task of the next update, at that version, through any Transport
    (``Scheduler.run``: a dead worker's task re-runs under a new attempt number, into a new file). Each
    worker writes its gradient into the spare its task names (or a new file if it is gone), renames it
