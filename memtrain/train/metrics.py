@@ -1,8 +1,9 @@
 """Validation rows + a model's predictions -> summed statistics per task -> the metrics of the whole split.
 
-A worker writes one small float64 vector per evaluation task (``layout.metrics_name``); the server adds
-them in task order (fixed, so metrics are reproducible) and turns the sums into metrics. The vector holds
-sums, not averages, so any split of the rows into tasks gives the same metrics (up to float rounding).
+A worker writes one small float64 vector per evaluation task (``layout.metrics_name``; the server keeps
+those of the tasks it runs itself in memory); the server adds them in task order (fixed, so metrics are
+reproducible) and turns the sums into metrics. The vector holds sums, not averages, so any split of the
+rows into tasks gives the same metrics (up to float rounding).
 
 Classification (K classes): ``[rows, log-loss sum, correct, true positives[K], predicted[K], actual[K]]``;
 macro-F1 averages the per-class F1 over the classes that occur in the labels or the predictions (as
@@ -66,13 +67,20 @@ def write_task_statistics(exchange: Path, version: int, task: int, attempt: int,
         out[:] = stats
 
 
-def collect(exchange: Path, version: int, results: list[Any], context: ModelContext) -> dict[str, float]:
-    """In the server: the tasks' statistics added in task order (files removed), as ``val_`` metrics."""
+def collect(exchange: Path, version: int, results: list[Any], context: ModelContext,
+            kept: dict[tuple[int, int, int], np.ndarray] | None = None) -> dict[str, float]:
+    """In the server: the tasks' statistics added in task order (files removed), as ``val_`` metrics.
+
+    ``kept``: statistics of tasks the server ran itself, by (version, task, attempt), taken from there.
+    """
     vectors = []
     for result in results:
-        path = exchange / metrics_name(version, result.task, result.attempt)
-        vectors.append(np.array(open_npy(path, shape=(statistics_size(context),), dtype=np.float64)))
-        path.unlink()
+        vector = kept.pop((version, result.task, result.attempt), None) if kept is not None else None
+        if vector is None:
+            path = exchange / metrics_name(version, result.task, result.attempt)
+            vector = np.array(open_npy(path, shape=(statistics_size(context),), dtype=np.float64))
+            path.unlink()
+        vectors.append(vector)
     return {f"val_{name}": value for name, value in combine(vectors, context).items()}
 
 

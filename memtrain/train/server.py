@@ -206,7 +206,7 @@ class Trainer:
             self.log(f"unpublished versions {newer[0]}-{newer[-1]}: made after the checkpoint, they are made again")
         self.log(f"server pid {os.getpid()}")
         self.in_server = InServer(WorkerState(self._setup(), alive=lambda: None, board=self.memory_board,
-                                              heartbeat=lambda: self.heartbeat(position)))
+                                              heartbeat=lambda: self.heartbeat(position), keep_statistics=True))
         if self.job.run.cluster:
             self.placement = OnCluster(open_cluster(self.job, self._setup(), self.run_dir, self.log), self.log)
         else:
@@ -393,7 +393,8 @@ class Trainer:
         metrics = {"val_loss": sum(r.loss for r in results) / rows}
         if self.context.classifier:
             metrics["val_accuracy"] = sum(r.correct for r in results) / rows
-        return metrics | validation_metrics(self.run_dir.exchange, version, results, self.context)
+        return metrics | validation_metrics(self.run_dir.exchange, version, results, self.context,
+                                            kept=self.in_server.state.kept_statistics)
 
     def epoch_line(self, record: dict[str, Any]) -> str:
         parts = [f"epoch {record['epoch']}/{self.job.train.epochs}"]

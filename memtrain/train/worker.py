@@ -41,7 +41,7 @@ from memtrain.train.messages import (
     StretchEnd,
     WorkerSetup,
 )
-from memtrain.train.metrics import write_task_statistics
+from memtrain.train.metrics import task_statistics, write_task_statistics
 from memtrain.train.optim import OptimizerConfig
 from memtrain.train.rounds import Participant, RoundFiles
 from memtrain.train.stream import gradient
@@ -114,11 +114,14 @@ class WorkerState:
 
     ``board`` is the board the rounds meet at (the exchange's file; the server passes its in-memory one
     when it runs the rounds alone), ``heartbeat`` the server's own work between two updates then.
+    ``keep_statistics``: an evaluation task's statistics stay in ``kept_statistics`` (keyed by version, task
+    and attempt) instead of going to a file: the server's own state, whose reader is in the same process.
     """
 
     def __init__(self, setup: WorkerSetup, *, alive: Callable[[], None], board: Board | None = None,
-                 heartbeat: Callable[[], bool] | None = None):
+                 heartbeat: Callable[[], bool] | None = None, keep_statistics: bool = False):
         self.setup, self.alive, self.heartbeat = setup, alive, heartbeat
+        self.kept_statistics: dict[tuple[int, int, int], np.ndarray] | None = {} if keep_statistics else None
         self.exchange = Path(setup.exchange_dir)
         self.run_dir = Path(setup.run_dir)
         self.dataset = open_dataset(setup.dataset)
@@ -187,8 +190,12 @@ class WorkerState:
         correct = 0
         if self.context.classifier:
             correct = int(np.count_nonzero(self.context.model.predict(params, x) == y))
-        write_task_statistics(self.exchange, message.version, message.task, message.attempt, self.context, params,
-                              x, y)
+        if self.kept_statistics is not None:
+            self.kept_statistics[message.version, message.task, message.attempt] = task_statistics(self.context, params,
+                                                                                              x, y)
+        else:
+            write_task_statistics(self.exchange, message.version, message.task, message.attempt, self.context,
+                                  params, x, y)
         return Result(task=message.task, attempt=message.attempt,
                       outcome=Outcome.DONE if math.isfinite(loss) else Outcome.NONFINITE,
                       loss=loss, rows=message.hi - message.lo, correct=correct)
