@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import mmap
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
@@ -52,7 +53,7 @@ from memtrain.layout import (
     weights_path,
 )
 from memtrain.train.context import ModelContext
-from memtrain.train.maps import MAX_MAPS, MapCache
+from memtrain.train.maps import MapCache
 from memtrain.train.marks import (
     GRADIENT,
     LOSS_NONFINITE,
@@ -107,7 +108,9 @@ class RoundFiles:
         self.digests = maps.get(exchange / WEIGHT_DIGESTS, (block_count(self.size), DIGEST_BYTES), np.uint8, "r+")
         self.scratch = Scratch()
         self._building: tuple[int, Path] = (-1, run_dir)
-        self._views: dict[int, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
+        # the views of the task buffers and of the versions in use: a few maps, each kept alive by its views
+        self._views: OrderedDict[int, tuple[np.ndarray, dict[str, np.ndarray]]] = OrderedDict()
+        self._views_kept = setup.tasks_per_update + setup.keep_versions + 2
         self._rows = RowCache(ROW_CACHE_BYTES)
 
     def _map(self, path: Path, mode: str = "r+") -> np.ndarray:
@@ -129,9 +132,10 @@ class RoundFiles:
         """The model's named views of a mapped vector, made once per map (the maps are kept: train/maps.py)."""
         entry = self._views.get(id(flat))
         if entry is None or entry[0] is not flat:
-            if len(self._views) >= 4 * MAX_MAPS:
-                self._views.clear()
             entry = self._views[id(flat)] = (flat, self.context.layout.views(flat))
+            while len(self._views) > self._views_kept:  # never pins more than a few files' pages
+                self._views.popitem(last=False)
+        self._views.move_to_end(id(flat))
         return dict(entry[1])  # a fresh dict: a model may keep or change the one it is given
 
     def rows(self, rows: TaskRange) -> tuple[np.ndarray, np.ndarray]:
