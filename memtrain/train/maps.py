@@ -2,9 +2,11 @@
 
 Mapping a 40 MB file afresh costs ~10,000 page faults every time it is touched; a map that is kept is
 free. Gradient buffers and weight files are recycled (rewritten in place once nothing reads them), so a
-worker keeps meeting the same inodes under new names: the cache is keyed by inode, not by name. A map
-whose file was deleted is dropped by ``drop_deleted``, which a worker calls once per task, so it never
-pins a deleted file's pages for long.
+worker keeps meeting the same inodes under new names: the cache is keyed by inode, not by name, and a
+hit costs one ``stat`` of the name (asked for several times per update in the rounds). A read-only map
+of a file the process already maps for writing (a version it stepped, then evaluates) is a view of that
+map. A map whose file was deleted is dropped by ``drop_deleted``, which a worker calls once per task, so
+it never pins a deleted file's pages for long.
 """
 
 from __future__ import annotations
