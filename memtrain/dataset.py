@@ -79,7 +79,7 @@ class Split:
             shard = self.shards[index]
             x = open_npy(shard.x_path, shape=(shard.rows, *self.x_shape), dtype=self.x_dtype)
             y = open_npy(shard.y_path, shape=(shard.rows, *self.y_shape), dtype=self.y_dtype)
-            self._maps[index] = (x.view(np.ndarray), y.view(np.ndarray))  # still maps; slicing a memmap runs Python
+            self._maps[index] = (x, y)
         return self._maps[index]
 
     def segments(self, lo: int, hi: int) -> list[tuple[int, int, int]]:
