@@ -29,12 +29,18 @@ def test_table_names_each_baseline_and_the_machine(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert "2 alternating runs" in lines[0]
-    rows = {tuple(line.split()[:2]): line for line in lines[2:-2]}
+    stages_at = next(i for i, line in enumerate(lines) if line.startswith("median seconds by stage"))
+    rows = {tuple(line.split()[:2]): line for line in lines[2:stages_at]}
+    stages = {tuple(line.split()[:2]): line for line in lines[stages_at + 1:-2]}
     assert set(rows) == {("npy", "shuffle"), ("npy", "no-shuffle"), ("h5", "shuffle"), ("h5", "no-shuffle"),
                          ("csv", "shuffle")}
     assert "np.load + np.save + fsync" in rows["npy", "shuffle"]
     assert "h5py read + np.save + fsync" in rows["h5", "no-shuffle"]
     assert "pyarrow.csv.read_csv + np.save" in rows["csv", "shuffle"]
+    assert set(stages) == set(rows)  # where each side's time went, per row
+    for key in [("npy", "shuffle"), ("h5", "no-shuffle")]:
+        assert "baseline read " in stages[key] and ", fsync " in stages[key] and "memtrain scatter " in stages[key]
+        assert ", shards " in stages[key] and ", publish " in stages[key]
     assert lines[-2].startswith("machine: ") and " CPUs (" in lines[-2] and "GiB RAM" in lines[-2]
     assert "memtrain's CSV parser: pyarrow" in lines[-2] and "files on " in lines[-2]
     assert lines[-1].startswith("load average")

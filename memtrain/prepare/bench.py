@@ -115,6 +115,8 @@ def _compare(source: str, files: list[Path], size: int, shuffle: bool, root: Pat
     return {"source": source, "options": "shuffle" if shuffle else "no-shuffle", "size_mb": size / 1e6,
             "baseline": runs["baseline"][0]["name"], "parser": runs["memtrain"][0].get("parser"),
             "baseline_mbps": base, "memtrain_mbps": ours, "ratios": [o / b for o, b in zip(ours, base, strict=True)],
+            "baseline_stages": [r["stages"] for r in runs["baseline"]],
+            "memtrain_stages": [r["stages"] for r in runs["memtrain"]],
             "baseline_peak_mib": [r["peak_anon_mib"] for r in runs["baseline"]],
             "memtrain_peak_mib": [r["peak_anon_mib"] for r in runs["memtrain"]]}
 
@@ -138,9 +140,9 @@ def _measure(spec: dict[str, Any]) -> dict[str, Any]:
         action, name, parser = _memtrain(spec["source"], files, out, spec["shuffle"])
     os.sync()  # no earlier write (the source, the last run) is written back on this run's clock
     started = time.perf_counter()
-    action()
+    stages = action()
     seconds = time.perf_counter() - started
-    return {"name": name, "seconds": seconds, "parser": parser, "anon_mib": _anon_mib()}
+    return {"name": name, "seconds": seconds, "parser": parser, "anon_mib": _anon_mib(), "stages": stages}
 
 
 def _baseline(source: str, files: list[Path], out: Path) -> tuple[Any, str]:
@@ -164,17 +166,22 @@ def _memtrain(source: str, files: list[Path], out: Path, shuffle: bool) -> tuple
     y = str(files[1]) if source == "npy" else None
     options = PrepareOptions(files[0], out, y=y, shuffle=shuffle)
     parser = getattr(open_source(options), "parser", None)  # imports the parser too, before the clock
-    return (lambda: prepare(options, say=lambda _: None, force_plain=True)), "memtrain prepare", parser
+    return (lambda: prepare(options, say=lambda _: None, force_plain=True).stage_seconds), "memtrain prepare", parser
 
 
-def _save_durably(path: Path, array: np.ndarray) -> None:
+def _save_durably(path: Path, array: np.ndarray, stages: dict[str, float]) -> None:
+    started = time.perf_counter()
     with open(path, "wb") as handle:
         np.save(handle, array)
         handle.flush()
+        saved = time.perf_counter()
         os.fsync(handle.fileno())
+    stages["write"] = stages.get("write", 0.0) + saved - started
+    stages["fsync"] = stages.get("fsync", 0.0) + time.perf_counter() - saved
 
 
-def _durable_copy(source: str, files: list[Path], out: Path) -> None:
+def _durable_copy(source: str, files: list[Path], out: Path) -> dict[str, float]:
+    """The copy; its wall seconds by stage: read (into a new array), write (np.save), fsync."""
     out.mkdir()
     if source == "npy":
         arrays = {"x": lambda: np.load(files[0]), "y": lambda: np.load(files[1])}
@@ -186,8 +193,14 @@ def _durable_copy(source: str, files: list[Path], out: Path) -> None:
 
         handle = h5py.File(files[0], "r")
         arrays = {"x": lambda: handle["x"][()], "y": lambda: handle["y"][()]}
+    stages: dict[str, float] = {}
     for name, load in arrays.items():
-        _save_durably(out / f"{name}.npy", load())
+        started = time.perf_counter()
+        array = load()
+        stages["read"] = stages.get("read", 0.0) + time.perf_counter() - started
+        _save_durably(out / f"{name}.npy", array, stages)
+        del array
+    return stages
 
 
 def _pyarrow_baseline(pacsv: Any, path: Path, out: Path) -> None:
@@ -248,6 +261,13 @@ def _spread(values: list[float], digits: int = 0) -> str:
     return text if len(values) == 1 else f"{text} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
 
+def _stages(runs: list[dict[str, float] | None] | None) -> str:
+    """``read 0.12, write 0.90, fsync 0.20``: the median of each stage over the runs that timed it."""
+    timed = [run for run in runs or [] if run]
+    names = list(dict.fromkeys(name for run in timed for name in run))
+    return ", ".join(f"{name} {median(run[name] for run in timed if name in run):.2f}" for name in names) or "-"
+
+
 def format_table(report: dict[str, Any]) -> str:
     """The report as printed by ``memtrain bench prepare``: a title, one line per row, the machine."""
     s, m = report["settings"], report["machine"]
@@ -260,6 +280,10 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(f"{row['source']:<7}{row['options']:<12}{row['size_mb']:>8.0f}  {row['baseline']:<32}"
                      f"{_spread(row['baseline_mbps']):>16}{_spread(row['memtrain_mbps']):>16}"
                      f"{_spread(row['ratios'], 2):>18}{peaks:>27}")
+    lines.append("median seconds by stage (baseline: read into a new array, np.save, fsync; memtrain: scatter "
+                 "= pass 1, shards = pass 2, publish):")
+    lines += [f"  {row['source']:<5}{row['options']:<12}baseline {_stages(row.get('baseline_stages'))}; "
+              f"memtrain {_stages(row.get('memtrain_stages'))}" for row in report["results"]]
     parsers = sorted({row["parser"] for row in report["results"] if row.get("parser")})
     load = m["loadavg"]
     lines.append(f"machine: {m['cpus']} CPUs ({m['cpu']}), {m['memory_gib']:g} GiB RAM, files on {m['filesystem']}; "
