@@ -4,6 +4,7 @@ Examples:
   memtrain bench prepare             # 1 GB NPY and CSV sources, side by side with the baseline
   memtrain bench prepare --gb 0.1    # a quick run
   memtrain bench prepare --sources npy,npz,h5,csv --repeats 3 --dir /data/scratch
+  memtrain bench prepare --sources npy,h5 --settle 4   # every run after 4 s of quiet (see the docs)
   memtrain bench train               # memtrain vs one process, pickling and shared memory: 1e5-1e7 params
   memtrain bench train --sizes 1e6 --json
   memtrain bench train --larger-than-ram --limit-mib 256   # a dataset 4x larger than a memory limit
@@ -25,6 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sources", default="npy,csv", help="prepare: comma-separated subset of npy,npz,h5,csv "
                                                               "(default %(default)s)")
     parser.add_argument("--dir", type=Path, help="where to put the temporary files (default: $TMPDIR)")
+    parser.add_argument("--settle", type=float, default=0.0,
+                        help="prepare: seconds to wait after the sync before each timed run, so that every run "
+                             "meets the machine's free memory in the same state (default 0; see "
+                             "docs/prepare-performance.md)")
     from memtrain.benchmarks.train_bench import add_arguments as train_arguments
 
     train_arguments(parser.add_argument_group("train"))
@@ -42,6 +47,9 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--gb must be positive", found=args.gb)
     from memtrain.prepare.bench import bench_prepare, format_table, parse_sources
 
-    report = bench_prepare(args.gb, args.dir, sources=parse_sources(args.sources), repeats=args.repeats)
+    if args.settle < 0:
+        raise InputError("--settle must be zero or more seconds", found=args.settle)
+    report = bench_prepare(args.gb, args.dir, sources=parse_sources(args.sources), repeats=args.repeats,
+                           settle=args.settle)
     print(json.dumps(report, indent=2) if args.json else format_table(report))
     return 0

@@ -16,6 +16,10 @@ and every run starts with no dirty pages to write back (``os.sync()`` before the
 first run after the source was written paid for writing the source back (measured: a 304 MB npy copy at
 157 MB/s right after writing, 1145 MB/s after a sync), a cost that fell on whichever side ran first and
 on some sources more than others (the h5 source's npy scratch files are deleted before they reach the disk).
+With ``settle`` (``--settle``), each run also waits that many seconds after the sync: on a guest that hands
+its free memory back to the host, memory freed by the previous run is cheap to touch only for a moment, so
+without a wait each run's speed depends on what ran just before it (see docs/prepare-performance.md).
+Each run's seconds by stage are kept (baseline: read, write, fsync; memtrain: scatter, shards, publish).
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ def parse_sources(text: str) -> list[str]:
 
 
 def bench_prepare(gb: float, folder: Path | None = None, *, sources: list[str] | None = None,
-                  repeats: int = 3) -> dict[str, Any]:
+                  repeats: int = 3, settle: float = 0.0) -> dict[str, Any]:
     """The report: machine, settings and one row per (source, options) with every run's figures."""
     if repeats < 1:
         raise InputError("--repeats must be at least 1", found=repeats)
@@ -66,11 +70,12 @@ def bench_prepare(gb: float, folder: Path | None = None, *, sources: list[str] |
             files = write_source(source, root, gb)
             size = sum(f.stat().st_size for f in files)
             for shuffle in (True, False) if source != "csv" else (True,):
-                rows.append(_compare(source, files, size, shuffle, root, repeats))
+                rows.append(_compare(source, files, size, shuffle, root, repeats, settle))
             for path in files:
                 path.unlink()
     machine["loadavg"] = [round(v, 2) for v in (*load_before, *os.getloadavg())]
-    return {"machine": machine, "settings": {"gb": gb, "repeats": repeats, "features": FEATURES}, "results": rows}
+    return {"machine": machine, "settings": {"gb": gb, "repeats": repeats, "features": FEATURES, "settle": settle},
+            "results": rows}
 
 
 def write_source(source: str, root: Path, gb: float) -> list[Path]:
@@ -102,12 +107,13 @@ def write_source(source: str, root: Path, gb: float) -> list[Path]:
     return out
 
 
-def _compare(source: str, files: list[Path], size: int, shuffle: bool, root: Path, repeats: int) -> dict[str, Any]:
+def _compare(source: str, files: list[Path], size: int, shuffle: bool, root: Path, repeats: int,
+             settle: float) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "memtrain": []}
     for _ in range(repeats):
         for what in ("baseline", "memtrain"):
             spec = {"what": what, "source": source, "files": [str(f) for f in files], "shuffle": shuffle,
-                    "out": str(root / "out")}
+                    "out": str(root / "out"), "settle": settle}
             runs[what].append(run_once(spec))
             shutil.rmtree(root / "out", ignore_errors=True)
     base = [size / 1e6 / r["seconds"] for r in runs["baseline"]]
@@ -139,6 +145,7 @@ def _measure(spec: dict[str, Any]) -> dict[str, Any]:
     else:
         action, name, parser = _memtrain(spec["source"], files, out, spec["shuffle"])
     os.sync()  # no earlier write (the source, the last run) is written back on this run's clock
+    time.sleep(spec.get("settle", 0.0))  # --settle: free memory in the same state for every run
     started = time.perf_counter()
     stages = action()
     seconds = time.perf_counter() - started
@@ -271,8 +278,9 @@ def _stages(runs: list[dict[str, float] | None] | None) -> str:
 def format_table(report: dict[str, Any]) -> str:
     """The report as printed by ``memtrain bench prepare``: a title, one line per row, the machine."""
     s, m = report["settings"], report["machine"]
+    settle = f"; each run after a sync and {s['settle']:g} s of quiet" if s.get("settle") else ""
     lines = [f"memtrain bench prepare: {s['gb']:g} GB sources, {s['features']} float features + a label; "
-             f"median (min-max) of {s['repeats']} alternating runs",
+             f"median (min-max) of {s['repeats']} alternating runs{settle}",
              f"{'source':<7}{'options':<12}{'size MB':>8}  {'baseline':<32}{'baseline MB/s':>16}"
              f"{'memtrain MB/s':>16}{'ratio':>18}{'peak MiB base / memtrain':>27}"]
     for row in report["results"]:
