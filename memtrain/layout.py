@@ -120,11 +120,6 @@ def optimizer_state_name(slot: str) -> str:
     return f"opt-{slot}.npy"
 
 
-def checkpoint_history_name(version: int) -> str:
-    """An older weight version in a fixed-staleness checkpoint: the next updates' gradients are computed at it."""
-    return f"weights-v{version:08d}.npy"
-
-
 # --- exchange area (gradient files and scratch; on /dev/shm or in the run dir) ---
 EXCHANGE_PREFIX = "memtrain-x-"
 

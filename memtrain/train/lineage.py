@@ -3,7 +3,7 @@
 One JSON line per published version (format in docs/formats.md). The first line, version 0, names the
 format and its version; every later line names the rows whose gradients made the version, in the order
 they were added, and the version each gradient was computed at (``at``). That is the whole schedule of
-a run: ``memtrain train --replay`` re-executes it (train/replay.py) and checks every version's checksum.
+a run (read back by ``read_lineage``).
 Lines written before format 2 have no ``at``: their gradients were all computed at the parent.
 """
 
