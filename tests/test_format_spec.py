@@ -191,5 +191,6 @@ def test_the_spec_lists_the_files_of_a_run(written: Path) -> None:
 def test_format_names_are_the_ones_files_carry(written: Path) -> None:
     carried = {json.loads(path.read_text()).get("format")
                for name in ("manifest.json", "meta.json", "status.json", "job.json") for path in written.rglob(name)}
+    carried |= {json.loads(path.read_text().splitlines()[0]).get("format") for path in written.rglob("lineage.jsonl")}
     named = set(re.findall(r'"(memtrain\.[\w-]+)"', SPEC)) | set(re.findall(r"\(`(memtrain\.[\w-]+)`,", SPEC))
     assert named == carried

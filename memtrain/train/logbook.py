@@ -20,6 +20,7 @@ from memtrain.faults import fault_point
 from memtrain.files import open_npy
 from memtrain.layout import gradient_buffer_name, weights_path
 from memtrain.train.counters import batch_number, epoch_number, update_number
+from memtrain.train.lineage import update_record
 from memtrain.train.marks import PUBLISHED, SKIPPED, Ledger
 from memtrain.train.optim import OptimizerConfig, learning_rate
 from memtrain.train.plan import Plan, TaskRange, Update, task_owner
@@ -66,12 +67,12 @@ class Logbook:
         published = bool(row["status"] == PUBLISHED)
         if published:
             position.version = int(row["version"])
-            self.lineage.append({
-                "version": position.version, "parent": position.version - 1, "update": update_number(update.update),
-                "epoch": epoch_number(update.epoch), "batch": batch_number(update.batch), "split": "train",
-                "tasks": [[t.lo, t.hi] for t in update.tasks],
-                "lr": learning_rate(self.optimizer, update.update, self.plan.total_updates),
-                "checksum": "xxh3-128-blocks:" + bytes(row["checksum"]).hex()})
+            self.lineage.append(update_record(
+                version=position.version, update=update_number(update.update), epoch=epoch_number(update.epoch),
+                batch=batch_number(update.batch), tasks=[(t.lo, t.hi) for t in update.tasks],
+                at=[position.version - 1] * tasks,  # the round computes every gradient at the parent
+                lr=learning_rate(self.optimizer, update.update, self.plan.total_updates),
+                checksum="xxh3-128-blocks:" + bytes(row["checksum"]).hex()))
         else:
             self.nonfinite(update, [t for t in update.tasks if row["bad"][t.task]])
             position.skipped += 1

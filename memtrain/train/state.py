@@ -28,6 +28,7 @@ from memtrain.layout import (
 from memtrain.train.checkpoint import discard_incomplete, newest_checkpoint, write_checkpoint
 from memtrain.train.context import ModelContext
 from memtrain.train.counters import position_text
+from memtrain.train.lineage import init_record
 from memtrain.train.optim import state_slots
 from memtrain.train.plan import updates_per_epoch
 from memtrain.train.record import Decision, add_history, history_entry
@@ -61,7 +62,7 @@ def data_description(context: ModelContext, job: Job) -> dict[str, Any]:
 def start_fresh(run: RunDir, job: Job, context: ModelContext) -> Position:
     flat = context.layout.flatten(context.model.init(np.random.default_rng(job.train.seed)))
     checksum = publish_weights(run.path, 0, flat)
-    run.lineage({"version": 0, "parent": None, "init": {"seed": job.train.seed}, "checksum": checksum})
+    run.lineage(init_record(job.train.seed, checksum))
     zeros = np.zeros(context.layout.size, dtype=np.float32)
     for slot in state_slots(job.train.optimizer):
         for parity in (0, 1):
