@@ -311,17 +311,7 @@ def _check_train(train: TrainConfig, where: Any) -> TrainConfig:
     if train.on_nonfinite not in ("stop", "skip"):
         raise InputError("bad value for train.on_nonfinite", path=where, expected="'stop' or 'skip'",
                          found=repr(train.on_nonfinite))
-    return _refuse_unported_modes(_check_mode(train, where), where)
-
-
-def _refuse_unported_modes(train: TrainConfig, where: Any) -> TrainConfig:
-    """The round loop (train/rounds.py) runs synchronous training only, so far: a job asking for staleness or
-    async mode is refused rather than run synchronously behind the user's back (issue 16 is being ported)."""
-    if train.mode == "async" or train.staleness:
-        asked = "train.mode = 'async'" if train.mode == "async" else f"train.staleness = {train.staleness}"
-        raise InputError(f"{asked} is not available in this version: training is synchronous only",
-                         path=where, expected="train.mode = 'sync' and train.staleness = 0", found=asked)
-    return train
+    return _check_mode(train, where)
 
 
 # Upper bound of the staleness keys (and of async_group). Each unit of staleness keeps one more weight

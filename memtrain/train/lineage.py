@@ -62,6 +62,11 @@ class Step:
     checksum: str
     line: int
     discarded: int = 0  # async mode: stale gradients recomputed while this update's gradients arrived
+    ids: tuple[int, ...] = ()  # async mode: each gradient's task number in its epoch's task stream
+
+    def task(self, i: int) -> int:
+        """The task number the ``i``-th gradient was computed under (a model's randomness is seeded by it)."""
+        return self.ids[i] if self.ids else i
 
     @property
     def parent(self) -> int:
@@ -172,8 +177,11 @@ def _step(record: dict[str, Any], line: int, path: Path) -> Step:
         at = [int(v) for v in record.get("at", [record["parent"]] * len(tasks))]
         if len(at) != len(tasks) or any(not 0 <= v <= record["parent"] for v in at):
             raise ValueError("'at' must name one earlier version per row range")
+        if "ids" in record and len(record["ids"]) != len(tasks):
+            raise ValueError("'ids' must name one task per row range")
         return Step(record["version"], int(record["update"]), int(record["epoch"]), int(record.get("batch", 0)),
                     tuple(Gradient(lo, hi, v) for (lo, hi), v in zip(tasks, at, strict=True)),
-                    float(record["lr"]), str(record["checksum"]), line, int(record.get("discarded", 0)))
+                    float(record["lr"]), str(record["checksum"]), line, int(record.get("discarded", 0)),
+                    tuple(int(i) for i in record.get("ids", ())))
     except (KeyError, TypeError, ValueError) as exc:
         raise CorruptFileError(f"a lineage line is malformed ({exc})", path=path, where=f"line {line}") from None

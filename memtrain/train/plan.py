@@ -31,10 +31,8 @@ class TaskRange:
 
 @dataclass(frozen=True)
 class Update:
-    """One synchronous update. Its gradients are computed at the version the previous update published.
-
-    (A fixed staleness k would compute them k versions earlier: the plan is where that would be said.)
-    """
+    """One update: its gradients added in task order. In synchronous training they are computed at the
+    version the previous update published; with fixed staleness k, at an earlier one (``gradient_base``)."""
 
     epoch: int
     batch: int  # this update's number within its epoch
@@ -115,35 +113,32 @@ def eval_tasks(val_rows: int, eval_rows: int) -> tuple[TaskRange, ...]:
 
 # --- the schedule of the asynchronous modes (docs/async.md) ---
 #
-# Fixed staleness k: the gradients of update n (counted over the whole run, from 0) are computed at the
-# weights as they stood after max(0, n - k) updates, and applied to the weights after n updates. This
-# is a function of n and k alone, so the run is bitwise identical with any worker count and after any
-# fault; k = 0 is synchronous training.
+# Fixed staleness k: batch b of an epoch computes its gradients at the weights as they stood after
+# max(0, b - k) of the epoch's updates, and is applied to the weights after b of them. This is a function
+# of b and k alone, so the run is bitwise identical with any worker count and after any fault; k = 0 is
+# synchronous training. The count restarts with each epoch, so an epoch's last version holds all its
+# gradients (what its evaluation and checkpoint see).
 
 
-def gradient_base(update: int, staleness: int) -> int:
-    """The number of updates applied to the weights at which update ``update``'s gradients are computed.
+def gradient_base(batch: int, staleness: int) -> int:
+    """After how many of its epoch's updates stood the weights batch ``batch``'s gradients are computed at.
 
-    >>> [gradient_base(n, 2) for n in range(5)]
+    >>> [gradient_base(b, 2) for b in range(5)]
     [0, 0, 0, 1, 2]
     """
-    return max(0, update - staleness)
+    return max(0, batch - staleness)
 
 
 def startable_updates(done: int, staleness: int, total: int) -> range:
-    """The updates whose gradients can be computed once ``done`` updates are applied: the next k + 1.
-
-    Every later update needs weights that do not exist yet, so at most k + 1 updates are ever in flight.
+    """The batches whose gradients can be computed once ``done`` of the epoch's ``total`` are applied: the next
+    k + 1. Every later one needs weights that do not exist yet, so at most k + 1 updates are ever in flight.
     """
     return range(done, min(total, done + staleness + 1))
 
 
 def live_bases(done: int, staleness: int) -> range:
-    """The update counts whose weights the gradients in flight may need once ``done`` updates are applied.
-
-    At most k + 1 of them: the versions a fixed-staleness run keeps alive, and the k older ones its
-    checkpoints carry beside the current weights.
-    """
+    """The counts of applied updates whose weights the gradients in flight may need once ``done`` are applied:
+    at most k + 1, the versions a fixed-staleness run keeps alive (a checkpoint mid-epoch carries them)."""
     return range(max(0, done - staleness), done + 1)
 
 

@@ -33,13 +33,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from memtrain.faults import fault_point
-from memtrain.files import npy_header_bytes, open_npy, writing_npy_rows
+from memtrain.faults import fault_point, read_audit_path
+from memtrain.files import append_jsonl, npy_header_bytes, open_npy, writing_npy_rows
 from memtrain.layout import spare_gradient_name, streamed_gradient_name, weights_path
 from memtrain.train.messages import GradTask, Outcome, Result, Stretch
 from memtrain.train.plan import Update
 from memtrain.train.rounds import Participant, RoundFiles
-from memtrain.train.weights import ready_building
+from memtrain.train.weights import array_checksum, ready_building
 
 if TYPE_CHECKING:
     from memtrain.train.worker import WorkerState
@@ -59,9 +59,15 @@ def gradient(state: WorkerState, message: GradTask) -> Result:
         else {}
     fault_point("before_grad_write")
     out = state.scratch(size)
+    audit = read_audit_path()
+    before = array_checksum(weights) if audit else ""
     started = time.perf_counter()  # the compute alone, as in the round: the file is the stream's cost
     loss = model.loss_and_grad(context.layout.views(weights), x, y, context.layout.views(out), **seeded)
+    if state.straggler > 1:  # a test hook: a slower machine
+        time.sleep((state.straggler - 1) * (time.perf_counter() - started))
     seconds = time.perf_counter() - started
+    if audit:
+        append_jsonl(Path(audit), {"version": message.version, "before": before, "after": array_checksum(weights)})
     path = state.exchange / streamed_gradient_name(message.update, message.task, message.attempt)
     if not (message.spare and rewrite(state.exchange / message.spare, path, out)):
         # pwrite from memory the process keeps: twice as fast as faulting in a new file's map
