@@ -112,7 +112,8 @@ class Scheduler:
         current[key] = retry
         pending.appendleft(retry)
 
-    def _core_to_spare(self, slots: list[Slot], done: dict[tuple[int, int], Result], pending: deque[Task], total: int) -> bool:
+    def _core_to_spare(self, slots: list[Slot], done: dict[tuple[int, int], Result], pending: deque[Task],
+                       total: int) -> bool:
         busy = sum(not slot.idle for slot in slots)
         return busy < CORES or (bool(done) and not pending and len(done) < total)
 

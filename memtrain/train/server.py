@@ -48,9 +48,9 @@ from memtrain.train.marks import GRADIENT, PUBLISH, STEP, Activity, Board, Ledge
 from memtrain.train.messages import EvalTask, GradTask, Outcome, RoundSetup, StatsTask, Stretch, Task, WorkerSetup
 from memtrain.train.metrics import SHOWN
 from memtrain.train.metrics import collect as validation_metrics
+from memtrain.train.overlap import Overlap, replay_mismatch
 from memtrain.train.placement import Placement
 from memtrain.train.plan import Plan, eval_tasks, split_range, step_slices
-from memtrain.train.overlap import Overlap, replay_mismatch
 from memtrain.train.pools import OnCluster, Streamed, open_cluster
 from memtrain.train.record import Decision
 from memtrain.train.room import room_needed

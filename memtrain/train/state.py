@@ -19,9 +19,9 @@ from memtrain.errors import InputError
 from memtrain.files import open_npy, publish, publish_array, read_jsonl, read_sealed_jsonl, seal
 from memtrain.layout import (
     CHECKPOINT_WEIGHTS,
-    checkpoint_version_name,
     RUN_LINEAGE,
     RUN_METRICS,
+    checkpoint_version_name,
     optimizer_state_name,
     state_buffer_name,
     weights_path,
