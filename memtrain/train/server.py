@@ -109,6 +109,10 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
         dataset = open_dataset(job.data.path, verify=verify or job.data.verify)
         check_trainable(dataset)
         context = model_context(dataset, job.model.kind, job.model.options, job.data.normalize)
+        if context.additive and overlapping(job):
+            raise InputError(f"a {job.model.kind} model is solved in one pass of statistics: it has no updates to "
+                             "overlap", expected="train.mode = 'sync' and train.staleness = 0",
+                             found=describe_mode(job))
         runtime = startup_check(context, dataset, job.train.blas_threads)  # a model's dry run: its errors exit 2 here
         note = few_updates_note(job, dataset.split("train").rows, context.additive)
         if note is not None:
