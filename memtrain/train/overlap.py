@@ -115,7 +115,8 @@ class Overlap:
         recomputed = 0  # stale gradients computed again while this group filled
         while remaining or self.stream.in_flight or group:
             self.top_up(remaining, reading, position.version)
-            for task, result in self.stream.wait():
+            results = self.stream.wait()
+            for n, (task, result) in enumerate(results):
                 reading[task.version] -= 1
                 # The worker that answered gets its next task at once, at the newest version published so
                 # far: it computes while the server applies what it returned.
@@ -126,13 +127,11 @@ class Overlap:
                     recomputed += 1
                     continue
                 group.append((task, result))
-                if len(group) == train.async_group or not (remaining or self.stream.in_flight):
+                last = not (remaining or self.stream.in_flight or n + 1 < len(results))  # the epoch's last gradient
+                if len(group) == train.async_group or last:
                     self.apply_group(position, group, reading, recomputed)
                     group, recomputed = [], 0
                     self.look()
-            if group and not (remaining or self.stream.in_flight):  # the epoch's last, smaller group
-                self.apply_group(position, group, reading, recomputed)
-                group, recomputed = [], 0
         position.applied = []
 
     def top_up(self, remaining: deque[TaskRange], reading: Counter[int], version: int) -> None:
