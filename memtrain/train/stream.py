@@ -63,7 +63,7 @@ def gradient(state: WorkerState, message: GradTask) -> Result:
     before = array_checksum(weights) if audit else ""
     started = time.perf_counter()  # the compute alone, as in the round: the file is the stream's cost
     loss = model.loss_and_grad(context.layout.views(weights), x, y, context.layout.views(out), **seeded)
-    if state.straggler > 1:  # a test hook: a slower machine
+    if state.straggler > 1:  # a test hook (faults.straggler_factor): a slower machine
         time.sleep((state.straggler - 1) * (time.perf_counter() - started))
     seconds = time.perf_counter() - started
     if audit:

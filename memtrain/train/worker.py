@@ -162,7 +162,7 @@ class WorkerState:
             self._rounds = RoundFiles(context=self.context, dataset=self.dataset, run_dir=self.run_dir,
                                       exchange=self.exchange, server_pid=setup.server_pid,
                                       optimizer=OptimizerConfig(**dict(setup.optimizer)), setup=setup.rounds,
-                                      board=board, maps=self.maps)
+                                      board=board, maps=self.maps, straggler=self.straggler)
         return self._rounds
 
     def stretch(self, stretch: Stretch) -> StretchEnd:
