@@ -28,6 +28,7 @@ MADE = {
     "weights_path": lambda: [layout.weights_path(Path(), 390).as_posix()],
     "checkpoint_path": lambda: [layout.checkpoint_path(Path(), 390).as_posix()],
     "optimizer_state_name": lambda: [layout.optimizer_state_name("m"), layout.optimizer_state_name("v")],
+    "checkpoint_version_name": lambda: [layout.checkpoint_version_name(388)],
     "exchange_dir_name": lambda: [layout.exchange_dir_name("ab12cd34", 4242)],
     "gradient_name": lambda: [layout.gradient_name(390, 1, 0)],
     "metrics_name": lambda: [layout.metrics_name(390, 1, 0)],
