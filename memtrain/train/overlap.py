@@ -36,7 +36,6 @@ import numpy as np
 
 from memtrain.config import Job
 from memtrain.errors import MemtrainError
-from memtrain.files import open_npy
 from memtrain.layout import building_path, spare_gradient_name, streamed_gradient_name, weights_path
 from memtrain.train.lineage import Lineage
 from memtrain.train.logbook import Logbook
@@ -224,7 +223,7 @@ class Overlap:
         files, size = self.files, self.files.size
         keep = max(self.job.run.keep_versions, version - oldest + 1)
         ready_building(files.run_dir, version + 1, size, files.server_pid, keep, recycle=self.recycle)
-        grads = [open_npy(path, shape=(size,), dtype=np.float32) for path in gradients]
+        grads = [files.maps.get(path, (size,), np.float32) for path in gradients]  # spares: the same inodes again
         parity = version % 2  # the optimizer state of version n is in buffer n % 2, as in the round
         finite = reduce_and_step(grads, rows, files.weights(version), files.state[parity], files.building(version + 1),
                                  files.state[1 - parity], 0, size, files.optimizer, version + 1, lr, files.digests,
