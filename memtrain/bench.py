@@ -26,9 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sources", default="npy,csv", help="prepare: comma-separated subset of npy,npz,h5,csv "
                                                               "(default %(default)s)")
     parser.add_argument("--dir", type=Path, help="where to put the temporary files (default: $TMPDIR)")
-    from memtrain.benchmarks.train_bench import add_arguments as train_arguments
-
     from memtrain.benchmarks.async_bench import add_arguments as async_arguments
+    from memtrain.benchmarks.train_bench import add_arguments as train_arguments
 
     train_arguments(parser.add_argument_group("train and async"))
     async_arguments(parser.add_argument_group("async"))

@@ -34,6 +34,7 @@ from memtrain.layout import (
     gradient_buffer_name,
     gradient_name,
     streamed_gradient_name,
+    weights_path,
 )
 from memtrain.progress import Reporter, reporting
 from memtrain.stopping import on_stop_signals, start_resource_tracker
@@ -49,7 +50,7 @@ from memtrain.train.messages import EvalTask, GradTask, Outcome, RoundSetup, Sta
 from memtrain.train.metrics import SHOWN
 from memtrain.train.metrics import collect as validation_metrics
 from memtrain.train.overlap import Overlap, replay_mismatch
-from memtrain.train.placement import Placement
+from memtrain.train.placement import Placement, stream_workers
 from memtrain.train.plan import Plan, eval_tasks, split_range, step_slices
 from memtrain.train.pools import OnCluster, Streamed, open_cluster
 from memtrain.train.record import Decision
@@ -224,7 +225,7 @@ class Trainer:
         if self.job.run.cluster:
             self.placement = OnCluster(open_cluster(self.job, self._setup(), self.run_dir, self.log), self.log)
         elif overlapping(self.job):
-            self.placement = self._overlap_placement()
+            self.placement = self._overlap_placement(position)
         else:
             self.placement = Placement(workers=self.job.train.workers, tasks=self.job.train.tasks_per_update,
                                        cores=CORES, in_server=self.in_server, start_pool=self._start_pool,
@@ -254,15 +255,35 @@ class Trainer:
                             time.monotonic() - self.started, self.scheduler.deaths,
                             stopped_early=position.epoch < self.job.train.epochs and self.out_of_patience(position))
 
-    def _overlap_placement(self) -> Streamed:
-        """The overlapping modes stream their gradients to ``train.workers`` processes (or to as many as cores,
-        at most one per task of an update), or to the server itself with ``train.workers = 0``."""
-        count = round_slots(self.job) if self.job.train.workers != 0 else 0
+    def _overlap_placement(self, position: Position) -> Streamed:
+        """The overlapping modes stream their gradients to ``train.workers`` processes, or (0, or "auto" when
+        workers cannot pay for themselves) the server computes them itself."""
+        train = self.job.train
+        count, why = stream_workers(workers=train.workers, count=round_slots(self.job),
+                                    task_seconds=lambda: self.time_task(position),
+                                    tasks=train.async_group if train.mode == "async" else train.tasks_per_update,
+                                    remaining=self.per_epoch * train.epochs - position.update_index(self.per_epoch))
         mode = describe_mode(self.job)
         if count == 0:
-            return Streamed(self.in_server, f"{mode}: gradients in the server (train.workers = 0)", self.log)
-        return Streamed(self._start_pool(count), f"{mode}: gradients on {count} worker processes, the steps in "
-                                                 "the server", self.log)
+            return Streamed(self.in_server, f"{mode}: gradients in the server ({why})", self.log)
+        return Streamed(self._start_pool(count), f"{mode}: gradients on {count} worker processes, the steps in the "
+                                                 f"server ({why})", self.log)
+
+    def time_task(self, position: Position) -> float:
+        """Seconds of one gradient task of the epoch's first update, computed here (the least of three)."""
+        state = self.in_server.state
+        rows = self.plan.updates(position.epoch)[0].tasks[0]
+        x, y = state.rows("train", rows.lo, rows.hi)
+        layout, model = self.context.layout, self.context.model
+        weights = open_npy(weights_path(self.run_dir.path, position.version), shape=(layout.size,), dtype=np.float32)
+        out = np.empty(layout.size, dtype=np.float32)
+        seeded = {"seed": (self.job.train.seed, position.version, 0)} if getattr(model, "seeded", False) else {}
+        times = []
+        for _ in range(3):
+            started = time.perf_counter()
+            model.loss_and_grad(layout.views(weights), x, y, layout.views(out), **seeded)
+            times.append(time.perf_counter() - started)
+        return min(times)
 
     def _start_pool(self, count: int) -> WorkerPool:
         pool = WorkerPool(self._setup(), count)
