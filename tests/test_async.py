@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from memtrain.files import seal
 from memtrain.layout import checkpoint_path, checkpoint_updates, checkpoint_version_name, weight_versions, weights_path
 from memtrain.train.context import model_context
 from memtrain.train.optim import apply_update, learning_rate, state_slots
+from memtrain.train.placement import stream_workers
 from memtrain.train.plan import epoch_updates, gradient_base, task_stream, updates_per_epoch
 
 pytestmark = pytest.mark.timeout(180)
@@ -104,23 +106,40 @@ def assert_every_task_applied_once_per_epoch(run: Path, epochs: int) -> None:
 
 @pytest.fixture(scope="module")
 def staleness_runs(data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
-    """staleness = 2 with 1, 2 and 4 workers, and the synchronous run of the same job (key 0)."""
+    """staleness = 2 with 1, 2 and 4 workers and in the server (key "server"), and the synchronous run of the
+    same job (key 0)."""
     runs = {}
-    for workers, train in ((1, "staleness = 2"), (2, "staleness = 2"), (4, "staleness = 2"), (0, "")):
-        folder = tmp_path_factory.mktemp(f"stale-{workers}")
-        result = memtrain("train", write_job(folder, data, train), "--workers", max(workers, 2))
+    for key, workers, train in ((1, 1, "staleness = 2"), (2, 2, "staleness = 2"), (4, 4, "staleness = 2"),
+                                ("server", 0, "staleness = 2"), (0, 2, "")):
+        folder = tmp_path_factory.mktemp(f"stale-{key}")
+        result = memtrain("train", write_job(folder, data, train), "--workers", workers)
         assert result.returncode == 0, result.stderr
-        runs[workers] = folder / "run"
+        runs[key] = folder / "run"
+    assert "gradients in the server (train.workers = 0)" in (runs["server"] / "events.log").read_text()
     return runs
 
 
 def test_fixed_staleness_is_bitwise_identical_for_any_worker_count(staleness_runs: dict[int, Path]) -> None:
-    assert digest(staleness_runs[1]) == digest(staleness_runs[2]) == digest(staleness_runs[4])
+    assert digest(staleness_runs[1]) == digest(staleness_runs[2]) == digest(staleness_runs[4]) \
+        == digest(staleness_runs["server"])
     assert digest(staleness_runs[2]) != digest(staleness_runs[0]), "staleness changes the computation"
     records = lineage(staleness_runs[4])[1:]
     epoch_start = {r["epoch"]: r["parent"] for r in records if r["batch"] == 1}
     assert [r["at"] for r in records] == [[epoch_start[r["epoch"]] + gradient_base(r["batch"] - 1, 2)] * 3
                                           for r in records]
+
+
+def test_auto_keeps_the_gradients_in_the_server_when_workers_cannot_pay_for_streaming() -> None:
+    def timed(seconds: float) -> Callable[[], float]:
+        return lambda: seconds
+
+    assert stream_workers(workers=3, count=2, task_seconds=timed(1.0), tasks=2, remaining=10)[0] == 3
+    assert stream_workers(workers="auto", count=1, task_seconds=timed(1.0), tasks=2, remaining=10)[0] == 0
+    count, why = stream_workers(workers="auto", count=2, task_seconds=timed(0.2e-3), tasks=2, remaining=10_000)
+    assert count == 0 and "less than streaming it costs" in why
+    count, why = stream_workers(workers="auto", count=2, task_seconds=timed(0.05), tasks=2, remaining=10)
+    assert count == 0 and "less than starting them costs" in why
+    assert stream_workers(workers="auto", count=2, task_seconds=timed(0.05), tasks=2, remaining=1000)[0] == 2
 
 
 def reference_weights(job_path: Path, staleness: int) -> np.ndarray:
