@@ -186,6 +186,7 @@ class Trainer:
         self.job, self.dataset, self.context, self.run_dir, self.stop = job, dataset, context, run, stop
         self.quiet = quiet
         self.lineage = lineage  # a run to replay (memtrain train --replay)
+        self.streamed = overlapping(job) or lineage is not None  # train/overlap.py runs it, not the rounds
         self.train_rows = dataset.split("train").rows
         self.val_rows = dataset.split("val").rows
         self.plan = Plan(self.train_rows, job.train.batch_size, job.train.tasks_per_update, job.train.seed,
@@ -224,7 +225,7 @@ class Trainer:
                                               heartbeat=lambda: self.heartbeat(position)))
         if self.job.run.cluster:
             self.placement = OnCluster(open_cluster(self.job, self._setup(), self.run_dir, self.log), self.log)
-        elif overlapping(self.job):
+        elif self.streamed:
             self.placement = self._overlap_placement(position)
         else:
             self.placement = Placement(workers=self.job.train.workers, tasks=self.job.train.tasks_per_update,
@@ -234,9 +235,11 @@ class Trainer:
                                    describe_task=self.describe_task, describe_activity=self.describe_activity,
                                    log=self.log, stop_requested=lambda: self.stop.requested,
                                    discard=self.discard_attempt)
-        self.overlap = Overlap(job=self.job, files=self.in_server.state.rounds(),
-                               stream=self.scheduler.stream(self.placement.transport), logbook=self.logbook,
-                               per_epoch=self.per_epoch, look=lambda: self.overlap_look(position))
+        self.overlap: Overlap | None = None
+        if self.streamed:
+            self.overlap = Overlap(job=self.job, files=self.in_server.state.rounds(),
+                                   stream=self.scheduler.stream(self.placement.transport), logbook=self.logbook,
+                                   per_epoch=self.per_epoch, look=lambda: self.overlap_look(position))
         try:
             with threadpool_limits(limits=self.job.train.blas_threads):  # the rounds it runs itself: same arithmetic
                 last = (self.replay(position) if self.lineage is not None else
@@ -246,7 +249,8 @@ class Trainer:
             raise self._interrupted(position, exc) from None
         finally:
             self.logbook.write()
-            self.overlap.close()
+            if self.overlap is not None:
+                self.overlap.close()
             self.placement.close()
             self.board.close()
             discard_building(self.run_dir.path, os.getpid())
@@ -263,7 +267,7 @@ class Trainer:
                                     task_seconds=lambda: self.time_task(position),
                                     tasks=train.async_group if train.mode == "async" else train.tasks_per_update,
                                     remaining=self.per_epoch * train.epochs - position.update_index(self.per_epoch))
-        mode = describe_mode(self.job)
+        mode = "replay" if self.lineage is not None else describe_mode(self.job)
         if count == 0:
             return Streamed(self.in_server, f"{mode}: gradients in the server ({why})", self.log)
         return Streamed(self._start_pool(count), f"{mode}: gradients on {count} worker processes, the steps in the "
@@ -521,7 +525,7 @@ class Trainer:
     def describe_task(self, message: Task) -> str:
         if isinstance(message, EvalTask):
             return f"evaluation task {message.task} ({self.describe_rows(message.lo, message.hi, 'val')})"
-        if isinstance(message, GradTask) and (overlapping(self.job) or self.lineage is not None):
+        if isinstance(message, GradTask) and self.streamed:
             return (f"gradient task ({self.describe_rows(message.lo, message.hi)}) at weight version "
                     f"{message.version}")
         if isinstance(message, GradTask):
