@@ -222,6 +222,15 @@ def test_replay_reproduces_an_async_run_bitwise_with_another_worker_count(async_
     assert [r["checksum"] for r in lineage(tmp_path / "replay")] == [r["checksum"] for r in lineage(async_run)]
 
 
+def test_replay_reproduces_a_synchronous_and_a_fixed_staleness_run(staleness_runs: dict[int, Path],
+                                                                    tmp_path: Path) -> None:
+    for key in (0, 2):
+        result = memtrain("train", "--replay", staleness_runs[key], "--run-dir", tmp_path / f"replay-{key}",
+                          "--workers", 1)
+        assert result.returncode == 0, result.stderr
+        assert digest(tmp_path / f"replay-{key}") == digest(staleness_runs[key])
+
+
 def test_replay_names_the_first_version_that_differs(async_run: Path, tmp_path: Path) -> None:
     source = tmp_path / "copy"
     subprocess.run(["cp", "-r", async_run, source], check=True)
