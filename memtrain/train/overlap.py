@@ -188,7 +188,7 @@ class Overlap:
     def submit(self, *, update: int, rows: TaskRange, version: int) -> None:
         spare = self.spares.pop() if self.spares else ""
         self.stream.submit(GradTask(task=rows.task, attempt=0, update=update, version=version, lo=rows.lo, hi=rows.hi,
-                                    spare=spare))
+                                    spare=spare, in_place=self.recycle))
 
     def gradient_path(self, task: GradTask) -> Path:
         return self.files.exchange / streamed_gradient_name(task.update, task.task, task.attempt)

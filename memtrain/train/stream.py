@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from memtrain.errors import MemtrainError
 from memtrain.faults import fault_point, read_audit_path
 from memtrain.files import append_jsonl, npy_header_bytes, open_npy, writing_npy_rows
 from memtrain.layout import spare_gradient_name, streamed_gradient_name, weights_path
@@ -58,7 +59,9 @@ def gradient(state: WorkerState, message: GradTask) -> Result:
     seeded = {"seed": (state.setup.rounds.seed, message.version, message.task)} if getattr(model, "seeded", False) \
         else {}
     fault_point("before_grad_write")
-    out = state.scratch(size)
+    path = state.exchange / streamed_gradient_name(message.update, message.task, message.attempt)
+    mapped = spare_map(state, message) if message.in_place else None
+    out = mapped if mapped is not None else state.scratch(size)
     audit = read_audit_path()
     before = array_checksum(weights) if audit else ""
     started = time.perf_counter()  # the compute alone, as in the round: the file is the stream's cost
@@ -68,14 +71,26 @@ def gradient(state: WorkerState, message: GradTask) -> Result:
     seconds = time.perf_counter() - started
     if audit:
         append_jsonl(Path(audit), {"version": message.version, "before": before, "after": array_checksum(weights)})
-    path = state.exchange / streamed_gradient_name(message.update, message.task, message.attempt)
-    if not (message.spare and rewrite(state.exchange / message.spare, path, out)):
+    if mapped is not None:
+        os.rename(state.exchange / message.spare, path)  # only this task's attempts are handed this spare
+    elif not (message.spare and rewrite(state.exchange / message.spare, path, out)):
         # pwrite from memory the process keeps: twice as fast as faulting in a new file's map
         with writing_npy_rows(path, (size,), np.float32, durable=False) as rows:
             rows.write(0, out)
     fault_point("after_grad_write")
     return Result(task=message.task, attempt=message.attempt, outcome=Outcome.DONE, loss=float(loss),
                   rows=message.hi - message.lo, seconds=seconds)
+
+
+def spare_map(state: WorkerState, message: GradTask) -> np.ndarray | None:
+    """A writable map of the spare ``message`` names, to compute its gradient into (no copy); None if it is gone
+    (an attempt of the task that died after renaming it). Maps are kept by inode (train/maps.py) and spares are
+    recycled, so the pages are mapped already. One machine only: across machines a map's writes are not what
+    another machine's open reads (close-to-open), so a cluster run's tasks never ask for it."""
+    try:
+        return state.maps.get(state.exchange / message.spare, (state.context.layout.size,), np.float32, "r+")
+    except (FileNotFoundError, MemtrainError):
+        return None
 
 
 def rewrite(spare: Path, path: Path, values: np.ndarray) -> bool:
