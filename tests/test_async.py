@@ -214,6 +214,17 @@ def test_async_applies_each_task_once_in_arrival_order_within_the_bound(async_ru
     assert order != sorted(order), "the straggler's gradients arrive (and are applied) out of plan order"
 
 
+def test_async_in_the_server_computes_one_gradient_ahead(tmp_path: Path, data: Path) -> None:
+    """train.workers = 0: the server computes the next task (at the newest version) before it applies the
+    gradient it just got, as a worker would -- one task ahead, not the whole epoch at one version."""
+    result = memtrain("train", write_job(tmp_path, data, ASYNC), "--workers", 0)
+    assert result.returncode == 0, result.stderr
+    assert_every_task_applied_once_per_epoch(tmp_path / "run", 3)
+    records = lineage(tmp_path / "run")[1:]
+    assert max(r["parent"] - at for r in records for at in r["at"]) == 1
+    assert sum(r.get("discarded", 0) for r in records) == 0
+
+
 def test_replay_reproduces_an_async_run_bitwise_with_another_worker_count(async_run: Path, tmp_path: Path) -> None:
     result = memtrain("train", "--replay", async_run, "--run-dir", tmp_path / "replay", "--workers", 1)
     assert result.returncode == 0, result.stderr

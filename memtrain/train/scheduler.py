@@ -271,8 +271,9 @@ class TaskStream:
         return len(self.current)
 
     def free(self) -> int:
-        """Workers that would sit idle: a task submitted now starts at once."""
-        return max(0, sum(slot.idle for slot in self.transport.slots) - len(self.pending))
+        """Workers that would sit idle: fewer tasks in flight than slots. (A result not taken yet counts as in
+        flight: the server's own slot computes a task the moment it is sent.)"""
+        return max(0, len(self.transport.slots) - len(self.current))
 
     def send(self) -> None:
         for slot in self.transport.slots:
