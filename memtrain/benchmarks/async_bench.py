@@ -82,7 +82,7 @@ def bench_size(size: int, args: argparse.Namespace, scratch: Path) -> list[dict[
         runs: dict[str, list[dict[str, Any]]] = {label: [] for label in modes(args.workers)}
         for repeat in range(args.repeats):  # alternating, so that a slow spell of the machine hits every mode
             for label, train in modes(args.workers).items():
-                marker = scratch / f"straggler-{len(rows)}-{repeat}-{label.replace(' ', '-')}"
+                marker = scratch / f"straggler-{shape.params}-{repeat}-{label.replace(' ', '-')}"  # one per run
                 env = {STRAGGLER_ENV: f"{straggler}:{marker}"} if straggler else {}
                 runs[label].append(run_once(problem, scratch, args.exchange, train, env))
         rows += summarize(runs, args.warmup, shape.params, straggler)
