@@ -105,6 +105,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]], warmup: int, params: int,
         rates = [steady_rate(r["stamps"], warmup) for r in results]
         staleness = [s for r in results for s in r["staleness"]]
         rows.append({"params": params, "straggler": straggler, "mode": label, "updates_per_s": median(rates),
+                     "straggled": [r["straggled"] for r in results],
                      "rates": rates, "samples_per_s": median(rates) * BATCH,
                      "staleness_mean": sum(staleness) / max(len(staleness), 1),
                      "staleness_max": max(staleness, default=0), "recomputed": sum(r["discarded"] for r in results),
@@ -169,6 +170,8 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     from memtrain.train.lineage import read_lineage
     from memtrain.train.server import train
 
+    marker = Path(os.environ.get(STRAGGLER_ENV, "").partition(":")[2] or os.devnull)
+    free = not marker.exists()  # the straggler's part is still to be taken
     problem = spec["problem"]
     problem = Problem(**(problem | {"optimizer": OptimizerConfig(**problem["optimizer"])}))
     run_dir = Path(spec["run_dir"])
@@ -182,7 +185,8 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     return {"stamps": [r["time"] for r in records], "staleness": [s for step in lineage.steps for s in step.staleness],
-            "discarded": sum(step.discarded for step in lineage.steps)}
+            "discarded": sum(step.discarded for step in lineage.steps),
+            "straggled": free and marker.exists()}  # a worker of this run took the straggler's part
 
 
 if __name__ == "__main__":
