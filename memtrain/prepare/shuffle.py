@@ -19,6 +19,7 @@ the optional test split is drawn the same way from the rows that are not validat
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import os
@@ -153,11 +154,12 @@ def forget_cached(*paths: Path) -> None:
     if not hasattr(os, "posix_fadvise"):
         return
     for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        with contextlib.suppress(OSError):  # a hint that cannot be given is no error
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
 
 
 def unshuffled_codes(folder: Path, counts: list[int]) -> np.ndarray:
