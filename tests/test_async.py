@@ -238,6 +238,16 @@ def test_replay_reproduces_a_synchronous_and_a_fixed_staleness_run(staleness_run
         assert digest(tmp_path / f"replay-{key}") == digest(staleness_runs[key])
 
 
+def test_replay_usage_errors_name_what_is_wrong(async_run: Path, tmp_path: Path) -> None:
+    cases = [(["--replay", tmp_path / "nothing"], "--replay needs the run directory of a memtrain train run"),
+             (["--replay", async_run, async_run.parent / "job.toml"], "--replay takes a run directory and nothing"),
+             (["--replay", async_run, "--set", "train.lr=1"], "--replay takes a run directory and nothing"),
+             (["--replay", async_run, "--run-dir", async_run], "the replay needs its own run directory")]
+    for args, message in cases:
+        result = memtrain("train", *args)
+        assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, args
+
+
 def test_replay_names_the_first_version_that_differs(async_run: Path, tmp_path: Path) -> None:
     source = tmp_path / "copy"
     subprocess.run(["cp", "-r", async_run, source], check=True)
