@@ -394,7 +394,6 @@ def test_inspect_shows_the_staleness_histogram_and_where_a_version_came_from(asy
     assert memtrain("inspect", async_run, "--lineage", 10_000).returncode == 2
 
 
-@pytest.mark.slow  # two 30-epoch runs on the shipped digits: ~25 s on a loaded 2-core machine
 def test_the_digits_mlp_converges_with_staleness_2_and_async_max_staleness_4(tmp_path: Path) -> None:
     """The README's first job (jobs/examples/digits-mlp.toml, lr 0.003) reaches >= 97% in both modes; async
     with 3 workers, one at a third of the others' speed, so gradients up to 4 versions stale are applied."""
