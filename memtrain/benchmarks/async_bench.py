@@ -26,7 +26,7 @@ from typing import Any
 from memtrain.benchmarks.memory import run_sampled
 from memtrain.benchmarks.problem import BATCH, Problem
 from memtrain.benchmarks.synthetic import CLASSES, FEATURES, mlp_shape, write_dataset
-from memtrain.benchmarks.train_bench import RUN_TIMEOUT, VAL_ROWS, machine, median, parse_sizes
+from memtrain.benchmarks.train_bench import RUN_TIMEOUT, VAL_ROWS, machine, machine_caption, median, parse_sizes
 from memtrain.errors import InputError
 from memtrain.faults import STRAGGLER_ENV
 from memtrain.train.optim import OptimizerConfig
@@ -144,9 +144,7 @@ def print_table(report: dict[str, Any]) -> None:
     table = Table(title=f"memtrain bench async: MLP {FEATURES}-H-{CLASSES}, SGD, batch {s['batch']}, {s['workers']} "
                         f"workers, {s['updates'] - s['warmup']} steady updates x {s['repeats']} runs; straggler: "
                         f"one worker at 1/{s['straggler']:g} speed")
-    m = report["machine"]
-    table.caption = (f"{m['cpus']} CPUs ({m['cpu']}), numpy {m['numpy']} with {m['blas']}, load average "
-                     f"{m['loadavg_before'][0]:.1f} before, {m['loadavg_after'][0]:.1f} after")
+    table.caption = machine_caption(report["machine"])
     for name in ("params", "straggler", "mode", "updates/s", "runs (updates/s)", "÷ sync", "staleness mean",
                  "staleness max", "recomputed"):
         table.add_column(name, justify="left" if name in ("mode", "straggler", "runs (updates/s)") else "right")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from memtrain.config import load_job, load_saved_job
 from memtrain.errors import InputError, MemtrainError, plural
-from memtrain.layout import RUN_JOB
+from memtrain.layout import RUN_JOB, RUN_LINEAGE
 from memtrain.train.lineage import read_lineage
 from memtrain.train.metrics import SHOWN
 from memtrain.train.server import TrainSummary, train
@@ -76,6 +76,10 @@ def _replay(args: argparse.Namespace) -> int:
                          expected="memtrain train --replay RUN_DIR [--run-dir OUT] [--workers N] [--overwrite]",
                          hint="a replay runs the recorded job exactly; the worker count does not change its results")
     source = args.replay.resolve()
+    if not (source / RUN_JOB).is_file():
+        raise InputError("--replay needs the run directory of a memtrain train run", path=source,
+                         expected=f"a directory holding {RUN_JOB} and {RUN_LINEAGE}",
+                         found="nothing there" if not source.exists() else f"no {RUN_JOB}")
     job = load_saved_job(source, workers=args.workers)
     lineage = read_lineage(source)
     if lineage.other or not lineage.steps:

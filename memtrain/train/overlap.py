@@ -7,12 +7,11 @@ vector (train/reduce.py: the same arithmetic as the round) into a file nobody re
 a link. Published versions are never written again, so no process can read weights that are being
 written; a version is retired only once no task in flight or still to come reads it.
 
-- **Fixed staleness** (``train.staleness = k``): batch b of an epoch computes its gradients at the version
-  the epoch had after max(0, b - k) of its updates (plan.gradient_base), added in task order. So at most
-  k + 1 updates are in flight, the workers compute while the server steps, and the schedule is the
-  plan's alone: bitwise identical with any worker count, after worker deaths and after a resume. The
-  schedule restarts at each epoch: the epoch's last version holds every gradient of the epoch, which is
-  what the evaluation and the checkpoint see.
+- **Fixed staleness** (``train.staleness = k``): update n of the run computes its gradients at the version
+  after max(0, n - k) updates (plan.gradient_base), added in task order. So at most k + 1 updates are in
+  flight, the workers compute while the server steps, and the schedule is the plan's alone: bitwise
+  identical with any worker count, after worker deaths and after a resume (a checkpoint carries the k
+  older versions the next updates read, ``position.bases``).
 - **Async** (``train.mode = "async"``): each free worker takes the epoch's next task at the newest version
   (before the server has applied the gradient it just returned); the server applies every
   ``async_group`` gradients in the order they arrive. A gradient more than ``max_staleness`` versions
@@ -75,16 +74,17 @@ class Overlap:
     # --- fixed staleness ---
 
     def staleness_epoch(self, position: Position) -> None:
-        """The rest of ``position``'s epoch: batch b at the version after max(0, b - k) of its updates."""
+        """The rest of ``position``'s epoch: update n of the run at the version after max(0, n - k) updates."""
         k = self.job.train.staleness
         updates = self.files.plan.updates(position.epoch)
-        bases = {batch: version for batch, version in position.bases}  # batches done -> the version then
-        bases[position.batch] = position.version
+        first = updates[0].update  # the epoch's first update, counted over the run
+        bases = {done: version for done, version in position.bases}  # updates done -> the version then
+        bases[first + position.batch] = position.version
         submitted = position.batch
         arrived: dict[tuple[int, int], Arrived] = {}
         while position.batch < len(updates):
-            while submitted < len(updates) and gradient_base(submitted, k) <= position.batch:
-                version = bases[gradient_base(submitted, k)]
+            while submitted < len(updates) and gradient_base(first + submitted, k) <= first + position.batch:
+                version = bases[gradient_base(first + submitted, k)]
                 for rows in updates[submitted].tasks:
                     self.submit(update=updates[submitted].update, rows=rows, version=version)
                 submitted += 1
@@ -93,13 +93,12 @@ class Overlap:
             while position.batch < submitted and all((updates[position.batch].update, t.task) in arrived
                                                      for t in updates[position.batch].tasks):
                 update = updates[position.batch]
-                following = gradient_base(position.batch + 1, k)  # the oldest base any later update reads
+                following = gradient_base(update.update + 1, k)  # the oldest base any later update reads
                 self.apply(position, update, [arrived.pop((update.update, t.task)) for t in update.tasks],
                            oldest=bases.get(following, position.version))
-                bases = {b: v for b, v in bases.items() if b >= following} | {position.batch: position.version}
-                position.bases = [[b, v] for b, v in sorted(bases.items())]
+                bases = {n: v for n, v in bases.items() if n >= following} | {update.update + 1: position.version}
+                position.bases = [[n, v] for n, v in sorted(bases.items())]
                 self.look()
-        position.bases = []
 
     # --- async ---
 

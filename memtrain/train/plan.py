@@ -113,32 +113,31 @@ def eval_tasks(val_rows: int, eval_rows: int) -> tuple[TaskRange, ...]:
 
 # --- the schedule of the asynchronous modes (docs/async.md) ---
 #
-# Fixed staleness k: batch b of an epoch computes its gradients at the weights as they stood after
-# max(0, b - k) of the epoch's updates, and is applied to the weights after b of them. This is a function
-# of b and k alone, so the run is bitwise identical with any worker count and after any fault; k = 0 is
-# synchronous training. The count restarts with each epoch, so an epoch's last version holds all its
-# gradients (what its evaluation and checkpoint see).
+# Fixed staleness k: the gradients of update n (counted over the whole run, from 0) are computed at the
+# weights as they stood after max(0, n - k) updates, and applied to the weights after n updates. This is
+# a function of n and k alone, so the run is bitwise identical with any worker count and after any
+# fault; k = 0 is synchronous training.
 
 
-def gradient_base(batch: int, staleness: int) -> int:
-    """After how many of its epoch's updates stood the weights batch ``batch``'s gradients are computed at.
+def gradient_base(update: int, staleness: int) -> int:
+    """After how many updates stood the weights update ``update``'s gradients are computed at.
 
-    >>> [gradient_base(b, 2) for b in range(5)]
+    >>> [gradient_base(n, 2) for n in range(5)]
     [0, 0, 0, 1, 2]
     """
-    return max(0, batch - staleness)
+    return max(0, update - staleness)
 
 
 def startable_updates(done: int, staleness: int, total: int) -> range:
-    """The batches whose gradients can be computed once ``done`` of the epoch's ``total`` are applied: the next
-    k + 1. Every later one needs weights that do not exist yet, so at most k + 1 updates are ever in flight.
+    """The updates whose gradients can be computed once ``done`` of ``total`` are applied: the next k + 1.
+    Every later one needs weights that do not exist yet, so at most k + 1 updates are ever in flight.
     """
     return range(done, min(total, done + staleness + 1))
 
 
 def live_bases(done: int, staleness: int) -> range:
     """The counts of applied updates whose weights the gradients in flight may need once ``done`` are applied:
-    at most k + 1, the versions a fixed-staleness run keeps alive (a checkpoint mid-epoch carries them)."""
+    at most k + 1, the versions a fixed-staleness run keeps alive (a checkpoint carries the k older ones)."""
     return range(max(0, done - staleness), done + 1)
 
 

@@ -443,7 +443,9 @@ class Trainer:
         self.logbook.write()
 
         def retire() -> None:  # so that the run holds keep_versions versions whenever it stops after this
-            retire_weights(self.run_dir.path, self.job.run.keep_versions, position.version)
+            oldest = min((version for _, version in position.bases), default=position.version)  # still read
+            retire_weights(self.run_dir.path, max(self.job.run.keep_versions, position.version - oldest + 1),
+                           position.version)
 
         record = {"kind": "epoch", "epoch": position.epoch + 1, "update": (position.epoch + 1) * self.per_epoch,
                   "version": position.version, "loss": position.epoch_loss / max(position.epoch_rows, 1),

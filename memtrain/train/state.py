@@ -48,9 +48,9 @@ class Position:
     epoch_rows: int = 0
     skipped: int = 0
     best: dict[str, Any] | None = None  # best epoch record so far (by validation loss)
-    # The overlapping modes (train/overlap.py), mid-epoch: fixed staleness's [batch, version] of the epoch's
-    # versions the next updates' gradients are computed at (a checkpoint carries their files); async mode's
-    # tasks of the epoch already applied (their numbers in the epoch's task stream).
+    # The overlapping modes (train/overlap.py): fixed staleness's [updates done, version] of the versions the
+    # next updates' gradients are computed at (a checkpoint carries their files); async mode's tasks of the
+    # epoch already applied, mid-epoch (their numbers in the epoch's task stream).
     bases: list[list[int]] = dataclasses.field(default_factory=list)
     applied: list[int] = dataclasses.field(default_factory=list)
 
@@ -123,7 +123,7 @@ def _restore_files(run: RunDir, job: Job, context: ModelContext, path: Path, pos
     size, version = context.layout.size, position.version
     weights = open_npy(path / CHECKPOINT_WEIGHTS, shape=(size,), dtype=np.float32)
     publish_array(weights_path(run.path, version), weights, durable=False)
-    for older in {v for _, v in position.bases if v != version}:  # fixed staleness, stopped mid-epoch
+    for older in {v for _, v in position.bases if v != version}:  # fixed staleness: the versions still read
         stored = open_npy(path / checkpoint_version_name(older), shape=(size,), dtype=np.float32)
         publish_array(weights_path(run.path, older), stored, durable=False)
     for slot in state_slots(job.train.optimizer):
