@@ -78,9 +78,9 @@ def time_updates(shape: Shape, rows: int, threads: int, updates: int, seed: int 
 
 
 def _child(shape: Shape, rows: int, updates: int, seed: int, start: Any, answers: Any) -> None:
-    from memtrain.train.worker import _keep_freed_memory
+    from memtrain.train.worker import keep_freed_memory
 
-    _keep_freed_memory()  # as in a memtrain worker: no page faults for each update's fresh gradient
+    keep_freed_memory()  # as in a memtrain worker: no page faults for each update's fresh gradient
     import torch
 
     torch.set_num_threads(1)
@@ -115,9 +115,9 @@ def at_once(shape: Shape, rows: int, updates: int, processes: int) -> tuple[Timi
 
 
 def settings(shape: Shape, rows: int, updates: int, processes: int) -> list[Setting]:
-    from memtrain.train.worker import _keep_freed_memory
+    from memtrain.train.worker import keep_freed_memory
 
-    _keep_freed_memory()
+    keep_freed_memory()
     return [
         Setting(label="1 process alone, 1 thread", rows_per_update=rows,
                 timings=(time_updates(shape, rows, 1, updates),)),
