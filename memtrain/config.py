@@ -104,6 +104,10 @@ class TrainConfig:
     task_timeout: float = 600.0  # seconds before a silent task's worker is killed and the task re-run
     max_attempts: int = 3  # a task that kills its worker this many times stops the run
     on_nonfinite: str = "stop"  # "stop" | "skip": what a NaN/Inf loss or gradient does to the update
+    mode: str = "sync"  # "sync": the plan fixes every gradient's version | "async": arrival order (async.md)
+    staleness: int = 0  # sync: gradients of update n are computed at the weights of k updates earlier
+    max_staleness: int | None = None  # async only (default 4): a staler gradient is recomputed, never applied
+    async_group: int | None = None  # async only (default 1): gradients applied together, in arrival order
     patience: int | None = None  # stop after this many epochs without a better val_loss; None: never stop early
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
 
@@ -288,8 +292,7 @@ def _train_config(values: dict[str, Any], where: Any) -> TrainConfig:
                         if OPTIMIZER_RENAMES.get(k, k) in OPTIMIZER_KEYS}
     optimizer = _build(OptimizerConfig, optimizer_values, "train", where)
     train = _build(TrainConfig, values, "train", where, optimizer=optimizer)
-    _check_train(train, where)
-    return train
+    return _check_train(train, where)
 
 
 def _check_exchange(exchange: str, where: Any) -> None:
@@ -304,10 +307,48 @@ def _check_exchange(exchange: str, where: Any) -> None:
                          found=found, hint="create the directory first, or use run.exchange = 'auto'")
 
 
-def _check_train(train: TrainConfig, where: Any) -> None:
+def _check_train(train: TrainConfig, where: Any) -> TrainConfig:
     if train.on_nonfinite not in ("stop", "skip"):
         raise InputError("bad value for train.on_nonfinite", path=where, expected="'stop' or 'skip'",
                          found=repr(train.on_nonfinite))
+    return _check_mode(train, where)
+
+
+# Upper bound of the staleness keys (and of async_group). Each unit of staleness keeps one more weight
+# version alive (on disk, and in every checkpoint of a fixed-staleness run), and past a few dozen updates a
+# gradient says little about the weights it is applied to; a group of more than 64 gradients is a larger
+# train.batch_size. A larger value is far more likely a typo than a plan.
+MAX_STALENESS = 64
+ASYNC_DEFAULTS = {"max_staleness": 4, "async_group": 1}
+
+
+def _check_mode(train: TrainConfig, where: Any) -> TrainConfig:
+    """Check the mode keys (async.md); returns ``train`` with the async defaults filled in."""
+    if train.mode not in ("sync", "async"):
+        raise InputError("bad value for train.mode", path=where, expected="'sync' or 'async'", found=repr(train.mode))
+    _check_range("staleness", train.staleness, 0, where)
+    if train.mode == "sync":
+        for key in ASYNC_DEFAULTS:
+            if getattr(train, key) is not None:
+                raise InputError(f"train.{key} applies only to train.mode = 'async'", path=where,
+                                 expected="train.mode = 'async'", found="train.mode = 'sync'",
+                                 hint=f"set train.mode = 'async', or remove train.{key} "
+                                      "(in sync mode, fixed staleness is train.staleness)")
+        return train
+    if train.staleness:
+        raise InputError("train.staleness applies only to train.mode = 'sync'", path=where,
+                         expected="train.staleness = 0", found=f"train.staleness = {train.staleness}",
+                         hint="in async mode the bound on staleness is train.max_staleness")
+    train = dataclasses.replace(train, **{k: v for k, v in ASYNC_DEFAULTS.items() if getattr(train, k) is None})
+    _check_range("max_staleness", train.max_staleness, 0, where)
+    _check_range("async_group", train.async_group, 1, where)
+    return train
+
+
+def _check_range(key: str, value: int, lowest: int, where: Any) -> None:
+    if not lowest <= value <= MAX_STALENESS:
+        raise InputError(f"train.{key} out of range", path=where,
+                         expected=f"an integer from {lowest} to {MAX_STALENESS}", found=value)
 
 
 def _check_run(run: RunConfig, where: Any) -> None:

@@ -9,6 +9,13 @@ at the start of every command (``check_spec``); tests/test_fault_points.py makes
 (the first process to create the marker fires; replacements and other workers then run clean).
 ``MEMTRAIN_FAULT_ACTION=record`` with ``MEMTRAIN_FAULT_LOG=/path`` appends the point's name to that file and
 goes on (a test that every point is reached).
+
+Two more test hooks, read by the workers' streamed gradient tasks (train/stream.py), for the overlapping
+modes: ``MEMTRAIN_STRAGGLER=factor:/path/marker`` makes the first worker process to create the marker take
+``factor`` times as long for each gradient (it sleeps the difference: a slower machine, without taking a
+core from the others), and ``MEMTRAIN_READ_AUDIT=/path/audit.jsonl`` makes every gradient task append the
+checksum of the weights it computed at, taken before and after computing, so a test can compare them
+with the lineage: a torn read (weights written while read) cannot pass it.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ ENV = "MEMTRAIN_FAULT"
 ACTION_ENV = "MEMTRAIN_FAULT_ACTION"
 ONCE_ENV = "MEMTRAIN_FAULT_ONCE"
 LOG_ENV = "MEMTRAIN_FAULT_LOG"
+STRAGGLER_ENV = "MEMTRAIN_STRAGGLER"
+READ_AUDIT_ENV = "MEMTRAIN_READ_AUDIT"
 
 # Every fault point: its name and where it fires.
 POINTS = {
@@ -106,3 +115,23 @@ def _claim_once() -> bool:
     except FileExistsError:
         return False
     return True
+
+
+def straggler_factor() -> float:
+    """How many times slower this worker's gradients are made (the straggler hook); 1.0 when unset.
+
+    The first process to create the hook's marker file is the straggler, for the rest of its life."""
+    spec = os.environ.get(STRAGGLER_ENV)
+    if not spec:
+        return 1.0
+    factor, _, marker = spec.partition(":")
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return 1.0
+    return float(factor)
+
+
+def read_audit_path() -> str | None:
+    """Where gradient tasks record the checksums of the weights they read (the read-audit hook), or None."""
+    return os.environ.get(READ_AUDIT_ENV) or None

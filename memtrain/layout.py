@@ -116,6 +116,12 @@ def existing_hint(path: Path) -> str | None:
     return f"{run} has {what} {', '.join(names)}"
 
 
+def checkpoint_version_name(version: int) -> str:
+    """An older weight version in a checkpoint of a fixed-staleness run stopped mid-epoch: the next updates'
+    gradients are computed at it."""
+    return f"weights-v{version:08d}.npy"
+
+
 def optimizer_state_name(slot: str) -> str:
     return f"opt-{slot}.npy"
 

@@ -99,6 +99,25 @@ def test_unknown_method_is_a_usage_error(tmp_path: Path) -> None:
     assert "unknown --methods" in result.stderr
 
 
+def test_bench_async_runs_every_mode_with_and_without_a_straggler(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "memtrain", "bench", "async", "--sizes", "1e3,2e3", "--updates",
+                             "6", "--warmup", "2", "--repeats", "1", "--dir", str(tmp_path), "--json"],
+                            capture_output=True, text=True, timeout=230, env=dict(os.environ))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    rows = report["results"]
+    assert [(r["straggler"], r["mode"]) for r in rows] == 2 * [(s, m) for s in (None, 3.0)
+                                                               for m in ("sync", "staleness 1", "async")]
+    for row in rows:
+        assert row["updates_per_s"] > 0 and row["vs_sync"] > 0
+        assert row["straggled"] == [row["straggler"] is not None], "every straggler run had its straggler"
+    assert {r["mode"]: r["staleness_max"] for r in rows[:3]}["sync"] == 0
+    assert 1 <= {r["mode"]: r["staleness_max"] for r in rows[:3]}["staleness 1"] <= 1
+    assert [c["check"] for c in report["checks"]] == 2 * ["async vs sync, with a straggler",
+                                                          "staleness 1 vs sync, no straggler"]
+    assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.slow
 def test_torch_contention_times_the_three_settings_and_the_gemm_backends() -> None:
     result = subprocess.run([sys.executable, "-m", "memtrain.benchmarks.torch_contention", "--sizes", "1e4",

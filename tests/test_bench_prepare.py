@@ -29,12 +29,18 @@ def test_table_names_each_baseline_and_the_machine(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert "2 alternating runs" in lines[0]
-    rows = {tuple(line.split()[:2]): line for line in lines[2:-2]}
+    stages_at = next(i for i, line in enumerate(lines) if line.startswith("median seconds by stage"))
+    rows = {tuple(line.split()[:2]): line for line in lines[2:stages_at]}
+    stages = {tuple(line.split()[:2]): line for line in lines[stages_at + 1:-2]}
     assert set(rows) == {("npy", "shuffle"), ("npy", "no-shuffle"), ("h5", "shuffle"), ("h5", "no-shuffle"),
                          ("csv", "shuffle")}
     assert "np.load + np.save + fsync" in rows["npy", "shuffle"]
     assert "h5py read + np.save + fsync" in rows["h5", "no-shuffle"]
     assert "pyarrow.csv.read_csv + np.save" in rows["csv", "shuffle"]
+    assert set(stages) == set(rows)  # where each side's time went, per row
+    for key in [("npy", "shuffle"), ("h5", "no-shuffle")]:
+        assert "baseline read " in stages[key] and ", fsync " in stages[key] and "memtrain scatter " in stages[key]
+        assert ", shards " in stages[key] and ", publish " in stages[key]
     assert lines[-2].startswith("machine: ") and " CPUs (" in lines[-2] and "GiB RAM" in lines[-2]
     assert "memtrain's CSV parser: pyarrow" in lines[-2] and "files on " in lines[-2]
     assert lines[-1].startswith("load average")
@@ -42,14 +48,19 @@ def test_table_names_each_baseline_and_the_machine(tmp_path: Path) -> None:
 
 
 def test_json_report_keeps_every_run(tmp_path: Path) -> None:
-    result = run_bench("--gb", "0.002", "--repeats", "2", "--sources", "npz", "--dir", str(tmp_path), "--json")
+    result = run_bench("--gb", "0.002", "--repeats", "2", "--sources", "npz", "--dir", str(tmp_path), "--json",
+                       "--settle", "0.1")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
+    assert report["settings"]["settle"] == 0.1
+    assert "each run after a sync and 0.1 s of quiet" in bench.format_table(report).splitlines()[0]
     assert [(r["source"], r["options"]) for r in report["results"]] == [("npz", "shuffle"), ("npz", "no-shuffle")]
     for row in report["results"]:
         assert row["baseline"] == "np.load(.npz) + np.save + fsync"
         assert len(row["baseline_mbps"]) == len(row["memtrain_mbps"]) == len(row["ratios"]) == 2
         assert all(v > 0 for v in row["baseline_mbps"] + row["memtrain_mbps"] + row["memtrain_peak_mib"])
+        assert [sorted(stages) for stages in row["baseline_stages"]] == [["fsync", "read", "write"]] * 2
+        assert [sorted(stages) for stages in row["memtrain_stages"]] == [["publish", "scatter", "shards"]] * 2
     assert report["machine"]["cpus"] >= 1 and report["machine"]["memory_gib"] > 0
 
 
@@ -75,3 +86,9 @@ def test_dir_must_be_an_existing_directory(tmp_path: Path, make: str) -> None:
 def test_unknown_source_is_a_usage_error() -> None:
     result = run_bench("--sources", "npy,xlsx")
     assert result.returncode == 2 and "unknown --sources" in result.stderr and "xlsx" in result.stderr
+
+
+def test_negative_settle_is_a_usage_error() -> None:
+    result = run_bench("--settle", "-1")
+    assert result.returncode == 2 and "--settle must be zero or more seconds" in result.stderr
+    assert "Traceback" not in result.stderr

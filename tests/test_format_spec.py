@@ -28,6 +28,7 @@ MADE = {
     "weights_path": lambda: [layout.weights_path(Path(), 390).as_posix()],
     "checkpoint_path": lambda: [layout.checkpoint_path(Path(), 390).as_posix()],
     "optimizer_state_name": lambda: [layout.optimizer_state_name("m"), layout.optimizer_state_name("v")],
+    "checkpoint_version_name": lambda: [layout.checkpoint_version_name(388)],
     "exchange_dir_name": lambda: [layout.exchange_dir_name("ab12cd34", 4242)],
     "gradient_name": lambda: [layout.gradient_name(390, 1, 0)],
     "metrics_name": lambda: [layout.metrics_name(390, 1, 0)],
@@ -191,5 +192,6 @@ def test_the_spec_lists_the_files_of_a_run(written: Path) -> None:
 def test_format_names_are_the_ones_files_carry(written: Path) -> None:
     carried = {json.loads(path.read_text()).get("format")
                for name in ("manifest.json", "meta.json", "status.json", "job.json") for path in written.rglob(name)}
+    carried |= {json.loads(path.read_text().splitlines()[0]).get("format") for path in written.rglob("lineage.jsonl")}
     named = set(re.findall(r'"(memtrain\.[\w-]+)"', SPEC)) | set(re.findall(r"\(`(memtrain\.[\w-]+)`,", SPEC))
     assert named == carried

@@ -206,7 +206,8 @@ def test_regression_targets_match_numpy(capsys: pytest.CaptureFixture[str], tmp_
 def test_run_view_lists_checkpoints_and_versions(capsys: pytest.CaptureFixture[str], run: Path) -> None:
     view = inspect_json(capsys, run)
     assert set(view) == {"schema", "kind", "path", "job", "history", "record_problems", "params", "progress",
-                         "entries", "newest_complete"}
+                         "schedule", "entries", "newest_complete"}
+    assert view["schedule"]["mode"] == "sync" and view["schedule"]["max"] == 0  # every gradient at its parent
     assert view["job"]["model"]["kind"] == "mlp"
     assert view["params"]["count"] == layout_of(run).size
     checkpoints = [e for e in view["entries"] if e["type"] == "checkpoint"]

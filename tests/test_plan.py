@@ -5,7 +5,18 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memtrain.train.plan import epoch_updates, eval_tasks, split_range, updates_per_epoch
+from memtrain.train.plan import (
+    async_updates_per_epoch,
+    epoch_updates,
+    eval_tasks,
+    gradient_base,
+    live_bases,
+    run_updates_per_epoch,
+    split_range,
+    startable_updates,
+    task_stream,
+    updates_per_epoch,
+)
 
 
 @given(st.integers(0, 10_000), st.integers(0, 10_000), st.integers(1, 64))
@@ -52,3 +63,35 @@ def test_eval_tasks_cover_the_validation_split(rows: int, per_task: int) -> None
     tasks = eval_tasks(rows, per_task)
     assert sum(t.rows for t in tasks) == rows
     assert all(t.rows <= per_task for t in tasks)
+
+
+@given(staleness=st.integers(0, 64), total=st.integers(1, 300), done=st.integers(0, 300))
+def test_fixed_staleness_keeps_k_plus_1_updates_and_versions_in_flight(staleness: int, total: int, done: int) -> None:
+    done = min(done, total)
+    bases = [gradient_base(n, staleness) for n in range(total)]
+    assert all(n - staleness <= base <= n for n, base in enumerate(bases)), "k updates behind, never ahead"
+    assert bases == sorted(bases), "a later update never uses older weights"
+    assert staleness or bases == list(range(total)), "staleness 0 is synchronous training"
+    startable = startable_updates(done, staleness, total)
+    assert len(startable) <= staleness + 1
+    assert all(bases[n] <= done for n in startable), "every startable update has its weights"
+    assert all(bases[n] > done for n in range(startable.stop, total)), "the next one is not startable yet"
+    live = live_bases(done, staleness)
+    assert len(live) <= staleness + 1 and live.stop - 1 == done
+    assert {bases[n] for n in startable} <= set(live), "in-flight gradients need only the live versions"
+    assert all(bases[n] >= live.start for n in range(done, total)), \
+        "a checkpoint after `done` updates that carries the live versions has every version the rest needs"
+
+
+@given(rows=st.integers(1, 3_000), batch=st.one_of(st.none(), st.integers(1, 500)), tasks=st.integers(1, 9),
+       group=st.integers(1, 9), seed=st.integers(0, 2**32 - 1), epoch=st.integers(0, 20))
+def test_the_async_task_stream_is_the_epochs_tasks_in_plan_order(rows: int, batch: int | None, tasks: int,
+                                                                 group: int, seed: int, epoch: int) -> None:
+    updates = epoch_updates(rows, batch, tasks, seed, epoch)
+    stream = task_stream(updates)
+    assert [t.task for t in stream] == list(range(len(stream)))
+    assert [(t.lo, t.hi) for t in stream] == [(t.lo, t.hi) for u in updates for t in u.tasks]
+    per_epoch = run_updates_per_epoch(rows, batch, tasks, group)
+    assert per_epoch == async_updates_per_epoch(len(stream), group)
+    assert (per_epoch - 1) * group < len(stream) <= per_epoch * group, "every group full but the last"
+    assert run_updates_per_epoch(rows, batch, tasks, None) == updates_per_epoch(rows, batch)

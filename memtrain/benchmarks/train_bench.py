@@ -252,6 +252,12 @@ def machine() -> dict[str, Any]:
             "torch": torch_version()}
 
 
+def machine_caption(m: dict[str, Any]) -> str:
+    """The line under a table that names the machine and its load (``machine()`` plus the load averages)."""
+    return (f"{m['cpus']} CPUs ({m['cpu']}), numpy {m['numpy']} with {m['blas']}, Python {m['python']}; "
+            f"load average {m['loadavg_before'][0]:.1f} before, {m['loadavg_after'][0]:.1f} after")
+
+
 def torch_version() -> str | None:
     try:
         from importlib.metadata import version
@@ -299,8 +305,7 @@ def print_table(report: dict[str, Any]) -> None:
                         f"{s['workers']} tasks per update (peers: {s['workers']} workers); medians of "
                         f"{s['updates'] - s['warmup']} steady updates x {s['repeats']} runs per method")
     m = report["machine"]
-    table.caption = (f"{m['cpus']} CPUs ({m['cpu']}), numpy {m['numpy']} with {m['blas']}, Python {m['python']}; "
-                     f"load average {m['loadavg_before'][0]:.1f} before, {m['loadavg_after'][0]:.1f} after")
+    table.caption = machine_caption(m)
     if any(family(row["method"]) == "torch" for row in report["results"]):
         table.caption += (f"; torch {m.get('torch')}. Torch rows: the same MLP as a torch.nn.Module, ratio = "
                           "memtrain (torch module) ÷ method; DDP compute from a no_sync calibration")

@@ -12,6 +12,7 @@ Examples:
   memtrain inspect runs/digits-mlp --plot loss.png   # loss and accuracy curves
   memtrain inspect runs/digits-mlp --export params.npz      # newest complete checkpoint as named arrays
   memtrain inspect runs/digits-cnn --export model.safetensors   # state_dict keys, for load_state_dict
+  memtrain inspect runs/digits-mlp --lineage 12      # version 12: the versions its gradients came from
   memtrain inspect runs/digits-mlp --json            # any view as JSON, for scripts
 """
 
@@ -27,6 +28,7 @@ from memtrain.inspection.dataset_view import dataset_view
 from memtrain.inspection.detect import Target, detect
 from memtrain.inspection.diff import diff_view
 from memtrain.inspection.export import export
+from memtrain.inspection.lineage_view import lineage_view
 from memtrain.inspection.output import print_json
 from memtrain.inspection.plot import plot_run
 from memtrain.inspection.render import render
@@ -53,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions.add_argument("--export", type=Path, metavar="OUT.npz|OUT.h5|OUT.safetensors",
                          help="a checkpoint's (or run's newest complete checkpoint's) parameters as named arrays, "
                               "with the feature normalization")
+    actions.add_argument("--lineage", type=int, metavar="VERSION",
+                         help="where a weight version of a run came from: its gradients in the order they were "
+                              "added, the version each was computed at, and the later versions that used it")
     parser.add_argument("--overwrite", action="store_true", help="with --export: replace an existing OUT")
     parser.add_argument("--json", action="store_true", help="print the view as JSON on stdout (NaN/Inf as null)")
     parser.add_argument("--chunk", type=int, default=CHUNK, metavar="N",
@@ -67,6 +72,11 @@ def run(args: argparse.Namespace) -> int:
     if args.overwrite and args.export is None:
         raise InputError("--overwrite only makes sense with --export")
     target = detect(args.path)
+    if args.lineage is not None:
+        if target.run is None:
+            raise InputError("--lineage needs a run directory (or a file inside one)", path=target.path)
+        emit(lineage_view(target.run, args.lineage), args.json)
+        return 0
     if args.diff is not None or args.export is not None or args.plot is not None:
         return run_action(target, args)
     checks = verify(target, dataset=args.with_dataset) if args.verify else None

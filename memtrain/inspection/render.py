@@ -70,7 +70,7 @@ def lines(console: Console, pairs: Iterable[tuple[str, Any]]) -> None:
 def render(view: dict[str, Any], console: Console | None = None) -> None:
     console = console or make_console()
     renderers: dict[str, Callable[[dict[str, Any], Console], None]] = {
-        "dataset": render_dataset, "run": render_run, "diff": render_diff,
+        "dataset": render_dataset, "run": render_run, "diff": render_diff, "lineage": render_lineage,
         "export": render_written, "plot": render_written}
     renderers.get(view["kind"], render_tensors)(view, console)
     if "verify" in view:
@@ -140,6 +140,8 @@ def render_run(view: dict[str, Any], console: Console) -> None:
             record = progress[key]
             lines(console, [(label, f"{record.get('epoch')}: " + "  ".join(
                 f"{k} {num(record.get(k))}" for k in _metric_keys(record)))])
+    if view.get("schedule"):
+        render_schedule(view["schedule"], console)
     rows = [("*" if e["newest_complete"] else "", e["type"], e["name"], e["version"], e["update"], e["epoch"],
              e["train_loss"], e["val_loss"], e["val_accuracy"], e["written"] or "-", size(e["bytes"]),
              verified(e["verified"]) if e["complete"] else f"INCOMPLETE: {e['problem']}") for e in view["entries"]]
@@ -151,6 +153,40 @@ def render_run(view: dict[str, Any], console: Console) -> None:
                        "train loss: the epoch mean for a version that ends an epoch, else its update's batch loss."))
     if not any(e["verified"] is not None for e in view["entries"]):
         console.print(Text("checksums not checked; --verify re-hashes every file"))
+
+
+def render_schedule(schedule: dict[str, Any], console: Console) -> None:
+    """The staleness histogram of a run's applied gradients (docs/async.md)."""
+    if schedule["problem"]:
+        lines(console, [("schedule", f"lineage unreadable: {schedule['problem']}")])
+        return
+    mode = {"sync": f"sync, staleness {schedule['staleness']}",
+            "async": f"async, max_staleness {schedule['max_staleness']}, async_group {schedule['async_group']}"}
+    widest = max(row["gradients"] for row in schedule["histogram"])
+    rows = [(row["staleness"], row["gradients"], f"{row['share']:.1%}",
+             "#" * max(1, round(30 * row["gradients"] / widest))) for row in schedule["histogram"]]
+    console.print(table(f"gradient staleness ({mode.get(schedule['mode'], schedule['mode'])}): mean "
+                        f"{schedule['mean']:.2f}, max {schedule['max']}, {schedule['discarded']:,} stale gradients "
+                        "recomputed", ("staleness", "gradients", "share", ""), rows,
+                        right=("staleness", "gradients", "share")))
+    console.print(Text("staleness: how many versions older than the one it was applied to were the weights a "
+                       "gradient was computed at. --lineage VERSION shows one version's sources."))
+
+
+def render_lineage(view: dict[str, Any], console: Console) -> None:
+    lines(console, [("run", view["path"]),
+                    ("version", f"{view['version']} ({'on disk' if view['on_disk'] else 'retired: not on disk'})"),
+                    ("origin", view["origin"] if view["parent"] is None else
+                     f"update {view['update']} (epoch {view['epoch']}) applied to version {view['parent']}, "
+                     f"lr {num(view['lr'])}"),
+                    ("gradients from versions", ", ".join(map(str, view["sources"])) or None),
+                    ("recorded checksum", view["checksum"]),
+                    ("used by", ", ".join(map(str, view["used_by"])) or "no later version")])
+    if view["gradients"]:
+        rows = [(g["order"], f"{g['rows'][0]}-{g['rows'][1]}", g["at"], g["staleness"]) for g in view["gradients"]]
+        console.print(table("gradients, in the order they were added", ("#", "train rows", "computed at version",
+                                                                           "staleness"), rows,
+                            right=("#", "computed at version", "staleness")))
 
 
 def _parameters(params: dict[str, Any] | None) -> str | None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from memtrain.errors import MemtrainError
 from memtrain.files import read_jsonl, read_sealed_jsonl
+from memtrain.inspection.lineage_view import schedule_summary
 from memtrain.inspection.tensor_view import SCHEMA, metrics_by_version
 from memtrain.inspection.tensors import complete_problem
 from memtrain.layout import (
@@ -50,7 +51,8 @@ def run_view(run: Path) -> dict[str, Any]:
     return {"schema": SCHEMA, "kind": "run", "path": str(run), "job": job, "history": history,
             "record_problems": problems,
             "params": {"count": params.get("size"), "tensors": len(params.get("params", []))} if params else None,
-            "progress": progress(job, metrics, lineage), "entries": rows, "newest_complete": newest}
+            "progress": progress(job, metrics, lineage), "schedule": schedule_summary(run, job), "entries": rows,
+            "newest_complete": newest}
 
 
 def records(run: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[str]]:

@@ -16,6 +16,10 @@ and every run starts with no dirty pages to write back (``os.sync()`` before the
 first run after the source was written paid for writing the source back (measured: a 304 MB npy copy at
 157 MB/s right after writing, 1145 MB/s after a sync), a cost that fell on whichever side ran first and
 on some sources more than others (the h5 source's npy scratch files are deleted before they reach the disk).
+With ``settle`` (``--settle``), each run also waits that many seconds after the sync: on a guest that hands
+its free memory back to the host, memory freed by the previous run is cheap to touch only for a moment, so
+without a wait each run's speed depends on what ran just before it (see docs/prepare-performance.md).
+Each run's seconds by stage are kept (baseline: read, write, fsync; memtrain: scatter, shards, publish).
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ def parse_sources(text: str) -> list[str]:
 
 
 def bench_prepare(gb: float, folder: Path | None = None, *, sources: list[str] | None = None,
-                  repeats: int = 3) -> dict[str, Any]:
+                  repeats: int = 3, settle: float = 0.0) -> dict[str, Any]:
     """The report: machine, settings and one row per (source, options) with every run's figures."""
     if repeats < 1:
         raise InputError("--repeats must be at least 1", found=repeats)
@@ -66,11 +70,12 @@ def bench_prepare(gb: float, folder: Path | None = None, *, sources: list[str] |
             files = write_source(source, root, gb)
             size = sum(f.stat().st_size for f in files)
             for shuffle in (True, False) if source != "csv" else (True,):
-                rows.append(_compare(source, files, size, shuffle, root, repeats))
+                rows.append(_compare(source, files, size, shuffle, root, repeats, settle))
             for path in files:
                 path.unlink()
     machine["loadavg"] = [round(v, 2) for v in (*load_before, *os.getloadavg())]
-    return {"machine": machine, "settings": {"gb": gb, "repeats": repeats, "features": FEATURES}, "results": rows}
+    return {"machine": machine, "settings": {"gb": gb, "repeats": repeats, "features": FEATURES, "settle": settle},
+            "results": rows}
 
 
 def write_source(source: str, root: Path, gb: float) -> list[Path]:
@@ -102,12 +107,13 @@ def write_source(source: str, root: Path, gb: float) -> list[Path]:
     return out
 
 
-def _compare(source: str, files: list[Path], size: int, shuffle: bool, root: Path, repeats: int) -> dict[str, Any]:
+def _compare(source: str, files: list[Path], size: int, shuffle: bool, root: Path, repeats: int,
+             settle: float) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "memtrain": []}
     for _ in range(repeats):
         for what in ("baseline", "memtrain"):
             spec = {"what": what, "source": source, "files": [str(f) for f in files], "shuffle": shuffle,
-                    "out": str(root / "out")}
+                    "out": str(root / "out"), "settle": settle}
             runs[what].append(run_once(spec))
             shutil.rmtree(root / "out", ignore_errors=True)
     base = [size / 1e6 / r["seconds"] for r in runs["baseline"]]
@@ -115,6 +121,8 @@ def _compare(source: str, files: list[Path], size: int, shuffle: bool, root: Pat
     return {"source": source, "options": "shuffle" if shuffle else "no-shuffle", "size_mb": size / 1e6,
             "baseline": runs["baseline"][0]["name"], "parser": runs["memtrain"][0].get("parser"),
             "baseline_mbps": base, "memtrain_mbps": ours, "ratios": [o / b for o, b in zip(ours, base, strict=True)],
+            "baseline_stages": [r["stages"] for r in runs["baseline"]],
+            "memtrain_stages": [r["stages"] for r in runs["memtrain"]],
             "baseline_peak_mib": [r["peak_anon_mib"] for r in runs["baseline"]],
             "memtrain_peak_mib": [r["peak_anon_mib"] for r in runs["memtrain"]]}
 
@@ -137,10 +145,11 @@ def _measure(spec: dict[str, Any]) -> dict[str, Any]:
     else:
         action, name, parser = _memtrain(spec["source"], files, out, spec["shuffle"])
     os.sync()  # no earlier write (the source, the last run) is written back on this run's clock
+    time.sleep(spec.get("settle", 0.0))  # --settle: free memory in the same state for every run
     started = time.perf_counter()
-    action()
+    stages = action()
     seconds = time.perf_counter() - started
-    return {"name": name, "seconds": seconds, "parser": parser, "anon_mib": _anon_mib()}
+    return {"name": name, "seconds": seconds, "parser": parser, "anon_mib": _anon_mib(), "stages": stages}
 
 
 def _baseline(source: str, files: list[Path], out: Path) -> tuple[Any, str]:
@@ -164,17 +173,22 @@ def _memtrain(source: str, files: list[Path], out: Path, shuffle: bool) -> tuple
     y = str(files[1]) if source == "npy" else None
     options = PrepareOptions(files[0], out, y=y, shuffle=shuffle)
     parser = getattr(open_source(options), "parser", None)  # imports the parser too, before the clock
-    return (lambda: prepare(options, say=lambda _: None, force_plain=True)), "memtrain prepare", parser
+    return (lambda: prepare(options, say=lambda _: None, force_plain=True).stage_seconds), "memtrain prepare", parser
 
 
-def _save_durably(path: Path, array: np.ndarray) -> None:
+def _save_durably(path: Path, array: np.ndarray, stages: dict[str, float]) -> None:
+    started = time.perf_counter()
     with open(path, "wb") as handle:
         np.save(handle, array)
         handle.flush()
+        saved = time.perf_counter()
         os.fsync(handle.fileno())
+    stages["write"] = stages.get("write", 0.0) + saved - started
+    stages["fsync"] = stages.get("fsync", 0.0) + time.perf_counter() - saved
 
 
-def _durable_copy(source: str, files: list[Path], out: Path) -> None:
+def _durable_copy(source: str, files: list[Path], out: Path) -> dict[str, float]:
+    """The copy; its wall seconds by stage: read (into a new array), write (np.save), fsync."""
     out.mkdir()
     if source == "npy":
         arrays = {"x": lambda: np.load(files[0]), "y": lambda: np.load(files[1])}
@@ -186,8 +200,14 @@ def _durable_copy(source: str, files: list[Path], out: Path) -> None:
 
         handle = h5py.File(files[0], "r")
         arrays = {"x": lambda: handle["x"][()], "y": lambda: handle["y"][()]}
+    stages: dict[str, float] = {}
     for name, load in arrays.items():
-        _save_durably(out / f"{name}.npy", load())
+        started = time.perf_counter()
+        array = load()
+        stages["read"] = stages.get("read", 0.0) + time.perf_counter() - started
+        _save_durably(out / f"{name}.npy", array, stages)
+        del array
+    return stages
 
 
 def _pyarrow_baseline(pacsv: Any, path: Path, out: Path) -> None:
@@ -248,11 +268,19 @@ def _spread(values: list[float], digits: int = 0) -> str:
     return text if len(values) == 1 else f"{text} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
 
+def _stages(runs: list[dict[str, float] | None] | None) -> str:
+    """``read 0.12, write 0.90, fsync 0.20``: the median of each stage over the runs that timed it."""
+    timed = [run for run in runs or [] if run]
+    names = list(dict.fromkeys(name for run in timed for name in run))
+    return ", ".join(f"{name} {median(run[name] for run in timed if name in run):.2f}" for name in names) or "-"
+
+
 def format_table(report: dict[str, Any]) -> str:
     """The report as printed by ``memtrain bench prepare``: a title, one line per row, the machine."""
     s, m = report["settings"], report["machine"]
+    settle = f"; each run after a sync and {s['settle']:g} s of quiet" if s.get("settle") else ""
     lines = [f"memtrain bench prepare: {s['gb']:g} GB sources, {s['features']} float features + a label; "
-             f"median (min-max) of {s['repeats']} alternating runs",
+             f"median (min-max) of {s['repeats']} alternating runs{settle}",
              f"{'source':<7}{'options':<12}{'size MB':>8}  {'baseline':<32}{'baseline MB/s':>16}"
              f"{'memtrain MB/s':>16}{'ratio':>18}{'peak MiB base / memtrain':>27}"]
     for row in report["results"]:
@@ -260,6 +288,10 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(f"{row['source']:<7}{row['options']:<12}{row['size_mb']:>8.0f}  {row['baseline']:<32}"
                      f"{_spread(row['baseline_mbps']):>16}{_spread(row['memtrain_mbps']):>16}"
                      f"{_spread(row['ratios'], 2):>18}{peaks:>27}")
+    lines.append("median seconds by stage (baseline: read into a new array, np.save, fsync; memtrain: scatter "
+                 "= pass 1, shards = pass 2, publish):")
+    lines += [f"  {row['source']:<5}{row['options']:<12}baseline {_stages(row.get('baseline_stages'))}; "
+              f"memtrain {_stages(row.get('memtrain_stages'))}" for row in report["results"]]
     parsers = sorted({row["parser"] for row in report["results"] if row.get("parser")})
     load = m["loadavg"]
     lines.append(f"machine: {m['cpus']} CPUs ({m['cpu']}), {m['memory_gib']:g} GiB RAM, files on {m['filesystem']}; "

@@ -1,5 +1,8 @@
 """An HDF5 file + two dataset paths -> chunks of rows, read slice by slice (chunked/compressed included).
 
+A dataset stored plainly (no filters; contiguous, or chunks of whole rows) is not read through HDF5:
+its rows are views of the mapped file, as for a .npy source (``hdf5_layout``).
+
 The file is opened inside the process that reads it, once to check and once per pass, never inherited
 across a fork (see RELIABILITY.md 2.3).
 """
@@ -14,6 +17,7 @@ import h5py
 import numpy as np
 
 from memtrain.errors import InputError
+from memtrain.prepare.hdf5_layout import map_rows
 from memtrain.prepare.sources import Chunk, _check_lengths, _check_numeric, _labels_1d
 
 LOCK_HINT = ("another process has the file open for writing; wait for it, or if it crashed clear the flag "
@@ -71,13 +75,15 @@ class Hdf5Source:
 
     def chunks(self, rows: int) -> Iterator[Chunk]:
         with self._open() as handle:
-            x = handle[self.x_name]
-            y = handle[self.y_name].asstr() if self._text and handle[self.y_name].dtype.kind != "U" \
-                else handle[self.y_name]
+            x_set, y_set = handle[self.x_name], handle[self.y_name]
+            x = map_rows(self.path, handle, x_set) if self.rows else None
+            y = map_rows(self.path, handle, y_set) if self.rows and not self._text else None
+            y_read = y_set.asstr() if self._text and y_set.dtype.kind != "U" else y_set
             for lo in range(0, self.rows, rows):
                 hi = min(self.rows, lo + rows)
                 try:
-                    xs, ys = x[lo:hi], np.asarray(y[lo:hi])
+                    xs = x.rows(lo, hi) if x is not None else x_set[lo:hi]
+                    ys = y.rows(lo, hi) if y is not None else np.asarray(y_read[lo:hi])
                 except (OSError, ValueError) as exc:
                     raise InputError(f"cannot read rows {lo}..{hi - 1} ({exc})", path=self.path,
                                      where=f"row {lo}", hint="the file may be truncated or damaged") from exc

@@ -72,6 +72,9 @@ class PrepareSummary:
     dropped: int
     resumed_shards: int
     notes: list[str] = field(default_factory=list)
+    # wall seconds of each stage: "scatter" (pass 1; absent when resumed from a spool), "shards" (pass 2),
+    # "publish" (manifest, rename, removal of the work area)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
 
 
 def prepare(options: PrepareOptions, *, say: Say = print, force_plain: bool = False,
@@ -125,6 +128,8 @@ def _identity(source: Source) -> dict[str, Any]:
 
 def _run(source: Source, options: PrepareOptions, work: WorkArea, say: Say, display: Display) -> PrepareSummary:
     x_row_bytes = int(np.prod(source.feature_shape)) * options.np_dtype.itemsize
+    clock = time.monotonic()
+    stages: dict[str, float] = {}
     spool = work.load_spool()
     if spool is not None and spool_intact(work.spool, spool["counts"],
                                           x_row_bytes if spool.get("x_spooled", True) else 0):
@@ -136,21 +141,24 @@ def _run(source: Source, options: PrepareOptions, work: WorkArea, say: Say, disp
         work.reset()
         spool = _scatter(source, options, work, display)
         finished = {}
+        stages["scatter"], clock = time.monotonic() - clock, time.monotonic()
     labels = Labels(spool["task"], spool["classes"], spool["note"],
                     None if spool["table"] is None else np.asarray(spool["table"]))
     if spool["rows"] == 0:
         raise _no_rows(source, spool["dropped"])
     splits, stats = _write_shards(source, options, work, spool, labels, finished, display)
+    stages["shards"], clock = time.monotonic() - clock, time.monotonic()
     manifest = _manifest(source, options, spool, labels, splits, stats)
     write_manifest(work.dataset, manifest, durable=True)
     fault_point("prepare_before_publish")
     work.publish(options.overwrite)
     work.discard()
+    stages["publish"] = time.monotonic() - clock
     shards = sum(len(s["shards"]) for s in splits.values())
     size = sum(e["x_bytes"] + e["y_bytes"] for s in splits.values() for e in s["shards"])
     return PrepareSummary(options.out, spool["rows"], {k: v["rows"] for k, v in splits.items()}, shards,
                           labels.task, labels.classes, size, 0.0, spool["dropped"],
-                          sum(len(v) for v in finished.values()), [labels.note])
+                          sum(len(v) for v in finished.values()), [labels.note], stages)
 
 
 def _no_rows(source: Source, dropped: int) -> InputError:

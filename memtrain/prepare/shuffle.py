@@ -19,6 +19,7 @@ the optional test split is drawn the same way from the rows that are not validat
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import os
@@ -142,6 +143,23 @@ def gather(folder: Path, counts: list[int], x_shape: tuple[int, ...], x_dtype: n
                 yield np.asarray(x[lo:hi]), np.asarray(y[lo:hi])
             else:
                 yield x[order[lo:hi]], y[order[lo:hi]]
+        del x, y  # unmapped, unless a piece still refers to it (its pages then stay)
+        forget_cached(folder / x_name, folder / y_name)
+
+
+def forget_cached(*paths: Path) -> None:
+    """Drop the pages of spool files read for the last time from the page cache (they are clean: fsynced by
+    ``Spool.finish``), so that the shards written next take that memory back instead of new pages: new memory
+    can cost more than the copy itself (docs/prepare-performance.md). Only a hint; a rerun reads them again."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    for path in paths:
+        with contextlib.suppress(OSError):  # a hint that cannot be given is no error
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
 
 
 def unshuffled_codes(folder: Path, counts: list[int]) -> np.ndarray:

@@ -53,15 +53,18 @@ POSITION_KEYS = ("epoch", "batch", "version", "epoch_loss", "epoch_rows", "skipp
 
 
 def write_checkpoint(run_dir: Path, update: int, meta: dict[str, Any], weights: Path,
-                     state: dict[str, Path], keep: int, protect: int | None = None) -> Path:
+                     state: dict[str, Path], keep: int, protect: int | None = None,
+                     older: dict[str, Path] | None = None) -> Path:
     """Copy weights and optimizer state into a new checkpoint and commit it; prune to the newest ``keep``
-    (and the checkpoint of update ``protect``, the best epoch's with ``run.keep_best``)."""
+    (and the checkpoint of update ``protect``, the best epoch's with ``run.keep_best``). ``older``: more
+    weight versions by their checkpoint names (a fixed-staleness run stopped mid-epoch)."""
     final = checkpoint_path(run_dir, update)
     final.parent.mkdir(exist_ok=True)
     tmp = tmp_sibling(final)
     tmp.mkdir()
     try:
-        sources = {CHECKPOINT_WEIGHTS: weights} | {optimizer_state_name(k): v for k, v in state.items()}
+        sources = ({CHECKPOINT_WEIGHTS: weights} | {optimizer_state_name(k): v for k, v in state.items()}
+                   | (older or {}))
         files = {name: _copy_durable(src, tmp / name) for name, src in sources.items()}
         fault_point("ckpt_after_data")
         write_sealed_json(tmp / CHECKPOINT_META, {"format": FORMAT, "version": FORMAT_VERSION, **meta, "files": files,
@@ -121,7 +124,8 @@ def read_meta(path: Path) -> dict[str, Any]:
            or not isinstance(record.get("checksum"), str)]
     if bad:  # a name that is not one of a checkpoint's own files could point anywhere
         raise CorruptFileError("checkpoint metadata names a file that is not a checkpoint's own", path=file,
-                               where="files", expected=f"{CHECKPOINT_WEIGHTS} or opt-<slot>.npy", found=bad[0])
+                               where="files", expected=f"{CHECKPOINT_WEIGHTS}, opt-<slot>.npy or weights-v<N>.npy",
+                               found=bad[0])
     return meta
 
 
@@ -144,8 +148,8 @@ def _count(value: Any) -> bool:
 
 def _file_name(name: str) -> bool:
     """A checkpoint's files are its own plain names, never a path out of it."""
-    return name == CHECKPOINT_WEIGHTS or (name.startswith("opt-") and name.endswith(".npy") and "/" not in name
-                                           and not name.startswith("."))
+    return name == CHECKPOINT_WEIGHTS or (name.startswith(("opt-", "weights-v")) and name.endswith(".npy")
+                                           and "/" not in name and not name.startswith("."))
 
 
 def verify_checkpoint(path: Path) -> dict[str, Any]:

@@ -7,6 +7,7 @@ Examples:
   memtrain train --resume runs/digits-mlp --set train.epochs=60   # ... and train longer
   memtrain train job.toml --cluster tcp://scheduler-host:8786     # workers on a Dask cluster (docs/cluster.md)
   memtrain train job.toml --cluster local:2                       # a Dask cluster of 2 workers on this machine
+  memtrain train --replay runs/digits-async         # re-execute a run from its lineage, bitwise (docs/async.md)
 
 On resume, the job must be the run's own: a change to the data, the model, the seed, the batches or the
 optimizer is refused, and any other setting (epochs, lr, ...) changes only when named with --set on the
@@ -16,12 +17,14 @@ command line; the change is added to the run's history.jsonl, never written over
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
 from memtrain.config import load_job, load_saved_job
 from memtrain.errors import InputError, MemtrainError, plural
-from memtrain.layout import RUN_JOB
+from memtrain.layout import RUN_JOB, RUN_LINEAGE
+from memtrain.train.lineage import read_lineage
 from memtrain.train.metrics import SHOWN
 from memtrain.train.server import TrainSummary, train
 
@@ -35,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-dir", type=Path, help="run directory (default: run.dir of the job)")
     parser.add_argument("--resume", nargs="?", const=True, default=False, metavar="RUN_DIR",
                         help="continue a run from its newest complete checkpoint")
+    parser.add_argument("--replay", type=Path, metavar="RUN_DIR",
+                        help="re-execute a run from its lineage into a new run directory (--run-dir; default "
+                             "RUN_DIR-replay), checking every weight version against the recorded checksum")
     parser.add_argument("--cluster", metavar="ADDRESS",
                         help='run the workers on Dask: tcp://HOST:PORT of a scheduler, or local:N; "" for local '
                              'processes (default: run.cluster of the job)')
@@ -46,6 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.replay is not None:
+        return _replay(args)
     job = _job(args)
     if args.overwrite and args.resume:
         raise InputError("--overwrite and --resume contradict each other",
@@ -59,6 +67,31 @@ def run(args: argparse.Namespace) -> int:
         _name_resume(exc, job.run.dir)
         raise
     _print_summary(summary)
+    return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    if args.job is not None or args.resume or args.overrides or args.cluster:
+        raise InputError("--replay takes a run directory and nothing that changes the job",
+                         expected="memtrain train --replay RUN_DIR [--run-dir OUT] [--workers N] [--overwrite]",
+                         hint="a replay runs the recorded job exactly; the worker count does not change its results")
+    source = args.replay.resolve()
+    if not (source / RUN_JOB).is_file():
+        raise InputError("--replay needs the run directory of a memtrain train run", path=source,
+                         expected=f"a directory holding {RUN_JOB} and {RUN_LINEAGE}",
+                         found="nothing there" if not source.exists() else f"no {RUN_JOB}")
+    job = load_saved_job(source, workers=args.workers)
+    lineage = read_lineage(source)
+    if lineage.other or not lineage.steps:
+        raise InputError("this run has no updates to replay" + (" (an additive model is solved in one pass)"
+                                                               if lineage.other else ""), path=lineage.path)
+    target = (args.run_dir or source.with_name(source.name + "-replay")).resolve()
+    if target == source:
+        raise InputError("the replay needs its own run directory", path=target, hint="give --run-dir OUT")
+    job = dataclasses.replace(job, run=dataclasses.replace(job.run, dir=target))
+    summary = train(job, overwrite=args.overwrite, quiet=args.quiet, replay=lineage)
+    _print_summary(summary)
+    print(f"replayed {source}: all {len(lineage.steps)} weight versions match the recorded checksums", flush=True)
     return 0
 
 

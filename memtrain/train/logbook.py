@@ -20,6 +20,7 @@ from memtrain.faults import fault_point
 from memtrain.files import open_npy
 from memtrain.layout import gradient_buffer_name, weights_path
 from memtrain.train.counters import batch_number, epoch_number, update_number
+from memtrain.train.lineage import update_record
 from memtrain.train.marks import PUBLISHED, SKIPPED, Ledger
 from memtrain.train.optim import OptimizerConfig, learning_rate
 from memtrain.train.plan import Plan, TaskRange, Update, task_owner
@@ -59,31 +60,43 @@ class Logbook:
 
     def finish(self, position: Position, update: Update, row: np.void) -> None:
         tasks = len(update.tasks)
-        loss = sum(float(value) for value in row["loss"][:tasks])  # task order, as the step adds them
         participants = max(1, int(row["participants"]))
         compute = max(sum(float(row["seconds"][t]) for t in range(tasks) if task_owner(t, participants) == slot)
                       for slot in range(min(participants, tasks)))
         published = bool(row["status"] == PUBLISHED)
-        if published:
-            position.version = int(row["version"])
-            self.lineage.append({
-                "version": position.version, "parent": position.version - 1, "update": update_number(update.update),
-                "epoch": epoch_number(update.epoch), "batch": batch_number(update.batch), "split": "train",
-                "tasks": [[t.lo, t.hi] for t in update.tasks],
-                "lr": learning_rate(self.optimizer, update.update, self.plan.total_updates),
-                "checksum": "xxh3-128-blocks:" + bytes(row["checksum"]).hex()})
+        self.applied(position, update, [float(value) for value in row["loss"][:tasks]],
+                     version=int(row["version"]) if published else None,
+                     at=[int(row["version"]) - 1] * tasks,  # the round computes every gradient at the parent
+                     checksum="xxh3-128-blocks:" + bytes(row["checksum"]).hex(), compute=compute,
+                     bad=[t for t in update.tasks if row["bad"][t.task]], when=float(row["time"]))
+
+    def applied(self, position: Position, update: Update, losses: list[float], *, version: int | None,
+                at: list[int], checksum: str, compute: float, bad: list[TaskRange], when: float,
+                lr: float | None = None, **extra: Any) -> None:
+        """Log one finished update (``version`` None: skipped, non-finite) and move ``position`` past it.
+
+        ``losses``: each gradient's summed loss, in the order they were added; ``at``: the version each was
+        computed at; ``extra``: more lineage fields (async mode's ``ids`` and ``discarded``)."""
+        loss = sum(losses)  # the order the step adds them in
+        if lr is None:
+            lr = learning_rate(self.optimizer, update.update, self.plan.total_updates)
+        if version is not None:
+            position.version = version
+            self.lineage.append(update_record(
+                version=version, update=update_number(update.update), epoch=epoch_number(update.epoch),
+                batch=batch_number(update.batch), tasks=[(t.lo, t.hi) for t in update.tasks], at=at, lr=lr,
+                checksum=checksum, **extra))
         else:
-            self.nonfinite(update, [t for t in update.tasks if row["bad"][t.task]])
+            self.nonfinite(update, bad)
             position.skipped += 1
         position.epoch_loss += loss
         position.epoch_rows += update.rows
         position.batch += 1
         self.metrics.append({
             "kind": "update", "epoch": epoch_number(update.epoch), "batch": batch_number(update.batch),
-            "update": update_number(update.update),
-            "version": position.version, "loss": loss / update.rows, "rows": update.rows, "skipped": not published,
-            "compute_s": compute, "time": float(row["time"])})
-        self.timeline.append((update.update, float(row["time"]), compute))
+            "update": update_number(update.update), "version": position.version, "loss": loss / update.rows,
+            "rows": update.rows, "skipped": version is None, "compute_s": compute, "time": when})
+        self.timeline.append((update.update, when, compute))
         fault_point("after_update_logged")
 
     def nonfinite(self, update: Update, bad: list[TaskRange]) -> None:

@@ -100,6 +100,7 @@ class GradTask:
     lo: int
     hi: int
     spare: str = ""  # a stepped gradient file's new name, to rewrite instead of creating a file ("": none)
+    in_place: bool = False  # compute into a map of the spare (one machine only: train/overlap.py)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

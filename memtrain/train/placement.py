@@ -9,7 +9,9 @@
   (at most one per task of an update) and goes on training while they start; once they are ready they
   run a few updates, and the faster of the two, as measured, runs the rest of the job.
 
-Either way the results are bitwise identical: the same files, the same tasks, the same arithmetic, the
+The overlapping modes (train/overlap.py) decide once, at start (``stream_workers``): the server times a
+gradient task itself and keeps the gradients when workers could not save more than a streamed update
+costs. Either way the results are bitwise identical: the same files, the same tasks, the same arithmetic, the
 same order of additions (the participants' count never enters a sum). The choice and its figures go to
 the event log.
 """
@@ -35,6 +37,9 @@ MIN_GAIN_S = 0.15e-3
 # taken from the server on a machine without a spare core; the saving over the rest of the job must
 # be larger before workers are tried.
 SPAWN_COST_S = 0.5
+# What streaming an update to workers costs the server beyond the round (an estimate, measured at 1e5
+# parameters on a 2-core machine: a message out and back per task, the server's bookkeeping and step).
+STREAM_COST_S = 1e-3
 
 
 class Phase(enum.Enum):
@@ -141,6 +146,27 @@ class Placement:
     def close(self, timeout: float = 5.0) -> None:
         if self.pool is not None:
             self.pool.close(timeout)
+
+
+def stream_workers(*, workers: int | str, count: int, task_seconds: Callable[[], float], tasks: int,
+                   remaining: int) -> tuple[int, str]:
+    """How many workers the overlapping modes stream their gradients to (0: the server computes them), and why.
+
+    ``task_seconds`` times one gradient task in the server (called only for ``"auto"``)."""
+    if workers != "auto":
+        return int(workers), f"train.workers = {workers}"
+    if count < 2:
+        return 0, f"train.workers = \"auto\": {count} core(s) or task(s): nothing to share"
+    compute = task_seconds() * tasks
+    gain = compute * (1 - 1 / count)
+    figures = f"train.workers = \"auto\": an update computes for {compute * 1e3:.2f} ms in the server"
+    if gain < STREAM_COST_S:
+        return 0, (f"{figures}; {count} workers could save at most {gain * 1e3:.2f} ms of it, less than streaming "
+                   f"it costs ({STREAM_COST_S * 1e3:.2f} ms)")
+    if gain * remaining < SPAWN_COST_S * count:
+        return 0, (f"{figures}; {count} workers could save at most {gain * remaining:.3g} s over the {remaining} "
+                   f"updates left, less than starting them costs ({SPAWN_COST_S * count:.1f} s)")
+    return count, figures
 
 
 def _median(values: list[float]) -> float:

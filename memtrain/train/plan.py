@@ -31,10 +31,8 @@ class TaskRange:
 
 @dataclass(frozen=True)
 class Update:
-    """One synchronous update. Its gradients are computed at the version the previous update published.
-
-    (A fixed staleness k would compute them k versions earlier: the plan is where that would be said.)
-    """
+    """One update: its gradients added in task order. In synchronous training they are computed at the
+    version the previous update published; with fixed staleness k, at an earlier one (``gradient_base``)."""
 
     epoch: int
     batch: int  # this update's number within its epoch
@@ -111,3 +109,53 @@ def step_slices(size: int, participants: int, block: int) -> list[tuple[int, int
 def eval_tasks(val_rows: int, eval_rows: int) -> tuple[TaskRange, ...]:
     pieces = split_range(0, val_rows, -(-val_rows // eval_rows)) if val_rows else []
     return tuple(TaskRange(i, a, b) for i, (a, b) in enumerate(pieces))
+
+
+# --- the schedule of the asynchronous modes (docs/async.md) ---
+#
+# Fixed staleness k: the gradients of update n (counted over the whole run, from 0) are computed at the
+# weights as they stood after max(0, n - k) updates, and applied to the weights after n updates. This is
+# a function of n and k alone, so the run is bitwise identical with any worker count and after any
+# fault; k = 0 is synchronous training.
+
+
+def gradient_base(update: int, staleness: int) -> int:
+    """After how many updates stood the weights update ``update``'s gradients are computed at.
+
+    >>> [gradient_base(n, 2) for n in range(5)]
+    [0, 0, 0, 1, 2]
+    """
+    return max(0, update - staleness)
+
+
+def startable_updates(done: int, staleness: int, total: int) -> range:
+    """The updates whose gradients can be computed once ``done`` of ``total`` are applied: the next k + 1.
+    Every later one needs weights that do not exist yet, so at most k + 1 updates are ever in flight.
+    """
+    return range(done, min(total, done + staleness + 1))
+
+
+def live_bases(done: int, staleness: int) -> range:
+    """The counts of applied updates whose weights the gradients in flight may need once ``done`` are applied:
+    at most k + 1, the versions a fixed-staleness run keeps alive (a checkpoint carries the k older ones)."""
+    return range(max(0, done - staleness), done + 1)
+
+
+def task_stream(updates: list[Update]) -> tuple[TaskRange, ...]:
+    """An epoch's tasks in plan order, numbered from 0: what async mode hands out to whichever worker is free."""
+    ranges = [(task.lo, task.hi) for update in updates for task in update.tasks]
+    return tuple(TaskRange(i, lo, hi) for i, (lo, hi) in enumerate(ranges))
+
+
+def async_updates_per_epoch(tasks: int, group: int) -> int:
+    """Async mode applies an epoch's ``tasks`` gradients ``group`` at a time; the last group may be smaller."""
+    return -(-tasks // group)
+
+
+def run_updates_per_epoch(train_rows: int, batch_size: int | None, tasks_per_update: int,
+                          async_group: int | None) -> int:
+    """Updates per epoch of a job: the plan's, or, in async mode (``async_group`` set), its groups."""
+    if async_group is None:
+        return updates_per_epoch(train_rows, batch_size)
+    updates = epoch_updates(train_rows, batch_size, tasks_per_update, 0, 0)
+    return async_updates_per_epoch(len(task_stream(updates)), async_group)

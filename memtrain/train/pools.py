@@ -40,13 +40,13 @@ def open_cluster(job: Job, setup: WorkerSetup, run: RunDir, log: Callable[[str],
     return pool
 
 
-class OnCluster:
-    """The placement of a cluster run (train/placement.py's interface): tasks on the Dask workers, the
-    rounds' loop in the server (train/stream.py), never re-decided."""
+class Streamed:
+    """The placement of a run whose gradients are streamed (train/placement.py's interface): a transport
+    chosen at start, never re-decided -- a cluster run, or an overlapping mode (train/overlap.py)."""
 
-    def __init__(self, pool: Transport, log: Callable[[str], None]):
-        self.transport = pool
-        log(f"rounds: in the server (the gradients streamed to {len(pool.slots)} Dask workers, the step here)")
+    def __init__(self, transport: Transport, text: str, log: Callable[[str], None]):
+        self.transport = transport
+        log(text)
 
     def stretch_limit(self) -> int | None:
         return None
@@ -59,3 +59,11 @@ class OnCluster:
 
     def close(self, timeout: float = 5.0) -> None:
         self.transport.close(timeout)
+
+
+class OnCluster(Streamed):
+    """A cluster run: tasks on the Dask workers, the rounds' loop in the server (train/stream.py)."""
+
+    def __init__(self, pool: Transport, log: Callable[[str], None]):
+        super().__init__(pool, f"rounds: in the server (the gradients streamed to {len(pool.slots)} Dask workers, "
+                               "the step here)", log)

@@ -11,11 +11,15 @@ Exchange area (deleted when the run ends):
   an epoch) and the board the participants meet at.
 - on a cluster (``run.cluster``, train/stream.py), also a gradient file per task of two updates: those of
   the update just stepped are deleted while the next update's are written;
+- in the overlapping modes (train/overlap.py), the gradient files in flight, arrived and kept as spares:
+  with fixed staleness k those of k + 2 updates; in async mode two per worker and two per gradient of a
+  group. A stale, dead or superseded attempt's file is deleted at once.
 
 Run directory:
-- weight versions: the ``keep_versions`` kept ones plus the one being built;
+- weight versions: the ``keep_versions`` kept ones (at least the k + 1 a fixed staleness k reads, or the
+  max_staleness + 1 of async mode) plus the one being built;
 - checkpoints: ``keep_checkpoints`` plus the one being written before the oldest is pruned, each holding
-  the weights and one file per optimizer slot.
+  the weights and one file per optimizer slot (and, with fixed staleness k, up to k older versions).
 The logs (metrics, lineage, events) grow by a few hundred bytes per update and are not counted.
 """
 
@@ -50,17 +54,24 @@ def room_needed(job: Job, context: ModelContext, *, per_epoch: int, slots: int) 
     """The peak bytes of the run's files (see the module docstring for what is counted): ``per_epoch`` updates
     per epoch, ``slots`` participants at most."""
     weights = context.layout.size * PARAM_DTYPE.itemsize + FILE_OVERHEAD
-    slots = len(state_slots(job.train.optimizer))
-    tasks = job.train.tasks_per_update
+    states = len(state_slots(job.train.optimizer))
+    train = job.train
+    tasks = train.tasks_per_update
     gradients = tasks * weights
     if context.additive:
         gradients += tasks * (context.stats_layout.size * np.dtype(np.float64).itemsize + FILE_OVERHEAD)
     if job.run.cluster:
         gradients += 2 * tasks * weights
+    if train.mode == "async":
+        gradients += 2 * (slots + train.async_group) * weights
+    elif train.staleness:
+        gradients += (train.staleness + 2) * tasks * weights
     small = (block_count(context.layout.size) * DIGEST_BYTES + per_epoch * records_dtype(tasks).itemsize
              + Board(slots).size * WORD.itemsize + 3 * FILE_OVERHEAD)
-    exchange = gradients + 2 * slots * weights + small
-    run = (job.run.keep_versions + 1) * weights + (job.run.keep_checkpoints + 1) * (1 + slots) * weights
+    exchange = gradients + 2 * states * weights + small
+    read = train.max_staleness + 1 if train.mode == "async" else train.staleness + 1  # versions tasks may read
+    checkpoint = (1 + states + train.staleness) * weights
+    run = (max(job.run.keep_versions, read) + 1) * weights + (job.run.keep_checkpoints + 1) * checkpoint
     return Room(exchange=exchange, run=run)
 
 

@@ -84,8 +84,9 @@ class RoundFiles:
     """
 
     def __init__(self, *, context: ModelContext, dataset: Dataset, run_dir: Path, exchange: Path, server_pid: int,
-                 optimizer: OptimizerConfig, setup: RoundSetup, board: Board, maps: MapCache):
+                 optimizer: OptimizerConfig, setup: RoundSetup, board: Board, maps: MapCache, straggler: float = 1.0):
         self.context, self.run_dir, self.exchange, self.server_pid = context, run_dir, exchange, server_pid
+        self.straggler = straggler  # a test hook (faults.straggler_factor): this process's gradients made slower
         self.optimizer, self.setup, self.board, self.maps = optimizer, setup, board, maps
         self.train = dataset.split("train")
         self.size = context.layout.size
@@ -213,6 +214,8 @@ class Participant:
         seeded = {"seed": (files.setup.seed, self.version, rows.task)} if getattr(model, "seeded", False) else {}
         loss = model.loss_and_grad(layout.views(self.weights), x, y, layout.views(files.grads[rows.task]),
                                    **seeded)  # overwrites every value
+        if files.straggler > 1:
+            time.sleep((files.straggler - 1) * (time.perf_counter() - started))
         files.seconds[update.batch, rows.task] = time.perf_counter() - started
         files.loss[update.batch, rows.task] = loss
         fault_point("after_grad_write")

@@ -5,6 +5,8 @@ Two kinds of work:
   is re-run (a new attempt number, so it writes a new file) on its replacement, and whatever the dead
   attempt may have written is deleted at once (``discard``); a task silent past ``task_timeout`` gets its
   worker killed (once), then the same.
+- ``stream``: tasks submitted one at a time -> results as they arrive (the overlapping modes, train/overlap.py:
+  fixed staleness and async, whose steps never wait for a whole round), with the same fault rules.
 - ``run_stretch``: one stretch of rounds on several slots at once (train/rounds.py). The server is not in
   the rounds' path: it watches the processes, the board's activities (train/marks.py) and the clock.
   A death, a silent participant (killed), a failure or a stop signal calls the stretch off: every other
@@ -67,8 +69,8 @@ class Scheduler:
         called at the latest before returning.
         """
         pending = deque(tasks)
-        current = {message.task: message for message in tasks}
-        done: dict[int, Result] = {}
+        current = {task_key(message): message for message in tasks}
+        done: dict[tuple[int, int], Result] = {}
         while len(done) < len(tasks):
             for slot in transport.slots:
                 if slot.idle and pending:
@@ -82,12 +84,17 @@ class Scheduler:
             self._kill_overdue(transport)
         if while_waiting is not None:
             while_waiting()
-        return [done[message.task] for message in tasks]
+        return [done[task_key(message)] for message in tasks]
 
-    def _handle(self, event: Event, current: dict[int, Task], pending: deque[Task], done: dict[int, Result]) -> None:
+    def stream(self, transport: Transport) -> TaskStream:
+        return TaskStream(self, transport)
+
+    def _handle(self, event: Event, current: dict[tuple[int, int], Task], pending: deque[Task],
+                done: dict[tuple[int, int], Result]) -> None:
         message = event.message
-        if not isinstance(message, Task) or current.get(message.task) != message or message.task in done:
-            if isinstance(message, Task) and current.get(message.task) != message:
+        key = task_key(message) if isinstance(message, Task) else None
+        if key is None or current.get(key) != message or key in done:
+            if key is not None and current.get(key) != message:
                 self.discard(message)  # a superseded attempt answered late: its file is never read
             if event.answer is None:
                 self._died_idle(event)
@@ -96,16 +103,17 @@ class Scheduler:
             if event.answer.outcome == Outcome.FAILED:
                 raise WorkerFailure(f"{self.describe_task(message)} failed in worker {event.slot.index}:\n"
                                     f"{event.answer.error.rstrip()}")
-            done[message.task] = event.answer
+            done[key] = event.answer
             fault_point("after_result")
             return
         self.discard(message)  # at once: the exchange holds only what the run reserved, whatever fails
         self._died(event, self.describe_task(message), message.attempt + 1)
         retry = replace(message, attempt=message.attempt + 1)
-        current[message.task] = retry
+        current[key] = retry
         pending.appendleft(retry)
 
-    def _core_to_spare(self, slots: list[Slot], done: dict[int, Result], pending: deque[Task], total: int) -> bool:
+    def _core_to_spare(self, slots: list[Slot], done: dict[tuple[int, int], Result], pending: deque[Task],
+                       total: int) -> bool:
         busy = sum(not slot.idle for slot in slots)
         return busy < CORES or (bool(done) and not pending and len(done) < total)
 
@@ -228,6 +236,61 @@ class Scheduler:
     def _check_stop(self) -> None:
         if self.stop_requested():
             raise Interrupted("stopped by a signal")
+
+
+def task_key(message: Task) -> tuple[int, int]:
+    """What tells two tasks apart: its update's number (a gradient task's; 0 otherwise) and its own."""
+    return getattr(message, "update", 0), message.task
+
+
+class TaskStream:
+    """Tasks submitted one at a time -> their results as they arrive, whatever dies or hangs on the way.
+
+    The fault rules are ``Scheduler.run``'s: a dead worker's task is re-run first under the next attempt
+    number (so it writes a new file), a silent one has its worker killed, a task that kills its worker
+    ``max_attempts`` times stops the run. A task is told apart by ``task_key``: no two in the stream at once
+    may share one.
+    """
+
+    def __init__(self, scheduler: Scheduler, transport: Transport):
+        self.scheduler, self.transport = scheduler, transport
+        self.pending: deque[Task] = deque()  # submitted, not sent yet (re-runs go first)
+        self.current: dict[tuple[int, int], Task] = {}  # key -> its live attempt, until its result is taken
+
+    def submit(self, task: Task) -> None:
+        key = task_key(task)
+        if key in self.current:
+            raise ValueError(f"task {key} is already in the stream")
+        self.current[key] = task
+        self.pending.append(task)
+        self.send()
+
+    @property
+    def in_flight(self) -> int:
+        """Tasks submitted whose results were not taken yet."""
+        return len(self.current)
+
+    def free(self) -> int:
+        """Workers that would sit idle: fewer tasks in flight than slots. (A result not taken yet counts as in
+        flight: the server's own slot computes a task the moment it is sent.)"""
+        return max(0, len(self.transport.slots) - len(self.current))
+
+    def send(self) -> None:
+        for slot in self.transport.slots:
+            if slot.idle and self.pending:
+                self.transport.send(slot, self.pending.popleft())
+
+    def wait(self) -> list[tuple[Task, Result]]:
+        """Wait (a bounded time) for results; returns those that arrived, in arrival order, each with the
+        attempt that made it (its file's name). Raises Interrupted on a stop signal."""
+        scheduler, arrived = self.scheduler, {}
+        timeout = scheduler._wait_time(self.transport.slots) if self.current else 0.0
+        for event in self.transport.wait(timeout):
+            scheduler._handle(event, self.current, self.pending, arrived)
+        scheduler._check_stop()
+        scheduler._kill_overdue(self.transport)
+        self.send()  # a worker that just answered gets its next task before the caller's bookkeeping
+        return [(self.current.pop(key), result) for key, result in arrived.items()]
 
 
 @dataclass

@@ -24,15 +24,17 @@ from threadpoolctl import threadpool_limits
 
 from memtrain.config import Job
 from memtrain.dataset import Dataset, open_dataset
-from memtrain.errors import Interrupted, MemtrainError, plural
+from memtrain.errors import InputError, Interrupted, MemtrainError, plural
 from memtrain.files import allocate_npy, open_npy, read_jsonl
 from memtrain.layout import (
     ROUND_BOARD,
     ROUND_RECORDS,
+    RUN_LINEAGE,
     RUN_METRICS,
     gradient_buffer_name,
     gradient_name,
     streamed_gradient_name,
+    weights_path,
 )
 from memtrain.progress import Reporter, reporting
 from memtrain.stopping import on_stop_signals, start_resource_tracker
@@ -41,19 +43,21 @@ from memtrain.train.context import ModelContext, model_context, startup_check
 from memtrain.train.counters import position_text, update_number
 from memtrain.train.datacheck import check_trainable
 from memtrain.train.exchange import InServer, WorkerPool
+from memtrain.train.lineage import Lineage
 from memtrain.train.logbook import Logbook
 from memtrain.train.marks import GRADIENT, PUBLISH, STEP, Activity, Board, Ledger, create_records, open_records
 from memtrain.train.messages import EvalTask, GradTask, Outcome, RoundSetup, StatsTask, Stretch, Task, WorkerSetup
 from memtrain.train.metrics import SHOWN
 from memtrain.train.metrics import collect as validation_metrics
-from memtrain.train.placement import Placement
+from memtrain.train.overlap import Overlap, replay_mismatch
+from memtrain.train.placement import Placement, stream_workers
 from memtrain.train.plan import Plan, eval_tasks, split_range, step_slices
-from memtrain.train.pools import OnCluster, open_cluster
+from memtrain.train.pools import OnCluster, Streamed, open_cluster
 from memtrain.train.record import Decision
 from memtrain.train.room import room_needed
 from memtrain.train.run_dir import RunDir, open_run_dir, refuse_live_run
 from memtrain.train.scheduler import CORES, Ended, Scheduler
-from memtrain.train.state import Position, resume, save_checkpoint, start_fresh
+from memtrain.train.state import Position, job_updates_per_epoch, resume, save_checkpoint, start_fresh
 from memtrain.train.stream import StreamParticipant
 from memtrain.train.weights import (
     BLOCK,
@@ -88,12 +92,17 @@ class TrainSummary:
 
 
 def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite: bool = False,
-          asked: Collection[str] = (), quiet: bool = False) -> TrainSummary:
+          asked: Collection[str] = (), quiet: bool = False, replay: Lineage | None = None) -> TrainSummary:
     """Run (or resume) a job to the end; raises MemtrainError (Interrupted on SIGINT/SIGTERM/SIGHUP).
 
     ``asked``: the ``section.key`` settings named on the command line, the only ones a resume may change.
-    ``quiet``: no progress bar and no epoch lines (warnings are still printed).
+    ``quiet``: no progress bar and no epoch lines (warnings are still printed). ``replay``: the lineage of
+    the run ``job`` made, to run again exactly (train/overlap.py) instead of the job's epochs.
     """
+    if job.run.cluster and (overlapping(job) or replay is not None):
+        raise InputError("fixed staleness, async mode and replay run on one machine only, so far",
+                         expected="run.cluster unset (no --cluster)", found=f"run.cluster = {job.run.cluster!r}",
+                         hint="on a cluster, train synchronously (train.mode = 'sync', train.staleness = 0)")
     stop = StopRequest()
     with on_stop_signals(stop.record):
         start_resource_tracker()
@@ -101,6 +110,10 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
         dataset = open_dataset(job.data.path, verify=verify or job.data.verify)
         check_trainable(dataset)
         context = model_context(dataset, job.model.kind, job.model.options, job.data.normalize)
+        if context.additive and overlapping(job):
+            raise InputError(f"a {job.model.kind} model is solved in one pass of statistics: it has no updates to "
+                             "overlap", expected="train.mode = 'sync' and train.staleness = 0",
+                             found=describe_mode(job))
         runtime = startup_check(context, dataset, job.train.blas_threads)  # a model's dry run: its errors exit 2 here
         note = few_updates_note(job, dataset.split("train").rows, context.additive)
         if note is not None:
@@ -114,13 +127,24 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
         try:
             if runtime:
                 run.event(runtime)
-            return Trainer(job, dataset, context, run, stop, quiet=quiet).run(run.decision)
+            return Trainer(job, dataset, context, run, stop, quiet=quiet, lineage=replay).run(run.decision)
         except (MemtrainError, OSError) as exc:
             if not isinstance(exc, Interrupted):  # the run's log tells how it ended, even with no terminal
                 run.event(f"failed: {exc}")
             raise
         finally:
             run.close()
+
+
+def overlapping(job: Job) -> bool:
+    """Whether the job trains in an overlapping mode (train/overlap.py): fixed staleness or async."""
+    return job.train.mode == "async" or job.train.staleness > 0
+
+
+def describe_mode(job: Job) -> str:
+    if job.train.mode == "async":
+        return f"async mode (max_staleness {job.train.max_staleness}, async_group {job.train.async_group})"
+    return f"fixed staleness {job.train.staleness}"
 
 
 def round_slots(job: Job) -> int:
@@ -158,23 +182,25 @@ class StopRequest:
 
 class Trainer:
     def __init__(self, job: Job, dataset: Dataset, context: ModelContext, run: RunDir, stop: StopRequest, *,
-                 quiet: bool = False):
+                 quiet: bool = False, lineage: Lineage | None = None):
         self.job, self.dataset, self.context, self.run_dir, self.stop = job, dataset, context, run, stop
         self.quiet = quiet
+        self.lineage = lineage  # a run to replay (memtrain train --replay)
+        self.streamed = overlapping(job) or lineage is not None  # train/overlap.py runs it, not the rounds
         self.train_rows = dataset.split("train").rows
         self.val_rows = dataset.split("val").rows
         self.plan = Plan(self.train_rows, job.train.batch_size, job.train.tasks_per_update, job.train.seed,
                          job.train.epochs)
-        self.per_epoch = self.plan.per_epoch
+        self.per_epoch = job_updates_per_epoch(job, self.train_rows)  # async mode: groups of gradients
         self.checkpointed: int | None = None
         self.started = time.monotonic()
         self.generation = 0
         self.slots = round_slots(job)
         self.board = create_round_files(run.exchange, context.layout.size, job.train.tasks_per_update, self.slots,
-                                        self.per_epoch)
+                                        self.plan.per_epoch)
         self.memory_board = Board(1)
         self.logbook = Logbook(run=run, exchange=run.exchange, plan=self.plan,
-                               records=open_records(run.exchange / ROUND_RECORDS, self.per_epoch,
+                               records=open_records(run.exchange / ROUND_RECORDS, self.plan.per_epoch,
                                                     job.train.tasks_per_update),
                                optimizer=job.train.optimizer, on_nonfinite=job.train.on_nonfinite,
                                size=context.layout.size, describe_rows=self.describe_rows, log=self.log)
@@ -199,6 +225,8 @@ class Trainer:
                                               heartbeat=lambda: self.heartbeat(position)))
         if self.job.run.cluster:
             self.placement = OnCluster(open_cluster(self.job, self._setup(), self.run_dir, self.log), self.log)
+        elif self.streamed:
+            self.placement = self._overlap_placement(position)
         else:
             self.placement = Placement(workers=self.job.train.workers, tasks=self.job.train.tasks_per_update,
                                        cores=CORES, in_server=self.in_server, start_pool=self._start_pool,
@@ -207,14 +235,22 @@ class Trainer:
                                    describe_task=self.describe_task, describe_activity=self.describe_activity,
                                    log=self.log, stop_requested=lambda: self.stop.requested,
                                    discard=self.discard_attempt)
+        self.overlap: Overlap | None = None
+        if self.streamed:
+            self.overlap = Overlap(job=self.job, files=self.in_server.state.rounds(),
+                                   stream=self.scheduler.stream(self.placement.transport), logbook=self.logbook,
+                                   per_epoch=self.per_epoch, look=lambda: self.overlap_look(position))
         try:
             with threadpool_limits(limits=self.job.train.blas_threads):  # the rounds it runs itself: same arithmetic
-                last = self.fit(position) or self._last_epoch_record()
+                last = (self.replay(position) if self.lineage is not None else
+                        self.fit(position) or self._last_epoch_record())
         except (KeyboardInterrupt, Interrupted) as exc:
             self.placement.close(timeout=2.0)
             raise self._interrupted(position, exc) from None
         finally:
             self.logbook.write()
+            if self.overlap is not None:
+                self.overlap.close()
             self.placement.close()
             self.board.close()
             discard_building(self.run_dir.path, os.getpid())
@@ -222,6 +258,36 @@ class Trainer:
         return TrainSummary(self.run_dir.path, position.version, position.epoch, last, position.best,
                             time.monotonic() - self.started, self.scheduler.deaths,
                             stopped_early=position.epoch < self.job.train.epochs and self.out_of_patience(position))
+
+    def _overlap_placement(self, position: Position) -> Streamed:
+        """The overlapping modes stream their gradients to ``train.workers`` processes, or (0, or "auto" when
+        workers cannot pay for themselves) the server computes them itself."""
+        train = self.job.train
+        count, why = stream_workers(workers=train.workers, count=round_slots(self.job),
+                                    task_seconds=lambda: self.time_task(position),
+                                    tasks=train.async_group if train.mode == "async" else train.tasks_per_update,
+                                    remaining=self.per_epoch * train.epochs - position.update_index(self.per_epoch))
+        mode = "replay" if self.lineage is not None else describe_mode(self.job)
+        if count == 0:
+            return Streamed(self.in_server, f"{mode}: gradients in the server ({why})", self.log)
+        return Streamed(self._start_pool(count), f"{mode}: gradients on {count} worker processes, the steps in the "
+                                                 f"server ({why})", self.log)
+
+    def time_task(self, position: Position) -> float:
+        """Seconds of one gradient task of the epoch's first update, computed here (the least of three)."""
+        state = self.in_server.state
+        rows = self.plan.updates(position.epoch)[0].tasks[0]
+        x, y = state.rows("train", rows.lo, rows.hi)
+        layout, model = self.context.layout, self.context.model
+        weights = open_npy(weights_path(self.run_dir.path, position.version), shape=(layout.size,), dtype=np.float32)
+        out = np.empty(layout.size, dtype=np.float32)
+        seeded = {"seed": (self.job.train.seed, position.version, 0)} if getattr(model, "seeded", False) else {}
+        times = []
+        for _ in range(3):
+            started = time.perf_counter()
+            model.loss_and_grad(layout.views(weights), x, y, layout.views(out), **seeded)
+            times.append(time.perf_counter() - started)
+        return min(times)
 
     def _start_pool(self, count: int) -> WorkerPool:
         pool = WorkerPool(self._setup(), count)
@@ -241,12 +307,40 @@ class Trainer:
                            quiet=self.quiet) as bar:
                 self.bar = bar
                 while position.batch < self.per_epoch:
-                    self.stretch(position, started)
+                    self.epoch_rest(position, started)
                 last = self.end_epoch(position, started, final=epoch + 1 == self.job.train.epochs)
                 line = self.epoch_line(last)
                 self.log(line)  # the run's own record: the console may be gone (a closed terminal or pipe)
                 bar.line(line)
         return last
+
+    def epoch_rest(self, position: Position, started: float) -> None:
+        """Run the epoch on from ``position``: the round's stretches, or an overlapping mode's loop."""
+        if not overlapping(self.job):
+            self.stretch(position, started)
+            return
+        self.epoch_started = started
+        try:
+            (self.overlap.async_epoch if self.job.train.mode == "async" else self.overlap.staleness_epoch)(position)
+        finally:
+            self.logbook.write()
+
+    def replay(self, position: Position) -> dict[str, Any]:
+        """Re-execute the lineage's run (``memtrain train --replay``), checking every version's checksum."""
+        lineage = self.lineage
+        started = time.monotonic()
+
+        def check(version: int, recorded: str | None, found: str | None) -> None:
+            if recorded is not None and found != recorded:
+                raise replay_mismatch(version, recorded, found, lineage)
+
+        check(0, lineage.init_checksum, read_jsonl(self.run_dir.path / RUN_LINEAGE)[0].get("checksum"))
+        self.log(f"replay of {lineage.path.parent}: {plural(len(lineage.steps), 'update')}")
+        try:
+            self.overlap.replay(position, lineage, check)
+        finally:
+            self.logbook.write()
+        return self.end_epoch(position, started, final=True)
 
     def stretch(self, position: Position, started: float) -> None:
         """Run the rounds from ``position`` on, to the end of its epoch unless cut short (a fault, a probe)."""
@@ -299,6 +393,13 @@ class Trainer:
             return Ended.STOPPED
         return Ended.NONFINITE if outcome == Outcome.NONFINITE else Ended.DONE
 
+    def overlap_look(self, position: Position) -> None:
+        """The server's look between two updates of an overlapping mode: logs and progress, now and then."""
+        now = time.monotonic()
+        if now >= self.next_look:
+            self.next_look = now + PROGRESS_SECONDS
+            self.report(position)
+
     def look(self, position: Position, board: Board) -> None:
         """The server's look at a running stretch: log what finished, show progress."""
         self.logbook.catch_up(position, board.ledger(), final=False)
@@ -342,7 +443,9 @@ class Trainer:
         self.logbook.write()
 
         def retire() -> None:  # so that the run holds keep_versions versions whenever it stops after this
-            retire_weights(self.run_dir.path, self.job.run.keep_versions, position.version)
+            oldest = min((version for _, version in position.bases), default=position.version)  # still read
+            retire_weights(self.run_dir.path, max(self.job.run.keep_versions, position.version - oldest + 1),
+                           position.version)
 
         record = {"kind": "epoch", "epoch": position.epoch + 1, "update": (position.epoch + 1) * self.per_epoch,
                   "version": position.version, "loss": position.epoch_loss / max(position.epoch_rows, 1),
@@ -424,6 +527,9 @@ class Trainer:
     def describe_task(self, message: Task) -> str:
         if isinstance(message, EvalTask):
             return f"evaluation task {message.task} ({self.describe_rows(message.lo, message.hi, 'val')})"
+        if isinstance(message, GradTask) and self.streamed:
+            return (f"gradient task ({self.describe_rows(message.lo, message.hi)}) at weight version "
+                    f"{message.version}")
         if isinstance(message, GradTask):
             return (f"gradient task {message.task} ({self.describe_rows(message.lo, message.hi)}) of update "
                     f"{update_number(message.update)}")

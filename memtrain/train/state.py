@@ -21,6 +21,7 @@ from memtrain.layout import (
     CHECKPOINT_WEIGHTS,
     RUN_LINEAGE,
     RUN_METRICS,
+    checkpoint_version_name,
     optimizer_state_name,
     state_buffer_name,
     weights_path,
@@ -28,8 +29,9 @@ from memtrain.layout import (
 from memtrain.train.checkpoint import discard_incomplete, newest_checkpoint, write_checkpoint
 from memtrain.train.context import ModelContext
 from memtrain.train.counters import position_text
+from memtrain.train.lineage import init_record
 from memtrain.train.optim import state_slots
-from memtrain.train.plan import updates_per_epoch
+from memtrain.train.plan import run_updates_per_epoch
 from memtrain.train.record import Decision, add_history, history_entry
 from memtrain.train.run_dir import RunDir, read_params, write_params
 from memtrain.train.weights import publish_weights
@@ -46,6 +48,11 @@ class Position:
     epoch_rows: int = 0
     skipped: int = 0
     best: dict[str, Any] | None = None  # best epoch record so far (by validation loss)
+    # The overlapping modes (train/overlap.py): fixed staleness's [updates done, version] of the versions the
+    # next updates' gradients are computed at (a checkpoint carries their files); async mode's tasks of the
+    # epoch already applied, mid-epoch (their numbers in the epoch's task stream).
+    bases: list[list[int]] = dataclasses.field(default_factory=list)
+    applied: list[int] = dataclasses.field(default_factory=list)
 
     def update_index(self, per_epoch: int) -> int:
         return self.epoch * per_epoch + self.batch
@@ -61,7 +68,7 @@ def data_description(context: ModelContext, job: Job) -> dict[str, Any]:
 def start_fresh(run: RunDir, job: Job, context: ModelContext) -> Position:
     flat = context.layout.flatten(context.model.init(np.random.default_rng(job.train.seed)))
     checksum = publish_weights(run.path, 0, flat)
-    run.lineage({"version": 0, "parent": None, "init": {"seed": job.train.seed}, "checksum": checksum})
+    run.lineage(init_record(job.train.seed, checksum))
     zeros = np.zeros(context.layout.size, dtype=np.float32)
     for slot in state_slots(job.train.optimizer):
         for parity in (0, 1):
@@ -91,11 +98,11 @@ def resume(run: RunDir, job: Job, context: ModelContext, train_rows: int, decisi
         _truncate_logs(run, -1, -1)
         return start_fresh(run, job, context)
     path, meta = found
-    position = Position(**{k: meta["position"][k] for k in (f.name for f in dataclasses.fields(Position))})
-    _restore_files(run, job, context, path, position.version)
-    _truncate_logs(run, position.update_index(updates_per_epoch(train_rows, job.train.batch_size)),
-                   position.version)
-    per_epoch = updates_per_epoch(train_rows, job.train.batch_size)
+    stored = meta["position"]
+    position = Position(**{f.name: stored[f.name] for f in dataclasses.fields(Position) if f.name in stored})
+    _restore_files(run, job, context, path, position)
+    per_epoch = job_updates_per_epoch(job, train_rows)
+    _truncate_logs(run, position.update_index(per_epoch), position.version)
     run.event(f"resumed from {path.name}: {position_text(position.epoch, position.batch, per_epoch)}, "
               f"weight version {position.version}")
     return position
@@ -106,10 +113,19 @@ def _warn(run: RunDir, text: str) -> None:
     print(f"memtrain train: warning: {text}", flush=True)
 
 
-def _restore_files(run: RunDir, job: Job, context: ModelContext, path: Path, version: int) -> None:
-    size = context.layout.size
+def job_updates_per_epoch(job: Job, train_rows: int) -> int:
+    """Updates per epoch: the plan's, or in async mode its groups of ``train.async_group`` gradients."""
+    group = job.train.async_group if job.train.mode == "async" else None
+    return run_updates_per_epoch(train_rows, job.train.batch_size, job.train.tasks_per_update, group)
+
+
+def _restore_files(run: RunDir, job: Job, context: ModelContext, path: Path, position: Position) -> None:
+    size, version = context.layout.size, position.version
     weights = open_npy(path / CHECKPOINT_WEIGHTS, shape=(size,), dtype=np.float32)
     publish_array(weights_path(run.path, version), weights, durable=False)
+    for older in {v for _, v in position.bases if v != version}:  # fixed staleness: the versions still read
+        stored = open_npy(path / checkpoint_version_name(older), shape=(size,), dtype=np.float32)
+        publish_array(weights_path(run.path, older), stored, durable=False)
     for slot in state_slots(job.train.optimizer):
         state = open_npy(path / optimizer_state_name(slot), shape=(size,), dtype=np.float32)
         publish_array(run.exchange / state_buffer_name(slot, version % 2), state, durable=False)
@@ -150,8 +166,10 @@ def save_checkpoint(run: RunDir, job: Job, context: ModelContext, position: Posi
     state = {slot: run.exchange / state_buffer_name(slot, position.version % 2)
              for slot in state_slots(job.train.optimizer)}
     best = position.best.get("update") if job.run.keep_best and position.best else None
+    older = {checkpoint_version_name(v): weights_path(run.path, v) for _, v in position.bases if v != position.version}
     saved = write_checkpoint(run.path, position.update_index(per_epoch), meta,
-                             weights_path(run.path, position.version), state, job.run.keep_checkpoints, best)
+                             weights_path(run.path, position.version), state, job.run.keep_checkpoints, best,
+                             older=older)
     run.event(f"checkpoint {saved.name} written ({position_text(position.epoch, position.batch, per_epoch)}, "
               f"weight version {position.version})")
     return saved

@@ -33,13 +33,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from memtrain.faults import fault_point
-from memtrain.files import npy_header_bytes, open_npy, writing_npy_rows
+from memtrain.errors import MemtrainError
+from memtrain.faults import fault_point, read_audit_path
+from memtrain.files import append_jsonl, npy_header_bytes, open_npy, writing_npy_rows
 from memtrain.layout import spare_gradient_name, streamed_gradient_name, weights_path
 from memtrain.train.messages import GradTask, Outcome, Result, Stretch
 from memtrain.train.plan import Update
 from memtrain.train.rounds import Participant, RoundFiles
-from memtrain.train.weights import ready_building
+from memtrain.train.weights import array_checksum, ready_building
 
 if TYPE_CHECKING:
     from memtrain.train.worker import WorkerState
@@ -58,18 +59,38 @@ def gradient(state: WorkerState, message: GradTask) -> Result:
     seeded = {"seed": (state.setup.rounds.seed, message.version, message.task)} if getattr(model, "seeded", False) \
         else {}
     fault_point("before_grad_write")
-    out = state.scratch(size)
+    path = state.exchange / streamed_gradient_name(message.update, message.task, message.attempt)
+    mapped = spare_map(state, message) if message.in_place else None
+    out = mapped if mapped is not None else state.scratch(size)
+    audit = read_audit_path()
+    before = array_checksum(weights) if audit else ""
     started = time.perf_counter()  # the compute alone, as in the round: the file is the stream's cost
     loss = model.loss_and_grad(context.layout.views(weights), x, y, context.layout.views(out), **seeded)
+    if state.straggler > 1:  # a test hook (faults.straggler_factor): a slower machine
+        time.sleep((state.straggler - 1) * (time.perf_counter() - started))
     seconds = time.perf_counter() - started
-    path = state.exchange / streamed_gradient_name(message.update, message.task, message.attempt)
-    if not (message.spare and rewrite(state.exchange / message.spare, path, out)):
+    if audit:
+        append_jsonl(Path(audit), {"version": message.version, "before": before, "after": array_checksum(weights)})
+    if mapped is not None:
+        os.rename(state.exchange / message.spare, path)  # only this task's attempts are handed this spare
+    elif not (message.spare and rewrite(state.exchange / message.spare, path, out)):
         # pwrite from memory the process keeps: twice as fast as faulting in a new file's map
         with writing_npy_rows(path, (size,), np.float32, durable=False) as rows:
             rows.write(0, out)
     fault_point("after_grad_write")
     return Result(task=message.task, attempt=message.attempt, outcome=Outcome.DONE, loss=float(loss),
                   rows=message.hi - message.lo, seconds=seconds)
+
+
+def spare_map(state: WorkerState, message: GradTask) -> np.ndarray | None:
+    """A writable map of the spare ``message`` names, to compute its gradient into (no copy); None if it is gone
+    (an attempt of the task that died after renaming it). Maps are kept by inode (train/maps.py) and spares are
+    recycled, so the pages are mapped already. One machine only: across machines a map's writes are not what
+    another machine's open reads (close-to-open), so a cluster run's tasks never ask for it."""
+    try:
+        return state.maps.get(state.exchange / message.spare, (state.context.layout.size,), np.float32, "r+")
+    except (FileNotFoundError, MemtrainError):
+        return None
 
 
 def rewrite(spare: Path, path: Path, values: np.ndarray) -> bool:

@@ -23,6 +23,7 @@ from memtrain.files import (
     DIGEST_BYTES,
     allocate_npy,
     block_checksum,
+    block_digest,
     check_npy,
     checksum_file,
     npy_header_bytes,
@@ -67,6 +68,12 @@ def weights_checksum(digests: np.ndarray, size: int) -> str:
     Equal to ``checksum_file(path, algo="xxh3-128-blocks")`` of the file, without reading it again.
     """
     return block_checksum(npy_header_bytes((size,), PARAM_DTYPE), digests.tobytes())
+
+
+def array_checksum(flat: np.ndarray) -> str:
+    """The checksum a weight file holding ``flat`` (1-D float32) has, hashed from memory (the read audit)."""
+    digests = b"".join(block_digest(flat[a:a + BLOCK]) for a in range(0, flat.size, BLOCK))
+    return block_checksum(npy_header_bytes(flat.shape, PARAM_DTYPE), digests)
 
 
 def ready_building(run_dir: Path, version: int, size: int, owner_pid: int, keep: int, *, fast: bool = False,

@@ -23,6 +23,7 @@ import numpy as np
 
 from memtrain.dataset import open_dataset
 from memtrain.errors import MemtrainError
+from memtrain.faults import straggler_factor
 from memtrain.files import writing_npy
 from memtrain.layout import ROUND_BOARD, gradient_name, weights_path
 from memtrain.train.context import model_context
@@ -129,6 +130,7 @@ class WorkerState:
             self.context.model.in_worker(setup.blas_threads)
         self._rounds: RoundFiles | None = None
         self._scratch: np.ndarray | None = None
+        self.straggler = straggler_factor() if board is None else 1.0  # a test hook; never the server itself
 
     def scratch(self, size: int) -> np.ndarray:
         """A float32 buffer of ``size`` kept between tasks (a streamed gradient is computed into it)."""
@@ -160,7 +162,7 @@ class WorkerState:
             self._rounds = RoundFiles(context=self.context, dataset=self.dataset, run_dir=self.run_dir,
                                       exchange=self.exchange, server_pid=setup.server_pid,
                                       optimizer=OptimizerConfig(**dict(setup.optimizer)), setup=setup.rounds,
-                                      board=board, maps=self.maps)
+                                      board=board, maps=self.maps, straggler=self.straggler)
         return self._rounds
 
     def stretch(self, stretch: Stretch) -> StretchEnd:
