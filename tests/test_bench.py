@@ -116,3 +116,17 @@ def test_bench_async_runs_every_mode_with_and_without_a_straggler(tmp_path: Path
     assert [c["check"] for c in report["checks"]] == 2 * ["async vs sync, with a straggler",
                                                           "staleness 1 vs sync, no straggler"]
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_torch_contention_times_the_three_settings_and_the_gemm_backends() -> None:
+    result = subprocess.run([sys.executable, "-m", "memtrain.benchmarks.torch_contention", "--sizes", "1e4",
+                             "--updates", "2"], capture_output=True, text=True, timeout=200, env=dict(os.environ))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    settings = [line for line in lines if "rows/s" in line]
+    labels = ["1 process alone, 1 thread", "2 processes at once, 1 thread each", "1 process, 2 threads"]
+    assert len(settings) == 3 and all(label in line for label, line in zip(labels, settings, strict=True))
+    assert len(settings[1].split("ms/update")[1].split("cpu ms")[0].split()) == 2  # one time per process
+    gemms = [line for line in lines if "GEMM" in line]
+    assert len(gemms) >= 2 and all(float(line.split("best")[1].split()[0]) > 0 for line in gemms)

@@ -11,9 +11,11 @@ rate on the mean loss of each global batch:
   gradients, so each rank's loss is its sum scaled by ranks / batch rows;
 - one process: the whole batch, torch on every core, ``torch.optim.SGD``.
 
-DDP's compute time is calibrated, not measured per update (its all-reduce overlaps the backward pass):
-after the timed updates, warm, every rank runs a few more under ``no_sync()`` (forward, backward and
-step, no communication) and rank 0's median is its compute; the rest of an update is what DDP adds.
+Compute means the same for every method: forward + backward (memtrain: the slowest worker's gradient
+task of the update; the optimizer step is overhead everywhere). DDP's is calibrated, not measured per
+update (its all-reduce overlaps the backward pass): after the timed updates, warm, the ranks run a few
+more under ``no_sync()``, starting together, and the slowest rank's forward + backward (median over
+the updates) is its compute; the rest of an update is what DDP adds (the all-reduce, the waits, its step).
 (Calibrating before the timed run measured the first, page-faulting allocations: at 1e7 it came out
 longer than a whole timed update.)
 """
@@ -59,13 +61,19 @@ def _rows(problem: Problem, lo: int, hi: int) -> tuple[Any, Any]:
 
 
 def _update(module: Any, optimizer: Any, x: Any, y: Any, scale: float) -> float:
+    """One update (forward, backward, optimizer step); returns the seconds of its forward + backward."""
+    spent = _gradient(module, optimizer, x, y, scale)
+    optimizer.step()
+    return spent
+
+
+def _gradient(module: Any, optimizer: Any, x: Any, y: Any, scale: float) -> float:
     import torch.nn.functional as F
 
     started = time.perf_counter()
-    loss = F.cross_entropy(module(x), y, reduction="sum") * scale
     optimizer.zero_grad()
+    loss = F.cross_entropy(module(x), y, reduction="sum") * scale
     loss.backward()
-    optimizer.step()
     return time.perf_counter() - started
 
 
@@ -138,13 +146,25 @@ def _rank(problem: Problem, rank: int, port: int, report: Any) -> None:
 
 
 def _calibrate(problem: Problem, model: Any, optimizer: Any, rank: int) -> float:
-    """Median time of a local update with no communication (forward, backward, step) on this rank's rows
-    of the first batch. Run after the timed updates: the weights it changes are not used any more."""
+    """DDP's compute, measured as memtrain's is: per update, the slowest rank's forward + backward (the
+    ranks start together at a barrier; no communication inside the timed part, under ``no_sync()``), median
+    of CALIBRATION updates on each rank's rows of the first batch. The optimizer step is left out (it is
+    not compute in memtrain's figure either: its step is in its overhead). Run after the timed updates,
+    warm: the weights it changes are not used any more."""
+    import torch
+    import torch.distributed as dist
+
     lo, hi = problem.batches()[0]
     a, b = problem.pieces(lo, hi)[rank]
     x, y = _rows(problem, a, b)
+    times = []
     with model.no_sync():
-        times = [_update(model, optimizer, x, y, problem.workers / (hi - lo)) for _ in range(CALIBRATION)]
+        for _ in range(CALIBRATION):
+            dist.barrier()
+            slowest = torch.tensor([_gradient(model, optimizer, x, y, problem.workers / (hi - lo))],
+                                   dtype=torch.float64)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            times.append(float(slowest))
     return sorted(times)[len(times) // 2]
 
 

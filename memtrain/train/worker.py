@@ -55,7 +55,7 @@ KEEP_BLOCKS_BELOW = 1 << 30  # allocations below this come from (and return to) 
 def worker_main(setup: WorkerSetup, inbox: Connection, outbox: Connection) -> None:
     """Entry point of a worker process: ``inbox`` and ``outbox`` are its ends of the pipes train/exchange.py made."""
     _exit_with_parent(setup.server_pid)
-    _keep_freed_memory()
+    keep_freed_memory()
     for stop in (signal.SIGINT, signal.SIGHUP):  # Ctrl-C or a closed terminal: the server stops us in order
         signal.signal(stop, signal.SIG_IGN)
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -81,7 +81,7 @@ def _exit_if_orphaned(server_pid: int) -> None:
         os._exit(1)
 
 
-def _keep_freed_memory() -> None:
+def keep_freed_memory() -> None:
     """Let glibc keep freed memory for reuse instead of returning it to the kernel after every task.
 
     A gradient's temporaries (activations, deltas: megabytes) are freed at the end of each task. By
