@@ -377,6 +377,13 @@ def test_an_additive_model_refuses_the_overlapping_modes(tmp_path: Path, data: P
     assert result.returncode == 2 and "solved in one pass" in result.stderr, result.stderr
 
 
+def test_the_overlapping_modes_refuse_a_cluster_at_start(tmp_path: Path, data: Path) -> None:
+    for mode in ("staleness = 1", ASYNC):
+        result = memtrain("train", write_job(tmp_path / mode[:5], data, mode), "--cluster", "local:2")
+        assert result.returncode == 2 and "run on one machine only" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr and not (tmp_path / mode[:5] / "run").exists()
+
+
 def test_inspect_shows_the_staleness_histogram_and_where_a_version_came_from(async_run: Path) -> None:
     shown = memtrain("inspect", async_run, "--json")
     schedule = json.loads(shown.stdout)["schedule"]
