@@ -40,11 +40,12 @@ from memtrain.train.lineage import Lineage
 from memtrain.train.logbook import Logbook
 from memtrain.train.messages import GradTask, Result
 from memtrain.train.optim import learning_rate
-from memtrain.train.plan import TaskRange, Update, gradient_base, task_stream
+from memtrain.train.plan import TaskRange, Update, gradient_base, live_bases, startable_updates, task_stream
 from memtrain.train.reduce import reduce_and_step
 from memtrain.train.rounds import RoundFiles
 from memtrain.train.scheduler import TaskStream
 from memtrain.train.state import Position
+from memtrain.train.stream import discard
 from memtrain.train.weights import commit_weights, ready_building, weights_checksum
 
 Arrived = tuple[GradTask, Result]
@@ -68,7 +69,7 @@ class Overlap:
         self.tickets = 0  # async mode: each task's own number in this server's life (its file's name)
 
     def close(self) -> None:
-        self._discard([self.files.exchange / name for name in self.spares])
+        discard([self.files.exchange / name for name in self.spares])
         self.spares = []
 
     # --- fixed staleness ---
@@ -83,7 +84,7 @@ class Overlap:
         submitted = position.batch
         arrived: dict[tuple[int, int], Arrived] = {}
         while position.batch < len(updates):
-            while submitted < len(updates) and gradient_base(first + submitted, k) <= first + position.batch:
+            while first + submitted in startable_updates(first + position.batch, k, first + len(updates)):
                 version = bases[gradient_base(first + submitted, k)]
                 for rows in updates[submitted].tasks:
                     self.submit(update=updates[submitted].update, rows=rows, version=version)
@@ -93,10 +94,10 @@ class Overlap:
             while position.batch < submitted and all((updates[position.batch].update, t.task) in arrived
                                                      for t in updates[position.batch].tasks):
                 update = updates[position.batch]
-                following = gradient_base(update.update + 1, k)  # the oldest base any later update reads
+                live = live_bases(update.update + 1, k)  # the bases of every later update
                 self.apply(position, update, [arrived.pop((update.update, t.task)) for t in update.tasks],
-                           oldest=bases.get(following, position.version))
-                bases = {n: v for n, v in bases.items() if n >= following} | {update.update + 1: position.version}
+                           oldest=bases.get(live.start, position.version))
+                bases = {n: v for n, v in bases.items() if n in live} | {live.stop - 1: position.version}
                 position.bases = [[n, v] for n, v in sorted(bases.items())]
                 self.look()
 
@@ -120,7 +121,7 @@ class Overlap:
                 # far: it computes while the server applies what it returned.
                 self.top_up(remaining, reading, position.version)
                 if position.version - task.version > train.max_staleness:
-                    self._discard([self.gradient_path(task)])
+                    discard([self.gradient_path(task)])
                     remaining.appendleft(TaskRange(task.task, task.lo, task.hi))
                     recomputed += 1
                     continue
@@ -235,11 +236,6 @@ class Overlap:
         files.maps.drop_deleted()
         return checksum
 
-    @staticmethod
-    def _discard(paths: list[Path]) -> None:
-        for path in paths:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
 
 
 def replay_mismatch(version: int, recorded: str, found: str | None, lineage: Lineage) -> MemtrainError:

@@ -405,10 +405,16 @@ class Trainer:
 
     def overlap_look(self, position: Position) -> None:
         """The server's look between two updates of an overlapping mode: logs and progress, now and then."""
-        now = time.monotonic()
-        if now >= self.next_look:
-            self.next_look = now + PROGRESS_SECONDS
+        if self.look_due():
             self.report(position)
+
+    def look_due(self) -> bool:
+        """Whether PROGRESS_SECONDS have passed since the server last looked between two updates."""
+        now = time.monotonic()
+        if now < self.next_look:
+            return False
+        self.next_look = now + PROGRESS_SECONDS
+        return True
 
     def look(self, position: Position, board: Board) -> None:
         """The server's look at a running stretch: log what finished, show progress."""
@@ -417,10 +423,8 @@ class Trainer:
 
     def heartbeat(self, position: Position) -> bool:
         """Called by the rounds the server runs itself, between two updates; True ends the stretch there."""
-        now = time.monotonic()
-        if now < self.next_look:
+        if not self.look_due():
             return False
-        self.next_look = now + PROGRESS_SECONDS
         self.look(position, self.memory_board)
         return self.stop.requested or self.placement.heartbeat()
 

@@ -147,7 +147,7 @@ class StreamParticipant(Participant):
                 return super().run()
         finally:
             self.discard_received()
-            self.discard([self.files.exchange / name for name in self.spares])
+            discard([self.files.exchange / name for name in self.spares])
             self.spares = []
 
     def gradient_buffers(self, update: Update) -> list[np.ndarray]:
@@ -168,7 +168,7 @@ class StreamParticipant(Participant):
         tasks = [GradTask(task=rows.task, attempt=0, update=update.update, version=self.version, lo=rows.lo,
                           hi=rows.hi, spare=spare) for rows, spare in zip(update.tasks, spares, strict=True)]
         results = self.run_tasks(tasks, self.housekeeping)
-        self.discard([files.exchange / spare for spare in spares if spare])  # one a worker did not take (a retry)
+        discard([files.exchange / spare for spare in spares if spare])  # one a worker did not take (a retry)
         self.received = [(files.exchange / streamed_gradient_name(update.update, r.task, r.attempt),
                           spare_gradient_name(update.update, r.task, r.attempt)) for r in results]
         for result in results:
@@ -205,11 +205,12 @@ class StreamParticipant(Participant):
         files.building(self.version + 1)[::PAGE_FLOATS] = 0  # its pages faulted in now, not during the step
 
     def discard_received(self) -> None:
-        self.discard([path for path, _ in self.stepped + self.received])
+        discard([path for path, _ in self.stepped + self.received])
         self.stepped, self.received = [], []
 
-    @staticmethod
-    def discard(paths: list[Path]) -> None:
-        for path in paths:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+
+def discard(paths: list[Path]) -> None:
+    """Delete files the stream is done with (gradients, spares); one already gone is no error."""
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
