@@ -24,7 +24,8 @@ import multiprocessing
 import os
 import signal
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any, Protocol
 
@@ -43,12 +44,18 @@ class Slot:
     inbox: Connection | None = None  # the server's end of the pipe the worker reads
     outbox: Connection | None = None  # the server's end of the pipe the worker answers on
     ready: bool = False  # the worker has started and said so
-    current: Message | None = None
-    since: float = 0.0
+    # Sent and not answered yet, in the order the worker takes them: the first is what it works on, the
+    # others wait in its inbox (a task stream may hand a worker its next task early: scheduler.TaskStream).
+    queue: deque[Message] = field(default_factory=deque)
+    since: float = 0.0  # when the worker started the first of them
+
+    @property
+    def current(self) -> Message | None:
+        return self.queue[0] if self.queue else None
 
     @property
     def idle(self) -> bool:
-        return self.current is None
+        return not self.queue
 
     @property
     def pid(self) -> int:
@@ -57,12 +64,16 @@ class Slot:
 
 @dataclass(frozen=True)
 class Event:
-    """An answer from a slot, or the death of its process (``answer`` None, ``exitcode`` set)."""
+    """An answer from a slot, or the death of its process (``answer`` None, ``exitcode`` set).
+
+    A death reports what the slot was working on (``message``), then each message still waiting in its
+    inbox as ``unstarted``: those were never begun, so nothing of theirs is on disk."""
 
     slot: Slot
     answer: Result | StretchEnd | None
     message: Message | None  # what the slot was working on
     exitcode: int | None = None
+    unstarted: bool = False
 
 
 class Transport(Protocol):
@@ -102,7 +113,9 @@ class WorkerPool:
         return all(slot.ready for slot in self.slots)
 
     def send(self, slot: Slot, message: Message) -> None:
-        slot.current, slot.since = message, time.monotonic()
+        if not slot.queue:
+            slot.since = time.monotonic()
+        slot.queue.append(message)
         with contextlib.suppress(OSError):  # it died since the last wait (EPIPE): its sentinel reports the death
             slot.inbox.send(message)
 
@@ -121,6 +134,8 @@ class WorkerPool:
             events.extend(self._drain(slot))
             slot.process.join()
             events.append(Event(slot, None, slot.current, slot.process.exitcode))
+            events.extend(Event(slot, None, message, slot.process.exitcode, unstarted=True)
+                          for message in list(slot.queue)[1:])
             self._replace(slot)
         return events
 
@@ -134,8 +149,8 @@ class WorkerPool:
             if isinstance(answer, Ready):
                 slot.ready = True
                 continue
-            events.append(Event(slot, answer, slot.current))
-            slot.current = None
+            events.append(Event(slot, answer, slot.queue.popleft() if slot.queue else None))
+            slot.since = time.monotonic()  # the worker goes on with the next message in its inbox, if any
         return events
 
     def kill(self, slot: Slot) -> None:
@@ -176,9 +191,10 @@ class InServer:
         self._events: list[Event] = []
 
     def send(self, slot: Slot, message: Message) -> None:
-        slot.current, slot.since = message, time.monotonic()
+        slot.queue.append(message)
+        slot.since = time.monotonic()
         answer = self.state.handle(message)
-        slot.current = None
+        slot.queue.popleft()
         self._events.append(Event(slot, answer, message))
 
     def wait(self, timeout: float) -> list[Event]:

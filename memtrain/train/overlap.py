@@ -36,6 +36,7 @@ import numpy as np
 from memtrain.config import Job
 from memtrain.errors import MemtrainError
 from memtrain.layout import building_path, spare_gradient_name, streamed_gradient_name, weights_path
+from memtrain.train.exchange import InServer, Transport
 from memtrain.train.lineage import Lineage
 from memtrain.train.logbook import Logbook
 from memtrain.train.messages import GradTask, Result
@@ -49,6 +50,13 @@ from memtrain.train.stream import discard
 from memtrain.train.weights import commit_weights, ready_building, weights_checksum
 
 Arrived = tuple[GradTask, Result]
+# Tasks a worker process holds at once: its next one waits in its inbox, so it never idles while the server
+# steps (docs/async.md, "Throughput"). The server's own slot runs a task when it is sent: one.
+WORKER_DEPTH = 2
+
+
+def stream_depth(transport: Transport) -> int:
+    return 1 if isinstance(transport, InServer) else WORKER_DEPTH
 
 
 class Overlap:
