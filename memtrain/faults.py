@@ -3,6 +3,10 @@
 The points are declared in ``POINTS`` below, each where a crash matters, so a test can loop n over every
 reachable hit, SQLite style, instead of killing at one lucky moment. A name not in ``POINTS`` is refused
 at the start of every command (``check_spec``); tests/test_fault_points.py makes each point fire.
+``MEMTRAIN_FAULT`` is read once per process, at its first fault point, and again at the start of every
+command (``check_spec``): a fault point runs several times per update, where reading the environment
+each time was a measurable part of a small model's run. A test that changes the variable within its
+own process calls ``reread`` (tests/conftest.py does before and after every test).
 ``MEMTRAIN_FAULT_ACTION=raise`` raises OSError(ENOSPC) instead (disk-full tests),
 ``MEMTRAIN_FAULT_ACTION=stop`` sends SIGSTOP (hang tests).
 ``MEMTRAIN_FAULT_ONCE=/path/marker`` makes the fault fire in one process only, once per marker file
@@ -21,6 +25,7 @@ with the lineage: a torn read (weights written while read) cannot pass it.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import signal
 from collections import Counter
@@ -60,12 +65,14 @@ POINTS = {
     "serve_after_launch": "a job's train launched",
 }
 
-# Process-local hit counts of the test hook. This is the one piece of module state in memtrain: the
-# hook must count hits across call sites without threading a counter through every function.
+# Process-local hit counts of the test hook (and, in ``_armed``, the spec as read). This is the one piece
+# of module state in memtrain: the hook must count hits across call sites without threading a counter
+# through every function.
 _hits: Counter[str] = Counter()
 
 
 def _targets() -> dict[str, int]:
+    """The points ``MEMTRAIN_FAULT`` names, with the hit each fires at, as the environment says now."""
     spec = os.environ.get(ENV, "")
     targets = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
@@ -74,8 +81,24 @@ def _targets() -> dict[str, int]:
     return targets
 
 
+@functools.cache
+def _armed() -> dict[str, int] | None:
+    """``_targets()`` as this process first read it; None when ``MEMTRAIN_FAULT`` is unset."""
+    return _targets() if ENV in os.environ else None
+
+
+def reread() -> None:
+    """Read ``MEMTRAIN_FAULT`` again at the next fault point, and count hits from zero again."""
+    _armed.cache_clear()
+    _hits.clear()
+
+
 def check_spec() -> None:
-    """Refuse a ``MEMTRAIN_FAULT`` that names an unknown point or a bad count (a test that would kill nothing)."""
+    """Refuse a ``MEMTRAIN_FAULT`` that names an unknown point or a bad count (a test that would kill nothing).
+
+    Called at the start of every command, it also makes the command read the variable afresh (``reread``).
+    """
+    reread()
     for name, count in _targets().items():
         if name not in POINTS:
             raise InputError(f"unknown fault point {name!r} in {ENV}", expected=", ".join(POINTS), found=name)
@@ -85,12 +108,13 @@ def check_spec() -> None:
 
 
 def fault_point(name: str) -> None:
-    """Die here if the test environment asks for it; a no-op (one dict lookup) otherwise."""
-    if ENV not in os.environ:
+    """Die here if the test environment asks for it; a no-op (one cached call) otherwise."""
+    targets = _armed()
+    if targets is None:
         return
     if name not in POINTS:
         raise AssertionError(f"fault point {name!r} is not declared in memtrain/faults.py POINTS")
-    wanted = _targets().get(name)
+    wanted = targets.get(name)
     if wanted is None:
         return
     _hits[name] += 1

@@ -11,11 +11,21 @@ import numpy as np
 import pytest
 from hypothesis import settings
 
+from memtrain import faults
 from memtrain.cli import main
 
 # Property tests check results, never speed: a per-example deadline only measures how loaded the machine is.
 settings.register_profile("memtrain", deadline=None)
 settings.load_profile("memtrain")
+
+
+@pytest.fixture(autouse=True)
+def fault_spec_read_afresh() -> object:
+    """Each test reads MEMTRAIN_FAULT as it sets it (memtrain reads it once per process: memtrain/faults.py),
+    and leaves no armed fault point or hit count to the next test in this process."""
+    faults.reread()
+    yield
+    faults.reread()
 
 
 @dataclass

@@ -94,3 +94,23 @@ def test_an_unknown_point_or_count_is_refused(tmp_path: Path, spec: str, message
                             text=True, env={**os.environ, "MEMTRAIN_FAULT": spec}, timeout=60)
     assert result.returncode == 2
     assert message in result.stderr and "expected" in result.stderr
+
+
+def test_the_spec_is_read_once_per_process_and_again_by_every_command(tmp_path: Path, cli, small_table,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fault point reads MEMTRAIN_FAULT once (it runs on every update); a command reads it afresh at its
+    start, so a fault set for a whole process still fires -- here a full disk at prepare's first write."""
+    from conftest import table_csv
+
+    from memtrain.faults import fault_point
+
+    fault_point("write")  # the process has read the spec: none
+    monkeypatch.setenv("MEMTRAIN_FAULT", "write:1")
+    monkeypatch.setenv("MEMTRAIN_FAULT_ACTION", "raise")
+    fault_point("write")  # still none: the spec is not read again between two fault points
+    source = tmp_path / "t.csv"
+    source.write_text(table_csv(*small_table))
+    result = cli("prepare", source, tmp_path / "ds")
+    assert result.code == 1
+    assert "no space left" in result.err
+    assert not (tmp_path / "ds").exists()
