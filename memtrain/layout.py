@@ -5,6 +5,7 @@ No other module formats a path. Numbers are zero-padded so that names sort in or
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -72,8 +73,11 @@ _VERSION_RE = re.compile(r"^v(\d{8})\.npy$")
 _CHECKPOINT_RE = re.compile(r"^c(\d{8})$")
 
 
+@functools.lru_cache(maxsize=256)
 def weights_path(run_dir: Path, version: int) -> Path:
-    return Path(f"{run_dir}/{WEIGHTS_DIR}/v{version:08d}.npy")  # one Path, not three: asked for on every update
+    """A version's file. Cached: asked for several times per update (published, read, retired some updates
+    later), and a Path costs more to build than to look up; a few hundred names, never stale."""
+    return Path(f"{run_dir}/{WEIGHTS_DIR}/v{version:08d}.npy")  # one Path, not three
 
 
 def weight_versions(run_dir: Path) -> list[int]:

@@ -94,13 +94,15 @@ class RoundFiles:
     """
 
     def __init__(self, *, context: ModelContext, dataset: Dataset, run_dir: Path, exchange: Path, server_pid: int,
-                 optimizer: OptimizerConfig, setup: RoundSetup, board: Board, maps: MapCache, straggler: float = 1.0):
+                 optimizer: OptimizerConfig, setup: RoundSetup, board: Board, maps: MapCache, straggler: float = 1.0,
+                 plan: Plan | None = None):
         self.context, self.run_dir, self.exchange, self.server_pid = context, run_dir, exchange, server_pid
         self.straggler = straggler  # a test hook (faults.straggler_factor): this process's gradients made slower
         self.optimizer, self.setup, self.board, self.maps = optimizer, setup, board, maps
         self.train = dataset.split("train")
         self.size = context.layout.size
-        self.plan = Plan(self.train.rows, setup.batch_size, setup.tasks_per_update, setup.seed, setup.epochs)
+        # the plan: derived here, or the server's own when it runs the rounds itself (each epoch's list made once)
+        self.plan = plan or Plan(self.train.rows, setup.batch_size, setup.tasks_per_update, setup.seed, setup.epochs)
         self.records = open_records(exchange / ROUND_RECORDS, self.plan.per_epoch, setup.tasks_per_update)
         self.loss, self.seconds, self.bad = self.records["loss"], self.records["seconds"], self.records["bad"]
         self.grads = [self._map(exchange / gradient_buffer_name(t)) for t in range(setup.tasks_per_update)]
@@ -198,7 +200,9 @@ class Participant:
         slices = step_slices(files.size, stretch.slices, BLOCK)
         self.slice = slices[self.slot] if self.slot < len(slices) else None
         self.unpublished: Update | None = None  # slot 0: an update whose version is complete, not yet renamed
-        self.readied = -1  # the last slot: the version whose file it readied last
+        # the last slot: the version whose file it readied last; the server readied the stretch's first one
+        # (Trainer.stretch), so the first round does not check that file again
+        self.readied = stretch.version + 1
 
     def run(self) -> Outcome:
         updates = self.files.plan.updates(self.stretch.epoch)[self.stretch.first:self.stretch.stop]

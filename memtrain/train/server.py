@@ -232,7 +232,8 @@ class Trainer:
             self.log(f"unpublished versions {newer[0]}-{newer[-1]}: made after the checkpoint, they are made again")
         self.log(f"server pid {os.getpid()}")
         self.in_server = InServer(WorkerState(self._setup(), alive=lambda: None, board=self.memory_board,
-                                              heartbeat=lambda: self.heartbeat(position), keep_statistics=True))
+                                              heartbeat=lambda: self.heartbeat(position), keep_statistics=True,
+                                              plan=self.plan))
         if self.job.run.cluster:
             self.placement = OnCluster(open_cluster(self.job, self._setup(), self.run_dir, self.log), self.log)
         elif self.streamed:

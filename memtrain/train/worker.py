@@ -44,6 +44,7 @@ from memtrain.train.messages import (
 )
 from memtrain.train.metrics import task_statistics, write_task_statistics
 from memtrain.train.optim import OptimizerConfig
+from memtrain.train.plan import Plan
 from memtrain.train.rounds import Participant, RoundFiles
 from memtrain.train.stream import gradient
 
@@ -117,12 +118,14 @@ class WorkerState:
     when it runs the rounds alone), ``heartbeat`` the server's own work between two updates then.
     ``keep_statistics``: an evaluation task's statistics stay in ``kept_statistics`` (keyed by version, task
     and attempt) instead of going to a file: the server's own state, whose reader is in the same process.
+    ``plan``: the server's own plan, shared with the rounds it runs itself.
     """
 
     def __init__(self, setup: WorkerSetup, *, alive: Callable[[], None], board: Board | None = None,
-                 heartbeat: Callable[[], bool] | None = None, keep_statistics: bool = False):
+                 heartbeat: Callable[[], bool] | None = None, keep_statistics: bool = False, plan: Plan | None = None):
         self.setup, self.alive, self.heartbeat = setup, alive, heartbeat
         self.kept_statistics: dict[tuple[int, int, int], np.ndarray] | None = {} if keep_statistics else None
+        self.plan = plan
         self.exchange = Path(setup.exchange_dir)
         self.run_dir = Path(setup.run_dir)
         self.dataset = open_dataset(setup.dataset)
@@ -165,7 +168,7 @@ class WorkerState:
             self._rounds = RoundFiles(context=self.context, dataset=self.dataset, run_dir=self.run_dir,
                                       exchange=self.exchange, server_pid=setup.server_pid,
                                       optimizer=OptimizerConfig(**dict(setup.optimizer)), setup=setup.rounds,
-                                      board=board, maps=self.maps, straggler=self.straggler)
+                                      board=board, maps=self.maps, straggler=self.straggler, plan=self.plan)
         return self._rounds
 
     def stretch(self, stretch: Stretch) -> StretchEnd:
