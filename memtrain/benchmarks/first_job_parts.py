@@ -1,0 +1,245 @@
+"""The README's first command -> where its time goes, from a plain loop up to memtrain, each step measured.
+
+    python -m memtrain.benchmarks.first_job_parts [--repeats N]
+
+Loops in this process, each adding one thing that memtrain does by its plan or its guarantees:
+
+1. the plain loop of ``first_job.run_loop``: one gradient per batch, Adam in memory;
+2. the job's tasks: ``train.tasks_per_update`` gradients per update (two half batches for this job), added
+   in task order and stepped by memtrain's own step (``reduce_and_step``: mean, Adam, finiteness check,
+   block digests) -- memtrain's arithmetic, checked to end on the same weights as memtrain's last version;
+3. the same, the step writing each version into its own file, published by a rename with its checksum
+   (``weights.ready_building`` / ``commit_weights``, as the rounds do): a loop that only steps and publishes.
+
+Then the per-epoch pieces alone (memtrain's evaluation: loss, predictions and statistics; a checkpoint
+with its fsyncs), and memtrain's own run (``first_job.run_memtrain``), split by the times its
+``metrics.jsonl`` records: start-up, the updates, the gaps between epochs, the end. Medians of the
+repeats, after one run of each not counted (imports, first page faults).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memtrain.benchmarks import first_job
+from memtrain.files import DIGEST_BYTES, read_jsonl
+from memtrain.layout import RUN_LINEAGE, RUN_METRICS, WEIGHTS_DIR
+from memtrain.train.checkpoint import write_checkpoint
+from memtrain.train.maps import MapCache
+from memtrain.train.metrics import combine, task_statistics
+from memtrain.train.optim import learning_rate, state_slots
+from memtrain.train.plan import Plan
+from memtrain.train.reduce import Scratch, reduce_and_step
+from memtrain.train.weights import (
+    block_count,
+    commit_weights,
+    publish_weights,
+    ready_building,
+    weights_checksum,
+)
+
+
+class Problem:
+    """The first command's job, data (normalized in memory, as the plain loop holds it) and model."""
+
+    def __init__(self, dataset: Path):
+        from memtrain.config import load_job
+        from memtrain.dataset import open_dataset
+        from memtrain.train.context import model_context
+
+        self.job = load_job(first_job.JOB, [f'data.path="{dataset}"'])
+        data = open_dataset(dataset)
+        self.context = model_context(data, self.job.model.kind, self.job.model.options, self.job.data.normalize)
+        train, val = data.split("train"), data.split("val")
+        x, y = train.read(0, train.rows)
+        self.x, self.y = self.context.normalize(x), np.asarray(y)
+        xv, yv = val.read(0, val.rows)
+        self.xv, self.yv = self.context.normalize(xv), np.asarray(yv)
+        t = self.job.train
+        self.plan = Plan(train.rows, t.batch_size, t.tasks_per_update, t.seed, t.epochs)
+        self.size = self.context.layout.size
+
+    def init(self) -> np.ndarray:
+        return self.context.layout.flatten(self.context.model.init(np.random.default_rng(self.job.train.seed)))
+
+
+def tasks_loop(problem: Problem, run_dir: Path | None = None) -> dict[str, Any]:
+    """Steps 2 (``run_dir`` None: versions in memory) and 3 (each version a published file in ``run_dir``)."""
+    layout, model, opt = problem.context.layout, problem.context.model, problem.job.train.optimizer
+    size, plan, keep = problem.size, problem.plan, problem.job.run.keep_versions
+    grads = [np.empty(size, np.float32) for _ in range(plan.tasks_per_update)]
+    states = [{slot: np.zeros(size, np.float32) for slot in state_slots(opt)} for _ in (0, 1)]
+    digests = np.zeros((block_count(size), DIGEST_BYTES), np.uint8)
+    scratch, maps = Scratch(), MapCache()
+    weights, spare = problem.init(), np.empty(size, np.float32)
+    if run_dir is not None:
+        (run_dir / WEIGHTS_DIR).mkdir(parents=True)
+        publish_weights(run_dir, 0, weights)
+    started = time.perf_counter()
+    version = 0
+    for epoch in range(plan.epochs):
+        for update in plan.updates(epoch):
+            for task in update.tasks:
+                model.loss_and_grad(layout.views(weights), problem.x[task.lo:task.hi], problem.y[task.lo:task.hi],
+                                    layout.views(grads[task.task]))
+            out, path = spare, None
+            if run_dir is not None:
+                path = ready_building(run_dir, version + 1, size, os.getpid(), keep, fast=version > 0)
+                out = maps.get(path, (size,), np.float32, "r+")
+            reduce_and_step(grads[:len(update.tasks)], update.rows, weights, states[version % 2], out,
+                            states[1 - version % 2], 0, size, opt, version + 1,
+                            learning_rate(opt, update.update, plan.total_updates), digests, layout.trainable, scratch)
+            checksum = weights_checksum(digests, size)  # what the lineage records for the version
+            if path is not None:
+                commit_weights(path, run_dir, version + 1)
+            else:
+                spare = weights
+            weights, version = out, version + 1
+        float(model.loss(layout.views(weights), problem.xv, problem.yv))  # the validation loss, as the loop has it
+    seconds = time.perf_counter() - started
+    maps.close()
+    return {"seconds": seconds, "checksum": checksum, "updates": version}
+
+
+def evaluation(problem: Problem, weights: np.ndarray) -> float:
+    """One epoch's evaluation as memtrain does it in the server: the loss, the predictions (accuracy) and
+    the statistics (predictions and probabilities: macro F1, log loss) of the validation rows."""
+    context, params = problem.context, problem.context.layout.views(weights)
+    started = time.perf_counter()
+    float(context.model.loss(params, problem.xv, problem.yv))
+    int(np.count_nonzero(context.model.predict(params, problem.xv) == problem.yv))
+    combine([task_statistics(context, params, problem.xv, problem.yv)], context)
+    return time.perf_counter() - started
+
+
+def checkpoint(problem: Problem, folder: Path, update: int) -> float:
+    """One checkpoint of the job's files (weights and Adam's two state vectors), with its fsyncs."""
+    folder.mkdir(exist_ok=True)
+    files = {name: folder / f"{name}.npy" for name in ("weights", *state_slots(problem.job.train.optimizer))}
+    for path in files.values():
+        if not path.exists():
+            np.save(path, problem.init())
+    weights = files.pop("weights")
+    started = time.perf_counter()
+    write_checkpoint(folder, update, {"update": update}, weights, files, problem.job.run.keep_checkpoints)
+    return time.perf_counter() - started
+
+
+def memtrain_parts(dataset: Path, run_dir: Path) -> dict[str, float]:
+    """memtrain's run, split by its metrics.jsonl: start-up (the call to the first update's record, less
+    one median update), the updates, the gaps between epochs (less one update each), after the last update."""
+    result = first_job.run_memtrain(dataset, run_dir)
+    returned = time.time()
+    records = read_jsonl(run_dir / RUN_METRICS)
+    times = [r["time"] for r in records if r["kind"] == "update"]
+    epochs = [r["epoch"] for r in records if r["kind"] == "update"]
+    gaps = [b - a for a, b, ea, eb in zip(times, times[1:], epochs, epochs[1:], strict=False) if ea == eb]
+    update = statistics.median(gaps)
+    between = [b - a - update for a, b, ea, eb in zip(times, times[1:], epochs, epochs[1:], strict=False) if ea != eb]
+    parts = {"updates": sum(gaps) + update * (len(between) + 1), "between epochs": sum(between),
+             "after the last update": returned - times[-1]}
+    return {"total": result["seconds"], "start-up": result["seconds"] - sum(parts.values()), **parts,
+            "median update": update,
+            "checksum": read_jsonl(run_dir / RUN_LINEAGE)[-1]["checksum"]}
+
+
+def measure(dataset: Path, scratch: Path, repeats: int) -> dict[str, Any]:
+    problem = Problem(dataset)
+    epochs = problem.plan.epochs
+    checkpoints = len(range(problem.job.run.checkpoint_every - 1, epochs, problem.job.run.checkpoint_every))
+    runs: dict[str, list[float]] = {}
+    parts: list[dict[str, float]] = []
+    checksums = set()
+
+    def timed(name: str, seconds: Callable[[int], float]) -> None:
+        seconds(-1)  # not counted: imports, first page faults
+        runs[name] = [seconds(i) for i in range(repeats)]
+
+    def loop(i: int, run_dir: Path | None = None) -> float:
+        result = tasks_loop(problem, run_dir)
+        checksums.add(result["checksum"])
+        return result["seconds"]
+
+    def memtrain(i: int) -> float:
+        part = memtrain_parts(dataset, scratch / f"memtrain-{i}")
+        checksums.add(part["checksum"])
+        if i >= 0:
+            parts.append(part)
+        return part["total"]
+
+    timed("loop", lambda i: first_job.run_loop(dataset)["seconds"])
+    timed("tasks", loop)
+    timed("published", lambda i: loop(i, scratch / f"published-{i}"))
+    final = problem.init()  # the evaluation's cost does not depend on the weights' values
+    timed("evaluation", lambda i: sum(evaluation(problem, final) for _ in range(epochs)))
+    timed("loop evaluation", lambda i: sum(_loop_evaluation(problem, final) for _ in range(epochs)))
+    timed("checkpoints", lambda i: sum(checkpoint(problem, scratch / f"checkpoints-{i}", 1 + k)
+                                       for k in range(checkpoints)))
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):  # the epoch lines
+        timed("memtrain", memtrain)
+    return {"runs": runs, "parts": {key: statistics.median(p[key] for p in parts) for key in parts[0]
+                                    if key != "checksum"},
+            "same_weights": len(checksums) == 1, "updates": problem.plan.total_updates, "epochs": epochs,
+            "checkpoints": checkpoints}
+
+
+def _loop_evaluation(problem: Problem, weights: np.ndarray) -> float:
+    started = time.perf_counter()
+    float(problem.context.model.loss(problem.context.layout.views(weights), problem.xv, problem.yv))
+    return time.perf_counter() - started
+
+
+def report(measured: dict[str, Any]) -> str:
+    runs, parts, updates = measured["runs"], measured["parts"], measured["updates"]
+    med = {name: statistics.median(values) for name, values in runs.items()}
+
+    def line(label: str, seconds: float, spread: list[float] | None = None, note: str = "") -> str:
+        span = f"  runs {min(spread):.4f}-{max(spread):.4f}" if spread and len(spread) > 1 else ""
+        return f"  {label:<62} {seconds:8.4f} s {seconds / updates * 1e3:7.3f} ms/update{span}{note}"
+
+    same = "yes" if measured["same_weights"] else "NO"
+    lines = [f"the README's first command: {updates} updates, {measured['epochs']} epochs "
+             f"(medians of {len(runs['loop'])} runs)",
+             line("1. plain numpy loop (one gradient per batch)", med["loop"], runs["loop"]),
+             line("2. the job's tasks per update, memtrain's step (same weights: " + same + ")", med["tasks"],
+                  runs["tasks"], f"  (+{med['tasks'] - med['loop']:.4f} s)"),
+             line("3. + each version a file, published by rename", med["published"], runs["published"],
+                  f"  (+{med['published'] - med['tasks']:.4f} s)"),
+             line(f"evaluation x {measured['epochs']}: memtrain's (the loop's: {med['loop evaluation']:.4f} s)",
+                  med["evaluation"], runs["evaluation"]),
+             line(f"checkpoint x {measured['checkpoints']} (3 files, fsyncs)", med["checkpoints"],
+                  runs["checkpoints"]),
+             line("memtrain train (first_job.run_memtrain)", med["memtrain"], runs["memtrain"],
+                  f"  ({med['loop'] / med['memtrain']:.2f}x the plain loop)")]
+    lines += [line(f"   {key}", parts[key]) for key in ("start-up", "updates", "between epochs",
+                                                         "after the last update")]
+    lines.append(f"  (memtrain's median update: {parts['median update'] * 1e3:.3f} ms; step 3's: "
+                 f"{med['published'] / updates * 1e3:.3f} ms)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m memtrain.benchmarks.first_job_parts", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each measurement (default %(default)s)")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="memtrain-first-job-") as folder:
+        scratch = Path(folder)
+        dataset = first_job.prepare_digits(scratch)
+        print(report(measure(dataset, scratch, max(1, args.repeats))))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
