@@ -130,3 +130,25 @@ def test_torch_contention_times_the_three_settings_and_the_gemm_backends() -> No
     assert len(settings[1].split("ms/update")[1].split("cpu ms")[0].split()) == 2  # one time per process
     gemms = [line for line in lines if "GEMM" in line]
     assert len(gemms) >= 2 and all(float(line.split("best")[1].split()[0]) > 0 for line in gemms)
+
+
+def test_the_first_command_decomposed_reaches_memtrain_s_own_weights_and_adds_up() -> None:
+    """The loops of first_job_parts do memtrain's arithmetic (they end on the checksum of memtrain's last
+    version), and memtrain's run splits into parts that add up to its time."""
+    result = subprocess.run([sys.executable, "-m", "memtrain.benchmarks.first_job_parts", "--repeats", "1"],
+                            capture_output=True, text=True, timeout=230, env=dict(os.environ))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("the README's first command: 390 updates, 30 epochs")
+    assert "memtrain's step (same weights: yes)" in result.stdout
+
+    def seconds(label: str) -> float:
+        (line,) = [line for line in lines if line.strip().startswith(label)]
+        return float(line.split(" s ")[0].split()[-1])
+
+    for label in ("1. plain numpy loop", "2. the job's tasks", "3. + each version a file", "evaluation x 30",
+                  "checkpoint x 6"):
+        assert seconds(label) > 0
+    total = seconds("memtrain train")
+    parts = [seconds(label) for label in ("start-up", "updates", "between epochs", "after the last update")]
+    assert all(part > 0 for part in parts) and sum(parts) == pytest.approx(total, abs=5e-4)
