@@ -118,8 +118,9 @@ def evaluation(problem: Problem, weights: np.ndarray) -> float:
     context, params = problem.context, problem.context.layout.views(weights)
     started = time.perf_counter()
     float(context.model.loss(params, problem.xv, problem.yv))
-    int(np.count_nonzero(context.model.predict(params, problem.xv) == problem.yv))
-    combine([task_statistics(context, params, problem.xv, problem.yv)], context)
+    predicted = context.model.predict(params, problem.xv)
+    int(np.count_nonzero(predicted == problem.yv))
+    combine([task_statistics(context, params, problem.xv, problem.yv, predicted=predicted)], context)
     return time.perf_counter() - started
 
 

@@ -37,13 +37,17 @@ def statistics_size(context: ModelContext) -> int:
     return 2 + 3 * context.spec.n_targets
 
 
-def task_statistics(context: ModelContext, params: dict[str, np.ndarray], x: np.ndarray, y: Any) -> np.ndarray:
-    """The summed statistics of normalized rows ``x`` with targets ``y`` (see the module docstring)."""
+def task_statistics(context: ModelContext, params: dict[str, np.ndarray], x: np.ndarray, y: Any, *,
+                    predicted: Any = None) -> np.ndarray:
+    """The summed statistics of normalized rows ``x`` with targets ``y`` (see the module docstring).
+
+    ``predicted``: a classifier's predictions of ``x``, if the caller has them already."""
     model, rows = context.model, len(x)
     if context.classifier:
         k = context.spec.n_classes
         labels = np.asarray(y).reshape(rows).astype(np.int64)
-        predicted = np.asarray(model.predict(params, x)).reshape(rows).astype(np.int64)
+        predicted = np.asarray(model.predict(params, x) if predicted is None else predicted)
+        predicted = predicted.reshape(rows).astype(np.int64)
         log_loss = np.nan
         if hasattr(model, "predict_proba"):
             proba = np.asarray(model.predict_proba(params, x), dtype=np.float64).reshape(rows, k)
@@ -59,9 +63,9 @@ def task_statistics(context: ModelContext, params: dict[str, np.ndarray], x: np.
 
 
 def write_task_statistics(exchange: Path, version: int, task: int, attempt: int, context: ModelContext,
-                          params: dict[str, np.ndarray], x: np.ndarray, y: Any) -> None:
+                          params: dict[str, np.ndarray], x: np.ndarray, y: Any, *, predicted: Any = None) -> None:
     """In a worker: the statistics of one evaluation task, to its exchange file."""
-    stats = task_statistics(context, params, x, y)
+    stats = task_statistics(context, params, x, y, predicted=predicted)
     with writing_npy(exchange / metrics_name(version, task, attempt), stats.shape, np.float64,
                      durable=False) as out:
         out[:] = stats

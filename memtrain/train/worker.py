@@ -45,7 +45,7 @@ from memtrain.train.messages import (
 from memtrain.train.metrics import task_statistics, write_task_statistics
 from memtrain.train.optim import OptimizerConfig
 from memtrain.train.plan import Plan
-from memtrain.train.rounds import Participant, RoundFiles
+from memtrain.train.rounds import ROW_CACHE_BYTES, Participant, RoundFiles, RowCache
 from memtrain.train.stream import gradient
 
 PARENT_POLL_SECONDS = 1.0  # how often an idle worker checks that its server is still alive
@@ -136,6 +136,7 @@ class WorkerState:
             self.context.model.in_worker(setup.blas_threads)
         self._rounds: RoundFiles | None = None
         self._scratch: np.ndarray | None = None
+        self._val_rows = RowCache(ROW_CACHE_BYTES)  # evaluated every epoch: read and normalized once
         self.straggler = straggler_factor() if board is None else 1.0  # a test hook; never the server itself
 
     def scratch(self, size: int) -> np.ndarray:
@@ -176,6 +177,13 @@ class WorkerState:
         return StretchEnd(generation=stretch.generation, slot=stretch.slot, outcome=outcome)
 
     def rows(self, split: str, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of a split, normalized; the validation rows kept for the next epochs (as the rounds keep a
+        task's rows, within ROW_CACHE_BYTES)."""
+        if split == "val":
+            return self._val_rows.get(lo, hi, lambda a, b: self._read(split, a, b))
+        return self._read(split, lo, hi)
+
+    def _read(self, split: str, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         x, y = self.dataset.split(split).read(lo, hi)
         return self.context.normalize(x), np.asarray(y)
 
@@ -192,15 +200,16 @@ class WorkerState:
         params = self.context.layout.views(weights)
         x, y = self.rows("val", message.lo, message.hi)
         loss = float(self.context.model.loss(params, x, y))
-        correct = 0
-        if self.context.classifier:
-            correct = int(np.count_nonzero(self.context.model.predict(params, x) == y))
+        correct, predicted = 0, None
+        if self.context.classifier:  # the predictions, made once for the accuracy and the statistics
+            predicted = self.context.model.predict(params, x)
+            correct = int(np.count_nonzero(predicted == y))
         if self.kept_statistics is not None:
-            self.kept_statistics[message.version, message.task, message.attempt] = task_statistics(self.context, params,
-                                                                                              x, y)
+            self.kept_statistics[message.version, message.task, message.attempt] = task_statistics(
+                self.context, params, x, y, predicted=predicted)
         else:
             write_task_statistics(self.exchange, message.version, message.task, message.attempt, self.context,
-                                  params, x, y)
+                                  params, x, y, predicted=predicted)
         return Result(task=message.task, attempt=message.attempt,
                       outcome=Outcome.DONE if math.isfinite(loss) else Outcome.NONFINITE,
                       loss=loss, rows=message.hi - message.lo, correct=correct)
