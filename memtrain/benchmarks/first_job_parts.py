@@ -14,8 +14,9 @@ Loops in this process, each adding one thing that memtrain does by its plan or i
 
 Then the per-epoch pieces alone (memtrain's evaluation: loss, predictions and statistics; a checkpoint
 with its fsyncs), and memtrain's own run (``first_job.run_memtrain``), split by the times its
-``metrics.jsonl`` records: start-up, the updates, the gaps between epochs, the end. Medians of the
-repeats, after one run of each not counted (imports, first page faults).
+``metrics.jsonl`` records: start-up, the updates, the gaps between epochs, the end. The measurements take
+turns, ``--repeats`` rounds after one not counted (imports, first page faults); each figure is the median
+run's (the lower of the middle two for an even count), memtrain's parts those of its median run.
 """
 
 from __future__ import annotations
@@ -170,13 +171,8 @@ def measure(dataset: Path, scratch: Path, repeats: int) -> dict[str, Any]:
     problem = Problem(dataset)
     epochs = problem.plan.epochs
     checkpoints = len(range(problem.job.run.checkpoint_every - 1, epochs, problem.job.run.checkpoint_every))
-    runs: dict[str, list[float]] = {}
     parts: list[dict[str, float]] = []
     checksums = set()
-
-    def timed(name: str, seconds: Callable[[int], float]) -> None:
-        seconds(-1)  # not counted: imports, first page faults
-        runs[name] = [seconds(i) for i in range(repeats)]
 
     def loop(i: int, memtrain_step: bool = True, run_dir: Path | None = None) -> float:
         result = tasks_loop(problem, memtrain_step=memtrain_step, run_dir=run_dir)
@@ -190,19 +186,26 @@ def measure(dataset: Path, scratch: Path, repeats: int) -> dict[str, Any]:
             parts.append(part)
         return part["total"]
 
-    timed("loop", lambda i: first_job.run_loop(dataset)["seconds"])
-    timed("tasks", lambda i: loop(i, memtrain_step=False))
-    timed("step", loop)
-    timed("published", lambda i: loop(i, run_dir=scratch / f"published-{i}"))
     final = problem.init()  # the evaluation's cost does not depend on the weights' values
-    timed("evaluation", lambda i: sum(evaluation(problem, final) for _ in range(epochs)))
-    timed("loop evaluation", lambda i: sum(_loop_evaluation(problem, final) for _ in range(epochs)))
-    timed("checkpoints", lambda i: sum(checkpoint(problem, scratch / f"checkpoints-{i}", 1 + k)
-                                       for k in range(checkpoints)))
-    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):  # the epoch lines
-        timed("memtrain", memtrain)
-    return {"runs": runs, "parts": {key: statistics.median(p[key] for p in parts) for key in parts[0]
-                                    if key != "checksum"},
+    methods: dict[str, Callable[[int], float]] = {
+        "loop": lambda i: first_job.run_loop(dataset)["seconds"],
+        "tasks": lambda i: loop(i, memtrain_step=False),
+        "step": loop,
+        "published": lambda i: loop(i, run_dir=scratch / f"published-{i}"),
+        "evaluation": lambda i: sum(evaluation(problem, final) for _ in range(epochs)),
+        "loop evaluation": lambda i: sum(_loop_evaluation(problem, final) for _ in range(epochs)),
+        "checkpoints": lambda i: sum(checkpoint(problem, scratch / f"checkpoints-{i}", 1 + k)
+                                     for k in range(checkpoints)),
+        "memtrain": memtrain}
+    runs: dict[str, list[float]] = {name: [] for name in methods}
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):  # memtrain's lines
+        for i in range(-1, repeats):  # the methods take turns, so that a change of load touches them all
+            for name, seconds in methods.items():
+                taken = seconds(i)
+                if i >= 0:  # the first round is not counted: imports, first page faults
+                    runs[name].append(taken)
+    median_run = sorted(parts, key=lambda p: p["total"])[(len(parts) - 1) // 2]  # as statistics.median_low
+    return {"runs": runs, "parts": median_run,
             "same_weights": len(checksums) == 1, "updates": problem.plan.total_updates, "epochs": epochs,
             "checkpoints": checkpoints, "tasks_per_update": problem.plan.tasks_per_update}
 
@@ -215,7 +218,7 @@ def _loop_evaluation(problem: Problem, weights: np.ndarray) -> float:
 
 def report(measured: dict[str, Any]) -> str:
     runs, parts, updates = measured["runs"], measured["parts"], measured["updates"]
-    med = {name: statistics.median(values) for name, values in runs.items()}
+    med = {name: statistics.median_low(values) for name, values in runs.items()}
 
     def line(label: str, seconds: float, spread: list[float] | None = None, note: str = "") -> str:
         span = f"  runs {min(spread):.4f}-{max(spread):.4f}" if spread and len(spread) > 1 else ""
