@@ -149,6 +149,6 @@ def test_the_first_command_decomposed_reaches_memtrain_s_own_weights_and_adds_up
     for label in ("1. plain numpy loop", "2a. the job's 2 tasks", "2b. memtrain's step", "3. + each version a file",
                   "evaluation x 30", "checkpoint x 6"):
         assert seconds(label) > 0
-    total = seconds("memtrain train")
+    total = seconds("memtrain's own run")
     parts = [seconds(label) for label in ("start-up", "updates", "between epochs", "after the last update")]
     assert all(part > 0 for part in parts) and sum(parts) == pytest.approx(total, abs=5e-4)

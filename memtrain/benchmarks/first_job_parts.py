@@ -238,7 +238,7 @@ def report(measured: dict[str, Any]) -> str:
                   med["evaluation"], runs["evaluation"]),
              line(f"checkpoint x {measured['checkpoints']} (3 files, fsyncs)", med["checkpoints"],
                   runs["checkpoints"]),
-             line("memtrain train (first_job.run_memtrain)", med["memtrain"], runs["memtrain"],
+             line("memtrain's own run (first_job.run_memtrain)", med["memtrain"], runs["memtrain"],
                   f"  ({med['loop'] / med['memtrain']:.2f}x the plain loop)")]
     lines += [line(f"   {key}", parts[key]) for key in ("start-up", "updates", "between epochs",
                                                          "after the last update")]
