@@ -45,6 +45,8 @@ POINTS = {
     "before_grad_write": "a task's rows are read, its gradient not computed yet",
     "after_grad_write": "a task's gradient is in its buffer (its own file on a cluster), not marked (answered) yet",
     "mid_step": "after each chunk of a step slice (weights, optimizer state and block digest written)",
+    "mid_publish": "fixed staleness in the rounds: a version recorded as published and the oldest recycled, "
+                   "not renamed into place yet",
     "after_publish": "a version renamed into place, the ledger not yet past its update",
     # the server
     "after_result": "an evaluation or statistics result accepted",

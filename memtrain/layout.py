@@ -171,9 +171,10 @@ def metrics_name(version: int, task: int, attempt: int) -> str:
     return f"m-v{version:08d}-t{task:05d}-a{attempt:03d}.npy"
 
 
-def gradient_buffer_name(task: int) -> str:
-    """The buffer that task ``task`` of every update writes its gradient into (see train/rounds.py)."""
-    return f"g-t{task:05d}.npy"
+def gradient_buffer_name(task: int, bank: int = 0) -> str:
+    """The buffer that task ``task`` of every update writes its gradient into (see train/rounds.py); with
+    fixed staleness in the rounds, of every other update (``bank`` 0 or 1: plan.gradient_bank)."""
+    return f"g-t{task:05d}.npy" if bank == 0 else f"g-t{task:05d}-b{bank}.npy"
 
 
 def state_buffer_name(slot: str, parity: int) -> str:

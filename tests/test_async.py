@@ -109,22 +109,26 @@ def staleness_runs(data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     """staleness = 2 with 1, 2 and 4 workers and in the server (key "server"), and the synchronous run of the
     same job (key 0)."""
     runs = {}
-    for key, workers, train in ((1, 1, "staleness = 2"), (2, 2, "staleness = 2"), (4, 4, "staleness = 2"),
-                                ("server", 0, "staleness = 2"), (0, 2, "")):
+    rounds, stream = 'staleness = 2\nstaleness_in = "rounds"', 'staleness = 2\nstaleness_in = "stream"'
+    for key, workers, train in ((1, 1, rounds), (2, 2, rounds), (4, 4, rounds), ("server", 0, rounds),
+                                ("stream-2", 2, stream), ("stream-server", 0, stream), (0, 2, "")):
         folder = tmp_path_factory.mktemp(f"stale-{key}")
         result = memtrain("train", write_job(folder, data, train), "--workers", workers)
         assert result.returncode == 0, result.stderr
         runs[key] = folder / "run"
-    assert "gradients in the server (train.workers = 0)" in (runs["server"] / "events.log").read_text()
+    assert "fixed staleness 2: rounds (train.staleness_in = 'rounds')" in (runs[4] / "events.log").read_text()
+    assert "gradients in the server (train.workers = 0)" in (runs["stream-server"] / "events.log").read_text()
     return runs
 
 
 def test_fixed_staleness_is_bitwise_identical_for_any_worker_count(staleness_runs: dict[int, Path]) -> None:
     assert digest(staleness_runs[1]) == digest(staleness_runs[2]) == digest(staleness_runs[4]) \
-        == digest(staleness_runs["server"])
+        == digest(staleness_runs["server"]) == digest(staleness_runs["stream-2"]) \
+        == digest(staleness_runs["stream-server"]), "the rounds and the stream compute the same run"
     assert digest(staleness_runs[2]) != digest(staleness_runs[0]), "staleness changes the computation"
-    records = lineage(staleness_runs[4])[1:]  # no update skipped: n updates done = version n
-    assert [r["at"] for r in records] == [[gradient_base(r["update"] - 1, 2)] * 3 for r in records]
+    for key in (4, "stream-2"):
+        records = lineage(staleness_runs[key])[1:]  # no update skipped: n updates done = version n
+        assert [r["at"] for r in records] == [[gradient_base(r["update"] - 1, 2)] * 3 for r in records]
 
 
 def test_auto_keeps_the_gradients_in_the_server_when_workers_cannot_pay_for_streaming() -> None:
@@ -264,19 +268,22 @@ def test_replay_names_the_first_version_that_differs(async_run: Path, tmp_path: 
     assert "the replay differs from the run at weight version 7" in result.stderr and "Traceback" not in result.stderr
 
 
-def kill_server_then_resume(job: Path, hit: int, env: dict[str, str] | None = None) -> Path:
-    crashed = memtrain("train", job, env={"MEMTRAIN_FAULT": f"mid_step:{hit}", **(env or {})})
+def kill_server_then_resume(job: Path, hit: int, env: dict[str, str] | None = None, point: str = "mid_step") -> Path:
+    crashed = memtrain("train", job, env={"MEMTRAIN_FAULT": f"{point}:{hit}", **(env or {})})
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     resumed = memtrain("train", "--resume", job.parent / "run", env=env)
     assert resumed.returncode == 0, resumed.stderr
     return job.parent / "run"
 
 
-def test_server_killed_mid_step_with_fixed_staleness_resumes_bitwise(tmp_path: Path, data: Path,
-                                                                     staleness_runs: dict[int, Path]) -> None:
-    """Killed in epoch 2 (the server steps: mid_step fires there): the resume starts from epoch 1's checkpoint,
-    which carries the 2 older versions epoch 2's first updates read."""
-    run = kill_server_then_resume(write_job(tmp_path, data, "staleness = 2"), hit=20)
+@pytest.mark.parametrize(("where", "point"), [("stream", "mid_step"), ("rounds", "after_update_logged")])
+def test_server_killed_mid_epoch_with_fixed_staleness_resumes_bitwise(tmp_path: Path, data: Path, where: str,
+                                                                      point: str,
+                                                                      staleness_runs: dict[int, Path]) -> None:
+    """Killed in epoch 2 (streamed, mid-step: the server steps; in the rounds, as it logs an update): the
+    resume starts from epoch 1's checkpoint, which carries the 2 older versions epoch 2's first updates read."""
+    job = write_job(tmp_path, data, f'staleness = 2\nstaleness_in = "{where}"')
+    run = kill_server_then_resume(job, hit=20, point=point)
     assert "resumed from c00000014" in (run / "events.log").read_text()
     epoch_end = run / "checkpoints" / "c00000014"
     assert {checkpoint_version_name(12), checkpoint_version_name(13)} <= {p.name for p in epoch_end.iterdir()}
@@ -352,6 +359,19 @@ def test_a_worker_killed_mid_task_loses_no_gradient(tmp_path: Path, data: Path, 
         assert_every_task_applied_once_per_epoch(run, 3)
     else:
         assert digest(run) == digest(staleness_runs[2])
+
+
+def test_a_publisher_killed_between_recycling_and_renaming_loses_no_version(tmp_path: Path, data: Path,
+                                                                           staleness_runs: dict[int, Path]) -> None:
+    """Fixed staleness in the rounds: slot 0 records a version, recycles the oldest kept one, then renames the
+    new one into place. Killed in between, the server completes the rename: the restarted stretch finds the
+    k older versions it reads, and the run is the same."""
+    env = {"MEMTRAIN_FAULT": "mid_publish:5", ONCE_ENV: str(tmp_path / "fired")}
+    result = memtrain("train", write_job(tmp_path, data, 'staleness = 2\nstaleness_in = "rounds"'), env=env)
+    assert result.returncode == 0, result.stderr
+    events = (tmp_path / "run" / "events.log").read_text()
+    assert "died with exit code" in events and "its publisher died after recording it, before the rename" in events
+    assert digest(tmp_path / "run") == digest(staleness_runs[2])
 
 
 def test_no_worker_reads_weights_that_change_under_it(tmp_path: Path, data: Path) -> None:

@@ -21,6 +21,7 @@ TRAIN = {"before_grad_write", "after_grad_write", "mid_step", "after_publish", "
          "ckpt_after_data", "ckpt_before_commit", "run_before_commit", "write"}
 PREPARE = {"prepare_mid_spool", "prepare_mid_shard", "prepare_after_shard", "prepare_before_publish", "write"}
 SERVE = {"serve_after_claim", "serve_after_launch"}
+STALENESS = {"mid_publish"}  # fixed staleness in the rounds
 PROBE = {"exchange_probe"}  # only where an exchange of 16 MiB or more picks between /dev/shm and the run's disk
 
 
@@ -36,7 +37,7 @@ def fired(log: Path) -> set[str]:
 
 
 def test_the_scenarios_cover_every_declared_point() -> None:
-    assert set(POINTS) == TRAIN | PREPARE | SERVE | PROBE
+    assert set(POINTS) == TRAIN | STALENESS | PREPARE | SERVE | PROBE
 
 
 def job(folder: Path, data: Path, name: str = "job", hidden: int = 8) -> Path:
@@ -52,6 +53,15 @@ def test_every_train_point_fires(tmp_path: Path) -> None:
     result = memtrain("train", job(tmp_path, data), points=TRAIN, log=tmp_path / "fired", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert fired(tmp_path / "fired") == TRAIN
+
+
+def test_the_staleness_point_fires(tmp_path: Path) -> None:
+    x, y = blobs(n=500, features=4, classes=3)
+    data = write_dataset(tmp_path / "data", x, y, shard_rows=200)
+    result = memtrain("train", job(tmp_path, data), "--set", "train.staleness=1", "--set",
+                      'train.staleness_in="rounds"', points=STALENESS, log=tmp_path / "fired", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert fired(tmp_path / "fired") == STALENESS
 
 
 def test_the_exchange_probe_fires_for_a_large_exchange(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ loses only lines that a resume rewrites anyway (it truncates the logs to its che
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,20 +19,23 @@ import numpy as np
 from memtrain.errors import MemtrainError
 from memtrain.faults import fault_point
 from memtrain.files import open_npy
-from memtrain.layout import gradient_buffer_name, weights_path
+from memtrain.layout import building_path, gradient_buffer_name, weights_path
 from memtrain.train.counters import batch_number, epoch_number, update_number
 from memtrain.train.lineage import update_record
 from memtrain.train.marks import PUBLISHED, SKIPPED, Ledger
 from memtrain.train.optim import OptimizerConfig, learning_rate
-from memtrain.train.plan import Plan, TaskRange, Update, task_owner
+from memtrain.train.plan import Plan, TaskRange, Update, gradient_banks, live_bases, task_owner
 from memtrain.train.run_dir import RunDir
 from memtrain.train.state import Position
+from memtrain.train.weights import commit_weights
 
 
 class Logbook:
     def __init__(self, *, run: RunDir, exchange: Path, plan: Plan, records: np.ndarray, optimizer: OptimizerConfig,
-                 on_nonfinite: str, size: int, describe_rows: Callable[[int, int], str], log: Callable[[str], None]):
+                 on_nonfinite: str, size: int, describe_rows: Callable[[int, int], str], log: Callable[[str], None],
+                 staleness: int = 0):
         self.run, self.exchange, self.plan, self.records = run, exchange, plan, records
+        self.staleness = staleness  # fixed staleness: the position keeps the versions later updates read
         self.optimizer, self.on_nonfinite, self.size = optimizer, on_nonfinite, size
         self.describe_rows, self.log = describe_rows, log
         self.lineage: list[dict[str, Any]] = []
@@ -55,8 +59,17 @@ class Logbook:
             self.finish(position, update, row)
 
     def _published_after_ledger(self, row: np.void, position: Position) -> bool:
-        return bool(row["status"] == PUBLISHED and row["version"] == position.version + 1
-                    and weights_path(self.run.path, position.version + 1).exists())
+        """Whether the update after the ledger was published, its publisher dying before the ledger: renamed
+        into place, or only recorded (fixed staleness recycles the oldest version in between: then the file,
+        complete since every slice of it was met, is renamed here, as its publisher was about to)."""
+        version = position.version + 1
+        if not (row["status"] == PUBLISHED and row["version"] == version):
+            return False
+        building = building_path(self.run.path, version, os.getpid())
+        if self.staleness and not weights_path(self.run.path, version).exists() and building.exists():
+            commit_weights(building, self.run.path, version)
+            self.log(f"published version {version}: its publisher died after recording it, before the rename")
+        return weights_path(self.run.path, version).exists()
 
     def finish(self, position: Position, update: Update, row: np.void) -> None:
         tasks = len(update.tasks)
@@ -67,7 +80,7 @@ class Logbook:
         published = bool(row["status"] == PUBLISHED)
         self.applied(position, update, row["loss"][:tasks].tolist(),
                      version=int(row["version"]) if published else None,
-                     at=[int(row["version"]) - 1] * tasks,  # the round computes every gradient at the parent
+                     at=[int(row["at"])] * tasks,  # the round computes an update's gradients at one version
                      checksum="xxh3-128-blocks:" + bytes(row["checksum"]).hex(), compute=compute,
                      bad=[t for t in update.tasks if row["bad"][t.task]], when=float(row["time"]))
 
@@ -81,6 +94,7 @@ class Logbook:
         loss = sum(losses)  # the order the step adds them in
         if lr is None:
             lr = learning_rate(self.optimizer, update.update, self.plan.total_updates)
+        before = position.version
         if version is not None:
             position.version = version
             self.lineage.append(update_record(
@@ -93,12 +107,21 @@ class Logbook:
         position.epoch_loss += loss
         position.epoch_rows += update.rows
         position.batch += 1
+        if self.staleness:
+            self.keep_bases(position, update.update, before)
         self.metrics.append({
             "kind": "update", "epoch": epoch_number(update.epoch), "batch": batch_number(update.batch),
             "update": update_number(update.update), "version": position.version, "loss": loss / update.rows,
             "rows": update.rows, "skipped": version is None, "compute_s": compute, "time": when})
         self.timeline.append((update.update, when, compute))
         fault_point("after_update_logged")
+
+    def keep_bases(self, position: Position, update: int, before: int) -> None:
+        """Fixed staleness: ``position.bases`` -> the versions after each count of updates that a later update's
+        gradients may still be computed at (plan.live_bases), now that ``update`` (from ``before``) is done."""
+        live = live_bases(update + 1, self.staleness)
+        bases = {update: before} | dict(position.bases) | {update + 1: position.version}
+        position.bases = [[n, v] for n, v in sorted(bases.items()) if n in live]
 
     def nonfinite(self, update: Update, bad: list[TaskRange]) -> None:
         if not bad and self.on_nonfinite == "stop":  # the stretch stopped right here: the buffers are intact
@@ -117,8 +140,12 @@ class Logbook:
     def nonfinite_gradients(self, update: Update) -> list[TaskRange]:
         """The tasks whose gradient buffer holds NaN/Inf (read only on this rare path, never per update)."""
         return [rows for rows in update.tasks
-                if not np.isfinite(open_npy(self.exchange / gradient_buffer_name(rows.task), shape=(self.size,),
+                if not np.isfinite(open_npy(self.exchange / gradient_buffer_name(rows.task, self.bank(update)),
+                                            shape=(self.size,),
                                             dtype=np.float32)).all()]
+
+    def bank(self, update: Update) -> int:
+        return update.update % gradient_banks(self.staleness)
 
     def write(self) -> None:
         """Append the lines logged since the last call."""

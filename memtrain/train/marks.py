@@ -19,12 +19,13 @@ meeting, whether or not it had work there:
 
 A mark holds ``generation << 32 | (update + 1)``, negated when the piece came out non-finite, so a mark
 from an older stretch, or from an earlier update, never counts for this one. No participant can be
-more than one meeting ahead of another (every meeting needs everyone's mark), so one word per slot is
-enough for the step marks; the gradients marks are kept in two banks (update parity) because a skipped
-update has no step meeting in between. The ready mark only grows: a waiter accepts a later one. Marks
-are written with ``pwrite`` and read with ``pread``: the system call orders them after the data they
-stand for, which was written through a map. A waiter that finds its marks missing sleeps on the
-board's doorbell, which every mark rings (train/doorbell.py).
+more than one meeting ahead of another (every meeting needs everyone's mark), so the marks are kept in
+two banks (update parity): a skipped update has no step meeting in between, and with fixed staleness
+the step marks of an update are waited for at the next update's meeting, one bank behind. The ready
+mark only grows: a waiter accepts a later one. Marks are written with ``pwrite`` and read with
+``pread``: the system call orders them after the data they stand for, which was written through a map.
+A waiter that finds its marks missing sleeps on the board's doorbell, which every mark rings
+(train/doorbell.py).
 
 Each update's record (``round-records.npy``, one row per update of the current epoch) holds each task's
 loss and compute time, written by the task's owner before its mark, and how the update ended, written
@@ -100,7 +101,7 @@ class Board:
         self.slots = slots
         self.grad_words = ACTIVITIES + ACTIVITY_WORDS * slots
         self.step_words = self.grad_words + 2 * slots
-        self.size = self.step_words + slots
+        self.size = self.step_words + 2 * slots
         self.path = path
         if path is None:
             self._memory = [0] * self.size
@@ -140,7 +141,7 @@ class Board:
 
     def mark_step(self, generation: int, update: int, slot: int, finite: bool) -> None:
         value = mark_value(generation, update)
-        self._write(self.step_words + slot, value if finite else -value)
+        self._write(self.step_words + (update % 2) * self.slots + slot, value if finite else -value)
 
     def mark_ready(self, generation: int, update: int) -> None:
         self._write(READY, mark_value(generation, update))
@@ -154,9 +155,25 @@ class Board:
 
     def wait_step(self, generation: int, update: int, participants: int, alive: Callable[[], None]) -> bool:
         """Wait for every participant's step mark of ``update``; True if every slice is finite."""
-        value, marks = mark_value(generation, update), slice(self.step_words, self.step_words + participants)
+        value, marks = mark_value(generation, update), self._step_marks(update, participants)
         words = self._wait(generation, alive, lambda w: all(abs(m) == value for m in w[marks]))
         return all(m > 0 for m in words[marks])
+
+    def wait_both(self, generation: int, *, step: int, grads: int, participants: int,
+                  alive: Callable[[], None]) -> tuple[bool, bool]:
+        """One meeting for fixed staleness: every step mark of update ``step`` and every gradients mark of
+        update ``grads`` (and the ready mark); whether the step's slices, and the gradients, are all finite."""
+        step_value, steps = mark_value(generation, step), self._step_marks(step, participants)
+        grads_value, start = mark_value(generation, grads), self.grad_words + (grads % 2) * self.slots
+        marks = slice(start, start + participants)
+        words = self._wait(generation, alive, lambda w: w[READY] >= grads_value
+                           and all(abs(m) == grads_value for m in w[marks])
+                           and all(abs(m) == step_value for m in w[steps]))
+        return all(m > 0 for m in words[steps]), all(m > 0 for m in words[marks])
+
+    def _step_marks(self, update: int, participants: int) -> slice:
+        start = self.step_words + (update % 2) * self.slots
+        return slice(start, start + participants)
 
     def _wait(self, generation: int, alive: Callable[[], None], ready: Callable[[list[int]], bool]) -> list[int]:
         started = checked = time.monotonic()
@@ -211,9 +228,10 @@ class Board:
 
 
 def records_dtype(tasks: int) -> np.dtype:
-    """One update's record. ``loss`` and ``seconds`` per task; ``participants`` is how many shared its tasks."""
+    """One update's record. ``loss`` and ``seconds`` per task; ``participants`` is how many shared its tasks;
+    ``version`` the version it published, ``at`` the one its gradients were computed at."""
     return np.dtype([("loss", "<f8", (tasks,)), ("seconds", "<f8", (tasks,)), ("bad", "u1", (tasks,)),
-                     ("status", "i1"), ("participants", "<i2"), ("version", "<i8"), ("time", "<f8"),
+                     ("status", "i1"), ("participants", "<i2"), ("version", "<i8"), ("at", "<i8"), ("time", "<f8"),
                      ("checksum", "u1", (DIGEST_BYTES,))])
 
 

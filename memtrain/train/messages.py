@@ -26,8 +26,9 @@ class RoundSetup:
     tasks_per_update: int
     seed: int
     epochs: int
-    keep_versions: int
+    keep_versions: int  # published versions a participant keeps when it readies a file (recycling older ones)
     on_nonfinite: str  # "stop" | "skip"
+    staleness: int = 0  # fixed staleness k (train/plan.py gradient_base); 0: synchronous
     slots: int  # participants a stretch may have at most (the board has room for them)
 
 
@@ -65,6 +66,7 @@ class Stretch:
     slot: int
     participants: int
     slices: int
+    bases: tuple[tuple[int, int], ...] = ()  # fixed staleness: (updates done, the version then) still read
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -87,8 +87,8 @@ class Overlap:
         k = self.job.train.staleness
         updates = self.files.plan.updates(position.epoch)
         first = updates[0].update  # the epoch's first update, counted over the run
-        bases = {done: version for done, version in position.bases}  # updates done -> the version then
-        bases[first + position.batch] = position.version
+        # updates done -> the version then (the logbook keeps position.bases as updates are applied)
+        bases = dict(position.bases) | {first + position.batch: position.version}
         submitted = position.batch
         arrived: dict[tuple[int, int], Arrived] = {}
         while position.batch < len(updates):
@@ -105,8 +105,7 @@ class Overlap:
                 live = live_bases(update.update + 1, k)  # the bases of every later update
                 self.apply(position, update, [arrived.pop((update.update, t.task)) for t in update.tasks],
                            oldest=bases.get(live.start, position.version))
-                bases = {n: v for n, v in bases.items() if n in live} | {live.stop - 1: position.version}
-                position.bases = [[n, v] for n, v in sorted(bases.items())]
+                bases = dict(position.bases)
                 self.look()
 
     # --- async ---
@@ -234,11 +233,12 @@ class Overlap:
         grads = [files.maps.get(path, (size,), np.float32) for path in gradients]  # spares: the same inodes again
         parity = version % 2  # the optimizer state of version n is in buffer n % 2, as in the round
         finite = reduce_and_step(grads, rows, files.weights(version), files.state[parity], files.building(version + 1),
-                                 files.state[1 - parity], 0, size, files.optimizer, version + 1, lr, files.digests,
+                                 files.state[1 - parity], 0, size, files.optimizer, version + 1, lr,
+                                 files.digests[(version + 1) % 2],
                                  files.context.layout.trainable, files.scratch)
         if not finite:
             return None
-        checksum = weights_checksum(files.digests, size)
+        checksum = weights_checksum(files.digests[(version + 1) % 2], size)
         commit_weights(building_path(files.run_dir, version + 1, files.server_pid), files.run_dir, version + 1)
         self.publish_sync(weights_path(files.run_dir, version + 1))
         files.maps.drop_deleted()

@@ -128,6 +128,12 @@ def gradient_base(update: int, staleness: int) -> int:
     return max(0, update - staleness)
 
 
+def gradient_banks(staleness: int) -> int:
+    """Sets of gradient buffers the rounds keep: with fixed staleness a participant computes update n + 1's
+    gradients while a peer may still step update n from its buffers, so updates alternate between two."""
+    return 2 if staleness else 1
+
+
 def startable_updates(done: int, staleness: int, total: int) -> range:
     """The updates whose gradients can be computed once ``done`` of ``total`` are applied: the next k + 1.
     Every later one needs weights that do not exist yet, so at most k + 1 updates are ever in flight.

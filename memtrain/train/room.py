@@ -4,10 +4,11 @@ its own doing.
 
 Exchange area (deleted when the run ends):
 - gradient buffers: one per task of an update (``T``), made at start and rewritten by every update
-  (train/rounds.py), so neither failures nor the worker count add any;
+  (train/rounds.py), so neither failures nor the worker count add any; two with fixed staleness
+  (plan.gradient_banks);
 - additive models also: one statistics file (float64) per task, all alive until they are summed; a killed
   or superseded attempt's file is removed at once (train/scheduler.py), so failures add nothing;
-- the optimizer state, double-buffered (2 per slot), the block digests, the round records (one per update of
+- the optimizer state, double-buffered (2 per slot), the block digests (2 banks), the round records (one per update of
   an epoch) and the board the participants meet at.
 - on a cluster (``run.cluster``, train/stream.py), also a gradient file per task of two updates: those of
   the update just stepped are deleted while the next update's are written;
@@ -17,7 +18,8 @@ Exchange area (deleted when the run ends):
 
 Run directory:
 - weight versions: the ``keep_versions`` kept ones (at least the k + 1 a fixed staleness k reads, or the
-  max_staleness + 1 of async mode) plus the one being built;
+  max_staleness + 1 of async mode) plus the one being built (and with fixed staleness in the rounds the
+  one readied after it);
 - checkpoints: ``keep_checkpoints`` plus the one being written before the oldest is pruned, each holding
   the weights and one file per optimizer slot (and, with fixed staleness k, up to k older versions).
 The logs (metrics, lineage, events) grow by a few hundred bytes per update and are not counted.
@@ -35,6 +37,7 @@ from memtrain.models.params import PARAM_DTYPE
 from memtrain.train.context import ModelContext
 from memtrain.train.marks import WORD, Board, records_dtype
 from memtrain.train.optim import state_slots
+from memtrain.train.plan import gradient_banks
 from memtrain.train.weights import block_count
 
 # Per file: the .npy header of a 1-D array (128 bytes; 4 KiB is ample) and the rounding up to whole pages.
@@ -57,7 +60,7 @@ def room_needed(job: Job, context: ModelContext, *, per_epoch: int, slots: int) 
     states = len(state_slots(job.train.optimizer))
     train = job.train
     tasks = train.tasks_per_update
-    gradients = tasks * weights
+    gradients = gradient_banks(train.staleness) * tasks * weights
     if context.additive:
         gradients += tasks * (context.stats_layout.size * np.dtype(np.float64).itemsize + FILE_OVERHEAD)
     if job.run.cluster:
@@ -66,12 +69,13 @@ def room_needed(job: Job, context: ModelContext, *, per_epoch: int, slots: int) 
         gradients += 2 * (slots + train.async_group) * weights
     elif train.staleness:
         gradients += (train.staleness + 2) * tasks * weights
-    small = (block_count(context.layout.size) * DIGEST_BYTES + per_epoch * records_dtype(tasks).itemsize
+    small = (2 * block_count(context.layout.size) * DIGEST_BYTES + per_epoch * records_dtype(tasks).itemsize
              + Board(slots).size * WORD.itemsize + 3 * FILE_OVERHEAD)
     exchange = gradients + 2 * states * weights + small
     read = train.max_staleness + 1 if train.mode == "async" else train.staleness + 1  # versions tasks may read
     checkpoint = (1 + states + train.staleness) * weights
-    run = (max(job.run.keep_versions, read) + 1) * weights + (job.run.keep_checkpoints + 1) * checkpoint
+    building = 2 if train.staleness else 1
+    run = (max(job.run.keep_versions, read) + building) * weights + (job.run.keep_checkpoints + 1) * checkpoint
     return Room(exchange=exchange, run=run)
 
 

@@ -43,7 +43,6 @@ import numpy as np
 
 from memtrain.dataset import Dataset
 from memtrain.faults import fault_point
-from memtrain.files import DIGEST_BYTES
 from memtrain.layout import (
     ROUND_RECORDS,
     WEIGHT_DIGESTS,
@@ -70,9 +69,23 @@ from memtrain.train.marks import (
 )
 from memtrain.train.messages import Outcome, RoundSetup, Stretch
 from memtrain.train.optim import OptimizerConfig, learning_rate, state_slots
-from memtrain.train.plan import Plan, TaskRange, Update, step_slices, task_owner
+from memtrain.train.plan import (
+    Plan,
+    TaskRange,
+    Update,
+    gradient_banks,
+    gradient_base,
+    step_slices,
+    task_owner,
+)
 from memtrain.train.reduce import Scratch, reduce_and_step
-from memtrain.train.weights import BLOCK, block_count, commit_weights, ready_building, weights_digest
+from memtrain.train.weights import (
+    BLOCK,
+    commit_weights,
+    digests_shape,
+    ready_building,
+    weights_digest,
+)
 
 DROP_DELETED_EVERY = 16  # updates between checks for maps of deleted files (a retired version not recycled)
 # A task's rows are read (and normalized) once and kept for the next epochs, up to this many bytes of
@@ -105,10 +118,11 @@ class RoundFiles:
         self.plan = plan or Plan(self.train.rows, setup.batch_size, setup.tasks_per_update, setup.seed, setup.epochs)
         self.records = open_records(exchange / ROUND_RECORDS, self.plan.per_epoch, setup.tasks_per_update)
         self.loss, self.seconds, self.bad = self.records["loss"], self.records["seconds"], self.records["bad"]
-        self.grads = [self._map(exchange / gradient_buffer_name(t)) for t in range(setup.tasks_per_update)]
+        self.grads = [[self._map(exchange / gradient_buffer_name(t, bank)) for t in range(setup.tasks_per_update)]
+                      for bank in range(gradient_banks(setup.staleness))]  # update n's are in bank n % banks
         self.state = [{slot: self._map(exchange / state_buffer_name(slot, parity)) for slot in state_slots(optimizer)}
                       for parity in (0, 1)]
-        self.digests = maps.get(exchange / WEIGHT_DIGESTS, (block_count(self.size), DIGEST_BYTES), np.uint8, "r+")
+        self.digests = maps.get(exchange / WEIGHT_DIGESTS, digests_shape(self.size), np.uint8, "r+")
         self.scratch = Scratch()
         self._building: tuple[int, Path] = (-1, run_dir)
         # the views of the task buffers and of the versions in use: a few maps, each kept alive by its views
@@ -195,14 +209,18 @@ class Participant:
                  heartbeat: Callable[[], bool] | None = None):
         self.files, self.stretch, self.alive, self.heartbeat = files, stretch, alive, heartbeat
         self.generation, self.slot = stretch.generation, stretch.slot
-        self.version = stretch.version
-        self.weights = files.weights(stretch.version)  # the version the next gradients are computed at
+        self.staleness = files.setup.staleness
+        self.version = stretch.version  # the newest complete version (the next step's parent)
+        self.weights = files.weights(stretch.version)  # ... mapped
+        self.bases = dict(stretch.bases)  # fixed staleness: updates done -> the version then (plan.gradient_base)
         slices = step_slices(files.size, stretch.slices, BLOCK)
         self.slice = slices[self.slot] if self.slot < len(slices) else None
         self.unpublished: Update | None = None  # slot 0: an update whose version is complete, not yet renamed
+        self.computed_at: dict[int, int] = {}  # slot 0: update -> the version its gradients were computed at
         # the last slot: the version whose file it readied last; the server readied the stretch's first one
         # (Trainer.stretch), so the first round does not check that file again
         self.readied = stretch.version + 1
+        self.out: np.ndarray | None = None  # the file of the version the last step wrote, mapped
 
     def run(self) -> Outcome:
         updates = self.files.plan.updates(self.stretch.epoch)[self.stretch.first:self.stretch.stop]
@@ -220,20 +238,28 @@ class Participant:
         return Outcome.DONE
 
     def round(self, *, step: Update | None, grads: Update | None) -> Update | None:
-        """Step ``step`` into the next version, then compute ``grads`` at it; returns ``grads`` unless it
-        was skipped (its step is then the next round's)."""
+        """Step ``step`` into the next version, then compute ``grads``; returns ``grads`` unless it was skipped
+        (its step is then the next round's).
+
+        Synchronous, the gradients need the new version: everyone meets after the step and after the
+        gradients. With fixed staleness k >= 1 they are computed at a version that is complete already, so
+        the step's meeting is folded into the gradients' one: one meeting per update."""
         if step is not None:
             self.step(step)
         if grads is None:
+            if self.staleness and step is not None:
+                self.files.board.doing(self.slot, self.generation, WAITING, step.update)
+                self.settle(step, self.files.board.wait_step(self.generation, step.update, self.stretch.participants,
+                                                             self.alive))
             self.publish()  # nothing left to overlap the publication with
             return None
-        return self.gradients(grads)
+        return self.gradients(grads, stepped=step)
 
     # --- 1. the step ---
 
     def step(self, update: Update) -> None:
         files, board = self.files, self.files.board
-        out = files.building(self.version + 1)
+        out = self.out = files.building(self.version + 1)  # mapped now: once met, slot 0 may rename it any time
         finite = True
         if self.slice is not None:
             board.doing(self.slot, self.generation, STEP, update.update, self.slot)
@@ -241,57 +267,105 @@ class Participant:
             finite = reduce_and_step(self.gradient_buffers(update), update.rows, self.weights,
                                      files.state[parity], out, files.state[1 - parity], *self.slice, files.optimizer,
                                      self.version + 1, learning_rate(files.optimizer, update.update,
-                                                                     files.plan.total_updates), files.digests,
+                                                                     files.plan.total_updates),
+                                     files.digests[(self.version + 1) % 2],
                                      files.context.layout.trainable, files.scratch)
         board.mark_step(self.generation, update.update, self.slot, finite)
+        if self.staleness:
+            return  # met at the next gradients' meeting
         board.doing(self.slot, self.generation, WAITING, update.update)
-        if not board.wait_step(self.generation, update.update, self.stretch.participants, self.alive):
-            self.skip(update, ())  # the new version is void; nobody reads it, the next step overwrites it
+        self.settle(update, board.wait_step(self.generation, update.update, self.stretch.participants, self.alive))
+
+    def settle(self, update: Update, finite: bool) -> None:
+        """Everyone's slice of ``update``'s step is written: the new version is complete, or void if a slice
+        came out non-finite (nobody reads it; the next step overwrites it)."""
+        if not finite:
+            self.skip(update, ())
             return
-        self.weights, self.version = out, self.version + 1
+        self.weights, self.version = self.out, self.version + 1
         if self.slot == 0:
             self.unpublished = update
+        self.done(update)
         if update.update % DROP_DELETED_EVERY == 0:
-            files.maps.drop_deleted()
+            self.files.maps.drop_deleted()
+
+    def done(self, update: Update) -> None:
+        """Fixed staleness: note the version after ``update`` (published or skipped) for the later gradients."""
+        if self.staleness:
+            self.bases[update.update + 1] = self.version
+            self.bases.pop(update.update - self.staleness, None)  # no later update reads it (plan.live_bases)
 
     def gradient_buffers(self, update: Update) -> list[np.ndarray]:
         """The update's gradients, in task order (train/stream.py reads them from files workers sent)."""
-        return [self.files.grads[t.task] for t in update.tasks]
+        bank = self.files.grads[update.update % len(self.files.grads)]
+        return [bank[t.task] for t in update.tasks]
 
     # --- 2. the gradients ---
 
-    def gradients(self, update: Update) -> Update | None:
+    def gradients(self, update: Update, *, stepped: Update | None = None) -> Update | None:
+        """``update``'s gradients, at the new version (or with fixed staleness at plan.gradient_base's),
+        then the meeting; ``stepped``: the update whose step this round began with (fixed staleness meets it
+        here)."""
         files, board = self.files, self.files.board
+        at = self.bases[gradient_base(update.update, self.staleness)] if self.staleness else self.version
+        weights = self.weights if at == self.version else files.weights(at)
         finite = True
         for rows in update.tasks:
             if task_owner(rows.task, self.stretch.participants) == self.slot:
-                finite = self.gradient(update, rows) and finite
+                finite = self.gradient(update, rows, weights, at) and finite
         if self.slot == 0:  # before its mark: once everyone has met, the next step rewrites the digests it reads
+            self.computed_at[update.update] = at
             self.publish()
         board.mark_gradients(self.generation, update.update, self.slot, finite)
-        if self.slot == self.stretch.participants - 1:  # the readier: slot 0 too when it is alone
-            if self.readied != self.version + 1:  # a skipped update asks for the same file again
-                board.doing(self.slot, self.generation, READY, update.update)
-                files.ready_building(self.version + 1)
-                self.readied = self.version + 1
+        if self.staleness:
+            if self.slot == 0:  # the next step's file was readied after the last meeting (``ready``)
+                board.mark_ready(self.generation, update.update)
+        elif self.slot == self.stretch.participants - 1:  # the readier: slot 0 too when it is alone
+            self.ready(self.version + 1, update)
             board.mark_ready(self.generation, update.update)
         board.doing(self.slot, self.generation, WAITING, update.update)
-        if not board.wait_gradients(self.generation, update.update, self.stretch.participants, self.alive):
+        if self.staleness and stepped is not None:
+            step_finite, finite = board.wait_both(self.generation, step=stepped.update, grads=update.update,
+                                                  participants=self.stretch.participants, alive=self.alive)
+            self.settle(stepped, step_finite)
+        else:
+            finite = board.wait_gradients(self.generation, update.update, self.stretch.participants, self.alive)
+        if self.staleness and self.slot == 0:  # right away: the ledger passes ``stepped`` before ``update`` is skipped
+            if self.unpublished is not None:
+                self.publish()  # readies the file of the step after next too
+            else:
+                self.ready(self.version + 2, update)
+        if not finite:
             losses = files.loss[update.batch, :len(update.tasks)]
             self.skip(update, np.flatnonzero(~np.isfinite(losses)).tolist())
             return None
         return update
 
-    def gradient(self, update: Update, rows: TaskRange) -> bool:
-        """One task's gradient into its buffer; False if its loss is not finite."""
+    def ready(self, version: int, update: Update) -> None:
+        """Make the file of ``version`` ready for its step, retiring (recycling) the oldest version kept.
+
+        Synchronous, the readier (the last slot) readies the next step's file while its peers compute.
+        With fixed staleness slot 0 readies the file of the step after next as it publishes a version,
+        after recording it and before renaming it: a worker's death restarts the stretch from the newest
+        version recorded, whose k older versions must still be there (the server completes a rename its
+        publisher died before: Logbook.catch_up), and no more than k + 1 are ever published."""
+        if self.readied != version:  # a skipped update asks for the same file again
+            self.files.board.doing(self.slot, self.generation, READY, update.update)
+            self.files.ready_building(version)
+            self.readied = version
+
+    def gradient(self, update: Update, rows: TaskRange, weights: np.ndarray, at: int) -> bool:
+        """One task's gradient at version ``at`` (mapped: ``weights``) into its buffer; False if its loss is
+        not finite."""
         files = self.files
         files.board.doing(self.slot, self.generation, GRADIENT, update.update, rows.task)
         x, y = files.rows(rows)
         fault_point("before_grad_write")
         started = time.perf_counter()
         model = files.context.model
-        seeded = {"seed": (files.setup.seed, self.version, rows.task)} if getattr(model, "seeded", False) else {}
-        loss = model.loss_and_grad(files.views(self.weights), x, y, files.views(files.grads[rows.task]),
+        seeded = {"seed": (files.setup.seed, at, rows.task)} if getattr(model, "seeded", False) else {}
+        out = files.grads[update.update % len(files.grads)][rows.task]
+        loss = model.loss_and_grad(files.views(weights), x, y, files.views(out),
                                    **seeded)  # overwrites every value
         if files.straggler > 1:
             time.sleep((files.straggler - 1) * (time.perf_counter() - started))
@@ -309,9 +383,12 @@ class Participant:
         update, self.unpublished = self.unpublished, None
         files = self.files
         files.board.doing(self.slot, self.generation, PUBLISH, update.update)
-        digest = weights_digest(files.digests, files.size)
-        self.record(update, PUBLISHED)
-        files.records["checksum"][update.batch] = np.frombuffer(digest, np.uint8)
+        files.records["checksum"][update.batch] = np.frombuffer(weights_digest(files.digests[self.version % 2],
+                                                                              files.size), np.uint8)
+        self.record(update, PUBLISHED)  # from here the file is as good as published (Logbook.catch_up)
+        if self.staleness:
+            self.ready(self.version + 2, update)  # recycles the oldest version, before the newest is added
+            fault_point("mid_publish")
         commit_weights(files.building_path(self.version), files.run_dir, self.version)
         fault_point("after_publish")
         files.board.set_ledger(Ledger(self.generation, update.update, self.version))
@@ -323,11 +400,18 @@ class Participant:
             for task in bad:
                 self.files.bad[update.batch, task] = LOSS_NONFINITE
             self.files.board.set_ledger(Ledger(self.generation, update.update, self.version))
+        self.done(update)
         if self.files.setup.on_nonfinite == "stop":
             raise NonfiniteStop
 
     def record(self, update: Update, status: int) -> None:
+        """How ``update`` ended, into its record; the status last (the server trusts a record by it)."""
         row = self.files.records[update.batch]
-        row["status"], row["version"], row["time"] = status, self.version, time.time()
-        row["participants"] = self.stretch.participants
+        row["version"], row["time"] = self.version, time.time()
+        row["at"] = self.computed_at.pop(update.update, self.version)
+        row["participants"] = self.record_participants(update)
         self.files.bad[update.batch] = 0
+        row["status"] = status
+
+    def record_participants(self, update: Update) -> int:
+        return self.stretch.participants

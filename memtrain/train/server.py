@@ -60,8 +60,8 @@ from memtrain.train.messages import EvalTask, GradTask, Outcome, RoundSetup, Sta
 from memtrain.train.metrics import SHOWN
 from memtrain.train.metrics import collect as validation_metrics
 from memtrain.train.overlap import Overlap, replay_mismatch, stream_depth
-from memtrain.train.placement import Placement, stream_workers
-from memtrain.train.plan import Plan, eval_tasks, split_range, step_slices
+from memtrain.train.placement import Placement, staleness_in, stream_workers
+from memtrain.train.plan import Plan, eval_tasks, gradient_banks, split_range, step_slices
 from memtrain.train.pools import OnCluster, Streamed, open_cluster
 from memtrain.train.record import Decision
 from memtrain.train.room import room_needed
@@ -151,6 +151,15 @@ def overlapping(job: Job) -> bool:
     return job.train.mode == "async" or job.train.staleness > 0
 
 
+def versions_kept(job: Job) -> int:
+    """The versions the rounds keep when they ready a file (the newest before it): ``run.keep_versions``.
+    With fixed staleness k the file readied is two ahead of the newest published version (rounds.py
+    ``Participant.ready``), so one more, and at least the k + 1 that gradients in flight may still read."""
+    if not job.train.staleness:
+        return job.run.keep_versions
+    return max(job.run.keep_versions + 1, job.train.staleness + 2)
+
+
 def describe_mode(job: Job) -> str:
     if job.train.mode == "async":
         return f"async mode (max_staleness {job.train.max_staleness}, async_group {job.train.async_group})"
@@ -196,7 +205,7 @@ class Trainer:
         self.job, self.dataset, self.context, self.run_dir, self.stop = job, dataset, context, run, stop
         self.quiet = quiet
         self.lineage = lineage  # a run to replay (memtrain train --replay)
-        self.streamed = overlapping(job) or lineage is not None  # train/overlap.py runs it, not the rounds
+        self.streamed = False  # train/overlap.py runs the run, not the rounds (decided at start: streams)
         self.train_rows = dataset.split("train").rows
         self.val_rows = dataset.split("val").rows
         self.plan = Plan(self.train_rows, job.train.batch_size, job.train.tasks_per_update, job.train.seed,
@@ -207,13 +216,14 @@ class Trainer:
         self.generation = 0
         self.slots = round_slots(job)
         self.board = create_round_files(run.exchange, context.layout.size, job.train.tasks_per_update, self.slots,
-                                        self.plan.per_epoch)
+                                        self.plan.per_epoch, gradient_banks(job.train.staleness))
         self.memory_board = Board(1)
         self.logbook = Logbook(run=run, exchange=run.exchange, plan=self.plan,
                                records=open_records(run.exchange / ROUND_RECORDS, self.plan.per_epoch,
                                                     job.train.tasks_per_update),
                                optimizer=job.train.optimizer, on_nonfinite=job.train.on_nonfinite,
-                               size=context.layout.size, describe_rows=self.describe_rows, log=self.log)
+                               size=context.layout.size, describe_rows=self.describe_rows, log=self.log,
+                               staleness=job.train.staleness)
         self.bar: Reporter | None = None
         self.next_look = 0.0
         self.epoch_started = self.started
@@ -234,6 +244,7 @@ class Trainer:
         self.in_server = InServer(WorkerState(self._setup(), alive=lambda: None, board=self.memory_board,
                                               heartbeat=lambda: self.heartbeat(position), keep_statistics=True,
                                               plan=self.plan))
+        self.streamed = self.streams(position)
         if self.job.run.cluster:
             self.placement = OnCluster(open_cluster(self.job, self._setup(), self.run_dir, self.log), self.log)
         elif self.streamed:
@@ -271,6 +282,19 @@ class Trainer:
         return TrainSummary(self.run_dir.path, position.version, position.epoch, last, position.best,
                             time.monotonic() - self.started, self.scheduler.deaths,
                             stopped_early=position.epoch < self.job.train.epochs and self.out_of_patience(position))
+
+    def streams(self, position: Position) -> bool:
+        """Whether train/overlap.py runs the run (async mode, a replay, or a fixed staleness streamed), not the
+        rounds; for ``train.staleness_in = "auto"`` measured here (placement.staleness_in) and logged."""
+        train = self.job.train
+        if self.lineage is not None or train.mode == "async":
+            return True
+        if not train.staleness:
+            return False
+        where, why = staleness_in(train.staleness_in, task_seconds=lambda: self.time_task(position),
+                                  tasks=train.tasks_per_update)
+        self.log(f"fixed staleness {train.staleness}: {where} ({why})")
+        return where == "stream"
 
     def _overlap_placement(self, position: Position) -> Streamed:
         """The overlapping modes stream their gradients to ``train.workers`` processes, or (0, or "auto" when
@@ -329,7 +353,7 @@ class Trainer:
 
     def epoch_rest(self, position: Position, started: float) -> None:
         """Run the epoch on from ``position``: the round's stretches, or an overlapping mode's loop."""
-        if not overlapping(self.job):
+        if not self.streamed:
             self.stretch(position, started)
             return
         self.epoch_started = started
@@ -370,10 +394,12 @@ class Trainer:
         board.set_ledger(Ledger(self.generation, position.update_index(self.per_epoch) - 1, version))
         self.logbook.records["status"][first:stop] = 0
         ready_building(self.run_dir.path, version + 1, self.context.layout.size, os.getpid(),
-                       self.job.run.keep_versions, recycle=not cluster)
+                       versions_kept(self.job), recycle=not cluster)
         slices = len(step_slices(self.context.layout.size, participants, BLOCK))
+        bases = dict(position.bases) | {position.update_index(self.per_epoch): version}
         stretches = [Stretch(generation=self.generation, epoch=position.epoch, first=first, stop=stop,
-                             version=version, slot=slot, participants=participants, slices=slices)
+                             version=version, slot=slot, participants=participants, slices=slices,
+                             bases=tuple(sorted(bases.items())))
                      for slot in range(participants)]
         self.epoch_started = started
         logged = len(self.logbook.timeline)
@@ -581,8 +607,8 @@ class Trainer:
         fields = dataclasses.fields(job.train.optimizer)
         optimizer = tuple((f.name, getattr(job.train.optimizer, f.name)) for f in fields)
         rounds = RoundSetup(batch_size=job.train.batch_size, tasks_per_update=job.train.tasks_per_update,
-                            seed=job.train.seed, epochs=job.train.epochs, keep_versions=job.run.keep_versions,
-                            on_nonfinite=job.train.on_nonfinite, slots=self.slots)
+                            seed=job.train.seed, epochs=job.train.epochs, keep_versions=versions_kept(job),
+                            on_nonfinite=job.train.on_nonfinite, slots=self.slots, staleness=job.train.staleness)
         return WorkerSetup(server_pid=os.getpid(), run_dir=str(self.run_dir.path),
                            exchange_dir=str(self.run_dir.exchange), dataset=str(self.dataset.path),
                            normalize=job.data.normalize, model_kind=job.model.kind,
@@ -590,11 +616,13 @@ class Trainer:
                            optimizer=optimizer, rounds=rounds)
 
 
-def create_round_files(exchange: Path, size: int, tasks: int, slots: int, per_epoch: int) -> Board:
-    """The exchange files the rounds use, made once per run: a gradient buffer per task, the block digests,
-    the records and the board (the optimizer state is made by train/state.py)."""
+def create_round_files(exchange: Path, size: int, tasks: int, slots: int, per_epoch: int, banks: int) -> Board:
+    """The exchange files the rounds use, made once per run: a gradient buffer per task (and bank:
+    plan.gradient_banks), the block digests, the records and the board (the optimizer state is made by
+    train/state.py)."""
     for task in range(tasks):
-        allocate_npy(exchange / gradient_buffer_name(task), (size,), np.float32)
+        for bank in range(banks):
+            allocate_npy(exchange / gradient_buffer_name(task, bank), (size,), np.float32)
     create_digests(exchange, size)
     create_records(exchange / ROUND_RECORDS, per_epoch, tasks)
     return Board.create(exchange / ROUND_BOARD, slots)

@@ -160,13 +160,14 @@ class StreamParticipant(Participant):
         finally:
             self.stepped, self.received = self.received, []
 
-    def gradients(self, update: Update) -> Update | None:
+    def gradients(self, update: Update, *, stepped: Update | None = None) -> Update | None:
         files = self.files
         self.publish()  # the version the tasks name is published (and synced) before any message names it
         spares, self.spares = self.spares[:len(update.tasks)], self.spares[len(update.tasks):]
         spares += [""] * (len(update.tasks) - len(spares))
         tasks = [GradTask(task=rows.task, attempt=0, update=update.update, version=self.version, lo=rows.lo,
                           hi=rows.hi, spare=spare) for rows, spare in zip(update.tasks, spares, strict=True)]
+        self.computed_at[update.update] = self.version
         results = self.run_tasks(tasks, self.housekeeping)
         discard([files.exchange / spare for spare in spares if spare])  # one a worker did not take (a retry)
         self.received = [(files.exchange / streamed_gradient_name(update.update, r.task, r.attempt),
@@ -187,9 +188,8 @@ class StreamParticipant(Participant):
         super().publish()
         self.publish_sync(weights_path(self.files.run_dir, self.version))
 
-    def record(self, update: Update, status: int) -> None:
-        super().record(update, status)
-        self.files.records[update.batch]["participants"] = max(1, min(self.workers(), len(update.tasks)))
+    def record_participants(self, update: Update) -> int:
+        return max(1, min(self.workers(), len(update.tasks)))
 
     def housekeeping(self) -> None:
         """While the workers compute: the last step's gradient files become spares, the next version's file

@@ -56,10 +56,17 @@ def block_count(size: int) -> int:
     return -(-size // BLOCK)
 
 
+def digests_shape(size: int) -> tuple[int, int, int]:
+    """Two banks of block digests, one per version parity: version n's are in bank n % 2, so the step that
+    writes version n + 1 never overwrites the digests that version n is being published with (fixed
+    staleness in the rounds publishes a version while its peers already step the next)."""
+    return 2, block_count(size), DIGEST_BYTES
+
+
 def create_digests(exchange: Path, size: int) -> np.ndarray:
     """The exchange file the slice owners write each block's digest into; returned mapped read-only."""
     path = exchange / WEIGHT_DIGESTS
-    shape = (block_count(size), DIGEST_BYTES)
+    shape = digests_shape(size)
     offset = allocate_npy(path, shape, np.dtype(np.uint8))
     return np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=shape)
 
