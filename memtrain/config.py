@@ -106,7 +106,7 @@ class TrainConfig:
     on_nonfinite: str = "stop"  # "stop" | "skip": what a NaN/Inf loss or gradient does to the update
     mode: str = "sync"  # "sync": the plan fixes every gradient's version | "async": arrival order (async.md)
     staleness: int = 0  # sync: gradients of update n are computed at the weights of k updates earlier
-    staleness_in: str = "auto"  # "rounds" (workers meet once per update) | "stream" (server steps) | "auto"
+    staleness_in: str = "rounds"  # "rounds": workers step, meet once per update | "stream": the server steps
     max_staleness: int | None = None  # async only (default 4): a staler gradient is recomputed, never applied
     async_group: int | None = None  # async only (default 1): gradients applied together, in arrival order
     patience: int | None = None  # stop after this many epochs without a better val_loss; None: never stop early
@@ -321,7 +321,7 @@ def _check_train(train: TrainConfig, where: Any) -> TrainConfig:
 # train.batch_size. A larger value is far more likely a typo than a plan.
 MAX_STALENESS = 64
 ASYNC_DEFAULTS = {"max_staleness": 4, "async_group": 1}
-STALENESS_IN = ("auto", "rounds", "stream")  # how a fixed staleness runs (docs/async.md)
+STALENESS_IN = ("rounds", "stream")  # how a fixed staleness runs (docs/async.md)
 
 
 def _check_mode(train: TrainConfig, where: Any) -> TrainConfig:
@@ -332,7 +332,7 @@ def _check_mode(train: TrainConfig, where: Any) -> TrainConfig:
     if train.staleness_in not in STALENESS_IN:
         raise InputError("bad value for train.staleness_in", path=where, expected=" or ".join(map(repr, STALENESS_IN)),
                          found=repr(train.staleness_in))
-    if train.staleness_in != "auto" and not train.staleness:
+    if train.staleness_in != "rounds" and not train.staleness:
         raise InputError("train.staleness_in applies only to a fixed staleness (train.staleness >= 1)", path=where,
                          expected="train.staleness >= 1", found=f"train.staleness = {train.staleness}")
     if train.mode == "sync":

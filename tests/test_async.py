@@ -116,7 +116,7 @@ def staleness_runs(data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
         result = memtrain("train", write_job(folder, data, train), "--workers", workers)
         assert result.returncode == 0, result.stderr
         runs[key] = folder / "run"
-    assert "fixed staleness 2: rounds (train.staleness_in = 'rounds')" in (runs[4] / "events.log").read_text()
+    assert "fixed staleness 2: in the rounds (train.staleness_in = 'rounds')" in (runs[4] / "events.log").read_text()
     assert "gradients in the server (train.workers = 0)" in (runs["stream-server"] / "events.log").read_text()
     return runs
 

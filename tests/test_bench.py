@@ -107,12 +107,13 @@ def test_bench_async_runs_every_mode_with_and_without_a_straggler(tmp_path: Path
     report = json.loads(result.stdout)
     rows = report["results"]
     assert [(r["straggler"], r["mode"]) for r in rows] == 2 * [(s, m) for s in (None, 3.0)
-                                                               for m in ("sync", "staleness 1", "async")]
+                                                               for m in ("sync", "staleness 1",
+                                                                         "staleness 1, stream", "async")]
     for row in rows:
         assert row["updates_per_s"] > 0 and row["vs_sync"] > 0
         assert row["straggled"] == [row["straggler"] is not None], "every straggler run had its straggler"
-    assert {r["mode"]: r["staleness_max"] for r in rows[:3]}["sync"] == 0
-    assert 1 <= {r["mode"]: r["staleness_max"] for r in rows[:3]}["staleness 1"] <= 1
+    staleness = {r["mode"]: r["staleness_max"] for r in rows[:4]}
+    assert staleness["sync"] == 0 and staleness["staleness 1"] == staleness["staleness 1, stream"] == 1
     assert [c["check"] for c in report["checks"]] == 2 * ["async vs sync, with a straggler",
                                                           "staleness 1 vs sync, no straggler"]
     assert os.listdir(tmp_path) == []

@@ -1,4 +1,4 @@
-"""The mode keys (train.mode, staleness, max_staleness, async_group) through the CLI, and lineage format 2.
+"""The mode keys (train.mode, staleness, staleness_in, max_staleness, async_group) through the CLI, and lineage format 2.
 
 Every mode key is range-checked (exit 2, naming the key, no run started), and a synchronous run's lineage
 says, per gradient, the version it was computed at (its parent). The modes themselves: tests/test_async.py.
@@ -31,6 +31,8 @@ def job_with(folder: Path, data: Path, keys: str) -> Path:
     ('mode = "async"\nasync_group = 0', "train.async_group out of range"),
     ('mode = "async"\nmax_staleness = 65', "train.max_staleness out of range"),
     ('mode = "async"\nmax_staleness = 1.5', "wrong type for train.max_staleness"),
+    ('staleness = 1\nstaleness_in = "auto"', "bad value for train.staleness_in"),
+    ('staleness_in = "stream"', "train.staleness_in applies only to a fixed staleness"),
 ])
 def test_mode_keys_are_checked(tmp_path: Path, dataset: Path, cli,  # noqa: F811
                                                           keys: str, message: str) -> None:

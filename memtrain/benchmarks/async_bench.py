@@ -1,4 +1,5 @@
-"""Sizes -> sync vs fixed staleness 1 vs async, without and with a straggler: updates/s side by side, with staleness.
+"""Sizes -> sync vs fixed staleness 1 (in the rounds, and streamed) vs async, without and with a straggler:
+updates/s side by side, with staleness.
 
 Every configuration is the same job (bench train's MLP, SGD, batch 512 cut into one task per worker) run in
 a fresh process through the real ``train`` path (``python -m memtrain.benchmarks.async_bench SPEC``). Async
@@ -37,6 +38,7 @@ MAX_STALENESS = 4
 def modes(workers: int) -> dict[str, dict[str, Any]]:
     """Label -> the TrainConfig fields of each configuration."""
     return {"sync": {}, "staleness 1": {"staleness": 1},
+            "staleness 1, stream": {"staleness": 1, "staleness_in": "stream"},
             "async": {"mode": "async", "max_staleness": MAX_STALENESS, "async_group": workers}}
 
 

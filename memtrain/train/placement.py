@@ -40,10 +40,6 @@ SPAWN_COST_S = 0.5
 # What streaming an update to workers costs the server beyond the round (an estimate, measured at 1e5
 # parameters on a 2-core machine: a message out and back per task, the server's bookkeeping and step).
 STREAM_COST_S = 1e-3
-# A fixed staleness is streamed (not run in the rounds) when an update computes for at least this many
-# times STREAM_COST_S in the server: then the server's cost is small, and the stream's freedom from
-# meetings pays (a slow worker holds up nobody). Below it the rounds are faster (docs/async.md).
-STALENESS_STREAM_FROM = 1000
 
 
 class Phase(enum.Enum):
@@ -178,17 +174,3 @@ def _median(values: list[float]) -> float:
     middle = len(ordered) // 2
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
-
-def staleness_in(setting: str, *, task_seconds: Callable[[], float], tasks: int) -> tuple[str, str]:
-    """Where a fixed staleness runs: "rounds" (the participants step and meet once per update) or "stream"
-    (the server steps while the workers compute; nobody meets, so a slow worker holds up nobody), and why.
-
-    ``task_seconds`` times one gradient task in the server (called only for ``"auto"``). A streamed update
-    costs the server about STREAM_COST_S; the stream is chosen when that is a small part of the update."""
-    if setting != "auto":
-        return setting, f"train.staleness_in = {setting!r}"
-    compute = task_seconds() * tasks
-    figures = f"train.staleness_in = \"auto\": an update computes for {compute * 1e3:.2f} ms in the server"
-    if compute < STALENESS_STREAM_FROM * STREAM_COST_S:
-        return "rounds", f"{figures}, less than {STALENESS_STREAM_FROM} x what streaming it costs"
-    return "stream", f"{figures}, at least {STALENESS_STREAM_FROM} x what streaming it costs"

@@ -60,7 +60,7 @@ from memtrain.train.messages import EvalTask, GradTask, Outcome, RoundSetup, Sta
 from memtrain.train.metrics import SHOWN
 from memtrain.train.metrics import collect as validation_metrics
 from memtrain.train.overlap import Overlap, replay_mismatch, stream_depth
-from memtrain.train.placement import Placement, staleness_in, stream_workers
+from memtrain.train.placement import Placement, stream_workers
 from memtrain.train.plan import Plan, eval_tasks, gradient_banks, split_range, step_slices
 from memtrain.train.pools import OnCluster, Streamed, open_cluster
 from memtrain.train.record import Decision
@@ -244,7 +244,7 @@ class Trainer:
         self.in_server = InServer(WorkerState(self._setup(), alive=lambda: None, board=self.memory_board,
                                               heartbeat=lambda: self.heartbeat(position), keep_statistics=True,
                                               plan=self.plan))
-        self.streamed = self.streams(position)
+        self.streamed = self.streams()
         if self.job.run.cluster:
             self.placement = OnCluster(open_cluster(self.job, self._setup(), self.run_dir, self.log), self.log)
         elif self.streamed:
@@ -283,18 +283,14 @@ class Trainer:
                             time.monotonic() - self.started, self.scheduler.deaths,
                             stopped_early=position.epoch < self.job.train.epochs and self.out_of_patience(position))
 
-    def streams(self, position: Position) -> bool:
-        """Whether train/overlap.py runs the run (async mode, a replay, or a fixed staleness streamed), not the
-        rounds; for ``train.staleness_in = "auto"`` measured here (placement.staleness_in) and logged."""
+    def streams(self) -> bool:
+        """Whether train/overlap.py runs the run (async mode, a replay, a fixed staleness streamed), not the
+        rounds (docs/async.md, "Fixed staleness: rounds or stream")."""
         train = self.job.train
-        if self.lineage is not None or train.mode == "async":
-            return True
-        if not train.staleness:
-            return False
-        where, why = staleness_in(train.staleness_in, task_seconds=lambda: self.time_task(position),
-                                  tasks=train.tasks_per_update)
-        self.log(f"fixed staleness {train.staleness}: {where} ({why})")
-        return where == "stream"
+        if train.staleness:
+            self.log(f"fixed staleness {train.staleness}: in the {train.staleness_in} "
+                     f"(train.staleness_in = {train.staleness_in!r})")
+        return self.lineage is not None or train.mode == "async" or train.staleness_in == "stream"
 
     def _overlap_placement(self, position: Position) -> Streamed:
         """The overlapping modes stream their gradients to ``train.workers`` processes, or (0, or "auto" when
