@@ -115,7 +115,8 @@ class RoundFiles:
         self.train = dataset.split("train")
         self.size = context.layout.size
         # the plan: derived here, or the server's own when it runs the rounds itself (each epoch's list made once)
-        self.plan = plan or Plan(self.train.rows, setup.batch_size, setup.tasks_per_update, setup.seed, setup.epochs)
+        self.plan = plan if plan is not None else Plan(self.train.rows, setup.batch_size, setup.tasks_per_update,
+                                                       setup.seed, setup.epochs)
         self.records = open_records(exchange / ROUND_RECORDS, self.plan.per_epoch, setup.tasks_per_update)
         self.loss, self.seconds, self.bad = self.records["loss"], self.records["seconds"], self.records["bad"]
         self.grads = [[self._map(exchange / gradient_buffer_name(t, bank)) for t in range(setup.tasks_per_update)]

@@ -243,7 +243,7 @@ class Trainer:
         self.log(f"server pid {os.getpid()}")
         self.in_server = InServer(WorkerState(self._setup(), alive=lambda: None, board=self.memory_board,
                                               heartbeat=lambda: self.heartbeat(position), keep_statistics=True,
-                                              plan=self.plan))
+                                              plan=self.plan, dataset=self.dataset))
         self.streamed = self.streams()
         if self.job.run.cluster:
             self.placement = OnCluster(open_cluster(self.job, self._setup(), self.run_dir, self.log), self.log)

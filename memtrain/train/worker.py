@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from memtrain.dataset import open_dataset
+from memtrain.dataset import Dataset, open_dataset
 from memtrain.errors import MemtrainError
 from memtrain.faults import straggler_factor
 from memtrain.files import writing_npy
@@ -118,17 +118,19 @@ class WorkerState:
     when it runs the rounds alone), ``heartbeat`` the server's own work between two updates then.
     ``keep_statistics``: an evaluation task's statistics stay in ``kept_statistics`` (keyed by version, task
     and attempt) instead of going to a file: the server's own state, whose reader is in the same process.
-    ``plan``: the server's own plan, shared with the rounds it runs itself.
+    ``plan``, ``dataset``: the server's own, shared with the rounds it runs itself (the dataset opened and its
+    manifest verified once).
     """
 
     def __init__(self, setup: WorkerSetup, *, alive: Callable[[], None], board: Board | None = None,
-                 heartbeat: Callable[[], bool] | None = None, keep_statistics: bool = False, plan: Plan | None = None):
+                 heartbeat: Callable[[], bool] | None = None, keep_statistics: bool = False, plan: Plan | None = None,
+                 dataset: Dataset | None = None):
         self.setup, self.alive, self.heartbeat = setup, alive, heartbeat
         self.kept_statistics: dict[tuple[int, int, int], np.ndarray] | None = {} if keep_statistics else None
         self.plan = plan
         self.exchange = Path(setup.exchange_dir)
         self.run_dir = Path(setup.run_dir)
-        self.dataset = open_dataset(setup.dataset)
+        self.dataset = dataset if dataset is not None else open_dataset(setup.dataset)
         self.context = model_context(self.dataset, setup.model_kind, dict(setup.model_options), setup.normalize)
         self.maps = MapCache()
         self.board = board
