@@ -43,7 +43,7 @@ from memtrain.train.messages import GradTask, Result
 from memtrain.train.optim import learning_rate
 from memtrain.train.plan import TaskRange, Update, gradient_base, live_bases, startable_updates, task_stream
 from memtrain.train.reduce import reduce_and_step
-from memtrain.train.rounds import RoundFiles
+from memtrain.train.rounds import DROP_DELETED_EVERY, RoundFiles
 from memtrain.train.scheduler import TaskStream
 from memtrain.train.state import Position
 from memtrain.train.stream import discard
@@ -75,6 +75,7 @@ class Overlap:
         self.total = per_epoch * job.train.epochs
         self.spares: list[str] = []  # stepped gradient files, for the next tasks to rewrite (train/stream.py)
         self.tickets = 0  # async mode: each task's own number in this server's life (its file's name)
+        self.left_from: int | None = None  # the oldest version left on disk, once the first step has retired
 
     def close(self) -> None:
         discard([self.files.exchange / name for name in self.spares])
@@ -229,7 +230,9 @@ class Overlap:
         ``oldest`` and the newest ``run.keep_versions``."""
         files, size = self.files, self.files.size
         keep = max(self.job.run.keep_versions, version - oldest + 1)
-        ready_building(files.run_dir, version + 1, size, files.server_pid, keep, recycle=self.recycle)
+        ready_building(files.run_dir, version + 1, size, files.server_pid, keep, recycle=self.recycle,
+                       left_from=self.left_from)
+        self.left_from = version - keep + 1  # every older version is retired now
         grads = [files.maps.get(path, (size,), np.float32) for path in gradients]  # spares: the same inodes again
         parity = version % 2  # the optimizer state of version n is in buffer n % 2, as in the round
         finite = reduce_and_step(grads, rows, files.weights(version), files.state[parity], files.building(version + 1),
@@ -241,7 +244,8 @@ class Overlap:
         checksum = weights_checksum(files.digests[(version + 1) % 2], size)
         commit_weights(building_path(files.run_dir, version + 1, files.server_pid), files.run_dir, version + 1)
         self.publish_sync(weights_path(files.run_dir, version + 1))
-        files.maps.drop_deleted()
+        if version % DROP_DELETED_EVERY == 0:
+            files.maps.drop_deleted()
         return checksum
 
 
