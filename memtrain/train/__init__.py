@@ -14,7 +14,7 @@ Which process runs which module:
                                             worker.py   messages in, answers out
     ------------------------- both (the server when train.workers = 0) -------------------------
     rounds.py      the round, one loop: step the previous update's slice, meet, compute this update's
-                   gradients, meet; slot 0 publishes
+                   gradients, meet; slot 0 publishes (fixed staleness: one meeting per update)
     marks.py       the board the participants meet at (marks, ledger, activities) and the records
     doorbell.py    sleeping on the board until a mark lands
     reduce.py      gradient buffers -> mean -> optimizer -> a slice of the next version
