@@ -7,7 +7,8 @@ vector (train/reduce.py: the same arithmetic as the round) into a file nobody re
 a link. Published versions are never written again, so no process can read weights that are being
 written; a version is retired only once no task in flight or still to come reads it.
 
-- **Fixed staleness** (``train.staleness = k``): update n of the run computes its gradients at the version
+- **Fixed staleness streamed** (``train.staleness = k``, ``train.staleness_in = "stream"``; by default it
+  runs in the rounds, train/rounds.py): update n of the run computes its gradients at the version
   after max(0, n - k) updates (plan.gradient_base), added in task order. So at most k + 1 updates are in
   flight, the workers compute while the server steps, and the schedule is the plan's alone: bitwise
   identical with any worker count, after worker deaths and after a resume (a checkpoint carries the k
