@@ -179,9 +179,10 @@ def test_fixed_staleness_agrees_with_a_single_process_reference(staleness_runs: 
     assert not np.allclose(final(staleness_runs[2]), reference_weights(job, 0), rtol=1e-4, atol=1e-5)
 
 
-def test_fixed_staleness_keeps_k_plus_1_versions_alive_and_no_more(tmp_path: Path, data: Path) -> None:
-    """keep_versions = 1: the run itself needs k + 1 = 3 versions (the one being built is not published)."""
-    job = write_job(tmp_path, data, "staleness = 2", epochs=4, keep=1)
+@pytest.mark.parametrize("where", ["rounds", "stream"])
+def test_fixed_staleness_keeps_k_plus_1_versions_alive_and_no_more(tmp_path: Path, data: Path, where: str) -> None:
+    """keep_versions = 1: the run itself needs k + 1 = 3 versions (the ones being built are not published)."""
+    job = write_job(tmp_path, data, f'staleness = 2\nstaleness_in = "{where}"', epochs=4, keep=1)
     run = tmp_path / "run"
     process = subprocess.Popen([sys.executable, "-m", "memtrain", "train", str(job)], stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True)

@@ -1,4 +1,5 @@
-"""The mode keys (train.mode, staleness, staleness_in, max_staleness, async_group) through the CLI, and lineage format 2.
+"""The mode keys (train.mode, staleness, staleness_in, max_staleness, async_group) through the CLI, and
+lineage format 2.
 
 Every mode key is range-checked (exit 2, naming the key, no run started), and a synchronous run's lineage
 says, per gradient, the version it was computed at (its parent). The modes themselves: tests/test_async.py.

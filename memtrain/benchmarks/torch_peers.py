@@ -141,6 +141,7 @@ def _rank(problem: Problem, rank: int, port: int, report: Any) -> None:
         if report is not None:
             report.send(timings(walls, [compute] * len(walls), ranks=problem.workers, backend="gloo",
                                 compute_from="no_sync calibration"))
+        dist.barrier()  # no rank tears its pairs down while another still uses them (a gloo abort, seen once)
     finally:
         dist.destroy_process_group()
 

@@ -10,11 +10,14 @@ Which process runs which module:
     scheduler.py   watches a stretch / runs tasks: deaths, hangs, failures, stop signals
     logbook.py     records up to the ledger -> lineage and metric lines, the position
     exchange.py    a pipe pair per worker slot; or InServer: the server as its own worker
+    overlap.py     async mode, replay, fixed staleness streamed: tasks out, the steps in the server
+    stream.py      a cluster's round: the server steps,       stream.py   a streamed gradient task
+                   the workers compute gradient tasks
     state.py, checkpoint.py, run_dir.py     resume, checkpoints, the run directory
                                             worker.py   messages in, answers out
     ------------------------- both (the server when train.workers = 0) -------------------------
     rounds.py      the round, one loop: step the previous update's slice, meet, compute this update's
-                   gradients, meet; slot 0 publishes
+                   gradients, meet; slot 0 publishes (fixed staleness: one meeting per update)
     marks.py       the board the participants meet at (marks, ledger, activities) and the records
     doorbell.py    sleeping on the board until a mark lands
     reduce.py      gradient buffers -> mean -> optimizer -> a slice of the next version

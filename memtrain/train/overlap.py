@@ -7,7 +7,8 @@ vector (train/reduce.py: the same arithmetic as the round) into a file nobody re
 a link. Published versions are never written again, so no process can read weights that are being
 written; a version is retired only once no task in flight or still to come reads it.
 
-- **Fixed staleness** (``train.staleness = k``): update n of the run computes its gradients at the version
+- **Fixed staleness streamed** (``train.staleness = k``, ``train.staleness_in = "stream"``; by default it
+  runs in the rounds, train/rounds.py): update n of the run computes its gradients at the version
   after max(0, n - k) updates (plan.gradient_base), added in task order. So at most k + 1 updates are in
   flight, the workers compute while the server steps, and the schedule is the plan's alone: bitwise
   identical with any worker count, after worker deaths and after a resume (a checkpoint carries the k
@@ -43,7 +44,7 @@ from memtrain.train.messages import GradTask, Result
 from memtrain.train.optim import learning_rate
 from memtrain.train.plan import TaskRange, Update, gradient_base, live_bases, startable_updates, task_stream
 from memtrain.train.reduce import reduce_and_step
-from memtrain.train.rounds import RoundFiles
+from memtrain.train.rounds import DROP_DELETED_EVERY, RoundFiles
 from memtrain.train.scheduler import TaskStream
 from memtrain.train.state import Position
 from memtrain.train.stream import discard
@@ -75,6 +76,7 @@ class Overlap:
         self.total = per_epoch * job.train.epochs
         self.spares: list[str] = []  # stepped gradient files, for the next tasks to rewrite (train/stream.py)
         self.tickets = 0  # async mode: each task's own number in this server's life (its file's name)
+        self.left_from: int | None = None  # the oldest version left on disk, once the first step has retired
 
     def close(self) -> None:
         discard([self.files.exchange / name for name in self.spares])
@@ -229,7 +231,9 @@ class Overlap:
         ``oldest`` and the newest ``run.keep_versions``."""
         files, size = self.files, self.files.size
         keep = max(self.job.run.keep_versions, version - oldest + 1)
-        ready_building(files.run_dir, version + 1, size, files.server_pid, keep, recycle=self.recycle)
+        ready_building(files.run_dir, version + 1, size, files.server_pid, keep, recycle=self.recycle,
+                       left_from=self.left_from)
+        self.left_from = version - keep + 1  # every older version is retired now
         grads = [files.maps.get(path, (size,), np.float32) for path in gradients]  # spares: the same inodes again
         parity = version % 2  # the optimizer state of version n is in buffer n % 2, as in the round
         finite = reduce_and_step(grads, rows, files.weights(version), files.state[parity], files.building(version + 1),
@@ -241,7 +245,8 @@ class Overlap:
         checksum = weights_checksum(files.digests[(version + 1) % 2], size)
         commit_weights(building_path(files.run_dir, version + 1, files.server_pid), files.run_dir, version + 1)
         self.publish_sync(weights_path(files.run_dir, version + 1))
-        files.maps.drop_deleted()
+        if version % DROP_DELETED_EVERY == 0:
+            files.maps.drop_deleted()
         return checksum
 
 

@@ -24,6 +24,13 @@ The overlap: nobody waits for the server, and the bookkeeping runs while peers a
 carries all of it. Two meetings per update, at marks (train/marks.py); the server only watches the
 board, the processes and the clock.
 
+Fixed staleness k >= 1 (``train.staleness``, in the rounds by default): the gradients of an update are
+computed at the version of k updates earlier (plan.gradient_base), complete already, so a participant
+goes from its step slice straight to its gradients and the step's marks are waited for at the
+gradients' meeting: one meeting per update. Gradient buffers and block digests alternate between two
+banks, so a fast participant never overwrites what a slow one still reads; right after each meeting
+slot 0 publishes the new version, recycling the oldest one kept just before the rename (``ready``).
+
 Non-finite: a task whose loss is NaN/Inf marks itself so; everyone sees it at the meeting and the
 update is skipped (no step; its next update is computed at the same version). A step slice that comes
 out non-finite is marked so too; the new version is void and the update is skipped the same way. With

@@ -91,7 +91,7 @@ def array_checksum(flat: np.ndarray) -> str:
 
 
 def ready_building(run_dir: Path, version: int, size: int, owner_pid: int, keep: int, *, fast: bool = False,
-                   recycle: bool = True, path: Path | None = None) -> Path:
+                   recycle: bool = True, path: Path | None = None, left_from: int | None = None) -> Path:
     """Make sure the (unpublished) file of ``version`` exists, ready for the slice owners; returns its path.
 
     The versions older than the newest ``keep`` before it are retired first, and the newest retired one
@@ -102,7 +102,9 @@ def ready_building(run_dir: Path, version: int, size: int, owner_pid: int, keep:
     has just fallen out of the newest ``keep``, without listing the folder: the stretch's start retired
     every older one. ``recycle`` False: never reuse a retired file (on a cluster a worker on another machine
     may still hold a map of it, and only a new file is sure to be read afresh there). ``path``: the
-    file's name if the caller has it already (``layout.building_path``).
+    file's name if the caller has it already (``layout.building_path``). ``left_from``: the oldest version
+    that may be left (the caller retired every older one), to retire without listing the folder when
+    ``keep`` may shrink by more than one (the streamed modes).
     """
     path = path or building_path(run_dir, version, owner_pid)
     if os.path.exists(path):
@@ -112,7 +114,8 @@ def ready_building(run_dir: Path, version: int, size: int, owner_pid: int, keep:
         except CorruptFileError:  # its writer died while creating it
             os.unlink(path)
     total = len(npy_header_bytes((size,), PARAM_DTYPE)) + size * PARAM_DTYPE.itemsize
-    spare = retire_weights(run_dir, keep, version - 1, recycle=(path, total) if recycle else None, only_newest=fast)
+    spare = retire_weights(run_dir, keep, version - 1, recycle=(path, total) if recycle else None,
+                           left_from=version - 1 - keep if fast else left_from)
     if spare is not None:
         fault_point("write")  # the same hit as for a fresh file, so fault tests count the same writes
         return path
@@ -158,7 +161,7 @@ def discard_building(run_dir: Path, owner_pid: int) -> None:
 
 
 def retire_weights(run_dir: Path, keep: int, current: int, *, recycle: tuple[Path, int] | None = None,
-                   only_newest: bool = False) -> Path | None:
+                   left_from: int | None = None) -> Path | None:
     """Unpublish versions older than the newest ``keep`` (the current one is always kept).
 
     They are deleted, except that with ``recycle = (path, size)`` the newest of them, if it has that size
@@ -166,11 +169,12 @@ def retire_weights(run_dir: Path, keep: int, current: int, *, recycle: tuple[Pat
     that every task of that version is finished -- and only if no other process holds an flock on it: a
     reader outside the run that needs a retired version to stay unchanged may hold ``flock(LOCK_SH)`` on
     it, and a locked file is deleted, never rewritten. (``inspect`` takes no lock: it confirms after
-    reading that the name still holds the same inode, see ``files.still_published``.) ``only_newest``:
-    only version ``current - keep`` (the caller knows no older one is left).
+    reading that the name still holds the same inode, see ``files.still_published``.) ``left_from``: the
+    oldest version that may be left (the caller knows every older one is retired): the folder is not listed.
     """
     spare = None
-    versions = [current - keep] if only_newest else sorted(weight_versions(run_dir), reverse=True)
+    versions = (range(current - keep, left_from - 1, -1) if left_from is not None
+                else sorted(weight_versions(run_dir), reverse=True))
     for version in versions:
         if version > current - keep:
             continue
