@@ -348,7 +348,7 @@ def test_nonfinite_gradients_are_skipped_or_stop_the_run(tmp_path: Path, mode: s
         assert np.isfinite(np.load(weights_path(tmp_path / "run", version))).all()
 
 
-@pytest.mark.parametrize("mode", ["staleness = 2", ASYNC])
+@pytest.mark.parametrize("mode", ["staleness = 2", 'staleness = 2\nstaleness_in = "stream"', ASYNC])
 def test_a_worker_killed_mid_task_loses_no_gradient(tmp_path: Path, data: Path, mode: str,
                                                      staleness_runs: dict[int, Path]) -> None:
     env = {"MEMTRAIN_FAULT": "after_grad_write:4", ONCE_ENV: str(tmp_path / "fired")}

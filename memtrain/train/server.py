@@ -261,7 +261,8 @@ class Trainer:
         if self.streamed:
             self.overlap = Overlap(job=self.job, files=self.in_server.state.rounds(),
                                    stream=self.scheduler.stream(self.placement.transport,
-                                                                depth=stream_depth(self.placement.transport)),
+                                                                depth=stream_depth(self.placement.transport,
+                                                                                   self.job.train.mode)),
                                    logbook=self.logbook,
                                    per_epoch=self.per_epoch, look=lambda: self.overlap_look(position))
         try:
