@@ -24,8 +24,7 @@ import multiprocessing
 import os
 import signal
 import time
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Protocol
 
@@ -44,18 +43,12 @@ class Slot:
     inbox: Connection | None = None  # the server's end of the pipe the worker reads
     outbox: Connection | None = None  # the server's end of the pipe the worker answers on
     ready: bool = False  # the worker has started and said so
-    # Sent and not answered yet, in the order the worker takes them: the first is what it works on, the
-    # others wait in its inbox (a task stream may hand a worker its next task early: scheduler.TaskStream).
-    queue: deque[Message] = field(default_factory=deque)
-    since: float = 0.0  # when the worker started the first of them
-
-    @property
-    def current(self) -> Message | None:
-        return self.queue[0] if self.queue else None
+    current: Message | None = None
+    since: float = 0.0
 
     @property
     def idle(self) -> bool:
-        return not self.queue
+        return self.current is None
 
     @property
     def pid(self) -> int:
@@ -64,16 +57,12 @@ class Slot:
 
 @dataclass(frozen=True)
 class Event:
-    """An answer from a slot, or the death of its process (``answer`` None, ``exitcode`` set).
-
-    A death reports what the slot was working on (``message``), then each message still waiting in its
-    inbox as ``unstarted``: those were never begun, so nothing of theirs is on disk."""
+    """An answer from a slot, or the death of its process (``answer`` None, ``exitcode`` set)."""
 
     slot: Slot
     answer: Result | StretchEnd | None
     message: Message | None  # what the slot was working on
     exitcode: int | None = None
-    unstarted: bool = False
 
 
 class Transport(Protocol):
@@ -113,9 +102,7 @@ class WorkerPool:
         return all(slot.ready for slot in self.slots)
 
     def send(self, slot: Slot, message: Message) -> None:
-        if not slot.queue:
-            slot.since = time.monotonic()
-        slot.queue.append(message)
+        slot.current, slot.since = message, time.monotonic()
         with contextlib.suppress(OSError):  # it died since the last wait (EPIPE): its sentinel reports the death
             slot.inbox.send(message)
 
@@ -134,8 +121,6 @@ class WorkerPool:
             events.extend(self._drain(slot))
             slot.process.join()
             events.append(Event(slot, None, slot.current, slot.process.exitcode))
-            events.extend(Event(slot, None, message, slot.process.exitcode, unstarted=True)
-                          for message in list(slot.queue)[1:])
             self._replace(slot)
         return events
 
@@ -149,8 +134,8 @@ class WorkerPool:
             if isinstance(answer, Ready):
                 slot.ready = True
                 continue
-            events.append(Event(slot, answer, slot.queue.popleft() if slot.queue else None))
-            slot.since = time.monotonic()  # the worker goes on with the next message in its inbox, if any
+            events.append(Event(slot, answer, slot.current))
+            slot.current = None
         return events
 
     def kill(self, slot: Slot) -> None:
@@ -191,10 +176,9 @@ class InServer:
         self._events: list[Event] = []
 
     def send(self, slot: Slot, message: Message) -> None:
-        slot.queue.append(message)
-        slot.since = time.monotonic()
+        slot.current, slot.since = message, time.monotonic()
         answer = self.state.handle(message)
-        slot.queue.popleft()
+        slot.current = None
         self._events.append(Event(slot, answer, message))
 
     def wait(self, timeout: float) -> list[Event]:

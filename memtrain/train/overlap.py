@@ -37,7 +37,6 @@ import numpy as np
 from memtrain.config import Job
 from memtrain.errors import MemtrainError
 from memtrain.layout import building_path, spare_gradient_name, streamed_gradient_name, weights_path
-from memtrain.train.exchange import InServer, Transport
 from memtrain.train.lineage import Lineage
 from memtrain.train.logbook import Logbook
 from memtrain.train.messages import GradTask, Result
@@ -51,16 +50,6 @@ from memtrain.train.stream import discard
 from memtrain.train.weights import commit_weights, ready_building, weights_checksum
 
 Arrived = tuple[GradTask, Result]
-# Tasks a worker process holds at once with a fixed staleness streamed: its next one waits in its inbox,
-# so it never idles while the server steps. Async mode hands out one at a time: a task queued behind a
-# slow worker's would wait there and come back stale (measured: 8-10 of them recomputed per run at
-# 1e6-1e7 with a 3x straggler, async 1.47x sync instead of 2.06x). The server's own slot runs a task
-# when it is sent: one.
-STALENESS_DEPTH = 2
-
-
-def stream_depth(transport: Transport, mode: str) -> int:
-    return STALENESS_DEPTH if mode == "sync" and not isinstance(transport, InServer) else 1
 
 
 class Overlap:

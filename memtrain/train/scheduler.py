@@ -86,17 +86,13 @@ class Scheduler:
             while_waiting()
         return [done[task_key(message)] for message in tasks]
 
-    def stream(self, transport: Transport, depth: int = 1) -> TaskStream:
-        return TaskStream(self, transport, depth)
+    def stream(self, transport: Transport) -> TaskStream:
+        return TaskStream(self, transport)
 
     def _handle(self, event: Event, current: dict[tuple[int, int], Task], pending: deque[Task],
                 done: dict[tuple[int, int], Result]) -> None:
         message = event.message
         key = task_key(message) if isinstance(message, Task) else None
-        if event.unstarted:  # waited in a dead worker's inbox: never begun, so sent again as it is
-            if key is not None and current.get(key) == message and key not in done:
-                pending.appendleft(message)
-            return
         if key is None or current.get(key) != message or key in done:
             if key is not None and current.get(key) != message:
                 self.discard(message)  # a superseded attempt answered late: its file is never read
@@ -254,14 +250,10 @@ class TaskStream:
     number (so it writes a new file), a silent one has its worker killed, a task that kills its worker
     ``max_attempts`` times stops the run. A task is told apart by ``task_key``: no two in the stream at once
     may share one.
-
-    ``depth``: how many tasks a worker holds at once. At 2 a worker finds its next task in its inbox when
-    it answers, instead of idling until the server, busy stepping, reads the answer and sends another;
-    the tasks queued behind a dead worker's are sent again as they are (they were never begun).
     """
 
-    def __init__(self, scheduler: Scheduler, transport: Transport, depth: int = 1):
-        self.scheduler, self.transport, self.depth = scheduler, transport, depth
+    def __init__(self, scheduler: Scheduler, transport: Transport):
+        self.scheduler, self.transport = scheduler, transport
         self.pending: deque[Task] = deque()  # submitted, not sent yet (re-runs go first)
         self.current: dict[tuple[int, int], Task] = {}  # key -> its live attempt, until its result is taken
 
@@ -281,13 +273,12 @@ class TaskStream:
     def free(self) -> int:
         """Workers that would sit idle: fewer tasks in flight than slots. (A result not taken yet counts as in
         flight: the server's own slot computes a task the moment it is sent.)"""
-        return max(0, self.depth * len(self.transport.slots) - len(self.current))
+        return max(0, len(self.transport.slots) - len(self.current))
 
     def send(self) -> None:
-        for held in range(self.depth):  # first every idle worker, then the queues behind busy ones
-            for slot in self.transport.slots:
-                if len(slot.queue) == held and self.pending:
-                    self.transport.send(slot, self.pending.popleft())
+        for slot in self.transport.slots:
+            if slot.idle and self.pending:
+                self.transport.send(slot, self.pending.popleft())
 
     def wait(self) -> list[tuple[Task, Result]]:
         """Wait (a bounded time) for results; returns those that arrived, in arrival order, each with the

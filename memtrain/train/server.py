@@ -59,7 +59,7 @@ from memtrain.train.marks import (
 from memtrain.train.messages import EvalTask, GradTask, Outcome, RoundSetup, StatsTask, Stretch, Task, WorkerSetup
 from memtrain.train.metrics import SHOWN
 from memtrain.train.metrics import collect as validation_metrics
-from memtrain.train.overlap import Overlap, replay_mismatch, stream_depth
+from memtrain.train.overlap import Overlap, replay_mismatch
 from memtrain.train.placement import Placement, stream_workers
 from memtrain.train.plan import Plan, eval_tasks, gradient_banks, split_range, step_slices
 from memtrain.train.pools import OnCluster, Streamed, open_cluster
@@ -260,10 +260,7 @@ class Trainer:
         self.overlap: Overlap | None = None
         if self.streamed:
             self.overlap = Overlap(job=self.job, files=self.in_server.state.rounds(),
-                                   stream=self.scheduler.stream(self.placement.transport,
-                                                                depth=stream_depth(self.placement.transport,
-                                                                                   self.job.train.mode)),
-                                   logbook=self.logbook,
+                                   stream=self.scheduler.stream(self.placement.transport), logbook=self.logbook,
                                    per_epoch=self.per_epoch, look=lambda: self.overlap_look(position))
         try:
             with threadpool_limits(limits=self.job.train.blas_threads):  # the rounds it runs itself: same arithmetic
