@@ -141,9 +141,12 @@ def _rank(problem: Problem, rank: int, port: int, report: Any) -> None:
         if report is not None:
             report.send(timings(walls, [compute] * len(walls), ranks=problem.workers, backend="gloo",
                                 compute_from="no_sync calibration"))
-        dist.barrier()  # no rank tears its pairs down while another still uses them (a gloo abort, seen once)
+        dist.barrier()  # no rank tears its pairs down while another still uses them
     finally:
         dist.destroy_process_group()
+    # Out without the interpreter's teardown: under torch 2.13 a gloo rank's exit sometimes aborted in a
+    # C++ destructor ("terminate called without an active exception", exit -6) after all its work was done.
+    os._exit(0)
 
 
 def _calibrate(problem: Problem, model: Any, optimizer: Any, rank: int) -> float:
