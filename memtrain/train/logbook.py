@@ -24,7 +24,7 @@ from memtrain.train.counters import batch_number, epoch_number, update_number
 from memtrain.train.lineage import update_record
 from memtrain.train.marks import PUBLISHED, SKIPPED, Ledger
 from memtrain.train.optim import OptimizerConfig, learning_rate
-from memtrain.train.plan import Plan, TaskRange, Update, gradient_banks, live_bases, task_owner
+from memtrain.train.plan import Plan, TaskRange, Update, gradient_bank, live_bases, task_owner
 from memtrain.train.run_dir import RunDir
 from memtrain.train.state import Position
 from memtrain.train.weights import commit_weights
@@ -65,8 +65,8 @@ class Logbook:
         version = position.version + 1
         if not (row["status"] == PUBLISHED and row["version"] == version):
             return False
-        building = building_path(self.run.path, version, os.getpid())
-        if self.staleness and not weights_path(self.run.path, version).exists() and building.exists():
+        if self.staleness and not weights_path(self.run.path, version).exists() and \
+                (building := building_path(self.run.path, version, os.getpid())).exists():
             commit_weights(building, self.run.path, version)
             self.log(f"published version {version}: its publisher died after recording it, before the rename")
         return weights_path(self.run.path, version).exists()
@@ -139,13 +139,10 @@ class Logbook:
 
     def nonfinite_gradients(self, update: Update) -> list[TaskRange]:
         """The tasks whose gradient buffer holds NaN/Inf (read only on this rare path, never per update)."""
+        bank = gradient_bank(update.update, self.staleness)
         return [rows for rows in update.tasks
-                if not np.isfinite(open_npy(self.exchange / gradient_buffer_name(rows.task, self.bank(update)),
-                                            shape=(self.size,),
+                if not np.isfinite(open_npy(self.exchange / gradient_buffer_name(rows.task, bank), shape=(self.size,),
                                             dtype=np.float32)).all()]
-
-    def bank(self, update: Update) -> int:
-        return update.update % gradient_banks(self.staleness)
 
     def write(self) -> None:
         """Append the lines logged since the last call."""

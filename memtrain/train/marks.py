@@ -137,25 +137,24 @@ class Board:
 
     def mark_gradients(self, generation: int, update: int, slot: int, finite: bool) -> None:
         value = mark_value(generation, update)
-        self._write(self.grad_words + (update % 2) * self.slots + slot, value if finite else -value)
+        self._write(self._marks(self.grad_words, update, slot + 1).stop - 1, value if finite else -value)
 
     def mark_step(self, generation: int, update: int, slot: int, finite: bool) -> None:
         value = mark_value(generation, update)
-        self._write(self.step_words + (update % 2) * self.slots + slot, value if finite else -value)
+        self._write(self._marks(self.step_words, update, slot + 1).stop - 1, value if finite else -value)
 
     def mark_ready(self, generation: int, update: int) -> None:
         self._write(READY, mark_value(generation, update))
 
     def wait_gradients(self, generation: int, update: int, participants: int, alive: Callable[[], None]) -> bool:
         """Wait for every participant's gradients mark of ``update`` and for the ready mark; True if all finite."""
-        value, start = mark_value(generation, update), self.grad_words + (update % 2) * self.slots
-        marks = slice(start, start + participants)
+        value, marks = mark_value(generation, update), self._marks(self.grad_words, update, participants)
         words = self._wait(generation, alive, lambda w: w[READY] >= value and all(abs(m) == value for m in w[marks]))
         return all(m > 0 for m in words[marks])
 
     def wait_step(self, generation: int, update: int, participants: int, alive: Callable[[], None]) -> bool:
         """Wait for every participant's step mark of ``update``; True if every slice is finite."""
-        value, marks = mark_value(generation, update), self._step_marks(update, participants)
+        value, marks = mark_value(generation, update), self._marks(self.step_words, update, participants)
         words = self._wait(generation, alive, lambda w: all(abs(m) == value for m in w[marks]))
         return all(m > 0 for m in words[marks])
 
@@ -163,16 +162,16 @@ class Board:
                   alive: Callable[[], None]) -> tuple[bool, bool]:
         """One meeting for fixed staleness: every step mark of update ``step`` and every gradients mark of
         update ``grads`` (and the ready mark); whether the step's slices, and the gradients, are all finite."""
-        step_value, steps = mark_value(generation, step), self._step_marks(step, participants)
-        grads_value, start = mark_value(generation, grads), self.grad_words + (grads % 2) * self.slots
-        marks = slice(start, start + participants)
+        step_value, steps = mark_value(generation, step), self._marks(self.step_words, step, participants)
+        grads_value, marks = mark_value(generation, grads), self._marks(self.grad_words, grads, participants)
         words = self._wait(generation, alive, lambda w: w[READY] >= grads_value
                            and all(abs(m) == grads_value for m in w[marks])
                            and all(abs(m) == step_value for m in w[steps]))
         return all(m > 0 for m in words[steps]), all(m > 0 for m in words[marks])
 
-    def _step_marks(self, update: int, participants: int) -> slice:
-        start = self.step_words + (update % 2) * self.slots
+    def _marks(self, words: int, update: int, participants: int) -> slice:
+        """The first ``participants`` marks of ``update``'s bank (update parity) of the kind at ``words``."""
+        start = words + (update % 2) * self.slots
         return slice(start, start + participants)
 
     def _wait(self, generation: int, alive: Callable[[], None], ready: Callable[[list[int]], bool]) -> list[int]:

@@ -134,6 +134,11 @@ def gradient_banks(staleness: int) -> int:
     return 2 if staleness else 1
 
 
+def gradient_bank(update: int, staleness: int) -> int:
+    """The bank of gradient buffers update ``update``'s gradients are in (gradient_banks)."""
+    return update % gradient_banks(staleness)
+
+
 def startable_updates(done: int, staleness: int, total: int) -> range:
     """The updates whose gradients can be computed once ``done`` of ``total`` are applied: the next k + 1.
     Every later one needs weights that do not exist yet, so at most k + 1 updates are ever in flight.

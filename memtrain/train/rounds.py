@@ -80,6 +80,7 @@ from memtrain.train.plan import (
     Plan,
     TaskRange,
     Update,
+    gradient_bank,
     gradient_banks,
     gradient_base,
     step_slices,
@@ -127,7 +128,7 @@ class RoundFiles:
         self.records = open_records(exchange / ROUND_RECORDS, self.plan.per_epoch, setup.tasks_per_update)
         self.loss, self.seconds, self.bad = self.records["loss"], self.records["seconds"], self.records["bad"]
         self.grads = [[self._map(exchange / gradient_buffer_name(t, bank)) for t in range(setup.tasks_per_update)]
-                      for bank in range(gradient_banks(setup.staleness))]  # update n's are in bank n % banks
+                      for bank in range(gradient_banks(setup.staleness))]  # by plan.gradient_bank
         self.state = [{slot: self._map(exchange / state_buffer_name(slot, parity)) for slot in state_slots(optimizer)}
                       for parity in (0, 1)]
         self.digests = maps.get(exchange / WEIGHT_DIGESTS, digests_shape(self.size), np.uint8, "r+")
@@ -305,7 +306,7 @@ class Participant:
 
     def gradient_buffers(self, update: Update) -> list[np.ndarray]:
         """The update's gradients, in task order (train/stream.py reads them from files workers sent)."""
-        bank = self.files.grads[update.update % len(self.files.grads)]
+        bank = self.files.grads[gradient_bank(update.update, self.staleness)]
         return [bank[t.task] for t in update.tasks]
 
     # --- 2. the gradients ---
@@ -372,7 +373,7 @@ class Participant:
         started = time.perf_counter()
         model = files.context.model
         seeded = {"seed": (files.setup.seed, at, rows.task)} if getattr(model, "seeded", False) else {}
-        out = files.grads[update.update % len(files.grads)][rows.task]
+        out = files.grads[gradient_bank(update.update, self.staleness)][rows.task]
         loss = model.loss_and_grad(files.views(weights), x, y, files.views(out),
                                    **seeded)  # overwrites every value
         if files.straggler > 1:
