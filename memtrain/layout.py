@@ -195,10 +195,12 @@ ROUND_BOARD = "round-board.npy"
 ROUND_RECORDS = "round-records.npy"
 
 
+@functools.lru_cache(maxsize=64)
 def building_path(run_dir: Path, version: int, owner_pid: int) -> Path:
     """The unpublished file of ``version`` while the slice owners write it: a temporary name of the server's
     with a fixed tag, the same in every process (so no message has to carry it), swept like any temporary
-    name of a version; publishing links it to ``weights_path`` and drops this name."""
+    name of a version; publishing links it to ``weights_path`` and drops this name. Cached, as ``weights_path``
+    is: asked for several times per update."""
     return Path(f"{run_dir}/{WEIGHTS_DIR}/.v{version:08d}.npy{TMP_MARK}{owner_pid}-00000000")
 
 

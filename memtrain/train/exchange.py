@@ -20,12 +20,14 @@ the round (train/stream.py).
 from __future__ import annotations
 
 import contextlib
+import math
 import multiprocessing
 import os
+import select
 import signal
 import time
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
 from memtrain.train.launch import script_not_rerun
@@ -83,6 +85,10 @@ class WorkerPool:
     def __init__(self, setup: WorkerSetup, count: int):
         self._context = multiprocessing.get_context(START_METHOD)
         self._setup = setup
+        # One poll set for the pool's life, changed only when a slot is replaced: building a selector per
+        # wait (multiprocessing.connection.wait) cost the server more than the wait's system call.
+        self._poll = select.poll()
+        self._by_fd: dict[int, tuple[int, bool]] = {}  # answer pipe or sentinel -> (slot index, is sentinel)
         self.slots = [self._start(index) for index in range(count)]
 
     def _start(self, index: int) -> Slot:
@@ -94,6 +100,9 @@ class WorkerPool:
             process.start()
         worker_in.close()  # the worker has its own copies; without ours, its death reads as end-of-file
         worker_out.close()
+        for fd, sentinel in ((outbox.fileno(), False), (process.sentinel, True)):
+            self._poll.register(fd, select.POLLIN)
+            self._by_fd[fd] = (index, sentinel)
         return Slot(index, process, inbox, outbox)
 
     def ready(self) -> bool:
@@ -108,15 +117,13 @@ class WorkerPool:
 
     def wait(self, timeout: float) -> list[Event]:
         """Answers and deaths, waiting at most ``timeout`` seconds for the first one."""
-        by_outbox = {slot.outbox: slot for slot in self.slots}
-        by_sentinel = {slot.process.sentinel: slot for slot in self.slots}
-        ready = wait([*by_outbox, *by_sentinel], timeout)
         events, dead = [], []
-        for handle in ready:
-            if handle in by_outbox:
-                events.extend(self._drain(by_outbox[handle]))
+        for fd, _ in self._poll.poll(max(0, math.ceil(timeout * 1000))):
+            index, sentinel = self._by_fd[fd]
+            if sentinel:
+                dead.append(self.slots[index])
             else:
-                dead.append(by_sentinel[handle])
+                events.extend(self._drain(self.slots[index]))
         for slot in dead:
             events.extend(self._drain(slot))
             slot.process.join()
@@ -144,6 +151,9 @@ class WorkerPool:
             os.kill(slot.process.pid, signal.SIGKILL)
 
     def _replace(self, slot: Slot) -> None:
+        for fd in (slot.outbox.fileno(), slot.process.sentinel):
+            self._poll.unregister(fd)
+            del self._by_fd[fd]
         for end in (slot.inbox, slot.outbox):
             end.close()
         self.slots[slot.index] = self._start(slot.index)

@@ -118,6 +118,8 @@ class Overlap:
             results = self.stream.wait()
             for n, (task, result) in enumerate(results):
                 reading[task.version] -= 1
+                if not reading[task.version]:
+                    del reading[task.version]  # the oldest read is looked up per group: only live versions
                 # The worker that answered gets its next task at once, at the newest version published so
                 # far: it computes while the server applies what it returned.
                 self.top_up(remaining, reading, position.version)
@@ -146,7 +148,7 @@ class Overlap:
         index = position.update_index(self.per_epoch)
         update = Update(position.epoch, position.batch, index,
                         tuple(TaskRange(i, task.lo, task.hi) for i, (task, _) in enumerate(group)))
-        oldest = min((v for v, n in reading.items() if n > 0), default=position.version)
+        oldest = min(reading, default=position.version)
         self.apply(position, update, group, oldest=oldest, ids=[task.task for task, _ in group],
                    discarded=recomputed)
         position.applied = position.applied + [task.task for task, _ in group]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import select
 import signal
 import sys
 import traceback
@@ -66,7 +67,9 @@ def worker_main(setup: WorkerSetup, inbox: Connection, outbox: Connection) -> No
     with threadpool_limits(limits=setup.blas_threads):
         state = WorkerState(setup, alive=lambda: _exit_if_orphaned(setup.server_pid))
         outbox.send(Ready(pid=os.getpid()))
-        while (message := _receive(inbox, setup.server_pid)) is not None:
+        poll = select.poll()
+        poll.register(inbox.fileno(), select.POLLIN)
+        while (message := _receive(inbox, setup.server_pid, poll)) is not None:
             outbox.send(state.handle(message))
 
 
@@ -100,8 +103,10 @@ def keep_freed_memory() -> None:
         pass
 
 
-def _receive(inbox: Connection, server_pid: int) -> Message | None:
-    while not inbox.poll(PARENT_POLL_SECONDS):
+def _receive(inbox: Connection, server_pid: int, poll: select.poll) -> Message | None:
+    """The next message (None: stop). ``poll`` watches ``inbox`` alone: made once, as a selector made per
+    message (``Connection.poll``) costs more than the wait."""
+    while not poll.poll(PARENT_POLL_SECONDS * 1000):
         if os.getppid() != server_pid:
             return None
     try:
