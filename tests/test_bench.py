@@ -5,6 +5,7 @@ No timing assertions: the figures depend on the machine; only the shape of the r
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -112,11 +113,22 @@ def test_bench_async_runs_every_mode_with_and_without_a_straggler(tmp_path: Path
     for row in rows:
         assert row["updates_per_s"] > 0 and row["vs_sync"] > 0
         assert row["straggled"] == [row["straggler"] is not None], "every straggler run had its straggler"
+    assert all(row["steady_updates"] == 6 - 2 for row in rows)  # the window given, at every size
     staleness = {r["mode"]: r["staleness_max"] for r in rows[:4]}
     assert staleness["sync"] == 0 and staleness["staleness 1"] == staleness["staleness 1, stream"] == 1
     assert [c["check"] for c in report["checks"]] == 2 * ["async vs sync, with a straggler",
                                                           "staleness 1 vs sync, no straggler"]
     assert os.listdir(tmp_path) == []
+
+
+def test_bench_async_measures_small_models_over_a_longer_window_unless_told() -> None:
+    from memtrain.benchmarks.train_bench import SMALL_UPDATES, SMALL_WARMUP, UPDATES, WARMUP, window
+
+    unset = argparse.Namespace(updates=None, warmup=None)
+    assert window(unset, params=10_360) == (SMALL_UPDATES, SMALL_WARMUP) == (200, 20)
+    assert window(unset, params=999_820) == window(unset, params=None) == (UPDATES, WARMUP) == (40, 3)
+    assert window(argparse.Namespace(updates=6, warmup=None), params=10_360) == (6, SMALL_WARMUP)
+    assert window(argparse.Namespace(updates=None, warmup=2), params=999_820) == (UPDATES, 2)
 
 
 @pytest.mark.slow

@@ -27,7 +27,15 @@ from typing import Any
 from memtrain.benchmarks.memory import run_sampled
 from memtrain.benchmarks.problem import BATCH, Problem
 from memtrain.benchmarks.synthetic import CLASSES, FEATURES, mlp_shape, write_dataset
-from memtrain.benchmarks.train_bench import RUN_TIMEOUT, VAL_ROWS, machine, machine_caption, median, parse_sizes
+from memtrain.benchmarks.train_bench import (
+    RUN_TIMEOUT,
+    VAL_ROWS,
+    machine,
+    machine_caption,
+    median,
+    parse_sizes,
+    window,
+)
 from memtrain.errors import InputError
 from memtrain.faults import STRAGGLER_ENV
 from memtrain.train.optim import OptimizerConfig
@@ -50,8 +58,10 @@ def add_arguments(parser: argparse._ActionsContainer) -> None:
 def run(args: argparse.Namespace) -> int:
     """``memtrain bench async``: the table (or JSON)."""
     sizes = parse_sizes(args.sizes)
-    if args.updates <= args.warmup + 2:
-        raise InputError("--updates must exceed --warmup + 2", found=f"{args.updates} and {args.warmup}")
+    for size in sizes:
+        updates, warmup = window(args, params=mlp_shape(size).params)
+        if updates <= warmup + 2:
+            raise InputError("--updates must exceed --warmup + 2", found=f"{updates} and {warmup}")
     if args.straggler < 1:
         raise InputError("--straggler is how many times slower one worker is: at least 1", found=args.straggler)
     if args.workers < 2:
@@ -63,8 +73,9 @@ def run(args: argparse.Namespace) -> int:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     report = {"machine": machine() | {"loadavg_before": load_before, "loadavg_after": os.getloadavg()},
-              "settings": {"sizes": sizes, "batch": BATCH, "workers": args.workers, "updates": args.updates,
-                           "warmup": args.warmup, "repeats": args.repeats, "straggler": args.straggler,
+              "settings": {"sizes": sizes, "batch": BATCH, "workers": args.workers,
+                           "window": {str(size): window(args, params=mlp_shape(size).params) for size in sizes},
+                           "repeats": args.repeats, "straggler": args.straggler,
                            "optimizer": "sgd", "modes": modes(args.workers)},
               "results": rows, "checks": checks(rows)}
     if args.json:
@@ -76,9 +87,10 @@ def run(args: argparse.Namespace) -> int:
 
 def bench_size(size: int, args: argparse.Namespace, scratch: Path) -> list[dict[str, Any]]:
     shape = mlp_shape(size)
-    data = write_dataset(scratch / f"data-{shape.params}", args.updates * BATCH, VAL_ROWS, features=shape.features,
+    updates, warmup = window(args, params=shape.params)
+    data = write_dataset(scratch / f"data-{shape.params}", updates * BATCH, VAL_ROWS, features=shape.features,
                          classes=shape.classes)
-    problem = Problem(str(data), shape.hidden, args.updates, workers=args.workers)
+    problem = Problem(str(data), shape.hidden, updates, workers=args.workers)
     rows = []
     for straggler in (None, args.straggler):
         runs: dict[str, list[dict[str, Any]]] = {label: [] for label in modes(args.workers)}
@@ -87,7 +99,7 @@ def bench_size(size: int, args: argparse.Namespace, scratch: Path) -> list[dict[
                 marker = scratch / f"straggler-{shape.params}-{repeat}-{label.replace(' ', '-')}"  # one per run
                 env = {STRAGGLER_ENV: f"{straggler}:{marker}"} if straggler else {}
                 runs[label].append(run_once(problem, scratch, args.exchange, train, env))
-        rows += summarize(runs, args.warmup, shape.params, straggler)
+        rows += summarize(runs, warmup, shape.params, straggler, steady=updates - warmup)
     return rows
 
 
@@ -101,12 +113,13 @@ def run_once(problem: Problem, scratch: Path, exchange: str, train: dict[str, An
 
 
 def summarize(runs: dict[str, list[dict[str, Any]]], warmup: int, params: int,
-              straggler: float | None) -> list[dict[str, Any]]:
+              straggler: float | None, *, steady: int) -> list[dict[str, Any]]:
     rows = []
     for label, results in runs.items():
         rates = [steady_rate(r["stamps"], warmup) for r in results]
         staleness = [s for r in results for s in r["staleness"]]
-        rows.append({"params": params, "straggler": straggler, "mode": label, "updates_per_s": median(rates),
+        rows.append({"params": params, "straggler": straggler, "mode": label, "steady_updates": steady,
+                     "updates_per_s": median(rates),
                      "straggled": [r["straggled"] for r in results],
                      "rates": rates, "samples_per_s": median(rates) * BATCH,
                      "staleness_mean": sum(staleness) / max(len(staleness), 1),
@@ -144,14 +157,15 @@ def print_table(report: dict[str, Any]) -> None:
 
     s = report["settings"]
     table = Table(title=f"memtrain bench async: MLP {FEATURES}-H-{CLASSES}, SGD, batch {s['batch']}, {s['workers']} "
-                        f"workers, {s['updates'] - s['warmup']} steady updates x {s['repeats']} runs; straggler: "
-                        f"one worker at 1/{s['straggler']:g} speed")
+                        f"workers, {s['repeats']} runs of each mode (steady updates per run: see \"steady\"); "
+                        f"straggler: one worker at 1/{s['straggler']:g} speed")
     table.caption = machine_caption(report["machine"])
-    for name in ("params", "straggler", "mode", "updates/s", "runs (updates/s)", "÷ sync", "staleness mean",
+    for name in ("params", "steady", "straggler", "mode", "updates/s", "runs (updates/s)", "÷ sync", "staleness mean",
                  "staleness max", "recomputed"):
         table.add_column(name, justify="left" if name in ("mode", "straggler", "runs (updates/s)") else "right")
     for row in report["results"]:
-        table.add_row(f"{row['params']:,}", f"1/{row['straggler']:g} speed" if row["straggler"] else "none",
+        table.add_row(f"{row['params']:,}", str(row["steady_updates"]),
+                      f"1/{row['straggler']:g} speed" if row["straggler"] else "none",
                       row["mode"], f"{row['updates_per_s']:.1f}", " ".join(f"{r:.1f}" for r in row["rates"]),
                       f"{row['vs_sync']:.2f}", f"{row['staleness_mean']:.2f}", str(row["staleness_max"]),
                       str(row["recomputed"]))

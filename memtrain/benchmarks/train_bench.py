@@ -47,10 +47,26 @@ VAL_ROWS = BATCH
 RUN_TIMEOUT = 1800.0  # seconds for one method at one size; a hung run fails the benchmark, not the machine
 
 
+UPDATES, WARMUP = 40, 3  # per run: updates, and the first ones left out of the rate
+# bench async at small sizes: an update takes a few ms there, and a rate over 37 of them (~0.1 s) swings with
+# every wake-up of the machine (async's runs at 1e4 gave 0.92x and 1.36x synchronous over 20 and 180 updates)
+SMALL_PARAMS, SMALL_UPDATES, SMALL_WARMUP = 2e5, 200, 20
+
+
+def window(args: argparse.Namespace, *, params: int | None) -> tuple[int, int]:
+    """(updates, warmup) of one run: as given, else the defaults (bench async's longer ones for a model of at
+    most SMALL_PARAMS ``params``)."""
+    small = params is not None and params <= SMALL_PARAMS
+    return (args.updates if args.updates is not None else SMALL_UPDATES if small else UPDATES,
+            args.warmup if args.warmup is not None else SMALL_WARMUP if small else WARMUP)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default="1e4,1e5,1e6,1e7", help="parameter counts (default %(default)s)")
-    parser.add_argument("--updates", type=int, default=40, help="updates per run (default %(default)s)")
-    parser.add_argument("--warmup", type=int, default=3, help="updates per run left out (default %(default)s)")
+    parser.add_argument("--updates", type=int, help=f"updates per run (default {UPDATES}; bench async: "
+                                                     f"{SMALL_UPDATES} up to {SMALL_PARAMS:.0e} parameters)")
+    parser.add_argument("--warmup", type=int, help=f"updates per run left out (default {WARMUP}; bench async: "
+                                                    f"{SMALL_WARMUP} up to {SMALL_PARAMS:.0e} parameters)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of every method per size (default %(default)s)")
     parser.add_argument("--workers", type=int, default=2,
                         help="worker processes of the peers, and tasks per update (default %(default)s)")
@@ -77,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
         parse_cluster(args.cluster)
         methods.append(CLUSTER_METHOD)
+    args.updates, args.warmup = window(args, params=None)
     if args.updates <= args.warmup + 1:
         raise InputError("--updates must exceed --warmup + 1", found=f"{args.updates} and {args.warmup}")
     scratch = Path(tempfile.mkdtemp(prefix="memtrain-bench-", dir=getattr(args, "dir", None)))
