@@ -193,6 +193,15 @@ ROUND_BOARD = "round-board.npy"
 # One record per update of the current epoch: each task's loss and compute time, and how the update
 # ended (published as which version, with which checksum, when; or skipped). See train/marks.py.
 ROUND_RECORDS = "round-records.npy"
+# async mode at the desk (train/desk.py): the shared words, the stretch's task list, one record per group
+ASYNC_DESK = "async-desk.npy"
+ASYNC_TASKS = "async-tasks.npy"
+ASYNC_RECORDS = "async-records.npy"
+
+
+def desk_buffer_name(slot: int, buffer: int) -> str:
+    """One of a participant's gradient buffers at the desk (train/desk.py)."""
+    return f"d-s{slot:03d}-b{buffer:02d}.npy"
 
 
 @functools.lru_cache(maxsize=64)

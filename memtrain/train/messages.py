@@ -67,6 +67,9 @@ class Stretch:
     participants: int
     slices: int
     bases: tuple[tuple[int, int], ...] = ()  # fixed staleness: (updates done, the version then) still read
+    # async mode at the desk (train/desk.py): gradients per group (0: the rounds), and the staleness allowed
+    group: int = 0
+    max_staleness: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

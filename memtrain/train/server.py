@@ -42,6 +42,7 @@ from memtrain.train.advice import few_updates_note
 from memtrain.train.context import ModelContext, model_context, startup_check
 from memtrain.train.counters import position_text, update_number
 from memtrain.train.datacheck import check_trainable
+from memtrain.train.desk import DeskLog, create_desk
 from memtrain.train.exchange import InServer, WorkerPool
 from memtrain.train.lineage import Lineage
 from memtrain.train.logbook import Logbook
@@ -61,7 +62,7 @@ from memtrain.train.metrics import SHOWN
 from memtrain.train.metrics import collect as validation_metrics
 from memtrain.train.overlap import Overlap, replay_mismatch
 from memtrain.train.placement import Placement, stream_workers
-from memtrain.train.plan import Plan, eval_tasks, gradient_banks, split_range, step_slices
+from memtrain.train.plan import Plan, eval_tasks, gradient_banks, split_range, step_slices, task_stream
 from memtrain.train.pools import OnCluster, Streamed, open_cluster
 from memtrain.train.record import Decision
 from memtrain.train.room import room_needed
@@ -346,9 +347,13 @@ class Trainer:
         return last
 
     def epoch_rest(self, position: Position, started: float) -> None:
-        """Run the epoch on from ``position``: the round's stretches, or an overlapping mode's loop."""
+        """Run the epoch on from ``position``: the round's stretches, async mode's at the desk, or an
+        overlapping mode's loop."""
         if not self.streamed:
             self.stretch(position, started)
+            return
+        if self.at_desk():
+            self.desk_stretch(position, started)
             return
         self.epoch_started = started
         try:
@@ -409,6 +414,47 @@ class Trainer:
             raise MemtrainError("a non-finite update stopped the run", hint="see the event log")
         done = position.update_index(self.per_epoch)
         self.placement.observe(self.logbook.timeline[logged:], done, self.plan.total_updates - done)
+
+    def at_desk(self) -> bool:
+        """Async mode on worker processes of this machine runs at the desk (train/desk.py), not streamed."""
+        return (self.job.train.mode == "async" and self.lineage is None
+                and isinstance(self.placement.transport, WorkerPool))
+
+    def desk_stretch(self, position: Position, started: float) -> None:
+        """Async mode: the epoch's tasks not applied yet, on every worker at the desk, until done or a fault."""
+        transport, train, exchange = self.placement.transport, self.job.train, self.run_dir.exchange
+        ranges = task_stream(self.plan.updates(position.epoch))
+        applied = set(position.applied)
+        tasks = np.array([rows.task for rows in ranges if rows.task not in applied], dtype=np.int64)
+        participants = len(transport.slots)
+        self.generation += 1
+        create_desk(exchange, self.context.layout.size, participants, train.async_group, tasks, position.version)
+        log = DeskLog(exchange, train.async_group, tasks, ranges, self.per_epoch)
+        stretches = [Stretch(generation=self.generation, epoch=position.epoch, first=position.batch,
+                             stop=self.per_epoch, version=position.version, slot=slot, participants=participants,
+                             slices=0, group=train.async_group, max_staleness=train.max_staleness)
+                     for slot in range(participants)]
+        self.epoch_started = started
+
+        def look() -> None:
+            log.catch_up(position, self.logbook)
+            if self.look_due():
+                self.report(position)
+
+        try:
+            ended = self.scheduler.run_stretch(transport, self.board, stretches, look)
+        finally:  # a stop or a fault mid-stretch: the position (and so a checkpoint) is where it stands
+            log.catch_up(position, self.logbook)
+            newer = unpublish_after(self.run_dir.path, position.version)  # renamed, never recorded: made again
+            if newer:
+                self.log(f"unpublished versions {newer[0]}-{newer[-1]}: not recorded before the stretch ended")
+        self.report(position)
+        if ended == Ended.STOPPED:
+            raise Interrupted("stopped by a signal")
+        if ended == Ended.NONFINITE:
+            raise MemtrainError("a non-finite update stopped the run", hint="see the event log")
+        if position.batch == self.per_epoch:
+            position.applied = []
 
     def stream(self, stretch: Stretch, position: Position) -> Ended:
         """A stretch run by the server alone, its gradient tasks streamed to the cluster's workers."""

@@ -28,6 +28,7 @@ from memtrain.faults import straggler_factor
 from memtrain.files import writing_npy
 from memtrain.layout import ROUND_BOARD, gradient_name, weights_path
 from memtrain.train.context import model_context
+from memtrain.train.desk import DeskParticipant
 from memtrain.train.maps import MapCache
 from memtrain.train.marks import Board
 from memtrain.train.messages import (
@@ -180,6 +181,9 @@ class WorkerState:
         return self._rounds
 
     def stretch(self, stretch: Stretch) -> StretchEnd:
+        if stretch.group:  # async mode at the desk
+            outcome = DeskParticipant(self.rounds(), stretch, alive=self.alive).run()
+            return StretchEnd(generation=stretch.generation, slot=stretch.slot, outcome=outcome)
         outcome = Participant(self.rounds(), stretch, alive=self.alive, heartbeat=self.heartbeat).run()
         return StretchEnd(generation=stretch.generation, slot=stretch.slot, outcome=outcome)
 
