@@ -17,7 +17,8 @@ One participant's loop:
 1. **take** (under the lock): a task to compute again, else the list's next; claim it at the newest version;
 2. **gradient**: compute it at that version into one of the participant's own buffers;
 3. **post** (under the lock): drop the claim; a gradient more than ``max_staleness`` versions behind the
-   newest goes back (its task is computed again, never applied); else it joins the group, in arrival
+   version its group will step from goes back (its task is computed again, never applied); else it joins
+   the group, in arrival
    order; the gradient that fills the group (``async_group``), or the epoch's last, hands the group to
    this participant with the next group number;
 4. **step** group n once group n - 1 is published: add its gradients in arrival order, apply the
@@ -48,7 +49,8 @@ from pathlib import Path
 
 import numpy as np
 
-from memtrain.files import DIGEST_BYTES, allocate_npy, check_npy, open_npy
+from memtrain.faults import fault_point, read_audit_path
+from memtrain.files import DIGEST_BYTES, allocate_npy, append_jsonl, check_npy, open_npy
 from memtrain.layout import ASYNC_DESK, ASYNC_RECORDS, ASYNC_TASKS, building_path, desk_buffer_name
 from memtrain.train.logbook import Logbook
 from memtrain.train.marks import GRADIENT, PUBLISHED, SKIPPED, STEP, WAITING, Cancelled
@@ -58,7 +60,7 @@ from memtrain.train.plan import TaskRange, Update, async_updates_per_epoch, task
 from memtrain.train.reduce import reduce_and_step
 from memtrain.train.rounds import DROP_DELETED_EVERY, RoundFiles
 from memtrain.train.state import Position
-from memtrain.train.weights import commit_weights, ready_building, weights_checksum
+from memtrain.train.weights import array_checksum, commit_weights, ready_building, weights_checksum
 
 # desk words
 NEWEST, NEXT, GROUPS, HANDED, PENDING, REDO, DISCARDED, STOPPED = range(8)
@@ -229,11 +231,19 @@ class DeskParticipant:
         x, y = files.rows(rows)
         model = files.context.model
         seeded = {"seed": (files.setup.seed, at, task)} if getattr(model, "seeded", False) else {}
+        weights = files.weights(at)
+        audit = read_audit_path()  # the torn-read test: the version's bytes before and after the computation
+        before = array_checksum(weights) if audit else ""
+        fault_point("before_grad_write")
         started = time.perf_counter()
-        loss = model.loss_and_grad(files.views(files.weights(at)), x, y, files.views(out), **seeded)
+        loss = model.loss_and_grad(files.views(weights), x, y, files.views(out), **seeded)
         if files.straggler > 1:  # the test hook (faults.straggler_factor): a slower machine
             time.sleep((files.straggler - 1) * (time.perf_counter() - started))
-        return float(loss), time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        if audit:
+            append_jsonl(Path(audit), {"version": at, "before": before, "after": array_checksum(weights)})
+        fault_point("after_grad_write")
+        return float(loss), seconds
 
     # --- 3. post ---
 
@@ -244,7 +254,10 @@ class DeskParticipant:
         desk = self.desk
         with desk.locked() as words:
             desk.claims[self.slot] = (-1, -1)
-            if words[NEWEST] - at > self.max_staleness:
+            # the version this gradient's group will step from, at most: the newest, plus one for each group
+            # handed over and not finished yet (the group being filled is the next one handed over)
+            base = words[NEWEST] + words[HANDED] - words[GROUPS]
+            if base - at > self.max_staleness:
                 desk.redo[words[REDO]] = index
                 words[REDO] += 1
                 words[DISCARDED] += 1

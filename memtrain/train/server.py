@@ -620,6 +620,8 @@ class Trainer:
         return f"statistics task {message.task} ({self.describe_rows(message.lo, message.hi)})"
 
     def describe_activity(self, activity: Activity) -> str:
+        if self.at_desk():
+            return self.describe_desk_activity(activity)
         update = self.plan.update(activity.update)
         if activity.kind == GRADIENT:
             rows = update.tasks[activity.item]
@@ -633,6 +635,17 @@ class Trainer:
         if activity.kind == READY:
             return f"the readying of the file of the version after update {update_number(update.update)}"
         return f"a wait for its peers at update {update_number(update.update)}"
+
+    def describe_desk_activity(self, activity: Activity) -> str:
+        """A participant's activity at the desk (train/desk.py): ``update`` counts groups, ``item`` is a task's
+        number in its epoch's task stream."""
+        epoch = activity.update // self.per_epoch
+        if activity.kind == GRADIENT:
+            rows = task_stream(self.plan.updates(epoch))[activity.item]
+            return f"gradient task {rows.task} ({self.describe_rows(rows.lo, rows.hi)}) of epoch {epoch + 1}"
+        if activity.kind == STEP:
+            return f"the step of update {update_number(activity.update)}"
+        return f"a wait for a task or for its group's turn, at update {update_number(activity.update)}"
 
     def describe_rows(self, lo: int, hi: int, split: str = "train") -> str:
         shards = self.dataset.split(split).segments(lo, hi)
