@@ -291,8 +291,34 @@ def test_server_killed_mid_epoch_with_fixed_staleness_resumes_bitwise(tmp_path: 
     assert digest(run) == digest(staleness_runs[2])
 
 
-def test_server_killed_mid_step_in_async_mode_resumes_and_replays_bitwise(tmp_path: Path, data: Path) -> None:
-    run = kill_server_then_resume(write_job(tmp_path, data, ASYNC), hit=30, env=straggler(tmp_path, 5))
+@pytest.mark.parametrize(("workers", "point"), [(2, "after_update_logged"), (0, "mid_step")])
+def test_server_killed_in_async_mode_resumes_and_replays_bitwise(tmp_path: Path, data: Path, workers: int,
+                                                                 point: str) -> None:
+    """At the desk (worker processes) the server is killed as it logs a group; streamed to its own slot
+    (``train.workers = 0``), mid-step: the server steps."""
+    job = write_job(tmp_path, data, ASYNC)
+    job.write_text(job.read_text().replace("workers = 2", f"workers = {workers}"))
+    run = kill_server_then_resume(job, hit=30, env=straggler(tmp_path, 5), point=point)
+    assert ("gradients and steps on 2 worker processes" if workers else "gradients in the server") in \
+        (run / "events.log").read_text()
+    assert_every_task_applied_once_per_epoch(run, 3)
+    assert memtrain("train", "--replay", run).returncode == 0
+    assert digest(run) == digest(tmp_path / "run-replay")
+
+
+@pytest.mark.parametrize(("point", "logged"), [("mid_step", "died with exit code"),
+                                               ("after_publish", "not recorded before the stretch ended")])
+def test_a_worker_killed_while_stepping_at_the_desk_loses_no_gradient(tmp_path: Path, data: Path, point: str,
+                                                                      logged: str) -> None:
+    """A worker dies stepping a group (mid-step), or after renaming its version into place and before recording
+    it: the group is not applied, its tasks are computed again in the next stretch, and the renamed version is
+    deleted and made again; the run replays bitwise."""
+    env = {"MEMTRAIN_FAULT": f"{point}:5", ONCE_ENV: str(tmp_path / "fired")}
+    result = memtrain("train", write_job(tmp_path, data, ASYNC), env=env)
+    assert result.returncode == 0, result.stderr
+    run = tmp_path / "run"
+    events = (run / "events.log").read_text()
+    assert "died with exit code" in events and logged in events
     assert_every_task_applied_once_per_epoch(run, 3)
     assert memtrain("train", "--replay", run).returncode == 0
     assert digest(run) == digest(tmp_path / "run-replay")

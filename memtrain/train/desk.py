@@ -339,6 +339,7 @@ class DeskParticipant:
             return None
         checksum = weights_checksum(files.digests[(version + 1) % 2], size)
         commit_weights(building_path(files.run_dir, version + 1, files.server_pid), files.run_dir, version + 1)
+        fault_point("after_publish")  # renamed, not recorded yet: the server deletes it, the next stretch remakes it
         if version % DROP_DELETED_EVERY == 0:
             files.maps.drop_deleted()
         return checksum

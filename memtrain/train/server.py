@@ -302,6 +302,9 @@ class Trainer:
         mode = "replay" if self.lineage is not None else describe_mode(self.job)
         if count == 0:
             return Streamed(self.in_server, f"{mode}: gradients in the server ({why})", self.log)
+        if train.mode == "async" and self.lineage is None:
+            return Streamed(self._start_pool(count), f"{mode}: gradients and steps on {count} worker processes, at "
+                                                     f"the desk ({why})", self.log)
         return Streamed(self._start_pool(count), f"{mode}: gradients on {count} worker processes, the steps in the "
                                                  f"server ({why})", self.log)
 
@@ -426,6 +429,10 @@ class Trainer:
         ranges = task_stream(self.plan.updates(position.epoch))
         applied = set(position.applied)
         tasks = np.array([rows.task for rows in ranges if rows.task not in applied], dtype=np.int64)
+        if not len(tasks):  # every task applied, yet the epoch's updates not all counted: never run in circles
+            raise MemtrainError(f"epoch {position.epoch + 1}: every task is applied, but only {position.batch} of "
+                                f"{self.per_epoch} updates are counted", hint="this is a bug in memtrain: please "
+                                "report it with the run's events.log")
         participants = len(transport.slots)
         self.generation += 1
         create_desk(exchange, self.context.layout.size, participants, train.async_group, tasks, position.version)
@@ -445,6 +452,8 @@ class Trainer:
             ended = self.scheduler.run_stretch(transport, self.board, stretches, look)
         finally:  # a stop or a fault mid-stretch: the position (and so a checkpoint) is where it stands
             log.catch_up(position, self.logbook)
+            if position.batch == self.per_epoch:  # the epoch is done, whatever ended the stretch
+                position.applied = []
             newer = unpublish_after(self.run_dir.path, position.version)  # renamed, never recorded: made again
             if newer:
                 self.log(f"unpublished versions {newer[0]}-{newer[-1]}: not recorded before the stretch ended")
@@ -453,8 +462,6 @@ class Trainer:
             raise Interrupted("stopped by a signal")
         if ended == Ended.NONFINITE:
             raise MemtrainError("a non-finite update stopped the run", hint="see the event log")
-        if position.batch == self.per_epoch:
-            position.applied = []
 
     def stream(self, stretch: Stretch, position: Position) -> Ended:
         """A stretch run by the server alone, its gradient tasks streamed to the cluster's workers."""
