@@ -37,6 +37,7 @@ MADE = {
     "gradient_buffer_name": lambda: [layout.gradient_buffer_name(0), layout.gradient_buffer_name(3)],
     "building_path": lambda: [layout.building_path(Path(), 391, 4242).as_posix()],
     "state_buffer_name": lambda: [layout.state_buffer_name("m", 0), layout.state_buffer_name("v", 1)],
+    "desk_buffer_name": lambda: [layout.desk_buffer_name(0, 0), layout.desk_buffer_name(1, 4)],
     "tmp_sibling": lambda: [layout.tmp_sibling(Path("meta.json")).name,
                             layout.tmp_sibling(Path(layout.EXCHANGE_PROBE)).name],
     "spool_job_file": lambda: [layout.spool_job_file("NAME"), layout.spool_job_file("NAME~1")],

@@ -10,7 +10,9 @@ Which process runs which module:
     scheduler.py   watches a stretch / runs tasks: deaths, hangs, failures, stop signals
     logbook.py     records up to the ledger -> lineage and metric lines, the position
     exchange.py    a pipe pair per worker slot; or InServer: the server as its own worker
-    overlap.py     async mode, replay, fixed staleness streamed: tasks out, the steps in the server
+    desk.py        async mode on workers: the desk made,      desk.py     tasks taken, gradients posted,
+                   its groups' records logged                             groups stepped
+    overlap.py     async mode streamed, replay, fixed staleness streamed: tasks out, the steps in the server
     stream.py      a cluster's round: the server steps,       stream.py   a streamed gradient task
                    the workers compute gradient tasks
     state.py, checkpoint.py, run_dir.py     resume, checkpoints, the run directory

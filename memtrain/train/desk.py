@@ -67,7 +67,16 @@ NEWEST, NEXT, GROUPS, HANDED, PENDING, REDO, DISCARDED, STOPPED = range(8)
 HEADER = 8
 GROUP_WORDS = 4  # slot, buffer, task index, version
 LOSS_WORDS = 2  # the loss and compute seconds of a pending gradient, as float64 bits
-WAIT_SECONDS = 50e-6  # a participant waiting for its group's turn or for a task sleeps this long between looks
+# A participant waiting for its group's turn or for a task looks again after 50 us, then after twice as long
+# each time, up to 1 ms: a short wait (the usual one: a peer's step or gradient about to land) ends at once,
+# and a long one costs no core.
+WAIT_SECONDS, WAIT_MAX_SECONDS = 50e-6, 1e-3
+
+
+def pause(waited: int) -> int:
+    """Sleep before the next look (the ``waited``-th in a row); returns the count for the next one."""
+    time.sleep(min(WAIT_SECONDS * 2 ** min(waited, 10), WAIT_MAX_SECONDS))
+    return waited + 1
 
 
 def buffers_per_slot(group: int) -> int:
@@ -196,7 +205,7 @@ class DeskParticipant:
 
     def take(self) -> tuple[int, int] | None:
         """The next task (its index in the list) and the newest version, claimed; None when none is left."""
-        desk = self.desk
+        desk, waited = self.desk, 0
         while True:
             try:
                 self.check()
@@ -219,7 +228,7 @@ class DeskParticipant:
                     return index, at
             self.files.board.doing(self.slot, self.stretch.generation, WAITING, self.update_index(0))
             self.alive()
-            time.sleep(WAIT_SECONDS)
+            waited = pause(waited)
 
     # --- 2. gradient ---
 
@@ -290,10 +299,11 @@ class DeskParticipant:
         """Group ``number`` (its gradients in ``handed`` buffers): once the groups before it are published, step
         the newest version with it into the next and publish it; record it."""
         files, desk, count = self.files, self.desk, len(handed)
+        waited = 0
         while int(desk.words[GROUPS]) != number:  # the group before it is still stepping
             self.check()
             self.alive()
-            time.sleep(WAIT_SECONDS)
+            waited = pause(waited)
         record = self.records[number]
         version = int(desk.words[NEWEST])
         update = self.update_index(number)

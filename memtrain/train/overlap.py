@@ -13,7 +13,9 @@ written; a version is retired only once no task in flight or still to come reads
   flight, the workers compute while the server steps, and the schedule is the plan's alone: bitwise
   identical with any worker count, after worker deaths and after a resume (a checkpoint carries the k
   older versions the next updates read, ``position.bases``).
-- **Async** (``train.mode = "async"``): each free worker takes the epoch's next task at the newest version
+- **Async** (``train.mode = "async"``), streamed when the server computes the gradients itself and for a
+  replay (on worker processes it runs at the desk, train/desk.py, with the same lineage): each free
+  worker takes the epoch's next task at the newest version
   (before the server has applied the gradient it just returned); the server applies every
   ``async_group`` gradients in the order they arrive. A gradient more than ``max_staleness`` versions
   behind the newest is deleted and its rows computed again, never applied. The lineage records, per
