@@ -201,7 +201,7 @@ ASYNC_RECORDS = "async-records.npy"
 
 def desk_buffer_name(slot: int, buffer: int) -> str:
     """One of a participant's gradient buffers at the desk (train/desk.py)."""
-    return f"d-s{slot:03d}-b{buffer:02d}.npy"
+    return f"d-s{slot:03d}-b{buffer:03d}.npy"
 
 
 @functools.lru_cache(maxsize=64)
