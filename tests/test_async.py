@@ -470,3 +470,19 @@ def test_the_digits_mlp_converges_with_staleness_2_and_async_max_staleness_4(tmp
         assert [r for r in epochs if r["kind"] == "epoch"][-1]["val_accuracy"] >= 0.97, name
     staleness = Counter(r["parent"] - at for r in lineage(tmp_path / "async")[1:] for at in r["at"])
     assert 3 <= max(staleness) <= 4, staleness  # the bound was exercised, never exceeded
+
+
+def test_async_at_the_desk_with_four_workers_applies_every_task_once(tmp_path: Path, data: Path) -> None:
+    """Four participants on two cores, one a straggler, versions retired as soon as allowed: groups are handed
+    to several steppers at once (a fast worker's gradients wait in several of them), every task is applied
+    once per epoch, at most the newest ``keep_versions`` outlive the run, and the run replays bitwise."""
+    job = write_job(tmp_path, data, ASYNC, keep=1)
+    job.write_text(job.read_text().replace("workers = 2", "workers = 4"))
+    result = memtrain("train", job, env=straggler(tmp_path, 3))
+    assert result.returncode == 0, result.stderr
+    run = tmp_path / "run"
+    assert "gradients and steps on 4 worker processes" in (run / "events.log").read_text()
+    assert_every_task_applied_once_per_epoch(run, 3)
+    assert len(weight_versions(run)) == 1
+    assert memtrain("train", "--replay", run).returncode == 0
+    assert digest(run) == digest(tmp_path / "run-replay")

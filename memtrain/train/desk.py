@@ -63,8 +63,8 @@ from memtrain.train.state import Position
 from memtrain.train.weights import array_checksum, commit_weights, ready_building, weights_checksum
 
 # desk words
-NEWEST, NEXT, GROUPS, HANDED, PENDING, REDO, DISCARDED, STOPPED = range(8)
-HEADER = 8
+NEWEST, NEXT, GROUPS, HANDED, PENDING, REDO, DISCARDED, STOPPED, LEFT_FROM = range(9)
+HEADER = 9
 GROUP_WORDS = 4  # slot, buffer, task index, version
 LOSS_WORDS = 2  # the loss and compute seconds of a pending gradient, as float64 bits
 # A participant waiting for its group's turn or for a task looks again after 50 us, then after twice as long
@@ -141,6 +141,7 @@ def create_desk(exchange: Path, size: int, participants: int, group: int, tasks:
     desk = Desk(exchange, participants, group)
     desk.words[:] = 0
     desk.words[NEWEST] = version
+    desk.words[LEFT_FROM] = -1  # the oldest version left on disk: not known yet (the first step lists them)
     desk.claims[:] = -1
     desk.close()
     allocate_npy(exchange / ASYNC_TASKS, tasks.shape, np.int64)
@@ -177,14 +178,12 @@ class DeskParticipant:
         self.total_updates = self.per_epoch * files.setup.epochs
         self.buffers = [[files.maps.get(exchange / desk_buffer_name(s, b), (files.size,), np.float32, "r+")
                          for b in range(buffers_per_slot(self.group))] for s in range(stretch.participants)]
-        self.left_from: int | None = None
 
     def run(self) -> Outcome:
         try:
             with np.errstate(all="ignore"):
-                while (claim := self.take()) is not None:
+                while (buffer := self.free_buffer()) is not None and (claim := self.take()) is not None:
                     index, at = claim
-                    buffer = int(np.flatnonzero(self.desk.busy[self.slot] == 0)[0])
                     loss, seconds = self.gradient(index, at, self.buffers[self.slot][buffer])
                     handed = self.post(index, at, buffer, loss, seconds)
                     if handed is not None:
@@ -202,6 +201,21 @@ class DeskParticipant:
             raise _Stopped
 
     # --- 1. take ---
+
+    def free_buffer(self) -> int | None:
+        """One of this participant's buffers that holds no gradient waiting to be stepped; waits for one (a
+        step frees its group's) when every one does; None if the run stops meanwhile."""
+        waited = 0
+        while True:
+            free = np.flatnonzero(self.desk.busy[self.slot] == 0)  # only this slot marks them busy
+            if len(free):
+                return int(free[0])
+            try:
+                self.check()
+            except _Stopped:
+                return None
+            self.alive()
+            waited = pause(waited)
 
     def take(self) -> tuple[int, int] | None:
         """The next task (its index in the list) and the newest version, claimed; None when none is left."""
@@ -338,8 +352,10 @@ class DeskParticipant:
             claimed = [int(v) for task, v in desk.claims if task >= 0]
         oldest = min(claimed, default=version)
         keep = max(files.setup.keep_versions, version - oldest + 1)
-        ready_building(files.run_dir, version + 1, size, files.server_pid, keep, left_from=self.left_from)
-        self.left_from = version - keep + 1
+        left_from = int(desk.words[LEFT_FROM])  # steps run one at a time: only the stepper changes it
+        ready_building(files.run_dir, version + 1, size, files.server_pid, keep,
+                       left_from=None if left_from < 0 else min(left_from, version - keep + 1))
+        desk.words[LEFT_FROM] = max(left_from, version - keep + 1)  # every older version is retired now
         parity = version % 2
         out = files.building(version + 1)
         finite = reduce_and_step(grads, rows, files.weights(version), files.state[parity], out,
