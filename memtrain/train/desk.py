@@ -50,17 +50,16 @@ from pathlib import Path
 import numpy as np
 
 from memtrain.faults import fault_point, read_audit_path
-from memtrain.files import DIGEST_BYTES, allocate_npy, append_jsonl, check_npy, open_npy
-from memtrain.layout import ASYNC_DESK, ASYNC_RECORDS, ASYNC_TASKS, building_path, desk_buffer_name
+from memtrain.files import DIGEST_BYTES, allocate_npy, append_jsonl, open_npy
+from memtrain.layout import ASYNC_DESK, ASYNC_RECORDS, ASYNC_TASKS, desk_buffer_name
 from memtrain.train.logbook import Logbook
 from memtrain.train.marks import GRADIENT, PUBLISHED, SKIPPED, STEP, WAITING, Cancelled
 from memtrain.train.messages import Outcome, Stretch
 from memtrain.train.optim import learning_rate
 from memtrain.train.plan import TaskRange, Update, async_updates_per_epoch, task_stream
-from memtrain.train.reduce import reduce_and_step
 from memtrain.train.rounds import DROP_DELETED_EVERY, RoundFiles
 from memtrain.train.state import Position
-from memtrain.train.weights import array_checksum, commit_weights, ready_building, weights_checksum
+from memtrain.train.weights import array_checksum, commit_weights, weights_digest
 
 # desk words
 NEWEST, NEXT, GROUPS, HANDED, PENDING, REDO, DISCARDED, STOPPED, LEFT_FROM = range(9)
@@ -104,9 +103,9 @@ class Desk:
     def __init__(self, exchange: Path, participants: int, group: int):
         self.participants, self.group = participants, group
         path = exchange / ASYNC_DESK
-        offset = check_npy(path, shape=(desk_words(participants, group),), dtype=np.int64).offset
-        self.words = np.memmap(path, dtype=np.int64, mode="r+", offset=offset,
-                               shape=(desk_words(participants, group),)).view(np.ndarray)
+        # a plain view of the map: indexing a memmap runs Python code on every access
+        self.words = open_npy(path, shape=(desk_words(participants, group),), dtype=np.int64,
+                              mode="r+").view(np.ndarray)
         self.fd = os.open(path, os.O_RDWR)
         at = HEADER
         self.pending = self.words[at:at + group * GROUP_WORDS].reshape(group, GROUP_WORDS)
@@ -156,10 +155,7 @@ def create_desk(exchange: Path, size: int, participants: int, group: int, tasks:
 
 def open_desk_records(exchange: Path, group: int) -> np.ndarray:
     """The stretch's group records, mapped for reading and writing."""
-    path = exchange / ASYNC_RECORDS
-    info = check_npy(path, dtype=records_dtype(group))
-    return np.memmap(path, dtype=records_dtype(group), mode="r+", offset=info.offset,
-                     shape=info.shape).view(np.ndarray)  # indexing a memmap runs Python code on every access
+    return open_npy(exchange / ASYNC_RECORDS, dtype=records_dtype(group), mode="r+").view(np.ndarray)
 
 
 class DeskParticipant:
@@ -202,20 +198,23 @@ class DeskParticipant:
 
     # --- 1. take ---
 
+    def wait_for(self, ready: Callable[[], bool]) -> None:
+        """Look until ``ready()``, backing off (``pause``); a cancelled or stopped stretch ends the wait."""
+        waited = 0
+        while not ready():
+            self.check()
+            self.alive()
+            waited = pause(waited)
+
     def free_buffer(self) -> int | None:
         """One of this participant's buffers that holds no gradient waiting to be stepped; waits for one (a
         step frees its group's) when every one does; None if the run stops meanwhile."""
-        waited = 0
-        while True:
-            free = np.flatnonzero(self.desk.busy[self.slot] == 0)  # only this slot marks them busy
-            if len(free):
-                return int(free[0])
-            try:
-                self.check()
-            except _Stopped:
-                return None
-            self.alive()
-            waited = pause(waited)
+        mine = self.desk.busy[self.slot]  # only this slot marks them busy
+        try:
+            self.wait_for(lambda: not mine.all())
+        except _Stopped:
+            return None
+        return int(np.flatnonzero(mine == 0)[0])
 
     def take(self) -> tuple[int, int] | None:
         """The next task (its index in the list) and the newest version, claimed; None when none is left."""
@@ -313,11 +312,7 @@ class DeskParticipant:
         """Group ``number`` (its gradients in ``handed`` buffers): once the groups before it are published, step
         the newest version with it into the next and publish it; record it."""
         files, desk, count = self.files, self.desk, len(handed)
-        waited = 0
-        while int(desk.words[GROUPS]) != number:  # the group before it is still stepping
-            self.check()
-            self.alive()
-            waited = pause(waited)
+        self.wait_for(lambda: int(desk.words[GROUPS]) == number)  # the group before it is still stepping
         record = self.records[number]
         version = int(desk.words[NEWEST])
         update = self.update_index(number)
@@ -326,12 +321,12 @@ class DeskParticipant:
         grads = [self.buffers[s][b] for s, b in handed]
         rows = sum(self.ranges[int(self.tasks[i])].hi - self.ranges[int(self.tasks[i])].lo
                    for i in record["index"][:count])
-        checksum = (self.step_into(version, grads, rows, lr)
-                    if all(math.isfinite(loss) for loss in record["loss"][:count]) else None)
-        finite = checksum is not None
+        finite = (all(math.isfinite(loss) for loss in record["loss"][:count])
+                  and self.step_into(version, grads, rows, lr))
         record["version"], record["lr"], record["time"] = version + 1 if finite else version, lr, time.time()
         if finite:
-            record["checksum"] = np.frombuffer(bytes.fromhex(checksum.split(":")[1]), np.uint8)
+            digest = weights_digest(files.digests[(version + 1) % 2], files.size)
+            record["checksum"] = np.frombuffer(digest, np.uint8)
         stop = not finite and files.setup.on_nonfinite == "stop"
         record["status"] = PUBLISHED if finite else SKIPPED
         with desk.locked() as words:
@@ -343,32 +338,25 @@ class DeskParticipant:
             if stop:
                 words[STOPPED] = 1
 
-    def step_into(self, version: int, grads: list[np.ndarray], rows: int, lr: float) -> str | None:
-        """``version`` + the step of ``grads``' mean -> version + 1, published; its checksum, or None (nothing
-        published) if it came out non-finite. Retires the versions older than every claim and than the newest
-        ``keep_versions``."""
-        files, desk, size = self.files, self.desk, self.files.size
+    def step_into(self, version: int, grads: list[np.ndarray], rows: int, lr: float) -> bool:
+        """``version`` + the step of ``grads``' mean -> version + 1, published; False (nothing published) if it
+        came out non-finite. Retires the versions older than every claim and than the newest ``keep_versions``."""
+        files, desk = self.files, self.desk
         with desk.locked():
             claimed = [int(v) for task, v in desk.claims if task >= 0]
         oldest = min(claimed, default=version)
         keep = max(files.setup.keep_versions, version - oldest + 1)
         left_from = int(desk.words[LEFT_FROM])  # steps run one at a time: only the stepper changes it
-        ready_building(files.run_dir, version + 1, size, files.server_pid, keep,
-                       left_from=None if left_from < 0 else min(left_from, version - keep + 1))
+        finite = files.step_whole(version, grads, rows, lr, keep=keep,
+                                  left_from=None if left_from < 0 else min(left_from, version - keep + 1))
         desk.words[LEFT_FROM] = max(left_from, version - keep + 1)  # every older version is retired now
-        parity = version % 2
-        out = files.building(version + 1)
-        finite = reduce_and_step(grads, rows, files.weights(version), files.state[parity], out,
-                                 files.state[1 - parity], 0, size, files.optimizer, version + 1, lr,
-                                 files.digests[(version + 1) % 2], files.context.layout.trainable, files.scratch)
         if not finite:
-            return None
-        checksum = weights_checksum(files.digests[(version + 1) % 2], size)
-        commit_weights(building_path(files.run_dir, version + 1, files.server_pid), files.run_dir, version + 1)
+            return False
+        commit_weights(files.building_path(version + 1), files.run_dir, version + 1)
         fault_point("after_publish")  # renamed, not recorded yet: the server deletes it, the next stretch remakes it
         if version % DROP_DELETED_EVERY == 0:
             files.maps.drop_deleted()
-        return checksum
+        return True
 
     def update_index(self, number: int) -> int:
         """The run's update count of the stretch's group ``number``."""

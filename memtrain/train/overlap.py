@@ -38,18 +38,17 @@ import numpy as np
 
 from memtrain.config import Job
 from memtrain.errors import MemtrainError
-from memtrain.layout import building_path, spare_gradient_name, streamed_gradient_name, weights_path
+from memtrain.layout import spare_gradient_name, streamed_gradient_name, weights_path
 from memtrain.train.lineage import Lineage
 from memtrain.train.logbook import Logbook
 from memtrain.train.messages import GradTask, Result
 from memtrain.train.optim import learning_rate
 from memtrain.train.plan import TaskRange, Update, gradient_base, live_bases, startable_updates, task_stream
-from memtrain.train.reduce import reduce_and_step
 from memtrain.train.rounds import DROP_DELETED_EVERY, RoundFiles
 from memtrain.train.scheduler import TaskStream
 from memtrain.train.state import Position
 from memtrain.train.stream import discard
-from memtrain.train.weights import commit_weights, ready_building, weights_checksum
+from memtrain.train.weights import commit_weights, weights_checksum
 
 Arrived = tuple[GradTask, Result]
 
@@ -227,19 +226,13 @@ class Overlap:
         ``oldest`` and the newest ``run.keep_versions``."""
         files, size = self.files, self.files.size
         keep = max(self.job.run.keep_versions, version - oldest + 1)
-        ready_building(files.run_dir, version + 1, size, files.server_pid, keep, recycle=self.recycle,
-                       left_from=self.left_from)
-        self.left_from = version - keep + 1  # every older version is retired now
         grads = [files.maps.get(path, (size,), np.float32) for path in gradients]  # spares: the same inodes again
-        parity = version % 2  # the optimizer state of version n is in buffer n % 2, as in the round
-        finite = reduce_and_step(grads, rows, files.weights(version), files.state[parity], files.building(version + 1),
-                                 files.state[1 - parity], 0, size, files.optimizer, version + 1, lr,
-                                 files.digests[(version + 1) % 2],
-                                 files.context.layout.trainable, files.scratch)
+        finite = files.step_whole(version, grads, rows, lr, keep=keep, left_from=self.left_from, recycle=self.recycle)
+        self.left_from = version - keep + 1  # every older version is retired now
         if not finite:
             return None
         checksum = weights_checksum(files.digests[(version + 1) % 2], size)
-        commit_weights(building_path(files.run_dir, version + 1, files.server_pid), files.run_dir, version + 1)
+        commit_weights(files.building_path(version + 1), files.run_dir, version + 1)
         self.publish_sync(weights_path(files.run_dir, version + 1))
         if version % DROP_DELETED_EVERY == 0:
             files.maps.drop_deleted()

@@ -176,6 +176,19 @@ class RoundFiles:
         ready_building(self.run_dir, version, self.size, self.server_pid, self.setup.keep_versions, fast=True,
                        path=self.building_path(version))
 
+    def step_whole(self, version: int, grads: list[np.ndarray], rows: int, lr: float, *, keep: int,
+                   left_from: int | None, recycle: bool = True) -> bool:
+        """One process's step of the whole vector (async mode, at the desk or streamed; fixed staleness
+        streamed): ready the file of ``version`` + 1, retiring the versions older than the newest ``keep``
+        (weights.ready_building), and write into it ``version`` + the optimizer step of ``grads``' mean. False
+        if it came out non-finite: nothing to publish."""
+        ready_building(self.run_dir, version + 1, self.size, self.server_pid, keep, recycle=recycle,
+                       left_from=left_from, path=self.building_path(version + 1))
+        parity = version % 2  # the optimizer state of version n is in buffer n % 2, as in the round
+        return reduce_and_step(grads, rows, self.weights(version), self.state[parity], self.building(version + 1),
+                               self.state[1 - parity], 0, self.size, self.optimizer, version + 1, lr,
+                               self.digests[(version + 1) % 2], self.context.layout.trainable, self.scratch)
+
 
 class RowCache:
     """Rows [lo, hi) -> (x, y) as ``read`` gives them, kept while the copies among them fit in ``budget`` bytes.
