@@ -49,8 +49,8 @@ from pathlib import Path
 
 import numpy as np
 
-from memtrain.faults import fault_point, read_audit_path
-from memtrain.files import DIGEST_BYTES, allocate_npy, append_jsonl, open_npy
+from memtrain.faults import fault_point
+from memtrain.files import DIGEST_BYTES, allocate_npy, open_npy
 from memtrain.layout import ASYNC_DESK, ASYNC_RECORDS, ASYNC_TASKS, desk_buffer_name
 from memtrain.train.logbook import Logbook
 from memtrain.train.marks import GRADIENT, PUBLISHED, SKIPPED, STEP, WAITING, Cancelled
@@ -59,7 +59,7 @@ from memtrain.train.optim import learning_rate
 from memtrain.train.plan import TaskRange, Update, async_updates_per_epoch, task_stream
 from memtrain.train.rounds import DROP_DELETED_EVERY, RoundFiles
 from memtrain.train.state import Position
-from memtrain.train.weights import array_checksum, commit_weights, weights_digest
+from memtrain.train.weights import commit_weights, weights_digest
 
 # desk words
 NEWEST, NEXT, GROUPS, HANDED, PENDING, REDO, DISCARDED, STOPPED, LEFT_FROM = range(9)
@@ -251,21 +251,10 @@ class DeskParticipant:
         rows = self.ranges[task]
         files.board.doing(self.slot, self.stretch.generation, GRADIENT, self.update_index(0), task)
         x, y = files.rows(rows)
-        model = files.context.model
-        seeded = {"seed": (files.setup.seed, at, task)} if getattr(model, "seeded", False) else {}
         weights = files.weights(at)
-        audit = read_audit_path()  # the torn-read test: the version's bytes before and after the computation
-        before = array_checksum(weights) if audit else ""
-        fault_point("before_grad_write")
-        started = time.perf_counter()
-        loss = model.loss_and_grad(files.views(weights), x, y, files.views(out), **seeded)
-        if files.straggler > 1:  # the test hook (faults.straggler_factor): a slower machine
-            time.sleep((files.straggler - 1) * (time.perf_counter() - started))
-        seconds = time.perf_counter() - started
-        if audit:
-            append_jsonl(Path(audit), {"version": at, "before": before, "after": array_checksum(weights)})
+        loss, seconds = files.gradient(weights, files.views(weights), x, y, files.views(out), version=at, task=task)
         fault_point("after_grad_write")
-        return float(loss), seconds
+        return loss, seconds
 
     # --- 3. post ---
 

@@ -59,6 +59,7 @@ from memtrain.layout import (
     weights_path,
 )
 from memtrain.train.context import ModelContext
+from memtrain.train.gradient import TaskGradient
 from memtrain.train.maps import MapCache
 from memtrain.train.marks import (
     GRADIENT,
@@ -115,10 +116,10 @@ class RoundFiles:
     """
 
     def __init__(self, *, context: ModelContext, dataset: Dataset, run_dir: Path, exchange: Path, server_pid: int,
-                 optimizer: OptimizerConfig, setup: RoundSetup, board: Board, maps: MapCache, straggler: float = 1.0,
+                 optimizer: OptimizerConfig, setup: RoundSetup, board: Board, maps: MapCache, gradient: TaskGradient,
                  plan: Plan | None = None):
         self.context, self.run_dir, self.exchange, self.server_pid = context, run_dir, exchange, server_pid
-        self.straggler = straggler  # a test hook (faults.straggler_factor): this process's gradients made slower
+        self.gradient = gradient  # a task's loss and gradient (train/gradient.py), this process's
         self.optimizer, self.setup, self.board, self.maps = optimizer, setup, board, maps
         self.train = dataset.split("train")
         self.size = context.layout.size
@@ -382,16 +383,9 @@ class Participant:
         files = self.files
         files.board.doing(self.slot, self.generation, GRADIENT, update.update, rows.task)
         x, y = files.rows(rows)
-        fault_point("before_grad_write")
-        started = time.perf_counter()
-        model = files.context.model
-        seeded = {"seed": (files.setup.seed, at, rows.task)} if getattr(model, "seeded", False) else {}
         out = files.grads[gradient_bank(update.update, self.staleness)][rows.task]
-        loss = model.loss_and_grad(files.views(weights), x, y, files.views(out),
-                                   **seeded)  # overwrites every value
-        if files.straggler > 1:
-            time.sleep((files.straggler - 1) * (time.perf_counter() - started))
-        files.seconds[update.batch, rows.task] = time.perf_counter() - started
+        loss, files.seconds[update.batch, rows.task] = files.gradient(weights, files.views(weights), x, y,
+                                                                      files.views(out), version=at, task=rows.task)
         files.loss[update.batch, rows.task] = loss
         fault_point("after_grad_write")
         return math.isfinite(loss)

@@ -29,6 +29,7 @@ from memtrain.files import writing_npy
 from memtrain.layout import ROUND_BOARD, gradient_name, weights_path
 from memtrain.train.context import model_context
 from memtrain.train.desk import DeskParticipant
+from memtrain.train.gradient import TaskGradient
 from memtrain.train.maps import MapCache
 from memtrain.train.marks import Board
 from memtrain.train.messages import (
@@ -145,7 +146,9 @@ class WorkerState:
         self._rounds: RoundFiles | None = None
         self._scratch: np.ndarray | None = None
         self._val_rows = RowCache(ROW_CACHE_BYTES)  # evaluated every epoch: read and normalized once
-        self.straggler = straggler_factor() if board is None else 1.0  # a test hook; never the server itself
+        # a task's loss and gradient; the straggler test hook slows a worker, never the server itself
+        self.gradient = TaskGradient(self.context.model, seed=setup.rounds.seed,
+                                     straggler=straggler_factor() if board is None else 1.0)
 
     def scratch(self, size: int) -> np.ndarray:
         """A float32 buffer of ``size`` kept between tasks (a streamed gradient is computed into it)."""
@@ -177,7 +180,7 @@ class WorkerState:
             self._rounds = RoundFiles(context=self.context, dataset=self.dataset, run_dir=self.run_dir,
                                       exchange=self.exchange, server_pid=setup.server_pid,
                                       optimizer=OptimizerConfig(**dict(setup.optimizer)), setup=setup.rounds,
-                                      board=board, maps=self.maps, straggler=self.straggler, plan=self.plan)
+                                      board=board, maps=self.maps, gradient=self.gradient, plan=self.plan)
         return self._rounds
 
     def stretch(self, stretch: Stretch) -> StretchEnd:
