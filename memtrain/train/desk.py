@@ -57,9 +57,9 @@ from memtrain.train.marks import GRADIENT, PUBLISHED, SKIPPED, STEP, WAITING, Ca
 from memtrain.train.messages import Outcome, Stretch
 from memtrain.train.optim import learning_rate
 from memtrain.train.plan import TaskRange, Update, async_updates_per_epoch, task_stream
-from memtrain.train.rounds import DROP_DELETED_EVERY, RoundFiles
+from memtrain.train.rounds import RoundFiles
 from memtrain.train.state import Position
-from memtrain.train.weights import commit_weights, weights_digest
+from memtrain.train.weights import weights_digest
 
 # desk words
 NEWEST, NEXT, GROUPS, HANDED, PENDING, REDO, DISCARDED, STOPPED, LEFT_FROM = range(9)
@@ -328,24 +328,16 @@ class DeskParticipant:
                 words[STOPPED] = 1
 
     def step_into(self, version: int, grads: list[np.ndarray], rows: int, lr: float) -> bool:
-        """``version`` + the step of ``grads``' mean -> version + 1, published; False (nothing published) if it
-        came out non-finite. Retires the versions older than every claim and than the newest ``keep_versions``."""
+        """``version`` + the step of ``grads``' mean -> version + 1, published (RoundFiles.step_and_publish); False
+        (nothing published) if it came out non-finite. The oldest version read is the oldest claim's."""
         files, desk = self.files, self.desk
         with desk.locked():
             claimed = [int(v) for task, v in desk.claims if task >= 0]
-        oldest = min(claimed, default=version)
-        keep = max(files.setup.keep_versions, version - oldest + 1)
         left_from = int(desk.words[LEFT_FROM])  # steps run one at a time: only the stepper changes it
-        finite = files.step_whole(version, grads, rows, lr, keep=keep,
-                                  left_from=None if left_from < 0 else min(left_from, version - keep + 1))
-        desk.words[LEFT_FROM] = max(left_from, version - keep + 1)  # every older version is retired now
-        if not finite:
-            return False
-        commit_weights(files.building_path(version + 1), files.run_dir, version + 1)
-        fault_point("after_publish")  # renamed, not recorded yet: the server deletes it, the next stretch remakes it
-        if version % DROP_DELETED_EVERY == 0:
-            files.maps.drop_deleted()
-        return True
+        finite, left = files.step_and_publish(version, grads, rows, lr, oldest=min(claimed, default=version),
+                                              left_from=None if left_from < 0 else left_from)
+        desk.words[LEFT_FROM] = max(left, -1)  # -1: not known yet
+        return finite
 
     def update_index(self, number: int) -> int:
         """The run's update count of the stretch's group ``number``."""

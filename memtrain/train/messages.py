@@ -26,7 +26,7 @@ class RoundSetup:
     tasks_per_update: int
     seed: int
     epochs: int
-    keep_versions: int  # published versions a participant keeps when it readies a file (recycling older ones)
+    keep_versions: int  # run.keep_versions: the newest versions kept on disk (weights.versions_to_keep)
     on_nonfinite: str  # "stop" | "skip"
     staleness: int = 0  # fixed staleness k (train/plan.py gradient_base); 0: synchronous
     slots: int  # participants a stretch may have at most (the board has room for them)

@@ -38,17 +38,17 @@ import numpy as np
 
 from memtrain.config import Job
 from memtrain.errors import MemtrainError
-from memtrain.layout import spare_gradient_name, streamed_gradient_name, weights_path
+from memtrain.layout import spare_gradient_name, streamed_gradient_name
 from memtrain.train.lineage import Lineage
 from memtrain.train.logbook import Logbook
 from memtrain.train.messages import GradTask, Result
 from memtrain.train.optim import learning_rate
 from memtrain.train.plan import TaskRange, Update, gradient_base, live_bases, startable_updates, task_stream
-from memtrain.train.rounds import DROP_DELETED_EVERY, RoundFiles
+from memtrain.train.rounds import RoundFiles
 from memtrain.train.scheduler import TaskStream
 from memtrain.train.state import Position
 from memtrain.train.stream import discard
-from memtrain.train.weights import commit_weights, weights_checksum
+from memtrain.train.weights import weights_checksum
 
 Arrived = tuple[GradTask, Result]
 
@@ -221,23 +221,15 @@ class Overlap:
         return checksum
 
     def step(self, version: int, gradients: list[Path], rows: int, lr: float, oldest: int) -> str | None:
-        """``version`` + the optimizer step of the mean of ``gradients`` -> version + 1, published; its checksum,
-        or None (nothing published) if it came out non-finite. Retires the versions older than both
-        ``oldest`` and the newest ``run.keep_versions``."""
+        """``version`` + the optimizer step of the mean of ``gradients`` -> version + 1, published
+        (RoundFiles.step_and_publish); its checksum, or None (nothing published) if it came out non-finite.
+        ``oldest``: the oldest version a task in flight or still to come reads."""
         files, size = self.files, self.files.size
-        keep = max(self.job.run.keep_versions, version - oldest + 1)
         grads = [files.maps.get(path, (size,), np.float32) for path in gradients]  # spares: the same inodes again
-        finite = files.step_whole(version, grads, rows, lr, keep=keep, left_from=self.left_from, recycle=self.recycle)
-        self.left_from = version - keep + 1  # every older version is retired now
-        if not finite:
-            return None
-        checksum = weights_checksum(files.digests[(version + 1) % 2], size)
-        commit_weights(files.building_path(version + 1), files.run_dir, version + 1)
-        self.publish_sync(weights_path(files.run_dir, version + 1))
-        if version % DROP_DELETED_EVERY == 0:
-            files.maps.drop_deleted()
-        return checksum
-
+        finite, self.left_from = files.step_and_publish(version, grads, rows, lr, oldest=oldest,
+                                                        left_from=self.left_from, recycle=self.recycle,
+                                                        publish_sync=self.publish_sync)
+        return weights_checksum(files.digests[(version + 1) % 2], size) if finite else None
 
 
 def replay_mismatch(version: int, recorded: str, found: str | None, lineage: Lineage) -> MemtrainError:

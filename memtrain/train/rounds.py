@@ -93,6 +93,8 @@ from memtrain.train.weights import (
     commit_weights,
     digests_shape,
     ready_building,
+    rounds_keep,
+    versions_to_keep,
     weights_digest,
 )
 
@@ -137,7 +139,8 @@ class RoundFiles:
         self._building: tuple[int, Path] = (-1, run_dir)
         # the views of the task buffers and of the versions in use: a few maps, each kept alive by its views
         self._views: OrderedDict[int, tuple[np.ndarray, dict[str, np.ndarray]]] = OrderedDict()
-        self._views_kept = setup.tasks_per_update + setup.keep_versions + 2
+        self.keep = rounds_keep(setup.keep_versions, setup.staleness)  # versions kept as the rounds ready a file
+        self._views_kept = setup.tasks_per_update + self.keep + 2
         self._rows = RowCache(ROW_CACHE_BYTES)
 
     def _map(self, path: Path, mode: str = "r+") -> np.ndarray:
@@ -174,21 +177,38 @@ class RoundFiles:
         return self.context.normalize(x), np.asarray(y)
 
     def ready_building(self, version: int) -> None:
-        ready_building(self.run_dir, version, self.size, self.server_pid, self.setup.keep_versions, fast=True,
+        ready_building(self.run_dir, version, self.size, self.server_pid, self.keep, fast=True,
                        path=self.building_path(version))
 
-    def step_whole(self, version: int, grads: list[np.ndarray], rows: int, lr: float, *, keep: int,
-                   left_from: int | None, recycle: bool = True) -> bool:
-        """One process's step of the whole vector (async mode, at the desk or streamed; fixed staleness
-        streamed): ready the file of ``version`` + 1, retiring the versions older than the newest ``keep``
-        (weights.ready_building), and write into it ``version`` + the optimizer step of ``grads``' mean. False
-        if it came out non-finite: nothing to publish."""
+    def step_and_publish(self, version: int, grads: list[np.ndarray], rows: int, lr: float, *, oldest: int,
+                         left_from: int | None, recycle: bool = True,
+                         publish_sync: Callable[[Path], None] | None = None) -> tuple[bool, int]:
+        """The one step-and-publish of a process that steps the whole vector (async mode at the desk or
+        streamed, fixed staleness streamed, a replay): ``version`` + the optimizer step of ``grads``' mean
+        (added in list order) -> ``version`` + 1, renamed into place (and ``publish_sync``-ed).
+
+        First the file is readied, retiring the versions older than the newest ``versions_to_keep`` (the one
+        keep rule; ``oldest``: the oldest version a gradient in flight or still to come reads; ``left_from``:
+        the oldest version that may be left on disk, None if not known: the folder is listed). Returns
+        whether the step came out finite (else nothing is published: the update is skipped) and the oldest
+        version that may be left on disk now (the next step's ``left_from``)."""
+        keep = versions_to_keep(self.setup.keep_versions, version, oldest)
+        path = self.building_path(version + 1)
         ready_building(self.run_dir, version + 1, self.size, self.server_pid, keep, recycle=recycle,
-                       left_from=left_from, path=self.building_path(version + 1))
+                       left_from=left_from, path=path)
+        left = version - keep + 1 if left_from is None else max(left_from, version - keep + 1)  # older: retired
         parity = version % 2  # the optimizer state of version n is in buffer n % 2, as in the round
-        return reduce_and_step(grads, rows, self.weights(version), self.state[parity], self.building(version + 1),
+        if not reduce_and_step(grads, rows, self.weights(version), self.state[parity], self.building(version + 1),
                                self.state[1 - parity], 0, self.size, self.optimizer, version + 1, lr,
-                               self.digests[(version + 1) % 2], self.context.layout.trainable, self.scratch)
+                               self.digests[(version + 1) % 2], self.context.layout.trainable, self.scratch):
+            return False, left
+        commit_weights(path, self.run_dir, version + 1)
+        fault_point("after_publish")  # renamed, not recorded yet: the server deletes it, the update is made again
+        if publish_sync is not None:
+            publish_sync(weights_path(self.run_dir, version + 1))
+        if version % DROP_DELETED_EVERY == 0:
+            self.maps.drop_deleted()
+        return True, left
 
 
 class RowCache:

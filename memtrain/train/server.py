@@ -77,7 +77,9 @@ from memtrain.train.weights import (
     publish_weights,
     ready_building,
     retire_weights,
+    rounds_keep,
     unpublish_after,
+    versions_to_keep,
 )
 from memtrain.train.worker import WorkerState
 
@@ -150,15 +152,6 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
 def overlapping(job: Job) -> bool:
     """Whether the job trains in an overlapping mode (train/overlap.py): fixed staleness or async."""
     return job.train.mode == "async" or job.train.staleness > 0
-
-
-def versions_kept(job: Job) -> int:
-    """The versions the rounds keep when they ready a file (the newest before it): ``run.keep_versions``.
-    With fixed staleness k the file readied is two ahead of the newest published version (rounds.py
-    ``Participant.ready``), so one more, and at least the k + 1 that gradients in flight may still read."""
-    if not job.train.staleness:
-        return job.run.keep_versions
-    return max(job.run.keep_versions + 1, job.train.staleness + 2)
 
 
 def describe_mode(job: Job) -> str:
@@ -396,7 +389,7 @@ class Trainer:
         board.set_ledger(Ledger(self.generation, position.update_index(self.per_epoch) - 1, version))
         self.logbook.records["status"][first:stop] = 0
         ready_building(self.run_dir.path, version + 1, self.context.layout.size, os.getpid(),
-                       versions_kept(self.job), recycle=not cluster)
+                       rounds_keep(self.job.run.keep_versions, self.job.train.staleness), recycle=not cluster)
         slices = len(step_slices(self.context.layout.size, participants, BLOCK))
         bases = dict(position.bases) | {position.update_index(self.per_epoch): version}
         stretches = [Stretch(generation=self.generation, epoch=position.epoch, first=first, stop=stop,
@@ -534,7 +527,7 @@ class Trainer:
 
         def retire() -> None:  # so that the run holds keep_versions versions whenever it stops after this
             oldest = min((version for _, version in position.bases), default=position.version)  # still read
-            retire_weights(self.run_dir.path, max(self.job.run.keep_versions, position.version - oldest + 1),
+            retire_weights(self.run_dir.path, versions_to_keep(self.job.run.keep_versions, position.version, oldest),
                            position.version)
 
         record = {"kind": "epoch", "epoch": position.epoch + 1, "update": (position.epoch + 1) * self.per_epoch,
@@ -667,7 +660,7 @@ class Trainer:
         fields = dataclasses.fields(job.train.optimizer)
         optimizer = tuple((f.name, getattr(job.train.optimizer, f.name)) for f in fields)
         rounds = RoundSetup(batch_size=job.train.batch_size, tasks_per_update=job.train.tasks_per_update,
-                            seed=job.train.seed, epochs=job.train.epochs, keep_versions=versions_kept(job),
+                            seed=job.train.seed, epochs=job.train.epochs, keep_versions=job.run.keep_versions,
                             on_nonfinite=job.train.on_nonfinite, slots=self.slots, staleness=job.train.staleness)
         return WorkerSetup(server_pid=os.getpid(), run_dir=str(self.run_dir.path),
                            exchange_dir=str(self.run_dir.exchange), dataset=str(self.dataset.path),

@@ -189,7 +189,7 @@ class StreamParticipant(Participant):
                 os.rename(path, files.exchange / name)
                 self.spares.append(name)
         self.stepped = []
-        ready_building(files.run_dir, self.version + 1, files.size, files.server_pid, files.setup.keep_versions,
+        ready_building(files.run_dir, self.version + 1, files.size, files.server_pid, files.keep,
                        fast=True, recycle=self.recycle)
         files.building(self.version + 1)[::PAGE_FLOATS] = 0  # its pages faulted in now, not during the step
 
