@@ -43,7 +43,7 @@ from memtrain.train.counters import position_text, update_number
 from memtrain.train.datacheck import check_trainable
 from memtrain.train.desk import DeskLog, create_desk
 from memtrain.train.exchange import InServer, WorkerPool
-from memtrain.train.lineage import Lineage
+from memtrain.train.lineage import Lineage, solve_record
 from memtrain.train.logbook import Logbook
 from memtrain.train.marks import (
     GRADIENT,
@@ -526,8 +526,7 @@ class Trainer:
             path.unlink()
         params = self.context.model.solve(layout.views(total))
         checksum = publish_weights(self.run_dir.path, 1, self.context.layout.flatten(params))
-        self.run_dir.lineage({"version": 1, "parent": 0, "update": 1, "epoch": 1, "split": "train",
-                              "tasks": [list(p) for p in pieces], "solve": self.job.model.kind, "checksum": checksum})
+        self.run_dir.lineage(solve_record(tasks=pieces, solve=self.job.model.kind, checksum=checksum))
         position.version, position.epoch_rows = 1, self.train_rows
         position.epoch = self.job.train.epochs - 1
 
