@@ -222,3 +222,34 @@ def test_the_csv_baseline_of_bench_prepare_is_as_durable_as_memtrain(tmp_path: P
     stages = bench._pyarrow_baseline(pacsv, source, tmp_path / "out")
     assert len(synced) == 2 and set(stages) >= {"read", "write", "fsync"}
     assert np.load(tmp_path / "out" / "x.npy").shape == (5, bench.FEATURES)
+
+
+def _sleep_long() -> None:
+    import time
+
+    time.sleep(60)
+
+
+def test_the_outside_straggler_stops_a_spawned_worker_and_leaves_it_running() -> None:
+    import multiprocessing
+    import os
+    import time
+
+    from memtrain.benchmarks.outside_straggler import OutsideStraggler, is_worker
+
+    worker = multiprocessing.get_context("spawn").Process(target=_sleep_long, daemon=True)
+    worker.start()
+    try:
+        assert is_worker(worker.pid) and not is_worker(os.getpid())
+        straggler = OutsideStraggler(os.getpid(), 2 / 3)
+        straggler.start()
+        deadline = time.monotonic() + 20
+        while straggler.stops < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        straggler.finish()
+        assert straggler.stops >= 3
+        with open(f"/proc/{worker.pid}/stat") as stat:
+            assert stat.read().rsplit(")", 1)[1].split()[0] != "T"  # not left stopped
+    finally:
+        worker.kill()
+        worker.join()

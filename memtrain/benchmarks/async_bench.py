@@ -6,7 +6,9 @@ a fresh process through the real ``train`` path (``python -m memtrain.benchmarks
 mode applies ``async_group = workers`` gradients per update, so an update covers as many rows as a
 synchronous one and updates/s compare like for like. The straggler is the test hook
 ``MEMTRAIN_STRAGGLER``: one worker sleeps after each gradient so that it takes ``--straggler`` times as
-long (a slower machine that does not take a core from the others). Two rates per run: the whole run's
+long (a slower machine that does not take a core from the others); or, with ``--straggler-from outside``,
+one worker is stopped from outside (SIGSTOP / SIGCONT, outside_straggler.py) for all but 1/``--straggler``
+of the time, at whatever point of its work it is (the straggler of issue 32). Two rates per run: the whole run's
 (its updates over the life of its process, timed from outside: start-up included, as a user's job is
 timed; the targets are checked on it) and the steady part's (after ``--warmup`` updates: async updates
 arrive unevenly, so it is the count over the time span, not a median of gaps). The modes alternate
@@ -31,6 +33,7 @@ from typing import Any
 
 from memtrain.benchmarks.compare import Spread, Target, interleaved, pairwise
 from memtrain.benchmarks.memory import run_sampled
+from memtrain.benchmarks.outside_straggler import OutsideStraggler
 from memtrain.benchmarks.problem import BATCH, Problem
 from memtrain.benchmarks.synthetic import CLASSES, FEATURES, mlp_shape, write_dataset
 from memtrain.benchmarks.train_bench import (
@@ -46,6 +49,7 @@ from memtrain.faults import STRAGGLER_ENV
 from memtrain.train.optim import OptimizerConfig
 
 MAX_STALENESS = 4
+HOW = {"hook": "sleeping after each gradient", "outside": "stopped from outside"}  # --straggler-from, in the title
 # the targets of docs/async.md, checked on whole runs (start-up included)
 TARGETS = {(True, "async"): Target(name="async vs sync, with a straggler", at_least=1.5),
            (False, "staleness 1"): Target(name="staleness 1 vs sync, no straggler", at_least=1.0)}
@@ -61,6 +65,10 @@ def modes(workers: int) -> dict[str, dict[str, Any]]:
 def add_arguments(parser: argparse._ActionsContainer) -> None:
     parser.add_argument("--straggler", type=float, default=3.0,
                         help="async: one worker takes this many times as long per gradient (default %(default)s)")
+    parser.add_argument("--straggler-from", choices=("hook", "outside"), default="outside",
+                        help="async: how the straggler is slowed: 'hook', it sleeps after each gradient; 'outside', "
+                             "it is stopped from outside (SIGSTOP) for all but 1/--straggler of the time, at any "
+                             "point of its work (default %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
               "settings": {"sizes": sizes, "batch": BATCH, "workers": args.workers,
                            "window": {str(size): window(args, params=mlp_shape(size).params) for size in sizes},
                            "repeats": args.repeats, "straggler": args.straggler,
+                           "straggler_from": args.straggler_from,
                            "optimizer": "sgd", "modes": modes(args.workers)},
               "results": rows, "checks": checks(rows)}
     if args.json:
@@ -104,9 +113,12 @@ def bench_size(size: int, args: argparse.Namespace, scratch: Path) -> list[dict[
     rows = []
     for straggler in (None, args.straggler):
         def run(label: str, repeat: int, straggler: float | None = straggler) -> dict[str, Any]:
+            train = modes(args.workers)[label]
+            if straggler and args.straggler_from == "outside":
+                return run_once(problem, scratch, args.exchange, train, {}, stopped=1 - 1 / straggler)
             marker = scratch / f"straggler-{shape.params}-{repeat}-{label.replace(' ', '-')}"  # one per run
             env = {STRAGGLER_ENV: f"{straggler}:{marker}"} if straggler else {}
-            return run_once(problem, scratch, args.exchange, modes(args.workers)[label], env)
+            return run_once(problem, scratch, args.exchange, train, env)
 
         runs = interleaved(list(modes(args.workers)), args.repeats, run)
         rows += summarize(runs, warmup, shape.params, straggler, steady=updates - warmup)
@@ -114,14 +126,25 @@ def bench_size(size: int, args: argparse.Namespace, scratch: Path) -> list[dict[
 
 
 def run_once(problem: Problem, scratch: Path, exchange: str, train: dict[str, Any],
-             env: dict[str, str]) -> dict[str, Any]:
-    """One configuration in a fresh process; ``wall_seconds`` is that process's life (start-up included)."""
+             env: dict[str, str], *, stopped: float | None = None) -> dict[str, Any]:
+    """One configuration in a fresh process; ``wall_seconds`` is that process's life (start-up included).
+    ``stopped``: one worker is stopped from outside for that fraction of the time."""
     spec = {"problem": asdict(problem), "run_dir": str(scratch / "run"), "exchange": exchange, "train": train}
     environ = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")} | env
+    stragglers: list[OutsideStraggler] = []
+
+    def straggle(pid: int) -> Any:
+        stragglers.append(OutsideStraggler(pid, stopped or 0.0))
+        stragglers[0].start()
+        return stragglers[0].finish
+
     started = time.perf_counter()
     result, _, _ = run_sampled("memtrain.benchmarks.async_bench", spec, what=f"bench async {train or 'sync'}",
-                               timeout=RUN_TIMEOUT, env=environ)
-    return result | {"wall_seconds": time.perf_counter() - started}
+                               timeout=RUN_TIMEOUT, env=environ, alongside=straggle if stopped else None)
+    result["wall_seconds"] = time.perf_counter() - started
+    if stopped:
+        result["straggled"] = stragglers[0].stops > 0
+    return result
 
 
 def summarize(runs: dict[str, list[dict[str, Any]]], warmup: int, params: int,
@@ -172,7 +195,7 @@ def print_table(report: dict[str, Any]) -> None:
     table = Table(title=f"memtrain bench async: MLP {FEATURES}-H-{CLASSES}, SGD, batch {s['batch']}, {s['workers']} "
                         f"workers, median (min-max) of {s['repeats']} interleaved runs of each mode, ratios to sync "
                         f"repeat by repeat; whole run: from process start to exit; "
-                        f"straggler: one worker at 1/{s['straggler']:g} speed")
+                        f"straggler: one worker at 1/{s['straggler']:g} speed ({HOW[s['straggler_from']]})")
     table.caption = machine_caption(report["machine"])
     for name in ("params", "updates", "straggler", "mode", "updates/s, whole run", "÷ sync", "updates/s, steady",
                  "÷ sync, steady", "staleness mean", "staleness max", "recomputed"):
