@@ -240,10 +240,12 @@ def test_the_outside_straggler_stops_a_spawned_worker_and_leaves_it_running() ->
     worker = multiprocessing.get_context("spawn").Process(target=_sleep_long, daemon=True)
     worker.start()
     try:
+        deadline = time.monotonic() + 20
+        while not is_worker(worker.pid) and time.monotonic() < deadline:  # until the child has exec'd python
+            time.sleep(0.01)
         assert is_worker(worker.pid) and not is_worker(os.getpid())
         straggler = OutsideStraggler(os.getpid(), 2 / 3)
         straggler.start()
-        deadline = time.monotonic() + 20
         while straggler.stops < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
         straggler.finish()
