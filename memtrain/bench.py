@@ -10,6 +10,10 @@ Examples:
   memtrain bench train --larger-than-ram --limit-mib 256   # a dataset 4x larger than a memory limit
   memtrain bench train --sizes 1e6,1e7 --methods memtrain --cluster local:2   # the Dask transport vs local
   memtrain bench async --sizes 1e5,1e6  # sync vs staleness 1 vs async, without and with a straggler
+
+Every comparison interleaves its methods, repeats them (--repeats) and reports the median with the min-max
+range, ratios taken pair by pair (memtrain/benchmarks/compare.py); bench train times every method as a whole
+process at E and 2E epochs, so that start-up cancels on every side alike (docs/performance.md).
 """
 
 from __future__ import annotations
