@@ -115,14 +115,16 @@ class CsvSource:
 
     def _sniff(self) -> tuple[bool, set[int]]:
         """Labels are text if the first data row's label is not a number (fixed for the whole file); a feature
-        column is a category column if a value in the first ``MIN_BLOCK`` bytes is neither a number nor
-        missing (``--categorical`` names others)."""
+        column is a category column if most of its values in the first ``MIN_BLOCK`` bytes that are not
+        missing are not numbers (``--categorical`` names others). A stray word among numbers is an error
+        with a hint, not a category: it is more often a mistake in the data."""
         with open(self.path, "rb") as handle:
             handle.seek(self.data_offset)
             sample = handle.read(MIN_BLOCK)
         text = sample.decode("utf-8", errors="replace")
         text_labels: bool | None = None
-        categories: set[int] = set()
+        words = dict.fromkeys(self.feature_index, 0)
+        values = dict.fromkeys(self.feature_index, 0)
         try:
             for record in csv.reader(io.StringIO(text, newline="")):
                 if not record or len(record) != len(self.columns):
@@ -130,11 +132,13 @@ class CsvSource:
                 if text_labels is None:
                     text_labels = not _is_number(record[self.label_index]) and \
                         record[self.label_index].strip() not in self.table.number_na
-                categories.update(i for i in self.feature_index if i not in categories and not
-                                  _is_number(record[i]) and record[i].strip() not in self.table.na_values)
+                for i in self.feature_index:
+                    if record[i].strip() not in self.table.na_values:
+                        values[i] += 1
+                        words[i] += not _is_number(record[i])
         except csv.Error:
             pass  # a broken record: the parse says what is wrong
-        return bool(text_labels), categories
+        return bool(text_labels), {i for i in self.feature_index if words[i] * 2 > values[i]}
 
     def chunks(self, rows: int) -> Iterator[Chunk]:
         """Blocks of at most ``block_bytes`` of text, cut after whole records (``rows`` is ignored).
