@@ -324,6 +324,7 @@ def test_a_version_2_dataset_is_still_read(tmp_path):
     quiet(PrepareOptions(source, tmp_path / "ds"))
     path = tmp_path / "ds" / "manifest.json"
     manifest = unseal(json.loads(path.read_text()), path=path, what="manifest")
+    assert manifest["version"] == 3 and manifest["encoding"]["columns"][0]["name"] == "a"
     old = {k: v for k, v in manifest.items() if k not in ("encoding", "label_missing_rows", "missing_dropped_rows")}
     write_sealed_json(path, {**old, "version": 2}, durable=False)
     dataset = open_dataset(tmp_path / "ds")
