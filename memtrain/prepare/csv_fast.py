@@ -114,8 +114,9 @@ class ArrowBlockParser:
                 for chunk in column.chunks:
                     x[at:at + len(chunk), j] = chunk.to_numpy(zero_copy_only=chunk.null_count == 0)
                     at += len(chunk)
-        checked = x[:, numbers]
-        return x if np.isfinite(checked[~missing[:, numbers]]).all() else None
+        if len(numbers) == x.shape[1] and not missing.any():  # a table of numbers: no copy to check it
+            return x if np.isfinite(x).all() else None
+        return x if np.isfinite(x[:, numbers][~missing[:, numbers]]).all() else None
 
     def _text(self, column: Any) -> tuple[np.ndarray, np.ndarray]:
         """A text column's trimmed values ("" where missing) and which are missing."""

@@ -270,7 +270,7 @@ def _check_chunk(chunk: Chunk, source: Source, options: PrepareOptions, coder: L
         chunk = _rows_of(chunk, ~bad)
     codes = coder.encode(y, chunk.where(0)) if len(y) else np.empty(0, dtype=CODE_DTYPE)
     if survey is not None:
-        x = survey.compact(raw, chunk.missing, chunk.text or {}).astype(spool_dtype(source, options))
+        x = survey.compact(raw, chunk.missing, chunk.text or {}, spool_dtype(source, options))
     return x, codes, dropped
 
 

@@ -286,20 +286,26 @@ class Survey:
         self.seen = np.zeros(len(self.names), dtype=np.int64)
         self.missing = np.zeros(len(self.names), dtype=np.int64)
 
-    def compact(self, x: np.ndarray, missing: np.ndarray | None, text: Mapping[int, np.ndarray]) -> np.ndarray:
-        """One chunk's rows (NaN placeholders in category columns) -> compact rows; counts what it saw."""
-        out = np.array(x, dtype=np.float64, copy=True)
+    def compact(self, x: np.ndarray, missing: np.ndarray | None, text: Mapping[int, np.ndarray],
+                dtype: np.dtype) -> np.ndarray:
+        """One chunk's rows (NaN in missing cells and category columns) -> compact rows in ``dtype`` (the
+        spool's); counts what it saw. The means are summed from the values as stored (in ``dtype``), so
+        they do not depend on which parser read a block; float64 sums of float32 values are exact."""
+        out = x.astype(dtype, copy=bool(text))  # a copy when level ids are written into it
         if missing is not None:
             self.missing += missing.sum(axis=0)
         for j, values in text.items():
             out[:, j] = self._level_ids(j, values, None if missing is None else missing[:, j])
-        numbers = [j for j, kind in enumerate(self.kinds) if kind == NUMBER]
+        numbers = self.numbers
         if numbers:
-            block = out[:, numbers]
-            present = ~np.isnan(block)
-            self.sums[numbers] += np.where(present, block, 0.0).sum(axis=0)
-            self.seen[numbers] += present.sum(axis=0)
+            block = out if len(numbers) == out.shape[1] else out[:, numbers]
+            self.sums[numbers] += np.nansum(block, axis=0, dtype=np.float64)
+            self.seen[numbers] += len(out) - (0 if missing is None else missing[:, numbers].sum(axis=0))
         return out
+
+    @property
+    def numbers(self) -> list[int]:
+        return [j for j, kind in enumerate(self.kinds) if kind == NUMBER]
 
     def _level_ids(self, j: int, values: np.ndarray, missing: np.ndarray | None) -> np.ndarray:
         names, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
