@@ -57,8 +57,8 @@ class TrainedModel:
         return encoding.rows(rows, np.dtype(self.meta["data"]["x"]["dtype"]))
 
     def _features(self, x: Any) -> np.ndarray:
-        if is_raw(x):
-            x = self.encode(x)
+        if is_raw(x) and (self.encoding is not None or not hasattr(x, "columns")):
+            x = self.encode(x)  # (a DataFrame of features for a model without a table encoding is an array)
         x = np.asarray(x)
         if x.ndim == 1:
             x = x.reshape(1, -1)

@@ -96,6 +96,9 @@ def test_pandas_dataframe_rows(tmp_path):
     encoding = Encoding.from_dict(open_dataset(tmp_path / "ds").manifest["encoding"])
     frame = pd.read_csv(source)  # pandas reads NA as NaN, and the label column comes along
     np.testing.assert_array_equal(encoding.rows(frame), train_rows(tmp_path / "ds"))
+    nullable = frame.convert_dtypes()  # pandas.NA in a nullable float column, strings as "string" dtype
+    assert nullable["size"].isna().sum() == 1
+    np.testing.assert_array_equal(encoding.rows(nullable), train_rows(tmp_path / "ds"))
 
 
 # --- the encoding: properties and round trips -------------------------------------------------------------
@@ -316,6 +319,8 @@ def test_raw_rows_for_a_model_without_a_table_encoding_is_a_clear_error(cli, tmp
     assert model.encoding is None and model.predict(x[:2]).shape == (2,)
     with pytest.raises(InputError, match="records no table encoding"):
         model.predict([{"f0": 1.0}])
+    pd = pytest.importorskip("pandas")  # a DataFrame of features is still an array for such a model
+    np.testing.assert_array_equal(model.predict(pd.DataFrame(x[:3])), model.predict(x[:3]))
 
 
 def test_a_version_2_dataset_is_still_read(tmp_path):

@@ -99,7 +99,8 @@ class PrepareOptions:
 
     def resume_key(self, source_identity: dict[str, object]) -> str:
         """Hash of the options and the source's identity: a rerun with the same ones resumes."""
-        blob = json.dumps({"options": self.manifest_options(), "source": source_identity, "code": 1},
+        # "code": what the work area holds; 2: the spool of a table holds compact rows and its encoding
+        blob = json.dumps({"options": self.manifest_options(), "source": source_identity, "code": 2},
                           sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -91,11 +91,13 @@ class ParquetSource:
 
     def _text(self, pa: Any, column: Any) -> tuple[np.ndarray, np.ndarray]:
         """A category column's values as trimmed text ("" where missing: null or a missing spelling)."""
-        values = column.cast(pa.string()) if not pa.types.is_string(column.type) else column
-        raw = values.to_pylist()
-        missing = np.array([v is None or v.strip() in self.table.na_values for v in raw], dtype=bool)
-        return np.array(["" if gone else v.strip() for v, gone in zip(raw, missing, strict=True)], dtype=str), \
-            missing
+        import pyarrow.compute as pc
+
+        values = pc.utf8_trim_whitespace(column.cast(pa.string()))
+        spelled = pc.is_in(values, value_set=pa.array(list(self.table.na_values), pa.string()))  # null: false
+        missing = pc.or_(pc.is_null(values), pc.fill_null(spelled, True))
+        text = pc.if_else(missing, "", values).to_numpy(zero_copy_only=False)
+        return np.asarray(text, dtype=str).reshape(-1), missing.to_numpy(zero_copy_only=False)
 
     def _labels(self, pa: Any, column: Any) -> tuple[np.ndarray, np.ndarray]:
         if pa.types.is_dictionary(column.type):

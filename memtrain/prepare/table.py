@@ -227,7 +227,7 @@ def _text(value: Any) -> str:
 
 
 def _is_missing(value: Any, na_values: tuple[str, ...]) -> bool:
-    if value is None:
+    if value is None or type(value).__name__ in ("NAType", "NaTType"):  # pandas.NA, pandas.NaT
         return True
     if isinstance(value, float | np.floating):
         return math.isnan(value)
