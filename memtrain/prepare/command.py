@@ -57,12 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     table.add_argument("--missing", choices=MISSING_MODES, default="impute",
                        help="a missing feature value: impute (numbers get the column mean, text a <missing> level; "
                             "default), drop (the row) or error (stop)")
-    table.add_argument("--na-values", metavar="A,B,...", type=_names, default=NA_VALUES,
+    table.add_argument("--na-values", metavar="A,B", type=_names, default=NA_VALUES,
                        help="spellings of a missing value (default: empty, " + ", ".join(NA_VALUES[1:]) + ")")
-    table.add_argument("--columns", metavar="A,B,...", type=_names, help="use only these feature columns")
-    table.add_argument("--drop-columns", metavar="A,B,...", type=_names, default=(),
+    table.add_argument("--columns", metavar="A,B", type=_names, help="use only these feature columns")
+    table.add_argument("--drop-columns", metavar="A,B", type=_names, default=(),
                        help="leave these columns out")
-    table.add_argument("--categorical", metavar="A,B,...", type=_names, default=(),
+    table.add_argument("--categorical", metavar="A,B", type=_names, default=(),
                        help="read these columns as text (categories) even if they hold numbers")
     table.add_argument("--categorical-encoding", choices=CATEGORICAL, default="one-hot",
                        help="one-hot: a 0/1 feature per level (default); ordinal: one feature, the level's index")

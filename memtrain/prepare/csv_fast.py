@@ -93,7 +93,7 @@ class ArrowBlockParser:
         numbers = [j for j, i in enumerate(self._features) if i not in self._categories]
         missing = np.zeros((table.num_rows, len(self._features)), dtype=bool)
         for j in numbers:
-            missing[:, j] = table.column(self._names[self._features[j]]).is_null().to_numpy(zero_copy_only=False)
+            missing[:, j] = self._nulls(table.column(self._names[self._features[j]]))
         x = self._x(table, numbers, missing)
         y, y_missing = self._y(table)
         if x is None or y is None:
@@ -118,11 +118,21 @@ class ArrowBlockParser:
             return x if np.isfinite(x).all() else None
         return x if np.isfinite(x[:, numbers][~missing[:, numbers]]).all() else None
 
+    def _nulls(self, column: Any) -> np.ndarray | bool:
+        """Which cells are null; computed only when there are some, and then in the C library's allocator
+        (pyarrow's compute functions default to mimalloc, which keeps freed memory: see ``_pool``)."""
+        if column.null_count == 0:
+            return False
+        import pyarrow.compute as pc
+
+        return pc.is_null(column, memory_pool=self._pool).to_numpy(zero_copy_only=False)
+
     def _text(self, column: Any) -> tuple[np.ndarray, np.ndarray]:
         """A text column's trimmed values ("" where missing) and which are missing."""
         import pyarrow.compute as pc
 
-        values = np.asarray(pc.utf8_trim_whitespace(column).to_pylist(), dtype=str)
+        values = np.asarray(pc.utf8_trim_whitespace(column, memory_pool=self._pool).to_numpy(zero_copy_only=False),
+                            dtype=str).reshape(-1)
         missing = np.isin(values, list(self._text_na)) if self._text_na else np.zeros(len(values), dtype=bool)
         values[missing] = ""
         return values, missing
@@ -130,7 +140,7 @@ class ArrowBlockParser:
     def _y(self, table: Any) -> tuple[np.ndarray | None, np.ndarray | None]:
         column = table.column(self._names[self._label])
         if not self._text_labels:
-            absent = column.is_null().to_numpy(zero_copy_only=False)
+            absent = np.asarray(self._nulls(column)) | np.zeros(table.num_rows, dtype=bool)
             y = column.to_numpy() if not absent.any() else np.asarray(column.to_numpy(zero_copy_only=False),
                                                                        dtype=np.float64)
             return (y if np.isfinite(y[~absent]).all() else None), (absent if absent.any() else None)
