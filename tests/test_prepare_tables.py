@@ -338,3 +338,14 @@ def test_a_version_2_dataset_is_still_read(tmp_path):
     with pytest.raises(memtrain.errors.CorruptFileError, match="unsupported dataset format version"):
         open_dataset(tmp_path / "ds")
     assert math.isfinite(old["stats"]["mean"][0])
+
+
+def test_categorical_reads_codes_and_stray_words_as_levels(cli, write_file, tmp_path):
+    source = write_file("t.csv", "zip,f,label\n10115,2,0\n20095,abc,1\n10115,4,0\n")
+    assert_clean_failure(cli("prepare", source, tmp_path / "out"), tmp_path, "t.csv:line 3, column 'f'",
+                         "'abc'", "--categorical f")
+    result = cli("prepare", source, tmp_path / "out", "--categorical", "zip,f", "--no-shuffle", "--val-fraction", "0")
+    assert result.code == 0, result.err
+    assert open_dataset(tmp_path / "out").manifest["feature_names"] == \
+        ["zip=10115", "zip=20095", "zip=<rare>", "f=2", "f=4", "f=abc", "f=<rare>"]
+    np.testing.assert_array_equal(train_rows(tmp_path / "out")[1], [0, 1, 0, 0, 0, 1, 0])

@@ -385,8 +385,8 @@ class CsvSource:
         if value.strip() in self.table.na_values and self.table.missing == "error":
             hint = "--missing impute (the default) fills missing values, --missing drop drops their rows"
         elif value.strip():
-            hint = (f"the first rows of '{column}' hold only numbers: pass --categorical {column} to read it as "
-                    f"text, or --drop-columns {column} to leave it out")
+            hint = (f"'{column}' is read as a column of numbers (most of its first values are numbers): pass "
+                    f"--categorical {column} to read it as text, or --drop-columns {column} to leave it out")
         return InputError("not a number in a feature column", path=self.path, where=where, expected="a number",
                           found=found, hint=hint)
 
