@@ -43,6 +43,7 @@ from memtrain.prepare.sources import Chunk, Source, open_source
 from memtrain.prepare.stats import RunningStats
 from memtrain.prepare.synthetic import SyntheticSource
 from memtrain.prepare.table import CATEGORY, Encoding, Survey, final_codes
+from memtrain.prepare.table_chunks import holes_of, rows_of, table_rows
 from memtrain.prepare.workdir import WorkArea, check_out
 from memtrain.progress import reporting
 
@@ -252,9 +253,9 @@ def _check_chunk(chunk: Chunk, source: Source, options: PrepareOptions, coder: L
     n = len(chunk.x)
     raw = np.asarray(chunk.x).reshape(n, -1)
     if survey is not None:
-        chunk, raw = _table_rows(chunk, raw, source, options, counts if counts is not None else {})
+        chunk, raw = table_rows(chunk, raw, source, options.missing, counts if counts is not None else {})
         n = len(raw)
-    holes = _holes(chunk, raw)
+    holes = holes_of(chunk, raw)
     with np.errstate(over="ignore", invalid="ignore"):  # out-of-range values become inf: reported below
         x = raw.astype(options.np_dtype, copy=False) if holes is None else \
             np.where(holes, 0.0, raw).astype(options.np_dtype)
@@ -267,70 +268,11 @@ def _check_chunk(chunk: Chunk, source: Source, options: PrepareOptions, coder: L
         if not options.drop_nonfinite:
             raise _nonfinite_error(chunk, source, options, raw, x, y, int(np.flatnonzero(bad)[0]))
         x, y, raw = x[~bad], y[~bad], raw[~bad]
-        chunk = _rows_of(chunk, ~bad)
+        chunk = rows_of(chunk, ~bad)
     codes = coder.encode(y, chunk.where(0)) if len(y) else np.empty(0, dtype=CODE_DTYPE)
     if survey is not None:
         x = survey.compact(raw, chunk.missing, chunk.text or {}, spool_dtype(source, options))
     return x, codes, dropped
-
-
-def _holes(chunk: Chunk, raw: np.ndarray) -> np.ndarray | None:
-    """The cells that hold no number (missing cells, category columns): not checked for finiteness."""
-    if chunk.missing is None and not chunk.text:
-        return None
-    holes = np.zeros(raw.shape, dtype=bool) if chunk.missing is None else chunk.missing.copy()
-    for j in chunk.text or {}:
-        holes[:, j] = True
-    return holes
-
-
-def _rows_of(chunk: Chunk, keep: np.ndarray) -> Chunk:
-    """The chunk's table parts, for the rows ``keep`` (x and y are cut by the caller)."""
-    return Chunk(chunk.x, chunk.y, chunk.first_row, chunk.nbytes, chunk.line_of, chunk.finite,
-                 None if chunk.missing is None else chunk.missing[keep],
-                 None if chunk.text is None else {j: t[keep] for j, t in chunk.text.items()},
-                 None if chunk.y_missing is None else chunk.y_missing[keep])
-
-
-def _table_rows(chunk: Chunk, raw: np.ndarray, source: Source, options: PrepareOptions,
-                counts: dict[str, int]) -> tuple[Chunk, np.ndarray]:
-    """Rows with a missing label dropped (counted), and missing cells checked as ``--missing`` says."""
-    keep = np.ones(len(raw), dtype=bool)
-    if chunk.y_missing is not None and chunk.y_missing.any():
-        if options.missing == "error":
-            row = int(np.flatnonzero(chunk.y_missing)[0])
-            raise InputError("the label is missing", path=source.path,
-                             where=f"{chunk.where(row)}, column '{source.label_name}'", expected="a label",
-                             found="a missing value", hint="--missing impute or drop drops such rows (and counts them)")
-        keep &= ~chunk.y_missing
-        counts["label_missing"] = counts.get("label_missing", 0) + int(chunk.y_missing.sum())
-    if chunk.missing is not None and chunk.missing[keep].any():
-        if options.missing == "error":
-            row, column = (int(v[0]) for v in np.nonzero(chunk.missing & keep[:, None]))
-            raise InputError("a value is missing", path=source.path,
-                             where=f"{chunk.where(row)}, column '{(source.feature_names or [])[column]}'",
-                             expected="a value", found="a missing value",
-                             hint="--missing impute (the default) fills missing values, --missing drop drops "
-                                  "their rows")
-        if options.missing == "drop":
-            gone = keep & chunk.missing.any(axis=1)
-            counts["missing_dropped"] = counts.get("missing_dropped", 0) + int(gone.sum())
-            keep &= ~gone
-    if keep.all():
-        return chunk, raw
-    cut = _rows_of(chunk, keep)
-    cut.x, cut.y = raw[keep], np.asarray(chunk.y).reshape(-1)[keep]
-    cut.line_of = _renumbered(chunk, keep)
-    return cut, raw[keep]
-
-
-def _renumbered(chunk: Chunk, keep: np.ndarray) -> Any:
-    """``where`` for the kept rows: row i of the cut chunk is row kept[i] of the source chunk."""
-    index = np.flatnonzero(keep)
-    if chunk.line_of is None:
-        return None
-    line_of = chunk.line_of
-    return lambda i: line_of(int(index[i]))
 
 
 def _nonfinite_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
