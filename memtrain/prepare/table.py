@@ -299,7 +299,8 @@ class Survey:
         numbers = self.numbers
         if numbers:
             block = out if len(numbers) == out.shape[1] else out[:, numbers]
-            self.sums[numbers] += np.nansum(block, axis=0, dtype=np.float64)
+            total = np.sum if missing is None else np.nansum  # nansum copies the block: only when needed
+            self.sums[numbers] += total(block, axis=0, dtype=np.float64)
             self.seen[numbers] += len(out) - (0 if missing is None else missing[:, numbers].sum(axis=0))
         return out
 
