@@ -5,7 +5,9 @@ scatter into the spool (pass 1, ``shuffle.Spool``) -> gather in shuffled order, 
 shards (pass 2, ``shuffle.gather``, ``stats``, ``shard_writer``) -> manifest, written last -> one rename
 into place (``workdir``). With ``--no-shuffle``, an array source (NPY, NPZ, HDF5) is read again in pass
 2 instead of being copied into the spool, which then holds only the label codes: the rows are written
-once, as they are by a plain copy.
+once, as they are by a plain copy. A table (CSV, Parquet) spools compact rows in pass 1 while ``table.Survey``
+counts its levels, missing cells and means (``table_chunks`` drops rows without a label and applies
+``--missing``); pass 2 expands them with the finished ``table.Encoding`` (one-hot, fill values).
 """
 
 from __future__ import annotations
