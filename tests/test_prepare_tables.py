@@ -349,3 +349,24 @@ def test_categorical_reads_codes_and_stray_words_as_levels(cli, write_file, tmp_
     assert open_dataset(tmp_path / "out").manifest["feature_names"] == \
         ["zip=10115", "zip=20095", "zip=<rare>", "f=2", "f=4", "f=abc", "f=<rare>"]
     np.testing.assert_array_equal(train_rows(tmp_path / "out")[1], [0, 1, 0, 0, 0, 1, 0])
+
+
+@pytest.mark.timeout(120)
+def test_a_table_killed_while_writing_shards_resumes_to_the_same_bytes(tmp_path):
+    """The encoding and the level ids live in the spool's record: a rerun after SIGKILL in pass 2 reuses
+    the spool and the finished shards and writes what an uninterrupted prepare writes."""
+    from tests.test_prepare_faults import run_prepare
+
+    rng = np.random.default_rng(2)
+    source = tmp_path / "t.csv"
+    source.write_text("city,temp,label\n" + "".join(
+        f"{'NA' if i % 37 == 0 else f'c{rng.integers(0, 6)}'},{'' if i % 41 == 0 else rng.integers(0, 99)},{i % 3}\n"
+        for i in range(8000)))
+    assert run_prepare(source, tmp_path / "ref").returncode == 0
+    killed = run_prepare(source, tmp_path / "ds", fault="prepare_after_shard:2")
+    assert killed.returncode == -9, killed.stderr
+    again = run_prepare(source, tmp_path / "ds")
+    assert again.returncode == 0, again.stderr
+    assert "resuming:" in again.stderr and "2 shards already complete" in again.stderr, again.stderr
+    assert open_dataset(tmp_path / "ds").manifest["x"]["shape"] == [9]  # c0..c5, <missing>, <rare>, temp
+    assert dataset_bytes(tmp_path / "ds", ignore=("source",)) == dataset_bytes(tmp_path / "ref", ignore=("source",))
