@@ -86,6 +86,11 @@ def test_raw_penguins_csv_from_prepare_through_train_to_predict_on_raw_rows(cli,
     assert "table encoding: written" in result.out
     with np.load(tmp_path / "m.npz", allow_pickle=False) as exported:
         assert json.loads(str(exported["memtrain.encoding"])) == manifest["encoding"]
+    assert cli("inspect", tmp_path / "runs" / "job", "--export", tmp_path / "m.h5").code == 0
+    import h5py
+
+    with h5py.File(tmp_path / "m.h5", "r") as exported:
+        assert json.loads(exported.attrs["memtrain.encoding"]) == manifest["encoding"]
 
 
 def test_pandas_dataframe_rows(tmp_path):
