@@ -375,3 +375,27 @@ def test_a_table_killed_while_writing_shards_resumes_to_the_same_bytes(tmp_path)
     assert "resuming:" in again.stderr and "2 shards already complete" in again.stderr, again.stderr
     assert open_dataset(tmp_path / "ds").manifest["x"]["shape"] == [9]  # c0..c5, <missing>, <rare>, temp
     assert dataset_bytes(tmp_path / "ds", ignore=("source",)) == dataset_bytes(tmp_path / "ref", ignore=("source",))
+
+
+def test_a_table_gives_the_same_bytes_whichever_parser_reads_it(tmp_path, monkeypatch):
+    """pyarrow's fast path and the reference parser (the csv module) agree on text, quotes and missing cells."""
+    rng = np.random.default_rng(4)
+    cells = ["red", " blue ", '"a, b"', "NA", "", "null", '"x\ny"']
+    source = tmp_path / "t.csv"
+    source.write_text("colour,n,label\n" + "".join(
+        f"{cells[rng.integers(0, 7)]},{['1.5', 'NA', '', '2e3', '-7'][rng.integers(0, 5)]},{['p', 'q', 'NA'][i % 3]}\n"
+        for i in range(3000)))
+    from memtrain.prepare.csv_source import CsvSource
+
+    calls = []
+    real = CsvSource._parse
+    monkeypatch.setattr(CsvSource, "_parse", lambda self, data, line: calls.append(line) or real(self, data, line))
+    quiet(PrepareOptions(source, tmp_path / "fast", chunk_mb=0.5, shard_mb=0.01))
+    assert calls == []  # pyarrow read every block
+    import memtrain.prepare.csv_fast
+
+    monkeypatch.setattr(memtrain.prepare.csv_fast, "available", lambda: False)
+    quiet(PrepareOptions(source, tmp_path / "reference", chunk_mb=0.5, shard_mb=0.01))
+    fast = open_dataset(tmp_path / "fast").manifest
+    assert fast["label_missing_rows"] == 1000 and "colour=a, b" in fast["feature_names"]
+    assert dataset_bytes(tmp_path / "fast") == dataset_bytes(tmp_path / "reference")
