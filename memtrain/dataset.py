@@ -1,8 +1,9 @@
 """Dataset directory -> read-only access: the manifest, shards as memmaps, row ranges across shards.
 
-Format ``memtrain.dataset`` version 2 (specified in docs/formats.md). ``manifest.json``::
+Format ``memtrain.dataset`` version 3 (specified in docs/formats.md; version 2, without ``encoding``, is
+read too). ``manifest.json``::
 
-    {"format": "memtrain.dataset", "version": 2,
+    {"format": "memtrain.dataset", "version": 3,
      "task": "classification" | "regression",
      "rows": int,                                  # train + val
      "x": {"shape": [F, ...], "dtype": "float32"}, # shape of ONE row
@@ -11,6 +12,7 @@ Format ``memtrain.dataset`` version 2 (specified in docs/formats.md). ``manifest
      "splits": {"train": {"rows": int, "shards": [SHARD, ...]}, "val": {...}, "test": {...}},  # test: optional
      "stats": {"mean": [...], "std": [...], "min": [...], "max": [...]},  # per feature, train split
      "source": {...}, "options": {...}, "created": "ISO-8601",
+     "encoding": {...} | null,                     # CSV/Parquet: how raw rows became x (memtrain/prepare/table.py)
      "record_checksum": "xxh3-128:.."}             # of every other field (files.seal): damage is refused
     SHARD = {"rows": int, "x": "train/x-00000.npy", "y": "train/y-00000.npy",
              "x_bytes": int, "y_bytes": int, "x_checksum": "xxh3-128:..", "y_checksum": "xxh3-128:.."}
@@ -41,7 +43,8 @@ from memtrain.files import check_npy, open_npy, read_json, unseal, verify_checks
 from memtrain.layout import MANIFEST, OPTIONAL_SPLITS, SPLITS
 
 FORMAT = "memtrain.dataset"
-FORMAT_VERSION = 2  # 2: the manifest is sealed (record_checksum); 1 had no checksum of its own
+FORMAT_VERSION = 3  # 3: "encoding" (tables: levels, fill values, column order); 2: the manifest is sealed
+READ_VERSIONS = (2, 3)  # 2 is read as 3 without an encoding; 1 had no checksum of its own and is refused
 
 
 @dataclass(frozen=True)
@@ -311,9 +314,9 @@ def _check_format(manifest: Any, path: Path) -> None:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise CorruptFileError("not a memtrain dataset manifest", path=path, where="format",
                                expected=FORMAT, found=found)
-    if manifest.get("version") != FORMAT_VERSION:
+    if manifest.get("version") not in READ_VERSIONS:
         raise CorruptFileError("unsupported dataset format version", path=path, where="version",
-                               expected=FORMAT_VERSION, found=manifest.get("version"),
+                               expected=" or ".join(map(str, READ_VERSIONS)), found=manifest.get("version"),
                                hint="prepare the dataset again with this memtrain")
 
 

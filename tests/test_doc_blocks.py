@@ -205,7 +205,7 @@ def test_model_option_errors_are_the_real_messages() -> None:
 
 def test_prepare_errors_are_the_real_messages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     shown = next(block for block in blocks(ROOT / "docs" / "prepare.md") if "ragged row" in block.body)
-    sources = {"ragged": "f0,f1,label\n1,2,0\n3,0\n", "nan": "f0,f1,label\n1,2,0\n3,4,1\n5,nan,0\n"}
+    sources = {"ragged": "f0,f1,label\n1,2,0\n3,0\n", "inf": "f0,f1,label\n1,2,0\n3,4,1\n5,inf,0\n"}
     real = []
     for name, text in sources.items():
         (tmp_path / name).mkdir()

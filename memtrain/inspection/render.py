@@ -255,7 +255,8 @@ def _metric_keys(record: dict[str, Any]) -> list[str]:
 def render_written(view: dict[str, Any], console: Console) -> None:
     if view["kind"] == "export":
         detail = (f"{plural(len(view['arrays']), 'array')}, {view['format']}, {size(view['bytes'])}; "
-                  f"normalization: {view.get('normalization', 'unknown')}")
+                  f"normalization: {view.get('normalization', 'unknown')}"
+                  + ("; table encoding: written" if view.get("encoding") == "written" else ""))
     else:
         detail = f"{plural(view['epochs'], 'epoch')}, {plural(view['updates'], 'update')}"
     console.print(Text(f"wrote {view['out']} ({detail}) from {view['path']}"))
