@@ -286,6 +286,36 @@ def test_sigterm_checkpoints_and_the_next_start_resumes(spool: Path) -> None:
     assert result(spool, "done", "long")["final"]["epoch"] == LONG_EPOCHS
 
 
+def test_status_fits_80_columns_and_never_breaks_a_path(tmp_path: Path, cli: Callable[..., Any]) -> None:
+    """``--status`` at COLUMNS=80: paths are relative to the folder or cut in the middle (head…tail), never
+    broken mid-word across lines as rich's folding did."""
+    dataset(cli, tmp_path / "data")
+    folder = tmp_path / "a-jobs-folder-whose-name-is-long-enough-to-matter"
+    folder.mkdir()
+    folder.chmod(0o755)
+    name = "a-job-with-a-name-long-enough-to-be-cut"
+    missing = "../no-such-dataset-anywhere-on-this-machine"
+    drop(folder, name, job_text(name, epochs=1))
+    drop(folder, "no-data", job_text("no-data", data=missing))
+    assert serve_once(folder).returncode == 0
+    drop(folder, "waiting", job_text("waiting"))
+    status = subprocess.run([sys.executable, "-m", "memtrain", "serve", "--jobs", str(folder), "--status"],
+                            capture_output=True, text=True, timeout=30, env={**os.environ, "COLUMNS": "80"})
+    assert status.returncode == 0, status.stderr
+    shown = status.stdout.splitlines()
+    assert max(map(len, shown)) <= 80
+    paths = [str(folder) + ":", str(tmp_path / "runs" / name), str(tmp_path / missing[3:]) + ":"]
+    for word in " ".join(shown).replace("│", " ").split():
+        if "/" in word and word != "/":  # a path, not the heading "progress / result"
+            head, _, tail = word.partition("…")
+            assert any(path.startswith(head) and path.endswith(tail) for path in paths) if tail else word in paths, word
+    rows = [line for line in shown if line.startswith("│ ") and line[2:8].strip()]
+    assert [row.split("│")[1].strip() for row in rows] == ["queued", "done", "failed"]
+    assert rows[0].split("│")[4].strip() == "waiting.toml"  # inside the folder: relative to it
+    error = " ".join(line.split("│")[4].strip() for line in shown[shown.index(rows[2]):-1])
+    assert "no-data" in rows[2] and ": dataset directory not found. create one with `memtrain prepare" in error
+
+
 def test_polling_observer_sees_new_jobs(spool: Path) -> None:
     proc = serve(spool, "--polling")
     try:

@@ -65,6 +65,21 @@ def size(value: int | None) -> str:
     return str(value)
 
 
+def elide_middle(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters, cut in the middle (``/home/me/jo…/runs/digits-mlp``): the end of
+    a path (its file) and its start stay readable, where rich would break it mid-word or cut its end."""
+    if len(text) <= width:
+        return text
+    head = max(0, (width - 1) // 3)
+    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
+
+
+def elide_words(text: str, width: int) -> str:
+    """Every word of ``text`` longer than ``width`` cut in the middle, so that wrapping at spaces never has to
+    break a word (a path in an error message)."""
+    return " ".join(elide_middle(word, width) for word in text.split(" "))
+
+
 def metric(value: Any) -> str:
     """A loss or accuracy in a table: four significant digits (the lines above it and --json have them all)."""
     return f"{value:.4g}" if isinstance(value, float) else num(value)
