@@ -38,6 +38,7 @@ from memtrain.benchmarks.train_bench import (
 )
 from memtrain.errors import InputError
 from memtrain.faults import STRAGGLER_ENV
+from memtrain.progress import BENCH_EVERY, Reporter, reporting
 from memtrain.train.optim import OptimizerConfig
 
 MAX_STALENESS = 4
@@ -69,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="memtrain-bench-", dir=args.dir))
     try:
         load_before = os.getloadavg()
-        rows = [row for size in sizes for row in bench_size(size, args, scratch)]
+        runs = len(sizes) * 2 * args.repeats * len(modes(args.workers))  # 2: without and with the straggler
+        with reporting("bench async", runs, plain_every=BENCH_EVERY) as progress:
+            rows = [row for size in sizes for row in bench_size(size, args, scratch, progress)]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     report = {"machine": machine() | {"loadavg_before": load_before, "loadavg_after": os.getloadavg()},
@@ -85,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def bench_size(size: int, args: argparse.Namespace, scratch: Path) -> list[dict[str, Any]]:
+def bench_size(size: int, args: argparse.Namespace, scratch: Path, progress: Reporter) -> list[dict[str, Any]]:
     shape = mlp_shape(size)
     updates, warmup = window(args, params=shape.params)
     data = write_dataset(scratch / f"data-{shape.params}", updates * BATCH, VAL_ROWS, features=shape.features,
@@ -98,6 +101,7 @@ def bench_size(size: int, args: argparse.Namespace, scratch: Path) -> list[dict[
             for label, train in modes(args.workers).items():
                 marker = scratch / f"straggler-{shape.params}-{repeat}-{label.replace(' ', '-')}"  # one per run
                 env = {STRAGGLER_ENV: f"{straggler}:{marker}"} if straggler else {}
+                progress.begin(f"{shape.params:,} params: {label}" + (f", straggler {straggler:g}x" if straggler else ""))
                 runs[label].append(run_once(problem, scratch, args.exchange, train, env))
         rows += summarize(runs, warmup, shape.params, straggler, steady=updates - warmup)
     return rows

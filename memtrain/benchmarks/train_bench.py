@@ -34,6 +34,7 @@ from memtrain.benchmarks.problem import BATCH, Problem
 from memtrain.benchmarks.runner import CLUSTER_METHOD, FIRST_JOB, FORCED, METHODS, TORCH_METHODS
 from memtrain.benchmarks.synthetic import CLASSES, FEATURES, mlp_shape, write_dataset
 from memtrain.errors import InputError
+from memtrain.progress import BENCH_EVERY, Reporter, reporting
 
 LABELS = {"memtrain": "memtrain", "one_process": "one process, 1 thread", "pickle_queue": "pickle via Queue",
           "shared_memory": "shared_memory", "one_process_blas": "one process, all-core BLAS",
@@ -102,8 +103,11 @@ def run(args: argparse.Namespace) -> int:
             larger_than_ram.print_report(larger_than_ram.run_scenario(args, scratch), args.json)
             return 0
         load_before = os.getloadavg()
-        rows = [row for size in sizes for row in bench_size(size, methods, args, scratch)]
-        first = bench_first_job(args.repeats, scratch) if args.first_job and first_job.available() else []
+        first_too = args.first_job and first_job.available()
+        runs = (len(sizes) * len(methods) + first_too * len(FIRST_JOB)) * args.repeats
+        with reporting("bench train", runs, plain_every=BENCH_EVERY) as progress:
+            rows = [row for size in sizes for row in bench_size(size, methods, args, scratch, progress)]
+            first = bench_first_job(args.repeats, scratch, progress) if first_too else []
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     report = {"machine": machine() | {"loadavg_before": load_before, "loadavg_after": os.getloadavg()},
@@ -149,7 +153,8 @@ def family(method: str) -> str:
     return "torch" if method in TORCH_METHODS else "memtrain"
 
 
-def bench_size(size: int, methods: list[str], args: argparse.Namespace, scratch: Path) -> list[dict[str, Any]]:
+def bench_size(size: int, methods: list[str], args: argparse.Namespace, scratch: Path,
+               progress: Reporter) -> list[dict[str, Any]]:
     shape = mlp_shape(size)
     data = write_dataset(scratch / f"data-{shape.params}", args.updates * BATCH, VAL_ROWS, features=shape.features,
                          classes=shape.classes)
@@ -157,6 +162,7 @@ def bench_size(size: int, methods: list[str], args: argparse.Namespace, scratch:
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
     for _ in range(args.repeats):
         for method in methods:
+            progress.begin(f"{shape.params:,} params: {LABELS.get(method, method)}")
             runs[method].append(run_once(method, problem, scratch, args.exchange, cluster=getattr(args, "cluster", "")))
     rows = [summarize(method, runs[method], args.warmup) | {"params": shape.params, "shape": asdict(shape)}
             for method in methods]
@@ -185,13 +191,14 @@ def best_of(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def bench_first_job(repeats: int, scratch: Path) -> list[dict[str, Any]]:
+def bench_first_job(repeats: int, scratch: Path, progress: Reporter) -> list[dict[str, Any]]:
     """memtrain train of the README's first job against a plain loop, alternating, ``repeats`` times each."""
     data = first_job.prepare_digits(scratch)
     problem = Problem(str(data), 64, 0)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in FIRST_JOB}
     for _ in range(repeats):
         for method in FIRST_JOB:
+            progress.begin(f"the README's first command: {LABELS[method]}")
             runs[method].append(run_once(method, problem, scratch, "auto"))
     rows = []
     for method in FIRST_JOB:
