@@ -328,6 +328,20 @@ def test_polling_observer_sees_new_jobs(spool: Path) -> None:
     assert names(spool / "failed") == []
 
 
+def test_a_misspelt_model_kind_fails_at_submission_with_a_suggestion(spool: Path) -> None:
+    """Validated when the file arrives (docs/serve.md), so no slot is taken and no child started; an import
+    path is checked for its form only: the service never imports a job's code."""
+    drop(spool, "typo", job_text("typo").replace('kind = "softmax"', 'kind = "sofmax"'))
+    drop(spool, "bare", job_text("bare").replace('kind = "softmax"', 'kind = "nets:"'))
+    done = serve_once(spool)
+    assert done.returncode == 0, done.stderr
+    assert "started typo" not in done.stderr and not list(spool.glob("logs/typo*"))
+    error = result(spool, "failed", "typo")["error"]
+    assert error.startswith(f"{spool / 'typo.toml'}: unknown model kind 'sofmax'")
+    assert error.endswith("did you mean `softmax`?")
+    assert "unknown model kind 'nets:'" in result(spool, "failed", "bare")["error"]
+
+
 def test_arrivals_wait_for_a_writer_to_close_and_for_quiet_after_a_scan(tmp_path: Path) -> None:
     arrivals = Arrivals(tmp_path, settle=1.0, grace=10.0)
     path = tmp_path / "a.toml"
