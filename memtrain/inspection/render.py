@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from memtrain.errors import plural
+from memtrain.train.counters import ONE_PASS
 
 # Width used when stdout is not a terminal (a pipe, a log) and COLUMNS is not set: wide enough that tables never
 # wrap. COLUMNS, when set, is the width everywhere (the tests set COLUMNS=80 to see what an 80-column terminal shows).
@@ -160,26 +161,29 @@ def render_run(view: dict[str, Any], console: Console) -> None:
     job, progress = view["job"] or {}, view["progress"]
     train, model = job.get("train", {}), job.get("model", {})
     options = ", ".join(f"{k}={v}" for k, v in model.items() if k != "kind")
+    one_pass = progress.get("one_pass")  # an additive model: no optimizer, epochs or updates to show
     lines(console, [
         ("run", view["path"]),
         ("model", f"{model.get('kind')}" + (f" ({options})" if options else "") if model else None),
         ("parameters", _parameters(view["params"])),
         ("data", job.get("data", {}).get("path")),
         ("optimizer", f"{train.get('optimizer')} lr {train.get('lr')} schedule {train.get('schedule')}"
-         if train else None),
-        ("training", f"{_count(train.get('epochs'), 'epoch')}, batch {train.get('batch_size') or 'full'}, "
+         if train and not one_pass else None),
+        ("training", f"{ONE_PASS if one_pass else _count(train.get('epochs'), 'epoch')}"
+                     f"{'' if one_pass else ', batch ' + str(train.get('batch_size') or 'full')}, "
                      f"{_count(train.get('workers'), 'worker')}, seed {train.get('seed')}" if train else None),
-        ("progress", f"{progress['epochs_done']}/{progress['epochs'] or '?'} epochs, "
-                     f"{plural(progress['updates'], 'update')}, "
-                     f"newest version {num(progress['newest_version'])}"),
+        ("progress", f"done, newest version {num(progress['newest_version'])}" if one_pass else
+                     f"{progress['epochs_done']}/{progress['epochs'] or '?'} epochs, "
+                     f"{plural(progress['updates'], 'update')}, newest version {num(progress['newest_version'])}"),
         ("history", _history(view.get("history") or []))])
     for problem in view.get("record_problems") or []:
         lines(console, [("DAMAGED", problem)])
-    for label, key in (("last epoch", "last_epoch"), ("best epoch", "best_epoch")):
+    shown = (("result", "last_epoch"),) if one_pass else (("last epoch", "last_epoch"), ("best epoch", "best_epoch"))
+    for label, key in shown:
         if progress[key]:
             record = progress[key]
-            lines(console, [(label, f"{record.get('epoch')}: " + "  ".join(
-                f"{k} {num(record.get(k))}" for k in _metric_keys(record)))])
+            lines(console, [(label, ("" if one_pass else f"{record.get('epoch')}: ") + "  ".join(
+                f"{k} {num(record.get(k))}" for k in _metric_keys(record) if not one_pass or k != "loss"))])
     if view.get("schedule"):
         render_schedule(view["schedule"], console)
     # Two tables of the same rows, so that each fits an 80-column terminal: where the weights stand, then
