@@ -159,3 +159,10 @@ def test_docstring_examples_render_as_code_blocks(site: Path) -> None:
     assert ">>>" not in api.prose  # every example line is inside a <pre>
     assert api.code.count(">>> ") >= 10
     assert '>>> ds = open_dataset("data/digits")\n>>> x, y = ds.split("train").read(0, 128)' in api.code
+
+
+def test_the_torch_page_puts_the_users_steps_before_the_measurements() -> None:
+    headings = [line[3:] for line in (ROOT / "docs" / "torch.md").read_text().splitlines() if line.startswith("## ")]
+    steps = ["The job file", "Errors at start, not in workers", "Using the result"]
+    measured = ["Zero-copy: how a worker binds the module", "Performance: memtrain vs DDP"]
+    assert max(map(headings.index, steps)) < min(map(headings.index, measured)), headings
