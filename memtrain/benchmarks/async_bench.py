@@ -101,7 +101,8 @@ def bench_size(size: int, args: argparse.Namespace, scratch: Path, progress: Rep
             for label, train in modes(args.workers).items():
                 marker = scratch / f"straggler-{shape.params}-{repeat}-{label.replace(' ', '-')}"  # one per run
                 env = {STRAGGLER_ENV: f"{straggler}:{marker}"} if straggler else {}
-                progress.begin(f"{shape.params:,} params: {label}" + (f", straggler {straggler:g}x" if straggler else ""))
+                slow = f", straggler {straggler:g}x" if straggler else ""
+                progress.begin(f"{shape.params:,} params: {label}{slow}")
                 runs[label].append(run_once(problem, scratch, args.exchange, train, env))
         rows += summarize(runs, warmup, shape.params, straggler, steady=updates - warmup)
     return rows
