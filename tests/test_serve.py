@@ -279,7 +279,7 @@ def test_sigterm_checkpoints_and_the_next_start_resumes(spool: Path) -> None:
     assert json.loads((spool / "running" / "long.state.json").read_text())["clean_stop"] is True
     table = subprocess.run([sys.executable, "-m", "memtrain", "serve", "--jobs", str(spool), "--status"],
                            capture_output=True, text=True, timeout=30)
-    assert "no service running" in table.stdout and "stopped" in table.stdout
+    assert "no service running" in " ".join(table.stdout.split()) and "stopped" in table.stdout  # lines wrap
     done = serve_once(spool)
     assert done.returncode == 0, done.stderr
     assert "resumed from" in (spool.parent / "runs" / "long" / RUN_EVENTS).read_text()
