@@ -268,6 +268,8 @@ def test_incomplete_checkpoint_is_not_newest(capsys: pytest.CaptureFixture[str],
     rows = {e["name"]: e for e in view["entries"]}
     assert rows[newest.name]["complete"] is False and "opt-m.npy is missing" in rows[newest.name]["problem"]
     assert view["newest_complete"] == checkpoint_path(run, checkpoint_updates(run)[-2]).name
+    out = inspect(capsys, run)[1]  # the table says INCOMPLETE; the reason is a line of its own below it
+    assert f"{newest.name} INCOMPLETE: " in out and "opt-m.npy is missing" in out.split(f"{newest.name} INCOMPLETE: ")[1]
 
 
 # --- checkpoint, weight version, gradient, plain .npy ---
