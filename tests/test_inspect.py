@@ -269,7 +269,8 @@ def test_incomplete_checkpoint_is_not_newest(capsys: pytest.CaptureFixture[str],
     assert rows[newest.name]["complete"] is False and "opt-m.npy is missing" in rows[newest.name]["problem"]
     assert view["newest_complete"] == checkpoint_path(run, checkpoint_updates(run)[-2]).name
     out = inspect(capsys, run)[1]  # the table says INCOMPLETE; the reason is a line of its own below it
-    assert f"{newest.name} INCOMPLETE: " in out and "opt-m.npy is missing" in out.split(f"{newest.name} INCOMPLETE: ")[1]
+    reason = next(line for line in out.splitlines() if line.startswith(f"{newest.name} INCOMPLETE: "))
+    assert "opt-m.npy is missing" in reason
 
 
 # --- checkpoint, weight version, gradient, plain .npy ---
