@@ -93,6 +93,9 @@ def test_table_lists_every_method_and_the_first_command(tmp_path: Path) -> None:
     assert "memtrain train (" in result.stdout  # where its rounds ran
     assert "memtrain / plain loop, whole run, start-up included" in result.stdout
     assert "more epochs, start-up cancelled" in result.stdout
+    # progress on stderr, not in the table: stderr is not a terminal here, so a line every 10 s at most
+    assert result.stderr.startswith("bench train:   0.0% 10,360 params: memtrain (1 of 5)\n")
+    assert not any(line.startswith("bench train:") for line in result.stdout.splitlines())
 
 
 def test_the_placement_label_is_the_decision_not_a_figure_in_it() -> None:
@@ -134,6 +137,18 @@ def test_bench_async_runs_every_mode_with_and_without_a_straggler(tmp_path: Path
                                                           "staleness 1 vs sync, no straggler"]
     assert all(c["verdict"].endswith(("by median: met", "by median: NOT met")) for c in report["checks"])
     assert os.listdir(tmp_path) == []
+    assert result.stderr.startswith("bench async:   0.0% 1,045 params: sync (1 of 16)\n")  # progress, not --json
+
+
+def test_bench_progress_names_each_run_and_counts_those_before_it(capsys: pytest.CaptureFixture[str]) -> None:
+    from memtrain.progress import reporting
+
+    with reporting("bench train", 4, plain_every=0.0, force_plain=True) as progress:
+        for method in ("memtrain", "one process", "memtrain", "one process"):
+            progress.begin(method)
+    assert capsys.readouterr().err.splitlines() == [
+        "bench train:   0.0% memtrain (1 of 4)", "bench train:  25.0% one process (2 of 4)",
+        "bench train:  50.0% memtrain (3 of 4)", "bench train:  75.0% one process (4 of 4)"]
 
 
 def test_bench_async_measures_small_models_over_a_longer_window_unless_told() -> None:

@@ -20,6 +20,7 @@ import pytest
 
 from memtrain.benchmarks import async_bench, compare, train_bench
 from memtrain.benchmarks.problem import Problem
+from memtrain.progress import Silent
 from memtrain.train.plan import Plan
 
 pytestmark = pytest.mark.timeout(120)
@@ -146,7 +147,7 @@ def test_bench_train_times_each_method_from_e_and_2e_epochs_interleaved(monkeypa
     # memtrain starts slowly (3 s) but updates fast (2 ms); one process starts at once and takes 4 ms
     calls = _fake_runs(monkeypatch, {"memtrain": 3.0, "one_process": 0.5}, {"memtrain": 0.002, "one_process": 0.004})
     args = argparse.Namespace(updates=40, warmup=3, epochs=None, repeats=2, workers=2, exchange="auto", cluster="")
-    rows = train_bench.bench_size(int(1e6), ["memtrain", "one_process"], args, tmp_path)
+    rows = train_bench.bench_size(int(1e6), ["memtrain", "one_process"], args, tmp_path, Silent())
     assert calls == 2 * [("memtrain", 1), ("memtrain", 2), ("one_process", 1), ("one_process", 2)]
     memtrain, one = rows
     assert memtrain["update_ms"] == pytest.approx(2.0) and one["update_ms"] == pytest.approx(4.0)
@@ -164,7 +165,7 @@ def test_bench_train_leaves_out_a_repeat_whose_longer_run_was_not_longer(monkeyp
                                                                           tmp_path: Path) -> None:
     _fake_runs(monkeypatch, {"memtrain": 1.0, "one_process": 1.0}, {"memtrain": 0.0, "one_process": 0.001})
     args = argparse.Namespace(updates=40, warmup=3, epochs=1, repeats=2, workers=2, exchange="auto", cluster="")
-    memtrain, one = train_bench.bench_size(int(1e6), ["memtrain", "one_process"], args, tmp_path)
+    memtrain, one = train_bench.bench_size(int(1e6), ["memtrain", "one_process"], args, tmp_path, Silent())
     assert memtrain["samples_per_s"] is None and memtrain["untimed_repeats"] == 2
     assert memtrain["runs_samples_per_s"] == [None, None] and one["ratio"] is None
     assert one["untimed_repeats"] == 0 and one["update_ms"] == pytest.approx(1.0)
@@ -178,7 +179,7 @@ def test_the_first_command_is_timed_the_same_way_on_both_sides(monkeypatch: pyte
     monkeypatch.setattr(train_bench.first_job, "epochs", lambda: 30)
     # Problem(dataset, 64, 0): "updates" per epoch is 0 in the first job; the fake counts epochs instead
     monkeypatch.setattr(train_bench, "Problem", lambda *a, **k: Problem(*a[:2], 13, **k))
-    first = train_bench.bench_first_job(2, tmp_path)
+    first = train_bench.bench_first_job(2, tmp_path, Silent())
     assert calls == 2 * [("first_memtrain", 30), ("first_memtrain", 60), ("first_loop", 30), ("first_loop", 60)]
     memtrain, loop = first["rows"]
     assert memtrain["whole_seconds"]["median"] == pytest.approx(1.0 + 0.001 * 390)

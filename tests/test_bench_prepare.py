@@ -45,6 +45,9 @@ def test_table_names_each_baseline_and_the_machine(tmp_path: Path) -> None:
     assert "memtrain's CSV parser: pyarrow" in lines[-2] and "files on " in lines[-2]
     assert lines[-1].startswith("load average")
     assert os.listdir(tmp_path) == []  # sources and datasets are removed
+    # progress on stderr, not in the table: stderr is not a terminal here, so a line every 10 s at most
+    assert result.stderr.startswith("bench prepare:   0.0% writing the 0.003 GB npy source (1 of 23)\n")
+    assert not any(line.startswith("bench prepare:") for line in lines)
 
 
 def test_json_report_keeps_every_run(tmp_path: Path) -> None:

@@ -175,6 +175,23 @@ def test_page_blocks(page: Path, sandbox: Path, monkeypatch: pytest.MonkeyPatch,
                 assert code == 0, f"{block}: `{command}` exited {code}: {capsys.readouterr().err}"
 
 
+def test_inspect_help_examples_run_on_what_the_first_command_makes(sandbox: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """`memtrain inspect --help` names data/digits and runs/digits-mlp (and their checkpoints), so that each
+    example runs as shown after the README's first command."""
+    with pytest.raises(SystemExit):
+        main(["inspect", "--help"])
+    examples = [line.split("  #")[0].strip() for line in capsys.readouterr().out.splitlines()
+                if line.strip().startswith("memtrain inspect ")]
+    assert len(examples) >= 10
+    for name in ("data", "runs"):  # a folder of its own: the examples write loss.png, params.npz, ...
+        shutil.copytree(sandbox / name, tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    for command in examples:
+        code = main(shlex.split(command)[1:])
+        assert code == 0, f"`{command}` exited {code}: {capsys.readouterr().err}"
+
+
 def test_readme_commands_use_real_options() -> None:
     for block in blocks(ROOT / "README.md"):
         for command in memtrain_commands(block.body):

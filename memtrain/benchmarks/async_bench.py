@@ -46,6 +46,7 @@ from memtrain.benchmarks.train_bench import (
 )
 from memtrain.errors import InputError
 from memtrain.faults import STRAGGLER_ENV
+from memtrain.progress import BENCH_EVERY, Reporter, reporting
 from memtrain.train.optim import OptimizerConfig
 
 MAX_STALENESS = 4
@@ -87,7 +88,9 @@ def run(args: argparse.Namespace) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="memtrain-bench-", dir=args.dir))
     try:
         load_before = os.getloadavg()
-        rows = [row for size in sizes for row in bench_size(size, args, scratch)]
+        runs = len(sizes) * 2 * args.repeats * len(modes(args.workers))  # 2: without and with the straggler
+        with reporting("bench async", runs, plain_every=BENCH_EVERY) as progress:
+            rows = [row for size in sizes for row in bench_size(size, args, scratch, progress)]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     report = {"machine": machine() | {"loadavg_before": load_before, "loadavg_after": os.getloadavg()},
@@ -104,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def bench_size(size: int, args: argparse.Namespace, scratch: Path) -> list[dict[str, Any]]:
+def bench_size(size: int, args: argparse.Namespace, scratch: Path, progress: Reporter) -> list[dict[str, Any]]:
     shape = mlp_shape(size)
     updates, warmup = window(args, params=shape.params)
     data = write_dataset(scratch / f"data-{shape.params}", updates * BATCH, VAL_ROWS, features=shape.features,
@@ -114,6 +117,8 @@ def bench_size(size: int, args: argparse.Namespace, scratch: Path) -> list[dict[
     for straggler in (None, args.straggler):
         def run(label: str, repeat: int, straggler: float | None = straggler) -> dict[str, Any]:
             train = modes(args.workers)[label]
+            slow = f", straggler {straggler:g}x" if straggler else ""
+            progress.begin(f"{shape.params:,} params: {label}{slow}")
             if straggler and args.straggler_from == "outside":
                 return run_once(problem, scratch, args.exchange, train, {}, stopped=1 - 1 / straggler)
             marker = scratch / f"straggler-{shape.params}-{repeat}-{label.replace(' ', '-')}"  # one per run

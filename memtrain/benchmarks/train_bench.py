@@ -40,6 +40,7 @@ from memtrain.benchmarks.problem import BATCH, Problem
 from memtrain.benchmarks.runner import CLUSTER_METHOD, FIRST_JOB, FORCED, METHODS, TORCH_METHODS
 from memtrain.benchmarks.synthetic import CLASSES, FEATURES, mlp_shape, write_dataset
 from memtrain.errors import InputError
+from memtrain.progress import BENCH_EVERY, Reporter, reporting
 
 LABELS = {"memtrain": "memtrain", "one_process": "one process, 1 thread", "pickle_queue": "pickle via Queue",
           "shared_memory": "shared_memory", "one_process_blas": "one process, all-core BLAS",
@@ -128,8 +129,11 @@ def run(args: argparse.Namespace) -> int:
             larger_than_ram.print_report(larger_than_ram.run_scenario(args, scratch), args.json)
             return 0
         load_before = os.getloadavg()
-        rows = [row for size in sizes for row in bench_size(size, methods, args, scratch)]
-        first = bench_first_job(args.repeats, scratch) if args.first_job and first_job.available() else {}
+        first_too = args.first_job and first_job.available()
+        runs = (len(sizes) * len(methods) + first_too * len(FIRST_JOB)) * args.repeats
+        with reporting("bench train", runs, plain_every=BENCH_EVERY) as progress:
+            rows = [row for size in sizes for row in bench_size(size, methods, args, scratch, progress)]
+            first = bench_first_job(args.repeats, scratch, progress) if first_too else {}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     report = {"machine": machine() | {"loadavg_before": load_before, "loadavg_after": os.getloadavg()},
@@ -175,15 +179,20 @@ def family(method: str) -> str:
     return "torch" if method in TORCH_METHODS else "memtrain"
 
 
-def bench_size(size: int, methods: list[str], args: argparse.Namespace, scratch: Path) -> list[dict[str, Any]]:
+def bench_size(size: int, methods: list[str], args: argparse.Namespace, scratch: Path,
+               progress: Reporter) -> list[dict[str, Any]]:
     shape = mlp_shape(size)
     data = write_dataset(scratch / f"data-{shape.params}", args.updates * BATCH, VAL_ROWS, features=shape.features,
                          classes=shape.classes)
     problem = Problem(str(data), shape.hidden, args.updates, workers=args.workers,
                       epochs=epochs(args, params=shape.params))
     cluster = getattr(args, "cluster", "")
-    runs = interleaved(methods, args.repeats,
-                       lambda method, _: run_pair(method, problem, scratch, args.exchange, cluster=cluster))
+
+    def run(method: str, _: int) -> dict[str, Any]:
+        progress.begin(f"{shape.params:,} params: {LABELS.get(method, method)}")
+        return run_pair(method, problem, scratch, args.exchange, cluster=cluster)
+
+    runs = interleaved(methods, args.repeats, run)
     rows = [summarize(method, runs[method], args.warmup) | {"params": shape.params, "shape": asdict(shape),
                                                              "epochs": [problem.epochs, 2 * problem.epochs]}
             for method in methods]
@@ -225,12 +234,17 @@ def best_of(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def bench_first_job(repeats: int, scratch: Path) -> dict[str, Any]:
+def bench_first_job(repeats: int, scratch: Path, progress: Reporter) -> dict[str, Any]:
     """memtrain train of the README's first job against a plain loop, alternating, ``repeats`` times each: the
     whole run (its E epochs, start-up included) and the cost of E more epochs (start-up cancelled)."""
     data = first_job.prepare_digits(scratch)
     problem = Problem(str(data), 64, 0, epochs=first_job.epochs())
-    runs = interleaved(FIRST_JOB, repeats, lambda method, _: run_pair(method, problem, scratch, "auto", extra=1))
+
+    def run(method: str, _: int) -> dict[str, Any]:
+        progress.begin(f"the README's first command: {LABELS[method]}")
+        return run_pair(method, problem, scratch, "auto", extra=1)
+
+    runs = interleaved(FIRST_JOB, repeats, run)
     rows = []
     for method in FIRST_JOB:
         whole = [pair["short"]["wall_seconds"] for pair in runs[method]]

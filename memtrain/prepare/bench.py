@@ -41,6 +41,7 @@ import numpy as np
 from memtrain.benchmarks.compare import Spread, median, pairwise
 from memtrain.benchmarks.memory import run_sampled
 from memtrain.errors import InputError
+from memtrain.progress import BENCH_EVERY, Reporter, reporting
 
 FEATURES = 64
 NPY_ROW_BYTES = FEATURES * 4 + 8
@@ -68,13 +69,18 @@ def bench_prepare(gb: float, folder: Path | None = None, *, sources: list[str] |
         root = Path(tmp)
         machine = describe_machine(root)
         rows = []
-        for source in sources or list(DEFAULT_SOURCES):
-            files = write_source(source, root, gb)
-            size = sum(f.stat().st_size for f in files)
-            for shuffle in (True, False) if source != "csv" else (True,):
-                rows.append(_compare(source, files, size, shuffle, root, repeats, settle))
-            for path in files:
-                path.unlink()
+        sources = sources or list(DEFAULT_SOURCES)
+        # per source: writing it, then the baseline and memtrain, `repeats` times per option
+        steps = sum(1 + len(shuffles(source)) * repeats * 2 for source in sources)
+        with reporting("bench prepare", steps, plain_every=BENCH_EVERY) as progress:
+            for source in sources:
+                progress.begin(f"writing the {gb:g} GB {source} source")
+                files = write_source(source, root, gb)
+                size = sum(f.stat().st_size for f in files)
+                for shuffle in shuffles(source):
+                    rows.append(_compare(source, files, size, shuffle, root, repeats, settle, progress))
+                for path in files:
+                    path.unlink()
     machine["loadavg"] = [round(v, 2) for v in (*load_before, *os.getloadavg())]
     return {"machine": machine, "settings": {"gb": gb, "repeats": repeats, "features": FEATURES, "settle": settle},
             "results": rows}
@@ -109,11 +115,17 @@ def write_source(source: str, root: Path, gb: float) -> list[Path]:
     return out
 
 
+def shuffles(source: str) -> tuple[bool, ...]:
+    """The options each source is measured with: shuffled and not (a CSV: shuffled only)."""
+    return (True, False) if source != "csv" else (True,)
+
+
 def _compare(source: str, files: list[Path], size: int, shuffle: bool, root: Path, repeats: int,
-             settle: float) -> dict[str, Any]:
+             settle: float, progress: Reporter) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "memtrain": []}
     for _ in range(repeats):
         for what in ("baseline", "memtrain"):
+            progress.begin(f"{source}{'' if shuffle else ', no shuffle'}: {what}")
             spec = {"what": what, "source": source, "files": [str(f) for f in files], "shuffle": shuffle,
                     "out": str(root / "out"), "settle": settle}
             runs[what].append(run_once(spec))
