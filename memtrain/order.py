@@ -90,6 +90,17 @@ def rank_part(rows: Rows, rank: int, world: int) -> Rows:
     return rows[n * rank // world:n * (rank + 1) // world]
 
 
+def check_part(start: int, rank: int, world: int, batches: int) -> None:
+    """Raise InputError unless ``start`` is a batch of an epoch of ``batches`` (or its end) and ``rank`` one of
+    ``world`` ranks."""
+    for name, value, low, high in (("world", world, 1, None), ("rank", rank, 0, world - 1),
+                                   ("start", start, 0, batches)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low or (
+                high is not None and value > high):
+            raise InputError(f"{name} must be an integer from {low}" + (f" to {high}" if high is not None else ""),
+                             where=name, found=repr(value))
+
+
 def _check_k(k: int, batches: int) -> None:
     if not 0 <= k < batches:
         raise IndexError(f"batch {k} outside an epoch of {batches} batches")
