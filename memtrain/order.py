@@ -157,8 +157,9 @@ class BatchOrder:
 class WindowOrder:
     """``"rows"``: blocks in a seeded order, rows shuffled within each window of ``BLOCKS_PER_WINDOW`` blocks.
 
-    Blocks are ``window // BLOCKS_PER_WINDOW`` rows (the last one of the split may be shorter). Window w
-    holds blocks ``block_order[w * B:(w + 1) * B]`` and its rows are permuted by a generator seeded with
+    Blocks are ``window // B`` rows (the last one of the split may be shorter), ``B = BLOCKS_PER_WINDOW``
+    (``window`` if fewer), so a window never holds more than ``window`` rows. Window w holds blocks
+    ``block_order[w * B:(w + 1) * B]`` and its rows are permuted by a generator seeded with
     (seed, epoch, w) alone, so any window, hence any batch, is computed without the ones before it.
     """
 
@@ -169,6 +170,7 @@ class WindowOrder:
     window: int
     drop_last: bool
     batches: int = field(init=False)
+    window_blocks: int = field(init=False)  # BLOCKS_PER_WINDOW, fewer for a window of fewer rows
     block_rows: int = field(init=False)
     block_order: np.ndarray = field(init=False, repr=False)
     window_starts: np.ndarray = field(init=False, repr=False)  # epoch position where each window begins
@@ -176,14 +178,15 @@ class WindowOrder:
 
     def __post_init__(self) -> None:
         self.batches = batch_count(self.rows, self.batch_size, self.drop_last)
-        self.block_rows = max(1, self.window // BLOCKS_PER_WINDOW)
+        self.window_blocks = min(BLOCKS_PER_WINDOW, self.window)
+        self.block_rows = self.window // self.window_blocks
         blocks = -(-self.rows // self.block_rows)
         self.block_order = np.random.default_rng([self.seed, self.epoch, 0]).permutation(blocks)
         sizes = np.full(blocks, self.block_rows, dtype=np.int64)
         if blocks:
             sizes[-1] = self.rows - (blocks - 1) * self.block_rows
         ordered = sizes[self.block_order]
-        per_window = np.add.reduceat(ordered, np.arange(0, blocks, BLOCKS_PER_WINDOW)) if blocks else ordered
+        per_window = np.add.reduceat(ordered, np.arange(0, blocks, self.window_blocks)) if blocks else ordered
         self.window_starts = np.concatenate([[0], np.cumsum(per_window)])
 
     def batch(self, k: int) -> Rows:
@@ -200,7 +203,7 @@ class WindowOrder:
     def window_rows(self, w: int) -> np.ndarray:
         """The rows of window ``w`` in epoch order (the last one used is kept: batches run through windows)."""
         if self._cached is None or self._cached[0] != w:
-            blocks = self.block_order[w * BLOCKS_PER_WINDOW:(w + 1) * BLOCKS_PER_WINDOW]
+            blocks = self.block_order[w * self.window_blocks:(w + 1) * self.window_blocks]
             rows = np.concatenate([np.arange(b * self.block_rows, min((b + 1) * self.block_rows, self.rows))
                                    for b in blocks.tolist()])
             rows = rows[np.random.default_rng([self.seed, self.epoch, 1, w]).permutation(len(rows))]
