@@ -100,8 +100,9 @@ class BatchDataset(IterableDataset):
         order = self._order()
         self._yielded = 0
         for k in range(self.start + worker, order.batches, workers):
-            yield self._tensors(rank_part(order.batch(k), self.rank, self.world), shared=info is not None)
-            self._yielded += workers  # exact with num_workers=0; workers have no say in state_dict
+            batch = self._tensors(rank_part(order.batch(k), self.rank, self.world), shared=info is not None)
+            self._yielded += 1  # counted when handed out; only meaningful in the process that iterates
+            yield batch
 
     def _tensors(self, rows: Any, *, shared: bool) -> tuple[torch.Tensor, torch.Tensor]:
         x = _empty(len(rows), self.split.x_shape, self.split.x_dtype, shared)
