@@ -3,6 +3,8 @@ alone, new every epoch, rows shuffled within bounded windows; "batches" is the t
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -123,4 +125,5 @@ def test_mixing_of_fixed_batches_against_row_shuffling_on_a_class_sorted_split()
     assert rows.classes_per_batch > 7
     uniform = mixing("rows", rows=216_000, batch_size=512, classes=10, window=216_000)
     assert uniform.kept_pairs == pytest.approx(uniform.uniform_pairs, rel=0.05) and uniform.classes_per_batch == 10
-    assert "rows, window 65,536" in mixing_table()
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "loader.md").read_text()
+    assert mixing_table() in docs  # the page quotes the figures as printed by `python -m memtrain.mixing`
