@@ -184,18 +184,20 @@ def anon_kib():
 
 ds = open_dataset(sys.argv[1])
 epochs = int(sys.argv[2])
+before = anon_kib()  # libraries imported, dataset opened, nothing read
 for epoch in range(epochs):
     for x, y in ds.batches(4096, seed=1, epoch=epoch, window=1 << 16):
         x.sum()
     for x, y in BatchDataset(ds, 4096, seed=1, epoch=epoch):
-        x.sum()
+        del x, y  # the loader has read every row into the tensor; a torch sum here would only cost time
     if epoch == 0:
-        after_first = anon_kib()
-print(anon_kib() - after_first)
+        first = anon_kib()
+print(first - before, anon_kib() - first)
 """
 
 
-def anonymous_growth(tmp_path: Path, rows: int, features: int, epochs: int) -> int:
+def anonymous_growth(tmp_path: Path, rows: int, features: int, epochs: int) -> tuple[int, int]:
+    """KiB of anonymous memory a process gains in its first epoch, and over the epochs after it."""
     rng = np.random.default_rng(0)
     x = rng.random((rows, features), dtype=np.float32)
     data = write_dataset(tmp_path / "big", x, (np.arange(rows) % 10).astype(np.int64), val_rows=1000,
@@ -204,14 +206,19 @@ def anonymous_growth(tmp_path: Path, rows: int, features: int, epochs: int) -> i
     gc.collect()
     out = subprocess.run([sys.executable, "-c", MEMORY_PROBE, str(data), str(epochs)], capture_output=True, text=True,
                          timeout=600, check=True)
-    return int(out.stdout.strip())
+    first, later = out.stdout.split()
+    return int(first), int(later)
 
 
 def test_anonymous_memory_does_not_grow_over_epochs(tmp_path: Path) -> None:
-    """Fast: a 25 MB dataset, 3 epochs; the dataset is mapped, never copied into private memory."""
-    assert anonymous_growth(tmp_path, 100_000, 64, 3) < 4_096  # KiB: far below the 25,000 of the dataset
+    """Fast: a 51 MB dataset, 3 epochs; the dataset is mapped, never copied into private memory. (The first
+    epoch's 5 to 12 MiB are the gather buffers, a window's order and the allocators' retained blocks,
+    whatever the dataset size: see the slow test.)"""
+    first, later = anonymous_growth(tmp_path, 200_000, 64, 3)
+    assert first + later < 24_576 and later < 8_192  # KiB, against 51,200 of rows read each epoch
 
 
 @pytest.mark.slow
 def test_anonymous_memory_stays_bounded_on_a_dataset_of_several_hundred_mb(tmp_path: Path) -> None:
-    assert anonymous_growth(tmp_path, 1_500_000, 64, 4) < 16_384  # 384 MB of rows, 4 epochs
+    first, later = anonymous_growth(tmp_path, 1_500_000, 64, 4)  # 384 MB of rows, 4 epochs
+    assert first + later < 32_768 and later < 16_384
