@@ -21,9 +21,10 @@ also re-hashes them.
 
 For your own training loop: ``len(ds)``, ``ds[i]`` / ``ds[a:b]`` / ``ds[[i, j]]`` and ``ds.batches(...)``
 address the train split (``ds.split("val")`` has the same methods); ``batches`` follows memtrain/order.py
-(global batch k by (seed, epoch) alone, ``start``, ``rank`` / ``world``), as ``memtrain.torch.BatchDataset`` does. Shards are mapped read-only and lazily;
-a pickled dataset carries only its paths and manifest, so every process that unpickles it (a PyTorch
-``DataLoader`` worker, say) maps the same files and shares their pages with every other process.
+(global batch k by (seed, epoch) alone, ``start``, ``rank`` / ``world``), as ``memtrain.torch.BatchDataset``
+does. Shards are mapped read-only and lazily; a pickled dataset carries only its paths and manifest, so
+every process that unpickles it (a PyTorch ``DataLoader`` worker, say) maps the same files and shares
+their pages with every other process.
 """
 
 from __future__ import annotations
