@@ -201,22 +201,32 @@ class Split:
         return out
 
     def gather(self, rows: np.ndarray, out: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """Rows ``rows`` (in that order) copied into ``out``, one pass per shard they lie in."""
+        """Rows ``rows`` (in that order) copied into ``out``: one ``take`` per shard they lie in."""
         x, y = out
-        shard_of = np.searchsorted(self.starts, rows, side="right") - 1
         if not len(rows):
             return x, y
-        if shard_of[0] == shard_of[-1] and (shard_of == shard_of[0]).all():
-            xs, ys = self.shard_arrays(int(shard_of[0]))
-            local = rows - self.starts[int(shard_of[0])]
+        starts = np.asarray(self.starts)
+        shard_of = np.searchsorted(starts, rows, side="right") - 1
+        local = rows - starts[shard_of]
+        if (shard_of == shard_of[0]).all():  # straight into ``out``
+            xs, ys = self._plain(int(shard_of[0]))
             np.take(xs, local, axis=0, out=x)
             np.take(ys, local, axis=0, out=y)
             return x, y
-        for shard in np.unique(shard_of).tolist():
-            where = np.flatnonzero(shard_of == shard)
-            xs, ys = self.shard_arrays(shard)
-            x[where], y[where] = xs[rows[where] - self.starts[shard]], ys[rows[where] - self.starts[shard]]
+        by_shard = np.argsort(shard_of, kind="stable")  # positions grouped by shard: one take for each
+        grouped = shard_of[by_shard]
+        cuts = [0, *(np.flatnonzero(grouped[1:] != grouped[:-1]) + 1).tolist(), len(rows)]
+        for a, b in zip(cuts[:-1], cuts[1:], strict=False):
+            xs, ys = self._plain(int(grouped[a]))
+            where = by_shard[a:b]
+            x[where] = np.take(xs, local[where], axis=0)
+            y[where] = np.take(ys, local[where], axis=0)
         return x, y
+
+    def _plain(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """Shard ``index``'s maps as plain arrays: indexing an ``np.memmap`` costs microseconds of Python."""
+        xs, ys = self.shard_arrays(index)
+        return xs.view(np.ndarray), ys.view(np.ndarray)
 
     def check_files(self) -> None:
         """Headers and exact sizes of every shard (no mapping, no hashing): catches truncation early."""
