@@ -171,11 +171,13 @@ class Split:
         """
         order = self.order(batch_size, seed=seed, epoch=epoch, shuffle=shuffle, window=window, drop_last=drop_last)
         check_part(start, rank, world, order.batches)
-        buffers = GatherBuffers()
+        buffers = GatherBuffers(self)
         for k in range(start, order.batches):
             rows = rank_part(order.batch(k), rank, world)
-            x, y = self.read(rows.start, rows.stop) if isinstance(rows, range) else self.gather(rows, buffers.next(
-                len(rows), self))
+            if isinstance(rows, range):  # contiguous: a view of the mapped shard when it lies in one
+                x, y = self.read(rows.start, rows.stop)
+            else:
+                x, y = self.gather(rows, buffers.next(len(rows)))
             yield _read_only(x), _read_only(y)
 
     def order(self, batch_size: int, *, seed: int = 0, epoch: int = 0, shuffle: str | bool = "rows",
@@ -250,19 +252,27 @@ class GatherBuffers:
     (a batch the caller kept, or a view of it) is left to its holder and replaced by a new one, so reuse
     never overwrites rows someone holds: a plain loop reuses the same two pairs all epoch long."""
 
-    def __init__(self) -> None:
+    def __init__(self, split: Split) -> None:
+        self.split = split
         self._pairs: list[tuple[np.ndarray, np.ndarray] | None] = [None, None]
         self._turn = 0
+        self._unheld = 0  # the reference count of a buffer nothing outside refers to, measured as it is made
 
-    def next(self, rows: int, split: Split) -> tuple[np.ndarray, np.ndarray]:
+    def next(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """A pair of buffers of ``rows`` rows that nothing outside refers to."""
+        split = self.split
         self._turn ^= 1
         pair = self._pairs[self._turn]
-        # 2 references: the list's, and getrefcount's argument; any more is a view someone holds
-        if pair is None or len(pair[0]) < rows or max(sys.getrefcount(pair[0]), sys.getrefcount(pair[1])) > 2:
+        if pair is None or len(pair[0]) < rows or max(self._references(pair)) > self._unheld:
             size = max(rows, len(pair[0]) if pair is not None else 0)
             pair = (np.empty((size, *split.x_shape), split.x_dtype), np.empty((size, *split.y_shape), split.y_dtype))
             self._pairs[self._turn] = pair
+            self._unheld = max(self._references(pair))  # the same expression: any view handed out adds one
         return pair[0][:rows], pair[1][:rows]
+
+    @staticmethod
+    def _references(pair: tuple[np.ndarray, np.ndarray]) -> tuple[int, int]:
+        return sys.getrefcount(pair[0]), sys.getrefcount(pair[1])
 
 
 @dataclass
