@@ -57,8 +57,7 @@ def check_order(shuffle: object, window: object) -> None:
     if shuffle not in SHUFFLES:
         raise InputError("unknown shuffle", where="shuffle", expected=" or ".join(map(repr, SHUFFLES)),
                          found=repr(shuffle))
-    if isinstance(window, bool) or not isinstance(window, int | np.integer) or window < 1:
-        raise InputError("the shuffle window must be a positive number of rows", where="window", found=repr(window))
+    check_integer("window", window, 1)
 
 
 def epoch_order(shuffle: str, *, rows: int, batch_size: int, seed: int, epoch: int, window: int = WINDOW,
@@ -70,8 +69,7 @@ def epoch_order(shuffle: str, *, rows: int, batch_size: int, seed: int, epoch: i
     check_order(shuffle, window)
     for name, value, low in (("rows", rows, 0), ("batch_size", batch_size, 1), ("seed", seed, 0),
                              ("epoch", epoch, 0)):
-        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-            raise InputError(f"{name} must be an integer of at least {low}", where=name, found=repr(value))
+        check_integer(name, value, low)
     return ORDERS[shuffle](rows=int(rows), batch_size=int(batch_size), seed=int(seed), epoch=int(epoch),
                            window=int(window), drop_last=drop_last)
 
@@ -93,12 +91,17 @@ def rank_part(rows: Rows, rank: int, world: int) -> Rows:
 def check_part(start: int, rank: int, world: int, batches: int) -> None:
     """Raise InputError unless ``start`` is a batch of an epoch of ``batches`` (or its end) and ``rank`` one of
     ``world`` ranks."""
-    for name, value, low, high in (("world", world, 1, None), ("rank", rank, 0, world - 1),
-                                   ("start", start, 0, batches)):
-        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low or (
-                high is not None and value > high):
-            raise InputError(f"{name} must be an integer from {low}" + (f" to {high}" if high is not None else ""),
-                             where=name, found=repr(value))
+    check_integer("world", world, 1)
+    check_integer("rank", rank, 0, world - 1)
+    check_integer("start", start, 0, batches)
+
+
+def check_integer(name: str, value: object, low: int, high: int | None = None) -> None:
+    """Raise InputError naming ``name`` unless ``value`` is an integer in [low, high] (no upper bound: None)."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low or (
+            high is not None and value > high):
+        bound = f"from {low} to {high}" if high is not None else f"of at least {low}"
+        raise InputError(f"{name} must be an integer {bound}", where=name, found=repr(value))
 
 
 def _check_k(k: int, batches: int) -> None:
