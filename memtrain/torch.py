@@ -51,16 +51,18 @@ class BatchDataset(IterableDataset):
         self.split: Split = dataset.split(split)
         self.batch_size, self.seed, self.shuffle, self.window = batch_size, seed, shuffle, window
         self.drop_last, self.rank, self.world = drop_last, rank, world
+        self.epoch, self.start = 0, 0
+        self._move(epoch, start)
+
+    def _order(self, epoch: int | None = None) -> EpochOrder:
+        return self.split.order(self.batch_size, seed=self.seed, epoch=self.epoch if epoch is None else epoch,
+                                shuffle=self.shuffle, window=self.window, drop_last=self.drop_last)
+
+    def _move(self, epoch: int, start: int) -> None:
+        """The next pass is epoch ``epoch`` from batch ``start``: checked first, so a bad position changes nothing."""
+        check_part(start, self.rank, self.world, self._order(epoch).batches)
         self.epoch, self.start = epoch, start
-        self._check()
         self._yielded = 0  # batches this process has yielded in the current pass (num_workers=0)
-
-    def _order(self) -> EpochOrder:
-        return self.split.order(self.batch_size, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle,
-                                window=self.window, drop_last=self.drop_last)
-
-    def _check(self) -> None:
-        check_part(self.start, self.rank, self.world, self._order().batches)
 
     def __len__(self) -> int:
         """Global batches left in this pass: what the ``DataLoader`` yields."""
@@ -68,8 +70,7 @@ class BatchDataset(IterableDataset):
 
     def set_epoch(self, epoch: int) -> None:
         """The next pass is epoch ``epoch``, from its first batch."""
-        self.epoch, self.start, self._yielded = epoch, 0, 0
-        self._check()
+        self._move(epoch, 0)
 
     def state_dict(self, *, consumed: int | None = None) -> dict[str, int]:
         """The position to resume from: ``{"epoch": e, "batch": k}``, the next global batch to train on.
@@ -91,8 +92,7 @@ class BatchDataset(IterableDataset):
         """Resume at ``state`` (from ``state_dict``), with any number of ranks or workers."""
         if not isinstance(state, dict) or set(state) != {"epoch", "batch"}:
             raise InputError("a BatchDataset state is {'epoch': int, 'batch': int}", found=repr(state))
-        self.epoch, self.start, self._yielded = state["epoch"], state["batch"], 0
-        self._check()
+        self._move(state["epoch"], state["batch"])
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         info = get_worker_info()

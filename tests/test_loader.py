@@ -169,6 +169,9 @@ def test_resume_mid_epoch_on_other_rank_and_worker_counts(dataset: Path) -> None
     np.testing.assert_array_equal(np.concatenate(taken + rest), np.concatenate([x for x, _ in whole]))
     with pytest.raises(InputError, match="BatchDataset state"):
         again.load_state_dict({"epoch": 1})
+    with pytest.raises(InputError, match="start must be an integer from 0 to 15"):
+        again.load_state_dict({"epoch": 0, "batch": 99})
+    assert again.state_dict(consumed=0) == state  # a refused position changes nothing
     again.set_epoch(JOB["epoch"] + 1)
     assert again.state_dict() == {"epoch": JOB["epoch"] + 1, "batch": 0}
 
