@@ -225,3 +225,14 @@ def test_anonymous_memory_does_not_grow_over_epochs(tmp_path: Path) -> None:
 def test_anonymous_memory_stays_bounded_on_a_dataset_of_several_hundred_mb(tmp_path: Path) -> None:
     first, later = anonymous_growth(tmp_path, 1_500_000, 64, 4)  # 384 MB of rows, 4 epochs
     assert first + later < 32_768 and later < 16_384
+
+
+@pytest.mark.parametrize("shuffle", ["batches", "none"])
+def test_batch_dataset_copies_contiguous_batches_across_shards(dataset: Path, train, shuffle: str) -> None:
+    order = open_dataset(dataset).split("train").order(64, shuffle=shuffle, **JOB)
+    got = list(batch_dataset(dataset, shuffle=shuffle))  # 64-row ranges; shards end at rows 300 and 600
+    assert len(got) == order.batches
+    for k, (x, y) in enumerate(got):
+        rows = order.batch(k)
+        np.testing.assert_array_equal(x.numpy(), train[0][rows.start:rows.stop])
+        np.testing.assert_array_equal(y.numpy(), train[1][rows.start:rows.stop])
