@@ -52,3 +52,16 @@ def test_bad_worker_counts_are_a_usage_error(tmp_path: Path) -> None:
     assert result.returncode == 2 and "--loader-workers takes worker counts" in result.stderr
     result = bench(tmp_path, "--methods", "memtrain,torch_ddp")
     assert result.returncode == 2 and "unknown --methods for bench loader" in result.stderr
+
+
+def test_methods_whose_libraries_are_missing_are_left_out_with_a_note(monkeypatch: pytest.MonkeyPatch,
+                                                                       capsys: pytest.CaptureFixture) -> None:
+    import importlib.util
+
+    from memtrain.benchmarks.loader_bench import parse_methods
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "datasets" else real(name))
+    assert parse_methods(None) == ["memtrain_batches", "memtrain_torch", "memmap_dataloader"]
+    assert 'datasets not installed; the methods that need them are left out (pip install "memtrain[bench]")' \
+        in capsys.readouterr().err

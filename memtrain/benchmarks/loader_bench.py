@@ -93,8 +93,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def default_methods() -> str:
+    """Every method whose libraries are installed (a note on stderr for the others)."""
+    from importlib.util import find_spec
+
+    needs = {"memtrain_torch": "torch", "memmap_dataloader": "torch", "hf_datasets": "datasets"}
+    missing = sorted({needs[m] for m in METHODS if m in needs and find_spec(needs[m]) is None})
+    if missing:
+        print(f"bench loader: {' and '.join(missing)} not installed; the methods that need them are left out "
+              '(pip install "memtrain[bench]")', file=sys.stderr)
+    return ",".join(m for m in METHODS if needs.get(m) not in missing)
+
+
 def parse_methods(text: str | None) -> list[str]:
-    methods = [m.strip() for m in (text or ",".join(METHODS)).split(",") if m.strip()]
+    methods = [m.strip() for m in (text or default_methods()).split(",") if m.strip()]
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:
         raise InputError("unknown --methods for bench loader", expected=", ".join(METHODS),
