@@ -213,8 +213,10 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def consume(x: Any, y: Any) -> float:
-    """Touch every byte of a batch, as a training step would (a sum reads all of it)."""
-    return float(x.sum()) + float(y.sum())
+    """Touch every byte of a batch, as a training step would (a sum reads all of it). Always numpy's sum
+    (a tensor is viewed, not copied): torch's own spreads over its threads, and on a busy machine their
+    wake-ups cost more than the loading measured here (6 ms against 0.03 for 2 MB on one thread)."""
+    return float(np.asarray(x).sum()) + float(np.asarray(y).sum())
 
 
 def batches(spec: dict[str, Any]) -> Any:
