@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from memtrain.benchmarks.loader_bench import METHODS
+from memtrain.benchmarks.loader_bench import IN_PROCESS, METHODS
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -28,7 +28,7 @@ def check_report(tmp_path: Path, methods: tuple[str, ...], workers: str) -> None
     rows = report["results"]
     counts = [int(w) for w in workers.split(",")]
     assert [(r["method"], r["workers"]) for r in rows] == [(m, w) for w in counts for m in methods
-                                                           if w == 0 or m != "memtrain_batches"]
+                                                           if w == 0 or m not in IN_PROCESS]
     for row in rows:
         assert row["rows_per_s"] > 0 and row["gb_per_s"] > 0 and row["peak_anon_mib"] > 0
         assert len(row["runs_rows_per_s"]) == 1 and row["ratio"] > 0
@@ -39,7 +39,7 @@ def check_report(tmp_path: Path, methods: tuple[str, ...], workers: str) -> None
 
 def test_memtrain_and_np_memmap_deliver_every_row_and_the_report_has_ratios(tmp_path: Path) -> None:
     """Fast, in CI: the methods without the slow import of Hugging Face datasets, in-process loading."""
-    check_report(tmp_path, ("memtrain_batches", "memtrain_torch", "memmap_dataloader"), "0")
+    check_report(tmp_path, ("memtrain_batches", "memtrain_fixed", "memtrain_torch", "memmap_dataloader"), "0")
 
 
 @pytest.mark.slow
@@ -62,6 +62,6 @@ def test_methods_whose_libraries_are_missing_are_left_out_with_a_note(monkeypatc
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "datasets" else real(name))
-    assert parse_methods(None) == ["memtrain_batches", "memtrain_torch", "memmap_dataloader"]
+    assert parse_methods(None) == ["memtrain_batches", "memtrain_fixed", "memtrain_torch", "memmap_dataloader"]
     assert 'datasets not installed; the methods that need them are left out (pip install "memtrain[bench]")' \
         in capsys.readouterr().err

@@ -4,6 +4,8 @@ byte, for memtrain's ``batches`` and ``BatchDataset`` against the usual alternat
 Methods (one epoch of batches of ``--batch`` rows in a new random order each, run in a fresh process):
 
 - ``memtrain_batches``: ``ds.batches(batch, shuffle="rows")`` in the training process (no workers).
+- ``memtrain_fixed``: the same with ``shuffle="batches"`` (contiguous batches, views of the mapped file):
+  what the row-level shuffle costs is the ratio of the two.
 - ``memtrain_torch``: ``DataLoader(BatchDataset(ds, batch), batch_size=None, num_workers=W)``.
 - ``memmap_dataloader``: what a competent user writes without memtrain: a map-style dataset over one
   ``x.npy`` / ``y.npy`` opened with ``np.load(mmap_mode="r")`` once per worker, a batch fetched with one
@@ -41,8 +43,10 @@ import numpy as np
 from memtrain.benchmarks.memory import run_sampled
 from memtrain.errors import InputError
 
-METHODS = ("memtrain_batches", "memtrain_torch", "memmap_dataloader", "hf_datasets")
-LABELS = {"memtrain_batches": "memtrain ds.batches", "memtrain_torch": "memtrain BatchDataset",
+METHODS = ("memtrain_batches", "memtrain_fixed", "memtrain_torch", "memmap_dataloader", "hf_datasets")
+IN_PROCESS = ("memtrain_batches", "memtrain_fixed")  # numpy iterators in the training process: no workers
+LABELS = {"memtrain_batches": "memtrain ds.batches", "memtrain_fixed": "ds.batches, fixed batches",
+          "memtrain_torch": "memtrain BatchDataset",
           "memmap_dataloader": "np.memmap + DataLoader", "hf_datasets": "HF datasets + DataLoader"}
 BASE = "memmap_dataloader"
 WARMUP = 8  # batches per run left out of the rate: worker start-up and first imports, paid once per job
@@ -78,8 +82,8 @@ def run(args: argparse.Namespace) -> int:
         for repeat in range(args.repeats):
             for count in workers:
                 for method in methods:
-                    if method == "memtrain_batches" and count:
-                        continue  # a plain iterator in the training process: no workers
+                    if method in IN_PROCESS and count:
+                        continue
                     spec = {"method": method, "workers": count, "paths": paths, "batch": args.batch,
                             "epoch": repeat, "limit_mib": limit}
                     runs.setdefault((method, count), []).append(run_once(spec))
@@ -221,10 +225,11 @@ def consume(x: Any, y: Any) -> float:
 
 def batches(spec: dict[str, Any]) -> Any:
     method, workers, paths, batch, epoch = (spec[k] for k in ("method", "workers", "paths", "batch", "epoch"))
-    if method == "memtrain_batches":
+    if method in IN_PROCESS:
         from memtrain.dataset import open_dataset
 
-        return open_dataset(paths["memtrain"]).batches(batch, seed=0, epoch=epoch)
+        shuffle = "rows" if method == "memtrain_batches" else "batches"
+        return open_dataset(paths["memtrain"]).batches(batch, seed=0, epoch=epoch, shuffle=shuffle)
     import torch
     from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
 
@@ -289,7 +294,7 @@ def data_segment() -> int:
 def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["limit_mib"]:
         # set once torch and datasets are imported: their code and tables are not the data path under test
-        if spec["method"] != "memtrain_batches":
+        if spec["method"] not in IN_PROCESS:
             import torch  # noqa: F401
         if spec["method"] == "hf_datasets":
             import datasets  # noqa: F401
