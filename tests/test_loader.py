@@ -236,3 +236,26 @@ def test_batch_dataset_copies_contiguous_batches_across_shards(dataset: Path, tr
         rows = order.batch(k)
         np.testing.assert_array_equal(x.numpy(), train[0][rows.start:rows.stop])
         np.testing.assert_array_equal(y.numpy(), train[1][rows.start:rows.stop])
+
+
+def test_a_class_sorted_dataset_prepared_without_shuffle_gets_mixed_batches(tmp_path: Path, cli) -> None:
+    """End to end: `memtrain prepare --no-shuffle` of rows sorted by class, then the loader's batches."""
+    y = np.repeat(np.arange(10), 2_000)
+    x = np.random.default_rng(0).normal(size=(len(y), 4)).astype(np.float32) + y[:, None]
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    result = cli("prepare", tmp_path / "x.npy", tmp_path / "ds", "--y", tmp_path / "y.npy", "--no-shuffle",
+                 "--shard-mb", "0.1", "--quiet")
+    assert result.code == 0, result.err
+    ds = open_dataset(tmp_path / "ds")
+    labels = ds[:][1]
+    assert len(ds.split("train").shards) > 3 and np.all(np.diff(labels) >= 0)  # still sorted, several shards
+
+    def classes_per_batch(shuffle: str, epoch: int) -> float:
+        counts = [len(np.unique(y)) for _, y in ds.batches(256, epoch=epoch, shuffle=shuffle, window=4096)]
+        return float(np.mean(counts))
+
+    assert classes_per_batch("batches", 0) < 1.2  # fixed contiguous batches: one class each
+    assert classes_per_batch("rows", 0) > 6 and classes_per_batch("rows", 1) > 6
+    every = np.concatenate([y for _, y in ds.batches(256, epoch=1, window=4096)])
+    np.testing.assert_array_equal(np.sort(every), labels)  # every row once
