@@ -42,7 +42,7 @@ from memtrain.layout import (  # noqa: E402
 )
 from memtrain.train import server, weights  # noqa: E402
 from memtrain.train.context import model_context  # noqa: E402
-from memtrain.train.messages import GradTask, Outcome, Result, RoundSetup, WorkerSetup  # noqa: E402
+from memtrain.train.messages import GradTask, Outcome, Result, RoundSetup, StepTask, WorkerSetup  # noqa: E402
 from memtrain.train.optim import OptimizerConfig  # noqa: E402
 from memtrain.train.pools import open_cluster  # noqa: E402
 from memtrain.train.weights import publish_weights  # noqa: E402
@@ -126,8 +126,8 @@ def local_digest(tmp_path_factory: pytest.TempPathFactory, dataset: Path) -> dic
 def test_a_cluster_run_gives_the_weights_of_a_local_run_bitwise(cluster, dataset: Path, local_digest, tmp_path: Path,
                                                                  capsys, monkeypatch) -> None:
     """... and no shared-memory tricks across machines: only tasks travel, never a stretch of rounds (whose
-    participants meet at marks in a shared file): the server steps; and no weight file is rewritten in
-    place for a later version."""
+    participants meet at marks in a shared file): the workers step a slice each (train/sliced.py); and no
+    weight file is rewritten in place for a later version."""
     dask, _ = cluster
     sent, recycled = [], []
     send, retire = ClusterPool.send, weights.retire_weights
@@ -136,9 +136,11 @@ def test_a_cluster_run_gives_the_weights_of_a_local_run_bitwise(cluster, dataset
                                                                              retire(*args, **options))[1])
     job = write_job(tmp_path, dataset)
     assert train(job, "--cluster", dask.address) == 0
-    assert {type(task).__name__ for task in sent} == {"GradTask", "EvalTask"}
+    assert {type(task).__name__ for task in sent} == {"GradTask", "StepTask", "EvalTask"}
     updates = {task.update for task in sent if isinstance(task, GradTask)}
     assert len(updates) == 3 * 7 and all(task.attempt == 0 for task in sent)  # 1500 rows, 1200 to train: 7 a epoch
+    steps = [task for task in sent if isinstance(task, StepTask)]  # the step, by slices (train/sliced.py)
+    assert len(steps) == 3 * 7 and {task.task for task in steps} == {0}  # 195 parameters: one checksum block
     assert recycled and not any(recycled)  # every weight version a new file: no other machine has it mapped
     run = tmp_path / "run"
     assert digest(run) == local_digest[3]

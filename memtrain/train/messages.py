@@ -120,6 +120,24 @@ class GradTask:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class StepTask:
+    """Step parameter slice [lo, hi) of update ``update`` from weight ``version`` to ``version`` + 1 (a cluster
+    run, train/sliced.py): the mean of the gradient files ``grads`` (added in this order, the plan's task
+    order) over ``rows`` rows, the optimizer at learning rate ``lr``; written into the next version's file
+    and the optimizer state's new files at the slice's place. ``task`` is the slice's number."""
+
+    task: int
+    attempt: int
+    update: int
+    version: int
+    lo: int
+    hi: int
+    rows: int
+    lr: float
+    grads: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Stop:
     """Tell a worker to exit."""
 
@@ -131,8 +149,8 @@ class Ready:
     pid: int
 
 
-Task = EvalTask | StatsTask | GradTask
-Message = Stretch | EvalTask | StatsTask | GradTask | Stop
+Task = EvalTask | StatsTask | GradTask | StepTask
+Message = Stretch | EvalTask | StatsTask | GradTask | StepTask | Stop
 
 
 class Outcome(enum.Enum):
@@ -149,7 +167,8 @@ class Outcome(enum.Enum):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Result:
-    """The answer to an EvalTask, a StatsTask or a GradTask (``seconds``: a gradient's compute time)."""
+    """The answer to an EvalTask, a StatsTask, a GradTask or a StepTask (``seconds``: a gradient's compute time;
+    a StepTask whose slice came out non-finite answers ``Outcome.NONFINITE``)."""
 
     task: int
     attempt: int
@@ -159,6 +178,7 @@ class Result:
     correct: int = 0
     seconds: float = 0.0
     error: str | None = None
+    digests: bytes = b""  # a StepTask's: the 16-byte digest of each checksum block of its slice, in order
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -63,6 +63,7 @@ from memtrain.train.messages import (
     Outcome,
     RoundSetup,
     StatsTask,
+    StepTask,
     Stretch,
     Task,
     WorkerSetup,
@@ -77,8 +78,8 @@ from memtrain.train.record import Decision
 from memtrain.train.room import room_needed
 from memtrain.train.run_dir import RunDir, open_run_dir, refuse_live_run
 from memtrain.train.scheduler import CORES, Scheduler
+from memtrain.train.sliced import SlicedParticipant
 from memtrain.train.state import Position, job_updates_per_epoch, resume, save_checkpoint, start_fresh
-from memtrain.train.stream import StreamParticipant
 from memtrain.train.weights import (
     BLOCK,
     create_digests,
@@ -475,11 +476,11 @@ class Trainer:
 
         transport = self.placement.transport
         sync = needs_sync(self.run_dir.path)
-        participant = StreamParticipant(
+        participant = SlicedParticipant(
             self.in_server.state.rounds(), stretch, workers=lambda: len(transport.slots),
             run_tasks=lambda tasks, meanwhile: self.scheduler.run(transport, tasks, meanwhile),
             publish_sync=sync_for_readers if sync else lambda path: None, recycle=False,
-            heartbeat=lambda: self.heartbeat(position))
+            heartbeat=lambda: self.heartbeat(position), slices=lambda: len(transport.slots))
         outcome = participant.run()
         if self.stop.requested:
             return Outcome.STOPPED
@@ -623,6 +624,9 @@ class Trainer:
     def describe_task(self, message: Task) -> str:
         if isinstance(message, EvalTask):
             return f"evaluation task {message.task} ({self.describe_rows(message.lo, message.hi, 'val')})"
+        if isinstance(message, StepTask):
+            return (f"step slice {message.task} (parameters {message.lo}-{message.hi}) of update "
+                    f"{update_number(message.update)}")
         if isinstance(message, GradTask) and self.streamed:
             return (f"gradient task ({self.describe_rows(message.lo, message.hi)}) at weight version "
                     f"{message.version}")
