@@ -57,7 +57,7 @@ path = "{data}"
 
 [model]
 kind = "mlp"
-hidden = [16]
+hidden = {hidden}
 
 [train]
 epochs = {epochs}
@@ -96,11 +96,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         dask.close()
 
 
-def write_job(folder: Path, data: Path, epochs: int = 3) -> Path:
+def write_job(folder: Path, data: Path, epochs: int = 3, hidden: str = "[16]") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     job = folder / "job.toml"
-    job.write_text(JOB.format(data=data, epochs=epochs))
+    job.write_text(JOB.format(data=data, epochs=epochs, hidden=hidden))
     return job
+
+
+# A model of 144,003 parameters: three checksum blocks of 64 Ki, so its step is cut into up to three slices.
+WIDE = "[12000]"
+WIDE_EPOCHS = 1
 
 
 def digest(run: Path) -> str:
@@ -121,6 +126,90 @@ def local_digest(tmp_path_factory: pytest.TempPathFactory, dataset: Path) -> dic
         assert train(write_job(folder, dataset, epochs)) == 0
         digests[epochs] = digest(folder / "run")
     return digests
+
+
+@pytest.fixture(scope="module")
+def wide_digest(tmp_path_factory: pytest.TempPathFactory, dataset: Path) -> str:
+    """Final weights of a local run (worker processes on this machine) of the wide job."""
+    folder = tmp_path_factory.mktemp("wide-local")
+    assert train(write_job(folder, dataset, WIDE_EPOCHS, WIDE)) == 0
+    return digest(folder / "run")
+
+
+def sliced_run(folder: Path, dataset: Path, cluster: str, monkeypatch, *options: str) -> list[StepTask]:
+    """A wide job on ``cluster``; returns the step tasks the server sent."""
+    sent: list = []
+    send = ClusterPool.send
+    monkeypatch.setattr(ClusterPool, "send", lambda pool, slot, task: (sent.append(task), send(pool, slot, task)))
+    assert train(write_job(folder, dataset, WIDE_EPOCHS, WIDE), "--cluster", cluster, *options) == 0
+    monkeypatch.setattr(ClusterPool, "send", send)
+    return [task for task in sent if isinstance(task, StepTask)]
+
+
+def slice_counts(steps: list[StepTask]) -> set[int]:
+    """How many slices each update's step was cut into."""
+    return {len({t.task for t in steps if t.update == update}) for update in {t.update for t in steps}}
+
+
+def test_the_step_sliced_across_1_2_3_dask_workers_gives_the_weights_of_a_local_run(cluster, dataset: Path,
+                                                                                    wide_digest: str,
+                                                                                    tmp_path: Path,
+                                                                                    monkeypatch) -> None:
+    """Each worker steps a slice (train/sliced.py); the server only sends and renames: same bits for any count."""
+    dask, client = cluster
+    steps = sliced_run(tmp_path / "two", dataset, dask.address, monkeypatch)
+    assert slice_counts(steps) == {2} and digest(tmp_path / "two" / "run") == wide_digest
+    assert all(len(t.grads) == 3 for t in steps)  # every gradient of the update, in task order
+    third = dask.start_worker("w3")
+    try:
+        dask.wait_for_workers(client, {"w1", "w2", "w3"})
+        steps = sliced_run(tmp_path / "three", dataset, dask.address, monkeypatch)
+        assert slice_counts(steps) == {3} and digest(tmp_path / "three" / "run") == wide_digest
+    finally:
+        dask.stop(third)
+        dask.started.remove(third)
+    steps = sliced_run(tmp_path / "one", dataset, "local:1", monkeypatch)
+    assert slice_counts(steps) == {1} and digest(tmp_path / "one" / "run") == wide_digest
+    for folder in ("one", "two", "three"):  # nothing of the steps left behind
+        assert not [p.name for p in (tmp_path / folder / "run").rglob("opt-*-n*")]
+
+
+def test_a_worker_killed_mid_step_has_its_slice_redone(cluster, dataset: Path, wide_digest: str,
+                                                        tmp_path: Path) -> None:
+    """A third worker SIGKILLs itself in the middle of its 2nd step slice (the fault point between two
+    checksum blocks' writes of the step); the slice is redone elsewhere, nothing it half-wrote is read."""
+    dask, client = cluster
+    faulty = dask.start_worker("faulty", env={"MEMTRAIN_FAULT": "mid_step:2",
+                                              "MEMTRAIN_FAULT_ONCE": str(tmp_path / "fired")})
+    try:
+        dask.wait_for_workers(client, {"w1", "w2", "faulty"})
+        assert train(write_job(tmp_path, dataset, WIDE_EPOCHS, WIDE), "--cluster", dask.address) == 0
+        assert (tmp_path / "fired").exists()
+        events = (tmp_path / "run" / "events.log").read_text()
+        assert "lost Dask worker" in events
+        assert "died with exit code None during step slice" in events
+        assert digest(tmp_path / "run") == wide_digest
+    finally:
+        dask.stop(faulty)
+        dask.started.remove(faulty)
+
+
+def test_a_straggler_is_outrun_by_a_backup_copy(cluster, dataset: Path, wide_digest: str, tmp_path: Path) -> None:
+    """A third worker's gradients are made 40 times slower (the straggler test hook): its tasks get backup
+    copies on the idle workers, the first copy to finish is taken, and the loser's files are cleaned up."""
+    dask, client = cluster
+    slow = dask.start_worker("slow", env={"MEMTRAIN_STRAGGLER": f"40:{tmp_path / 'straggler'}"})
+    try:
+        dask.wait_for_workers(client, {"w1", "w2", "slow"})
+        job = write_job(tmp_path, dataset, WIDE_EPOCHS, WIDE)
+        assert train(job, "--cluster", dask.address, "--set", "train.backup_seconds=0.05") == 0
+        events = (tmp_path / "run" / "events.log").read_text()
+        assert "a backup copy (attempt 1)" in events and "the backup copy (attempt 1) finished first" in events
+        assert digest(tmp_path / "run") == wide_digest
+        assert not [p.name for p in (tmp_path / "run").rglob("g-*")]
+    finally:
+        dask.stop(slow)
+        dask.started.remove(slow)
 
 
 def test_a_cluster_run_gives_the_weights_of_a_local_run_bitwise(cluster, dataset: Path, local_digest, tmp_path: Path,

@@ -80,7 +80,7 @@ from memtrain.train.pools import OnCluster, Streamed, open_cluster
 from memtrain.train.record import Decision
 from memtrain.train.room import room_needed
 from memtrain.train.run_dir import RunDir, open_run_dir, refuse_live_run
-from memtrain.train.scheduler import CORES, Scheduler
+from memtrain.train.scheduler import CORES, BackupRule, Scheduler
 from memtrain.train.sliced import SlicedParticipant
 from memtrain.train.state import Position, job_updates_per_epoch, resume, save_checkpoint, start_fresh
 from memtrain.train.weights import (
@@ -260,7 +260,7 @@ class Trainer:
                                    describe_task=self.describe_task,
                                    describe_activity=self.describe_desk_activity if desk else self.describe_activity,
                                    log=self.log, stop_requested=lambda: self.stop.requested,
-                                   discard=self.discard_attempt)
+                                   discard=self.discard_attempt, backup=backup_rule(self.job))
         if engine is Engine.STREAM:
             self.overlap = Overlap(job=self.job, files=self.in_server.state.rounds(),
                                    stream=self.scheduler.stream(self.placement.transport), logbook=self.logbook,
@@ -681,6 +681,14 @@ class Trainer:
                            normalize=job.data.normalize, model_kind=job.model.kind,
                            model_options=tuple(job.model.options.items()), blas_threads=job.train.blas_threads,
                            optimizer=job.train.optimizer, rounds=rounds)
+
+
+def backup_rule(job: Job) -> BackupRule | None:
+    """The straggler rule of a cluster run's tasks (docs/cluster.md, "Stragglers"); None on one machine, where
+    the rounds run the gradients, and when ``train.backup_ratio`` is 0."""
+    if not job.run.cluster or not job.train.backup_ratio:
+        return None
+    return BackupRule(ratio=job.train.backup_ratio, seconds=job.train.backup_seconds)
 
 
 def create_round_files(exchange: Path, size: int, tasks: int, slots: int, per_epoch: int, banks: int) -> Board:
