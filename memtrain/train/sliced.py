@@ -47,7 +47,7 @@ from memtrain.train.messages import Outcome, Result, StepTask
 from memtrain.train.optim import learning_rate, state_slots
 from memtrain.train.plan import Update, step_slices
 from memtrain.train.reduce import Scratch, reduce_and_step
-from memtrain.train.stream import StreamParticipant
+from memtrain.train.stream import MappedBytes, StreamParticipant
 from memtrain.train.weights import BLOCK, ready_building
 
 if TYPE_CHECKING:
@@ -67,6 +67,7 @@ def step_slice(state: WorkerState, message: StepTask) -> Result:
     parity = message.version % 2
     state_in = {slot: open_npy(exchange / state_buffer_name(slot, parity), shape=(size,), dtype=np.float32)[lo:hi]
                 for slot in slots}
+    MappedBytes.read += (len(grads) + 1 + len(slots)) * (hi - lo) * 4
     out, state_out = slice_buffers(state, hi - lo, slots)
     digests = np.zeros((-(-(hi - lo) // BLOCK), DIGEST_BYTES), dtype=np.uint8)
     trainable = state.context.layout.trainable
