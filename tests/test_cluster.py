@@ -68,6 +68,7 @@ lr = 0.01
 seed = 7
 workers = 2
 task_timeout = 60
+backup_ratio = 0  # no backup copies but in the straggler's test: a busy machine's slow task would add attempts
 
 [run]
 dir = "run"
@@ -179,10 +180,10 @@ def test_a_worker_killed_mid_step_has_its_slice_redone(cluster, dataset: Path, w
     """A third worker SIGKILLs itself in the middle of its 2nd step slice (the fault point between two
     checksum blocks' writes of the step); the slice is redone elsewhere, nothing it half-wrote is read."""
     dask, client = cluster
-    faulty = dask.start_worker("faulty", env={"MEMTRAIN_FAULT": "mid_step:2",
-                                              "MEMTRAIN_FAULT_ONCE": str(tmp_path / "fired")})
+    faulty = dask.start_worker("faulty-step", env={"MEMTRAIN_FAULT": "mid_step:2",
+                                                   "MEMTRAIN_FAULT_ONCE": str(tmp_path / "fired")})
     try:
-        dask.wait_for_workers(client, {"w1", "w2", "faulty"})
+        dask.wait_for_workers(client, {"w1", "w2", "faulty-step"})
         assert train(write_job(tmp_path, dataset, WIDE_EPOCHS, WIDE), "--cluster", dask.address) == 0
         assert (tmp_path / "fired").exists()
         events = (tmp_path / "run" / "events.log").read_text()
@@ -202,7 +203,8 @@ def test_a_straggler_is_outrun_by_a_backup_copy(cluster, dataset: Path, wide_dig
     try:
         dask.wait_for_workers(client, {"w1", "w2", "slow"})
         job = write_job(tmp_path, dataset, WIDE_EPOCHS, WIDE)
-        assert train(job, "--cluster", dask.address, "--set", "train.backup_seconds=0.05") == 0
+        assert train(job, "--cluster", dask.address, "--set", "train.backup_ratio=3",
+                     "--set", "train.backup_seconds=0.05") == 0
         events = (tmp_path / "run" / "events.log").read_text()
         assert "a backup copy (attempt 1)" in events and "the backup copy (attempt 1) finished first" in events
         assert digest(tmp_path / "run") == wide_digest
