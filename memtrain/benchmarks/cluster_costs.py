@@ -2,8 +2,9 @@
 
 For each size, one run of the benchmark's MLP (memtrain/benchmarks/synthetic.py) on the Dask cluster
 ``--cluster`` (``local:N``: N workers started here), with as many tasks per update as the cluster has
-workers, trained by this process (the server). Between the step of update ``--warmup`` and the end of the
-last update's step, it counts:
+workers, trained by this process (the server). From the end of the step of update ``--warmup`` (counted
+from 0) to the end of the last update's step -- the gradients and the step of each update after it -- it
+counts:
 
 - the server's CPU seconds (``time.process_time``: every thread of this process, so with ``local:N`` the
   Dask scheduler's too) and its bytes read and written: ``/proc/self/io``'s ``rchar``/``wchar`` (every read
@@ -66,10 +67,8 @@ def measure(params: int, cluster: str, updates: int, warmup: int, scratch: Path)
         return pools[-1]
 
     def step(participant: SlicedParticipant, update: Any) -> None:
-        if update.batch == warmup:
-            marks.append(snapshot(pools[-1]))
         step_sliced(participant, update)
-        if update.batch == updates - 1:
+        if update.batch in (warmup, updates - 1):  # counted: the gradients and the step of each update after
             marks.append(snapshot(pools[-1]))
 
     open_cluster, step_sliced = server.open_cluster, SlicedParticipant.step
@@ -82,7 +81,7 @@ def measure(params: int, cluster: str, updates: int, warmup: int, scratch: Path)
     finally:
         server.open_cluster, SlicedParticipant.step = open_cluster, step_sliced
         shutil.rmtree(run_dir, ignore_errors=True)
-    return per_update(marks, updates - warmup, shape.params, count)
+    return per_update(marks, updates - 1 - warmup, shape.params, count)
 
 
 def cluster_workers(cluster: str) -> list[str]:
@@ -124,7 +123,7 @@ def print_costs(report: dict[str, Any]) -> None:
     multiple of the parameter vector), updates/s."""
     before = " ".join(f"{v:.1f}" for v in report["loadavg_before"])
     after = " ".join(f"{v:.1f}" for v in report["loadavg_after"])
-    print(f"cluster {report['cluster']}: per update, over updates {report['warmup']}-{report['updates'] - 1} "
+    print(f"cluster {report['cluster']}: per update, over updates {report['warmup'] + 1}-{report['updates'] - 1} "
           f"(load average {before} before, {after} after)")
     print("| params | workers | server CPU ms | server read KiB | server written KiB | server storage r/w KiB "
           "| worker read (x vector) | worker written (x vector) | worker storage r/w MiB | updates/s |")
