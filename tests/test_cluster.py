@@ -160,7 +160,7 @@ def test_the_step_sliced_across_1_2_3_dask_workers_gives_the_weights_of_a_local_
     dask, client = cluster
     steps = sliced_run(tmp_path / "two", dataset, dask.address, monkeypatch)
     assert slice_counts(steps) == {2} and digest(tmp_path / "two" / "run") == wide_digest
-    assert all(len(t.grads) == 3 for t in steps)  # every gradient of the update, in task order
+    assert all(t.attempts == (0, 0, 0) for t in steps)  # every gradient of the update, in task order
     third = dask.start_worker("w3")
     try:
         dask.wait_for_workers(client, {"w1", "w2", "w3"})
@@ -519,6 +519,15 @@ def test_the_records_dask_carries_are_small() -> None:
     answer = dumps({"status": "OK", "result": to_serialize(result)})
     assert sum(map(len, call)) < 600
     assert sum(map(len, answer)) < 600
+    # a step slice of 1e7 / 16 parameters, of an update of 64 tasks: no file names, its digests 16 bytes a block
+    step = StepTask(task=15, attempt=1, update=10**9, version=123_456_789, lo=9_375_000, hi=10**7, rows=10**6,
+                    lr=1e-3, attempts=(0,) * 60 + (1, 2, 0, 0))
+    call = dumps({"op": "actor_execute", "function": "run", "actor": "memtrain-worker-0123456789ab",
+                  "args": [to_serialize(step)], "kwargs": {}})
+    done = Result(task=15, attempt=1, outcome=Outcome.DONE, rows=625_000, digests=bytes(16 * 10))
+    answer = dumps({"status": "OK", "result": to_serialize(done)})
+    assert sum(map(len, call)) < 800
+    assert sum(map(len, answer)) < 800
 
 
 def test_the_slurm_example_parses_its_arguments() -> None:

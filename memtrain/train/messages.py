@@ -124,9 +124,10 @@ class GradTask:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepTask:
     """Step parameter slice [lo, hi) of update ``update`` from weight ``version`` to ``version`` + 1 (a cluster
-    run, train/sliced.py): the mean of the gradient files ``grads`` (added in this order, the plan's task
-    order) over ``rows`` rows, the optimizer at learning rate ``lr``; written into the next version's file
-    and the optimizer state's new files at the slice's place. ``task`` is the slice's number."""
+    run, train/sliced.py): the mean of the update's gradient files -- task t's is ``streamed_gradient_name(
+    update, t, attempts[t])``, added in task order -- over ``rows`` rows, the optimizer at learning rate
+    ``lr``; written into the next version's file and the optimizer state's new files at the slice's place.
+    ``task`` is the slice's number. A few hundred bytes whatever the number of tasks: no file names."""
 
     task: int
     attempt: int
@@ -136,7 +137,7 @@ class StepTask:
     hi: int
     rows: int
     lr: float
-    grads: tuple[str, ...]
+    attempts: tuple[int, ...]  # the attempt whose gradient file is taken, per task of the update
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -41,8 +41,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from memtrain.errors import MemtrainError
 from memtrain.files import allocate_npy, check_npy, npy_header_bytes, open_npy
-from memtrain.layout import building_path, state_buffer_name, state_building_name, weights_path
+from memtrain.layout import (
+    building_path,
+    state_buffer_name,
+    state_building_name,
+    streamed_gradient_name,
+    weights_path,
+)
 from memtrain.train.messages import Outcome, Result, StepTask
 from memtrain.train.optim import learning_rate, state_slots
 from memtrain.train.plan import Update, step_slices
@@ -62,7 +69,8 @@ def step_slice(state: WorkerState, message: StepTask) -> Result:
     lo, hi = message.lo, message.hi
     exchange = state.exchange
     weights = open_npy(weights_path(state.run_dir, message.version), shape=(size,), dtype=np.float32)
-    grads = [open_npy(exchange / name, shape=(size,), dtype=np.float32)[lo:hi] for name in message.grads]
+    grads = [open_npy(exchange / streamed_gradient_name(message.update, task, attempt), shape=(size,),
+                      dtype=np.float32)[lo:hi] for task, attempt in enumerate(message.attempts)]
     slots = state_slots(setup.optimizer)
     parity = message.version % 2
     state_in = {slot: open_npy(exchange / state_buffer_name(slot, parity), shape=(size,), dtype=np.float32)[lo:hi]
@@ -155,10 +163,13 @@ class SlicedParticipant(StreamParticipant):
         files, version = self.files, self.version
         self.ready_state(version + 1)
         ranges = step_slices(files.size, max(1, self.slices()), BLOCK)
-        names = tuple(path.name for path, _ in self.received)
+        attempts = tuple(self.attempts)
+        if [t.task for t in update.tasks] != list(range(len(attempts))):
+            raise MemtrainError(f"update {update.update}: tasks {[t.task for t in update.tasks]} are not numbered "
+                                "0, 1, ... in order", hint="this is a bug in memtrain: please report it")
         lr = learning_rate(files.optimizer, update.update, files.plan.total_updates)
         tasks = [StepTask(task=j, attempt=0, update=update.update, version=version, lo=lo, hi=hi, rows=update.rows,
-                          lr=lr, grads=names) for j, (lo, hi) in enumerate(ranges)]
+                          lr=lr, attempts=attempts) for j, (lo, hi) in enumerate(ranges)]
         results = self.run_tasks(tasks, lambda: None)
         if any(result.outcome == Outcome.NONFINITE for result in results):
             self.discard_state(version + 1)

@@ -138,6 +138,7 @@ class StreamParticipant(Participant):
         self.received: list[tuple[Path, str]] = []  # the gradient files of the update to step next, spare names
         self.stepped: list[tuple[Path, str]] = []  # those of the update stepped last, and their spare names
         self.spares: list[str] = []  # names of stepped gradient files, for the next tasks to rewrite
+        self.attempts: list[int] = []  # the attempt of each task of the update to step next, in task order
 
     def run(self) -> Outcome:
         try:
@@ -168,6 +169,7 @@ class StreamParticipant(Participant):
         self.computed_at[update.update] = self.version
         results = self.run_tasks(tasks, self.housekeeping)
         discard([files.exchange / spare for spare in spares if spare])  # one a worker did not take (a retry)
+        self.attempts = [r.attempt for r in results]  # task t's gradient file is attempt attempts[t]'s
         self.received = [(files.exchange / streamed_gradient_name(update.update, r.task, r.attempt),
                           spare_gradient_name(update.update, r.task, r.attempt)) for r in results]
         for result in results:
