@@ -64,6 +64,8 @@ RUN_METRICS = "metrics.jsonl"
 RUN_EVENTS = "events.log"
 RUN_LINEAGE = "lineage.jsonl"  # which version and tasks produced each published version
 RUN_LOCK = "run.lock"
+RUN_CSV = "metrics.csv"  # run.log_to = ["csv"]: the epoch records of metrics.jsonl as a table
+RUN_TENSORBOARD = "tensorboard"  # run.log_to = ["tensorboard"]: TensorBoard event files (tensorboardX)
 WEIGHTS_DIR = "weights"
 CHECKPOINTS_DIR = "checkpoints"
 CHECKPOINT_META = "meta.json"
