@@ -19,6 +19,7 @@ import csv
 import importlib.util
 import io
 import math
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,7 +197,10 @@ class TensorBoardLog:
     def __init__(self, folder: Path, first_epoch: int):
         from tensorboardX import SummaryWriter
 
-        self.writer = SummaryWriter(logdir=str(folder), purge_step=first_epoch + 1 if first_epoch else None)
+        # tensorboardX names a file by the second it opens it: a session resumed within the same second would
+        # truncate the last one's file. The suffix keeps them apart, ordered by the epoch each starts from.
+        self.writer = SummaryWriter(logdir=str(folder), purge_step=first_epoch + 1 if first_epoch else None,
+                                    filename_suffix=f".e{first_epoch:08d}.{uuid.uuid4().hex[:8]}")
 
     def write(self, record: dict[str, Any]) -> None:
         for key, value in record.items():
