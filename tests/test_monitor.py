@@ -165,3 +165,26 @@ def test_callbacks_see_each_epoch_and_a_failing_one_stops_with_a_checkpoint(tmp_
     assert resumed.epochs == 5 and [r["epoch"] for r in epochs_of(run)] == [1, 2, 3, 4, 5]
     with pytest.raises(InputError, match="a callback is neither a function nor an object with on_epoch_end"):
         memtrain.fit(settings(noise), run_dir=tmp_path / "bad", callbacks=[42])
+
+
+def test_a_best_checkpoint_off_the_schedule_never_takes_a_scheduled_ones_place(tmp_path: Path, noise: Path,
+                                                                              regression: Path) -> None:
+    run = tmp_path / "run"
+    memtrain.fit(settings(noise, epochs=7, lr=0.002), run={"checkpoint_every": 3, "keep_checkpoints": 2},
+                 run_dir=run, quiet=True)
+    records = epochs_of(run)
+    best = min(records, key=lambda r: r["val_loss"])
+    improved = [r["epoch"] for i, r in enumerate(records) if all(r["val_loss"] < b["val_loss"] for b in records[:i])]
+    assert len([e for e in improved if e % 3]) >= 2, "the test needs several best epochs off the schedule"
+    assert best["epoch"] % 3, "the test needs the best epoch off the schedule"
+    # the two newest scheduled (or final) checkpoints, and the best epoch's; earlier bests' are gone
+    assert checkpoint_updates(run) == sorted({6 * 8, 7 * 8, best["update"]})
+    assert memtrain.load_model(run).meta["epoch"] == best["epoch"]
+    # a run that improves every epoch (the README's digits run does): the scheduled checkpoints stay
+    steady_run = tmp_path / "steady"
+    memtrain.fit(data={"path": str(regression)}, model={"kind": "linear"},
+                 train={"epochs": 8, "batch_size": 30, "workers": 0, "lr": 0.01},
+                 run={"checkpoint_every": 3, "keep_checkpoints": 2}, run_dir=steady_run, quiet=True)
+    losses = [r["val_loss"] for r in epochs_of(steady_run)]
+    assert losses == sorted(losses, reverse=True), "the test needs a run that improves every epoch"
+    assert checkpoint_updates(steady_run) == [6 * 8, 8 * 8]  # not epoch 7's, written as the best then

@@ -94,9 +94,22 @@ def _copy_durable(src: Path, dst: Path) -> dict[str, Any]:
 
 
 def prune_checkpoints(run_dir: Path, keep: int, protect: int | None = None) -> None:
-    for update in checkpoint_updates(run_dir)[:-keep] if keep > 0 else []:
+    """Keep the newest ``keep`` checkpoints and ``protect`` (the best epoch's); a checkpoint written only
+    because its epoch was the best (``best_only`` in its metadata) goes once it is not the best any more, and
+    never counts among the ``keep``."""
+    updates = checkpoint_updates(run_dir)
+    superseded = [u for u in updates if u != protect and _best_only(checkpoint_path(run_dir, u))]
+    regular = [u for u in updates if u not in superseded]
+    for update in superseded + (regular[:-keep] if keep > 0 else []):
         if update != protect:
             _remove_committed(checkpoint_path(run_dir, update))
+
+
+def _best_only(path: Path) -> bool:
+    try:
+        return read_meta(path).get("best_only") is True
+    except MemtrainError:  # a damaged checkpoint is pruned (or kept) as any other
+        return False
 
 
 def _remove_committed(path: Path) -> None:
