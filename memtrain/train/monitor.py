@@ -27,7 +27,7 @@ from typing import Any
 
 from memtrain.errors import InputError, Interrupted, MemtrainError, plural
 from memtrain.files import append_text, publish, read_jsonl
-from memtrain.layout import RUN_CSV, RUN_METRICS, RUN_TENSORBOARD
+from memtrain.layout import RUN_CSV, RUN_METRICS, RUN_TENSORBOARD, tensorboard_suffix
 
 # Metrics of an epoch record (metrics.jsonl) that can pick the best epoch, by what "better" means for them.
 LOWER_IS_BETTER = ("val_loss", "val_log_loss", "val_rmse", "val_mae", "loss")
@@ -200,7 +200,7 @@ class TensorBoardLog:
         # tensorboardX names a file by the second it opens it: a session resumed within the same second would
         # truncate the last one's file. The suffix keeps them apart, ordered by the epoch each starts from.
         self.writer = SummaryWriter(logdir=str(folder), purge_step=first_epoch + 1 if first_epoch else None,
-                                    filename_suffix=f".e{first_epoch:08d}.{uuid.uuid4().hex[:8]}")
+                                    filename_suffix=tensorboard_suffix(first_epoch, uuid.uuid4().hex[:8]))
 
     def write(self, record: dict[str, Any]) -> None:
         for key, value in record.items():

@@ -56,6 +56,7 @@ from memtrain.layout import (
     RUN_METRICS,
     RUN_PARAMS,
     RUN_TENSORBOARD,
+    TENSORBOARD_EVENTS,
     WEIGHTS_DIR,
     exchange_dir_name,
     is_checkpoint_name,
@@ -382,8 +383,8 @@ def _clear_run(path: Path) -> None:
                 not (path / name).is_dir():
             (path / name).unlink(missing_ok=True)
         elif name == RUN_TENSORBOARD and (path / name).is_dir() and not (path / name).is_symlink():
-            for event_file in os.listdir(path / name):  # tensorboardX names them events.out.tfevents.*
-                if event_file.startswith("events.out.tfevents."):
+            for event_file in os.listdir(path / name):
+                if event_file.startswith(TENSORBOARD_EVENTS):
                     (path / name / event_file).unlink(missing_ok=True)
             with contextlib.suppress(OSError):
                 (path / name).rmdir()
