@@ -45,6 +45,7 @@ from memtrain.errors import CorruptFileError, InputError, plural
 from memtrain.files import check_npy, open_npy, read_json, unseal, verify_checksum, write_sealed_json
 from memtrain.layout import MANIFEST, OPTIONAL_SPLITS, SPLITS
 from memtrain.order import WINDOW, EpochOrder, Rows, check_part, epoch_order, rank_part
+from memtrain.train.normalize import Normalizer
 
 FORMAT = "memtrain.dataset"
 FORMAT_VERSION = 3  # 3: "encoding" (tables: levels, fill values, column order); 2: the manifest is sealed
@@ -331,7 +332,23 @@ class Dataset:
 
     @property
     def stats(self) -> dict[str, np.ndarray]:
-        return {k: np.asarray(v, dtype=np.float64) for k, v in self.manifest["stats"].items()}
+        """Per-feature ``mean``, ``std``, ``min`` and ``max`` of the train split, in the features' own float
+        dtype (float32 features: float32; integer features: float32, or float64 past 16-bit integers), so
+        ``(x - mean) / std`` keeps the dtype of ``x``. (Computed in float64 by ``prepare``.)"""
+        dtype = np.promote_types(self.manifest["x"]["dtype"], np.float32)
+        return {k: np.asarray(v, dtype=dtype) for k, v in self.manifest["stats"].items()}
+
+    @property
+    def normalizer(self) -> Normalizer:
+        """The standardization training applies (``data.normalize``), ready for your own loop: a function
+        of raw rows giving new, writable float32 rows ``(x - mean) / std`` (flattened per row). A column with
+        zero variance on the train split is only centred, never divided (std 0 counts as 1), so it never
+        becomes NaN or Inf.
+
+        >>> norm = ds.normalizer                                      # doctest: +SKIP
+        >>> for x, y in ds.batches(128): step(torch.from_numpy(norm(x)), torch.tensor(y))   # doctest: +SKIP
+        """
+        return Normalizer.from_stats(self.manifest["stats"], True)
 
     def split(self, name: str) -> Split:
         """The ``train``, ``val`` or (when prepared with ``--test-fraction``) ``test`` split."""

@@ -56,7 +56,7 @@ def write_checkpoint(run_dir: Path, update: int, meta: dict[str, Any], weights: 
                      state: dict[str, Path], keep: int, protect: int | None = None,
                      older: dict[str, Path] | None = None) -> Path:
     """Copy weights and optimizer state into a new checkpoint and commit it; prune to the newest ``keep``
-    (and the checkpoint of update ``protect``, the best epoch's with ``run.keep_best``). ``older``: more
+    (never the checkpoint of update ``protect``: the best epoch's, with ``run.keep_best``). ``older``: more
     weight versions by their checkpoint names (a fixed-staleness run stopped mid-epoch)."""
     final = checkpoint_path(run_dir, update)
     final.parent.mkdir(exist_ok=True)
@@ -94,9 +94,22 @@ def _copy_durable(src: Path, dst: Path) -> dict[str, Any]:
 
 
 def prune_checkpoints(run_dir: Path, keep: int, protect: int | None = None) -> None:
-    for update in checkpoint_updates(run_dir)[:-keep] if keep > 0 else []:
+    """Keep the newest ``keep`` checkpoints and ``protect`` (the best epoch's); a checkpoint written only
+    because its epoch was the best (``best_only`` in its metadata) goes once it is not the best any more, and
+    never counts among the ``keep``."""
+    updates = checkpoint_updates(run_dir)
+    superseded = [u for u in updates if u != protect and _best_only(checkpoint_path(run_dir, u))]
+    regular = [u for u in updates if u not in superseded]
+    for update in superseded + (regular[:-keep] if keep > 0 else []):
         if update != protect:
             _remove_committed(checkpoint_path(run_dir, update))
+
+
+def _best_only(path: Path) -> bool:
+    try:
+        return read_meta(path).get("best_only") is True
+    except MemtrainError:  # a damaged checkpoint is pruned (or kept) as any other
+        return False
 
 
 def _remove_committed(path: Path) -> None:
@@ -203,6 +216,33 @@ def load_checkpoint(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, 
     layout = ParamLayout.from_json(meta["layout"], path=path / CHECKPOINT_META)
     flat = open_npy(path / CHECKPOINT_WEIGHTS, shape=(layout.size,), dtype=layout.dtype)
     return layout.views(flat), meta
+
+
+WHICH = ("best", "last")  # a run's checkpoints by name: the best epoch's (train.monitor), the newest
+
+
+def pick_checkpoint(run_dir: Path, newest: Path, which: str | None = None) -> Path:
+    """The checkpoint of a run that ``which`` names, given its newest complete one.
+
+    ``"last"``: ``newest``. ``"best"``: the best epoch's (by ``train.monitor``), as ``newest`` records it;
+    an error if the run records none or it was pruned (``run.keep_best = false``). None (the default of
+    ``load_model`` and ``inspect --export``): the best epoch's if the run has it, else ``newest``.
+    """
+    if which is not None and which not in WHICH:
+        raise InputError("bad value for which", expected=" or ".join(map(repr, WHICH)), found=repr(which))
+    if which == "last":
+        return newest
+    best = read_meta(newest).get("best") or {}
+    if not isinstance(best.get("update"), int):
+        if which is None:
+            return newest
+        raise InputError("the run records no best epoch (no validation split, or no epoch done?)", path=run_dir,
+                         hint='use which="last" for the newest checkpoint')
+    path = checkpoint_path(run_dir, best["update"])
+    if path.is_dir() or which is None:
+        return path if path.is_dir() else newest
+    raise InputError(f"the checkpoint of the best epoch ({best.get('epoch')}) was pruned", path=path,
+                     hint=f"{existing_hint(path)}; run.keep_best = true (the default) keeps it")
 
 
 def discard_incomplete(run_dir: Path) -> None:

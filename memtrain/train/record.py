@@ -32,7 +32,7 @@ from memtrain.layout import RUN_HISTORY, RUN_JOB
 FORMAT = "memtrain.job"
 FORMAT_VERSION = 1
 FIXED = ("data.path", "data.normalize", "model.", "train.seed", "train.batch_size", "train.tasks_per_update",
-         "train.optimizer")
+         "train.optimizer", "train.monitor", "train.monitor_mode")  # the best epoch so far was chosen by the monitor
 RUNTIME = ("data.verify", "train.workers", "train.blas_threads", "train.task_timeout", "train.max_attempts",
            "train.backup_ratio", "train.backup_seconds", "run.exchange", "run.cluster", "run.dir")
 

@@ -162,7 +162,11 @@ def save_checkpoint(run: RunDir, job: Job, context: ModelContext, position: Posi
         "data": data_description(context, job),
         "layout": context.layout.to_json(),
         "metrics": metrics or {},  # the epoch record this checkpoint was taken after (empty mid-epoch)
-        "best": position.best or {},  # the best epoch record so far, by validation loss
+        "best": position.best or {},  # the best epoch record so far, by train.monitor
+        # written only because its epoch is the best so far (off the run.checkpoint_every schedule): pruned once
+        # a later epoch is better, so that it never takes the place of a scheduled checkpoint
+        "best_only": bool(metrics) and metrics == position.best and job.run.keep_best
+                     and position.epoch % job.run.checkpoint_every != 0 and position.epoch < job.train.epochs,
     }
     state = {slot: run.exchange / state_buffer_name(slot, position.version % 2)
              for slot in state_slots(job.train.optimizer)}
