@@ -175,6 +175,20 @@ def test_the_step_sliced_across_1_2_3_dask_workers_gives_the_weights_of_a_local_
         assert not [p.name for p in (tmp_path / folder / "run").rglob("opt-*-n*")]
 
 
+def test_a_sliced_run_resumes_locally_and_a_local_run_resumes_on_the_cluster(cluster, dataset: Path,
+                                                                             tmp_path: Path) -> None:
+    """The optimizer state (Adam's two slots) written by the slices is what checkpoints keep: an epoch on the
+    cluster, then one more resumed locally, and the other way round, give the bits of two epochs in one go."""
+    dask, _ = cluster
+    straight = write_job(tmp_path / "straight", dataset, WIDE_EPOCHS + 1, WIDE)
+    assert train(straight) == 0
+    for first, then in ((dask.address, ""), ("", dask.address)):
+        folder = tmp_path / f"from-{'cluster' if first else 'local'}"
+        assert train(write_job(folder, dataset, WIDE_EPOCHS, WIDE), "--cluster", first) == 0
+        assert train("--resume", folder / "run", "--cluster", then, "--set", f"train.epochs={WIDE_EPOCHS + 1}") == 0
+        assert digest(folder / "run") == digest(tmp_path / "straight" / "run"), folder.name
+
+
 def test_a_worker_killed_mid_step_has_its_slice_redone(cluster, dataset: Path, wide_digest: str,
                                                         tmp_path: Path) -> None:
     """A third worker SIGKILLs itself in the middle of its 2nd step slice (the fault point between two
