@@ -37,7 +37,7 @@ import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -50,10 +50,11 @@ from memtrain.layout import (
     streamed_gradient_name,
     weights_path,
 )
-from memtrain.train.messages import Outcome, Result, StepTask
+from memtrain.train.messages import Outcome, Result, StepTask, Stretch
 from memtrain.train.optim import learning_rate, state_slots
 from memtrain.train.plan import Update, step_slices
 from memtrain.train.reduce import Scratch, reduce_and_step
+from memtrain.train.rounds import RoundFiles
 from memtrain.train.stream import MappedBytes, StreamParticipant
 from memtrain.train.weights import BLOCK, ready_building
 
@@ -141,11 +142,11 @@ class SlicedParticipant(StreamParticipant):
     bits). ``run_tasks`` runs the step tasks as it runs the gradient tasks (``Scheduler.run``).
     """
 
-    def __init__(self, *args, slices: Callable[[], int], **options):
-        super().__init__(*args, **options)
+    def __init__(self, files: RoundFiles, stretch: Stretch, *, slices: Callable[[], int], **options: Any):
+        super().__init__(files, stretch, **options)
         self.slices = slices
 
-    def run(self):  # noqa: ANN201 - Participant.run's Outcome
+    def run(self) -> Outcome:
         try:
             return super().run()
         finally:
