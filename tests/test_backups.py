@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from memtrain.train.exchange import Event, Slot
 from memtrain.train.messages import GradTask, Message, Outcome, Result
 from memtrain.train.scheduler import BackupRule, Scheduler
@@ -133,3 +135,20 @@ def test_a_death_of_either_copy_leaves_the_other_to_finish_and_a_rerun_takes_a_n
     transport = Timed(2, {(1, 0): 0.6, (1, 1): 0.1}, die=frozenset({(1, 0), (1, 1)}))
     results = scheduler(logs, discarded, BackupRule(ratio=2.0, seconds=0.1)).run(transport, tasks(2))
     assert [(r.task, r.attempt) for r in results] == [(0, 0), (1, 2)]
+
+
+def test_the_rule_comes_from_the_job_on_a_cluster_only_and_its_values_are_range_checked() -> None:
+    from memtrain.config import DataConfig, Job, ModelConfig, RunConfig, TrainConfig
+    from memtrain.errors import InputError
+    from memtrain.train.server import backup_rule
+
+    def job(cluster: str, **train: float) -> Job:
+        return Job(DataConfig(), ModelConfig(), TrainConfig(**train), RunConfig(cluster=cluster))
+
+    assert backup_rule(job("local:2")) == BackupRule(ratio=3.0, seconds=0.5)
+    assert backup_rule(job("local:2", backup_ratio=1.5, backup_seconds=0)) == BackupRule(ratio=1.5, seconds=0)
+    assert backup_rule(job("")) is None, "on one machine the rounds run the gradients: no backups"
+    assert backup_rule(job("local:2", backup_ratio=0)) is None
+    for key, value in (("backup_ratio", 0.5), ("backup_ratio", float("inf")), ("backup_seconds", -1.0)):
+        with pytest.raises(InputError, match=f"train.{key} out of range"):
+            TrainConfig(**{key: value})
