@@ -93,21 +93,40 @@ def open_spool(folder: Path) -> Spool:
     return Spool(folder)
 
 
-def check_private(folder: Path) -> None:
-    """Refuse a folder that another user can write to (or one owned by another user)."""
+def check_private(folder: Path, *, role: str = "watch a folder",
+                  why: str = "they could drop job files, and a job can name Python code to import") -> None:
+    """Refuse a folder that another user can write to (or one owned by another user).
+
+    The one rule for every folder a service trusts: the jobs folder and its subfolders (``role`` "watch a
+    folder") and every folder, or module file, a job's code can be imported from (``check_code``).
+    """
     info = os.lstat(folder)
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        raise InputError("expected a directory (not a symbolic link or a file)", path=folder)
+    if stat.S_ISLNK(info.st_mode) or not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
+        raise InputError("expected a directory or a file (not a symbolic link or anything else)", path=folder)
     if info.st_uid != os.geteuid():
-        raise InputError("refusing to watch a folder owned by another user: its owner could drop job files, "
-                         "and a job can name Python code to import", path=folder,
-                         expected=f"owner uid {os.geteuid()}", found=f"owner uid {info.st_uid}")
+        raise InputError(f"refusing to {role} owned by another user: {why.replace('they', 'its owner', 1)}",
+                         path=folder, expected=f"owner uid {os.geteuid()}", found=f"owner uid {info.st_uid}")
     if info.st_mode & OTHERS_WRITE:
-        raise InputError("refusing to watch a folder that other users can write to: they could drop job files, "
-                         "and a job can name Python code to import", path=folder,
+        raise InputError(f"refusing to {role} that other users can write to: {why}", path=folder,
                          expected="no group/other write permission", found=stat.filemode(info.st_mode),
                          hint=f"chmod go-w {folder}")
     _check_parents(folder)
+
+
+def check_code(folders: list[Path], modules: list[str]) -> None:
+    """Apply ``check_private`` to every folder code can be imported from and, below each, to every package
+    folder and module file that ``modules`` (dotted names) can be found at. InputError naming the first.
+    A folder that does not exist holds no code (the import then fails naming the module)."""
+    for root in (folder for folder in folders if os.path.lexists(folder)):
+        check_private(root, role="import code from a folder", why="they could change the code a job runs")
+        for module in modules:
+            folder = root
+            for part in module.split("."):
+                for candidate in (folder / part, folder / f"{part}.py"):
+                    if os.path.lexists(candidate):
+                        check_private(candidate, role="import code from a folder or file",
+                                      why="they could change the code a job runs")
+                folder = folder / part
 
 
 def _check_parents(folder: Path) -> None:
@@ -115,9 +134,9 @@ def _check_parents(folder: Path) -> None:
     for parent in folder.parents:
         mode = os.stat(parent).st_mode
         if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
-            raise InputError("refusing a jobs folder inside a world-writable directory (no sticky bit): anyone "
-                             "could replace the folder", path=parent, found=stat.filemode(mode),
-                             hint=f"chmod o-w {parent}, or move the jobs folder")
+            raise InputError(f"refusing {folder} inside a world-writable directory (no sticky bit): anyone "
+                             "could replace it", path=parent, found=stat.filemode(mode),
+                             hint=f"chmod o-w {parent}, or move {folder.name}")
 
 
 def lock_spool(spool: Spool) -> IO[str]:
