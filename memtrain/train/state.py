@@ -6,6 +6,7 @@ position below is the whole RNG state: a resumed run repeats exactly what an uni
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from dataclasses import dataclass
@@ -16,7 +17,17 @@ import numpy as np
 
 from memtrain.config import Job
 from memtrain.errors import InputError
-from memtrain.files import open_npy, publish, publish_array, read_jsonl, read_sealed_jsonl, seal
+from memtrain.files import (
+    BLOCK_CHECKSUM_ALGO,
+    checksum_file,
+    open_npy,
+    open_regular,
+    publish,
+    publish_array,
+    read_jsonl,
+    read_sealed_jsonl,
+    seal,
+)
 from memtrain.layout import (
     CHECKPOINT_WEIGHTS,
     RUN_LINEAGE,
@@ -29,7 +40,7 @@ from memtrain.layout import (
 from memtrain.train.checkpoint import discard_incomplete, newest_checkpoint, write_checkpoint
 from memtrain.train.context import ModelContext
 from memtrain.train.counters import position_text
-from memtrain.train.lineage import init_record
+from memtrain.train.lineage import continuous, init_record
 from memtrain.train.optim import state_slots
 from memtrain.train.plan import run_updates_per_epoch
 from memtrain.train.record import Decision, add_history, history_entry
@@ -86,6 +97,7 @@ def resume(run: RunDir, job: Job, context: ModelContext, train_rows: int, decisi
     if found is not None and found[1]["layout"] != context.layout.to_json():
         raise InputError("the checkpoint's parameter layout does not match the job's model", path=found[0],
                          expected=context.layout.to_json()["params"], found=found[1]["layout"]["params"])
+    lineage = _lineage_upto(run, found)  # before anything is written: a gap is refused
     if read_params(run.path) is None:  # a run replaced by --overwrite that died before writing it
         write_params(run.path, context.layout.to_json())
     add_history(run.path, history_entry(decision, checkpoint=found[0].name if found else None,
@@ -102,7 +114,7 @@ def resume(run: RunDir, job: Job, context: ModelContext, train_rows: int, decisi
     position = Position(**{f.name: stored[f.name] for f in dataclasses.fields(Position) if f.name in stored})
     _restore_files(run, job, context, path, position)
     per_epoch = job_updates_per_epoch(job, train_rows)
-    _truncate_logs(run, position.update_index(per_epoch), position.version)
+    _truncate_logs(run, position.update_index(per_epoch), position.version, lineage)
     run.event(f"resumed from {path.name}: {position_text(position.epoch, position.batch, per_epoch)}, "
               f"weight version {position.version}")
     return position
@@ -132,15 +144,39 @@ def _restore_files(run: RunDir, job: Job, context: ModelContext, path: Path, pos
         publish_array(run.exchange / state_buffer_name(slot, 1 - version % 2), state, durable=False)
 
 
-def _truncate_logs(run: RunDir, update: int, version: int) -> None:
-    """Drop log lines written after the checkpoint we resume from (``update`` updates done): they will be
-    written again. Records are numbered as in train/counters.py: update n's records say ``"update": n``.
-
-    A damaged lineage line is dropped too (with a warning): its record can no longer be trusted."""
-    keep_metrics = [r for r in read_jsonl(run.path / RUN_METRICS) if r.get("update", -1) <= update]
-    lineage, damaged = read_sealed_jsonl(run.path / RUN_LINEAGE, what="lineage record")
+def _lineage_upto(run: RunDir, found: tuple[Path, dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """The lineage records a resume from ``found`` keeps: versions 0 to the checkpoint's, continuous
+    (``lineage.continuous``). None: keep them as they are (no checkpoint, or a format-1 lineage, unsealed)."""
+    path = run.path / RUN_LINEAGE
+    records, damaged = read_sealed_jsonl(path, what="lineage record")
+    if found is None or (not records and damaged and not _sealed_format(path)):
+        return None
     for problem in damaged:
         _warn(run, f"dropping a damaged lineage record: {problem}")
+    version = found[1]["position"]["version"]
+    checksum = checksum_file(found[0] / CHECKPOINT_WEIGHTS, algo=BLOCK_CHECKSUM_ALGO)
+    return continuous(records, version, checksum, path)
+
+
+def _sealed_format(path: Path) -> bool:
+    """Whether the lineage's first line has a format field (format 2 on, whose lines are all sealed)."""
+    with contextlib.suppress(OSError, ValueError, UnicodeDecodeError), open_regular(path, text=True) as handle:
+        first = json.loads(handle.readline())
+        return isinstance(first, dict) and "format" in first
+    return True
+
+
+def _truncate_logs(run: RunDir, update: int, version: int, lineage: list[dict[str, Any]] | None = None) -> None:
+    """Drop log lines written after the checkpoint we resume from (``update`` updates done): they will be
+    written again. Records are numbered as in train/counters.py: update n's records say ``"update": n``.
+    ``lineage``: the lineage records to keep, checked continuous (``_lineage_upto``); if None, every intact
+    one up to ``version``. A damaged lineage line is dropped too (with a warning): its record can no longer
+    be trusted."""
+    keep_metrics = [r for r in read_jsonl(run.path / RUN_METRICS) if r.get("update", -1) <= update]
+    if lineage is None:
+        lineage, damaged = read_sealed_jsonl(run.path / RUN_LINEAGE, what="lineage record")
+        for problem in damaged:
+            _warn(run, f"dropping a damaged lineage record: {problem}")
     keep_lineage = [seal(r) for r in lineage if isinstance(r.get("version"), int) and r["version"] <= version]
     for name, records in ((RUN_METRICS, keep_metrics), (RUN_LINEAGE, keep_lineage)):
         text = "".join(json.dumps(r) + "\n" for r in records)
