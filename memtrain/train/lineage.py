@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrain.errors import CorruptFileError
-from memtrain.files import SEAL_KEY, unseal
+from memtrain.files import SEAL_KEY, open_regular, unseal
 from memtrain.layout import RUN_LINEAGE
 
 FORMAT = "memtrain.lineage"
@@ -180,7 +180,7 @@ def _gap(path: Path, first: int, upto: int, *, found: str) -> CorruptFileError:
 def _read_lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
     if not path.exists():
         raise CorruptFileError("the run has no lineage", path=path)
-    with open(path, encoding="utf-8") as handle:
+    with open_regular(path, what="a lineage file", text=True) as handle:  # a FIFO would block a plain open
         lines = handle.read().split("\n")
     torn_tail = lines[-1] != ""  # a complete file ends with a newline
     records = []
