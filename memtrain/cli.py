@@ -82,6 +82,24 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"memtrain {args.command}: interrupted", file=sys.stderr)
         return 130
+    except SystemExit as exc:
+        # memtrain's commands return their exit code: a SystemExit inside one was raised by user code (a
+        # model, a factory, a loss) or a library. A non-zero code keeps its meaning; 0 or None must not
+        # make a run that did not finish look successful.
+        if exc.code not in (0, None):
+            raise
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        print(f"memtrain {args.command}: error: stopped by SystemExit({exc.code!r}) raised inside the command "
+              "(by user code: a model, a factory or a loss?) before it finished", file=sys.stderr)
+        return 1
+    except BaseException as exc:  # noqa: BLE001 - the last net: an exception class of the user's own
+        if isinstance(exc, GeneratorExit):
+            raise
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        print(f"memtrain {args.command}: error: stopped by {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

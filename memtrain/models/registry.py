@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from types import MappingProxyType
 from typing import Any
 
-from memtrain.errors import InputError
+from memtrain.errors import InputError, MemtrainError
 from memtrain.models.protocol import DataSpec, Model, build_options_error
 
 # Built-in kinds name import paths, so a built-in model is found exactly the way a user model is.
@@ -43,7 +43,40 @@ def build_model(kind: str, options: dict[str, Any], spec: DataSpec) -> Model:
         cls = model_class(kind)
         check_protocol(kind, cls)
         check_options(kind, cls, options)
-        return cls(spec, **options)
+        with user_code(f"model {kind!r}"):
+            return cls(spec, **options)
+
+
+@contextlib.contextmanager
+def user_code(what: str, **details: Any) -> Iterator[None]:
+    """Run the user's code (an import, a constructor, a factory, a loss): whatever it raises -- any exception,
+    ``SystemExit`` (even ``SystemExit(0)``), ``KeyboardInterrupt``, a ``BaseException`` of its own -- is an
+    InputError saying ``what`` raised it (exit 2), never a silent exit or exit 0. memtrain's own errors (a stop
+    request's ``Interrupted``) pass through. ``details``: the InputError's other fields (``expected``, ...).
+
+    >>> with user_code("model factory 'nets:make'"):       # doctest: +SKIP
+    ...     raise SystemExit(0)
+    InputError: model factory 'nets:make' raised SystemExit: 0
+    """
+    try:
+        yield
+    except MemtrainError:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the user's code may raise anything
+        raise InputError(f"{what} raised {type(exc).__name__}: {exc}", **details) from exc
+
+
+def _import(module_name: str, what: str, hint: str) -> Any:
+    """Import the user's module; an ImportError says it cannot be found, anything else that importing it
+    raised (``user_code``)."""
+    try:
+        with user_code(f"importing module {module_name!r} of {what}"):
+            return importlib.import_module(module_name)
+    except InputError as exc:
+        if isinstance(exc.__cause__, ImportError):
+            raise InputError(f"cannot import module {module_name!r} of {what} ({exc.__cause__})",
+                             hint=hint) from exc.__cause__
+        raise
 
 
 @contextlib.contextmanager
@@ -65,11 +98,8 @@ def import_object(path: str, what: str) -> object:
     module_name, _, name = path.partition(":")
     if not module_name or not name:
         raise InputError(f"bad {what} {path!r}", expected="'module:name', e.g. 'nets:make_cnn'", found=repr(path))
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise InputError(f"cannot import module {module_name!r} of {what} {path!r} ({exc})",
-                         hint="put it beside the job file (or in model.code_dir), or on PYTHONPATH") from exc
+    module = _import(module_name, f"{what} {path!r}",
+                     hint="put it beside the job file (or in model.code_dir), or on PYTHONPATH")
     if not hasattr(module, name):
         raise InputError(f"module {module_name!r} has no {name!r} (the {what})", expected=f"a name {name}",
                          found="nothing", path=getattr(module, "__file__", None))
@@ -82,11 +112,7 @@ def model_class(kind: str) -> type:
     if not class_name or not module_name:
         raise InputError(f"unknown model kind {kind!r}",
                          expected=f"one of {', '.join(MODEL_KINDS)}, or 'package.module:ClassName'", found=repr(kind))
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise InputError(f"cannot import module {module_name!r} of model {kind!r} ({exc})",
-                         hint="check the name and that the module is on PYTHONPATH") from exc
+    module = _import(module_name, f"model {kind!r}", hint="check the name and that the module is on PYTHONPATH")
     cls = getattr(module, class_name, None)
     if not isinstance(cls, type):
         raise InputError(f"module {module_name!r} has no class {class_name!r}", expected=f"a class {class_name}",
