@@ -93,11 +93,30 @@ def code_on_path(folder: str | None) -> Iterator[None]:
             sys.path.remove(folder)
 
 
+# Options of [model] that name the user's code as "module:name" (besides kind), checked by ``import_path``
+# when the job is loaded (config.py).
+IMPORT_OPTIONS = ("factory", "loss")
+
+
+def import_path(path: str, what: str, *, example: str = "'nets:make_cnn'") -> tuple[str, str]:
+    """``"package.module:name"`` -> ``("package.module", "name")``: a module's dotted name (each part a Python
+    identifier, so never a file path, ``..`` or a relative import) and an identifier; InputError if not.
+
+    >>> import_path("nets.cnn:make", "model factory")
+    ('nets.cnn', 'make')
+    """
+    module_name, _, name = path.partition(":")
+    if not (module_name and name and all(part.isidentifier() for part in module_name.split("."))
+            and name.isidentifier()):
+        raise InputError(f"bad {what} {path!r}: a module's dotted name, a colon and a name are expected",
+                         expected=f"'module:name' of Python identifiers, e.g. {example}", found=repr(path),
+                         hint="put the module beside the job file (or in model.code_dir) and name it, not its path")
+    return module_name, name
+
+
 def import_object(path: str, what: str) -> object:
     """``"package.module:name"`` -> the object; InputError naming ``what`` when it cannot be found."""
-    module_name, _, name = path.partition(":")
-    if not module_name or not name:
-        raise InputError(f"bad {what} {path!r}", expected="'module:name', e.g. 'nets:make_cnn'", found=repr(path))
+    module_name, name = import_path(path, what)
     module = _import(module_name, f"{what} {path!r}",
                      hint="put it beside the job file (or in model.code_dir), or on PYTHONPATH")
     if not hasattr(module, name):
@@ -108,10 +127,10 @@ def import_object(path: str, what: str) -> object:
 
 def model_class(kind: str) -> type:
     path = BUILTIN.get(kind, kind)
-    module_name, _, class_name = path.partition(":")
-    if not class_name or not module_name:
+    if ":" not in path:
         raise InputError(f"unknown model kind {kind!r}",
                          expected=f"one of {', '.join(MODEL_KINDS)}, or 'package.module:ClassName'", found=repr(kind))
+    module_name, class_name = import_path(path, "model kind", example="'mymodels:Huber'")
     module = _import(module_name, f"model {kind!r}", hint="check the name and that the module is on PYTHONPATH")
     cls = getattr(module, class_name, None)
     if not isinstance(cls, type):
