@@ -15,7 +15,7 @@ import traceback
 from pathlib import Path
 
 from memtrain import __version__
-from memtrain.errors import MemtrainError
+from memtrain.errors import DiskFullError, MemtrainError
 from memtrain.faults import check_spec as check_fault_spec
 from memtrain.files import is_no_space, no_space_error
 from memtrain.streams import guarded_streams
@@ -75,8 +75,11 @@ def _run(args: argparse.Namespace) -> int:
         # The last net: an operating-system error is reported in one line, never as a traceback.
         if getattr(args, "debug", False):
             traceback.print_exc()
-        path = Path(exc.filename) if exc.filename else Path(".")
-        error = no_space_error(path) if is_no_space(exc) else MemtrainError(exc.strerror or str(exc), path=exc.filename)
+        if is_no_space(exc):  # naming the filesystem written to; never guessing it (the working directory's)
+            error = no_space_error(Path(exc.filename)) if exc.filename else \
+                DiskFullError("no space left on the device while writing", hint="free some space and run it again")
+        else:
+            error = MemtrainError(exc.strerror or str(exc), path=exc.filename)
         print(f"memtrain {args.command}: error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
