@@ -93,24 +93,27 @@ def open_spool(folder: Path) -> Spool:
     return Spool(folder)
 
 
-def check_private(folder: Path, *, role: str = "watch a folder",
-                  why: str = "they could drop job files, and a job can name Python code to import") -> None:
-    """Refuse a folder that another user can write to (or one owned by another user).
+def check_private(path: Path, *, role: str = "watch a folder",
+                  why: str = "could drop job files, and a job can name Python code to import",
+                  file_ok: bool = False) -> None:
+    """Refuse a folder (``file_ok``: or a file) that another user can write to, or that is owned by another user.
 
-    The one rule for every folder a service trusts: the jobs folder and its subfolders (``role`` "watch a
-    folder") and every folder, or module file, a job's code can be imported from (``check_code``).
+    The one rule for everything a service trusts: the jobs folder and its subfolders (``role`` "watch a
+    folder") and every folder and module file a job's code can be imported from (``check_code``). ``why``
+    says what someone who can write there could do.
     """
-    info = os.lstat(folder)
-    if stat.S_ISLNK(info.st_mode) or not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
-        raise InputError("expected a directory or a file (not a symbolic link or anything else)", path=folder)
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) or not (stat.S_ISDIR(info.st_mode) or file_ok and stat.S_ISREG(info.st_mode)):
+        raise InputError(f"expected a directory{' or a file' if file_ok else ''} (not a symbolic link or a "
+                         f"{'device' if file_ok else 'file'})", path=path)
     if info.st_uid != os.geteuid():
-        raise InputError(f"refusing to {role} owned by another user: {why.replace('they', 'its owner', 1)}",
-                         path=folder, expected=f"owner uid {os.geteuid()}", found=f"owner uid {info.st_uid}")
+        raise InputError(f"refusing to {role} owned by another user: its owner {why}", path=path,
+                         expected=f"owner uid {os.geteuid()}", found=f"owner uid {info.st_uid}")
     if info.st_mode & OTHERS_WRITE:
-        raise InputError(f"refusing to {role} that other users can write to: {why}", path=folder,
+        raise InputError(f"refusing to {role} that other users can write to: they {why}", path=path,
                          expected="no group/other write permission", found=stat.filemode(info.st_mode),
-                         hint=f"chmod go-w {folder}")
-    _check_parents(folder)
+                         hint=f"chmod go-w {path}")
+    _check_parents(path)
 
 
 def check_code(folders: list[Path], modules: list[str]) -> None:
@@ -118,14 +121,14 @@ def check_code(folders: list[Path], modules: list[str]) -> None:
     folder and module file that ``modules`` (dotted names) can be found at. InputError naming the first.
     A folder that does not exist holds no code (the import then fails naming the module)."""
     for root in (folder for folder in folders if os.path.lexists(folder)):
-        check_private(root, role="import code from a folder", why="they could change the code a job runs")
+        check_private(root, role="import code from a folder", why="could change the code a job runs")
         for module in modules:
             folder = root
             for part in module.split("."):
                 for candidate in (folder / part, folder / f"{part}.py"):
                     if os.path.lexists(candidate):
                         check_private(candidate, role="import code from a folder or file",
-                                      why="they could change the code a job runs")
+                                      why="could change the code a job runs", file_ok=True)
                 folder = folder / part
 
 
