@@ -96,8 +96,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"memtrain {args.command}: error: stopped by SystemExit({exc.code!r}) raised inside the command "
               "(by user code: a model, a factory or a loss?) before it finished", file=sys.stderr)
         return 1
-    except BaseException as exc:  # noqa: BLE001 - the last net: an exception class of the user's own
-        if isinstance(exc, GeneratorExit):
+    except BaseException as exc:  # noqa: BLE001 - the last net: a BaseException class of the user's own
+        if isinstance(exc, Exception | GeneratorExit):  # an Exception here is a bug: its traceback is wanted
             raise
         if getattr(args, "debug", False):
             traceback.print_exc()

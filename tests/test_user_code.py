@@ -49,6 +49,16 @@ class Quitting(SoftmaxRegression):
         raise SystemExit(0)
 
 
+class InitQuits(SoftmaxRegression):
+    def init(self, rng):
+        raise SystemExit(0)
+
+
+class InitOwn(SoftmaxRegression):
+    def init(self, rng):
+        raise Own("from init")
+
+
 class Exploding(SoftmaxRegression):
     def loss_and_grad(self, *args, **kwargs):
         raise SystemExit(0)
@@ -110,3 +120,16 @@ def test_a_factory_raising_systemexit_0_exits_2_through_the_real_command_line(fo
                             capture_output=True, text=True, timeout=50, cwd=folder)
     assert result.returncode == 2, result.stderr
     assert "model factory 'usercode:factory_exit' raised SystemExit: 0" in result.stderr
+
+
+@pytest.mark.parametrize(("kind", "message"), [
+    ("usercode:InitQuits", "stopped by SystemExit(0) raised inside the command"),
+    ("usercode:InitOwn", "stopped by Own: from init"),
+], ids=["systemexit-0", "own-baseexception"])
+def test_the_command_lines_last_net_never_exits_0(folder: Path, kind: str, message: str) -> None:
+    """Raised where no narrower rule catches it (a model's init, in the server): still an error, exit 1."""
+    name = kind.partition(":")[2]
+    result = subprocess.run([sys.executable, "-m", "memtrain", "train", job(folder, name, f'kind = "{kind}"')],
+                            capture_output=True, text=True, timeout=50, cwd=folder)
+    assert result.returncode == 1, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
