@@ -43,16 +43,19 @@ def memtrain(*args: object) -> subprocess.CompletedProcess:
                           timeout=100)
 
 
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One epoch of an async run, finished (its last checkpoint is its last version)."""
-    folder = tmp_path_factory.mktemp("async")
+def async_run(folder: Path, epochs: int) -> Path:
     x, y = blobs(n=1000, features=4, classes=3, seed=2)
     data = write_dataset(folder / "data", x, y, shard_rows=300)
     (folder / "job.toml").write_text(JOB.format(data=data))
-    result = memtrain("train", folder / "job.toml")
+    result = memtrain("train", folder / "job.toml", "--set", f"train.epochs={epochs}")
     assert result.returncode == 0, result.stderr
     return folder / "run"
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One epoch of an async run, finished (its only checkpoint is its last version)."""
+    return async_run(tmp_path_factory.mktemp("async"), 1)
 
 
 def torn(lines: list[str]) -> str:
@@ -98,6 +101,20 @@ def test_resume_drops_a_repeated_line_and_the_run_replays(finished: Path, tmp_pa
     run = damage(finished, tmp_path, repeated)
     result = memtrain("train", "--resume", run, "--set", "train.epochs=2")
     assert result.returncode == 0, result.stderr
+    assert memtrain("inspect", run, "--verify").returncode == 0
+    replay = memtrain("train", "--replay", run, "--run-dir", tmp_path / "replay")
+    assert replay.returncode == 0, replay.stderr
+
+
+def test_resume_falls_back_to_the_newest_checkpoint_before_the_gap(tmp_path: Path) -> None:
+    """Two checkpoints, the lineage torn after the first: resume continues from the first (the second lies
+    beyond the gap), so the run stays replayable."""
+    run = async_run(tmp_path, 2)
+    lines = (run / "lineage.jsonl").read_text().splitlines(keepends=True)
+    (run / "lineage.jsonl").write_text(torn(lines))
+    result = memtrain("train", "--resume", run, "--set", "train.epochs=3")
+    assert result.returncode == 0, result.stderr
+    assert "skipping checkpoint" in result.stdout and "the lineage has a gap before the checkpoint" in result.stdout
     assert memtrain("inspect", run, "--verify").returncode == 0
     replay = memtrain("train", "--replay", run, "--run-dir", tmp_path / "replay")
     assert replay.returncode == 0, replay.stderr

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from memtrain.config import Job
-from memtrain.errors import InputError
+from memtrain.errors import CorruptFileError, InputError, MemtrainError
 from memtrain.files import (
     BLOCK_CHECKSUM_ALGO,
     checksum_file,
@@ -32,12 +32,14 @@ from memtrain.layout import (
     CHECKPOINT_WEIGHTS,
     RUN_LINEAGE,
     RUN_METRICS,
+    checkpoint_path,
+    checkpoint_updates,
     checkpoint_version_name,
     optimizer_state_name,
     state_buffer_name,
     weights_path,
 )
-from memtrain.train.checkpoint import discard_incomplete, newest_checkpoint, write_checkpoint
+from memtrain.train.checkpoint import discard_incomplete, verify_checkpoint, write_checkpoint
 from memtrain.train.context import ModelContext
 from memtrain.train.counters import position_text
 from memtrain.train.lineage import continuous, init_record
@@ -93,11 +95,10 @@ def resume(run: RunDir, job: Job, context: ModelContext, train_rows: int, decisi
     ``decision`` is what ``record.decide`` allowed; it becomes the run's next history entry.
     """
     discard_incomplete(run.path)
-    found = newest_checkpoint(run.path, warn=lambda text: _warn(run, text))
+    found, lineage = _resume_point(run)  # before anything is written: a gap is refused
     if found is not None and found[1]["layout"] != context.layout.to_json():
         raise InputError("the checkpoint's parameter layout does not match the job's model", path=found[0],
                          expected=context.layout.to_json()["params"], found=found[1]["layout"]["params"])
-    lineage = _lineage_upto(run, found)  # before anything is written: a gap is refused
     if read_params(run.path) is None:  # a run replaced by --overwrite that died before writing it
         write_params(run.path, context.layout.to_json())
     add_history(run.path, history_entry(decision, checkpoint=found[0].name if found else None,
@@ -144,18 +145,34 @@ def _restore_files(run: RunDir, job: Job, context: ModelContext, path: Path, pos
         publish_array(run.exchange / state_buffer_name(slot, 1 - version % 2), state, durable=False)
 
 
-def _lineage_upto(run: RunDir, found: tuple[Path, dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """The lineage records a resume from ``found`` keeps: versions 0 to the checkpoint's, continuous
-    (``lineage.continuous``). None: keep them as they are (no checkpoint, or a format-1 lineage, unsealed)."""
+def _resume_point(run: RunDir) -> tuple[tuple[Path, dict[str, Any]] | None, list[dict[str, Any]] | None]:
+    """The newest checkpoint whose files match their checksums and up to which the lineage is continuous
+    (``lineage.continuous``), and the lineage records a resume from it keeps (None: a format-1 lineage,
+    unsealed, kept as it is). A damaged checkpoint, or one beyond a gap in the lineage, is skipped with a
+    warning for the previous one, so the run stays replayable; if a gap leaves none, the resume is refused
+    naming it (never a fresh start that would drop the run's training). (None, None): no checkpoint at all."""
     path = run.path / RUN_LINEAGE
     records, damaged = read_sealed_jsonl(path, what="lineage record")
-    if found is None or (not records and damaged and not _sealed_format(path)):
-        return None
-    for problem in damaged:
+    legacy = not records and bool(damaged) and not _sealed_format(path)
+    for problem in [] if legacy else damaged:
         _warn(run, f"dropping a damaged lineage record: {problem}")
-    version = found[1]["position"]["version"]
-    checksum = checksum_file(found[0] / CHECKPOINT_WEIGHTS, algo=BLOCK_CHECKSUM_ALGO)
-    return continuous(records, version, checksum, path)
+    gap: CorruptFileError | None = None
+    for update in reversed(checkpoint_updates(run.path)):
+        checkpoint = checkpoint_path(run.path, update)
+        try:
+            meta = verify_checkpoint(checkpoint)
+            if legacy:
+                return (checkpoint, meta), None
+            weights = checksum_file(checkpoint / CHECKPOINT_WEIGHTS, algo=BLOCK_CHECKSUM_ALGO)
+            return (checkpoint, meta), continuous(records, meta["position"]["version"], weights, path)
+        except CorruptFileError as exc:
+            gap = gap or (exc if exc.path == path else None)
+            _warn(run, f"skipping checkpoint {checkpoint.name}: {exc}")
+        except MemtrainError as exc:
+            _warn(run, f"skipping checkpoint {checkpoint.name}: {exc}")
+    if gap is not None:
+        raise gap
+    return None, None
 
 
 def _sealed_format(path: Path) -> bool:
@@ -169,7 +186,7 @@ def _sealed_format(path: Path) -> bool:
 def _truncate_logs(run: RunDir, update: int, version: int, lineage: list[dict[str, Any]] | None = None) -> None:
     """Drop log lines written after the checkpoint we resume from (``update`` updates done): they will be
     written again. Records are numbered as in train/counters.py: update n's records say ``"update": n``.
-    ``lineage``: the lineage records to keep, checked continuous (``_lineage_upto``); if None, every intact
+    ``lineage``: the lineage records to keep, checked continuous (``_resume_point``); if None, every intact
     one up to ``version``. A damaged lineage line is dropped too (with a warning): its record can no longer
     be trusted."""
     keep_metrics = [r for r in read_jsonl(run.path / RUN_METRICS) if r.get("update", -1) <= update]
