@@ -105,3 +105,21 @@ def test_writable_maps_and_reuse_never_follow_a_link(tmp_path: Path) -> None:
     os.close(open_fd(link))  # reading through a link stays allowed
     assert open_reused(link, os.O_WRONLY) is None
     assert not os.path.lexists(link) and target.read_bytes() == b"user data"
+
+
+def test_a_cluster_workers_probe_never_writes_through_a_link(tmp_path: Path, data: Path) -> None:
+    """The exchange-area probe a Dask worker writes (cluster/sharedfs.py) is published by rename, not opened
+    with "w" (which truncated and wrote the link's target)."""
+    from memtrain.cluster.sharedfs import look, server_probe
+    from memtrain.layout import cluster_probe_name
+
+    run, exchange = tmp_path / "run", tmp_path / "exchange"
+    run.mkdir()
+    exchange.mkdir()
+    victim = tmp_path / "precious.txt"
+    victim.write_text("user data")
+    probe = server_probe(data, run, exchange)
+    (exchange / cluster_probe_name("worker-1")).symlink_to(victim)
+    view = look(probe, "worker-1")
+    assert view.problems == () and victim.read_text() == "user data"
+    assert not (exchange / cluster_probe_name("worker-1")).is_symlink()

@@ -28,6 +28,7 @@ from memtrain.files import (
     no_space_error,
     open_new,
     open_npy,
+    open_regular,
     read_json,
     unseal,
     verify_checksum,
@@ -87,7 +88,7 @@ def write_checkpoint(run_dir: Path, update: int, meta: dict[str, Any], weights: 
 
 def _copy_durable(src: Path, dst: Path) -> dict[str, Any]:
     fault_point("write")
-    with open(src, "rb") as reader, open_new(dst) as writer:
+    with open_regular(src) as reader, open_new(dst) as writer:  # a FIFO at src must not block the checkpoint
         shutil.copyfileobj(reader, writer, 8 << 20)
         writer.flush()
         os.fsync(writer.fileno())
