@@ -15,9 +15,9 @@ from tiny_data import blobs, write_dataset
 
 pytestmark = pytest.mark.timeout(60)
 
-CODE = '''
+# Two modules, so that the runs of plain models never import torch (seconds per process).
+TORCH_CODE = '''
 from torch import nn
-from memtrain.models.softmax import SoftmaxRegression
 
 
 class Own(BaseException):
@@ -42,6 +42,13 @@ def linear(spec):
 
 def loss_exit(output, target):
     raise SystemExit(0)
+'''
+CODE = '''
+from memtrain.models.softmax import SoftmaxRegression
+
+
+class Own(BaseException):
+    pass
 
 
 class Quitting(SoftmaxRegression):
@@ -71,6 +78,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     x, y = blobs(n=300, features=4, classes=3)
     write_dataset(folder / "data", x, y)
     (folder / "usercode.py").write_text(CODE)
+    (folder / "torchcode.py").write_text(TORCH_CODE)
     (folder / "quits_on_import.py").write_text("raise SystemExit(0)\n")
     return folder
 
@@ -83,14 +91,14 @@ def job(folder: Path, name: str, model: str, workers: int = 0) -> Path:
 
 
 @pytest.mark.parametrize(("name", "model", "message"), [
-    ("exit", 'kind = "torch"\nfactory = "usercode:factory_exit"',
-     "model factory 'usercode:factory_exit' raised SystemExit: 0"),
-    ("interrupt", 'kind = "torch"\nfactory = "usercode:factory_interrupt"',
-     "model factory 'usercode:factory_interrupt' raised KeyboardInterrupt"),
-    ("own", 'kind = "torch"\nfactory = "usercode:factory_own"',
-     "model factory 'usercode:factory_own' raised Own: a BaseException of its own"),
-    ("loss", 'kind = "torch"\nfactory = "usercode:linear"\nloss = "usercode:loss_exit"',
-     "loss 'usercode:loss_exit' of model factory 'usercode:linear' raised SystemExit: 0"),
+    ("exit", 'kind = "torch"\nfactory = "torchcode:factory_exit"',
+     "model factory 'torchcode:factory_exit' raised SystemExit: 0"),
+    ("interrupt", 'kind = "torch"\nfactory = "torchcode:factory_interrupt"',
+     "model factory 'torchcode:factory_interrupt' raised KeyboardInterrupt"),
+    ("own", 'kind = "torch"\nfactory = "torchcode:factory_own"',
+     "model factory 'torchcode:factory_own' raised Own: a BaseException of its own"),
+    ("loss", 'kind = "torch"\nfactory = "torchcode:linear"\nloss = "torchcode:loss_exit"',
+     "loss 'torchcode:loss_exit' of model factory 'torchcode:linear' raised SystemExit: 0"),
     ("class", 'kind = "usercode:Quitting"', "model 'usercode:Quitting' raised SystemExit: 0"),
     ("import", 'kind = "quits_on_import:Model"',
      "importing module 'quits_on_import' of model 'quits_on_import:Model' raised SystemExit: 0"),
@@ -116,20 +124,19 @@ def test_a_model_raising_systemexit_0_in_training_fails_the_run(folder: Path, wo
 
 def test_a_factory_raising_systemexit_0_exits_2_through_the_real_command_line(folder: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "memtrain", "train",
-                             job(folder, "cmdline", 'kind = "torch"\nfactory = "usercode:factory_exit"')],
+                             job(folder, "cmdline", 'kind = "torch"\nfactory = "torchcode:factory_exit"')],
                             capture_output=True, text=True, timeout=50, cwd=folder)
     assert result.returncode == 2, result.stderr
-    assert "model factory 'usercode:factory_exit' raised SystemExit: 0" in result.stderr
+    assert "model factory 'torchcode:factory_exit' raised SystemExit: 0" in result.stderr
 
 
 @pytest.mark.parametrize(("kind", "message"), [
     ("usercode:InitQuits", "stopped by SystemExit(0) raised inside the command"),
     ("usercode:InitOwn", "stopped by Own: from init"),
 ], ids=["systemexit-0", "own-baseexception"])
-def test_the_command_lines_last_net_never_exits_0(folder: Path, kind: str, message: str) -> None:
+def test_the_command_lines_last_net_never_exits_0(cli: Callable[..., Any], folder: Path, kind: str,
+                                                  message: str) -> None:
     """Raised where no narrower rule catches it (a model's init, in the server): still an error, exit 1."""
-    name = kind.partition(":")[2]
-    result = subprocess.run([sys.executable, "-m", "memtrain", "train", job(folder, name, f'kind = "{kind}"')],
-                            capture_output=True, text=True, timeout=50, cwd=folder)
-    assert result.returncode == 1, result.stderr
-    assert message in result.stderr and "Traceback" not in result.stderr
+    result = cli("train", job(folder, kind.partition(":")[2], f'kind = "{kind}"'))
+    assert result.code == 1, result.err
+    assert message in result.err and "Traceback" not in result.err
