@@ -12,9 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from memtrain.layout import RUN_JOB
+from memtrain.predict import load_model
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -74,6 +76,7 @@ def test_code_is_imported_from_the_folder_that_was_checked_and_recorded(root: Pa
     assert not (root / "jobs" / "code" / "pwn.imported").exists(), "imported from a folder it did not check"
     recorded = json.loads((root / "runs" / "a" / RUN_JOB).read_text())["model"]["code_dir"]
     assert recorded == str(root / "code")
+    assert load_model(root / "runs" / "a").predict(np.zeros((2, 4), dtype=np.float32)).shape == (2,)
 
 
 @pytest.mark.parametrize("writable, kind, code_dir", [
