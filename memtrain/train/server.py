@@ -267,7 +267,8 @@ class Trainer:
                                               plan=self.plan, dataset=self.dataset))
         self.streamed = self.streams()
         if self.job.run.cluster:
-            self.placement = OnCluster(open_cluster(self.job, self._setup(), self.run_dir, self.log), self.log)
+            self.placement = OnCluster(open_cluster(self.job, self._setup(), self.run_dir, self.log,
+                                                    stopped=lambda: self.stop.signum), self.log)
         elif self.streamed:
             self.placement = self._overlap_placement(position)
         else:
