@@ -49,17 +49,18 @@ from pathlib import Path
 
 import numpy as np
 
-from memtrain.faults import fault_point, read_audit_path
-from memtrain.files import DIGEST_BYTES, allocate_npy, append_jsonl, open_fd, open_npy
+from memtrain.faults import fault_point
+from memtrain.files import DIGEST_BYTES, allocate_npy, open_fd, open_npy
 from memtrain.layout import ASYNC_DESK, ASYNC_RECORDS, ASYNC_TASKS, desk_buffer_name
 from memtrain.train.logbook import Logbook
 from memtrain.train.marks import GRADIENT, PUBLISHED, SKIPPED, STEP, WAITING, Cancelled
 from memtrain.train.messages import Outcome, Stretch
 from memtrain.train.optim import learning_rate
 from memtrain.train.plan import TaskRange, Update, async_updates_per_epoch, task_stream
-from memtrain.train.rounds import DROP_DELETED_EVERY, RoundFiles
+from memtrain.train.rounds import RoundFiles
+from memtrain.train.schedule import Arrival
 from memtrain.train.state import Position
-from memtrain.train.weights import array_checksum, commit_weights, weights_digest
+from memtrain.train.weights import weights_digest
 
 # desk words
 NEWEST, NEXT, GROUPS, HANDED, PENDING, REDO, DISCARDED, STOPPED, LEFT_FROM = range(9)
@@ -164,7 +165,8 @@ class DeskParticipant:
 
     def __init__(self, files: RoundFiles, stretch: Stretch, *, alive: Callable[[], None]):
         self.files, self.stretch, self.slot, self.alive = files, stretch, stretch.slot, alive
-        self.group, self.max_staleness = stretch.group, stretch.max_staleness
+        self.group = stretch.group
+        self.arrival = Arrival(group=stretch.group, max_staleness=stretch.max_staleness)  # the schedule
         exchange = files.exchange
         self.desk = Desk(exchange, stretch.participants, self.group)
         self.tasks = open_npy(exchange / ASYNC_TASKS, dtype=np.int64)  # task numbers of the epoch's task stream
@@ -251,21 +253,10 @@ class DeskParticipant:
         rows = self.ranges[task]
         files.board.doing(self.slot, self.stretch.generation, GRADIENT, self.update_index(0), task)
         x, y = files.rows(rows)
-        model = files.context.model
-        seeded = {"seed": (files.setup.seed, at, task)} if getattr(model, "seeded", False) else {}
         weights = files.weights(at)
-        audit = read_audit_path()  # the torn-read test: the version's bytes before and after the computation
-        before = array_checksum(weights) if audit else ""
-        fault_point("before_grad_write")
-        started = time.perf_counter()
-        loss = model.loss_and_grad(files.views(weights), x, y, files.views(out), **seeded)
-        if files.straggler > 1:  # the test hook (faults.straggler_factor): a slower machine
-            time.sleep((files.straggler - 1) * (time.perf_counter() - started))
-        seconds = time.perf_counter() - started
-        if audit:
-            append_jsonl(Path(audit), {"version": at, "before": before, "after": array_checksum(weights)})
+        loss, seconds = files.gradient(weights, files.views(weights), x, y, files.views(out), version=at, task=task)
         fault_point("after_grad_write")
-        return float(loss), seconds
+        return loss, seconds
 
     # --- 3. post ---
 
@@ -276,10 +267,9 @@ class DeskParticipant:
         desk = self.desk
         with desk.locked() as words:
             desk.claims[self.slot] = (-1, -1)
-            # the version this gradient's group will step from, at most: the newest, plus one for each group
-            # handed over and not finished yet (the group being filled is the next one handed over)
-            base = words[NEWEST] + words[HANDED] - words[GROUPS]
-            if base - at > self.max_staleness:
+            # the version this gradient's group will step from, at most (the group being filled is the next
+            # one handed over)
+            if self.arrival.stale(Arrival.base(words[NEWEST], words[HANDED], words[GROUPS]), at):
                 desk.redo[words[REDO]] = index
                 words[REDO] += 1
                 words[DISCARDED] += 1
@@ -289,7 +279,7 @@ class DeskParticipant:
             desk.pending_loss[n] = (loss, seconds)
             desk.busy[self.slot, buffer] = 1
             last = (words[NEXT] >= len(self.tasks) and not words[REDO] and (desk.claims[:, 0] < 0).all())
-            if n + 1 < self.group and not last:
+            if not self.arrival.full(n + 1, last):
                 words[PENDING] = n + 1
                 return None
             number = int(words[HANDED])
@@ -339,24 +329,16 @@ class DeskParticipant:
                 words[STOPPED] = 1
 
     def step_into(self, version: int, grads: list[np.ndarray], rows: int, lr: float) -> bool:
-        """``version`` + the step of ``grads``' mean -> version + 1, published; False (nothing published) if it
-        came out non-finite. Retires the versions older than every claim and than the newest ``keep_versions``."""
+        """``version`` + the step of ``grads``' mean -> version + 1, published (RoundFiles.step_and_publish); False
+        (nothing published) if it came out non-finite. The oldest version read is the oldest claim's."""
         files, desk = self.files, self.desk
         with desk.locked():
             claimed = [int(v) for task, v in desk.claims if task >= 0]
-        oldest = min(claimed, default=version)
-        keep = max(files.setup.keep_versions, version - oldest + 1)
         left_from = int(desk.words[LEFT_FROM])  # steps run one at a time: only the stepper changes it
-        finite = files.step_whole(version, grads, rows, lr, keep=keep,
-                                  left_from=None if left_from < 0 else min(left_from, version - keep + 1))
-        desk.words[LEFT_FROM] = max(left_from, version - keep + 1)  # every older version is retired now
-        if not finite:
-            return False
-        commit_weights(files.building_path(version + 1), files.run_dir, version + 1)
-        fault_point("after_publish")  # renamed, not recorded yet: the server deletes it, the next stretch remakes it
-        if version % DROP_DELETED_EVERY == 0:
-            files.maps.drop_deleted()
-        return True
+        finite, left = files.step_and_publish(version, grads, rows, lr, oldest=min(claimed, default=version),
+                                              left_from=None if left_from < 0 else left_from)
+        desk.words[LEFT_FROM] = max(left, -1)  # -1: not known yet
+        return finite
 
     def update_index(self, number: int) -> int:
         """The run's update count of the stretch's group ``number``."""

@@ -1,6 +1,6 @@
 """The small records that cross between the server and its workers: file names and integers, never arrays.
 
-Every record is keyword-only and typed. A test pickles each of them and checks that it stays a few
+Every record is keyword-only and typed. A test (tests/test_train.py) pickles each of them and checks that it stays a few
 hundred bytes whatever the model and data.
 
 Counters have one name each, everywhere in ``memtrain/train/``:
@@ -17,6 +17,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from memtrain.train.optim import OptimizerConfig
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RoundSetup:
@@ -26,7 +28,7 @@ class RoundSetup:
     tasks_per_update: int
     seed: int
     epochs: int
-    keep_versions: int  # published versions a participant keeps when it readies a file (recycling older ones)
+    keep_versions: int  # run.keep_versions: the newest versions kept on disk (weights.versions_to_keep)
     on_nonfinite: str  # "stop" | "skip"
     staleness: int = 0  # fixed staleness k (train/plan.py gradient_base); 0: synchronous
     slots: int  # participants a stretch may have at most (the board has room for them)
@@ -44,8 +46,18 @@ class WorkerSetup:
     model_kind: str
     model_options: tuple[tuple[str, object], ...]
     blas_threads: int
-    optimizer: tuple[tuple[str, object], ...]  # OptimizerConfig fields
+    optimizer: OptimizerConfig  # the job's, as validated (config.py)
     rounds: RoundSetup
+
+
+class Engine(enum.Enum):
+    """Who steps: the participants meeting at marks, each stepping a slice (train/rounds.py); each claiming
+    tasks at the desk and stepping whole groups (train/desk.py); or the server stepping the whole vector, the
+    gradients streamed to it (train/overlap.py; never a Stretch's: the server runs it alone)."""
+
+    ROUNDS = "rounds"
+    DESK = "desk"
+    STREAM = "stream"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,8 +79,9 @@ class Stretch:
     participants: int
     slices: int
     bases: tuple[tuple[int, int], ...] = ()  # fixed staleness: (updates done, the version then) still read
-    # async mode at the desk (train/desk.py): gradients per group (0: the rounds), and the staleness allowed
-    group: int = 0
+    engine: Engine = Engine.ROUNDS
+    # at the desk (train/desk.py): gradients per group, and the staleness allowed
+    group: int = 1
     max_staleness: int = 0
 
 
@@ -125,10 +138,15 @@ Message = Stretch | EvalTask | StatsTask | GradTask | Stop
 
 
 class Outcome(enum.Enum):
+    """How a piece of work ended: a task or a participant's stretch (its answer), or a whole stretch as the
+    server saw it (train/scheduler.py ``run_stretch``)."""
+
     DONE = "done"
     NONFINITE = "nonfinite"  # a stretch stopped at a non-finite update (train.on_nonfinite = "stop")
     CANCELLED = "cancelled"  # a stretch the server called off (a fault elsewhere, a stop signal)
     FAILED = "failed"  # the work raised; ``error`` has the text
+    FAULT = "fault"  # the server's view: a participant died or was killed; the next stretch restarts from the ledger
+    STOPPED = "stopped"  # the server's view: a stop signal
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -59,13 +59,14 @@ from memtrain.layout import (
     weights_path,
 )
 from memtrain.train.context import ModelContext
+from memtrain.train.gradient import TaskGradient
 from memtrain.train.maps import MapCache
 from memtrain.train.marks import (
     GRADIENT,
     LOSS_NONFINITE,
     PUBLISH,
     PUBLISHED,
-    READY,
+    READYING,
     SKIPPED,
     STEP,
     WAITING,
@@ -82,16 +83,18 @@ from memtrain.train.plan import (
     Update,
     gradient_bank,
     gradient_banks,
-    gradient_base,
     step_slices,
     task_owner,
 )
 from memtrain.train.reduce import Scratch, reduce_and_step
+from memtrain.train.schedule import Planned
 from memtrain.train.weights import (
     BLOCK,
     commit_weights,
     digests_shape,
     ready_building,
+    rounds_keep,
+    versions_to_keep,
     weights_digest,
 )
 
@@ -115,10 +118,10 @@ class RoundFiles:
     """
 
     def __init__(self, *, context: ModelContext, dataset: Dataset, run_dir: Path, exchange: Path, server_pid: int,
-                 optimizer: OptimizerConfig, setup: RoundSetup, board: Board, maps: MapCache, straggler: float = 1.0,
+                 optimizer: OptimizerConfig, setup: RoundSetup, board: Board, maps: MapCache, gradient: TaskGradient,
                  plan: Plan | None = None):
         self.context, self.run_dir, self.exchange, self.server_pid = context, run_dir, exchange, server_pid
-        self.straggler = straggler  # a test hook (faults.straggler_factor): this process's gradients made slower
+        self.gradient = gradient  # a task's loss and gradient (train/gradient.py), this process's
         self.optimizer, self.setup, self.board, self.maps = optimizer, setup, board, maps
         self.train = dataset.split("train")
         self.size = context.layout.size
@@ -136,7 +139,8 @@ class RoundFiles:
         self._building: tuple[int, Path] = (-1, run_dir)
         # the views of the task buffers and of the versions in use: a few maps, each kept alive by its views
         self._views: OrderedDict[int, tuple[np.ndarray, dict[str, np.ndarray]]] = OrderedDict()
-        self._views_kept = setup.tasks_per_update + setup.keep_versions + 2
+        self.keep = rounds_keep(setup.keep_versions, setup.staleness)  # versions kept as the rounds ready a file
+        self._views_kept = setup.tasks_per_update + self.keep + 2
         self._rows = RowCache(ROW_CACHE_BYTES)
 
     def _map(self, path: Path, mode: str = "r+") -> np.ndarray:
@@ -173,21 +177,40 @@ class RoundFiles:
         return self.context.normalize(x), np.asarray(y)
 
     def ready_building(self, version: int) -> None:
-        ready_building(self.run_dir, version, self.size, self.server_pid, self.setup.keep_versions, fast=True,
+        ready_building(self.run_dir, version, self.size, self.server_pid, self.keep, fast=True,
                        path=self.building_path(version))
 
-    def step_whole(self, version: int, grads: list[np.ndarray], rows: int, lr: float, *, keep: int,
-                   left_from: int | None, recycle: bool = True) -> bool:
-        """One process's step of the whole vector (async mode, at the desk or streamed; fixed staleness
-        streamed): ready the file of ``version`` + 1, retiring the versions older than the newest ``keep``
-        (weights.ready_building), and write into it ``version`` + the optimizer step of ``grads``' mean. False
-        if it came out non-finite: nothing to publish."""
+    def step_and_publish(self, version: int, grads: list[np.ndarray], rows: int, lr: float, *, oldest: int,
+                         left_from: int | None, recycle: bool = True,
+                         publish_sync: Callable[[Path], None] | None = None) -> tuple[bool, int]:
+        """The one step-and-publish of a process that steps the whole vector (async mode at the desk or
+        streamed, fixed staleness streamed, a replay): ``version`` + the optimizer step of ``grads``' mean
+        (added in list order) -> ``version`` + 1, renamed into place (and ``publish_sync``-ed).
+
+        First the file is readied, retiring the versions older than the newest ``versions_to_keep`` (the one
+        keep rule; ``oldest``: the oldest version a gradient in flight or still to come reads; ``left_from``:
+        the oldest version that may be left on disk, None if not known: the folder is listed). Returns
+        whether the step came out finite (else nothing is published: the update is skipped) and the oldest
+        version that may be left on disk now (the next step's ``left_from``)."""
+        keep = versions_to_keep(self.setup.keep_versions, version, oldest)
+        path = self.building_path(version + 1)
         ready_building(self.run_dir, version + 1, self.size, self.server_pid, keep, recycle=recycle,
-                       left_from=left_from, path=self.building_path(version + 1))
+                       left_from=left_from, path=path)
+        left = version - keep + 1 if left_from is None else max(left_from, version - keep + 1)  # older: retired
         parity = version % 2  # the optimizer state of version n is in buffer n % 2, as in the round
-        return reduce_and_step(grads, rows, self.weights(version), self.state[parity], self.building(version + 1),
-                               self.state[1 - parity], 0, self.size, self.optimizer, version + 1, lr,
-                               self.digests[(version + 1) % 2], self.context.layout.trainable, self.scratch)
+        if not reduce_and_step(grads=grads, rows=rows, weights=self.weights(version), state_in=self.state[parity],
+                               weights_out=self.building(version + 1), state_out=self.state[1 - parity], lo=0,
+                               hi=self.size, optimizer=self.optimizer, step=version + 1, lr=lr,
+                               digests=self.digests[(version + 1) % 2], trainable=self.context.layout.trainable,
+                               scratch=self.scratch):
+            return False, left
+        commit_weights(path, self.run_dir, version + 1)
+        fault_point("after_publish")  # renamed, not recorded yet: the server deletes it, the update is made again
+        if publish_sync is not None:
+            publish_sync(weights_path(self.run_dir, version + 1))
+        if version % DROP_DELETED_EVERY == 0:
+            self.maps.drop_deleted()
+        return True, left
 
 
 class RowCache:
@@ -232,6 +255,7 @@ class Participant:
         self.files, self.stretch, self.alive, self.heartbeat = files, stretch, alive, heartbeat
         self.generation, self.slot = stretch.generation, stretch.slot
         self.staleness = files.setup.staleness
+        self.planned = Planned(staleness=self.staleness)  # the schedule: the version each update's gradients read
         self.version = stretch.version  # the newest complete version (the next step's parent)
         self.weights = files.weights(stretch.version)  # ... mapped
         self.bases = dict(stretch.bases)  # fixed staleness: updates done -> the version then (plan.gradient_base)
@@ -286,12 +310,13 @@ class Participant:
         if self.slice is not None:
             board.doing(self.slot, self.generation, STEP, update.update, self.slot)
             parity = self.version % 2
-            finite = reduce_and_step(self.gradient_buffers(update), update.rows, self.weights,
-                                     files.state[parity], out, files.state[1 - parity], *self.slice, files.optimizer,
-                                     self.version + 1, learning_rate(files.optimizer, update.update,
-                                                                     files.plan.total_updates),
-                                     files.digests[(self.version + 1) % 2],
-                                     files.context.layout.trainable, files.scratch)
+            lo, hi = self.slice
+            finite = reduce_and_step(grads=self.gradient_buffers(update), rows=update.rows, weights=self.weights,
+                                     state_in=files.state[parity], weights_out=out, state_out=files.state[1 - parity],
+                                     lo=lo, hi=hi, optimizer=files.optimizer, step=self.version + 1,
+                                     lr=learning_rate(files.optimizer, update.update, files.plan.total_updates),
+                                     digests=files.digests[(self.version + 1) % 2],
+                                     trainable=files.context.layout.trainable, scratch=files.scratch)
         board.mark_step(self.generation, update.update, self.slot, finite)
         if self.staleness:
             return  # met at the next gradients' meeting
@@ -329,7 +354,7 @@ class Participant:
         then the meeting; ``stepped``: the update whose step this round began with (fixed staleness meets it
         here)."""
         files, board = self.files, self.files.board
-        at = self.bases[gradient_base(update.update, self.staleness)] if self.staleness else self.version
+        at = self.bases[self.planned.at(update.update)] if self.staleness else self.version
         weights = self.weights if at == self.version else files.weights(at)
         finite = True
         for rows in update.tasks:
@@ -372,7 +397,7 @@ class Participant:
         version recorded, whose k older versions must still be there (the server completes a rename its
         publisher died before: Logbook.catch_up), and no more than k + 1 are ever published."""
         if self.readied != version:  # a skipped update asks for the same file again
-            self.files.board.doing(self.slot, self.generation, READY, update.update)
+            self.files.board.doing(self.slot, self.generation, READYING, update.update)
             self.files.ready_building(version)
             self.readied = version
 
@@ -382,16 +407,9 @@ class Participant:
         files = self.files
         files.board.doing(self.slot, self.generation, GRADIENT, update.update, rows.task)
         x, y = files.rows(rows)
-        fault_point("before_grad_write")
-        started = time.perf_counter()
-        model = files.context.model
-        seeded = {"seed": (files.setup.seed, at, rows.task)} if getattr(model, "seeded", False) else {}
         out = files.grads[gradient_bank(update.update, self.staleness)][rows.task]
-        loss = model.loss_and_grad(files.views(weights), x, y, files.views(out),
-                                   **seeded)  # overwrites every value
-        if files.straggler > 1:
-            time.sleep((files.straggler - 1) * (time.perf_counter() - started))
-        files.seconds[update.batch, rows.task] = time.perf_counter() - started
+        loss, files.seconds[update.batch, rows.task] = files.gradient(weights, files.views(weights), x, y,
+                                                                      files.views(out), version=at, task=rows.task)
         files.loss[update.batch, rows.task] = loss
         fault_point("after_grad_write")
         return math.isfinite(loss)

@@ -1,14 +1,16 @@
-"""A job -> a trained run: per epoch, stretches of rounds (train/rounds.py), then evaluation and a checkpoint.
+"""A job -> a trained run: the epoch loop (``Trainer.fit``), each epoch run by the engine chosen once at start.
 
-The server does not take part in the rounds it hands out: it places them (train/placement.py), starts
-each stretch from the last finished update, watches it (train/scheduler.py), logs what finished
-(train/logbook.py), evaluates each epoch's last version, checkpoints and stops cleanly on a signal.
-When it runs the rounds itself, it does its own work between two updates (``heartbeat``).
+The server chooses the run's engine and placement once (``Trainer.choose``, the reasons logged): the rounds
+(train/rounds.py: workers meeting at marks, each stepping a slice; or the server alone; on a cluster the
+server steps and the gradients are streamed, train/stream.py), the desk (train/desk.py: async mode on
+worker processes) or the stream (train/overlap.py: the server steps the whole vector). The epoch loop calls
+that engine's ``epoch_rest`` and never names a mode; the server watches the engine (train/scheduler.py),
+logs what finished (train/logbook.py), evaluates each epoch's last version, checkpoints and stops cleanly
+on a signal. When it runs the rounds itself, it does its own work between two updates (``heartbeat``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import signal
@@ -44,12 +46,12 @@ from memtrain.train.counters import ONE_PASS, position_text, update_number
 from memtrain.train.datacheck import check_trainable
 from memtrain.train.desk import DeskLog, create_desk
 from memtrain.train.exchange import InServer, WorkerPool
-from memtrain.train.lineage import Lineage
+from memtrain.train.lineage import Lineage, solve_record
 from memtrain.train.logbook import Logbook
 from memtrain.train.marks import (
     GRADIENT,
     PUBLISH,
-    READY,
+    READYING,
     STEP,
     Activity,
     Board,
@@ -57,7 +59,17 @@ from memtrain.train.marks import (
     create_records,
     open_records,
 )
-from memtrain.train.messages import EvalTask, GradTask, Outcome, RoundSetup, StatsTask, Stretch, Task, WorkerSetup
+from memtrain.train.messages import (
+    Engine,
+    EvalTask,
+    GradTask,
+    Outcome,
+    RoundSetup,
+    StatsTask,
+    Stretch,
+    Task,
+    WorkerSetup,
+)
 from memtrain.train.metrics import SHOWN
 from memtrain.train.metrics import collect as validation_metrics
 from memtrain.train.monitor import check_monitor, monitor_for
@@ -68,7 +80,7 @@ from memtrain.train.pools import OnCluster, Streamed, open_cluster
 from memtrain.train.record import Decision
 from memtrain.train.room import room_needed
 from memtrain.train.run_dir import RunDir, open_run_dir, refuse_live_run
-from memtrain.train.scheduler import CORES, Ended, Scheduler
+from memtrain.train.scheduler import CORES, Scheduler
 from memtrain.train.state import Position, job_updates_per_epoch, resume, save_checkpoint, start_fresh
 from memtrain.train.stream import StreamParticipant
 from memtrain.train.summary import summary_html, summary_text
@@ -79,7 +91,9 @@ from memtrain.train.weights import (
     publish_weights,
     ready_building,
     retire_weights,
+    rounds_keep,
     unpublish_after,
+    versions_to_keep,
 )
 from memtrain.train.worker import WorkerState
 
@@ -170,15 +184,6 @@ def overlapping(job: Job) -> bool:
     return job.train.mode == "async" or job.train.staleness > 0
 
 
-def versions_kept(job: Job) -> int:
-    """The versions the rounds keep when they ready a file (the newest before it): ``run.keep_versions``.
-    With fixed staleness k the file readied is two ahead of the newest published version (rounds.py
-    ``Participant.ready``), so one more, and at least the k + 1 that gradients in flight may still read."""
-    if not job.train.staleness:
-        return job.run.keep_versions
-    return max(job.run.keep_versions + 1, job.train.staleness + 2)
-
-
 def describe_mode(job: Job) -> str:
     if job.train.mode == "async":
         return f"async mode (max_staleness {job.train.max_staleness}, async_group {job.train.async_group})"
@@ -225,7 +230,8 @@ class Trainer:
         self.callbacks = callbacks
         self.quiet = quiet
         self.lineage = lineage  # a run to replay (memtrain train --replay)
-        self.streamed = False  # train/overlap.py runs the run, not the rounds (decided at start: streams)
+        self.streamed = False  # train/overlap.py or the desk runs the run, not the rounds (decided once: choose)
+        self.overlap: Overlap | None = None
         self.train_rows = dataset.split("train").rows
         self.val_rows = dataset.split("val").rows
         self.plan = Plan(self.train_rows, job.train.batch_size, job.train.tasks_per_update, job.train.seed,
@@ -265,25 +271,20 @@ class Trainer:
         self.in_server = InServer(WorkerState(self._setup(), alive=lambda: None, board=self.memory_board,
                                               heartbeat=lambda: self.heartbeat(position), keep_statistics=True,
                                               plan=self.plan, dataset=self.dataset))
-        self.streamed = self.streams()
-        if self.job.run.cluster:
-            self.placement = OnCluster(open_cluster(self.job, self._setup(), self.run_dir, self.log,
-                                                    stopped=lambda: self.stop.signum), self.log)
-        elif self.streamed:
-            self.placement = self._overlap_placement(position)
-        else:
-            self.placement = Placement(workers=self.job.train.workers, tasks=self.job.train.tasks_per_update,
-                                       cores=CORES, in_server=self.in_server, start_pool=self._start_pool,
-                                       log=self.log)
+        engine = self.choose(position)  # the one place the mode is chosen; the placement with it
+        desk = engine is Engine.DESK
         self.scheduler = Scheduler(task_timeout=self.job.train.task_timeout, max_attempts=self.job.train.max_attempts,
-                                   describe_task=self.describe_task, describe_activity=self.describe_activity,
+                                   describe_task=self.describe_task,
+                                   describe_activity=self.describe_desk_activity if desk else self.describe_activity,
                                    log=self.log, stop_requested=lambda: self.stop.requested,
                                    discard=self.discard_attempt)
-        self.overlap: Overlap | None = None
-        if self.streamed:
+        if engine is Engine.STREAM:
             self.overlap = Overlap(job=self.job, files=self.in_server.state.rounds(),
                                    stream=self.scheduler.stream(self.placement.transport), logbook=self.logbook,
                                    per_epoch=self.per_epoch, look=lambda: self.overlap_look(position))
+        # the rest of an epoch, as the engine runs it (a replay runs the lineage instead: ``replay``)
+        self.epoch_rest = {Engine.ROUNDS: self.stretch, Engine.DESK: self.desk_stretch,
+                           Engine.STREAM: self.overlap_epoch}[engine]
         try:
             with threadpool_limits(limits=self.job.train.blas_threads):  # the rounds it runs itself: same arithmetic
                 last = (self.replay(position) if self.lineage is not None else
@@ -307,14 +308,28 @@ class Trainer:
                             and self.monitor.exhausted(position.epoch, position.best), monitor=self.job.train.monitor,
                             one_pass=self.context.additive)
 
-    def streams(self) -> bool:
-        """Whether train/overlap.py runs the run (async mode, a replay, a fixed staleness streamed), not the
-        rounds (docs/async.md, "Fixed staleness: rounds or stream")."""
+    def choose(self, position: Position) -> Engine:
+        """The run's engine and placement, chosen once from the job and the start-up measurement, the reasons
+        logged (docs/async.md, "Where it runs"): the rounds (synchronous; fixed staleness in the rounds; the
+        cluster's round, stepped by the server), the desk (async mode on worker processes) or the stream (fixed
+        staleness streamed, async mode in the server, a replay: train/overlap.py)."""
         train = self.job.train
         if train.staleness:
             self.log(f"fixed staleness {train.staleness}: in the {train.staleness_in} "
                      f"(train.staleness_in = {train.staleness_in!r})")
-        return self.lineage is not None or train.mode == "async" or train.staleness_in == "stream"
+        if self.job.run.cluster:  # synchronous only (``train`` refuses the other modes there)
+            self.placement = OnCluster(open_cluster(self.job, self._setup(), self.run_dir, self.log,
+                                                    stopped=lambda: self.stop.signum), self.log)
+            return Engine.ROUNDS
+        if self.lineage is None and train.mode == "sync" and train.staleness_in == "rounds":
+            self.placement = Placement(workers=train.workers, tasks=train.tasks_per_update, cores=CORES,
+                                       in_server=self.in_server, start_pool=self._start_pool, log=self.log)
+            return Engine.ROUNDS
+        self.streamed = True
+        self.placement = self._overlap_placement(position)
+        if train.mode == "async" and self.lineage is None and isinstance(self.placement.transport, WorkerPool):
+            return Engine.DESK
+        return Engine.STREAM
 
     def _overlap_placement(self, position: Position) -> Streamed:
         """The overlapping modes stream their gradients to ``train.workers`` processes, or (0, or "auto" when
@@ -341,7 +356,7 @@ class Trainer:
         layout, model = self.context.layout, self.context.model
         weights = open_npy(weights_path(self.run_dir.path, position.version), shape=(layout.size,), dtype=np.float32)
         out = np.empty(layout.size, dtype=np.float32)
-        seeded = {"seed": (self.job.train.seed, position.version, 0)} if getattr(model, "seeded", False) else {}
+        seeded = state.gradient.seeds(position.version, 0)  # timed without the fault points and test hooks
         times = []
         for _ in range(3):
             started = time.perf_counter()
@@ -374,15 +389,8 @@ class Trainer:
                 bar.line(line)
         return last
 
-    def epoch_rest(self, position: Position, started: float) -> None:
-        """Run the epoch on from ``position``: the round's stretches, async mode's at the desk, or an
-        overlapping mode's loop."""
-        if not self.streamed:
-            self.stretch(position, started)
-            return
-        if self.at_desk():
-            self.desk_stretch(position, started)
-            return
+    def overlap_epoch(self, position: Position, started: float) -> None:
+        """The rest of the epoch on the stream (train/overlap.py): the loop of the job's schedule."""
         self.epoch_started = started
         try:
             (self.overlap.async_epoch if self.job.train.mode == "async" else self.overlap.staleness_epoch)(position)
@@ -421,7 +429,7 @@ class Trainer:
         board.set_ledger(Ledger(self.generation, position.update_index(self.per_epoch) - 1, version))
         self.logbook.records["status"][first:stop] = 0
         ready_building(self.run_dir.path, version + 1, self.context.layout.size, os.getpid(),
-                       versions_kept(self.job), recycle=not cluster)
+                       rounds_keep(self.job.run.keep_versions, self.job.train.staleness), recycle=not cluster)
         slices = len(step_slices(self.context.layout.size, participants, BLOCK))
         bases = dict(position.bases) | {position.update_index(self.per_epoch): version}
         stretches = [Stretch(generation=self.generation, epoch=position.epoch, first=first, stop=stop,
@@ -436,17 +444,12 @@ class Trainer:
         finally:  # a stop or a lost cluster mid-stretch: the position (and so a checkpoint) is where it stands
             self.logbook.catch_up(position, board.ledger(), final=True)
         self.report(position)
-        if ended == Ended.STOPPED:
+        if ended == Outcome.STOPPED:
             raise Interrupted("stopped by a signal")
-        if ended == Ended.NONFINITE:  # catch_up raised unless the stop landed before the update was logged
+        if ended == Outcome.NONFINITE:  # catch_up raised unless the stop landed before the update was logged
             raise MemtrainError("a non-finite update stopped the run", hint="see the event log")
         done = position.update_index(self.per_epoch)
         self.placement.observe(self.logbook.timeline[logged:], done, self.plan.total_updates - done)
-
-    def at_desk(self) -> bool:
-        """Async mode on worker processes of this machine runs at the desk (train/desk.py), not streamed."""
-        return (self.job.train.mode == "async" and self.lineage is None
-                and isinstance(self.placement.transport, WorkerPool))
 
     def desk_stretch(self, position: Position, started: float) -> None:
         """Async mode: the epoch's tasks not applied yet, on every worker at the desk, until done or a fault."""
@@ -464,7 +467,7 @@ class Trainer:
         log = DeskLog(exchange, train.async_group, tasks, ranges, self.per_epoch)
         stretches = [Stretch(generation=self.generation, epoch=position.epoch, first=position.batch,
                              stop=self.per_epoch, version=position.version, slot=slot, participants=participants,
-                             slices=0, group=train.async_group, max_staleness=train.max_staleness)
+                             slices=0, engine=Engine.DESK, group=train.async_group, max_staleness=train.max_staleness)
                      for slot in range(participants)]
         self.epoch_started = started
 
@@ -483,12 +486,12 @@ class Trainer:
             if newer:
                 self.log(f"unpublished versions {newer[0]}-{newer[-1]}: not recorded before the stretch ended")
         self.report(position)
-        if ended == Ended.STOPPED:
+        if ended == Outcome.STOPPED:
             raise Interrupted("stopped by a signal")
-        if ended == Ended.NONFINITE:
+        if ended == Outcome.NONFINITE:
             raise MemtrainError("a non-finite update stopped the run", hint="see the event log")
 
-    def stream(self, stretch: Stretch, position: Position) -> Ended:
+    def stream(self, stretch: Stretch, position: Position) -> Outcome:
         """A stretch run by the server alone, its gradient tasks streamed to the cluster's workers."""
         from memtrain.cluster.sharedfs import needs_sync, sync_for_readers
 
@@ -501,8 +504,8 @@ class Trainer:
             heartbeat=lambda: self.heartbeat(position))
         outcome = participant.run()
         if self.stop.requested:
-            return Ended.STOPPED
-        return Ended.NONFINITE if outcome == Outcome.NONFINITE else Ended.DONE
+            return Outcome.STOPPED
+        return Outcome.NONFINITE if outcome == Outcome.NONFINITE else Outcome.DONE
 
     def overlap_look(self, position: Position) -> None:
         """The server's look between two updates of an overlapping mode: logs and progress, now and then."""
@@ -549,8 +552,7 @@ class Trainer:
             path.unlink()
         params = self.context.model.solve(layout.views(total))
         checksum = publish_weights(self.run_dir.path, 1, self.context.layout.flatten(params))
-        self.run_dir.lineage({"version": 1, "parent": 0, "update": 1, "epoch": 1, "split": "train",
-                              "tasks": [list(p) for p in pieces], "solve": self.job.model.kind, "checksum": checksum})
+        self.run_dir.lineage(solve_record(tasks=pieces, solve=self.job.model.kind, checksum=checksum))
         position.version, position.epoch_rows = 1, self.train_rows
         position.epoch = self.job.train.epochs - 1
 
@@ -559,7 +561,7 @@ class Trainer:
 
         def retire() -> None:  # so that the run holds keep_versions versions whenever it stops after this
             oldest = min((version for _, version in position.bases), default=position.version)  # still read
-            retire_weights(self.run_dir.path, max(self.job.run.keep_versions, position.version - oldest + 1),
+            retire_weights(self.run_dir.path, versions_to_keep(self.job.run.keep_versions, position.version, oldest),
                            position.version)
 
         record = {"kind": "epoch", "epoch": position.epoch + 1, "update": (position.epoch + 1) * self.per_epoch,
@@ -646,8 +648,7 @@ class Trainer:
         return f"statistics task {message.task} ({self.describe_rows(message.lo, message.hi)})"
 
     def describe_activity(self, activity: Activity) -> str:
-        if self.at_desk():
-            return self.describe_desk_activity(activity)
+        """A participant's activity in the rounds (train/rounds.py)."""
         update = self.plan.update(activity.update)
         if activity.kind == GRADIENT:
             rows = update.tasks[activity.item]
@@ -658,7 +659,7 @@ class Trainer:
             return f"step slice {activity.item} (parameters {lo}-{hi}) of update {update_number(update.update)}"
         if activity.kind == PUBLISH:
             return f"the publication of update {update_number(update.update)}'s version"
-        if activity.kind == READY:
+        if activity.kind == READYING:
             return f"the readying of the file of the version after update {update_number(update.update)}"
         return f"a wait for its peers at update {update_number(update.update)}"
 
@@ -683,16 +684,14 @@ class Trainer:
 
     def _setup(self) -> WorkerSetup:
         job = self.job
-        fields = dataclasses.fields(job.train.optimizer)
-        optimizer = tuple((f.name, getattr(job.train.optimizer, f.name)) for f in fields)
         rounds = RoundSetup(batch_size=job.train.batch_size, tasks_per_update=job.train.tasks_per_update,
-                            seed=job.train.seed, epochs=job.train.epochs, keep_versions=versions_kept(job),
+                            seed=job.train.seed, epochs=job.train.epochs, keep_versions=job.run.keep_versions,
                             on_nonfinite=job.train.on_nonfinite, slots=self.slots, staleness=job.train.staleness)
         return WorkerSetup(server_pid=os.getpid(), run_dir=str(self.run_dir.path),
                            exchange_dir=str(self.run_dir.exchange), dataset=str(self.dataset.path),
                            normalize=job.data.normalize, model_kind=job.model.kind,
                            model_options=tuple(job.model.options.items()), blas_threads=job.train.blas_threads,
-                           optimizer=optimizer, rounds=rounds)
+                           optimizer=job.train.optimizer, rounds=rounds)
 
 
 def create_round_files(exchange: Path, size: int, tasks: int, slots: int, per_epoch: int, banks: int) -> Board:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,13 +33,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from memtrain.errors import MemtrainError
-from memtrain.faults import fault_point, read_audit_path
-from memtrain.files import append_jsonl, npy_header_bytes, open_npy, open_reused, writing_npy_rows
+from memtrain.faults import fault_point
+from memtrain.files import npy_header_bytes, open_npy, open_reused, writing_npy_rows
 from memtrain.layout import spare_gradient_name, streamed_gradient_name, weights_path
 from memtrain.train.messages import GradTask, Outcome, Result, Stretch
 from memtrain.train.plan import Update
 from memtrain.train.rounds import Participant, RoundFiles
-from memtrain.train.weights import array_checksum, ready_building
+from memtrain.train.weights import ready_building
 
 if TYPE_CHECKING:
     from memtrain.train.worker import WorkerState
@@ -55,22 +54,12 @@ def gradient(state: WorkerState, message: GradTask) -> Result:
     size = context.layout.size
     weights = state.maps.get(weights_path(state.run_dir, message.version), (size,), np.float32)
     x, y = state.rows("train", message.lo, message.hi)
-    model = context.model
-    seeded = {"seed": (state.setup.rounds.seed, message.version, message.task)} if getattr(model, "seeded", False) \
-        else {}
-    fault_point("before_grad_write")
     path = state.exchange / streamed_gradient_name(message.update, message.task, message.attempt)
     mapped = spare_map(state, message) if message.in_place else None
     out = mapped if mapped is not None else state.scratch(size)
-    audit = read_audit_path()
-    before = array_checksum(weights) if audit else ""
-    started = time.perf_counter()  # the compute alone, as in the round: the file is the stream's cost
-    loss = model.loss_and_grad(context.layout.views(weights), x, y, context.layout.views(out), **seeded)
-    if state.straggler > 1:  # a test hook (faults.straggler_factor): a slower machine
-        time.sleep((state.straggler - 1) * (time.perf_counter() - started))
-    seconds = time.perf_counter() - started
-    if audit:
-        append_jsonl(Path(audit), {"version": message.version, "before": before, "after": array_checksum(weights)})
+    # the compute alone is timed, as in the round: the file is the stream's cost
+    loss, seconds = state.gradient(weights, context.layout.views(weights), x, y, context.layout.views(out),
+                                   version=message.version, task=message.task)
     if mapped is not None:
         os.rename(state.exchange / message.spare, path)  # only this task's attempts are handed this spare
     elif not (message.spare and rewrite(state.exchange / message.spare, path, out)):
@@ -78,7 +67,7 @@ def gradient(state: WorkerState, message: GradTask) -> Result:
         with writing_npy_rows(path, (size,), np.float32, durable=False) as rows:
             rows.write(0, out)
     fault_point("after_grad_write")
-    return Result(task=message.task, attempt=message.attempt, outcome=Outcome.DONE, loss=float(loss),
+    return Result(task=message.task, attempt=message.attempt, outcome=Outcome.DONE, loss=loss,
                   rows=message.hi - message.lo, seconds=seconds)
 
 
@@ -199,7 +188,7 @@ class StreamParticipant(Participant):
                 os.rename(path, files.exchange / name)
                 self.spares.append(name)
         self.stepped = []
-        ready_building(files.run_dir, self.version + 1, files.size, files.server_pid, files.setup.keep_versions,
+        ready_building(files.run_dir, self.version + 1, files.size, files.server_pid, files.keep,
                        fast=True, recycle=self.recycle)
         files.building(self.version + 1)[::PAGE_FLOATS] = 0  # its pages faulted in now, not during the step
 

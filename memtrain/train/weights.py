@@ -91,6 +91,23 @@ def array_checksum(flat: np.ndarray) -> str:
     return block_checksum(npy_header_bytes(flat.shape, PARAM_DTYPE), digests)
 
 
+def versions_to_keep(keep_versions: int, version: int, oldest_read: int) -> int:
+    """The one keep rule: how many versions up to ``version`` stay on disk when the next one is readied --
+    the newest ``keep_versions`` (``run.keep_versions``), and every version from ``oldest_read`` on (a
+    gradient in flight or still to come reads it). Older ones are retired (weights.retire_weights)."""
+    return max(keep_versions, version - oldest_read + 1)
+
+
+def rounds_keep(keep_versions: int, staleness: int) -> int:
+    """The keep rule for the rounds, which ready a file before its version's step (train/rounds.py): run
+    synchronously, ``keep_versions``. With fixed staleness k the file readied is two ahead of the newest
+    version n (``Participant.ready``), whose gradients in flight read version n - k: one more than
+    ``keep_versions``, and at least the k + 2 from n - k to n + 1."""
+    if not staleness:
+        return keep_versions
+    return versions_to_keep(keep_versions + 1, staleness + 1, 0)
+
+
 def ready_building(run_dir: Path, version: int, size: int, owner_pid: int, keep: int, *, fast: bool = False,
                    recycle: bool = True, path: Path | None = None, left_from: int | None = None) -> Path:
     """Make sure the (unpublished) file of ``version`` exists, ready for the slice owners; returns its path.

@@ -29,9 +29,11 @@ from memtrain.files import writing_npy
 from memtrain.layout import ROUND_BOARD, gradient_name, weights_path
 from memtrain.train.context import model_context
 from memtrain.train.desk import DeskParticipant
+from memtrain.train.gradient import TaskGradient
 from memtrain.train.maps import MapCache
 from memtrain.train.marks import Board
 from memtrain.train.messages import (
+    Engine,
     EvalTask,
     GradTask,
     Message,
@@ -45,7 +47,6 @@ from memtrain.train.messages import (
     WorkerSetup,
 )
 from memtrain.train.metrics import task_statistics, write_task_statistics
-from memtrain.train.optim import OptimizerConfig
 from memtrain.train.plan import Plan
 from memtrain.train.rounds import ROW_CACHE_BYTES, Participant, RoundFiles, RowCache
 from memtrain.train.stream import gradient
@@ -145,7 +146,9 @@ class WorkerState:
         self._rounds: RoundFiles | None = None
         self._scratch: np.ndarray | None = None
         self._val_rows = RowCache(ROW_CACHE_BYTES)  # evaluated every epoch: read and normalized once
-        self.straggler = straggler_factor() if board is None else 1.0  # a test hook; never the server itself
+        # a task's loss and gradient; the straggler test hook slows a worker, never the server itself
+        self.gradient = TaskGradient(self.context.model, seed=setup.rounds.seed,
+                                     straggler=straggler_factor() if board is None else 1.0)
 
     def scratch(self, size: int) -> np.ndarray:
         """A float32 buffer of ``size`` kept between tasks (a streamed gradient is computed into it)."""
@@ -178,12 +181,12 @@ class WorkerState:
             board = self.board or Board(setup.rounds.slots, self.exchange / ROUND_BOARD)
             self._rounds = RoundFiles(context=self.context, dataset=self.dataset, run_dir=self.run_dir,
                                       exchange=self.exchange, server_pid=setup.server_pid,
-                                      optimizer=OptimizerConfig(**dict(setup.optimizer)), setup=setup.rounds,
-                                      board=board, maps=self.maps, straggler=self.straggler, plan=self.plan)
+                                      optimizer=setup.optimizer, setup=setup.rounds,
+                                      board=board, maps=self.maps, gradient=self.gradient, plan=self.plan)
         return self._rounds
 
     def stretch(self, stretch: Stretch) -> StretchEnd:
-        if stretch.group:  # async mode at the desk
+        if stretch.engine is Engine.DESK:
             outcome = DeskParticipant(self.rounds(), stretch, alive=self.alive).run()
             return StretchEnd(generation=stretch.generation, slot=stretch.slot, outcome=outcome)
         outcome = Participant(self.rounds(), stretch, alive=self.alive, heartbeat=self.heartbeat).run()

@@ -1,0 +1,167 @@
+"""Golden final weights of every mode and placement: the training core's results, pinned bit for bit.
+
+These checksums were RECORDED FROM THE OLD CODE (commit 30339bc, before the training core was reorganised
+into schedules and engines: issue 26), not derived from first principles: they are goldens of that code,
+and a refactoring of memtrain/train/ that is meant to change no result must keep every one of them. A
+change that is meant to change results (a new reduction order, a new optimizer formula) changes them on
+purpose and says so in its commit.
+
+Each run is a tiny job (a few hundred rows, two epochs) through the CLI, in this process: synchronous with
+1, 2 and 4 workers and in the server; fixed staleness in the rounds and streamed; async mode at the desk
+(one worker: its arrival order is the plan's, so the run is reproducible) and streamed to the server; the
+replays of both async runs; the cluster on ``local:2``; the additive models (ridge, naive Bayes); a torch
+module with dropout and batch norm (seeded randomness, buffers) synchronous and async.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tiny_data import blobs, write_dataset
+
+from memtrain.cli import main
+from memtrain.layout import weight_versions, weights_path
+
+pytestmark = pytest.mark.timeout(300)
+
+JOB = """
+[data]
+path = "{data}"
+
+[model]
+{model}
+
+[train]
+epochs = 2
+batch_size = 60
+tasks_per_update = 3
+optimizer = "adam"
+lr = 0.01
+seed = 11
+workers = {workers}
+task_timeout = 60
+{train}
+
+[run]
+dir = "run"
+keep_versions = 2
+"""
+MLP = 'kind = "mlp"\nhidden = [8]'
+TORCH = 'kind = "torch"\nfactory = "torch_nets:bn_dropout"\nhidden = 8'
+STALE = "staleness = 2"
+STALE_STREAM = 'staleness = 2\nstaleness_in = "stream"'
+ASYNC = 'mode = "async"\nmax_staleness = 3\nasync_group = 2'
+
+# name: (model, workers, [train] keys, extra CLI arguments) -> the sha256 of the final weight file's bytes
+RUNS = {
+    "sync-1": (MLP, 1, "", ()),
+    "sync-2": (MLP, 2, "", ()),
+    "sync-4": (MLP, 4, "", ()),
+    "sync-server": (MLP, 0, "", ()),
+    "staleness-rounds": (MLP, 2, STALE, ()),
+    "staleness-stream": (MLP, 2, STALE_STREAM, ()),
+    "staleness-stream-server": (MLP, 0, STALE_STREAM, ()),
+    "async-desk": (MLP, 1, ASYNC, ()),
+    "async-server": (MLP, 0, ASYNC, ()),
+    "cluster-local-2": (MLP, 2, "", ("--cluster", "local:2")),
+    "ridge": ('kind = "ridge"', 2, "", ()),
+    "naive-bayes": ('kind = "naive_bayes"', 2, "", ()),
+    "torch-sync": (TORCH, 2, "", ()),
+    "torch-async-server": (TORCH, 0, ASYNC, ()),
+}
+GOLDEN = {  # recorded from 30339bc (the old code); see the module docstring
+    "sync-1": "5368574a68cf5ab261a0e5f65fd34db52a1afd0fb01fd6e08f969ad9e7fbf982",
+    "sync-2": "5368574a68cf5ab261a0e5f65fd34db52a1afd0fb01fd6e08f969ad9e7fbf982",
+    "sync-4": "5368574a68cf5ab261a0e5f65fd34db52a1afd0fb01fd6e08f969ad9e7fbf982",
+    "sync-server": "5368574a68cf5ab261a0e5f65fd34db52a1afd0fb01fd6e08f969ad9e7fbf982",
+    "staleness-rounds": "191ccaa4140fb3b1704296c63e4b2729a367337a2029288abeb72f4f0d4e8c6e",
+    "staleness-stream": "191ccaa4140fb3b1704296c63e4b2729a367337a2029288abeb72f4f0d4e8c6e",
+    "staleness-stream-server": "191ccaa4140fb3b1704296c63e4b2729a367337a2029288abeb72f4f0d4e8c6e",
+    "async-desk": "cfefc6e9c619e045983a57343441ff2b88558c4088ac63f296a26ab65db04db2",
+    "async-server": "d1c2b8d08a5d1603b372a057f3d223097a48a25632b5da0f9160a98249d571af",
+    "cluster-local-2": "5368574a68cf5ab261a0e5f65fd34db52a1afd0fb01fd6e08f969ad9e7fbf982",
+    "ridge": "0b24e6ded5ee229027900a7993beaa6bb9e57469b554f94ba382c69c97bc2277",
+    "naive-bayes": "e8bd750156775d0a15350884fac7a1d8873b473030c25969db7881394e0bf170",
+    "torch-sync": "f8d431dfce60433c1eea3c9bf5c9f3631ac751f70b093295c4fccb4ae8640538",
+    "torch-async-server": "bc514957f687606d66ff53e126ff79232e2ac6118a722936d8b0c71890682534",
+    "replay-async-desk": "cfefc6e9c619e045983a57343441ff2b88558c4088ac63f296a26ab65db04db2",
+    "replay-async-server": "d1c2b8d08a5d1603b372a057f3d223097a48a25632b5da0f9160a98249d571af",
+}
+# the sha256 of each run's lineage.jsonl, recorded from 30339bc too: the on-disk record of every update
+# (rows, versions read, learning rates, checksums; the additive models' one line) is byte for byte the old one
+LINEAGE = {
+    "sync-1": "336433027da5b83a29007850ae55cf8a902fff38d07fa550eb85bb39d99060ce",
+    "sync-2": "336433027da5b83a29007850ae55cf8a902fff38d07fa550eb85bb39d99060ce",
+    "sync-4": "336433027da5b83a29007850ae55cf8a902fff38d07fa550eb85bb39d99060ce",
+    "sync-server": "336433027da5b83a29007850ae55cf8a902fff38d07fa550eb85bb39d99060ce",
+    "staleness-rounds": "06ac95b3a2ced051aed88a6ebedca0c552b87bdefd63eb519362fef148606ed1",
+    "staleness-stream": "06ac95b3a2ced051aed88a6ebedca0c552b87bdefd63eb519362fef148606ed1",
+    "staleness-stream-server": "06ac95b3a2ced051aed88a6ebedca0c552b87bdefd63eb519362fef148606ed1",
+    "async-desk": "943ddbb00e1fc86042577c82efa8fc68db23bcab882f75dc3109178340812dd9",
+    "async-server": "25af92c2f8f1f6238fb38a8c686541639b7d97143352ea64f173847298130f90",
+    "cluster-local-2": "336433027da5b83a29007850ae55cf8a902fff38d07fa550eb85bb39d99060ce",
+    "ridge": "f1eeafe363b6e717f9193ce028e5b486590d7d6cdd60b33c8859fa1b0ca7e2db",
+    "naive-bayes": "f2c3f14ad8e448aca8c57bceedd8fe8495a8f55af4da0750cdde22f66ad7de0b",
+    "torch-sync": "98768aabe795f8da7bb38af70f8e3c8a47ad129327a225ebc0becd4ff72e25c5",
+    "torch-async-server": "683a5a9af6bf72545d441ccd158c29de9ae77a4aeb4289ec7a1fed807259b64d",
+}
+# what events.log says of where each run computed and stepped: the golden is of the placement named
+PLACED = {
+    "sync-1": "rounds: on 1 worker processes", "sync-2": "rounds: on 2 worker processes",
+    "sync-4": "rounds: on 4 worker processes", "sync-server": "rounds: in the server",
+    "staleness-rounds": "fixed staleness 2: in the rounds",
+    "staleness-stream": "fixed staleness 2: gradients on 2 worker processes, the steps in the server",
+    "staleness-stream-server": "fixed staleness 2: gradients in the server",
+    "async-desk": "gradients and steps on 1 worker processes, at the desk",
+    "async-server": "async_group 2): gradients in the server",
+    "cluster-local-2": "the gradients streamed to 2 Dask workers",
+    "ridge": "", "naive-bayes": "", "torch-sync": "rounds: on 2 worker processes",
+    "torch-async-server": "async_group 2): gradients in the server",
+    "replay-async-desk": "replay: gradients on 2 worker processes, the steps in the server",
+    "replay-async-server": "replay: gradients in the server",
+}
+# name of the replay: (the run it replays, --workers of the replay)
+REPLAYS = {"replay-async-desk": ("async-desk", 2), "replay-async-server": ("async-server", 0)}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    x, y = blobs(n=400, features=6, classes=3, seed=2)
+    return write_dataset(tmp_path_factory.mktemp("data") / "blobs", x, y, shard_rows=100)
+
+
+@pytest.fixture(scope="module")
+def runs(data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every run of RUNS, made once for the module (the replays need theirs)."""
+    made = {}
+    for name, (model, workers, train, args) in RUNS.items():
+        folder = tmp_path_factory.mktemp(name)
+        job = folder / "job.toml"
+        job.write_text(JOB.format(data=data, model=model, workers=workers, train=train))
+        assert main(["train", str(job), "--quiet", *args]) == 0, name
+        made[name] = folder / "run"
+    return made
+
+
+def digest(run: Path) -> str:
+    final = np.load(weights_path(run, weight_versions(run)[-1]), allow_pickle=False)
+    return hashlib.sha256(final.tobytes()).hexdigest()
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_final_weights_are_the_golden_ones(runs: dict[str, Path], name: str) -> None:
+    assert PLACED[name] in (runs[name] / "events.log").read_text()
+    assert digest(runs[name]) == GOLDEN[name]
+    assert hashlib.sha256((runs[name] / "lineage.jsonl").read_bytes()).hexdigest() == LINEAGE[name]
+
+
+@pytest.mark.parametrize("name", list(REPLAYS))
+def test_replays_give_the_golden_weights(runs: dict[str, Path], tmp_path: Path, name: str) -> None:
+    source, workers = REPLAYS[name]
+    assert main(["train", "--replay", str(runs[source]), "--run-dir", str(tmp_path / "replay"),
+                 "--workers", str(workers), "--quiet"]) == 0
+    assert PLACED[name] in (tmp_path / "replay" / "events.log").read_text()
+    assert digest(tmp_path / "replay") == GOLDEN[name] == GOLDEN[source]
