@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrain.errors import InputError, did_you_mean
+from memtrain.models.registry import IMPORT_OPTIONS, import_path
 from memtrain.train.optim import OptimizerConfig
 
 # Bound of train.workers (and train.blas_threads): each worker is a process with its own maps, two pipes and
@@ -290,6 +291,13 @@ def _model_config(values: dict[str, Any], where: Any, base: Path) -> ModelConfig
     kind = values.pop("kind", ModelConfig.kind)
     if not isinstance(kind, str):
         raise InputError("wrong type for model.kind", path=where, expected="a string", found=repr(kind))
+    for key, text in (("kind", kind), *((k, values.get(k)) for k in IMPORT_OPTIONS)):
+        if isinstance(text, str) and ":" in text:  # the user's code: a module's dotted name, never a path
+            try:
+                import_path(text, f"model.{key}")
+            except InputError as exc:
+                exc.path = where
+                raise
     if ":" in kind or kind == "torch" or "code_dir" in values:
         code_dir = values.get("code_dir", ".")
         if not isinstance(code_dir, str):

@@ -9,6 +9,7 @@ falls back to an older checkpoint if a file or the metadata itself is bad.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import time
@@ -27,6 +28,7 @@ from memtrain.files import (
     no_space_error,
     open_new,
     open_npy,
+    open_regular,
     read_json,
     unseal,
     verify_checksum,
@@ -86,7 +88,7 @@ def write_checkpoint(run_dir: Path, update: int, meta: dict[str, Any], weights: 
 
 def _copy_durable(src: Path, dst: Path) -> dict[str, Any]:
     fault_point("write")
-    with open(src, "rb") as reader, open_new(dst) as writer:
+    with open_regular(src) as reader, open_new(dst) as writer:  # a FIFO at src must not block the checkpoint
         shutil.copyfileobj(reader, writer, 8 << 20)
         writer.flush()
         os.fsync(writer.fileno())
@@ -145,18 +147,49 @@ def read_meta(path: Path) -> dict[str, Any]:
 def _check_fields(meta: dict[str, Any], file: Path) -> None:
     """Every field a resume or a load reads, with its type: a missing one is a damaged checkpoint, not a KeyError."""
     position = meta.get("position")
-    problems = [] if isinstance(position, dict) else ["position"]
-    if isinstance(position, dict):
-        problems += [f"position.{key}" for key in POSITION_KEYS if key not in position]
-        problems += [f"position.{key}" for key in ("epoch", "batch", "version", "epoch_rows", "skipped")
-                     if not _count(position.get(key))]
+    problems = _position_problems(position) if isinstance(position, dict) else ["position"]
     problems += [key for key in ("layout", "data", "model", "optimizer") if not isinstance(meta.get(key), dict)]
     if problems:
-        raise CorruptFileError("checkpoint metadata lacks or mangles a field", path=file, where=", ".join(problems))
+        raise CorruptFileError("checkpoint metadata lacks or mangles a field", path=file, where=", ".join(problems),
+                               expected="every position field of its type, in range (counts 0 to 10^12, bases "
+                                        "[updates, version] pairs by increasing updates, applied tasks each once)")
+
+
+# No run counts 10^12 epochs, updates, versions or rows; a larger count in a checkpoint is damage, not a run.
+MAX_COUNT = 10**12
+
+
+def _position_problems(position: dict[str, Any]) -> list[str]:
+    """The fields of a checkpoint's ``position`` that are missing, of the wrong type or out of range."""
+    problems = [f"position.{key}" for key in POSITION_KEYS if key not in position]
+    problems += [f"position.{key}" for key in ("epoch", "batch", "version", "epoch_rows", "skipped")
+                 if key in position and not _count(position[key])]
+    loss = position.get("epoch_loss", 0.0)
+    if isinstance(loss, bool) or not isinstance(loss, int | float) or not math.isfinite(loss):
+        problems.append("position.epoch_loss")
+    if position.get("best") is not None and not isinstance(position["best"], dict):
+        problems.append("position.best")
+    if not _bases_ok(position.get("bases", []), position.get("version")):
+        problems.append("position.bases")
+    applied = position.get("applied", [])
+    if not (isinstance(applied, list) and all(map(_count, applied)) and len(set(applied)) == len(applied)):
+        problems.append("position.applied")
+    return problems
+
+
+def _bases_ok(bases: Any, version: Any) -> bool:
+    """Fixed staleness's ``[updates done, version then]`` pairs: counts, by strictly increasing updates (no
+    duplicates), none of a version newer than the checkpoint's."""
+    if not isinstance(bases, list) or not all(isinstance(pair, list) and len(pair) == 2 and all(map(_count, pair))
+                                              for pair in bases):
+        return False
+    newest = version if _count(version) else MAX_COUNT
+    updates = [n for n, _ in bases]
+    return all(v <= newest for _, v in bases) and updates == sorted(set(updates))
 
 
 def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
 
 
 def _file_name(name: str) -> bool:

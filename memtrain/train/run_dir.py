@@ -438,6 +438,15 @@ def log_event(path: Path, text: str) -> None:
     append_text(path / RUN_EVENTS, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
 
 
+def run_is_live(path: Path) -> bool:
+    """Whether a live ``memtrain train`` holds the run directory's lock (``refuse_live_run`` refuses it)."""
+    try:
+        refuse_live_run(path)
+    except InputError:
+        return True
+    return False
+
+
 def refuse_live_run(path: Path) -> None:
     """Refuse, with advice that works, to start in a run directory that a live ``memtrain train`` holds.
 

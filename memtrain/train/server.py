@@ -319,7 +319,8 @@ class Trainer:
             self.log(f"fixed staleness {train.staleness}: in the {train.staleness_in} "
                      f"(train.staleness_in = {train.staleness_in!r})")
         if self.job.run.cluster:  # synchronous only (``train`` refuses the other modes there)
-            self.placement = OnCluster(open_cluster(self.job, self._setup(), self.run_dir, self.log), self.log)
+            self.placement = OnCluster(open_cluster(self.job, self._setup(), self.run_dir, self.log,
+                                                    stopped=lambda: self.stop.signum), self.log)
             return Engine.ROUNDS
         if self.lineage is None and train.mode == "sync" and train.staleness_in == "rounds":
             self.placement = Placement(workers=train.workers, tasks=train.tasks_per_update, cores=CORES,
