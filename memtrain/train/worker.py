@@ -25,8 +25,8 @@ import numpy as np
 from memtrain.dataset import Dataset, open_dataset
 from memtrain.errors import MemtrainError
 from memtrain.faults import straggler_factor
-from memtrain.files import writing_npy
-from memtrain.layout import ROUND_BOARD, gradient_name, weights_path
+from memtrain.layout import ROUND_BOARD, partial_name, statistics_dir, weights_path
+from memtrain.train.additive import task_partial
 from memtrain.train.context import model_context
 from memtrain.train.desk import DeskParticipant
 from memtrain.train.gradient import TaskGradient
@@ -202,11 +202,10 @@ class WorkerState:
         return self.context.normalize(x), np.asarray(y)
 
     def statistics(self, message: StatsTask) -> Result:
-        shapes = self.context.stats_layout
-        x, y = self.rows("train", message.lo, message.hi)
-        out = self.exchange / gradient_name(0, message.task, message.attempt)
-        with writing_npy(out, (shapes.size,), np.float64, durable=False) as flat:
-            self.context.model.statistics(x, y, shapes.views(flat))
+        """An additive model's partial of one task, streamed ``chunk_rows`` rows at a time (train/additive.py)."""
+        task_partial(statistics_dir(self.run_dir) / partial_name(message.task, message.attempt),
+                     self.context.stats_layout, self.context.model, message.lo, message.hi, message.chunk_rows,
+                     lambda a, b: self._read("train", a, b))
         return Result(task=message.task, attempt=message.attempt, outcome=Outcome.DONE, rows=message.hi - message.lo)
 
     def evaluate(self, message: EvalTask) -> Result:
