@@ -43,6 +43,7 @@ from memtrain.layout import (  # noqa: E402
 from memtrain.train import server, weights  # noqa: E402
 from memtrain.train.context import model_context  # noqa: E402
 from memtrain.train.messages import GradTask, Outcome, Result, RoundSetup, WorkerSetup  # noqa: E402
+from memtrain.train.optim import OptimizerConfig  # noqa: E402
 from memtrain.train.pools import open_cluster  # noqa: E402
 from memtrain.train.weights import publish_weights  # noqa: E402
 from tests.cluster_tasks import open_files_under  # noqa: E402
@@ -247,7 +248,7 @@ def test_a_worker_that_joins_later_gets_a_slot_and_work_and_its_leaving_is_seen(
                         slots=1)
     setup = WorkerSetup(server_pid=os.getpid(), run_dir=str(run), exchange_dir=str(exchange), dataset=str(dataset),
                         normalize=True, model_kind="mlp", model_options=(("hidden", [16]),), blas_threads=1,
-                        optimizer=(), rounds=rounds)
+                        optimizer=OptimizerConfig(), rounds=rounds)
     logs: list[str] = []
     pool = ClusterPool(client, setup, server_probe(dataset, run, exchange), log=logs.append)
     late = []

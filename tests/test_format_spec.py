@@ -34,7 +34,7 @@ MADE = {
     "metrics_name": lambda: [layout.metrics_name(390, 1, 0)],
     "streamed_gradient_name": lambda: [layout.streamed_gradient_name(390, 1, 0)],
     "spare_gradient_name": lambda: [layout.spare_gradient_name(390, 1, 0)],
-    "gradient_buffer_name": lambda: [layout.gradient_buffer_name(0), layout.gradient_buffer_name(3)],
+    "gradient_buffer_name": lambda: [layout.gradient_buffer_name(task, bank) for task in (0, 3) for bank in (0, 1)],
     "building_path": lambda: [layout.building_path(Path(), 391, 4242).as_posix()],
     "state_buffer_name": lambda: [layout.state_buffer_name("m", 0), layout.state_buffer_name("v", 1)],
     "desk_buffer_name": lambda: [layout.desk_buffer_name(0, 0), layout.desk_buffer_name(1, 4)],

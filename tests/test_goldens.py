@@ -90,6 +90,24 @@ GOLDEN = {  # recorded from 30339bc (the old code); see the module docstring
     "replay-async-desk": "cfefc6e9c619e045983a57343441ff2b88558c4088ac63f296a26ab65db04db2",
     "replay-async-server": "d1c2b8d08a5d1603b372a057f3d223097a48a25632b5da0f9160a98249d571af",
 }
+# the sha256 of each run's lineage.jsonl, recorded from 30339bc too: the on-disk record of every update
+# (rows, versions read, learning rates, checksums; the additive models' one line) is byte for byte the old one
+LINEAGE = {
+    "sync-1": "336433027da5b83a29007850ae55cf8a902fff38d07fa550eb85bb39d99060ce",
+    "sync-2": "336433027da5b83a29007850ae55cf8a902fff38d07fa550eb85bb39d99060ce",
+    "sync-4": "336433027da5b83a29007850ae55cf8a902fff38d07fa550eb85bb39d99060ce",
+    "sync-server": "336433027da5b83a29007850ae55cf8a902fff38d07fa550eb85bb39d99060ce",
+    "staleness-rounds": "06ac95b3a2ced051aed88a6ebedca0c552b87bdefd63eb519362fef148606ed1",
+    "staleness-stream": "06ac95b3a2ced051aed88a6ebedca0c552b87bdefd63eb519362fef148606ed1",
+    "staleness-stream-server": "06ac95b3a2ced051aed88a6ebedca0c552b87bdefd63eb519362fef148606ed1",
+    "async-desk": "943ddbb00e1fc86042577c82efa8fc68db23bcab882f75dc3109178340812dd9",
+    "async-server": "25af92c2f8f1f6238fb38a8c686541639b7d97143352ea64f173847298130f90",
+    "cluster-local-2": "336433027da5b83a29007850ae55cf8a902fff38d07fa550eb85bb39d99060ce",
+    "ridge": "f1eeafe363b6e717f9193ce028e5b486590d7d6cdd60b33c8859fa1b0ca7e2db",
+    "naive-bayes": "f2c3f14ad8e448aca8c57bceedd8fe8495a8f55af4da0750cdde22f66ad7de0b",
+    "torch-sync": "98768aabe795f8da7bb38af70f8e3c8a47ad129327a225ebc0becd4ff72e25c5",
+    "torch-async-server": "683a5a9af6bf72545d441ccd158c29de9ae77a4aeb4289ec7a1fed807259b64d",
+}
 # what events.log says of where each run computed and stepped: the golden is of the placement named
 PLACED = {
     "sync-1": "rounds: on 1 worker processes", "sync-2": "rounds: on 2 worker processes",
@@ -137,6 +155,7 @@ def digest(run: Path) -> str:
 def test_final_weights_are_the_golden_ones(runs: dict[str, Path], name: str) -> None:
     assert PLACED[name] in (runs[name] / "events.log").read_text()
     assert digest(runs[name]) == GOLDEN[name]
+    assert hashlib.sha256((runs[name] / "lineage.jsonl").read_bytes()).hexdigest() == LINEAGE[name]
 
 
 @pytest.mark.parametrize("name", list(REPLAYS))

@@ -253,3 +253,21 @@ def test_mlp_learns_xor():
     config = OptimizerConfig("adam", lr=0.03, schedule="cosine", warmup_updates=10)
     assert train_full_batch("mlp", {"hidden": [32]}, spec, x, y, config, 300) > 0.95
     assert train_full_batch("softmax", {}, spec, x, y, config, 300) < 0.75
+
+
+def test_an_unknown_optimizer_name_is_refused_never_run_as_another() -> None:
+    """The optimizer table (optim.OPTIMIZERS) is the only way from a name to a step: a name that is not in it is
+    a clear error, at the job's edge and at the step (were a config to get past the edge), never Adam."""
+    with pytest.raises(InputError, match="bad value for train.optimizer") as refused:
+        OptimizerConfig(name="lion")
+    assert "'sgd' or 'adam' or 'adamw'" in str(refused.value)
+    config = OptimizerConfig(name="adam")
+    object.__setattr__(config, "name", "lion")  # past the edge's check, as a hand-built record could be
+    weights, grad = np.ones(4, np.float32), np.ones(4, np.float32)
+    state = {k: np.zeros(4, np.float32) for k in ("m", "v")}
+    out, state_out = np.zeros(4, np.float32), {k: np.zeros(4, np.float32) for k in ("m", "v")}
+    with pytest.raises(InputError, match="bad value for train.optimizer"):
+        apply_update(config, 1, 0.1, weights, grad, state, out, state_out)
+    with pytest.raises(InputError, match="bad value for train.optimizer"):
+        state_slots(config)
+    assert not out.any(), "nothing was stepped"

@@ -24,6 +24,7 @@ from watchdog.observers import Observer
 from memtrain.layout import gradient_name
 from memtrain.train.exchange import WorkerPool
 from memtrain.train.messages import RoundSetup, StatsTask, WorkerSetup
+from memtrain.train.optim import OptimizerConfig
 
 WORKERS = 2
 
@@ -91,7 +92,7 @@ def setup(tmp_path: Path) -> WorkerSetup:
                         on_nonfinite="stop", slots=WORKERS)
     return WorkerSetup(server_pid=os.getpid(), run_dir=str(tmp_path / "run"), exchange_dir=str(exchange),
                        dataset=str(data), normalize=False, model_kind="naive_bayes", model_options=(), blas_threads=1,
-                       optimizer=(("name", "sgd"),), rounds=rounds)
+                       optimizer=OptimizerConfig(name="sgd"), rounds=rounds)
 
 
 def spawned(pid: int) -> bool:

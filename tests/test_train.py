@@ -22,16 +22,20 @@ from memtrain.layout import ROUND_BOARD, checkpoint_updates, weight_versions, we
 from memtrain.train.context import model_context
 from memtrain.train.marks import Board, Cancelled, Ledger
 from memtrain.train.messages import (
+    Engine,
     EvalTask,
+    GradTask,
     Outcome,
+    Ready,
     Result,
     RoundSetup,
     StatsTask,
+    Stop,
     Stretch,
     StretchEnd,
     WorkerSetup,
 )
-from memtrain.train.optim import apply_update, learning_rate, state_slots
+from memtrain.train.optim import OptimizerConfig, apply_update, learning_rate, state_slots
 from memtrain.train.plan import epoch_updates, step_slices, updates_per_epoch
 from memtrain.train.weights import BLOCK
 
@@ -246,13 +250,18 @@ def test_messages_stay_small_whatever_the_sizes() -> None:
                                                                      hi=huge),
         Result(task=huge, attempt=99, outcome=Outcome.DONE, loss=1e300, rows=huge, correct=huge),
         StretchEnd(generation=huge, slot=huge, outcome=Outcome.CANCELLED),
+        Stretch(generation=huge, epoch=huge, first=huge, stop=huge, version=huge, slot=huge, participants=huge,
+                slices=0, engine=Engine.DESK, group=huge, max_staleness=huge),
+        GradTask(task=huge, attempt=99, update=huge, version=huge, lo=huge, hi=huge,
+                 spare="g-s00000001-t00001-a001.npy", in_place=True),
+        Stop(), Ready(pid=huge),
     ]
     for message in messages:
         assert len(pickle.dumps(message)) < 400, message
     rounds = RoundSetup(batch_size=huge, tasks_per_update=huge, seed=huge, epochs=huge, keep_versions=huge,
                         on_nonfinite="skip", slots=huge)
     setup = WorkerSetup(server_pid=1, run_dir="/r", exchange_dir="/x", dataset="/d", normalize=True, model_kind="mlp",
-                        model_options=(("hidden", (1024, 1024)),), blas_threads=1, optimizer=(("name", "adam"),),
+                        model_options=(("hidden", (1024, 1024)),), blas_threads=1, optimizer=OptimizerConfig(),
                         rounds=rounds)
     assert len(pickle.dumps(setup)) < 900
 

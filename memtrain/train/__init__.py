@@ -19,14 +19,40 @@ Which process runs which module:
                                             worker.py   messages in, answers out
     ------------------------- both (the server when train.workers = 0) -------------------------
     rounds.py      the round, one loop: step the previous update's slice, meet, compute this update's
-                   gradients, meet; slot 0 publishes (fixed staleness: one meeting per update)
+                   gradients, meet; slot 0 publishes (fixed staleness: one meeting per update);
+                   RoundFiles.step_and_publish: the one whole-vector step (desk, stream)
+    gradient.py    a task's loss and gradient: seeds, fault point, timing, straggler hook, read audit
     marks.py       the board the participants meet at (marks, ledger, activities) and the records
     doorbell.py    sleeping on the board until a mark lands
     reduce.py      gradient buffers -> mean -> optimizer -> a slice of the next version
-    plan.py        the fixed schedule: updates, tasks, who does which task and slice
+    plan.py        the job's updates and tasks (row ranges), who does which task and slice
+    schedule.py    which gradients each update adds, at which version: Planned(k), Arrival, Recorded
     messages.py    the records that cross between processes
-    weights.py     publishing, retiring and recycling weight versions
+    weights.py     publishing, retiring and recycling weight versions; the one keep rule
     maps.py, context.py, optim.py, normalize.py     maps kept between tasks, the model, the optimizer
 
-docs/round.md walks through one round.
+docs/round.md walks through one round; docs/how-it-works.md follows one update through these modules.
+
+Glossary (one name per concept, everywhere in this package):
+
+    version      a published weight file, weights/vNNNNNNNN.npy; an applied update makes version + 1
+    update       one optimizer step: its number in the whole run (epoch * updates per epoch + batch);
+                 in async mode an update is a group of gradients
+    batch        an update's number within its epoch
+    task         a piece of rows whose gradient one process computes: its number within its update (the
+                 reduction adds in this order); in async mode its number in the epoch's task stream
+    attempt      how many times a task was started before (a retry after a death: a new file name)
+    schedule     what is computed: which gradients each update adds, at which version (schedule.py)
+    engine       who steps: the rounds (slices, marks), the desk (groups), or the server (the whole
+                 vector: in the server, streamed, on a cluster); messages.Engine names the first two
+    stretch      a run of updates handed to every participant at once (messages.Stretch)
+    slot         a participant's number in a stretch (a worker process, or the server itself)
+    generation   a stretch's number: the marks of an older stretch never count for a newer one
+    mark         a word a participant writes on the board when its part of a meeting is done (marks.py)
+    ledger       the last update finished and the version after it: where the next stretch starts
+    record       how an update (rounds) or a group (desk) ended, in the exchange area, status written last
+    lineage      lineage.jsonl: per version, the rows and the version each gradient was computed at
+    staleness    how many versions older than its update's parent a gradient was computed at
+    keep rule    weights.versions_to_keep: the newest run.keep_versions, and every version still read
+    outcome      how a piece of work ended (messages.Outcome), a task's, a participant's or a stretch's
 """

@@ -58,6 +58,7 @@ from memtrain.train.messages import Outcome, Stretch
 from memtrain.train.optim import learning_rate
 from memtrain.train.plan import TaskRange, Update, async_updates_per_epoch, task_stream
 from memtrain.train.rounds import RoundFiles
+from memtrain.train.schedule import Arrival
 from memtrain.train.state import Position
 from memtrain.train.weights import weights_digest
 
@@ -164,7 +165,8 @@ class DeskParticipant:
 
     def __init__(self, files: RoundFiles, stretch: Stretch, *, alive: Callable[[], None]):
         self.files, self.stretch, self.slot, self.alive = files, stretch, stretch.slot, alive
-        self.group, self.max_staleness = stretch.group, stretch.max_staleness
+        self.group = stretch.group
+        self.arrival = Arrival(group=stretch.group, max_staleness=stretch.max_staleness)  # the schedule
         exchange = files.exchange
         self.desk = Desk(exchange, stretch.participants, self.group)
         self.tasks = open_npy(exchange / ASYNC_TASKS, dtype=np.int64)  # task numbers of the epoch's task stream
@@ -265,10 +267,9 @@ class DeskParticipant:
         desk = self.desk
         with desk.locked() as words:
             desk.claims[self.slot] = (-1, -1)
-            # the version this gradient's group will step from, at most: the newest, plus one for each group
-            # handed over and not finished yet (the group being filled is the next one handed over)
-            base = words[NEWEST] + words[HANDED] - words[GROUPS]
-            if base - at > self.max_staleness:
+            # the version this gradient's group will step from, at most (the group being filled is the next
+            # one handed over)
+            if self.arrival.stale(Arrival.base(words[NEWEST], words[HANDED], words[GROUPS]), at):
                 desk.redo[words[REDO]] = index
                 words[REDO] += 1
                 words[DISCARDED] += 1
@@ -278,7 +279,7 @@ class DeskParticipant:
             desk.pending_loss[n] = (loss, seconds)
             desk.busy[self.slot, buffer] = 1
             last = (words[NEXT] >= len(self.tasks) and not words[REDO] and (desk.claims[:, 0] < 0).all())
-            if n + 1 < self.group and not last:
+            if not self.arrival.full(n + 1, last):
                 words[PENDING] = n + 1
                 return None
             number = int(words[HANDED])

@@ -40,6 +40,13 @@ def update_record(*, version: int, update: int, epoch: int, batch: int, tasks: l
             **extra}
 
 
+def solve_record(*, tasks: list[tuple[int, int]], solve: str, checksum: str) -> dict[str, Any]:
+    """The one line of an additive model's run: version 1, solved by the model ``solve`` names from the
+    sufficient statistics of ``tasks`` (row ranges of the train split, summed in this order); no gradients."""
+    return {"version": 1, "parent": 0, "update": 1, "epoch": 1, "split": "train", "tasks": [list(t) for t in tasks],
+            "solve": solve, "checksum": checksum}
+
+
 @dataclass(frozen=True)
 class Gradient:
     """One gradient added into an update: train rows [lo, hi), computed at weight version ``at``."""

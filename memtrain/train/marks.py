@@ -55,12 +55,13 @@ WORD = np.dtype("<i8")
 SPIN_SECONDS = 200e-6
 ALIVE_EVERY = 1.0  # seconds between the waiter's checks that its server is still there
 
-# Board words
-CANCEL, LEDGER, READY, DOORBELL, ACTIVITIES = 0, 1, 4, 6, 8
+# The board's header words, by index: the cancel word, the ledger (three words: generation, update,
+# version), the ready mark, the doorbell (train/doorbell.py), then ACTIVITY_WORDS per slot
+CANCEL, LEDGER, READY_MARK, DOORBELL, ACTIVITIES = 0, 1, 4, 6, 8
 ACTIVITY_WORDS = 5  # generation, kind, update, item, started (ns of CLOCK_MONOTONIC)
 
-# Activity kinds
-WAITING, GRADIENT, STEP, PUBLISH, READY = 0, 1, 2, 3, 4
+# Activity kinds (a slot's activity word ``kind``)
+WAITING, GRADIENT, STEP, PUBLISH, READYING = 0, 1, 2, 3, 4
 
 # Record status
 PENDING, PUBLISHED, SKIPPED = 0, 1, 2
@@ -144,12 +145,13 @@ class Board:
         self._write(self._marks(self.step_words, update, slot + 1).stop - 1, value if finite else -value)
 
     def mark_ready(self, generation: int, update: int) -> None:
-        self._write(READY, mark_value(generation, update))
+        self._write(READY_MARK, mark_value(generation, update))
 
     def wait_gradients(self, generation: int, update: int, participants: int, alive: Callable[[], None]) -> bool:
         """Wait for every participant's gradients mark of ``update`` and for the ready mark; True if all finite."""
         value, marks = mark_value(generation, update), self._marks(self.grad_words, update, participants)
-        words = self._wait(generation, alive, lambda w: w[READY] >= value and all(abs(m) == value for m in w[marks]))
+        words = self._wait(generation, alive,
+                           lambda w: w[READY_MARK] >= value and all(abs(m) == value for m in w[marks]))
         return all(m > 0 for m in words[marks])
 
     def wait_step(self, generation: int, update: int, participants: int, alive: Callable[[], None]) -> bool:
@@ -164,7 +166,7 @@ class Board:
         update ``grads`` (and the ready mark); whether the step's slices, and the gradients, are all finite."""
         step_value, steps = mark_value(generation, step), self._marks(self.step_words, step, participants)
         grads_value, marks = mark_value(generation, grads), self._marks(self.grad_words, grads, participants)
-        words = self._wait(generation, alive, lambda w: w[READY] >= grads_value
+        words = self._wait(generation, alive, lambda w: w[READY_MARK] >= grads_value
                            and all(abs(m) == grads_value for m in w[marks])
                            and all(abs(m) == step_value for m in w[steps]))
         return all(m > 0 for m in words[steps]), all(m > 0 for m in words[marks])

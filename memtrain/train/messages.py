@@ -1,6 +1,6 @@
 """The small records that cross between the server and its workers: file names and integers, never arrays.
 
-Every record is keyword-only and typed. A test pickles each of them and checks that it stays a few
+Every record is keyword-only and typed. A test (tests/test_train.py) pickles each of them and checks that it stays a few
 hundred bytes whatever the model and data.
 
 Counters have one name each, everywhere in ``memtrain/train/``:
@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+
+from memtrain.train.optim import OptimizerConfig
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,8 +46,16 @@ class WorkerSetup:
     model_kind: str
     model_options: tuple[tuple[str, object], ...]
     blas_threads: int
-    optimizer: tuple[tuple[str, object], ...]  # OptimizerConfig fields
+    optimizer: OptimizerConfig  # the job's, as validated (config.py)
     rounds: RoundSetup
+
+
+class Engine(enum.Enum):
+    """Who steps in a stretch: the participants meeting at marks, each stepping a slice (train/rounds.py), or
+    each claiming tasks at the desk and stepping whole groups (train/desk.py)."""
+
+    ROUNDS = "rounds"
+    DESK = "desk"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,8 +77,9 @@ class Stretch:
     participants: int
     slices: int
     bases: tuple[tuple[int, int], ...] = ()  # fixed staleness: (updates done, the version then) still read
-    # async mode at the desk (train/desk.py): gradients per group (0: the rounds), and the staleness allowed
-    group: int = 0
+    engine: Engine = Engine.ROUNDS
+    # at the desk (train/desk.py): gradients per group, and the staleness allowed
+    group: int = 1
     max_staleness: int = 0
 
 
@@ -127,10 +138,15 @@ Message = Stretch | EvalTask | StatsTask | GradTask | Stop
 
 
 class Outcome(enum.Enum):
+    """How a piece of work ended: a task or a participant's stretch (its answer), or a whole stretch as the
+    server saw it (train/scheduler.py ``run_stretch``)."""
+
     DONE = "done"
     NONFINITE = "nonfinite"  # a stretch stopped at a non-finite update (train.on_nonfinite = "stop")
     CANCELLED = "cancelled"  # a stretch the server called off (a fault elsewhere, a stop signal)
     FAILED = "failed"  # the work raised; ``error`` has the text
+    FAULT = "fault"  # the server's view: a participant died or was killed; the next stretch restarts from the ledger
+    STOPPED = "stopped"  # the server's view: a stop signal
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,6 +12,7 @@ cast to ``np.float32`` once, so results do not depend on numpy's scalar promotio
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from numbers import Real
 
@@ -20,7 +21,6 @@ import numpy as np
 from memtrain.errors import InputError
 
 F32 = np.float32
-OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "cosine", "step")
 
 
@@ -43,7 +43,7 @@ class OptimizerConfig:
     min_lr: float = 0.0  # cosine floor
 
     def __post_init__(self) -> None:
-        _check_choice("train.optimizer", self.name, OPTIMIZERS)
+        _check_choice("train.optimizer", self.name, tuple(OPTIMIZERS))
         _check_choice("train.schedule", self.schedule, SCHEDULES)
         _check_number("train.lr", self.lr, "a number > 0", lambda v: v > 0)
         _check_number("train.momentum", self.momentum, "a number in [0, 1)", lambda v: 0 <= v < 1)
@@ -80,9 +80,16 @@ def _check_int(key: str, value: object, minimum: int) -> None:
 
 def state_slots(config: OptimizerConfig) -> tuple[str, ...]:
     """Names of the per-parameter state vectors (each as long as the weights, initially zeros)."""
-    if config.name == "sgd":
-        return ("m",) if config.momentum > 0 else ()
-    return ("m", "v")
+    return optimizer_entry(config).slots(config)
+
+
+def optimizer_entry(config: OptimizerConfig) -> Optimizer:
+    """The table's entry for ``config.name``; an unknown name is an error, never another optimizer."""
+    entry = OPTIMIZERS.get(config.name)
+    if entry is None:
+        raise InputError("bad value for train.optimizer", expected=" or ".join(repr(c) for c in OPTIMIZERS),
+                         found=repr(config.name))
+    return entry
 
 
 def learning_rate(config: OptimizerConfig, update: int, total_updates: int) -> float:
@@ -119,10 +126,7 @@ def apply_update(config: OptimizerConfig, step: int, lr: float, weights: np.ndar
     ``scratch``: a float32 array as long as the slice for the temporary (Adam's, weight decay's, Nesterov's),
     so that a step allocates nothing; one is made when None. The arithmetic is the same either way.
     """
-    if config.name == "sgd":
-        _sgd(config, lr, weights, grad, state_in, weights_out, state_out, scratch)
-    else:
-        _adam(config, step, lr, weights, grad, state_in, weights_out, state_out, scratch)
+    optimizer_entry(config).step(config, step, lr, weights, grad, state_in, weights_out, state_out, scratch)
 
 
 def _with_l2(weight_decay: float, weights: np.ndarray, grad: np.ndarray, scratch: np.ndarray | None) -> np.ndarray:
@@ -134,8 +138,9 @@ def _with_l2(weight_decay: float, weights: np.ndarray, grad: np.ndarray, scratch
     return g
 
 
-def _sgd(config: OptimizerConfig, lr: float, weights: np.ndarray, grad: np.ndarray, state_in: dict[str, np.ndarray],
-         weights_out: np.ndarray, state_out: dict[str, np.ndarray], scratch: np.ndarray | None) -> None:
+def _sgd(config: OptimizerConfig, step: int, lr: float, weights: np.ndarray, grad: np.ndarray,
+         state_in: dict[str, np.ndarray], weights_out: np.ndarray, state_out: dict[str, np.ndarray],
+         scratch: np.ndarray | None) -> None:
     """buf = momentum * buf + g; direction = g + momentum * buf (nesterov) or buf; w -= lr * direction."""
     g = _with_l2(config.weight_decay, weights, grad, scratch)
     direction = g
@@ -178,3 +183,21 @@ def _adam(config: OptimizerConfig, step: int, lr: float, weights: np.ndarray, gr
         np.subtract(weights_out, scratch, out=weights_out)
     else:
         np.subtract(weights, scratch, out=weights_out)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Optimizer:
+    """One optimizer of the table: the state vectors it keeps, and its step on one slice (``apply_update``'s
+    arguments, ``scratch`` last)."""
+
+    slots: Callable[[OptimizerConfig], tuple[str, ...]]
+    step: Callable[..., None]
+
+
+# Every optimizer, by its job name (train.optimizer): adding one is one entry here. ``apply_update`` and
+# ``state_slots`` look the name up; a name that is not here is refused, never run as another optimizer.
+OPTIMIZERS: dict[str, Optimizer] = {
+    "sgd": Optimizer(slots=lambda config: ("m",) if config.momentum > 0 else (), step=_sgd),
+    "adam": Optimizer(slots=lambda config: ("m", "v"), step=_adam),
+    "adamw": Optimizer(slots=lambda config: ("m", "v"), step=_adam),
+}

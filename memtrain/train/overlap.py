@@ -4,8 +4,10 @@ docs/async.md says what they are for. Both run on the task stream (train/schedul
 the worker side of train/stream.py: a worker computes a gradient at the version its task names, into a
 file of its own name. The server adds each update's gradients in the order below, steps the whole
 vector (train/reduce.py: the same arithmetic as the round) into a file nobody reads and publishes it by
-a link. Published versions are never written again, so no process can read weights that are being
-written; a version is retired only once no task in flight or still to come reads it.
+a rename that never replaces (RoundFiles.step_and_publish, the desk's too). Published versions are never
+written again, so no process can read weights that are being written; a version is retired only once no
+task in flight or still to come reads it (weights.versions_to_keep). What each loop computes is its
+schedule's (train/schedule.py): ``Planned``, ``Arrival``, ``Recorded``.
 
 - **Fixed staleness streamed** (``train.staleness = k``, ``train.staleness_in = "stream"``; by default it
   runs in the rounds, train/rounds.py): update n of the run computes its gradients at the version
@@ -43,8 +45,9 @@ from memtrain.train.lineage import Lineage
 from memtrain.train.logbook import Logbook
 from memtrain.train.messages import GradTask, Result
 from memtrain.train.optim import learning_rate
-from memtrain.train.plan import TaskRange, Update, gradient_base, live_bases, startable_updates, task_stream
+from memtrain.train.plan import TaskRange, Update, task_stream
 from memtrain.train.rounds import RoundFiles
+from memtrain.train.schedule import Arrival, Planned, Recorded
 from memtrain.train.scheduler import TaskStream
 from memtrain.train.state import Position
 from memtrain.train.stream import discard
@@ -79,7 +82,7 @@ class Overlap:
 
     def staleness_epoch(self, position: Position) -> None:
         """The rest of ``position``'s epoch: update n of the run at the version after max(0, n - k) updates."""
-        k = self.job.train.staleness
+        planned = Planned(staleness=self.job.train.staleness)
         updates = self.files.plan.updates(position.epoch)
         first = updates[0].update  # the epoch's first update, counted over the run
         # updates done -> the version then (the logbook keeps position.bases as updates are applied)
@@ -87,8 +90,8 @@ class Overlap:
         submitted = position.batch
         arrived: dict[tuple[int, int], Arrived] = {}
         while position.batch < len(updates):
-            while first + submitted in startable_updates(first + position.batch, k, first + len(updates)):
-                version = bases[gradient_base(first + submitted, k)]
+            while first + submitted in planned.startable(first + position.batch, first + len(updates)):
+                version = bases[planned.at(first + submitted)]
                 for rows in updates[submitted].tasks:
                     self.submit(update=updates[submitted].update, rows=rows, version=version)
                 submitted += 1
@@ -97,7 +100,7 @@ class Overlap:
             while position.batch < submitted and all((updates[position.batch].update, t.task) in arrived
                                                      for t in updates[position.batch].tasks):
                 update = updates[position.batch]
-                live = live_bases(update.update + 1, k)  # the bases of every later update
+                live = planned.live(update.update + 1)  # the bases of every later update
                 self.apply(position, update, [arrived.pop((update.update, t.task)) for t in update.tasks],
                            oldest=bases.get(live.start, position.version))
                 bases = dict(position.bases)
@@ -108,7 +111,7 @@ class Overlap:
     def async_epoch(self, position: Position) -> None:
         """The rest of ``position``'s epoch: every task not applied yet, each at the newest version when a
         worker is free, applied ``async_group`` at a time in arrival order."""
-        train = self.job.train
+        arrival = Arrival(group=self.job.train.async_group, max_staleness=self.job.train.max_staleness)
         applied = set(position.applied)
         remaining = deque(t for t in task_stream(self.files.plan.updates(position.epoch)) if t.task not in applied)
         reading: Counter[int] = Counter()  # versions read by the tasks in flight
@@ -124,14 +127,14 @@ class Overlap:
                 # The worker that answered gets its next task at once, at the newest version published so
                 # far: it computes while the server applies what it returned.
                 self.top_up(remaining, reading, position.version)
-                if position.version - task.version > train.max_staleness:
+                if arrival.stale(position.version, task.version):
                     discard([self.gradient_path(task)])
                     remaining.appendleft(TaskRange(task.task, task.lo, task.hi))
                     recomputed += 1
                     continue
                 group.append((task, result))
                 last = not (remaining or self.stream.in_flight or n + 1 < len(results))  # the epoch's last gradient
-                if len(group) == train.async_group or last:
+                if arrival.full(len(group), last):
                     self.apply_group(position, group, reading, recomputed)
                     group, recomputed = [], 0
                     self.look()
@@ -159,14 +162,12 @@ class Overlap:
     def replay(self, position: Position, lineage: Lineage, check: Callable[[int, str, str | None], None]) -> None:
         """Run the lineage's steps again: each gradient at its recorded version, added in the recorded order,
         stepped with the recorded learning rate; ``check(version, recorded, found)`` after each."""
-        steps = lineage.steps
-        reads_from = [min(g.at for g in step.gradients) for step in steps]
-        for i in range(len(steps) - 2, -1, -1):  # the oldest version any step from i on reads
-            reads_from[i] = min(reads_from[i], reads_from[i + 1])
+        recorded = Recorded(lineage.steps)
+        steps, reads_from = recorded.steps, recorded.reads_from()  # the oldest version any step from i on reads
         submitted, applied = 0, 0
         arrived: dict[tuple[int, int], Arrived] = {}
         while applied < len(steps):
-            while submitted < len(steps) and max(g.at for g in steps[submitted].gradients) <= position.version:
+            while submitted < len(steps) and recorded.ready(submitted, position.version):
                 step = steps[submitted]
                 for i, gradient in enumerate(step.gradients):
                     self.submit(update=submitted, rows=TaskRange(step.task(i), gradient.lo, gradient.hi),

@@ -35,11 +35,15 @@ class Scratch:
         self.optimizer = np.empty(length, dtype=np.float32)
 
 
-def reduce_and_step(grads: list[np.ndarray], rows: int, weights: np.ndarray, state_in: dict[str, np.ndarray],
+def reduce_and_step(*, grads: list[np.ndarray], rows: int, weights: np.ndarray, state_in: dict[str, np.ndarray],
                     weights_out: np.ndarray, state_out: dict[str, np.ndarray], lo: int, hi: int,
                     optimizer: OptimizerConfig, step: int, lr: float, digests: np.ndarray,
                     trainable: int | None = None, scratch: Scratch | None = None) -> bool:
     """Fused, chunked: mean gradient of ``grads`` (added in list order) -> optimizer -> ``weights_out``.
+
+    Every argument is named (keyword-only): the step's inputs ``weights`` and ``state_in`` (version
+    ``step`` - 1), its outputs ``weights_out`` and ``state_out`` (version ``step``), the slice ``[lo, hi)``
+    stepped, ``rows`` the update's row count (the mean's divisor), ``lr`` its learning rate.
 
     Each chunk is one checksum block (``lo`` is a multiple of CHUNK); its digest goes to row ``a // CHUNK``
     of ``digests``, hashed while the chunk is still in cache. Finiteness is checked on the new weights

@@ -66,7 +66,7 @@ from memtrain.train.marks import (
     LOSS_NONFINITE,
     PUBLISH,
     PUBLISHED,
-    READY,
+    READYING,
     SKIPPED,
     STEP,
     WAITING,
@@ -83,11 +83,11 @@ from memtrain.train.plan import (
     Update,
     gradient_bank,
     gradient_banks,
-    gradient_base,
     step_slices,
     task_owner,
 )
 from memtrain.train.reduce import Scratch, reduce_and_step
+from memtrain.train.schedule import Planned
 from memtrain.train.weights import (
     BLOCK,
     commit_weights,
@@ -198,9 +198,11 @@ class RoundFiles:
                        left_from=left_from, path=path)
         left = version - keep + 1 if left_from is None else max(left_from, version - keep + 1)  # older: retired
         parity = version % 2  # the optimizer state of version n is in buffer n % 2, as in the round
-        if not reduce_and_step(grads, rows, self.weights(version), self.state[parity], self.building(version + 1),
-                               self.state[1 - parity], 0, self.size, self.optimizer, version + 1, lr,
-                               self.digests[(version + 1) % 2], self.context.layout.trainable, self.scratch):
+        if not reduce_and_step(grads=grads, rows=rows, weights=self.weights(version), state_in=self.state[parity],
+                               weights_out=self.building(version + 1), state_out=self.state[1 - parity], lo=0,
+                               hi=self.size, optimizer=self.optimizer, step=version + 1, lr=lr,
+                               digests=self.digests[(version + 1) % 2], trainable=self.context.layout.trainable,
+                               scratch=self.scratch):
             return False, left
         commit_weights(path, self.run_dir, version + 1)
         fault_point("after_publish")  # renamed, not recorded yet: the server deletes it, the update is made again
@@ -253,6 +255,7 @@ class Participant:
         self.files, self.stretch, self.alive, self.heartbeat = files, stretch, alive, heartbeat
         self.generation, self.slot = stretch.generation, stretch.slot
         self.staleness = files.setup.staleness
+        self.planned = Planned(staleness=self.staleness)  # the schedule: the version each update's gradients read
         self.version = stretch.version  # the newest complete version (the next step's parent)
         self.weights = files.weights(stretch.version)  # ... mapped
         self.bases = dict(stretch.bases)  # fixed staleness: updates done -> the version then (plan.gradient_base)
@@ -307,12 +310,13 @@ class Participant:
         if self.slice is not None:
             board.doing(self.slot, self.generation, STEP, update.update, self.slot)
             parity = self.version % 2
-            finite = reduce_and_step(self.gradient_buffers(update), update.rows, self.weights,
-                                     files.state[parity], out, files.state[1 - parity], *self.slice, files.optimizer,
-                                     self.version + 1, learning_rate(files.optimizer, update.update,
-                                                                     files.plan.total_updates),
-                                     files.digests[(self.version + 1) % 2],
-                                     files.context.layout.trainable, files.scratch)
+            lo, hi = self.slice
+            finite = reduce_and_step(grads=self.gradient_buffers(update), rows=update.rows, weights=self.weights,
+                                     state_in=files.state[parity], weights_out=out, state_out=files.state[1 - parity],
+                                     lo=lo, hi=hi, optimizer=files.optimizer, step=self.version + 1,
+                                     lr=learning_rate(files.optimizer, update.update, files.plan.total_updates),
+                                     digests=files.digests[(self.version + 1) % 2],
+                                     trainable=files.context.layout.trainable, scratch=files.scratch)
         board.mark_step(self.generation, update.update, self.slot, finite)
         if self.staleness:
             return  # met at the next gradients' meeting
@@ -350,7 +354,7 @@ class Participant:
         then the meeting; ``stepped``: the update whose step this round began with (fixed staleness meets it
         here)."""
         files, board = self.files, self.files.board
-        at = self.bases[gradient_base(update.update, self.staleness)] if self.staleness else self.version
+        at = self.bases[self.planned.at(update.update)] if self.staleness else self.version
         weights = self.weights if at == self.version else files.weights(at)
         finite = True
         for rows in update.tasks:
@@ -393,7 +397,7 @@ class Participant:
         version recorded, whose k older versions must still be there (the server completes a rename its
         publisher died before: Logbook.catch_up), and no more than k + 1 are ever published."""
         if self.readied != version:  # a skipped update asks for the same file again
-            self.files.board.doing(self.slot, self.generation, READY, update.update)
+            self.files.board.doing(self.slot, self.generation, READYING, update.update)
             self.files.ready_building(version)
             self.readied = version
 

@@ -1,24 +1,25 @@
 """Work sent to a transport -> its answers, whatever dies, hangs or fails on the way.
 
-Two kinds of work:
+Three kinds of work:
 - ``run``: a list of tasks (evaluation, statistics) -> their results in task order. A dead worker's task
   is re-run (a new attempt number, so it writes a new file) on its replacement, and whatever the dead
   attempt may have written is deleted at once (``discard``); a task silent past ``task_timeout`` gets its
   worker killed (once), then the same.
 - ``stream``: tasks submitted one at a time -> results as they arrive (the overlapping modes, train/overlap.py:
   fixed staleness and async, whose steps never wait for a whole round), with the same fault rules.
-- ``run_stretch``: one stretch of rounds on several slots at once (train/rounds.py). The server is not in
+- ``run_stretch``: one stretch on several slots at once (the rounds, train/rounds.py, or the desk,
+  train/desk.py). The server is not in
   the rounds' path: it watches the processes, the board's activities (train/marks.py) and the clock.
   A death, a silent participant (killed), a failure or a stop signal calls the stretch off: every other
   participant ends at its next mark, and the server starts the next stretch from the ledger, after the
   last update that was finished.
 
-A piece of work that kills its worker ``max_attempts`` times stops the run naming it and its rows.
+A piece of work that kills its worker ``max_attempts`` times stops the run naming it and its rows. How a
+stretch ended is a ``messages.Outcome``, as a task's or a participant's answer is.
 """
 
 from __future__ import annotations
 
-import enum
 import os
 import time
 from collections import Counter, deque
@@ -34,13 +35,6 @@ from memtrain.train.messages import Outcome, Result, Stretch, StretchEnd, Task
 WAIT_BOUND = 1.0  # seconds: the longest the server blocks without re-checking deadlines and signals
 TICK = 0.1  # seconds between the server's looks at a running stretch (progress, logs, time limits)
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-class Ended(enum.Enum):
-    DONE = "done"
-    NONFINITE = "nonfinite"  # the participants stopped at a non-finite update (train.on_nonfinite = "stop")
-    FAULT = "fault"  # a participant died or was killed; the next stretch restarts from the ledger
-    STOPPED = "stopped"  # a stop signal
 
 
 class Scheduler:
@@ -136,7 +130,7 @@ class Scheduler:
     # --- stretches ---
 
     def run_stretch(self, transport: Transport, board: Board, stretches: list[Stretch],
-                    progress: Callable[[], None]) -> Ended:
+                    progress: Callable[[], None]) -> Outcome:
         """Run one stretch on slots 0..len(stretches)-1; ``progress`` (the server's logging) runs every TICK.
 
         Returns once every participant has ended. A failure, or a piece of work that killed its worker
@@ -157,12 +151,12 @@ class Scheduler:
         if watch.failure is not None:
             raise watch.failure
         if watch.stopped:
-            return Ended.STOPPED
+            return Outcome.STOPPED
         if watch.faults:
-            return Ended.FAULT
+            return Outcome.FAULT
         if any(end.outcome == Outcome.NONFINITE for end in watch.ended.values()):
-            return Ended.NONFINITE
-        return Ended.DONE
+            return Outcome.NONFINITE
+        return Outcome.DONE
 
     def _stretch_event(self, event: Event, watch: _Watch, board: Board) -> None:
         message = event.message

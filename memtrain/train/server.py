@@ -8,7 +8,6 @@ When it runs the rounds itself, it does its own work between two updates (``hear
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import signal
@@ -44,12 +43,12 @@ from memtrain.train.counters import position_text, update_number
 from memtrain.train.datacheck import check_trainable
 from memtrain.train.desk import DeskLog, create_desk
 from memtrain.train.exchange import InServer, WorkerPool
-from memtrain.train.lineage import Lineage
+from memtrain.train.lineage import Lineage, solve_record
 from memtrain.train.logbook import Logbook
 from memtrain.train.marks import (
     GRADIENT,
     PUBLISH,
-    READY,
+    READYING,
     STEP,
     Activity,
     Board,
@@ -57,7 +56,17 @@ from memtrain.train.marks import (
     create_records,
     open_records,
 )
-from memtrain.train.messages import EvalTask, GradTask, Outcome, RoundSetup, StatsTask, Stretch, Task, WorkerSetup
+from memtrain.train.messages import (
+    Engine,
+    EvalTask,
+    GradTask,
+    Outcome,
+    RoundSetup,
+    StatsTask,
+    Stretch,
+    Task,
+    WorkerSetup,
+)
 from memtrain.train.metrics import SHOWN
 from memtrain.train.metrics import collect as validation_metrics
 from memtrain.train.overlap import Overlap, replay_mismatch
@@ -67,7 +76,7 @@ from memtrain.train.pools import OnCluster, Streamed, open_cluster
 from memtrain.train.record import Decision
 from memtrain.train.room import room_needed
 from memtrain.train.run_dir import RunDir, open_run_dir, refuse_live_run
-from memtrain.train.scheduler import CORES, Ended, Scheduler
+from memtrain.train.scheduler import CORES, Scheduler
 from memtrain.train.state import Position, job_updates_per_epoch, resume, save_checkpoint, start_fresh
 from memtrain.train.stream import StreamParticipant
 from memtrain.train.weights import (
@@ -415,9 +424,9 @@ class Trainer:
         finally:  # a stop or a lost cluster mid-stretch: the position (and so a checkpoint) is where it stands
             self.logbook.catch_up(position, board.ledger(), final=True)
         self.report(position)
-        if ended == Ended.STOPPED:
+        if ended == Outcome.STOPPED:
             raise Interrupted("stopped by a signal")
-        if ended == Ended.NONFINITE:  # catch_up raised unless the stop landed before the update was logged
+        if ended == Outcome.NONFINITE:  # catch_up raised unless the stop landed before the update was logged
             raise MemtrainError("a non-finite update stopped the run", hint="see the event log")
         done = position.update_index(self.per_epoch)
         self.placement.observe(self.logbook.timeline[logged:], done, self.plan.total_updates - done)
@@ -443,7 +452,7 @@ class Trainer:
         log = DeskLog(exchange, train.async_group, tasks, ranges, self.per_epoch)
         stretches = [Stretch(generation=self.generation, epoch=position.epoch, first=position.batch,
                              stop=self.per_epoch, version=position.version, slot=slot, participants=participants,
-                             slices=0, group=train.async_group, max_staleness=train.max_staleness)
+                             slices=0, engine=Engine.DESK, group=train.async_group, max_staleness=train.max_staleness)
                      for slot in range(participants)]
         self.epoch_started = started
 
@@ -462,12 +471,12 @@ class Trainer:
             if newer:
                 self.log(f"unpublished versions {newer[0]}-{newer[-1]}: not recorded before the stretch ended")
         self.report(position)
-        if ended == Ended.STOPPED:
+        if ended == Outcome.STOPPED:
             raise Interrupted("stopped by a signal")
-        if ended == Ended.NONFINITE:
+        if ended == Outcome.NONFINITE:
             raise MemtrainError("a non-finite update stopped the run", hint="see the event log")
 
-    def stream(self, stretch: Stretch, position: Position) -> Ended:
+    def stream(self, stretch: Stretch, position: Position) -> Outcome:
         """A stretch run by the server alone, its gradient tasks streamed to the cluster's workers."""
         from memtrain.cluster.sharedfs import needs_sync, sync_for_readers
 
@@ -480,8 +489,8 @@ class Trainer:
             heartbeat=lambda: self.heartbeat(position))
         outcome = participant.run()
         if self.stop.requested:
-            return Ended.STOPPED
-        return Ended.NONFINITE if outcome == Outcome.NONFINITE else Ended.DONE
+            return Outcome.STOPPED
+        return Outcome.NONFINITE if outcome == Outcome.NONFINITE else Outcome.DONE
 
     def overlap_look(self, position: Position) -> None:
         """The server's look between two updates of an overlapping mode: logs and progress, now and then."""
@@ -529,9 +538,7 @@ class Trainer:
         params = self.context.model.solve(self.context.stats_layout.views(self.statistics.summed(partials)))
         checksum = publish_params(self.run_dir.path, 1, self.context.layout, params)
         del params
-        self.run_dir.lineage({"version": 1, "parent": 0, "update": 1, "epoch": 1, "split": "train",
-                              "tasks": [list(p) for p in plan.tasks], "solve": self.job.model.kind,
-                              "checksum": checksum})
+        self.run_dir.lineage(solve_record(tasks=list(plan.tasks), solve=self.job.model.kind, checksum=checksum))
         position.version, position.epoch_rows = 1, self.train_rows
 
     def end_epoch(self, position: Position, started: float, *, final: bool) -> dict[str, Any]:
@@ -644,7 +651,7 @@ class Trainer:
             return f"step slice {activity.item} (parameters {lo}-{hi}) of update {update_number(update.update)}"
         if activity.kind == PUBLISH:
             return f"the publication of update {update_number(update.update)}'s version"
-        if activity.kind == READY:
+        if activity.kind == READYING:
             return f"the readying of the file of the version after update {update_number(update.update)}"
         return f"a wait for its peers at update {update_number(update.update)}"
 
@@ -669,8 +676,6 @@ class Trainer:
 
     def _setup(self) -> WorkerSetup:
         job = self.job
-        fields = dataclasses.fields(job.train.optimizer)
-        optimizer = tuple((f.name, getattr(job.train.optimizer, f.name)) for f in fields)
         rounds = RoundSetup(batch_size=job.train.batch_size, tasks_per_update=job.train.tasks_per_update,
                             seed=job.train.seed, epochs=job.train.epochs, keep_versions=job.run.keep_versions,
                             on_nonfinite=job.train.on_nonfinite, slots=self.slots, staleness=job.train.staleness)
@@ -678,7 +683,7 @@ class Trainer:
                            exchange_dir=str(self.run_dir.exchange), dataset=str(self.dataset.path),
                            normalize=job.data.normalize, model_kind=job.model.kind,
                            model_options=tuple(job.model.options.items()), blas_threads=job.train.blas_threads,
-                           optimizer=optimizer, rounds=rounds)
+                           optimizer=job.train.optimizer, rounds=rounds)
 
 
 def create_round_files(exchange: Path, size: int, tasks: int, slots: int, per_epoch: int, banks: int) -> Board:

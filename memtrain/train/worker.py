@@ -33,6 +33,7 @@ from memtrain.train.gradient import TaskGradient
 from memtrain.train.maps import MapCache
 from memtrain.train.marks import Board
 from memtrain.train.messages import (
+    Engine,
     EvalTask,
     GradTask,
     Message,
@@ -46,7 +47,6 @@ from memtrain.train.messages import (
     WorkerSetup,
 )
 from memtrain.train.metrics import task_statistics, write_task_statistics
-from memtrain.train.optim import OptimizerConfig
 from memtrain.train.plan import Plan
 from memtrain.train.rounds import ROW_CACHE_BYTES, Participant, RoundFiles, RowCache
 from memtrain.train.stream import gradient
@@ -179,12 +179,12 @@ class WorkerState:
             board = self.board or Board(setup.rounds.slots, self.exchange / ROUND_BOARD)
             self._rounds = RoundFiles(context=self.context, dataset=self.dataset, run_dir=self.run_dir,
                                       exchange=self.exchange, server_pid=setup.server_pid,
-                                      optimizer=OptimizerConfig(**dict(setup.optimizer)), setup=setup.rounds,
+                                      optimizer=setup.optimizer, setup=setup.rounds,
                                       board=board, maps=self.maps, gradient=self.gradient, plan=self.plan)
         return self._rounds
 
     def stretch(self, stretch: Stretch) -> StretchEnd:
-        if stretch.group:  # async mode at the desk
+        if stretch.engine is Engine.DESK:
             outcome = DeskParticipant(self.rounds(), stretch, alive=self.alive).run()
             return StretchEnd(generation=stretch.generation, slot=stretch.slot, outcome=outcome)
         outcome = Participant(self.rounds(), stretch, alive=self.alive, heartbeat=self.heartbeat).run()

@@ -1,0 +1,90 @@
+"""The schedules on their own (memtrain/train/schedule.py): planned with staleness k, arrival order with groups
+and a staleness bound, recorded. Pure code, so property tests of their rules, no files and no processes."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from memtrain.train.lineage import Gradient, Step
+from memtrain.train.schedule import Arrival, Planned, Recorded
+
+
+@given(k=st.integers(0, 64), update=st.integers(0, 10_000))
+def test_planned_computes_update_n_at_the_version_of_n_minus_k(k: int, update: int) -> None:
+    planned = Planned(staleness=k)
+    assert planned.at(update) == max(0, update - k)
+    assert planned.at(update) <= planned.at(update + 1) <= planned.at(update) + 1, "versions never go back"
+    assert Planned().at(update) == update, "k = 0 is synchronous: each update at the newest version"
+
+
+@given(k=st.integers(0, 16), done=st.integers(0, 500), extra=st.integers(0, 500))
+def test_planned_starts_only_updates_whose_version_exists_and_keeps_what_they_read(k: int, done: int,
+                                                                                  extra: int) -> None:
+    planned, total = Planned(staleness=k), done + extra
+    startable = planned.startable(done, total)
+    assert all(planned.at(u) <= done for u in startable), "a started update reads a version already made"
+    assert len(startable) == min(k + 1, extra), "at most k + 1 updates in flight"
+    if done + k + 1 < total:
+        assert planned.at(done + k + 1) > done, "the next one needs a version not made yet"
+    live = planned.live(done)
+    assert all(planned.at(u) in live for u in range(done, total) if planned.at(u) <= done), \
+        "every version made and still to be read is kept"
+    assert len(live) <= k + 1
+
+
+@given(group=st.integers(1, 8), bound=st.integers(0, 8), base=st.integers(0, 1000), back=st.integers(0, 20))
+def test_arrival_discards_exactly_the_gradients_beyond_the_bound(group: int, bound: int, base: int,
+                                                                 back: int) -> None:
+    arrival = Arrival(group=group, max_staleness=bound)
+    assert arrival.stale(base, base - back) == (back > bound)
+
+
+@given(group=st.integers(1, 8), count=st.integers(1, 8), last=st.booleans())
+def test_arrival_hands_a_group_over_when_full_or_holding_the_last_gradient(group: int, count: int,
+                                                                            last: bool) -> None:
+    assert Arrival(group=group).full(count, last) == (count >= group or last)
+
+
+def test_arrival_base_counts_the_groups_handed_over_and_not_stepped() -> None:
+    assert Arrival.base(newest=10, handed=4, stepped=4) == 10
+    assert Arrival.base(newest=10, handed=6, stepped=4) == 12
+
+
+@given(seed=st.integers(0, 2**32 - 1), tasks=st.integers(1, 40), group=st.integers(1, 5), bound=st.integers(0, 4),
+       workers=st.integers(1, 6))
+def test_arrival_in_a_simulated_run_applies_every_task_once_within_the_bound(seed: int, tasks: int, group: int,
+                                                                               bound: int, workers: int) -> None:
+    """Tasks computed by ``workers`` at the newest version and arriving in a random order, as the server's
+    async loop applies them (train/overlap.py): each task is applied once, none staler than the bound."""
+    arrival, rng = Arrival(group=group, max_staleness=bound), random.Random(seed)
+    remaining, in_flight, filling, applied, version = list(range(tasks)), [], [], [], 0
+    while remaining or in_flight or filling:
+        while remaining and len(in_flight) < workers:
+            in_flight.append((remaining.pop(0), version))
+        task, at = in_flight.pop(rng.randrange(len(in_flight)))
+        if arrival.stale(version, at):
+            remaining.insert(0, task)
+            continue
+        filling.append((task, at))
+        if arrival.full(len(filling), last=not (remaining or in_flight)):
+            applied += [(task, version - at) for task, at in filling]
+            filling, version = [], version + 1
+    assert sorted(task for task, _ in applied) == list(range(tasks))
+    assert all(staleness <= bound for _, staleness in applied)
+
+
+def steps(ats: list[list[int]]) -> list[Step]:
+    return [Step(version=n + 1, update=n + 1, epoch=1, batch=n + 1, gradients=tuple(Gradient(0, 1, a) for a in at),
+                 lr=0.1, checksum="", line=n + 2) for n, at in enumerate(ats)]
+
+
+@given(st.lists(st.lists(st.integers(0, 50), min_size=1, max_size=4), min_size=1, max_size=30))
+def test_recorded_keeps_every_version_a_later_step_reads_and_waits_for_the_newest(ats: list[list[int]]) -> None:
+    recorded = Recorded(steps(ats))
+    oldest = recorded.reads_from()
+    for i in range(len(ats)):
+        assert oldest[i] == min(a for later in ats[i:] for a in later)
+        assert recorded.ready(i, max(ats[i])) and not recorded.ready(i, max(ats[i]) - 1)
