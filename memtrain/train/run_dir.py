@@ -254,7 +254,7 @@ def open_run_dir(job: Job, *, resume: bool, need_exchange: int, need_run: int, o
         lock = _create(path, job, layout)
     try:
         _check_dirs(path)
-        run = _set_up(job, path, lock, need_exchange, need_run)
+        run = _set_up(job, path, lock, need_exchange, need_run, one_pass)
     except BaseException:
         if decision is None and found != "run":
             _uncreate(path, empty=found == "empty")  # a start refused before it began leaves nothing behind
@@ -393,11 +393,12 @@ def _check_dirs(path: Path) -> None:
                                 path=path / name, hint="remove it; memtrain makes the directory again")
 
 
-def _set_up(job: Job, path: Path, lock: IO[str], need_exchange: int, need_run: int) -> RunDir:
+def _set_up(job: Job, path: Path, lock: IO[str], need_exchange: int, need_run: int, additive: bool) -> RunDir:
     (path / WEIGHTS_DIR).mkdir(exist_ok=True)
     free = shutil.disk_usage(path).free
     if free < need_run:
-        raise MemtrainError("not enough free space for the run's weight versions and checkpoints", path=path,
+        raise MemtrainError("not enough free space for the run's weight versions and checkpoints"
+                            + (" (and an additive model's statistics)" if additive else ""), path=path,
                             expected=f"{size_text(need_run)} free", found=f"{size_text(free)} free",
                             hint="free space, lower run.keep_versions or run.keep_checkpoints, or choose "
                                  "another run directory")
