@@ -30,6 +30,7 @@ from memtrain.errors import Interrupted, WorkerFailure, plural
 from memtrain.faults import fault_point
 from memtrain.train.exchange import Event, Slot, Transport
 from memtrain.train.marks import WAITING, Activity, Board
+from memtrain.train.memory import killed_for_memory, memory_words, oom_kills
 from memtrain.train.messages import Outcome, Result, Stretch, StretchEnd, Task
 
 WAIT_BOUND = 1.0  # seconds: the longest the server blocks without re-checking deadlines and signals
@@ -40,13 +41,16 @@ CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os
 class Scheduler:
     def __init__(self, *, task_timeout: float, max_attempts: int, describe_task: Callable[[Task], str],
                  describe_activity: Callable[[Activity], str], log: Callable[[str], None],
-                 stop_requested: Callable[[], bool], discard: Callable[[Task], None] = lambda task: None):
+                 stop_requested: Callable[[], bool], discard: Callable[[Task], None] = lambda task: None,
+                 describe_memory: Callable[[Task], str] = lambda task: ""):
         self.task_timeout = task_timeout
         self.max_attempts = max_attempts
         self.describe_task, self.describe_activity = describe_task, describe_activity
         self.log = log
         self.stop_requested = stop_requested
         self.discard = discard  # deletes what an attempt that will never be used may have written
+        self.describe_memory = describe_memory  # what a task holds in memory, for a worker the kernel killed
+        self.oom_before = oom_kills()  # the cgroup's OOM kill count at start: a rise names the OOM killer
         self.killed: set[int] = set()  # pids killed for silence: killed (and logged) once, then awaited
         self.deaths = 0
         self.attempts: Counter[tuple[int, int, int]] = Counter()  # deaths per piece of a round (kind, update, item)
@@ -95,13 +99,16 @@ class Scheduler:
             return  # a stale attempt answered: nothing to do
         if event.answer is not None:
             if event.answer.outcome == Outcome.FAILED:
+                out_of_memory = "MemoryError" in event.answer.error
                 raise WorkerFailure(f"{self.describe_task(message)} failed in worker {event.slot.index}:\n"
-                                    f"{event.answer.error.rstrip()}")
+                                    f"{event.answer.error.rstrip()}",
+                                    hint=f"{memory_words(None, killed=False)}; {self.describe_memory(message)}"
+                                    if out_of_memory else None)
             done[key] = event.answer
             fault_point("after_result")
             return
         self.discard(message)  # at once: the exchange holds only what the run reserved, whatever fails
-        self._died(event, self.describe_task(message), message.attempt + 1)
+        self._died(event, self.describe_task(message), message.attempt + 1, holding=self.describe_memory(message))
         retry = replace(message, attempt=message.attempt + 1)
         current[key] = retry
         pending.appendleft(retry)
@@ -213,16 +220,28 @@ class Scheduler:
         self.deaths += 1
         self.log(f"worker {event.slot.index} (pid {event.slot.pid}) died with exit code {event.exitcode} while idle")
 
-    def _died(self, event: Event, what: str, attempts: int, *, raise_at_limit: bool = True) -> WorkerFailure | None:
+    def _died(self, event: Event, what: str, attempts: int, *, raise_at_limit: bool = True,
+              holding: str = "") -> WorkerFailure | None:
+        """A worker died during a piece of work. Killed by SIGKILL (not by us): the kernel's OOM killer is
+        named, with the memory limit that applies and what the piece held, instead of the data."""
         self.deaths += 1
+        memory = killed_for_memory(event.exitcode) and event.slot.pid not in self.killed
+        words = f"{memory_words(self.oom_before)}; {holding or 'see the task above for what it held'}" if memory else ""
         self.log(f"worker {event.slot.index} (pid {event.slot.pid}) died with exit code {event.exitcode} "
-                 f"during {what}, attempt {attempts}")
+                 f"during {what}, attempt {attempts}" + (f" (killed: {words})" if memory else ""))
         if attempts < self.max_attempts:
             return None
-        failure = WorkerFailure(f"{what} killed its worker {plural(attempts, 'time')} "
-                                f"(last exit code {event.exitcode})",
-                                hint="the data or the model may crash the worker; check the rows named above, "
-                                     "or raise train.max_attempts")
+        if memory:
+            failure = WorkerFailure(f"{what} killed its worker {plural(attempts, 'time')} (last exit code "
+                                    f"{event.exitcode}: SIGKILL, the signal of the kernel's out-of-memory killer)",
+                                    hint=f"{words}. Lower train.chunk_rows (an additive model's statistics) or the "
+                                         "rows per task (train.batch_size, train.tasks_per_update), run fewer "
+                                         "workers, or give the run more memory")
+        else:
+            failure = WorkerFailure(f"{what} killed its worker {plural(attempts, 'time')} "
+                                    f"(last exit code {event.exitcode})",
+                                    hint="the data or the model may crash the worker; check the rows named above, "
+                                         "or raise train.max_attempts")
         if raise_at_limit:
             raise failure
         return failure

@@ -37,7 +37,7 @@ from memtrain.layout import (
 from memtrain.progress import Reporter, reporting
 from memtrain.stopping import on_stop_signals, start_resource_tracker
 from memtrain.train.additive import PassPlan, StatisticsPass
-from memtrain.train.advice import few_updates_note
+from memtrain.train.advice import few_updates_note, one_pass_note
 from memtrain.train.context import ModelContext, model_context, startup_check
 from memtrain.train.counters import position_text, update_number
 from memtrain.train.datacheck import check_trainable
@@ -74,7 +74,7 @@ from memtrain.train.placement import Placement, stream_workers
 from memtrain.train.plan import Plan, eval_tasks, gradient_banks, split_range, step_slices, task_stream
 from memtrain.train.pools import OnCluster, Streamed, open_cluster
 from memtrain.train.record import Decision
-from memtrain.train.room import room_needed
+from memtrain.train.room import room_needed, size_text
 from memtrain.train.run_dir import RunDir, open_run_dir, refuse_live_run
 from memtrain.train.scheduler import CORES, Scheduler
 from memtrain.train.state import Position, job_updates_per_epoch, resume, save_checkpoint, start_fresh
@@ -137,7 +137,8 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
                              "overlap", expected="train.mode = 'sync' and train.staleness = 0",
                              found=describe_mode(job))
         runtime = startup_check(context, dataset, job.train.blas_threads)  # a model's dry run: its errors exit 2 here
-        note = few_updates_note(job, dataset.split("train").rows, context.additive)
+        note = (one_pass_note(job) if context.additive else
+                few_updates_note(job, dataset.split("train").rows, context.additive))
         if note is not None:
             print(f"memtrain train: note: {note}", file=sys.stderr, flush=True)
         room = room_needed(job, context, per_epoch=Plan(dataset.split("train").rows, job.train.batch_size,
@@ -265,7 +266,7 @@ class Trainer:
         self.scheduler = Scheduler(task_timeout=self.job.train.task_timeout, max_attempts=self.job.train.max_attempts,
                                    describe_task=self.describe_task, describe_activity=self.describe_activity,
                                    log=self.log, stop_requested=lambda: self.stop.requested,
-                                   discard=self.discard_attempt)
+                                   discard=self.discard_attempt, describe_memory=self.describe_memory)
         self.overlap: Overlap | None = None
         if self.streamed:
             self.overlap = Overlap(job=self.job, files=self.in_server.state.rounds(),
@@ -637,6 +638,21 @@ class Trainer:
             return (f"gradient task {message.task} ({self.describe_rows(message.lo, message.hi)}) of update "
                     f"{update_number(message.update)}")
         return f"statistics task {message.task} ({self.describe_rows(message.lo, message.hi)})"
+
+    def describe_memory(self, message: Task) -> str:
+        """What a task holds in memory at once: its rows (a statistics task's chunk), read and normalized."""
+        split = self.dataset.split("val" if isinstance(message, EvalTask) else "train")
+        rows = message.hi - message.lo
+        at_once = min(rows, message.chunk_rows) if isinstance(message, StatsTask) else rows
+        features = int(np.prod(split.x_shape, dtype=np.int64))
+        held = at_once * features * (split.x_dtype.itemsize + 4)  # the rows as stored, and normalized (float32)
+        text = (f"the task held {at_once:,} rows at once ({features:,} features: {size_text(held)} read and "
+                f"normalized, plus the model's temporaries")
+        if isinstance(message, StatsTask):
+            partial = self.context.stats_layout.size * 8
+            return text + f"; its partial statistics, {size_text(partial)}, are a mapped file)"
+        weights = self.context.layout.size * 4
+        return text + f"; the weights, {size_text(weights)}, are a mapped file)"
 
     def describe_activity(self, activity: Activity) -> str:
         if self.at_desk():

@@ -34,7 +34,7 @@ from memtrain.train.optim import state_slots
 from memtrain.train.plan import run_updates_per_epoch
 from memtrain.train.record import Decision, add_history, history_entry
 from memtrain.train.run_dir import RunDir, read_params, write_params
-from memtrain.train.weights import publish_weights
+from memtrain.train.weights import publish_params
 
 
 @dataclass
@@ -71,8 +71,8 @@ def run_state_slots(job: Job, context: ModelContext) -> tuple[str, ...]:
 
 
 def start_fresh(run: RunDir, job: Job, context: ModelContext) -> Position:
-    flat = context.layout.flatten(context.model.init(np.random.default_rng(job.train.seed)))
-    checksum = publish_weights(run.path, 0, flat)
+    # straight into the file: a model of gigabytes (an additive model's tables) is never held twice
+    checksum = publish_params(run.path, 0, context.layout, context.model.init(np.random.default_rng(job.train.seed)))
     run.lineage(init_record(job.train.seed, checksum))
     zeros = np.zeros(context.layout.size, dtype=np.float32)
     for slot in run_state_slots(job, context):

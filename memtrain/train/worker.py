@@ -32,6 +32,7 @@ from memtrain.train.desk import DeskParticipant
 from memtrain.train.gradient import TaskGradient
 from memtrain.train.maps import MapCache
 from memtrain.train.marks import Board
+from memtrain.train.memory import apply_test_limit
 from memtrain.train.messages import (
     Engine,
     EvalTask,
@@ -60,6 +61,7 @@ def worker_main(setup: WorkerSetup, inbox: Connection, outbox: Connection) -> No
     """Entry point of a worker process: ``inbox`` and ``outbox`` are its ends of the pipes train/exchange.py made."""
     _exit_with_parent(setup.server_pid)
     keep_freed_memory()
+    apply_test_limit()  # MEMTRAIN_WORKER_DATA_LIMIT (tests): a memory limit of this worker's own
     for stop in (signal.SIGINT, signal.SIGHUP):  # Ctrl-C or a closed terminal: the server stops us in order
         signal.signal(stop, signal.SIG_IGN)
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
