@@ -54,6 +54,7 @@ from memtrain.layout import (
     RUN_LOCK,
     RUN_METRICS,
     RUN_PARAMS,
+    STATISTICS_DIR,
     WEIGHTS_DIR,
     exchange_dir_name,
     is_checkpoint_name,
@@ -374,6 +375,7 @@ def _clear_run(path: Path) -> None:
     for name in os.listdir(path / WEIGHTS_DIR) if (path / WEIGHTS_DIR).is_dir() else ():
         if is_version_name(tmp_target(name) or name):
             (path / WEIGHTS_DIR / name).unlink(missing_ok=True)
+    shutil.rmtree(path / STATISTICS_DIR, ignore_errors=True)  # an additive pass's partials: all memtrain's
     for name in os.listdir(path):
         target = tmp_target(name) or name
         if target in (RUN_METRICS, RUN_LINEAGE, RUN_EVENTS, RUN_HISTORY, RUN_PARAMS) and not (path / name).is_dir():
@@ -387,7 +389,7 @@ def _clear_run(path: Path) -> None:
 
 def _check_dirs(path: Path) -> None:
     """The run's folders must be real directories: memtrain never writes through a link it did not make."""
-    for name in (WEIGHTS_DIR, CHECKPOINTS_DIR):
+    for name in (WEIGHTS_DIR, CHECKPOINTS_DIR, STATISTICS_DIR):
         if (path / name).is_symlink() or (os.path.lexists(path / name) and not (path / name).is_dir()):
             raise MemtrainError("expected a directory that memtrain made, found a symbolic link or a file",
                                 path=path / name, hint="remove it; memtrain makes the directory again")
