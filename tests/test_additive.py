@@ -6,6 +6,7 @@ or optimizer state; a worker the kernel kills is said to be killed for memory.""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -144,3 +145,15 @@ def test_a_worker_the_kernel_kills_is_said_to_be_killed_for_memory(data: Path, t
            "killer)" in err
     assert "the memory limit that applies is" in err and "the task held 37 rows at once" in err
     assert "the data or the model may crash" not in err and "Traceback" not in err
+
+
+def test_the_ngram_user_model_gives_exact_probabilities(tmp_path: Path) -> None:
+    """memtrain/benchmarks/ngram.py at a small scale: chunks of 97 rows cut its shards, two workers add into
+    their partials with np.add.at; every seen context's probabilities equal a direct count, bit for bit."""
+    result = subprocess.run([sys.executable, "-m", "memtrain.benchmarks.ngram", tmp_path / "ngram", "--rows", "3000",
+                             "--order", "2", "--symbols", "6", "--classes", "3", "--chunk-rows", "97"],
+                            capture_output=True, text=True, timeout=100,
+                            env={**os.environ, "PYTHONPATH": PYTHONPATH})
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["wrong"] == 0 and report["contexts_checked"] == 36  # every context of 6 x 6 is seen
