@@ -27,7 +27,7 @@ import numpy as np
 
 from memtrain.errors import MemtrainError
 from memtrain.faults import fault_point
-from memtrain.files import check_npy, open_npy, read_sealed_json, write_sealed_json, writing_npy
+from memtrain.files import check_npy, json_checksum, open_npy, read_sealed_json, write_sealed_json, writing_npy
 from memtrain.layout import (
     STATISTICS_PLAN,
     STATISTICS_SUM,
@@ -52,10 +52,17 @@ class PassPlan:
     tasks: tuple[tuple[int, int], ...]
     chunk_rows: int
     size: int  # float64 elements of one partial (the model's statistics layout)
+    source: str  # what the rows and the statistics are: the dataset's manifest, the model and normalization
 
     def to_json(self) -> dict[str, Any]:
         return {"format": PLAN_FORMAT, "tasks": [list(t) for t in self.tasks], "chunk_rows": self.chunk_rows,
-                "size": self.size}
+                "size": self.size, "source": self.source}
+
+
+def pass_source(manifest: dict[str, Any], kind: str, options: dict[str, Any], normalize: bool) -> str:
+    """A checksum of what a pass's partials depend on besides the plan: a dataset prepared again, another
+    model or another normalization makes every partial on disk another pass's."""
+    return json_checksum({"manifest": manifest, "kind": kind, "options": options, "normalize": normalize})
 
 
 def task_partial(path: Path, layout: ParamLayout, model: Any, lo: int, hi: int, chunk_rows: int,
@@ -90,8 +97,8 @@ class StatisticsPass:
         recorded = self._recorded_plan()
         if recorded != self.plan.to_json():
             if recorded is not None:
-                self.log("statistics: the partials on disk belong to another pass (tasks, chunk_rows or size "
-                         "differ); computing them again")
+                self.log("statistics: the partials on disk belong to another pass (tasks, chunk_rows, the data "
+                         "or the model differ); computing them again")
             self.clear()
             self.folder.mkdir(parents=True, exist_ok=True)
             write_sealed_json(self.folder / STATISTICS_PLAN, self.plan.to_json(), durable=True)

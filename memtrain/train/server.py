@@ -39,7 +39,7 @@ from memtrain.layout import (
 )
 from memtrain.progress import Reporter, reporting
 from memtrain.stopping import on_stop_signals, start_resource_tracker
-from memtrain.train.additive import PassPlan, StatisticsPass
+from memtrain.train.additive import PassPlan, StatisticsPass, pass_source
 from memtrain.train.advice import few_updates_note, one_pass_note
 from memtrain.train.context import ModelContext, model_context, startup_check
 from memtrain.train.counters import position_text, update_number
@@ -230,7 +230,9 @@ class Trainer:
                                         0 if context.additive else gradient_banks(job.train.staleness))
         self.statistics = StatisticsPass(run.path, PassPlan(
             tasks=tuple(split_range(0, self.train_rows, job.train.tasks_per_update)),
-            chunk_rows=job.train.chunk_rows, size=context.stats_layout.size), self.log) if context.additive else None
+            chunk_rows=job.train.chunk_rows, size=context.stats_layout.size,
+            source=pass_source(context.manifest, job.model.kind, job.model.options, job.data.normalize)),
+            self.log) if context.additive else None
         self.memory_board = Board(1)
         self.logbook = Logbook(run=run, exchange=run.exchange, plan=self.plan,
                                records=open_records(run.exchange / ROUND_RECORDS, self.plan.per_epoch,
