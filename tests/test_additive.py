@@ -157,3 +157,36 @@ def test_the_ngram_user_model_gives_exact_probabilities(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["wrong"] == 0 and report["contexts_checked"] == 36  # every context of 6 x 6 is seen
+
+
+def test_a_start_keeps_whole_partials_only_and_sums_them_in_task_order(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """StatisticsPass on its own: a truncated partial or a temporary one is never read; the sum, in pieces
+    smaller than a partial, has the bits of adding whole partials in task order."""
+    from memtrain.files import publish_array
+    from memtrain.layout import tmp_sibling
+    from memtrain.train import additive
+
+    monkeypatch.setattr(additive, "SUM_CHUNK", 7)  # pieces that cut the partials unevenly
+    plan = additive.PassPlan(tasks=((0, 10), (10, 20), (20, 30)), chunk_rows=4, size=50, source="s")
+    logged: list[str] = []
+    first = additive.StatisticsPass(tmp_path, plan, logged.append)
+    assert first.start() == {}
+    parts = [np.random.default_rng(t).normal(size=50) * 10.0 ** (3 * t) for t in range(3)]
+    publish_array(first.partial_path(0, 1), parts[0], durable=False)
+    publish_array(first.partial_path(1, 0), parts[1][:40], durable=False)  # the wrong size: never trusted
+    publish_array(tmp_sibling(first.partial_path(2, 0)), parts[2], durable=False)  # not renamed: never read
+    again = additive.StatisticsPass(tmp_path, plan, logged.append)
+    assert again.start() == {0: again.partial_path(0, 1)}
+    assert sorted(os.listdir(tmp_path / STATISTICS_DIR)) == ["plan.json", "t00000-a001.npy"]
+    publish_array(again.partial_path(1, 0), parts[1], durable=False)
+    publish_array(again.partial_path(2, 2), parts[2], durable=False)
+    total = again.summed({0: again.partial_path(0, 1), 1: again.partial_path(1, 0), 2: again.partial_path(2, 2)})
+    expected = np.zeros(50)
+    for part in parts:
+        expected += part
+    assert total.tobytes() == expected.tobytes()
+    assert sorted(os.listdir(tmp_path / STATISTICS_DIR)) == ["plan.json", "sum.npy"]
+    other = additive.PassPlan(tasks=plan.tasks, chunk_rows=5, size=50, source="s")
+    assert additive.StatisticsPass(tmp_path, other, logged.append).start() == {}  # another pass: all gone
+    assert sorted(os.listdir(tmp_path / STATISTICS_DIR)) == ["plan.json"]

@@ -355,7 +355,7 @@ class Trainer:
 
     def fit(self, position: Position) -> dict[str, Any]:
         last: dict[str, Any] = {}
-        if self.context.additive:  # one pass, whatever train.epochs says (advice.additive_note)
+        if self.context.additive:  # one pass, whatever train.epochs says (advice.one_pass_note)
             if position.version > 0:
                 return last  # solved and checkpointed already
             started = time.monotonic()
