@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import signal
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from memtrain.models.ridge import Ridge
+from memtrain.train.memory import OOM_EVENTS_ENV
 
 Params = dict[str, np.ndarray]
 
@@ -37,7 +39,14 @@ class CountsChunks(Ridge):
 
 @dataclass(frozen=True)
 class KilledByTheKernel(Ridge):
-    """Ridge whose statistics task dies of SIGKILL, as under the kernel's out-of-memory killer."""
+    """Ridge whose statistics task dies of SIGKILL, as under the kernel's out-of-memory killer: it counts the
+    kill in the file that MEMTRAIN_TEST_OOM_EVENTS names (the cgroup's counter, for the test) when ``counted``."""
+
+    counted: bool = True  # False: a SIGKILL from elsewhere (kill -9), which the OOM counter never sees
 
     def statistics(self, x: np.ndarray, y: np.ndarray, out: dict[str, np.ndarray]) -> None:
+        counter = os.environ.get(OOM_EVENTS_ENV)
+        if counter and self.counted:
+            kills = int(Path(counter).read_text().split()[1])
+            Path(counter).write_text(f"oom_kill {kills + 1}\n")
         os.kill(os.getpid(), signal.SIGKILL)

@@ -97,7 +97,7 @@ class StatisticsPass:
         recorded = self._recorded_plan()
         if recorded != self.plan.to_json():
             if recorded is not None:
-                self.log("statistics: the partials on disk belong to another pass (tasks, chunk_rows, the data "
+                self.log("statistics: what is on disk belongs to another pass (tasks, chunk_rows, the data "
                          "or the model differ); computing them again")
             self.clear()
             self.folder.mkdir(parents=True, exist_ok=True)

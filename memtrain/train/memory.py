@@ -2,7 +2,9 @@
 killed (SIGKILL, the OOM killer's signal): which limit applies and whether the kernel counted an OOM kill.
 
 Workers are spawned by the server, so they share its cgroup and inherit its rlimits: the server reads them
-for them. ``MEMTRAIN_WORKER_DATA_LIMIT`` (tests only) makes each worker lower its own RLIMIT_DATA.
+for them. A SIGKILL is put down to the OOM killer only when the cgroup's counter of OOM kills rose (or
+cannot be read: then both causes are named). Tests only: ``MEMTRAIN_WORKER_DATA_LIMIT`` makes each worker
+lower its own RLIMIT_DATA, ``MEMTRAIN_TEST_OOM_EVENTS`` names a file that stands for the counter.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from memtrain.train.room import size_text
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 UNLIMITED = 1 << 62  # cgroup v1 writes "no limit" as a huge page-rounded number (9223372036854771712)
 WORKER_DATA_LIMIT_ENV = "MEMTRAIN_WORKER_DATA_LIMIT"  # MiB a worker may allocate beyond what it holds at start
+OOM_EVENTS_ENV = "MEMTRAIN_TEST_OOM_EVENTS"  # a file that stands for the cgroup's OOM kill counter
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,8 +39,13 @@ def memory_limits() -> list[MemoryLimit]:
 
 
 def oom_kills() -> int | None:
-    """OOM kills the kernel has counted in this process's memory cgroup (and below), or None if unknown."""
-    for path, key in _cgroup_files(("memory.events", "oom_kill"), ("memory.oom_control", "oom_kill")):
+    """OOM kills the kernel has counted in this process's memory cgroup (and below), or None if unknown.
+
+    ``MEMTRAIN_TEST_OOM_EVENTS`` (tests only) names a file read instead, in the same ``oom_kill N`` form."""
+    test_file = os.environ.get(OOM_EVENTS_ENV)
+    sources = [(Path(test_file), "oom_kill")] if test_file else \
+        _cgroup_files(("memory.events", "oom_kill"), ("memory.oom_control", "oom_kill"))
+    for path, key in sources:
         try:
             for line in path.read_text().splitlines():
                 name, _, value = line.partition(" ")
@@ -48,27 +56,24 @@ def oom_kills() -> int | None:
     return None
 
 
-def killed_for_memory(exitcode: int | None) -> bool:
-    """An exit the kernel's OOM killer gives (SIGKILL), when memtrain did not kill the process itself."""
+def sigkilled(exitcode: int | None) -> bool:
+    """An exit by SIGKILL: the kernel's OOM killer's signal (or anyone's ``kill -9``)."""
     return exitcode == -signal.SIGKILL
 
 
-def memory_words(oom_before: int | None, *, killed: bool = True) -> str:
-    """What to say of memory: ``killed`` (SIGKILL), whether the kernel counted an OOM kill since ``oom_before``;
-    then ``the memory limit that applies is ...``."""
-    limits = memory_limits()
+def oom_killed(oom_before: int | None) -> bool | None:
+    """Whether the kernel counted an OOM kill in this run's cgroup since ``oom_before``; None if it cannot tell."""
     now = oom_kills()
-    if not killed:
-        counted = "the worker ran out of memory"
-    elif oom_before is not None and now is not None and now > oom_before:
-        counted = f"the kernel counted {now - oom_before} OOM kill(s) in this run's memory cgroup during the run"
-    else:
-        counted = "SIGKILL is what the kernel's out-of-memory killer sends"
+    return None if oom_before is None or now is None else now > oom_before
+
+
+def limit_words() -> str:
+    """``the memory limit that applies is 1.5 GiB, the cgroup v1 limit ... (then 23.5 GiB, the machine's RAM)``."""
+    limits = memory_limits()
     if not limits:
-        return f"{counted}; no memory limit could be read"
-    tightest = limits[0]
+        return "no memory limit could be read"
     others = "; ".join(f"{size_text(limit.size)}, {limit.source}" for limit in limits[1:])
-    return (f"{counted}; the memory limit that applies is {size_text(tightest.size)}, {tightest.source}"
+    return (f"the memory limit that applies is {size_text(limits[0].size)}, {limits[0].source}"
             + (f" (then {others})" if others else ""))
 
 

@@ -7,13 +7,13 @@ order. Both are sealed (``files.seal``): a damaged record is reported, never tru
 run directory's own path, so a run directory can be moved (``run.dir`` is wherever it is now).
 
 On resume, the new job is compared with the recorded one, key by key (``section.key``):
-- ``FIXED`` keys (the data, the model, what decides the batches, an additive model's chunks and the
-  optimizer state) never change;
+- ``FIXED`` keys (the data, the model, what decides the batches and the optimizer state) never change;
 - ``RUNTIME`` keys say how to execute, not what to compute (the weights are bitwise the same for any
   value): they are taken from each start and never recorded as changes;
 - every other key (``train.epochs``, ``train.lr`` and the optimizer's settings, ``train.on_nonfinite``,
-  ``train.eval_rows``, ``run.checkpoint_every``, ``run.keep_*``) changes only when named with ``--set``
-  on the resuming command line, and the change becomes a history entry.
+  ``train.eval_rows``, ``train.chunk_rows``, ``run.checkpoint_every``, ``run.keep_*``) changes only when named
+  with ``--set`` on the resuming command line, and the change becomes a history entry. (A new
+  ``chunk_rows`` makes an additive pass's partials on disk another pass's: they are computed again.)
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from memtrain.layout import RUN_HISTORY, RUN_JOB
 FORMAT = "memtrain.job"
 FORMAT_VERSION = 1
 FIXED = ("data.path", "data.normalize", "model.", "train.seed", "train.batch_size", "train.tasks_per_update",
-         "train.chunk_rows", "train.optimizer")  # chunk_rows: where an additive model's sums are cut
+         "train.optimizer")
 RUNTIME = ("data.verify", "train.workers", "train.blas_threads", "train.task_timeout", "train.max_attempts",
            "run.exchange", "run.cluster", "run.dir")
 

@@ -30,11 +30,15 @@ from memtrain.errors import Interrupted, WorkerFailure, plural
 from memtrain.faults import fault_point
 from memtrain.train.exchange import Event, Slot, Transport
 from memtrain.train.marks import WAITING, Activity, Board
-from memtrain.train.memory import killed_for_memory, memory_words, oom_kills
+from memtrain.train.memory import limit_words, oom_killed, oom_kills, sigkilled
 from memtrain.train.messages import Outcome, Result, Stretch, StretchEnd, Task
 
 WAIT_BOUND = 1.0  # seconds: the longest the server blocks without re-checking deadlines and signals
 TICK = 0.1  # seconds between the server's looks at a running stretch (progress, logs, time limits)
+CRASH_HINT = "the data or the model may crash the worker; check the rows named above, or raise train.max_attempts"
+LOWER_MEMORY = ("Lower train.chunk_rows (an additive model's statistics; a resume takes --set train.chunk_rows=N) "
+                "or the rows per task (train.batch_size, train.tasks_per_update), run fewer workers, or give the "
+                "run more memory")
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
@@ -102,7 +106,7 @@ class Scheduler:
                 out_of_memory = "MemoryError" in event.answer.error
                 raise WorkerFailure(f"{self.describe_task(message)} failed in worker {event.slot.index}:\n"
                                     f"{event.answer.error.rstrip()}",
-                                    hint=f"{memory_words(None, killed=False)}; {self.describe_memory(message)}"
+                                    hint=f"it ran out of memory: {limit_words()}; {self.describe_memory(message)}"
                                     if out_of_memory else None)
             done[key] = event.answer
             fault_point("after_result")
@@ -222,26 +226,29 @@ class Scheduler:
 
     def _died(self, event: Event, what: str, attempts: int, *, raise_at_limit: bool = True,
               holding: str = "") -> WorkerFailure | None:
-        """A worker died during a piece of work. Killed by SIGKILL (not by us): the kernel's OOM killer is
-        named, with the memory limit that applies and what the piece held, instead of the data."""
+        """A worker died during a piece of work. A SIGKILL that memtrain did not send and that the cgroup
+        counted as an OOM kill is said to be one, with the memory limit that applies and what the piece
+        held; one the cgroup cannot tell about names both causes."""
         self.deaths += 1
-        memory = killed_for_memory(event.exitcode) and event.slot.pid not in self.killed
-        words = f"{memory_words(self.oom_before)}; {holding or 'see the task above for what it held'}" if memory else ""
+        oom = oom_killed(self.oom_before) if sigkilled(event.exitcode) and event.slot.pid not in self.killed \
+            else False
+        memory = f"{limit_words()}; {holding or 'see the task above for what it held'}"
+        cause = (f" (killed by the kernel's out-of-memory killer: the run's memory cgroup counted an OOM kill; "
+                 f"{memory})") if oom else ""
         self.log(f"worker {event.slot.index} (pid {event.slot.pid}) died with exit code {event.exitcode} "
-                 f"during {what}, attempt {attempts}" + (f" (killed: {words})" if memory else ""))
+                 f"during {what}, attempt {attempts}{cause}")
         if attempts < self.max_attempts:
             return None
-        if memory:
-            failure = WorkerFailure(f"{what} killed its worker {plural(attempts, 'time')} (last exit code "
-                                    f"{event.exitcode}: SIGKILL, the signal of the kernel's out-of-memory killer)",
-                                    hint=f"{words}. Lower train.chunk_rows (an additive model's statistics) or the "
-                                         "rows per task (train.batch_size, train.tasks_per_update), run fewer "
-                                         "workers, or give the run more memory")
+        if oom:
+            signal_text, hint = (": SIGKILL from the kernel's out-of-memory killer",
+                                 f"{memory}. {LOWER_MEMORY}")
+        elif oom is None:
+            signal_text, hint = (": SIGKILL, which the kernel's out-of-memory killer sends",
+                                 f"if it ran out of memory: {memory}. {LOWER_MEMORY}; if not, {CRASH_HINT}")
         else:
-            failure = WorkerFailure(f"{what} killed its worker {plural(attempts, 'time')} "
-                                    f"(last exit code {event.exitcode})",
-                                    hint="the data or the model may crash the worker; check the rows named above, "
-                                         "or raise train.max_attempts")
+            signal_text, hint = "", CRASH_HINT
+        failure = WorkerFailure(f"{what} killed its worker {plural(attempts, 'time')} "
+                                f"(last exit code {event.exitcode}{signal_text})", hint=hint)
         if raise_at_limit:
             raise failure
         return failure
