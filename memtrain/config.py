@@ -57,6 +57,7 @@ RANGES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "train.seed": _integers(0, MAX_SEED),
     "train.blas_threads": _integers(1, MAX_WORKERS),
     "train.eval_rows": _integers(1),
+    "train.chunk_rows": _integers(1),
     "train.task_timeout": _positive_finite("seconds"),
     "train.max_attempts": _integers(1),
     "train.backup_ratio": ("0 (no backup copies) or a finite number >= 1",
@@ -106,6 +107,7 @@ class TrainConfig:
     seed: int = 0
     blas_threads: int = 1  # per worker: N workers x all-core BLAS oversubscribes the machine
     eval_rows: int = 8192  # validation rows per evaluation task
+    chunk_rows: int = 32768  # additive models: rows a statistics task reads at once (bounds its memory)
     task_timeout: float = 600.0  # seconds before a silent task's worker is killed and the task re-run
     max_attempts: int = 3  # a task that kills its worker this many times stops the run
     # a cluster's straggler rule (docs/cluster.md): a task running more than backup_ratio x the median time of

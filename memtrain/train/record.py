@@ -11,8 +11,9 @@ On resume, the new job is compared with the recorded one, key by key (``section.
 - ``RUNTIME`` keys say how to execute, not what to compute (the weights are bitwise the same for any
   value): they are taken from each start and never recorded as changes;
 - every other key (``train.epochs``, ``train.lr`` and the optimizer's settings, ``train.on_nonfinite``,
-  ``train.eval_rows``, ``run.checkpoint_every``, ``run.keep_*``) changes only when named with ``--set``
-  on the resuming command line, and the change becomes a history entry.
+  ``train.eval_rows``, ``train.chunk_rows``, ``run.checkpoint_every``, ``run.keep_*``) changes only when named
+  with ``--set`` on the resuming command line, and the change becomes a history entry. (A new
+  ``chunk_rows`` makes an additive pass's partials on disk another pass's: they are computed again.)
 """
 
 from __future__ import annotations
