@@ -35,7 +35,7 @@ FORMAT_VERSION = 1
 FIXED = ("data.path", "data.normalize", "model.", "train.seed", "train.batch_size", "train.tasks_per_update",
          "train.optimizer", "train.monitor", "train.monitor_mode")  # the best epoch so far was chosen by the monitor
 RUNTIME = ("data.verify", "train.workers", "train.blas_threads", "train.task_timeout", "train.max_attempts",
-           "run.exchange", "run.cluster", "run.dir")
+           "train.backup_ratio", "train.backup_seconds", "run.exchange", "run.cluster", "run.dir")
 
 
 @dataclass(frozen=True)
