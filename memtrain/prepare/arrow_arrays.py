@@ -16,7 +16,7 @@ import numpy as np
 
 def values(column: Any, dtype: Any) -> np.ndarray:
     """The values of a fixed-width numeric column of Arrow type ``dtype`` (float64 -> np.float64, int32 ->
-    np.int32, ...): a read-only view for one chunk, a copy otherwise. A null's slot holds whatever bytes the
+    np.int32, ...): a view of Arrow's buffer for one chunk (never write to it), a copy otherwise. A null's slot holds whatever bytes the
     writer left there: mask it with ``nulls``."""
     chunks = _chunks(column)
     if len(chunks) == 1:
