@@ -16,8 +16,8 @@ import numpy as np
 
 def values(column: Any, dtype: Any) -> np.ndarray:
     """The values of a fixed-width numeric column of Arrow type ``dtype`` (float64 -> np.float64, int32 ->
-    np.int32, ...): a view of Arrow's buffer for one chunk (never write to it), a copy otherwise. A null's slot holds whatever bytes the
-    writer left there: mask it with ``nulls``."""
+    np.int32, ...): a view of Arrow's buffer for one chunk (never write to it), a copy otherwise. A null's
+    slot holds whatever bytes the writer left there: mask it with ``nulls``."""
     chunks = _chunks(column)
     if len(chunks) == 1:
         return _values(chunks[0], np.dtype(dtype))
