@@ -12,7 +12,8 @@ import pytest
 from memtrain.prepare.synthetic import write_synthetic_source
 
 PROBE = Path(__file__).with_name("prepare_memory_probe.py")
-# The documented bound (docs/prepare.md, "Memory"): growth of RssAnon <= 4.5 x --chunk-mb + 16 MiB of fixed costs.
+# The documented bound (docs/prepare.md, "Memory"): growth of RssAnon <= 4.5 x --chunk-mb + 16 MiB of fixed costs,
+# for --chunk-mb 2 and up.
 SLOPE, FIXED_MIB = 4.5, 16
 # How much more a 3x larger CSV source may grow (allocator drift, not the source: see the CSV test).
 SOURCE_SLACK_MIB = 4
@@ -43,9 +44,22 @@ def test_csv_source_30x_the_chunk(tmp_path):
     smaller = peak_growth(tmp_path, third, tmp_path / "out3", "--chunk-mb", 2, "--shard-mb", 8)
     assert path.stat().st_size > 30 * 2 * 2**20
     assert report["growth_mib"] < SLOPE * 2 + FIXED_MIB, report
-    # Three times the source, the same growth: keeping even a tenth of the extra 45 MB of text would show.
-    # (The C library's allocator keeps a little more as its threads' heaps fragment: measured 1-4 MiB.)
+    # Three times the source, the same growth: keeping a tenth of the blocks' text fails it (checked: 28.0
+    # against 22.8 MiB). The C library's allocator keeps a little more as its threads' heaps fragment: 1-3 MiB.
     assert report["growth_mib"] < smaller["growth_mib"] + SOURCE_SLACK_MIB, (report, smaller)
+
+
+def in_fresh_process(prepares: list[list[str]], check: str) -> dict:
+    """Run ``memtrain prepare`` once per argument list in a new interpreter; then evaluate ``check`` there."""
+    script = ("import json, sys\nfrom memtrain.cli import main\n"
+              f"codes = [main(['prepare', *args, '--quiet']) for args in {prepares!r}]\n"
+              f"print(json.dumps({{'codes': codes, 'check': {check}}}))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                            cwd=Path(__file__).parents[1])
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["codes"] == [0] * len(prepares), (report, result.stderr)
+    return report
 
 
 @pytest.mark.timeout(60)
@@ -59,12 +73,6 @@ def test_csv_prepare_leaves_pandas_unimported(tmp_path):
                                                     f",{i % 3}\n" for i in range(200)))
     text = tmp_path / "text.csv"
     text.write_text("a,b,label\n" + "".join(f"{i},{i * 2},{'cat' if i % 2 else 'dog'}\n" for i in range(200)))
-    script = ("import json, sys\nfrom memtrain.cli import main\n"
-              f"codes = [main(['prepare', {str(numbers)!r}, {str(tmp_path / 'a')!r}, '--quiet']),\n"
-              f"         main(['prepare', {str(text)!r}, {str(tmp_path / 'b')!r}, '--quiet'])]\n"
-              "print(json.dumps({'codes': codes, 'pandas': 'pandas' in sys.modules}))\n")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
-                            cwd=Path(__file__).parents[1])
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report == {"codes": [0, 0], "pandas": False}, (report, result.stderr)
+    report = in_fresh_process([[str(numbers), str(tmp_path / "a")], [str(text), str(tmp_path / "b")]],
+                              "'pandas' in sys.modules")
+    assert report["check"] is False
