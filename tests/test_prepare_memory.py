@@ -65,14 +65,22 @@ def in_fresh_process(prepares: list[list[str]], check: str) -> dict:
 @pytest.mark.timeout(60)
 def test_csv_prepare_leaves_pandas_unimported(tmp_path):
     """pyarrow's to_numpy imports pandas whenever it is installed (27 MiB, more than a small chunk's budget):
-    the CSV parser reads Arrow's buffers instead, in every path (numbers, missing cells, a category column,
-    numeric and text labels)."""
+    the CSV parser and the Parquet reader read Arrow's buffers instead, in every path (numbers, missing
+    cells, a category column, numeric and text labels)."""
     pytest.importorskip("pandas")
     numbers = tmp_path / "numbers.csv"
     numbers.write_text("a,b,color,label\n" + "".join(f"{i},{'NA' if i % 7 == 0 else i / 3},{'red' if i % 2 else 'blue'}"
                                                     f",{i % 3}\n" for i in range(200)))
     text = tmp_path / "text.csv"
     text.write_text("a,b,label\n" + "".join(f"{i},{i * 2},{'cat' if i % 2 else 'dog'}\n" for i in range(200)))
-    report = in_fresh_process([[str(numbers), str(tmp_path / "a")], [str(text), str(tmp_path / "b")]],
-                              "'pandas' in sys.modules")
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet
+
+    table = tmp_path / "table.parquet"  # the Parquet reader too: int, float with nulls, bool, text, text label
+    pyarrow.parquet.write_table(pa.table({
+        "n": pa.array(range(200), pa.int64()), "f": pa.array([None if i % 7 == 0 else i / 3 for i in range(200)]),
+        "flag": pa.array([i % 2 == 0 for i in range(200)]), "color": pa.array(["red", None, " NA", "blue"] * 50),
+        "label": pa.array(["cat", "dog"] * 100)}), table)
+    report = in_fresh_process([[str(numbers), str(tmp_path / "a")], [str(text), str(tmp_path / "b")],
+                               [str(table), str(tmp_path / "c")]], "'pandas' in sys.modules")
     assert report["check"] is False
