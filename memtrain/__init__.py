@@ -7,6 +7,7 @@ The Python API (the command line, ``memtrain --help``, does the same from a shel
     model = memtrain.load_model(summary.run_dir, which="best") # predict / predict_proba on raw features
     ds = memtrain.open_dataset("data/digits")                 # a prepared dataset, mapped read-only
     for x, y in ds.batches(128, seed=0, epoch=0): ...          # numpy batches for your own training loop
+    # memtrain.torch.BatchDataset(ds, 128, epoch=0): the same batches as tensors for a torch DataLoader
 
 - ``fit(job, **settings)``: run a training job (``memtrain train``); returns a ``TrainSummary``.
 - ``load_job(path)``: read and validate a job file without running it.

@@ -1,4 +1,5 @@
-"""Benchmarks: `bench prepare` (vs a plain numpy/pyarrow baseline), `bench train` (memtrain vs peers), `bench async`.
+"""Benchmarks: `bench prepare` (vs a plain numpy/pyarrow baseline), `bench train` (memtrain vs peers), `bench async`,
+`bench loader` (memtrain's batches vs the usual DataLoaders).
 
 Examples:
   memtrain bench prepare             # 1 GB NPY and CSV sources, side by side with the baseline
@@ -10,6 +11,12 @@ Examples:
   memtrain bench train --larger-than-ram --limit-mib 256   # a dataset 4x larger than a memory limit
   memtrain bench train --sizes 1e6,1e7 --methods memtrain --cluster local:2   # the Dask transport vs local
   memtrain bench async --sizes 1e5,1e6  # sync vs staleness 1 vs async, without and with a straggler
+  memtrain bench loader              # ds.batches and BatchDataset vs np.memmap and HF datasets, 0/2/4 workers
+  memtrain bench loader --larger-than-ram --limit-mib 256   # the data 4x RLIMIT_DATA of every process
+
+Every comparison interleaves its methods, repeats them (--repeats) and reports the median with the min-max
+range, ratios taken pair by pair (memtrain/benchmarks/compare.py); bench train times every method as a whole
+process at E and 2E epochs, so that start-up cancels on every side alike (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from memtrain.errors import InputError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("what", choices=("train", "prepare", "async"), help="what to measure")
+    parser.add_argument("what", choices=("train", "prepare", "async", "loader"), help="what to measure")
     parser.add_argument("--gb", type=float, default=1.0, help="prepare: size of each source in GB (1.0)")
     parser.add_argument("--sources", default="npy,csv", help="prepare: comma-separated subset of npy,npz,h5,csv "
                                                               "(default %(default)s)")
@@ -32,10 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "meets the machine's free memory in the same state (default 0; see "
                              "docs/prepare-performance.md)")
     from memtrain.benchmarks.async_bench import add_arguments as async_arguments
+    from memtrain.benchmarks.loader_bench import add_arguments as loader_arguments
     from memtrain.benchmarks.train_bench import add_arguments as train_arguments
 
     train_arguments(parser.add_argument_group("train and async"))
     async_arguments(parser.add_argument_group("async"))
+    loader_arguments(parser.add_argument_group("loader (also --methods, --repeats, --json, --larger-than-ram, "
+                                               "--limit-mib, --data-factor)"))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,6 +56,10 @@ def run(args: argparse.Namespace) -> int:
         from memtrain.benchmarks.train_bench import run as bench_train
 
         return bench_train(args)
+    if args.what == "loader":
+        from memtrain.benchmarks.loader_bench import run as bench_loader
+
+        return bench_loader(args)
     if args.what == "async":
         from memtrain.benchmarks.async_bench import run as bench_async
 

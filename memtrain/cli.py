@@ -1,7 +1,8 @@
 """The `memtrain` command: parses arguments, dispatches to the command modules, maps errors to exit codes.
 
 Each command module exposes ``add_arguments(parser)`` and ``run(args) -> int``. Errors of the
-MemtrainError family print one paragraph (exit 2 for bad input or configuration, 1 for failures);
+MemtrainError family print one paragraph (exit 2 for bad input or configuration, 1 for failures); a stop
+signal (Interrupted: exit 128 + the signal) prints where the run stopped and how to resume, not as an error;
 ``--debug`` shows the traceback instead. Console output is best effort (memtrain/streams.py): a closed
 pipe or terminal never stops a command, and never turns a failure into exit 0.
 """
@@ -15,7 +16,7 @@ import traceback
 from pathlib import Path
 
 from memtrain import __version__
-from memtrain.errors import MemtrainError
+from memtrain.errors import Interrupted, MemtrainError
 from memtrain.faults import check_spec as check_fault_spec
 from memtrain.files import is_no_space, no_space_error
 from memtrain.streams import guarded_streams
@@ -66,6 +67,11 @@ def _run(args: argparse.Namespace) -> int:
     try:
         check_fault_spec()  # a test asking for a fault point that does not exist would pass by killing nothing
         return int(args.module.run(args) or 0)
+    except Interrupted as exc:  # a stop the user asked for (Ctrl-C, SIGTERM), with how to resume: not an error
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        print(f"memtrain {args.command}: {exc}", file=sys.stderr)
+        return exc.exit_code
     except MemtrainError as exc:
         if getattr(args, "debug", False):
             traceback.print_exc()

@@ -1,8 +1,9 @@
 """Dataset directory -> read-only access: the manifest, shards as memmaps, row ranges across shards.
 
-Format ``memtrain.dataset`` version 2 (specified in docs/formats.md). ``manifest.json``::
+Format ``memtrain.dataset`` version 3 (specified in docs/formats.md; version 2, without ``encoding``, is
+read too). ``manifest.json``::
 
-    {"format": "memtrain.dataset", "version": 2,
+    {"format": "memtrain.dataset", "version": 3,
      "task": "classification" | "regression",
      "rows": int,                                  # train + val
      "x": {"shape": [F, ...], "dtype": "float32"}, # shape of ONE row
@@ -11,6 +12,7 @@ Format ``memtrain.dataset`` version 2 (specified in docs/formats.md). ``manifest
      "splits": {"train": {"rows": int, "shards": [SHARD, ...]}, "val": {...}, "test": {...}},  # test: optional
      "stats": {"mean": [...], "std": [...], "min": [...], "max": [...]},  # per feature, train split
      "source": {...}, "options": {...}, "created": "ISO-8601",
+     "encoding": {...} | null,                     # CSV/Parquet: how raw rows became x (memtrain/prepare/table.py)
      "record_checksum": "xxh3-128:.."}             # of every other field (files.seal): damage is refused
     SHARD = {"rows": int, "x": "train/x-00000.npy", "y": "train/y-00000.npy",
              "x_bytes": int, "y_bytes": int, "x_checksum": "xxh3-128:..", "y_checksum": "xxh3-128:.."}
@@ -20,15 +22,18 @@ symlink that leaves it). Opening checks every shard's header and exact size (che
 also re-hashes them.
 
 For your own training loop: ``len(ds)``, ``ds[i]`` / ``ds[a:b]`` / ``ds[[i, j]]`` and ``ds.batches(...)``
-address the train split (``ds.split("val")`` has the same methods). Shards are mapped read-only and lazily;
-a pickled dataset carries only its paths and manifest, so every process that unpickles it (a PyTorch
-``DataLoader`` worker, say) maps the same files and shares their pages with every other process.
+address the train split (``ds.split("val")`` has the same methods); ``batches`` follows memtrain/order.py
+(global batch k by (seed, epoch) alone, ``start``, ``rank`` / ``world``), as ``memtrain.torch.BatchDataset``
+does. Shards are mapped read-only and lazily; a pickled dataset carries only its paths and manifest, so
+every process that unpickles it (a PyTorch ``DataLoader`` worker, say) maps the same files and shares
+their pages with every other process.
 """
 
 from __future__ import annotations
 
 import bisect
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,9 +44,11 @@ import numpy as np
 from memtrain.errors import CorruptFileError, InputError, plural
 from memtrain.files import check_npy, open_npy, read_json, unseal, verify_checksum, write_sealed_json
 from memtrain.layout import MANIFEST, OPTIONAL_SPLITS, SPLITS
+from memtrain.order import WINDOW, EpochOrder, Rows, check_part, epoch_order, rank_part
 
 FORMAT = "memtrain.dataset"
-FORMAT_VERSION = 2  # 2: the manifest is sealed (record_checksum); 1 had no checksum of its own
+FORMAT_VERSION = 3  # 3: "encoding" (tables: levels, fill values, column order); 2: the manifest is sealed
+READ_VERSIONS = (2, 3)  # 2 is read as 3 without an encoding; 1 had no checksum of its own and is refused
 
 
 @dataclass(frozen=True)
@@ -145,27 +152,86 @@ class Split:
             x[mask], y[mask] = xs[flat[mask] - self.starts[shard]], ys[flat[mask] - self.starts[shard]]
         return x.reshape(index.shape + self.x_shape), y.reshape(index.shape + self.y_shape)
 
-    def batches(self, batch_size: int, *, seed: int = 0, epoch: int = 0, shuffle: bool = True,
+    def batches(self, batch_size: int, *, seed: int = 0, epoch: int = 0, start: int = 0, rank: int = 0,
+                world: int = 1, shuffle: str | bool = "rows", window: int = WINDOW,
                 drop_last: bool = False) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """``(x, y)`` numpy batches of consecutive rows, the batches visited in a random order per epoch.
+        """Read-only numpy ``(x, y)`` batches of one epoch, from global batch ``start`` on (memtrain/order.py).
 
-        The batches and their order are those ``memtrain train`` uses for the same ``train.batch_size``,
-        ``train.seed`` and epoch (the rows were shuffled once by ``prepare``). Arrays are read-only:
-        views of the mapped shard when a batch lies in one shard (no copy), a copy otherwise.
+        ``shuffle="rows"`` mixes rows into new batches every epoch (rows shuffled within windows of
+        ``window`` rows of a seeded block order); ``"batches"`` gives contiguous row ranges visited in a
+        seeded order (the same batches every epoch, as ``memtrain train`` before row shuffling; ``True``
+        means this, as it did); ``"none"`` (or ``False``) file order. The order depends only on
+        (seed, epoch, batch_size, shuffle, window): global batch k is the same rows whatever ``world`` is,
+        and rank ``rank`` of ``world`` yields its contiguous part of each. ``start=k`` begins at batch k
+        without reading the batches before it.
+
+        A batch of contiguous rows in one shard is a view of the mapped file (no copy); any other is
+        gathered into one of two buffers that are reused only once nothing refers to them any more, so
+        a batch you keep is never overwritten.
 
         >>> for x, y in ds.batches(128, seed=0, epoch=3):   # doctest: +SKIP
         ...     loss = step(x, y)
         """
-        if not isinstance(batch_size, int | np.integer) or batch_size < 1:
-            raise InputError("batch_size must be a positive integer", found=repr(batch_size))
-        starts = range(0, self.rows, batch_size)
-        order = np.random.default_rng([seed, epoch]).permutation(len(starts)) if shuffle else range(len(starts))
-        for k in order:
-            lo, hi = starts[k], min(starts[k] + batch_size, self.rows)
-            if drop_last and hi - lo < batch_size:
-                continue
-            x, y = self.read(lo, hi)
+        order = self.order(batch_size, seed=seed, epoch=epoch, shuffle=shuffle, window=window, drop_last=drop_last)
+        check_part(start, rank, world, order.batches)
+        buffers = GatherBuffers(self)
+        for k in range(start, order.batches):
+            rows = rank_part(order.batch(k), rank, world)
+            if isinstance(rows, range):  # contiguous: a view of the mapped shard when it lies in one
+                x, y = self.read(rows.start, rows.stop)
+            else:
+                x, y = self.gather(rows, buffers.next(len(rows)))
             yield _read_only(x), _read_only(y)
+
+    def order(self, batch_size: int, *, seed: int = 0, epoch: int = 0, shuffle: str | bool = "rows",
+              window: int = WINDOW, drop_last: bool = False) -> EpochOrder:
+        """The epoch's order of this split: ``order.batches`` global batches, ``order.batch(k)`` the rows of one."""
+        if not isinstance(batch_size, int | np.integer) or isinstance(batch_size, bool) or batch_size < 1:
+            raise InputError("batch_size must be a positive integer", found=repr(batch_size))
+        if isinstance(shuffle, bool):  # the meaning ``shuffle=True`` / ``False`` had before row shuffling
+            shuffle = "batches" if shuffle else "none"
+        return epoch_order(shuffle, rows=self.rows, batch_size=int(batch_size), seed=seed, epoch=epoch,
+                           window=window, drop_last=drop_last)
+
+    def read_into(self, rows: Rows, out: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Rows ``rows`` (a range or row indices, in order) copied into ``out``: plain copies for a range."""
+        if not isinstance(rows, range):
+            return self.gather(rows, out)
+        done = 0
+        for shard, a, b in self.segments(rows.start, rows.stop):
+            xs, ys = self.shard_arrays(shard)
+            np.copyto(out[0][done:done + b - a], xs[a:b])
+            np.copyto(out[1][done:done + b - a], ys[a:b])
+            done += b - a
+        return out
+
+    def gather(self, rows: np.ndarray, out: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Rows ``rows`` (in that order) copied into ``out``: one ``take`` per shard they lie in."""
+        x, y = out
+        if not len(rows):
+            return x, y
+        starts = np.asarray(self.starts)
+        shard_of = np.searchsorted(starts, rows, side="right") - 1
+        local = rows - starts[shard_of]
+        if (shard_of == shard_of[0]).all():  # straight into ``out``
+            xs, ys = self._plain(int(shard_of[0]))
+            np.take(xs, local, axis=0, out=x)
+            np.take(ys, local, axis=0, out=y)
+            return x, y
+        by_shard = np.argsort(shard_of, kind="stable")  # positions grouped by shard: one take for each
+        grouped = shard_of[by_shard]
+        cuts = [0, *(np.flatnonzero(grouped[1:] != grouped[:-1]) + 1).tolist(), len(rows)]
+        for a, b in zip(cuts[:-1], cuts[1:], strict=False):
+            xs, ys = self._plain(int(grouped[a]))
+            where = by_shard[a:b]
+            x[where] = np.take(xs, local[where], axis=0)
+            y[where] = np.take(ys, local[where], axis=0)
+        return x, y
+
+    def _plain(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """Shard ``index``'s maps as plain arrays: indexing an ``np.memmap`` costs microseconds of Python."""
+        xs, ys = self.shard_arrays(index)
+        return xs.view(np.ndarray), ys.view(np.ndarray)
 
     def check_files(self) -> None:
         """Headers and exact sizes of every shard (no mapping, no hashing): catches truncation early."""
@@ -182,6 +248,34 @@ class Split:
 def _read_only(array: np.ndarray) -> np.ndarray:
     array.flags.writeable = False
     return array
+
+
+class GatherBuffers:
+    """Two pairs of (x, y) buffers for gathered batches, taken in turn. A pair still referred to from outside
+    (a batch the caller kept, or a view of it) is left to its holder and replaced by a new one, so reuse
+    never overwrites rows someone holds: a plain loop reuses the same two pairs all epoch long."""
+
+    def __init__(self, split: Split) -> None:
+        self.split = split
+        self._pairs: list[tuple[np.ndarray, np.ndarray] | None] = [None, None]
+        self._turn = 0
+        self._unheld = 0  # the reference count of a buffer nothing outside refers to, measured as it is made
+
+    def next(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """A pair of buffers of ``rows`` rows that nothing outside refers to."""
+        split = self.split
+        self._turn ^= 1
+        pair = self._pairs[self._turn]
+        if pair is None or len(pair[0]) < rows or max(self._references(pair)) > self._unheld:
+            size = max(rows, len(pair[0]) if pair is not None else 0)
+            pair = (np.empty((size, *split.x_shape), split.x_dtype), np.empty((size, *split.y_shape), split.y_dtype))
+            self._pairs[self._turn] = pair
+            self._unheld = max(self._references(pair))  # the same expression: any view handed out adds one
+        return pair[0][:rows], pair[1][:rows]
+
+    @staticmethod
+    def _references(pair: tuple[np.ndarray, np.ndarray]) -> tuple[int, int]:
+        return sys.getrefcount(pair[0]), sys.getrefcount(pair[1])
 
 
 @dataclass
@@ -211,15 +305,17 @@ class Dataset:
         """Train rows as new arrays: ``ds[i]``, ``ds[a:b]``, ``ds[[i, j, ...]]`` (see ``Split.__getitem__``)."""
         return self.split("train")[key]
 
-    def batches(self, batch_size: int, *, seed: int = 0, epoch: int = 0, shuffle: bool = True,
-                drop_last: bool = False, split: str = "train") -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def batches(self, batch_size: int, *, seed: int = 0, epoch: int = 0, start: int = 0, rank: int = 0,
+                world: int = 1, shuffle: str | bool = "rows", window: int = WINDOW, drop_last: bool = False,
+                split: str = "train") -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Numpy ``(x, y)`` batches of a split for your own training loop (see ``Split.batches``).
 
         >>> for epoch in range(10):                                   # doctest: +SKIP
         ...     for x, y in ds.batches(128, seed=0, epoch=epoch):
         ...         ...
         """
-        return self.split(split).batches(batch_size, seed=seed, epoch=epoch, shuffle=shuffle, drop_last=drop_last)
+        return self.split(split).batches(batch_size, seed=seed, epoch=epoch, start=start, rank=rank, world=world,
+                                         shuffle=shuffle, window=window, drop_last=drop_last)
 
     @property
     def task(self) -> str:
@@ -311,9 +407,9 @@ def _check_format(manifest: Any, path: Path) -> None:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise CorruptFileError("not a memtrain dataset manifest", path=path, where="format",
                                expected=FORMAT, found=found)
-    if manifest.get("version") != FORMAT_VERSION:
+    if manifest.get("version") not in READ_VERSIONS:
         raise CorruptFileError("unsupported dataset format version", path=path, where="version",
-                               expected=FORMAT_VERSION, found=manifest.get("version"),
+                               expected=" or ".join(map(str, READ_VERSIONS)), found=manifest.get("version"),
                                hint="prepare the dataset again with this memtrain")
 
 

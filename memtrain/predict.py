@@ -1,7 +1,9 @@
 """A run or checkpoint directory -> a model object with ``predict`` / ``predict_proba`` on raw features.
 
 It applies the same normalization as training (the statistics are stored in the checkpoint), and maps
-class indices back to class names with ``classes``.
+class indices back to class names with ``classes``. A model trained on a CSV or Parquet table also takes raw
+rows with the source's column names (a pandas DataFrame, a dict of columns, or a list of dicts such as
+``csv.DictReader`` gives): the encoding prepare recorded (levels, fill values, column order) is applied first.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import numpy as np
 
 from memtrain.errors import InputError
 from memtrain.layout import CHECKPOINTS_DIR, checkpoint_path, existing_hint
+from memtrain.prepare.table import Encoding, is_raw
 from memtrain.train.checkpoint import load_checkpoint
 from memtrain.train.context import ModelContext, model_context_from_manifest
 from memtrain.train.metrics import combine, task_statistics
@@ -33,7 +36,29 @@ class TrainedModel:
     def classes(self) -> list[str] | None:
         return self.meta["data"].get("classes")
 
+    @property
+    def encoding(self) -> Encoding | None:
+        """How raw table rows become features (None: the dataset was not a CSV/Parquet table)."""
+        record = self.meta["data"].get("encoding")
+        return None if record is None else Encoding.from_dict(record)
+
+    def encode(self, rows: Any) -> np.ndarray:
+        """Raw rows (DataFrame, dict of columns, list of dicts) -> feature rows as prepare wrote them (before
+        normalization): unseen levels go to ``<rare>``, a missing value gets the recorded fill.
+
+        >>> model.encode([{"island": "Dream", "bill_length_mm": "NA", ...}])   # doctest: +SKIP
+        """
+        encoding = self.encoding
+        if encoding is None:
+            raise InputError("this model's dataset records no table encoding, so rows must be arrays of features",
+                             found=type(rows).__name__,
+                             hint="pass a numpy array (rows x features); raw rows need a dataset prepared from a "
+                                  "CSV or Parquet file by this memtrain")
+        return encoding.rows(rows, np.dtype(self.meta["data"]["x"]["dtype"]))
+
     def _features(self, x: Any) -> np.ndarray:
+        if is_raw(x) and (self.encoding is not None or not hasattr(x, "columns")):
+            x = self.encode(x)  # (a DataFrame of features for a model without a table encoding is an array)
         x = np.asarray(x)
         if x.ndim == 1:
             x = x.reshape(1, -1)
@@ -43,7 +68,9 @@ class TrainedModel:
         return self.context.normalize(x)
 
     def predict(self, x: Any) -> np.ndarray:
-        """Class indices (classification; names via ``classes``) or predicted targets (regression)."""
+        """Class indices (classification; names via ``classes``) or predicted targets (regression).
+
+        ``x``: an array of features (rows x features), or raw rows of a table (see ``encode``)."""
         return self.context.model.predict(self.params, self._features(x))
 
     @property

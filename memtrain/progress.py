@@ -18,6 +18,10 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+# A bench runs for minutes, one measured run after another: on a terminal a bar on stderr names the run under
+# way; in a log (stderr not a terminal) a line every BENCH_EVERY seconds at most. Its tables go to stdout alone.
+BENCH_EVERY = 10.0
+
 
 def console(stderr: bool = True) -> Console:
     return Console(stderr=stderr, highlight=False)
@@ -35,6 +39,7 @@ class Reporter:
         self._plain_every = plain_every
         self._last_plain = 0.0
         self._start = time.monotonic()
+        self._begun = 0
 
     def update(self, done: float, info: str = "") -> None:
         if self._progress is not None:
@@ -45,6 +50,11 @@ class Reporter:
             self._last_plain = now
             pct = 100.0 * done / self._total if self._total else 100.0
             print(f"{self._label}: {pct:5.1f}% {info}".rstrip(), file=sys.stderr, flush=True)
+
+    def begin(self, info: str) -> None:
+        """The next of ``total`` items starts, ``info`` says which: the ones before it count as done."""
+        self.update(self._begun, f"{info} ({self._begun + 1} of {self._total:g})")
+        self._begun += 1
 
     def line(self, text: str) -> None:
         if self._progress is not None:

@@ -1,6 +1,8 @@
 """`memtrain bench train` at a tiny size: it runs every method and prints a well-formed table or JSON.
 
-No timing assertions: the figures depend on the machine; only the shape of the report is checked.
+No timing assertions: the figures depend on the machine; only the shape of the report is checked (at this
+size a repeat's 2E-epoch run may take no longer than its E-epoch run: its figure is then None, and says so).
+How the figures are computed, and what makes the baselines fair, is pinned in test_bench_fairness.py.
 """
 
 from __future__ import annotations
@@ -27,44 +29,51 @@ def bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=230, env=dict(os.environ))
 
 
+def _timed(values: list[float | None]) -> list[float]:
+    assert all(v is None or v > 0 for v in values)
+    return [v for v in values if v is not None]
+
+
 def test_json_report_has_every_method_with_sane_fields(tmp_path: Path) -> None:
-    result = bench(tmp_path, "--json", "--no-first-job", "--repeats", "2", "--methods", ",".join(METHODS))
+    result = bench(tmp_path, "--json", "--no-first-job", "--methods", ",".join(METHODS))
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     rows = report["results"]
     assert [row["method"] for row in rows] == list(METHODS)
     for row in rows:
-        assert row["params"] == mlp_shape(10_000).params
-        assert row["samples_per_s"] > 0 and row["update_ms"] > 0 and row["peak_mib"] > 0
+        assert row["params"] == mlp_shape(10_000).params and row["epochs"] == [5, 10]  # small: E = 5
+        assert row["extra_updates"] == 4 * 5 and row["peak_mib"] > 0
         assert 0 < row["pss_mib"] <= row["peak_mib"]
         assert row["compute_ms"] is not None and row["compute_ms"] > 0
-        assert len(row["runs_samples_per_s"]) == 2 and len(row["ratio_runs"]) == 2
+        assert len(row["runs_samples_per_s"]) == 1
+        assert row["untimed_repeats"] == len(row["runs_samples_per_s"]) - len(_timed(row["runs_samples_per_s"]))
+        assert (row["samples_per_s"] is None) == (row["untimed_repeats"] == 1)
     memtrain = rows[0]
-    assert memtrain["updates_measured"] >= 2 * 3  # counted from its placement's decision, not its first update
-    assert all(row["updates_measured"] == 2 * 3 for row in rows[1:])
-    assert memtrain["memtrain_ratio"] == pytest.approx(1.0) and memtrain["ratio_runs"] == [1.0, 1.0]
+    assert memtrain["ratio_runs"] in ([], [1.0])
     assert any("exchange area" in line for line in memtrain["exchange"])
     assert all(any(line.startswith("rounds: ") for line in run) for run in memtrain["rounds"])
     (best,) = report["baselines"]
-    assert best["best"] in ("one_process", "one_process_blas", "shared_memory") and best["ratio"] > 0
+    assert best["best"] in ("one_process", "one_process_blas", "shared_memory", None)
     assert os.listdir(tmp_path) == []  # datasets and runs are removed
     assert report["machine"]["cpus"] >= 1 and report["machine"]["cpu"] and report["machine"]["blas"] != "unknown"
+    assert report["machine"]["memory_gib"] > 0
 
 
 def test_torch_comparison_runs_ddp_and_takes_ratios_against_memtrain_with_the_torch_module(tmp_path: Path) -> None:
-    result = bench(tmp_path, "--json", "--methods", ",".join(TORCH_METHODS))
+    result = bench(tmp_path, "--json", "--no-first-job", "--methods", ",".join(TORCH_METHODS))
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     rows = {row["method"]: row for row in report["results"]}
     assert list(rows) == list(TORCH_METHODS)
-    base = rows["torch_memtrain"]["samples_per_s"]
+    base = rows["torch_memtrain"]["runs_samples_per_s"]
     for row in rows.values():
         assert row["params"] == mlp_shape(10_000).params
-        # memtrain's are counted from its placement's decision, and it runs until it has enough of them
-        assert row["updates_measured"] >= 3 if row["method"] == "torch_memtrain" else row["updates_measured"] == 3
-        assert row["samples_per_s"] > 0 and 0 < row["pss_mib"] <= row["peak_mib"]
-        assert row["memtrain_ratio"] == pytest.approx(base / row["samples_per_s"])
-        assert 0 < row["compute_ms"] <= row["update_ms"] * 1.5
+        assert 0 < row["pss_mib"] <= row["peak_mib"] and row["compute_ms"] > 0
+        mine = row["runs_samples_per_s"]
+        if base[0] is not None and mine[0] is not None:
+            assert row["ratio_runs"] == [pytest.approx(base[0] / mine[0])]
+        else:
+            assert row["ratio"] is None and row["memtrain_ratio"] is None
     assert report["machine"]["torch"].startswith("2.13.0")
     assert os.listdir(tmp_path) == []
 
@@ -72,14 +81,21 @@ def test_torch_comparison_runs_ddp_and_takes_ratios_against_memtrain_with_the_to
 def test_table_lists_every_method_and_the_first_command(tmp_path: Path) -> None:
     result = bench(tmp_path, "--methods", "memtrain,one_process,memtrain_server")
     assert result.returncode == 0, result.stderr
-    for header in ("samples/s", "overhead ms", "peak MiB", "peak PSS MiB", "memtrain ÷ method", "over runs"):
+    for header in ("samples/s", "ms/update (range)", "overhead ms", "start-up s", "peak MiB", "peak PSS MiB",
+                   "memtrain ÷ method (range)"):
         assert header in result.stdout
+    assert "every method run E and 2E epochs" in result.stdout and "interleaved repeats" in result.stdout
     assert "memtrain (in the server)" in result.stdout or "memtrain (on 2 workers)" in result.stdout
     assert "memtrain, train.workers = 0 (in the server)" in result.stdout
     assert "one process, 1 thread" in result.stdout and "÷ best of one process" in result.stdout
-    assert "numpy " in result.stdout and " CPUs (" in result.stdout  # the caption names the machine
+    assert "numpy " in result.stdout and " CPUs (" in result.stdout and " GiB RAM" in result.stdout  # the machine
     assert "the README's first command" in result.stdout and "plain numpy loop" in result.stdout
     assert "memtrain train (" in result.stdout  # where its rounds ran
+    assert "memtrain / plain loop, whole run, start-up included" in result.stdout
+    assert "more epochs, start-up cancelled" in result.stdout
+    # progress on stderr, not in the table: stderr is not a terminal here, so a line every 10 s at most
+    assert result.stderr.startswith("bench train:   0.0% 10,360 params: memtrain (1 of 5)\n")
+    assert not any(line.startswith("bench train:") for line in result.stdout.splitlines())
 
 
 def test_the_placement_label_is_the_decision_not_a_figure_in_it() -> None:
@@ -111,14 +127,28 @@ def test_bench_async_runs_every_mode_with_and_without_a_straggler(tmp_path: Path
                                                                for m in ("sync", "staleness 1",
                                                                          "staleness 1, stream", "async")]
     for row in rows:
-        assert row["updates_per_s"] > 0 and row["vs_sync"] > 0
+        assert row["updates_per_s"] > 0 and row["vs_sync"]["median"] > 0 and row["steady"]["median"] > 0
+        assert len(row["vs_sync"]["runs"]) == 1 and row["updates"] == 6
         assert row["straggled"] == [row["straggler"] is not None], "every straggler run had its straggler"
     assert all(row["steady_updates"] == 6 - 2 for row in rows)  # the window given, at every size
     staleness = {r["mode"]: r["staleness_max"] for r in rows[:4]}
     assert staleness["sync"] == 0 and staleness["staleness 1"] == staleness["staleness 1, stream"] == 1
     assert [c["check"] for c in report["checks"]] == 2 * ["async vs sync, with a straggler",
                                                           "staleness 1 vs sync, no straggler"]
+    assert all(c["verdict"].endswith(("by median: met", "by median: NOT met")) for c in report["checks"])
     assert os.listdir(tmp_path) == []
+    assert result.stderr.startswith("bench async:   0.0% 1,045 params: sync (1 of 16)\n")  # progress, not --json
+
+
+def test_bench_progress_names_each_run_and_counts_those_before_it(capsys: pytest.CaptureFixture[str]) -> None:
+    from memtrain.progress import reporting
+
+    with reporting("bench train", 4, plain_every=0.0, force_plain=True) as progress:
+        for method in ("memtrain", "one process", "memtrain", "one process"):
+            progress.begin(method)
+    assert capsys.readouterr().err.splitlines() == [
+        "bench train:   0.0% memtrain (1 of 4)", "bench train:  25.0% one process (2 of 4)",
+        "bench train:  50.0% memtrain (3 of 4)", "bench train:  75.0% one process (4 of 4)"]
 
 
 def test_bench_async_measures_small_models_over_a_longer_window_unless_told() -> None:

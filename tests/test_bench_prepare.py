@@ -36,7 +36,7 @@ def test_table_names_each_baseline_and_the_machine(tmp_path: Path) -> None:
                          ("csv", "shuffle")}
     assert "np.load + np.save + fsync" in rows["npy", "shuffle"]
     assert "h5py read + np.save + fsync" in rows["h5", "no-shuffle"]
-    assert "pyarrow.csv.read_csv + np.save" in rows["csv", "shuffle"]
+    assert "pyarrow.csv.read_csv + np.save + fsync" in rows["csv", "shuffle"]
     assert set(stages) == set(rows)  # where each side's time went, per row
     for key in [("npy", "shuffle"), ("h5", "no-shuffle")]:
         assert "baseline read " in stages[key] and ", fsync " in stages[key] and "memtrain scatter " in stages[key]
@@ -45,6 +45,9 @@ def test_table_names_each_baseline_and_the_machine(tmp_path: Path) -> None:
     assert "memtrain's CSV parser: pyarrow" in lines[-2] and "files on " in lines[-2]
     assert lines[-1].startswith("load average")
     assert os.listdir(tmp_path) == []  # sources and datasets are removed
+    # progress on stderr, not in the table: stderr is not a terminal here, so a line every 10 s at most
+    assert result.stderr.startswith("bench prepare:   0.0% writing the 0.003 GB npy source (1 of 23)\n")
+    assert not any(line.startswith("bench prepare:") for line in lines)
 
 
 def test_json_report_keeps_every_run(tmp_path: Path) -> None:
@@ -68,7 +71,7 @@ def test_csv_baseline_without_pyarrow_is_named_for_what_it_runs(monkeypatch, tmp
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     monkeypatch.setitem(sys.modules, "pyarrow.csv", None)
     _, name = bench._baseline("csv", [tmp_path / "s.csv"], tmp_path / "out")
-    assert name == "np.loadtxt + np.save"
+    assert name == "np.loadtxt + np.save + fsync"
 
 
 @pytest.mark.parametrize("make", ["missing", "file"])

@@ -178,6 +178,25 @@ def test_counts_are_singular_for_one(tmp_path: Path, dataset: Path, cli) -> None
     assert "train 18 rows in 1 shard, val 2 rows in 1 shard" in shown.out, shown.out
 
 
+@pytest.mark.parametrize("kind", ["ridge", "naive_bayes"])
+def test_an_additive_run_reports_its_one_pass_not_epochs(tmp_path: Path, dataset: Path, cli,
+                                                         monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """However many epochs the job says, an additive model is one pass of statistics and a solve."""
+    job = job_file(tmp_path, dataset, epochs=3)
+    job.write_text(job.read_text().replace('kind = "softmax"', f'kind = "{kind}"'))
+    done = cli("train", job, "--workers", "0")
+    assert done.code == 0, done.err
+    assert done.out.startswith("done: one pass of statistics, then a solve, weight version 1, ")
+    assert done.out.splitlines()[1].startswith("result: val_loss ") and "epoch" not in done.out + done.err
+    run = tmp_path / "runs" / "job"
+    assert "done: one pass of statistics, then a solve, weight version 1" in (run / "events.log").read_text()
+    monkeypatch.setenv("COLUMNS", "80")
+    shown = cli("inspect", run).out.split("\n\n")[0]  # the lines above the tables
+    assert "training: one pass of statistics, then a solve, 0 workers, seed 0" in shown
+    assert "progress: done, newest version 1" in shown and "result: val_loss " in shown
+    assert "epoch" not in shown and "optimizer" not in shown
+
+
 def test_prepare_usage_and_behaviour_agree(tmp_path: Path, cli, capsys) -> None:
     from memtrain.cli import build_parser
 

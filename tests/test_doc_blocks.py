@@ -175,6 +175,23 @@ def test_page_blocks(page: Path, sandbox: Path, monkeypatch: pytest.MonkeyPatch,
                 assert code == 0, f"{block}: `{command}` exited {code}: {capsys.readouterr().err}"
 
 
+def test_inspect_help_examples_run_on_what_the_first_command_makes(sandbox: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """`memtrain inspect --help` names data/digits and runs/digits-mlp (and their checkpoints), so that each
+    example runs as shown after the README's first command."""
+    with pytest.raises(SystemExit):
+        main(["inspect", "--help"])
+    examples = [line.split("  #")[0].strip() for line in capsys.readouterr().out.splitlines()
+                if line.strip().startswith("memtrain inspect ")]
+    assert len(examples) >= 10
+    for name in ("data", "runs"):  # a folder of its own: the examples write loss.png, params.npz, ...
+        shutil.copytree(sandbox / name, tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    for command in examples:
+        code = main(shlex.split(command)[1:])
+        assert code == 0, f"`{command}` exited {code}: {capsys.readouterr().err}"
+
+
 def test_readme_commands_use_real_options() -> None:
     for block in blocks(ROOT / "README.md"):
         for command in memtrain_commands(block.body):
@@ -205,7 +222,7 @@ def test_model_option_errors_are_the_real_messages() -> None:
 
 def test_prepare_errors_are_the_real_messages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     shown = next(block for block in blocks(ROOT / "docs" / "prepare.md") if "ragged row" in block.body)
-    sources = {"ragged": "f0,f1,label\n1,2,0\n3,0\n", "nan": "f0,f1,label\n1,2,0\n3,4,1\n5,nan,0\n"}
+    sources = {"ragged": "f0,f1,label\n1,2,0\n3,0\n", "inf": "f0,f1,label\n1,2,0\n3,4,1\n5,inf,0\n"}
     real = []
     for name, text in sources.items():
         (tmp_path / name).mkdir()

@@ -308,6 +308,7 @@ def test_interrupt_checkpoints_and_says_how_to_resume(tmp_path: Path, data: Path
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == code, err
     assert f"resume with: memtrain train --resume {run}" in err
+    assert f"memtrain train: stopped by {signal.Signals(sig).name} " in err and "error" not in err, err  # a stop
     assert checkpoint_updates(run), "no checkpoint after the interrupt"
     assert wait_gone(worker_pids(run), 5) == []
     assert memtrain("train", "--resume", run).returncode == 0

@@ -18,6 +18,7 @@ import memtrain
 from memtrain.cli import main
 from memtrain.files import publish_array, read_jsonl
 from memtrain.inspection import build_view, detect
+from memtrain.inspection.render import size
 from memtrain.inspection.stats import Summary, difference, summarise
 from memtrain.layout import (
     CHECKPOINT_META,
@@ -229,9 +230,34 @@ def test_run_view_lists_checkpoints_and_versions(capsys: pytest.CaptureFixture[s
 def test_run_table_marks_newest_and_unverified(capsys: pytest.CaptureFixture[str], run: Path) -> None:
     code, out, _ = inspect(capsys, run)
     assert code == 0
-    newest = [line for line in out.splitlines() if line.startswith("*") and "│ checkpoint │" in line]
+    newest = [line for line in out.splitlines() if line.startswith("* │ c")]
     assert len(newest) == 1 and newest_checkpoint_dir(run).name in newest[0]
     assert "checksums not checked; --verify re-hashes every file" in out
+
+
+def cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.split("│")]
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_run_tables_fit_80_columns_with_every_value(capsys: pytest.CaptureFixture[str], run: Path,
+                                                    monkeypatch: pytest.MonkeyPatch, verify: bool) -> None:
+    """At COLUMNS=80 every cell that has a value shows it whole (rich used to squeeze the version, update and
+    epoch columns to nothing and cut the others to "…")."""
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = inspect(capsys, run, *(["--verify"] if verify else []))
+    assert code == 0
+    assert max(map(len, out.splitlines())) <= 80 and "…" not in out
+    entries = inspect_json(capsys, run)["entries"]
+    rows = {cells(line)[1]: cells(line) for line in out.splitlines() if line[:4] in ("  │ ", "* │ ")}
+    files = {cells(line)[0]: cells(line) for line in out.splitlines() if line.count("│") == 4}
+    assert set(rows) == set(files) == {e["name"] for e in entries}
+    for e in entries:
+        assert rows[e["name"]][2:5] == [f"{e['version']:,}", f"{e['update']:,}", str(e["epoch"])]
+        assert rows[e["name"]][5] == f"{e['train_loss']:.4g}"
+        if e["val_loss"] is not None:
+            assert rows[e["name"]][6:8] == [f"{e['val_loss']:.4g}", f"{e['val_accuracy']:.4g}"]
+        assert files[e["name"]][1:] == [e["type"], e["written"], size(e["bytes"]), "ok" if verify else "not checked"]
 
 
 def test_incomplete_checkpoint_is_not_newest(capsys: pytest.CaptureFixture[str], copied: tuple[Path, Path]) -> None:
@@ -242,6 +268,9 @@ def test_incomplete_checkpoint_is_not_newest(capsys: pytest.CaptureFixture[str],
     rows = {e["name"]: e for e in view["entries"]}
     assert rows[newest.name]["complete"] is False and "opt-m.npy is missing" in rows[newest.name]["problem"]
     assert view["newest_complete"] == checkpoint_path(run, checkpoint_updates(run)[-2]).name
+    out = inspect(capsys, run)[1]  # the table says INCOMPLETE; the reason is a line of its own below it
+    reason = next(line for line in out.splitlines() if line.startswith(f"{newest.name} INCOMPLETE: "))
+    assert "opt-m.npy is missing" in reason
 
 
 # --- checkpoint, weight version, gradient, plain .npy ---

@@ -66,10 +66,14 @@ def test_fast_parser_accepts_only_what_the_reference_parser_reads_the_same(tmp_p
     reference = source._parse(data, 2)  # must not raise: the fast path took only well-formed blocks
     with np.errstate(over="ignore", invalid="ignore"):
         expected_x = reference.x.astype(dtype)
-    assert fast[0].dtype == np.dtype(dtype) and np.isfinite(fast[0]).all()
-    np.testing.assert_array_equal(fast[0], expected_x)
-    np.testing.assert_array_equal(fast[1], reference.y)
-    assert fast[1].dtype.kind == reference.y.dtype.kind
+    missing = np.zeros(fast.x.shape, dtype=bool) if fast.missing is None else fast.missing
+    assert fast.x.dtype == np.dtype(dtype) and np.isfinite(fast.x[~missing]).all() and np.isnan(fast.x[missing]).all()
+    np.testing.assert_array_equal(fast.x, expected_x)  # NaN (a missing cell) where the reference has NaN
+    np.testing.assert_array_equal(missing, np.zeros_like(missing) if reference.missing is None else reference.missing)
+    np.testing.assert_array_equal(fast.y, reference.y)
+    np.testing.assert_array_equal(fast.y_missing is not None and fast.y_missing,
+                                  reference.y_missing is not None and reference.y_missing)
+    assert fast.y.dtype.kind == reference.y.dtype.kind
 
 
 TRICKY = ('"a b","c, d",species\r\n' + "".join(
@@ -111,7 +115,7 @@ def test_plain_files_never_reach_the_reference_parser(tmp_path, monkeypatch):
     quiet(PrepareOptions(path, tmp_path / "ds", chunk_mb=0.5))
     assert calls == []
     lines = path.read_text().splitlines(keepends=True)
-    lines[12_345] = "nan" + lines[12_345][lines[12_345].index(","):]  # line 12,346: a NaN in column f0
+    lines[12_345] = "inf" + lines[12_345][lines[12_345].index(","):]  # line 12,346: an Inf in column f0
     path.write_text("".join(lines))
     quiet(PrepareOptions(path, tmp_path / "ds2", chunk_mb=0.5, drop_nonfinite=True))
     assert len(calls) == 1 and 2 < calls[0] <= 12_346  # only the block holding that line was re-read
@@ -127,8 +131,8 @@ def test_without_pyarrow_the_reference_parser_reads_everything(tmp_path, monkeyp
 # --- errors in a later block keep their exact line and column --------------------------------------------
 
 @pytest.mark.parametrize("bad, fragments", [
-    ("7,abc,1", ["line 15002, column 'f1'", "not a number", "'abc'"]),
-    ("7,,1", ["line 15002, column 'f1'", "an empty field"]),
+    ("7,abc,1", ["line 15002, column 'f1'", "not a number", "'abc'", "--categorical f1"]),
+    ("7,,1", ["line 15002, column 'f1'", "an empty field"]),  # run with --missing error (as all of these)
     ("nan,2,1", ["line 15002, column 'f0'", "not a finite float32", "nan"]),
     ("7,1e39,1", ["line 15002, column 'f1'", "out of range", "1e+39"]),
     ("7,2", ["line 15002", "ragged row", "found 2 fields"]),
@@ -139,7 +143,7 @@ def test_without_pyarrow_the_reference_parser_reads_everything(tmp_path, monkeyp
 def test_error_in_a_later_block_names_its_line_and_column(cli, write_file, tmp_path, bad, fragments):
     rows = "".join(f"{i % 97},{i % 13}.5,{i % 3}\n" for i in range(15_000))
     source = write_file("bad.csv", HEADER + rows + bad + "\n" + rows)
-    result = cli("prepare", source, tmp_path / "out", "--chunk-mb", "0.5")
+    result = cli("prepare", source, tmp_path / "out", "--chunk-mb", "0.5", "--missing", "error")
     assert_clean_failure(result, tmp_path, *(f"bad.csv:{f}" if f.startswith("line") else f for f in fragments))
 
 

@@ -33,9 +33,6 @@ def assert_clean_failure(result, tmp_path: Path, *fragments: str) -> None:
     ("f0,f1,label\n1,2,0\n3,4\n", ["bad.csv:line 3", "ragged row", "expected 3 fields", "found 2 fields"]),
     ("f0,f1,label\n1,2,0\n3,4,1,9\n", ["bad.csv:line 3", "ragged row", "found 4 fields"]),
     ("f0,f1,label\n1,2,0\n3,abc,1\n", ["bad.csv:line 3, column 'f1'", "not a number", "'abc'"]),
-    ("f0,f1,label\n1,,0\n", ["bad.csv:line 2, column 'f1'", "an empty field"]),
-    ("f0,f1,label\n1,2,0\n\n3,nan,1\n", ["bad.csv:line 4, column 'f1'", "not a finite float32", "nan",
-                                         "--drop-nonfinite"]),
     ('f0,f1,label\n"1\n",2,0\n3,-inf,1\n', ["bad.csv:line 4, column 'f1'", "-inf"]),
     ("f0,f1,label\n1,2,inf\n", ["bad.csv:line 2, column 'label'", "inf"]),
     ("f0,f1,label\n1e39,2,0\n", ["bad.csv:line 2, column 'f0'", "out of range"]),
@@ -48,6 +45,21 @@ def test_bad_csv(cli, write_file, tmp_path, content, fragments):
     assert_clean_failure(cli("prepare", source, tmp_path / "out"), tmp_path, *fragments)
 
 
+@pytest.mark.parametrize("content, fragments", [
+    ("f0,f1,label\n1,,0\n", ["bad.csv:line 2, column 'f1'", "an empty field", "--missing impute"]),
+    ("f0,f1,label\n1,NA,0\n", ["bad.csv:line 2, column 'f1'", "not a number", "'NA'", "--missing impute"]),
+    ("f0,f1,label\n1,2,0\n\n3,nan,1\n", ["bad.csv:line 4, column 'f1'", "not a finite float32", "nan",
+                                         "--drop-nonfinite"]),
+    ("f0,f1,label\n1,2,0\n3,4,NA\n", ["bad.csv:line 3, column 'label'", "the label is not a number", "'NA'"]),
+    ("f0,f1,label\n1,2,cat\n3,4,\n", ["bad.csv:line 3, column 'label'", "the label is missing"]),
+    ("f0,c,label\n1,x,0\n3,,1\n", ["bad.csv:line 3, column 'c'", "a value is missing", "--missing impute"]),
+])
+def test_missing_values_under_missing_error_stop_as_before(cli, write_file, tmp_path, content, fragments):
+    """``--missing error``: today's messages (numbers are read without missing spellings), with a hint."""
+    source = write_file("bad.csv", content)
+    assert_clean_failure(cli("prepare", source, tmp_path / "out", "--missing", "error"), tmp_path, *fragments)
+
+
 def test_ragged_row_is_found_in_a_later_chunk(cli, write_file, tmp_path):
     rows = "".join(f"{i},{i},0\n" for i in range(20000))
     source = write_file("bad.csv", "a,b,label\n" + rows + "1,2\n" + rows)
@@ -57,9 +69,14 @@ def test_ragged_row_is_found_in_a_later_chunk(cli, write_file, tmp_path):
 
 def test_drop_nonfinite_drops_and_reports(cli, write_file, tmp_path):
     source = write_file("ok.csv", "f0,f1,label\n1,2,0\n3,nan,1\n5,6,1\ninf,1,0\n")
-    result = cli("prepare", source, tmp_path / "out", "--drop-nonfinite", "--val-fraction", "0")
+    result = cli("prepare", source, tmp_path / "out", "--drop-nonfinite", "--val-fraction", "0", "--missing", "error")
     assert result.code == 0, result.err
     assert "2 non-finite rows dropped" in result.out and "rows     2 " in result.out
+    # by default "nan" is a spelling of a missing value: imputed; Inf is still non-finite
+    result = cli("prepare", source, tmp_path / "out2", "--drop-nonfinite", "--val-fraction", "0")
+    assert result.code == 0, result.err
+    assert "1 non-finite rows dropped" in result.out and "rows     3 " in result.out
+    assert "1 values imputed: f1 1" in result.out
 
 
 def test_unknown_label_name(cli, write_file, tmp_path):
@@ -162,11 +179,11 @@ def test_parquet_nulls_and_text_features(cli, tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
     pq.write_table(pa.table({"a": [1.0, None, 3.0], "label": [0, 1, 0]}), tmp_path / "n.parquet")
-    assert_clean_failure(cli("prepare", tmp_path / "n.parquet", tmp_path / "out"), tmp_path,
-                         "n.parquet:row 1, column 'a'", "null")
-    pq.write_table(pa.table({"a": ["x", "y"], "label": [0, 1]}), tmp_path / "s.parquet")
+    assert_clean_failure(cli("prepare", tmp_path / "n.parquet", tmp_path / "out", "--missing", "error"), tmp_path,
+                         "n.parquet:row 1, column 'a'", "null", "--missing impute")
+    pq.write_table(pa.table({"a": pa.array([1, 2], pa.timestamp("s")), "label": [0, 1]}), tmp_path / "s.parquet")
     assert_clean_failure(cli("prepare", tmp_path / "s.parquet", tmp_path / "out"), tmp_path,
-                         "s.parquet:column 'a'", "not numeric")
+                         "s.parquet:column 'a'", "neither numeric nor text", "--drop-columns a")
     (tmp_path / "junk.parquet").write_text("not parquet at all")
     assert_clean_failure(cli("prepare", tmp_path / "junk.parquet", tmp_path / "out"), tmp_path, "junk.parquet")
 

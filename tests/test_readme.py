@@ -59,6 +59,13 @@ def test_the_job_reference_lists_every_key_with_its_real_default() -> None:
         assert f"# {key} = " in block, key  # shown commented out
 
 
+def test_the_tour_job_leaves_workers_to_its_default() -> None:
+    """A first job shows the defaults a user should keep: train.workers = "auto" decides at start."""
+    tour = README.split("## A five-minute tour", 1)[1].split("\n## ", 1)[0]
+    job = tomllib.loads(next(b for b in code_blocks("toml", tour) if b.startswith("# penguins.toml")))
+    assert "workers" not in job["train"]
+
+
 @pytest.mark.timeout(180)
 def test_the_tour_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     """The five-minute tour, block by block in an empty folder: python runs, a toml block whose first line

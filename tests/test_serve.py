@@ -279,11 +279,41 @@ def test_sigterm_checkpoints_and_the_next_start_resumes(spool: Path) -> None:
     assert json.loads((spool / "running" / "long.state.json").read_text())["clean_stop"] is True
     table = subprocess.run([sys.executable, "-m", "memtrain", "serve", "--jobs", str(spool), "--status"],
                            capture_output=True, text=True, timeout=30)
-    assert "no service running" in table.stdout and "stopped" in table.stdout
+    assert "no service running" in " ".join(table.stdout.split()) and "stopped" in table.stdout  # lines wrap
     done = serve_once(spool)
     assert done.returncode == 0, done.stderr
     assert "resumed from" in (spool.parent / "runs" / "long" / RUN_EVENTS).read_text()
     assert result(spool, "done", "long")["final"]["epoch"] == LONG_EPOCHS
+
+
+def test_status_fits_80_columns_and_never_breaks_a_path(tmp_path: Path, cli: Callable[..., Any]) -> None:
+    """``--status`` at COLUMNS=80: paths are relative to the folder or cut in the middle (head…tail), never
+    broken mid-word across lines as rich's folding did."""
+    dataset(cli, tmp_path / "data")
+    folder = tmp_path / "a-jobs-folder-whose-name-is-long-enough-to-matter"
+    folder.mkdir()
+    folder.chmod(0o755)
+    name = "a-job-with-a-name-long-enough-to-be-cut"
+    missing = "../no-such-dataset-anywhere-on-this-machine"
+    drop(folder, name, job_text(name, epochs=1))
+    drop(folder, "no-data", job_text("no-data", data=missing))
+    assert serve_once(folder).returncode == 0
+    drop(folder, "waiting", job_text("waiting"))
+    status = subprocess.run([sys.executable, "-m", "memtrain", "serve", "--jobs", str(folder), "--status"],
+                            capture_output=True, text=True, timeout=30, env={**os.environ, "COLUMNS": "80"})
+    assert status.returncode == 0, status.stderr
+    shown = status.stdout.splitlines()
+    assert max(map(len, shown)) <= 80
+    paths = [str(folder) + ":", str(tmp_path / "runs" / name), str(tmp_path / missing[3:]) + ":"]
+    for word in " ".join(shown).replace("│", " ").split():
+        if "/" in word and word != "/":  # a path, not the heading "progress / result"
+            head, _, tail = word.partition("…")
+            assert any(path.startswith(head) and path.endswith(tail) for path in paths) if tail else word in paths, word
+    rows = [line for line in shown if line.startswith("│ ") and line[2:8].strip()]
+    assert [row.split("│")[1].strip() for row in rows] == ["queued", "done", "failed"]
+    assert rows[0].split("│")[4].strip() == "waiting.toml"  # inside the folder: relative to it
+    error = " ".join(line.split("│")[4].strip() for line in shown[shown.index(rows[2]):-1])
+    assert "no-data" in rows[2] and ": dataset directory not found. create one with `memtrain prepare" in error
 
 
 def test_polling_observer_sees_new_jobs(spool: Path) -> None:
@@ -296,6 +326,20 @@ def test_polling_observer_sees_new_jobs(spool: Path) -> None:
     finally:
         assert stop(proc) == 143
     assert names(spool / "failed") == []
+
+
+def test_a_misspelt_model_kind_fails_at_submission_with_a_suggestion(spool: Path) -> None:
+    """Validated when the file arrives (docs/serve.md), so no slot is taken and no child started; an import
+    path is checked for its form only: the service never imports a job's code."""
+    drop(spool, "typo", job_text("typo").replace('kind = "softmax"', 'kind = "sofmax"'))
+    drop(spool, "bare", job_text("bare").replace('kind = "softmax"', 'kind = "nets:"'))
+    done = serve_once(spool)
+    assert done.returncode == 0, done.stderr
+    assert "started typo" not in done.stderr and not list(spool.glob("logs/typo*"))
+    error = result(spool, "failed", "typo")["error"]
+    assert error.startswith(f"{spool / 'typo.toml'}: unknown model kind 'sofmax'")
+    assert error.endswith("did you mean `softmax`?")
+    assert "unknown model kind 'nets:'" in result(spool, "failed", "bare")["error"]
 
 
 def test_arrivals_wait_for_a_writer_to_close_and_for_quiet_after_a_scan(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,11 +122,15 @@ class Sampler:
 
 
 def run_sampled(module: str, spec: dict[str, Any], *, what: str, timeout: float,
-                env: dict[str, str] | None = None) -> tuple[dict[str, Any], int, Peaks]:
+                env: dict[str, str] | None = None,
+                alongside: Callable[[int], Callable[[], None]] | None = None) -> tuple[dict[str, Any], int, Peaks]:
     """``python -m module SPEC_JSON`` in a fresh process, its tree's memory sampled from here: its last line
-    of output (JSON), its pid and the peaks. MemtrainError naming ``what`` if it fails or outlives ``timeout``."""
+    of output (JSON), its pid and the peaks. MemtrainError naming ``what`` if it fails or outlives ``timeout``.
+    ``alongside(pid)``, if given, starts something that acts on the process while it runs (an outside
+    straggler) and returns what ends it."""
     process = subprocess.Popen([sys.executable, "-m", module, json.dumps(spec)], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, env=env)
+    end = alongside(process.pid) if alongside is not None else None
     with Sampler(process.pid) as sampler:
         try:
             out, err = process.communicate(timeout=timeout)
@@ -133,6 +138,9 @@ def run_sampled(module: str, spec: dict[str, Any], *, what: str, timeout: float,
             process.kill()
             process.communicate()
             raise MemtrainError(f"{what} took longer than {timeout:g} s") from None
+        finally:
+            if end is not None:
+                end()
     if process.returncode != 0 or not out.strip():
         raise MemtrainError(f"{what} failed (exit code {process.returncode})", found=err.strip()[-2000:])
     return json.loads(out.strip().splitlines()[-1]), process.pid, sampler.peaks

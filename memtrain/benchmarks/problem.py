@@ -1,7 +1,9 @@
-"""A benchmark problem (dataset dir, MLP shape, updates, workers) -> the model every method computes with.
+"""A benchmark problem (dataset dir, MLP shape, updates, epochs, workers) -> the model every method computes with.
 
 Every method builds its model, initial weights and optimizer here, from memtrain's own MLP and
-optimizer code, so that the compute is identical and only the exchange differs.
+optimizer code, so that the compute is identical and only the exchange differs; and every method
+visits the batches in memtrain's order (train/plan.py: each epoch a seeded permutation of the
+batches, each batch cut into ``workers`` tasks), so that the rows are the same update by update.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import numpy as np
 from memtrain.dataset import open_dataset
 from memtrain.train.context import ModelContext, model_context
 from memtrain.train.optim import OptimizerConfig, apply_update
+from memtrain.train.plan import epoch_updates, split_range
 
 BATCH = 512
 LR = 0.01
@@ -23,19 +26,22 @@ LR = 0.01
 class Problem:
     dataset: str
     hidden: int
-    updates: int
+    updates: int  # per epoch: the dataset holds updates x batch training rows
     workers: int = 2
+    epochs: int = 1
     batch: int = BATCH
     seed: int = 0
     optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(name="sgd", lr=LR))
 
     def batches(self) -> list[tuple[int, int]]:
-        return [(k * self.batch, (k + 1) * self.batch) for k in range(self.updates)]
+        """Rows [lo, hi) of every update of the run, in memtrain's order (its plan's, epoch by epoch)."""
+        rows = self.updates * self.batch
+        return [(update.tasks[0].lo, update.tasks[-1].hi) for epoch in range(self.epochs)
+                for update in epoch_updates(rows, self.batch, self.workers, self.seed, epoch)]
 
     def pieces(self, lo: int, hi: int) -> list[tuple[int, int]]:
         """A batch cut into one task per worker (as memtrain's plan cuts it)."""
-        edges = [lo + (hi - lo) * k // self.workers for k in range(self.workers + 1)]
-        return list(zip(edges, edges[1:], strict=False))
+        return split_range(lo, hi, self.workers)
 
 
 class Model:

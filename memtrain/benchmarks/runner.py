@@ -41,9 +41,9 @@ def run_method(method: str, problem: Problem, scratch: Path, exchange: str = "au
     if method == "memtrain_workers":
         return run_memtrain(problem, scratch, exchange, workers=problem.workers)
     if method == "first_memtrain":
-        return first_job.run_memtrain(Path(problem.dataset), scratch)
+        return first_job.run_memtrain(Path(problem.dataset), scratch, problem.epochs)
     if method == "first_loop":
-        return first_job.run_loop(Path(problem.dataset))
+        return first_job.run_loop(Path(problem.dataset), problem.epochs)
     if method in TORCH_METHODS:
         return run_torch_method(method, problem, scratch, exchange)
     if method == "one_process":

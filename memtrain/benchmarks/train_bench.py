@@ -1,18 +1,22 @@
 """Sizes + methods -> the training benchmark tables (samples/s, overhead, peak memory, ratios), or JSON.
 
-For each parameter count a synthetic dataset is written once; then every method runs in a fresh
-process, the methods alternating (memtrain, one process, pickle, shared memory, BLAS on every core,
-then again), and their steady-state updates are pooled. The first ``warmup`` updates of every run are
-left out: they pay for process start, imports and first page faults, which a long job pays once
-(memtrain's are counted from the update where it decided where its rounds run). Each ratio is given
-with its spread over the repeats (each repeat compares runs made side by side), and per size the
-ratio to the best of the single-machine baselines. Then the README's first command, memtrain against
-a plain numpy loop of the same model (memtrain/benchmarks/first_job.py).
+For each parameter count a synthetic dataset is written once. Every method runs as a user runs it, in a
+fresh process timed from outside (interpreter, imports, workers, memtrain's placement trial and last
+checkpoint included), twice: E epochs and 2E epochs (``--epochs``). An update's cost is the difference
+over the extra updates, so whatever a run pays once cancels, on every side the same way. The methods
+alternate (memtrain, one process, pickle, shared memory, BLAS on every core, then again; compare.py),
+``--repeats`` times; each figure is the median of the repeats with its min-max range, and each ratio is
+taken pair by pair (the runs of one repeat, made side by side), then its median and range. Per size,
+memtrain against the best of the single-machine baselines, repeat by repeat. Then the README's first
+command, memtrain against a plain numpy loop of the same model (memtrain/benchmarks/first_job.py): the
+whole run (start-up included), and the cost of its epochs (30 against 60 epochs, start-up cancelled).
 
 With torch installed, the same MLP as a torch module is measured too, side by side (torch_peers.py):
 memtrain with ``kind = "torch"`` against torch DDP on gloo and one torch process on every core; those
-rows' ratios are memtrain-torch's samples/s over theirs. Memory is the peak of the summed VmHWM
-(shared pages counted per process) and the peak of the summed PSS (shared pages counted once).
+rows' ratios are memtrain-torch's samples/s over theirs. Compute is the median over the longer run's
+updates after ``--warmup``, as each method measured it; overhead is an update's cost less its compute.
+Memory is the peak of the summed VmHWM (shared pages counted per process) and the peak of the summed PSS
+(shared pages counted once).
 """
 
 from __future__ import annotations
@@ -24,16 +28,19 @@ import platform
 import shutil
 import sys
 import tempfile
-from dataclasses import asdict
+import time
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from memtrain.benchmarks import first_job, larger_than_ram
+from memtrain.benchmarks.compare import Spread, Target, interleaved, median, pairwise, per_update
 from memtrain.benchmarks.memory import run_sampled
 from memtrain.benchmarks.problem import BATCH, Problem
 from memtrain.benchmarks.runner import CLUSTER_METHOD, FIRST_JOB, FORCED, METHODS, TORCH_METHODS
 from memtrain.benchmarks.synthetic import CLASSES, FEATURES, mlp_shape, write_dataset
 from memtrain.errors import InputError
+from memtrain.progress import BENCH_EVERY, Reporter, reporting
 
 LABELS = {"memtrain": "memtrain", "one_process": "one process, 1 thread", "pickle_queue": "pickle via Queue",
           "shared_memory": "shared_memory", "one_process_blas": "one process, all-core BLAS",
@@ -47,7 +54,11 @@ VAL_ROWS = BATCH
 RUN_TIMEOUT = 1800.0  # seconds for one method at one size; a hung run fails the benchmark, not the machine
 
 
-UPDATES, WARMUP = 40, 3  # per run: updates, and the first ones left out of the rate
+UPDATES, WARMUP = 40, 3  # per epoch: updates; and the first ones left out of the compute median
+# bench train: a run of E epochs and one of 2E. A 1e4-parameter update takes a few ms, so 40 of them are
+# less than a run's start-up varies by on a busy machine: small models run more epochs, not more rows.
+EPOCHS, SMALL_EPOCHS = 1, 5
+FIRST_JOB_TARGET = Target(name="the README's first command, memtrain / plain loop", at_least=0.5)
 # bench async at small sizes: an update takes a few ms there, and a rate over 37 of them (~0.1 s) swings with
 # every wake-up of the machine (async's runs at 1e4 gave 0.92x and 1.36x synchronous over 20 and 180 updates)
 SMALL_PARAMS, SMALL_UPDATES, SMALL_WARMUP = 2e5, 200, 20
@@ -61,13 +72,25 @@ def window(args: argparse.Namespace, *, params: int | None) -> tuple[int, int]:
             args.warmup if args.warmup is not None else SMALL_WARMUP if small else WARMUP)
 
 
+def epochs(args: argparse.Namespace, *, params: int) -> int:
+    """E of bench train's E and 2E epochs: as given, else EPOCHS (SMALL_EPOCHS up to SMALL_PARAMS ``params``)."""
+    if getattr(args, "epochs", None) is not None:
+        return args.epochs
+    return SMALL_EPOCHS if params <= SMALL_PARAMS else EPOCHS
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default="1e4,1e5,1e6,1e7", help="parameter counts (default %(default)s)")
+    parser.add_argument("--epochs", type=int, help=f"train: every method runs E and 2E epochs of --updates "
+                                                   f"updates; the difference is timed (default {EPOCHS}, "
+                                                   f"{SMALL_EPOCHS} up to {SMALL_PARAMS:.0e} parameters)")
     parser.add_argument("--updates", type=int, help=f"updates per run (default {UPDATES}; bench async: "
                                                      f"{SMALL_UPDATES} up to {SMALL_PARAMS:.0e} parameters)")
     parser.add_argument("--warmup", type=int, help=f"updates per run left out (default {WARMUP}; bench async: "
                                                     f"{SMALL_WARMUP} up to {SMALL_PARAMS:.0e} parameters)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of every method per size (default %(default)s)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="interleaved rounds of every method; figures are the median and the range over them "
+                             "(default %(default)s)")
     parser.add_argument("--workers", type=int, default=2,
                         help="worker processes of the peers, and tasks per update (default %(default)s)")
     parser.add_argument("--methods", help=f"comma-separated subset of {','.join(METHODS + TORCH_METHODS + FORCED)} "
@@ -96,14 +119,21 @@ def run(args: argparse.Namespace) -> int:
     args.updates, args.warmup = window(args, params=None)
     if args.updates <= args.warmup + 1:
         raise InputError("--updates must exceed --warmup + 1", found=f"{args.updates} and {args.warmup}")
+    if args.repeats < 1:
+        raise InputError("--repeats must be at least 1", found=args.repeats)
+    if args.epochs is not None and args.epochs < 1:
+        raise InputError("--epochs must be at least 1", found=args.epochs)
     scratch = Path(tempfile.mkdtemp(prefix="memtrain-bench-", dir=getattr(args, "dir", None)))
     try:
         if args.larger_than_ram:
             larger_than_ram.print_report(larger_than_ram.run_scenario(args, scratch), args.json)
             return 0
         load_before = os.getloadavg()
-        rows = [row for size in sizes for row in bench_size(size, methods, args, scratch)]
-        first = bench_first_job(args.repeats, scratch) if args.first_job and first_job.available() else []
+        first_too = args.first_job and first_job.available()
+        runs = (len(sizes) * len(methods) + first_too * len(FIRST_JOB)) * args.repeats
+        with reporting("bench train", runs, plain_every=BENCH_EVERY) as progress:
+            rows = [row for size in sizes for row in bench_size(size, methods, args, scratch, progress)]
+            first = bench_first_job(args.repeats, scratch, progress) if first_too else {}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     report = {"machine": machine() | {"loadavg_before": load_before, "loadavg_after": os.getloadavg()},
@@ -149,72 +179,103 @@ def family(method: str) -> str:
     return "torch" if method in TORCH_METHODS else "memtrain"
 
 
-def bench_size(size: int, methods: list[str], args: argparse.Namespace, scratch: Path) -> list[dict[str, Any]]:
+def bench_size(size: int, methods: list[str], args: argparse.Namespace, scratch: Path,
+               progress: Reporter) -> list[dict[str, Any]]:
     shape = mlp_shape(size)
     data = write_dataset(scratch / f"data-{shape.params}", args.updates * BATCH, VAL_ROWS, features=shape.features,
                          classes=shape.classes)
-    problem = Problem(str(data), shape.hidden, args.updates, workers=args.workers)
-    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
-    for _ in range(args.repeats):
-        for method in methods:
-            runs[method].append(run_once(method, problem, scratch, args.exchange, cluster=getattr(args, "cluster", "")))
-    rows = [summarize(method, runs[method], args.warmup) | {"params": shape.params, "shape": asdict(shape)}
+    problem = Problem(str(data), shape.hidden, args.updates, workers=args.workers,
+                      epochs=epochs(args, params=shape.params))
+    cluster = getattr(args, "cluster", "")
+
+    def run(method: str, _: int) -> dict[str, Any]:
+        progress.begin(f"{shape.params:,} params: {LABELS.get(method, method)}")
+        return run_pair(method, problem, scratch, args.exchange, cluster=cluster)
+
+    runs = interleaved(methods, args.repeats, run)
+    rows = [summarize(method, runs[method], args.warmup) | {"params": shape.params, "shape": asdict(shape),
+                                                             "epochs": [problem.epochs, 2 * problem.epochs]}
             for method in methods]
     for row in rows:
         base = next((r for r in rows if r["method"] == BASES[family(row["method"])]), None)
-        row["memtrain_ratio"] = base["samples_per_s"] / row["samples_per_s"] if base else None
-        row["ratio_runs"] = [a / b for a, b in zip(base["runs_samples_per_s"], row["runs_samples_per_s"],
-                                                   strict=True)] if base else []
+        ratio = pairwise(base["runs_samples_per_s"], row["runs_samples_per_s"]) if base else None
+        row["ratio"] = ratio.as_dict() if ratio else None
+        row["memtrain_ratio"] = ratio.median if ratio else None
+        row["ratio_runs"] = list(ratio.runs) if ratio else []
     return rows
 
 
+def run_pair(method: str, problem: Problem, scratch: Path, exchange: str, *, cluster: str = "",
+             extra: int | None = None) -> dict[str, Any]:
+    """One method at E and at 2E epochs, back to back; the seconds of one update (of ``extra`` units, default the
+    E epochs' updates) from the difference."""
+    short = run_once(method, problem, scratch, exchange, cluster=cluster)
+    long = run_once(method, replace(problem, epochs=2 * problem.epochs), scratch, exchange, cluster=cluster)
+    extra = extra if extra is not None else problem.updates * problem.epochs
+    return {"short": short, "long": long, "extra_updates": extra,
+            "update_s": per_update(short["wall_seconds"], long["wall_seconds"], extra)}
+
+
 def best_of(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per size: memtrain against the best of the single-machine baselines, run by run."""
+    """Per size: memtrain against the best of the single-machine baselines, repeat by repeat."""
     out = []
     for params in dict.fromkeys(r["params"] for r in rows):
         here = {r["method"]: r for r in rows if r["params"] == params}
         present = [m for m in BASELINES if m in here]
         if "memtrain" not in here or not present:
             continue
-        best = max(present, key=lambda m: here[m]["samples_per_s"])
-        runs = [mine / max(here[m]["runs_samples_per_s"][k] for m in present)
-                for k, mine in enumerate(here["memtrain"]["runs_samples_per_s"])]
-        out.append({"params": params, "best": best, "ratio": here["memtrain"]["samples_per_s"] /
-                    here[best]["samples_per_s"], "ratio_runs": runs, "memtrain_rounds": here["memtrain"]["rounds"],
+        per_repeat = zip(*(here[m]["runs_samples_per_s"] for m in present), strict=True)
+        best_runs = [None if None in speeds else max(speeds) for speeds in per_repeat]
+        ratio = pairwise(here["memtrain"]["runs_samples_per_s"], best_runs)
+        timed = [m for m in present if here[m]["samples_per_s"] is not None]
+        out.append({"params": params, "best": max(timed, key=lambda m: here[m]["samples_per_s"]) if timed else None,
+                    "ratio": ratio.as_dict() if ratio else None, "memtrain_rounds": here["memtrain"]["rounds"],
                     "memtrain_overhead_ms": here["memtrain"]["overhead_ms"]})
     return out
 
 
-def bench_first_job(repeats: int, scratch: Path) -> list[dict[str, Any]]:
-    """memtrain train of the README's first job against a plain loop, alternating, ``repeats`` times each."""
+def bench_first_job(repeats: int, scratch: Path, progress: Reporter) -> dict[str, Any]:
+    """memtrain train of the README's first job against a plain loop, alternating, ``repeats`` times each: the
+    whole run (its E epochs, start-up included) and the cost of E more epochs (start-up cancelled)."""
     data = first_job.prepare_digits(scratch)
-    problem = Problem(str(data), 64, 0)
-    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in FIRST_JOB}
-    for _ in range(repeats):
-        for method in FIRST_JOB:
-            runs[method].append(run_once(method, problem, scratch, "auto"))
+    problem = Problem(str(data), 64, 0, epochs=first_job.epochs())
+
+    def run(method: str, _: int) -> dict[str, Any]:
+        progress.begin(f"the README's first command: {LABELS[method]}")
+        return run_pair(method, problem, scratch, "auto", extra=1)
+
+    runs = interleaved(FIRST_JOB, repeats, run)
     rows = []
     for method in FIRST_JOB:
-        seconds = [r["seconds"] for r in runs[method]]
-        rows.append({"method": method, "label": LABELS[method], "seconds": median(seconds), "runs_seconds": seconds,
-                     "updates": runs[method][0]["updates"], "samples_per_s": runs[method][0]["rows"] / median(seconds),
-                     "final": runs[method][0]["final"], "rounds": runs[method][0].get("rounds", []),
-                     "peak_mib": max(r["peak_mib"] for r in runs[method])})
-    mine = rows[0]["runs_seconds"]
-    for row in rows:
-        row["memtrain_ratio"] = row["seconds"] / rows[0]["seconds"]
-        row["ratio_runs"] = [theirs / ours for ours, theirs in zip(mine, row["runs_seconds"], strict=True)]
-    return rows
+        whole = [pair["short"]["wall_seconds"] for pair in runs[method]]
+        extra = [pair["update_s"] for pair in runs[method]]  # run_pair's "update" is the run here: E more epochs
+        short = runs[method][0]["short"]
+        rows.append({"method": method, "label": LABELS[method], "epochs": problem.epochs,
+                     "updates": short["updates"], "whole_seconds": Spread.of(whole).as_dict(), "runs_whole": whole,
+                     "epochs_seconds": Spread.of([e for e in extra if e]).as_dict() if any(extra) else None,
+                     "runs_epochs": extra, "final": short["final"], "rounds": short.get("rounds", []),
+                     "peak_mib": max(pair[k]["peak_mib"] for pair in runs[method] for k in ("short", "long"))})
+    memtrain, loop = rows
+    ratios = {"whole run, start-up included": pairwise(loop["runs_whole"], memtrain["runs_whole"]),
+              f"{problem.epochs} more epochs, start-up cancelled": pairwise(loop["runs_epochs"],
+                                                                          memtrain["runs_epochs"])}
+    return {"rows": rows, "ratios": {name: ratio.as_dict() if ratio else None for name, ratio in ratios.items()},
+            "verdicts": [Target(name=f"{FIRST_JOB_TARGET.name}, {name}", at_least=FIRST_JOB_TARGET.at_least)
+                         .verdict(ratio) if ratio else f"{name}: not timed (E and 2E epochs too close)"
+                         for name, ratio in ratios.items()]}
 
 
 def run_once(method: str, problem: Problem, scratch: Path, exchange: str,
              data_limit: int | None = None, cluster: str = "") -> dict[str, Any]:
-    """Run one method in a fresh process, sampling the memory of it and its workers from here."""
+    """Run one method in a fresh process, sampling the memory of it and its workers from here; ``wall_seconds``
+    is that process's life, from its start to its exit, as a user's command is timed."""
     spec = {"method": method, "problem": asdict(problem), "scratch": str(scratch / "run"), "exchange": exchange,
             "data_limit_bytes": data_limit, "cluster": cluster}
     env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    started = time.perf_counter()
     result, pid, peaks = run_sampled("memtrain.benchmarks.runner", spec, what=f"benchmark method {method}",
                                      timeout=RUN_TIMEOUT, env=env)
+    result["wall_seconds"] = time.perf_counter() - started
     peaks.hwm_kib[pid] = max(peaks.hwm_kib.get(pid, 0), result["self_maxrss_kib"])
     result["peak_mib"] = peaks.total_mib()
     result["pss_mib"] = peaks.pss_mib()
@@ -222,26 +283,31 @@ def run_once(method: str, problem: Problem, scratch: Path, exchange: str,
     return result
 
 
-def summarize(method: str, runs: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
-    """Steady-state updates of every run of ``method``, pooled; medians, so that a stray slow update
-    (another process on the machine, a page-cache flush) does not move the figure."""
-    def steady(run: dict[str, Any], key: str) -> list[float]:
-        return run[key][max(0, warmup - run.get("first_update", 0)):]
-
-    walls = [w for r in runs for w in steady(r, "update_seconds")]
-    computes = [c for r in runs for c in steady(r, "compute_seconds")]
-    wall = median(walls)
+def summarize(method: str, pairs: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
+    """A method's repeats: its update cost (from E and 2E epochs, median and range), its compute (the median over
+    the longer runs' updates after ``warmup``, as the method measured it) and its peak memory."""
+    seconds = [pair["update_s"] for pair in pairs]
+    timed = [s for s in seconds if s is not None]
+    computes = [c for pair in pairs
+                for c in pair["long"]["compute_seconds"][max(0, warmup - pair["long"].get("first_update", 0)):]]
+    wall = median(timed) if timed else None
     compute = median(computes) if computes else None
-    rounds = runs[0].get("rounds") or []
+    startups = [pair["short"]["wall_seconds"] - pair["extra_updates"] * s for pair, s in zip(pairs, seconds,
+                                                                                           strict=True) if s]
+    runs = [pair[k] for pair in pairs for k in ("short", "long")]
+    rounds = pairs[0]["long"].get("rounds") or []
     memtrain = method.startswith("memtrain") or method == "torch_memtrain"
     label = LABELS[method] + (f" ({placement(rounds)})" if memtrain and rounds else "")
-    return {"method": method, "label": label, "samples_per_s": BATCH / wall, "update_ms": wall * 1e3,
+    return {"method": method, "label": label,
+            "samples_per_s": BATCH / wall if wall else None, "update_ms": wall * 1e3 if wall else None,
+            "update_ms_range": [min(timed) * 1e3, max(timed) * 1e3] if timed else None,
             "compute_ms": compute * 1e3 if compute is not None else None,
-            "overhead_ms": (wall - compute) * 1e3 if compute is not None else None,
+            "overhead_ms": (wall - compute) * 1e3 if wall and compute is not None else None,
+            "startup_s": Spread.of(startups).as_dict() if startups else None,
             "peak_mib": max(r["peak_mib"] for r in runs), "pss_mib": max(r["pss_mib"] for r in runs),
-            "updates_measured": len(walls),
-            "runs_samples_per_s": [BATCH / median(steady(r, "update_seconds")) for r in runs],
-            "exchange": runs[0].get("exchange"), "rounds": [r.get("rounds", []) for r in runs]}
+            "extra_updates": pairs[0]["extra_updates"], "untimed_repeats": len(seconds) - len(timed),
+            "runs_samples_per_s": [BATCH / s if s else None for s in seconds],
+            "exchange": pairs[0]["long"].get("exchange"), "rounds": [pair["long"].get("rounds", []) for pair in pairs]}
 
 
 def placement(rounds: list[str]) -> str:
@@ -264,14 +330,16 @@ def machine() -> dict[str, Any]:
     """What the figures were measured on: they move with the CPU and the BLAS kernels far more than with memtrain."""
     import numpy as np
 
-    return {"cpus": os.cpu_count(), "cpu": cpu_model(), "platform": platform.platform(),
-            "python": platform.python_version(), "numpy": np.__version__, "blas": blas_build(),
-            "torch": torch_version()}
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {"cpus": os.cpu_count(), "cpu": cpu_model(), "memory_gib": round(memory, 1),
+            "platform": platform.platform(), "python": platform.python_version(), "numpy": np.__version__,
+            "blas": blas_build(), "torch": torch_version()}
 
 
 def machine_caption(m: dict[str, Any]) -> str:
     """The line under a table that names the machine and its load (``machine()`` plus the load averages)."""
-    return (f"{m['cpus']} CPUs ({m['cpu']}), numpy {m['numpy']} with {m['blas']}, Python {m['python']}; "
+    return (f"{m['cpus']} CPUs ({m['cpu']}), {m['memory_gib']:g} GiB RAM, numpy {m['numpy']} with {m['blas']}, "
+            f"Python {m['python']}; "
             f"load average {m['loadavg_before'][0]:.1f} before, {m['loadavg_after'][0]:.1f} after")
 
 
@@ -308,6 +376,7 @@ def blas_build() -> str:
 
 def settings(args: argparse.Namespace, sizes: list[int], methods: list[str]) -> dict[str, Any]:
     return {"sizes": sizes, "methods": methods, "batch": BATCH, "workers": args.workers, "updates": args.updates,
+            "epochs": {str(size): epochs(args, params=mlp_shape(size).params) for size in sizes},
             "warmup": args.warmup, "repeats": args.repeats, "optimizer": "sgd", "exchange": args.exchange,
             "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
             "cluster": getattr(args, "cluster", "")}
@@ -319,64 +388,65 @@ def print_table(report: dict[str, Any]) -> None:
 
     s = report["settings"]
     table = Table(title=f"memtrain bench train: MLP {FEATURES}-H-{CLASSES}, SGD, batch {s['batch']}, "
-                        f"{s['workers']} tasks per update (peers: {s['workers']} workers); medians of "
-                        f"{s['updates'] - s['warmup']} steady updates x {s['repeats']} runs per method")
+                        f"{s['workers']} tasks per update (peers: {s['workers']} workers), {s['updates']} updates "
+                        f"per epoch; every method run E and 2E epochs (\"epochs\"), an update's cost from the "
+                        f"difference; median (min-max) of {s['repeats']} interleaved repeats")
     m = report["machine"]
     table.caption = machine_caption(m)
     if any(family(row["method"]) == "torch" for row in report["results"]):
         table.caption += (f"; torch {m.get('torch')}. Torch rows: the same MLP as a torch.nn.Module, ratio = "
                           "memtrain (torch module) ÷ method; DDP compute from a no_sync calibration")
-    for name in ("params", "method", "samples/s", "runs ±", "ms/update", "compute ms", "overhead ms", "peak MiB",
-                 "peak PSS MiB", "memtrain ÷ method", "over runs"):
+    for name in ("params", "epochs", "method", "samples/s", "ms/update (range)", "compute ms", "overhead ms",
+                 "start-up s", "peak MiB", "peak PSS MiB", "memtrain ÷ method (range)"):
         table.add_column(name, justify="left" if name == "method" else "right")
     for row in report["results"]:
-        table.add_row(f"{row['params']:,}", row["label"], f"{row['samples_per_s']:,.0f}",
-                      _spread(row["runs_samples_per_s"]), f"{row['update_ms']:.2f}", _num(row["compute_ms"], 2),
-                      _num(row["overhead_ms"], 2), f"{row['peak_mib']:,.0f}", f"{row['pss_mib']:,.0f}",
-                      _num(row["memtrain_ratio"], 2), _range(row["ratio_runs"]))
-    console = Console(width=180)
+        update = "-" if row["update_ms"] is None else \
+            f"{row['update_ms']:.2f} ({row['update_ms_range'][0]:.2f}-{row['update_ms_range'][1]:.2f})"
+        table.add_row(f"{row['params']:,}", "{} & {}".format(*row["epochs"]), row["label"],
+                      _num(row["samples_per_s"], 0), update, _num(row["compute_ms"], 2), _num(row["overhead_ms"], 2),
+                      _spread_text(row["startup_s"]), f"{row['peak_mib']:,.0f}", f"{row['pss_mib']:,.0f}",
+                      _spread_text(row["ratio"]))
+    console = Console(width=200)
     console.print(table)
+    untimed = [row for row in report["results"] if row["untimed_repeats"]]
+    for row in untimed:
+        console.print(f"{row['params']:,} params, {row['label']}: {row['untimed_repeats']} repeat(s) where 2E epochs "
+                      "took no longer than E (start-up noise larger than the extra updates): raise --epochs or "
+                      "--updates", highlight=False)
     for best in report["baselines"]:
         console.print(f"{best['params']:>12,} params: memtrain ({placement(best['memtrain_rounds'][0])}) ÷ best "
-                      f"of one process / all-core BLAS / shared_memory ({LABELS[best['best']]}) = "
-                      f"{best['ratio']:.2f}, runs {_range(best['ratio_runs'])}; memtrain's overhead "
+                      f"of one process / all-core BLAS / shared_memory, repeat by repeat = "
+                      f"{_spread_text(best['ratio'])}; memtrain's overhead "
                       f"{_num(best['memtrain_overhead_ms'], 2)} ms per update", highlight=False)
     if report["first_job"]:
         print_first_job(report["first_job"], console)
 
 
-def print_first_job(rows: list[dict[str, Any]], console: Any) -> None:
+def print_first_job(first: dict[str, Any], console: Any) -> None:
     from rich.table import Table
 
-    table = Table(title="the README's first command: digits MLP 64-64-10, batch 128, Adam, 30 epochs "
-                        f"({rows[0]['updates']} updates), training time")
-    for name in ("method", "seconds", "runs ±", "samples/s", "val_accuracy", "peak MiB", "memtrain ÷ method",
-                 "over runs"):
+    rows = first["rows"]
+    table = Table(title="the README's first command: digits MLP 64-64-10, batch 128, Adam, "
+                        f"{rows[0]['epochs']} epochs ({rows[0]['updates']} updates); each side run "
+                        f"{rows[0]['epochs']} and {2 * rows[0]['epochs']} epochs as a whole process")
+    for name in ("method", f"{rows[0]['epochs']} epochs, whole run s", f"{rows[0]['epochs']} more epochs s",
+                 "val_accuracy", "peak MiB"):
         table.add_column(name, justify="left" if name == "method" else "right")
     for row in rows:
         label = row["label"] + (f" ({placement(row['rounds'])})" if row["rounds"] else "")
-        table.add_row(label, f"{row['seconds']:.3f}", _spread(row["runs_seconds"]), f"{row['samples_per_s']:,.0f}",
-                      f"{row['final'].get('val_accuracy', float('nan')):.4f}", f"{row['peak_mib']:,.0f}",
-                      f"{row['memtrain_ratio']:.2f}", _range(row["ratio_runs"]))
+        table.add_row(label, _spread_text(row["whole_seconds"], 3), _spread_text(row["epochs_seconds"], 3),
+                      f"{row['final'].get('val_accuracy', float('nan')):.4f}", f"{row['peak_mib']:,.0f}")
     console.print(table)
-
-
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    for verdict in first["verdicts"]:
+        console.print(verdict, highlight=False)
 
 
 def _num(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+    return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def _spread(values: list[float]) -> str:
-    """Half the range over the runs, in percent of the median."""
-    if len(values) < 2:
+def _spread_text(spread: dict[str, Any] | None, digits: int = 2) -> str:
+    """A ``Spread.as_dict()`` as ``1.23 (1.10-1.40)``; "-" when nothing was timed."""
+    if spread is None:
         return "-"
-    return f"{50 * (max(values) - min(values)) / median(values):.0f}%"
-
-
-def _range(values: list[float]) -> str:
-    return f"{min(values):.2f}-{max(values):.2f}" if values else "-"
+    return Spread.of(spread["runs"]).text(digits)

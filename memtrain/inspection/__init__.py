@@ -3,15 +3,16 @@
 Reads only published files, takes no lock (safe on a run that is still training), never unpickles, and
 streams statistics over memory maps (a checkpoint larger than memory is fine).
 
-Examples:
+Examples (on what the README's first command makes: data/digits and runs/digits-mlp):
   memtrain inspect data/digits                       # rows, splits, shards, classes, feature statistics
   memtrain inspect runs/digits-mlp                   # job, checkpoints and weight versions
-  memtrain inspect runs/digits-mlp/checkpoints/c00000024    # per-parameter statistics, optimizer state
+  memtrain inspect runs/digits-mlp/checkpoints/c00000390    # per-parameter statistics, optimizer state
+  memtrain inspect runs/digits-mlp/weights/v00000390.npy    # one weight version
   memtrain inspect runs/digits-mlp --verify          # re-hash every file against its recorded checksum
-  memtrain inspect runs/a/checkpoints/c00000010 --diff runs/a/checkpoints/c00000020
+  memtrain inspect runs/digits-mlp/checkpoints/c00000260 --diff runs/digits-mlp/checkpoints/c00000390
   memtrain inspect runs/digits-mlp --plot loss.png   # loss and accuracy curves
   memtrain inspect runs/digits-mlp --export params.npz      # newest complete checkpoint as named arrays
-  memtrain inspect runs/digits-cnn --export model.safetensors   # state_dict keys, for load_state_dict
+  memtrain inspect runs/digits-mlp --export params.safetensors  # (a torch model's: state_dict keys)
   memtrain inspect runs/digits-mlp --lineage 12      # version 12: the versions its gradients came from
   memtrain inspect runs/digits-mlp --json            # any view as JSON, for scripts
 """

@@ -16,6 +16,11 @@ therefore carries the normalization too: ``(x - mean) / std`` per feature, float
 replaced by 1), as arrays ``memtrain.normalize.mean`` and ``memtrain.normalize.std`` in .npz and .h5,
 and as JSON lists under the same keys of the safetensors metadata (not as tensors, which a strict
 ``load_state_dict`` would refuse). A run trained without normalization exports none.
+
+A run whose dataset was a CSV or Parquet table also carries its encoding (how raw rows become features:
+column order, levels, fill values; the manifest's ``encoding``, docs/formats.md) as a JSON string under
+``memtrain.encoding``: a 0-d string array in .npz (``str(np.load(OUT)["memtrain.encoding"])``), a file
+attribute in .h5, a metadata entry in .safetensors.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from memtrain.layout import tmp_sibling
 
 FORMATS = {".npz": "npz", ".h5": "hdf5", ".hdf5": "hdf5", ".safetensors": "safetensors"}
 NORMALIZE_KEYS = ("memtrain.normalize.mean", "memtrain.normalize.std")
+ENCODING_KEY = "memtrain.encoding"
 SAFETENSORS_DTYPES = {"float32": "F32", "float64": "F64", "int64": "I64", "int32": "I32", "uint8": "U8"}
 
 
@@ -55,23 +61,28 @@ def export(tensors: Tensors, out: Path, meta: dict[str, Any] | None, chunk: int 
         raise InputError("the export file exists" if not out.is_dir() else "the export path is a directory",
                          path=out, hint="pass --overwrite to replace the file, or give another name")
     normalize = normalization(data)
-    clash = sorted(set(tensors.arrays) & set(NORMALIZE_KEYS))
+    encoding = json.dumps(data["encoding"], allow_nan=False) if data and data.get("encoding") else None
+    clash = sorted(set(tensors.arrays) & {*NORMALIZE_KEYS, ENCODING_KEY})
     if clash:
         raise InputError("a parameter has the name the normalization is exported under", path=tensors.path,
                          found=", ".join(clash))
     sweep_orphans(out.parent, out.name.__eq__)  # what an export to the same file that was killed left
     if kind == "npz":
-        publish(out, lambda handle: write_npz(handle, tensors.arrays | normalize), durable=True)
+        text = {ENCODING_KEY: np.array(encoding)} if encoding else {}
+        publish(out, lambda handle: write_npz(handle, tensors.arrays | normalize | text), durable=True)
     elif kind == "safetensors":
         extra = {key: json.dumps(value.tolist()) for key, value in normalize.items()}
+        if encoding:
+            extra[ENCODING_KEY] = encoding
         if meta is not None:
             extra["memtrain_meta"] = json.dumps(plain(meta), allow_nan=False)
         publish(out, lambda handle: write_safetensors(handle, tensors.arrays, extra, chunk), durable=True)
     else:
-        write_h5(out, tensors.arrays | normalize, meta, chunk)
+        write_h5(out, tensors.arrays | normalize, meta, chunk, encoding)
     return {"schema": SCHEMA, "kind": "export", "path": str(tensors.path), "out": str(out), "format": kind,
             "bytes": os.path.getsize(out), "normalization": "written" if normalize else
             ("none (trained on raw features)" if data is not None else "unknown (no checkpoint metadata)"),
+            "encoding": "written" if encoding else "none",
             "arrays": [{"name": n, "shape": list(a.shape), "dtype": a.dtype.name} for n, a in tensors.arrays.items()]}
 
 
@@ -118,7 +129,8 @@ def write_npz(handle: IO[bytes], arrays: dict[str, np.ndarray]) -> None:
                 np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
 
 
-def write_h5(out: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any] | None, chunk: int) -> None:
+def write_h5(out: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any] | None, chunk: int,
+             encoding: str | None = None) -> None:
     import h5py  # a dependency, imported here so that `memtrain inspect` without --export stays light
 
     tmp = tmp_sibling(out)
@@ -132,6 +144,8 @@ def write_h5(out: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any] | No
                     dataset[()] = array
             if meta is not None:
                 handle.attrs["memtrain_meta"] = json.dumps(plain(meta), allow_nan=False)
+            if encoding:
+                handle.attrs[ENCODING_KEY] = encoding
         os.replace(tmp, out)
     except BaseException:
         with contextlib.suppress(OSError):

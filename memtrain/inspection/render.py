@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -10,18 +11,37 @@ from rich.table import Table
 from rich.text import Text
 
 from memtrain.errors import plural
+from memtrain.train.counters import ONE_PASS
 
-# Width used when stdout is not a terminal (a pipe, a log, a test): wide enough that tables never wrap.
+# Width used when stdout is not a terminal (a pipe, a log) and COLUMNS is not set: wide enough that tables never
+# wrap. COLUMNS, when set, is the width everywhere (the tests set COLUMNS=80 to see what an 80-column terminal shows).
 PIPE_WIDTH = 200
 STAT_COLUMNS = ("min", "max", "mean", "std", "l2", "nan", "inf")
 NOT_CHECKED = "not checked"
 
 
 def make_console() -> Console:
+    """stdout for people: the terminal's width (or COLUMNS), else ``PIPE_WIDTH``; names are never read as markup."""
     console = Console(highlight=False, markup=False, emoji=False)
-    if not console.is_terminal:
+    if not console.is_terminal and "COLUMNS" not in os.environ:
         console = Console(highlight=False, markup=False, emoji=False, width=PIPE_WIDTH)
     return console
+
+
+def print_table(console: Console, titled: Group) -> None:
+    """Print a ``table(...)`` whole: never squeezed to the console's width.
+
+    Squeezed, rich shortens cells to "…" and gives narrow columns no width at all (an 80-column terminal
+    showed empty version, update and epoch cells). A table wider than the console is printed at its own
+    width instead, and the terminal wraps its lines; the tables are laid out to fit 80 columns.
+    """
+    grid = titled.renderables[-1]
+    width = console.measure(grid, options=console.options.update_width(1 << 16)).maximum
+    if width <= console.width:
+        console.print(titled)
+    else:
+        Console(file=console.file, width=width, force_terminal=console.is_terminal, highlight=False,
+                markup=False, emoji=False).print(titled)
 
 
 def num(value: Any) -> str:
@@ -44,6 +64,26 @@ def size(value: int | None) -> str:
             return f"{value} B" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return str(value)
+
+
+def elide_middle(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters, cut in the middle (``/home/me/jo…/runs/digits-mlp``): the end of
+    a path (its file) and its start stay readable, where rich would break it mid-word or cut its end."""
+    if len(text) <= width:
+        return text
+    head = max(0, (width - 1) // 3)
+    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
+
+
+def elide_words(text: str, width: int) -> str:
+    """Every word of ``text`` longer than ``width`` cut in the middle, so that wrapping at spaces never has to
+    break a word (a path in an error message)."""
+    return " ".join(elide_middle(word, width) for word in text.split(" "))
+
+
+def metric(value: Any) -> str:
+    """A loss or accuracy in a table: four significant digits (the lines above it and --json have them all)."""
+    return f"{value:.4g}" if isinstance(value, float) else num(value)
 
 
 def verified(value: bool | None) -> str:
@@ -86,19 +126,20 @@ def render_dataset(view: dict[str, Any], console: Console) -> None:
                                          for name, s in view["splits"].items()))])
     shards = [(name, s["index"], s["rows"], size(s["x_bytes"]), size(s["y_bytes"]), s["x"], verified(s["verified"]))
               for name, split in view["splits"].items() for s in split["shards"]]
-    console.print(table("shards", ("split", "#", "rows", "x bytes", "y bytes", "x file", "checksum"), shards,
-                        right=("#", "rows", "x bytes", "y bytes")))
+    print_table(console, table("shards", ("split", "#", "rows", "x bytes", "y bytes", "x file", "checksum"),
+                               shards, right=("#", "rows", "x bytes", "y bytes")))
     if view["classes"]:
         splits = tuple(view["splits"])
         rows = [(c["index"], c["name"], *(c[s] for s in splits), c["total"]) for c in view["classes"]]
-        console.print(table("classes", ("#", "class", *splits, "total"), rows, right=("#", *splits, "total")))
+        print_table(console, table("classes", ("#", "class", *splits, "total"), rows, right=("#", *splits, "total")))
     if view["targets"]:
         rows = [(name, *(s[k] for k in STAT_COLUMNS)) for name, s in view["targets"].items()]
-        console.print(table("targets", ("split", *STAT_COLUMNS), rows, right=STAT_COLUMNS))
+        print_table(console, table("targets", ("split", *STAT_COLUMNS), rows, right=STAT_COLUMNS))
     features = view["features"]
     rows = [(f["index"], f["name"] or "", f["mean"], f["std"], f["min"], f["max"]) for f in features["stats"]]
-    console.print(table(f"features (statistics from the {features['source']})",
-                        ("#", "name", "mean", "std", "min", "max"), rows, right=("#", "mean", "std", "min", "max")))
+    print_table(console, table(f"features (statistics from the {features['source']})",
+                               ("#", "name", "mean", "std", "min", "max"), rows,
+                               right=("#", "mean", "std", "min", "max")))
     if features["shown"] < features["count"]:
         console.print(Text(f"showing {features['shown']} of {features['count']} features; --all shows every one"))
 
@@ -120,37 +161,48 @@ def render_run(view: dict[str, Any], console: Console) -> None:
     job, progress = view["job"] or {}, view["progress"]
     train, model = job.get("train", {}), job.get("model", {})
     options = ", ".join(f"{k}={v}" for k, v in model.items() if k != "kind")
+    one_pass = progress.get("one_pass")  # an additive model: no optimizer, epochs or updates to show
     lines(console, [
         ("run", view["path"]),
         ("model", f"{model.get('kind')}" + (f" ({options})" if options else "") if model else None),
         ("parameters", _parameters(view["params"])),
         ("data", job.get("data", {}).get("path")),
         ("optimizer", f"{train.get('optimizer')} lr {train.get('lr')} schedule {train.get('schedule')}"
-         if train else None),
-        ("training", f"{_count(train.get('epochs'), 'epoch')}, batch {train.get('batch_size') or 'full'}, "
+         if train and not one_pass else None),
+        ("training", f"{ONE_PASS if one_pass else _count(train.get('epochs'), 'epoch')}"
+                     f"{'' if one_pass else ', batch ' + str(train.get('batch_size') or 'full')}, "
                      f"{_count(train.get('workers'), 'worker')}, seed {train.get('seed')}" if train else None),
-        ("progress", f"{progress['epochs_done']}/{progress['epochs'] or '?'} epochs, "
-                     f"{plural(progress['updates'], 'update')}, "
-                     f"newest version {num(progress['newest_version'])}"),
+        ("progress", f"done, newest version {num(progress['newest_version'])}" if one_pass else
+                     f"{progress['epochs_done']}/{progress['epochs'] or '?'} epochs, "
+                     f"{plural(progress['updates'], 'update')}, newest version {num(progress['newest_version'])}"),
         ("history", _history(view.get("history") or []))])
     for problem in view.get("record_problems") or []:
         lines(console, [("DAMAGED", problem)])
-    for label, key in (("last epoch", "last_epoch"), ("best epoch", "best_epoch")):
+    shown = (("result", "last_epoch"),) if one_pass else (("last epoch", "last_epoch"), ("best epoch", "best_epoch"))
+    for label, key in shown:
         if progress[key]:
             record = progress[key]
-            lines(console, [(label, f"{record.get('epoch')}: " + "  ".join(
-                f"{k} {num(record.get(k))}" for k in _metric_keys(record)))])
+            lines(console, [(label, ("" if one_pass else f"{record.get('epoch')}: ") + "  ".join(
+                f"{k} {num(record.get(k))}" for k in _metric_keys(record) if not one_pass or k != "loss"))])
     if view.get("schedule"):
         render_schedule(view["schedule"], console)
-    rows = [("*" if e["newest_complete"] else "", e["type"], e["name"], e["version"], e["update"], e["epoch"],
-             e["train_loss"], e["val_loss"], e["val_accuracy"], e["written"] or "-", size(e["bytes"]),
-             verified(e["verified"]) if e["complete"] else f"INCOMPLETE: {e['problem']}") for e in view["entries"]]
-    console.print(table("checkpoints and weight versions",
-                        ("", "type", "name", "version", "update", "epoch", "train loss", "val loss", "val acc",
-                         "written", "size", "verified"), rows,
-                        right=("version", "update", "epoch", "train loss", "val loss", "val acc", "size")))
+    # Two tables of the same rows, so that each fits an 80-column terminal: where the weights stand, then
+    # their files. (One table of all eleven columns is 150 wide.)
+    entries = view["entries"]
+    rows = [("*" if e["newest_complete"] else "", e["name"], e["version"], e["update"], e["epoch"],
+             metric(e["train_loss"]), metric(e["val_loss"]), metric(e["val_accuracy"])) for e in entries]
+    print_table(console, table("checkpoints and weight versions",
+                               ("", "name", "version", "update", "epoch", "train loss", "val loss", "val acc"),
+                               rows, right=("version", "update", "epoch", "train loss", "val loss", "val acc")))
     console.print(Text("* newest complete checkpoint (what `memtrain train --resume` starts from). "
                        "train loss: the epoch mean for a version that ends an epoch, else its update's batch loss."))
+    rows = [(e["name"], e["type"], e["written"] or "-", size(e["bytes"]),
+             verified(e["verified"]) if e["complete"] else "INCOMPLETE") for e in entries]
+    print_table(console, table("their files", ("name", "type", "written", "size", "verified"), rows,
+                               right=("size",)))
+    for e in entries:
+        if not e["complete"]:
+            lines(console, [(f"{e['name']} INCOMPLETE", e["problem"])])
     if not any(e["verified"] is not None for e in view["entries"]):
         console.print(Text("checksums not checked; --verify re-hashes every file"))
 
@@ -165,10 +217,10 @@ def render_schedule(schedule: dict[str, Any], console: Console) -> None:
     widest = max(row["gradients"] for row in schedule["histogram"])
     rows = [(row["staleness"], row["gradients"], f"{row['share']:.1%}",
              "#" * max(1, round(30 * row["gradients"] / widest))) for row in schedule["histogram"]]
-    console.print(table(f"gradient staleness ({mode.get(schedule['mode'], schedule['mode'])}): mean "
-                        f"{schedule['mean']:.2f}, max {schedule['max']}, {schedule['discarded']:,} stale gradients "
-                        "recomputed", ("staleness", "gradients", "share", ""), rows,
-                        right=("staleness", "gradients", "share")))
+    print_table(console, table(f"gradient staleness ({mode.get(schedule['mode'], schedule['mode'])}): mean "
+                               f"{schedule['mean']:.2f}, max {schedule['max']}, {schedule['discarded']:,} stale "
+                               "gradients recomputed", ("staleness", "gradients", "share", ""), rows,
+                               right=("staleness", "gradients", "share")))
     console.print(Text("staleness: how many versions older than the one it was applied to were the weights a "
                        "gradient was computed at. --lineage VERSION shows one version's sources."))
 
@@ -184,9 +236,9 @@ def render_lineage(view: dict[str, Any], console: Console) -> None:
                     ("used by", ", ".join(map(str, view["used_by"])) or "no later version")])
     if view["gradients"]:
         rows = [(g["order"], f"{g['rows'][0]}-{g['rows'][1]}", g["at"], g["staleness"]) for g in view["gradients"]]
-        console.print(table("gradients, in the order they were added", ("#", "train rows", "computed at version",
-                                                                           "staleness"), rows,
-                            right=("#", "computed at version", "staleness")))
+        print_table(console, table("gradients, in the order they were added",
+                                   ("#", "train rows", "computed at version", "staleness"), rows,
+                                   right=("#", "computed at version", "staleness")))
 
 
 def _parameters(params: dict[str, Any] | None) -> str | None:
@@ -213,7 +265,8 @@ def render_tensors(view: dict[str, Any], console: Console) -> None:
     rows = [(p["name"], str(tuple(p["shape"])), p["dtype"], *(p[k] for k in STAT_COLUMNS)) for p in view["params"]]
     total = view["total"]
     rows.append(("(all)", f"{total['size']:,} values", "", *(total[k] for k in STAT_COLUMNS)))
-    console.print(table("parameters (min/max/mean/std/l2 over finite values)", columns, rows, right=STAT_COLUMNS))
+    print_table(console, table("parameters (min/max/mean/std/l2 over finite values)", columns, rows,
+                               right=STAT_COLUMNS))
     if kind == "checkpoint":
         render_checkpoint_extras(view, console)
     elif "verified" in view:
@@ -225,11 +278,12 @@ def render_checkpoint_extras(view: dict[str, Any], console: Console) -> None:
     rows = [(s["slot"], s["file"], s["size"], *(s[k] for k in STAT_COLUMNS)) for s in optimizer.get("state", [])]
     title = f"optimizer state: {optimizer.get('name')}, step {num(optimizer.get('step'))}"
     if rows:
-        console.print(table(title, ("slot", "file", "values", *STAT_COLUMNS), rows, right=("values", *STAT_COLUMNS)))
+        print_table(console, table(title, ("slot", "file", "values", *STAT_COLUMNS), rows,
+                                   right=("values", *STAT_COLUMNS)))
     else:
         console.print(Text(title + " (no state arrays)"))
     files = [(f["name"], size(f["bytes"]), f["checksum"], verified(f["verified"])) for f in view["files"]]
-    console.print(table("files", ("name", "size", "recorded checksum", "verified"), files, right=("size",)))
+    print_table(console, table("files", ("name", "size", "recorded checksum", "verified"), files, right=("size",)))
 
 
 def render_diff(view: dict[str, Any], console: Console) -> None:
@@ -238,7 +292,7 @@ def render_diff(view: dict[str, Any], console: Console) -> None:
     keys = ("l2_distance", "max_abs_diff", "relative_change", "norm", "other_norm")
     rows = [(p["name"], str(tuple(p["shape"])), *(p[k] for k in keys)) for p in view["params"]]
     rows.append(("(all)", "", *(view["total"][k] for k in keys)))
-    console.print(table("differences (other - base; relative to ||base||)", columns, rows, right=columns[2:]))
+    print_table(console, table("differences (other - base; relative to ||base||)", columns, rows, right=columns[2:]))
 
 
 def _count(value: Any, noun: str) -> str:
@@ -255,7 +309,8 @@ def _metric_keys(record: dict[str, Any]) -> list[str]:
 def render_written(view: dict[str, Any], console: Console) -> None:
     if view["kind"] == "export":
         detail = (f"{plural(len(view['arrays']), 'array')}, {view['format']}, {size(view['bytes'])}; "
-                  f"normalization: {view.get('normalization', 'unknown')}")
+                  f"normalization: {view.get('normalization', 'unknown')}"
+                  + ("; table encoding: written" if view.get("encoding") == "written" else ""))
     else:
         detail = f"{plural(view['epochs'], 'epoch')}, {plural(view['updates'], 'update')}"
     console.print(Text(f"wrote {view['out']} ({detail}) from {view['path']}"))

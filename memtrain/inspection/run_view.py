@@ -75,7 +75,9 @@ def progress(job: dict[str, Any] | None, metrics: list[dict[str, Any]],
             "updates": sum(r.get("kind") == "update" for r in metrics),
             "newest_version": max(lineage, default=None),
             "last_epoch": epochs[-1] if epochs else None,
-            "best_epoch": min(scored, key=lambda r: r["val_loss"]) if scored else None}
+            "best_epoch": min(scored, key=lambda r: r["val_loss"]) if scored else None,
+            # an additive model's version 1 is its solve: a run of no epochs (train/counters.py, ONE_PASS)
+            "one_pass": "solve" in lineage.get(1, {})}
 
 
 def _row(kind: str, path: Path, version: int | None, metrics: dict[int, dict[str, Any]],

@@ -11,6 +11,7 @@ Additive models (``additive = True``) implement ``statistics`` (sums of sufficie
 rows, e.g. X^T X for least squares) and ``solve`` (statistics -> parameters): one pass over the data.
 
 Optional, for models that need them (a torch module uses all four; see models/torch_model.py):
+
 - ``buffer_shapes()``: state that is not trained (running statistics). It follows the parameters in the
   flat vector; ``loss_and_grad`` writes, for each buffer, (updated value - given value) * rows into
   ``grads``, and the step adds the mean of those over the update's tasks (the row-weighted mean of each

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from types import MappingProxyType
 from typing import Any
 
-from memtrain.errors import InputError
+from memtrain.errors import InputError, did_you_mean
 from memtrain.models.protocol import DataSpec, Model, build_options_error
 
 # Built-in kinds name import paths, so a built-in model is found exactly the way a user model is.
@@ -76,12 +76,21 @@ def import_object(path: str, what: str) -> object:
     return getattr(module, name)
 
 
-def model_class(kind: str) -> type:
-    path = BUILTIN.get(kind, kind)
-    module_name, _, class_name = path.partition(":")
+def check_kind(kind: str) -> None:
+    """A built-in kind, or the form of an import path (``package.module:ClassName``; nothing is imported).
+
+    >>> check_kind("mlp"); check_kind("nets:Model")   # both pass; "sofmax" raises: "... did you mean `softmax`?"
+    """
+    module_name, _, class_name = BUILTIN.get(kind, kind).partition(":")
     if not class_name or not module_name:
         raise InputError(f"unknown model kind {kind!r}",
-                         expected=f"one of {', '.join(MODEL_KINDS)}, or 'package.module:ClassName'", found=repr(kind))
+                         expected=f"one of {', '.join(MODEL_KINDS)}, or 'package.module:ClassName'", found=repr(kind),
+                         hint=did_you_mean(kind, MODEL_KINDS))
+
+
+def model_class(kind: str) -> type:
+    check_kind(kind)
+    module_name, _, class_name = BUILTIN.get(kind, kind).partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

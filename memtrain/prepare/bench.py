@@ -4,7 +4,7 @@ Sources, synthetic (64 float features + an integer label), written once into a t
   npy   features .npy + labels .npy    baseline: np.load + np.save + fsync of both (a durable copy)
   npz   one uncompressed .npz          baseline: the same, loading from the archive
   h5    one HDF5 file, x and y         baseline: the same, reading with h5py
-  csv   one CSV file                   baseline: pyarrow.csv.read_csv + np.save (np.loadtxt + np.save when
+  csv   one CSV file                   baseline: pyarrow.csv.read_csv + np.save + fsync (np.loadtxt when
                                        pyarrow is missing; the table names the one it used)
 memtrain runs ``prepare`` with its default options (global shuffle, split, statistics, checksums, fsync)
 and, for array sources, with ``--no-shuffle`` as well. Every measurement runs in a fresh process (its peak
@@ -20,6 +20,8 @@ With ``settle`` (``--settle``), each run also waits that many seconds after the 
 its free memory back to the host, memory freed by the previous run is cheap to touch only for a moment, so
 without a wait each run's speed depends on what ran just before it (see docs/prepare-performance.md).
 Each run's seconds by stage are kept (baseline: read, write, fsync; memtrain: scatter, shards, publish).
+Every baseline ends as memtrain does, its files on disk (fsync): until issue 32 the CSV baseline skipped
+the fsync that memtrain and the array baselines pay. Medians, ranges and pairwise ratios: benchmarks/compare.py.
 """
 
 from __future__ import annotations
@@ -32,13 +34,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from statistics import median
 from typing import Any
 
 import numpy as np
 
+from memtrain.benchmarks.compare import Spread, median, pairwise
 from memtrain.benchmarks.memory import run_sampled
 from memtrain.errors import InputError
+from memtrain.progress import BENCH_EVERY, Reporter, reporting
 
 FEATURES = 64
 NPY_ROW_BYTES = FEATURES * 4 + 8
@@ -66,13 +69,18 @@ def bench_prepare(gb: float, folder: Path | None = None, *, sources: list[str] |
         root = Path(tmp)
         machine = describe_machine(root)
         rows = []
-        for source in sources or list(DEFAULT_SOURCES):
-            files = write_source(source, root, gb)
-            size = sum(f.stat().st_size for f in files)
-            for shuffle in (True, False) if source != "csv" else (True,):
-                rows.append(_compare(source, files, size, shuffle, root, repeats, settle))
-            for path in files:
-                path.unlink()
+        sources = sources or list(DEFAULT_SOURCES)
+        # per source: writing it, then the baseline and memtrain, `repeats` times per option
+        steps = sum(1 + len(shuffles(source)) * repeats * 2 for source in sources)
+        with reporting("bench prepare", steps, plain_every=BENCH_EVERY) as progress:
+            for source in sources:
+                progress.begin(f"writing the {gb:g} GB {source} source")
+                files = write_source(source, root, gb)
+                size = sum(f.stat().st_size for f in files)
+                for shuffle in shuffles(source):
+                    rows.append(_compare(source, files, size, shuffle, root, repeats, settle, progress))
+                for path in files:
+                    path.unlink()
     machine["loadavg"] = [round(v, 2) for v in (*load_before, *os.getloadavg())]
     return {"machine": machine, "settings": {"gb": gb, "repeats": repeats, "features": FEATURES, "settle": settle},
             "results": rows}
@@ -107,11 +115,17 @@ def write_source(source: str, root: Path, gb: float) -> list[Path]:
     return out
 
 
+def shuffles(source: str) -> tuple[bool, ...]:
+    """The options each source is measured with: shuffled and not (a CSV: shuffled only)."""
+    return (True, False) if source != "csv" else (True,)
+
+
 def _compare(source: str, files: list[Path], size: int, shuffle: bool, root: Path, repeats: int,
-             settle: float) -> dict[str, Any]:
+             settle: float, progress: Reporter) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "memtrain": []}
     for _ in range(repeats):
         for what in ("baseline", "memtrain"):
+            progress.begin(f"{source}{'' if shuffle else ', no shuffle'}: {what}")
             spec = {"what": what, "source": source, "files": [str(f) for f in files], "shuffle": shuffle,
                     "out": str(root / "out"), "settle": settle}
             runs[what].append(run_once(spec))
@@ -120,7 +134,7 @@ def _compare(source: str, files: list[Path], size: int, shuffle: bool, root: Pat
     ours = [size / 1e6 / r["seconds"] for r in runs["memtrain"]]
     return {"source": source, "options": "shuffle" if shuffle else "no-shuffle", "size_mb": size / 1e6,
             "baseline": runs["baseline"][0]["name"], "parser": runs["memtrain"][0].get("parser"),
-            "baseline_mbps": base, "memtrain_mbps": ours, "ratios": [o / b for o, b in zip(ours, base, strict=True)],
+            "baseline_mbps": base, "memtrain_mbps": ours, "ratios": list(pairwise(ours, base).runs),
             "baseline_stages": [r["stages"] for r in runs["baseline"]],
             "memtrain_stages": [r["stages"] for r in runs["memtrain"]],
             "baseline_peak_mib": [r["peak_anon_mib"] for r in runs["baseline"]],
@@ -157,8 +171,8 @@ def _baseline(source: str, files: list[Path], out: Path) -> tuple[Any, str]:
         try:
             import pyarrow.csv
         except ImportError:
-            return (lambda: _loadtxt_baseline(files[0], out)), "np.loadtxt + np.save"
-        return (lambda: _pyarrow_baseline(pyarrow.csv, files[0], out)), "pyarrow.csv.read_csv + np.save"
+            return (lambda: _loadtxt_baseline(files[0], out)), "np.loadtxt + np.save + fsync"
+        return (lambda: _pyarrow_baseline(pyarrow.csv, files[0], out)), "pyarrow.csv.read_csv + np.save + fsync"
     read = {"npy": "np.load", "npz": "np.load(.npz)", "h5": "h5py read"}[source]
     if source == "h5":
         import h5py  # noqa: F401
@@ -210,19 +224,27 @@ def _durable_copy(source: str, files: list[Path], out: Path) -> dict[str, float]
     return stages
 
 
-def _pyarrow_baseline(pacsv: Any, path: Path, out: Path) -> None:
+def _pyarrow_baseline(pacsv: Any, path: Path, out: Path) -> dict[str, float]:
+    """pyarrow's multithreaded reader (its default), the columns stacked into one float32 array, saved durably."""
     out.mkdir()
+    started = time.perf_counter()
     table = pacsv.read_csv(path)
     x = np.column_stack([table.column(i).to_numpy() for i in range(FEATURES)]).astype(np.float32)
-    np.save(out / "x.npy", x)
-    np.save(out / "y.npy", table.column(FEATURES).to_numpy())
+    y = table.column(FEATURES).to_numpy()
+    stages = {"read": time.perf_counter() - started}
+    _save_durably(out / "x.npy", x, stages)
+    _save_durably(out / "y.npy", y, stages)
+    return stages
 
 
-def _loadtxt_baseline(path: Path, out: Path) -> None:
+def _loadtxt_baseline(path: Path, out: Path) -> dict[str, float]:
     out.mkdir()
+    started = time.perf_counter()
     table = np.loadtxt(path, delimiter=",", skiprows=1, dtype=np.float32)
-    np.save(out / "x.npy", table[:, :-1])
-    np.save(out / "y.npy", table[:, -1].astype(np.int64))
+    stages = {"read": time.perf_counter() - started}
+    _save_durably(out / "x.npy", table[:, :-1], stages)
+    _save_durably(out / "y.npy", table[:, -1].astype(np.int64), stages)
+    return stages
 
 
 def _anon_mib() -> float:
@@ -264,15 +286,14 @@ def filesystem(folder: Path) -> str:
 
 
 def _spread(values: list[float], digits: int = 0) -> str:
-    text = f"{median(values):.{digits}f}"
-    return text if len(values) == 1 else f"{text} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+    return Spread.of(values).text(digits)
 
 
 def _stages(runs: list[dict[str, float] | None] | None) -> str:
     """``read 0.12, write 0.90, fsync 0.20``: the median of each stage over the runs that timed it."""
     timed = [run for run in runs or [] if run]
     names = list(dict.fromkeys(name for run in timed for name in run))
-    return ", ".join(f"{name} {median(run[name] for run in timed if name in run):.2f}" for name in names) or "-"
+    return ", ".join(f"{name} {median([run[name] for run in timed if name in run]):.2f}" for name in names) or "-"
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -281,11 +302,11 @@ def format_table(report: dict[str, Any]) -> str:
     settle = f"; each run after a sync and {s['settle']:g} s of quiet" if s.get("settle") else ""
     lines = [f"memtrain bench prepare: {s['gb']:g} GB sources, {s['features']} float features + a label; "
              f"median (min-max) of {s['repeats']} alternating runs{settle}",
-             f"{'source':<7}{'options':<12}{'size MB':>8}  {'baseline':<32}{'baseline MB/s':>16}"
+             f"{'source':<7}{'options':<12}{'size MB':>8}  {'baseline':<40}{'baseline MB/s':>16}"
              f"{'memtrain MB/s':>16}{'ratio':>18}{'peak MiB base / memtrain':>27}"]
     for row in report["results"]:
         peaks = f"{median(row['baseline_peak_mib']):,.0f} / {median(row['memtrain_peak_mib']):,.0f}"
-        lines.append(f"{row['source']:<7}{row['options']:<12}{row['size_mb']:>8.0f}  {row['baseline']:<32}"
+        lines.append(f"{row['source']:<7}{row['options']:<12}{row['size_mb']:>8.0f}  {row['baseline']:<40}"
                      f"{_spread(row['baseline_mbps']):>16}{_spread(row['memtrain_mbps']):>16}"
                      f"{_spread(row['ratios'], 2):>18}{peaks:>27}")
     lines.append("median seconds by stage (baseline: read into a new array, np.save, fsync; memtrain: scatter "

@@ -6,6 +6,7 @@ Examples:
   memtrain prepare features.npy ds --y labels.npy --no-shuffle
   memtrain prepare store.h5 ds --x /train/images --y /train/labels
   memtrain prepare --synthetic 1000000x64 big --classes 10
+  memtrain prepare penguins.csv ds --label species --drop-columns year --missing drop
 An interrupted prepare, run again with the same arguments, continues from the shards it finished.
 """
 
@@ -24,6 +25,7 @@ from memtrain.prepare import options as defaults
 from memtrain.prepare.labels import TASKS
 from memtrain.prepare.options import PrepareOptions
 from memtrain.prepare.pipeline import PrepareSummary, prepare
+from memtrain.prepare.table import CATEGORICAL, MAX_LEVELS, MISSING_MODES, NA_VALUES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,7 +52,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunk-mb", type=float, default=defaults.CHUNK_MB,
                         help="rows handled at once; bounds peak memory (64 MiB)")
     parser.add_argument("--drop-nonfinite", action="store_true",
-                        help="drop rows with NaN/Inf instead of stopping (reports how many)")
+                        help="drop rows with Inf (or a NaN not spelled as missing) instead of stopping")
+    table = parser.add_argument_group("tables (CSV, Parquet): text columns, missing values, column choice")
+    table.add_argument("--missing", choices=MISSING_MODES, default="impute",
+                       help="a missing feature value: impute (numbers get the column mean, text a <missing> level; "
+                            "default), drop (the row) or error (stop)")
+    table.add_argument("--na-values", metavar="A,B", type=_names, default=NA_VALUES,
+                       help="spellings of a missing value (default: empty, " + ", ".join(NA_VALUES[1:]) + ")")
+    table.add_argument("--columns", metavar="A,B", type=_names, help="use only these feature columns")
+    table.add_argument("--drop-columns", metavar="A,B", type=_names, default=(),
+                       help="leave these columns out")
+    table.add_argument("--categorical", metavar="A,B", type=_names, default=(),
+                       help="read these columns as text (categories) even if they hold numbers")
+    table.add_argument("--categorical-encoding", choices=CATEGORICAL, default="one-hot",
+                       help="one-hot: a 0/1 feature per level (default); ordinal: one feature, the level's index")
+    table.add_argument("--max-levels", type=int, default=MAX_LEVELS,
+                       help=f"levels kept per text column, the most frequent ({MAX_LEVELS}); others go to <rare>")
+    table.add_argument("--min-level-count", type=int, default=1,
+                       help="a level seen fewer times goes to <rare> (1)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing dataset at OUT, once the new one is complete")
     parser.add_argument("--synthetic", metavar="ROWSxFEATURES", help="generate data instead of reading SOURCE")
@@ -78,7 +97,15 @@ def options_from_args(args: argparse.Namespace) -> PrepareOptions:
         label=args.label, task=args.task, dtype=args.dtype, val_fraction=args.val_fraction, seed=args.seed,
         shuffle=args.shuffle, shard_mb=args.shard_mb, chunk_mb=args.chunk_mb, drop_nonfinite=args.drop_nonfinite,
         overwrite=args.overwrite, synthetic=args.synthetic, classes=args.classes,
-        test_fraction=args.test_fraction, stratify=args.stratify)
+        test_fraction=args.test_fraction, stratify=args.stratify, missing=args.missing,
+        na_values=tuple(args.na_values), columns=args.columns, drop_columns=tuple(args.drop_columns),
+        categorical=tuple(args.categorical), categorical_encoding=args.categorical_encoding,
+        max_levels=args.max_levels, min_level_count=args.min_level_count)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """``"a,b, c"`` -> ("a", "b", "c"); ``--na-values`` keeps an empty name ("a,,b" or a trailing comma)."""
+    return tuple(name.strip() for name in text.split(","))
 
 
 def _say(text: str) -> None:
@@ -91,9 +118,16 @@ def print_summary(summary: PrepareSummary) -> None:
         f"prepared {summary.out}",
         f"  rows     {summary.rows:,} ("
         + ", ".join(f"{name} {rows:,}" for name, rows in summary.splits.items()) + ")"
-        + (f", {summary.dropped:,} non-finite rows dropped" if summary.dropped else ""),
+        + (f", {summary.dropped:,} non-finite rows dropped" if summary.dropped else "")
+        + (f", {summary.label_missing:,} rows without a label dropped" if summary.label_missing else "")
+        + (f", {summary.missing_dropped:,} rows with a missing value dropped" if summary.missing_dropped else ""),
         f"  task     {summary.notes[0] if summary.notes else summary.task}",
     ]
+    if summary.missing:
+        lines.append(f"  missing  {sum(summary.missing.values()):,} values imputed: "
+                     + ", ".join(f"{name} {n:,}" for name, n in summary.missing.items()))
+    if summary.encoded:
+        lines.append("  text     " + "; ".join(summary.encoded))
     if summary.classes:
         shown = ", ".join(summary.classes[:12]) + (" ..." if len(summary.classes) > 12 else "")
         lines.append(f"  classes  {shown}")

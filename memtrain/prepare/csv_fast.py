@@ -13,7 +13,7 @@ whichever parser read it (``tests/test_prepare_csv.py`` checks this on random te
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -33,10 +33,24 @@ def available() -> bool:
     return True
 
 
-class ArrowBlockParser:
-    """Parses blocks of one file's records; ``parse(data)`` -> (x, y) or None (use the reference parser)."""
+class Block(NamedTuple):
+    """A parsed block: x (rows, features) in the output dtype, NaN in a missing cell and in a category column;
+    y; which cells are missing (None: none); the text of each category column (by feature index; "" where
+    missing); which labels are missing (None: none)."""
 
-    def __init__(self, *, columns: int, label_index: int, text_labels: bool, dtype: np.dtype):
+    x: np.ndarray
+    y: np.ndarray
+    missing: np.ndarray | None = None
+    text: dict[int, np.ndarray] | None = None
+    y_missing: np.ndarray | None = None
+
+
+class ArrowBlockParser:
+    """Parses blocks of one file's records; ``parse(data)`` -> a Block or None (use the reference parser)."""
+
+    def __init__(self, *, columns: int, label_index: int, text_labels: bool, dtype: np.dtype,
+                 features: list[int] | None = None, categories: frozenset[int] = frozenset(),
+                 number_na: tuple[str, ...] = (), text_na: tuple[str, ...] = ()):
         import pyarrow as pa
         import pyarrow.csv as pacsv
 
@@ -45,23 +59,29 @@ class ArrowBlockParser:
         # keeps several MiB per thread; measured peak growth of prepare with 2 MiB chunks 24 vs 33 MiB.
         self._pool = pa.system_memory_pool()
         self._names = [f"c{i}" for i in range(columns)]
-        self._features = [i for i in range(columns) if i != label_index]
+        self._features = features if features is not None else [i for i in range(columns) if i != label_index]
+        self._categories = categories  # header indices of category columns: read as text
         self._label = label_index
         self._text_labels = text_labels
         self._dtype = np.dtype(dtype)
-        types = {name: pa.float64() for name in self._names}
-        if text_labels:
-            types[self._names[label_index]] = pa.string()
-        # No null spellings: an empty field or "NA" is an error here, exactly as in the reference parser.
-        self._convert = pacsv.ConvertOptions(column_types=types, null_values=[], strings_can_be_null=False,
-                                             quoted_strings_can_be_null=False)
+        self._text_na = text_na
+        types = {self._names[i]: pa.float64() for i in (*self._features, label_index)}
+        for i in (*categories, *((label_index,) if text_labels else ())):
+            types[self._names[i]] = pa.string()
+        # Numbers: only the given spellings are null (none under --missing error: an empty field or "NA" is
+        # then an error, exactly as in the reference parser); text is never null here, its missing spellings
+        # are matched after trimming.
+        self._convert = pacsv.ConvertOptions(column_types=types, null_values=list(number_na),
+                                             strings_can_be_null=False, quoted_strings_can_be_null=False,
+                                             include_columns=[self._names[i] for i in sorted(
+                                                 {*self._features, label_index})])
         self._read = pacsv.ReadOptions(column_names=self._names, block_size=ARROW_BLOCK, use_threads=True)
         # A field may hold a newline only inside quotes; without a quote in the block pyarrow can split it
         # at any newline, which is faster.
         self._plain = pacsv.ParseOptions(newlines_in_values=False)
         self._quoted = pacsv.ParseOptions(newlines_in_values=True)
 
-    def parse(self, data: bytes) -> tuple[np.ndarray, np.ndarray] | None:
+    def parse(self, data: bytes) -> Block | None:
         try:
             table = self._pacsv.read_csv(self._pa.py_buffer(data), read_options=self._read,
                                          parse_options=self._quoted if QUOTE in data else self._plain,
@@ -70,32 +90,68 @@ class ArrowBlockParser:
             return None
         if table.num_rows == 0:
             return None
-        x = self._x(table)
-        y = self._y(table)
+        numbers = [j for j, i in enumerate(self._features) if i not in self._categories]
+        missing = np.zeros((table.num_rows, len(self._features)), dtype=bool)
+        for j in numbers:
+            missing[:, j] = self._nulls(table.column(self._names[self._features[j]]))
+        x = self._x(table, numbers, missing)
+        y, y_missing = self._y(table)
         if x is None or y is None:
             return None
-        return x, y
+        text = {}
+        for j, i in enumerate(self._features):
+            if i in self._categories:
+                text[j], missing[:, j] = self._text(table.column(self._names[i]))
+        return Block(x, y, missing if missing.any() else None, text or None, y_missing)
 
-    def _x(self, table: Any) -> np.ndarray | None:
+    def _x(self, table: Any, numbers: list[int], missing: np.ndarray) -> np.ndarray | None:
         """Row-major features in the output dtype, converted batch by batch straight from pyarrow's buffers."""
-        x = np.empty((table.num_rows, len(self._features)), dtype=self._dtype)
-        at = 0
+        x = np.full((table.num_rows, len(self._features)), np.nan, dtype=self._dtype)
         with np.errstate(over="ignore", invalid="ignore"):  # out of range becomes inf: declined below
-            for batch in table.to_batches():
-                rows = batch.num_rows
-                for j, i in enumerate(self._features):
-                    x[at:at + rows, j] = batch.column(i).to_numpy(zero_copy_only=True)
-                at += rows
-        return x if np.isfinite(x).all() else None
+            for j in numbers:
+                column = table.column(self._names[self._features[j]])
+                at = 0
+                for chunk in column.chunks:
+                    x[at:at + len(chunk), j] = chunk.to_numpy(zero_copy_only=chunk.null_count == 0)
+                    at += len(chunk)
+        if len(numbers) == x.shape[1] and not missing.any():  # a table of numbers: no copy to check it
+            return x if np.isfinite(x).all() else None
+        return x if np.isfinite(x[:, numbers][~missing[:, numbers]]).all() else None
 
-    def _y(self, table: Any) -> np.ndarray | None:
-        column = table.column(self._label)
+    def _nulls(self, column: Any) -> np.ndarray | bool:
+        """Which cells are null; computed only when there are some, and then in the C library's allocator
+        (pyarrow's compute functions default to mimalloc, which keeps freed memory: see ``_pool``)."""
+        if column.null_count == 0:
+            return False
+        import pyarrow.compute as pc
+
+        return pc.is_null(column, memory_pool=self._pool).to_numpy(zero_copy_only=False)
+
+    def _text(self, column: Any) -> tuple[np.ndarray, np.ndarray]:
+        """A text column's trimmed values ("" where missing) and which are missing."""
+        import pyarrow.compute as pc
+
+        values = np.asarray(pc.utf8_trim_whitespace(column, memory_pool=self._pool).to_numpy(zero_copy_only=False),
+                            dtype=str).reshape(-1)
+        missing = np.isin(values, list(self._text_na)) if self._text_na else np.zeros(len(values), dtype=bool)
+        values[missing] = ""
+        return values, missing
+
+    def _y(self, table: Any) -> tuple[np.ndarray | None, np.ndarray | None]:
+        column = table.column(self._names[self._label])
         if not self._text_labels:
-            y = column.to_numpy()
-            return y if np.isfinite(y).all() else None
+            absent = np.asarray(self._nulls(column)) | np.zeros(table.num_rows, dtype=bool)
+            y = column.to_numpy() if not absent.any() else np.asarray(column.to_numpy(zero_copy_only=False),
+                                                                       dtype=np.float64)
+            return (y if np.isfinite(y[~absent]).all() else None), (absent if absent.any() else None)
         encoded = column.combine_chunks(memory_pool=self._pool).dictionary_encode()
         names = encoded.dictionary.to_pylist()
         # the reference parser strips a label's surrounding white space: such a block is left to it
         if any(len(name.encode()) > MAX_LABEL_BYTES or name != name.strip() for name in names):
-            return None
-        return np.array(names, dtype=str)[encoded.indices.to_numpy()] if names else np.empty(0, dtype=str)
+            return None, None
+        y = np.array(names, dtype=str)[encoded.indices.to_numpy()] if names else np.empty(0, dtype=str)
+        absent = np.isin(y, list(self._text_na)) if self._text_na and len(y) else np.zeros(len(y), dtype=bool)
+        if absent.any():
+            y = y.copy()
+            y[absent] = ""
+        return y, (absent if absent.any() else None)

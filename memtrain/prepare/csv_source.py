@@ -25,6 +25,7 @@ import numpy as np
 from memtrain.errors import InputError
 from memtrain.prepare import csv_fast
 from memtrain.prepare.sources import Chunk, resolve_label
+from memtrain.prepare.table import CATEGORY, NUMBER, TableOptions
 
 QUOTE = ord('"')
 NEWLINE = ord("\n")
@@ -53,8 +54,10 @@ def record_end(data: bytes, *, last: bool) -> int:
 class CsvSource:
     format = "csv"
 
-    def __init__(self, path: Path, label: str | None, chunk_bytes: int, dtype: Any = np.float32):
+    def __init__(self, path: Path, label: str | None, chunk_bytes: int, dtype: Any = np.float32,
+                 table: TableOptions | None = None):
         self.path = path
+        self.table = table or TableOptions()
         self.size_bytes = path.stat().st_size
         self.block_bytes = max(MIN_BLOCK, chunk_bytes // TEXT_SHARE)
         self.dtype = np.dtype(dtype)
@@ -63,16 +66,23 @@ class CsvSource:
         self.columns = self._header_names(header)
         self.label_index = resolve_label(self.columns, label, path)
         self.label_name = self.columns[self.label_index]
-        self.feature_names = [c for i, c in enumerate(self.columns) if i != self.label_index]
-        if not self.feature_names:
+        if len(self.columns) < 2:
             raise InputError("no feature columns", path=path, where="line 1", expected="at least one column "
                              "besides the label", found=f"only '{self.label_name}'")
+        self.feature_names = self.table.select([c for i, c in enumerate(self.columns) if i != self.label_index],
+                                               self.label_name, path)
+        self.feature_index = [self.columns.index(name) for name in self.feature_names]
         self.feature_shape = (len(self.feature_names),)
         self.rows = None
-        self.text_labels = self._sniff_text_labels()
-        self._fast = csv_fast.ArrowBlockParser(columns=len(self.columns), label_index=self.label_index,
-                                               text_labels=self.text_labels, dtype=self.dtype) \
-            if csv_fast.available() else None
+        self.text_labels, text_columns = self._sniff()
+        self.kinds = [CATEGORY if i in text_columns or self.columns[i] in self.table.categorical else NUMBER
+                      for i in self.feature_index]
+        self.categories = frozenset(i for i, kind in zip(self.feature_index, self.kinds, strict=True)
+                                    if kind == CATEGORY)
+        self._fast = csv_fast.ArrowBlockParser(
+            columns=len(self.columns), label_index=self.label_index, text_labels=self.text_labels, dtype=self.dtype,
+            features=self.feature_index, categories=self.categories, number_na=self.table.number_na,
+            text_na=self.table.na_values) if csv_fast.available() else None
 
     @property
     def parser(self) -> str:
@@ -103,23 +113,32 @@ class CsvSource:
                    InputError(f"malformed CSV header ({exc})", path=self.path, where="line 1")) from exc
         return [name.strip() for name in names]
 
-    def _sniff_text_labels(self) -> bool:
-        """Labels are text if the first data row's label is not a number (fixed for the whole file)."""
+    def _sniff(self) -> tuple[bool, set[int]]:
+        """Labels are text if the first data row's label is not a number (fixed for the whole file); a feature
+        column is a category column if most of its values in the first ``MIN_BLOCK`` bytes that are not
+        missing are not numbers (``--categorical`` names others). A stray word among numbers is an error
+        with a hint, not a category: it is more often a mistake in the data."""
         with open(self.path, "rb") as handle:
             handle.seek(self.data_offset)
             sample = handle.read(MIN_BLOCK)
         text = sample.decode("utf-8", errors="replace")
+        text_labels: bool | None = None
+        words = dict.fromkeys(self.feature_index, 0)
+        values = dict.fromkeys(self.feature_index, 0)
         try:
             for record in csv.reader(io.StringIO(text, newline="")):
-                if record and len(record) == len(self.columns):
-                    try:
-                        float(record[self.label_index])
-                    except ValueError:
-                        return True
-                    return False
+                if not record or len(record) != len(self.columns):
+                    continue
+                if text_labels is None:
+                    text_labels = not _is_number(record[self.label_index]) and \
+                        record[self.label_index].strip() not in self.table.number_na
+                for i in self.feature_index:
+                    if record[i].strip() not in self.table.na_values:
+                        values[i] += 1
+                        words[i] += not _is_number(record[i])
         except csv.Error:
-            pass  # a broken first record: numeric labels assumed, and the parse says what is wrong
-        return False
+            pass  # a broken record: the parse says what is wrong
+        return bool(text_labels), {i for i in self.feature_index if words[i] * 2 > values[i]}
 
     def chunks(self, rows: int) -> Iterator[Chunk]:
         """Blocks of at most ``block_bytes`` of text, cut after whole records (``rows`` is ignored).
@@ -172,15 +191,31 @@ class CsvSource:
         if self._fast is not None:
             parsed = self._fast.parse(data)
             if parsed is not None:
-                x, y = parsed
-                return Chunk(x, y, 0, len(data), line_of=lambda i: record_line(data, line, i), finite=True)
+                return Chunk(parsed.x, parsed.y, 0, len(data), line_of=lambda i: record_line(data, line, i),
+                             finite=parsed.missing is None and not parsed.text, missing=parsed.missing,
+                             text=parsed.text, y_missing=parsed.y_missing)
         return self._parse(data, line)
 
     def _parse(self, data: bytes, line: int) -> Chunk | None:
-        """The reference parser: ``np.loadtxt``, and the ``csv`` module to locate what it rejects."""
+        """The reference parser: ``np.loadtxt`` for a table of numbers, and the ``csv`` module for the rest
+        (category columns, missing cells) and to locate what loadtxt rejects."""
         text = _decode(data, self.path, line)
         if not text.strip():
             return None
+        if self.categories or len(self.feature_index) != len(self.columns) - 1:
+            return self._parse_records(data, text, line)
+        try:
+            chunk = self._parse_numbers(data, text, line)
+        except InputError:
+            if self.table.missing == "error":
+                raise
+            return self._parse_records(data, text, line)
+        if self.table.missing != "error" and (np.isnan(chunk.x).any() or (np.isin(
+                chunk.y, list(self.table.na_values)).any() if self.text_labels else np.isnan(chunk.y).any())):
+            return self._parse_records(data, text, line)  # which NaN was spelled as missing
+        return chunk
+
+    def _parse_numbers(self, data: bytes, text: str, line: int) -> Chunk:
         names: dict[str, int] = {}
         converters = {self.label_index: lambda s: names.setdefault(s.strip(), len(names))} \
             if self.text_labels else None
@@ -201,6 +236,80 @@ class CsvSource:
         if self.text_labels:
             y = np.array(list(names), dtype=str)[y.astype(np.int64)]
         return Chunk(x, y, 0, len(data), line_of=lambda i: record_line(data, line, i))
+
+    def _parse_records(self, data: bytes, text: str, line: int) -> Chunk | None:
+        """Record by record with the csv module: numbers, text, missing cells, and each problem's line."""
+        reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+        xs: list[list[float]] = []
+        missing: list[list[bool]] = []
+        texts: list[list[str]] = []
+        ys: list[Any] = []
+        y_missing: list[bool] = []
+        end = 0
+        try:
+            for record in reader:
+                start, end = line + end, reader.line_num
+                if not record:
+                    continue
+                if len(record) != len(self.columns):
+                    problem = self._check_record(record, start)
+                    assert problem is not None
+                    raise problem
+                row, absent, words = self._record(record, start)
+                xs.append(row), missing.append(absent), texts.append(words)
+                label, gone = self._label(record[self.label_index], start)
+                ys.append(label), y_missing.append(gone)
+        except csv.Error as error:
+            raise self._long_field(data, line, self.columns) or InputError(
+                f"malformed CSV ({error})", path=self.path, where=f"line {line + reader.line_num - 1}") from error
+        if not xs:
+            return None
+        x = np.asarray(xs, dtype=np.float64)
+        absent = np.asarray(missing, dtype=bool)
+        categories = [j for j, kind in enumerate(self.kinds) if kind == CATEGORY]
+        words = np.asarray(texts, dtype=str).reshape(len(xs), -1)
+        y = np.asarray(ys, dtype=str if self.text_labels else np.float64)
+        gone = np.asarray(y_missing, dtype=bool)
+        return Chunk(x, y, 0, len(data), line_of=lambda i: record_line(data, line, i),
+                     missing=absent if absent.any() else None,
+                     text={j: words[:, k] for k, j in enumerate(categories)} or None,
+                     y_missing=gone if gone.any() else None)
+
+    def _record(self, record: list[str], line: int) -> tuple[list[float], list[bool], list[str]]:
+        row, absent, words = [], [], []
+        for i, kind in zip(self.feature_index, self.kinds, strict=True):
+            value = record[i]
+            stripped = value.strip()
+            if kind == CATEGORY:
+                gone = stripped in self.table.na_values
+                words.append("" if gone else stripped)
+                row.append(np.nan)
+            elif stripped in self.table.number_na:
+                gone = True
+                row.append(np.nan)
+            else:
+                gone = False
+                number = _number(value)
+                if number is None:
+                    raise self._not_a_number(i, value, line)
+                row.append(number)
+            absent.append(gone)
+        return row, absent, words
+
+    def _label(self, value: str, line: int) -> tuple[Any, bool]:
+        stripped = value.strip()
+        if stripped in (self.table.na_values if self.text_labels else self.table.number_na):
+            return ("" if self.text_labels else np.nan), True
+        if self.text_labels:
+            if len(stripped.encode()) > csv_fast.MAX_LABEL_BYTES:
+                raise InputError("a field is far too long for a number or a label", path=self.path,
+                                 where=f"line {line}, column '{self.label_name}'",
+                                 expected=f"at most {csv_fast.MAX_LABEL_BYTES:,} bytes")
+            return stripped, False
+        number = _number(value)
+        if number is None:
+            raise self._not_a_number(self.label_index, value, line)
+        return number, False
 
     def _split_columns(self, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         k = self.label_index
@@ -256,7 +365,8 @@ class CsvSource:
                               expected=f"{len(self.columns)} fields as in the header", found=f"{len(record)} fields",
                               hint="memtrain never pads or truncates rows")
         for index, value in enumerate(record):
-            if index == self.label_index and self.text_labels:
+            if index == self.label_index and self.text_labels or index in self.categories or (
+                    index != self.label_index and index not in self.feature_index):
                 continue
             try:
                 float(value)
@@ -271,8 +381,14 @@ class CsvSource:
         if index == self.label_index:
             return InputError("the label is not a number", path=self.path, where=where, expected="a number "
                               "(the first rows have numeric labels)", found=found)
+        hint = None
+        if value.strip() in self.table.na_values and self.table.missing == "error":
+            hint = "--missing impute (the default) fills missing values, --missing drop drops their rows"
+        elif value.strip():
+            hint = (f"'{column}' is read as a column of numbers (most of its first values are numbers): pass "
+                    f"--categorical {column} to read it as text, or --drop-columns {column} to leave it out")
         return InputError("not a number in a feature column", path=self.path, where=where, expected="a number",
-                          found=found)
+                          found=found, hint=hint)
 
     def describe(self) -> dict[str, Any]:
         return {"format": "csv", "path": str(self.path), "label": self.label_name, "bytes": self.size_bytes}
@@ -323,6 +439,20 @@ def _lines(text: str) -> list[str] | io.StringIO:
     """A list of lines parses faster and in less memory than a StringIO (measured: 60 vs 41 MB/s, and no
     UCS-4 copy of the block); with quotes present a field may span lines, so the stream is used."""
     return io.StringIO(text, newline=None) if '"' in text else text.split("\n")
+
+
+def _number(value: str) -> float | None:
+    """A field as a number, as the other parsers read it (Python's float also takes "1_0": refused here)."""
+    if "_" in value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def _is_number(value: str) -> bool:
+    return _number(value) is not None
 
 
 def _decode(data: bytes, path: Path, line: int) -> str:

@@ -20,6 +20,9 @@ TASKS = ("auto", "classification", "regression")
 # anything else numeric is a regression target. Explicit --task classification allows up to MAX_CLASSES.
 AUTO_MAX_CLASSES = 1000
 MAX_CLASSES = 65536
+# Inferred classes that look like counts (whole numbers >= 0, more than this many distinct values: visits to a
+# doctor in statsmodels' randhie give 59) are still classes, as before, but prepare warns on stderr.
+COUNT_LIKE_CLASSES = 20
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,7 @@ class Labels:
     classes: list[str] | None
     note: str
     table: np.ndarray | None  # text: provisional id -> class index; numbers: sorted distinct values
+    warning: str | None = None  # said on stderr: an inference the user should check
 
     @property
     def y_dtype(self) -> np.dtype:
@@ -111,7 +115,15 @@ class LabelCoder:
                                  found=f"more than {MAX_CLASSES}", hint="use --task regression")
             return self._numeric_classes("--task classification")
         if self._integral and not self._many and len(self._values) <= AUTO_MAX_CLASSES:
-            return self._numeric_classes("inferred: integer labels; --task regression to override")
+            labels = self._numeric_classes("inferred: integer labels; --task regression to override")
+            count = len(self._values)
+            if count > COUNT_LIKE_CLASSES and self._values.min() >= 0:
+                warning = (f"the label column '{self.column}' holds {count} distinct whole numbers from "
+                           f"{_number_name(self._values.min())} to {_number_name(self._values.max())}: taken as "
+                           f"{count} classes; if they are counts or amounts, pass --task regression")
+                return Labels(labels.task, labels.classes, f"{labels.note}; {count} classes look like counts: "
+                              "--task regression if they are", labels.table, warning)
+            return labels
         why = "not all integers" if not self._integral else f"more than {AUTO_MAX_CLASSES} distinct values"
         return Labels("regression", None, f"regression (inferred: labels are {why})", None)
 

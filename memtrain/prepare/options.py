@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from memtrain.errors import InputError
+from memtrain.prepare.table import MAX_LEVELS, NA_VALUES, TableOptions
 
 # Defaults, with why:
 SHARD_MB = 64  # about 64 MiB per shard file: big enough for sequential reads, small enough to map freely
@@ -43,8 +44,18 @@ class PrepareOptions:
     classes: int = 10  # synthetic classification: number of classes
     test_fraction: float = 0.0  # share of rows in a test split (none when 0)
     stratify: bool = False  # keep each class's share of rows the same in train, val and test
+    # tables (CSV, Parquet): memtrain/prepare/table.py
+    missing: str = "impute"  # impute, drop or error: what a missing feature cell does
+    na_values: tuple[str, ...] = NA_VALUES  # the spellings of a missing cell
+    columns: tuple[str, ...] | None = None  # keep only these feature columns
+    drop_columns: tuple[str, ...] = ()  # leave these columns out
+    categorical: tuple[str, ...] = ()  # category columns even if they hold numbers
+    categorical_encoding: str = "one-hot"  # or ordinal
+    max_levels: int = MAX_LEVELS  # levels kept per category column; the rest go to <rare>
+    min_level_count: int = 1  # a level seen fewer times goes to <rare>
 
     def __post_init__(self) -> None:
+        self.table  # noqa: B018 (validates the table options)
         if not 0.0 <= self.val_fraction < 1.0:
             raise InputError("--val-fraction must be in [0, 1)", expected="0 <= f < 1", found=self.val_fraction)
         if not 0.0 <= self.test_fraction < 1.0 or self.val_fraction + self.test_fraction >= 1.0:
@@ -60,6 +71,14 @@ class PrepareOptions:
             raise InputError("--seed out of range", expected="an integer >= 0", found=self.seed)
         if (self.source is None) == (self.synthetic is None):
             raise InputError("give either a SOURCE file or --synthetic ROWSxFEATURES (not both)")
+
+    @property
+    def table(self) -> TableOptions:
+        return TableOptions(missing=self.missing, na_values=tuple(self.na_values),
+                            columns=None if self.columns is None else tuple(self.columns),
+                            drop_columns=tuple(self.drop_columns), categorical=tuple(self.categorical),
+                            categorical_encoding=self.categorical_encoding, max_levels=self.max_levels,
+                            min_level_count=self.min_level_count)
 
     @property
     def np_dtype(self) -> np.dtype:
@@ -80,7 +99,8 @@ class PrepareOptions:
 
     def resume_key(self, source_identity: dict[str, object]) -> str:
         """Hash of the options and the source's identity: a rerun with the same ones resumes."""
-        blob = json.dumps({"options": self.manifest_options(), "source": source_identity, "code": 1},
+        # "code": what the work area holds; 2: the spool of a table holds compact rows and its encoding
+        blob = json.dumps({"options": self.manifest_options(), "source": source_identity, "code": 2},
                           sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

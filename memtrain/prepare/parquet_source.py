@@ -10,6 +10,7 @@ import numpy as np
 
 from memtrain.errors import InputError
 from memtrain.prepare.sources import Chunk, resolve_label
+from memtrain.prepare.table import CATEGORY, NUMBER, TableOptions
 
 
 def _pyarrow() -> Any:
@@ -25,9 +26,10 @@ def _pyarrow() -> Any:
 class ParquetSource:
     format = "parquet"
 
-    def __init__(self, path: Path, label: str | None):
+    def __init__(self, path: Path, label: str | None, table: TableOptions | None = None):
         pa = _pyarrow()
         self.path = path
+        self.table = table or TableOptions()
         try:
             parquet = pa.parquet.ParquetFile(path)
         except (pa.ArrowException, OSError) as exc:
@@ -36,34 +38,78 @@ class ParquetSource:
         names = list(schema.names)
         target = resolve_label(names, label, path)
         self.label_name = names[target]
-        self.feature_names = [n for i, n in enumerate(names) if i != target]
-        for name in self.feature_names:
-            kind = schema.field(name).type
-            if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)):
-                raise InputError("a feature column is not numeric", path=path, where=f"column '{name}'",
-                                 expected="integer, float or bool", found=str(kind))
+        self.columns = names
+        self.feature_names = self.table.select([n for i, n in enumerate(names) if i != target], self.label_name, path)
+        self.kinds = [self._kind(pa, name, schema.field(name).type) for name in self.feature_names]
         self.rows = parquet.metadata.num_rows
         self.size_bytes = path.stat().st_size
         self.feature_shape = (len(self.feature_names),)
+
+    def _kind(self, pa: Any, name: str, kind: Any) -> str:
+        if pa.types.is_dictionary(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind) or \
+                name in self.table.categorical:
+            return CATEGORY
+        if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
+            return NUMBER
+        raise InputError("a feature column is neither numeric nor text", path=self.path, where=f"column '{name}'",
+                         expected="integer, float, bool, string or dictionary", found=str(kind),
+                         hint=f"leave it out with --drop-columns {name}")
 
     def chunks(self, rows: int) -> Iterator[Chunk]:
         pa = _pyarrow()
         parquet = pa.parquet.ParquetFile(self.path)
         first = 0
         for batch in parquet.iter_batches(batch_size=rows, columns=[*self.feature_names, self.label_name]):
-            for name in batch.schema.names:
+            n = batch.num_rows
+            x = np.full((n, len(self.feature_names)), np.nan)
+            missing = np.zeros(x.shape, dtype=bool)
+            text = {}
+            for j, (name, kind) in enumerate(zip(self.feature_names, self.kinds, strict=True)):
                 column = batch.column(name)
-                if column.null_count:
-                    row = first + int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
-                    raise InputError("missing value (null)", path=self.path, where=f"row {row}, column '{name}'",
-                                     expected="a value", found="null")
-            x = np.column_stack([batch.column(n).to_numpy(zero_copy_only=False) for n in self.feature_names])
-            y = batch.column(self.label_name)
-            if pa.types.is_dictionary(y.type):
-                y = y.cast(pa.string())
-            labels = y.to_numpy(zero_copy_only=False)
-            yield Chunk(x, labels.astype(str) if labels.dtype.kind == "O" else labels, first)
-            first += batch.num_rows
+                if kind == CATEGORY:
+                    text[j], missing[:, j] = self._text(pa, column)
+                    continue
+                missing[:, j] = column.is_null().to_numpy(zero_copy_only=False)
+                values = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float64)
+                if self._nan_is_missing:
+                    missing[:, j] |= np.isnan(values)
+                x[:, j] = np.where(missing[:, j], np.nan, values)
+            y, y_missing = self._labels(pa, batch.column(self.label_name))
+            if self.table.missing == "error" and missing.any():
+                row, j = (int(v[0]) for v in np.nonzero(missing))
+                raise InputError("missing value", path=self.path, where=f"row {first + row}, "
+                                 f"column '{self.feature_names[j]}'", expected="a value", found="null",
+                                 hint="--missing impute (the default) fills missing values, --missing drop drops "
+                                      "their rows")
+            yield Chunk(x, y, first, missing=missing if missing.any() else None, text=text or None,
+                        y_missing=y_missing if y_missing.any() else None)
+            first += n
+
+    @property
+    def _nan_is_missing(self) -> bool:
+        return any(v.lower() == "nan" for v in self.table.number_na)
+
+    def _text(self, pa: Any, column: Any) -> tuple[np.ndarray, np.ndarray]:
+        """A category column's values as trimmed text ("" where missing: null or a missing spelling)."""
+        import pyarrow.compute as pc
+
+        values = pc.utf8_trim_whitespace(column.cast(pa.string()))
+        spelled = pc.is_in(values, value_set=pa.array(list(self.table.na_values), pa.string()))  # null: false
+        missing = pc.or_(pc.is_null(values), pc.fill_null(spelled, True))
+        text = pc.if_else(missing, "", values).to_numpy(zero_copy_only=False)
+        return np.asarray(text, dtype=str).reshape(-1), missing.to_numpy(zero_copy_only=False)
+
+    def _labels(self, pa: Any, column: Any) -> tuple[np.ndarray, np.ndarray]:
+        if pa.types.is_dictionary(column.type):
+            column = column.cast(pa.string())
+        absent = column.is_null().to_numpy(zero_copy_only=False)
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            y, absent = self._text(pa, column)
+            return y, absent
+        y = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float64)
+        if self._nan_is_missing:
+            absent = absent | np.isnan(y)
+        return np.where(absent, np.nan, y), absent
 
     def describe(self) -> dict[str, Any]:
         return {"format": "parquet", "path": str(self.path), "label": self.label_name, "bytes": self.size_bytes}

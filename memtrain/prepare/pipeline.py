@@ -5,7 +5,9 @@ scatter into the spool (pass 1, ``shuffle.Spool``) -> gather in shuffled order, 
 shards (pass 2, ``shuffle.gather``, ``stats``, ``shard_writer``) -> manifest, written last -> one rename
 into place (``workdir``). With ``--no-shuffle``, an array source (NPY, NPZ, HDF5) is read again in pass
 2 instead of being copied into the spool, which then holds only the label codes: the rows are written
-once, as they are by a plain copy.
+once, as they are by a plain copy. A table (CSV, Parquet) spools compact rows in pass 1 while ``table.Survey``
+counts its levels, missing cells and means (``table_chunks`` drops rows without a label and applies
+``--missing``); pass 2 expands them with the finished ``table.Encoding`` (one-hot, fill values).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from memtrain.prepare.shuffle import (
 from memtrain.prepare.sources import Chunk, Source, open_source
 from memtrain.prepare.stats import RunningStats
 from memtrain.prepare.synthetic import SyntheticSource
+from memtrain.prepare.table import CATEGORY, Encoding, Survey, final_codes
+from memtrain.prepare.table_chunks import holes_of, rows_of, table_rows
 from memtrain.prepare.workdir import WorkArea, check_out
 from memtrain.progress import reporting
 
@@ -69,12 +73,17 @@ class PrepareSummary:
     classes: list[str] | None
     bytes: int
     seconds: float
-    dropped: int
+    dropped: int  # rows dropped as non-finite (--drop-nonfinite)
     resumed_shards: int
     notes: list[str] = field(default_factory=list)
     # wall seconds of each stage: "scatter" (pass 1; absent when resumed from a spool), "shards" (pass 2),
     # "publish" (manifest, rename, removal of the work area)
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    # tables: missing feature cells per column (imputed), rows dropped for a missing label / a missing cell
+    missing: dict[str, int] = field(default_factory=dict)
+    label_missing: int = 0
+    missing_dropped: int = 0
+    encoded: list[str] = field(default_factory=list)  # "island: 3 levels (one-hot)", per category column
 
 
 def prepare(options: PrepareOptions, *, say: Say = print, force_plain: bool = False,
@@ -126,8 +135,16 @@ def _identity(source: Source) -> dict[str, Any]:
     return identity
 
 
+def spool_dtype(source: Source, options: PrepareOptions) -> np.dtype:
+    """The dtype of x in the spool: the output dtype, but float32 at least when it holds level ids (float16
+    holds whole numbers exactly only up to 2,048)."""
+    if CATEGORY in (getattr(source, "kinds", None) or ()):
+        return np.promote_types(options.np_dtype, np.float32)
+    return options.np_dtype
+
+
 def _run(source: Source, options: PrepareOptions, work: WorkArea, say: Say, display: Display) -> PrepareSummary:
-    x_row_bytes = int(np.prod(source.feature_shape)) * options.np_dtype.itemsize
+    x_row_bytes = int(np.prod(source.feature_shape)) * spool_dtype(source, options).itemsize
     clock = time.monotonic()
     stages: dict[str, float] = {}
     spool = work.load_spool()
@@ -143,9 +160,11 @@ def _run(source: Source, options: PrepareOptions, work: WorkArea, say: Say, disp
         finished = {}
         stages["scatter"], clock = time.monotonic() - clock, time.monotonic()
     labels = Labels(spool["task"], spool["classes"], spool["note"],
-                    None if spool["table"] is None else np.asarray(spool["table"]))
+                    None if spool["table"] is None else np.asarray(spool["table"]), spool.get("warning"))
     if spool["rows"] == 0:
-        raise _no_rows(source, spool["dropped"])
+        raise _no_rows(source, spool["dropped"] + spool.get("label_missing", 0) + spool.get("missing_dropped", 0))
+    if labels.warning:
+        say(f"warning: {labels.warning}")
     splits, stats = _write_shards(source, options, work, spool, labels, finished, display)
     stages["shards"], clock = time.monotonic() - clock, time.monotonic()
     manifest = _manifest(source, options, spool, labels, splits, stats)
@@ -156,14 +175,23 @@ def _run(source: Source, options: PrepareOptions, work: WorkArea, say: Say, disp
     stages["publish"] = time.monotonic() - clock
     shards = sum(len(s["shards"]) for s in splits.values())
     size = sum(e["x_bytes"] + e["y_bytes"] for s in splits.values() for e in s["shards"])
+    encoding = _encoding(spool)
     return PrepareSummary(options.out, spool["rows"], {k: v["rows"] for k, v in splits.items()}, shards,
                           labels.task, labels.classes, size, 0.0, spool["dropped"],
-                          sum(len(v) for v in finished.values()), [labels.note], stages)
+                          sum(len(v) for v in finished.values()), [labels.note], stages,
+                          missing={c.name: c.missing for c in encoding.columns if c.missing} if encoding else {},
+                          label_missing=spool.get("label_missing", 0), missing_dropped=spool.get("missing_dropped", 0),
+                          encoded=[f"{c.name}: {len(c.levels)} levels ({encoding.categorical})" for c in
+                                   encoding.columns if c.kind == CATEGORY] if encoding else [])
+
+
+def _encoding(spool: dict[str, Any]) -> Encoding | None:
+    return Encoding.from_dict(spool["encoding"]) if spool.get("encoding") else None
 
 
 def _no_rows(source: Source, dropped: int) -> InputError:
     if dropped:
-        return InputError("every row was dropped as non-finite", path=source.path,
+        return InputError("every row was dropped (non-finite or missing values)", path=source.path,
                           found=f"{plural(dropped, 'row')} dropped")
     expected = "data rows after the header" if source.format == "csv" else "at least one row"
     return InputError("no data rows", path=source.path, expected=expected, found="none")
@@ -176,6 +204,8 @@ def _scatter(source: Source, options: PrepareOptions, work: WorkArea, display: D
     rows_per_chunk = max(1, options.chunk_bytes // (8 * features))
     buckets = bucket_count(_estimated_bytes(source, options), options.chunk_bytes, options.shuffle)
     coder = LabelCoder(options.task, source.path, source.label_name)
+    survey = _survey(source, options)
+    counts_dropped = {"label_missing": 0, "missing_dropped": 0}
     rows = dropped = read_bytes = 0
     started = time.monotonic()
     keep_x = options.shuffle or source.format not in REREAD_FORMATS
@@ -183,7 +213,7 @@ def _scatter(source: Source, options: PrepareOptions, work: WorkArea, display: D
             reporting(f"reading {source.path or 'synthetic data'}", 1.0, plain_every=5.0,
                       force_plain=display.plain, quiet=display.quiet) as report:
         for chunk in source.chunks(rows_per_chunk):
-            x, codes, bad = _check_chunk(chunk, source, options, coder)
+            x, codes, bad = _check_chunk(chunk, source, options, coder, survey, counts_dropped)
             spool.add(x, codes)
             rows, dropped = rows + len(x), dropped + bad
             read_bytes += chunk.nbytes or len(chunk.x) * source.size_bytes // max(1, source.rows or 1)
@@ -192,12 +222,24 @@ def _scatter(source: Source, options: PrepareOptions, work: WorkArea, display: D
         report.update(1.0, f"{rows:,} rows")  # the whole source is read (the byte count leaves out its header)
         counts = spool.finish()
     labels = coder.finish() if rows else Labels("classification", [], "", None)
+    encoding, remaps = survey.finish() if survey is not None else (None, None)
     info = {"rows": rows, "dropped": dropped, "counts": counts, "x_spooled": keep_x, "source": _identity(source),
+            "encoding": None if encoding is None else encoding.as_dict(), "remaps": remaps, **counts_dropped,
+            "warning": labels.warning,
             "task": labels.task,
             "classes": labels.classes, "note": labels.note, "text": bool(coder.text),
             "table": None if labels.table is None else labels.table.tolist()}
     work.commit_spool(info)
     return info
+
+
+def _survey(source: Source, options: PrepareOptions) -> Survey | None:
+    """A table source's survey (levels, means, missing cells); None for array sources."""
+    kinds = getattr(source, "kinds", None)
+    if kinds is None:
+        return None
+    return Survey(options.table, list(source.feature_names or []), kinds, source.label_name,
+                  list(getattr(source, "columns", [])), source.path)
 
 
 def _estimated_bytes(source: Source, options: PrepareOptions) -> int:
@@ -207,12 +249,18 @@ def _estimated_bytes(source: Source, options: PrepareOptions) -> int:
     return rows * (features * options.np_dtype.itemsize + CODE_DTYPE.itemsize)
 
 
-def _check_chunk(chunk: Chunk, source: Source, options: PrepareOptions,
-                 coder: LabelCoder) -> tuple[np.ndarray, np.ndarray, int]:
+def _check_chunk(chunk: Chunk, source: Source, options: PrepareOptions, coder: LabelCoder,
+                 survey: Survey | None = None,
+                 counts: dict[str, int] | None = None) -> tuple[np.ndarray, np.ndarray, int]:
     n = len(chunk.x)
     raw = np.asarray(chunk.x).reshape(n, -1)
+    if survey is not None:
+        chunk, raw = table_rows(chunk, raw, source, options.missing, counts if counts is not None else {})
+        n = len(raw)
+    holes = holes_of(chunk, raw)
     with np.errstate(over="ignore", invalid="ignore"):  # out-of-range values become inf: reported below
-        x = raw.astype(options.np_dtype, copy=False)
+        x = raw.astype(options.np_dtype, copy=False) if holes is None else \
+            np.where(holes, 0.0, raw).astype(options.np_dtype)
     y = np.asarray(chunk.y).reshape(-1)
     dropped = 0
     if not chunk.finite:
@@ -221,8 +269,11 @@ def _check_chunk(chunk: Chunk, source: Source, options: PrepareOptions,
     if dropped:
         if not options.drop_nonfinite:
             raise _nonfinite_error(chunk, source, options, raw, x, y, int(np.flatnonzero(bad)[0]))
-        x, y = x[~bad], y[~bad]
+        x, y, raw = x[~bad], y[~bad], raw[~bad]
+        chunk = rows_of(chunk, ~bad)
     codes = coder.encode(y, chunk.where(0)) if len(y) else np.empty(0, dtype=CODE_DTYPE)
+    if survey is not None:
+        x = survey.compact(raw, chunk.missing, chunk.text or {}, spool_dtype(source, options))
     return x, codes, dropped
 
 
@@ -252,17 +303,20 @@ def _nonfinite_error(chunk: Chunk, source: Source, options: PrepareOptions, raw:
 def _write_shards(source: Source, options: PrepareOptions, work: WorkArea, spool: dict[str, Any], labels: Labels,
                   finished: dict[str, dict[int, Any]], display: Display) -> tuple[dict[str, Any], RunningStats]:
     rows = spool["rows"]
-    piece_rows = max(1, options.chunk_bytes // (4 * max(1, int(np.prod(source.feature_shape)) * 8)))
+    encoding = _encoding(spool)
+    width = encoding.width if encoding is not None else int(np.prod(source.feature_shape))
+    piece_rows = max(1, options.chunk_bytes // (4 * max(1, max(width, int(np.prod(source.feature_shape))) * 8)))
     groups = _split_groups(options, labels, rows, work, spool, piece_rows)
     sizes = {"train": sum(g[0] - g[1] - g[2] for g in groups), "val": sum(g[1] for g in groups)}
     if options.test_fraction > 0:
         sizes["test"] = sum(g[2] for g in groups)
-    specs = _split_specs(source, options, labels, sizes)
-    stats = RunningStats(int(np.prod(source.feature_shape)))
+    specs = _split_specs(source, options, labels, sizes, encoding)
+    stats = RunningStats(width)
     splitter = RowSplit(groups, options.seed)
     if spool.get("x_spooled", True):
-        pieces = gather(work.spool, spool["counts"], (int(np.prod(source.feature_shape)),), options.np_dtype,
-                        seed=options.seed, shuffle=options.shuffle, piece_rows=piece_rows)
+        pieces = gather(work.spool, spool["counts"], (int(np.prod(source.feature_shape)),),
+                        spool_dtype(source, options), seed=options.seed, shuffle=options.shuffle,
+                        piece_rows=piece_rows)
     else:
         pieces = _reread(source, options, work, spool, piece_rows)
     done = 0
@@ -273,6 +327,8 @@ def _write_shards(source: Source, options: PrepareOptions, work: WorkArea, spool
                                                quiet=display.quiet))
         summing = stack.enter_context(BackgroundJobs(0))  # the statistics, beside the writes
         for x, codes in pieces:
+            if encoding is not None:
+                x = encoding.expand(final_codes(x, spool["remaps"], encoding), options.np_dtype)
             y = labels.encode(codes, text=spool["text"])
             split = splitter.take(y if options.stratify else np.zeros(len(y), dtype=np.int64))
             for code, writer in enumerate(writers):  # TRAIN, VAL, TEST
@@ -349,9 +405,9 @@ def _split_groups(options: PrepareOptions, labels: Labels, rows: int, work: Work
     return [counts(int(n)) for n in per_class]
 
 
-def _split_specs(source: Source, options: PrepareOptions, labels: Labels,
-                 sizes: dict[str, int]) -> dict[str, SplitSpec]:
-    x_shape = tuple(source.feature_shape)
+def _split_specs(source: Source, options: PrepareOptions, labels: Labels, sizes: dict[str, int],
+                 encoding: Encoding | None = None) -> dict[str, SplitSpec]:
+    x_shape = (encoding.width,) if encoding is not None else tuple(source.feature_shape)
     row_bytes = int(np.prod(x_shape)) * options.np_dtype.itemsize + labels.y_dtype.itemsize
     per_shard = max(1, options.shard_bytes // row_bytes)
     return {name: SplitSpec(name, count, per_shard, x_shape, options.np_dtype, (), labels.y_dtype)
@@ -360,14 +416,17 @@ def _split_specs(source: Source, options: PrepareOptions, labels: Labels,
 
 def _manifest(source: Source, options: PrepareOptions, spool: dict[str, Any], labels: Labels,
               splits: dict[str, Any], stats: RunningStats) -> dict[str, Any]:
+    encoding = _encoding(spool)
     return {
         "format": FORMAT, "version": FORMAT_VERSION, "task": labels.task, "rows": spool["rows"],
-        "x": {"shape": list(source.feature_shape), "dtype": options.dtype},
+        "x": {"shape": [encoding.width] if encoding else list(source.feature_shape), "dtype": options.dtype},
         "y": {"shape": [], "dtype": str(labels.y_dtype)},
         "classes": labels.classes if labels.task == "classification" else None,
         "splits": splits, "stats": stats.as_dict(),
         "source": source.describe(), "options": options.manifest_options(),
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "feature_names": source.feature_names, "task_note": labels.note, "dropped_rows": spool["dropped"],
+        "feature_names": encoding.feature_names if encoding else source.feature_names, "task_note": labels.note,
+        "dropped_rows": spool["dropped"], "encoding": encoding.as_dict() if encoding else None,
+        "label_missing_rows": spool.get("label_missing", 0), "missing_dropped_rows": spool.get("missing_dropped", 0),
         "shard_rows": splits["train"]["shards"][0]["rows"] if splits["train"]["shards"] else None,
     }

@@ -33,6 +33,11 @@ class Chunk:
     nbytes: int = 0  # source bytes this chunk came from, when known (CSV), for progress
     line_of: Callable[[int], int] | None = field(default=None, repr=False)  # csv: row in chunk -> line
     finite: bool = False  # the source already checked that x (in the output dtype) and y are all finite
+    # Tables (CSV, Parquet): which cells of x are missing (NaN there), the text of each category column (by
+    # feature index; x holds NaN there), which labels are missing; None: none.
+    missing: np.ndarray | None = None
+    text: dict[int, np.ndarray] | None = None
+    y_missing: np.ndarray | None = None
 
     def where(self, row: int) -> str:
         """Where row ``row`` of this chunk is in the file: ``line 12`` (CSV) or ``row 11`` (0-based)."""
@@ -246,7 +251,7 @@ def open_source(options: Any) -> Source:
         raise InputError("the file is empty", path=path, expected="a header and data rows" if suffix == ".csv"
                          else "data", found="0 bytes")
     if suffix in (".csv", ".txt"):
-        return CsvSource(path, options.label, options.chunk_bytes, options.np_dtype)
+        return CsvSource(path, options.label, options.chunk_bytes, options.np_dtype, options.table)
     if suffix == ".npy":
         return NpySource(path, Path(options.y) if options.y else None)
     if suffix == ".npz":
@@ -254,6 +259,6 @@ def open_source(options: Any) -> Source:
     if suffix in (".h5", ".hdf5", ".he5"):
         return Hdf5Source(path, options.x, options.y)
     if suffix in (".parquet", ".pq"):
-        return ParquetSource(path, options.label)
+        return ParquetSource(path, options.label, options.table)
     raise InputError("unknown source format", path=path, expected=".csv, .npy, .npz, .h5/.hdf5 or .parquet",
                      found=suffix or "no extension")

@@ -21,6 +21,7 @@ from memtrain.config import Job, job_from_dict, job_to_dict
 from memtrain.errors import InputError
 from memtrain.files import file_kind
 from memtrain.layout import SPOOL_DONE, SPOOL_FAILED, SPOOL_LOGS, SPOOL_RUNNING, spool_job_name, spool_record_stem
+from memtrain.models.registry import check_kind
 
 # A real job file is a few hundred bytes. 1 MiB is far beyond any of them and small enough that
 # reading and parsing a hostile one costs nothing.
@@ -103,6 +104,11 @@ def admit(content: bytes, path: Path, *, base: Path, root: Path | None, spool: P
     except (TypeError, ValueError) as exc:
         raise InputError(f"invalid job ({exc})", path=path,
                          expected="numbers, strings, booleans, arrays and tables") from exc
+    try:  # a typo in the kind fails now, not when a slot frees and the child starts (user code is not imported)
+        check_kind(job.model.kind)
+    except InputError as exc:
+        exc.path = path
+        raise
     _check_paths(job, resolved, path, base=base, root=root, spool=spool)
     cores = os.cpu_count() or 1
     if job.train.workers != "auto" and job.train.workers > cores:

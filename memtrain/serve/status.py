@@ -11,11 +11,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from memtrain.errors import MemtrainError
 from memtrain.files import read_json
+from memtrain.inspection.render import elide_middle, elide_words, make_console
 from memtrain.layout import spool_job_name
 from memtrain.serve.runner import progress
 from memtrain.serve.spool import Spool, read_state, results, service_alive
@@ -72,26 +73,67 @@ def show(spool: Spool, *, as_json: bool) -> int:
     if as_json:
         print(json.dumps(snap, indent=2))
         return 0
-    out = Console(highlight=False)
-    out.print(_headline(snap), markup=False, soft_wrap=True)
-    out.print(table(snap))
+    out = make_console()
+    out.print(Text(elide_words(_headline(snap), out.width)))
+    out.print(table(snap, out.width))
     return 0
 
 
-def table(snap: dict[str, Any]) -> Table:
+def table(snap: dict[str, Any], width: int) -> Table:
+    """The jobs as a table at most ``width`` columns wide (when its words allow). Paths are shown relative to
+    the folder (the headline names it) and cut in the middle to fit, never broken mid-word."""
+    folder = snap["folder"]
+    rows = [(item["state"], item["name"], _progress_text(item),
+             item.get("reason") or _relative(item.get("run_dir"), folder), not item.get("reason"))
+            for item in snap["running"]]
+    rows += [(item["state"], item["name"] or "", "", _relative(item.get("file"), folder), True)
+             for item in snap["queued"]]
+    rows += [("done", item.get("name", ""), _metrics_text(item.get("final") or {}),
+              _relative(item.get("run_dir"), folder), True) for item in snap["done"]]
+    rows += [("failed", item.get("name", ""), "", _relative_text(item.get("error", ""), folder), False)
+             for item in snap["failed"]]
+    state, job, result, detail = _widths(rows, width)
     grid = Table(show_header=True, header_style="bold")
-    for column in ("state", "job", "progress / result", "detail"):
-        grid.add_column(column, overflow="fold")
-    for item in snap["running"]:
-        grid.add_row(item["state"], item["name"], _progress_text(item),
-                     item.get("reason") or item.get("run_dir") or "")
-    for item in snap["queued"]:
-        grid.add_row(item["state"], item["name"] or "", "", item.get("file", ""))
-    for item in snap["done"]:
-        grid.add_row("done", item.get("name", ""), _metrics_text(item.get("final") or {}), item.get("run_dir", ""))
-    for item in snap["failed"]:
-        grid.add_row("failed", item.get("name", ""), "", item.get("error", ""))
+    grid.add_column("state", width=state, no_wrap=True)
+    for column, column_width in (("job", job), ("progress / result", result), ("detail", detail)):
+        grid.add_column(column, width=column_width, overflow="fold")
+    for state_text, name, progress_text, detail_text, is_path in rows:
+        grid.add_row(Text(state_text), Text(elide_middle(name, job)), Text(elide_words(progress_text, result)),
+                     Text(elide_middle(detail_text, detail) if is_path else elide_words(detail_text, detail)))
     return grid
+
+
+# The table's frame: "│ " before each of the four columns, " " after each and the closing "│".
+FRAME = 4 * 3 + 1
+# Narrowest a text column gets before the table is allowed to be wider than the terminal.
+NARROWEST = 12
+
+
+def _widths(rows: list[tuple[str, str, str, str, bool]], width: int) -> tuple[int, int, int, int]:
+    """The widths of state, job, progress / result and detail: their natural widths when they fit; else job and
+    progress / result get at most a third and a quarter of the room (wrapping at spaces), detail the rest."""
+    natural = [max([len(row[k]) for row in rows] + [len(heading)], default=len(heading))
+               for k, heading in enumerate(("state", "job", "progress / result", "detail"))]
+    room = width - FRAME - natural[0]
+    if sum(natural[1:]) <= room:
+        return natural[0], natural[1], natural[2], natural[3]
+    longest_word = max([len(word) for row in rows for word in row[2].split()] + [NARROWEST])
+    job = min(natural[1], max(NARROWEST, room // 3))
+    result = min(natural[2], max(longest_word, room // 4))
+    return natural[0], job, result, max(NARROWEST, room - job - result)
+
+
+def _relative(path: str | None, folder: str) -> str:
+    """A path inside the jobs folder as relative to it (``runs/NAME``), any other one as it is."""
+    if not path:
+        return ""
+    inside = Path(path).is_relative_to(folder)
+    return str(Path(path).relative_to(folder)) if inside else path
+
+
+def _relative_text(text: str, folder: str) -> str:
+    """An error message with the jobs folder's paths written relative to it."""
+    return text.replace(folder.rstrip("/") + "/", "")
 
 
 def _headline(snap: dict[str, Any]) -> str:

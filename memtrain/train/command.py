@@ -24,6 +24,7 @@ from pathlib import Path
 from memtrain.config import load_job, load_saved_job
 from memtrain.errors import InputError, MemtrainError, plural
 from memtrain.layout import RUN_JOB, RUN_LINEAGE
+from memtrain.train.counters import ONE_PASS
 from memtrain.train.lineage import read_lineage
 from memtrain.train.metrics import SHOWN
 from memtrain.train.server import TrainSummary, train
@@ -124,11 +125,15 @@ def _cluster(args: argparse.Namespace) -> dict[str, str]:
 
 def _print_summary(summary: TrainSummary) -> None:
     final, best = summary.final, summary.best or {}
-    lines = [f"done: {plural(summary.epochs, 'epoch')}, weight version {summary.version}, {summary.seconds:.1f} s"]
-    for label, record in (("final", final), ("best", best)):
+    done = ONE_PASS if summary.one_pass else plural(summary.epochs, "epoch")
+    lines = [f"done: {done}, weight version {summary.version}, {summary.seconds:.1f} s"]
+    # an additive model's one solve is its final and its best result, and it has no epoch to name
+    shown = (("result", final),) if summary.one_pass else (("final", final), ("best", best))
+    for label, record in shown:
         metrics = [f"{key} {record[key]:.4f}" for key in SHOWN if key in record]
         if metrics:
-            lines.append(f"{label} (epoch {record.get('epoch')}): " + "  ".join(metrics))
+            where = "" if summary.one_pass else f" (epoch {record.get('epoch')})"
+            lines.append(f"{label}{where}: " + "  ".join(metrics))
     if summary.stopped_early:
         lines.append(f"stopped early: no better val_loss for {plural(summary.epochs - best['epoch'], 'epoch')} "
                      f"after epoch {best['epoch']}")

@@ -11,12 +11,16 @@ numbers things the same way, so what the stop message says, what events.log says
   number of updates done once it is: the name of a checkpoint taken then (``c0000000n``) and the
   ``"update"`` of the epoch record of the epoch that it ends.
 - **version**: weight versions count published steps: 0 is the initialization.
+- An additive model (ridge, naive Bayes) has no epochs to count: it is fitted in ``ONE_PASS`` (version 1),
+  and what people see says so instead of an epoch count.
 
 Inside the server a position is (epochs finished, batches finished in the current epoch); the plan
 numbers epochs, batches and updates from 0. These functions are the only place where the two meet.
 """
 
 from __future__ import annotations
+
+ONE_PASS = "one pass of statistics, then a solve"
 
 
 def epoch_number(epoch_index: int) -> int:

@@ -39,7 +39,7 @@ from memtrain.progress import Reporter, reporting
 from memtrain.stopping import on_stop_signals, start_resource_tracker
 from memtrain.train.advice import few_updates_note
 from memtrain.train.context import ModelContext, model_context, startup_check
-from memtrain.train.counters import position_text, update_number
+from memtrain.train.counters import ONE_PASS, position_text, update_number
 from memtrain.train.datacheck import check_trainable
 from memtrain.train.desk import DeskLog, create_desk
 from memtrain.train.exchange import InServer, WorkerPool
@@ -100,7 +100,8 @@ class TrainSummary:
     """What ``memtrain.fit`` (and ``memtrain train``) returns: where the run is and how it ended.
 
     ``final`` and ``best`` are epoch records as in ``metrics.jsonl`` (``val_loss``, ``val_accuracy``, ...);
-    ``best`` is the epoch with the lowest ``val_loss``; ``epochs`` counts the epochs done.
+    ``best`` is the epoch with the lowest ``val_loss``; ``epochs`` counts the epochs done. ``one_pass``: an
+    additive model, fitted in one pass of statistics and a solve, so it has no epochs to report.
     """
 
     run_dir: Path
@@ -111,6 +112,7 @@ class TrainSummary:
     seconds: float
     worker_deaths: int
     stopped_early: bool = False  # by train.patience
+    one_pass: bool = False  # an additive model: one pass of statistics, then a solve; ``epochs`` says nothing
 
 
 def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite: bool = False,
@@ -279,10 +281,12 @@ class Trainer:
             self.placement.close()
             self.board.close()
             discard_building(self.run_dir.path, os.getpid())
-        self.log(f"done: {position.epoch} epochs, weight version {position.version}")
+        self.log(f"done: {ONE_PASS if self.context.additive else plural(position.epoch, 'epoch')}, "
+                 f"weight version {position.version}")
         return TrainSummary(self.run_dir.path, position.version, position.epoch, last, position.best,
                             time.monotonic() - self.started, self.scheduler.deaths,
-                            stopped_early=position.epoch < self.job.train.epochs and self.out_of_patience(position))
+                            stopped_early=position.epoch < self.job.train.epochs and self.out_of_patience(position),
+                            one_pass=self.context.additive)
 
     def streams(self) -> bool:
         """Whether train/overlap.py runs the run (async mode, a replay, a fixed staleness streamed), not the

@@ -62,7 +62,8 @@ def data_description(context: ModelContext, job: Job) -> dict[str, Any]:
     """What a checkpoint needs to rebuild the model and its normalization without the dataset."""
     manifest = context.manifest
     return {"task": manifest["task"], "x": manifest["x"], "y": manifest["y"], "classes": manifest.get("classes"),
-            "stats": manifest.get("stats"), "normalize": job.data.normalize, "dataset": str(job.data.path)}
+            "stats": manifest.get("stats"), "normalize": job.data.normalize, "dataset": str(job.data.path),
+            "encoding": manifest.get("encoding")}  # tables: predict encodes raw rows as prepare did
 
 
 def start_fresh(run: RunDir, job: Job, context: ModelContext) -> Position:

@@ -1,0 +1,315 @@
+"""Rows, features, worker counts -> the loader table: rows/s and GB/s delivered to a consumer that touches every
+byte, for memtrain's ``batches`` and ``BatchDataset`` against the usual alternatives, side by side.
+
+Methods (one epoch of batches of ``--batch`` rows in a new random order each, run in a fresh process):
+
+- ``memtrain_batches``: ``ds.batches(batch, shuffle="rows")`` in the training process (no workers).
+- ``memtrain_fixed``: the same with ``shuffle="batches"`` (contiguous batches, views of the mapped file):
+  what the row-level shuffle costs is the ratio of the two.
+- ``memtrain_torch``: ``DataLoader(BatchDataset(ds, batch), batch_size=None, num_workers=W)``.
+- ``memmap_dataloader``: what a competent user writes without memtrain: a map-style dataset over one
+  ``x.npy`` / ``y.npy`` opened with ``np.load(mmap_mode="r")`` once per worker, a batch fetched with one
+  fancy index, ``DataLoader(data, batch_size=None, sampler=BatchSampler(RandomSampler(data), batch))``.
+- ``hf_datasets``: Hugging Face ``datasets`` on the same rows: an Arrow file memory-mapped by
+  ``Dataset.from_file``, ``.shuffle(seed)``, ``.with_format("numpy")``, a batch fetched with one list of
+  indices through the same ``BatchSampler`` (``SequentialSampler`` over the shuffled order).
+
+The data is read once before the timed runs (page cache). ``--larger-than-ram`` instead sizes the data
+``--data-factor`` times ``--limit-mib`` and runs every method under ``RLIMIT_DATA``: its data segment once
+torch (and datasets) are imported plus ``--limit-mib`` (torch alone reserves a few hundred MiB of address
+space), inherited by the loader workers. RLIMIT_DATA caps private anonymous memory, not mapped files,
+so a method that copies the dataset into its own memory fails while the file pages stay shared and reclaimable. (Not
+``RLIMIT_AS``, which counts mapped files and torch's address-space reservations, and not a cgroup: a
+cgroup would bound the page cache too, but creating one needs privileges this tool does not assume.)
+Methods alternate run by run; the table gives the median and the range over ``--repeats``, and each
+rate as a ratio to the np.memmap DataLoader at the same worker count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memtrain.benchmarks.memory import run_sampled
+from memtrain.errors import InputError
+
+METHODS = ("memtrain_batches", "memtrain_fixed", "memtrain_torch", "memmap_dataloader", "hf_datasets")
+IN_PROCESS = ("memtrain_batches", "memtrain_fixed")  # numpy iterators in the training process: no workers
+LABELS = {"memtrain_batches": "memtrain ds.batches", "memtrain_fixed": "ds.batches, fixed batches",
+          "memtrain_torch": "memtrain BatchDataset",
+          "memmap_dataloader": "np.memmap + DataLoader", "hf_datasets": "HF datasets + DataLoader"}
+BASE = "memmap_dataloader"
+WARMUP = 8  # batches per run left out of the rate: worker start-up and first imports, paid once per job
+RUN_TIMEOUT = 1800.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rows", type=float, default=1e6, help="loader: rows of the dataset (default 1e6)")
+    parser.add_argument("--features", type=int, default=64, help="loader: float32 features per row (default 64)")
+    parser.add_argument("--batch", type=int, default=512, help="loader: rows per batch (default 512)")
+    parser.add_argument("--loader-workers", default="0,2,4", help="loader: DataLoader worker counts "
+                                                                   "(default %(default)s)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``memtrain bench loader``: the table (or JSON)."""
+    methods = parse_methods(args.methods)
+    workers = parse_workers(args.loader_workers)
+    if args.batch < 1 or args.features < 1 or args.repeats < 1:
+        raise InputError("--batch, --features and --repeats must be positive",
+                         found=f"{args.batch}, {args.features}, {args.repeats}")
+    limit = args.limit_mib if args.larger_than_ram else None
+    rows = int(args.rows) if limit is None else int((limit << 20) * args.data_factor // (args.features * 4 + 8))
+    if rows < args.batch * (WARMUP + 2):
+        raise InputError(f"--rows must give at least {WARMUP + 2} batches", found=rows)
+    from memtrain.benchmarks.train_bench import machine
+
+    scratch = Path(tempfile.mkdtemp(prefix="memtrain-bench-loader-", dir=getattr(args, "dir", None)))
+    try:
+        paths = write_sources(scratch, rows, args.features, methods)
+        load_before = os.getloadavg()
+        runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        for repeat in range(args.repeats):
+            for count in workers:
+                for method in methods:
+                    if method in IN_PROCESS and count:
+                        continue
+                    spec = {"method": method, "workers": count, "paths": paths, "batch": args.batch,
+                            "epoch": repeat, "limit_mib": limit}
+                    runs.setdefault((method, count), []).append(run_once(spec))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    report = {"machine": machine() | {"loadavg_before": load_before, "loadavg_after": os.getloadavg()},
+              "settings": {"rows": rows, "features": args.features, "batch": args.batch, "workers": workers,
+                           "repeats": args.repeats, "rlimit_data_mib": limit, "methods": methods},
+              "results": summarize(runs)}
+    print(json.dumps(report, indent=2) if args.json else format_table(report))
+    return 0
+
+
+def default_methods() -> str:
+    """Every method whose libraries are installed (a note on stderr for the others)."""
+    from importlib.util import find_spec
+
+    needs = {"memtrain_torch": "torch", "memmap_dataloader": "torch", "hf_datasets": "datasets"}
+    missing = sorted({needs[m] for m in METHODS if m in needs and find_spec(needs[m]) is None})
+    if missing:
+        print(f"bench loader: {' and '.join(missing)} not installed; the methods that need them are left out "
+              '(pip install "memtrain[bench]")', file=sys.stderr)
+    return ",".join(m for m in METHODS if needs.get(m) not in missing)
+
+
+def parse_methods(text: str | None) -> list[str]:
+    methods = [m.strip() for m in (text or default_methods()).split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise InputError("unknown --methods for bench loader", expected=", ".join(METHODS),
+                         found=", ".join(unknown) or text)
+    return methods
+
+
+def parse_workers(text: str) -> list[int]:
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise InputError("--loader-workers takes worker counts such as 0,2,4", found=text) from None
+    if not counts or min(counts) < 0:
+        raise InputError("--loader-workers takes worker counts of 0 or more", found=text)
+    return counts
+
+
+def write_sources(scratch: Path, rows: int, features: int, methods: list[str]) -> dict[str, str]:
+    """The same rows three ways: a memtrain dataset, one x.npy/y.npy pair, an Arrow file; then read once."""
+    from memtrain.benchmarks.synthetic import write_dataset
+    from memtrain.dataset import open_dataset
+
+    data = write_dataset(scratch / "memtrain", rows, 1024, features=features)
+    split = open_dataset(data).split("train")
+    x = np.lib.format.open_memmap(scratch / "x.npy", mode="w+", dtype=split.x_dtype, shape=(rows, *split.x_shape))
+    y = np.lib.format.open_memmap(scratch / "y.npy", mode="w+", dtype=split.y_dtype, shape=(rows, *split.y_shape))
+    paths = {"memtrain": str(data), "x": str(scratch / "x.npy"), "y": str(scratch / "y.npy")}
+    writer = _arrow_writer(scratch / "rows.arrow", features) if "hf_datasets" in methods else None
+    for lo in range(0, rows, 65536):
+        xs, ys = split.read(lo, min(lo + 65536, rows))
+        x[lo:lo + len(xs)], y[lo:lo + len(ys)] = xs, ys
+        if writer is not None:
+            writer.write_table(_arrow_table(xs, ys))
+    x.flush()
+    y.flush()
+    del x, y
+    if writer is not None:
+        writer.close()
+        paths["arrow"] = str(scratch / "rows.arrow")
+    for path in scratch.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as handle:  # into the page cache: every method starts from warm data
+                while handle.read(16 << 20):
+                    pass
+    return paths
+
+
+def _arrow_table(x: np.ndarray, y: np.ndarray) -> Any:
+    import pyarrow as pa
+
+    return pa.table({"x": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), x.shape[1]), "y": pa.array(y)})
+
+
+def _arrow_writer(path: Path, features: int) -> Any:
+    import pyarrow as pa
+
+    schema = pa.schema([("x", pa.list_(pa.float32(), features)), ("y", pa.int64())])
+    return pa.ipc.new_stream(pa.OSFile(str(path), "wb"), schema)
+
+
+def run_once(spec: dict[str, Any]) -> dict[str, Any]:
+    """One method in a fresh process, the memory of it and its workers sampled from here."""
+    result, _, peaks = run_sampled("memtrain.benchmarks.loader_bench", spec, timeout=RUN_TIMEOUT,
+                                   what=f"bench loader {spec['method']} with {spec['workers']} workers")
+    result["peak_anon_mib"] = max((p["peak_anon_mib"] for p in peaks.per_process()), default=0.0)
+    return result
+
+
+def summarize(runs: dict[tuple[str, int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    from memtrain.benchmarks.train_bench import median
+
+    rows = []
+    for (method, workers), results in runs.items():
+        rates = [r["rows"] / r["seconds"] for r in results]
+        base = runs.get((BASE, workers))
+        ratios = [mine / (b["rows"] / b["seconds"]) for mine, b in zip(rates, base, strict=True)] if base else []
+        rows.append({"method": method, "label": LABELS[method], "workers": workers, "rows_per_s": median(rates),
+                     "runs_rows_per_s": rates, "gb_per_s": median(rates) * results[0]["row_bytes"] / 1e9,
+                     "ratio": median(ratios) if ratios else None, "ratio_runs": ratios,
+                     "peak_anon_mib": max(r["peak_anon_mib"] for r in results)})
+    return sorted(rows, key=lambda r: (r["workers"], METHODS.index(r["method"])))
+
+
+def format_table(report: dict[str, Any]) -> str:
+    from memtrain.benchmarks.train_bench import machine_caption
+
+    s = report["settings"]
+    limit = (f", RLIMIT_DATA = data segment after imports + {s['rlimit_data_mib']} MiB per process"
+             if s["rlimit_data_mib"] else ", in page cache")
+    lines = [f"bench loader: {s['rows']:,} rows of {s['features']} float32 features, batches of {s['batch']}, "
+             f"one epoch per run, {s['repeats']} repeats{limit}",
+             f"{'method':<26} {'workers':>7} {'rows/s':>12} {'GB/s':>6} {'vs np.memmap (range)':>22} "
+             f"{'peak anon MiB':>14}"]
+    for r in report["results"]:
+        ratio = "-" if r["ratio"] is None else (f"{r['ratio']:.2f}x ({min(r['ratio_runs']):.2f}-"
+                                                f"{max(r['ratio_runs']):.2f})")
+        lines.append(f"{r['label']:<26} {r['workers']:>7} {r['rows_per_s']:>12,.0f} {r['gb_per_s']:>6.2f} "
+                     f"{ratio:>22} {r['peak_anon_mib']:>14.1f}")
+    lines.append(machine_caption(report["machine"]))
+    return "\n".join(lines)
+
+
+# --- the child process: one method, one epoch ---
+
+
+def consume(x: Any, y: Any) -> float:
+    """Touch every byte of a batch, as a training step would (a sum reads all of it). Always numpy's sum
+    (a tensor is viewed, not copied): torch's own spreads over its threads, and on a busy machine their
+    wake-ups cost more than the loading measured here (6 ms against 0.03 for 2 MB on one thread)."""
+    return float(np.asarray(x).sum()) + float(np.asarray(y).sum())
+
+
+def batches(spec: dict[str, Any]) -> Any:
+    method, workers, paths, batch, epoch = (spec[k] for k in ("method", "workers", "paths", "batch", "epoch"))
+    if method in IN_PROCESS:
+        from memtrain.dataset import open_dataset
+
+        shuffle = "rows" if method == "memtrain_batches" else "batches"
+        return open_dataset(paths["memtrain"]).batches(batch, seed=0, epoch=epoch, shuffle=shuffle)
+    import torch
+    from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
+
+    if method == "memtrain_torch":
+        from memtrain.dataset import open_dataset
+        from memtrain.torch import BatchDataset
+
+        data = BatchDataset(open_dataset(paths["memtrain"]), batch, seed=0, epoch=epoch)
+        return DataLoader(data, batch_size=None, num_workers=workers)
+    torch.manual_seed(epoch)
+    if method == "memmap_dataloader":
+        data = MemmapRows(paths["x"], paths["y"])
+        sampler = BatchSampler(RandomSampler(data), batch, drop_last=False)
+        return DataLoader(data, batch_size=None, sampler=sampler, num_workers=workers)
+    import datasets
+
+    datasets.disable_progress_bars()
+    hf = datasets.Dataset.from_file(paths["arrow"]).shuffle(seed=epoch).with_format("numpy")
+    sampler = BatchSampler(SequentialSampler(range(len(hf))), batch, drop_last=False)
+    return DataLoader(HFRows(hf), batch_size=None, sampler=sampler, num_workers=workers)
+
+
+class MemmapRows:
+    """The baseline: a map-style dataset over x.npy/y.npy, mapped lazily in each process (never pickled)."""
+
+    def __init__(self, x: str, y: str):
+        self.paths, self.arrays = (x, y), None
+        self.rows = len(np.load(x, mmap_mode="r"))
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __getitem__(self, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        if self.arrays is None:
+            self.arrays = tuple(np.load(p, mmap_mode="r") for p in self.paths)
+        return self.arrays[0][rows], self.arrays[1][rows]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"paths": self.paths, "arrays": None, "rows": self.rows}
+
+
+class HFRows:
+    """A shuffled Hugging Face dataset addressed by lists of positions: one ``hf[list]`` per batch."""
+
+    def __init__(self, hf: Any):
+        self.hf = hf
+
+    def __len__(self) -> int:
+        return len(self.hf)
+
+    def __getitem__(self, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        batch = self.hf[rows]
+        return batch["x"], batch["y"]
+
+
+def data_segment() -> int:
+    """This process's private writable address space now (``VmData``, what RLIMIT_DATA counts), in bytes."""
+    with open("/proc/self/status", encoding="utf-8") as status:
+        return next(int(line.split()[1]) << 10 for line in status if line.startswith("VmData:"))
+
+
+def run_child(spec: dict[str, Any]) -> dict[str, Any]:
+    if spec["limit_mib"]:
+        # set once torch and datasets are imported: their code and tables are not the data path under test
+        if spec["method"] not in IN_PROCESS:
+            import torch  # noqa: F401
+        if spec["method"] == "hf_datasets":
+            import datasets  # noqa: F401
+        limit = data_segment() + (spec["limit_mib"] << 20)
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    total, start, rows, row_bytes = 0.0, 0.0, 0, 0
+    for seen, (x, y) in enumerate(batches(spec), start=1):
+        total += consume(x, y)
+        if seen == WARMUP:
+            start = time.perf_counter()
+        elif seen > WARMUP:
+            rows += len(x)
+            row_bytes = x[0].nbytes + y[0].nbytes  # numpy arrays and torch tensors alike
+    return {"rows": rows, "seconds": time.perf_counter() - start, "row_bytes": row_bytes, "checksum": total}
+
+
+if __name__ == "__main__":
+    print(json.dumps(run_child(json.loads(sys.argv[1]))))

@@ -1,0 +1,219 @@
+"""(split rows, batch size, seed, epoch, shuffle, window) -> the rows of each global batch of an epoch. No I/O.
+
+An epoch's order depends only on these numbers: never on the worker or rank count, the placement, the
+timing or the machine's memory, so every process derives the same batches on its own, and a position in
+a run is just (epoch, batch). Three policies, each a small strategy with one interface (``EpochOrder``),
+picked by name once (``epoch_order``):
+
+- ``"rows"`` (the default): a seeded order of blocks of rows, then the rows shuffled within windows of
+  consecutive blocks of that order (as MosaicML Streaming's block shuffles). Every epoch mixes rows into
+  new batches, yet a batch's rows lie in at most ``BLOCKS_PER_WINDOW`` blocks, so reads keep locality on
+  data larger than RAM. A window of at least the split's rows is a uniform shuffle.
+- ``"batches"``: memtrain's order before row-level shuffling: contiguous row ranges of ``batch_size``
+  visited in a seeded order per epoch (the same batches every epoch), bitwise as ``memtrain train`` did.
+- ``"none"``: contiguous batches in file order.
+
+Cost: setting up an epoch is O(blocks) (``"batches"``: O(batches)) time and memory; batch k is then
+O(batch + window) whatever k is, and no more than one window's permutation is held at a time, so an
+epoch needs neither O(rows) time to start at batch k nor O(rows) memory.
+
+>>> order = epoch_order("rows", rows=1000, batch_size=128, seed=0, epoch=3, window=256)
+>>> order.batches, len(order.batch(7))
+(8, 104)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from memtrain.errors import InputError
+
+SHUFFLES = ("rows", "batches", "none")
+# Rows per shuffle window of the "rows" policy. 2**16 rows of 64 float32 features are 16 MiB: a window
+# stays in the page cache of any machine that trains, so a batch gathered from it costs no more disk
+# reads than a contiguous one, yet it mixes 16 blocks of 4,096 rows drawn from anywhere in the split
+# (on a class-sorted source of 10 classes, about 8 classes per batch). Splits up to this size get a
+# uniform shuffle. MosaicML Streaming's default block (1 << 18 samples) is of the same order.
+WINDOW = 1 << 16
+# Blocks per window: the window's rows come from this many blocks placed anywhere in the split. More
+# blocks mix better (each block of a sorted source is about one class) but read from more places.
+BLOCKS_PER_WINDOW = 16
+Rows = range | np.ndarray  # a contiguous range of rows, or row indices in batch order
+
+
+class EpochOrder(Protocol):
+    """One epoch of one split: its number of batches and the rows of global batch k, in order."""
+
+    batches: int
+
+    def batch(self, k: int) -> Rows: ...
+
+
+def check_order(shuffle: object, window: object) -> None:
+    """Raise InputError naming the bad value when ``shuffle`` or ``window`` is not valid."""
+    if shuffle not in SHUFFLES:
+        raise InputError("unknown shuffle", where="shuffle", expected=" or ".join(map(repr, SHUFFLES)),
+                         found=repr(shuffle))
+    check_integer("window", window, 1)
+
+
+def epoch_order(shuffle: str, *, rows: int, batch_size: int, seed: int, epoch: int, window: int = WINDOW,
+                drop_last: bool = False) -> EpochOrder:
+    """The order of epoch ``epoch`` of a split of ``rows`` rows under the policy ``shuffle``.
+
+    ``drop_last`` leaves out the one batch of fewer than ``batch_size`` rows, if any.
+    """
+    check_order(shuffle, window)
+    for name, value, low in (("rows", rows, 0), ("batch_size", batch_size, 1), ("seed", seed, 0),
+                             ("epoch", epoch, 0)):
+        check_integer(name, value, low)
+    return ORDERS[shuffle](rows=int(rows), batch_size=int(batch_size), seed=int(seed), epoch=int(epoch),
+                           window=int(window), drop_last=drop_last)
+
+
+def batch_count(rows: int, batch_size: int, drop_last: bool) -> int:
+    return rows // batch_size if drop_last else -(-rows // batch_size)
+
+
+def rank_part(rows: Rows, rank: int, world: int) -> Rows:
+    """Rank ``rank``'s contiguous part of a global batch among ``world`` ranks (near-equal sizes, in order).
+
+    >>> rank_part(range(10, 20), 1, 3)
+    range(13, 16)
+    """
+    n = len(rows)
+    return rows[n * rank // world:n * (rank + 1) // world]
+
+
+def check_part(start: int, rank: int, world: int, batches: int) -> None:
+    """Raise InputError unless ``start`` is a batch of an epoch of ``batches`` (or its end) and ``rank`` one of
+    ``world`` ranks."""
+    check_integer("world", world, 1)
+    check_integer("rank", rank, 0, world - 1)
+    check_integer("start", start, 0, batches)
+
+
+def check_integer(name: str, value: object, low: int, high: int | None = None) -> None:
+    """Raise InputError naming ``name`` unless ``value`` is an integer in [low, high] (no upper bound: None)."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low or (
+            high is not None and value > high):
+        bound = f"from {low} to {high}" if high is not None else f"of at least {low}"
+        raise InputError(f"{name} must be an integer {bound}", where=name, found=repr(value))
+
+
+def _check_k(k: int, batches: int) -> None:
+    if not 0 <= k < batches:
+        raise IndexError(f"batch {k} outside an epoch of {batches} batches")
+
+
+@dataclass(kw_only=True)
+class FileOrder:
+    """``"none"``: batch k is rows [k * batch_size, (k + 1) * batch_size)."""
+
+    rows: int
+    batch_size: int
+    seed: int
+    epoch: int
+    window: int
+    drop_last: bool
+    batches: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.batches = batch_count(self.rows, self.batch_size, self.drop_last)
+
+    def batch(self, k: int) -> Rows:
+        _check_k(k, self.batches)
+        return range(k * self.batch_size, min((k + 1) * self.batch_size, self.rows))
+
+
+@dataclass(kw_only=True)
+class BatchOrder:
+    """``"batches"``: the contiguous batches of ``"none"``, visited in a seeded order per epoch."""
+
+    rows: int
+    batch_size: int
+    seed: int
+    epoch: int
+    window: int
+    drop_last: bool
+    batches: int = field(init=False)
+    _order: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        every = -(-self.rows // self.batch_size)
+        # exactly memtrain/train/plan.py's epoch_updates before row shuffling: do not change the generator
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(every)
+        if self.drop_last and self.rows % self.batch_size:
+            order = order[order != every - 1]
+        self._order, self.batches = order, len(order)
+
+    def batch(self, k: int) -> Rows:
+        _check_k(k, self.batches)
+        lo = int(self._order[k]) * self.batch_size
+        return range(lo, min(lo + self.batch_size, self.rows))
+
+
+@dataclass(kw_only=True)
+class WindowOrder:
+    """``"rows"``: blocks in a seeded order, rows shuffled within each window of ``BLOCKS_PER_WINDOW`` blocks.
+
+    Blocks are ``window // B`` rows (the last one of the split may be shorter), ``B = BLOCKS_PER_WINDOW``
+    (``window`` if fewer), so a window never holds more than ``window`` rows. Window w holds blocks
+    ``block_order[w * B:(w + 1) * B]`` and its rows are permuted by a generator seeded with
+    (seed, epoch, w) alone, so any window, hence any batch, is computed without the ones before it.
+    """
+
+    rows: int
+    batch_size: int
+    seed: int
+    epoch: int
+    window: int
+    drop_last: bool
+    batches: int = field(init=False)
+    window_blocks: int = field(init=False)  # BLOCKS_PER_WINDOW, fewer for a window of fewer rows
+    block_rows: int = field(init=False)
+    block_order: np.ndarray = field(init=False, repr=False)
+    window_starts: np.ndarray = field(init=False, repr=False)  # epoch position where each window begins
+    _cached: tuple[int, np.ndarray] | None = field(init=False, default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.batches = batch_count(self.rows, self.batch_size, self.drop_last)
+        self.window_blocks = min(BLOCKS_PER_WINDOW, self.window)
+        self.block_rows = self.window // self.window_blocks
+        blocks = -(-self.rows // self.block_rows)
+        self.block_order = np.random.default_rng([self.seed, self.epoch, 0]).permutation(blocks)
+        sizes = np.full(blocks, self.block_rows, dtype=np.int64)
+        if blocks:
+            sizes[-1] = self.rows - (blocks - 1) * self.block_rows
+        ordered = sizes[self.block_order]
+        per_window = np.add.reduceat(ordered, np.arange(0, blocks, self.window_blocks)) if blocks else ordered
+        self.window_starts = np.concatenate([[0], np.cumsum(per_window)])
+
+    def batch(self, k: int) -> Rows:
+        _check_k(k, self.batches)
+        lo, hi = k * self.batch_size, min((k + 1) * self.batch_size, self.rows)
+        first = int(np.searchsorted(self.window_starts, lo, side="right")) - 1
+        last = int(np.searchsorted(self.window_starts, hi - 1, side="right")) - 1
+        pieces = []
+        for w in range(first, last + 1):
+            start = int(self.window_starts[w])
+            pieces.append(self.window_rows(w)[max(lo, start) - start:hi - start])
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+    def window_rows(self, w: int) -> np.ndarray:
+        """The rows of window ``w`` in epoch order (the last one used is kept: batches run through windows)."""
+        if self._cached is None or self._cached[0] != w:
+            blocks = self.block_order[w * self.window_blocks:(w + 1) * self.window_blocks]
+            rows = np.concatenate([np.arange(b * self.block_rows, min((b + 1) * self.block_rows, self.rows))
+                                   for b in blocks.tolist()])
+            rows = rows[np.random.default_rng([self.seed, self.epoch, 1, w]).permutation(len(rows))]
+            rows.flags.writeable = False
+            self._cached = w, rows
+        return self._cached[1]
+
+
+ORDERS: dict[str, type[FileOrder] | type[BatchOrder] | type[WindowOrder]] = {
+    "rows": WindowOrder, "batches": BatchOrder, "none": FileOrder}

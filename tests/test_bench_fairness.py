@@ -1,0 +1,258 @@
+"""The fairness of `memtrain bench`, pinned without timing anything (issue 32).
+
+- every baseline visits memtrain's batches in memtrain's order;
+- the torch baselines open the dataset once per process, not at every update (DDP ranks included);
+- memtrain runs its epochs to the end, as a user's job does (no stop once "measured");
+- every method is timed the same way: a whole process at E and at 2E epochs, the difference per update;
+- methods interleave (A B A B ...), figures are the median with the range, ratios are taken pair by pair,
+  a target is met when the median meets it (benchmarks/compare.py), in bench train, bench async and the first job;
+- the CSV baseline of bench prepare makes its copy as durable as memtrain's (fsync).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from memtrain.benchmarks import async_bench, compare, train_bench
+from memtrain.benchmarks.problem import Problem
+from memtrain.progress import Silent
+from memtrain.train.plan import Plan
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def tiny_problem(tmp_path_factory: pytest.TempPathFactory) -> Problem:
+    from memtrain.benchmarks.synthetic import write_dataset
+
+    data = write_dataset(tmp_path_factory.mktemp("bench") / "data", 6 * 16, 16, features=8, classes=3)
+    return Problem(str(data), 4, 6, workers=2, batch=16, epochs=2)
+
+
+def test_every_baseline_visits_memtrain_s_batches_in_memtrain_s_order(tiny_problem: Problem) -> None:
+    plan = Plan(tiny_problem.updates * tiny_problem.batch, tiny_problem.batch, tiny_problem.workers,
+                tiny_problem.seed, tiny_problem.epochs)
+    updates = [plan.update(k) for k in range(plan.total_updates)]
+    assert tiny_problem.batches() == [(u.tasks[0].lo, u.tasks[-1].hi) for u in updates]
+    assert [tiny_problem.pieces(lo, hi) for lo, hi in tiny_problem.batches()] == \
+        [[(t.lo, t.hi) for t in u.tasks] for u in updates]
+    assert tiny_problem.batches()[:6] != sorted(tiny_problem.batches()[:6])  # a permutation, not 0, 1, 2, ...
+
+
+def test_memtrain_runs_its_epochs_to_the_end_whatever_its_placement(tiny_problem: Problem, tmp_path: Path) -> None:
+    from memtrain.benchmarks.memtrain_run import job_for
+
+    for workers in ("auto", 0, 2):
+        assert job_for(tiny_problem, tmp_path, workers=workers).train.epochs == tiny_problem.epochs == 2
+
+
+def _count_opens(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[str]:
+    opened: list[str] = []
+    real = module.open_dataset
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        opened.append(str(args[0]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "open_dataset", counted)
+    return opened
+
+
+def test_the_all_core_torch_process_opens_the_dataset_once(tiny_problem: Problem,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    from memtrain.benchmarks import torch_peers
+
+    opened = _count_opens(monkeypatch, torch_peers)
+    result = torch_peers.all_cores(tiny_problem)
+    assert len(result["update_seconds"]) == tiny_problem.updates * tiny_problem.epochs == 12
+    assert opened == [tiny_problem.dataset]
+
+
+@pytest.mark.slow  # ~10 s on a busy 2-core machine: two spawned ranks import torch and meet on gloo
+def test_every_ddp_rank_opens_the_dataset_once(tiny_problem: Problem, monkeypatch: pytest.MonkeyPatch,
+                                               tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    import bench_probes
+
+    from memtrain.benchmarks import torch_peers
+
+    log = tmp_path / "opens.txt"
+    monkeypatch.setenv(bench_probes.COUNT_FILE_ENV, str(log))
+    monkeypatch.setattr(torch_peers, "_rank", bench_probes.counting_rank)
+    result = torch_peers.ddp(tiny_problem)
+    assert len(result["update_seconds"]) == 12
+    assert sorted(log.read_text().splitlines()) == ["rank 0", "rank 1"]
+
+
+def test_the_numpy_peers_open_the_dataset_once_per_process(tiny_problem: Problem,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from memtrain.benchmarks import peers, problem
+
+    opened = _count_opens(monkeypatch, problem)
+    for threads in (1, 2):
+        peers.one_process(tiny_problem, threads=threads)
+    assert opened == 2 * [tiny_problem.dataset]
+
+
+def test_the_compare_helper_interleaves_and_takes_medians_ranges_and_pairwise_ratios() -> None:
+    calls: list[tuple[str, int]] = []
+    runs = compare.interleaved(["a", "b", "c"], 2, lambda method, repeat: calls.append((method, repeat)) or repeat)
+    assert calls == [("a", 0), ("b", 0), ("c", 0), ("a", 1), ("b", 1), ("c", 1)]
+    assert runs == {"a": [0, 1], "b": [0, 1], "c": [0, 1]}
+    spread = compare.Spread.of([3.0, 1.0, 2.0, 10.0])
+    assert (spread.median, spread.low, spread.high, spread.runs) == (2.5, 1.0, 10.0, (3.0, 1.0, 2.0, 10.0))
+    assert spread.text(1) == "2.5 (1.0-10.0)" and compare.Spread.of([2.0]).text(1) == "2.0"
+    # pair by pair: repeat k against repeat k (the median of the ratios, not the ratio of the medians: 1.0 here)
+    ratio = compare.pairwise([1.0, 4.0, 9.0], [2.0, 1.0, 3.0])
+    assert ratio is not None and ratio.runs == (0.5, 4.0, 3.0) and ratio.median == 3.0
+    assert compare.pairwise([1.0, None, 3.0], [1.0, 2.0, None]).runs == (1.0,)
+    assert compare.pairwise([None], [1.0]) is None
+    with pytest.raises(ValueError):
+        compare.pairwise([1.0], [1.0, 2.0])
+    assert compare.per_update(2.0, 3.0, 50) == pytest.approx(0.02)
+    assert compare.per_update(2.0, 1.9, 50) is None and compare.per_update(2.0, 2.0, 50) is None
+    target = compare.Target(name="x", at_least=1.5)
+    assert target.met(compare.Spread.of([1.0, 1.5, 9.0])) and not target.met(compare.Spread.of([1.4, 1.49, 9.0]))
+    assert target.verdict(compare.Spread.of([1.2, 1.46, 1.6])) == \
+        "x: 1.46x (runs 1.20-1.60), target >= 1.5x by median: NOT met"
+
+
+def _fake_runs(monkeypatch: pytest.MonkeyPatch, startup: dict[str, float], cost: dict[str, float]) -> list[tuple]:
+    """bench train's run_once replaced by a process that takes ``startup[method]`` plus ``cost[method]`` seconds
+    per update; returns the calls made, in order."""
+    calls: list[tuple] = []
+
+    def fake_run_once(method: str, problem: Problem, scratch: Path, exchange: str, data_limit: int | None = None,
+                      cluster: str = "") -> dict[str, Any]:
+        calls.append((method, problem.epochs))
+        updates = problem.updates * problem.epochs
+        return {"wall_seconds": startup[method] + cost[method] * updates, "update_seconds": [cost[method]] * updates,
+                "compute_seconds": [cost[method] / 2] * updates, "peak_mib": 10.0, "pss_mib": 5.0,
+                "rounds": ["rounds: in the server (train.workers = 0)"], "updates": updates,
+                "final": {"val_accuracy": 0.5}}
+
+    monkeypatch.setattr(train_bench, "run_once", fake_run_once)
+    monkeypatch.setattr(train_bench, "write_dataset", lambda path, *args, **kwargs: path)
+    return calls
+
+
+def test_bench_train_times_each_method_from_e_and_2e_epochs_interleaved(monkeypatch: pytest.MonkeyPatch,
+                                                                          tmp_path: Path) -> None:
+    # memtrain starts slowly (3 s) but updates fast (2 ms); one process starts at once and takes 4 ms
+    calls = _fake_runs(monkeypatch, {"memtrain": 3.0, "one_process": 0.5}, {"memtrain": 0.002, "one_process": 0.004})
+    args = argparse.Namespace(updates=40, warmup=3, epochs=None, repeats=2, workers=2, exchange="auto", cluster="")
+    rows = train_bench.bench_size(int(1e6), ["memtrain", "one_process"], args, tmp_path, Silent())
+    assert calls == 2 * [("memtrain", 1), ("memtrain", 2), ("one_process", 1), ("one_process", 2)]
+    memtrain, one = rows
+    assert memtrain["update_ms"] == pytest.approx(2.0) and one["update_ms"] == pytest.approx(4.0)
+    assert memtrain["startup_s"]["median"] == pytest.approx(3.0) and one["startup_s"]["median"] == pytest.approx(0.5)
+    assert memtrain["overhead_ms"] == pytest.approx(1.0) and memtrain["epochs"] == [1, 2]
+    assert one["memtrain_ratio"] == pytest.approx(2.0) and one["ratio_runs"] == pytest.approx([2.0, 2.0])
+    (best,) = train_bench.best_of(rows)
+    assert best["best"] == "one_process" and best["ratio"]["median"] == pytest.approx(2.0)
+    # small models run more epochs, so that the extra updates outweigh the start-up's noise
+    assert train_bench.epochs(args, params=10_360) == train_bench.SMALL_EPOCHS > train_bench.EPOCHS
+    assert train_bench.epochs(argparse.Namespace(epochs=3), params=10_360) == 3
+
+
+def test_bench_train_leaves_out_a_repeat_whose_longer_run_was_not_longer(monkeypatch: pytest.MonkeyPatch,
+                                                                          tmp_path: Path) -> None:
+    _fake_runs(monkeypatch, {"memtrain": 1.0, "one_process": 1.0}, {"memtrain": 0.0, "one_process": 0.001})
+    args = argparse.Namespace(updates=40, warmup=3, epochs=1, repeats=2, workers=2, exchange="auto", cluster="")
+    memtrain, one = train_bench.bench_size(int(1e6), ["memtrain", "one_process"], args, tmp_path, Silent())
+    assert memtrain["samples_per_s"] is None and memtrain["untimed_repeats"] == 2
+    assert memtrain["runs_samples_per_s"] == [None, None] and one["ratio"] is None
+    assert one["untimed_repeats"] == 0 and one["update_ms"] == pytest.approx(1.0)
+
+
+def test_the_first_command_is_timed_the_same_way_on_both_sides(monkeypatch: pytest.MonkeyPatch,
+                                                               tmp_path: Path) -> None:
+    calls = _fake_runs(monkeypatch, {"first_memtrain": 1.0, "first_loop": 0.2},
+                       {"first_memtrain": 0.001, "first_loop": 0.0006})
+    monkeypatch.setattr(train_bench.first_job, "prepare_digits", lambda scratch: scratch / "digits")
+    monkeypatch.setattr(train_bench.first_job, "epochs", lambda: 30)
+    # Problem(dataset, 64, 0): "updates" per epoch is 0 in the first job; the fake counts epochs instead
+    monkeypatch.setattr(train_bench, "Problem", lambda *a, **k: Problem(*a[:2], 13, **k))
+    first = train_bench.bench_first_job(2, tmp_path, Silent())
+    assert calls == 2 * [("first_memtrain", 30), ("first_memtrain", 60), ("first_loop", 30), ("first_loop", 60)]
+    memtrain, loop = first["rows"]
+    assert memtrain["whole_seconds"]["median"] == pytest.approx(1.0 + 0.001 * 390)
+    assert loop["epochs_seconds"]["median"] == pytest.approx(0.0006 * 390)
+    whole, epochs = first["ratios"].values()
+    assert whole["median"] == pytest.approx((0.2 + 0.0006 * 390) / (1.0 + 0.001 * 390))
+    assert epochs["median"] == pytest.approx(0.6)
+    assert first["verdicts"][1].endswith("target >= 0.5x by median: met")
+    assert first["verdicts"][0].endswith("target >= 0.5x by median: NOT met")
+
+
+def test_bench_async_ratios_are_pair_by_pair_on_whole_runs() -> None:
+    def result(seconds: float) -> dict[str, Any]:
+        return {"stamps": list(np.linspace(0.0, seconds / 2, 11)), "wall_seconds": seconds, "staleness": [0],
+                "discarded": 0, "straggled": False}
+
+    # sync took 1, 2 and 4 s; async 1, 1 and 1 s: ratios 1, 2, 4 (median 2); the ratio of the medians is 2 too,
+    # but the range (1-4) is only there pair by pair
+    runs = {"sync": [result(1.0), result(2.0), result(4.0)], "async": [result(1.0), result(1.0), result(1.0)]}
+    sync, mode = async_bench.summarize(runs, 2, 1000, 3.0, steady=8)
+    assert sync["vs_sync"]["runs"] == [1.0, 1.0, 1.0]
+    assert mode["vs_sync"]["runs"] == pytest.approx([1.0, 2.0, 4.0]) and mode["vs_sync"]["median"] == 2.0
+    assert mode["whole"]["runs"] == pytest.approx([11.0, 11.0, 11.0])  # updates over the process's life
+    rows = [dict(sync, straggler=None, mode="staleness 1"), dict(mode, mode="async")]
+    verdicts = [check["verdict"] for check in async_bench.checks(rows)]
+    assert verdicts == ["async vs sync, with a straggler: 2.00x (runs 1.00-4.00), target >= 1.5x by median: met",
+                        "staleness 1 vs sync, no straggler: 1.00x (runs 1.00-1.00), target >= 1x by median: met"]
+
+
+def test_the_csv_baseline_of_bench_prepare_is_as_durable_as_memtrain(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    pacsv = pytest.importorskip("pyarrow.csv")
+    from memtrain.prepare import bench
+
+    source = tmp_path / "x.csv"
+    header = ",".join(f"f{k}" for k in range(bench.FEATURES)) + ",label\n"
+    source.write_text(header + "\n".join(",".join(["1.5"] * bench.FEATURES + [str(k % 3)]) for k in range(5)) + "\n")
+    synced: list[int] = []
+    real = bench.os.fsync
+    monkeypatch.setattr(bench.os, "fsync", lambda fd: synced.append(fd) or real(fd))
+    stages = bench._pyarrow_baseline(pacsv, source, tmp_path / "out")
+    assert len(synced) == 2 and set(stages) >= {"read", "write", "fsync"}
+    assert np.load(tmp_path / "out" / "x.npy").shape == (5, bench.FEATURES)
+
+
+def _sleep_long() -> None:
+    import time
+
+    time.sleep(60)
+
+
+def test_the_outside_straggler_stops_a_spawned_worker_and_leaves_it_running() -> None:
+    import multiprocessing
+    import os
+    import time
+
+    from memtrain.benchmarks.outside_straggler import OutsideStraggler, is_worker
+
+    worker = multiprocessing.get_context("spawn").Process(target=_sleep_long, daemon=True)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not is_worker(worker.pid) and time.monotonic() < deadline:  # until the child has exec'd python
+            time.sleep(0.01)
+        assert is_worker(worker.pid) and not is_worker(os.getpid())
+        straggler = OutsideStraggler(os.getpid(), 2 / 3)
+        straggler.start()
+        while straggler.stops < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        straggler.finish()
+        assert straggler.stops >= 3
+        with open(f"/proc/{worker.pid}/stat") as stat:
+            assert stat.read().rsplit(")", 1)[1].split()[0] != "T"  # not left stopped
+    finally:
+        worker.kill()
+        worker.join()

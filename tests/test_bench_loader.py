@@ -1,0 +1,67 @@
+"""`memtrain bench loader` at a tiny size: every method runs and the report is well formed (no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memtrain.benchmarks.loader_bench import IN_PROCESS, METHODS
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "memtrain", "bench", "loader", "--rows", "6000", "--features", "8",
+                           "--batch", "256", "--repeats", "1", "--dir", str(tmp_path), *args],
+                          capture_output=True, text=True, timeout=230, env=dict(os.environ))
+
+
+def check_report(tmp_path: Path, methods: tuple[str, ...], workers: str) -> None:
+    result = bench(tmp_path, "--json", "--loader-workers", workers, "--methods", ",".join(methods))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    rows = report["results"]
+    counts = [int(w) for w in workers.split(",")]
+    assert [(r["method"], r["workers"]) for r in rows] == [(m, w) for w in counts for m in methods
+                                                           if w == 0 or m not in IN_PROCESS]
+    for row in rows:
+        assert row["rows_per_s"] > 0 and row["gb_per_s"] > 0 and row["peak_anon_mib"] > 0
+        assert len(row["runs_rows_per_s"]) == 1 and row["ratio"] > 0
+    assert next(r for r in rows if r["method"] == "memmap_dataloader")["ratio"] == pytest.approx(1.0)
+    assert report["settings"]["rows"] == 6000 and report["machine"]["cpus"] >= 1
+    assert os.listdir(tmp_path) == []  # the sources are removed
+
+
+def test_memtrain_and_np_memmap_deliver_every_row_and_the_report_has_ratios(tmp_path: Path) -> None:
+    """Fast, in CI: the methods without the slow import of Hugging Face datasets, in-process loading."""
+    check_report(tmp_path, ("memtrain_batches", "memtrain_fixed", "memtrain_torch", "memmap_dataloader"), "0")
+
+
+@pytest.mark.slow
+def test_every_method_with_and_without_workers(tmp_path: Path) -> None:
+    check_report(tmp_path, METHODS, "0,2")
+
+
+def test_bad_worker_counts_are_a_usage_error(tmp_path: Path) -> None:
+    result = bench(tmp_path, "--loader-workers", "two")
+    assert result.returncode == 2 and "--loader-workers takes worker counts" in result.stderr
+    result = bench(tmp_path, "--methods", "memtrain,torch_ddp")
+    assert result.returncode == 2 and "unknown --methods for bench loader" in result.stderr
+
+
+def test_methods_whose_libraries_are_missing_are_left_out_with_a_note(monkeypatch: pytest.MonkeyPatch,
+                                                                       capsys: pytest.CaptureFixture) -> None:
+    import importlib.util
+
+    from memtrain.benchmarks.loader_bench import parse_methods
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "datasets" else real(name))
+    assert parse_methods(None) == ["memtrain_batches", "memtrain_fixed", "memtrain_torch", "memmap_dataloader"]
+    assert 'datasets not installed; the methods that need them are left out (pip install "memtrain[bench]")' \
+        in capsys.readouterr().err
