@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrain.errors import InputError, did_you_mean
+from memtrain.order import SHUFFLES, WINDOW
 from memtrain.train.optim import OptimizerConfig
 
 # Bound of train.workers (and train.blas_threads): each worker is a process with its own maps, two pipes and
@@ -56,6 +57,7 @@ RANGES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "train.seed": _integers(0, MAX_SEED),
     "train.blas_threads": _integers(1, MAX_WORKERS),
     "train.eval_rows": _integers(1),
+    "train.shuffle_window": _integers(1),
     "train.task_timeout": _positive_finite("seconds"),
     "train.max_attempts": _integers(1),
     "train.patience": _integers(1),
@@ -110,6 +112,11 @@ class TrainConfig:
     max_staleness: int | None = None  # async only (default 4): a staler gradient is recomputed, never applied
     async_group: int | None = None  # async only (default 1): gradients applied together, in arrival order
     patience: int | None = None  # stop after this many epochs without a better val_loss; None: never stop early
+    # each epoch's row order (memtrain/order.py): "rows" mixes rows into new batches every epoch (shuffled within
+    # windows of shuffle_window rows of a seeded block order) | "batches": the same contiguous batches every
+    # epoch, visited in a seeded order (memtrain before row shuffling) | "none": file order
+    shuffle: str = "rows"
+    shuffle_window: int = WINDOW
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
 
     def __post_init__(self) -> None:
@@ -312,6 +319,9 @@ def _check_train(train: TrainConfig, where: Any) -> TrainConfig:
     if train.on_nonfinite not in ("stop", "skip"):
         raise InputError("bad value for train.on_nonfinite", path=where, expected="'stop' or 'skip'",
                          found=repr(train.on_nonfinite))
+    if train.shuffle not in SHUFFLES:
+        raise InputError("bad value for train.shuffle", path=where, expected=" or ".join(map(repr, SHUFFLES)),
+                         found=repr(train.shuffle))
     return _check_mode(train, where)
 
 

@@ -7,7 +7,8 @@ order. Both are sealed (``files.seal``): a damaged record is reported, never tru
 run directory's own path, so a run directory can be moved (``run.dir`` is wherever it is now).
 
 On resume, the new job is compared with the recorded one, key by key (``section.key``):
-- ``FIXED`` keys (the data, the model, what decides the batches and the optimizer state) never change;
+- ``FIXED`` keys (the data, the model, what decides the batches and their rows, and the optimizer state) never
+  change;
 - ``RUNTIME`` keys say how to execute, not what to compute (the weights are bitwise the same for any
   value): they are taken from each start and never recorded as changes;
 - every other key (``train.epochs``, ``train.lr`` and the optimizer's settings, ``train.on_nonfinite``,
@@ -28,11 +29,16 @@ from memtrain.config import Job, job_from_dict, job_to_dict
 from memtrain.errors import CorruptFileError, InputError
 from memtrain.files import publish, read_sealed_json, read_sealed_jsonl, seal, write_sealed_json
 from memtrain.layout import RUN_HISTORY, RUN_JOB
+from memtrain.order import WINDOW
 
 FORMAT = "memtrain.job"
 FORMAT_VERSION = 1
 FIXED = ("data.path", "data.normalize", "model.", "train.seed", "train.batch_size", "train.tasks_per_update",
-         "train.optimizer")
+         "train.shuffle", "train.shuffle_window", "train.optimizer")
+# What a job record written before train.shuffle existed means by its absence: every epoch visited the same
+# contiguous batches in a seeded order, which is "batches" (the window is then unused), so such a run resumes
+# and replays with the order it started with.
+BEFORE_SHUFFLE = {"shuffle": "batches", "shuffle_window": WINDOW}
 RUNTIME = ("data.verify", "train.workers", "train.blas_threads", "train.task_timeout", "train.max_attempts",
            "run.exchange", "run.cluster", "run.dir")
 
@@ -83,6 +89,8 @@ def read_job_record(run_dir: Path) -> dict[str, Any]:
     if not all(isinstance(sections.get(name), dict) for name in ("data", "model", "train", "run")):
         raise CorruptFileError("the job record lacks a section", path=path,
                                expected="data, model, train and run", found=", ".join(sections))
+    if "shuffle" not in sections["train"]:
+        sections["train"].update(BEFORE_SHUFFLE)
     missing = sorted(set(_every_key()) - set(flatten(sections)))
     if missing:  # a default would silently stand in for what the run really used
         raise CorruptFileError("the job record lacks a setting", path=path, where=", ".join(missing))
