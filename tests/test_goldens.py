@@ -11,6 +11,14 @@ Each run is a tiny job (a few hundred rows, two epochs) through the CLI, in this
 (one worker: its arrival order is the plan's, so the run is reproducible) and streamed to the server; the
 replays of both async runs; the cluster on ``local:2``; the additive models (ridge, naive Bayes); a torch
 module with dropout and batch norm (seeded randomness, buffers) synchronous and async.
+
+The old code had one data order: each epoch the same contiguous batches, visited in a seeded order, which is
+``train.shuffle = "batches"`` since row-level shuffling (issue 27) made ``"rows"`` the default. Those runs pin
+``shuffle = "batches"`` (``JOB`` puts it in), so their goldens are still the old code's, bit for bit. The
+``rows-*`` runs train with ``train.shuffle = "rows"`` (windows of 64 rows, so the block order and the windows
+both matter): their goldens were RECORDED FROM THE CODE THAT ADDED ROW SHUFFLING (branch ``shuffle``), and
+pin that every placement gives the same bits with shuffled rows too: 1, 2 and 4 workers, the server alone,
+streamed fixed staleness, async at the desk and in the server and a replay, the cluster.
 """
 
 from __future__ import annotations
@@ -54,6 +62,8 @@ TORCH = 'kind = "torch"\nfactory = "torch_nets:bn_dropout"\nhidden = 8'
 STALE = "staleness = 2"
 STALE_STREAM = 'staleness = 2\nstaleness_in = "stream"'
 ASYNC = 'mode = "async"\nmax_staleness = 3\nasync_group = 2'
+ROWS = 'shuffle = "rows"\nshuffle_window = 64'
+BATCHES = 'shuffle = "batches"'  # the old code's order: JOB pins it wherever a run's keys name no shuffle
 
 # name: (model, workers, [train] keys, extra CLI arguments) -> the sha256 of the final weight file's bytes
 RUNS = {
@@ -71,6 +81,14 @@ RUNS = {
     "naive-bayes": ('kind = "naive_bayes"', 2, "", ()),
     "torch-sync": (TORCH, 2, "", ()),
     "torch-async-server": (TORCH, 0, ASYNC, ()),
+    "rows-sync-1": (MLP, 1, ROWS, ()),
+    "rows-sync-2": (MLP, 2, ROWS, ()),
+    "rows-sync-4": (MLP, 4, ROWS, ()),
+    "rows-sync-server": (MLP, 0, ROWS, ()),
+    "rows-staleness-stream": (MLP, 2, f"{ROWS}\n{STALE_STREAM}", ()),
+    "rows-async-desk": (MLP, 1, f"{ROWS}\n{ASYNC}", ()),
+    "rows-async-server": (MLP, 0, f"{ROWS}\n{ASYNC}", ()),
+    "rows-cluster-local-2": (MLP, 2, ROWS, ("--cluster", "local:2")),
 }
 GOLDEN = {  # recorded from 30339bc (the old code); see the module docstring
     "sync-1": "5368574a68cf5ab261a0e5f65fd34db52a1afd0fb01fd6e08f969ad9e7fbf982",
@@ -89,6 +107,16 @@ GOLDEN = {  # recorded from 30339bc (the old code); see the module docstring
     "torch-async-server": "bc514957f687606d66ff53e126ff79232e2ac6118a722936d8b0c71890682534",
     "replay-async-desk": "cfefc6e9c619e045983a57343441ff2b88558c4088ac63f296a26ab65db04db2",
     "replay-async-server": "d1c2b8d08a5d1603b372a057f3d223097a48a25632b5da0f9160a98249d571af",
+    # train.shuffle = "rows": recorded from the code that added it (see the module docstring)
+    "rows-sync-1": "0b019685a7cc50c728fbf055e684e3e9fef5d176baa328c53f870b746c315e85",
+    "rows-sync-2": "0b019685a7cc50c728fbf055e684e3e9fef5d176baa328c53f870b746c315e85",
+    "rows-sync-4": "0b019685a7cc50c728fbf055e684e3e9fef5d176baa328c53f870b746c315e85",
+    "rows-sync-server": "0b019685a7cc50c728fbf055e684e3e9fef5d176baa328c53f870b746c315e85",
+    "rows-staleness-stream": "d46b1283fe2e0456808c1f97295eecd9fd8aa9155220f34d9c456691ffdee0d6",
+    "rows-async-desk": "7c4160cf3119026fe3daa991ecde5a797824aae29f7a7c02591e49f807e1fcd9",
+    "rows-async-server": "03cdcd60ff7f21c8465dc29f8ce8a5ad6b55b486ed886f9f50cf377a23ea57bc",
+    "rows-cluster-local-2": "0b019685a7cc50c728fbf055e684e3e9fef5d176baa328c53f870b746c315e85",
+    "replay-rows-async-server": "03cdcd60ff7f21c8465dc29f8ce8a5ad6b55b486ed886f9f50cf377a23ea57bc",
 }
 # the sha256 of each run's lineage.jsonl, recorded from 30339bc too: the on-disk record of every update
 # (rows, versions read, learning rates, checksums; the additive models' one line) is byte for byte the old one
@@ -107,6 +135,15 @@ LINEAGE = {
     "naive-bayes": "f2c3f14ad8e448aca8c57bceedd8fe8495a8f55af4da0750cdde22f66ad7de0b",
     "torch-sync": "98768aabe795f8da7bb38af70f8e3c8a47ad129327a225ebc0becd4ff72e25c5",
     "torch-async-server": "683a5a9af6bf72545d441ccd158c29de9ae77a4aeb4289ec7a1fed807259b64d",
+    # train.shuffle = "rows" (its records name positions of each epoch's row order: docs/formats.md)
+    "rows-sync-1": "9941f4346bbdb799dffb59924e734e30501b8b3d677c31e674d9dbdd3d15c38c",
+    "rows-sync-2": "9941f4346bbdb799dffb59924e734e30501b8b3d677c31e674d9dbdd3d15c38c",
+    "rows-sync-4": "9941f4346bbdb799dffb59924e734e30501b8b3d677c31e674d9dbdd3d15c38c",
+    "rows-sync-server": "9941f4346bbdb799dffb59924e734e30501b8b3d677c31e674d9dbdd3d15c38c",
+    "rows-staleness-stream": "331c3ca394cde6cb30f1906e6e8d53409f96af076098cb9ee0aa3d161ea5eb2b",
+    "rows-async-desk": "335a3fb10deea49402cf2b9cc7b6011dfd0f90cd6a06f73740f1b51fc506070a",
+    "rows-async-server": "ad88f411f8632ea95281067d47a05fbe7510e72b3fa9ee52bc93ec2ae14f340f",
+    "rows-cluster-local-2": "9941f4346bbdb799dffb59924e734e30501b8b3d677c31e674d9dbdd3d15c38c",
 }
 # what events.log says of where each run computed and stepped: the golden is of the placement named
 PLACED = {
@@ -122,9 +159,17 @@ PLACED = {
     "torch-async-server": "async_group 2): gradients in the server",
     "replay-async-desk": "replay: gradients on 2 worker processes, the steps in the server",
     "replay-async-server": "replay: gradients in the server",
+    "rows-sync-1": "rounds: on 1 worker processes", "rows-sync-2": "rounds: on 2 worker processes",
+    "rows-sync-4": "rounds: on 4 worker processes", "rows-sync-server": "rounds: in the server",
+    "rows-staleness-stream": "fixed staleness 2: gradients on 2 worker processes, the steps in the server",
+    "rows-async-desk": "gradients and steps on 1 worker processes, at the desk",
+    "rows-async-server": "async_group 2): gradients in the server",
+    "rows-cluster-local-2": "the gradients streamed to 2 Dask workers",
+    "replay-rows-async-server": "replay: gradients on 2 worker processes, the steps in the server",
 }
 # name of the replay: (the run it replays, --workers of the replay)
-REPLAYS = {"replay-async-desk": ("async-desk", 2), "replay-async-server": ("async-server", 0)}
+REPLAYS = {"replay-async-desk": ("async-desk", 2), "replay-async-server": ("async-server", 0),
+           "replay-rows-async-server": ("rows-async-server", 2)}
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +185,7 @@ def runs(data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
     for name, (model, workers, train, args) in RUNS.items():
         folder = tmp_path_factory.mktemp(name)
         job = folder / "job.toml"
+        train = train if "shuffle" in train else f"{BATCHES}\n{train}"
         job.write_text(JOB.format(data=data, model=model, workers=workers, train=train))
         assert main(["train", str(job), "--quiet", *args]) == 0, name
         made[name] = folder / "run"

@@ -89,7 +89,8 @@ def test_a_window_as_large_as_the_split_shuffles_uniformly_and_none_is_file_orde
                                                                (900, 128, True), (50, 64, False)])
 def test_batches_policy_is_the_training_plans_order_bitwise(rows: int, batch_size: int, drop_last: bool) -> None:
     for seed, epoch in ((0, 0), (5, 1), (123, 7)):
-        plan = [(u.tasks[0].lo, u.tasks[-1].hi) for u in epoch_updates(rows, batch_size, 3, seed, epoch)]
+        updates = epoch_updates(rows, batch_size, 3, seed, epoch, shuffle="batches")
+        plan = [(u.tasks[0].lo, u.tasks[-1].hi) for u in updates]
         if drop_last:
             plan = [(lo, hi) for lo, hi in plan if hi - lo == batch_size]
         order = epoch_order("batches", rows=rows, batch_size=batch_size, seed=seed, epoch=epoch, drop_last=drop_last)
