@@ -191,7 +191,9 @@ def test_a_task_that_always_kills_its_worker_stops_the_run_naming_it(tmp_path: P
     result = memtrain("train", job)
     assert result.returncode == 1
     assert "killed its worker 3 times" in result.stderr
-    assert re.search(r"rows \d+-\d+ of the train split, shard x-0000[0-3]\.npy", result.stderr)
+    # the default train.shuffle = "rows": the task is a part of a shuffled batch, and says so
+    assert re.search(r"positions \d+-\d+ of epoch \d+'s shuffled row order of the train split \(train.shuffle = "
+                     r"'rows'\): rows (\d+, ){4}\d+ and \d+ more, shards x-0000[0-3]\.npy", result.stderr)
     assert "Traceback" not in result.stderr
 
 
@@ -201,7 +203,8 @@ def test_a_task_that_raises_stops_the_run_with_the_worker_traceback(tmp_path: Pa
     result = memtrain("train", job, timeout=60)
     assert result.returncode == 1
     assert "failed in worker" in result.stderr and "ValueError: poisoned row in this batch" in result.stderr
-    assert re.search(r"gradient task \d \(rows \d+-\d+ of the train split", result.stderr)
+    assert re.search(r"gradient task \d \(positions \d+-\d+ of epoch 1's shuffled row order of the train split",
+                     result.stderr)
 
 
 

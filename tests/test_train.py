@@ -259,7 +259,8 @@ def test_messages_stay_small_whatever_the_sizes() -> None:
     ]
     for message in messages:
         assert len(pickle.dumps(message)) < 400, message
-    rounds = RoundSetup(batch_size=huge, tasks_per_update=huge, seed=huge, epochs=huge, keep_versions=huge,
+    rounds = RoundSetup(batch_size=huge, tasks_per_update=huge, seed=huge, epochs=huge, shuffle="batches",
+                        shuffle_window=huge, keep_versions=huge,
                         on_nonfinite="skip", slots=huge)
     setup = WorkerSetup(server_pid=1, run_dir="/r", exchange_dir="/x", dataset="/d", normalize=True, model_kind="mlp",
                         model_options=(("hidden", (1024, 1024)),), blas_threads=1, optimizer=OptimizerConfig(),

@@ -92,7 +92,7 @@ from memtrain.train.weights import (
 )
 from memtrain.train.worker import WorkerState
 
-SHARDS_NAMED = 3  # a shuffled task's shards named in its description (it may draw from many)
+SHARDS_NAMED, ROWS_NAMED = 3, 5  # a shuffled task's shards and rows named in its description (it has many)
 PROGRESS_SECONDS = 0.2  # between the server's looks at its own stretch: logs and the progress line
 
 
@@ -678,9 +678,11 @@ class Trainer:
         shards = np.unique(np.searchsorted(data.starts, rows, side="right") - 1).tolist()
         names = ", ".join(data.shards[s].x_path.name for s in shards[:SHARDS_NAMED])
         more = f" and {len(shards) - SHARDS_NAMED} more" if len(shards) > SHARDS_NAMED else ""
-        return (f"{plural(hi - lo, 'row')} shuffled across the train split (positions {lo}-{hi} of epoch "
-                f"{epoch_number(epoch)}'s row order, train.shuffle = 'rows'; rows {int(rows.min())} to "
-                f"{int(rows.max())}), shard{'s' if len(shards) > 1 else ''} {names}{more}")
+        listed = ", ".join(map(str, rows[:ROWS_NAMED].tolist()))
+        others = f" and {len(rows) - ROWS_NAMED} more" if len(rows) > ROWS_NAMED else ""
+        return (f"positions {lo}-{hi} of epoch {epoch_number(epoch)}'s shuffled row order of the train split "
+                f"(train.shuffle = 'rows'): rows {listed}{others}, shard{'s' if len(shards) > 1 else ''} "
+                f"{names}{more}")
 
     def log(self, text: str) -> None:
         self.run_dir.event(text)
