@@ -244,7 +244,8 @@ def test_a_worker_that_joins_later_gets_a_slot_and_work_and_its_leaving_is_seen(
     exchange.mkdir()
     context = model_context(open_dataset(dataset), "mlp", {"hidden": [16]}, True)
     publish_weights(run, 0, context.layout.flatten(context.model.init(np.random.default_rng(0))))
-    rounds = RoundSetup(batch_size=100, tasks_per_update=1, seed=0, epochs=1, keep_versions=2, on_nonfinite="stop",
+    rounds = RoundSetup(batch_size=100, tasks_per_update=1, seed=0, epochs=1, shuffle="rows", shuffle_window=64,
+                        keep_versions=2, on_nonfinite="stop",
                         slots=1)
     setup = WorkerSetup(server_pid=os.getpid(), run_dir=str(run), exchange_dir=str(exchange), dataset=str(dataset),
                         normalize=True, model_kind="mlp", model_options=(("hidden", [16]),), blas_threads=1,
