@@ -108,15 +108,15 @@ GOLDEN = {  # recorded from 30339bc (the old code); see the module docstring
     "replay-async-desk": "cfefc6e9c619e045983a57343441ff2b88558c4088ac63f296a26ab65db04db2",
     "replay-async-server": "d1c2b8d08a5d1603b372a057f3d223097a48a25632b5da0f9160a98249d571af",
     # train.shuffle = "rows": recorded from the code that added it (see the module docstring)
-    "rows-sync-1": "0b019685a7cc50c728fbf055e684e3e9fef5d176baa328c53f870b746c315e85",
-    "rows-sync-2": "0b019685a7cc50c728fbf055e684e3e9fef5d176baa328c53f870b746c315e85",
-    "rows-sync-4": "0b019685a7cc50c728fbf055e684e3e9fef5d176baa328c53f870b746c315e85",
-    "rows-sync-server": "0b019685a7cc50c728fbf055e684e3e9fef5d176baa328c53f870b746c315e85",
-    "rows-staleness-stream": "d46b1283fe2e0456808c1f97295eecd9fd8aa9155220f34d9c456691ffdee0d6",
-    "rows-async-desk": "7c4160cf3119026fe3daa991ecde5a797824aae29f7a7c02591e49f807e1fcd9",
-    "rows-async-server": "03cdcd60ff7f21c8465dc29f8ce8a5ad6b55b486ed886f9f50cf377a23ea57bc",
-    "rows-cluster-local-2": "0b019685a7cc50c728fbf055e684e3e9fef5d176baa328c53f870b746c315e85",
-    "replay-rows-async-server": "03cdcd60ff7f21c8465dc29f8ce8a5ad6b55b486ed886f9f50cf377a23ea57bc",
+    "rows-sync-1": "86b7fdcddaf60296bf9c29a8d69db66c1c58dc19830408189ded7365ebfb2465",
+    "rows-sync-2": "86b7fdcddaf60296bf9c29a8d69db66c1c58dc19830408189ded7365ebfb2465",
+    "rows-sync-4": "86b7fdcddaf60296bf9c29a8d69db66c1c58dc19830408189ded7365ebfb2465",
+    "rows-sync-server": "86b7fdcddaf60296bf9c29a8d69db66c1c58dc19830408189ded7365ebfb2465",
+    "rows-staleness-stream": "71998ae69b177f5987beda3a5ab644e51fd9f9f1b29ea366b2c62ad07eace813",
+    "rows-async-desk": "a11b603aa28e3c06ce66ef5967ac9a28d710707691b382c30f034f3ed0088b68",
+    "rows-async-server": "fedf9325db936be353ca5f7b5bb2b28383c3f74354bd06f28e2b5c45bea117dc",
+    "rows-cluster-local-2": "86b7fdcddaf60296bf9c29a8d69db66c1c58dc19830408189ded7365ebfb2465",
+    "replay-rows-async-server": "fedf9325db936be353ca5f7b5bb2b28383c3f74354bd06f28e2b5c45bea117dc",
 }
 # the sha256 of each run's lineage.jsonl, recorded from 30339bc too: the on-disk record of every update
 # (rows, versions read, learning rates, checksums; the additive models' one line) is byte for byte the old one
@@ -136,14 +136,14 @@ LINEAGE = {
     "torch-sync": "98768aabe795f8da7bb38af70f8e3c8a47ad129327a225ebc0becd4ff72e25c5",
     "torch-async-server": "683a5a9af6bf72545d441ccd158c29de9ae77a4aeb4289ec7a1fed807259b64d",
     # train.shuffle = "rows" (its records name positions of each epoch's row order: docs/formats.md)
-    "rows-sync-1": "9941f4346bbdb799dffb59924e734e30501b8b3d677c31e674d9dbdd3d15c38c",
-    "rows-sync-2": "9941f4346bbdb799dffb59924e734e30501b8b3d677c31e674d9dbdd3d15c38c",
-    "rows-sync-4": "9941f4346bbdb799dffb59924e734e30501b8b3d677c31e674d9dbdd3d15c38c",
-    "rows-sync-server": "9941f4346bbdb799dffb59924e734e30501b8b3d677c31e674d9dbdd3d15c38c",
-    "rows-staleness-stream": "331c3ca394cde6cb30f1906e6e8d53409f96af076098cb9ee0aa3d161ea5eb2b",
-    "rows-async-desk": "335a3fb10deea49402cf2b9cc7b6011dfd0f90cd6a06f73740f1b51fc506070a",
-    "rows-async-server": "ad88f411f8632ea95281067d47a05fbe7510e72b3fa9ee52bc93ec2ae14f340f",
-    "rows-cluster-local-2": "9941f4346bbdb799dffb59924e734e30501b8b3d677c31e674d9dbdd3d15c38c",
+    "rows-sync-1": "c5697a9974615f3b11052d7f1c3de686167823d4c3ccb10f1f990e1d6f1bb67f",
+    "rows-sync-2": "c5697a9974615f3b11052d7f1c3de686167823d4c3ccb10f1f990e1d6f1bb67f",
+    "rows-sync-4": "c5697a9974615f3b11052d7f1c3de686167823d4c3ccb10f1f990e1d6f1bb67f",
+    "rows-sync-server": "c5697a9974615f3b11052d7f1c3de686167823d4c3ccb10f1f990e1d6f1bb67f",
+    "rows-staleness-stream": "27a1ed114607525ef096459579dd5c70267eca18f339ff3884b6e2b69cd888bf",
+    "rows-async-desk": "e56e860e49de91753bc76ac46ac45d344a242e371e83f70b4416bac2b7390c58",
+    "rows-async-server": "9486d4e350fe60b46af8b4fc9982af4082524ad7feb0ef81846f43c1d98273fd",
+    "rows-cluster-local-2": "c5697a9974615f3b11052d7f1c3de686167823d4c3ccb10f1f990e1d6f1bb67f",
 }
 # what events.log says of where each run computed and stepped: the golden is of the placement named
 PLACED = {

@@ -29,6 +29,7 @@ import numpy as np
 
 from memtrain.files import read_jsonl
 from memtrain.layout import RUN_METRICS
+from memtrain.order import WINDOW
 
 CLASSES = 10
 FEATURES = 8
@@ -52,6 +53,7 @@ lr = {lr}
 seed = 0
 workers = {workers}
 shuffle = "{shuffle}"
+shuffle_window = {window}
 
 [run]
 dir = "{run}"
@@ -88,14 +90,14 @@ def prepare(x: Path, y: Path, out: Path, *, shuffle: bool) -> Path:
 
 
 def val_accuracy(data: Path, run: Path, *, model: str, shuffle: str, epochs: int, batch: int = BATCH,
-                 lr: float = LR, optimizer: str = OPTIMIZER, workers: int = 0) -> float:
+                 lr: float = LR, optimizer: str = OPTIMIZER, window: int = WINDOW, workers: int = 0) -> float:
     """``memtrain train`` of ``model`` on ``data`` with ``train.shuffle = shuffle``: the last epoch's val_accuracy."""
     from memtrain.cli import main
 
     run.mkdir(parents=True, exist_ok=True)
     job = run.parent / f"{run.name}.toml"
     job.write_text(JOB.format(data=data, model=MODELS[model], epochs=epochs, batch=batch, lr=lr, workers=workers,
-                              shuffle=shuffle, run=run, optimizer=optimizer))
+                              shuffle=shuffle, window=window, run=run, optimizer=optimizer))
     with contextlib.redirect_stdout(io.StringIO()):  # the run's summary: the table says what matters here
         code = main(["train", str(job), "--quiet", "--overwrite"])
     if code != 0:
@@ -115,7 +117,7 @@ def run(args: argparse.Namespace) -> list[dict[str, object]]:
             for source, data in datasets.items():
                 for shuffle in args.shuffles.split(","):
                     accuracy = val_accuracy(data, scratch / "runs" / f"{model}-{data.name}-{shuffle}", model=model,
-                                            shuffle=shuffle, epochs=args.epochs)
+                                            shuffle=shuffle, epochs=args.epochs, window=args.window)
                     table.append({"model": model, "dataset": source, "shuffle": shuffle, "val_accuracy": accuracy})
                     if not args.json:
                         print(f"{model:8} {source:22} train.shuffle = {shuffle!r:10} val_accuracy {accuracy:.3f}",
@@ -132,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=3, help="epochs of every run (default %(default)s)")
     parser.add_argument("--models", default="mlp,softmax", help="comma-separated (default %(default)s)")
     parser.add_argument("--shuffles", default="rows,batches", help="train.shuffle values (default %(default)s)")
+    parser.add_argument("--window", type=int, default=WINDOW, help="train.shuffle_window (default %(default)s)")
     parser.add_argument("--dir", type=Path, help="where to put the temporary files (default: $TMPDIR)")
     parser.add_argument("--json", action="store_true", help="print the table as JSON")
     args = parser.parse_args(argv)
