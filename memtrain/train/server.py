@@ -1,9 +1,12 @@
-"""A job -> a trained run: per epoch, stretches of rounds (train/rounds.py), then evaluation and a checkpoint.
+"""A job -> a trained run: the epoch loop (``Trainer.fit``), each epoch run by the engine chosen once at start.
 
-The server does not take part in the rounds it hands out: it places them (train/placement.py), starts
-each stretch from the last finished update, watches it (train/scheduler.py), logs what finished
-(train/logbook.py), evaluates each epoch's last version, checkpoints and stops cleanly on a signal.
-When it runs the rounds itself, it does its own work between two updates (``heartbeat``).
+The server chooses the run's engine and placement once (``Trainer.choose``, the reasons logged): the rounds
+(train/rounds.py: workers meeting at marks, each stepping a slice; or the server alone; on a cluster the
+server steps and the gradients are streamed, train/stream.py), the desk (train/desk.py: async mode on
+worker processes) or the stream (train/overlap.py: the server steps the whole vector). The epoch loop calls
+that engine's ``epoch_rest`` and never names a mode; the server watches the engine (train/scheduler.py),
+logs what finished (train/logbook.py), evaluates each epoch's last version, checkpoints and stops cleanly
+on a signal. When it runs the rounds itself, it does its own work between two updates (``heartbeat``).
 """
 
 from __future__ import annotations
@@ -216,7 +219,8 @@ class Trainer:
         self.job, self.dataset, self.context, self.run_dir, self.stop = job, dataset, context, run, stop
         self.quiet = quiet
         self.lineage = lineage  # a run to replay (memtrain train --replay)
-        self.streamed = False  # train/overlap.py runs the run, not the rounds (decided at start: streams)
+        self.streamed = False  # train/overlap.py or the desk runs the run, not the rounds (decided once: choose)
+        self.overlap: Overlap | None = None
         self.train_rows = dataset.split("train").rows
         self.val_rows = dataset.split("val").rows
         self.plan = job_plan(job, self.train_rows)
@@ -254,24 +258,20 @@ class Trainer:
         self.in_server = InServer(WorkerState(self._setup(), alive=lambda: None, board=self.memory_board,
                                               heartbeat=lambda: self.heartbeat(position), keep_statistics=True,
                                               plan=self.plan, dataset=self.dataset))
-        self.streamed = self.streams()
-        if self.job.run.cluster:
-            self.placement = OnCluster(open_cluster(self.job, self._setup(), self.run_dir, self.log), self.log)
-        elif self.streamed:
-            self.placement = self._overlap_placement(position)
-        else:
-            self.placement = Placement(workers=self.job.train.workers, tasks=self.job.train.tasks_per_update,
-                                       cores=CORES, in_server=self.in_server, start_pool=self._start_pool,
-                                       log=self.log)
+        engine = self.choose(position)  # the one place the mode is chosen; the placement with it
+        desk = engine is Engine.DESK
         self.scheduler = Scheduler(task_timeout=self.job.train.task_timeout, max_attempts=self.job.train.max_attempts,
-                                   describe_task=self.describe_task, describe_activity=self.describe_activity,
+                                   describe_task=self.describe_task,
+                                   describe_activity=self.describe_desk_activity if desk else self.describe_activity,
                                    log=self.log, stop_requested=lambda: self.stop.requested,
                                    discard=self.discard_attempt)
-        self.overlap: Overlap | None = None
-        if self.streamed:
+        if engine is Engine.STREAM:
             self.overlap = Overlap(job=self.job, files=self.in_server.state.rounds(),
                                    stream=self.scheduler.stream(self.placement.transport), logbook=self.logbook,
                                    per_epoch=self.per_epoch, look=lambda: self.overlap_look(position))
+        # the rest of an epoch, as the engine runs it (a replay runs the lineage instead: ``replay``)
+        self.epoch_rest = {Engine.ROUNDS: self.stretch, Engine.DESK: self.desk_stretch,
+                           Engine.STREAM: self.overlap_epoch}[engine]
         try:
             with threadpool_limits(limits=self.job.train.blas_threads):  # the rounds it runs itself: same arithmetic
                 last = (self.replay(position) if self.lineage is not None else
@@ -293,14 +293,27 @@ class Trainer:
                             stopped_early=position.epoch < self.job.train.epochs and self.out_of_patience(position),
                             one_pass=self.context.additive)
 
-    def streams(self) -> bool:
-        """Whether train/overlap.py runs the run (async mode, a replay, a fixed staleness streamed), not the
-        rounds (docs/async.md, "Fixed staleness: rounds or stream")."""
+    def choose(self, position: Position) -> Engine:
+        """The run's engine and placement, chosen once from the job and the start-up measurement, the reasons
+        logged (docs/async.md, "Where it runs"): the rounds (synchronous; fixed staleness in the rounds; the
+        cluster's round, stepped by the server), the desk (async mode on worker processes) or the stream (fixed
+        staleness streamed, async mode in the server, a replay: train/overlap.py)."""
         train = self.job.train
         if train.staleness:
             self.log(f"fixed staleness {train.staleness}: in the {train.staleness_in} "
                      f"(train.staleness_in = {train.staleness_in!r})")
-        return self.lineage is not None or train.mode == "async" or train.staleness_in == "stream"
+        if self.job.run.cluster:  # synchronous only (``train`` refuses the other modes there)
+            self.placement = OnCluster(open_cluster(self.job, self._setup(), self.run_dir, self.log), self.log)
+            return Engine.ROUNDS
+        if self.lineage is None and train.mode == "sync" and train.staleness_in == "rounds":
+            self.placement = Placement(workers=train.workers, tasks=train.tasks_per_update, cores=CORES,
+                                       in_server=self.in_server, start_pool=self._start_pool, log=self.log)
+            return Engine.ROUNDS
+        self.streamed = True
+        self.placement = self._overlap_placement(position)
+        if train.mode == "async" and self.lineage is None and isinstance(self.placement.transport, WorkerPool):
+            return Engine.DESK
+        return Engine.STREAM
 
     def _overlap_placement(self, position: Position) -> Streamed:
         """The overlapping modes stream their gradients to ``train.workers`` processes, or (0, or "auto" when
@@ -360,15 +373,8 @@ class Trainer:
                 bar.line(line)
         return last
 
-    def epoch_rest(self, position: Position, started: float) -> None:
-        """Run the epoch on from ``position``: the round's stretches, async mode's at the desk, or an
-        overlapping mode's loop."""
-        if not self.streamed:
-            self.stretch(position, started)
-            return
-        if self.at_desk():
-            self.desk_stretch(position, started)
-            return
+    def overlap_epoch(self, position: Position, started: float) -> None:
+        """The rest of the epoch on the stream (train/overlap.py): the loop of the job's schedule."""
         self.epoch_started = started
         try:
             (self.overlap.async_epoch if self.job.train.mode == "async" else self.overlap.staleness_epoch)(position)
@@ -428,11 +434,6 @@ class Trainer:
             raise MemtrainError("a non-finite update stopped the run", hint="see the event log")
         done = position.update_index(self.per_epoch)
         self.placement.observe(self.logbook.timeline[logged:], done, self.plan.total_updates - done)
-
-    def at_desk(self) -> bool:
-        """Async mode on worker processes of this machine runs at the desk (train/desk.py), not streamed."""
-        return (self.job.train.mode == "async" and self.lineage is None
-                and isinstance(self.placement.transport, WorkerPool))
 
     def desk_stretch(self, position: Position, started: float) -> None:
         """Async mode: the epoch's tasks not applied yet, on every worker at the desk, until done or a fault."""
@@ -639,8 +640,7 @@ class Trainer:
         return f"statistics task {message.task} ({self.describe_rows(message.lo, message.hi)})"
 
     def describe_activity(self, activity: Activity) -> str:
-        if self.at_desk():
-            return self.describe_desk_activity(activity)
+        """A participant's activity in the rounds (train/rounds.py)."""
         update = self.plan.update(activity.update)
         if activity.kind == GRADIENT:
             rows = update.tasks[activity.item]
