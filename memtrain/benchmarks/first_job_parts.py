@@ -107,9 +107,10 @@ def tasks_loop(problem: Problem, *, memtrain_step: bool = True, run_dir: Path | 
                 out = maps.get(path, (size,), np.float32, "r+")
             lr = learning_rate(opt, update.update, plan.total_updates)
             if memtrain_step:  # mean, optimizer, finiteness check and block digests, chunk by chunk
-                reduce_and_step(grads[:len(update.tasks)], update.rows, weights, states[version % 2], out,
-                                states[1 - version % 2], 0, size, opt, version + 1, lr, digests, layout.trainable,
-                                scratch)
+                reduce_and_step(grads=grads[:len(update.tasks)], rows=update.rows, weights=weights,
+                                state_in=states[version % 2], weights_out=out, state_out=states[1 - version % 2],
+                                lo=0, hi=size, optimizer=opt, step=version + 1, lr=lr, digests=digests,
+                                trainable=layout.trainable, scratch=scratch)
                 checksum = weights_checksum(digests, size)  # what the lineage records for the version
             else:  # the same sum in task order, mean and optimizer step, nothing else
                 mean = np.add(grads[0], grads[1], out=scratch.mean[:size]) if len(update.tasks) == 2 else \

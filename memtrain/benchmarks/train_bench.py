@@ -190,7 +190,7 @@ def bench_size(size: int, methods: list[str], args: argparse.Namespace, scratch:
     data = write_dataset(scratch / f"data-{shape.params}", args.updates * BATCH, VAL_ROWS, features=shape.features,
                          classes=shape.classes)
     problem = Problem(str(data), shape.hidden, args.updates, workers=args.workers,
-                      epochs=epochs(args, params=shape.params), shuffle=args.shuffle)
+                      epochs=epochs(args, params=shape.params), shuffle=getattr(args, "shuffle", "batches"))
     cluster = getattr(args, "cluster", "")
 
     def run(method: str, _: int) -> dict[str, Any]:
