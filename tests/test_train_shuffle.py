@@ -84,11 +84,14 @@ def test_a_bad_shuffle_is_a_usage_error_naming_the_key(tmp_path: Path, data: Pat
     assert not (tmp_path / "run").exists()
 
 
-def test_the_three_orders_train_differently(tmp_path: Path, data: Path, cli) -> None:
+def test_the_three_orders_train_differently_and_inspect_says_what_a_task_names(tmp_path: Path, data: Path,
+                                                                              cli) -> None:
     digests = set()
     for shuffle in ("rows", "batches", "none"):
         assert cli("train", write_job(tmp_path / shuffle, data, train=f'shuffle = "{shuffle}"'), "--quiet").code == 0
         digests.add(digest(tmp_path / shuffle / "run"))
+        shown = cli("inspect", tmp_path / shuffle / "run", "--lineage", "3")
+        assert shown.code == 0 and ("positions in the epoch's row order" in shown.out) == (shuffle == "rows")
     assert len(digests) == 3
 
 
