@@ -61,7 +61,9 @@ def test_arrival_in_a_simulated_run_applies_every_task_once_within_the_bound(see
     async loop applies them (train/overlap.py): each task is applied once, none staler than the bound."""
     arrival, rng = Arrival(group=group, max_staleness=bound), random.Random(seed)
     remaining, in_flight, filling, applied, version = list(range(tasks)), [], [], [], 0
-    while remaining or in_flight or filling:
+    for _ in range(100 * tasks * workers):  # a bound: a schedule that discards everything never ends
+        if not (remaining or in_flight or filling):
+            break
         while remaining and len(in_flight) < workers:
             in_flight.append((remaining.pop(0), version))
         task, at = in_flight.pop(rng.randrange(len(in_flight)))
@@ -72,6 +74,7 @@ def test_arrival_in_a_simulated_run_applies_every_task_once_within_the_bound(see
         if arrival.full(len(filling), last=not (remaining or in_flight)):
             applied += [(task, version - at) for task, at in filling]
             filling, version = [], version + 1
+    assert not (remaining or in_flight or filling), "the run ended"
     assert sorted(task for task, _ in applied) == list(range(tasks))
     assert all(staleness <= bound for _, staleness in applied)
 

@@ -126,7 +126,10 @@ def apply_update(config: OptimizerConfig, step: int, lr: float, weights: np.ndar
     ``scratch``: a float32 array as long as the slice for the temporary (Adam's, weight decay's, Nesterov's),
     so that a step allocates nothing; one is made when None. The arithmetic is the same either way.
     """
-    optimizer_entry(config).step(config, step, lr, weights, grad, state_in, weights_out, state_out, scratch)
+    entry = OPTIMIZERS.get(config.name)  # looked up here, not through optimizer_entry: once per chunk of a step
+    if entry is None:
+        optimizer_entry(config)  # raises: an unknown name is refused, never run as another optimizer
+    entry.step(config, step, lr, weights, grad, state_in, weights_out, state_out, scratch)
 
 
 def _with_l2(weight_decay: float, weights: np.ndarray, grad: np.ndarray, scratch: np.ndarray | None) -> np.ndarray:
