@@ -4,15 +4,18 @@ The Python API (the command line, ``memtrain --help``, does the same from a shel
 
     import memtrain
     summary = memtrain.fit("job.toml", train={"epochs": 5})   # train a job file; no __main__ guard needed
-    model = memtrain.load_model(summary.run_dir, which="best") # predict / predict_proba on raw features
+    print(summary)                                            # a short table: best and final epochs
+    model = memtrain.load_model(summary.run_dir)              # the best epoch's; predict / predict_proba
     ds = memtrain.open_dataset("data/digits")                 # a prepared dataset, mapped read-only
     for x, y in ds.batches(128, seed=0, epoch=0): ...          # numpy batches for your own training loop
     # memtrain.torch.BatchDataset(ds, 128, epoch=0): the same batches as tensors for a torch DataLoader
 
-- ``fit(job, **settings)``: run a training job (``memtrain train``); returns a ``TrainSummary``.
+- ``fit(job, **settings)``: run a training job (``memtrain train``): a job file, a dict of its sections, or
+  the sections as keywords (``data=``, ``model=``, ``train=``, ``run=``); returns a ``TrainSummary``.
 - ``load_job(path)``: read and validate a job file without running it.
 - ``open_dataset(path)``: a ``Dataset`` made by ``memtrain prepare``.
-- ``load_model(run, which="last" | "best")``: a ``TrainedModel`` from a run or checkpoint.
+- ``load_model(run, which=None | "best" | "last")``: a ``TrainedModel`` from a run (by default its best
+  epoch's checkpoint) or a checkpoint.
 - ``load_checkpoint(path)``: the raw parameter arrays and metadata of a checkpoint.
 - ``MemtrainError``: every error memtrain raises on purpose (``InputError``: bad input or settings).
 """

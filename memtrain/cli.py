@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 
 from memtrain import __version__
-from memtrain.errors import Interrupted, MemtrainError
+from memtrain.errors import DiskFullError, Interrupted, MemtrainError
 from memtrain.faults import check_spec as check_fault_spec
 from memtrain.files import is_no_space, no_space_error
 from memtrain.streams import guarded_streams
@@ -81,13 +81,34 @@ def _run(args: argparse.Namespace) -> int:
         # The last net: an operating-system error is reported in one line, never as a traceback.
         if getattr(args, "debug", False):
             traceback.print_exc()
-        path = Path(exc.filename) if exc.filename else Path(".")
-        error = no_space_error(path) if is_no_space(exc) else MemtrainError(exc.strerror or str(exc), path=exc.filename)
+        if is_no_space(exc):  # naming the filesystem written to; never guessing it (the working directory's)
+            error = no_space_error(Path(exc.filename)) if exc.filename else \
+                DiskFullError("no space left on the device while writing", hint="free some space and run it again")
+        else:
+            error = MemtrainError(exc.strerror or str(exc), path=exc.filename)
         print(f"memtrain {args.command}: error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"memtrain {args.command}: interrupted", file=sys.stderr)
         return 130
+    except SystemExit as exc:
+        # memtrain's commands return their exit code: a SystemExit inside one was raised by user code (a
+        # model, a factory, a loss) or a library. A non-zero code keeps its meaning; 0 or None must not
+        # make a run that did not finish look successful.
+        if exc.code not in (0, None):
+            raise
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        print(f"memtrain {args.command}: error: stopped by SystemExit({exc.code!r}) raised inside the command "
+              "(by user code: a model, a factory or a loss?) before it finished", file=sys.stderr)
+        return 1
+    except BaseException as exc:  # noqa: BLE001 - the last net: a BaseException class of the user's own
+        if isinstance(exc, Exception | GeneratorExit):  # an Exception here is a bug: its traceback is wanted
+            raise
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        print(f"memtrain {args.command}: error: stopped by {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

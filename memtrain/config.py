@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrain.errors import InputError, did_you_mean
+from memtrain.models.registry import IMPORT_OPTIONS, import_path
 from memtrain.order import SHUFFLES, WINDOW
 from memtrain.train.optim import OptimizerConfig
 
@@ -111,9 +112,11 @@ class TrainConfig:
     staleness_in: str = "rounds"  # "rounds": workers step, meet once per update | "stream": the server steps
     max_staleness: int | None = None  # async only (default 4): a staler gradient is recomputed, never applied
     async_group: int | None = None  # async only (default 1): gradients applied together, in arrival order
-    patience: int | None = None  # stop after this many epochs without a better val_loss; None: never stop early
+    patience: int | None = None  # stop after this many epochs without a better train.monitor; None: never
+    monitor: str = "val_loss"  # the epoch metric that picks the best epoch (and early stopping): train/monitor.py
+    monitor_mode: str = "auto"  # "min" | "max" | "auto": lower is better for losses and errors, higher otherwise
     # each epoch's row order (memtrain/order.py): "rows" mixes rows into new batches every epoch (shuffled within
-    # windows of shuffle_window rows of a seeded block order) | "batches": the same contiguous batches every
+    # windows of shuffle_window rows, one block from each stratum of the split) | "batches": the same batches every
     # epoch, visited in a seeded order (memtrain before row shuffling) | "none": file order
     shuffle: str = "rows"
     shuffle_window: int = WINDOW
@@ -128,10 +131,11 @@ class RunConfig:
     dir: Path = Path("runs/default")
     checkpoint_every: int = 1  # epochs
     keep_checkpoints: int = 3
-    keep_best: bool = False  # also keep the best epoch's checkpoint (by val_loss), whatever keep_checkpoints prunes
+    keep_best: bool = True  # also keep the best epoch's checkpoint (train.monitor), whatever keep_checkpoints prunes
     keep_versions: int = 3  # weight versions left on disk for inspection
     exchange: str = "auto"  # "auto" (measure /dev/shm vs the run's filesystem) | "shm" | "run" | a directory
     cluster: str = ""  # "": worker processes on this machine; "tcp://HOST:PORT" or "local:N": Dask workers
+    log_to: tuple[str, ...] = ()  # also write the epoch metrics for other tools: "csv", "tensorboard"
 
     def __post_init__(self) -> None:
         check_ranges(self, "run")
@@ -239,7 +243,8 @@ def job_to_dict(job: Job) -> dict[str, Any]:
         "data": {"path": str(job.data.path), "normalize": job.data.normalize, "verify": job.data.verify},
         "model": {"kind": job.model.kind, **job.model.options},
         "train": train,
-        "run": {**{f.name: getattr(job.run, f.name) for f in dataclasses.fields(RunConfig)}, "dir": str(job.run.dir)},
+        "run": {**{f.name: getattr(job.run, f.name) for f in dataclasses.fields(RunConfig)}, "dir": str(job.run.dir),
+                "log_to": list(job.run.log_to)},
     }
 
 
@@ -285,6 +290,13 @@ def _model_config(values: dict[str, Any], where: Any, base: Path) -> ModelConfig
     kind = values.pop("kind", ModelConfig.kind)
     if not isinstance(kind, str):
         raise InputError("wrong type for model.kind", path=where, expected="a string", found=repr(kind))
+    for key, text in (("kind", kind), *((k, values.get(k)) for k in IMPORT_OPTIONS)):
+        if isinstance(text, str) and ":" in text:  # the user's code: a module's dotted name, never a path
+            try:
+                import_path(text, f"model.{key}")
+            except InputError as exc:
+                exc.path = where
+                raise
     if ":" in kind or kind == "torch" or "code_dir" in values:
         code_dir = values.get("code_dir", ".")
         if not isinstance(code_dir, str):
@@ -316,9 +328,17 @@ def _check_exchange(exchange: str, where: Any) -> None:
 
 
 def _check_train(train: TrainConfig, where: Any) -> TrainConfig:
+    from memtrain.train.monitor import MONITOR_MODES, MONITORED
+
     if train.on_nonfinite not in ("stop", "skip"):
         raise InputError("bad value for train.on_nonfinite", path=where, expected="'stop' or 'skip'",
                          found=repr(train.on_nonfinite))
+    if train.monitor not in MONITORED:
+        raise InputError("bad value for train.monitor", path=where, expected=f"one of {', '.join(MONITORED)}",
+                         found=repr(train.monitor), hint=did_you_mean(train.monitor, MONITORED))
+    if train.monitor_mode not in MONITOR_MODES:
+        raise InputError("bad value for train.monitor_mode", path=where,
+                         expected=" or ".join(map(repr, MONITOR_MODES)), found=repr(train.monitor_mode))
     if train.shuffle not in SHUFFLES:
         raise InputError("bad value for train.shuffle", path=where, expected=" or ".join(map(repr, SHUFFLES)),
                          found=repr(train.shuffle))
@@ -370,6 +390,9 @@ def _check_range(key: str, value: int, lowest: int, where: Any) -> None:
 
 
 def _check_run(run: RunConfig, where: Any) -> None:
+    from memtrain.train.monitor import check_log_to
+
+    check_log_to(run.log_to, where)
     if not run.cluster:
         return
     from memtrain.cluster.address import parse_cluster
@@ -408,6 +431,8 @@ def _check_type(hint: Any, value: Any, key: str, where: Any) -> None:
 
 def _matches(hint: Any, value: Any) -> bool:
     origin = typing.get_origin(hint)
+    if origin is tuple:  # tuple[str, ...]: a TOML array (a list or tuple from Python)
+        return isinstance(value, list | tuple) and all(_matches(typing.get_args(hint)[0], item) for item in value)
     if origin in (typing.Union, types.UnionType):
         return any(_matches(arg, value) for arg in typing.get_args(hint))
     if hint is type(None):
@@ -424,6 +449,8 @@ def _matches(hint: Any, value: Any) -> bool:
 
 
 def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) is tuple:
+        return f"a list of {_type_name(typing.get_args(hint)[0])} values"
     args = typing.get_args(hint)
     if args:
         return " or ".join(_type_name(a) for a in args)
@@ -431,6 +458,8 @@ def _type_name(hint: Any) -> str:
 
 
 def _convert(hint: Any, value: Any) -> Any:
+    if typing.get_origin(hint) is tuple:
+        return tuple(value)
     if hint is Path:
         return Path(value)
     if hint is float and isinstance(value, int):

@@ -41,10 +41,11 @@ from typing import Any
 
 import numpy as np
 
-from memtrain.errors import CorruptFileError, InputError, plural
+from memtrain.errors import CorruptFileError, InputError, MemtrainError, plural
 from memtrain.files import check_npy, open_npy, read_json, unseal, verify_checksum, write_sealed_json
 from memtrain.layout import MANIFEST, OPTIONAL_SPLITS, SPLITS
 from memtrain.order import WINDOW, EpochOrder, Rows, check_part, epoch_order, rank_part
+from memtrain.train.normalize import Normalizer
 
 FORMAT = "memtrain.dataset"
 FORMAT_VERSION = 3  # 3: "encoding" (tables: levels, fill values, column order); 2: the manifest is sealed
@@ -71,6 +72,10 @@ class Split:
     x_dtype: np.dtype
     y_shape: tuple[int, ...]
     y_dtype: np.dtype
+    # The dataset directory and its identity (inode) when it was opened: a shard mapped later must come from
+    # the same directory, not from one that `prepare --overwrite` renamed into its place since.
+    root: Path | None = None
+    identity: int | None = None
     starts: list[int] = field(init=False)
     _maps: dict[int, tuple[np.ndarray, np.ndarray]] = field(init=False, default_factory=dict)
 
@@ -86,6 +91,11 @@ class Split:
             shard = self.shards[index]
             x = open_npy(shard.x_path, shape=(shard.rows, *self.x_shape), dtype=self.x_dtype)
             y = open_npy(shard.y_path, shape=(shard.rows, *self.y_shape), dtype=self.y_dtype)
+            # checked after mapping: a directory replaced after this check left us maps of the old one's files
+            if self.root is not None and directory_identity(self.root) != self.identity:
+                raise MemtrainError("the dataset changed since it was opened (it was replaced, e.g. by "
+                                    "`memtrain prepare --overwrite`): its shards are another dataset's",
+                                    path=self.root, hint="open it again (a training run: resume it, or start over)")
             self._maps[index] = (x, y)
         return self._maps[index]
 
@@ -331,7 +341,23 @@ class Dataset:
 
     @property
     def stats(self) -> dict[str, np.ndarray]:
-        return {k: np.asarray(v, dtype=np.float64) for k, v in self.manifest["stats"].items()}
+        """Per-feature ``mean``, ``std``, ``min`` and ``max`` of the train split, in the features' own float
+        dtype (float32 features: float32; integer features: float32, or float64 past 16-bit integers), so
+        ``(x - mean) / std`` keeps the dtype of ``x``. (Computed in float64 by ``prepare``.)"""
+        dtype = np.promote_types(self.manifest["x"]["dtype"], np.float32)
+        return {k: np.asarray(v, dtype=dtype) for k, v in self.manifest["stats"].items()}
+
+    @property
+    def normalizer(self) -> Normalizer:
+        """The standardization training applies (``data.normalize``), ready for your own loop: a function
+        of raw rows giving new, writable float32 rows ``(x - mean) / std`` (flattened per row). A column with
+        zero variance on the train split is only centred, never divided (std 0 counts as 1), so it never
+        becomes NaN or Inf.
+
+        >>> norm = ds.normalizer                                      # doctest: +SKIP
+        >>> for x, y in ds.batches(128): step(torch.from_numpy(norm(x)), torch.tensor(y))   # doctest: +SKIP
+        """
+        return Normalizer.from_stats(self.manifest["stats"], True)
 
     def split(self, name: str) -> Split:
         """The ``train``, ``val`` or (when prepared with ``--test-fraction``) ``test`` split."""
@@ -360,9 +386,10 @@ def open_dataset(path: str | Path, *, verify: bool = False) -> Dataset:
     if not manifest_path.exists():
         raise InputError("not a memtrain dataset: no manifest.json", path=path,
                          hint="an interrupted prepare leaves no manifest; run `memtrain prepare` again")
+    identity = directory_identity(path)  # before the manifest is read: a replacement after it is seen later
     manifest = read_manifest(path)
     present = manifest.get("splits") if isinstance(manifest.get("splits"), dict) else {}
-    splits = {name: _split(path, name, manifest) for name in SPLITS if name in present or
+    splits = {name: _split(path, name, manifest, identity) for name in SPLITS if name in present or
               name not in OPTIONAL_SPLITS}
     for split in splits.values():
         split.check_files()
@@ -413,7 +440,15 @@ def _check_format(manifest: Any, path: Path) -> None:
                                hint="prepare the dataset again with this memtrain")
 
 
-def _split(root: Path, name: str, manifest: dict[str, Any]) -> Split:
+def directory_identity(root: Path) -> int | None:
+    """The inode of the directory ``root`` (None if it is gone): a directory renamed into its place has another."""
+    try:
+        return os.stat(root).st_ino
+    except OSError:
+        return None
+
+
+def _split(root: Path, name: str, manifest: dict[str, Any], identity: int | None = None) -> Split:
     try:
         entry = manifest["splits"][name]
         shards = [Shard(int(s["rows"]), shard_file(root, s["x"], where=f"splits.{name}.shards[{i}].x"),
@@ -421,7 +456,7 @@ def _split(root: Path, name: str, manifest: dict[str, Any]) -> Split:
                         s["y_checksum"]) for i, s in enumerate(entry["shards"])]
         return Split(name, int(entry["rows"]), shards,
                      tuple(manifest["x"]["shape"]), np.dtype(manifest["x"]["dtype"]),
-                     tuple(manifest["y"]["shape"]), np.dtype(manifest["y"]["dtype"]))
+                     tuple(manifest["y"]["shape"]), np.dtype(manifest["y"]["dtype"]), root=root, identity=identity)
     except (KeyError, TypeError, ValueError) as exc:
         raise CorruptFileError(f"manifest is missing or has a malformed field ({exc})",
                                path=root / MANIFEST, where=f"splits.{name}") from exc

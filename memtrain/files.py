@@ -184,6 +184,39 @@ def open_own(path: Path, flags: int) -> int:
     return fd
 
 
+def open_reused(path: Path, flags: int = os.O_RDONLY) -> int | None:
+    """A descriptor of the file memtrain made at ``path``, to reuse it (recycle, rewrite, map writable), or None.
+
+    Only a regular file with one name, opened without following a link, is reused. Anything else at
+    the name -- a symbolic link, a hard link to a file elsewhere, a FIFO, a device -- is removed (the name
+    only: a link is removed, never followed) and None returned, so the caller makes a new file. None too
+    if nothing is there. A directory is left in place (the caller's write then fails naming it).
+    """
+    try:
+        fd = os.open(path, flags | WRITE_FLAGS)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR, errno.EOPNOTSUPP):
+            raise
+        _drop_name(path)
+        return None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        os.close(fd)
+        _drop_name(path)
+        return None
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _drop_name(path: Path) -> None:
+    """Unlink ``path`` unless it is a directory (unlink never follows a link: only the name goes)."""
+    with contextlib.suppress(FileNotFoundError, IsADirectoryError, PermissionError):
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            os.unlink(path)
+
+
 def _create(tmp: Path, path: Path, size: int) -> IO[bytes]:
     """``open_new(tmp)``, its failure reported for ``path`` (and nothing removed: the name is not ours)."""
     try:
@@ -472,12 +505,17 @@ def open_fd(path: Path, *, what: str = "a regular file", write: bool = False,
 
     ``O_NONBLOCK`` keeps a FIFO from blocking the open (one without a writer would hang memtrain forever);
     ``fstat`` on the descriptor then refuses anything that is not a regular file, naming what it is. The
-    descriptor is switched back to blocking mode. FileNotFoundError passes through. (Writing: ``open_own``.)
+    descriptor is switched back to blocking mode. FileNotFoundError passes through. ``write`` (a file mapped
+    or rewritten in place) never follows a symbolic link: one is an error naming it. (Appending: ``open_own``;
+    reusing a file memtrain made, removing whatever else is at its name: ``open_reused``.)
     """
-    flags = (os.O_RDWR if write else os.O_RDONLY) | os.O_NONBLOCK | os.O_CLOEXEC
+    flags = (os.O_RDWR | os.O_NOFOLLOW if write else os.O_RDONLY) | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         fd = os.open(path, flags)
     except OSError as exc:
+        if write and exc.errno == errno.ELOOP:  # memtrain never writes through a link it did not make
+            raise error("refusing to write through a symbolic link (memtrain never makes one here)", path=path,
+                        hint="remove the link; memtrain writes only files it made") from exc
         if exc.errno not in (errno.ENXIO, errno.EISDIR, errno.EOPNOTSUPP):  # a socket, a directory to write
             raise
         try:

@@ -64,6 +64,9 @@ RUN_METRICS = "metrics.jsonl"
 RUN_EVENTS = "events.log"
 RUN_LINEAGE = "lineage.jsonl"  # which version and tasks produced each published version
 RUN_LOCK = "run.lock"
+RUN_CSV = "metrics.csv"  # run.log_to = ["csv"]: the epoch records of metrics.jsonl as a table
+RUN_TENSORBOARD = "tensorboard"  # run.log_to = ["tensorboard"]: TensorBoard event files (tensorboardX)
+TENSORBOARD_EVENTS = "events.out.tfevents."  # how tensorboardX begins an event file's name (+ time.host)
 WEIGHTS_DIR = "weights"
 CHECKPOINTS_DIR = "checkpoints"
 CHECKPOINT_META = "meta.json"
@@ -327,3 +330,9 @@ def spool_archive_name(name: str, index: int) -> str:
     """
     stem = spool_record_stem(name)
     return stem if index == 0 else f"{stem}~{index}"
+
+
+def tensorboard_suffix(first_epoch: int, token: str) -> str:
+    """What ends the name of a session's TensorBoard event file, after tensorboardX's
+    ``events.out.tfevents.<time>.<host>``: the epoch the session starts from and a random token."""
+    return f".e{first_epoch:08d}.{token}"

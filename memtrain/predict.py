@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 
 from memtrain.errors import InputError
-from memtrain.layout import CHECKPOINTS_DIR, checkpoint_path, existing_hint
+from memtrain.layout import CHECKPOINTS_DIR
 from memtrain.prepare.table import Encoding, is_raw
-from memtrain.train.checkpoint import load_checkpoint
+from memtrain.train.checkpoint import WHICH, load_checkpoint, newest_checkpoint, pick_checkpoint
 from memtrain.train.context import ModelContext, model_context_from_manifest
 from memtrain.train.metrics import combine, task_statistics
 
@@ -109,41 +109,30 @@ class TrainedModel:
         return f"TrainedModel({kind!r}, epoch {self.meta.get('epoch')}, weights version {position.get('version')})"
 
 
-WHICH = ("last", "best")
-
-
-def load_model(path: str | Path, which: str = "last") -> TrainedModel:
+def load_model(path: str | Path, which: str | None = None) -> TrainedModel:
     """A trained model from a run directory (or one checkpoint directory), for prediction.
 
-    ``which="last"``: the run's newest complete checkpoint; ``which="best"``: the checkpoint of the epoch
-    with the lowest validation loss (kept whatever ``run.keep_checkpoints`` prunes when the job sets
-    ``run.keep_best = true``; an error names the checkpoints there are if it is gone).
+    By default the checkpoint of the run's best epoch (by ``train.monitor``, lowest ``val_loss`` unless the
+    job says otherwise; ``run.keep_best`` keeps it), or the newest complete checkpoint when the run records
+    no best epoch. ``which="last"``: the newest; ``which="best"``: the best epoch's, or an error saying why
+    there is none.
 
-    >>> model = load_model("runs/digits-mlp", which="best")     # doctest: +SKIP
+    >>> model = load_model("runs/digits-mlp")                    # doctest: +SKIP
     >>> model.predict(raw_rows)                                  # same normalization as in training
+    >>> load_model("runs/digits-mlp", which="last")              # doctest: +SKIP
     """
-    if which not in WHICH:
-        raise InputError("bad value for which", expected="'last' or 'best'", found=repr(which))
     path = Path(path)
-    if which == "best":
-        path = best_checkpoint(path)
+    if which is not None and which not in WHICH:
+        raise InputError("bad value for which", expected=" or ".join(map(repr, WHICH)), found=repr(which))
+    if (path / CHECKPOINTS_DIR).is_dir():
+        found = newest_checkpoint(path, warn=lambda _: None)
+        if found is None:
+            raise InputError("the run has no complete checkpoint", path=path)
+        path = pick_checkpoint(path, found[0], which)
+    elif which == "best":
+        raise InputError("which='best' needs a run directory", path=path,
+                         hint="give the run directory (a checkpoint directory is loaded as it is)")
     params, meta = load_checkpoint(path)
     data = meta["data"]
     context = model_context_from_manifest(data, meta["model"]["kind"], meta["model"]["options"], data["normalize"])
     return TrainedModel(context, params, meta)
-
-
-def best_checkpoint(run: Path) -> Path:
-    """The checkpoint of a run's best epoch, as its newest checkpoint records it."""
-    if not (run / CHECKPOINTS_DIR).is_dir():
-        raise InputError("which='best' needs a run directory", path=run,
-                         hint="give the run directory (a checkpoint directory is loaded as it is)")
-    _, meta = load_checkpoint(run)
-    best = meta.get("best") or {}
-    if "val_loss" not in best:
-        raise InputError("the run records no best epoch (no validation split?)", path=run)
-    path = checkpoint_path(run, best["update"])
-    if not path.is_dir():
-        raise InputError(f"the checkpoint of the best epoch ({best['epoch']}, val_loss {best.get('val_loss'):.4g}) "
-                         "was pruned", path=path, hint=f"{existing_hint(path)}; set run.keep_best = true to keep it")
-    return path

@@ -122,7 +122,7 @@ def test_dir_and_help_show_the_api() -> None:
         assert getattr(memtrain, name) is not None
     assert "importlib" not in listed and "TYPE_CHECKING" not in listed
     text = pydoc.render_doc(memtrain, renderer=pydoc.plaintext)
-    assert "fit(job" in text and "Train the job in a TOML file" in text
+    assert "fit(job" in text and "Train a job, or resume a run" in text
     assert "batches(self, batch_size" in text and "load_model(path" in text
     with pytest.raises(AttributeError):
         memtrain.no_such_thing  # noqa: B018

@@ -163,8 +163,8 @@ def test_a_local_dask_cluster_gives_the_weights_of_a_local_run(dataset: Path, lo
     """``--cluster local:2``: memtrain starts (and stops) two Dask worker processes itself, on loopback only."""
     sockets: set[str] = set()
 
-    def open_and_look(*args: object) -> object:
-        pool = open_cluster(*args)
+    def open_and_look(*args: object, **kwargs: object) -> object:
+        pool = open_cluster(*args, **kwargs)
         sockets.update(listening({os.getpid()}))  # the scheduler runs in this process, the workers below it
         return pool
 

@@ -33,6 +33,7 @@ MADE = {
     "gradient_name": lambda: [layout.gradient_name(390, 1, 0)],
     "metrics_name": lambda: [layout.metrics_name(390, 1, 0)],
     "streamed_gradient_name": lambda: [layout.streamed_gradient_name(390, 1, 0)],
+    "tensorboard_suffix": lambda: [f"{layout.TENSORBOARD_EVENTS}1795682640.vm{layout.tensorboard_suffix(0, 'c72')}"],
     "spare_gradient_name": lambda: [layout.spare_gradient_name(390, 1, 0)],
     "gradient_buffer_name": lambda: [layout.gradient_buffer_name(task, bank) for task in (0, 3) for bank in (0, 1)],
     "building_path": lambda: [layout.building_path(Path(), 391, 4242).as_posix()],
@@ -53,7 +54,8 @@ READERS = {"prepare_work_dirs", "weight_versions", "checkpoint_updates", "parse_
            "spool_job_name", "tmp_target", "is_version_name", "is_checkpoint_name", "is_shard_name",
            "existing_hint"}
 # Constants that are parts of names, not names: each must occur inside a name made above.
-FRAGMENTS = {"PREPARE_WORK_MARK", "TMP_MARK", "EXCHANGE_PREFIX", "SPOOL_JOB_SUFFIX", "EXCHANGE_PROBE"}
+FRAGMENTS = {"PREPARE_WORK_MARK", "TMP_MARK", "EXCHANGE_PREFIX", "SPOOL_JOB_SUFFIX", "EXCHANGE_PROBE",
+             "TENSORBOARD_EVENTS"}
 # Names the user chooses (the root of a listing), not memtrain.
 USER_NAMES = {"OUT", "runs", "digits-mlp", "jobs"}
 
@@ -160,6 +162,7 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert main(["prepare", "--synthetic", "400x4", str(root / "data"), "--classes", "3", "--shard-mb", "0.004"]) == 0
     assert main(["train", str(ROOT / "jobs" / "examples" / "softmax.toml"), "--set", f'data.path="{root / "data"}"',
                  "--set", "train.epochs=2", "--set", "train.batch_size=100", "--run-dir", str(root / "run"),
+                 "--set", 'run.log_to=["csv", "tensorboard"]',  # every file a run may write
                  "--workers", "1"]) == 0
     jobs = root / "jobs"
     jobs.mkdir(mode=0o700)

@@ -124,3 +124,17 @@ def test_serve_reading_a_run_lock_that_is_a_fifo_does_not_hang(tmp_path: Path) -
     run.mkdir()
     make_fifo(run / "run.lock")
     assert run_lock_owner(run) == "unknown (run.lock is not a regular file)"
+
+
+@pytest.mark.parametrize("command", [("train", "--replay", "{run}", "--run-dir", "{out}"),
+                                     ("train", "--resume", "{run}"), ("inspect", "{run}", "--lineage", "1"),
+                                     ("inspect", "{run}", "--verify")],
+                         ids=["replay", "resume", "inspect-lineage", "inspect-verify"])
+def test_every_reader_of_a_lineage_refuses_a_fifo(cli, tmp_path: Path, dataset: Path, command: tuple) -> None:
+    """`train --replay` opened lineage.jsonl with a plain open and hung on a FIFO (issue 30, defect 4)."""
+    assert cli("train", job_file(tmp_path / "job", dataset), "--workers", "0").code == 0
+    run = tmp_path / "job" / "run"
+    found = replace_with(run / "lineage.jsonl", "fifo")
+    result = cli(*(part.format(run=run, out=tmp_path / "replay") for part in command))
+    assert result.code == 1, result.out + result.err
+    assert "lineage.jsonl: expected a" in result.out + result.err and found in result.out + result.err

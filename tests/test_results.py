@@ -130,25 +130,36 @@ def overfitting_job(folder: Path, data: Path, *, epochs: int, keep: int = 3, ext
 
 def test_keep_best_keeps_the_best_checkpoint_and_load_model_finds_it(tmp_path: Path, noise: Path, cli) -> None:
     plain = overfitting_job(tmp_path / "plain", noise, epochs=6, keep=1)
+    plain.write_text(plain.read_text() + "keep_best = false\n")
     assert cli("train", plain).code == 0
     best = min(epoch_records(tmp_path / "plain" / "run"), key=lambda r: r["val_loss"])
     assert best["epoch"] < 6, "the test needs a run whose best epoch is not the last"
     with pytest.raises(InputError, match=r"the checkpoint of the best epoch .* was pruned") as gone:
         load_model(tmp_path / "plain" / "run", which="best")
     assert "has checkpoints c00000048" in str(gone.value) and "run.keep_best = true" in str(gone.value)
+    assert load_model(tmp_path / "plain" / "run").meta["epoch"] == 6  # by default: the newest, when best is gone
 
-    kept = overfitting_job(tmp_path / "kept", noise, epochs=6, keep=1)
-    kept.write_text(kept.read_text() + "keep_best = true\n")
+    kept = overfitting_job(tmp_path / "kept", noise, epochs=6, keep=1)  # run.keep_best = true: the default
     assert cli("train", kept).code == 0
     run = tmp_path / "kept" / "run"
     assert checkpoint_updates(run) == [best["update"], 6 * 8]  # the best one and the newest one
     model = load_model(run, which="best")
     assert model.meta["epoch"] == best["epoch"] and model.meta["metrics"]["val_loss"] == best["val_loss"]
-    assert load_model(run).meta["epoch"] == 6 and load_model(run, which="last").meta["epoch"] == 6
+    assert load_model(run).meta["epoch"] == best["epoch"]  # the default is the best epoch's checkpoint
+    assert load_model(run, which="last").meta["epoch"] == 6
     x, y = open_dataset(noise).split("val")[:]
     assert model.evaluate(x, y)["accuracy"] == pytest.approx(best["val_accuracy"])
     with pytest.raises(InputError, match="bad value for which"):
         load_model(run, which="newest")
+    for which, epoch in ((None, best["epoch"]), ("last", 6), ("best", best["epoch"])):  # inspect --export too
+        out = tmp_path / f"export-{which}.npz"
+        done = cli("inspect", run, "--export", out, *(["--which", which] if which else []), "--json")
+        assert done.code == 0, done.err
+        chosen = load_model(run, which=which or "best")
+        with np.load(out) as exported:
+            for name, value in chosen.params.items():
+                np.testing.assert_array_equal(exported[name], value)
+        assert chosen.meta["epoch"] == epoch
 
 
 def test_patience_stops_early_and_resume_does_not_train_on(tmp_path: Path, noise: Path, cli) -> None:

@@ -62,7 +62,7 @@ def streamed(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     send = WorkerPool.send
     monkeypatch.setattr(WorkerPool, "send", lambda pool, slot, message: (sent.append(message),
                                                                          send(pool, slot, message))[1])
-    monkeypatch.setattr(server, "open_cluster", lambda job, setup, run, log: WorkerPool(setup, 2))
+    monkeypatch.setattr(server, "open_cluster", lambda job, setup, run, log, **_: WorkerPool(setup, 2))
     return sent
 
 

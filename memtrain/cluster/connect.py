@@ -2,8 +2,9 @@
 
 ``tcp://HOST:PORT`` connects to a running scheduler (its workers started by the user's deployment:
 dask-jobqueue, dask-mpi, Kubernetes, ``dask worker``); ``local:N`` starts N worker processes on 127.0.0.1,
-one thread each, without a dashboard, to try a cluster run on one machine. Every wait has a bound: an
-unreachable scheduler, or one without workers, is a clear error, not a hang.
+one thread each, without a dashboard, to try a cluster run on one machine. Every wait has a bound, whatever
+is at the other end (an unreachable scheduler, one without workers, a listener that never answers, an HTTP
+server): a clear error, not a hang; and every wait ends at a stop request (SIGINT, SIGTERM, SIGHUP).
 """
 
 from __future__ import annotations
@@ -11,13 +12,23 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-from collections.abc import Iterator
-from typing import Any
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from memtrain.cluster.address import ClusterAddress
-from memtrain.errors import InputError, MemtrainError
+from memtrain.errors import InputError, Interrupted, MemtrainError
+
+T = TypeVar("T")
 
 CONNECT_SECONDS = 20.0  # to reach the scheduler
+# Beyond Dask's own timeout (which times the TCP connect), for the handshake: the whole connection is
+# bounded by the timeout plus this (or plus the timeout, if shorter).
+HANDSHAKE_GRACE = 5.0
+CLOSE_SECONDS = 10.0  # for a client to close (its own timeout is 5 s)
+POLL_SECONDS = 0.1  # how often a bounded wait looks for a stop request
 WORKERS_SECONDS = 60.0  # for the first worker to register (a batch system may still be starting them)
 INSTALL_HINT = 'install the cluster extra: pip install "memtrain[cluster]"'
 
@@ -33,8 +44,13 @@ def import_distributed() -> Any:
 
 @contextlib.contextmanager
 def connected(address: ClusterAddress, *, connect_seconds: float = CONNECT_SECONDS,
-              workers_seconds: float = WORKERS_SECONDS) -> Iterator[Any]:
-    """Yield a Client of ``address`` with at least one worker; closes it (and a local cluster) on exit."""
+              workers_seconds: float = WORKERS_SECONDS, stopped: Callable[[], int | None] = lambda: None
+              ) -> Iterator[Any]:
+    """Yield a Client of ``address`` with at least one worker; closes it (and a local cluster) on exit.
+
+    ``stopped``: the signal number of a stop request (SIGINT, SIGTERM...) or None; polled during every
+    wait, which then ends with ``Interrupted`` (exit 128 + the signal).
+    """
     distributed = import_distributed()
     from memtrain.cluster import memory
 
@@ -49,9 +65,9 @@ def connected(address: ClusterAddress, *, connect_seconds: float = CONNECT_SECON
                 scheduler_kwargs={"dashboard_address": "127.0.0.1:0"}, worker_dashboard_address="127.0.0.1:0"))
             client = stack.enter_context(distributed.Client(cluster, timeout=connect_seconds, direct_to_workers=True))
         else:
-            client = stack.enter_context(_client(distributed, address.text, connect_seconds))
+            client = stack.enter_context(_client(distributed, address.text, connect_seconds, stopped))
         memory.register(client)
-        _wait_for_a_worker(client, address, workers_seconds)
+        _wait_for_a_worker(client, address, workers_seconds, stopped)
         yield client
 
 
@@ -73,23 +89,82 @@ def _quiet(prefix: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _client(distributed: Any, address: str, seconds: float) -> Iterator[Any]:
+def _client(distributed: Any, address: str, seconds: float, stopped: Callable[[], int | None]) -> Iterator[Any]:
+    # Dask's own timeout covers the TCP connect, not the handshake after it: a listener that never answers
+    # (or an HTTP server, which waits for a request) would hang it forever. So the whole construction is
+    # bounded here, and a stop request ends the wait.
+    unreachable = f"cannot reach the Dask scheduler at {address} within {seconds:g} s"
+    hint = "start it (`dask scheduler`) or check the address, port and firewall"
     try:
-        client = distributed.Client(address, timeout=seconds, direct_to_workers=True)
+        client = bounded(lambda: distributed.Client(address, timeout=seconds, direct_to_workers=True),
+                         seconds=seconds + min(seconds, HANDSHAKE_GRACE), stopped=stopped,
+                         doing=f"connecting to {address}",
+                         late=lambda client: client.close(timeout=5),
+                         timeout_error=MemtrainError(unreachable, found="no Dask handshake: something that is not "
+                                                     "a Dask scheduler answers there, or nothing does", hint=hint))
     except (OSError, TimeoutError) as exc:
-        raise MemtrainError(f"cannot reach the Dask scheduler at {address} within {seconds:g} s",
-                            found=str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
-                            hint="start it (`dask scheduler`) or check the address, port and firewall") from None
+        raise MemtrainError(unreachable, found=str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                            hint=hint) from None
     try:
         yield client
     finally:
         with contextlib.suppress(Exception):  # a lost scheduler must not hide the error that ended the run
-            client.close(timeout=5)
+            bounded(lambda: client.close(timeout=5), seconds=CLOSE_SECONDS, stopped=lambda: None,
+                    doing="disconnecting", timeout_error=MemtrainError("the Dask client did not close"))
 
 
-def _wait_for_a_worker(client: Any, address: ClusterAddress, seconds: float) -> None:
+def _wait_for_a_worker(client: Any, address: ClusterAddress, seconds: float, stopped: Callable[[], int | None]
+                       ) -> None:
+    no_workers = MemtrainError(f"the Dask scheduler at {address.text} has no workers after {seconds:g} s",
+                               hint="start workers with `dask worker " + address.text + "` (docs/cluster.md)")
     try:
-        client.wait_for_workers(1, timeout=seconds)
+        bounded(lambda: client.wait_for_workers(1, timeout=seconds), seconds=seconds + min(seconds, HANDSHAKE_GRACE),
+                stopped=stopped, doing=f"waiting for a worker of {address.text}", timeout_error=no_workers)
     except TimeoutError:
-        raise MemtrainError(f"the Dask scheduler at {address.text} has no workers after {seconds:g} s",
-                            hint="start workers with `dask worker " + address.text + "` (docs/cluster.md)") from None
+        raise no_workers from None
+
+
+def bounded(call: Callable[[], T], *, seconds: float, stopped: Callable[[], int | None], doing: str,
+            timeout_error: MemtrainError, late: Callable[[T], object] | None = None) -> T:
+    """``call()`` run in a daemon thread, waited for at most ``seconds`` and only while ``stopped()`` is None.
+
+    For a library call that may block beyond its own timeout: past the bound, ``timeout_error`` is raised;
+    on a stop request, ``Interrupted`` (exit 128 + the signal). The thread is left behind (a daemon: it never
+    holds up the exit), and whatever it returns after being given up on goes to ``late`` (to close it).
+    Exceptions of ``call`` are raised here.
+    """
+    outcome: dict[str, Any] = {}
+    finished, lock = threading.Event(), threading.Lock()
+
+    def run() -> None:
+        try:
+            value, error = call(), None
+        except BaseException as exc:  # handed over to the waiting thread, which raises it
+            value, error = None, exc
+        with lock:
+            abandoned = outcome.get("abandoned", False)
+            outcome.update(value=value, error=error)
+            finished.set()
+        if abandoned and error is None and late is not None:
+            with contextlib.suppress(Exception):
+                late(value)
+
+    threading.Thread(target=run, name=f"memtrain: {doing}", daemon=True).start()
+    deadline = time.monotonic() + seconds
+    while not finished.wait(POLL_SECONDS):
+        signum = stopped()
+        if signum is None and time.monotonic() < deadline:
+            continue
+        with lock:
+            if finished.is_set():
+                break
+            outcome["abandoned"] = True
+        if signum is not None:
+            error = Interrupted(f"stopped by {signal.Signals(signum).name} while {doing}",
+                                hint="nothing was trained meanwhile; run the same command (with --resume) again")
+            error.exit_code = 128 + signum
+            raise error
+        raise timeout_error
+    if outcome["error"] is not None:
+        raise outcome["error"]
+    return outcome["value"]

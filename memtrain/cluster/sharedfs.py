@@ -18,7 +18,7 @@ from pathlib import Path
 
 from memtrain.dataset import open_dataset
 from memtrain.errors import InputError, MemtrainError
-from memtrain.files import checksum_file
+from memtrain.files import checksum_file, publish, read_json
 from memtrain.layout import MANIFEST, cluster_probe_name
 
 # Filesystem types whose clients do not share one page cache: a file written on one node must be
@@ -109,17 +109,18 @@ def look(probe: ViewProbe, worker: str) -> View:
     except (OSError, MemtrainError) as exc:
         problems.append(f"cannot read the dataset: {_reason(exc)}")
     try:
-        token = json.loads(Path(probe.run_probe).read_text(encoding="utf-8")).get("token")
+        record = read_json(Path(probe.run_probe), what="run directory probe")  # a regular file only
+        token = record.get("token") if isinstance(record, dict) else None
         if token != probe.token:
             problems.append(f"sees another run directory at {probe.run_dir} (its probe holds {token!r})")
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, MemtrainError) as exc:
         problems.append(f"cannot see the run directory's probe {probe.run_probe}: {_reason(exc)}")
     written = None
     path = Path(probe.exchange) / cluster_probe_name(worker)
     try:
         _write_synced(path, {"token": probe.token, "worker": worker})
         written = str(path)
-    except OSError as exc:
+    except (OSError, MemtrainError) as exc:
         problems.append(f"cannot write into the exchange area {probe.exchange}: {_reason(exc)}")
     return View(host=socket.gethostname(), pid=os.getpid(), problems=tuple(problems), probe=written)
 
@@ -149,11 +150,10 @@ def cleanup(probe: ViewProbe) -> None:
 
 
 def _write_synced(path: Path, record: dict[str, str]) -> None:
-    """Write, fsync and close: another node may read it once a message says it is there."""
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump(record, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
+    """Publish durably (fsync, then rename; never through a link at ``path``): another node may read it once a
+    message says it is there."""
+    text = json.dumps(record).encode()
+    publish(path, lambda handle: handle.write(text), durable=True)
 
 
 def _reason(exc: BaseException) -> str:

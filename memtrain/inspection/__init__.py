@@ -11,7 +11,7 @@ Examples (on what the README's first command makes: data/digits and runs/digits-
   memtrain inspect runs/digits-mlp --verify          # re-hash every file against its recorded checksum
   memtrain inspect runs/digits-mlp/checkpoints/c00000260 --diff runs/digits-mlp/checkpoints/c00000390
   memtrain inspect runs/digits-mlp --plot loss.png   # loss and accuracy curves
-  memtrain inspect runs/digits-mlp --export params.npz      # newest complete checkpoint as named arrays
+  memtrain inspect runs/digits-mlp --export params.npz      # the best epoch's checkpoint as named arrays
   memtrain inspect runs/digits-mlp --export params.safetensors  # (a torch model's: state_dict keys)
   memtrain inspect runs/digits-mlp --lineage 12      # version 12: the versions its gradients came from
   memtrain inspect runs/digits-mlp --json            # any view as JSON, for scripts
@@ -38,6 +38,7 @@ from memtrain.inspection.stats import CHUNK
 from memtrain.inspection.tensor_view import tensor_view
 from memtrain.inspection.tensors import source_tensors, training_data
 from memtrain.inspection.verify import Check, annotate, verify
+from memtrain.train.checkpoint import WHICH
 
 __all__ = ["add_arguments", "run", "detect", "build_view"]
 
@@ -54,11 +55,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="per-parameter differences from PATH to OTHER (checkpoints, runs or versions)")
     actions.add_argument("--plot", type=Path, metavar="OUT.png", help="loss/accuracy curves of a run (matplotlib)")
     actions.add_argument("--export", type=Path, metavar="OUT.npz|OUT.h5|OUT.safetensors",
-                         help="a checkpoint's (or run's newest complete checkpoint's) parameters as named arrays, "
-                              "with the feature normalization")
+                         help="a checkpoint's (or a run's best epoch's checkpoint's, see --which) parameters as "
+                              "named arrays, with the feature normalization")
     actions.add_argument("--lineage", type=int, metavar="VERSION",
                          help="where a weight version of a run came from: its gradients in the order they were "
                               "added, the version each was computed at, and the later versions that used it")
+    parser.add_argument("--which", choices=WHICH, help="with --export of a run: the best epoch's checkpoint (by "
+                        "train.monitor) or the newest (default: the best epoch's if kept, else the newest)")
     parser.add_argument("--overwrite", action="store_true", help="with --export: replace an existing OUT")
     parser.add_argument("--json", action="store_true", help="print the view as JSON on stdout (NaN/Inf as null)")
     parser.add_argument("--chunk", type=int, default=CHUNK, metavar="N",
@@ -72,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--with-dataset only makes sense with --verify")
     if args.overwrite and args.export is None:
         raise InputError("--overwrite only makes sense with --export")
+    if args.which is not None and args.export is None:
+        raise InputError("--which only makes sense with --export", hint="load_model(run, which=...) in Python")
     target = detect(args.path)
     if args.lineage is not None:
         if target.run is None:
@@ -119,7 +124,7 @@ def run_action(target: Target, args: argparse.Namespace) -> int:
                              path=target.path)
         view = plot_run(target.run, args.plot)
     else:
-        tensors, meta = source_tensors(target)
+        tensors, meta = source_tensors(target, which=args.which)
         view = export(tensors, args.export, meta, args.chunk, data=training_data(target, meta),
                       overwrite=args.overwrite)
         tensors.check_unchanged()

@@ -28,14 +28,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import zipfile
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
-from memtrain.errors import InputError
-from memtrain.files import publish, sweep_orphans
+from memtrain.errors import InputError, MemtrainError
+from memtrain.files import is_no_space, no_space_error, publish, sweep_orphans
 from memtrain.inspection.output import plain
 from memtrain.inspection.stats import CHUNK
 from memtrain.inspection.tensor_view import SCHEMA
@@ -133,6 +134,9 @@ def write_h5(out: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any] | No
              encoding: str | None = None) -> None:
     import h5py  # a dependency, imported here so that `memtrain inspect` without --export stays light
 
+    need = h5_bytes(arrays, meta)
+    if shutil.disk_usage(out.parent).free < need:  # HDF5 on a full disk can crash the process (SIGSEGV)
+        raise no_space_error(out, need)
     tmp = tmp_sibling(out)
     try:
         with h5py.File(tmp, "w") as handle:
@@ -147,10 +151,30 @@ def write_h5(out: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any] | No
             if encoding:
                 handle.attrs[ENCODING_KEY] = encoding
         os.replace(tmp, out)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError):  # h5py's errors name no file: name the target (and its filesystem's room)
+            raise (no_space_error(out) if is_no_space(exc) else
+                   MemtrainError(f"cannot write: {exc.strerror or exc}", path=out)) from exc
         raise
+
+
+# An HDF5 file's room beyond its arrays' bytes: the superblock, root group and metadata blocks, and per
+# dataset its object header and link. Measured with h5py 3 here: 18 arrays took 12 KiB beyond their data,
+# 200 tiny arrays about 380 bytes each; these bounds leave several times that.
+H5_FILE_OVERHEAD = 64 << 10
+H5_DATASET_OVERHEAD = 4 << 10
+
+
+def h5_bytes(arrays: dict[str, np.ndarray], meta: dict[str, Any] | None) -> int:
+    """The room an .h5 export needs: every array's bytes, the metadata attribute, and HDF5's own overhead.
+
+    HDF5 writing onto a full disk can crash the process (a SIGSEGV in h5py's cleanup), so the room is checked
+    before anything is written."""
+    meta_bytes = len(json.dumps(plain(meta), allow_nan=False)) if meta is not None else 0
+    return (sum(array.nbytes for array in arrays.values()) + meta_bytes + H5_FILE_OVERHEAD
+            + H5_DATASET_OVERHEAD * len(arrays))
 
 
 def row_blocks(array: np.ndarray, chunk: int) -> list[tuple[int, int]]:

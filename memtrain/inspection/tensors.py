@@ -27,7 +27,7 @@ from memtrain.layout import (
     checkpoint_updates,
 )
 from memtrain.models.params import ParamLayout
-from memtrain.train.checkpoint import read_meta
+from memtrain.train.checkpoint import pick_checkpoint, read_meta
 
 
 @dataclass
@@ -152,8 +152,9 @@ def training_data(target: Target, meta: dict[str, Any] | None) -> dict[str, Any]
         return None
 
 
-def source_tensors(target: Target) -> tuple[Tensors, dict[str, Any] | None]:
-    """What ``--diff`` and ``--export`` read: a run's newest complete checkpoint, or the target itself.
+def source_tensors(target: Target, which: str | None = "last") -> tuple[Tensors, dict[str, Any] | None]:
+    """What ``--diff`` and ``--export`` read: a run's checkpoint (``which``, checkpoint.pick_checkpoint: the
+    newest complete one for --diff; for --export by default the best epoch's), or the target itself.
 
     Returns the tensors and the checkpoint metadata (None for a weight version or a plain file).
     """
@@ -166,6 +167,7 @@ def source_tensors(target: Target) -> tuple[Tensors, dict[str, Any] | None]:
         if checkpoint is None:
             raise InputError("the run has no complete checkpoint yet", path=target.path,
                              hint="give a weight version (weights/vNNNNNNNN.npy) instead")
+        checkpoint = pick_checkpoint(target.path, checkpoint, which)
     if checkpoint is not None:
         return checkpoint_file(checkpoint, CHECKPOINT_WEIGHTS), read_meta(checkpoint)
     return open_tensors(target), None

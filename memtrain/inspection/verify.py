@@ -31,8 +31,9 @@ from memtrain.layout import (
     weights_path,
 )
 from memtrain.train.checkpoint import read_meta
+from memtrain.train.lineage import read_lineage
 from memtrain.train.record import recorded_job
-from memtrain.train.run_dir import read_params
+from memtrain.train.run_dir import read_params, run_is_live
 
 FAILURES = ("mismatch", "missing", "unreadable")
 # How long a failing checkpoint of a run gets to disappear before its failure counts: a live run prunes
@@ -149,7 +150,37 @@ def record_checks(run: Path) -> list[Check]:
             checks.append(Check(path, "mismatch", "a sealed record", str(exc)))
     _, damaged = read_sealed_jsonl(run / RUN_LINEAGE, what="lineage record")
     checks += [Check(run / RUN_LINEAGE, "mismatch", "a sealed record", str(exc)) for exc in damaged]
+    if not damaged:  # each damaged line is reported above; continuity is about intact ones
+        checks.append(continuity_check(run))
     return checks
+
+
+def continuity_check(run: Path) -> Check:
+    """The lineage is continuous (versions 0, 1, 2, ... each once, in order: ``read_lineage``) and reaches
+    every checkpoint's version: a run that passes can be resumed and replayed. (Versions published after the
+    newest record are a crashed or live run's, which a resume unpublishes: they count as unrecorded.)"""
+    path = run / RUN_LINEAGE
+    expected = "versions 0 to the newest checkpoint's, each once, in order"
+    # listed before the lineage is read: a live run records a version before it checkpoints it, so a
+    # checkpoint that appears meanwhile is one whose record the read already has
+    newest = max((version_of_checkpoint(run, u) for u in checkpoint_updates(run)), default=0)
+    if not path.exists():
+        return Check(path, "gone" if run_is_live(run) else "missing", expected, "no file")
+    try:
+        final = read_lineage(run).final_version
+    except MemtrainError as exc:
+        return Check(path, "mismatch", expected, str(exc))
+    if final < newest:
+        return Check(path, "mismatch", expected,
+                     f"the lineage ends at version {final}, before the checkpoint of version {newest}")
+    return Check(path, "ok", expected, f"versions 0 to {final}")
+
+
+def version_of_checkpoint(run: Path, update: int) -> int:
+    try:
+        return int(read_meta(checkpoint_path(run, update))["position"]["version"])
+    except (MemtrainError, KeyError, TypeError, ValueError):
+        return 0  # an unreadable checkpoint is reported by its own check
 
 
 def weights_check(run: Path, version: int, recorded: dict[int, str], *, gone_ok: bool) -> Check:

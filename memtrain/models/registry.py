@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from types import MappingProxyType
 from typing import Any
 
-from memtrain.errors import InputError, did_you_mean
+from memtrain.errors import InputError, MemtrainError, did_you_mean
 from memtrain.models.protocol import DataSpec, Model, build_options_error
 
 # Built-in kinds name import paths, so a built-in model is found exactly the way a user model is.
@@ -43,7 +43,40 @@ def build_model(kind: str, options: dict[str, Any], spec: DataSpec) -> Model:
         cls = model_class(kind)
         check_protocol(kind, cls)
         check_options(kind, cls, options)
-        return cls(spec, **options)
+        with user_code(f"model {kind!r}"):
+            return cls(spec, **options)
+
+
+@contextlib.contextmanager
+def user_code(what: str, **details: Any) -> Iterator[None]:
+    """Run the user's code (an import, a constructor, a factory, a loss): whatever it raises -- any exception,
+    ``SystemExit`` (even ``SystemExit(0)``), ``KeyboardInterrupt``, a ``BaseException`` of its own -- is an
+    InputError saying ``what`` raised it (exit 2), never a silent exit or exit 0. memtrain's own errors (a stop
+    request's ``Interrupted``) pass through. ``details``: the InputError's other fields (``expected``, ...).
+
+    >>> with user_code("model factory 'nets:make'"):       # doctest: +SKIP
+    ...     raise SystemExit(0)
+    InputError: model factory 'nets:make' raised SystemExit: 0
+    """
+    try:
+        yield
+    except MemtrainError:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the user's code may raise anything
+        raise InputError(f"{what} raised {type(exc).__name__}: {exc}", **details) from exc
+
+
+def _import(module_name: str, what: str, hint: str) -> Any:
+    """Import the user's module; an ImportError says it cannot be found, anything else that importing it
+    raised (``user_code``)."""
+    try:
+        with user_code(f"importing module {module_name!r} of {what}"):
+            return importlib.import_module(module_name)
+    except InputError as exc:
+        if isinstance(exc.__cause__, ImportError):
+            raise InputError(f"cannot import module {module_name!r} of {what} ({exc.__cause__})",
+                             hint=hint) from exc.__cause__
+        raise
 
 
 @contextlib.contextmanager
@@ -60,16 +93,32 @@ def code_on_path(folder: str | None) -> Iterator[None]:
             sys.path.remove(folder)
 
 
+# Options of [model] that name the user's code as "module:name" (besides kind), checked by ``import_path``
+# when the job is loaded (config.py).
+IMPORT_OPTIONS = ("factory", "loss")
+
+
+def import_path(path: str, what: str, *, example: str = "'nets:make_cnn'") -> tuple[str, str]:
+    """``"package.module:name"`` -> ``("package.module", "name")``: a module's dotted name (each part a Python
+    identifier, so never a file path, ``..`` or a relative import) and an identifier; InputError if not.
+
+    >>> import_path("nets.cnn:make", "model factory")
+    ('nets.cnn', 'make')
+    """
+    module_name, _, name = path.partition(":")
+    if not (module_name and name and all(part.isidentifier() for part in module_name.split("."))
+            and name.isidentifier()):
+        raise InputError(f"bad {what} {path!r}: a module's dotted name, a colon and a name are expected",
+                         expected=f"'module:name' of Python identifiers, e.g. {example}", found=repr(path),
+                         hint="put the module beside the job file (or in model.code_dir) and name it, not its path")
+    return module_name, name
+
+
 def import_object(path: str, what: str) -> object:
     """``"package.module:name"`` -> the object; InputError naming ``what`` when it cannot be found."""
-    module_name, _, name = path.partition(":")
-    if not module_name or not name:
-        raise InputError(f"bad {what} {path!r}", expected="'module:name', e.g. 'nets:make_cnn'", found=repr(path))
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise InputError(f"cannot import module {module_name!r} of {what} {path!r} ({exc})",
-                         hint="put it beside the job file (or in model.code_dir), or on PYTHONPATH") from exc
+    module_name, name = import_path(path, what)
+    module = _import(module_name, f"{what} {path!r}",
+                     hint="put it beside the job file (or in model.code_dir), or on PYTHONPATH")
     if not hasattr(module, name):
         raise InputError(f"module {module_name!r} has no {name!r} (the {what})", expected=f"a name {name}",
                          found="nothing", path=getattr(module, "__file__", None))
@@ -77,25 +126,23 @@ def import_object(path: str, what: str) -> object:
 
 
 def check_kind(kind: str) -> None:
-    """A built-in kind, or the form of an import path (``package.module:ClassName``; nothing is imported).
+    """A built-in kind, or an import path of the form ``package.module:ClassName`` (dotted identifiers; nothing
+    is imported).
 
     >>> check_kind("mlp"); check_kind("nets:Model")   # both pass; "sofmax" raises: "... did you mean `softmax`?"
     """
-    module_name, _, class_name = BUILTIN.get(kind, kind).partition(":")
-    if not class_name or not module_name:
+    path = BUILTIN.get(kind, kind)
+    if ":" not in path:
         raise InputError(f"unknown model kind {kind!r}",
                          expected=f"one of {', '.join(MODEL_KINDS)}, or 'package.module:ClassName'", found=repr(kind),
                          hint=did_you_mean(kind, MODEL_KINDS))
+    import_path(path, "model kind", example="'mymodels:Huber'")
 
 
 def model_class(kind: str) -> type:
     check_kind(kind)
-    module_name, _, class_name = BUILTIN.get(kind, kind).partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise InputError(f"cannot import module {module_name!r} of model {kind!r} ({exc})",
-                         hint="check the name and that the module is on PYTHONPATH") from exc
+    module_name, class_name = import_path(BUILTIN.get(kind, kind), "model kind", example="'mymodels:Huber'")
+    module = _import(module_name, f"model {kind!r}", hint="check the name and that the module is on PYTHONPATH")
     cls = getattr(module, class_name, None)
     if not isinstance(cls, type):
         raise InputError(f"module {module_name!r} has no class {class_name!r}", expected=f"a class {class_name}",

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from memtrain.errors import InputError
+from memtrain.errors import InputError, MemtrainError
 from memtrain.models.checks import CLASSIFICATION, output_width
 from memtrain.models.losses import class_indices, regression_targets
 from memtrain.models.protocol import DataSpec
@@ -104,7 +104,9 @@ def check_output(factory: str, loss: Loss, spec: DataSpec, rows: int, output: An
 def _call_loss(factory: str, loss: Loss, output: Any, target: Any) -> Any:
     try:
         return loss.per_row(output, target)
-    except Exception as exc:  # the user's loss on the dry run's rows
+    except MemtrainError:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the user's loss on the dry run's rows: may raise anything
         raise InputError(f"loss {loss.name!r} of model factory {factory!r} raised {type(exc).__name__}: {exc}",
                          expected="fn(output, target) -> one loss per row",
                          found=f"output shape {list(output.shape)}, target shape {list(target.shape)} "

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from memtrain.errors import InputError
+from memtrain.errors import InputError, MemtrainError
 from memtrain.models.checks import CLASSIFICATION
 from memtrain.models.layers import regression_output
 from memtrain.models.protocol import DataSpec
@@ -85,7 +85,9 @@ class TorchModel:
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             try:
                 output = self.module(inputs)
-            except Exception as exc:  # the user's forward pass on real rows
+            except MemtrainError:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - the user's forward pass on real rows: may raise anything
                 raise InputError(f"model factory {self.factory!r}: the module fails on {len(x)} rows of the "
                                  f"training data: {type(exc).__name__}: {exc}",
                                  expected=f"a module taking float32 rows of shape [n, "
@@ -97,7 +99,9 @@ class TorchModel:
         grads = {name: np.zeros_like(array) for name, array in current.items()}
         try:
             self.loss_and_grad(current, x, y, grads)
-        except Exception as exc:
+        except MemtrainError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the user's module and loss: may raise anything
             raise InputError(f"model factory {self.factory!r}: the gradient of loss {self.criterion.name!r} fails on "
                              f"{len(x)} rows: {type(exc).__name__}: {exc}",
                              expected="a loss autograd can differentiate with respect to the parameters",

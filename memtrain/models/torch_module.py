@@ -19,7 +19,7 @@ import numpy as np
 
 from memtrain.errors import InputError
 from memtrain.models.protocol import DataSpec
-from memtrain.models.registry import import_object
+from memtrain.models.registry import import_object, user_code
 from memtrain.models.torch_bind import Slots
 
 TORCH_VERSION = "2.13.0"
@@ -58,12 +58,10 @@ def build_module(factory: str, spec: DataSpec, options: dict[str, Any], seed: in
                          found=type(make).__name__)
     with torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(seed)  # = torch.manual_seed on the CPU (see TorchModel.loss_and_grad)
-        try:
+        with user_code(f"model factory {factory!r}",  # anything it raises is a configuration error
+                       hint=f"it was called with options {options or '{}'} and a DataSpec of feature "
+                            f"shape {list(spec.feature_shape)}, task {spec.task}"):
             module = make(spec, **options)
-        except Exception as exc:  # the user's code: any error is a configuration error, reported at start
-            raise InputError(f"model factory {factory!r} raised {type(exc).__name__}: {exc}",
-                             hint=f"it was called with options {options or '{}'} and a DataSpec of feature "
-                                  f"shape {list(spec.feature_shape)}, task {spec.task}") from exc
     if not isinstance(module, torch.nn.Module):
         raise InputError(f"model factory {factory!r} did not return a torch.nn.Module",
                          expected="a torch.nn.Module", found=type(module).__name__)

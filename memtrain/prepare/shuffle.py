@@ -30,7 +30,7 @@ from types import TracebackType
 import numpy as np
 
 from memtrain.faults import fault_point
-from memtrain.files import no_space_error
+from memtrain.files import no_space_error, open_own, open_regular
 from memtrain.layout import spool_bucket_names
 from memtrain.prepare.background import BackgroundJobs
 
@@ -96,7 +96,7 @@ class Spool:
                     continue
                 path = self.folder / name
                 try:
-                    with open(path, "ab") as handle:
+                    with open(open_own(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as handle:  # no link
                         handle.write(np.ascontiguousarray(rows).data)
                 except OSError as exc:
                     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -109,7 +109,7 @@ class Spool:
         self._writer.drain()
         for bucket in np.flatnonzero(self.counts):
             for name in spool_bucket_names(int(bucket))[0 if self.keep_x else 1:]:
-                with open(self.folder / name, "rb+") as handle:
+                with open_regular(self.folder / name) as handle:
                     os.fsync(handle.fileno())
         return self.counts.tolist()
 

@@ -21,7 +21,8 @@ from memtrain.config import Job, job_from_dict, job_to_dict
 from memtrain.errors import InputError
 from memtrain.files import file_kind
 from memtrain.layout import SPOOL_DONE, SPOOL_FAILED, SPOOL_LOGS, SPOOL_RUNNING, spool_job_name, spool_record_stem
-from memtrain.models.registry import check_kind
+from memtrain.models.registry import CODE_DIR, check_kind
+from memtrain.serve.spool import check_code
 
 # A real job file is a few hundred bytes. 1 MiB is far beyond any of them and small enough that
 # reading and parsing a hostile one costs nothing.
@@ -45,6 +46,8 @@ class Admission:
         exchange = self.resolved["run"]["exchange"]
         if exchange not in EXCHANGE_CHOICES:
             args += ["--set", f"run.exchange={json.dumps(exchange)}"]
+        if CODE_DIR in self.job.model.options:  # the folder that was checked is the one imported from and recorded
+            args += ["--set", f"model.code_dir={json.dumps(self.job.model.options[CODE_DIR])}"]
         return args + (["--resume"] if resume else [])
 
 
@@ -110,6 +113,7 @@ def admit(content: bytes, path: Path, *, base: Path, root: Path | None, spool: P
         exc.path = path
         raise
     _check_paths(job, resolved, path, base=base, root=root, spool=spool)
+    _check_code(job, spool)
     cores = os.cpu_count() or 1
     if job.train.workers != "auto" and job.train.workers > cores:
         raise InputError("train.workers is more than this machine's cores", path=path,
@@ -140,6 +144,18 @@ def _check_paths(job: Job, resolved: dict[str, Any], path: Path, *, base: Path, 
         if not _inside(value, real_root):
             raise InputError(f"{key} resolves outside the root the service is confined to", path=path,
                              expected=f"a path under {real_root}", found=str(value))
+
+
+def _check_code(job: Job, spool: Path) -> None:
+    """Every folder the child can import the job's code from -- its working directory (the jobs folder) and
+    ``model.code_dir`` -- and every package folder and module file below them that the job's module names
+    can be found at, must be private (``spool.check_code``): the rule the jobs folder itself follows."""
+    folders = [Path(os.path.realpath(spool))]
+    if CODE_DIR in job.model.options:
+        folders.append(Path(os.path.realpath(job.model.options[CODE_DIR])))
+    names = [job.model.kind, job.model.options.get("factory"), job.model.options.get("loss")]
+    modules = [name.partition(":")[0] for name in names if isinstance(name, str) and ":" in name]
+    check_code(list(dict.fromkeys(folders)), modules)
 
 
 def _inside(path: Path, root: Path) -> bool:

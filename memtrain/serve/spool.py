@@ -93,21 +93,43 @@ def open_spool(folder: Path) -> Spool:
     return Spool(folder)
 
 
-def check_private(folder: Path) -> None:
-    """Refuse a folder that another user can write to (or one owned by another user)."""
-    info = os.lstat(folder)
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        raise InputError("expected a directory (not a symbolic link or a file)", path=folder)
+def check_private(path: Path, *, role: str = "watch a folder",
+                  why: str = "could drop job files, and a job can name Python code to import",
+                  file_ok: bool = False) -> None:
+    """Refuse a folder (``file_ok``: or a file) that another user can write to, or that is owned by another user.
+
+    The one rule for everything a service trusts: the jobs folder and its subfolders (``role`` "watch a
+    folder") and every folder and module file a job's code can be imported from (``check_code``). ``why``
+    says what someone who can write there could do.
+    """
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) or not (stat.S_ISDIR(info.st_mode) or file_ok and stat.S_ISREG(info.st_mode)):
+        raise InputError(f"expected a directory{' or a file' if file_ok else ''} (not a symbolic link or a "
+                         f"{'device' if file_ok else 'file'})", path=path)
     if info.st_uid != os.geteuid():
-        raise InputError("refusing to watch a folder owned by another user: its owner could drop job files, "
-                         "and a job can name Python code to import", path=folder,
+        raise InputError(f"refusing to {role} owned by another user: its owner {why}", path=path,
                          expected=f"owner uid {os.geteuid()}", found=f"owner uid {info.st_uid}")
     if info.st_mode & OTHERS_WRITE:
-        raise InputError("refusing to watch a folder that other users can write to: they could drop job files, "
-                         "and a job can name Python code to import", path=folder,
+        raise InputError(f"refusing to {role} that other users can write to: they {why}", path=path,
                          expected="no group/other write permission", found=stat.filemode(info.st_mode),
-                         hint=f"chmod go-w {folder}")
-    _check_parents(folder)
+                         hint=f"chmod go-w {path}")
+    _check_parents(path)
+
+
+def check_code(folders: list[Path], modules: list[str]) -> None:
+    """Apply ``check_private`` to every folder code can be imported from and, below each, to every package
+    folder and module file that ``modules`` (dotted names) can be found at. InputError naming the first.
+    A folder that does not exist holds no code (the import then fails naming the module)."""
+    for root in (folder for folder in folders if os.path.lexists(folder)):
+        check_private(root, role="import code from a folder", why="could change the code a job runs")
+        for module in modules:
+            folder = root
+            for part in module.split("."):
+                for candidate in (folder / part, folder / f"{part}.py"):
+                    if os.path.lexists(candidate):
+                        check_private(candidate, role="import code from a folder or file",
+                                      why="could change the code a job runs", file_ok=True)
+                folder = folder / part
 
 
 def _check_parents(folder: Path) -> None:
@@ -115,9 +137,9 @@ def _check_parents(folder: Path) -> None:
     for parent in folder.parents:
         mode = os.stat(parent).st_mode
         if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
-            raise InputError("refusing a jobs folder inside a world-writable directory (no sticky bit): anyone "
-                             "could replace the folder", path=parent, found=stat.filemode(mode),
-                             hint=f"chmod o-w {parent}, or move the jobs folder")
+            raise InputError(f"refusing {folder} inside a world-writable directory (no sticky bit): anyone "
+                             "could replace it", path=parent, found=stat.filemode(mode),
+                             hint=f"chmod o-w {parent}, or move {folder.name}")
 
 
 def lock_spool(spool: Spool) -> IO[str]:

@@ -6,6 +6,8 @@ Which process runs which module:
     --------------                          ---------------------------------------
     command.py     the `memtrain train` CLI
     server.py      epochs of stretches, evaluation, checkpoints, a clean stop
+    monitor.py     an epoch's end: the best epoch, early stopping, metrics.csv/TensorBoard, callbacks
+    fit.py, summary.py     memtrain.fit (a job from Python) and its summary table
     placement.py   rounds in the server or on workers (train.workers, measured at start)
     scheduler.py   watches a stretch / runs tasks: deaths, hangs, failures, stop signals
     logbook.py     records up to the ledger -> lineage and metric lines, the position

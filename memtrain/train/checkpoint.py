@@ -9,6 +9,7 @@ falls back to an older checkpoint if a file or the metadata itself is bad.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import time
@@ -27,6 +28,7 @@ from memtrain.files import (
     no_space_error,
     open_new,
     open_npy,
+    open_regular,
     read_json,
     unseal,
     verify_checksum,
@@ -56,7 +58,7 @@ def write_checkpoint(run_dir: Path, update: int, meta: dict[str, Any], weights: 
                      state: dict[str, Path], keep: int, protect: int | None = None,
                      older: dict[str, Path] | None = None) -> Path:
     """Copy weights and optimizer state into a new checkpoint and commit it; prune to the newest ``keep``
-    (and the checkpoint of update ``protect``, the best epoch's with ``run.keep_best``). ``older``: more
+    (never the checkpoint of update ``protect``: the best epoch's, with ``run.keep_best``). ``older``: more
     weight versions by their checkpoint names (a fixed-staleness run stopped mid-epoch)."""
     final = checkpoint_path(run_dir, update)
     final.parent.mkdir(exist_ok=True)
@@ -86,7 +88,7 @@ def write_checkpoint(run_dir: Path, update: int, meta: dict[str, Any], weights: 
 
 def _copy_durable(src: Path, dst: Path) -> dict[str, Any]:
     fault_point("write")
-    with open(src, "rb") as reader, open_new(dst) as writer:
+    with open_regular(src) as reader, open_new(dst) as writer:  # a FIFO at src must not block the checkpoint
         shutil.copyfileobj(reader, writer, 8 << 20)
         writer.flush()
         os.fsync(writer.fileno())
@@ -94,9 +96,22 @@ def _copy_durable(src: Path, dst: Path) -> dict[str, Any]:
 
 
 def prune_checkpoints(run_dir: Path, keep: int, protect: int | None = None) -> None:
-    for update in checkpoint_updates(run_dir)[:-keep] if keep > 0 else []:
+    """Keep the newest ``keep`` checkpoints and ``protect`` (the best epoch's); a checkpoint written only
+    because its epoch was the best (``best_only`` in its metadata) goes once it is not the best any more, and
+    never counts among the ``keep``."""
+    updates = checkpoint_updates(run_dir)
+    superseded = [u for u in updates if u != protect and _best_only(checkpoint_path(run_dir, u))]
+    regular = [u for u in updates if u not in superseded]
+    for update in superseded + (regular[:-keep] if keep > 0 else []):
         if update != protect:
             _remove_committed(checkpoint_path(run_dir, update))
+
+
+def _best_only(path: Path) -> bool:
+    try:
+        return read_meta(path).get("best_only") is True
+    except MemtrainError:  # a damaged checkpoint is pruned (or kept) as any other
+        return False
 
 
 def _remove_committed(path: Path) -> None:
@@ -132,18 +147,49 @@ def read_meta(path: Path) -> dict[str, Any]:
 def _check_fields(meta: dict[str, Any], file: Path) -> None:
     """Every field a resume or a load reads, with its type: a missing one is a damaged checkpoint, not a KeyError."""
     position = meta.get("position")
-    problems = [] if isinstance(position, dict) else ["position"]
-    if isinstance(position, dict):
-        problems += [f"position.{key}" for key in POSITION_KEYS if key not in position]
-        problems += [f"position.{key}" for key in ("epoch", "batch", "version", "epoch_rows", "skipped")
-                     if not _count(position.get(key))]
+    problems = _position_problems(position) if isinstance(position, dict) else ["position"]
     problems += [key for key in ("layout", "data", "model", "optimizer") if not isinstance(meta.get(key), dict)]
     if problems:
-        raise CorruptFileError("checkpoint metadata lacks or mangles a field", path=file, where=", ".join(problems))
+        raise CorruptFileError("checkpoint metadata lacks or mangles a field", path=file, where=", ".join(problems),
+                               expected="every position field of its type, in range (counts 0 to 10^12, bases "
+                                        "[updates, version] pairs by increasing updates, applied tasks each once)")
+
+
+# No run counts 10^12 epochs, updates, versions or rows; a larger count in a checkpoint is damage, not a run.
+MAX_COUNT = 10**12
+
+
+def _position_problems(position: dict[str, Any]) -> list[str]:
+    """The fields of a checkpoint's ``position`` that are missing, of the wrong type or out of range."""
+    problems = [f"position.{key}" for key in POSITION_KEYS if key not in position]
+    problems += [f"position.{key}" for key in ("epoch", "batch", "version", "epoch_rows", "skipped")
+                 if key in position and not _count(position[key])]
+    loss = position.get("epoch_loss", 0.0)
+    if isinstance(loss, bool) or not isinstance(loss, int | float) or not math.isfinite(loss):
+        problems.append("position.epoch_loss")
+    if position.get("best") is not None and not isinstance(position["best"], dict):
+        problems.append("position.best")
+    if not _bases_ok(position.get("bases", []), position.get("version")):
+        problems.append("position.bases")
+    applied = position.get("applied", [])
+    if not (isinstance(applied, list) and all(map(_count, applied)) and len(set(applied)) == len(applied)):
+        problems.append("position.applied")
+    return problems
+
+
+def _bases_ok(bases: Any, version: Any) -> bool:
+    """Fixed staleness's ``[updates done, version then]`` pairs: counts, by strictly increasing updates (no
+    duplicates), none of a version newer than the checkpoint's."""
+    if not isinstance(bases, list) or not all(isinstance(pair, list) and len(pair) == 2 and all(map(_count, pair))
+                                              for pair in bases):
+        return False
+    newest = version if _count(version) else MAX_COUNT
+    updates = [n for n, _ in bases]
+    return all(v <= newest for _, v in bases) and updates == sorted(set(updates))
 
 
 def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
 
 
 def _file_name(name: str) -> bool:
@@ -203,6 +249,33 @@ def load_checkpoint(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, 
     layout = ParamLayout.from_json(meta["layout"], path=path / CHECKPOINT_META)
     flat = open_npy(path / CHECKPOINT_WEIGHTS, shape=(layout.size,), dtype=layout.dtype)
     return layout.views(flat), meta
+
+
+WHICH = ("best", "last")  # a run's checkpoints by name: the best epoch's (train.monitor), the newest
+
+
+def pick_checkpoint(run_dir: Path, newest: Path, which: str | None = None) -> Path:
+    """The checkpoint of a run that ``which`` names, given its newest complete one.
+
+    ``"last"``: ``newest``. ``"best"``: the best epoch's (by ``train.monitor``), as ``newest`` records it;
+    an error if the run records none or it was pruned (``run.keep_best = false``). None (the default of
+    ``load_model`` and ``inspect --export``): the best epoch's if the run has it, else ``newest``.
+    """
+    if which is not None and which not in WHICH:
+        raise InputError("bad value for which", expected=" or ".join(map(repr, WHICH)), found=repr(which))
+    if which == "last":
+        return newest
+    best = read_meta(newest).get("best") or {}
+    if not isinstance(best.get("update"), int):
+        if which is None:
+            return newest
+        raise InputError("the run records no best epoch (no validation split, or no epoch done?)", path=run_dir,
+                         hint='use which="last" for the newest checkpoint')
+    path = checkpoint_path(run_dir, best["update"])
+    if path.is_dir() or which is None:
+        return path if path.is_dir() else newest
+    raise InputError(f"the checkpoint of the best epoch ({best.get('epoch')}) was pruned", path=path,
+                     hint=f"{existing_hint(path)}; run.keep_best = true (the default) keeps it")
 
 
 def discard_incomplete(run_dir: Path) -> None:

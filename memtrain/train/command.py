@@ -135,8 +135,8 @@ def _print_summary(summary: TrainSummary) -> None:
             where = "" if summary.one_pass else f" (epoch {record.get('epoch')})"
             lines.append(f"{label}{where}: " + "  ".join(metrics))
     if summary.stopped_early:
-        lines.append(f"stopped early: no better val_loss for {plural(summary.epochs - best['epoch'], 'epoch')} "
-                     f"after epoch {best['epoch']}")
+        waited = plural(summary.epochs - best["epoch"], "epoch")
+        lines.append(f"stopped early: no better {summary.monitor} for {waited} after epoch {best['epoch']}")
     if summary.worker_deaths:
         lines.append(f"workers that died and were replaced: {summary.worker_deaths}")
     lines.append(f"run directory: {summary.run_dir}")

@@ -50,7 +50,7 @@ from pathlib import Path
 import numpy as np
 
 from memtrain.faults import fault_point
-from memtrain.files import DIGEST_BYTES, allocate_npy, open_npy
+from memtrain.files import DIGEST_BYTES, allocate_npy, open_fd, open_npy
 from memtrain.layout import ASYNC_DESK, ASYNC_RECORDS, ASYNC_TASKS, desk_buffer_name
 from memtrain.train.logbook import Logbook
 from memtrain.train.marks import GRADIENT, PUBLISHED, SKIPPED, STEP, WAITING, Cancelled
@@ -107,7 +107,7 @@ class Desk:
         # a plain view of the map: indexing a memmap runs Python code on every access
         self.words = open_npy(path, shape=(desk_words(participants, group),), dtype=np.int64,
                               mode="r+").view(np.ndarray)
-        self.fd = os.open(path, os.O_RDWR)
+        self.fd = open_fd(path, what="the desk", write=True)  # never through a link
         at = HEADER
         self.pending = self.words[at:at + group * GROUP_WORDS].reshape(group, GROUP_WORDS)
         at += group * GROUP_WORDS

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrain.errors import CorruptFileError
-from memtrain.files import SEAL_KEY, unseal
+from memtrain.files import SEAL_KEY, open_regular, unseal
 from memtrain.layout import RUN_LINEAGE
 
 FORMAT = "memtrain.lineage"
@@ -149,10 +149,47 @@ def read_lineage(run: str | Path) -> Lineage:
     return Lineage(path, version, seed, first.get("checksum"), tuple(steps), tuple(other))
 
 
+def continuous(records: list[dict[str, Any]], upto: int, checksum: str, path: Path) -> list[dict[str, Any]]:
+    """The (unsealed) records of versions 0 to ``upto``, each once and in order: what a resume from a
+    checkpoint of version ``upto``, whose weights have ``checksum``, keeps.
+
+    A record repeated word for word (a line appended twice) is kept once. A version missing (a torn,
+    damaged or lost line) or recorded twice with different content is a gap that nothing on disk can
+    fill, and so is a record of ``upto`` whose checksum is not the checkpoint's: CorruptFileError naming
+    it, since training on would leave a run that cannot be replayed.
+    """
+    kept: list[dict[str, Any]] = []
+    for record in records:
+        version = record.get("version")
+        if not isinstance(version, int) or isinstance(version, bool) or version > upto:
+            continue
+        if version < len(kept) and record == kept[version]:
+            continue  # the same line twice
+        if version != len(kept):
+            raise _gap(path, len(kept), upto, found=f"version {version} recorded after version {len(kept) - 1}")
+        kept.append(record)
+    if len(kept) <= upto:
+        raise _gap(path, len(kept), upto, found=f"the lineage ends at version {len(kept) - 1}" if kept
+                   else "no intact record")
+    if kept[upto].get("checksum") != checksum:
+        raise CorruptFileError(f"the lineage's record of version {upto} is not the checkpoint's weights", path=path,
+                               expected=checksum, found=kept[upto].get("checksum"),
+                               hint="the lineage does not describe the run being resumed; it cannot be replayed")
+    return kept
+
+
+def _gap(path: Path, first: int, upto: int, *, found: str) -> CorruptFileError:
+    missing = f"version {first}" if first == upto else f"versions {first} to {upto}"
+    return CorruptFileError(f"the lineage has a gap before the checkpoint (weight version {upto}): no intact record "
+                            f"of {missing}", path=path, expected=f"versions 0 to {upto}, each once, in order",
+                            found=found, hint="resuming would leave a run that cannot be replayed; restore "
+                            "lineage.jsonl from a copy, or start the run again with --overwrite")
+
+
 def _read_lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
     if not path.exists():
         raise CorruptFileError("the run has no lineage", path=path)
-    with open(path, encoding="utf-8") as handle:
+    with open_regular(path, what="a lineage file", text=True) as handle:  # a FIFO would block a plain open
         lines = handle.read().split("\n")
     torn_tail = lines[-1] != ""  # a complete file ends with a newline
     records = []

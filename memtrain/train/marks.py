@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from memtrain.files import DIGEST_BYTES, allocate_npy, check_npy
+from memtrain.files import DIGEST_BYTES, allocate_npy, check_npy, open_fd, open_npy
 from memtrain.train.doorbell import Doorbell
 
 WORD = np.dtype("<i8")
@@ -108,7 +108,7 @@ class Board:
             self._memory = [0] * self.size
         else:
             self._offset = check_npy(path, shape=(self.size,), dtype=WORD).offset
-            self._fd = os.open(path, os.O_RDWR)
+            self._fd = open_fd(path, what="the board", write=True)  # never through a link
             self._format = f"<{self.size}q"
             self._bell = Doorbell(self._fd, self._offset + DOORBELL * WORD.itemsize)
 
@@ -242,6 +242,5 @@ def create_records(path: Path, updates: int, tasks: int) -> None:
 
 def open_records(path: Path, updates: int, tasks: int) -> np.ndarray:
     """The records of the current epoch, mapped for reading and writing (every participant writes its part)."""
-    offset = check_npy(path, shape=(updates,), dtype=records_dtype(tasks)).offset
-    mapped = np.memmap(path, dtype=records_dtype(tasks), mode="r+", offset=offset, shape=(updates,))
+    mapped = open_npy(path, shape=(updates,), dtype=records_dtype(tasks), mode="r+")  # never through a link
     return mapped.view(np.ndarray)  # keeps the map alive; indexing a memmap runs Python code on every access

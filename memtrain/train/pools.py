@@ -18,9 +18,11 @@ from memtrain.train.messages import WorkerSetup
 from memtrain.train.run_dir import RunDir
 
 
-def open_cluster(job: Job, setup: WorkerSetup, run: RunDir, log: Callable[[str], None]) -> Any:
+def open_cluster(job: Job, setup: WorkerSetup, run: RunDir, log: Callable[[str], None],
+                 stopped: Callable[[], int | None] = lambda: None) -> Any:
     """A ``cluster.transport.ClusterPool`` on ``run.cluster``, its workers checked against the run's files;
-    its ``close`` also disconnects (and stops a ``local:N`` cluster)."""
+    its ``close`` also disconnects (and stops a ``local:N`` cluster). ``stopped``: a stop request's signal
+    number, or None; the connection's waits end at one (``Interrupted``)."""
     from memtrain.cluster.address import parse_cluster
     from memtrain.cluster.connect import connected
     from memtrain.cluster.sharedfs import cleanup, server_probe
@@ -28,7 +30,8 @@ def open_cluster(job: Job, setup: WorkerSetup, run: RunDir, log: Callable[[str],
 
     stack = contextlib.ExitStack()
     try:
-        client = stack.enter_context(connected(parse_cluster(job.run.cluster, where="run.cluster")))
+        log(f"connecting to the Dask cluster {job.run.cluster}")
+        client = stack.enter_context(connected(parse_cluster(job.run.cluster, where="run.cluster"), stopped=stopped))
         probe = server_probe(Path(setup.dataset), run.path, run.exchange)
         stack.callback(cleanup, probe)
         pool = ClusterPool(client, setup, probe, log=log, on_close=stack)

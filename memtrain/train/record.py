@@ -34,7 +34,8 @@ from memtrain.order import WINDOW
 FORMAT = "memtrain.job"
 FORMAT_VERSION = 1
 FIXED = ("data.path", "data.normalize", "model.", "train.seed", "train.batch_size", "train.tasks_per_update",
-         "train.shuffle", "train.shuffle_window", "train.optimizer")
+         "train.shuffle", "train.shuffle_window", "train.optimizer", "train.monitor",
+         "train.monitor_mode")  # the best epoch so far was chosen by the monitor
 # What a job record written before train.shuffle existed means by its absence: every epoch visited the same
 # contiguous batches in a seeded order, which is "batches" (the window is then unused), so such a run resumes
 # and replays with the order it started with.

@@ -47,6 +47,7 @@ from memtrain.layout import (
     CHECKPOINTS_DIR,
     EXCHANGE_MARK,
     EXCHANGE_PROBE,
+    RUN_CSV,
     RUN_EVENTS,
     RUN_HISTORY,
     RUN_JOB,
@@ -54,6 +55,8 @@ from memtrain.layout import (
     RUN_LOCK,
     RUN_METRICS,
     RUN_PARAMS,
+    RUN_TENSORBOARD,
+    TENSORBOARD_EVENTS,
     WEIGHTS_DIR,
     exchange_dir_name,
     is_checkpoint_name,
@@ -376,8 +379,15 @@ def _clear_run(path: Path) -> None:
             (path / WEIGHTS_DIR / name).unlink(missing_ok=True)
     for name in os.listdir(path):
         target = tmp_target(name) or name
-        if target in (RUN_METRICS, RUN_LINEAGE, RUN_EVENTS, RUN_HISTORY, RUN_PARAMS) and not (path / name).is_dir():
+        if target in (RUN_METRICS, RUN_LINEAGE, RUN_EVENTS, RUN_HISTORY, RUN_PARAMS, RUN_CSV) and \
+                not (path / name).is_dir():
             (path / name).unlink(missing_ok=True)
+        elif name == RUN_TENSORBOARD and (path / name).is_dir() and not (path / name).is_symlink():
+            for event_file in os.listdir(path / name):
+                if event_file.startswith(TENSORBOARD_EVENTS):
+                    (path / name / event_file).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                (path / name).rmdir()
         elif parse_exchange_owner(name) is not None and not pid_alive(parse_exchange_owner(name) or 0):
             _remove_exchange(path / name)
     left = sorted(set(os.listdir(path)) - {RUN_JOB, RUN_LOCK, WEIGHTS_DIR, CHECKPOINTS_DIR})
@@ -426,6 +436,15 @@ def read_params(run_dir: Path) -> dict[str, Any] | None:
 def log_event(path: Path, text: str) -> None:
     """One timestamped line in the run's event log (never written through a symlink)."""
     append_text(path / RUN_EVENTS, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
+
+
+def run_is_live(path: Path) -> bool:
+    """Whether a live ``memtrain train`` holds the run directory's lock (``refuse_live_run`` refuses it)."""
+    try:
+        refuse_live_run(path)
+    except InputError:
+        return True
+    return False
 
 
 def refuse_live_run(path: Path) -> None:

@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +72,7 @@ from memtrain.train.messages import (
 )
 from memtrain.train.metrics import SHOWN
 from memtrain.train.metrics import collect as validation_metrics
+from memtrain.train.monitor import check_monitor, monitor_for
 from memtrain.train.overlap import Overlap, replay_mismatch
 from memtrain.train.placement import Placement, stream_workers
 from memtrain.train.plan import Plan, eval_tasks, gradient_banks, split_range, step_slices, task_stream
@@ -82,6 +83,7 @@ from memtrain.train.run_dir import RunDir, open_run_dir, refuse_live_run
 from memtrain.train.scheduler import CORES, Scheduler
 from memtrain.train.state import Position, job_updates_per_epoch, resume, save_checkpoint, start_fresh
 from memtrain.train.stream import StreamParticipant
+from memtrain.train.summary import summary_html, summary_text
 from memtrain.train.weights import (
     BLOCK,
     create_digests,
@@ -99,13 +101,14 @@ SHARDS_NAMED, ROWS_NAMED = 3, 5  # a shuffled task's shards and rows named in it
 PROGRESS_SECONDS = 0.2  # between the server's looks at its own stretch: logs and the progress line
 
 
-@dataclass
+@dataclass(repr=False)
 class TrainSummary:
     """What ``memtrain.fit`` (and ``memtrain train``) returns: where the run is and how it ended.
 
     ``final`` and ``best`` are epoch records as in ``metrics.jsonl`` (``val_loss``, ``val_accuracy``, ...);
-    ``best`` is the epoch with the lowest ``val_loss``; ``epochs`` counts the epochs done. ``one_pass``: an
-    additive model, fitted in one pass of statistics and a solve, so it has no epochs to report.
+    ``best`` is the best epoch by ``train.monitor`` (lowest ``val_loss`` by default); ``epochs`` counts the
+    epochs done. ``one_pass``: an additive model, fitted in one pass of statistics and a solve, so it has no
+    epochs to report. ``str(summary)`` (and a notebook's display) is a short table.
     """
 
     run_dir: Path
@@ -117,15 +120,26 @@ class TrainSummary:
     worker_deaths: int
     stopped_early: bool = False  # by train.patience
     one_pass: bool = False  # an additive model: one pass of statistics, then a solve; ``epochs`` says nothing
+    monitor: str = "val_loss"  # the metric that chose ``best`` (train.monitor)
+
+    def __str__(self) -> str:
+        return summary_text(self)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        return summary_html(self)
 
 
 def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite: bool = False,
-          asked: Collection[str] = (), quiet: bool = False, replay: Lineage | None = None) -> TrainSummary:
+          asked: Collection[str] = (), quiet: bool = False, replay: Lineage | None = None,
+          callbacks: Sequence[Any] = ()) -> TrainSummary:
     """Run (or resume) a job to the end; raises MemtrainError (Interrupted on SIGINT/SIGTERM/SIGHUP).
 
     ``asked``: the ``section.key`` settings named on the command line, the only ones a resume may change.
     ``quiet``: no progress bar and no epoch lines (warnings are still printed). ``replay``: the lineage of
-    the run ``job`` made, to run again exactly (train/overlap.py) instead of the job's epochs.
+    the run ``job`` made, to run again exactly (train/overlap.py) instead of the job's epochs. ``callbacks``:
+    called at the end of each epoch (train/monitor.py).
     """
     if job.run.cluster and (overlapping(job) or replay is not None):
         raise InputError("fixed staleness, async mode and replay run on one machine only, so far",
@@ -143,6 +157,7 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
                              "overlap", expected="train.mode = 'sync' and train.staleness = 0",
                              found=describe_mode(job))
         runtime = startup_check(context, dataset, job.train.blas_threads)  # a model's dry run: its errors exit 2 here
+        check_monitor(job.train.monitor, context.classifier, dataset.split("val").rows > 0, job.train.patience)
         note = few_updates_note(job, dataset.split("train").rows, context.additive)
         if note is not None:
             print(f"memtrain train: note: {note}", file=sys.stderr, flush=True)
@@ -153,7 +168,8 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
         try:
             if runtime:
                 run.event(runtime)
-            return Trainer(job, dataset, context, run, stop, quiet=quiet, lineage=replay).run(run.decision)
+            return Trainer(job, dataset, context, run, stop, quiet=quiet, lineage=replay,
+                           callbacks=callbacks).run(run.decision)
         except (MemtrainError, OSError) as exc:
             if not isinstance(exc, Interrupted):  # the run's log tells how it ended, even with no terminal
                 run.event(f"failed: {exc}")
@@ -215,8 +231,9 @@ class StopRequest:
 
 class Trainer:
     def __init__(self, job: Job, dataset: Dataset, context: ModelContext, run: RunDir, stop: StopRequest, *,
-                 quiet: bool = False, lineage: Lineage | None = None):
+                 quiet: bool = False, lineage: Lineage | None = None, callbacks: Sequence[Any] = ()):
         self.job, self.dataset, self.context, self.run_dir, self.stop = job, dataset, context, run, stop
+        self.callbacks = callbacks
         self.quiet = quiet
         self.lineage = lineage  # a run to replay (memtrain train --replay)
         self.streamed = False  # train/overlap.py or the desk runs the run, not the rounds (decided once: choose)
@@ -251,6 +268,7 @@ class Trainer:
         position = (resume(self.run_dir, self.job, self.context, self.train_rows, decision) if decision is not None
                     else start_fresh(self.run_dir, self.job, self.context))
         self.checkpointed = position.update_index(self.per_epoch) if decision is not None else None
+        self.monitor = monitor_for(self.job, self.run_dir.path, position.epoch, self.callbacks)
         newer = unpublish_after(self.run_dir.path, position.version)
         if newer:
             self.log(f"unpublished versions {newer[0]}-{newer[-1]}: made after the checkpoint, they are made again")
@@ -285,12 +303,14 @@ class Trainer:
                 self.overlap.close()
             self.placement.close()
             self.board.close()
+            self.monitor.close()
             discard_building(self.run_dir.path, os.getpid())
         self.log(f"done: {ONE_PASS if self.context.additive else plural(position.epoch, 'epoch')}, "
                  f"weight version {position.version}")
         return TrainSummary(self.run_dir.path, position.version, position.epoch, last, position.best,
                             time.monotonic() - self.started, self.scheduler.deaths,
-                            stopped_early=position.epoch < self.job.train.epochs and self.out_of_patience(position),
+                            stopped_early=position.epoch < self.job.train.epochs
+                            and self.monitor.exhausted(position.epoch, position.best), monitor=self.job.train.monitor,
                             one_pass=self.context.additive)
 
     def choose(self, position: Position) -> Engine:
@@ -303,7 +323,8 @@ class Trainer:
             self.log(f"fixed staleness {train.staleness}: in the {train.staleness_in} "
                      f"(train.staleness_in = {train.staleness_in!r})")
         if self.job.run.cluster:  # synchronous only (``train`` refuses the other modes there)
-            self.placement = OnCluster(open_cluster(self.job, self._setup(), self.run_dir, self.log), self.log)
+            self.placement = OnCluster(open_cluster(self.job, self._setup(), self.run_dir, self.log,
+                                                    stopped=lambda: self.stop.signum), self.log)
             return Engine.ROUNDS
         if self.lineage is None and train.mode == "sync" and train.staleness_in == "rounds":
             self.placement = Placement(workers=train.workers, tasks=train.tasks_per_update, cores=CORES,
@@ -359,7 +380,7 @@ class Trainer:
             self.fit_additive(position)
             return self.end_epoch(position, time.monotonic(), final=True)
         for epoch in range(position.epoch, self.job.train.epochs):
-            if self.out_of_patience(position):  # a resumed run that had stopped early
+            if self.monitor.exhausted(position.epoch, position.best):  # a resumed run that had stopped early
                 break
             started = time.monotonic()
             with reporting(f"epoch {epoch + 1}/{self.job.train.epochs}", self.per_epoch, plain_every=math.inf,
@@ -555,24 +576,18 @@ class Trainer:
         if self.context.additive:
             record["loss"] = None  # one closed-form solve: there is no running training loss
         self.run_dir.metric(record)
-        improved = position.best is None or record.get("val_loss", math.inf) < position.best.get("val_loss", math.inf)
-        if improved:
-            position.best = record
+        verdict = self.monitor.epoch_ended(position, record)  # train/monitor.py: best epoch, early stop, logs
         position.epoch, position.batch, position.epoch_loss, position.epoch_rows = position.epoch + 1, 0, 0.0, 0
-        if self.out_of_patience(position):
-            self.log(f"stopping early: no better val_loss for {plural(self.job.train.patience, 'epoch')} "
-                     f"(best: epoch {position.best['epoch']})")
+        if verdict.stop is not None or verdict.failure is not None:
+            self.log(verdict.stop or str(verdict.failure))
             final = True
-        if final or position.epoch % self.job.run.checkpoint_every == 0 or (improved and self.job.run.keep_best):
+        keep = verdict.improved and self.job.run.keep_best
+        if final or position.epoch % self.job.run.checkpoint_every == 0 or keep:
             save_checkpoint(self.run_dir, self.job, self.context, position, self.per_epoch, record)
             self.checkpointed = position.update_index(self.per_epoch)
+        if verdict.failure is not None:
+            raise verdict.failure
         return record
-
-    def out_of_patience(self, position: Position) -> bool:
-        """Early stopping: ``train.patience`` epochs have passed since the one with the best val_loss."""
-        patience, best = self.job.train.patience, position.best
-        return patience is not None and best is not None and "val_loss" in best and \
-            position.epoch - best["epoch"] >= patience
 
     def evaluate(self, version: int, while_waiting: Any = None) -> dict[str, float]:
         tasks = eval_tasks(self.val_rows, self.job.train.eval_rows)

@@ -6,6 +6,7 @@ position below is the whole RNG state: a resumed run repeats exactly what an uni
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from dataclasses import dataclass
@@ -15,21 +16,33 @@ from typing import Any
 import numpy as np
 
 from memtrain.config import Job
-from memtrain.errors import InputError
-from memtrain.files import open_npy, publish, publish_array, read_jsonl, read_sealed_jsonl, seal
+from memtrain.errors import CorruptFileError, InputError, MemtrainError
+from memtrain.files import (
+    BLOCK_CHECKSUM_ALGO,
+    checksum_file,
+    open_npy,
+    open_regular,
+    publish,
+    publish_array,
+    read_jsonl,
+    read_sealed_jsonl,
+    seal,
+)
 from memtrain.layout import (
     CHECKPOINT_WEIGHTS,
     RUN_LINEAGE,
     RUN_METRICS,
+    checkpoint_path,
+    checkpoint_updates,
     checkpoint_version_name,
     optimizer_state_name,
     state_buffer_name,
     weights_path,
 )
-from memtrain.train.checkpoint import discard_incomplete, newest_checkpoint, write_checkpoint
+from memtrain.train.checkpoint import discard_incomplete, verify_checkpoint, write_checkpoint
 from memtrain.train.context import ModelContext
 from memtrain.train.counters import position_text
-from memtrain.train.lineage import init_record
+from memtrain.train.lineage import continuous, init_record
 from memtrain.train.optim import state_slots
 from memtrain.train.plan import run_updates_per_epoch
 from memtrain.train.record import Decision, add_history, history_entry
@@ -83,7 +96,7 @@ def resume(run: RunDir, job: Job, context: ModelContext, train_rows: int, decisi
     ``decision`` is what ``record.decide`` allowed; it becomes the run's next history entry.
     """
     discard_incomplete(run.path)
-    found = newest_checkpoint(run.path, warn=lambda text: _warn(run, text))
+    found, lineage = _resume_point(run)  # before anything is written: a gap is refused
     if found is not None and found[1]["layout"] != context.layout.to_json():
         raise InputError("the checkpoint's parameter layout does not match the job's model", path=found[0],
                          expected=context.layout.to_json()["params"], found=found[1]["layout"]["params"])
@@ -103,7 +116,7 @@ def resume(run: RunDir, job: Job, context: ModelContext, train_rows: int, decisi
     position = Position(**{f.name: stored[f.name] for f in dataclasses.fields(Position) if f.name in stored})
     _restore_files(run, job, context, path, position)
     per_epoch = job_updates_per_epoch(job, train_rows)
-    _truncate_logs(run, position.update_index(per_epoch), position.version)
+    _truncate_logs(run, position.update_index(per_epoch), position.version, lineage)
     run.event(f"resumed from {path.name}: {position_text(position.epoch, position.batch, per_epoch)}, "
               f"weight version {position.version}")
     return position
@@ -133,15 +146,55 @@ def _restore_files(run: RunDir, job: Job, context: ModelContext, path: Path, pos
         publish_array(run.exchange / state_buffer_name(slot, 1 - version % 2), state, durable=False)
 
 
-def _truncate_logs(run: RunDir, update: int, version: int) -> None:
+def _resume_point(run: RunDir) -> tuple[tuple[Path, dict[str, Any]] | None, list[dict[str, Any]] | None]:
+    """The newest checkpoint whose files match their checksums and up to which the lineage is continuous
+    (``lineage.continuous``), and the lineage records a resume from it keeps (None: a format-1 lineage,
+    unsealed, kept as it is). A damaged checkpoint, or one beyond a gap in the lineage, is skipped with a
+    warning for the previous one, so the run stays replayable; if a gap leaves none, the resume is refused
+    naming it (never a fresh start that would drop the run's training). (None, None): no checkpoint at all."""
+    path = run.path / RUN_LINEAGE
+    records, damaged = read_sealed_jsonl(path, what="lineage record")
+    legacy = not records and bool(damaged) and not _sealed_format(path)
+    for problem in [] if legacy else damaged:
+        _warn(run, f"dropping a damaged lineage record: {problem}")
+    gap: CorruptFileError | None = None
+    for update in reversed(checkpoint_updates(run.path)):
+        checkpoint = checkpoint_path(run.path, update)
+        try:
+            meta = verify_checkpoint(checkpoint)
+            if legacy:
+                return (checkpoint, meta), None
+            weights = checksum_file(checkpoint / CHECKPOINT_WEIGHTS, algo=BLOCK_CHECKSUM_ALGO)
+            return (checkpoint, meta), continuous(records, meta["position"]["version"], weights, path)
+        except CorruptFileError as exc:
+            gap = gap or (exc if exc.path == path else None)
+            _warn(run, f"skipping checkpoint {checkpoint.name}: {exc}")
+        except MemtrainError as exc:
+            _warn(run, f"skipping checkpoint {checkpoint.name}: {exc}")
+    if gap is not None:
+        raise gap
+    return None, None
+
+
+def _sealed_format(path: Path) -> bool:
+    """Whether the lineage's first line has a format field (format 2 on, whose lines are all sealed)."""
+    with contextlib.suppress(OSError, ValueError, UnicodeDecodeError), open_regular(path, text=True) as handle:
+        first = json.loads(handle.readline())
+        return isinstance(first, dict) and "format" in first
+    return True
+
+
+def _truncate_logs(run: RunDir, update: int, version: int, lineage: list[dict[str, Any]] | None = None) -> None:
     """Drop log lines written after the checkpoint we resume from (``update`` updates done): they will be
     written again. Records are numbered as in train/counters.py: update n's records say ``"update": n``.
-
-    A damaged lineage line is dropped too (with a warning): its record can no longer be trusted."""
+    ``lineage``: the lineage records to keep, checked continuous (``_resume_point``); if None, every intact
+    one up to ``version``. A damaged lineage line is dropped too (with a warning): its record can no longer
+    be trusted."""
     keep_metrics = [r for r in read_jsonl(run.path / RUN_METRICS) if r.get("update", -1) <= update]
-    lineage, damaged = read_sealed_jsonl(run.path / RUN_LINEAGE, what="lineage record")
-    for problem in damaged:
-        _warn(run, f"dropping a damaged lineage record: {problem}")
+    if lineage is None:
+        lineage, damaged = read_sealed_jsonl(run.path / RUN_LINEAGE, what="lineage record")
+        for problem in damaged:
+            _warn(run, f"dropping a damaged lineage record: {problem}")
     keep_lineage = [seal(r) for r in lineage if isinstance(r.get("version"), int) and r["version"] <= version]
     for name, records in ((RUN_METRICS, keep_metrics), (RUN_LINEAGE, keep_lineage)):
         text = "".join(json.dumps(r) + "\n" for r in records)
@@ -162,7 +215,11 @@ def save_checkpoint(run: RunDir, job: Job, context: ModelContext, position: Posi
         "data": data_description(context, job),
         "layout": context.layout.to_json(),
         "metrics": metrics or {},  # the epoch record this checkpoint was taken after (empty mid-epoch)
-        "best": position.best or {},  # the best epoch record so far, by validation loss
+        "best": position.best or {},  # the best epoch record so far, by train.monitor
+        # written only because its epoch is the best so far (off the run.checkpoint_every schedule): pruned once
+        # a later epoch is better, so that it never takes the place of a scheduled checkpoint
+        "best_only": bool(metrics) and metrics == position.best and job.run.keep_best
+                     and position.epoch % job.run.checkpoint_every != 0 and position.epoch < job.train.epochs,
     }
     state = {slot: run.exchange / state_buffer_name(slot, position.version % 2)
              for slot in state_slots(job.train.optimizer)}

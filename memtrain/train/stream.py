@@ -34,7 +34,7 @@ import numpy as np
 
 from memtrain.errors import MemtrainError
 from memtrain.faults import fault_point
-from memtrain.files import npy_header_bytes, open_npy, writing_npy_rows
+from memtrain.files import npy_header_bytes, open_npy, open_reused, writing_npy_rows
 from memtrain.layout import spare_gradient_name, streamed_gradient_name, weights_path
 from memtrain.train.messages import GradTask, Outcome, Result, Stretch
 from memtrain.train.plan import Update
@@ -91,9 +91,8 @@ def rewrite(spare: Path, path: Path, values: np.ndarray) -> bool:
     answer, so a rewritten file is read as a new one would be, on one machine or across many.
     """
     offset = len(npy_header_bytes(values.shape, values.dtype))
-    try:
-        fd = os.open(spare, os.O_WRONLY)
-    except FileNotFoundError:
+    fd = open_reused(spare, os.O_WRONLY)  # a link planted at the spare's name is removed, never written through
+    if fd is None:
         return False
     try:
         if os.fstat(fd).st_size != offset + values.nbytes:

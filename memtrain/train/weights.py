@@ -28,6 +28,7 @@ from memtrain.files import (
     check_npy,
     checksum_file,
     npy_header_bytes,
+    open_reused,
     publish_array,
     rename_new,
 )
@@ -124,7 +125,9 @@ def ready_building(run_dir: Path, version: int, size: int, owner_pid: int, keep:
     ``keep`` may shrink by more than one (the streamed modes).
     """
     path = path or building_path(run_dir, version, owner_pid)
-    if os.path.exists(path):
+    fd = open_reused(path)  # a link or a foreign file at the name is removed, never followed
+    if fd is not None:
+        os.close(fd)
         try:
             check_npy(path, shape=(size,), dtype=PARAM_DTYPE)
             return path
@@ -206,17 +209,20 @@ def retire_weights(run_dir: Path, keep: int, current: int, *, recycle: tuple[Pat
 
 
 def _take_unlocked(path: Path, to: Path, size: int) -> Path | None:
-    """Rename ``path`` to ``to`` if it has ``size`` bytes and nobody holds a lock on it (checked under our
-    own lock)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except FileNotFoundError:
+    """Rename ``path`` to ``to`` if it is a regular file memtrain made (``files.open_reused``: a link is
+    removed, never followed) of ``size`` bytes and nobody holds a lock on it (checked under our own lock)."""
+    fd = open_reused(path)
+    if fd is None:
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if os.fstat(fd).st_size != size:
+        info = os.fstat(fd)
+        if info.st_size != size:
             return None
         os.replace(path, to)
+        if os.lstat(to).st_ino != info.st_ino:  # swapped between the check and the rename: not ours to reuse
+            os.unlink(to)
+            return None
         return to
     except BlockingIOError:
         return None

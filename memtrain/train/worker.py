@@ -167,7 +167,9 @@ class WorkerState:
                 if isinstance(message, GradTask):
                     return gradient(self, message)
                 return self.statistics(message) if isinstance(message, StatsTask) else self.evaluate(message)
-        except Exception as exc:  # reported to the server, which stops the run with this text
+        except BaseException as exc:  # noqa: BLE001 - reported to the server, which stops the run with this text
+            # (the user's model may raise anything, SystemExit or KeyboardInterrupt too: a failed task, never a
+            # silent exit of the process)
             error = str(exc) if isinstance(exc, MemtrainError) else \
                 "".join(traceback.format_exception_only(exc)).strip() + "\n" + traceback.format_exc(limit=-4)
             if isinstance(message, Stretch):

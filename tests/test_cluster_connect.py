@@ -1,0 +1,128 @@
+"""`--cluster tcp://HOST:PORT` to something that is not a Dask scheduler (issue 30, defect 3): every wait is
+bounded whatever answers (a listener that never answers, an HTTP server) and SIGTERM / SIGINT end it
+(docs/cluster.md, docs/faults.md). Real listeners on 127.0.0.1."""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("distributed")
+
+from tiny_data import blobs, write_dataset  # noqa: E402
+
+from memtrain.cluster.address import parse_cluster  # noqa: E402
+from memtrain.cluster.connect import connected  # noqa: E402
+from memtrain.errors import MemtrainError  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+JOB = """
+[data]
+path = "{data}"
+
+[model]
+kind = "softmax"
+
+[train]
+epochs = 1
+batch_size = 100
+
+[run]
+dir = "run"
+"""
+
+
+class SilentListener:
+    """A port on 127.0.0.1 that accepts connections and never says a word; ``called`` is set at the first."""
+
+    def __init__(self) -> None:
+        self.server = socket.socket()
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen(16)
+        self.port = self.server.getsockname()[1]
+        self.called = threading.Event()
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                self.held.append(self.server.accept()[0])
+                self.called.set()
+
+    def close(self) -> None:
+        for sock in [*self.held, self.server]:
+            sock.close()
+
+
+@contextlib.contextmanager
+def silent_listener() -> Iterator[int]:
+    listener = SilentListener()
+    try:
+        yield listener.port
+    finally:
+        listener.close()
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def http_server() -> Iterator[int]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("listener", [silent_listener, http_server], ids=["silent", "http"])
+def test_not_a_scheduler_is_a_clear_error_within_the_bound(listener) -> None:
+    with listener() as port:
+        started = time.monotonic()
+        with pytest.raises(MemtrainError, match=rf"cannot reach the Dask scheduler at tcp://127.0.0.1:{port} "
+                                                r"within 1 s"), \
+                connected(parse_cluster(f"tcp://127.0.0.1:{port}"), connect_seconds=1):
+            pass
+        assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_ends_the_wait_for_a_handshake(tmp_path: Path, signum: int) -> None:
+    """`memtrain train --cluster` to a listener that never answers: the stop is honoured at once (it waited
+    13 minutes for SIGKILL), with a message and exit 128 + the signal."""
+    x, y = blobs(n=300, features=4, classes=3)
+    data = write_dataset(tmp_path / "data", x, y)
+    (tmp_path / "job.toml").write_text(JOB.format(data=data))
+    listener = SilentListener()
+    port = listener.port
+    proc = subprocess.Popen([sys.executable, "-m", "memtrain", "train", tmp_path / "job.toml", "--cluster",
+                             f"tcp://127.0.0.1:{port}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert listener.called.wait(30), proc.poll()
+        time.sleep(0.3)  # inside the wait for the handshake
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=5)
+    finally:
+        proc.kill()
+        proc.wait()
+        listener.close()
+    assert proc.returncode == 128 + signum, err
+    assert f"stopped by {signal.Signals(signum).name} while connecting to tcp://127.0.0.1:{port}" in err
+    assert "Traceback" not in err

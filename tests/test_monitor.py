@@ -1,0 +1,190 @@
+"""train/monitor.py through memtrain.fit and the CLI on real files: the best epoch by any metric and its
+direction, early stopping that a resume continues exactly, the best checkpoint kept through rotation and
+resume, metrics.csv and TensorBoard event files (read back with TensorBoard's own reader), callbacks."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tiny_data import write_dataset
+
+import memtrain
+from memtrain.errors import InputError, MemtrainError
+from memtrain.layout import checkpoint_updates
+
+pytestmark = pytest.mark.timeout(120)
+VOLATILE = ("time", "samples_per_s")  # the only fields of an epoch record that depend on the clock
+
+
+@pytest.fixture(scope="module")
+def noise(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Labels that do not depend on the features: a model can only overfit, so validation gets worse."""
+    rng = np.random.default_rng(11)
+    x, y = rng.normal(size=(600, 10)).astype(np.float32), rng.integers(0, 3, 600)
+    return write_dataset(tmp_path_factory.mktemp("data") / "noise", x, y, val_rows=200, shard_rows=300)
+
+
+@pytest.fixture(scope="module")
+def regression(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(300, 4)).astype(np.float32)
+    y = (x @ rng.normal(size=4) + rng.normal(size=300)).astype(np.float32)
+    return write_dataset(tmp_path_factory.mktemp("data") / "reg", x, y, task="regression", val_rows=60)
+
+
+def settings(data: Path, **train: object) -> dict:
+    return {"data": {"path": str(data)}, "model": {"kind": "mlp", "hidden": [32]},
+            "train": {"epochs": 30, "batch_size": 50, "workers": 0, "optimizer": "adam", "lr": 0.01, **train}}
+
+
+def epochs_of(run: Path) -> list[dict]:
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "epoch"]
+
+
+def steady(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in VOLATILE} for r in records]
+
+
+def test_early_stopping_on_a_metric_to_maximise_keeps_its_best_checkpoint(tmp_path: Path, noise: Path) -> None:
+    run = tmp_path / "run"
+    summary = memtrain.fit(settings(noise, monitor="val_accuracy", patience=3), run={"keep_checkpoints": 1},
+                           run_dir=run, quiet=True)
+    records = epochs_of(run)
+    best = max(records, key=lambda r: (r["val_accuracy"], -r["epoch"]))  # the first epoch of the highest
+    assert summary.stopped_early and summary.epochs == len(records) == best["epoch"] + 3 < 30
+    assert summary.best["epoch"] == best["epoch"] and summary.monitor == "val_accuracy"
+    lowest_loss = min(records, key=lambda r: r["val_loss"])
+    assert lowest_loss["epoch"] != best["epoch"], "the test needs the two metrics to disagree"
+    assert checkpoint_updates(run) == sorted({best["update"], records[-1]["update"]})  # rotation spared the best
+    model = memtrain.load_model(run)
+    assert model.meta["epoch"] == best["epoch"]  # what users expect after an early stop
+    assert memtrain.load_model(run, which="last").meta["epoch"] == records[-1]["epoch"]
+    assert "stopping early: no better val_accuracy for 3 epochs" in (run / "events.log").read_text()
+
+
+def test_a_resumed_run_continues_early_stopping_exactly(tmp_path: Path, noise: Path) -> None:
+    whole = memtrain.fit(settings(noise, patience=3), run={"keep_checkpoints": 1}, run_dir=tmp_path / "whole",
+                         quiet=True)
+    assert whole.stopped_early
+    # stop between the best epoch and the early stop: the count of epochs without improvement must carry over
+    cut = whole.best["epoch"] + 1
+    memtrain.fit(settings(noise, patience=3, epochs=cut), run={"keep_checkpoints": 1}, run_dir=tmp_path / "cut",
+                 quiet=True)
+    resumed = memtrain.fit(resume=tmp_path / "cut", train={"epochs": 30}, quiet=True)
+    assert resumed.stopped_early and resumed.epochs == whole.epochs
+    assert steady(epochs_of(tmp_path / "cut")) == steady(epochs_of(tmp_path / "whole"))
+    assert resumed.best == whole.best or steady([resumed.best]) == steady([whole.best])
+    assert checkpoint_updates(tmp_path / "cut") == checkpoint_updates(tmp_path / "whole")  # the best survived
+    assert memtrain.load_model(tmp_path / "cut").meta["epoch"] == whole.best["epoch"]
+
+
+def test_monitor_settings_are_checked_before_anything_is_written(tmp_path: Path, noise: Path,
+                                                                 regression: Path, cli) -> None:
+    job = tmp_path / "job.toml"
+    job.write_text(f'[data]\npath = "{noise}"\n[model]\nkind = "softmax"\n[train]\nmonitor = "val_acuracy"\n')
+    done = cli("train", job)
+    assert done.code == 2 and "bad value for train.monitor" in done.err and "did you mean `val_accuracy`" in done.err
+    done = cli("train", job, "--set", "train.monitor=val_loss", "--set", "train.monitor_mode=up")
+    assert done.code == 2 and "bad value for train.monitor_mode (expected 'auto' or 'min' or 'max', found 'up')" \
+        in done.err
+    with pytest.raises(InputError, match="train.monitor = 'val_accuracy' is not reported for regression"):
+        memtrain.fit(data={"path": str(regression)}, model={"kind": "linear"}, train={"monitor": "val_accuracy"},
+                     run_dir=tmp_path / "reg")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "reg").exists()
+
+
+def test_regression_monitor_mode_min_and_max(tmp_path: Path, regression: Path) -> None:
+    base = {"data": {"path": str(regression)}, "model": {"kind": "linear"},
+            "train": {"epochs": 6, "batch_size": 30, "workers": 0, "lr": 0.05}}
+    for mode, pick in (("max", max), ("min", min)):
+        run = tmp_path / mode
+        summary = memtrain.fit(base | {"train": base["train"] | {"monitor": "val_r2", "monitor_mode": mode}},
+                               run_dir=run, quiet=True)
+        best = pick(epochs_of(run), key=lambda r: (r["val_r2"], -r["epoch"] if mode == "max" else r["epoch"]))
+        assert summary.best["epoch"] == best["epoch"], mode
+
+
+def test_csv_and_tensorboard_logs_follow_the_run_through_a_resume(tmp_path: Path, noise: Path, cli) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = tmp_path / "run"
+    memtrain.fit(settings(noise, epochs=3), run={"log_to": ["csv", "tensorboard"]}, run_dir=run, quiet=True)
+    # the newest checkpoint goes, as if the run had died before it: the resume repeats epoch 3
+    (run / "checkpoints" / "c00000024").rename(tmp_path / "gone")
+    memtrain.fit(resume=run, train={"epochs": 4}, quiet=True)
+    records = epochs_of(run)
+    assert [r["epoch"] for r in records] == [1, 2, 3, 4]
+    with open(run / "metrics.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [int(r["epoch"]) for r in rows] == [1, 2, 3, 4]
+    for row, record in zip(rows, records, strict=True):
+        assert float(row["val_loss"]) == record["val_loss"] and float(row["loss"]) == record["loss"]
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    assert {"loss", "val_loss", "val_accuracy", "val_macro_f1"} <= set(events.Tags()["scalars"])
+    scalars = events.Scalars("val_loss")
+    assert [s.step for s in scalars] == [1, 2, 3, 4]  # epoch 3 of the first session purged, written again
+    assert [s.value for s in scalars] == pytest.approx([r["val_loss"] for r in records], rel=1e-6)
+    assert cli("train", "--resume", run, "--set", "run.log_to=[]", "--quiet").code == 0  # adjustable on resume
+    done = cli("train", "--resume", run, "--set", 'run.log_to=["csv", "tensorbord"]')
+    assert done.code == 2 and "bad value in run.log_to (expected a list of csv and tensorboard, found " \
+                              "'tensorbord')" in done.err
+    done = cli("train", "--resume", run, "--set", "run.log_to=csv")
+    assert done.code == 2 and "wrong type for run.log_to (expected a list of str values, found 'csv')" in done.err
+    overwritten = memtrain.fit(settings(noise, epochs=1), run_dir=run, overwrite=True, quiet=True)
+    assert overwritten.epochs == 1 and not (run / "metrics.csv").exists() and not (run / "tensorboard").exists()
+
+
+def test_callbacks_see_each_epoch_and_a_failing_one_stops_with_a_checkpoint(tmp_path: Path, noise: Path) -> None:
+    seen: list[dict] = []
+
+    class Plotter:
+        def on_epoch_end(self, metrics: dict) -> None:
+            seen.append(metrics)
+
+    memtrain.fit(settings(noise, epochs=2), run_dir=tmp_path / "ok", callbacks=[Plotter()], quiet=True)
+    assert steady(seen) == steady(epochs_of(tmp_path / "ok"))
+
+    def fails(metrics: dict) -> None:
+        if metrics["epoch"] == 2:
+            raise ValueError("the plot broke")
+
+    run = tmp_path / "run"
+    with pytest.raises(MemtrainError, match=r"the on_epoch_end callback .*fails raised ValueError: the plot broke "
+                                            r"\(after epoch 2\)") as caught:
+        memtrain.fit(settings(noise, epochs=5), run={"checkpoint_every": 4, "keep_best": False}, run_dir=run,
+                     callbacks=[fails], quiet=True)
+    assert isinstance(caught.value.__cause__, ValueError) and caught.value.exit_code == 1
+    assert f"memtrain.fit(resume={str(run)!r})" in str(caught.value)
+    assert checkpoint_updates(run)[-1] == 2 * 8  # checkpointed where it stopped, between checkpoint_every epochs
+    resumed = memtrain.fit(resume=run, quiet=True)
+    assert resumed.epochs == 5 and [r["epoch"] for r in epochs_of(run)] == [1, 2, 3, 4, 5]
+    with pytest.raises(InputError, match="a callback is neither a function nor an object with on_epoch_end"):
+        memtrain.fit(settings(noise), run_dir=tmp_path / "bad", callbacks=[42])
+
+
+def test_a_best_checkpoint_off_the_schedule_never_takes_a_scheduled_ones_place(tmp_path: Path, noise: Path,
+                                                                              regression: Path) -> None:
+    run = tmp_path / "run"
+    memtrain.fit(settings(noise, epochs=7, lr=0.002), run={"checkpoint_every": 3, "keep_checkpoints": 2},
+                 run_dir=run, quiet=True)
+    records = epochs_of(run)
+    best = min(records, key=lambda r: r["val_loss"])
+    improved = [r["epoch"] for i, r in enumerate(records) if all(r["val_loss"] < b["val_loss"] for b in records[:i])]
+    assert len([e for e in improved if e % 3]) >= 2, "the test needs several best epochs off the schedule"
+    assert best["epoch"] % 3, "the test needs the best epoch off the schedule"
+    # the two newest scheduled (or final) checkpoints, and the best epoch's; earlier bests' are gone
+    assert checkpoint_updates(run) == sorted({6 * 8, 7 * 8, best["update"]})
+    assert memtrain.load_model(run).meta["epoch"] == best["epoch"]
+    # a run that improves every epoch (the README's digits run does): the scheduled checkpoints stay
+    steady_run = tmp_path / "steady"
+    memtrain.fit(data={"path": str(regression)}, model={"kind": "linear"},
+                 train={"epochs": 8, "batch_size": 30, "workers": 0, "lr": 0.01},
+                 run={"checkpoint_every": 3, "keep_checkpoints": 2}, run_dir=steady_run, quiet=True)
+    losses = [r["val_loss"] for r in epochs_of(steady_run)]
+    assert losses == sorted(losses, reverse=True), "the test needs a run that improves every epoch"
+    assert checkpoint_updates(steady_run) == [6 * 8, 8 * 8]  # not epoch 7's, written as the best then
