@@ -22,6 +22,7 @@ from memtrain.mixing import mixing
 from memtrain.order import WINDOW, epoch_order, rank_part
 from memtrain.train.normalize import Normalizer
 from memtrain.train.plan import Plan, epoch_updates
+from memtrain.train.record import RECORDED_BEFORE
 from memtrain.train.rounds import TaskRows
 
 JOB = """
@@ -98,12 +99,15 @@ def test_the_three_orders_train_differently_and_inspect_says_what_a_task_names(t
 # --- resume ---
 
 def test_a_run_recorded_before_train_shuffle_resumes_with_batches(tmp_path: Path, data: Path, cli) -> None:
-    """A run directory as memtrain wrote it before train.shuffle (its job.json has neither key: checked against
-    a run of 30339bc) continues in the order it started with, and that order cannot be changed on resume."""
+    """A run directory as memtrain wrote it before train.shuffle: its job.json lacks the settings added since
+    (RECORDED_BEFORE; a run made by 30339bc has exactly the other keys, and resumes bitwise as this one). It
+    continues in the order it started with, and that order cannot be changed on resume."""
     old = write_job(tmp_path / "old", data, train='shuffle = "batches"')
     assert cli("train", old, "--quiet").code == 0
     record = json.loads((tmp_path / "old" / "run" / "job.json").read_text())
-    del record["train"]["shuffle"], record["train"]["shuffle_window"]
+    for key in RECORDED_BEFORE:
+        section, _, name = key.partition(".")
+        del record[section][name]
     (tmp_path / "old" / "run" / "job.json").write_text(json.dumps(sealed(record)))
     refused = cli("train", "--resume", tmp_path / "old" / "run", "--set", "train.epochs=3",
                   "--set", 'train.shuffle="rows"')

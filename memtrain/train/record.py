@@ -36,10 +36,13 @@ FORMAT_VERSION = 1
 FIXED = ("data.path", "data.normalize", "model.", "train.seed", "train.batch_size", "train.tasks_per_update",
          "train.shuffle", "train.shuffle_window", "train.optimizer", "train.monitor",
          "train.monitor_mode")  # the best epoch so far was chosen by the monitor
-# What a job record written before train.shuffle existed means by its absence: every epoch visited the same
-# contiguous batches in a seeded order, which is "batches" (the window is then unused), so such a run resumes
-# and replays with the order it started with.
-BEFORE_SHUFFLE = {"shuffle": "batches", "shuffle_window": WINDOW}
+# Settings added to the job after runs were recorded without them (job record version 1, 30339bc): what
+# their absence means, which is what those runs did, so such a run resumes (and replays, and is inspected)
+# as it started. Any other missing setting is damage. train.shuffle: every epoch visited the same
+# contiguous batches in a seeded order, which is "batches" (its window then unused); train.monitor: the best
+# epoch was the lowest val_loss; run.log_to: no other metric logs.
+RECORDED_BEFORE = {"train.shuffle": "batches", "train.shuffle_window": WINDOW, "train.monitor": "val_loss",
+                   "train.monitor_mode": "auto", "run.log_to": []}
 RUNTIME = ("data.verify", "train.workers", "train.blas_threads", "train.task_timeout", "train.max_attempts",
            "run.exchange", "run.cluster", "run.dir")
 
@@ -90,8 +93,9 @@ def read_job_record(run_dir: Path) -> dict[str, Any]:
     if not all(isinstance(sections.get(name), dict) for name in ("data", "model", "train", "run")):
         raise CorruptFileError("the job record lacks a section", path=path,
                                expected="data, model, train and run", found=", ".join(sections))
-    if "shuffle" not in sections["train"]:
-        sections["train"].update(BEFORE_SHUFFLE)
+    for key, value in RECORDED_BEFORE.items():
+        section, _, name = key.partition(".")
+        sections[section].setdefault(name, value)
     missing = sorted(set(_every_key()) - set(flatten(sections)))
     if missing:  # a default would silently stand in for what the run really used
         raise CorruptFileError("the job record lacks a setting", path=path, where=", ".join(missing))
