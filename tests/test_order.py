@@ -64,16 +64,20 @@ def test_epochs_and_seeds_differ(job: dict[str, int], shuffle: str) -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(job=jobs)
-def test_rows_are_shuffled_within_windows_of_at_most_window_rows_from_at_most_16_blocks(job: dict[str, int]) -> None:
+def test_rows_are_shuffled_within_windows_of_at_most_window_rows_one_block_per_stratum(job: dict[str, int]) -> None:
     order = epoch_order("rows", **job)
     rows = epoch_rows("rows", **job)
     block = order.block_rows
     assert order.window_blocks == min(BLOCKS_PER_WINDOW, job["window"])
     edges = order.window_starts
     assert np.all(np.diff(edges) <= job["window"])
+    windows = len(edges) - 1
     for lo, hi in zip(edges[:-1], edges[1:], strict=True):
         blocks = np.unique(rows[lo:hi] // block)
         assert len(blocks) <= order.window_blocks
+        # one block of each stratum (windows consecutive blocks in file order): every window spans the split
+        strata = blocks // windows
+        assert len(np.unique(strata)) == len(blocks) and len(blocks) >= -(-len(order.block_order) // windows) - 1
         # whole blocks: the window holds every row of each block it touches
         assert hi - lo == sum(min(block, job["rows"] - b * block) for b in blocks.tolist())
 
