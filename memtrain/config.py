@@ -59,6 +59,7 @@ RANGES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "train.blas_threads": _integers(1, MAX_WORKERS),
     "train.eval_rows": _integers(1),
     "train.shuffle_window": _integers(1),
+    "train.chunk_rows": _integers(1),
     "train.task_timeout": _positive_finite("seconds"),
     "train.max_attempts": _integers(1),
     "train.patience": _integers(1),
@@ -104,6 +105,7 @@ class TrainConfig:
     seed: int = 0
     blas_threads: int = 1  # per worker: N workers x all-core BLAS oversubscribes the machine
     eval_rows: int = 8192  # validation rows per evaluation task
+    chunk_rows: int = 32768  # additive models: rows a statistics task reads at once (bounds its memory)
     task_timeout: float = 600.0  # seconds before a silent task's worker is killed and the task re-run
     max_attempts: int = 3  # a task that kills its worker this many times stops the run
     on_nonfinite: str = "stop"  # "stop" | "skip": what a NaN/Inf loss or gradient does to the update

@@ -50,6 +50,7 @@ POINTS = {
     "after_publish": "a version renamed into place, the ledger not yet past its update",
     # the server
     "after_result": "an evaluation or statistics result accepted",
+    "statistics_chunk": "a chunk of a statistics task added into its partial (not published yet)",
     "after_update_logged": "an update's lineage and metric lines made, not written yet",
     "exchange_probe": "the exchange probe file created in a candidate folder, not yet timed or removed",
     "ckpt_after_data": "a checkpoint's files copied, its meta.json not written",

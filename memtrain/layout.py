@@ -72,6 +72,11 @@ CHECKPOINTS_DIR = "checkpoints"
 CHECKPOINT_META = "meta.json"
 CHECKPOINT_WEIGHTS = "weights.npy"
 
+STATISTICS_DIR = "statistics"  # an additive model's pass (train/additive.py): partials, their sum, its plan
+STATISTICS_PLAN = "plan.json"  # sealed: the tasks' row ranges, chunk_rows and the statistics' size
+STATISTICS_SUM = "sum.npy"
+_PARTIAL_RE = re.compile(r"^t(\d{5})-a(\d{3})\.npy$")
+
 _VERSION_RE = re.compile(r"^v(\d{8})\.npy$")
 _CHECKPOINT_RE = re.compile(r"^c(\d{8})$")
 
@@ -89,6 +94,21 @@ def weight_versions(run_dir: Path) -> list[int]:
     if not folder.is_dir():
         return []
     return sorted(int(m.group(1)) for name in os.listdir(folder) if (m := _VERSION_RE.match(name)))
+
+
+def statistics_dir(run_dir: Path) -> Path:
+    return run_dir / STATISTICS_DIR
+
+
+def partial_name(task: int, attempt: int) -> str:
+    """One statistics task's partial sums (float64, flat): one file per (task, attempt)."""
+    return f"t{task:05d}-a{attempt:03d}.npy"
+
+
+def parse_partial_name(name: str) -> tuple[int, int] | None:
+    """(task, attempt) of a partial's name, or None for any other name (a temporary one included)."""
+    match = _PARTIAL_RE.match(name)
+    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def checkpoint_path(run_dir: Path, update: int) -> Path:

@@ -187,7 +187,8 @@ def test_an_additive_run_reports_its_one_pass_not_epochs(tmp_path: Path, dataset
     done = cli("train", job, "--workers", "0")
     assert done.code == 0, done.err
     assert done.out.startswith("done: one pass of statistics, then a solve, weight version 1, ")
-    assert done.out.splitlines()[1].startswith("result: val_loss ") and "epoch" not in done.out + done.err
+    assert done.out.splitlines()[1].startswith("result: val_loss ") and "epoch" not in done.out
+    assert "train.epochs = 3" in done.err and "do not apply and are ignored" in done.err  # the job's keys, named
     run = tmp_path / "runs" / "job"
     assert "done: one pass of statistics, then a solve, weight version 1" in (run / "events.log").read_text()
     monkeypatch.setenv("COLUMNS", "80")

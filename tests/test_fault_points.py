@@ -23,6 +23,7 @@ PREPARE = {"prepare_mid_spool", "prepare_mid_shard", "prepare_after_shard", "pre
 SERVE = {"serve_after_claim", "serve_after_launch"}
 STALENESS = {"mid_publish"}  # fixed staleness in the rounds
 PROBE = {"exchange_probe"}  # only where an exchange of 16 MiB or more picks between /dev/shm and the run's disk
+ADDITIVE = {"statistics_chunk"}  # an additive model's pass
 
 
 def memtrain(*args: object, points: set[str], log: Path, cwd: Path) -> subprocess.CompletedProcess:
@@ -37,7 +38,7 @@ def fired(log: Path) -> set[str]:
 
 
 def test_the_scenarios_cover_every_declared_point() -> None:
-    assert set(POINTS) == TRAIN | STALENESS | PREPARE | SERVE | PROBE
+    assert set(POINTS) == TRAIN | STALENESS | PREPARE | SERVE | PROBE | ADDITIVE
 
 
 def job(folder: Path, data: Path, name: str = "job", hidden: int = 8) -> Path:
@@ -53,6 +54,16 @@ def test_every_train_point_fires(tmp_path: Path) -> None:
     result = memtrain("train", job(tmp_path, data), points=TRAIN, log=tmp_path / "fired", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert fired(tmp_path / "fired") == TRAIN
+
+
+def test_the_statistics_point_fires(tmp_path: Path) -> None:
+    x, y = blobs(n=500, features=4, classes=3)
+    data = write_dataset(tmp_path / "data", x, y, shard_rows=200)
+    path = job(tmp_path, data)
+    path.write_text(path.read_text().replace('kind = "mlp"\nhidden = [8]', 'kind = "ridge"'))
+    result = memtrain("train", path, points=ADDITIVE, log=tmp_path / "fired", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert fired(tmp_path / "fired") == ADDITIVE
 
 
 def test_the_staleness_point_fires(tmp_path: Path) -> None:

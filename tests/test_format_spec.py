@@ -31,6 +31,8 @@ MADE = {
     "checkpoint_version_name": lambda: [layout.checkpoint_version_name(388)],
     "exchange_dir_name": lambda: [layout.exchange_dir_name("ab12cd34", 4242)],
     "gradient_name": lambda: [layout.gradient_name(390, 1, 0)],
+    "statistics_dir": lambda: [layout.statistics_dir(Path()).as_posix()],
+    "partial_name": lambda: [layout.partial_name(1, 0)],
     "metrics_name": lambda: [layout.metrics_name(390, 1, 0)],
     "streamed_gradient_name": lambda: [layout.streamed_gradient_name(390, 1, 0)],
     "tensorboard_suffix": lambda: [f"{layout.TENSORBOARD_EVENTS}1795682640.vm{layout.tensorboard_suffix(0, 'c72')}"],
@@ -50,7 +52,8 @@ MADE = {
     "cluster_probe_name": lambda: [layout.cluster_probe_name("0123456789ab")],
 }
 # Functions that read names back (parsers and listings) and the prefix of a name made above.
-READERS = {"prepare_work_dirs", "weight_versions", "checkpoint_updates", "parse_exchange_owner", "tmp_owner_pid",
+READERS = {"parse_partial_name", "prepare_work_dirs", "weight_versions",
+           "checkpoint_updates", "parse_exchange_owner", "tmp_owner_pid",
            "spool_job_name", "tmp_target", "is_version_name", "is_checkpoint_name", "is_shard_name",
            "existing_hint"}
 # Constants that are parts of names, not names: each must occur inside a name made above.

@@ -21,7 +21,7 @@ from tiny_data import blobs, write_dataset
 from watchdog.events import FileSystemEventHandler
 from watchdog.observers import Observer
 
-from memtrain.layout import gradient_name
+from memtrain.layout import partial_name, statistics_dir
 from memtrain.train.exchange import WorkerPool
 from memtrain.train.messages import RoundSetup, StatsTask, WorkerSetup
 from memtrain.train.optim import OptimizerConfig
@@ -88,6 +88,7 @@ def setup(tmp_path: Path) -> WorkerSetup:
     data = write_dataset(tmp_path / "data", x, y, val_rows=40)
     exchange = tmp_path / "exchange"
     exchange.mkdir()
+    statistics_dir(tmp_path / "run").mkdir(parents=True)  # the server makes it (train/additive.py)
     rounds = RoundSetup(batch_size=None, tasks_per_update=WORKERS, seed=0, epochs=1, shuffle="rows", shuffle_window=64,
                         keep_versions=1,
                         on_nonfinite="stop", slots=WORKERS)
@@ -102,14 +103,13 @@ def spawned(pid: int) -> bool:
 
 
 def cycle_pools(setup: WorkerSetup, root: Path, cycles: int) -> None:
-    exchange = Path(setup.exchange_dir)
     with Busy(root) as busy:
         for cycle in range(cycles):
             pool = WorkerPool(setup, WORKERS)
             pids = pool.pids()
             for slot in pool.slots:
                 lo = slot.index * 100
-                pool.send(slot, StatsTask(task=slot.index, attempt=cycle, lo=lo, hi=lo + 100))
+                pool.send(slot, StatsTask(task=slot.index, attempt=cycle, lo=lo, hi=lo + 100, chunk_rows=32))
             results = []
             deadline = time.monotonic() + 60
             while len(results) < WORKERS and time.monotonic() < deadline:
@@ -120,7 +120,7 @@ def cycle_pools(setup: WorkerSetup, root: Path, cycles: int) -> None:
             assert sorted(r.rows for r in results) == [100] * WORKERS, f"cycle {cycle}: {results}"
             assert all(spawned(pid) for pid in pids), f"cycle {cycle}: a worker is a fork of the server"
             for r in results:
-                out = exchange / gradient_name(0, r.task, r.attempt)
+                out = statistics_dir(Path(setup.run_dir)) / partial_name(r.task, r.attempt)
                 assert np.isfinite(np.load(out)).all()
                 out.unlink()
             processes = [slot.process for slot in pool.slots]

@@ -247,8 +247,8 @@ def test_messages_stay_small_whatever_the_sizes() -> None:
     messages = [
         Stretch(generation=huge, epoch=huge, first=huge, stop=huge, version=huge, slot=huge, participants=huge,
                 slices=huge),
-        StatsTask(task=huge, attempt=99, lo=huge, hi=huge), EvalTask(task=huge, attempt=99, version=huge, lo=huge,
-                                                                     hi=huge),
+        StatsTask(task=huge, attempt=99, lo=huge, hi=huge, chunk_rows=huge),
+        EvalTask(task=huge, attempt=99, version=huge, lo=huge, hi=huge),
         Result(task=huge, attempt=99, outcome=Outcome.DONE, loss=1e300, rows=huge, correct=huge),
         StretchEnd(generation=huge, slot=huge, outcome=Outcome.CANCELLED),
         Stretch(generation=huge, epoch=huge, first=huge, stop=huge, version=huge, slot=huge, participants=huge,

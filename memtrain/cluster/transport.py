@@ -31,7 +31,7 @@ from typing import Any
 
 from memtrain.cluster.sharedfs import View, ViewProbe, look, needs_sync, read_back, refuse
 from memtrain.errors import MemtrainError
-from memtrain.layout import gradient_name, streamed_gradient_name
+from memtrain.layout import partial_name, statistics_dir, streamed_gradient_name
 from memtrain.train.exchange import Event
 from memtrain.train.messages import GradTask, Result, StatsTask, Task, WorkerSetup
 
@@ -79,9 +79,10 @@ class ClusterWorker:
         """Write the task's file back to the file server before the result says it is there."""
         import os
 
-        name = streamed_gradient_name(task.update, task.task, task.attempt) if isinstance(task, GradTask) \
-            else gradient_name(0, task.task, task.attempt)
-        fd = os.open(Path(self.setup.exchange_dir) / name, os.O_RDONLY)
+        path = (Path(self.setup.exchange_dir) / streamed_gradient_name(task.update, task.task, task.attempt)
+                if isinstance(task, GradTask) else
+                statistics_dir(Path(self.setup.run_dir)) / partial_name(task.task, task.attempt))
+        fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:

@@ -56,10 +56,10 @@ class GaussianNaiveBayes:
         x64 = as_rows(x).astype(np.float64)
         onehot = np.zeros((len(labels), self.spec.n_classes), dtype=np.float64)
         onehot[np.arange(len(labels)), labels] = 1.0
-        out["count"][...] = np.bincount(labels, minlength=self.spec.n_classes)
-        np.matmul(onehot.T, x64, out=out["sum"])
+        out["count"] += np.bincount(labels, minlength=self.spec.n_classes)  # add: called once per chunk of rows
+        out["sum"] += onehot.T @ x64
         np.square(x64, out=x64)
-        np.matmul(onehot.T, x64, out=out["sumsq"])
+        out["sumsq"] += onehot.T @ x64
 
     def solve(self, stats: dict[str, np.ndarray]) -> Params:
         count = np.asarray(stats["count"], dtype=np.float64)

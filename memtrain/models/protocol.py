@@ -9,6 +9,11 @@ server can add task results in a fixed order and divide once by the row count of
 
 Additive models (``additive = True``) implement ``statistics`` (sums of sufficient statistics over
 rows, e.g. X^T X for least squares) and ``solve`` (statistics -> parameters): one pass over the data.
+``statistics`` ADDS the sums of the rows it is given into ``out`` (never overwrites): memtrain zeroes a
+task's partial, a file it maps, and calls ``statistics`` once per chunk of ``train.chunk_rows`` rows, so
+neither the task's rows nor a second copy of the statistics is ever in memory (train/additive.py).
+``solve`` gets read-only views of the mapped sum; it may return arrays of any float dtype, which memtrain
+writes into the weight file one parameter at a time.
 
 Optional, for models that need them (a torch module uses all four; see models/torch_model.py):
 
@@ -75,7 +80,7 @@ class AdditiveModel(Model, Protocol):
         """Ordered names and shapes of the sufficient statistics (float64)."""
 
     def statistics(self, x: np.ndarray, y: np.ndarray, out: dict[str, np.ndarray]) -> None:
-        """Write the statistics of these rows into ``out`` (overwrite)."""
+        """Add the statistics of these rows into ``out`` (never overwrite: called once per chunk of rows)."""
 
     def solve(self, stats: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Parameters from the statistics summed over all training rows."""

@@ -58,8 +58,8 @@ class Ridge:
         augmented = np.empty((len(x), x.shape[1] + 1), dtype=np.float64)
         augmented[:, :-1] = x
         augmented[:, -1] = 1.0
-        np.matmul(augmented.T, augmented, out=out["xtx"])
-        np.matmul(augmented.T, self._targets(y), out=out["xty"])
+        out["xtx"] += augmented.T @ augmented  # add: memtrain calls this once per chunk of rows
+        out["xty"] += augmented.T @ self._targets(y)
 
     def solve(self, stats: dict[str, np.ndarray]) -> Params:
         """``linalg.solve`` when alpha > 0 (the system is then positive definite); for plain least squares

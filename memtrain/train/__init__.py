@@ -18,6 +18,10 @@ Which process runs which module:
     stream.py      a cluster's round: the server steps,       stream.py   a streamed gradient task
                    the workers compute gradient tasks
     state.py, checkpoint.py, run_dir.py     resume, checkpoints, the run directory
+    additive.py    an additive model's pass:  additive.py a statistics task: its rows in
+                   partials kept, summed in               chunks, added into its mapped
+                   task order into a mapped file          partial (statistics/ in the run)
+    memory.py      the memory limits: a worker the kernel killed is said to be
                                             worker.py   messages in, answers out
     ------------------------- both (the server when train.workers = 0) -------------------------
     rounds.py      the round, one loop: step the previous update's slice, meet, compute this update's
@@ -46,6 +50,8 @@ Glossary (one name per concept, everywhere in this package):
                  reduction adds in this order); in async mode its number in the epoch's task stream. Its
                  rows: positions [lo, hi) of the epoch's row sequence, which Plan.rows turns into rows
     attempt      how many times a task was started before (a retry after a death: a new file name)
+    partial      an additive model's statistics of one task's rows, a float64 file the model adds into
+    chunk        train.chunk_rows rows of a statistics task, read and added at once (additive.py)
     schedule     what is computed: which gradients each update adds, at which version (schedule.py)
     engine       who steps: the rounds (slices, marks), the desk (groups), or the server (the whole
                  vector: in the server, streamed, on a cluster); messages.Engine names the first two

@@ -100,12 +100,14 @@ class EvalTask:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StatsTask:
-    """Sufficient statistics of train rows [lo, hi) (additive models), to ``gradient_name(0, task, attempt)``."""
+    """Sufficient statistics of train rows [lo, hi) (additive models), read ``chunk_rows`` at a time, to the run's
+    ``statistics/`` + ``partial_name(task, attempt)`` (train/additive.py)."""
 
     task: int
     attempt: int
     lo: int
     hi: int
+    chunk_rows: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,8 +12,9 @@ On resume, the new job is compared with the recorded one, key by key (``section.
 - ``RUNTIME`` keys say how to execute, not what to compute (the weights are bitwise the same for any
   value): they are taken from each start and never recorded as changes;
 - every other key (``train.epochs``, ``train.lr`` and the optimizer's settings, ``train.on_nonfinite``,
-  ``train.eval_rows``, ``run.checkpoint_every``, ``run.keep_*``) changes only when named with ``--set``
-  on the resuming command line, and the change becomes a history entry.
+  ``train.eval_rows``, ``train.chunk_rows``, ``run.checkpoint_every``, ``run.keep_*``) changes only when named
+  with ``--set`` on the resuming command line, and the change becomes a history entry. (A new
+  ``chunk_rows`` makes an additive pass's partials on disk another pass's: they are computed again.)
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memtrain.config import Job, job_from_dict, job_to_dict
+from memtrain.config import Job, TrainConfig, job_from_dict, job_to_dict
 from memtrain.errors import CorruptFileError, InputError
 from memtrain.files import publish, read_sealed_json, read_sealed_jsonl, seal, write_sealed_json
 from memtrain.layout import RUN_HISTORY, RUN_JOB
@@ -40,9 +41,10 @@ FIXED = ("data.path", "data.normalize", "model.", "train.seed", "train.batch_siz
 # their absence means, which is what those runs did, so such a run resumes (and replays, and is inspected)
 # as it started. Any other missing setting is damage. train.shuffle: every epoch visited the same
 # contiguous batches in a seeded order, which is "batches" (its window then unused); train.monitor: the best
-# epoch was the lowest val_loss; run.log_to: no other metric logs.
+# epoch was the lowest val_loss; run.log_to: no other metric logs; train.chunk_rows: read by an additive pass
+# alone, which such a run either finished or computes again (its old statistics files are not reused).
 RECORDED_BEFORE = {"train.shuffle": "batches", "train.shuffle_window": WINDOW, "train.monitor": "val_loss",
-                   "train.monitor_mode": "auto", "run.log_to": []}
+                   "train.monitor_mode": "auto", "run.log_to": [], "train.chunk_rows": TrainConfig.chunk_rows}
 RUNTIME = ("data.verify", "train.workers", "train.blas_threads", "train.task_timeout", "train.max_attempts",
            "run.exchange", "run.cluster", "run.dir")
 

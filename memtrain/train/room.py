@@ -6,8 +6,8 @@ Exchange area (deleted when the run ends):
 - gradient buffers: one per task of an update (``T``), made at start and rewritten by every update
   (train/rounds.py), so neither failures nor the worker count add any; two with fixed staleness
   (plan.gradient_banks);
-- additive models also: one statistics file (float64) per task, all alive until they are summed; a killed
-  or superseded attempt's file is removed at once (train/scheduler.py), so failures add nothing;
+- an additive model has neither gradient buffers nor optimizer state (no optimizer): its statistics are
+  in the run directory (below);
 - the optimizer state, double-buffered (2 per slot), the block digests (2 banks), the round records (one per update of
   an epoch) and the board the participants meet at.
 - on a cluster (``run.cluster``, train/stream.py), also a gradient file per task of two updates: those of
@@ -17,6 +17,9 @@ Exchange area (deleted when the run ends):
   group. A stale, dead or superseded attempt's file is deleted at once.
 
 Run directory:
+- additive models: one partial statistics file (float64) per task, all alive until they are summed, and
+  their sum (train/additive.py); a killed or superseded attempt's file is removed at once
+  (train/scheduler.py), so failures add nothing;
 - weight versions: the ``keep_versions`` kept ones (at least the k + 1 a fixed staleness k reads, or the
   max_staleness + 1 of async mode) plus the one being built (and with fixed staleness in the rounds the
   one readied after it);
@@ -57,12 +60,12 @@ def room_needed(job: Job, context: ModelContext, *, per_epoch: int, slots: int) 
     """The peak bytes of the run's files (see the module docstring for what is counted): ``per_epoch`` updates
     per epoch, ``slots`` participants at most."""
     weights = context.layout.size * PARAM_DTYPE.itemsize + FILE_OVERHEAD
-    states = len(state_slots(job.train.optimizer))
     train = job.train
     tasks = train.tasks_per_update
-    gradients = gradient_banks(train.staleness) * tasks * weights
     if context.additive:
-        gradients += tasks * (context.stats_layout.size * np.dtype(np.float64).itemsize + FILE_OVERHEAD)
+        return additive_room(job, context, weights, per_epoch=per_epoch, slots=slots)
+    states = len(state_slots(job.train.optimizer))
+    gradients = gradient_banks(train.staleness) * tasks * weights
     if job.run.cluster:
         gradients += 2 * tasks * weights
     if train.mode == "async":
@@ -77,6 +80,18 @@ def room_needed(job: Job, context: ModelContext, *, per_epoch: int, slots: int) 
     building = 2 if train.staleness else 1
     run = (max(job.run.keep_versions, read) + building) * weights + (job.run.keep_checkpoints + 1) * checkpoint
     return Room(exchange=exchange, run=run)
+
+
+def additive_room(job: Job, context: ModelContext, weights: int, *, per_epoch: int, slots: int) -> Room:
+    """An additive model's peak: every partial and their sum (run directory), versions 0 and 1 (and the
+    one ``keep_versions`` may hold), checkpoints of weights alone; the exchange holds the small files only."""
+    statistics = context.stats_layout.size * np.dtype(np.float64).itemsize + FILE_OVERHEAD
+    records = per_epoch * records_dtype(job.train.tasks_per_update).itemsize
+    small = (2 * block_count(context.layout.size) * DIGEST_BYTES + records
+             + Board(slots).size * WORD.itemsize + 3 * FILE_OVERHEAD)
+    run = ((job.train.tasks_per_update + 1) * statistics + (max(job.run.keep_versions, 1) + 1) * weights
+           + (job.run.keep_checkpoints + 1) * weights)
+    return Room(exchange=small, run=run)
 
 
 def size_text(size: int) -> str:

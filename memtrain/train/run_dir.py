@@ -56,6 +56,7 @@ from memtrain.layout import (
     RUN_METRICS,
     RUN_PARAMS,
     RUN_TENSORBOARD,
+    STATISTICS_DIR,
     TENSORBOARD_EVENTS,
     WEIGHTS_DIR,
     exchange_dir_name,
@@ -257,7 +258,7 @@ def open_run_dir(job: Job, *, resume: bool, need_exchange: int, need_run: int, o
         lock = _create(path, job, layout)
     try:
         _check_dirs(path)
-        run = _set_up(job, path, lock, need_exchange, need_run)
+        run = _set_up(job, path, lock, need_exchange, need_run, one_pass)
     except BaseException:
         if decision is None and found != "run":
             _uncreate(path, empty=found == "empty")  # a start refused before it began leaves nothing behind
@@ -377,6 +378,7 @@ def _clear_run(path: Path) -> None:
     for name in os.listdir(path / WEIGHTS_DIR) if (path / WEIGHTS_DIR).is_dir() else ():
         if is_version_name(tmp_target(name) or name):
             (path / WEIGHTS_DIR / name).unlink(missing_ok=True)
+    shutil.rmtree(path / STATISTICS_DIR, ignore_errors=True)  # an additive pass's partials: all memtrain's
     for name in os.listdir(path):
         target = tmp_target(name) or name
         if target in (RUN_METRICS, RUN_LINEAGE, RUN_EVENTS, RUN_HISTORY, RUN_PARAMS, RUN_CSV) and \
@@ -397,17 +399,18 @@ def _clear_run(path: Path) -> None:
 
 def _check_dirs(path: Path) -> None:
     """The run's folders must be real directories: memtrain never writes through a link it did not make."""
-    for name in (WEIGHTS_DIR, CHECKPOINTS_DIR):
+    for name in (WEIGHTS_DIR, CHECKPOINTS_DIR, STATISTICS_DIR):
         if (path / name).is_symlink() or (os.path.lexists(path / name) and not (path / name).is_dir()):
             raise MemtrainError("expected a directory that memtrain made, found a symbolic link or a file",
                                 path=path / name, hint="remove it; memtrain makes the directory again")
 
 
-def _set_up(job: Job, path: Path, lock: IO[str], need_exchange: int, need_run: int) -> RunDir:
+def _set_up(job: Job, path: Path, lock: IO[str], need_exchange: int, need_run: int, additive: bool) -> RunDir:
     (path / WEIGHTS_DIR).mkdir(exist_ok=True)
     free = shutil.disk_usage(path).free
     if free < need_run:
-        raise MemtrainError("not enough free space for the run's weight versions and checkpoints", path=path,
+        raise MemtrainError("not enough free space for the run's weight versions and checkpoints"
+                            + (" (and an additive model's statistics)" if additive else ""), path=path,
                             expected=f"{size_text(need_run)} free", found=f"{size_text(free)} free",
                             hint="free space, lower run.keep_versions or run.keep_checkpoints, or choose "
                                  "another run directory")

@@ -30,23 +30,31 @@ from memtrain.errors import Interrupted, WorkerFailure, plural
 from memtrain.faults import fault_point
 from memtrain.train.exchange import Event, Slot, Transport
 from memtrain.train.marks import WAITING, Activity, Board
+from memtrain.train.memory import limit_words, oom_killed, oom_kills, sigkilled
 from memtrain.train.messages import Outcome, Result, Stretch, StretchEnd, Task
 
 WAIT_BOUND = 1.0  # seconds: the longest the server blocks without re-checking deadlines and signals
 TICK = 0.1  # seconds between the server's looks at a running stretch (progress, logs, time limits)
+CRASH_HINT = "the data or the model may crash the worker; check the rows named above, or raise train.max_attempts"
+LOWER_MEMORY = ("Lower train.chunk_rows (an additive model's statistics; a resume takes --set train.chunk_rows=N) "
+                "or the rows per task (train.batch_size, train.tasks_per_update), run fewer workers, or give the "
+                "run more memory")
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class Scheduler:
     def __init__(self, *, task_timeout: float, max_attempts: int, describe_task: Callable[[Task], str],
                  describe_activity: Callable[[Activity], str], log: Callable[[str], None],
-                 stop_requested: Callable[[], bool], discard: Callable[[Task], None] = lambda task: None):
+                 stop_requested: Callable[[], bool], discard: Callable[[Task], None] = lambda task: None,
+                 describe_memory: Callable[[Task], str] = lambda task: ""):
         self.task_timeout = task_timeout
         self.max_attempts = max_attempts
         self.describe_task, self.describe_activity = describe_task, describe_activity
         self.log = log
         self.stop_requested = stop_requested
         self.discard = discard  # deletes what an attempt that will never be used may have written
+        self.describe_memory = describe_memory  # what a task holds in memory, for a worker the kernel killed
+        self.oom_before = oom_kills()  # the cgroup's OOM kill count at start: a rise names the OOM killer
         self.killed: set[int] = set()  # pids killed for silence: killed (and logged) once, then awaited
         self.deaths = 0
         self.attempts: Counter[tuple[int, int, int]] = Counter()  # deaths per piece of a round (kind, update, item)
@@ -95,13 +103,16 @@ class Scheduler:
             return  # a stale attempt answered: nothing to do
         if event.answer is not None:
             if event.answer.outcome == Outcome.FAILED:
+                out_of_memory = "MemoryError" in event.answer.error
                 raise WorkerFailure(f"{self.describe_task(message)} failed in worker {event.slot.index}:\n"
-                                    f"{event.answer.error.rstrip()}")
+                                    f"{event.answer.error.rstrip()}",
+                                    hint=f"it ran out of memory: {limit_words()}; {self.describe_memory(message)}"
+                                    if out_of_memory else None)
             done[key] = event.answer
             fault_point("after_result")
             return
         self.discard(message)  # at once: the exchange holds only what the run reserved, whatever fails
-        self._died(event, self.describe_task(message), message.attempt + 1)
+        self._died(event, self.describe_task(message), message.attempt + 1, holding=self.describe_memory(message))
         retry = replace(message, attempt=message.attempt + 1)
         current[key] = retry
         pending.appendleft(retry)
@@ -213,16 +224,31 @@ class Scheduler:
         self.deaths += 1
         self.log(f"worker {event.slot.index} (pid {event.slot.pid}) died with exit code {event.exitcode} while idle")
 
-    def _died(self, event: Event, what: str, attempts: int, *, raise_at_limit: bool = True) -> WorkerFailure | None:
+    def _died(self, event: Event, what: str, attempts: int, *, raise_at_limit: bool = True,
+              holding: str = "") -> WorkerFailure | None:
+        """A worker died during a piece of work. A SIGKILL that memtrain did not send and that the cgroup
+        counted as an OOM kill is said to be one, with the memory limit that applies and what the piece
+        held; one the cgroup cannot tell about names both causes."""
         self.deaths += 1
+        oom = oom_killed(self.oom_before) if sigkilled(event.exitcode) and event.slot.pid not in self.killed \
+            else False
+        memory = f"{limit_words()}; {holding or 'see the task above for what it held'}"
+        cause = (f" (killed by the kernel's out-of-memory killer: the run's memory cgroup counted an OOM kill; "
+                 f"{memory})") if oom else ""
         self.log(f"worker {event.slot.index} (pid {event.slot.pid}) died with exit code {event.exitcode} "
-                 f"during {what}, attempt {attempts}")
+                 f"during {what}, attempt {attempts}{cause}")
         if attempts < self.max_attempts:
             return None
+        if oom:
+            signal_text, hint = (": SIGKILL from the kernel's out-of-memory killer",
+                                 f"{memory}. {LOWER_MEMORY}")
+        elif oom is None:
+            signal_text, hint = (": SIGKILL, which the kernel's out-of-memory killer sends",
+                                 f"if it ran out of memory: {memory}. {LOWER_MEMORY}; if not, {CRASH_HINT}")
+        else:
+            signal_text, hint = "", CRASH_HINT
         failure = WorkerFailure(f"{what} killed its worker {plural(attempts, 'time')} "
-                                f"(last exit code {event.exitcode})",
-                                hint="the data or the model may crash the worker; check the rows named above, "
-                                     "or raise train.max_attempts")
+                                f"(last exit code {event.exitcode}{signal_text})", hint=hint)
         if raise_at_limit:
             raise failure
         return failure

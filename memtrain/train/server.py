@@ -34,13 +34,13 @@ from memtrain.layout import (
     RUN_LINEAGE,
     RUN_METRICS,
     gradient_buffer_name,
-    gradient_name,
     streamed_gradient_name,
     weights_path,
 )
 from memtrain.progress import Reporter, reporting
 from memtrain.stopping import on_stop_signals, start_resource_tracker
-from memtrain.train.advice import few_updates_note
+from memtrain.train.additive import PassPlan, StatisticsPass, pass_source
+from memtrain.train.advice import few_updates_note, one_pass_note
 from memtrain.train.context import ModelContext, model_context, startup_check
 from memtrain.train.counters import ONE_PASS, epoch_number, position_text, update_number
 from memtrain.train.datacheck import check_trainable
@@ -78,7 +78,7 @@ from memtrain.train.placement import Placement, stream_workers
 from memtrain.train.plan import Plan, eval_tasks, gradient_banks, split_range, step_slices, task_stream
 from memtrain.train.pools import OnCluster, Streamed, open_cluster
 from memtrain.train.record import Decision
-from memtrain.train.room import room_needed
+from memtrain.train.room import room_needed, size_text
 from memtrain.train.run_dir import RunDir, open_run_dir, refuse_live_run
 from memtrain.train.scheduler import CORES, Scheduler
 from memtrain.train.state import Position, job_updates_per_epoch, resume, save_checkpoint, start_fresh
@@ -88,7 +88,7 @@ from memtrain.train.weights import (
     BLOCK,
     create_digests,
     discard_building,
-    publish_weights,
+    publish_params,
     ready_building,
     retire_weights,
     rounds_keep,
@@ -158,7 +158,8 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
                              found=describe_mode(job))
         runtime = startup_check(context, dataset, job.train.blas_threads)  # a model's dry run: its errors exit 2 here
         check_monitor(job.train.monitor, context.classifier, dataset.split("val").rows > 0, job.train.patience)
-        note = few_updates_note(job, dataset.split("train").rows, context.additive)
+        note = (one_pass_note(job) if context.additive else
+                few_updates_note(job, dataset.split("train").rows, context.additive))
         if note is not None:
             print(f"memtrain train: note: {note}", file=sys.stderr, flush=True)
         room = room_needed(job, context, per_epoch=job_plan(job, dataset.split("train").rows).per_epoch,
@@ -241,13 +242,21 @@ class Trainer:
         self.train_rows = dataset.split("train").rows
         self.val_rows = dataset.split("val").rows
         self.plan = job_plan(job, self.train_rows)
-        self.per_epoch = job_updates_per_epoch(job, self.train_rows)  # async mode: groups of gradients
+        # async mode: groups of gradients; an additive model: its one solve
+        self.per_epoch = 1 if context.additive else job_updates_per_epoch(job, self.train_rows)
         self.checkpointed: int | None = None
         self.started = time.monotonic()
         self.generation = 0
         self.slots = round_slots(job)
+        # an additive model has no gradients: no buffers for them (its statistics go to train/additive.py's files)
         self.board = create_round_files(run.exchange, context.layout.size, job.train.tasks_per_update, self.slots,
-                                        self.plan.per_epoch, gradient_banks(job.train.staleness))
+                                        self.plan.per_epoch,
+                                        0 if context.additive else gradient_banks(job.train.staleness))
+        self.statistics = StatisticsPass(run.path, PassPlan(
+            tasks=tuple(split_range(0, self.train_rows, job.train.tasks_per_update)),
+            chunk_rows=job.train.chunk_rows, size=context.stats_layout.size,
+            source=pass_source(context.manifest, job.model.kind, job.model.options, job.data.normalize)),
+            self.log) if context.additive else None
         self.memory_board = Board(1)
         self.logbook = Logbook(run=run, exchange=run.exchange, plan=self.plan,
                                records=open_records(run.exchange / ROUND_RECORDS, self.plan.per_epoch,
@@ -282,7 +291,7 @@ class Trainer:
                                    describe_task=self.describe_task,
                                    describe_activity=self.describe_desk_activity if desk else self.describe_activity,
                                    log=self.log, stop_requested=lambda: self.stop.requested,
-                                   discard=self.discard_attempt)
+                                   discard=self.discard_attempt, describe_memory=self.describe_memory)
         if engine is Engine.STREAM:
             self.overlap = Overlap(job=self.job, files=self.in_server.state.rounds(),
                                    stream=self.scheduler.stream(self.placement.transport), logbook=self.logbook,
@@ -376,9 +385,14 @@ class Trainer:
 
     def fit(self, position: Position) -> dict[str, Any]:
         last: dict[str, Any] = {}
-        if self.context.additive and position.version == 0:
+        if self.context.additive:  # one pass, whatever train.epochs says (advice.one_pass_note)
+            if position.version > 0:
+                return last  # solved and checkpointed already
+            started = time.monotonic()
             self.fit_additive(position)
-            return self.end_epoch(position, time.monotonic(), final=True)
+            last = self.end_epoch(position, started, final=True)
+            self.statistics.clear()  # the checkpoint holds the solved weights: the pass's files are not needed
+            return last
         for epoch in range(position.epoch, self.job.train.epochs):
             if self.monitor.exhausted(position.epoch, position.best):  # a resumed run that had stopped early
                 break
@@ -545,21 +559,21 @@ class Trainer:
                                             f"  {rate:,.0f} samples/s")
 
     def fit_additive(self, position: Position) -> None:
-        """Additive models: one pass of sufficient statistics, summed in task order, then solved."""
-        pieces = split_range(0, self.train_rows, self.job.train.tasks_per_update)
-        results = self.scheduler.run(self.placement.transport, [StatsTask(task=i, attempt=0, lo=lo, hi=hi)
-                                                                for i, (lo, hi) in enumerate(pieces)])
-        layout = self.context.stats_layout
-        total = np.zeros(layout.size, dtype=np.float64)
-        for result in results:
-            path = self.run_dir.exchange / gradient_name(0, result.task, result.attempt)
-            total += open_npy(path, shape=(layout.size,), dtype=np.float64)
-            path.unlink()
-        params = self.context.model.solve(layout.views(total))
-        checksum = publish_weights(self.run_dir.path, 1, self.context.layout.flatten(params))
-        self.run_dir.lineage(solve_record(tasks=pieces, solve=self.job.model.kind, checksum=checksum))
+        """Additive models: one pass of sufficient statistics, summed in task order, then solved
+        (train/additive.py). Partials a killed earlier start left whole are not computed again."""
+        plan = self.statistics.plan
+        kept = self.statistics.start()
+        if kept:
+            self.log(f"statistics: {len(kept)} of {plural(len(plan.tasks), 'partial')} kept from an earlier start")
+        tasks = [StatsTask(task=i, attempt=0, lo=lo, hi=hi, chunk_rows=plan.chunk_rows)
+                 for i, (lo, hi) in enumerate(plan.tasks) if i not in kept]
+        results = self.scheduler.run(self.placement.transport, tasks)
+        partials = kept | {r.task: self.statistics.partial_path(r.task, r.attempt) for r in results}
+        params = self.context.model.solve(self.context.stats_layout.views(self.statistics.summed(partials)))
+        checksum = publish_params(self.run_dir.path, 1, self.context.layout, params)
+        del params
+        self.run_dir.lineage(solve_record(tasks=list(plan.tasks), solve=self.job.model.kind, checksum=checksum))
         position.version, position.epoch_rows = 1, self.train_rows
-        position.epoch = self.job.train.epochs - 1
 
     def end_epoch(self, position: Position, started: float, *, final: bool) -> dict[str, Any]:
         self.logbook.write()
@@ -636,7 +650,7 @@ class Trainer:
         """Delete the file a dead or superseded attempt may have written: statistics, or a streamed gradient
         (a cluster run's; in the round, gradients go to the per-task buffers, which the next attempt overwrites)."""
         if isinstance(message, StatsTask):
-            (self.run_dir.exchange / gradient_name(0, message.task, message.attempt)).unlink(missing_ok=True)
+            self.statistics.discard(message.task, message.attempt)
         if isinstance(message, GradTask):  # a cluster run's gradients go to one file per attempt (train/stream.py)
             (self.run_dir.exchange / streamed_gradient_name(message.update, message.task, message.attempt)).unlink(
                 missing_ok=True)
@@ -653,6 +667,21 @@ class Trainer:
                     " of update "
                     f"{update_number(message.update)}")
         return f"statistics task {message.task} ({self.describe_rows(message.lo, message.hi)})"
+
+    def describe_memory(self, message: Task) -> str:
+        """What a task holds in memory at once: its rows (a statistics task's chunk), read and normalized."""
+        split = self.dataset.split("val" if isinstance(message, EvalTask) else "train")
+        rows = message.hi - message.lo
+        at_once = min(rows, message.chunk_rows) if isinstance(message, StatsTask) else rows
+        features = int(np.prod(split.x_shape, dtype=np.int64))
+        held = at_once * features * (split.x_dtype.itemsize + 4)  # the rows as stored, and normalized (float32)
+        text = (f"the task held {at_once:,} rows at once ({features:,} features: {size_text(held)} read and "
+                f"normalized, plus the model's temporaries")
+        if isinstance(message, StatsTask):
+            partial = self.context.stats_layout.size * 8
+            return text + f"; its partial statistics, {size_text(partial)}, are a mapped file)"
+        weights = self.context.layout.size * 4
+        return text + f"; the weights, {size_text(weights)}, are a mapped file)"
 
     def describe_activity(self, activity: Activity) -> str:
         """A participant's activity in the rounds (train/rounds.py)."""

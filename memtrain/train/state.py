@@ -47,7 +47,7 @@ from memtrain.train.optim import state_slots
 from memtrain.train.plan import run_updates_per_epoch
 from memtrain.train.record import Decision, add_history, history_entry
 from memtrain.train.run_dir import RunDir, read_params, write_params
-from memtrain.train.weights import publish_weights
+from memtrain.train.weights import publish_params
 
 
 @dataclass
@@ -79,12 +79,17 @@ def data_description(context: ModelContext, job: Job) -> dict[str, Any]:
             "encoding": manifest.get("encoding")}  # tables: predict encodes raw rows as prepare did
 
 
+def run_state_slots(job: Job, context: ModelContext) -> tuple[str, ...]:
+    """The optimizer's state slots the run keeps: none for an additive model, which has no optimizer."""
+    return () if context.additive else tuple(state_slots(job.train.optimizer))
+
+
 def start_fresh(run: RunDir, job: Job, context: ModelContext) -> Position:
-    flat = context.layout.flatten(context.model.init(np.random.default_rng(job.train.seed)))
-    checksum = publish_weights(run.path, 0, flat)
+    # straight into the file: a model of gigabytes (an additive model's tables) is never held twice
+    checksum = publish_params(run.path, 0, context.layout, context.model.init(np.random.default_rng(job.train.seed)))
     run.lineage(init_record(job.train.seed, checksum))
     zeros = np.zeros(context.layout.size, dtype=np.float32)
-    for slot in state_slots(job.train.optimizer):
+    for slot in run_state_slots(job, context):
         for parity in (0, 1):
             publish_array(run.exchange / state_buffer_name(slot, parity), zeros, durable=False)
     return Position()
@@ -140,7 +145,7 @@ def _restore_files(run: RunDir, job: Job, context: ModelContext, path: Path, pos
     for older in {v for _, v in position.bases if v != version}:  # fixed staleness: the versions still read
         stored = open_npy(path / checkpoint_version_name(older), shape=(size,), dtype=np.float32)
         publish_array(weights_path(run.path, older), stored, durable=False)
-    for slot in state_slots(job.train.optimizer):
+    for slot in run_state_slots(job, context):
         state = open_npy(path / optimizer_state_name(slot), shape=(size,), dtype=np.float32)
         publish_array(run.exchange / state_buffer_name(slot, version % 2), state, durable=False)
         publish_array(run.exchange / state_buffer_name(slot, 1 - version % 2), state, durable=False)
@@ -209,7 +214,7 @@ def save_checkpoint(run: RunDir, job: Job, context: ModelContext, position: Posi
         "update": position.update_index(per_epoch),
         "weights_version": position.version,
         "rng": {"seed": job.train.seed, "scheme": "init from seed; batch order from (seed, epoch)"},
-        "optimizer": {"name": job.train.optimizer.name, "slots": list(state_slots(job.train.optimizer)),
+        "optimizer": {"name": job.train.optimizer.name, "slots": list(run_state_slots(job, context)),
                       "step": position.version},
         "model": {"kind": job.model.kind, "options": job.model.options},
         "data": data_description(context, job),
@@ -222,7 +227,7 @@ def save_checkpoint(run: RunDir, job: Job, context: ModelContext, position: Posi
                      and position.epoch % job.run.checkpoint_every != 0 and position.epoch < job.train.epochs,
     }
     state = {slot: run.exchange / state_buffer_name(slot, position.version % 2)
-             for slot in state_slots(job.train.optimizer)}
+             for slot in run_state_slots(job, context)}
     best = position.best.get("update") if job.run.keep_best and position.best else None
     older = {checkpoint_version_name(v): weights_path(run.path, v) for _, v in position.bases if v != position.version}
     saved = write_checkpoint(run.path, position.update_index(per_epoch), meta,

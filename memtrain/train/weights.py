@@ -31,6 +31,7 @@ from memtrain.files import (
     open_reused,
     publish_array,
     rename_new,
+    writing_npy,
 )
 from memtrain.layout import (
     TMP_MARK,
@@ -40,7 +41,7 @@ from memtrain.layout import (
     weight_versions,
     weights_path,
 )
-from memtrain.models.params import PARAM_DTYPE
+from memtrain.models.params import PARAM_DTYPE, ParamLayout
 
 # Parameters per checksum block: a slice owner's slice is a whole number of blocks (the last one may be short).
 BLOCK = CHECKSUM_BLOCK_BYTES // PARAM_DTYPE.itemsize
@@ -50,6 +51,16 @@ def publish_weights(run_dir: Path, version: int, flat: np.ndarray) -> str:
     """Publish ``flat`` as ``version``; returns its checksum."""
     path = weights_path(run_dir, version)
     publish_array(path, np.asarray(flat, dtype=PARAM_DTYPE), durable=False)
+    return checksum_file(path, mapped=True, algo=BLOCK_CHECKSUM_ALGO)
+
+
+def publish_params(run_dir: Path, version: int, layout: ParamLayout, params: dict[str, np.ndarray]) -> str:
+    """Publish named parameters as ``version``, each written straight into the mapped file (no flat copy in
+    memory, as ``layout.flatten`` would make); returns its checksum. The bits are ``flatten``'s."""
+    path = weights_path(run_dir, version)
+    with writing_npy(path, (layout.size,), PARAM_DTYPE, durable=False) as flat:
+        for name, view in layout.views(flat).items():
+            view[...] = params[name]
     return checksum_file(path, mapped=True, algo=BLOCK_CHECKSUM_ALGO)
 
 

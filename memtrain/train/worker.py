@@ -25,13 +25,14 @@ import numpy as np
 from memtrain.dataset import Dataset, open_dataset
 from memtrain.errors import MemtrainError
 from memtrain.faults import straggler_factor
-from memtrain.files import writing_npy
-from memtrain.layout import ROUND_BOARD, gradient_name, weights_path
+from memtrain.layout import ROUND_BOARD, partial_name, statistics_dir, weights_path
+from memtrain.train.additive import task_partial
 from memtrain.train.context import model_context
 from memtrain.train.desk import DeskParticipant
 from memtrain.train.gradient import TaskGradient
 from memtrain.train.maps import MapCache
 from memtrain.train.marks import Board
+from memtrain.train.memory import apply_test_limit
 from memtrain.train.messages import (
     Engine,
     EvalTask,
@@ -60,6 +61,7 @@ def worker_main(setup: WorkerSetup, inbox: Connection, outbox: Connection) -> No
     """Entry point of a worker process: ``inbox`` and ``outbox`` are its ends of the pipes train/exchange.py made."""
     _exit_with_parent(setup.server_pid)
     keep_freed_memory()
+    apply_test_limit()  # MEMTRAIN_WORKER_DATA_LIMIT (tests): a memory limit of this worker's own
     for stop in (signal.SIGINT, signal.SIGHUP):  # Ctrl-C or a closed terminal: the server stops us in order
         signal.signal(stop, signal.SIG_IGN)
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -212,11 +214,10 @@ class WorkerState:
         return self.context.normalize(x), np.asarray(y)
 
     def statistics(self, message: StatsTask) -> Result:
-        shapes = self.context.stats_layout
-        x, y = self.rows("train", message.lo, message.hi)
-        out = self.exchange / gradient_name(0, message.task, message.attempt)
-        with writing_npy(out, (shapes.size,), np.float64, durable=False) as flat:
-            self.context.model.statistics(x, y, shapes.views(flat))
+        """An additive model's partial of one task, streamed ``chunk_rows`` rows at a time (train/additive.py)."""
+        task_partial(statistics_dir(self.run_dir) / partial_name(message.task, message.attempt),
+                     self.context.stats_layout, self.context.model, message.lo, message.hi, message.chunk_rows,
+                     lambda a, b: self._read("train", a, b))
         return Result(task=message.task, attempt=message.attempt, outcome=Outcome.DONE, rows=message.hi - message.lo)
 
     def evaluate(self, message: EvalTask) -> Result:

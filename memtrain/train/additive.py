@@ -1,0 +1,178 @@
+"""An additive model's one pass: train rows -> per-task partial statistics (a worker streams its rows in chunks)
+-> their sum (the server, in task order and in chunks, into a mapped file) -> ``solve`` on views of that file.
+
+Memory is bounded by a chunk, never by a task's rows or by the statistics: a task maps its partial file and
+the model adds each chunk's sums into it (docs/models.md, "Additive models"); the server adds the partials
+element by element into the mapped sum, so every element is ``((0 + p0) + p1) + ...`` in task order whatever
+the worker count, and the chunk boundaries are the job's (``train.chunk_rows``, counted from each task's
+first row), never the machine's.
+
+The files live in the run directory (``statistics/``, layout.py), not in the exchange area, so that a
+killed server resumes without computing again the partials it has: each is published by rename once whole
+(``files.writing_npy``), so a half-written one is never read, and ``plan.json`` (sealed) says which pass
+they belong to. The folder is removed once the solved weights are checkpointed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memtrain.errors import MemtrainError
+from memtrain.faults import fault_point
+from memtrain.files import check_npy, json_checksum, open_npy, read_sealed_json, write_sealed_json, writing_npy
+from memtrain.layout import (
+    STATISTICS_PLAN,
+    STATISTICS_SUM,
+    parse_partial_name,
+    partial_name,
+    statistics_dir,
+    tmp_target,
+)
+from memtrain.models.params import ParamLayout
+
+STATS_DTYPE = np.dtype(np.float64)
+# Elements per piece of the server's sum: 4 Mi float64 = 32 MiB of each partial and of the sum at a time.
+# The sum is element-wise, so the piece size changes nothing in the result, only how much is touched at once.
+SUM_CHUNK = 1 << 22
+PLAN_FORMAT = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class PassPlan:
+    """What a pass's partials are the statistics of: the tasks' row ranges, the chunk rows, the size."""
+
+    tasks: tuple[tuple[int, int], ...]
+    chunk_rows: int
+    size: int  # float64 elements of one partial (the model's statistics layout)
+    source: str  # what the rows and the statistics are: the dataset's manifest, the model and normalization
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": PLAN_FORMAT, "tasks": [list(t) for t in self.tasks], "chunk_rows": self.chunk_rows,
+                "size": self.size, "source": self.source}
+
+
+def pass_source(manifest: dict[str, Any], kind: str, options: dict[str, Any], normalize: bool) -> str:
+    """A checksum of what a pass's partials depend on besides the plan: a dataset prepared again, another
+    model or another normalization makes every partial on disk another pass's."""
+    return json_checksum({"manifest": manifest, "kind": kind, "options": options, "normalize": normalize})
+
+
+def task_partial(path: Path, layout: ParamLayout, model: Any, lo: int, hi: int, chunk_rows: int,
+                 read: Callable[[int, int], tuple[np.ndarray, np.ndarray]]) -> None:
+    """In a worker: the statistics of train rows [lo, hi) into the new file ``path``, ``chunk_rows`` rows at a
+    time (``read(a, b)``: normalized rows [a, b)). The map starts zeroed; ``model.statistics`` adds into it."""
+    with writing_npy(path, (layout.size,), STATS_DTYPE, durable=True) as flat:
+        out = layout.views(flat)
+        for a in range(lo, hi, chunk_rows):
+            x, y = read(a, min(hi, a + chunk_rows))
+            model.statistics(x, y, out)
+            del x, y
+            fault_point("statistics_chunk")
+
+
+class StatisticsPass:
+    """The server's side of the pass: which partials are already there, their sum, the folder's cleanup."""
+
+    def __init__(self, run_dir: Path, plan: PassPlan, log: Callable[[str], None]):
+        self.folder, self.plan, self.log = statistics_dir(run_dir), plan, log
+
+    @property
+    def sum_path(self) -> Path:
+        return self.folder / STATISTICS_SUM
+
+    def partial_path(self, task: int, attempt: int) -> Path:
+        return self.folder / partial_name(task, attempt)
+
+    def start(self) -> dict[int, Path]:
+        """Make the folder ready; returns the partials a killed earlier start of this pass left whole, by task
+        (all of them when their sum was published). Anything from another pass, or unreadable, is removed."""
+        recorded = self._recorded_plan()
+        if recorded != self.plan.to_json():
+            if recorded is not None:
+                self.log("statistics: what is on disk belongs to another pass (tasks, chunk_rows, the data "
+                         "or the model differ); computing them again")
+            self.clear()
+            self.folder.mkdir(parents=True, exist_ok=True)
+            write_sealed_json(self.folder / STATISTICS_PLAN, self.plan.to_json(), durable=True)
+            return {}
+        self._sweep_temporary()
+        if self._whole(self.sum_path):
+            return {task: self.sum_path for task in range(len(self.plan.tasks))}
+        found: dict[int, Path] = {}
+        for name in sorted(os.listdir(self.folder)):
+            numbers = parse_partial_name(name)
+            if numbers is None or numbers[0] >= len(self.plan.tasks) or numbers[0] in found:
+                continue
+            if self._whole(self.folder / name):
+                found[numbers[0]] = self.folder / name
+        return found
+
+    def summed(self, partials: dict[int, Path]) -> np.ndarray:
+        """The partials (one per task) added in task order into the published sum file, mapped read-only.
+
+        Each partial is removed once the sum is published (a kill before that leaves them all, and the next
+        start adds them again)."""
+        tasks = len(self.plan.tasks)
+        if not self._whole(self.sum_path):
+            if sorted(partials) != list(range(tasks)):
+                raise MemtrainError(f"statistics: {tasks - len(partials)} of {tasks} partials are missing",
+                                    hint="this is a bug in memtrain: please report it with the run's events.log")
+            maps = [open_npy(partials[task], shape=(self.plan.size,), dtype=STATS_DTYPE) for task in range(tasks)]
+            with writing_npy(self.sum_path, (self.plan.size,), STATS_DTYPE, durable=True) as total:
+                for lo in range(0, self.plan.size, SUM_CHUNK):
+                    piece = total[lo:lo + SUM_CHUNK]
+                    for partial in maps:  # task order: the bits never depend on who computed what, or when
+                        piece += partial[lo:lo + SUM_CHUNK]
+            del maps
+        for name in os.listdir(self.folder):
+            if parse_partial_name(name) is not None:
+                (self.folder / name).unlink(missing_ok=True)
+        return open_npy(self.sum_path, shape=(self.plan.size,), dtype=STATS_DTYPE)
+
+    def discard(self, task: int, attempt: int) -> None:
+        """A dead or superseded attempt: its partial (if it published one) and its temporary file, at once."""
+        name = partial_name(task, attempt)
+        self.partial_path(task, attempt).unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.listdir(self.folder):
+                if tmp_target(entry) == name:
+                    (self.folder / entry).unlink(missing_ok=True)
+
+    def clear(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _recorded_plan(self) -> dict[str, Any] | None:
+        path = self.folder / STATISTICS_PLAN
+        if not path.is_file():
+            return None
+        try:
+            record = read_sealed_json(path, what="statistics plan")
+        except MemtrainError as exc:
+            self.log(f"statistics: {exc}; computing the partials again")
+            return None
+        return record
+
+    def _sweep_temporary(self) -> None:
+        """Temporary files of a killed start (its workers are dead: the run's lock is ours)."""
+        for name in os.listdir(self.folder):
+            if tmp_target(name) is not None:
+                (self.folder / name).unlink(missing_ok=True)
+
+    def _whole(self, path: Path) -> bool:
+        if not path.exists():
+            return False
+        try:
+            check_npy(path, shape=(self.plan.size,), dtype=STATS_DTYPE)
+        except (MemtrainError, OSError) as exc:
+            self.log(f"statistics: {exc}; computing it again")
+            path.unlink(missing_ok=True)
+            return False
+        return True

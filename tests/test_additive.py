@@ -1,0 +1,207 @@
+"""Additive models at scale, in small (train/additive.py): a statistics task streams its rows in the job's chunks
+(which cut shards), the same bits for any worker count, under a memory limit a whole task would break; a
+killed worker or server resumes to the same bits, never reading a half-written partial; no gradient buffers
+or optimizer state; a worker the kernel kills is said to be killed for memory."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tiny_data import write_dataset
+
+from memtrain.layout import STATISTICS_DIR, parse_partial_name, weight_versions, weights_path
+from memtrain.train.memory import OOM_EVENTS_ENV, WORKER_DATA_LIMIT_ENV
+
+pytestmark = pytest.mark.timeout(120)
+TESTS = Path(__file__).parent
+PYTHONPATH = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
+TRAIN_ROWS, SHARD_ROWS, CHUNK_ROWS, TASKS = 360, 100, 37, 3
+
+
+def memtrain(*args: object, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "memtrain", *map(str, args)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": PYTHONPATH, **(env or {})}, timeout=100)
+
+
+def regression(folder: Path, rows: int, features: int, shard_rows: int = SHARD_ROWS) -> Path:
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(rows, features)).astype(np.float32)
+    y = (x @ rng.normal(size=features) + 0.1 * rng.normal(size=rows)).astype(np.float32)
+    return write_dataset(folder / "data", x, y, task="regression", val_rows=rows // 10, shard_rows=shard_rows)
+
+
+def write_job(folder: Path, data: Path, *, kind: str = "additive_models:CountsChunks", workers: int = 2,
+              tasks: int = TASKS, chunk_rows: int = CHUNK_ROWS, extra: str = "", name: str = "job") -> Path:
+    path = folder / f"{name}.toml"
+    path.write_text(f'[data]\npath = "{data}"\n[model]\nkind = "{kind}"\ncode_dir = "{TESTS}"\n'
+                    f"[train]\ntasks_per_update = {tasks}\nworkers = {workers}\nchunk_rows = {chunk_rows}\n"
+                    f'task_timeout = 60\n{extra}\n[run]\ndir = "{folder / name}"\nexchange = "run"\n')
+    return path
+
+
+def final(run: Path) -> np.ndarray:
+    return np.load(weights_path(run, weight_versions(run)[-1]), allow_pickle=False)
+
+
+def digest(run: Path) -> str:
+    return hashlib.sha256(final(run).tobytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return regression(tmp_path_factory.mktemp("additive"), TRAIN_ROWS + TRAIN_ROWS // 9, 5)
+
+
+@pytest.fixture(scope="module")
+def straight(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reference: the pass on 2 workers, uninterrupted."""
+    folder = tmp_path_factory.mktemp("straight")
+    result = memtrain("train", write_job(folder, data, workers=2))
+    assert result.returncode == 0, result.stderr
+    return folder / "job"
+
+
+def test_chunks_are_the_jobs_and_cut_shards_and_the_bits_never_depend_on_the_workers(
+        data: Path, straight: Path, tmp_path: Path) -> None:
+    tasks = [(t * TRAIN_ROWS // TASKS, (t + 1) * TRAIN_ROWS // TASKS) for t in range(TASKS)]
+    calls = sum(-(-(hi - lo) // CHUNK_ROWS) for lo, hi in tasks)  # every task from its own first row
+    assert calls > TRAIN_ROWS // SHARD_ROWS + TASKS  # chunks cut the shards (100 rows) and the tasks (120)
+    weights = final(straight)
+    assert weights[-2:].tolist() == [calls, TRAIN_ROWS]  # CountsChunks: statistics calls, rows
+    for workers in (1, 4):
+        result = memtrain("train", write_job(tmp_path, data, workers=workers, name=f"w{workers}"))
+        assert result.returncode == 0, result.stderr
+        assert digest(tmp_path / f"w{workers}") == digest(straight), f"{workers} workers"
+    assert not (straight / STATISTICS_DIR).exists()  # the pass's files go once the solve is checkpointed
+
+
+def test_an_additive_run_says_what_does_not_apply_and_makes_no_gradient_or_optimizer_files(
+        data: Path, straight: Path, tmp_path: Path) -> None:
+    """The server is killed after the second statistics result: its exchange area is left as it was."""
+    job = write_job(tmp_path, data, workers=1, tasks=4, extra='epochs = 7\noptimizer = "sgd"\nlr = 0.5')
+    killed = memtrain("train", job, env={"MEMTRAIN_FAULT": "after_result:2"})
+    assert killed.returncode == -9, killed.stderr
+    assert ("model 'additive_models:CountsChunks' is additive, solved in one pass of statistics (no epochs, "
+            "batches or optimizer): train.epochs = 7, train.optimizer = 'sgd', train.lr = 0.5 do not apply and are "
+            "ignored") in killed.stderr
+    run = tmp_path / "job"
+    exchanges = [p for p in run.iterdir() if p.name.startswith("memtrain-x-")]
+    assert len(exchanges) == 1
+    names = sorted(p.name for p in exchanges[0].iterdir())
+    assert names and not [n for n in names if n.startswith(("g-", "opt-"))], names
+    partials = [n for n in os.listdir(run / STATISTICS_DIR) if parse_partial_name(n)]
+    assert len(partials) >= 2, partials
+    resumed = memtrain("train", "--resume", run)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "statistics: 2 of 4 partials kept from an earlier start" in (run / "events.log").read_text() or \
+        "statistics: 3 of 4 partials kept from an earlier start" in (run / "events.log").read_text()
+    metrics = (run / "metrics.jsonl").read_text()
+    assert '"epoch": 1,' in metrics and '"epoch": 7' not in metrics  # one pass, not seven epochs
+    assert sorted(os.listdir(run / "checkpoints")) == ["c00000001"]
+    reference = write_job(tmp_path, data, workers=2, tasks=4, name="ref")
+    assert memtrain("train", reference).returncode == 0
+    assert digest(run) == digest(tmp_path / "ref")
+
+
+def test_a_worker_killed_mid_pass_leaves_nothing_half_written_that_is_read(data: Path, straight: Path,
+                                                                         tmp_path: Path) -> None:
+    env = {"MEMTRAIN_FAULT": "statistics_chunk:2", "MEMTRAIN_FAULT_ONCE": str(tmp_path / "once")}
+    result = memtrain("train", write_job(tmp_path, data, workers=2), env=env)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "once").exists()  # a worker did die mid-task, its partial half-written
+    assert "died with exit code -9 during statistics task" in (tmp_path / "job" / "events.log").read_text()
+    assert digest(tmp_path / "job") == digest(straight)
+
+
+def test_a_statistics_task_streams_under_a_memory_limit_a_whole_task_exceeds(tmp_path: Path) -> None:
+    """Each worker may allocate 40 MiB more than it holds at start (RLIMIT_DATA); a task's 237,600 rows of 32
+    float32 features are 31 MB as stored, and its whole-task ridge statistics would need ~110 MB."""
+    data = regression(tmp_path, 264_000, 32, shard_rows=50_000)
+    env = {WORKER_DATA_LIMIT_ENV: "40"}
+    streamed = memtrain("train", write_job(tmp_path, data, kind="ridge", workers=1, tasks=1, chunk_rows=4096,
+                                           name="streamed"), env=env)
+    assert streamed.returncode == 0, streamed.stderr
+    whole = memtrain("train", write_job(tmp_path, data, kind="ridge", workers=1, tasks=1, chunk_rows=240_000,
+                                        name="whole"), env=env)
+    assert whole.returncode == 1, whole.stderr
+    assert "MemoryError" in whole.stderr and "the memory limit that applies is" in whole.stderr
+    assert "the task held 237,600 rows at once" in whole.stderr
+    assert f"RLIMIT_DATA of each worker above what it held at start ({WORKER_DATA_LIMIT_ENV})" in whole.stderr
+
+
+def test_a_worker_the_kernel_kills_is_said_to_be_killed_for_memory(data: Path, tmp_path: Path) -> None:
+    """The cgroup's OOM kill counter (a file standing for it) rises: the death is put down to memory, with the
+    limit and what the task held. A SIGKILL the counter did not see keeps the crash hint."""
+    counter = tmp_path / "memory.events"
+    counter.write_text("oom_kill 0\n")
+    job = write_job(tmp_path, data, kind="additive_models:KilledByTheKernel", workers=1, extra="max_attempts = 2")
+    result = memtrain("train", job, env={OOM_EVENTS_ENV: str(counter)})
+    assert result.returncode == 1, result.stderr
+    err = " ".join(result.stderr.split())
+    assert "killed its worker 2 times (last exit code -9: SIGKILL from the kernel's out-of-memory killer)" in err
+    assert "the memory limit that applies is" in err and "the task held 37 rows at once" in err
+    assert "Lower train.chunk_rows" in err and "the data or the model may crash" not in err
+    assert "Traceback" not in err
+    assert "(killed by the kernel's out-of-memory killer: the run's memory cgroup counted an OOM kill; " in \
+        (tmp_path / "job" / "events.log").read_text()
+    counter.write_text("oom_kill 0\n")
+    job = write_job(tmp_path, data, kind="additive_models:KilledByTheKernel", workers=1, extra="max_attempts = 1",
+                    name="uncounted")
+    job.write_text(job.read_text().replace("[train]", "counted = false\n[train]"))
+    result = memtrain("train", job, env={OOM_EVENTS_ENV: str(counter)})
+    assert result.returncode == 1, result.stderr
+    err = " ".join(result.stderr.split())
+    assert "killed its worker 1 time (last exit code -9)" in err and "the data or the model may crash" in err
+    assert "out-of-memory" not in err
+
+
+def test_the_ngram_user_model_gives_exact_probabilities(tmp_path: Path) -> None:
+    """memtrain/benchmarks/ngram.py at a small scale: chunks of 97 rows cut its shards, two workers add into
+    their partials with np.add.at; every seen context's probabilities equal a direct count, bit for bit."""
+    result = subprocess.run([sys.executable, "-m", "memtrain.benchmarks.ngram", tmp_path / "ngram", "--rows", "3000",
+                             "--order", "2", "--symbols", "6", "--classes", "3", "--chunk-rows", "97"],
+                            capture_output=True, text=True, timeout=100,
+                            env={**os.environ, "PYTHONPATH": PYTHONPATH})
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["wrong"] == 0 and report["contexts_checked"] == 36  # every context of 6 x 6 is seen
+
+
+def test_a_start_keeps_whole_partials_only_and_sums_them_in_task_order(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """StatisticsPass on its own: a truncated partial or a temporary one is never read; the sum, in pieces
+    smaller than a partial, has the bits of adding whole partials in task order."""
+    from memtrain.files import publish_array
+    from memtrain.layout import tmp_sibling
+    from memtrain.train import additive
+
+    monkeypatch.setattr(additive, "SUM_CHUNK", 7)  # pieces that cut the partials unevenly
+    plan = additive.PassPlan(tasks=((0, 10), (10, 20), (20, 30)), chunk_rows=4, size=50, source="s")
+    logged: list[str] = []
+    first = additive.StatisticsPass(tmp_path, plan, logged.append)
+    assert first.start() == {}
+    parts = [np.random.default_rng(t).normal(size=50) * 10.0 ** (3 * t) for t in range(3)]
+    publish_array(first.partial_path(0, 1), parts[0], durable=False)
+    publish_array(first.partial_path(1, 0), parts[1][:40], durable=False)  # the wrong size: never trusted
+    publish_array(tmp_sibling(first.partial_path(2, 0)), parts[2], durable=False)  # not renamed: never read
+    again = additive.StatisticsPass(tmp_path, plan, logged.append)
+    assert again.start() == {0: again.partial_path(0, 1)}
+    assert sorted(os.listdir(tmp_path / STATISTICS_DIR)) == ["plan.json", "t00000-a001.npy"]
+    publish_array(again.partial_path(1, 0), parts[1], durable=False)
+    publish_array(again.partial_path(2, 2), parts[2], durable=False)
+    total = again.summed({0: again.partial_path(0, 1), 1: again.partial_path(1, 0), 2: again.partial_path(2, 2)})
+    expected = np.zeros(50)
+    for part in parts:
+        expected += part
+    assert total.tobytes() == expected.tobytes()
+    assert sorted(os.listdir(tmp_path / STATISTICS_DIR)) == ["plan.json", "sum.npy"]
+    other = additive.PassPlan(tasks=plan.tasks, chunk_rows=5, size=50, source="s")
+    assert additive.StatisticsPass(tmp_path, other, logged.append).start() == {}  # another pass: all gone
+    assert sorted(os.listdir(tmp_path / STATISTICS_DIR)) == ["plan.json"]
