@@ -34,6 +34,7 @@ CASES = [
     ("train.max_attempts", "0", "0", "1"),
     ("train.patience", "0", "0", "1"),
     ("train.shuffle_window", "0", "0", "1"),
+    ("train.chunk_rows", "0", "0", "1"),
     ("run.checkpoint_every", "0", "0", "1"),
     ("run.keep_checkpoints", "0", "0", "1"),
     ("run.keep_versions", "0", "0", "1"),
