@@ -62,6 +62,10 @@ RANGES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "train.chunk_rows": _integers(1),
     "train.task_timeout": _positive_finite("seconds"),
     "train.max_attempts": _integers(1),
+    "train.backup_ratio": ("0 (no backup copies) or a finite number >= 1",
+                           lambda v: isinstance(v, int | float) and math.isfinite(v) and (v == 0 or v >= 1)),
+    "train.backup_seconds": ("a finite number of seconds >= 0",
+                             lambda v: isinstance(v, int | float) and math.isfinite(v) and v >= 0),
     "train.patience": _integers(1),
     "run.checkpoint_every": _integers(1),
     "run.keep_checkpoints": _integers(1),
@@ -108,6 +112,10 @@ class TrainConfig:
     chunk_rows: int = 32768  # additive models: rows a statistics task reads at once (bounds its memory)
     task_timeout: float = 600.0  # seconds before a silent task's worker is killed and the task re-run
     max_attempts: int = 3  # a task that kills its worker this many times stops the run
+    # a cluster's straggler rule (docs/cluster.md): a task running more than backup_ratio x the median time of
+    # its finished peers, and at least backup_seconds, gets a backup copy on an idle worker; 0: never
+    backup_ratio: float = 3.0
+    backup_seconds: float = 0.5
     on_nonfinite: str = "stop"  # "stop" | "skip": what a NaN/Inf loss or gradient does to the update
     mode: str = "sync"  # "sync": the plan fixes every gradient's version | "async": arrival order (async.md)
     staleness: int = 0  # sync: gradients of update n are computed at the weights of k updates earlier

@@ -205,6 +205,12 @@ def state_buffer_name(slot: str, parity: int) -> str:
     return f"opt-{slot}-{parity}.npy"
 
 
+def state_building_name(slot: str, version: int) -> str:
+    """On a cluster (train/sliced.py): the optimizer state of ``version`` while its slice owners write it, a new
+    file per version, renamed over ``state_buffer_name(slot, version % 2)`` once every slice is written."""
+    return f"opt-{slot}-n{version:08d}.npy"
+
+
 # The block digests of the weight version being written (see files.block_checksum): one 16-byte row per
 # block, each row written by the slice owner of that block, combined into the checksum by the server.
 WEIGHT_DIGESTS = "weight-digests.npy"

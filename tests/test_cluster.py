@@ -42,7 +42,7 @@ from memtrain.layout import (  # noqa: E402
 )
 from memtrain.train import server, weights  # noqa: E402
 from memtrain.train.context import model_context  # noqa: E402
-from memtrain.train.messages import GradTask, Outcome, Result, RoundSetup, WorkerSetup  # noqa: E402
+from memtrain.train.messages import GradTask, Outcome, Result, RoundSetup, StepTask, WorkerSetup  # noqa: E402
 from memtrain.train.optim import OptimizerConfig  # noqa: E402
 from memtrain.train.pools import open_cluster  # noqa: E402
 from memtrain.train.weights import publish_weights  # noqa: E402
@@ -57,7 +57,7 @@ path = "{data}"
 
 [model]
 kind = "mlp"
-hidden = [16]
+hidden = {hidden}
 
 [train]
 epochs = {epochs}
@@ -68,6 +68,7 @@ lr = 0.01
 seed = 7
 workers = 2
 task_timeout = 60
+backup_ratio = 0  # no backup copies but in the straggler's test: a busy machine's slow task would add attempts
 
 [run]
 dir = "run"
@@ -96,11 +97,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         dask.close()
 
 
-def write_job(folder: Path, data: Path, epochs: int = 3) -> Path:
+def write_job(folder: Path, data: Path, epochs: int = 3, hidden: str = "[16]") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     job = folder / "job.toml"
-    job.write_text(JOB.format(data=data, epochs=epochs))
+    job.write_text(JOB.format(data=data, epochs=epochs, hidden=hidden))
     return job
+
+
+# A model of 144,003 parameters: three checksum blocks of 64 Ki, so its step is cut into up to three slices.
+WIDE = "[12000]"
+WIDE_EPOCHS = 1
 
 
 def digest(run: Path) -> str:
@@ -123,11 +129,110 @@ def local_digest(tmp_path_factory: pytest.TempPathFactory, dataset: Path) -> dic
     return digests
 
 
+@pytest.fixture(scope="module")
+def wide_digest(tmp_path_factory: pytest.TempPathFactory, dataset: Path) -> str:
+    """Final weights of a local run (worker processes on this machine) of the wide job."""
+    folder = tmp_path_factory.mktemp("wide-local")
+    assert train(write_job(folder, dataset, WIDE_EPOCHS, WIDE)) == 0
+    return digest(folder / "run")
+
+
+def sliced_run(folder: Path, dataset: Path, cluster: str, monkeypatch, *options: str) -> list[StepTask]:
+    """A wide job on ``cluster``; returns the step tasks the server sent."""
+    sent: list = []
+    send = ClusterPool.send
+    monkeypatch.setattr(ClusterPool, "send", lambda pool, slot, task: (sent.append(task), send(pool, slot, task)))
+    assert train(write_job(folder, dataset, WIDE_EPOCHS, WIDE), "--cluster", cluster, *options) == 0
+    monkeypatch.setattr(ClusterPool, "send", send)
+    return [task for task in sent if isinstance(task, StepTask)]
+
+
+def slice_counts(steps: list[StepTask]) -> set[int]:
+    """How many slices each update's step was cut into."""
+    return {len({t.task for t in steps if t.update == update}) for update in {t.update for t in steps}}
+
+
+def test_the_step_sliced_across_1_2_3_dask_workers_gives_the_weights_of_a_local_run(cluster, dataset: Path,
+                                                                                    wide_digest: str,
+                                                                                    tmp_path: Path,
+                                                                                    monkeypatch) -> None:
+    """Each worker steps a slice (train/sliced.py); the server only sends and renames: same bits for any count."""
+    dask, client = cluster
+    steps = sliced_run(tmp_path / "two", dataset, dask.address, monkeypatch)
+    assert slice_counts(steps) == {2} and digest(tmp_path / "two" / "run") == wide_digest
+    assert all(t.attempts == (0, 0, 0) for t in steps)  # every gradient of the update, in task order
+    third = dask.start_worker("w3")
+    try:
+        dask.wait_for_workers(client, {"w1", "w2", "w3"})
+        steps = sliced_run(tmp_path / "three", dataset, dask.address, monkeypatch)
+        assert slice_counts(steps) == {3} and digest(tmp_path / "three" / "run") == wide_digest
+    finally:
+        dask.stop(third)
+        dask.started.remove(third)
+    steps = sliced_run(tmp_path / "one", dataset, "local:1", monkeypatch)
+    assert slice_counts(steps) == {1} and digest(tmp_path / "one" / "run") == wide_digest
+    for folder in ("one", "two", "three"):  # nothing of the steps left behind
+        assert not [p.name for p in (tmp_path / folder / "run").rglob("opt-*-n*")]
+
+
+def test_a_sliced_run_resumes_locally_and_a_local_run_resumes_on_the_cluster(cluster, dataset: Path,
+                                                                             tmp_path: Path) -> None:
+    """The optimizer state (Adam's two slots) written by the slices is what checkpoints keep: an epoch on the
+    cluster, then one more resumed locally, and the other way round, give the bits of two epochs in one go."""
+    dask, _ = cluster
+    straight = write_job(tmp_path / "straight", dataset, WIDE_EPOCHS + 1, WIDE)
+    assert train(straight) == 0
+    for first, then in ((dask.address, ""), ("", dask.address)):
+        folder = tmp_path / f"from-{'cluster' if first else 'local'}"
+        assert train(write_job(folder, dataset, WIDE_EPOCHS, WIDE), "--cluster", first) == 0
+        assert train("--resume", folder / "run", "--cluster", then, "--set", f"train.epochs={WIDE_EPOCHS + 1}") == 0
+        assert digest(folder / "run") == digest(tmp_path / "straight" / "run"), folder.name
+
+
+def test_a_worker_killed_mid_step_has_its_slice_redone(cluster, dataset: Path, wide_digest: str,
+                                                        tmp_path: Path) -> None:
+    """A third worker SIGKILLs itself in the middle of its 2nd step slice (the fault point between two
+    checksum blocks' writes of the step); the slice is redone elsewhere, nothing it half-wrote is read."""
+    dask, client = cluster
+    faulty = dask.start_worker("faulty-step", env={"MEMTRAIN_FAULT": "mid_step:2",
+                                                   "MEMTRAIN_FAULT_ONCE": str(tmp_path / "fired")})
+    try:
+        dask.wait_for_workers(client, {"w1", "w2", "faulty-step"})
+        assert train(write_job(tmp_path, dataset, WIDE_EPOCHS, WIDE), "--cluster", dask.address) == 0
+        assert (tmp_path / "fired").exists()
+        events = (tmp_path / "run" / "events.log").read_text()
+        assert "lost Dask worker" in events
+        assert "died with exit code None during step slice" in events
+        assert digest(tmp_path / "run") == wide_digest
+    finally:
+        dask.stop(faulty)
+        dask.started.remove(faulty)
+
+
+def test_a_straggler_is_outrun_by_a_backup_copy(cluster, dataset: Path, wide_digest: str, tmp_path: Path) -> None:
+    """A third worker's gradients are made 40 times slower (the straggler test hook): its tasks get backup
+    copies on the idle workers, the first copy to finish is taken, and the loser's files are cleaned up."""
+    dask, client = cluster
+    slow = dask.start_worker("slow", env={"MEMTRAIN_STRAGGLER": f"40:{tmp_path / 'straggler'}"})
+    try:
+        dask.wait_for_workers(client, {"w1", "w2", "slow"})
+        job = write_job(tmp_path, dataset, WIDE_EPOCHS, WIDE)
+        assert train(job, "--cluster", dask.address, "--set", "train.backup_ratio=3",
+                     "--set", "train.backup_seconds=0.05") == 0
+        events = (tmp_path / "run" / "events.log").read_text()
+        assert "a backup copy (attempt 1)" in events and "the backup copy (attempt 1) finished first" in events
+        assert digest(tmp_path / "run") == wide_digest
+        assert not [p.name for p in (tmp_path / "run").rglob("g-*")]
+    finally:
+        dask.stop(slow)
+        dask.started.remove(slow)
+
+
 def test_a_cluster_run_gives_the_weights_of_a_local_run_bitwise(cluster, dataset: Path, local_digest, tmp_path: Path,
                                                                  capsys, monkeypatch) -> None:
     """... and no shared-memory tricks across machines: only tasks travel, never a stretch of rounds (whose
-    participants meet at marks in a shared file): the server steps; and no weight file is rewritten in
-    place for a later version."""
+    participants meet at marks in a shared file): the workers step a slice each (train/sliced.py); and no
+    weight file is rewritten in place for a later version."""
     dask, _ = cluster
     sent, recycled = [], []
     send, retire = ClusterPool.send, weights.retire_weights
@@ -136,9 +241,11 @@ def test_a_cluster_run_gives_the_weights_of_a_local_run_bitwise(cluster, dataset
                                                                              retire(*args, **options))[1])
     job = write_job(tmp_path, dataset)
     assert train(job, "--cluster", dask.address) == 0
-    assert {type(task).__name__ for task in sent} == {"GradTask", "EvalTask"}
+    assert {type(task).__name__ for task in sent} == {"GradTask", "StepTask", "EvalTask"}
     updates = {task.update for task in sent if isinstance(task, GradTask)}
     assert len(updates) == 3 * 7 and all(task.attempt == 0 for task in sent)  # 1500 rows, 1200 to train: 7 a epoch
+    steps = [task for task in sent if isinstance(task, StepTask)]  # the step, by slices (train/sliced.py)
+    assert len(steps) == 3 * 7 and {task.task for task in steps} == {0}  # 195 parameters: one checksum block
     assert recycled and not any(recycled)  # every weight version a new file: no other machine has it mapped
     run = tmp_path / "run"
     assert digest(run) == local_digest[3]
@@ -427,6 +534,15 @@ def test_the_records_dask_carries_are_small() -> None:
     answer = dumps({"status": "OK", "result": to_serialize(result)})
     assert sum(map(len, call)) < 600
     assert sum(map(len, answer)) < 600
+    # a step slice of 1e7 / 16 parameters, of an update of 64 tasks: no file names, its digests 16 bytes a block
+    step = StepTask(task=15, attempt=1, update=10**9, version=123_456_789, lo=9_375_000, hi=10**7, rows=10**6,
+                    lr=1e-3, attempts=(0,) * 60 + (1, 2, 0, 0))
+    call = dumps({"op": "actor_execute", "function": "run", "actor": "memtrain-worker-0123456789ab",
+                  "args": [to_serialize(step)], "kwargs": {}})
+    done = Result(task=15, attempt=1, outcome=Outcome.DONE, rows=625_000, digests=bytes(16 * 10))
+    answer = dumps({"status": "OK", "result": to_serialize(done)})
+    assert sum(map(len, call)) < 800
+    assert sum(map(len, answer)) < 800
 
 
 def test_the_slurm_example_parses_its_arguments() -> None:

@@ -40,6 +40,7 @@ MADE = {
     "gradient_buffer_name": lambda: [layout.gradient_buffer_name(task, bank) for task in (0, 3) for bank in (0, 1)],
     "building_path": lambda: [layout.building_path(Path(), 391, 4242).as_posix()],
     "state_buffer_name": lambda: [layout.state_buffer_name("m", 0), layout.state_buffer_name("v", 1)],
+    "state_building_name": lambda: [layout.state_building_name("m", 391), layout.state_building_name("v", 391)],
     "desk_buffer_name": lambda: [layout.desk_buffer_name(0, 0), layout.desk_buffer_name(1, 4)],
     "tmp_sibling": lambda: [layout.tmp_sibling(Path("meta.json")).name,
                             layout.tmp_sibling(Path(layout.EXCHANGE_PROBE)).name],

@@ -107,6 +107,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", metavar="ADDRESS", default="",
                         help="also run memtrain with its workers on Dask (tcp://HOST:PORT or local:N), to compare "
                              "its per-update overhead with the local exchange")
+    parser.add_argument("--costs", action="store_true",
+                        help="with --cluster: instead of the table, one cluster run per size, printing per update "
+                             "the server's CPU and bytes read and written, each worker's bytes, and updates/s "
+                             "(docs/cluster.md)")
     larger_than_ram.add_arguments(parser)
 
 
@@ -128,8 +132,20 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--repeats must be at least 1", found=args.repeats)
     if args.epochs is not None and args.epochs < 1:
         raise InputError("--epochs must be at least 1", found=args.epochs)
+    if getattr(args, "costs", False) and not getattr(args, "cluster", ""):
+        raise InputError("--costs measures a cluster run", expected="--cluster ADDRESS (or local:N) too",
+                         found="no --cluster")
     scratch = Path(tempfile.mkdtemp(prefix="memtrain-bench-", dir=getattr(args, "dir", None)))
     try:
+        if getattr(args, "costs", False):
+            from memtrain.benchmarks.cluster_costs import print_costs, run_costs
+
+            report = run_costs(sizes, args.cluster, args.updates, args.warmup, scratch)
+            if args.json:
+                print(json.dumps(report, indent=2))
+            else:
+                print_costs(report)
+            return 0
         if args.larger_than_ram:
             larger_than_ram.print_report(larger_than_ram.run_scenario(args, scratch), args.json)
             return 0

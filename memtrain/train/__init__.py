@@ -15,8 +15,8 @@ Which process runs which module:
     desk.py        async mode on workers: the desk made,      desk.py     tasks taken, gradients posted,
                    its groups' records logged                             groups stepped
     overlap.py     async mode streamed, replay, fixed staleness streamed: tasks out, the steps in the server
-    stream.py      a cluster's round: the server steps,       stream.py   a streamed gradient task
-                   the workers compute gradient tasks
+    stream.py      a cluster's round: gradient tasks out,     stream.py   a streamed gradient task
+    sliced.py      then one step task per slice, published   sliced.py   a step slice, written with pwrite
     state.py, checkpoint.py, run_dir.py     resume, checkpoints, the run directory
     additive.py    an additive model's pass:  additive.py a statistics task: its rows in
                    partials kept, summed in               chunks, added into its mapped
@@ -26,7 +26,7 @@ Which process runs which module:
     ------------------------- both (the server when train.workers = 0) -------------------------
     rounds.py      the round, one loop: step the previous update's slice, meet, compute this update's
                    gradients, meet; slot 0 publishes (fixed staleness: one meeting per update);
-                   RoundFiles.step_and_publish: the one whole-vector step (desk, stream)
+                   RoundFiles.step_and_publish: the one whole-vector step (desk, overlap)
     gradient.py    a task's loss and gradient: seeds, fault point, timing, straggler hook, read audit
     marks.py       the board the participants meet at (marks, ledger, activities) and the records
     doorbell.py    sleeping on the board until a mark lands

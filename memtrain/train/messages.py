@@ -128,6 +128,25 @@ class GradTask:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class StepTask:
+    """Step parameter slice [lo, hi) of update ``update`` from weight ``version`` to ``version`` + 1 (a cluster
+    run, train/sliced.py): the mean of the update's gradient files -- task t's is ``streamed_gradient_name(
+    update, t, attempts[t])``, added in task order -- over ``rows`` rows, the optimizer at learning rate
+    ``lr``; written into the next version's file and the optimizer state's new files at the slice's place.
+    ``task`` is the slice's number. A few hundred bytes whatever the number of tasks: no file names."""
+
+    task: int
+    attempt: int
+    update: int
+    version: int
+    lo: int
+    hi: int
+    rows: int
+    lr: float
+    attempts: tuple[int, ...]  # the attempt whose gradient file is taken, per task of the update
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Stop:
     """Tell a worker to exit."""
 
@@ -139,8 +158,8 @@ class Ready:
     pid: int
 
 
-Task = EvalTask | StatsTask | GradTask
-Message = Stretch | EvalTask | StatsTask | GradTask | Stop
+Task = EvalTask | StatsTask | GradTask | StepTask
+Message = Stretch | EvalTask | StatsTask | GradTask | StepTask | Stop
 
 
 class Outcome(enum.Enum):
@@ -157,7 +176,8 @@ class Outcome(enum.Enum):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Result:
-    """The answer to an EvalTask, a StatsTask or a GradTask (``seconds``: a gradient's compute time)."""
+    """The answer to an EvalTask, a StatsTask, a GradTask or a StepTask (``seconds``: a gradient's compute time;
+    a StepTask whose slice came out non-finite answers ``Outcome.NONFINITE``)."""
 
     task: int
     attempt: int
@@ -167,6 +187,7 @@ class Result:
     correct: int = 0
     seconds: float = 0.0
     error: str | None = None
+    digests: bytes = b""  # a StepTask's: the 16-byte digest of each checksum block of its slice, in order
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

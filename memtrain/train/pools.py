@@ -1,8 +1,8 @@
 """A job with ``run.cluster`` -> its Dask workers as a Transport, and the placement of its rounds on them.
 
 On a cluster the rounds do not run on the workers (their participants cannot meet at marks across
-machines): the server runs them alone and streams the gradient tasks to the workers (train/stream.py);
-evaluation and statistics tasks go to the same workers.
+machines): the server runs their loop alone and sends the gradient tasks (train/stream.py) and the step's
+slices (train/sliced.py) to the workers as tasks; evaluation and statistics tasks go to the same workers.
 """
 
 from __future__ import annotations
@@ -65,8 +65,9 @@ class Streamed:
 
 
 class OnCluster(Streamed):
-    """A cluster run: tasks on the Dask workers, the rounds' loop in the server (train/stream.py)."""
+    """A cluster run: tasks on the Dask workers (gradients and step slices), the rounds' loop in the server
+    (train/stream.py, train/sliced.py)."""
 
     def __init__(self, pool: Transport, log: Callable[[str], None]):
         super().__init__(pool, f"rounds: in the server (the gradients streamed to {len(pool.slots)} Dask workers, "
-                               "the step here)", log)
+                               "the step sliced across them)", log)

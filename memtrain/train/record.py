@@ -46,7 +46,7 @@ FIXED = ("data.path", "data.normalize", "model.", "train.seed", "train.batch_siz
 RECORDED_BEFORE = {"train.shuffle": "batches", "train.shuffle_window": WINDOW, "train.monitor": "val_loss",
                    "train.monitor_mode": "auto", "run.log_to": [], "train.chunk_rows": TrainConfig.chunk_rows}
 RUNTIME = ("data.verify", "train.workers", "train.blas_threads", "train.task_timeout", "train.max_attempts",
-           "run.exchange", "run.cluster", "run.dir")
+           "train.backup_ratio", "train.backup_seconds", "run.exchange", "run.cluster", "run.dir")
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ Exchange area (deleted when the run ends):
 - the optimizer state, double-buffered (2 per slot), the block digests (2 banks), the round records (one per update of
   an epoch) and the board the participants meet at.
 - on a cluster (``run.cluster``, train/stream.py), also a gradient file per task of two updates: those of
-  the update just stepped are deleted while the next update's are written;
+  the update just stepped are deleted while the next update's are written; and the optimizer state of the
+  version being stepped, one new file per slot (train/sliced.py), renamed over a parity buffer once written;
 - in the overlapping modes (train/overlap.py), the gradient files in flight, arrived and kept as spares:
   with fixed staleness k those of k + 2 updates; in async mode two per worker and two per gradient of a
   group. A stale, dead or superseded attempt's file is deleted at once.
@@ -67,7 +68,7 @@ def room_needed(job: Job, context: ModelContext, *, per_epoch: int, slots: int) 
     states = len(state_slots(job.train.optimizer))
     gradients = gradient_banks(train.staleness) * tasks * weights
     if job.run.cluster:
-        gradients += 2 * tasks * weights
+        gradients += 2 * tasks * weights + states * weights
     if train.mode == "async":
         gradients += 2 * (slots + train.async_group) * weights
     elif train.staleness:

@@ -1,10 +1,13 @@
 """Work sent to a transport -> its answers, whatever dies, hangs or fails on the way.
 
 Three kinds of work:
-- ``run``: a list of tasks (evaluation, statistics) -> their results in task order. A dead worker's task
-  is re-run (a new attempt number, so it writes a new file) on its replacement, and whatever the dead
-  attempt may have written is deleted at once (``discard``); a task silent past ``task_timeout`` gets its
-  worker killed (once), then the same.
+- ``run``: a list of tasks (evaluation, statistics; a cluster run's gradients and step slices) -> their
+  results in task order. A dead worker's task is re-run (a new attempt number, so it writes a new file) on
+  its replacement, and whatever the dead attempt may have written is deleted at once (``discard``); a task
+  silent past ``task_timeout`` gets its worker killed (once), then the same. A straggler (``BackupRule``:
+  a task running well past its finished peers while a worker is idle) gets a backup copy under the next
+  attempt number on the idle worker; the first copy to answer is taken (tasks are pure: the same bits
+  either way) and what the other wrote is discarded, at once and again when it answers.
 - ``stream``: tasks submitted one at a time -> results as they arrive (the overlapping modes, train/overlap.py:
   fixed staleness and async, whose steps never wait for a whole round), with the same fault rules.
 - ``run_stretch``: one stretch on several slots at once (the rounds, train/rounds.py, or the desk,
@@ -21,6 +24,7 @@ stretch ended is a ``messages.Outcome``, as a task's or a participant's answer i
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -42,11 +46,58 @@ LOWER_MEMORY = ("Lower train.chunk_rows (an additive model's statistics; a resum
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+@dataclass(frozen=True, kw_only=True)
+class BackupRule:
+    """When ``Scheduler.run`` starts a backup copy of a task (docs/cluster.md, "Stragglers"): the task has run
+    more than ``ratio`` times the median time of the tasks of the same call that have finished, and at least
+    ``seconds``; nothing is left to send, and a worker is idle. One backup per task."""
+
+    ratio: float  # train.backup_ratio
+    seconds: float  # train.backup_seconds
+
+    def due(self, median: float) -> float:
+        """How long a task may run, its finished peers' median time being ``median``, before it gets a backup."""
+        return max(self.ratio * median, self.seconds)
+
+
+@dataclass
+class Race:
+    """One ``Scheduler.run`` call's straggler bookkeeping: how long its finished tasks ran, the backup copy
+    of each task that has one, and the highest attempt number started for a task (a re-run takes the next)."""
+
+    rule: BackupRule | None
+    seconds: list[float] = field(default_factory=list)
+    copies: dict[tuple[int, int], Task] = field(default_factory=dict)
+    highest: dict[tuple[int, int], int] = field(default_factory=dict)
+    deaths: Counter[tuple[int, int]] = field(default_factory=Counter)
+
+    def next_attempt(self, message: Task) -> int:
+        key = task_key(message)
+        self.highest[key] = max(self.highest.get(key, 0), message.attempt) + 1
+        return self.highest[key]
+
+    def live(self, message: object, current: dict[tuple[int, int], Task], done: dict[tuple[int, int], Result]) -> bool:
+        """Whether ``message`` is a copy of a task of this call still wanted (not a stale or superseded one)."""
+        key = task_key_of(message)
+        return key is not None and key not in done and message in (current.get(key), self.copies.get(key))
+
+    def wait_bound(self, slots: list[Slot], current: dict[tuple[int, int], Task],
+                   done: dict[tuple[int, int], Result]) -> float:
+        """Seconds until the earliest running task of this call becomes a straggler (inf if none can)."""
+        if self.rule is None or not self.seconds or not any(slot.idle for slot in slots):
+            return float("inf")
+        due = self.rule.due(statistics.median(self.seconds))
+        starts = [slot.since for slot in slots if self.live(slot.current, current, done)
+                  and task_key_of(slot.current) not in self.copies]
+        return max(0.0, min(starts) + due - time.monotonic()) if starts else float("inf")
+
+
 class Scheduler:
     def __init__(self, *, task_timeout: float, max_attempts: int, describe_task: Callable[[Task], str],
                  describe_activity: Callable[[Activity], str], log: Callable[[str], None],
                  stop_requested: Callable[[], bool], discard: Callable[[Task], None] = lambda task: None,
-                 describe_memory: Callable[[Task], str] = lambda task: ""):
+                 describe_memory: Callable[[Task], str] = lambda task: "", backup: BackupRule | None = None):
+        self.backup = backup  # the straggler rule of ``run``; None: no backup copies
         self.task_timeout = task_timeout
         self.max_attempts = max_attempts
         self.describe_task, self.describe_activity = describe_task, describe_activity
@@ -73,12 +124,18 @@ class Scheduler:
         pending = deque(tasks)
         current = {task_key(message): message for message in tasks}
         done: dict[tuple[int, int], Result] = {}
+        race = Race(self.backup)
         while len(done) < len(tasks):
             for slot in transport.slots:
                 if slot.idle and pending:
                     transport.send(slot, pending.popleft())
-            for event in transport.wait(self._wait_time(transport.slots)):
-                self._handle(event, current, pending, done)
+            if not pending:
+                self._back_up(transport, current, done, race)
+            bound = race.wait_bound(transport.slots, current, done)
+            for event in transport.wait(min(self._wait_time(transport.slots), bound)):
+                if event.answer is not None and race.live(event.message, current, done):
+                    race.seconds.append(time.monotonic() - event.slot.since)
+                self._handle(event, current, pending, done, race)
             if while_waiting is not None and self._core_to_spare(transport.slots, done, pending, len(tasks)):
                 while_waiting()
                 while_waiting = None
@@ -91,10 +148,67 @@ class Scheduler:
     def stream(self, transport: Transport) -> TaskStream:
         return TaskStream(self, transport)
 
+    def _back_up(self, transport: Transport, current: dict[tuple[int, int], Task], done: dict[tuple[int, int], Result],
+                 race: Race) -> None:
+        """Start a backup copy of each straggler (``BackupRule``) on an idle worker, while there is one."""
+        rule = race.rule
+        idle = [slot for slot in transport.slots if slot.idle]
+        if rule is None or not idle or not race.seconds:
+            return
+        median = statistics.median(race.seconds)
+        now = time.monotonic()
+        for slot in list(transport.slots):
+            message = slot.current
+            key = task_key_of(message)
+            if key is None or key in done or key in race.copies or current.get(key) != message:
+                continue
+            ran = now - slot.since
+            if ran <= rule.ratio * median or ran < rule.seconds:
+                continue
+            copy = replace(message, attempt=race.next_attempt(message))
+            if getattr(copy, "spare", ""):  # never a file another copy of the task may be rewriting
+                copy = replace(copy, spare="", in_place=False)
+            race.copies[key] = copy
+            target = idle.pop(0)
+            self.log(f"{self.describe_task(message)} has run {ran:.2f} s on worker {slot.index}, over "
+                     f"{rule.ratio:g} x the median {median:.3f} s of its finished peers: a backup copy (attempt "
+                     f"{copy.attempt}) on worker {target.index}")
+            transport.send(target, copy)
+            if not idle:
+                return
+
+    def _raced(self, event: Event, key: tuple[int, int], current: dict[tuple[int, int], Task], race: Race) -> bool:
+        """An event of a task that has a backup copy running: settles which copy is the task's from now on.
+        Returns True when the event needs nothing more (a copy died while the other one goes on)."""
+        message, copy = event.message, race.copies.pop(key)
+        original = current[key]
+        if message == copy and event.answer is None:  # the backup's worker died: the original goes on
+            self.discard(copy)
+            self.deaths += 1
+            self.log(f"worker {event.slot.index} (pid {event.slot.pid}) died with exit code {event.exitcode} "
+                     f"during the backup copy of {self.describe_task(copy)}; the original goes on")
+            return True
+        if message == original and event.answer is None:  # the original's worker died: the backup goes on
+            current[key] = copy
+            self.discard(original)
+            self.deaths += 1
+            self.log(f"worker {event.slot.index} (pid {event.slot.pid}) died with exit code {event.exitcode} "
+                     f"during {self.describe_task(original)}; its backup copy goes on")
+            return True
+        loser = original if message == copy else copy
+        current[key] = message  # the first to finish is taken; the other's answer will be stale
+        self.discard(loser)  # what it wrote so far (and again when it answers): its file is never read
+        self.log(f"{self.describe_task(message)}: the {'backup copy' if message == copy else 'original'} "
+                 f"(attempt {message.attempt}) finished first and is taken")
+        return False
+
     def _handle(self, event: Event, current: dict[tuple[int, int], Task], pending: deque[Task],
-                done: dict[tuple[int, int], Result]) -> None:
+                done: dict[tuple[int, int], Result], race: Race | None = None) -> None:
         message = event.message
         key = task_key(message) if isinstance(message, Task) else None
+        if (race is not None and key is not None and key in race.copies and key not in done
+                and message in (current.get(key), race.copies[key]) and self._raced(event, key, current, race)):
+            return
         if key is None or current.get(key) != message or key in done:
             if key is not None and current.get(key) != message:
                 self.discard(message)  # a superseded attempt answered late: its file is never read
@@ -112,8 +226,14 @@ class Scheduler:
             fault_point("after_result")
             return
         self.discard(message)  # at once: the exchange holds only what the run reserved, whatever fails
-        self._died(event, self.describe_task(message), message.attempt + 1, holding=self.describe_memory(message))
-        retry = replace(message, attempt=message.attempt + 1)
+        if race is None:
+            self._died(event, self.describe_task(message), message.attempt + 1,
+                       holding=self.describe_memory(message))
+            retry = replace(message, attempt=message.attempt + 1)
+        else:  # a backup copy may have taken the next attempt number: a name is never reused
+            race.deaths[key] += 1
+            self._died(event, self.describe_task(message), race.deaths[key], holding=self.describe_memory(message))
+            retry = replace(message, attempt=race.next_attempt(message))
         current[key] = retry
         pending.appendleft(retry)
 
@@ -261,6 +381,11 @@ class Scheduler:
 def task_key(message: Task) -> tuple[int, int]:
     """What tells two tasks apart: its update's number (a gradient task's; 0 otherwise) and its own."""
     return getattr(message, "update", 0), message.task
+
+
+def task_key_of(message: object) -> tuple[int, int] | None:
+    """``task_key`` of a task; None for anything else (a stretch, nothing)."""
+    return task_key(message) if isinstance(message, Task) else None  # type: ignore[arg-type]
 
 
 class TaskStream:

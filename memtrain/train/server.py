@@ -66,6 +66,7 @@ from memtrain.train.messages import (
     Outcome,
     RoundSetup,
     StatsTask,
+    StepTask,
     Stretch,
     Task,
     WorkerSetup,
@@ -73,6 +74,7 @@ from memtrain.train.messages import (
 from memtrain.train.metrics import SHOWN
 from memtrain.train.metrics import collect as validation_metrics
 from memtrain.train.monitor import check_monitor, monitor_for
+from memtrain.train.optim import state_slots
 from memtrain.train.overlap import Overlap, replay_mismatch
 from memtrain.train.placement import Placement, stream_workers
 from memtrain.train.plan import Plan, eval_tasks, gradient_banks, split_range, step_slices, task_stream
@@ -80,9 +82,9 @@ from memtrain.train.pools import OnCluster, Streamed, open_cluster
 from memtrain.train.record import Decision
 from memtrain.train.room import room_needed, size_text
 from memtrain.train.run_dir import RunDir, open_run_dir, refuse_live_run
-from memtrain.train.scheduler import CORES, Scheduler
+from memtrain.train.scheduler import CORES, BackupRule, Scheduler
+from memtrain.train.sliced import SlicedParticipant
 from memtrain.train.state import Position, job_updates_per_epoch, resume, save_checkpoint, start_fresh
-from memtrain.train.stream import StreamParticipant
 from memtrain.train.summary import summary_html, summary_text
 from memtrain.train.weights import (
     BLOCK,
@@ -291,7 +293,8 @@ class Trainer:
                                    describe_task=self.describe_task,
                                    describe_activity=self.describe_desk_activity if desk else self.describe_activity,
                                    log=self.log, stop_requested=lambda: self.stop.requested,
-                                   discard=self.discard_attempt, describe_memory=self.describe_memory)
+                                   discard=self.discard_attempt, describe_memory=self.describe_memory,
+                                   backup=backup_rule(self.job))
         if engine is Engine.STREAM:
             self.overlap = Overlap(job=self.job, files=self.in_server.state.rounds(),
                                    stream=self.scheduler.stream(self.placement.transport), logbook=self.logbook,
@@ -516,11 +519,11 @@ class Trainer:
 
         transport = self.placement.transport
         sync = needs_sync(self.run_dir.path)
-        participant = StreamParticipant(
+        participant = SlicedParticipant(
             self.in_server.state.rounds(), stretch, workers=lambda: len(transport.slots),
             run_tasks=lambda tasks, meanwhile: self.scheduler.run(transport, tasks, meanwhile),
             publish_sync=sync_for_readers if sync else lambda path: None, recycle=False,
-            heartbeat=lambda: self.heartbeat(position))
+            heartbeat=lambda: self.heartbeat(position), slices=lambda: len(transport.slots))
         outcome = participant.run()
         if self.stop.requested:
             return Outcome.STOPPED
@@ -658,6 +661,9 @@ class Trainer:
     def describe_task(self, message: Task) -> str:
         if isinstance(message, EvalTask):
             return f"evaluation task {message.task} ({self.describe_rows(message.lo, message.hi, 'val')})"
+        if isinstance(message, StepTask):
+            return (f"step slice {message.task} (parameters {message.lo}-{message.hi}) of update "
+                    f"{update_number(message.update)}")
         if isinstance(message, GradTask) and self.streamed:
             return (f"gradient task ({self.describe_rows(message.lo, message.hi, epoch=message.epoch)}) at weight "
                     f"version "
@@ -669,7 +675,12 @@ class Trainer:
         return f"statistics task {message.task} ({self.describe_rows(message.lo, message.hi)})"
 
     def describe_memory(self, message: Task) -> str:
-        """What a task holds in memory at once: its rows (a statistics task's chunk), read and normalized."""
+        """What a task holds in memory at once: its rows (a statistics task's chunk), read and normalized; a step
+        slice (a cluster run's), its new weights and optimizer state."""
+        if isinstance(message, StepTask):
+            held = (message.hi - message.lo) * 4 * (1 + len(state_slots(self.job.train.optimizer)))
+            return (f"the step slice held {size_text(held)} of new weights and optimizer state; the version, "
+                    "its state and the update's gradients are mapped files")
         split = self.dataset.split("val" if isinstance(message, EvalTask) else "train")
         rows = message.hi - message.lo
         at_once = min(rows, message.chunk_rows) if isinstance(message, StatsTask) else rows
@@ -742,6 +753,14 @@ class Trainer:
                            normalize=job.data.normalize, model_kind=job.model.kind,
                            model_options=tuple(job.model.options.items()), blas_threads=job.train.blas_threads,
                            optimizer=job.train.optimizer, rounds=rounds)
+
+
+def backup_rule(job: Job) -> BackupRule | None:
+    """The straggler rule of a cluster run's tasks (docs/cluster.md, "Stragglers"); None on one machine, where
+    the rounds run the gradients, and when ``train.backup_ratio`` is 0."""
+    if not job.run.cluster or not job.train.backup_ratio:
+        return None
+    return BackupRule(ratio=job.train.backup_ratio, seconds=job.train.backup_seconds)
 
 
 def create_round_files(exchange: Path, size: int, tasks: int, slots: int, per_epoch: int, banks: int) -> Board:

@@ -48,11 +48,20 @@ PAGE_FLOATS = 4096 // 4  # float32 values per page: one write each maps every pa
 RunTasks = Callable[[list[GradTask], Callable[[], None]], list[Result]]  # tasks, the server's work meanwhile
 
 
+class MappedBytes:
+    """Bytes this process's tasks read through maps of the run's and the exchange's files: the weights a gradient
+    reads, the slices a step reads (train/sliced.py). /proc/PID/io's ``rchar`` counts read calls, not pages read
+    through a map, so the cluster benchmark (memtrain/benchmarks/cluster_costs.py) adds this count."""
+
+    read = 0
+
+
 def gradient(state: WorkerState, message: GradTask) -> Result:
     """A worker's part: the gradient of ``message``'s rows at its version, into a new file of its own name."""
     context = state.context
     size = context.layout.size
     weights = state.maps.get(weights_path(state.run_dir, message.version), (size,), np.float32)
+    MappedBytes.read += weights.nbytes
     x, y = state.task_rows(message.epoch, message.lo, message.hi)
     path = state.exchange / streamed_gradient_name(message.update, message.task, message.attempt)
     mapped = spare_map(state, message) if message.in_place else None
@@ -128,6 +137,7 @@ class StreamParticipant(Participant):
         self.received: list[tuple[Path, str]] = []  # the gradient files of the update to step next, spare names
         self.stepped: list[tuple[Path, str]] = []  # those of the update stepped last, and their spare names
         self.spares: list[str] = []  # names of stepped gradient files, for the next tasks to rewrite
+        self.attempts: list[int] = []  # the attempt of each task of the update to step next, in task order
 
     def run(self) -> Outcome:
         try:
@@ -159,6 +169,7 @@ class StreamParticipant(Participant):
         self.computed_at[update.update] = self.version
         results = self.run_tasks(tasks, self.housekeeping)
         discard([files.exchange / spare for spare in spares if spare])  # one a worker did not take (a retry)
+        self.attempts = [r.attempt for r in results]  # task t's gradient file is attempt attempts[t]'s
         self.received = [(files.exchange / streamed_gradient_name(update.update, r.task, r.attempt),
                           spare_gradient_name(update.update, r.task, r.attempt)) for r in results]
         for result in results:

@@ -42,6 +42,7 @@ from memtrain.train.messages import (
     Ready,
     Result,
     StatsTask,
+    StepTask,
     Stop,
     Stretch,
     StretchEnd,
@@ -50,6 +51,7 @@ from memtrain.train.messages import (
 from memtrain.train.metrics import task_statistics, write_task_statistics
 from memtrain.train.plan import Plan
 from memtrain.train.rounds import ROW_CACHE_BYTES, Participant, RoundFiles, RowCache, TaskRows, round_plan
+from memtrain.train.sliced import step_slice
 from memtrain.train.stream import gradient
 
 PARENT_POLL_SECONDS = 1.0  # how often an idle worker checks that its server is still alive
@@ -168,6 +170,8 @@ class WorkerState:
                 self.maps.drop_deleted()
                 if isinstance(message, GradTask):
                     return gradient(self, message)
+                if isinstance(message, StepTask):
+                    return step_slice(self, message)
                 return self.statistics(message) if isinstance(message, StatsTask) else self.evaluate(message)
         except BaseException as exc:  # noqa: BLE001 - reported to the server, which stops the run with this text
             # (the user's model may raise anything, SystemExit or KeyboardInterrupt too: a failed task, never a

@@ -1,0 +1,173 @@
+"""A cluster run's cost per update, by who pays it: ``memtrain bench train --cluster ADDRESS --costs``.
+
+For each size, one run of the benchmark's MLP (memtrain/benchmarks/synthetic.py) on the Dask cluster
+``--cluster`` (``local:N``: N workers started here), with as many tasks per update as the cluster has
+workers, trained by this process (the server). From the end of the step of update ``--warmup`` (counted
+from 0) to the end of the last update's step -- the gradients and the step of each update after it -- it
+counts:
+
+- the bytes of the records the server sent and received (``Records``: memtrain's own, apart from Dask's);
+- the server's CPU seconds (``time.process_time``: every thread of this process, so with ``local:N`` the
+  Dask scheduler's too) and its bytes read and written: ``/proc/self/io``'s ``rchar``/``wchar`` (every read
+  and write call, sockets included) and ``read_bytes``/``write_bytes`` (what reached storage);
+- each Dask worker's bytes (asked of the workers themselves, ``Client.run``): the same ``/proc/self/io``
+  counts, plus the bytes its tasks read through maps (``stream.MappedBytes``: ``rchar`` does not see them);
+- updates per second (wall time over the counted updates).
+
+Byte counts are counts: they hold on a busy machine. CPU seconds and updates/s are not: the table says
+the load average before and after.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from memtrain.benchmarks.memtrain_run import job_for
+from memtrain.benchmarks.problem import BATCH, Problem
+from memtrain.benchmarks.synthetic import mlp_shape, write_dataset
+
+IO_FIELDS = ("rchar", "wchar", "read_bytes", "write_bytes")
+
+
+def process_io() -> dict[str, int]:
+    """This process's ``/proc/self/io`` counts (IO_FIELDS), plus ``mapped``: the bytes its tasks read through maps."""
+    from memtrain.train.stream import MappedBytes
+
+    counts = {"mapped": MappedBytes.read}
+    with open("/proc/self/io", encoding="ascii") as handle:
+        for line in handle:
+            key, _, value = line.partition(":")
+            if key in IO_FIELDS:
+                counts[key] = int(value)
+    return counts
+
+
+class Records:
+    """Bytes of the records the server sent and received (task and result records, pickled as Dask carries
+    them, framing left out): what memtrain itself puts on the wire, apart from Dask's own traffic (heartbeats,
+    and with ``local:N`` the scheduler's, which runs in the server's process)."""
+
+    bytes = 0
+
+
+def counted(send: Any, completed: Any) -> tuple[Any, Any]:
+    """``ClusterPool.send`` and ``ClusterPool._completed`` that add their records' sizes to ``Records.bytes``."""
+
+    def send_counted(pool: Any, slot: Any, task: Any) -> None:
+        Records.bytes += len(pickle.dumps(task, protocol=5))
+        send(pool, slot, task)
+
+    def completed_counted(pool: Any, item: Any) -> Any:
+        if item.result is not None:
+            Records.bytes += len(pickle.dumps(item.result, protocol=5))
+        return completed(pool, item)
+
+    return send_counted, completed_counted
+
+
+def snapshot(pool: Any) -> dict[str, Any]:
+    server = process_io() | {"records": Records.bytes}
+    return {"wall": time.perf_counter(), "cpu": time.process_time(), "server": server,
+            "workers": pool.client.run(process_io)}
+
+
+def measure(params: int, cluster: str, updates: int, warmup: int, scratch: Path) -> dict[str, Any]:
+    """One run of ``params`` parameters on ``cluster``: the counts per update (see the module's docstring)."""
+    from memtrain.train import server
+    from memtrain.train.sliced import SlicedParticipant
+
+    shape = mlp_shape(params)
+    data = scratch / f"data-{shape.params}"
+    if not data.exists():
+        write_dataset(data, updates * BATCH, BATCH, features=shape.features, classes=shape.classes)
+    pools: list[Any] = []
+    marks: list[dict[str, Any]] = []
+
+    def open_and_keep(*args: Any) -> Any:
+        pools.append(open_cluster(*args))
+        return pools[-1]
+
+    def step(participant: SlicedParticipant, update: Any) -> None:
+        step_sliced(participant, update)
+        if update.batch in (warmup, updates - 1):  # counted: the gradients and the step of each update after
+            marks.append(snapshot(pools[-1]))
+
+    from memtrain.cluster.transport import ClusterPool
+
+    open_cluster, step_sliced = server.open_cluster, SlicedParticipant.step
+    send, completed = ClusterPool.send, ClusterPool._completed
+    count = int(cluster.split(":")[1]) if cluster.startswith("local:") else len(cluster_workers(cluster))
+    problem = Problem(str(data), shape.hidden, updates, workers=count, epochs=1)
+    run_dir = scratch / f"run-{shape.params}-{count}"
+    server.open_cluster, SlicedParticipant.step = open_and_keep, step
+    ClusterPool.send, ClusterPool._completed = counted(send, completed)
+    try:
+        server.train(job_for(problem, run_dir, "run", count, cluster=cluster), quiet=True)
+    finally:
+        server.open_cluster, SlicedParticipant.step = open_cluster, step_sliced
+        ClusterPool.send, ClusterPool._completed = send, completed
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return per_update(marks, updates - 1 - warmup, shape.params, count)
+
+
+def cluster_workers(cluster: str) -> list[str]:
+    """The workers of the scheduler at ``cluster`` (tasks per update: one per worker)."""
+    from memtrain.cluster.address import parse_cluster
+    from memtrain.cluster.connect import connected
+
+    with connected(parse_cluster(cluster, where="--cluster")) as client:
+        return sorted(client.scheduler_info()["workers"])
+
+
+def per_update(marks: list[dict[str, Any]], steps: int, params: int, workers: int) -> dict[str, Any]:
+    first, last = marks[0], marks[-1]
+
+    def delta(before: dict[str, int], after: dict[str, int], key: str) -> float:
+        return (after.get(key, 0) - before.get(key, 0)) / steps
+
+    server = {key: delta(first["server"], last["server"], key) for key in (*IO_FIELDS, "records")}
+    each = []
+    for address, after in sorted(last["workers"].items()):
+        before = first["workers"].get(address, {})
+        each.append({"address": address, "read": delta(before, after, "rchar") + delta(before, after, "mapped"),
+                     "written": delta(before, after, "wchar"), "read_bytes": delta(before, after, "read_bytes"),
+                     "write_bytes": delta(before, after, "write_bytes")})
+    return {"params": params, "workers": workers, "vector_bytes": params * 4,
+            "server_cpu_ms": (last["cpu"] - first["cpu"]) / steps * 1e3, "server": server, "each_worker": each,
+            "updates_per_s": steps / (last["wall"] - first["wall"])}
+
+
+def run_costs(sizes: list[int], cluster: str, updates: int, warmup: int, scratch: Path) -> dict[str, Any]:
+    load_before = os.getloadavg()
+    rows = [measure(size, cluster, updates, warmup, scratch) for size in sizes]
+    return {"cluster": cluster, "updates": updates, "warmup": warmup, "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(), "rows": rows}
+
+
+def print_costs(report: dict[str, Any]) -> None:
+    """The table: per update, the server's CPU and bytes (KiB), each worker's bytes (the most of any worker, as a
+    multiple of the parameter vector), updates/s."""
+    before = " ".join(f"{v:.1f}" for v in report["loadavg_before"])
+    after = " ".join(f"{v:.1f}" for v in report["loadavg_after"])
+    print(f"cluster {report['cluster']}: per update, over updates {report['warmup'] + 1}-{report['updates'] - 1} "
+          f"(load average {before} before, {after} after)")
+    print("| params | workers | server CPU ms | server records KiB | server read KiB | server written KiB "
+          "| server storage r/w KiB "
+          "| worker read (x vector) | worker written (x vector) | worker storage r/w MiB | updates/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for row in report["rows"]:
+        server, each, vector = row["server"], row["each_worker"], row["vector_bytes"]
+        read = max(w["read"] for w in each)
+        written = max(w["written"] for w in each)
+        storage = (max(w["read_bytes"] for w in each) / 2**20, max(w["write_bytes"] for w in each) / 2**20)
+        kib = {key: value / 1024 for key, value in server.items()}
+        print(f"| {row['params']:,} | {row['workers']} | {row['server_cpu_ms']:.1f} | {kib['records']:.1f} "
+              f"| {kib['rchar']:.1f} "
+              f"| {kib['wchar']:.1f} | {kib['read_bytes']:.0f} / {kib['write_bytes']:.0f} "
+              f"| {read / 2**20:.1f} MiB ({read / vector:.2f}) | {written / 2**20:.1f} MiB ({written / vector:.2f}) "
+              f"| {storage[0]:.1f} / {storage[1]:.1f} | {row['updates_per_s']:.2f} |")

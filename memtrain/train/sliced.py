@@ -1,0 +1,216 @@
+"""The step of a cluster run, sliced across the Dask workers: the round's sliced step, met through messages.
+
+On one machine the round's participants step slices of the next version and meet at marks in a shared
+file (train/rounds.py). Workers on other machines cannot meet that way (docs/cluster.md: close-to-open
+consistency, no coherent shared maps), so on a cluster the slices are tasks, and the meetings are the
+server's waits for their answers. One update, from version v:
+
+1. **gradients** (train/stream.py): one ``GradTask`` per task of the update, at v; each worker writes its
+   gradient into a file of its own (synced where needed), then answers;
+2. **step**: one ``StepTask`` per slice [lo, hi) of the parameters (``plan.step_slices``, as many as
+   there are workers; the slicing never changes a bit: the step is elementwise). Each worker opens v's
+   file, the optimizer state of v and every gradient file of the update afresh (after the answers that
+   said they are closed), reduces its slice of the gradients in task order (train/reduce.py, the same
+   sums as the round), steps it, and writes the slice with ``pwrite`` at its place into the next
+   version's unpublished file and into the optimizer state's new files (``layout.state_building_name``:
+   a new file per version, never rewritten for another one); syncs them where needed; answers with the
+   slice's block digests (16 bytes per 64 Ki parameters) and whether it came out finite;
+3. **publish**: the server writes the digests into the block digests file, renames the state's new
+   files over the parity buffers (``state_buffer_name(slot, (v + 1) % 2)``, what checkpoints copy),
+   records the update with the version's checksum and renames the version into place (a rename that
+   never replaces), then sends the next update's gradient tasks, naming it.
+
+The server handles records only: file names, integers, digests. It never reads or writes a parameter.
+
+Faults: a step task is pure -- its inputs are files nobody writes any more, its outputs a fixed byte
+range of files that only the same slice of the same step writes, always with the same bits. A worker
+that dies holding a slice has it redone by another (``Scheduler.run``); what it half-wrote is
+overwritten before anything reads it (nothing is read before every slice answered). A straggler's
+backup copy (docs/cluster.md, "Stragglers") writes the same bits over the same range: the loser's
+late writes change no byte, and once the files are renamed it cannot open them by their old names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from memtrain.errors import MemtrainError
+from memtrain.files import allocate_npy, check_npy, npy_header_bytes, open_npy
+from memtrain.layout import (
+    building_path,
+    state_buffer_name,
+    state_building_name,
+    streamed_gradient_name,
+    weights_path,
+)
+from memtrain.train.messages import Outcome, Result, StepTask, Stretch
+from memtrain.train.optim import learning_rate, state_slots
+from memtrain.train.plan import Update, step_slices
+from memtrain.train.reduce import Scratch, reduce_and_step
+from memtrain.train.rounds import RoundFiles
+from memtrain.train.stream import MappedBytes, StreamParticipant
+from memtrain.train.weights import BLOCK, ready_building
+
+if TYPE_CHECKING:
+    from memtrain.train.worker import WorkerState
+
+DIGEST_BYTES = 16  # files.block_digest
+
+
+def step_slice(state: WorkerState, message: StepTask) -> Result:
+    """A worker's part of a step: slice [lo, hi) of version ``message.version`` + 1 and its optimizer state."""
+    setup, size = state.setup, state.context.layout.size
+    lo, hi = message.lo, message.hi
+    exchange = state.exchange
+    weights = open_npy(weights_path(state.run_dir, message.version), shape=(size,), dtype=np.float32)
+    grads = [open_npy(exchange / streamed_gradient_name(message.update, task, attempt), shape=(size,),
+                      dtype=np.float32)[lo:hi] for task, attempt in enumerate(message.attempts)]
+    slots = state_slots(setup.optimizer)
+    parity = message.version % 2
+    state_in = {slot: open_npy(exchange / state_buffer_name(slot, parity), shape=(size,), dtype=np.float32)[lo:hi]
+                for slot in slots}
+    MappedBytes.read += (len(grads) + 1 + len(slots)) * (hi - lo) * 4
+    out, state_out = slice_buffers(state, hi - lo, slots)
+    digests = np.zeros((-(-(hi - lo) // BLOCK), DIGEST_BYTES), dtype=np.uint8)
+    trainable = state.context.layout.trainable
+    if not reduce_and_step(grads=grads, rows=message.rows, weights=weights[lo:hi], state_in=state_in,
+                           weights_out=out, state_out=state_out, lo=0, hi=hi - lo, optimizer=setup.optimizer,
+                           step=message.version + 1, lr=message.lr, digests=digests,
+                           trainable=None if trainable is None else trainable - lo, scratch=slice_scratch(state)):
+        return Result(task=message.task, attempt=message.attempt, outcome=Outcome.NONFINITE)
+    sync = sync_needed(exchange)
+    write_slice(building_path(state.run_dir, message.version + 1, setup.server_pid), lo, out, size, sync)
+    for slot in slots:
+        write_slice(exchange / state_building_name(slot, message.version + 1), lo, state_out[slot], size, sync)
+    return Result(task=message.task, attempt=message.attempt, outcome=Outcome.DONE, rows=hi - lo,
+                  digests=digests.tobytes())
+
+
+def slice_buffers(state: WorkerState, length: int, slots: tuple[str, ...]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The slice's new weights and optimizer state, computed in the worker's own memory (kept between steps):
+    written to the shared files with ``pwrite``, never through a shared map, so that only the slice's own
+    bytes leave the machine (a map's dirty page at a slice's edge would carry a neighbour's bytes too)."""
+    kept = getattr(state, "slice_memory", None)
+    if kept is None or kept[0].size != length or set(kept[1]) != set(slots):
+        kept = (np.empty(length, dtype=np.float32), {slot: np.empty(length, dtype=np.float32) for slot in slots})
+        state.slice_memory = kept  # type: ignore[attr-defined]
+    return kept
+
+
+def slice_scratch(state: WorkerState) -> Scratch:
+    scratch = getattr(state, "slice_scratch", None)
+    if scratch is None:
+        scratch = state.slice_scratch = Scratch()  # type: ignore[attr-defined]
+    return scratch
+
+
+@functools.cache
+def sync_needed(exchange: Path) -> bool:
+    """Whether a file written here must be synced before a worker on another machine may read it."""
+    from memtrain.cluster.sharedfs import needs_sync
+
+    return needs_sync(exchange)
+
+
+def write_slice(path: Path, lo: int, values: np.ndarray, size: int, sync: bool) -> None:
+    """Write ``values`` as elements [lo, lo + len) of the .npy vector ``path`` (made whole by the server), then
+    sync it if ``sync`` and close it."""
+    fd = os.open(path, os.O_WRONLY)  # never created here: a late copy finds a renamed file gone
+    try:
+        data = memoryview(values).cast("B")
+        at = len(npy_header_bytes((size,), np.dtype(np.float32))) + lo * values.itemsize
+        while data:  # pwrite may write less than asked
+            done = os.pwrite(fd, data, at)
+            data, at = data[done:], at + done
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class SlicedParticipant(StreamParticipant):
+    """The server of a cluster run: gradients streamed (train/stream.py), the step sliced across the workers.
+
+    ``slices``: how many slices to cut the next step into (the workers present; any count gives the same
+    bits). ``run_tasks`` runs the step tasks as it runs the gradient tasks (``Scheduler.run``).
+    """
+
+    def __init__(self, files: RoundFiles, stretch: Stretch, *, slices: Callable[[], int], **options: Any):
+        super().__init__(files, stretch, **options)
+        self.slices = slices
+
+    def run(self) -> Outcome:
+        try:
+            return super().run()
+        finally:
+            self.discard_state(self.version + 1)
+
+    def step(self, update: Update) -> None:
+        try:
+            finite = self.step_sliced(update)
+        finally:
+            self.stepped, self.received = self.received, []
+        self.settle(update, finite)
+
+    def step_sliced(self, update: Update) -> bool:
+        """Every slice of ``update``'s step written (True), or one came out non-finite (False: nothing moves)."""
+        files, version = self.files, self.version
+        self.ready_state(version + 1)
+        ranges = step_slices(files.size, max(1, self.slices()), BLOCK)
+        attempts = tuple(self.attempts)
+        if [t.task for t in update.tasks] != list(range(len(attempts))):
+            raise MemtrainError(f"update {update.update}: tasks {[t.task for t in update.tasks]} are not numbered "
+                                "0, 1, ... in order", hint="this is a bug in memtrain: please report it")
+        lr = learning_rate(files.optimizer, update.update, files.plan.total_updates)
+        tasks = [StepTask(task=j, attempt=0, update=update.update, version=version, lo=lo, hi=hi, rows=update.rows,
+                          lr=lr, attempts=attempts) for j, (lo, hi) in enumerate(ranges)]
+        results = self.run_tasks(tasks, lambda: None)
+        if any(result.outcome == Outcome.NONFINITE for result in results):
+            self.discard_state(version + 1)
+            return False
+        digests = files.digests[(version + 1) % 2]
+        for (lo, _), result in zip(ranges, results, strict=True):
+            rows = np.frombuffer(result.digests, dtype=np.uint8).reshape(-1, DIGEST_BYTES)
+            digests[lo // BLOCK: lo // BLOCK + len(rows)] = rows
+        for slot in state_slots(files.optimizer):  # the state of version + 1, where checkpoints and steps look
+            os.replace(files.exchange / state_building_name(slot, version + 1),
+                       files.exchange / state_buffer_name(slot, (version + 1) % 2))
+        self.out = None
+        return True
+
+    def ready_state(self, version: int) -> None:
+        """The new files of ``version``'s optimizer state, whole (their space reserved), for the slice owners."""
+        size = self.files.size
+        for slot in state_slots(self.files.optimizer):
+            path = self.files.exchange / state_building_name(slot, version)
+            if path.exists():
+                with contextlib.suppress(Exception):
+                    check_npy(path, shape=(size,), dtype=np.float32)
+                    continue
+                path.unlink()
+            allocate_npy(path, (size,), np.float32)
+
+    def discard_state(self, version: int) -> None:
+        for slot in state_slots(self.files.optimizer):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.files.exchange / state_building_name(slot, version))
+
+    def housekeeping(self) -> None:
+        """While the workers compute: the last step's gradient files become spares, the next version's files
+        are made (their space reserved; the server writes none of their data)."""
+        files = self.files
+        for path, name in self.stepped:
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(path, files.exchange / name)
+                self.spares.append(name)
+        self.stepped = []
+        ready_building(files.run_dir, self.version + 1, files.size, files.server_pid, files.keep,
+                       fast=True, recycle=self.recycle)
+        self.ready_state(self.version + 1)

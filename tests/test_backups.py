@@ -1,0 +1,155 @@
+"""The straggler rule of ``Scheduler.run`` (memtrain/train/scheduler.py ``BackupRule``), with a scripted transport
+whose workers answer after a set time: a task running more than ``ratio`` x its finished peers' median time, and
+at least ``seconds``, gets one backup copy on an idle worker under the next attempt number; the first copy to
+answer is taken, what the other wrote is discarded (at once, and again when it answers), and a death of either
+copy leaves the other to finish."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from memtrain.train.exchange import Event, Slot
+from memtrain.train.messages import GradTask, Message, Outcome, Result
+from memtrain.train.scheduler import BackupRule, Scheduler
+
+
+class Timed:
+    """Workers that answer a message ``delay[(task, attempt)]`` seconds after it was sent (default 0), or die
+    then if (task, attempt) is in ``die``."""
+
+    def __init__(self, slots: int, delay: dict[tuple[int, int], float], die: frozenset = frozenset()):
+        self.slots = [Slot(index=i, process=None, ready=True) for i in range(slots)]
+        self.delay, self.die, self.sent = delay, die, []
+
+    def send(self, slot: Slot, message: Message) -> None:
+        slot.current, slot.since = message, time.monotonic()
+        self.sent.append((message.task, message.attempt, slot.index))
+
+    def _due(self, slot: Slot) -> float:
+        return slot.since + self.delay.get((slot.current.task, slot.current.attempt), 0.0)
+
+    def wait(self, timeout: float) -> list[Event]:
+        busy = [slot for slot in self.slots if slot.current is not None]
+        if busy:
+            time.sleep(max(0.0, min(timeout, min(self._due(slot) for slot in busy) - time.monotonic())))
+        events = []
+        for slot in busy:
+            if self._due(slot) > time.monotonic():
+                continue
+            message, slot.current = slot.current, None
+            if (message.task, message.attempt) in self.die:
+                events.append(Event(slot, None, message, exitcode=-9))
+            else:
+                events.append(Event(slot, Result(task=message.task, attempt=message.attempt, outcome=Outcome.DONE,
+                                                 loss=float(message.task), rows=1), message))
+        return events
+
+    def kill(self, slot: Slot) -> None:
+        raise AssertionError("nothing here is silent")
+
+    def close(self, timeout: float = 5.0) -> None:
+        pass
+
+
+def scheduler(logs: list[str], discarded: list, rule: BackupRule | None) -> Scheduler:
+    return Scheduler(task_timeout=60, max_attempts=3, describe_task=lambda t: f"task {t.task}",
+                     describe_activity=lambda a: "an activity", log=logs.append, stop_requested=lambda: False,
+                     discard=discarded.append, backup=rule)
+
+
+def tasks(count: int) -> list[GradTask]:
+    return [GradTask(task=t, attempt=0, update=4, version=4, epoch=0, lo=t, hi=t + 1, spare=f"g-s{t}")
+            for t in range(count)]
+
+
+RULE = BackupRule(ratio=3.0, seconds=0.1)
+
+
+def test_a_straggler_gets_a_backup_on_an_idle_worker_and_the_first_to_finish_is_taken() -> None:
+    logs, discarded = [], []
+    transport = Timed(3, {(1, 0): 5.0, (0, 0): 0.02})
+    started = time.monotonic()
+    results = scheduler(logs, discarded, RULE).run(transport, tasks(3))
+    assert time.monotonic() - started < 2.0, "the straggler was outrun, not waited for"
+    assert [(r.task, r.attempt) for r in results] == [(0, 0), (1, 1), (2, 0)]
+    assert (1, 1) in [(task, attempt) for task, attempt, _ in transport.sent]
+    assert [(t.task, t.attempt) for t in discarded] == [(1, 0)], "the loser's file is discarded, never read"
+    assert any("task 1 has run" in line and "a backup copy (attempt 1)" in line for line in logs)
+    assert any("the backup copy (attempt 1) finished first" in line for line in logs)
+    backup = next(t for t in transport.slots if t.current is not None).current
+    assert (backup.task, backup.attempt) == (1, 0), "the loser still runs; its answer, when it comes, is stale"
+
+
+def test_a_backup_copy_never_rewrites_the_spare_its_original_may_be_writing() -> None:
+    logs, discarded = [], []
+    sent = []
+    transport = Timed(2, {(1, 0): 5.0})
+    send = transport.send
+    transport.send = lambda slot, message: (sent.append(message), send(slot, message))
+    scheduler(logs, discarded, RULE).run(transport, tasks(2))
+    copy = next(m for m in sent if m.attempt == 1)
+    assert copy.spare == "" and sent[1].spare == "g-s1"
+
+
+def test_the_original_is_taken_when_it_finishes_first_and_the_backups_late_answer_is_discarded() -> None:
+    logs, discarded = [], []
+    transport = Timed(2, {(1, 0): 0.4, (1, 1): 5.0})
+    rule = BackupRule(ratio=2.0, seconds=0.1)
+    results = scheduler(logs, discarded, rule).run(transport, tasks(2))
+    assert [(r.task, r.attempt) for r in results] == [(0, 0), (1, 0)]
+    assert [(t.task, t.attempt) for t in discarded] == [(1, 1)]
+    assert any("the original (attempt 0) finished first" in line for line in logs)
+    # the next call gets the loser's late answer: stale, discarded again, never taken
+    transport.delay[(1, 1)] = 0.0
+    later = [GradTask(task=0, attempt=0, update=5, version=5, epoch=0, lo=0, hi=1)]
+    assert [(r.task, r.attempt) for r in scheduler(logs, discarded, rule).run(transport, later)] == [(0, 0)]
+    assert [(t.task, t.attempt) for t in discarded] == [(1, 1), (1, 1)]
+
+
+def test_no_backup_below_the_rules_thresholds_or_without_a_rule() -> None:
+    for rule, delay in ((BackupRule(ratio=3.0, seconds=2.0), 0.5), (BackupRule(ratio=100.0, seconds=0.0), 0.3),
+                        (None, 0.5)):
+        logs, discarded = [], []
+        transport = Timed(3, {(1, 0): delay, (0, 0): 0.01, (2, 0): 0.01})
+        results = scheduler(logs, discarded, rule).run(transport, tasks(3))
+        assert [(r.task, r.attempt) for r in results] == [(0, 0), (1, 0), (2, 0)], rule
+        assert all(attempt == 0 for _, attempt, _ in transport.sent) and not discarded
+
+
+def test_a_death_of_either_copy_leaves_the_other_to_finish_and_a_rerun_takes_a_new_attempt_number() -> None:
+    logs, discarded = [], []
+    transport = Timed(2, {(1, 0): 0.5, (1, 1): 0.1}, die=frozenset({(1, 0)}))  # the original dies after the backup
+    results = scheduler(logs, discarded, BackupRule(ratio=2.0, seconds=0.1)).run(transport, tasks(2))
+    assert [(r.task, r.attempt) for r in results] == [(0, 0), (1, 1)]
+
+    logs, discarded = [], []
+    # the backup dies: the original goes on (and may get another backup, which here is slower still)
+    transport = Timed(2, {(1, 0): 1.0, (1, 1): 0.2, (1, 2): 5.0}, die=frozenset({(1, 1)}))
+    results = scheduler(logs, discarded, BackupRule(ratio=2.0, seconds=0.1)).run(transport, tasks(2))
+    assert [(r.task, r.attempt) for r in results] == [(0, 0), (1, 0)]
+    assert (1, 1) in [(t.task, t.attempt) for t in discarded]
+    assert any("during the backup copy of task 1; the original goes on" in line for line in logs)
+
+    logs, discarded = [], []  # both die: the re-run takes attempt 2, never a name a copy used
+    transport = Timed(2, {(1, 0): 0.6, (1, 1): 0.1}, die=frozenset({(1, 0), (1, 1)}))
+    results = scheduler(logs, discarded, BackupRule(ratio=2.0, seconds=0.1)).run(transport, tasks(2))
+    assert [(r.task, r.attempt) for r in results] == [(0, 0), (1, 2)]
+
+
+def test_the_rule_comes_from_the_job_on_a_cluster_only_and_its_values_are_range_checked() -> None:
+    from memtrain.config import DataConfig, Job, ModelConfig, RunConfig, TrainConfig
+    from memtrain.errors import InputError
+    from memtrain.train.server import backup_rule
+
+    def job(cluster: str, **train: float) -> Job:
+        return Job(DataConfig(), ModelConfig(), TrainConfig(**train), RunConfig(cluster=cluster))
+
+    assert backup_rule(job("local:2")) == BackupRule(ratio=3.0, seconds=0.5)
+    assert backup_rule(job("local:2", backup_ratio=1.5, backup_seconds=0)) == BackupRule(ratio=1.5, seconds=0)
+    assert backup_rule(job("")) is None, "on one machine the rounds run the gradients: no backups"
+    assert backup_rule(job("local:2", backup_ratio=0)) is None
+    for key, value in (("backup_ratio", 0.5), ("backup_ratio", float("inf")), ("backup_seconds", -1.0)):
+        with pytest.raises(InputError, match=f"train.{key} out of range"):
+            TrainConfig(**{key: value})
