@@ -35,6 +35,8 @@ CASES = [
     ("train.patience", "0", "0", "1"),
     ("train.shuffle_window", "0", "0", "1"),
     ("train.chunk_rows", "0", "0", "1"),
+    ("train.backup_ratio", "0.5", "0.5", "1"),
+    ("train.backup_seconds", "-1", "-1.0", "0"),
     ("run.checkpoint_every", "0", "0", "1"),
     ("run.keep_checkpoints", "0", "0", "1"),
     ("run.keep_versions", "0", "0", "1"),
