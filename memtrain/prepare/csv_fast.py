@@ -17,6 +17,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from memtrain.prepare import arrow_arrays
+
 QUOTE = b'"'
 # pyarrow splits a block into pieces of this size and parses them on its thread pool.
 ARROW_BLOCK = 1 << 20
@@ -112,27 +114,24 @@ class ArrowBlockParser:
                 column = table.column(self._names[self._features[j]])
                 at = 0
                 for chunk in column.chunks:
-                    x[at:at + len(chunk), j] = chunk.to_numpy(zero_copy_only=chunk.null_count == 0)
+                    x[at:at + len(chunk), j] = arrow_arrays.values(chunk, np.float64)
                     at += len(chunk)
+                x[missing[:, j], j] = np.nan  # a null's slot holds no value
         if len(numbers) == x.shape[1] and not missing.any():  # a table of numbers: no copy to check it
             return x if np.isfinite(x).all() else None
         return x if np.isfinite(x[:, numbers][~missing[:, numbers]]).all() else None
 
     def _nulls(self, column: Any) -> np.ndarray | bool:
-        """Which cells are null; computed only when there are some, and then in the C library's allocator
-        (pyarrow's compute functions default to mimalloc, which keeps freed memory: see ``_pool``)."""
+        """Which cells are null; computed only when there are some."""
         if column.null_count == 0:
             return False
-        import pyarrow.compute as pc
-
-        return pc.is_null(column, memory_pool=self._pool).to_numpy(zero_copy_only=False)
+        return arrow_arrays.nulls(column)
 
     def _text(self, column: Any) -> tuple[np.ndarray, np.ndarray]:
         """A text column's trimmed values ("" where missing) and which are missing."""
         import pyarrow.compute as pc
 
-        values = np.asarray(pc.utf8_trim_whitespace(column, memory_pool=self._pool).to_numpy(zero_copy_only=False),
-                            dtype=str).reshape(-1)
+        values = arrow_arrays.strings(pc.utf8_trim_whitespace(column, memory_pool=self._pool))
         missing = np.isin(values, list(self._text_na)) if self._text_na else np.zeros(len(values), dtype=bool)
         values[missing] = ""
         return values, missing
@@ -141,15 +140,16 @@ class ArrowBlockParser:
         column = table.column(self._names[self._label])
         if not self._text_labels:
             absent = np.asarray(self._nulls(column)) | np.zeros(table.num_rows, dtype=bool)
-            y = column.to_numpy() if not absent.any() else np.asarray(column.to_numpy(zero_copy_only=False),
-                                                                       dtype=np.float64)
+            # a copy (the view would keep the table's buffer alive with the chunk); NaN in a null's slot
+            y = np.where(absent, np.nan, arrow_arrays.values(column, np.float64))
             return (y if np.isfinite(y[~absent]).all() else None), (absent if absent.any() else None)
         encoded = column.combine_chunks(memory_pool=self._pool).dictionary_encode()
         names = encoded.dictionary.to_pylist()
         # the reference parser strips a label's surrounding white space: such a block is left to it
         if any(len(name.encode()) > MAX_LABEL_BYTES or name != name.strip() for name in names):
             return None, None
-        y = np.array(names, dtype=str)[encoded.indices.to_numpy()] if names else np.empty(0, dtype=str)
+        indices = arrow_arrays.values(encoded.indices, np.int32)
+        y = np.array(names, dtype=str)[indices] if names else np.empty(0, dtype=str)
         absent = np.isin(y, list(self._text_na)) if self._text_na and len(y) else np.zeros(len(y), dtype=bool)
         if absent.any():
             y = y.copy()

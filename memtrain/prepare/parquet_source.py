@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from memtrain.errors import InputError
+from memtrain.prepare import arrow_arrays
 from memtrain.prepare.sources import Chunk, resolve_label
 from memtrain.prepare.table import CATEGORY, NUMBER, TableOptions
 
@@ -69,8 +70,8 @@ class ParquetSource:
                 if kind == CATEGORY:
                     text[j], missing[:, j] = self._text(pa, column)
                     continue
-                missing[:, j] = column.is_null().to_numpy(zero_copy_only=False)
-                values = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float64)
+                missing[:, j] = arrow_arrays.nulls(column)
+                values = _floats(pa, column)
                 if self._nan_is_missing:
                     missing[:, j] |= np.isnan(values)
                 x[:, j] = np.where(missing[:, j], np.nan, values)
@@ -94,22 +95,29 @@ class ParquetSource:
         import pyarrow.compute as pc
 
         values = pc.utf8_trim_whitespace(column.cast(pa.string()))
-        spelled = pc.is_in(values, value_set=pa.array(list(self.table.na_values), pa.string()))  # null: false
-        missing = pc.or_(pc.is_null(values), pc.fill_null(spelled, True))
-        text = pc.if_else(missing, "", values).to_numpy(zero_copy_only=False)
-        return np.asarray(text, dtype=str).reshape(-1), missing.to_numpy(zero_copy_only=False)
+        text = arrow_arrays.strings(values)  # a null reads as ""
+        missing = arrow_arrays.nulls(values) | np.isin(text, list(self.table.na_values))
+        text[missing] = ""
+        return text, missing
 
     def _labels(self, pa: Any, column: Any) -> tuple[np.ndarray, np.ndarray]:
         if pa.types.is_dictionary(column.type):
             column = column.cast(pa.string())
-        absent = column.is_null().to_numpy(zero_copy_only=False)
+        absent = arrow_arrays.nulls(column)
         if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
             y, absent = self._text(pa, column)
             return y, absent
-        y = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float64)
+        y = _floats(pa, column)
         if self._nan_is_missing:
             absent = absent | np.isnan(y)
         return np.where(absent, np.nan, y), absent
 
     def describe(self) -> dict[str, Any]:
         return {"format": "parquet", "path": str(self.path), "label": self.label_name, "bytes": self.size_bytes}
+
+
+def _floats(pa: Any, column: Any) -> np.ndarray:
+    """A numeric or bool column as float64 (whatever sits under a null), read from Arrow's buffers:
+    pyarrow's ``to_numpy`` imports pandas when it is installed (``arrow_arrays``). Not a checked cast:
+    integers beyond 2**53 round, as numpy's conversion does."""
+    return arrow_arrays.values(column.cast(pa.float64(), safe=False), np.float64)
