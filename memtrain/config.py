@@ -21,6 +21,7 @@ from typing import Any
 
 from memtrain.errors import InputError, did_you_mean
 from memtrain.models.registry import IMPORT_OPTIONS, import_path
+from memtrain.order import SHUFFLES, WINDOW
 from memtrain.train.optim import OptimizerConfig
 
 # Bound of train.workers (and train.blas_threads): each worker is a process with its own maps, two pipes and
@@ -57,6 +58,7 @@ RANGES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "train.seed": _integers(0, MAX_SEED),
     "train.blas_threads": _integers(1, MAX_WORKERS),
     "train.eval_rows": _integers(1),
+    "train.shuffle_window": _integers(1),
     "train.chunk_rows": _integers(1),
     "train.task_timeout": _positive_finite("seconds"),
     "train.max_attempts": _integers(1),
@@ -123,6 +125,11 @@ class TrainConfig:
     patience: int | None = None  # stop after this many epochs without a better train.monitor; None: never
     monitor: str = "val_loss"  # the epoch metric that picks the best epoch (and early stopping): train/monitor.py
     monitor_mode: str = "auto"  # "min" | "max" | "auto": lower is better for losses and errors, higher otherwise
+    # each epoch's row order (memtrain/order.py): "rows" mixes rows into new batches every epoch (shuffled within
+    # windows of shuffle_window rows, one block from each stratum of the split) | "batches": the same batches every
+    # epoch, visited in a seeded order (memtrain before row shuffling) | "none": file order
+    shuffle: str = "rows"
+    shuffle_window: int = WINDOW
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
 
     def __post_init__(self) -> None:
@@ -342,6 +349,9 @@ def _check_train(train: TrainConfig, where: Any) -> TrainConfig:
     if train.monitor_mode not in MONITOR_MODES:
         raise InputError("bad value for train.monitor_mode", path=where,
                          expected=" or ".join(map(repr, MONITOR_MODES)), found=repr(train.monitor_mode))
+    if train.shuffle not in SHUFFLES:
+        raise InputError("bad value for train.shuffle", path=where, expected=" or ".join(map(repr, SHUFFLES)),
+                         found=repr(train.shuffle))
     return _check_mode(train, where)
 
 

@@ -157,7 +157,7 @@ def test_batches_are_the_training_plans_batches(dataset: Path) -> None:
     x_train = blobs(n=1000, features=6, classes=3)[0][100:]
     for epoch in (0, 1):
         got = list(ds.batches(128, seed=5, epoch=epoch, shuffle="batches"))
-        plan = [(u.tasks[0].lo, u.tasks[-1].hi) for u in epoch_updates(900, 128, 1, 5, epoch)]
+        plan = [(u.tasks[0].lo, u.tasks[-1].hi) for u in epoch_updates(900, 128, 1, 5, epoch, shuffle="batches")]
         assert [len(x) for x, _ in got] == [hi - lo for lo, hi in plan]
         for (x, y), (lo, hi) in zip(got, plan, strict=True):
             np.testing.assert_array_equal(x, x_train[lo:hi])

@@ -29,6 +29,7 @@ from memtrain.train.context import model_context
 from memtrain.train.optim import apply_update, learning_rate, state_slots
 from memtrain.train.placement import stream_workers
 from memtrain.train.plan import epoch_updates, gradient_base, task_stream, updates_per_epoch
+from memtrain.train.server import job_plan
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -100,7 +101,8 @@ def assert_every_task_applied_once_per_epoch(run: Path, epochs: int) -> None:
     assert [r["version"] for r in records] == list(range(len(records))), "each version once, in order"
     for epoch in range(epochs):
         applied = Counter(tuple(t) for r in records[1:] if r["epoch"] == epoch + 1 for t in r["tasks"])
-        planned = Counter((t.lo, t.hi) for t in task_stream(epoch_updates(TRAIN_ROWS, 100, 3, 5, epoch)))
+        updates = epoch_updates(TRAIN_ROWS, 100, 3, 5, epoch, shuffle="rows")
+        planned = Counter((t.lo, t.hi) for t in task_stream(updates))
         assert applied == planned, f"epoch {epoch + 1}: some rows applied twice or never"
 
 
@@ -153,14 +155,14 @@ def reference_weights(job_path: Path, staleness: int) -> np.ndarray:
     history = [layout.flatten(model.init(np.random.default_rng(job.train.seed)))]
     state = {slot: np.zeros_like(history[0]) for slot in state_slots(job.train.optimizer)}
     total = updates_per_epoch(train.rows, job.train.batch_size) * job.train.epochs
+    plan = job_plan(job, train.rows)
     for epoch in range(job.train.epochs):
-        for update in epoch_updates(train.rows, job.train.batch_size, job.train.tasks_per_update, job.train.seed,
-                                    epoch):
+        for update in plan.updates(epoch):
             n = len(history) - 1
             at = history[max(0, n - staleness)]
             grad = np.zeros_like(at)
             for task in update.tasks:
-                x, y = train.read(task.lo, task.hi)
+                x, y = train[plan.rows(epoch, task.lo, task.hi)]
                 part = np.zeros_like(at)
                 model.loss_and_grad(layout.views(at), context.normalize(x), np.asarray(y), layout.views(part))
                 grad += part
@@ -209,7 +211,8 @@ def test_async_applies_each_task_once_in_arrival_order_within_the_bound(async_ru
     assert max(staleness) <= 3, "a gradient staler than max_staleness was applied"
     assert max(staleness) >= 2, f"the straggler should make some gradients stale: {staleness}"
     assert set(Counter(len(r["tasks"]) for r in records)) == {2}, "42 tasks per epoch in groups of async_group = 2"
-    planned = [[(t.lo, t.hi) for t in task_stream(epoch_updates(TRAIN_ROWS, 100, 3, 5, e))] for e in range(3)]
+    planned = [[(t.lo, t.hi) for t in task_stream(epoch_updates(TRAIN_ROWS, 100, 3, 5, e, shuffle="rows"))]
+               for e in range(3)]
     assert all([tuple(t) for t in r["tasks"]] == [planned[r["epoch"] - 1][i] for i in r["ids"]] for r in records)
     order = [i for r in records if r["epoch"] == 1 for i in r["ids"]]
     assert order != sorted(order), "the straggler's gradients arrive (and are applied) out of plan order"

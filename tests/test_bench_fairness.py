@@ -36,7 +36,7 @@ def tiny_problem(tmp_path_factory: pytest.TempPathFactory) -> Problem:
 
 def test_every_baseline_visits_memtrain_s_batches_in_memtrain_s_order(tiny_problem: Problem) -> None:
     plan = Plan(tiny_problem.updates * tiny_problem.batch, tiny_problem.batch, tiny_problem.workers,
-                tiny_problem.seed, tiny_problem.epochs)
+                tiny_problem.seed, tiny_problem.epochs, shuffle="batches")
     updates = [plan.update(k) for k in range(plan.total_updates)]
     assert tiny_problem.batches() == [(u.tasks[0].lo, u.tasks[-1].hi) for u in updates]
     assert [tiny_problem.pieces(lo, hi) for lo, hi in tiny_problem.batches()] == \

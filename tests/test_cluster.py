@@ -351,7 +351,8 @@ def test_a_worker_that_joins_later_gets_a_slot_and_work_and_its_leaving_is_seen(
     exchange.mkdir()
     context = model_context(open_dataset(dataset), "mlp", {"hidden": [16]}, True)
     publish_weights(run, 0, context.layout.flatten(context.model.init(np.random.default_rng(0))))
-    rounds = RoundSetup(batch_size=100, tasks_per_update=1, seed=0, epochs=1, keep_versions=2, on_nonfinite="stop",
+    rounds = RoundSetup(batch_size=100, tasks_per_update=1, seed=0, epochs=1, shuffle="rows", shuffle_window=64,
+                        keep_versions=2, on_nonfinite="stop",
                         slots=1)
     setup = WorkerSetup(server_pid=os.getpid(), run_dir=str(run), exchange_dir=str(exchange), dataset=str(dataset),
                         normalize=True, model_kind="mlp", model_options=(("hidden", [16]),), blas_threads=1,
@@ -371,7 +372,7 @@ def test_a_worker_that_joins_later_gets_a_slot_and_work_and_its_leaving_is_seen(
         assert any(f"not using a Dask worker that joined: Dask worker {joined['lateblind']['address']}" in line
                    and "cannot see the run directory's probe" in line for line in logs)
         slot = next(s for s in pool.slots if s.process.address == address)
-        task = GradTask(task=5, attempt=0, update=0, version=0, lo=0, hi=100)
+        task = GradTask(task=5, attempt=0, update=0, version=0, epoch=0, lo=0, hi=100)
         pool.send(slot, task)
         events = []
         while not events and time.monotonic() < deadline:
@@ -526,7 +527,7 @@ def test_without_the_cluster_extra_the_error_says_how_to_install_it(tmp_path: Pa
 
 def test_the_records_dask_carries_are_small() -> None:
     """The frames of an actor call carrying a task, and of its answer, as Dask serializes them."""
-    task = GradTask(task=12, attempt=2, update=10**9, version=123_456_789, lo=10**12, hi=10**12 + 10**9)
+    task = GradTask(task=12, attempt=2, update=10**9, version=123_456_789, epoch=10**6, lo=10**12, hi=10**12 + 10**9)
     call = dumps({"op": "actor_execute", "function": "run", "actor": "memtrain-worker-0123456789ab",
                   "args": [to_serialize(task)], "kwargs": {}})
     result = Result(task=12, attempt=2, outcome=Outcome.DONE, loss=1e30, rows=10**9, seconds=12.5)

@@ -19,7 +19,7 @@ SIZE, TASKS, GROUP, BOUND, VERSION = 8, 6, 2, 1, 10
 
 def desk_of(tmp_path: Path, participants: int = 2) -> list[DeskParticipant]:
     """A stretch's desk at version 10 over the first TASKS tasks of epoch 0, and its participants."""
-    plan = Plan(600, 100, 2, 0, 1)  # 6 updates of 2 tasks: 12 tasks in the epoch's stream
+    plan = Plan(600, 100, 2, 0, 1, shuffle="batches")  # 6 updates of 2 tasks: 12 tasks in the epoch's stream
     create_desk(tmp_path, SIZE, participants, GROUP, np.arange(TASKS, dtype=np.int64), VERSION)
     files = SimpleNamespace(exchange=tmp_path, plan=plan, setup=SimpleNamespace(epochs=1), maps=MapCache(),
                             size=SIZE, board=Board(participants))

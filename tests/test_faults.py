@@ -191,7 +191,9 @@ def test_a_task_that_always_kills_its_worker_stops_the_run_naming_it(tmp_path: P
     result = memtrain("train", job)
     assert result.returncode == 1
     assert "killed its worker 3 times" in result.stderr
-    assert re.search(r"rows \d+-\d+ of the train split, shard x-0000[0-3]\.npy", result.stderr)
+    # the default train.shuffle = "rows": the task is a part of a shuffled batch, and says so
+    assert re.search(r"positions \d+-\d+ of epoch \d+'s shuffled row order of the train split \(train.shuffle = "
+                     r"'rows'\): rows (\d+, ){4}\d+ and \d+ more, shards x-0000[0-3]\.npy", result.stderr)
     assert "Traceback" not in result.stderr
 
 
@@ -201,7 +203,8 @@ def test_a_task_that_raises_stops_the_run_with_the_worker_traceback(tmp_path: Pa
     result = memtrain("train", job, timeout=60)
     assert result.returncode == 1
     assert "failed in worker" in result.stderr and "ValueError: poisoned row in this batch" in result.stderr
-    assert re.search(r"gradient task \d \(rows \d+-\d+ of the train split", result.stderr)
+    assert re.search(r"gradient task \d \(positions \d+-\d+ of epoch 1's shuffled row order of the train split",
+                     result.stderr)
 
 
 
@@ -239,8 +242,13 @@ def test_worker_lost_in_its_step_slice_while_its_peer_waits_recovers_identically
     assert leftovers(run) == []
 
 
+# a poisoned batch is contiguous rows: the order that keeps them one batch (train.shuffle = "rows" mixes them)
+BATCHES = ("--set", 'train.shuffle="batches"')
+
+
 def poisoned_batch(folder: Path) -> Path:
-    """Train rows 400-599 poisoned: the whole of batch 2 (batch_size 200), in every task of its update."""
+    """Train rows 400-599 poisoned: the whole of batch 2 (batch_size 200), in every task of its update, with
+    train.shuffle = "batches" (``BATCHES``)."""
     x, y = blobs(n=1000, features=6, classes=3, seed=1)
     x[500:700, 0] = POISON  # the first 100 rows are the validation split
     return write_dataset(folder / "poison", x, y, shard_rows=300)
@@ -255,7 +263,7 @@ def test_a_nonfinite_step_skips_its_update_like_a_nonfinite_gradient(tmp_path: P
     for kind in ("NanLossOnPoison", "HugeGradientOnPoison"):
         job = write_job(tmp_path / kind, data, kind=f"crash_models:{kind}", model_extra=TWO_SLICES,
                         normalize="false")
-        result = memtrain("train", job, "--set", 'train.on_nonfinite="skip"')
+        result = memtrain("train", job, "--set", 'train.on_nonfinite="skip"', *BATCHES)
         assert result.returncode == 0, result.stderr
         runs[kind] = tmp_path / kind / "run"
         updates = [r for r in map(json.loads, (runs[kind] / "metrics.jsonl").open()) if r["kind"] == "update"]
@@ -270,7 +278,7 @@ def test_a_nonfinite_step_skips_its_update_like_a_nonfinite_gradient(tmp_path: P
 def test_a_nonfinite_step_stops_the_run_with_the_published_weights_intact(tmp_path: Path) -> None:
     job = write_job(tmp_path, poisoned_batch(tmp_path), kind="crash_models:HugeGradientOnPoison",
                     model_extra=TWO_SLICES, normalize="false")
-    result = memtrain("train", job)
+    result = memtrain("train", job, *BATCHES)
     assert result.returncode == 1
     assert ("non-finite loss or gradient at update 2 (epoch 1, batch 2): the mean gradient or the new weights"
             in result.stderr)
@@ -478,8 +486,9 @@ def test_nonfinite_loss_stops_naming_update_and_task(tmp_path: Path) -> None:
     job = write_job(tmp_path, exploding(tmp_path), kind="softmax", model_extra="", normalize="false")
     result = memtrain("train", job)
     assert result.returncode == 1
-    assert re.search(r"non-finite loss or gradient at update \d+ \(epoch 1, batch \d+\): task \d \(rows \d+-\d+ of "
-                     r"the train split", result.stderr)
+    assert re.search(r"non-finite loss or gradient at update \d+ \(epoch 1, batch \d+\): task \d \(positions \d+-\d+ "
+                     r"of epoch 1's shuffled row order of the train split \(train.shuffle = 'rows'\): rows \d+",
+                     result.stderr)
     assert "RuntimeWarning" not in result.stderr
     for version in weight_versions(tmp_path / "run"):
         assert np.isfinite(np.load(weights_path(tmp_path / "run", version))).all()

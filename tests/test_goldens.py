@@ -11,6 +11,14 @@ Each run is a tiny job (a few hundred rows, two epochs) through the CLI, in this
 (one worker: its arrival order is the plan's, so the run is reproducible) and streamed to the server; the
 replays of both async runs; the cluster on ``local:2``; the additive models (ridge, naive Bayes); a torch
 module with dropout and batch norm (seeded randomness, buffers) synchronous and async.
+
+The old code had one data order: each epoch the same contiguous batches, visited in a seeded order, which is
+``train.shuffle = "batches"`` since row-level shuffling (issue 27) made ``"rows"`` the default. Those runs pin
+``shuffle = "batches"`` (``JOB`` puts it in), so their goldens are still the old code's, bit for bit. The
+``rows-*`` runs train with ``train.shuffle = "rows"`` (windows of 64 rows, so the block order and the windows
+both matter): their goldens were RECORDED FROM THE CODE THAT ADDED ROW SHUFFLING (branch ``shuffle``), and
+pin that every placement gives the same bits with shuffled rows too: 1, 2 and 4 workers, the server alone,
+streamed fixed staleness, async at the desk and in the server and a replay, the cluster.
 """
 
 from __future__ import annotations
@@ -54,6 +62,8 @@ TORCH = 'kind = "torch"\nfactory = "torch_nets:bn_dropout"\nhidden = 8'
 STALE = "staleness = 2"
 STALE_STREAM = 'staleness = 2\nstaleness_in = "stream"'
 ASYNC = 'mode = "async"\nmax_staleness = 3\nasync_group = 2'
+ROWS = 'shuffle = "rows"\nshuffle_window = 64'
+BATCHES = 'shuffle = "batches"'  # the old code's order: JOB pins it wherever a run's keys name no shuffle
 
 # name: (model, workers, [train] keys, extra CLI arguments) -> the sha256 of the final weight file's bytes
 RUNS = {
@@ -71,6 +81,14 @@ RUNS = {
     "naive-bayes": ('kind = "naive_bayes"', 2, "", ()),
     "torch-sync": (TORCH, 2, "", ()),
     "torch-async-server": (TORCH, 0, ASYNC, ()),
+    "rows-sync-1": (MLP, 1, ROWS, ()),
+    "rows-sync-2": (MLP, 2, ROWS, ()),
+    "rows-sync-4": (MLP, 4, ROWS, ()),
+    "rows-sync-server": (MLP, 0, ROWS, ()),
+    "rows-staleness-stream": (MLP, 2, f"{ROWS}\n{STALE_STREAM}", ()),
+    "rows-async-desk": (MLP, 1, f"{ROWS}\n{ASYNC}", ()),
+    "rows-async-server": (MLP, 0, f"{ROWS}\n{ASYNC}", ()),
+    "rows-cluster-local-2": (MLP, 2, ROWS, ("--cluster", "local:2")),
 }
 GOLDEN = {  # recorded from 30339bc (the old code); see the module docstring
     "sync-1": "5368574a68cf5ab261a0e5f65fd34db52a1afd0fb01fd6e08f969ad9e7fbf982",
@@ -89,6 +107,16 @@ GOLDEN = {  # recorded from 30339bc (the old code); see the module docstring
     "torch-async-server": "bc514957f687606d66ff53e126ff79232e2ac6118a722936d8b0c71890682534",
     "replay-async-desk": "cfefc6e9c619e045983a57343441ff2b88558c4088ac63f296a26ab65db04db2",
     "replay-async-server": "d1c2b8d08a5d1603b372a057f3d223097a48a25632b5da0f9160a98249d571af",
+    # train.shuffle = "rows": recorded from the code that added it (see the module docstring)
+    "rows-sync-1": "86b7fdcddaf60296bf9c29a8d69db66c1c58dc19830408189ded7365ebfb2465",
+    "rows-sync-2": "86b7fdcddaf60296bf9c29a8d69db66c1c58dc19830408189ded7365ebfb2465",
+    "rows-sync-4": "86b7fdcddaf60296bf9c29a8d69db66c1c58dc19830408189ded7365ebfb2465",
+    "rows-sync-server": "86b7fdcddaf60296bf9c29a8d69db66c1c58dc19830408189ded7365ebfb2465",
+    "rows-staleness-stream": "71998ae69b177f5987beda3a5ab644e51fd9f9f1b29ea366b2c62ad07eace813",
+    "rows-async-desk": "a11b603aa28e3c06ce66ef5967ac9a28d710707691b382c30f034f3ed0088b68",
+    "rows-async-server": "fedf9325db936be353ca5f7b5bb2b28383c3f74354bd06f28e2b5c45bea117dc",
+    "rows-cluster-local-2": "86b7fdcddaf60296bf9c29a8d69db66c1c58dc19830408189ded7365ebfb2465",
+    "replay-rows-async-server": "fedf9325db936be353ca5f7b5bb2b28383c3f74354bd06f28e2b5c45bea117dc",
 }
 # the sha256 of each run's lineage.jsonl, recorded from 30339bc too: the on-disk record of every update
 # (rows, versions read, learning rates, checksums; the additive models' one line) is byte for byte the old one
@@ -107,6 +135,15 @@ LINEAGE = {
     "naive-bayes": "f2c3f14ad8e448aca8c57bceedd8fe8495a8f55af4da0750cdde22f66ad7de0b",
     "torch-sync": "98768aabe795f8da7bb38af70f8e3c8a47ad129327a225ebc0becd4ff72e25c5",
     "torch-async-server": "683a5a9af6bf72545d441ccd158c29de9ae77a4aeb4289ec7a1fed807259b64d",
+    # train.shuffle = "rows" (its records name positions of each epoch's row order: docs/formats.md)
+    "rows-sync-1": "c5697a9974615f3b11052d7f1c3de686167823d4c3ccb10f1f990e1d6f1bb67f",
+    "rows-sync-2": "c5697a9974615f3b11052d7f1c3de686167823d4c3ccb10f1f990e1d6f1bb67f",
+    "rows-sync-4": "c5697a9974615f3b11052d7f1c3de686167823d4c3ccb10f1f990e1d6f1bb67f",
+    "rows-sync-server": "c5697a9974615f3b11052d7f1c3de686167823d4c3ccb10f1f990e1d6f1bb67f",
+    "rows-staleness-stream": "27a1ed114607525ef096459579dd5c70267eca18f339ff3884b6e2b69cd888bf",
+    "rows-async-desk": "e56e860e49de91753bc76ac46ac45d344a242e371e83f70b4416bac2b7390c58",
+    "rows-async-server": "9486d4e350fe60b46af8b4fc9982af4082524ad7feb0ef81846f43c1d98273fd",
+    "rows-cluster-local-2": "c5697a9974615f3b11052d7f1c3de686167823d4c3ccb10f1f990e1d6f1bb67f",
 }
 # what events.log says of where each run computed and stepped: the golden is of the placement named
 PLACED = {
@@ -122,9 +159,17 @@ PLACED = {
     "torch-async-server": "async_group 2): gradients in the server",
     "replay-async-desk": "replay: gradients on 2 worker processes, the steps in the server",
     "replay-async-server": "replay: gradients in the server",
+    "rows-sync-1": "rounds: on 1 worker processes", "rows-sync-2": "rounds: on 2 worker processes",
+    "rows-sync-4": "rounds: on 4 worker processes", "rows-sync-server": "rounds: in the server",
+    "rows-staleness-stream": "fixed staleness 2: gradients on 2 worker processes, the steps in the server",
+    "rows-async-desk": "gradients and steps on 1 worker processes, at the desk",
+    "rows-async-server": "async_group 2): gradients in the server",
+    "rows-cluster-local-2": "the gradients streamed to 2 Dask workers",
+    "replay-rows-async-server": "replay: gradients on 2 worker processes, the steps in the server",
 }
 # name of the replay: (the run it replays, --workers of the replay)
-REPLAYS = {"replay-async-desk": ("async-desk", 2), "replay-async-server": ("async-server", 0)}
+REPLAYS = {"replay-async-desk": ("async-desk", 2), "replay-async-server": ("async-server", 0),
+           "replay-rows-async-server": ("rows-async-server", 2)}
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +185,7 @@ def runs(data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
     for name, (model, workers, train, args) in RUNS.items():
         folder = tmp_path_factory.mktemp(name)
         job = folder / "job.toml"
+        train = train if "shuffle" in train else f"{BATCHES}\n{train}"
         job.write_text(JOB.format(data=data, model=model, workers=workers, train=train))
         assert main(["train", str(job), "--quiet", *args]) == 0, name
         made[name] = folder / "run"

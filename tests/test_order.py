@@ -64,16 +64,20 @@ def test_epochs_and_seeds_differ(job: dict[str, int], shuffle: str) -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(job=jobs)
-def test_rows_are_shuffled_within_windows_of_at_most_window_rows_from_at_most_16_blocks(job: dict[str, int]) -> None:
+def test_rows_are_shuffled_within_windows_of_at_most_window_rows_one_block_per_stratum(job: dict[str, int]) -> None:
     order = epoch_order("rows", **job)
     rows = epoch_rows("rows", **job)
     block = order.block_rows
     assert order.window_blocks == min(BLOCKS_PER_WINDOW, job["window"])
     edges = order.window_starts
     assert np.all(np.diff(edges) <= job["window"])
+    windows = len(edges) - 1
     for lo, hi in zip(edges[:-1], edges[1:], strict=True):
         blocks = np.unique(rows[lo:hi] // block)
         assert len(blocks) <= order.window_blocks
+        # one block of each stratum (windows consecutive blocks in file order): every window spans the split
+        strata = blocks // windows
+        assert len(np.unique(strata)) == len(blocks) and len(blocks) >= -(-len(order.block_order) // windows) - 1
         # whole blocks: the window holds every row of each block it touches
         assert hi - lo == sum(min(block, job["rows"] - b * block) for b in blocks.tolist())
 
@@ -89,7 +93,8 @@ def test_a_window_as_large_as_the_split_shuffles_uniformly_and_none_is_file_orde
                                                                (900, 128, True), (50, 64, False)])
 def test_batches_policy_is_the_training_plans_order_bitwise(rows: int, batch_size: int, drop_last: bool) -> None:
     for seed, epoch in ((0, 0), (5, 1), (123, 7)):
-        plan = [(u.tasks[0].lo, u.tasks[-1].hi) for u in epoch_updates(rows, batch_size, 3, seed, epoch)]
+        updates = epoch_updates(rows, batch_size, 3, seed, epoch, shuffle="batches")
+        plan = [(u.tasks[0].lo, u.tasks[-1].hi) for u in updates]
         if drop_last:
             plan = [(lo, hi) for lo, hi in plan if hi - lo == batch_size]
         order = epoch_order("batches", rows=rows, batch_size=batch_size, seed=seed, epoch=epoch, drop_last=drop_last)

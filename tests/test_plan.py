@@ -1,11 +1,14 @@
-"""The plan: row ranges per task and update, deterministic, covering every row once per epoch."""
+"""The plan: tasks per update, deterministic, reading every row once per epoch (whatever train.shuffle)."""
 
 from __future__ import annotations
 
+import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
+from memtrain.order import SHUFFLES
 from memtrain.train.plan import (
+    Plan,
     async_updates_per_epoch,
     epoch_updates,
     eval_tasks,
@@ -35,10 +38,11 @@ def test_split_range_cuts_contiguous_near_equal_pieces(lo: int, length: int, par
 
 
 @given(rows=st.integers(1, 5_000), batch=st.one_of(st.none(), st.integers(1, 700)), tasks=st.integers(1, 9),
-       seed=st.integers(0, 2**32 - 1), epoch=st.integers(0, 50))
+       seed=st.integers(0, 2**32 - 1), epoch=st.integers(0, 50), shuffle=st.sampled_from(SHUFFLES),
+       window=st.integers(1, 6_000))
 def test_an_epoch_visits_every_row_exactly_once(rows: int, batch: int | None, tasks: int, seed: int,
-                                                epoch: int) -> None:
-    updates = epoch_updates(rows, batch, tasks, seed, epoch)
+                                                epoch: int, shuffle: str, window: int) -> None:
+    updates = epoch_updates(rows, batch, tasks, seed, epoch, shuffle=shuffle)
     assert len(updates) == updates_per_epoch(rows, batch)
     covered = sorted((t.lo, t.hi) for u in updates for t in u.tasks)
     assert covered[0][0] == 0 and covered[-1][1] == rows
@@ -49,13 +53,17 @@ def test_an_epoch_visits_every_row_exactly_once(rows: int, batch: int | None, ta
         assert [t.task for t in update.tasks] == list(range(len(update.tasks)))
         assert len(update.tasks) <= tasks
         assert batch is None or update.rows <= batch
-    assert updates == epoch_updates(rows, batch, tasks, seed, epoch), "the plan must be deterministic"
+    assert updates == epoch_updates(rows, batch, tasks, seed, epoch, shuffle=shuffle), "the plan must be deterministic"
+    plan = Plan(rows, batch, tasks, seed, epoch + 1, shuffle=shuffle, window=window)
+    read = np.concatenate([np.asarray(plan.rows(epoch, t.lo, t.hi)) for u in updates for t in u.tasks])
+    np.testing.assert_array_equal(np.sort(read), np.arange(rows))  # the rows the tasks read: each row once
 
 
 def test_batch_order_changes_between_epochs_but_not_between_runs() -> None:
-    orders = [[u.tasks[0].lo for u in epoch_updates(10_000, 100, 2, 7, epoch)] for epoch in range(3)]
+    orders = [[u.tasks[0].lo for u in epoch_updates(10_000, 100, 2, 7, epoch, shuffle="batches")]
+              for epoch in range(3)]
     assert orders[0] != orders[1] != orders[2]
-    assert orders[1] == [u.tasks[0].lo for u in epoch_updates(10_000, 100, 2, 7, 1)]
+    assert orders[1] == [u.tasks[0].lo for u in epoch_updates(10_000, 100, 2, 7, 1, shuffle="batches")]
 
 
 @given(st.integers(0, 100_000), st.integers(1, 10_000))
@@ -84,10 +92,12 @@ def test_fixed_staleness_keeps_k_plus_1_updates_and_versions_in_flight(staleness
 
 
 @given(rows=st.integers(1, 3_000), batch=st.one_of(st.none(), st.integers(1, 500)), tasks=st.integers(1, 9),
-       group=st.integers(1, 9), seed=st.integers(0, 2**32 - 1), epoch=st.integers(0, 20))
+       group=st.integers(1, 9), seed=st.integers(0, 2**32 - 1), epoch=st.integers(0, 20),
+       shuffle=st.sampled_from(SHUFFLES))
 def test_the_async_task_stream_is_the_epochs_tasks_in_plan_order(rows: int, batch: int | None, tasks: int,
-                                                                 group: int, seed: int, epoch: int) -> None:
-    updates = epoch_updates(rows, batch, tasks, seed, epoch)
+                                                                 group: int, seed: int, epoch: int,
+                                                                 shuffle: str) -> None:
+    updates = epoch_updates(rows, batch, tasks, seed, epoch, shuffle=shuffle)
     stream = task_stream(updates)
     assert [t.task for t in stream] == list(range(len(stream)))
     assert [(t.lo, t.hi) for t in stream] == [(t.lo, t.hi) for u in updates for t in u.tasks]

@@ -89,7 +89,8 @@ def setup(tmp_path: Path) -> WorkerSetup:
     exchange = tmp_path / "exchange"
     exchange.mkdir()
     statistics_dir(tmp_path / "run").mkdir(parents=True)  # the server makes it (train/additive.py)
-    rounds = RoundSetup(batch_size=None, tasks_per_update=WORKERS, seed=0, epochs=1, keep_versions=1,
+    rounds = RoundSetup(batch_size=None, tasks_per_update=WORKERS, seed=0, epochs=1, shuffle="rows", shuffle_window=64,
+                        keep_versions=1,
                         on_nonfinite="stop", slots=WORKERS)
     return WorkerSetup(server_pid=os.getpid(), run_dir=str(tmp_path / "run"), exchange_dir=str(exchange),
                        dataset=str(data), normalize=False, model_kind="naive_bayes", model_options=(), blas_threads=1,

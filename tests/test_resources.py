@@ -53,7 +53,7 @@ def test_killed_participants_never_grow_the_exchange(tmp_path: Path, data: Path)
     resolved = load_job(job)
     dataset = open_dataset(resolved.data.path)
     plan = Plan(dataset.split("train").rows, resolved.train.batch_size, resolved.train.tasks_per_update,
-                resolved.train.seed, resolved.train.epochs)
+                resolved.train.seed, resolved.train.epochs, shuffle=resolved.train.shuffle)
     reserved = room_needed(resolved, model_context(dataset, "mlp", {"hidden": (2000,)}, True),
                            per_epoch=plan.per_epoch, slots=round_slots(resolved)).exchange
     peak = {"bytes": 0, "gradients": 0}

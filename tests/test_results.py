@@ -100,7 +100,8 @@ def test_classification_metrics_match_an_independent_computation(tmp_path: Path,
     x, y = open_dataset(classes).split("val")[:]
     expected = reference_classification(model.predict_proba(x), model.predict(x), y)
     for key, value in expected.items():
-        assert last[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+        # the log-loss: float32 logs summed per evaluation task here, at once there; the same to float32 rounding
+        assert last[key] == pytest.approx(value, rel=1e-6 if key == "val_log_loss" else 1e-9, abs=1e-12), key
     assert last["val_log_loss"] == pytest.approx(last["val_loss"], rel=1e-5)  # softmax's loss is the log-loss
     assert model.evaluate(x, y) == pytest.approx({k.removeprefix("val_"): v for k, v in expected.items()})
     shown = cli("inspect", tmp_path / "run").out

@@ -160,7 +160,7 @@ def test_the_exchange_never_holds_more_than_the_room_check_reserved(tmp_path: Pa
                    .replace('dir = "run"', 'dir = "run"\nexchange = "run"\ncluster = "local:2"'))
     resolved = load_job(job)
     data = open_dataset(resolved.data.path)
-    plan = Plan(data.split("train").rows, 200, 3, 7, 2)
+    plan = Plan(data.split("train").rows, 200, 3, 7, 2, shuffle="rows")
     reserved = room_needed(resolved, model_context(data, "mlp", {"hidden": (2000,)}, True),
                            per_epoch=plan.per_epoch, slots=2).exchange
     peak = {"bytes": 0, "gradients": 0}

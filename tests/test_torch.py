@@ -25,7 +25,7 @@ from memtrain.models.params import ParamLayout
 from memtrain.models.torch_bind import BINDINGS
 from memtrain.train.context import data_spec, model_context
 from memtrain.train.normalize import Normalizer
-from memtrain.train.plan import epoch_updates
+from memtrain.train.plan import Plan
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -123,10 +123,11 @@ def test_matches_a_plain_torch_loop_to_float32_rounding(data: Path, mlp_run: Pat
     start = torch.cat([p.detach().reshape(-1) for p in net.parameters()]).numpy().copy()
     np.testing.assert_array_equal(np.load(weights_path(mlp_run, 0)), start)  # version 0: the module's own init
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    plan = Plan(train.rows, BATCH, TASKS, SEED, EPOCHS, shuffle="rows")
     updates = 0
     for epoch in range(EPOCHS):
-        for update in epoch_updates(train.rows, BATCH, TASKS, SEED, epoch):
-            x, y = train.read(update.tasks[0].lo, update.tasks[-1].hi)
+        for update in plan.updates(epoch):  # the job's default order: train.shuffle = "rows"
+            x, y = train[plan.rows(epoch, update.tasks[0].lo, update.tasks[-1].hi)]
             loss = torch.nn.functional.cross_entropy(net(torch.from_numpy(normalize(x))), torch.from_numpy(
                 np.array(y)), reduction="sum") / update.rows
             optimizer.zero_grad()
@@ -162,12 +163,13 @@ def test_buffers_become_the_row_weighted_mean_of_each_tasks_updated_buffers(data
     assert [e.name for e in layout.entries if e.buffer] == ["1.running_mean", "1.running_var",
                                                             "1.num_batches_tracked"]
     v0, v1 = (layout.views(np.load(weights_path(run, v))) for v in (0, 1))
-    update = epoch_updates(dataset.split("train").rows, BATCH, TASKS, SEED, 0)[0]
+    plan = Plan(dataset.split("train").rows, BATCH, TASKS, SEED, 1, shuffle="rows")  # the job's default order
+    update = plan.updates(0)[0]
     means, variances = [], []
     for task in update.tasks:
         net = torch_nets.bn_dropout(context.spec)
         net.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in v0.items()})
-        x, _ = dataset.split("train").read(task.lo, task.hi)
+        x, _ = dataset.split("train")[plan.rows(0, task.lo, task.hi)]
         net.train()(torch.from_numpy(context.normalize(x)))
         means.append(net[1].running_mean.numpy() * task.rows)
         variances.append(net[1].running_var.numpy() * task.rows)

@@ -36,7 +36,8 @@ from memtrain.train.messages import (
     WorkerSetup,
 )
 from memtrain.train.optim import OptimizerConfig, apply_update, learning_rate, state_slots
-from memtrain.train.plan import epoch_updates, step_slices, updates_per_epoch
+from memtrain.train.plan import step_slices, updates_per_epoch
+from memtrain.train.server import job_plan
 from memtrain.train.weights import BLOCK
 
 pytestmark = pytest.mark.timeout(120)
@@ -165,12 +166,12 @@ def reference_weights(job_path: Path) -> np.ndarray:
     state = {slot: np.zeros_like(weights) for slot in state_slots(job.train.optimizer)}
     total = updates_per_epoch(train.rows, job.train.batch_size) * job.train.epochs
     index = 0
+    plan = job_plan(job, train.rows)  # the job's order (train.shuffle): each task's rows from Plan.rows
     for epoch in range(job.train.epochs):
-        plan = epoch_updates(train.rows, job.train.batch_size, job.train.tasks_per_update, job.train.seed, epoch)
-        for update in plan:
+        for update in plan.updates(epoch):
             grad = np.zeros_like(weights)
             for task in update.tasks:
-                x, y = train.read(task.lo, task.hi)
+                x, y = train[plan.rows(epoch, task.lo, task.hi)]
                 part = np.zeros_like(weights)
                 model.loss_and_grad(layout.views(weights), context.normalize(x), np.asarray(y), layout.views(part))
                 grad += part
@@ -252,13 +253,14 @@ def test_messages_stay_small_whatever_the_sizes() -> None:
         StretchEnd(generation=huge, slot=huge, outcome=Outcome.CANCELLED),
         Stretch(generation=huge, epoch=huge, first=huge, stop=huge, version=huge, slot=huge, participants=huge,
                 slices=0, engine=Engine.DESK, group=huge, max_staleness=huge),
-        GradTask(task=huge, attempt=99, update=huge, version=huge, lo=huge, hi=huge,
+        GradTask(task=huge, attempt=99, update=huge, version=huge, epoch=huge, lo=huge, hi=huge,
                  spare="g-s00000001-t00001-a001.npy", in_place=True),
         Stop(), Ready(pid=huge),
     ]
     for message in messages:
         assert len(pickle.dumps(message)) < 400, message
-    rounds = RoundSetup(batch_size=huge, tasks_per_update=huge, seed=huge, epochs=huge, keep_versions=huge,
+    rounds = RoundSetup(batch_size=huge, tasks_per_update=huge, seed=huge, epochs=huge, shuffle="batches",
+                        shuffle_window=huge, keep_versions=huge,
                         on_nonfinite="skip", slots=huge)
     setup = WorkerSetup(server_pid=1, run_dir="/r", exchange_dir="/x", dataset="/d", normalize=True, model_kind="mlp",
                         model_options=(("hidden", (1024, 1024)),), blas_threads=1, optimizer=OptimizerConfig(),

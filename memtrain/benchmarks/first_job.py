@@ -16,6 +16,7 @@ the loop from its first update, start-up left out.)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import shutil
 import time
@@ -80,7 +81,8 @@ def run_loop(dataset: Path, epochs: int | None = None) -> dict[str, Any]:
     from memtrain.dataset import open_dataset
     from memtrain.train.context import model_context
     from memtrain.train.optim import apply_update, learning_rate, state_slots
-    from memtrain.train.plan import epoch_updates, updates_per_epoch
+    from memtrain.train.plan import updates_per_epoch
+    from memtrain.train.server import job_plan
 
     job = load_job(JOB, _overrides(dataset, epochs))
     data = open_dataset(dataset)
@@ -96,12 +98,16 @@ def run_loop(dataset: Path, epochs: int | None = None) -> dict[str, Any]:
     grad, new_weights = np.empty_like(weights), np.empty_like(weights)
     new_state = {slot: np.empty_like(weights) for slot in state}
     total = updates_per_epoch(rows, job.train.batch_size) * job.train.epochs
+    plan = job_plan(dataclasses.replace(job, train=dataclasses.replace(job.train, tasks_per_update=1)), rows)
     started = time.perf_counter()
     step = 0
     for epoch in range(job.train.epochs):
-        for update in epoch_updates(rows, job.train.batch_size, 1, job.train.seed, epoch):
+        for update in plan.updates(epoch):  # the job's order (train.shuffle), in one task per update
             lo, hi = update.tasks[0].lo, update.tasks[-1].hi
-            model.loss_and_grad(layout.views(weights), x[lo:hi], y[lo:hi], layout.views(grad))
+            index = plan.rows(epoch, lo, hi)
+            xs, ys = (x[index.start:index.stop], y[index.start:index.stop]) if isinstance(index, range) else \
+                (x[index], y[index])
+            model.loss_and_grad(layout.views(weights), xs, ys, layout.views(grad))
             grad /= np.float32(hi - lo)
             apply_update(opt, step + 1, learning_rate(opt, step, total), weights, grad, state, new_weights, new_state)
             weights, new_weights, state, new_state, step = new_weights, weights, new_state, state, step + 1

@@ -70,7 +70,8 @@ class Problem:
         xv, yv = val.read(0, val.rows)
         self.xv, self.yv = self.context.normalize(xv), np.asarray(yv)
         t = self.job.train
-        self.plan = Plan(train.rows, t.batch_size, t.tasks_per_update, t.seed, t.epochs)
+        self.plan = Plan(train.rows, t.batch_size, t.tasks_per_update, t.seed, t.epochs, shuffle=t.shuffle,
+                         window=t.shuffle_window)
         self.size = self.context.layout.size
 
     def init(self) -> np.ndarray:
@@ -96,7 +97,9 @@ def tasks_loop(problem: Problem, *, memtrain_step: bool = True, run_dir: Path | 
     for epoch in range(plan.epochs):
         for update in plan.updates(epoch):
             for task in update.tasks:
-                model.loss_and_grad(layout.views(weights), problem.x[task.lo:task.hi], problem.y[task.lo:task.hi],
+                index = plan.rows(epoch, task.lo, task.hi)  # the job's order: a range, or one gather
+                index = slice(index.start, index.stop) if isinstance(index, range) else index
+                model.loss_and_grad(layout.views(weights), problem.x[index], problem.y[index],
                                     layout.views(grads[task.task]))
             out, path = spare, None
             if run_dir is not None:

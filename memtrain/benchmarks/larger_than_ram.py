@@ -36,7 +36,8 @@ def run_scenario(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     rows = int(limit * args.data_factor // ROW_BYTES) // BATCH * BATCH
     shape = mlp_shape(int(float(args.params)))
     data = write_dataset(scratch / "big", rows, BATCH, features=shape.features, classes=shape.classes)
-    problem = Problem(str(data), shape.hidden, rows // BATCH, workers=args.workers)
+    problem = Problem(str(data), shape.hidden, rows // BATCH, workers=args.workers,
+                      shuffle=getattr(args, "shuffle", "batches"))
     result = run_once("memtrain", problem, scratch, args.exchange, data_limit=limit)
     walls = sorted(result["update_seconds"])
     anon = {p["pid"]: p["peak_anon_mib"] for p in result["processes"]}

@@ -37,7 +37,7 @@ def job_for(problem: Problem, run_dir: Path, exchange: str = "auto", workers: in
         model=model or ModelConfig("mlp", {"hidden": [problem.hidden]}),
         train=TrainConfig(epochs=problem.epochs, batch_size=problem.batch,
                           tasks_per_update=problem.workers, workers=workers, seed=problem.seed,
-                          optimizer=problem.optimizer),
+                          shuffle=problem.shuffle, optimizer=problem.optimizer),
         run=RunConfig(dir=run_dir, exchange=exchange, keep_versions=2, checkpoint_every=NEVER,
                       cluster=cluster),
     )

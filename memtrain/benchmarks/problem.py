@@ -31,13 +31,16 @@ class Problem:
     epochs: int = 1
     batch: int = BATCH
     seed: int = 0
+    # memtrain's train.shuffle (bench train --shuffle); the peers read contiguous batches (``batches``) either way
+    shuffle: str = "batches"
     optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(name="sgd", lr=LR))
 
     def batches(self) -> list[tuple[int, int]]:
-        """Rows [lo, hi) of every update of the run, in memtrain's order (its plan's, epoch by epoch)."""
+        """Rows [lo, hi) of every update of the run, in memtrain's order with ``train.shuffle = "batches"`` (its
+        plan's, epoch by epoch)."""
         rows = self.updates * self.batch
         return [(update.tasks[0].lo, update.tasks[-1].hi) for epoch in range(self.epochs)
-                for update in epoch_updates(rows, self.batch, self.workers, self.seed, epoch)]
+                for update in epoch_updates(rows, self.batch, self.workers, self.seed, epoch, shuffle="batches")]
 
     def pieces(self, lo: int, hi: int) -> list[tuple[int, int]]:
         """A batch cut into one task per worker (as memtrain's plan cuts it)."""

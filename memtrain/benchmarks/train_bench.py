@@ -40,6 +40,7 @@ from memtrain.benchmarks.problem import BATCH, Problem
 from memtrain.benchmarks.runner import CLUSTER_METHOD, FIRST_JOB, FORCED, METHODS, TORCH_METHODS
 from memtrain.benchmarks.synthetic import CLASSES, FEATURES, mlp_shape, write_dataset
 from memtrain.errors import InputError
+from memtrain.order import SHUFFLES
 from memtrain.progress import BENCH_EVERY, Reporter, reporting
 
 LABELS = {"memtrain": "memtrain", "one_process": "one process, 1 thread", "pickle_queue": "pickle via Queue",
@@ -98,6 +99,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--first-job", action=argparse.BooleanOptionalAction, default=True,
                         help="also time the README's first command against a plain numpy loop (default: yes)")
     parser.add_argument("--exchange", default="auto", help="memtrain's run.exchange (default %(default)s)")
+    parser.add_argument("--shuffle", choices=SHUFFLES, default="batches",
+                        help="memtrain's train.shuffle (default %(default)s, the order the figures in the docs were "
+                             "taken with; run 'rows' and 'batches' side by side to see what row shuffling costs). "
+                             "The peers read contiguous batches either way")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--cluster", metavar="ADDRESS", default="",
                         help="also run memtrain with its workers on Dask (tcp://HOST:PORT or local:N), to compare "
@@ -201,7 +206,7 @@ def bench_size(size: int, methods: list[str], args: argparse.Namespace, scratch:
     data = write_dataset(scratch / f"data-{shape.params}", args.updates * BATCH, VAL_ROWS, features=shape.features,
                          classes=shape.classes)
     problem = Problem(str(data), shape.hidden, args.updates, workers=args.workers,
-                      epochs=epochs(args, params=shape.params))
+                      epochs=epochs(args, params=shape.params), shuffle=getattr(args, "shuffle", "batches"))
     cluster = getattr(args, "cluster", "")
 
     def run(method: str, _: int) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from memtrain.errors import CorruptFileError, InputError
 from memtrain.inspection.tensor_view import SCHEMA
 from memtrain.layout import weight_versions
 from memtrain.train.lineage import Lineage, Step, read_lineage
+from memtrain.train.record import recorded_job
 
 
 def schedule_summary(run: Path, job: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -37,7 +38,8 @@ def schedule_summary(run: Path, job: dict[str, Any] | None) -> dict[str, Any] | 
 
 def lineage_view(run: Path, version: int) -> dict[str, Any]:
     """Version ``version`` of ``run``: its parent, its gradients in the order they were added (rows, the
-    version each was computed at, staleness), and the later versions that used it."""
+    version each was computed at, staleness), and the later versions that used it. ``shuffled``: each
+    gradient's ``rows`` are positions of its epoch's shuffled row order (``train.shuffle = "rows"``)."""
     lineage = read_lineage(run)
     if not 0 <= version <= lineage.final_version:
         raise InputError("no such version in the run's lineage", path=lineage.path,
@@ -45,7 +47,18 @@ def lineage_view(run: Path, version: int) -> dict[str, Any]:
     step = lineage.step(version)
     used_by = sorted({s.version for s in lineage.steps if any(g.at == version for g in s.gradients)})
     return {"schema": SCHEMA, "kind": "lineage", "path": str(run), "version": version,
-            "on_disk": version in weight_versions(run), **_step_fields(version, step, lineage), "used_by": used_by}
+            "on_disk": version in weight_versions(run), "shuffled": _shuffled(run),
+            **_step_fields(version, step, lineage), "used_by": used_by}
+
+
+def _shuffled(run: Path) -> bool:
+    """Whether the run's gradient tasks name positions of each epoch's shuffled row order (train.shuffle =
+    "rows" with batches), not rows: docs/formats.md. False when the job record cannot be read."""
+    try:
+        train = recorded_job(run)["train"]
+    except (CorruptFileError, InputError):
+        return False
+    return train.get("shuffle") == "rows" and train.get("batch_size") is not None
 
 
 def _step_fields(version: int, step: Step | None, lineage: Lineage) -> dict[str, Any]:

@@ -236,8 +236,9 @@ def render_lineage(view: dict[str, Any], console: Console) -> None:
                     ("used by", ", ".join(map(str, view["used_by"])) or "no later version")])
     if view["gradients"]:
         rows = [(g["order"], f"{g['rows'][0]}-{g['rows'][1]}", g["at"], g["staleness"]) for g in view["gradients"]]
+        where = "positions in the epoch's row order" if view.get("shuffled") else "train rows"
         print_table(console, table("gradients, in the order they were added",
-                                   ("#", "train rows", "computed at version", "staleness"), rows,
+                                   ("#", where, "computed at version", "staleness"), rows,
                                    right=("#", "computed at version", "staleness")))
 
 

@@ -31,7 +31,8 @@ Which process runs which module:
     marks.py       the board the participants meet at (marks, ledger, activities) and the records
     doorbell.py    sleeping on the board until a mark lands
     reduce.py      gradient buffers -> mean -> optimizer -> a slice of the next version
-    plan.py        the job's updates and tasks (row ranges), who does which task and slice
+    plan.py        the job's updates and tasks, each task's rows (Plan.rows: train.shuffle's order),
+                   who does which task and slice
     schedule.py    which gradients each update adds, at which version: Planned(k), Arrival, Recorded
     messages.py    the records that cross between processes
     weights.py     publishing, retiring and recycling weight versions; the one keep rule
@@ -46,7 +47,8 @@ Glossary (one name per concept, everywhere in this package):
                  in async mode an update is a group of gradients
     batch        an update's number within its epoch
     task         a piece of rows whose gradient one process computes: its number within its update (the
-                 reduction adds in this order); in async mode its number in the epoch's task stream
+                 reduction adds in this order); in async mode its number in the epoch's task stream. Its
+                 rows: positions [lo, hi) of the epoch's row sequence, which Plan.rows turns into rows
     attempt      how many times a task was started before (a retry after a death: a new file name)
     partial      an additive model's statistics of one task's rows, a float64 file the model adds into
     chunk        train.chunk_rows rows of a statistics task, read and added at once (additive.py)

@@ -252,7 +252,7 @@ class DeskParticipant:
         task = int(self.tasks[index])
         rows = self.ranges[task]
         files.board.doing(self.slot, self.stretch.generation, GRADIENT, self.update_index(0), task)
-        x, y = files.rows(rows)
+        x, y = files.rows(self.stretch.epoch, rows)
         weights = files.weights(at)
         loss, seconds = files.gradient(weights, files.views(weights), x, y, files.views(out), version=at, task=task)
         fault_point("after_grad_write")

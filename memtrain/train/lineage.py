@@ -31,8 +31,9 @@ def init_record(seed: int, checksum: str) -> dict[str, Any]:
 
 def update_record(*, version: int, update: int, epoch: int, batch: int, tasks: list[tuple[int, int]],
                   at: list[int], lr: float, checksum: str, **extra: Any) -> dict[str, Any]:
-    """The line of ``version``, made from ``version - 1`` by the gradients of ``tasks`` (row ranges of the
-    train split, in the order they were added) computed at versions ``at``."""
+    """The line of ``version``, made from ``version - 1`` by the gradients of ``tasks`` (the plan's tasks, as
+    positions [lo, hi) of the epoch's row sequence: ``Plan.rows``; in the order they were added) computed at
+    versions ``at``."""
     if len(tasks) != len(at):
         raise ValueError(f"{len(tasks)} row ranges but {len(at)} versions")
     return {"version": version, "parent": version - 1, "update": update, "epoch": epoch, "batch": batch,
@@ -49,7 +50,8 @@ def solve_record(*, tasks: list[tuple[int, int]], solve: str, checksum: str) -> 
 
 @dataclass(frozen=True)
 class Gradient:
-    """One gradient added into an update: train rows [lo, hi), computed at weight version ``at``."""
+    """One gradient added into an update: the task of positions [lo, hi) of its epoch's row sequence (train rows
+    [lo, hi) unless the run's train.shuffle is "rows": ``Plan.rows``), computed at weight version ``at``."""
 
     lo: int
     hi: int

@@ -32,7 +32,7 @@ from memtrain.train.weights import commit_weights
 
 class Logbook:
     def __init__(self, *, run: RunDir, exchange: Path, plan: Plan, records: np.ndarray, optimizer: OptimizerConfig,
-                 on_nonfinite: str, size: int, describe_rows: Callable[[int, int], str], log: Callable[[str], None],
+                 on_nonfinite: str, size: int, describe_rows: Callable[..., str], log: Callable[[str], None],
                  staleness: int = 0):
         self.run, self.exchange, self.plan, self.records = run, exchange, plan, records
         self.staleness = staleness  # fixed staleness: the position keeps the versions later updates read
@@ -126,7 +126,7 @@ class Logbook:
     def nonfinite(self, update: Update, bad: list[TaskRange]) -> None:
         if not bad and self.on_nonfinite == "stop":  # the stretch stopped right here: the buffers are intact
             bad = self.nonfinite_gradients(update)
-        where = ", ".join(f"task {t.task} ({self.describe_rows(t.lo, t.hi)})" for t in bad) or \
+        where = ", ".join(f"task {t.task} ({self.describe_rows(t.lo, t.hi, epoch=update.epoch)})" for t in bad) or \
             ("the mean gradient or the new weights (each task's gradient was finite)" if self.on_nonfinite == "stop"
              else "the mean gradient or the new weights")
         text = (f"non-finite loss or gradient at update {update_number(update.update)} (epoch "

@@ -28,6 +28,8 @@ class RoundSetup:
     tasks_per_update: int
     seed: int
     epochs: int
+    shuffle: str  # train.shuffle and train.shuffle_window: the rows of each task (Plan.rows)
+    shuffle_window: int
     keep_versions: int  # run.keep_versions: the newest versions kept on disk (weights.versions_to_keep)
     on_nonfinite: str  # "stop" | "skip"
     staleness: int = 0  # fixed staleness k (train/plan.py gradient_base); 0: synchronous
@@ -110,13 +112,15 @@ class StatsTask:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GradTask:
-    """The gradient of train rows [lo, hi) at published weight ``version``, into ``gradient_name(version, task,
-    attempt)`` (train/stream.py: the round when the participants cannot meet at marks, e.g. on a cluster)."""
+    """The gradient of the train rows of positions [lo, hi) of epoch ``epoch``'s row sequence (``Plan.rows``)
+    at published weight ``version``, into ``gradient_name(version, task, attempt)`` (train/stream.py: the
+    round when the participants cannot meet at marks, e.g. on a cluster)."""
 
     task: int
     attempt: int
     update: int
     version: int
+    epoch: int
     lo: int
     hi: int
     spare: str = ""  # a stepped gradient file's new name, to rewrite instead of creating a file ("": none)

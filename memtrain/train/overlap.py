@@ -93,7 +93,7 @@ class Overlap:
             while first + submitted in planned.startable(first + position.batch, first + len(updates)):
                 version = bases[planned.at(first + submitted)]
                 for rows in updates[submitted].tasks:
-                    self.submit(update=updates[submitted].update, rows=rows, version=version)
+                    self.submit(update=updates[submitted].update, epoch=position.epoch, rows=rows, version=version)
                 submitted += 1
             for task, result in self.stream.wait():
                 arrived[task.update, task.task] = (task, result)
@@ -118,7 +118,7 @@ class Overlap:
         group: list[Arrived] = []
         recomputed = 0  # stale gradients computed again while this group filled
         while remaining or self.stream.in_flight or group:
-            self.top_up(remaining, reading, position.version)
+            self.top_up(remaining, reading, position.version, position.epoch)
             results = self.stream.wait()
             for n, (task, result) in enumerate(results):
                 reading[task.version] -= 1
@@ -126,7 +126,7 @@ class Overlap:
                     del reading[task.version]  # the oldest read is looked up per group: only live versions
                 # The worker that answered gets its next task at once, at the newest version published so
                 # far: it computes while the server applies what it returned.
-                self.top_up(remaining, reading, position.version)
+                self.top_up(remaining, reading, position.version, position.epoch)
                 if arrival.stale(position.version, task.version):
                     discard([self.gradient_path(task)])
                     remaining.appendleft(TaskRange(task.task, task.lo, task.hi))
@@ -140,13 +140,13 @@ class Overlap:
                     self.look()
         position.applied = []
 
-    def top_up(self, remaining: deque[TaskRange], reading: Counter[int], version: int) -> None:
-        """Give every free worker the epoch's next task, at ``version``."""
+    def top_up(self, remaining: deque[TaskRange], reading: Counter[int], version: int, epoch: int) -> None:
+        """Give every free worker the next task of epoch ``epoch``, at ``version``."""
         while remaining and self.stream.free():
             rows = remaining.popleft()
             self.tickets += 1
             reading[version] += 1
-            self.submit(update=self.tickets, rows=rows, version=version)
+            self.submit(update=self.tickets, epoch=epoch, rows=rows, version=version)
 
     def apply_group(self, position: Position, group: list[Arrived], reading: Counter[int], recomputed: int) -> None:
         index = position.update_index(self.per_epoch)
@@ -170,8 +170,8 @@ class Overlap:
             while submitted < len(steps) and recorded.ready(submitted, position.version):
                 step = steps[submitted]
                 for i, gradient in enumerate(step.gradients):
-                    self.submit(update=submitted, rows=TaskRange(step.task(i), gradient.lo, gradient.hi),
-                                version=gradient.at)
+                    self.submit(update=submitted, epoch=step.epoch - 1,
+                                rows=TaskRange(step.task(i), gradient.lo, gradient.hi), version=gradient.at)
                 submitted += 1
             for task, result in self.stream.wait():
                 arrived[task.update, task.task] = (task, result)
@@ -190,10 +190,11 @@ class Overlap:
 
     # --- what every mode shares ---
 
-    def submit(self, *, update: int, rows: TaskRange, version: int) -> None:
+    def submit(self, *, update: int, epoch: int, rows: TaskRange, version: int) -> None:
+        """Hand out the gradient of a task of epoch ``epoch`` (its rows: ``Plan.rows``) at ``version``."""
         spare = self.spares.pop() if self.spares else ""
-        self.stream.submit(GradTask(task=rows.task, attempt=0, update=update, version=version, lo=rows.lo, hi=rows.hi,
-                                    spare=spare, in_place=self.recycle))
+        self.stream.submit(GradTask(task=rows.task, attempt=0, update=update, version=version, epoch=epoch,
+                                    lo=rows.lo, hi=rows.hi, spare=spare, in_place=self.recycle))
 
     def gradient_path(self, task: GradTask) -> Path:
         return self.files.exchange / streamed_gradient_name(task.update, task.task, task.attempt)

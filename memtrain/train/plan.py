@@ -1,12 +1,24 @@
-"""Job + split sizes -> the fixed list of updates and tasks (row ranges), and who does which part of a round.
+"""Job + split sizes -> the fixed list of updates and tasks, the rows of each task, and who does which part of a round.
 
-The plan depends only on the job (rows, batch size, tasks per update, seed, epoch), never on the
-worker count or on timing, which is what makes results bitwise identical with any number of workers.
-Because it is fixed, every participant of a round derives it on its own (``Plan``): a worker is handed a
-whole stretch of it in one message, not one task at a time.
+The plan depends only on the job (rows, batch size, tasks per update, seed, epoch, ``train.shuffle`` and
+``train.shuffle_window``), never on the worker count or on timing, which is what makes results bitwise
+identical with any number of workers. Because it is fixed, every participant of a round derives it on its
+own (``Plan``): a worker is handed a whole stretch of it in one message, not one task at a time.
 
-Rows are read in contiguous ranges (fast, sequential I/O on datasets larger than RAM). The dataset was
-shuffled once by ``prepare``; each epoch additionally visits the batches in a seeded random order.
+A task is the positions [lo, hi) of its epoch's **row sequence**, and ``Plan.rows`` is the one place that
+turns them into rows of the train split (memtrain/order.py decides the order):
+
+- ``train.shuffle = "rows"``: the sequence is the epoch's row-level order (order.py's ``"rows"``: a seeded
+  block order, rows shuffled within windows of ``shuffle_window`` rows), batch k is its positions
+  [k * batch_size, (k + 1) * batch_size), as order.py's ``batch(k)``, and a task is a contiguous part of it
+  (as ``rank_part`` cuts a batch): its rows are row indices, read with one gather. Every epoch mixes rows
+  into new batches.
+- ``"batches"`` (the order before row shuffling): the sequence is the split in file order and each epoch
+  visits the contiguous batches in a seeded order (order.py's ``"batches"``): a task's rows are a range.
+- ``"none"``: file order, batches in order.
+
+A full-batch job (``train.batch_size`` unset) has one batch of every row, whatever the shuffle: its tasks are
+row ranges.
 """
 
 from __future__ import annotations
@@ -15,10 +27,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from memtrain.order import WINDOW, EpochOrder, Rows, epoch_order
+
 
 @dataclass(frozen=True)
 class TaskRange:
-    """Rows [lo, hi) of one split, computed by one task."""
+    """Positions [lo, hi) of a split's row sequence, computed by one task: rows [lo, hi), except for a shuffled
+    plan's train tasks, whose rows ``Plan.rows`` gives."""
 
     task: int  # position in the update: the reduction adds task results in this order
     lo: int
@@ -58,13 +73,17 @@ def updates_per_epoch(train_rows: int, batch_size: int | None) -> int:
 
 
 def epoch_updates(train_rows: int, batch_size: int | None, tasks_per_update: int, seed: int,
-                  epoch: int) -> list[Update]:
-    """The updates of one epoch, in order. ``batch_size=None`` means one full-batch update."""
+                  epoch: int, *, shuffle: str) -> list[Update]:
+    """The updates of one epoch, in order, each task positions [lo, hi) of the epoch's row sequence (see the
+    module's text; with ``shuffle`` "batches" or "none", or a full batch, these are rows). ``batch_size=None``
+    means one full-batch update."""
     if batch_size is None:
         batches = [(0, train_rows)]
     else:
         starts = range(0, train_rows, batch_size)
-        order = np.random.default_rng([seed, epoch]).permutation(len(starts))
+        # "batches": exactly the order before row shuffling (order.py's BatchOrder): do not change the generator
+        order = np.random.default_rng([seed, epoch]).permutation(len(starts)) if shuffle == "batches" else \
+            range(len(starts))
         batches = [(starts[k], min(starts[k] + batch_size, train_rows)) for k in order]
     first = epoch * len(batches)
     return [Update(epoch, number, first + number,
@@ -73,20 +92,50 @@ def epoch_updates(train_rows: int, batch_size: int | None, tasks_per_update: int
 
 
 class Plan:
-    """The job's schedule as every participant of a round sees it: the same in every process."""
+    """The job's schedule as every participant of a round sees it: the same in every process.
 
-    def __init__(self, train_rows: int, batch_size: int | None, tasks_per_update: int, seed: int, epochs: int):
+    ``shuffle`` and ``window`` are ``train.shuffle`` and ``train.shuffle_window`` (memtrain/order.py).
+    """
+
+    def __init__(self, train_rows: int, batch_size: int | None, tasks_per_update: int, seed: int, epochs: int, *,
+                 shuffle: str, window: int = WINDOW):
         self.train_rows, self.batch_size, self.tasks_per_update = train_rows, batch_size, tasks_per_update
-        self.seed, self.epochs = seed, epochs
+        self.seed, self.epochs, self.shuffle, self.window = seed, epochs, shuffle, window
         self.per_epoch = updates_per_epoch(train_rows, batch_size)
         self.total_updates = self.per_epoch * epochs
         self._epoch: tuple[int, list[Update]] | None = None
+        self._orders: dict[int, EpochOrder] = {}  # "rows": the row order of the epochs in use (two at most)
 
     def updates(self, epoch: int) -> list[Update]:
         if self._epoch is None or self._epoch[0] != epoch:
             self._epoch = epoch, epoch_updates(self.train_rows, self.batch_size, self.tasks_per_update, self.seed,
-                                               epoch)
+                                               epoch, shuffle=self.shuffle)
         return self._epoch[1]
+
+    @property
+    def shuffled(self) -> bool:
+        """Whether tasks are positions of a row-level order (``Plan.rows`` gives row indices), not row ranges."""
+        return self.shuffle == "rows" and self.batch_size is not None
+
+    def rows(self, epoch: int, lo: int, hi: int) -> Rows:
+        """The train rows of the task that is positions [lo, hi) of epoch ``epoch``'s row sequence, in order: a
+        range (contiguous: read without a copy), or row indices (read with one gather). A task lies within
+        one batch; O(batch + window) for a shuffled one, whatever the epoch or batch.
+
+        >>> Plan(10, 4, 2, 0, 1, shuffle="batches").rows(0, 4, 6)
+        range(4, 6)
+        """
+        if not self.shuffled:
+            return range(lo, hi)
+        order = self._orders.get(epoch)
+        if order is None:
+            while len(self._orders) >= 2:  # an async epoch's end may still read the previous epoch's tasks
+                del self._orders[min(self._orders)]
+            order = self._orders[epoch] = epoch_order("rows", rows=self.train_rows, batch_size=self.batch_size,
+                                                      seed=self.seed, epoch=epoch, window=self.window)
+        k = lo // self.batch_size
+        first = k * self.batch_size
+        return order.batch(k)[lo - first:hi - first]
 
     def update(self, update: int) -> Update:
         """An update by its number in the run."""
@@ -165,8 +214,9 @@ def async_updates_per_epoch(tasks: int, group: int) -> int:
 
 def run_updates_per_epoch(train_rows: int, batch_size: int | None, tasks_per_update: int,
                           async_group: int | None) -> int:
-    """Updates per epoch of a job: the plan's, or, in async mode (``async_group`` set), its groups."""
+    """Updates per epoch of a job: the plan's, or, in async mode (``async_group`` set), its groups (the same
+    count whatever the shuffle)."""
     if async_group is None:
         return updates_per_epoch(train_rows, batch_size)
-    updates = epoch_updates(train_rows, batch_size, tasks_per_update, 0, 0)
+    updates = epoch_updates(train_rows, batch_size, tasks_per_update, 0, 0, shuffle="none")
     return async_updates_per_epoch(len(task_stream(updates)), async_group)

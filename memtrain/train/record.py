@@ -7,7 +7,8 @@ order. Both are sealed (``files.seal``): a damaged record is reported, never tru
 run directory's own path, so a run directory can be moved (``run.dir`` is wherever it is now).
 
 On resume, the new job is compared with the recorded one, key by key (``section.key``):
-- ``FIXED`` keys (the data, the model, what decides the batches and the optimizer state) never change;
+- ``FIXED`` keys (the data, the model, what decides the batches and their rows, and the optimizer state) never
+  change;
 - ``RUNTIME`` keys say how to execute, not what to compute (the weights are bitwise the same for any
   value): they are taken from each start and never recorded as changes;
 - every other key (``train.epochs``, ``train.lr`` and the optimizer's settings, ``train.on_nonfinite``,
@@ -25,15 +26,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memtrain.config import Job, job_from_dict, job_to_dict
+from memtrain.config import Job, TrainConfig, job_from_dict, job_to_dict
 from memtrain.errors import CorruptFileError, InputError
 from memtrain.files import publish, read_sealed_json, read_sealed_jsonl, seal, write_sealed_json
 from memtrain.layout import RUN_HISTORY, RUN_JOB
+from memtrain.order import WINDOW
 
 FORMAT = "memtrain.job"
 FORMAT_VERSION = 1
 FIXED = ("data.path", "data.normalize", "model.", "train.seed", "train.batch_size", "train.tasks_per_update",
-         "train.optimizer", "train.monitor", "train.monitor_mode")  # the best epoch so far was chosen by the monitor
+         "train.shuffle", "train.shuffle_window", "train.optimizer", "train.monitor",
+         "train.monitor_mode")  # the best epoch so far was chosen by the monitor
+# Settings added to the job after runs were recorded without them (job record version 1, 30339bc): what
+# their absence means, which is what those runs did, so such a run resumes (and replays, and is inspected)
+# as it started (a missing RUNTIME key is its default: _runtime_defaults). Any other missing setting is
+# damage. train.shuffle: every epoch visited the same contiguous batches in a seeded order, which is
+# "batches" (its window then unused); train.monitor: the best epoch was the lowest val_loss; run.log_to: no
+# other metric logs; train.chunk_rows: read by an additive pass alone, which such a run either finished or
+# computes again (its old statistics files are not reused).
+RECORDED_BEFORE = {"train.shuffle": "batches", "train.shuffle_window": WINDOW, "train.monitor": "val_loss",
+                   "train.monitor_mode": "auto", "run.log_to": [], "train.chunk_rows": TrainConfig.chunk_rows}
 RUNTIME = ("data.verify", "train.workers", "train.blas_threads", "train.task_timeout", "train.max_attempts",
            "train.backup_ratio", "train.backup_seconds", "run.exchange", "run.cluster", "run.dir")
 
@@ -84,10 +96,20 @@ def read_job_record(run_dir: Path) -> dict[str, Any]:
     if not all(isinstance(sections.get(name), dict) for name in ("data", "model", "train", "run")):
         raise CorruptFileError("the job record lacks a section", path=path,
                                expected="data, model, train and run", found=", ".join(sections))
+    for key, value in {**_runtime_defaults(), **RECORDED_BEFORE}.items():
+        section, _, name = key.partition(".")
+        sections[section].setdefault(name, value)
     missing = sorted(set(_every_key()) - set(flatten(sections)))
     if missing:  # a default would silently stand in for what the run really used
         raise CorruptFileError("the job record lacks a setting", path=path, where=", ".join(missing))
     return sections
+
+
+def _runtime_defaults() -> dict[str, Any]:
+    """A RUNTIME key a record lacks (written before the key existed) is its default: it never changes what a
+    run computes, and each start sets it anew."""
+    defaults = flatten(job_record(job_from_dict({}, base=Path("/"))))
+    return {key: defaults[key] for key in RUNTIME if key in defaults}
 
 
 def _every_key() -> list[str]:

@@ -48,7 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-from memtrain.dataset import Dataset
+from memtrain.dataset import Dataset, GatherBuffers, Split
 from memtrain.faults import fault_point
 from memtrain.layout import (
     ROUND_RECORDS,
@@ -58,6 +58,7 @@ from memtrain.layout import (
     state_buffer_name,
     weights_path,
 )
+from memtrain.order import Rows
 from memtrain.train.context import ModelContext
 from memtrain.train.gradient import TaskGradient
 from memtrain.train.maps import MapCache
@@ -106,6 +107,12 @@ DROP_DELETED_EVERY = 16  # updates between checks for maps of deleted files (a r
 ROW_CACHE_BYTES = 32 << 20
 
 
+def round_plan(train_rows: int, setup: RoundSetup) -> Plan:
+    """The plan a participant derives on its own from what every participant is given."""
+    return Plan(train_rows, setup.batch_size, setup.tasks_per_update, setup.seed, setup.epochs,
+                shuffle=setup.shuffle, window=setup.shuffle_window)
+
+
 class NonfiniteStop(Exception):
     """An update came out non-finite and the job says to stop there."""
 
@@ -119,15 +126,14 @@ class RoundFiles:
 
     def __init__(self, *, context: ModelContext, dataset: Dataset, run_dir: Path, exchange: Path, server_pid: int,
                  optimizer: OptimizerConfig, setup: RoundSetup, board: Board, maps: MapCache, gradient: TaskGradient,
-                 plan: Plan | None = None):
+                 plan: Plan | None = None, rows: TaskRows | None = None):
         self.context, self.run_dir, self.exchange, self.server_pid = context, run_dir, exchange, server_pid
         self.gradient = gradient  # a task's loss and gradient (train/gradient.py), this process's
         self.optimizer, self.setup, self.board, self.maps = optimizer, setup, board, maps
         self.train = dataset.split("train")
         self.size = context.layout.size
         # the plan: derived here, or the server's own when it runs the rounds itself (each epoch's list made once)
-        self.plan = plan if plan is not None else Plan(self.train.rows, setup.batch_size, setup.tasks_per_update,
-                                                       setup.seed, setup.epochs)
+        self.plan = plan if plan is not None else round_plan(self.train.rows, setup)
         self.records = open_records(exchange / ROUND_RECORDS, self.plan.per_epoch, setup.tasks_per_update)
         self.loss, self.seconds, self.bad = self.records["loss"], self.records["seconds"], self.records["bad"]
         self.grads = [[self._map(exchange / gradient_buffer_name(t, bank)) for t in range(setup.tasks_per_update)]
@@ -141,7 +147,7 @@ class RoundFiles:
         self._views: OrderedDict[int, tuple[np.ndarray, dict[str, np.ndarray]]] = OrderedDict()
         self.keep = rounds_keep(setup.keep_versions, setup.staleness)  # versions kept as the rounds ready a file
         self._views_kept = setup.tasks_per_update + self.keep + 2
-        self._rows = RowCache(ROW_CACHE_BYTES)
+        self._rows = rows if rows is not None else TaskRows(self.train, context.normalize, ROW_CACHE_BYTES)
 
     def _map(self, path: Path, mode: str = "r+") -> np.ndarray:
         return self.maps.get(path, (self.size,), np.float32, mode)
@@ -168,13 +174,9 @@ class RoundFiles:
         self._views.move_to_end(id(flat))
         return dict(entry[1])  # a fresh dict: a model may keep or change the one it is given
 
-    def rows(self, rows: TaskRange) -> tuple[np.ndarray, np.ndarray]:
-        """A task's rows, normalized (kept for later epochs while ROW_CACHE_BYTES allows)."""
-        return self._rows.get(rows.lo, rows.hi, self._read)
-
-    def _read(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        x, y = self.train.read(lo, hi)
-        return self.context.normalize(x), np.asarray(y)
+    def rows(self, epoch: int, rows: TaskRange) -> tuple[np.ndarray, np.ndarray]:
+        """The rows of a task of epoch ``epoch``, normalized (kept for later epochs while ROW_CACHE_BYTES allows)."""
+        return self._rows.get(self.plan.rows(epoch, rows.lo, rows.hi))
 
     def ready_building(self, version: int) -> None:
         ready_building(self.run_dir, version, self.size, self.server_pid, self.keep, fast=True,
@@ -237,6 +239,40 @@ class RowCache:
             self._kept[lo, hi] = rows
             self.used += copied
         return rows
+
+
+class TaskRows:
+    """A task's rows of one split as the plan gives them (``Plan.rows``: a range, or row indices in order) ->
+    (x, y), normalized: the one reader of every engine's training rows.
+
+    A range is read as ``RowCache`` keeps it (a view of the shard's map when it lies in one). Row indices
+    (``train.shuffle = "rows"``) are read with one gather (``Split.gather``, one ``take`` per shard) into a
+    reused buffer, then normalized; when the whole split, normalized, fits in ``budget`` bytes it is read
+    once and every later task gathers from it. Normalizing is per element, so either way gives the same bits.
+    """
+
+    def __init__(self, split: Split, normalize: Callable[[np.ndarray], np.ndarray], budget: int):
+        self.split, self.normalize, self.budget = split, normalize, budget
+        self._ranges = RowCache(budget)
+        self._buffers = GatherBuffers(split)
+        self._whole: tuple[np.ndarray, np.ndarray] | None = None
+        self._fits = split.rows * (4 * math.prod(split.x_shape) + split.y_dtype.itemsize * math.prod(split.y_shape)
+                                   ) <= budget
+
+    def get(self, rows: Rows) -> tuple[np.ndarray, np.ndarray]:
+        if isinstance(rows, range):
+            return self._ranges.get(rows.start, rows.stop, self.read)
+        if self._fits:
+            if self._whole is None:
+                x, y = self.read(0, self.split.rows)
+                self._whole = x, np.ascontiguousarray(y)
+            return np.take(self._whole[0], rows, axis=0), np.take(self._whole[1], rows, axis=0)
+        x, y = self.split.gather(rows, self._buffers.next(len(rows)))
+        return self.normalize(x), np.array(y)
+
+    def read(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        x, y = self.split.read(lo, hi)
+        return self.normalize(x), np.asarray(y)
 
 
 def _private_bytes(array: np.ndarray) -> int:
@@ -406,7 +442,7 @@ class Participant:
         not finite."""
         files = self.files
         files.board.doing(self.slot, self.generation, GRADIENT, update.update, rows.task)
-        x, y = files.rows(rows)
+        x, y = files.rows(update.epoch, rows)
         out = files.grads[gradient_bank(update.update, self.staleness)][rows.task]
         loss, files.seconds[update.batch, rows.task] = files.gradient(weights, files.views(weights), x, y,
                                                                       files.views(out), version=at, task=rows.task)

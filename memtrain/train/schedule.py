@@ -13,7 +13,8 @@ here once, whoever runs it:
 - ``Recorded(steps)``: a replay. Each recorded step's gradients at their recorded versions, added in the
   recorded order (with the recorded learning rate): the run again, bitwise.
 
-The rows of a task are the plan's (``Plan.updates``, ``plan.task_stream``): the one place they are decided.
+The rows of a task are the plan's (``Plan.updates``, ``plan.task_stream``; ``Plan.rows`` turns a task into rows of the
+train split, in the epoch's order: ``train.shuffle``): the one place they are decided.
 """
 
 from __future__ import annotations

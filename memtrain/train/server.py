@@ -42,7 +42,7 @@ from memtrain.stopping import on_stop_signals, start_resource_tracker
 from memtrain.train.additive import PassPlan, StatisticsPass, pass_source
 from memtrain.train.advice import few_updates_note, one_pass_note
 from memtrain.train.context import ModelContext, model_context, startup_check
-from memtrain.train.counters import ONE_PASS, position_text, update_number
+from memtrain.train.counters import ONE_PASS, epoch_number, position_text, update_number
 from memtrain.train.datacheck import check_trainable
 from memtrain.train.desk import DeskLog, create_desk
 from memtrain.train.exchange import InServer, WorkerPool
@@ -99,6 +99,7 @@ from memtrain.train.weights import (
 )
 from memtrain.train.worker import WorkerState
 
+SHARDS_NAMED, ROWS_NAMED = 3, 5  # a shuffled task's shards and rows named in its description (it has many)
 PROGRESS_SECONDS = 0.2  # between the server's looks at its own stretch: logs and the progress line
 
 
@@ -163,9 +164,7 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
                 few_updates_note(job, dataset.split("train").rows, context.additive))
         if note is not None:
             print(f"memtrain train: note: {note}", file=sys.stderr, flush=True)
-        room = room_needed(job, context, per_epoch=Plan(dataset.split("train").rows, job.train.batch_size,
-                                                        job.train.tasks_per_update, job.train.seed,
-                                                        job.train.epochs).per_epoch,
+        room = room_needed(job, context, per_epoch=job_plan(job, dataset.split("train").rows).per_epoch,
                            slots=round_slots(job))  # every file the run will write, at its peak
         run = open_run_dir(job, resume=resume_run, overwrite=overwrite, layout=context.layout.to_json(),
                            asked=asked, one_pass=context.additive, need_exchange=room.exchange, need_run=room.run)
@@ -191,6 +190,13 @@ def describe_mode(job: Job) -> str:
     if job.train.mode == "async":
         return f"async mode (max_staleness {job.train.max_staleness}, async_group {job.train.async_group})"
     return f"fixed staleness {job.train.staleness}"
+
+
+def job_plan(job: Job, train_rows: int) -> Plan:
+    """The job's plan (train/plan.py) for a train split of ``train_rows`` rows."""
+    t = job.train
+    return Plan(train_rows, t.batch_size, t.tasks_per_update, t.seed, t.epochs, shuffle=t.shuffle,
+                window=t.shuffle_window)
 
 
 def round_slots(job: Job) -> int:
@@ -237,8 +243,7 @@ class Trainer:
         self.overlap: Overlap | None = None
         self.train_rows = dataset.split("train").rows
         self.val_rows = dataset.split("val").rows
-        self.plan = Plan(self.train_rows, job.train.batch_size, job.train.tasks_per_update, job.train.seed,
-                         job.train.epochs)
+        self.plan = job_plan(job, self.train_rows)
         # async mode: groups of gradients; an additive model: its one solve
         self.per_epoch = 1 if context.additive else job_updates_per_epoch(job, self.train_rows)
         self.checkpointed: int | None = None
@@ -364,7 +369,7 @@ class Trainer:
         """Seconds of one gradient task of the epoch's first update, computed here (the least of three)."""
         state = self.in_server.state
         rows = self.plan.updates(position.epoch)[0].tasks[0]
-        x, y = state.rows("train", rows.lo, rows.hi)
+        x, y = state.task_rows(position.epoch, rows.lo, rows.hi)
         layout, model = self.context.layout, self.context.model
         weights = open_npy(weights_path(self.run_dir.path, position.version), shape=(layout.size,), dtype=np.float32)
         out = np.empty(layout.size, dtype=np.float32)
@@ -660,10 +665,12 @@ class Trainer:
             return (f"step slice {message.task} (parameters {message.lo}-{message.hi}) of update "
                     f"{update_number(message.update)}")
         if isinstance(message, GradTask) and self.streamed:
-            return (f"gradient task ({self.describe_rows(message.lo, message.hi)}) at weight version "
+            return (f"gradient task ({self.describe_rows(message.lo, message.hi, epoch=message.epoch)}) at weight "
+                    f"version "
                     f"{message.version}")
         if isinstance(message, GradTask):
-            return (f"gradient task {message.task} ({self.describe_rows(message.lo, message.hi)}) of update "
+            return (f"gradient task {message.task} ({self.describe_rows(message.lo, message.hi, epoch=message.epoch)})"
+                    " of update "
                     f"{update_number(message.update)}")
         return f"statistics task {message.task} ({self.describe_rows(message.lo, message.hi)})"
 
@@ -692,7 +699,7 @@ class Trainer:
         update = self.plan.update(activity.update)
         if activity.kind == GRADIENT:
             rows = update.tasks[activity.item]
-            return (f"gradient task {rows.task} ({self.describe_rows(rows.lo, rows.hi)}) of update "
+            return (f"gradient task {rows.task} ({self.describe_rows(rows.lo, rows.hi, epoch=update.epoch)}) of update "
                     f"{update_number(update.update)}")
         if activity.kind == STEP:
             lo, hi = step_slices(self.context.layout.size, self.participants, BLOCK)[activity.item]
@@ -709,15 +716,28 @@ class Trainer:
         epoch = activity.update // self.per_epoch
         if activity.kind == GRADIENT:
             rows = task_stream(self.plan.updates(epoch))[activity.item]
-            return f"gradient task {rows.task} ({self.describe_rows(rows.lo, rows.hi)}) of epoch {epoch + 1}"
+            return (f"gradient task {rows.task} ({self.describe_rows(rows.lo, rows.hi, epoch=epoch)}) of epoch "
+                    f"{epoch + 1}")
         if activity.kind == STEP:
             return f"the step of update {update_number(activity.update)}"
         return f"a wait for a task or for its group's turn, at update {update_number(activity.update)}"
 
-    def describe_rows(self, lo: int, hi: int, split: str = "train") -> str:
-        shards = self.dataset.split(split).segments(lo, hi)
-        names = ", ".join(self.dataset.split(split).shards[s].x_path.name for s, _, _ in shards)
-        return f"rows {lo}-{hi} of the {split} split, shard {names}"
+    def describe_rows(self, lo: int, hi: int, split: str = "train", epoch: int | None = None) -> str:
+        """A task's rows in words: rows [lo, hi) of ``split``, or, for a gradient task of epoch ``epoch`` of a
+        shuffled plan (``train.shuffle = "rows"``), the positions [lo, hi) of that epoch's row order."""
+        data = self.dataset.split(split)
+        if split != "train" or epoch is None or not self.plan.shuffled:
+            names = ", ".join(data.shards[s].x_path.name for s, _, _ in data.segments(lo, hi))
+            return f"rows {lo}-{hi} of the {split} split, shard {names}"
+        rows = np.asarray(self.plan.rows(epoch, lo, hi))
+        shards = np.unique(np.searchsorted(data.starts, rows, side="right") - 1).tolist()
+        names = ", ".join(data.shards[s].x_path.name for s in shards[:SHARDS_NAMED])
+        more = f" and {len(shards) - SHARDS_NAMED} more" if len(shards) > SHARDS_NAMED else ""
+        listed = ", ".join(map(str, rows[:ROWS_NAMED].tolist()))
+        others = f" and {len(rows) - ROWS_NAMED} more" if len(rows) > ROWS_NAMED else ""
+        return (f"positions {lo}-{hi} of epoch {epoch_number(epoch)}'s shuffled row order of the train split "
+                f"(train.shuffle = 'rows'): rows {listed}{others}, shard{'s' if len(shards) > 1 else ''} "
+                f"{names}{more}")
 
     def log(self, text: str) -> None:
         self.run_dir.event(text)
@@ -725,7 +745,8 @@ class Trainer:
     def _setup(self) -> WorkerSetup:
         job = self.job
         rounds = RoundSetup(batch_size=job.train.batch_size, tasks_per_update=job.train.tasks_per_update,
-                            seed=job.train.seed, epochs=job.train.epochs, keep_versions=job.run.keep_versions,
+                            seed=job.train.seed, epochs=job.train.epochs, shuffle=job.train.shuffle,
+                            shuffle_window=job.train.shuffle_window, keep_versions=job.run.keep_versions,
                             on_nonfinite=job.train.on_nonfinite, slots=self.slots, staleness=job.train.staleness)
         return WorkerSetup(server_pid=os.getpid(), run_dir=str(self.run_dir.path),
                            exchange_dir=str(self.run_dir.exchange), dataset=str(self.dataset.path),

@@ -62,7 +62,7 @@ def gradient(state: WorkerState, message: GradTask) -> Result:
     size = context.layout.size
     weights = state.maps.get(weights_path(state.run_dir, message.version), (size,), np.float32)
     MappedBytes.read += weights.nbytes
-    x, y = state.rows("train", message.lo, message.hi)
+    x, y = state.task_rows(message.epoch, message.lo, message.hi)
     path = state.exchange / streamed_gradient_name(message.update, message.task, message.attempt)
     mapped = spare_map(state, message) if message.in_place else None
     out = mapped if mapped is not None else state.scratch(size)
@@ -163,8 +163,9 @@ class StreamParticipant(Participant):
         self.publish()  # the version the tasks name is published (and synced) before any message names it
         spares, self.spares = self.spares[:len(update.tasks)], self.spares[len(update.tasks):]
         spares += [""] * (len(update.tasks) - len(spares))
-        tasks = [GradTask(task=rows.task, attempt=0, update=update.update, version=self.version, lo=rows.lo,
-                          hi=rows.hi, spare=spare) for rows, spare in zip(update.tasks, spares, strict=True)]
+        tasks = [GradTask(task=rows.task, attempt=0, update=update.update, version=self.version, epoch=update.epoch,
+                          lo=rows.lo, hi=rows.hi, spare=spare)
+                 for rows, spare in zip(update.tasks, spares, strict=True)]
         self.computed_at[update.update] = self.version
         results = self.run_tasks(tasks, self.housekeeping)
         discard([files.exchange / spare for spare in spares if spare])  # one a worker did not take (a retry)

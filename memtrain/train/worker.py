@@ -50,7 +50,7 @@ from memtrain.train.messages import (
 )
 from memtrain.train.metrics import task_statistics, write_task_statistics
 from memtrain.train.plan import Plan
-from memtrain.train.rounds import ROW_CACHE_BYTES, Participant, RoundFiles, RowCache
+from memtrain.train.rounds import ROW_CACHE_BYTES, Participant, RoundFiles, RowCache, TaskRows, round_plan
 from memtrain.train.sliced import step_slice
 from memtrain.train.stream import gradient
 
@@ -138,11 +138,13 @@ class WorkerState:
                  dataset: Dataset | None = None):
         self.setup, self.alive, self.heartbeat = setup, alive, heartbeat
         self.kept_statistics: dict[tuple[int, int, int], np.ndarray] | None = {} if keep_statistics else None
-        self.plan = plan
         self.exchange = Path(setup.exchange_dir)
         self.run_dir = Path(setup.run_dir)
         self.dataset = dataset if dataset is not None else open_dataset(setup.dataset)
         self.context = model_context(self.dataset, setup.model_kind, dict(setup.model_options), setup.normalize)
+        train = self.dataset.split("train")
+        self.plan = plan if plan is not None else round_plan(train.rows, setup.rounds)
+        self.train_rows = TaskRows(train, self.context.normalize, ROW_CACHE_BYTES)  # the rows of gradient tasks
         self.maps = MapCache()
         self.board = board
         if hasattr(self.context.model, "in_worker"):  # e.g. a torch module pins its thread pool
@@ -188,7 +190,8 @@ class WorkerState:
             self._rounds = RoundFiles(context=self.context, dataset=self.dataset, run_dir=self.run_dir,
                                       exchange=self.exchange, server_pid=setup.server_pid,
                                       optimizer=setup.optimizer, setup=setup.rounds,
-                                      board=board, maps=self.maps, gradient=self.gradient, plan=self.plan)
+                                      board=board, maps=self.maps, gradient=self.gradient, plan=self.plan,
+                                      rows=self.train_rows)
         return self._rounds
 
     def stretch(self, stretch: Stretch) -> StretchEnd:
@@ -198,9 +201,14 @@ class WorkerState:
         outcome = Participant(self.rounds(), stretch, alive=self.alive, heartbeat=self.heartbeat).run()
         return StretchEnd(generation=stretch.generation, slot=stretch.slot, outcome=outcome)
 
+    def task_rows(self, epoch: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """The train rows of a gradient task of epoch ``epoch`` (positions [lo, hi): ``Plan.rows``), normalized."""
+        return self.train_rows.get(self.plan.rows(epoch, lo, hi))
+
     def rows(self, split: str, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        """Rows of a split, normalized; the validation rows kept for the next epochs (as the rounds keep a
-        task's rows, within ROW_CACHE_BYTES)."""
+        """Rows [lo, hi) of a split, normalized (evaluation, and the statistics of an additive model's full
+        batch); the validation rows kept for the next epochs (as the rounds keep a task's rows, within
+        ROW_CACHE_BYTES)."""
         if split == "val":
             return self._val_rows.get(lo, hi, lambda a, b: self._read(split, a, b))
         return self._read(split, lo, hi)
