@@ -141,7 +141,10 @@ class RunConfig:
     dir: Path = Path("runs/default")
     checkpoint_every: int = 1  # epochs
     keep_checkpoints: int = 3
-    keep_best: bool = True  # also keep the best epoch's checkpoint (train.monitor), whatever keep_checkpoints prunes
+    # also keep the best epoch's checkpoint (train.monitor), whatever keep_checkpoints prunes; "auto": when training
+    # can stop early (train.patience), where the best epoch is what users load. Every epoch that improves writes a
+    # checkpoint, which is most of a small job's time (the README's first job: 30 checkpoints, about 3x its training)
+    keep_best: bool | str = "auto"
     keep_versions: int = 3  # weight versions left on disk for inspection
     exchange: str = "auto"  # "auto" (measure /dev/shm vs the run's filesystem) | "shm" | "run" | a directory
     cluster: str = ""  # "": worker processes on this machine; "tcp://HOST:PORT" or "local:N": Dask workers
@@ -236,6 +239,7 @@ def job_from_dict(raw: dict[str, Any], *, base: Path, source: Path | None = None
     train = _train_config(raw.get("train", {}), where)
     run = _build(RunConfig, raw.get("run", {}), "run", where)
     _check_run(run, where)
+    run = dataclasses.replace(run, keep_best=_keep_best(run.keep_best, train, where))
     data = dataclasses.replace(data, path=(base / data.path).resolve())
     run = dataclasses.replace(run, dir=(base / run.dir).resolve())
     if run.exchange not in EXCHANGE_CHOICES:
@@ -397,6 +401,15 @@ def _check_range(key: str, value: int, lowest: int, where: Any) -> None:
     if not lowest <= value <= MAX_STALENESS:
         raise InputError(f"train.{key} out of range", path=where,
                          expected=f"an integer from {lowest} to {MAX_STALENESS}", found=value)
+
+
+def _keep_best(value: bool | str, train: TrainConfig, where: Any) -> bool:
+    """``run.keep_best`` resolved once, at the edge: ``"auto"`` is on when ``train.patience`` can stop training."""
+    if isinstance(value, bool):
+        return value
+    if value != "auto":
+        raise InputError("bad value for run.keep_best", path=where, expected='true, false or "auto"', found=repr(value))
+    return train.patience is not None
 
 
 def _check_run(run: RunConfig, where: Any) -> None:

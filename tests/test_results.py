@@ -140,7 +140,8 @@ def test_keep_best_keeps_the_best_checkpoint_and_load_model_finds_it(tmp_path: P
     assert "has checkpoints c00000048" in str(gone.value) and "run.keep_best = true" in str(gone.value)
     assert load_model(tmp_path / "plain" / "run").meta["epoch"] == 6  # by default: the newest, when best is gone
 
-    kept = overfitting_job(tmp_path / "kept", noise, epochs=6, keep=1)  # run.keep_best = true: the default
+    # run.keep_best = "auto" (the default) keeps it when train.patience can stop training early
+    kept = overfitting_job(tmp_path / "kept", noise, epochs=6, keep=1, extra="patience = 10\n")
     assert cli("train", kept).code == 0
     run = tmp_path / "kept" / "run"
     assert checkpoint_updates(run) == [best["update"], 6 * 8]  # the best one and the newest one

@@ -275,7 +275,7 @@ def pick_checkpoint(run_dir: Path, newest: Path, which: str | None = None) -> Pa
     if path.is_dir() or which is None:
         return path if path.is_dir() else newest
     raise InputError(f"the checkpoint of the best epoch ({best.get('epoch')}) was pruned", path=path,
-                     hint=f"{existing_hint(path)}; run.keep_best = true (the default) keeps it")
+                     hint=f"{existing_hint(path)}; run.keep_best = true keeps it")
 
 
 def discard_incomplete(run_dir: Path) -> None:
