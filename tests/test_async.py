@@ -214,8 +214,11 @@ def test_async_applies_each_task_once_in_arrival_order_within_the_bound(async_ru
     planned = [[(t.lo, t.hi) for t in task_stream(epoch_updates(TRAIN_ROWS, 100, 3, 5, e, shuffle="rows"))]
                for e in range(3)]
     assert all([tuple(t) for t in r["tasks"]] == [planned[r["epoch"] - 1][i] for i in r["ids"]] for r in records)
-    order = [i for r in records if r["epoch"] == 1 for i in r["ids"]]
-    assert order != sorted(order), "the straggler's gradients arrive (and are applied) out of plan order"
+    # Out of plan order in some epoch, not necessarily the first: under load the other workers may start so late
+    # that one worker alone computes epoch 1 (in order, each gradient fresh), which is no fault of the mode.
+    orders = [[i for r in records if r["epoch"] == epoch for i in r["ids"]] for epoch in (1, 2, 3)]
+    assert any(order != sorted(order) for order in orders), "the straggler's gradients arrive (and are applied) " \
+                                                            f"out of plan order: {orders}"
 
 
 def test_async_in_the_server_computes_one_gradient_ahead(tmp_path: Path, data: Path) -> None:

@@ -20,7 +20,7 @@ from tiny_data import blobs, write_dataset
 from memtrain.cli import main
 from memtrain.files import open_npy, publish_array
 from memtrain.layout import weight_versions, weights_path
-from memtrain.train import doorbell
+from memtrain.train import doorbell, placement
 from memtrain.train.doorbell import Doorbell
 from memtrain.train.maps import MapCache
 from memtrain.train.placement import MIN_GAIN_S, PROBE_UPDATES, SPAWN_COST_S
@@ -131,9 +131,14 @@ def test_auto_keeps_a_tiny_model_in_the_server_and_says_why(tmp_path: Path, data
 
 
 @pytest.mark.skipif(CORES < 2, reason="with one core there is nothing to compare: covered by the test above")
-def test_auto_times_workers_against_the_server_and_keeps_the_faster(tmp_path: Path, dataset: Path) -> None:
-    big = "[1024, 512]"  # a few ms of compute per update, 560 updates: workers are worth trying
-    run = train(tmp_path / "auto", dataset, "", hidden=big, epochs=80)
+def test_auto_times_workers_against_the_server_and_keeps_the_faster(tmp_path: Path, dataset: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # Whether workers are worth trying at all (the spawn cost against the updates left) is the test above's;
+    # here they must be tried: a lower spawn cost lets a 280-update job (not 560) try them on a fast machine
+    # too, still long enough for them to start and be timed (a few ms of compute per update).
+    monkeypatch.setattr(placement, "SPAWN_COST_S", 0.05)
+    big = "[1024, 512]"
+    run = train(tmp_path / "auto", dataset, "", hidden=big, epochs=40)
     log = events(run)
     assert re.search(r"rounds: an update takes [\d.]+ ms in the server, [\d.]+ ms of it computing; starting 2 "
                      r"workers to compare", log), log
@@ -144,7 +149,7 @@ def test_auto_times_workers_against_the_server_and_keeps_the_faster(tmp_path: Pa
     faster = "on 2 workers" if float(decided.group(3)) < float(decided.group(4)) else "in the server"
     assert decided.group(1) == faster
     assert ("workers stopped" in log) == (faster == "in the server")
-    assert digest(run) == digest(train(tmp_path / "server", dataset, "workers = 0", hidden=big, epochs=80))
+    assert digest(run) == digest(train(tmp_path / "server", dataset, "workers = 0", hidden=big, epochs=40))
 
 
 # --- what a participant keeps between updates ---

@@ -25,8 +25,9 @@ pytestmark = pytest.mark.timeout(60)
 # after the start is proof that the observer's events work, not the periodic scan.
 FAST = ("--settle", "0.3", "--grace", "1", "--rescan", "60")
 # A job that must still be running when the test stops the service (status.json is rewritten every
-# second): ~7 s on the development machine, where 40 epochs took under a second and raced the stop.
-LONG_EPOCHS = 400
+# second): ~3.5 s on the development machine, where 40 epochs took under a second and raced the stop. The
+# stop comes at most about a second after epoch 2; the resume then trains the rest, so longer costs twice.
+LONG_EPOCHS = 200
 
 JOB = """
 [data]
