@@ -14,13 +14,6 @@ from hypothesis import settings
 from memtrain import faults
 from memtrain.cli import main
 
-# pytest-xdist's worker processes (addopts: -n 2) find COLUMNS=80 and LINES=24 in their environment, which a
-# plain pytest run does not have; memtrain takes COLUMNS as the width of its tables (inspection/render.py), so
-# output would depend on how pytest was started. A test that wants a width sets COLUMNS itself.
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ.pop("COLUMNS", None)
-    os.environ.pop("LINES", None)
-
 # Property tests check results, never speed: a per-example deadline only measures how loaded the machine is.
 settings.register_profile("memtrain", deadline=None)
 settings.load_profile("memtrain")
