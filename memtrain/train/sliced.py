@@ -56,7 +56,7 @@ from memtrain.train.plan import Update, step_slices
 from memtrain.train.reduce import Scratch, reduce_and_step
 from memtrain.train.rounds import RoundFiles
 from memtrain.train.stream import MappedBytes, StreamParticipant
-from memtrain.train.weights import BLOCK, ready_building
+from memtrain.train.weights import BLOCK
 
 if TYPE_CHECKING:
     from memtrain.train.worker import WorkerState
@@ -205,12 +205,5 @@ class SlicedParticipant(StreamParticipant):
     def housekeeping(self) -> None:
         """While the workers compute: the last step's gradient files become spares, the next version's files
         are made (their space reserved; the server writes none of their data)."""
-        files = self.files
-        for path, name in self.stepped:
-            with contextlib.suppress(FileNotFoundError):
-                os.rename(path, files.exchange / name)
-                self.spares.append(name)
-        self.stepped = []
-        ready_building(files.run_dir, self.version + 1, files.size, files.server_pid, files.keep,
-                       fast=True, recycle=self.recycle)
+        self.spare_stepped_and_ready_next()
         self.ready_state(self.version + 1)

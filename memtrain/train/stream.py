@@ -194,6 +194,11 @@ class StreamParticipant(Participant):
     def housekeeping(self) -> None:
         """While the workers compute: the last step's gradient files become spares, the next version's file
         is readied."""
+        self.spare_stepped_and_ready_next()
+        self.files.building(self.version + 1)[::PAGE_FLOATS] = 0  # its pages faulted in now, not during the step
+
+    def spare_stepped_and_ready_next(self) -> None:
+        """The last step's gradient files become spares; the next version's file is made (space reserved)."""
         files = self.files
         for path, name in self.stepped:
             with contextlib.suppress(FileNotFoundError):
@@ -202,7 +207,6 @@ class StreamParticipant(Participant):
         self.stepped = []
         ready_building(files.run_dir, self.version + 1, files.size, files.server_pid, files.keep,
                        fast=True, recycle=self.recycle)
-        files.building(self.version + 1)[::PAGE_FLOATS] = 0  # its pages faulted in now, not during the step
 
     def discard_received(self) -> None:
         discard([path for path, _ in self.stepped + self.received])
