@@ -536,7 +536,8 @@ def test_the_records_dask_carries_are_small() -> None:
     assert sum(map(len, answer)) < 600
     # a step slice of 1e7 / 16 parameters, of an update of 64 tasks: no file names, its digests 16 bytes a block
     step = StepTask(task=15, attempt=1, update=10**9, version=123_456_789, lo=9_375_000, hi=10**7, rows=10**6,
-                    lr=1e-3, attempts=(0,) * 60 + (1, 2, 0, 0))
+                    lr=1e-3, tasks=64, retried=((60, 1), (61, 2)))
+    assert step.attempts == (0,) * 60 + (1, 2, 0, 0)
     call = dumps({"op": "actor_execute", "function": "run", "actor": "memtrain-worker-0123456789ab",
                   "args": [to_serialize(step)], "kwargs": {}})
     done = Result(task=15, attempt=1, outcome=Outcome.DONE, rows=625_000, digests=bytes(16 * 10))

@@ -8,8 +8,11 @@ counts:
 
 - the bytes of the records the server sent and received (``Records``: memtrain's own, apart from Dask's);
 - the server's CPU seconds (``time.process_time``: every thread of this process, so with ``local:N`` the
-  Dask scheduler's too) and its bytes read and written: ``/proc/self/io``'s ``rchar``/``wchar`` (every read
-  and write call, sockets included) and ``read_bytes``/``write_bytes`` (what reached storage);
+  Dask scheduler's too), and the part of them spent outside the main thread (``/proc/self/task``: Dask's
+  event loop -- the client's comms, and with ``local:N`` the scheduler -- and its helper threads; the main
+  thread runs memtrain's loop: the plan, the Scheduler, pickling the records), and its bytes read and
+  written: ``/proc/self/io``'s ``rchar``/``wchar`` (every read and write call, sockets included) and
+  ``read_bytes``/``write_bytes`` (what reached storage);
 - each Dask worker's bytes (asked of the workers themselves, ``Client.run``): the same ``/proc/self/io``
   counts, plus the bytes its tasks read through maps (``stream.MappedBytes``: ``rchar`` does not see them);
 - updates per second (wall time over the counted updates).
@@ -23,6 +26,7 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -70,10 +74,25 @@ def counted(send: Any, completed: Any) -> tuple[Any, Any]:
     return send_counted, completed_counted
 
 
+def other_threads_cpu() -> float:
+    """CPU seconds of this process's threads other than the main one (Dask's event loop and helpers)."""
+    tick, main, total = os.sysconf("SC_CLK_TCK"), threading.main_thread().native_id, 0
+    for tid in os.listdir("/proc/self/task"):
+        if int(tid) == main:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/stat", encoding="ascii") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (proc(5): fields 14 and 15)
+    return total / tick
+
+
 def snapshot(pool: Any) -> dict[str, Any]:
     server = process_io() | {"records": Records.bytes}
-    return {"wall": time.perf_counter(), "cpu": time.process_time(), "server": server,
-            "workers": pool.client.run(process_io)}
+    return {"wall": time.perf_counter(), "cpu": time.process_time(), "loop_cpu": other_threads_cpu(),
+            "server": server, "workers": pool.client.run(process_io)}
 
 
 def measure(params: int, cluster: str, updates: int, warmup: int, scratch: Path) -> dict[str, Any]:
@@ -88,8 +107,8 @@ def measure(params: int, cluster: str, updates: int, warmup: int, scratch: Path)
     pools: list[Any] = []
     marks: list[dict[str, Any]] = []
 
-    def open_and_keep(*args: Any) -> Any:
-        pools.append(open_cluster(*args))
+    def open_and_keep(*args: Any, **kwargs: Any) -> Any:
+        pools.append(open_cluster(*args, **kwargs))
         return pools[-1]
 
     def step(participant: SlicedParticipant, update: Any) -> None:
@@ -138,7 +157,9 @@ def per_update(marks: list[dict[str, Any]], steps: int, params: int, workers: in
                      "written": delta(before, after, "wchar"), "read_bytes": delta(before, after, "read_bytes"),
                      "write_bytes": delta(before, after, "write_bytes")})
     return {"params": params, "workers": workers, "vector_bytes": params * 4,
-            "server_cpu_ms": (last["cpu"] - first["cpu"]) / steps * 1e3, "server": server, "each_worker": each,
+            "server_cpu_ms": (last["cpu"] - first["cpu"]) / steps * 1e3,
+            "server_loop_cpu_ms": (last["loop_cpu"] - first["loop_cpu"]) / steps * 1e3,
+            "server": server, "each_worker": each,
             "updates_per_s": steps / (last["wall"] - first["wall"])}
 
 
@@ -150,23 +171,25 @@ def run_costs(sizes: list[int], cluster: str, updates: int, warmup: int, scratch
 
 
 def print_costs(report: dict[str, Any]) -> None:
-    """The table: per update, the server's CPU and bytes (KiB), each worker's bytes (the most of any worker, as a
-    multiple of the parameter vector), updates/s."""
+    """The table: per update, the server's CPU (all of it; of it, Dask's threads) and bytes (KiB), each worker's
+    bytes (the most of any worker, as a multiple of the parameter vector), updates/s."""
     before = " ".join(f"{v:.1f}" for v in report["loadavg_before"])
     after = " ".join(f"{v:.1f}" for v in report["loadavg_after"])
     print(f"cluster {report['cluster']}: per update, over updates {report['warmup'] + 1}-{report['updates'] - 1} "
           f"(load average {before} before, {after} after)")
-    print("| params | workers | server CPU ms | server records KiB | server read KiB | server written KiB "
+    print("| params | workers | server CPU ms | of it, Dask's threads ms | server records KiB | server read KiB "
+          "| server written KiB "
           "| server storage r/w KiB "
           "| worker read (x vector) | worker written (x vector) | worker storage r/w MiB | updates/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in report["rows"]:
         server, each, vector = row["server"], row["each_worker"], row["vector_bytes"]
         read = max(w["read"] for w in each)
         written = max(w["written"] for w in each)
         storage = (max(w["read_bytes"] for w in each) / 2**20, max(w["write_bytes"] for w in each) / 2**20)
         kib = {key: value / 1024 for key, value in server.items()}
-        print(f"| {row['params']:,} | {row['workers']} | {row['server_cpu_ms']:.1f} | {kib['records']:.1f} "
+        print(f"| {row['params']:,} | {row['workers']} | {row['server_cpu_ms']:.1f} | {row['server_loop_cpu_ms']:.1f} "
+              f"| {kib['records']:.2f} "
               f"| {kib['rchar']:.1f} "
               f"| {kib['wchar']:.1f} | {kib['read_bytes']:.0f} / {kib['write_bytes']:.0f} "
               f"| {read / 2**20:.1f} MiB ({read / vector:.2f}) | {written / 2**20:.1f} MiB ({written / vector:.2f}) "

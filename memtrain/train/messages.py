@@ -130,10 +130,12 @@ class GradTask:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepTask:
     """Step parameter slice [lo, hi) of update ``update`` from weight ``version`` to ``version`` + 1 (a cluster
-    run, train/sliced.py): the mean of the update's gradient files -- task t's is ``streamed_gradient_name(
-    update, t, attempts[t])``, added in task order -- over ``rows`` rows, the optimizer at learning rate
-    ``lr``; written into the next version's file and the optimizer state's new files at the slice's place.
-    ``task`` is the slice's number. A few hundred bytes whatever the number of tasks: no file names."""
+    run, train/sliced.py): the mean of the update's ``tasks`` gradient files -- task t's is
+    ``streamed_gradient_name(update, t, attempt)``, attempt 0 unless ``retried`` names another, added in task
+    order -- over ``rows`` rows, the optimizer at learning rate ``lr``; written into the next version's file and
+    the optimizer state's new files at the slice's place. ``task`` is the slice's number. About a hundred bytes
+    whatever the number of tasks (no file names; only retried tasks listed), so the records of an update's N
+    slices grow as N, not N squared."""
 
     task: int
     attempt: int
@@ -143,7 +145,14 @@ class StepTask:
     hi: int
     rows: int
     lr: float
-    attempts: tuple[int, ...]  # the attempt whose gradient file is taken, per task of the update
+    tasks: int  # the update's gradient tasks
+    retried: tuple[tuple[int, int], ...] = ()  # (task, attempt taken) for each task whose taken attempt is not 0
+
+    @property
+    def attempts(self) -> tuple[int, ...]:
+        """The attempt whose gradient file is taken, per task of the update, in task order."""
+        taken = dict(self.retried)
+        return tuple(taken.get(task, 0) for task in range(self.tasks))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

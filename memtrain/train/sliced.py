@@ -169,8 +169,9 @@ class SlicedParticipant(StreamParticipant):
             raise MemtrainError(f"update {update.update}: tasks {[t.task for t in update.tasks]} are not numbered "
                                 "0, 1, ... in order", hint="this is a bug in memtrain: please report it")
         lr = learning_rate(files.optimizer, update.update, files.plan.total_updates)
+        retried = tuple((task, attempt) for task, attempt in enumerate(attempts) if attempt)
         tasks = [StepTask(task=j, attempt=0, update=update.update, version=version, lo=lo, hi=hi, rows=update.rows,
-                          lr=lr, attempts=attempts) for j, (lo, hi) in enumerate(ranges)]
+                          lr=lr, tasks=len(attempts), retried=retried) for j, (lo, hi) in enumerate(ranges)]
         results = self.run_tasks(tasks, lambda: None)
         if any(result.outcome == Outcome.NONFINITE for result in results):
             self.discard_state(version + 1)
