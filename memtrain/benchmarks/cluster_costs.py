@@ -8,11 +8,11 @@ counts:
 
 - the bytes of the records the server sent and received (``Records``: memtrain's own, apart from Dask's);
 - the server's CPU seconds (``time.process_time``: every thread of this process, so with ``local:N`` the
-  Dask scheduler's too), and the part of them spent outside the main thread (``/proc/self/task``: Dask's
-  event loop -- the client's comms, and with ``local:N`` the scheduler -- and its helper threads; the main
-  thread runs memtrain's loop: the plan, the Scheduler, pickling the records), and its bytes read and
-  written: ``/proc/self/io``'s ``rchar``/``wchar`` (every read and write call, sockets included) and
-  ``read_bytes``/``write_bytes`` (what reached storage);
+  Dask scheduler's too), and the part of them spent outside the main thread (the process's CPU clock
+  less the main thread's: Dask's event loop -- the client's comms, and with ``local:N`` the scheduler --
+  and its helpers; the main thread runs memtrain's loop: the plan, the Scheduler, pickling the records),
+  and its bytes read and written: ``/proc/self/io``'s ``rchar``/``wchar`` (every read and write call,
+  sockets included) and ``read_bytes``/``write_bytes`` (what reached storage);
 - each Dask worker's bytes (asked of the workers themselves, ``Client.run``): the same ``/proc/self/io``
   counts, plus the bytes its tasks read through maps (``stream.MappedBytes``: ``rchar`` does not see them);
 - updates per second (wall time over the counted updates).
@@ -75,18 +75,10 @@ def counted(send: Any, completed: Any) -> tuple[Any, Any]:
 
 
 def other_threads_cpu() -> float:
-    """CPU seconds of this process's threads other than the main one (Dask's event loop and helpers)."""
-    tick, main, total = os.sysconf("SC_CLK_TCK"), threading.main_thread().native_id, 0
-    for tid in os.listdir("/proc/self/task"):
-        if int(tid) == main:
-            continue
-        try:
-            with open(f"/proc/self/task/{tid}/stat", encoding="ascii") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except FileNotFoundError:  # the thread ended meanwhile
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (proc(5): fields 14 and 15)
-    return total / tick
+    """CPU seconds of this process's threads other than the main one (Dask's event loop and helpers), threads
+    that ended included: the process's CPU time less the main thread's (both clocks to the nanosecond)."""
+    main = time.pthread_getcpuclockid(threading.main_thread().ident)  # type: ignore[arg-type]
+    return time.process_time() - time.clock_gettime(main)
 
 
 def snapshot(pool: Any) -> dict[str, Any]:

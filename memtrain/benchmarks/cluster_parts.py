@@ -1,0 +1,151 @@
+"""What the server's CPU pays per message, per future and per worker on Dask (the measurement behind the
+cluster's cost table, docs/cluster.md "Cost per update").
+
+Run: ``python -m memtrain.benchmarks.cluster_parts [--workers 1,2,4,8] [--waves 200] [--json]``. For each
+count N it starts a ``dask scheduler`` and ``dask worker --nworkers N --nthreads 1`` as processes of their own
+on 127.0.0.1 (so this process is a client only, as the server is against a real cluster), one Echo actor
+per worker (memtrain/benchmarks/cluster_transports.py), and measures this process's CPU time (all threads;
+in brackets the part in threads other than the main one: Dask's event loop) for:
+
+- ``actor call``: waves shaped like an update's: a gradient-task-sized record sent to every actor at once
+  (the way ``ClusterPool.send`` calls them), then every answer awaited; CPU per call (one call and its answer);
+- ``future``: the same waves as ``client.submit(..., workers=[w], pure=False)`` and ``client.gather``;
+  CPU per future;
+- ``identity``: ``scheduler.identity`` (what ``ClusterPool`` asks once a second to see workers come and go);
+  CPU per call;
+- ``idle``: nothing sent for a few seconds, the actors held; CPU per second (Dask's own heartbeats).
+
+CPU counts are indicative on a busy machine; the counts of calls are exact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from memtrain.benchmarks.cluster_costs import other_threads_cpu
+from memtrain.benchmarks.cluster_transports import RECORD, Echo, answer
+
+LOOPBACK = ("--host", "127.0.0.1", "--no-dashboard", "--dashboard-address", "127.0.0.1:0")
+START_SECONDS = 60.0
+
+
+@contextlib.contextmanager
+def external_cluster(workers: int, folder: Path) -> Iterator[str]:
+    """A scheduler and ``workers`` single-threaded workers, each a process of its own session; ended on exit."""
+    info = folder / "scheduler.json"
+    processes = []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(Path.cwd()), os.environ.get("PYTHONPATH", ""))
+                                                        if p)}
+    try:
+        processes.append(subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_scheduler", "--port", "0", *LOOPBACK, "--scheduler-file",
+             str(info)], cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            env=env))
+        deadline = time.monotonic() + START_SECONDS
+        while not info.exists() or not info.read_text().strip().endswith("}"):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the dask scheduler did not start within 60 s")
+            time.sleep(0.05)
+        address = json.loads(info.read_text())["address"]
+        processes.append(subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nworkers", str(workers), "--nthreads",
+             "1", "--memory-limit", "0", "--local-directory", str(folder), *LOOPBACK], cwd=folder,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env))
+        yield address
+    finally:
+        for process in reversed(processes):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+def cpu() -> tuple[float, float]:
+    return time.process_time(), other_threads_cpu()
+
+
+def per_item(work: Callable[[], None], items: int) -> dict[str, float]:
+    """CPU ms per item of ``work`` (all threads, and Dask's threads), and its wall seconds."""
+    start, wall = cpu(), time.perf_counter()
+    work()
+    end = cpu()
+    return {"cpu_ms": (end[0] - start[0]) / items * 1e3, "loop_cpu_ms": (end[1] - start[1]) / items * 1e3,
+            "wall_s": time.perf_counter() - wall}
+
+
+def measure(workers: int, waves: int, idle_seconds: float) -> dict[str, Any]:
+    from distributed import Client
+
+    with tempfile.TemporaryDirectory() as folder, external_cluster(workers, Path(folder)) as address, \
+            Client(address, timeout=30, direct_to_workers=True) as client:
+        client.wait_for_workers(workers, timeout=START_SECONDS)
+        names = sorted(client.scheduler_info()["workers"])
+        actors = [client.submit(Echo, actor=True, workers=[name], pure=False).result() for name in names]
+
+        def actor_waves(count: int) -> None:
+            for _ in range(count):
+                for call in [actor.run(RECORD) for actor in actors]:
+                    call.result()
+
+        def future_waves(count: int) -> None:
+            for _ in range(count):
+                client.gather([client.submit(answer, RECORD, workers=[name], pure=False) for name in names])
+
+        def identities(count: int) -> None:
+            for _ in range(count):
+                client.sync(client.scheduler.identity)
+
+        actor_waves(10)  # connections opened, code warm
+        future_waves(5)
+        row: dict[str, Any] = {"workers": workers, "waves": waves}
+        row["actor_call"] = per_item(lambda: actor_waves(waves), waves * workers)
+        row["future"] = per_item(lambda: future_waves(max(1, waves // 4)), max(1, waves // 4) * workers)
+        row["identity"] = per_item(lambda: identities(50), 50)
+        row["idle_per_s"] = per_item(lambda: time.sleep(idle_seconds), 1)
+        row["idle_per_s"] = {key: value / idle_seconds for key, value in row["idle_per_s"].items()}
+        return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", default="1,2,4,8", help="worker counts, comma-separated (1,2,4,8)")
+    parser.add_argument("--waves", type=int, default=200, help="update-shaped waves of actor calls (200)")
+    parser.add_argument("--idle", type=float, default=5.0, help="seconds measured with nothing sent (5)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    args = parser.parse_args(argv)
+    threading.current_thread().name = "main"
+    load_before = os.getloadavg()
+    rows = [measure(int(n), args.waves, args.idle) for n in args.workers.split(",")]
+    report = {"loadavg_before": load_before, "loadavg_after": os.getloadavg(), "rows": rows}
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"client CPU, external scheduler and workers on 127.0.0.1 (load average "
+          f"{' '.join(f'{v:.1f}' for v in load_before)} before, "
+          f"{' '.join(f'{v:.1f}' for v in report['loadavg_after'])} after); in brackets Dask's threads")
+    print("| workers | per actor call ms | per future ms | per identity call ms | idle ms per s |")
+    print("|---|---|---|---|---|")
+    for row in rows:
+        cells = [f"{row[k]['cpu_ms']:.3f} ({row[k]['loop_cpu_ms']:.3f})"
+                 for k in ("actor_call", "future", "identity", "idle_per_s")]
+        print(f"| {row['workers']} | " + " | ".join(cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
