@@ -26,6 +26,7 @@ from distributed import Client  # noqa: E402
 from distributed.protocol import dumps, to_serialize  # noqa: E402
 from tiny_data import blobs, write_dataset  # noqa: E402
 
+from memtrain.benchmarks.cluster_costs import print_costs, run_costs  # noqa: E402
 from memtrain.cli import main  # noqa: E402
 from memtrain.cluster.address import parse_cluster  # noqa: E402
 from memtrain.cluster.connect import connected  # noqa: E402
@@ -551,3 +552,36 @@ def test_the_slurm_example_parses_its_arguments() -> None:
     done = subprocess.run([sys.executable, str(example), "--help"], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     assert "--nodes" in done.stdout and "--partition" in done.stdout
+
+
+def test_the_servers_bytes_per_update_do_not_grow_with_the_workers(cluster, tmp_path: Path, capsys) -> None:
+    """The cost bench's counters (``memtrain bench train --cluster ADDRESS --costs``) with 2, then 3 workers: the
+    server writes the same few KiB whatever N and no parameter; its records grow by each added worker's messages
+    only (constant in N is not met: docs/cluster.md); the workers together move (2N + 1) vectors in, (N + 1) out."""
+    dask, client = cluster
+    rows = {2: run_costs([300_000], dask.address, 5, 1, tmp_path / "two")["rows"][0]}
+    third = dask.start_worker("w3")
+    try:
+        dask.wait_for_workers(client, {"w1", "w2", "w3"})
+        rows[3] = run_costs([300_000], dask.address, 5, 1, tmp_path / "three")["rows"][0]
+    finally:
+        dask.stop(third)
+        dask.started.remove(third)
+    for n, row in rows.items():
+        server, vector, each = row["server"], row["vector_bytes"], row["each_worker"]
+        assert row["workers"] == n and len(each) == n
+        assert 0 < server["records"] < 64 * 1024  # records only: task and result records, a few KiB
+        assert server["wchar"] < 16 * 1024 and server["write_bytes"] < 64 * 1024 < vector  # logs and records
+        # the gradients (one version read, one gradient written each) and the slices (every gradient's slice and
+        # the version's read, the new version's written): which worker takes a task is not fixed, the sums are
+        assert sum(w["read"] for w in each) <= (2 * n + 1) * vector * 1.01
+        assert sum(w["written"] for w in each) <= (n + 1) * vector * 1.01
+        assert row["server_cpu_ms"] > row["server_loop_cpu_ms"] > 0
+    two, three = rows[2]["server"], rows[3]["server"]
+    assert abs(three["wchar"] - two["wchar"]) < 4 * 1024 and abs(three["write_bytes"] - two["write_bytes"]) < 64 * 1024
+    # per added worker: a gradient task's call and answer and a step slice's, each under 600 bytes
+    assert 0 <= three["records"] - two["records"] <= 4 * 600
+    print_costs({"cluster": dask.address, "updates": 5, "warmup": 1, "loadavg_before": (0, 0, 0),
+                 "loadavg_after": (0, 0, 0), "rows": [rows[2], rows[3]]})
+    table = capsys.readouterr().out.splitlines()
+    assert [line.split("|")[1:3] for line in table[3:]] == [[" 300,160 ", " 2 "], [" 300,160 ", " 3 "]]
