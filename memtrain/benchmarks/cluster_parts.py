@@ -11,6 +11,11 @@ in brackets the part in threads other than the main one: Dask's event loop) for:
   (the way ``ClusterPool.send`` calls them), then every answer awaited; CPU per call (one call and its answer);
 - ``future``: the same waves as ``client.submit(..., workers=[w], pure=False)`` and ``client.gather``;
   CPU per future;
+- ``broadcast``: the same waves, the way a server could send one record per update whatever N: one
+  ``distributed.Event`` set per wave (the scheduler wakes every worker waiting on it: a long-running seceded
+  task per worker), each worker's answer counted by a scheduler plugin (``Counter``), which sets one event
+  when all are in; the client sends one message and awaits one. CPU per wave (not per call);
+- the wall time per wave of the actor calls and of the broadcast (a busy machine's figures);
 - ``identity``: ``scheduler.identity`` (what ``ClusterPool`` asks once a second to see workers come and go);
   CPU per call;
 - ``idle``: nothing sent for a few seconds, the actors held; CPU per second (Dask's own heartbeats).
@@ -39,6 +44,35 @@ from memtrain.benchmarks.cluster_transports import RECORD, Echo, answer
 
 LOOPBACK = ("--host", "127.0.0.1", "--no-dashboard", "--dashboard-address", "127.0.0.1:0")
 START_SECONDS = 60.0
+
+
+class Counter:
+    """A scheduler plugin (``distributed.diagnostics.plugin.SchedulerPlugin``'s interface): the handler
+    ``memtrain_count(name, total)`` counts calls per name and sets the Dask event ``name`` at the ``total``-th."""
+
+    name = "memtrain-count"
+
+    async def start(self, scheduler: Any) -> None:
+        self.scheduler, self.counts = scheduler, {}
+        scheduler.handlers["memtrain_count"] = self.count
+
+    def count(self, name: str = "", total: int = 0) -> None:
+        self.counts[name] = self.counts.get(name, 0) + 1
+        if self.counts[name] == total:
+            del self.counts[name]
+            self.scheduler.extensions["events"].event_set(name=name)
+
+
+def follower(prefix: str, waves: int, total: int) -> int:
+    """A worker's long-running loop: wait for wave k's event, answer by counting itself in at the scheduler."""
+    from distributed import Event, get_client, secede
+
+    secede()
+    client = get_client()
+    for wave in range(waves):
+        Event(f"{prefix}-go-{wave}", client=client).wait()
+        client.sync(client.scheduler.memtrain_count, name=f"{prefix}-done-{wave}", total=total)
+    return waves
 
 
 @contextlib.contextmanager
@@ -90,6 +124,7 @@ def per_item(work: Callable[[], None], items: int) -> dict[str, float]:
 
 def measure(workers: int, waves: int, idle_seconds: float) -> dict[str, Any]:
     from distributed import Client
+    from distributed.diagnostics.plugin import SchedulerPlugin
 
     with tempfile.TemporaryDirectory() as folder, external_cluster(workers, Path(folder)) as address, \
             Client(address, timeout=30, direct_to_workers=True) as client:
@@ -106,15 +141,27 @@ def measure(workers: int, waves: int, idle_seconds: float) -> dict[str, Any]:
             for _ in range(count):
                 client.gather([client.submit(answer, RECORD, workers=[name], pure=False) for name in names])
 
+        def broadcast_waves(prefix: str, count: int) -> None:
+            from distributed import Event
+
+            loops = [client.submit(follower, prefix, count, workers, workers=[name], pure=False) for name in names]
+            for wave in range(count):
+                Event(f"{prefix}-go-{wave}", client=client).set()
+                Event(f"{prefix}-done-{wave}", client=client).wait()
+            client.gather(loops)
+
         def identities(count: int) -> None:
             for _ in range(count):
                 client.sync(client.scheduler.identity)
 
+        client.register_plugin(type("CounterPlugin", (Counter, SchedulerPlugin), {})())
         actor_waves(10)  # connections opened, code warm
         future_waves(5)
+        broadcast_waves("warm", 5)
         row: dict[str, Any] = {"workers": workers, "waves": waves}
         row["actor_call"] = per_item(lambda: actor_waves(waves), waves * workers)
         row["future"] = per_item(lambda: future_waves(max(1, waves // 4)), max(1, waves // 4) * workers)
+        row["broadcast_wave"] = per_item(lambda: broadcast_waves("timed", waves), waves)
         row["identity"] = per_item(lambda: identities(50), 50)
         row["idle_per_s"] = per_item(lambda: time.sleep(idle_seconds), 1)
         row["idle_per_s"] = {key: value / idle_seconds for key, value in row["idle_per_s"].items()}
@@ -138,12 +185,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"client CPU, external scheduler and workers on 127.0.0.1 (load average "
           f"{' '.join(f'{v:.1f}' for v in load_before)} before, "
           f"{' '.join(f'{v:.1f}' for v in report['loadavg_after'])} after); in brackets Dask's threads")
-    print("| workers | per actor call ms | per future ms | per identity call ms | idle ms per s |")
-    print("|---|---|---|---|---|")
+    print("| workers | per actor call ms | per future ms | per broadcast wave ms | per identity call ms "
+          "| idle ms per s | wall per wave ms: actor calls / broadcast |")
+    print("|---|---|---|---|---|---|---|")
     for row in rows:
         cells = [f"{row[k]['cpu_ms']:.3f} ({row[k]['loop_cpu_ms']:.3f})"
-                 for k in ("actor_call", "future", "identity", "idle_per_s")]
-        print(f"| {row['workers']} | " + " | ".join(cells) + " |")
+                 for k in ("actor_call", "future", "broadcast_wave", "identity", "idle_per_s")]
+        walls = (row["actor_call"]["wall_s"] / row["waves"] * 1e3, row["broadcast_wave"]["wall_s"] / row["waves"] * 1e3)
+        print(f"| {row['workers']} | " + " | ".join(cells) + f" | {walls[0]:.2f} / {walls[1]:.2f} |")
     return 0
 
 
