@@ -560,9 +560,9 @@ def test_the_servers_bytes_per_update_do_not_grow_with_the_workers(cluster, tmp_
     only (constant in N is not met: docs/cluster.md); the workers together move (2N + 1) vectors in, (N + 1) out."""
     dask, client = cluster
     rows = {2: run_costs([300_000], dask.address, 5, 1, tmp_path / "two")["rows"][0]}
-    third = dask.start_worker("w3")
+    third = dask.start_worker("costs-w3")
     try:
-        dask.wait_for_workers(client, {"w1", "w2", "w3"})
+        dask.wait_for_workers(client, {"w1", "w2", "costs-w3"})
         rows[3] = run_costs([300_000], dask.address, 5, 1, tmp_path / "three")["rows"][0]
     finally:
         dask.stop(third)
