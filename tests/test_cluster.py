@@ -539,6 +539,10 @@ def test_the_records_dask_carries_are_small() -> None:
     step = StepTask(task=15, attempt=1, update=10**9, version=123_456_789, lo=9_375_000, hi=10**7, rows=10**6,
                     lr=1e-3, tasks=64, retried=((60, 1), (61, 2)))
     assert step.attempts == (0,) * 60 + (1, 2, 0, 0)
+    # without retries a slice's record is the same size for 300 tasks or 60,000: N slices cost N records, not N^2
+    sizes = {len(dumps(to_serialize(StepTask(task=1, attempt=0, update=7, version=7, lo=0, hi=10**7, rows=10**6,
+                                             lr=1e-3, tasks=tasks)))[-1]) for tasks in (300, 60_000)}
+    assert len(sizes) == 1
     call = dumps({"op": "actor_execute", "function": "run", "actor": "memtrain-worker-0123456789ab",
                   "args": [to_serialize(step)], "kwargs": {}})
     done = Result(task=15, attempt=1, outcome=Outcome.DONE, rows=625_000, digests=bytes(16 * 10))
