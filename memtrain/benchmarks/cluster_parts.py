@@ -15,7 +15,8 @@ in brackets the part in threads other than the main one: Dask's event loop) for:
   ``distributed.Event`` set per wave (the scheduler wakes every worker waiting on it: a long-running seceded
   task per worker), each worker's answer counted by a scheduler plugin (``Counter``), which sets one event
   when all are in; the client sends one message and awaits one. CPU per wave (not per call);
-- the wall time per wave of the actor calls and of the broadcast (a busy machine's figures);
+- the wall time per wave of the actor calls and of the broadcast (a busy machine's figures), and the scheduler
+  process's CPU per wave (``psutil``: clock ticks, 10 ms, over the whole run of waves);
 - ``identity``: ``scheduler.identity`` (what ``ClusterPool`` asks once a second to see workers come and go);
   CPU per call;
 - ``idle``: nothing sent for a few seconds, the actors held; CPU per second (Dask's own heartbeats).
@@ -76,8 +77,9 @@ def follower(prefix: str, waves: int, total: int) -> int:
 
 
 @contextlib.contextmanager
-def external_cluster(workers: int, folder: Path) -> Iterator[str]:
-    """A scheduler and ``workers`` single-threaded workers, each a process of its own session; ended on exit."""
+def external_cluster(workers: int, folder: Path) -> Iterator[tuple[str, int]]:
+    """A scheduler and ``workers`` single-threaded workers, each a process of its own session; ended on exit.
+    Yields the scheduler's address and pid."""
     info = folder / "scheduler.json"
     processes = []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(Path.cwd()), os.environ.get("PYTHONPATH", ""))
@@ -97,7 +99,7 @@ def external_cluster(workers: int, folder: Path) -> Iterator[str]:
             [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nworkers", str(workers), "--nthreads",
              "1", "--memory-limit", "0", "--local-directory", str(folder), *LOOPBACK], cwd=folder,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env))
-        yield address
+        yield address, processes[0].pid
     finally:
         for process in reversed(processes):
             with contextlib.suppress(ProcessLookupError):
@@ -109,24 +111,28 @@ def external_cluster(workers: int, folder: Path) -> Iterator[str]:
                 process.wait()
 
 
-def cpu() -> tuple[float, float]:
-    return time.process_time(), other_threads_cpu()
+def cpu(scheduler: int) -> tuple[float, float, float]:
+    """This process's CPU seconds, those of its threads but the main one, and the scheduler process's."""
+    import psutil
+
+    times = psutil.Process(scheduler).cpu_times()
+    return time.process_time(), other_threads_cpu(), times.user + times.system
 
 
-def per_item(work: Callable[[], None], items: int) -> dict[str, float]:
-    """CPU ms per item of ``work`` (all threads, and Dask's threads), and its wall seconds."""
-    start, wall = cpu(), time.perf_counter()
+def per_item(work: Callable[[], None], items: int, scheduler: int) -> dict[str, float]:
+    """CPU ms per item of ``work`` (all threads, Dask's threads; the scheduler's, to 10 ms a run), wall seconds."""
+    start, wall = cpu(scheduler), time.perf_counter()
     work()
-    end = cpu()
+    end = cpu(scheduler)
     return {"cpu_ms": (end[0] - start[0]) / items * 1e3, "loop_cpu_ms": (end[1] - start[1]) / items * 1e3,
-            "wall_s": time.perf_counter() - wall}
+            "scheduler_cpu_ms": (end[2] - start[2]) / items * 1e3, "wall_s": time.perf_counter() - wall}
 
 
 def measure(workers: int, waves: int, idle_seconds: float) -> dict[str, Any]:
     from distributed import Client
     from distributed.diagnostics.plugin import SchedulerPlugin
 
-    with tempfile.TemporaryDirectory() as folder, external_cluster(workers, Path(folder)) as address, \
+    with tempfile.TemporaryDirectory() as folder, external_cluster(workers, Path(folder)) as (address, pid), \
             Client(address, timeout=30, direct_to_workers=True) as client:
         client.wait_for_workers(workers, timeout=START_SECONDS)
         names = sorted(client.scheduler_info()["workers"])
@@ -159,11 +165,11 @@ def measure(workers: int, waves: int, idle_seconds: float) -> dict[str, Any]:
         future_waves(5)
         broadcast_waves("warm", 5)
         row: dict[str, Any] = {"workers": workers, "waves": waves}
-        row["actor_call"] = per_item(lambda: actor_waves(waves), waves * workers)
-        row["future"] = per_item(lambda: future_waves(max(1, waves // 4)), max(1, waves // 4) * workers)
-        row["broadcast_wave"] = per_item(lambda: broadcast_waves("timed", waves), waves)
-        row["identity"] = per_item(lambda: identities(50), 50)
-        row["idle_per_s"] = per_item(lambda: time.sleep(idle_seconds), 1)
+        row["actor_call"] = per_item(lambda: actor_waves(waves), waves * workers, pid)
+        row["future"] = per_item(lambda: future_waves(max(1, waves // 4)), max(1, waves // 4) * workers, pid)
+        row["broadcast_wave"] = per_item(lambda: broadcast_waves("timed", waves), waves, pid)
+        row["identity"] = per_item(lambda: identities(50), 50, pid)
+        row["idle_per_s"] = per_item(lambda: time.sleep(idle_seconds), 1, pid)
         row["idle_per_s"] = {key: value / idle_seconds for key, value in row["idle_per_s"].items()}
         return row
 
@@ -186,13 +192,16 @@ def main(argv: list[str] | None = None) -> int:
           f"{' '.join(f'{v:.1f}' for v in load_before)} before, "
           f"{' '.join(f'{v:.1f}' for v in report['loadavg_after'])} after); in brackets Dask's threads")
     print("| workers | per actor call ms | per future ms | per broadcast wave ms | per identity call ms "
-          "| idle ms per s | wall per wave ms: actor calls / broadcast |")
-    print("|---|---|---|---|---|---|---|")
+          "| idle ms per s | wall per wave ms: actor calls / broadcast | scheduler CPU per wave ms: actor calls / "
+          "broadcast |")
+    print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         cells = [f"{row[k]['cpu_ms']:.3f} ({row[k]['loop_cpu_ms']:.3f})"
                  for k in ("actor_call", "future", "broadcast_wave", "identity", "idle_per_s")]
         walls = (row["actor_call"]["wall_s"] / row["waves"] * 1e3, row["broadcast_wave"]["wall_s"] / row["waves"] * 1e3)
-        print(f"| {row['workers']} | " + " | ".join(cells) + f" | {walls[0]:.2f} / {walls[1]:.2f} |")
+        waves = (row["actor_call"]["scheduler_cpu_ms"] * row["workers"], row["broadcast_wave"]["scheduler_cpu_ms"])
+        print(f"| {row['workers']} | " + " | ".join(cells) + f" | {walls[0]:.2f} / {walls[1]:.2f} "
+              f"| {waves[0]:.2f} / {waves[1]:.2f} |")
     return 0
 
 
