@@ -10,7 +10,7 @@ counts:
 - the server's CPU seconds (``time.process_time``: every thread of this process, so with ``local:N`` the
   Dask scheduler's too), and the part of them spent outside the main thread (the process's CPU clock
   less the main thread's: Dask's event loop -- the client's comms, and with ``local:N`` the scheduler --
-  and its helpers; the main thread runs memtrain's loop: the plan, the Scheduler, pickling the records),
+  and its helpers; the main thread runs memtrain's loop: the plan, the Scheduler, the calls it hands on),
   and its bytes read and written: ``/proc/self/io``'s ``rchar``/``wchar`` (every read and write call,
   sockets included) and ``read_bytes``/``write_bytes`` (what reached storage);
 - each Dask worker's bytes (asked of the workers themselves, ``Client.run``): the same ``/proc/self/io``
