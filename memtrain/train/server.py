@@ -1,13 +1,13 @@
 """A job -> a trained run: the epoch loop (``Trainer.fit``), each epoch run by the engine chosen once at start.
 
-The server chooses the run's engine and placement once (``Trainer.choose``, the reasons logged): the rounds
-(train/rounds.py: workers meeting at marks, each stepping a slice; or the server alone; on a cluster the
-server steps and the gradients are streamed, train/stream.py), the desk (train/desk.py: async mode on
-worker processes) or the stream (train/overlap.py: the server steps the whole vector). The epoch loop calls
-that engine's ``epoch_rest`` and never names a mode; the server watches the engine (train/scheduler.py),
-logs what finished (train/logbook.py), evaluates each epoch's last version, checkpoints and stops cleanly
-on a signal. When it runs the rounds itself, it does its own work between two updates (``heartbeat``).
-"""
+The server chooses the run's engine and placement once (``Trainer.choose``, the reasons logged), one of
+train/engines.py's: the rounds (workers meeting at marks, each stepping a slice; or the server alone), the
+cluster's rounds, the desk (async mode on worker processes) or the server stepping the whole vector
+(train/overlap.py). The epoch loop calls ``engine.run(position)`` until the epoch's updates are counted and
+never names a mode; a replay (``Trainer.replay``) is one run of the server's engine with the lineage's
+schedule. The server watches the engine's workers (train/scheduler.py), logs what finished
+(train/logbook.py), evaluates each epoch's last version, checkpoints and stops cleanly on a signal. When it
+runs the rounds itself, it does its own work between two updates (``heartbeat``)."""
 
 from __future__ import annotations
 
@@ -226,7 +226,7 @@ class Trainer:
         self.callbacks = callbacks
         self.quiet = quiet
         self.lineage = lineage  # a run to replay (memtrain train --replay)
-        self.streamed = False  # train/overlap.py or the desk runs the run, not the rounds (decided once: choose)
+        self.streamed = False  # the server's engine or the desk runs the run, not the rounds (decided once: choose)
         self.train_rows = dataset.split("train").rows
         self.val_rows = dataset.split("val").rows
         self.plan = job_plan(job, self.train_rows)
