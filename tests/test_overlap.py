@@ -132,12 +132,15 @@ def test_arrival_counts_applied_tasks_mid_epoch() -> None:
     agenda = Arrival(group=2).agenda(task_stream(plan_updates(4, 1)), position, per_epoch=2,
                                      tickets=itertools.count(1))
     handed: list[GradTask] = []
-    agenda.start(2, 0, lambda **kw: handed.append(GradTask(task=kw["rows"].task, attempt=0, update=kw["update"],
-                                                          version=kw["version"], epoch=kw["epoch"],
-                                                          lo=kw["rows"].lo, hi=kw["rows"].hi)))
+
+    def submit(*, update: int, epoch: int, rows: TaskRange, version: int) -> None:
+        handed.append(GradTask(task=rows.task, attempt=0, update=update, version=version, epoch=epoch,
+                               lo=rows.lo, hi=rows.hi))
+
+    agenda.start(lambda: 2 - len(handed), 0, submit)  # two workers
     assert [t.task for t in handed] == [0, 1] and [t.update for t in handed] == [1, 2]
-    assert agenda.arrived(handed[1], pending=1) and agenda.due() is None
-    assert agenda.arrived(handed[0], pending=0)
+    assert agenda.arrived(handed[1], more=True) and agenda.due() is None
+    assert agenda.arrived(handed[0], more=False)
     due = agenda.due()
     assert due is not None and due.keys == [(2, 1), (1, 0)], "arrival order"
     position.version, position.batch = 1, 1

@@ -69,7 +69,6 @@ class Overlap:
         self.publish_sync, self.recycle = publish_sync, recycle
         self.total = per_epoch * job.train.epochs
         self.spares: list[str] = []  # stepped gradient files, for the next tasks to rewrite (train/stream.py)
-        self.arrived: dict[tuple[int, int], Arrived] = {}  # gradients in, by (update or ticket, task), not applied
         self.left_from: int | None = None  # the oldest version left on disk, once the first step has retired
 
     def close(self) -> None:
@@ -80,15 +79,17 @@ class Overlap:
         """The one loop: submit what ``agenda`` says can start, wait for gradients, apply each update the
         agenda says is due (its gradients in the order it gives), until it is done. The rest of an epoch
         (``Planned.agenda``, ``Arrival.agenda``) or a whole replay (``Recorded.agenda``)."""
-        stream, arrived = self.stream, self.arrived
+        stream = self.stream
+        arrived: dict[tuple[int, int], Arrived] = {}  # gradients in, not applied yet, by (update or ticket, task)
         while stream.in_flight or not agenda.done():
-            agenda.start(stream.free(), position.version, self.submit)
+            agenda.start(stream.free, position.version, self.submit)
             results = stream.wait()
+            last = len(results) - 1
             for n, (task, result) in enumerate(results):
                 # The worker that answered gets its next task at once, at the newest version published so
                 # far: it computes while the server applies what it returned.
-                agenda.start(stream.free(), position.version, self.submit)
-                if not agenda.arrived(task, stream.in_flight + len(results) - n - 1):
+                agenda.start(stream.free, position.version, self.submit)
+                if not agenda.arrived(task, n < last or stream.in_flight > 0):  # others still out?
                     discard([self.gradient_path(task)])  # too stale: computed again, never applied
                     continue
                 arrived[task.update, task.task] = (task, result)
@@ -103,7 +104,7 @@ class Overlap:
                     due = agenda.due()
         position.applied = []  # the epoch is over: none of its tasks waits to be applied (async mode's record)
 
-    # --- what every mode shares ---
+    # --- the loop's parts ---
 
     def submit(self, *, update: int, epoch: int, rows: TaskRange, version: int) -> None:
         """Hand out the gradient of a task of epoch ``epoch`` (its rows: ``Plan.rows``) at ``version``."""

@@ -27,7 +27,7 @@ train split, in the epoch's order: ``train.shuffle``): the one place they are de
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -148,13 +148,13 @@ class Agenda(Protocol):
     """One epoch's work under a schedule (a replay's: the whole lineage), as the server's loop asks it
     (train/overlap.py ``Overlap.run``). Integers only: the loop holds the files and results."""
 
-    def start(self, free: int, version: int, submit: Submit) -> None:
-        """``submit`` every gradient that can be computed now: ``free`` workers are idle, ``version`` is the
-        newest published."""
+    def start(self, free: Callable[[], int], version: int, submit: Submit) -> None:
+        """``submit`` every gradient that can be computed now: ``free()`` workers are idle (asked only by a
+        schedule that cares), ``version`` is the newest published."""
 
-    def arrived(self, task: GradTask, pending: int) -> bool:
-        """A gradient came back (``pending``: how many others are still out). False: it is not added (too
-        stale: it is computed again), and its file can go."""
+    def arrived(self, task: GradTask, more: bool) -> bool:
+        """A gradient came back (``more``: others are still out). False: it is not added (too stale: it is
+        computed again), and its file can go."""
 
     def due(self) -> Due | None:
         """The next update whose gradients are all in, or None."""
@@ -173,30 +173,28 @@ class PlannedAgenda:
     def __init__(self, planned: Planned, updates: Sequence[Update], position: Position):
         self.planned, self.updates = planned, updates
         self.first = updates[0].update  # the epoch's first update, counted over the run
-        self.batch = self.submitted = position.batch
-        self.version = position.version
-        # updates done -> the version then (the logbook keeps position.bases as updates are applied)
-        self.bases = dict(position.bases) | {self.first + position.batch: position.version}
-        self.arrived_of: Counter[int] = Counter()  # update -> its gradients in
+        self.end = self.first + len(updates)
+        self.submitted = position.batch
+        self.arrived_of: dict[int, int] = {}  # update -> its gradients in
+        self.applied(position, None)
 
-    def start(self, free: int, version: int, submit: Submit) -> None:
-        first, end = self.first, self.first + len(self.updates)
-        while first + self.submitted in self.planned.startable(first + self.batch, end):
+    def start(self, free: Callable[[], int], version: int, submit: Submit) -> None:
+        while self.first + self.submitted in self.startable:
             update = self.updates[self.submitted]
             at = self.bases[self.planned.at(update.update)]
             for rows in update.tasks:
                 submit(update=update.update, epoch=update.epoch, rows=rows, version=at)
             self.submitted += 1
 
-    def arrived(self, task: GradTask, pending: int) -> bool:
-        self.arrived_of[task.update] += 1
+    def arrived(self, task: GradTask, more: bool) -> bool:
+        self.arrived_of[task.update] = self.arrived_of.get(task.update, 0) + 1
         return True
 
     def due(self) -> Due | None:
         if self.batch >= self.submitted:
             return None
         update = self.updates[self.batch]
-        if self.arrived_of[update.update] < len(update.tasks):
+        if self.arrived_of.get(update.update, 0) < len(update.tasks):
             return None
         del self.arrived_of[update.update]
         live = self.planned.live(update.update + 1)  # the bases of every later update
@@ -204,10 +202,14 @@ class PlannedAgenda:
                    oldest=self.bases.get(live.start, self.version), extra=NO_EXTRA)
 
     def applied(self, position: Position, checksum: str | None) -> None:
-        self.batch, self.version, self.bases = position.batch, position.version, dict(position.bases)
+        self.batch, self.version = position.batch, position.version
+        # updates done -> the version then (the logbook keeps position.bases as updates are applied)
+        self.bases = dict(position.bases)
+        self.bases[self.first + position.batch] = position.version
+        self.startable = self.planned.startable(self.first + self.batch, self.end)  # asked per arrival: kept
 
     def done(self) -> bool:
-        return self.batch >= len(self.updates)
+        return self.first + self.batch >= self.end
 
 
 class ArrivalAgenda:
@@ -226,14 +228,13 @@ class ArrivalAgenda:
         self.recomputed = 0  # stale gradients computed again while this group filled
         self.ids: list[int] = []  # the due group's task numbers (position.applied grows by them)
 
-    def start(self, free: int, version: int, submit: Submit) -> None:
-        while self.remaining and free:
+    def start(self, free: Callable[[], int], version: int, submit: Submit) -> None:
+        while self.remaining and free():
             rows = self.remaining.popleft()
             self.reading[version] += 1
             submit(update=next(self.tickets), epoch=self.epoch, rows=rows, version=version)
-            free -= 1
 
-    def arrived(self, task: GradTask, pending: int) -> bool:
+    def arrived(self, task: GradTask, more: bool) -> bool:
         self.reading[task.version] -= 1
         if not self.reading[task.version]:
             del self.reading[task.version]  # the oldest read is looked up per group: only live versions
@@ -242,7 +243,7 @@ class ArrivalAgenda:
             self.recomputed += 1
             return False
         self.group.append(task)
-        self.full = self.arrival.full(len(self.group), not (self.remaining or pending))  # the epoch's last?
+        self.full = self.arrival.full(len(self.group), not (self.remaining or more))  # the epoch's last?
         return True
 
     def due(self) -> Due | None:
@@ -276,9 +277,9 @@ class RecordedAgenda:
         self.reads_from = recorded.reads_from()  # the oldest version any step from i on reads
         self.submitted = self.index = 0
         self.version = position.version
-        self.arrived_of: Counter[int] = Counter()  # step index -> its gradients in
+        self.arrived_of: dict[int, int] = {}  # step index -> its gradients in
 
-    def start(self, free: int, version: int, submit: Submit) -> None:
+    def start(self, free: Callable[[], int], version: int, submit: Submit) -> None:
         while self.submitted < len(self.steps) and self.recorded.ready(self.submitted, version):
             step = self.steps[self.submitted]
             for i, gradient in enumerate(step.gradients):
@@ -286,13 +287,13 @@ class RecordedAgenda:
                        rows=TaskRange(step.task(i), gradient.lo, gradient.hi), version=gradient.at)
             self.submitted += 1
 
-    def arrived(self, task: GradTask, pending: int) -> bool:
-        self.arrived_of[task.update] += 1
+    def arrived(self, task: GradTask, more: bool) -> bool:
+        self.arrived_of[task.update] = self.arrived_of.get(task.update, 0) + 1
         return True
 
     def due(self) -> Due | None:
         index = self.index
-        if index >= self.submitted or self.arrived_of[index] < len(self.steps[index].gradients):
+        if index >= self.submitted or self.arrived_of.get(index, 0) < len(self.steps[index].gradients):
             return None
         del self.arrived_of[index]
         step = self.steps[index]
