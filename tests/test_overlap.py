@@ -64,6 +64,8 @@ class Recording(Overlap):
     def apply(self, position: Position, update: Update, arrived: list, *, oldest: int, lr: float | None = None,
               **lineage: object) -> str | None:
         self.steps.append((update, [task for task, _ in arrived], oldest, lr, lineage))
+        reading = [task.version for task in self.stream.current]  # the versions tasks in flight read
+        assert oldest <= min(reading, default=oldest), "a version a task in flight reads is retired"
         before = position.version
         position.version += 1
         position.batch += 1
