@@ -21,6 +21,8 @@ from memtrain.train.plan import TaskRange, Update, live_bases, task_stream
 from memtrain.train.schedule import Arrival, Planned, Recorded
 from memtrain.train.state import Position
 
+RESULT = Result(task=0, attempt=0, outcome=Outcome.DONE, loss=1.0)
+
 
 class FakeStream:
     """``TaskStream``'s interface: ``slots`` workers; ``wait`` returns a random non-empty share of the tasks
@@ -141,10 +143,10 @@ def test_arrival_counts_applied_tasks_mid_epoch() -> None:
 
     agenda.start(lambda: 2 - len(handed), 0, submit)  # two workers
     assert [t.task for t in handed] == [0, 1] and [t.update for t in handed] == [1, 2]
-    assert agenda.arrived(handed[1], more=True) and agenda.due() is None
-    assert agenda.arrived(handed[0], more=False)
+    assert agenda.arrived(handed[1], RESULT, more=True) and agenda.due() is None
+    assert agenda.arrived(handed[0], RESULT, more=False)
     due = agenda.due()
-    assert due is not None and due.keys == [(2, 1), (1, 0)], "arrival order"
+    assert due is not None and [task.update for task, _ in due.gradients] == [2, 1], "arrival order"
     position.version, position.batch = 1, 1
     agenda.applied(position, "c")
     assert position.applied == [1, 0] and not agenda.done()

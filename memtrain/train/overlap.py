@@ -41,17 +41,15 @@ import numpy as np
 from memtrain.config import Job
 from memtrain.layout import spare_gradient_name, streamed_gradient_name
 from memtrain.train.logbook import Logbook
-from memtrain.train.messages import GradTask, Result
+from memtrain.train.messages import GradTask
 from memtrain.train.optim import learning_rate
 from memtrain.train.plan import TaskRange, Update
 from memtrain.train.rounds import RoundFiles
-from memtrain.train.schedule import Agenda
+from memtrain.train.schedule import Agenda, Arrived
 from memtrain.train.scheduler import TaskStream
 from memtrain.train.state import Position
 from memtrain.train.stream import discard
 from memtrain.train.weights import weights_checksum
-
-Arrived = tuple[GradTask, Result]
 
 
 class Overlap:
@@ -80,7 +78,6 @@ class Overlap:
         agenda says is due (its gradients in the order it gives), until it is done. The rest of an epoch
         (``Planned.agenda``, ``Arrival.agenda``) or a whole replay (``Recorded.agenda``)."""
         stream = self.stream
-        arrived: dict[tuple[int, int], Arrived] = {}  # gradients in, not applied yet, by (update or ticket, task)
         while stream.in_flight or not agenda.done():
             agenda.start(stream.free, position.version, self.submit)
             results = stream.wait()
@@ -89,16 +86,14 @@ class Overlap:
                 # The worker that answered gets its next task at once, at the newest version published so
                 # far: it computes while the server applies what it returned.
                 agenda.start(stream.free, position.version, self.submit)
-                if not agenda.arrived(task, n < last or stream.in_flight > 0):  # others still out?
+                if not agenda.arrived(task, result, n < last or stream.in_flight > 0):  # others still out?
                     discard([self.gradient_path(task)])  # too stale: computed again, never applied
                     continue
-                arrived[task.update, task.task] = (task, result)
                 due = agenda.due()
                 while due is not None:
                     update = due.update
                     position.epoch, position.batch = update.epoch, update.batch  # a replay's step says where
-                    checksum = self.apply(position, update, [arrived.pop(key) for key in due.keys],
-                                          oldest=due.oldest, lr=due.lr, **due.extra)
+                    checksum = self.apply(position, update, due.gradients, oldest=due.oldest, lr=due.lr, **due.extra)
                     agenda.applied(position, checksum)
                     self.look(position)
                     due = agenda.due()

@@ -18,7 +18,7 @@ epoch's work (a replay: the whole lineage's) behind one interface, ``Agenda``, w
 server's whole-vector engine asks (train/overlap.py ``Overlap.run``): ``start`` what can be computed now,
 ``arrived`` each gradient as it comes back, ``due`` the next update whose gradients are all in (in the order
 they are added, with the oldest version still read), ``applied`` once it is stepped, ``done`` at the end.
-An agenda holds integers only (task numbers, versions, counts); the loop holds the files and results.
+An agenda holds the arrived gradients' records (tasks and results: names and numbers), never files or arrays.
 
 The rows of a task are the plan's (``Plan.updates``, ``plan.task_stream``; ``Plan.rows`` turns a task into rows of the
 train split, in the epoch's order: ``train.shuffle``): the one place they are decided.
@@ -34,11 +34,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from memtrain.errors import MemtrainError
 from memtrain.train.lineage import Step
+from memtrain.train.messages import GradTask, Result
 from memtrain.train.plan import TaskRange, Update, gradient_base, live_bases, startable_updates
 
 if TYPE_CHECKING:
-    from memtrain.train.messages import GradTask
     from memtrain.train.state import Position
+
+Arrived = tuple[GradTask, Result]  # a gradient task and its result, as the task stream returns them
 
 NO_EXTRA: Mapping[str, Any] = {}  # a planned update's lineage line has no fields beyond the common ones
 
@@ -127,12 +129,12 @@ class Recorded:
         return RecordedAgenda(self, position, lineage=lineage)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)  # not frozen: made once per update, and a frozen init costs more
 class Due:
     """An update whose gradients have all arrived: what the engine steps next."""
 
     update: Update
-    keys: list[tuple[int, int]]  # the arrived gradients it adds, by (update or ticket, task), in the order added
+    gradients: list[Arrived]  # the arrived gradients it adds (each task and its result), in the order added
     oldest: int  # the oldest version a task in flight or still to come reads: older ones may be retired
     extra: Mapping[str, Any]  # lineage fields beyond the common ones (async's ids; NO_EXTRA)
     lr: float | None = None  # None: the optimizer's schedule's (a replay uses the recorded one)
@@ -146,13 +148,13 @@ class Submit(Protocol):
 
 class Agenda(Protocol):
     """One epoch's work under a schedule (a replay's: the whole lineage), as the server's loop asks it
-    (train/overlap.py ``Overlap.run``). Integers only: the loop holds the files and results."""
+    (train/overlap.py ``Overlap.run``). Pure: records in, records out; the loop holds the files."""
 
     def start(self, free: Callable[[], int], version: int, submit: Submit) -> None:
         """``submit`` every gradient that can be computed now: ``free()`` workers are idle (asked only by a
         schedule that cares), ``version`` is the newest published."""
 
-    def arrived(self, task: GradTask, more: bool) -> bool:
+    def arrived(self, task: GradTask, result: Result, more: bool) -> bool:
         """A gradient came back (``more``: others are still out). False: it is not added (too stale: it is
         computed again), and its file can go."""
 
@@ -175,6 +177,7 @@ class PlannedAgenda:
         self.first = updates[0].update  # the epoch's first update, counted over the run
         self.end = self.first + len(updates)
         self.submitted = position.batch
+        self.got: dict[tuple[int, int], Arrived] = {}  # (update, task) -> its gradient, not applied yet
         self.arrived_of: dict[int, int] = {}  # update -> its gradients in
         self.applied(position, None)
 
@@ -186,7 +189,8 @@ class PlannedAgenda:
                 submit(update=update.update, epoch=update.epoch, rows=rows, version=at)
             self.submitted += 1
 
-    def arrived(self, task: GradTask, more: bool) -> bool:
+    def arrived(self, task: GradTask, result: Result, more: bool) -> bool:
+        self.got[task.update, task.task] = (task, result)
         self.arrived_of[task.update] = self.arrived_of.get(task.update, 0) + 1
         return True
 
@@ -198,7 +202,7 @@ class PlannedAgenda:
             return None
         del self.arrived_of[update.update]
         live = self.planned.live(update.update + 1)  # the bases of every later update
-        return Due(update=update, keys=[(update.update, t.task) for t in update.tasks],
+        return Due(update=update, gradients=[self.got.pop((update.update, t.task)) for t in update.tasks],
                    oldest=self.bases.get(live.start, self.version), extra=NO_EXTRA)
 
     def applied(self, position: Position, checksum: str | None) -> None:
@@ -223,7 +227,7 @@ class ArrivalAgenda:
         applied = set(position.applied)
         self.remaining = deque(t for t in tasks if t.task not in applied)
         self.reading: Counter[int] = Counter()  # versions read by the tasks in flight
-        self.group: list[GradTask] = []  # the group filling, in arrival order
+        self.group: list[Arrived] = []  # the group filling, in arrival order
         self.full = False  # the group is handed over: due
         self.recomputed = 0  # stale gradients computed again while this group filled
         self.ids: list[int] = []  # the due group's task numbers (position.applied grows by them)
@@ -234,7 +238,7 @@ class ArrivalAgenda:
             self.reading[version] += 1
             submit(update=next(self.tickets), epoch=self.epoch, rows=rows, version=version)
 
-    def arrived(self, task: GradTask, more: bool) -> bool:
+    def arrived(self, task: GradTask, result: Result, more: bool) -> bool:
         self.reading[task.version] -= 1
         if not self.reading[task.version]:
             del self.reading[task.version]  # the oldest read is looked up per group: only live versions
@@ -242,7 +246,7 @@ class ArrivalAgenda:
             self.remaining.appendleft(TaskRange(task.task, task.lo, task.hi))
             self.recomputed += 1
             return False
-        self.group.append(task)
+        self.group.append((task, result))
         self.full = self.arrival.full(len(self.group), not (self.remaining or more))  # the epoch's last?
         return True
 
@@ -251,9 +255,9 @@ class ArrivalAgenda:
             return None
         group, self.group, self.full = self.group, [], False
         update = Update(self.epoch, self.batch, self.epoch * self.per_epoch + self.batch,
-                        tuple(TaskRange(i, task.lo, task.hi) for i, task in enumerate(group)))
-        self.ids = [task.task for task in group]
-        due = Due(update=update, keys=[(task.update, task.task) for task in group],
+                        tuple(TaskRange(i, task.lo, task.hi) for i, (task, _) in enumerate(group)))
+        self.ids = [task.task for task, _ in group]
+        due = Due(update=update, gradients=group,
                   oldest=min(self.reading, default=self.version),
                   extra={"ids": self.ids, "discarded": self.recomputed})
         self.recomputed = 0
@@ -277,6 +281,7 @@ class RecordedAgenda:
         self.reads_from = recorded.reads_from()  # the oldest version any step from i on reads
         self.submitted = self.index = 0
         self.version = position.version
+        self.got: dict[tuple[int, int], Arrived] = {}  # (step index, task) -> its gradient, not applied yet
         self.arrived_of: dict[int, int] = {}  # step index -> its gradients in
 
     def start(self, free: Callable[[], int], version: int, submit: Submit) -> None:
@@ -287,7 +292,8 @@ class RecordedAgenda:
                        rows=TaskRange(step.task(i), gradient.lo, gradient.hi), version=gradient.at)
             self.submitted += 1
 
-    def arrived(self, task: GradTask, more: bool) -> bool:
+    def arrived(self, task: GradTask, result: Result, more: bool) -> bool:
+        self.got[task.update, task.task] = (task, result)
         self.arrived_of[task.update] = self.arrived_of.get(task.update, 0) + 1
         return True
 
@@ -299,7 +305,7 @@ class RecordedAgenda:
         step = self.steps[index]
         update = Update(step.epoch - 1, step.batch - 1, step.update - 1,
                         tuple(TaskRange(i, g.lo, g.hi) for i, g in enumerate(step.gradients)))
-        return Due(update=update, keys=[(index, step.task(i)) for i in range(len(step.gradients))],
+        return Due(update=update, gradients=[self.got.pop((index, step.task(i))) for i in range(len(step.gradients))],
                    oldest=self.reads_from[index + 1] if index + 1 < len(self.steps) else self.version,
                    extra={"ids": list(step.ids)} if step.ids else NO_EXTRA, lr=step.lr)
 
