@@ -146,6 +146,7 @@ class ClusterRounds(Rounds):
 
     def __init__(self, trainer: Trainer):
         super().__init__(trainer)
+        # the Trainer's, under the Trainer's names: ``stream`` below is the body Trainer.stream had
         self.placement, self.run_dir, self.in_server = trainer.placement, trainer.run_dir, trainer.in_server
         self.stop, self.heartbeat = trainer.stop, trainer.heartbeat
 
