@@ -1,6 +1,6 @@
-"""The overlapping modes: gradients streamed to the workers, steps in the server, nobody waits at a barrier.
+"""The server stepping the whole vector, in one loop: gradients streamed to the workers, nobody waits at a barrier.
 
-docs/async.md says what they are for. Both run on the task stream (train/scheduler.py ``TaskStream``) and
+docs/async.md says what its modes are for. They run on the task stream (train/scheduler.py ``TaskStream``) and
 the worker side of train/stream.py: a worker computes a gradient at the version its task names, into a
 file of its own name. The server adds each update's gradients in the order below, steps the whole
 vector (train/reduce.py: the same arithmetic as the round) into a file nobody reads and publishes it by
