@@ -9,7 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from memtrain.train.lineage import Gradient, Step
+from memtrain.train.messages import GradTask, Outcome, Result
+from memtrain.train.plan import TaskRange, Update
 from memtrain.train.schedule import Arrival, Planned, Recorded
+from memtrain.train.state import Position
 
 
 @given(k=st.integers(0, 64), update=st.integers(0, 10_000))
@@ -91,3 +94,30 @@ def test_recorded_keeps_every_version_a_later_step_reads_and_waits_for_the_newes
     for i in range(len(ats)):
         assert oldest[i] == min(a for later in ats[i:] for a in later)
         assert recorded.ready(i, max(ats[i])) and not recorded.ready(i, max(ats[i]) - 1)
+
+
+@given(k=st.integers(0, 4), batch=st.integers(0, 6), extra=st.integers(1, 8), tasks=st.integers(1, 3))
+def test_a_planned_agenda_starts_the_next_k_plus_1_updates_each_at_its_version(k: int, batch: int, extra: int,
+                                                                              tasks: int) -> None:
+    """Mid-epoch (``batch`` updates done, the versions they made in ``position.bases``), the agenda starts
+    updates batch .. batch + k, each task at the version after max(0, n - k) updates; nothing more until one
+    is applied; then it is due, its gradients in task order."""
+    updates = [Update(0, b, b, tuple(TaskRange(t, t, t + 1) for t in range(tasks))) for b in range(batch + extra)]
+    versions = {n: 100 + n for n in range(batch + 1)}  # a skipped update would make these differ from n
+    position = Position(batch=batch, version=versions[batch], bases=[[n, versions[n]] for n in
+                                                                     range(max(0, batch - k), batch + 1)])
+    agenda, started = Planned(staleness=k).agenda(updates, position), []
+    agenda.start(lambda: 0, position.version, lambda **task: started.append(task))
+    expected = [(n, versions[max(0, n - k)]) for n in range(batch, min(batch + k + 1, batch + extra))]
+    assert [(t["update"], t["version"]) for t in started[::tasks]] == expected
+    assert len(started) == len(expected) * tasks
+    agenda.start(lambda: 0, position.version, lambda **task: started.append(task))
+    assert len(started) == len(expected) * tasks, "nothing more before an update is applied"
+    for task in reversed(started[:tasks]):  # the first update's gradients, arriving last task first
+        assert agenda.due() is None
+        gradient = GradTask(task=task["rows"].task, attempt=0, update=task["update"], version=task["version"],
+                            epoch=0, lo=task["rows"].lo, hi=task["rows"].hi)
+        assert agenda.arrived(gradient, Result(task=gradient.task, attempt=0, outcome=Outcome.DONE), more=True)
+    due = agenda.due()
+    assert due is not None and due.update is updates[batch]
+    assert [task.task for task, _ in due.gradients] == list(range(tasks)), "added in task order"

@@ -5,7 +5,9 @@ Which process runs which module:
     server process                          worker process (one per slot; spawned)
     --------------                          ---------------------------------------
     command.py     the `memtrain train` CLI
-    server.py      epochs of stretches, evaluation, checkpoints, a clean stop
+    server.py      the epoch loop: the engine chosen once, evaluation, checkpoints, a clean stop
+    engines.py     who steps, one interface (run the rest of an epoch): Rounds, ClusterRounds, Desk,
+                   ServerSteps (the server steps the whole vector: overlap.py's loop)
     monitor.py     an epoch's end: the best epoch, early stopping, metrics.csv/TensorBoard, callbacks
     fit.py, summary.py     memtrain.fit (a job from Python) and its summary table
     placement.py   rounds in the server or on workers (train.workers, measured at start)
@@ -14,7 +16,8 @@ Which process runs which module:
     exchange.py    a pipe pair per worker slot; or InServer: the server as its own worker
     desk.py        async mode on workers: the desk made,      desk.py     tasks taken, gradients posted,
                    its groups' records logged                             groups stepped
-    overlap.py     async mode streamed, replay, fixed staleness streamed: tasks out, the steps in the server
+    overlap.py     the one loop of the server's whole-vector steps (fixed staleness streamed, async in
+                   the server, replay): tasks out as the schedule's agenda says, whole steps in the server
     stream.py      a cluster's round: gradient tasks out,     stream.py   a streamed gradient task
     sliced.py      then one step task per slice, published   sliced.py   a step slice, written with pwrite
     state.py, checkpoint.py, run_dir.py     resume, checkpoints, the run directory
@@ -33,7 +36,8 @@ Which process runs which module:
     reduce.py      gradient buffers -> mean -> optimizer -> a slice of the next version
     plan.py        the job's updates and tasks, each task's rows (Plan.rows: train.shuffle's order),
                    who does which task and slice
-    schedule.py    which gradients each update adds, at which version: Planned(k), Arrival, Recorded
+    schedule.py    which gradients each update adds, at which version: Planned(k), Arrival, Recorded;
+                   each one's agenda (what to start, what is due, in which order), pure
     messages.py    the records that cross between processes
     weights.py     publishing, retiring and recycling weight versions; the one keep rule
     maps.py, context.py, optim.py, normalize.py     maps kept between tasks, the model, the optimizer
@@ -53,8 +57,11 @@ Glossary (one name per concept, everywhere in this package):
     partial      an additive model's statistics of one task's rows, a float64 file the model adds into
     chunk        train.chunk_rows rows of a statistics task, read and added at once (additive.py)
     schedule     what is computed: which gradients each update adds, at which version (schedule.py)
-    engine       who steps: the rounds (slices, marks), the desk (groups), or the server (the whole
-                 vector: in the server, streamed, on a cluster); messages.Engine names the first two
+    agenda       a schedule's state over one epoch (a replay: the whole lineage): what can start, which
+                 arrived gradients form the next update (schedule.Agenda)
+    engine       who steps (engines.py): the rounds (slices, marks; on a cluster, the server's stretch),
+                 the desk (groups), or the server (the whole vector, streamed); messages.Engine names the
+                 loop a worker runs a stretch with (the first two)
     stretch      a run of updates handed to every participant at once (messages.Stretch)
     slot         a participant's number in a stretch (a worker process, or the server itself)
     generation   a stretch's number: the marks of an older stretch never count for a newer one

@@ -53,13 +53,12 @@ class WorkerSetup:
 
 
 class Engine(enum.Enum):
-    """Who steps: the participants meeting at marks, each stepping a slice (train/rounds.py); each claiming
-    tasks at the desk and stepping whole groups (train/desk.py); or the server stepping the whole vector, the
-    gradients streamed to it (train/overlap.py; never a Stretch's: the server runs it alone)."""
+    """Which loop a worker runs a stretch with (train/worker.py): the participants meeting at marks, each
+    stepping a slice (train/rounds.py), or each claiming tasks at the desk and stepping whole groups
+    (train/desk.py). The engines on the server's side, the server's own too, are train/engines.py's."""
 
     ROUNDS = "rounds"
     DESK = "desk"
-    STREAM = "stream"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -300,7 +300,7 @@ class Participant:
         self.unpublished: Update | None = None  # slot 0: an update whose version is complete, not yet renamed
         self.computed_at: dict[int, int] = {}  # slot 0: update -> the version its gradients were computed at
         # the last slot: the version whose file it readied last; the server readied the stretch's first one
-        # (Trainer.stretch), so the first round does not check that file again
+        # (engines.Rounds.run), so the first round does not check that file again
         self.readied = stretch.version + 1
         self.out: np.ndarray | None = None  # the file of the version the last step wrote, mapped
 

@@ -13,17 +13,36 @@ here once, whoever runs it:
 - ``Recorded(steps)``: a replay. Each recorded step's gradients at their recorded versions, added in the
   recorded order (with the recorded learning rate): the run again, bitwise.
 
+Each schedule also runs: ``Planned.agenda``, ``Arrival.agenda`` and ``Recorded.agenda`` give the state of one
+epoch's work (a replay: the whole lineage's) behind one interface, ``Agenda``, which the one loop of the
+server's whole-vector engine asks (train/overlap.py ``Overlap.run``): ``start`` what can be computed now,
+``arrived`` each gradient as it comes back, ``due`` the next update whose gradients are all in (in the order
+they are added, with the oldest version still read), ``applied`` once it is stepped, ``done`` at the end.
+An agenda holds the arrived gradients' records (tasks and results: names and numbers), never files or arrays.
+
 The rows of a task are the plan's (``Plan.updates``, ``plan.task_stream``; ``Plan.rows`` turns a task into rows of the
 train split, in the epoch's order: ``train.shuffle``): the one place they are decided.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
+from memtrain.errors import MemtrainError
 from memtrain.train.lineage import Step
-from memtrain.train.plan import gradient_base, live_bases, startable_updates
+from memtrain.train.messages import GradTask, Result
+from memtrain.train.plan import TaskRange, Update, gradient_base, live_bases, startable_updates
+
+if TYPE_CHECKING:
+    from memtrain.train.state import Position
+
+Arrived = tuple[GradTask, Result]  # a gradient task and its result, as the task stream returns them
+
+NO_EXTRA: Mapping[str, Any] = {}  # a planned update's lineage line has no fields beyond the common ones
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,6 +67,10 @@ class Planned:
         """The counts of applied updates whose versions later gradients may still read, once ``done`` are
         applied: the versions to keep (and that a checkpoint carries)."""
         return live_bases(done, self.staleness)
+
+    def agenda(self, updates: Sequence[Update], position: Position) -> PlannedAgenda:
+        """The rest of ``position``'s epoch (its plan ``updates``) under this schedule."""
+        return PlannedAgenda(self, updates, position)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,6 +100,12 @@ class Arrival:
         epoch's ``last`` gradient."""
         return count >= self.group or last
 
+    def agenda(self, tasks: Sequence[TaskRange], position: Position, *, per_epoch: int,
+               tickets: Iterator[int]) -> ArrivalAgenda:
+        """The rest of ``position``'s epoch (its task stream ``tasks``, plan.task_stream) under this schedule.
+        ``tickets``: each task handed out takes the next (its file's name), unique over the server's life."""
+        return ArrivalAgenda(self, tasks, position, per_epoch=per_epoch, tickets=tickets)
+
 
 @dataclass(frozen=True, slots=True)
 class Recorded:
@@ -94,3 +123,206 @@ class Recorded:
         for i in range(len(oldest) - 2, -1, -1):
             oldest[i] = min(oldest[i], oldest[i + 1])
         return oldest
+
+    def agenda(self, position: Position, *, lineage: Path) -> RecordedAgenda:
+        """The whole replay, from ``position`` (version 0), of the lineage file at ``lineage``."""
+        return RecordedAgenda(self, position, lineage=lineage)
+
+
+@dataclass(slots=True, kw_only=True)  # not frozen: made once per update, and a frozen init costs more
+class Due:
+    """An update whose gradients have all arrived: what the engine steps next."""
+
+    update: Update
+    gradients: list[Arrived]  # the arrived gradients it adds (each task and its result), in the order added
+    oldest: int  # the oldest version a task in flight or still to come reads: older ones may be retired
+    extra: Mapping[str, Any]  # lineage fields beyond the common ones (async's ids; NO_EXTRA)
+    lr: float | None = None  # None: the optimizer's schedule's (a replay uses the recorded one)
+
+
+class Submit(Protocol):
+    def __call__(self, *, update: int, epoch: int, rows: TaskRange, version: int) -> None:
+        """Hand out the gradient of ``rows`` (a task of epoch ``epoch``) at ``version``; ``update``: the
+        update's number (the plan's, a replay's step index, or async's ticket), which names its file."""
+
+
+class Agenda(Protocol):
+    """One epoch's work under a schedule (a replay's: the whole lineage), as the server's loop asks it
+    (train/overlap.py ``Overlap.run``). Pure: records in, records out; the loop holds the files."""
+
+    def start(self, free: Callable[[], int], version: int, submit: Submit) -> None:
+        """``submit`` every gradient that can be computed now: ``free()`` workers are idle (asked only by a
+        schedule that cares), ``version`` is the newest published."""
+
+    def arrived(self, task: GradTask, result: Result, more: bool) -> bool:
+        """A gradient came back (``more``: others are still out). False: it is not added (too stale: it is
+        computed again), and its file can go."""
+
+    def due(self) -> Due | None:
+        """The next update whose gradients are all in, or None."""
+
+    def applied(self, position: Position, checksum: str | None) -> None:
+        """The due update was stepped (``checksum``: its version's, None if skipped) and logged in ``position``."""
+
+    def done(self) -> bool:
+        """Whether nothing is left to hand out or to apply (the loop still waits for tasks in flight)."""
+
+
+class PlannedAgenda:
+    """``Planned``: the plan's updates in order, update n's gradients at the version after ``at(n)`` updates,
+    started k + 1 ahead; each due once all its tasks are in, added in task order."""
+
+    def __init__(self, planned: Planned, updates: Sequence[Update], position: Position):
+        self.planned, self.updates = planned, updates
+        self.first = updates[0].update  # the epoch's first update, counted over the run
+        self.end = self.first + len(updates)
+        self.submitted = position.batch
+        self.got: dict[tuple[int, int], Arrived] = {}  # (update, task) -> its gradient, not applied yet
+        self.arrived_of: dict[int, int] = {}  # update -> its gradients in
+        self.applied(position, None)
+
+    def start(self, free: Callable[[], int], version: int, submit: Submit) -> None:
+        while self.first + self.submitted in self.startable:
+            update = self.updates[self.submitted]
+            at = self.bases[self.planned.at(update.update)]
+            for rows in update.tasks:
+                submit(update=update.update, epoch=update.epoch, rows=rows, version=at)
+            self.submitted += 1
+
+    def arrived(self, task: GradTask, result: Result, more: bool) -> bool:
+        self.got[task.update, task.task] = (task, result)
+        self.arrived_of[task.update] = self.arrived_of.get(task.update, 0) + 1
+        return True
+
+    def due(self) -> Due | None:
+        if self.batch >= self.submitted:
+            return None
+        update = self.updates[self.batch]
+        if self.arrived_of.get(update.update, 0) < len(update.tasks):
+            return None
+        del self.arrived_of[update.update]
+        live = self.planned.live(update.update + 1)  # the bases of every later update
+        return Due(update=update, gradients=[self.got.pop((update.update, t.task)) for t in update.tasks],
+                   oldest=self.bases.get(live.start, self.version), extra=NO_EXTRA)
+
+    def applied(self, position: Position, checksum: str | None) -> None:
+        self.batch, self.version = position.batch, position.version
+        # updates done -> the version then (the logbook keeps position.bases as updates are applied)
+        self.bases = dict(position.bases)
+        self.bases[self.first + position.batch] = position.version
+        self.startable = self.planned.startable(self.first + self.batch, self.end)  # asked per arrival: kept
+
+    def done(self) -> bool:
+        return self.first + self.batch >= self.end
+
+
+class ArrivalAgenda:
+    """``Arrival``: each free worker gets the epoch's next task not applied yet, at the newest version; the
+    gradients are added in the order they arrive, ``group`` at a time; a too-stale one is computed again."""
+
+    def __init__(self, arrival: Arrival, tasks: Sequence[TaskRange], position: Position, *, per_epoch: int,
+                 tickets: Iterator[int]):
+        self.arrival, self.per_epoch, self.tickets = arrival, per_epoch, tickets
+        self.epoch, self.batch, self.version = position.epoch, position.batch, position.version
+        applied = set(position.applied)
+        self.remaining = deque(t for t in tasks if t.task not in applied)
+        self.reading: Counter[int] = Counter()  # versions read by the tasks in flight
+        self.group: list[Arrived] = []  # the group filling, in arrival order
+        self.full = False  # the group is handed over: due
+        self.recomputed = 0  # stale gradients computed again while this group filled
+        self.ids: list[int] = []  # the due group's task numbers (position.applied grows by them)
+
+    def start(self, free: Callable[[], int], version: int, submit: Submit) -> None:
+        while self.remaining and free():
+            rows = self.remaining.popleft()
+            self.reading[version] += 1
+            submit(update=next(self.tickets), epoch=self.epoch, rows=rows, version=version)
+
+    def arrived(self, task: GradTask, result: Result, more: bool) -> bool:
+        self.reading[task.version] -= 1
+        if not self.reading[task.version]:
+            del self.reading[task.version]  # the oldest read is looked up per group: only live versions
+        if self.arrival.stale(self.version, task.version):
+            self.remaining.appendleft(TaskRange(task.task, task.lo, task.hi))
+            self.recomputed += 1
+            return False
+        self.group.append((task, result))
+        self.full = self.arrival.full(len(self.group), not (self.remaining or more))  # the epoch's last?
+        return True
+
+    def due(self) -> Due | None:
+        if not self.full:
+            return None
+        group, self.group, self.full = self.group, [], False
+        update = Update(self.epoch, self.batch, self.epoch * self.per_epoch + self.batch,
+                        tuple(TaskRange(i, task.lo, task.hi) for i, (task, _) in enumerate(group)))
+        self.ids = [task.task for task, _ in group]
+        due = Due(update=update, gradients=group,
+                  oldest=min(self.reading, default=self.version),
+                  extra={"ids": self.ids, "discarded": self.recomputed})
+        self.recomputed = 0
+        return due
+
+    def applied(self, position: Position, checksum: str | None) -> None:
+        self.batch, self.version = position.batch, position.version
+        position.applied = position.applied + self.ids
+
+    def done(self) -> bool:
+        return not (self.remaining or self.group)
+
+
+class RecordedAgenda:
+    """``Recorded``: each step's gradients at their recorded versions, started once those exist; each due
+    once all are in, added in the recorded order with the recorded learning rate; its version's checksum
+    checked against the record."""
+
+    def __init__(self, recorded: Recorded, position: Position, *, lineage: Path):
+        self.steps, self.recorded, self.lineage = recorded.steps, recorded, lineage
+        self.reads_from = recorded.reads_from()  # the oldest version any step from i on reads
+        self.submitted = self.index = 0
+        self.version = position.version
+        self.got: dict[tuple[int, int], Arrived] = {}  # (step index, task) -> its gradient, not applied yet
+        self.arrived_of: dict[int, int] = {}  # step index -> its gradients in
+
+    def start(self, free: Callable[[], int], version: int, submit: Submit) -> None:
+        while self.submitted < len(self.steps) and self.recorded.ready(self.submitted, version):
+            step = self.steps[self.submitted]
+            for i, gradient in enumerate(step.gradients):
+                submit(update=self.submitted, epoch=step.epoch - 1,
+                       rows=TaskRange(step.task(i), gradient.lo, gradient.hi), version=gradient.at)
+            self.submitted += 1
+
+    def arrived(self, task: GradTask, result: Result, more: bool) -> bool:
+        self.got[task.update, task.task] = (task, result)
+        self.arrived_of[task.update] = self.arrived_of.get(task.update, 0) + 1
+        return True
+
+    def due(self) -> Due | None:
+        index = self.index
+        if index >= self.submitted or self.arrived_of.get(index, 0) < len(self.steps[index].gradients):
+            return None
+        del self.arrived_of[index]
+        step = self.steps[index]
+        update = Update(step.epoch - 1, step.batch - 1, step.update - 1,
+                        tuple(TaskRange(i, g.lo, g.hi) for i, g in enumerate(step.gradients)))
+        return Due(update=update, gradients=[self.got.pop((index, step.task(i))) for i in range(len(step.gradients))],
+                   oldest=self.reads_from[index + 1] if index + 1 < len(self.steps) else self.version,
+                   extra={"ids": list(step.ids)} if step.ids else NO_EXTRA, lr=step.lr)
+
+    def applied(self, position: Position, checksum: str | None) -> None:
+        step = self.steps[self.index]
+        if step.checksum is not None and checksum != step.checksum:
+            raise replay_mismatch(step.version, step.checksum, checksum, self.lineage)
+        self.index += 1
+        self.version = position.version
+
+    def done(self) -> bool:
+        return self.index >= len(self.steps)
+
+
+def replay_mismatch(version: int, recorded: str, found: str | None, lineage: Path) -> MemtrainError:
+    """A replayed version whose checksum is not the recorded one (``lineage``: the lineage file)."""
+    return MemtrainError(f"the replay differs from the run at weight version {version}", path=lineage,
+                         where=f"version {version}", expected=recorded,
+                         found=found or "a non-finite update (nothing published)",
+                         hint="the data, the code or the machine's numerics changed since the run")

@@ -1,13 +1,13 @@
 """A job -> a trained run: the epoch loop (``Trainer.fit``), each epoch run by the engine chosen once at start.
 
-The server chooses the run's engine and placement once (``Trainer.choose``, the reasons logged): the rounds
-(train/rounds.py: workers meeting at marks, each stepping a slice; or the server alone; on a cluster the
-server steps and the gradients are streamed, train/stream.py), the desk (train/desk.py: async mode on
-worker processes) or the stream (train/overlap.py: the server steps the whole vector). The epoch loop calls
-that engine's ``epoch_rest`` and never names a mode; the server watches the engine (train/scheduler.py),
-logs what finished (train/logbook.py), evaluates each epoch's last version, checkpoints and stops cleanly
-on a signal. When it runs the rounds itself, it does its own work between two updates (``heartbeat``).
-"""
+The server chooses the run's engine and placement once (``Trainer.choose``, the reasons logged), one of
+train/engines.py's: the rounds (workers meeting at marks, each stepping a slice; or the server alone), the
+cluster's rounds, the desk (async mode on worker processes) or the server stepping the whole vector
+(train/overlap.py). The epoch loop calls ``engine.run(position)`` until the epoch's updates are counted and
+never names a mode; a replay (``Trainer.replay``) is one run of the server's engine with the lineage's
+schedule. The server watches the engine's workers (train/scheduler.py), logs what finished
+(train/logbook.py), evaluates each epoch's last version, checkpoints and stops cleanly on a signal. When it
+runs the rounds itself, it does its own work between two updates (``heartbeat``)."""
 
 from __future__ import annotations
 
@@ -44,30 +44,21 @@ from memtrain.train.advice import few_updates_note, one_pass_note
 from memtrain.train.context import ModelContext, model_context, startup_check
 from memtrain.train.counters import ONE_PASS, epoch_number, position_text, update_number
 from memtrain.train.datacheck import check_trainable
-from memtrain.train.desk import DeskLog, create_desk
+from memtrain.train.engines import ClusterRounds, Desk, EpochEngine, Rounds, ServerSteps, server_agenda
 from memtrain.train.exchange import InServer, WorkerPool
 from memtrain.train.lineage import Lineage, solve_record
 from memtrain.train.logbook import Logbook
 from memtrain.train.marks import (
-    GRADIENT,
-    PUBLISH,
-    READYING,
-    STEP,
-    Activity,
     Board,
-    Ledger,
     create_records,
     open_records,
 )
 from memtrain.train.messages import (
-    Engine,
     EvalTask,
     GradTask,
-    Outcome,
     RoundSetup,
     StatsTask,
     StepTask,
-    Stretch,
     Task,
     WorkerSetup,
 )
@@ -75,25 +66,21 @@ from memtrain.train.metrics import SHOWN
 from memtrain.train.metrics import collect as validation_metrics
 from memtrain.train.monitor import check_monitor, monitor_for
 from memtrain.train.optim import state_slots
-from memtrain.train.overlap import Overlap, replay_mismatch
 from memtrain.train.placement import Placement, stream_workers
-from memtrain.train.plan import Plan, eval_tasks, gradient_banks, split_range, step_slices, task_stream
+from memtrain.train.plan import Plan, eval_tasks, gradient_banks, split_range
 from memtrain.train.pools import OnCluster, Streamed, open_cluster
 from memtrain.train.record import Decision
 from memtrain.train.room import room_needed, size_text
 from memtrain.train.run_dir import RunDir, open_run_dir, refuse_live_run
+from memtrain.train.schedule import replay_mismatch
 from memtrain.train.scheduler import CORES, BackupRule, Scheduler
-from memtrain.train.sliced import SlicedParticipant
 from memtrain.train.state import Position, job_updates_per_epoch, resume, save_checkpoint, start_fresh
 from memtrain.train.summary import summary_html, summary_text
 from memtrain.train.weights import (
-    BLOCK,
     create_digests,
     discard_building,
     publish_params,
-    ready_building,
     retire_weights,
-    rounds_keep,
     unpublish_after,
     versions_to_keep,
 )
@@ -239,8 +226,7 @@ class Trainer:
         self.callbacks = callbacks
         self.quiet = quiet
         self.lineage = lineage  # a run to replay (memtrain train --replay)
-        self.streamed = False  # train/overlap.py or the desk runs the run, not the rounds (decided once: choose)
-        self.overlap: Overlap | None = None
+        self.streamed = False  # the server's engine or the desk runs the run, not the rounds (decided once: choose)
         self.train_rows = dataset.split("train").rows
         self.val_rows = dataset.split("val").rows
         self.plan = job_plan(job, self.train_rows)
@@ -248,7 +234,6 @@ class Trainer:
         self.per_epoch = 1 if context.additive else job_updates_per_epoch(job, self.train_rows)
         self.checkpointed: int | None = None
         self.started = time.monotonic()
-        self.generation = 0
         self.slots = round_slots(job)
         # an additive model has no gradients: no buffers for them (its statistics go to train/additive.py's files)
         self.board = create_round_files(run.exchange, context.layout.size, job.train.tasks_per_update, self.slots,
@@ -269,7 +254,6 @@ class Trainer:
         self.bar: Reporter | None = None
         self.next_look = 0.0
         self.epoch_started = self.started
-        self.participants = 1
 
     def run(self, decision: Decision | None) -> TrainSummary:
         """``decision``: what a resume was allowed to change; None for a new run."""
@@ -288,31 +272,21 @@ class Trainer:
                                               heartbeat=lambda: self.heartbeat(position), keep_statistics=True,
                                               plan=self.plan, dataset=self.dataset))
         engine = self.choose(position)  # the one place the mode is chosen; the placement with it
-        desk = engine is Engine.DESK
         self.scheduler = Scheduler(task_timeout=self.job.train.task_timeout, max_attempts=self.job.train.max_attempts,
-                                   describe_task=self.describe_task,
-                                   describe_activity=self.describe_desk_activity if desk else self.describe_activity,
+                                   describe_task=self.describe_task, describe_activity=engine.describe_activity,
                                    log=self.log, stop_requested=lambda: self.stop.requested,
                                    discard=self.discard_attempt, describe_memory=self.describe_memory,
                                    backup=backup_rule(self.job))
-        if engine is Engine.STREAM:
-            self.overlap = Overlap(job=self.job, files=self.in_server.state.rounds(),
-                                   stream=self.scheduler.stream(self.placement.transport), logbook=self.logbook,
-                                   per_epoch=self.per_epoch, look=lambda: self.overlap_look(position))
-        # the rest of an epoch, as the engine runs it (a replay runs the lineage instead: ``replay``)
-        self.epoch_rest = {Engine.ROUNDS: self.stretch, Engine.DESK: self.desk_stretch,
-                           Engine.STREAM: self.overlap_epoch}[engine]
         try:
             with threadpool_limits(limits=self.job.train.blas_threads):  # the rounds it runs itself: same arithmetic
-                last = (self.replay(position) if self.lineage is not None else
-                        self.fit(position) or self._last_epoch_record())
+                last = (self.replay(position, engine) if self.lineage is not None else
+                        self.fit(position, engine) or self._last_epoch_record())
         except (KeyboardInterrupt, Interrupted) as exc:
             self.placement.close(timeout=2.0)
             raise self._interrupted(position, exc) from None
         finally:
             self.logbook.write()
-            if self.overlap is not None:
-                self.overlap.close()
+            engine.close()
             self.placement.close()
             self.board.close()
             self.monitor.close()
@@ -325,11 +299,11 @@ class Trainer:
                             and self.monitor.exhausted(position.epoch, position.best), monitor=self.job.train.monitor,
                             one_pass=self.context.additive)
 
-    def choose(self, position: Position) -> Engine:
+    def choose(self, position: Position) -> EpochEngine:
         """The run's engine and placement, chosen once from the job and the start-up measurement, the reasons
-        logged (docs/async.md, "Where it runs"): the rounds (synchronous; fixed staleness in the rounds; the
-        cluster's round, stepped by the server), the desk (async mode on worker processes) or the stream (fixed
-        staleness streamed, async mode in the server, a replay: train/overlap.py)."""
+        logged (docs/async.md, "Where it runs"), train/engines.py: the rounds (synchronous; fixed staleness in
+        the rounds), the cluster's rounds, the desk (async mode on worker processes) or the server stepping
+        the whole vector (fixed staleness streamed, async mode in the server, a replay)."""
         train = self.job.train
         if train.staleness:
             self.log(f"fixed staleness {train.staleness}: in the {train.staleness_in} "
@@ -337,16 +311,16 @@ class Trainer:
         if self.job.run.cluster:  # synchronous only (``train`` refuses the other modes there)
             self.placement = OnCluster(open_cluster(self.job, self._setup(), self.run_dir, self.log,
                                                     stopped=lambda: self.stop.signum), self.log)
-            return Engine.ROUNDS
+            return ClusterRounds(self)
         if self.lineage is None and train.mode == "sync" and train.staleness_in == "rounds":
             self.placement = Placement(workers=train.workers, tasks=train.tasks_per_update, cores=CORES,
                                        in_server=self.in_server, start_pool=self._start_pool, log=self.log)
-            return Engine.ROUNDS
+            return Rounds(self)
         self.streamed = True
         self.placement = self._overlap_placement(position)
         if train.mode == "async" and self.lineage is None and isinstance(self.placement.transport, WorkerPool):
-            return Engine.DESK
-        return Engine.STREAM
+            return Desk(self)
+        return ServerSteps(self, server_agenda(self))
 
     def _overlap_placement(self, position: Position) -> Streamed:
         """The overlapping modes stream their gradients to ``train.workers`` processes, or (0, or "auto" when
@@ -386,7 +360,8 @@ class Trainer:
         self.log(f"workers started: pids {' '.join(map(str, pool.pids()))}")
         return pool
 
-    def fit(self, position: Position) -> dict[str, Any]:
+    def fit(self, position: Position, engine: EpochEngine) -> dict[str, Any]:
+        """The epoch loop: each epoch run by ``engine`` to its end, evaluated, checkpointed."""
         last: dict[str, Any] = {}
         if self.context.additive:  # one pass, whatever train.epochs says (advice.one_pass_note)
             if position.version > 0:
@@ -402,135 +377,30 @@ class Trainer:
             started = time.monotonic()
             with reporting(f"epoch {epoch + 1}/{self.job.train.epochs}", self.per_epoch, plain_every=math.inf,
                            quiet=self.quiet) as bar:
-                self.bar = bar
-                while position.batch < self.per_epoch:
-                    self.epoch_rest(position, started)
+                self.bar, self.epoch_started = bar, started
+                while position.batch < self.per_epoch:  # an engine's run cut short (a fault, a probe) goes on
+                    engine.run(position)
                 last = self.end_epoch(position, started, final=epoch + 1 == self.job.train.epochs)
                 line = self.epoch_line(last)
                 self.log(line)  # the run's own record: the console may be gone (a closed terminal or pipe)
                 bar.line(line)
         return last
 
-    def overlap_epoch(self, position: Position, started: float) -> None:
-        """The rest of the epoch on the stream (train/overlap.py): the loop of the job's schedule."""
-        self.epoch_started = started
-        try:
-            (self.overlap.async_epoch if self.job.train.mode == "async" else self.overlap.staleness_epoch)(position)
-        finally:
-            self.logbook.write()
-
-    def replay(self, position: Position) -> dict[str, Any]:
-        """Re-execute the lineage's run (``memtrain train --replay``), checking every version's checksum."""
+    def replay(self, position: Position, engine: EpochEngine) -> dict[str, Any]:
+        """Re-execute the lineage's run (``memtrain train --replay``): the server's engine with the lineage's
+        ``Recorded`` schedule, which checks every version's checksum; then one evaluation and checkpoint."""
         lineage = self.lineage
         started = time.monotonic()
-
-        def check(version: int, recorded: str | None, found: str | None) -> None:
-            if recorded is not None and found != recorded:
-                raise replay_mismatch(version, recorded, found, lineage)
-
-        check(0, lineage.init_checksum, read_jsonl(self.run_dir.path / RUN_LINEAGE)[0].get("checksum"))
+        found = read_jsonl(self.run_dir.path / RUN_LINEAGE)[0].get("checksum")
+        if lineage.init_checksum is not None and found != lineage.init_checksum:
+            raise replay_mismatch(0, lineage.init_checksum, found, lineage.path)
         self.log(f"replay of {lineage.path.parent}: {plural(len(lineage.steps), 'update')}")
-        try:
-            self.overlap.replay(position, lineage, check)
-        finally:
-            self.logbook.write()
+        engine.run(position)
         return self.end_epoch(position, started, final=True)
 
-    def stretch(self, position: Position, started: float) -> None:
-        """Run the rounds from ``position`` on, to the end of its epoch unless cut short (a fault, a probe)."""
-        transport = self.placement.transport
-        cluster = isinstance(self.placement, OnCluster)
-        in_server = cluster or isinstance(transport, InServer)
-        board = self.memory_board if in_server else self.board
-        limit = self.placement.stretch_limit()
-        first, version = position.batch, position.version
-        stop = self.per_epoch if limit is None else min(self.per_epoch, first + limit)
-        participants = 1 if in_server else min(len(transport.slots), self.job.train.tasks_per_update)
-        self.participants = participants
-        self.generation += 1
-        board.set_ledger(Ledger(self.generation, position.update_index(self.per_epoch) - 1, version))
-        self.logbook.records["status"][first:stop] = 0
-        ready_building(self.run_dir.path, version + 1, self.context.layout.size, os.getpid(),
-                       rounds_keep(self.job.run.keep_versions, self.job.train.staleness), recycle=not cluster)
-        slices = len(step_slices(self.context.layout.size, participants, BLOCK))
-        bases = dict(position.bases) | {position.update_index(self.per_epoch): version}
-        stretches = [Stretch(generation=self.generation, epoch=position.epoch, first=first, stop=stop,
-                             version=version, slot=slot, participants=participants, slices=slices,
-                             bases=tuple(sorted(bases.items())))
-                     for slot in range(participants)]
-        self.epoch_started = started
-        logged = len(self.logbook.timeline)
-        try:
-            ended = (self.stream(stretches[0], position) if cluster else
-                     self.scheduler.run_stretch(transport, board, stretches, lambda: self.look(position, board)))
-        finally:  # a stop or a lost cluster mid-stretch: the position (and so a checkpoint) is where it stands
-            self.logbook.catch_up(position, board.ledger(), final=True)
-        self.report(position)
-        if ended == Outcome.STOPPED:
-            raise Interrupted("stopped by a signal")
-        if ended == Outcome.NONFINITE:  # catch_up raised unless the stop landed before the update was logged
-            raise MemtrainError("a non-finite update stopped the run", hint="see the event log")
-        done = position.update_index(self.per_epoch)
-        self.placement.observe(self.logbook.timeline[logged:], done, self.plan.total_updates - done)
-
-    def desk_stretch(self, position: Position, started: float) -> None:
-        """Async mode: the epoch's tasks not applied yet, on every worker at the desk, until done or a fault."""
-        transport, train, exchange = self.placement.transport, self.job.train, self.run_dir.exchange
-        ranges = task_stream(self.plan.updates(position.epoch))
-        applied = set(position.applied)
-        tasks = np.array([rows.task for rows in ranges if rows.task not in applied], dtype=np.int64)
-        if not len(tasks):  # every task applied, yet the epoch's updates not all counted: never run in circles
-            raise MemtrainError(f"epoch {position.epoch + 1}: every task is applied, but only {position.batch} of "
-                                f"{self.per_epoch} updates are counted", hint="this is a bug in memtrain: please "
-                                "report it with the run's events.log")
-        participants = len(transport.slots)
-        self.generation += 1
-        create_desk(exchange, self.context.layout.size, participants, train.async_group, tasks, position.version)
-        log = DeskLog(exchange, train.async_group, tasks, ranges, self.per_epoch)
-        stretches = [Stretch(generation=self.generation, epoch=position.epoch, first=position.batch,
-                             stop=self.per_epoch, version=position.version, slot=slot, participants=participants,
-                             slices=0, engine=Engine.DESK, group=train.async_group, max_staleness=train.max_staleness)
-                     for slot in range(participants)]
-        self.epoch_started = started
-
-        def look() -> None:
-            log.catch_up(position, self.logbook)
-            if self.look_due():
-                self.report(position)
-
-        try:
-            ended = self.scheduler.run_stretch(transport, self.board, stretches, look)
-        finally:  # a stop or a fault mid-stretch: the position (and so a checkpoint) is where it stands
-            log.catch_up(position, self.logbook)
-            if position.batch == self.per_epoch:  # the epoch is done, whatever ended the stretch
-                position.applied = []
-            newer = unpublish_after(self.run_dir.path, position.version)  # renamed, never recorded: made again
-            if newer:
-                self.log(f"unpublished versions {newer[0]}-{newer[-1]}: not recorded before the stretch ended")
-        self.report(position)
-        if ended == Outcome.STOPPED:
-            raise Interrupted("stopped by a signal")
-        if ended == Outcome.NONFINITE:
-            raise MemtrainError("a non-finite update stopped the run", hint="see the event log")
-
-    def stream(self, stretch: Stretch, position: Position) -> Outcome:
-        """A stretch run by the server alone, its gradient tasks streamed to the cluster's workers."""
-        from memtrain.cluster.sharedfs import needs_sync, sync_for_readers
-
-        transport = self.placement.transport
-        sync = needs_sync(self.run_dir.path)
-        participant = SlicedParticipant(
-            self.in_server.state.rounds(), stretch, workers=lambda: len(transport.slots),
-            run_tasks=lambda tasks, meanwhile: self.scheduler.run(transport, tasks, meanwhile),
-            publish_sync=sync_for_readers if sync else lambda path: None, recycle=False,
-            heartbeat=lambda: self.heartbeat(position), slices=lambda: len(transport.slots))
-        outcome = participant.run()
-        if self.stop.requested:
-            return Outcome.STOPPED
-        return Outcome.NONFINITE if outcome == Outcome.NONFINITE else Outcome.DONE
-
     def overlap_look(self, position: Position) -> None:
-        """The server's look between two updates of an overlapping mode: logs and progress, now and then."""
+        """The server's look between two updates it steps whole (train/overlap.py): logs and progress, now and
+        then."""
         if self.look_due():
             self.report(position)
 
@@ -693,34 +563,6 @@ class Trainer:
             return text + f"; its partial statistics, {size_text(partial)}, are a mapped file)"
         weights = self.context.layout.size * 4
         return text + f"; the weights, {size_text(weights)}, are a mapped file)"
-
-    def describe_activity(self, activity: Activity) -> str:
-        """A participant's activity in the rounds (train/rounds.py)."""
-        update = self.plan.update(activity.update)
-        if activity.kind == GRADIENT:
-            rows = update.tasks[activity.item]
-            return (f"gradient task {rows.task} ({self.describe_rows(rows.lo, rows.hi, epoch=update.epoch)}) of update "
-                    f"{update_number(update.update)}")
-        if activity.kind == STEP:
-            lo, hi = step_slices(self.context.layout.size, self.participants, BLOCK)[activity.item]
-            return f"step slice {activity.item} (parameters {lo}-{hi}) of update {update_number(update.update)}"
-        if activity.kind == PUBLISH:
-            return f"the publication of update {update_number(update.update)}'s version"
-        if activity.kind == READYING:
-            return f"the readying of the file of the version after update {update_number(update.update)}"
-        return f"a wait for its peers at update {update_number(update.update)}"
-
-    def describe_desk_activity(self, activity: Activity) -> str:
-        """A participant's activity at the desk (train/desk.py): ``update`` counts groups, ``item`` is a task's
-        number in its epoch's task stream."""
-        epoch = activity.update // self.per_epoch
-        if activity.kind == GRADIENT:
-            rows = task_stream(self.plan.updates(epoch))[activity.item]
-            return (f"gradient task {rows.task} ({self.describe_rows(rows.lo, rows.hi, epoch=epoch)}) of epoch "
-                    f"{epoch + 1}")
-        if activity.kind == STEP:
-            return f"the step of update {update_number(activity.update)}"
-        return f"a wait for a task or for its group's turn, at update {update_number(activity.update)}"
 
     def describe_rows(self, lo: int, hi: int, split: str = "train", epoch: int | None = None) -> str:
         """A task's rows in words: rows [lo, hi) of ``split``, or, for a gradient task of epoch ``epoch`` of a

@@ -1,0 +1,134 @@
+"""The engines (memtrain/train/engines.py): who steps, behind one interface, chosen once by ``Trainer.choose``.
+
+End to end through the CLI on a tiny dataset in the server (no worker processes, so fast): each job gets the
+engine and schedule its mode names, the epoch loop runs it until each epoch is done and closes it once; and
+the engines' own contracts, without processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from tiny_data import blobs, write_dataset
+
+from memtrain.cli import main
+from memtrain.layout import weight_versions
+from memtrain.train import server
+from memtrain.train.engines import ClusterRounds, Desk, Rounds, ServerSteps
+from memtrain.train.marks import STEP, Activity
+from memtrain.train.schedule import ArrivalAgenda, PlannedAgenda, RecordedAgenda
+
+JOB = """
+[data]
+path = "{data}"
+
+[model]
+kind = "softmax"
+
+[train]
+epochs = 2
+batch_size = 60
+tasks_per_update = 2
+lr = 0.05
+workers = 0
+{train}
+
+[run]
+dir = "{run}"
+"""
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    x, y = blobs(n=300, features=4, classes=3, seed=1)
+    return write_dataset(tmp_path_factory.mktemp("data") / "blobs", x, y, shard_rows=100)
+
+
+@pytest.fixture
+def chosen(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    """Each run's engine as ``Trainer.choose`` returned it, with the agendas it ran and its runs and closes."""
+    seen: list[dict] = []
+    choose = server.Trainer.choose
+
+    def recording(self: server.Trainer, position: object) -> object:
+        engine = choose(self, position)
+        entry = {"engine": engine, "runs": 0, "closed": 0, "agendas": []}
+        seen.append(entry)
+        run, close = engine.run, engine.close
+
+        def counted_run(position: object) -> None:
+            entry["runs"] += 1
+            run(position)
+
+        def counted_close() -> None:
+            entry["closed"] += 1
+            close()
+
+        engine.run, engine.close = counted_run, counted_close
+        if isinstance(engine, ServerSteps):
+            agenda = engine.agenda
+            engine.agenda = lambda position: entry["agendas"].append(agenda(position)) or entry["agendas"][-1]
+        return engine
+
+    monkeypatch.setattr(server.Trainer, "choose", recording)
+    return seen
+
+
+def train(tmp_path: Path, data: Path, train: str, *args: str) -> Path:
+    job = tmp_path / "job.toml"
+    job.write_text(JOB.format(data=data, train=train, run=tmp_path / "run"))
+    assert main(["train", str(job), "--quiet", *args]) == 0
+    return tmp_path / "run"
+
+
+@pytest.mark.parametrize(("train_keys", "engine", "agenda"), [
+    ("", Rounds, None),
+    ('staleness = 1\nstaleness_in = "stream"', ServerSteps, PlannedAgenda),
+    ('mode = "async"\nasync_group = 2', ServerSteps, ArrivalAgenda),
+])
+def test_each_mode_runs_its_engine_and_schedule_once_chosen(tmp_path: Path, data: Path, chosen: list[dict],
+                                                           train_keys: str, engine: type,
+                                                           agenda: type | None) -> None:
+    run = train(tmp_path, data, train_keys)
+    [entry] = chosen
+    assert type(entry["engine"]) is engine
+    assert entry["runs"] == 2, "the epoch loop runs the engine once per epoch (nothing cut it short)"
+    assert entry["closed"] == 1
+    if agenda is not None:
+        assert [type(a) for a in entry["agendas"]] == [agenda, agenda], "one agenda per epoch"
+    assert weight_versions(run)[-1] > 0
+
+
+def test_a_replay_is_the_server_engine_with_the_recorded_schedule(tmp_path: Path, data: Path,
+                                                                  chosen: list[dict]) -> None:
+    run = train(tmp_path, data, 'mode = "async"\nasync_group = 2')
+    assert main(["train", "--replay", str(run), "--quiet", "--run-dir", str(tmp_path / "replay"),
+                 "--workers", "0"]) == 0
+    replay = chosen[-1]
+    assert type(replay["engine"]) is ServerSteps and replay["runs"] == 1 and replay["closed"] == 1
+    assert [type(a) for a in replay["agendas"]] == [RecordedAgenda]
+
+
+def trainer(**fields: object) -> SimpleNamespace:
+    return SimpleNamespace(placement=None, run_dir=None, in_server=None, stop=None, heartbeat=None, **fields)
+
+
+def test_the_cluster_rounds_are_run_by_the_server_alone_and_never_recycle_versions() -> None:
+    cluster, rounds = ClusterRounds(trainer()), Rounds(trainer())
+    assert cluster.alone() and not cluster.recycle and rounds.recycle
+
+
+def test_the_server_engine_makes_nothing_until_it_runs() -> None:
+    engine = ServerSteps(trainer(), agenda=lambda position: None)
+    engine.close()  # at a run that stopped before its first epoch: no stream, no loop to make
+    assert "overlap" not in engine.__dict__
+
+
+def test_each_engine_names_a_participants_activity_in_its_own_words() -> None:
+    plan = SimpleNamespace(update=lambda update: SimpleNamespace(update=update, tasks=(), epoch=0))
+    step = Activity(slot=0, generation=1, kind=STEP, update=4, item=0, started=0.0)
+    rounds = Rounds(trainer(plan=plan, context=SimpleNamespace(layout=SimpleNamespace(size=10_000))))
+    assert rounds.describe_activity(step) == "step slice 0 (parameters 0-10000) of update 5"
+    desk = Desk(trainer(per_epoch=3))
+    assert desk.describe_activity(step) == "the step of update 5"
