@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -231,20 +232,40 @@ def other_checkout(path: str | Path) -> Checkout:
     if not (root / "memtrain" / "__init__.py").is_file():
         raise InputError("--against needs a memtrain checkout (a git worktree with memtrain/__init__.py)", path=root,
                          hint="make one with: git worktree add /tmp/old COMMIT")
-    commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, check=False)
-    if commit.returncode != 0:
+    commit = short_commit(root)
+    if commit is None:
         raise InputError("--against needs a git checkout (its commit names the method)", path=root,
-                         found=commit.stderr.strip())
-    return Checkout(root=root, commit=commit.stdout.strip())
+                         hint="make one with: git worktree add /tmp/old COMMIT")
+    if root == this_checkout().root:
+        raise InputError("--against names this checkout itself", path=root, expected="another checkout")
+    return Checkout(root=root, commit=commit)
+
+
+def this_checkout() -> Checkout:
+    """The memtrain running this benchmark, as a Checkout (its folder on PYTHONPATH runs this same code)."""
+    import memtrain
+
+    root = Path(memtrain.__file__).resolve().parent.parent
+    return Checkout(root=root, commit=short_commit(root) or "this", this=True)
+
+
+def short_commit(root: Path) -> str | None:
+    """``git -C root rev-parse --short HEAD``; None when ``root`` is not in a git work tree."""
+    try:
+        done = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=False, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else None
 
 
 @dataclass(frozen=True, kw_only=True)
 class Checkout:
-    """Another memtrain checkout to run (``--against``): its method is ``memtrain@commit``."""
+    """A memtrain checkout to run: another one (``--against``), whose method is ``memtrain@commit``, or this."""
 
     root: Path
     commit: str
+    this: bool = False
 
     @property
     def method(self) -> str:
@@ -438,14 +459,14 @@ def run_once(method: str, problem: Problem, scratch: Path, exchange: str,
     return result
 
 
-def run_checkout(checkout: Checkout, spec: dict[str, Any], scratch: Path, *, what: str,
-                 env: dict[str, str]) -> tuple[dict[str, Any], int, Any]:
+def run_checkout(checkout: Checkout, spec: dict[str, Any], scratch: Path, *, what: str, env: dict[str, str],
+                 alongside: Callable[[int], Callable[[], None]] | None = None) -> tuple[dict[str, Any], int, Any]:
     """checkout_run.py (this checkout's file) as a script, importing memtrain from ``checkout``: ``-P`` keeps the
     script's folder off sys.path, PYTHONPATH puts the checkout first (for the run's workers too), and the
     working directory is the scratch folder, never a checkout. Checks the memtrain it imported."""
     env = env | {"PYTHONPATH": str(checkout.root)}
     result, pid, peaks = run_sampled("", spec, what=what, timeout=RUN_TIMEOUT, env=env, cwd=scratch,
-                                     command=[sys.executable, "-P", checkout_run.__file__])
+                                     command=[sys.executable, "-P", checkout_run.__file__], alongside=alongside)
     checkout_run.check_imported(result, checkout.root, what)
     return result, pid, peaks
 
