@@ -143,6 +143,9 @@ def run(args: argparse.Namespace) -> int:
         methods.append(CLUSTER_METHOD)
     shuffles = parse_shuffles(getattr(args, "shuffle", "batches"))
     checkouts = [other_checkout(path) for path in getattr(args, "against", [])]
+    if checkouts and getattr(args, "larger_than_ram", False):
+        raise InputError("--against compares the table's runs; --larger-than-ram compares orders only",
+                         found="both", hint="run them as two commands")
     methods = with_orders(methods, shuffles, checkouts)
     args.updates, args.warmup = window(args, params=None)
     if args.updates <= args.warmup + 1:
@@ -363,26 +366,42 @@ def best_of(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-ORDER_TARGET = Target(name="update time, rows / batches", at_most=1.05)
+ORDER_TARGET = Target(name="update time, rows / batches order", at_most=1.05)  # issue 27: rows costs <= 5%
+
+
+def order_reference(shuffles: list[str]) -> str:
+    """The order the others' update times are divided by: "batches" when it is run, else the last one."""
+    return "batches" if "batches" in shuffles else shuffles[-1]
+
+
+def order_ratio(name: str, shuffle: str, reference: str, ratio: Spread | None) -> dict[str, Any]:
+    """The update time of ``shuffle`` over ``reference``'s, with a verdict against ORDER_TARGET for rows / batches."""
+    name = f"{name}: update time, {shuffle} / {reference} order"
+    if ratio is None:
+        verdict = f"{name}: not timed"
+    elif (shuffle, reference) == ("rows", "batches"):
+        verdict = replace(ORDER_TARGET, name=name).verdict(ratio)
+    else:
+        verdict = f"{name}: {ratio.text()}x"
+    return {"name": name, "ratio": ratio.as_dict() if ratio else None, "verdict": verdict}
 
 
 def order_ratios(rows: list[dict[str, Any]], shuffles: list[str]) -> list[dict[str, Any]]:
-    """Per size and memtrain method run in several orders: each order's update time over the last order's,
-    repeat by repeat (``--shuffle rows,batches``: rows / batches, the cost of row shuffling)."""
+    """Per size and memtrain method run in several orders: each order's update time over the reference order's
+    (order_reference), repeat by repeat (``--shuffle rows,batches``: rows / batches, the cost of row shuffling)."""
     out = []
+    reference = order_reference(shuffles)
     for params in dict.fromkeys(r["params"] for r in rows):
         here = {r["method"]: r for r in rows if r["params"] == params}
         for method in [m for m in here if method_parts(m)[1] is None and "@" not in m]:
-            base = here.get(ordered(method, shuffles[-1], shuffles))
-            for shuffle in shuffles[:-1]:
+            base = here.get(ordered(method, reference, shuffles))
+            for shuffle in [s for s in shuffles if s != reference]:
                 row = here.get(ordered(method, shuffle, shuffles))
-                if base is None or row is None or row is base:
+                if base is None or row is None:
                     continue
                 ratio = pairwise(base["runs_samples_per_s"], row["runs_samples_per_s"])  # time: row / base
-                name = f"{LABELS.get(method, method)}: update time, {shuffle} / {shuffles[-1]} order"
-                out.append({"params": params, "method": method, "name": name, "ratio": ratio.as_dict() if ratio
-                            else None, "verdict": (Target(name=name, at_most=ORDER_TARGET.at_most).verdict(ratio)
-                                                   if ratio else f"{name}: not timed")})
+                out.append({"params": params, "method": method}
+                           | order_ratio(LABELS.get(method, method), shuffle, reference, ratio))
     return out
 
 
