@@ -109,8 +109,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the order the figures in the docs were taken with). With several, every memtrain "
                              "method runs once per order in the same interleaved repeats: the first order keeps "
                              "the method's name, the others are named like memtrain[batches], and the update time "
-                             "of each order over the last one's is printed per size ('--shuffle rows,batches': "
-                             "what row shuffling costs, target <= 1.05). Also for --larger-than-ram. The peers "
+                             "of each order over the batches order's is printed per size ('--shuffle rows,batches'"
+                             ": what row shuffling costs, target <= 1.05). Also for --larger-than-ram. The peers "
                              "read contiguous batches either way")
     parser.add_argument("--against", metavar="PATH", action="append", default=[],
                         help="also run memtrain from another checkout (a git worktree of an older commit, e.g. "
