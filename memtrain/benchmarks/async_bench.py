@@ -157,7 +157,7 @@ def run_once(problem: Problem, scratch: Path, exchange: str, train: dict[str, An
     ``wall_seconds`` is that process's life (start-up included). ``stopped``: one worker is stopped from outside
     for that fraction of the time; ``marker``: the hook straggler's file, made by the worker that takes its part."""
     spec = spec_for(problem, scratch / "run", exchange, workers=problem.workers, portable=True, train=train) | {
-        "lineage": True}
+        "lineage": True, "quiet": True}
     environ = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")} | env
     stragglers: list[OutsideStraggler] = []
 

@@ -18,7 +18,7 @@ other unknown key is an error, never dropped.
 
 Spec: {"dataset", "hidden", "epochs", "batch", "tasks", "workers", "seed", "optimizer": {...}, "exchange",
 "cluster", "run_dir", "train": {TrainConfig field: value}, "train_if_known": {...}, "lineage": bool,
-"data_limit_bytes": int | null}.
+"quiet": bool (no progress on stderr: bench async), "data_limit_bytes": int | null}.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def decided_at(events: str) -> int | None:
 
 
 def run_job(spec: dict[str, Any]) -> dict[str, Any]:
-    """Run the job to its end (quietly) and read back its update records, events and, if asked, staleness."""
+    """Run the job to its end and read back its update records, events and, if asked, staleness."""
     import memtrain
     from memtrain.files import read_jsonl
     from memtrain.layout import RUN_EVENTS, RUN_METRICS
@@ -92,7 +92,7 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
     shutil.rmtree(run_dir, ignore_errors=True)
     started = time.perf_counter()
     try:
-        train(job, quiet=True)
+        train(job, quiet=spec.get("quiet", False))
         total = time.perf_counter() - started
         records = [r for r in read_jsonl(run_dir / RUN_METRICS) if r.get("kind") == "update"]
         events = (run_dir / RUN_EVENTS).read_text(encoding="utf-8")
