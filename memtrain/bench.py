@@ -10,6 +10,9 @@ Examples:
   memtrain bench train --sizes 1e6 --json
   memtrain bench train --larger-than-ram --limit-mib 256   # a dataset 4x larger than a memory limit
   memtrain bench train --sizes 1e6,1e7 --methods memtrain --cluster local:2   # the Dask transport vs local
+  memtrain bench train --shuffle rows,batches   # train.shuffle rows and batches side by side: rows / batches
+  memtrain bench train --methods memtrain --against /tmp/old   # vs another checkout (git worktree add /tmp/old C)
+  memtrain bench async --against /tmp/old         # every mode also from another checkout
   memtrain bench async --sizes 1e5,1e6  # sync vs staleness 1 vs async, without and with a straggler
   memtrain bench loader              # ds.batches and BatchDataset vs np.memmap and HF datasets, 0/2/4 workers
   memtrain bench loader --larger-than-ram --limit-mib 256   # the data 4x RLIMIT_DATA of every process

@@ -123,14 +123,17 @@ def test_the_compare_helper_interleaves_and_takes_medians_ranges_and_pairwise_ra
         "x: 1.46x (runs 1.20-1.60), target >= 1.5x by median: NOT met"
 
 
-def _fake_runs(monkeypatch: pytest.MonkeyPatch, startup: dict[str, float], cost: dict[str, float]) -> list[tuple]:
+def _fake_runs(monkeypatch: pytest.MonkeyPatch, startup: dict[str, float], cost: dict[str, float],
+               seen: list[tuple] | None = None) -> list[tuple]:
     """bench train's run_once replaced by a process that takes ``startup[method]`` plus ``cost[method]`` seconds
-    per update; returns the calls made, in order."""
+    per update; returns the calls made, in order (and adds each call's order and checkout to ``seen``)."""
     calls: list[tuple] = []
 
     def fake_run_once(method: str, problem: Problem, scratch: Path, exchange: str, data_limit: int | None = None,
-                      cluster: str = "") -> dict[str, Any]:
+                      cluster: str = "", checkout: Any = None) -> dict[str, Any]:
         calls.append((method, problem.epochs))
+        if seen is not None:
+            seen.append((method, problem.shuffle, checkout))
         updates = problem.updates * problem.epochs
         return {"wall_seconds": startup[method] + cost[method] * updates, "update_seconds": [cost[method]] * updates,
                 "compute_seconds": [cost[method] / 2] * updates, "peak_mib": 10.0, "pss_mib": 5.0,

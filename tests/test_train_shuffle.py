@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -203,6 +204,32 @@ def test_task_rows_reads_a_contiguous_range_without_a_copy(data: Path) -> None:
     x, _ = TaskRows(train, Normalizer(None, None), 0).get(range(10, 60))
     assert np.shares_memory(x, train.shard_arrays(0)[0])
 
+
+
+@pytest.mark.parametrize("budget", [1 << 30, 0], ids=["split kept", "gathered from the map"])
+def test_a_shuffled_task_allocates_no_array_of_its_size(tmp_path: Path, budget: int) -> None:
+    """A task's rows go into reused buffers, copied once: no new array per task (np.take's default mode would
+    take into a temporary first; normalizing would make a new array), whether the split is kept or not."""
+    # a task's features are 50 x 2 KiB: more than the fixed buffer (<= 32 KiB) numpy's ufuncs use to broadcast
+    x, y = blobs(n=500, features=512, classes=3, seed=2)
+    dataset = open_dataset(write_dataset(tmp_path / "one-shard", x, y, shard_rows=1000))
+    train = dataset.split("train")
+    rows = TaskRows(train, Normalizer.from_stats(dataset.manifest["stats"], True), budget)
+    plan = Plan(train.rows, 50, 1, 4, 1, shuffle="rows", window=64)
+    one_shard = [plan.rows(0, t.lo, t.hi) for u in plan.updates(0) for t in u.tasks]
+    assert all(isinstance(r, np.ndarray) and len(r) == 50 for r in one_shard[:-1])
+    one_shard = one_shard[:-1]
+    for task in one_shard[:2]:
+        rows.get(task)  # the buffers made
+    tracemalloc.start()
+    try:
+        for task in one_shard * 3:
+            x, y = rows.get(task)
+            del x, y
+        current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 50 * 512 * 4 // 2, f"{peak} bytes traced while reading tasks of {50 * 512 * 4} bytes of features"
 
 # --- the effect on a model (the full experiment: python -m memtrain.benchmarks.sorted_classes) ---
 

@@ -15,39 +15,44 @@ arrive unevenly, so it is the count over the time span, not a median of gaps). T
 (compare.py), ``--repeats`` times; each rate is the median with its range, and each ratio to sync is
 taken repeat by repeat (the runs made side by side), then its median and range: a target is met when
 the median meets it. (Until issue 32 the ratio was of the median rates, over the steady part only.)
+
+Every run is checkout_run.py started as a script with this checkout on PYTHONPATH; ``--against PATH`` runs
+every mode again with PATH's memtrain instead (the same job: train.shuffle = "batches", a key passed only
+to a memtrain that knows it), as the modes "sync @COMMIT" and so on, interleaved with this checkout's, and
+prints per mode the time of an update here over there, repeat by repeat.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from memtrain.benchmarks.compare import Spread, Target, interleaved, pairwise
-from memtrain.benchmarks.memory import run_sampled
+from memtrain.benchmarks.memtrain_run import spec_for
 from memtrain.benchmarks.outside_straggler import OutsideStraggler
 from memtrain.benchmarks.problem import BATCH, Problem
 from memtrain.benchmarks.synthetic import CLASSES, FEATURES, mlp_shape, write_dataset
 from memtrain.benchmarks.train_bench import (
-    RUN_TIMEOUT,
     VAL_ROWS,
+    Checkout,
     machine,
     machine_caption,
+    other_checkout,
+    parse_shuffles,
     parse_sizes,
+    run_checkout,
+    this_checkout,
     window,
 )
 from memtrain.errors import InputError
 from memtrain.faults import STRAGGLER_ENV
 from memtrain.progress import BENCH_EVERY, Reporter, reporting
-from memtrain.train.optim import OptimizerConfig
 
 MAX_STALENESS = 4
 HOW = {"hook": "sleeping after each gradient", "outside": "stopped from outside"}  # --straggler-from, in the title
@@ -85,12 +90,17 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("bench async needs at least 2 workers (one of them the straggler)", found=args.workers)
     if args.repeats < 1:
         raise InputError("--repeats must be at least 1", found=args.repeats)
+    shuffles = parse_shuffles(getattr(args, "shuffle", "batches"))
+    if shuffles != ["batches"]:
+        raise InputError("bench async runs the batches order (the order of the targets in docs/async.md)",
+                         where="--shuffle", found=",".join(shuffles))
+    checkouts = [this_checkout()] + [other_checkout(path) for path in getattr(args, "against", [])]
     scratch = Path(tempfile.mkdtemp(prefix="memtrain-bench-", dir=args.dir))
     try:
         load_before = os.getloadavg()
-        runs = len(sizes) * 2 * args.repeats * len(modes(args.workers))  # 2: without and with the straggler
+        runs = len(sizes) * 2 * args.repeats * len(modes(args.workers)) * len(checkouts)  # 2: with/without straggler
         with reporting("bench async", runs, plain_every=BENCH_EVERY) as progress:
-            rows = [row for size in sizes for row in bench_size(size, args, scratch, progress)]
+            rows = [row for size in sizes for row in bench_size(size, args, scratch, progress, checkouts)]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     report = {"machine": machine() | {"loadavg_before": load_before, "loadavg_after": os.getloadavg()},
@@ -98,8 +108,9 @@ def run(args: argparse.Namespace) -> int:
                            "window": {str(size): window(args, params=mlp_shape(size).params) for size in sizes},
                            "repeats": args.repeats, "straggler": args.straggler,
                            "straggler_from": args.straggler_from,
-                           "optimizer": "sgd", "modes": modes(args.workers)},
-              "results": rows, "checks": checks(rows)}
+                           "optimizer": "sgd", "modes": modes(args.workers),
+                           "against": [str(c.root) for c in checkouts[1:]]},
+              "results": rows, "checks": checks(rows), "against": against_ratios(rows, checkouts)}
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -107,34 +118,46 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def bench_size(size: int, args: argparse.Namespace, scratch: Path, progress: Reporter) -> list[dict[str, Any]]:
+def labelled(mode: str, checkout: Checkout) -> str:
+    """A mode's label: as named for this checkout, ``sync @COMMIT`` for another (``--against``)."""
+    return mode if checkout.this else f"{mode} @{checkout.commit}"
+
+
+def bench_size(size: int, args: argparse.Namespace, scratch: Path, progress: Reporter,
+               checkouts: list[Checkout]) -> list[dict[str, Any]]:
     shape = mlp_shape(size)
     updates, warmup = window(args, params=shape.params)
     data = write_dataset(scratch / f"data-{shape.params}", updates * BATCH, VAL_ROWS, features=shape.features,
                          classes=shape.classes)
     problem = Problem(str(data), shape.hidden, updates, workers=args.workers)
+    configurations = {labelled(mode, c): (train, c) for c in checkouts for mode, train in modes(args.workers).items()}
     rows = []
     for straggler in (None, args.straggler):
         def run(label: str, repeat: int, straggler: float | None = straggler) -> dict[str, Any]:
-            train = modes(args.workers)[label]
+            train, checkout = configurations[label]
             slow = f", straggler {straggler:g}x" if straggler else ""
             progress.begin(f"{shape.params:,} params: {label}{slow}")
             if straggler and args.straggler_from == "outside":
-                return run_once(problem, scratch, args.exchange, train, {}, stopped=1 - 1 / straggler)
+                return run_once(problem, scratch, args.exchange, train, {}, checkout, stopped=1 - 1 / straggler)
             marker = scratch / f"straggler-{shape.params}-{repeat}-{label.replace(' ', '-')}"  # one per run
             env = {STRAGGLER_ENV: f"{straggler}:{marker}"} if straggler else {}
-            return run_once(problem, scratch, args.exchange, train, env)
+            return run_once(problem, scratch, args.exchange, train, env, checkout, marker=marker if straggler else None)
 
-        runs = interleaved(list(modes(args.workers)), args.repeats, run)
-        rows += summarize(runs, warmup, shape.params, straggler, steady=updates - warmup)
+        runs = interleaved(list(configurations), args.repeats, run)
+        for checkout in checkouts:
+            mine = {label: runs[label] for label, (_, c) in configurations.items() if c is checkout}
+            rows += [row | {"checkout": checkout.commit, "this": checkout.this}
+                     for row in summarize(mine, warmup, shape.params, straggler, steady=updates - warmup)]
     return rows
 
 
-def run_once(problem: Problem, scratch: Path, exchange: str, train: dict[str, Any],
-             env: dict[str, str], *, stopped: float | None = None) -> dict[str, Any]:
-    """One configuration in a fresh process; ``wall_seconds`` is that process's life (start-up included).
-    ``stopped``: one worker is stopped from outside for that fraction of the time."""
-    spec = {"problem": asdict(problem), "run_dir": str(scratch / "run"), "exchange": exchange, "train": train}
+def run_once(problem: Problem, scratch: Path, exchange: str, train: dict[str, Any], env: dict[str, str],
+             checkout: Checkout, *, stopped: float | None = None, marker: Path | None = None) -> dict[str, Any]:
+    """One configuration in a fresh process (checkout_run.py, importing ``checkout``'s memtrain);
+    ``wall_seconds`` is that process's life (start-up included). ``stopped``: one worker is stopped from outside
+    for that fraction of the time; ``marker``: the hook straggler's file, made by the worker that takes its part."""
+    spec = spec_for(problem, scratch / "run", exchange, workers=problem.workers, portable=True, train=train) | {
+        "lineage": True, "quiet": True}
     environ = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")} | env
     stragglers: list[OutsideStraggler] = []
 
@@ -143,13 +166,31 @@ def run_once(problem: Problem, scratch: Path, exchange: str, train: dict[str, An
         stragglers[0].start()
         return stragglers[0].finish
 
+    free = marker is not None and not marker.exists()  # the straggler's part is still to be taken
     started = time.perf_counter()
-    result, _, _ = run_sampled("memtrain.benchmarks.async_bench", spec, what=f"bench async {train or 'sync'}",
-                               timeout=RUN_TIMEOUT, env=environ, alongside=straggle if stopped else None)
-    result["wall_seconds"] = time.perf_counter() - started
-    if stopped:
-        result["straggled"] = stragglers[0].stops > 0
+    raw, _, _ = run_checkout(checkout, spec, scratch, what=f"bench async {train or 'sync'}", env=environ,
+                             alongside=straggle if stopped else None)
+    result = {"stamps": [r["time"] for r in raw["records"]], "staleness": raw["staleness"],
+              "discarded": raw["discarded"], "memtrain_file": raw["memtrain_file"],
+              "wall_seconds": time.perf_counter() - started,
+              "straggled": stragglers[0].stops > 0 if stopped else free and marker.exists()}
     return result
+
+
+def against_ratios(rows: list[dict[str, Any]], checkouts: list[Checkout]) -> list[dict[str, Any]]:
+    """Per size, straggler and mode, for each other checkout: the time of an update here over there (whole runs,
+    repeat by repeat): above 1, this checkout is slower."""
+    out = []
+    here = [row for row in rows if row["this"]]
+    for other in checkouts[1:]:
+        for row in here:
+            there = next(r for r in rows if r["checkout"] == other.commit and not r["this"] and
+                         r["params"] == row["params"] and r["straggler"] == row["straggler"] and
+                         r["mode"] == labelled(row["mode"], other))
+            ratio = pairwise(there["whole"]["runs"], row["whole"]["runs"])
+            out.append({"params": row["params"], "straggler": row["straggler"], "mode": row["mode"],
+                        "commit": other.commit, "ratio": ratio.as_dict() if ratio else None})
+    return out
 
 
 def summarize(runs: dict[str, list[dict[str, Any]]], warmup: int, params: int,
@@ -165,7 +206,8 @@ def summarize(runs: dict[str, list[dict[str, Any]]], warmup: int, params: int,
                      "straggled": [r["straggled"] for r in results],
                      "staleness_mean": sum(staleness) / max(len(staleness), 1),
                      "staleness_max": max(staleness, default=0), "recomputed": sum(r["discarded"] for r in results),
-                     "runs": len(results)})
+                     "runs": len(results), "imported_from": sorted({r["memtrain_file"] for r in results
+                                                                    if "memtrain_file" in r})})
     sync = rows[0]
     for row in rows:
         row["vs_sync"] = pairwise(row["whole"]["runs"], sync["whole"]["runs"]).as_dict()
@@ -184,7 +226,8 @@ def checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     >= sync without. Met when the median ratio (repeat by repeat) meets the target."""
     out = []
     for params in dict.fromkeys(row["params"] for row in rows):
-        by = {(row["straggler"] is not None, row["mode"]): row for row in rows if row["params"] == params}
+        by = {(row["straggler"] is not None, row["mode"]): row for row in rows
+              if row["params"] == params and row.get("this", True)}
         for key, target in TARGETS.items():
             ratio = Spread.of(by[key]["vs_sync"]["runs"])
             out.append({"params": params, "check": target.name, "target": target.at_least,
@@ -211,42 +254,17 @@ def print_table(report: dict[str, Any]) -> None:
                       _text(row["whole"], 1), _text(row["vs_sync"]), _text(row["steady"], 1),
                       _text(row["vs_sync_steady"]), f"{row['staleness_mean']:.2f}", str(row["staleness_max"]),
                       str(row["recomputed"]))
-    console = Console(width=170)
+    console = Console(width=200)
     console.print(table)
     for check in report["checks"]:
         console.print(f"{check['params']:,} params: {check['verdict']}", highlight=False)
+    for other in report.get("against", []):
+        slow = f", straggler 1/{other['straggler']:g} speed" if other["straggler"] else ""
+        ratio = _text(other["ratio"]) if other["ratio"] else "-"
+        console.print(f"{other['params']:,} params, {other['mode']}{slow}: time of an update, this checkout / "
+                      f"{other['commit']} (whole runs, the same job) = {ratio} (above 1: this checkout is slower)",
+                      highlight=False, markup=False)
 
 
 def _text(spread: dict[str, Any], digits: int = 2) -> str:
     return Spread.of(spread["runs"]).text(digits)
-
-
-def run_child(spec: dict[str, Any]) -> dict[str, Any]:
-    """One configuration's run (in this fresh process): the publication times and the lineage's staleness."""
-    from memtrain.benchmarks.memtrain_run import job_for
-    from memtrain.files import read_jsonl
-    from memtrain.layout import RUN_METRICS
-    from memtrain.train.lineage import read_lineage
-    from memtrain.train.server import train
-
-    marker = Path(os.environ.get(STRAGGLER_ENV, "").partition(":")[2] or os.devnull)
-    free = not marker.exists()  # the straggler's part is still to be taken
-    problem = spec["problem"]
-    problem = Problem(**(problem | {"optimizer": OptimizerConfig(**problem["optimizer"])}))
-    run_dir = Path(spec["run_dir"])
-    shutil.rmtree(run_dir, ignore_errors=True)
-    job = job_for(problem, run_dir, spec["exchange"], workers=problem.workers)
-    job = dataclasses.replace(job, train=dataclasses.replace(job.train, **spec["train"]))
-    try:
-        train(job, quiet=True)
-        records = [r for r in read_jsonl(run_dir / RUN_METRICS) if r.get("kind") == "update"]
-        lineage = read_lineage(run_dir)
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
-    return {"stamps": [r["time"] for r in records], "staleness": [s for step in lineage.steps for s in step.staleness],
-            "discarded": sum(step.discarded for step in lineage.steps),
-            "straggled": free and marker.exists()}  # a worker of this run took the straggler's part
-
-
-if __name__ == "__main__":
-    print(json.dumps(run_child(json.loads(sys.argv[1]))), flush=True)

@@ -10,7 +10,7 @@ Every comparison of ``memtrain bench`` reads its runs through here, the same way
   (never a ratio of two medians, which pairs runs made at different moments);
 - ``per_update``: the seconds one update costs, from a run of E epochs and one of 2E: whatever a run pays
   once (interpreter, imports, spawned workers, placement, the last checkpoint) cancels in the difference;
-- ``Target``: met when the median meets it; the range is printed beside it.
+- ``Target``: met when the median meets it (at least, or at most, a bound); the range is printed beside it.
 
 Example::
 
@@ -88,16 +88,22 @@ def per_update(short_seconds: float, long_seconds: float, extra_updates: int) ->
 
 @dataclass(frozen=True, kw_only=True)
 class Target:
-    """A ratio a comparison should reach: met when the median does."""
+    """A ratio a comparison should reach, ``at_least`` or ``at_most`` (a cost): met when the median does."""
 
     name: str
-    at_least: float
+    at_least: float | None = None
+    at_most: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.at_least is None) == (self.at_most is None):
+            raise ValueError(f"a target is at_least or at_most a bound: {self.name}")
 
     def met(self, ratio: Spread) -> bool:
-        return ratio.median >= self.at_least
+        return ratio.median >= self.at_least if self.at_least is not None else ratio.median <= self.at_most
 
     def verdict(self, ratio: Spread) -> str:
         """``async / sync with a straggler: 1.46x (runs 1.30-1.60), target >= 1.5x by median: NOT met``."""
         runs = f" (runs {ratio.low:.2f}-{ratio.high:.2f})" if len(ratio.runs) > 1 else " (one run)"
-        return (f"{self.name}: {ratio.median:.2f}x{runs}, target >= {self.at_least:g}x by median: "
+        bound = f">= {self.at_least:g}x" if self.at_least is not None else f"<= {self.at_most:g}x"
+        return (f"{self.name}: {ratio.median:.2f}x{runs}, target {bound} by median: "
                 f"{'met' if self.met(ratio) else 'NOT met'}")

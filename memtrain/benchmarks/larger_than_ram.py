@@ -4,13 +4,16 @@ The limit is ``RLIMIT_DATA`` on the server and (inherited) on every worker: it c
 memory (heap, numpy arrays, BLAS buffers), which is what a process cannot give back; the dataset and
 weight files are shared file maps, paged in and dropped by the kernel as needed, and do not count. A
 run that needed to hold the data in its own memory would fail with MemoryError; the report shows the
-largest anonymous resident size each process reached, sampled from /proc.
+largest anonymous resident size each process reached, sampled from /proc. With ``--shuffle rows,batches``
+the orders run side by side (interleaved, ``--repeats`` times), with the update time of one over the other.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,21 +32,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--params", default="1e6", help="model size for this scenario (default %(default)s)")
 
 
-def run_scenario(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
-    from memtrain.benchmarks.train_bench import run_once
+def run_scenario(args: argparse.Namespace, scratch: Path, shuffles: list[str] = ("batches",)) -> dict[str, Any]:
+    """memtrain on the big dataset under the limit, once per order of ``shuffles`` (``--shuffle``), interleaved
+    ``--repeats`` times: each order's samples/s (the median update of each run; median and range over the
+    runs), the update time of each order over the batches order's (repeat by repeat; train_bench.order_ratio),
+    and the peak anonymous memory of every process."""
+    from memtrain.benchmarks.compare import Spread, interleaved, median, pairwise
+    from memtrain.benchmarks.train_bench import order_ratio, order_reference, ordered, run_once
 
     limit = args.limit_mib << 20
     rows = int(limit * args.data_factor // ROW_BYTES) // BATCH * BATCH
     shape = mlp_shape(int(float(args.params)))
     data = write_dataset(scratch / "big", rows, BATCH, features=shape.features, classes=shape.classes)
-    problem = Problem(str(data), shape.hidden, rows // BATCH, workers=args.workers,
-                      shuffle=getattr(args, "shuffle", "batches"))
-    result = run_once("memtrain", problem, scratch, args.exchange, data_limit=limit)
-    walls = sorted(result["update_seconds"])
-    anon = {p["pid"]: p["peak_anon_mib"] for p in result["processes"]}
+    os.sync()  # its pages written back now, not during the first timed run
+    problem = Problem(str(data), shape.hidden, rows // BATCH, workers=args.workers)
+    methods = {ordered("memtrain", shuffle, list(shuffles)): shuffle for shuffle in shuffles}
+
+    def run(method: str, _: int) -> dict[str, Any]:
+        return run_once(method, replace(problem, shuffle=methods[method]), scratch, args.exchange, data_limit=limit)
+
+    runs = interleaved(list(methods), getattr(args, "repeats", 1), run)
+    orders = []
+    for method, shuffle in methods.items():
+        speeds = [BATCH / median(result["update_seconds"]) for result in runs[method]]
+        processes = [p for result in runs[method] for p in result["processes"]]
+        orders.append({"shuffle": shuffle, "method": method, "samples_per_s": Spread.of(speeds).as_dict(),
+                       "updates": len(runs[method][0]["update_seconds"]) + 1, "processes": processes,
+                       "peak_anon_mib": max(p["peak_anon_mib"] for p in processes),
+                       "within_limit": max(p["peak_anon_mib"] for p in processes) < args.limit_mib})
+    reference = next(order for order in orders if order["shuffle"] == order_reference(list(shuffles)))
+    for order in orders:
+        if order is not reference:
+            ratio = pairwise(reference["samples_per_s"]["runs"], order["samples_per_s"]["runs"])  # time ratio
+            order.update(order_ratio("larger than RAM", order["shuffle"], reference["shuffle"], ratio))
     return {"dataset_mib": dataset_mib(data), "limit_mib": args.limit_mib, "params": shape.params,
-            "updates": len(result["update_seconds"]) + 1, "samples_per_s": BATCH / walls[len(walls) // 2],
-            "processes": result["processes"], "within_limit": max(anon.values()) < args.limit_mib}
+            "orders": orders, "within_limit": all(order["within_limit"] for order in orders)}
 
 
 def dataset_mib(path: Path) -> float:
@@ -51,13 +74,24 @@ def dataset_mib(path: Path) -> float:
 
 
 def print_report(report: dict[str, Any], as_json: bool) -> None:
+    from memtrain.benchmarks.compare import Spread
+
     if as_json:
         print(json.dumps(report, indent=2))
         return
     print(f"larger than RAM: {report['dataset_mib']:,.0f} MiB dataset, RLIMIT_DATA {report['limit_mib']} MiB per "
-          f"process, {report['params']:,} parameters, {report['updates']} updates, "
-          f"{report['samples_per_s']:,.0f} samples/s")
-    for proc in report["processes"]:
-        print(f"  pid {proc['pid']:>7} {proc['name']:<16} peak anonymous {proc['peak_anon_mib']:7.1f} MiB   "
-              f"peak resident (incl. mapped files) {proc['peak_rss_mib']:7.1f} MiB")
+          f"process, {report['params']:,} parameters")
+    for order in report["orders"]:
+        speed = Spread.of(order["samples_per_s"]["runs"]).text(0)
+        print(f"train.shuffle = {order['shuffle']}: {order['updates']} updates, {speed} samples/s "
+              f"(median update of each run; median and range of {len(order['samples_per_s']['runs'])} runs)")
+        peaks: dict[tuple[int, str], dict[str, Any]] = {}
+        for proc in order["processes"]:
+            peaks.setdefault((proc["pid"], proc["name"]), proc)
+        for proc in peaks.values():
+            print(f"  pid {proc['pid']:>7} {proc['name']:<16} peak anonymous {proc['peak_anon_mib']:7.1f} MiB   "
+                  f"peak resident (incl. mapped files) {proc['peak_rss_mib']:7.1f} MiB")
+    for order in report["orders"]:
+        if "verdict" in order:
+            print(order["verdict"])
     print("every process stayed under the limit" if report["within_limit"] else "LIMIT EXCEEDED", flush=True)

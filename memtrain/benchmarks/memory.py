@@ -16,6 +16,7 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from memtrain.errors import MemtrainError
@@ -123,13 +124,16 @@ class Sampler:
 
 def run_sampled(module: str, spec: dict[str, Any], *, what: str, timeout: float,
                 env: dict[str, str] | None = None,
-                alongside: Callable[[int], Callable[[], None]] | None = None) -> tuple[dict[str, Any], int, Peaks]:
+                alongside: Callable[[int], Callable[[], None]] | None = None,
+                command: list[str] | None = None, cwd: Path | None = None) -> tuple[dict[str, Any], int, Peaks]:
     """``python -m module SPEC_JSON`` in a fresh process, its tree's memory sampled from here: its last line
     of output (JSON), its pid and the peaks. MemtrainError naming ``what`` if it fails or outlives ``timeout``.
     ``alongside(pid)``, if given, starts something that acts on the process while it runs (an outside
-    straggler) and returns what ends it."""
-    process = subprocess.Popen([sys.executable, "-m", module, json.dumps(spec)], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=env)
+    straggler) and returns what ends it. ``command``: instead of ``python -m module``, e.g. a script run
+    against another checkout (``bench train --against``), in the working directory ``cwd``."""
+    argv = command if command is not None else [sys.executable, "-m", module]
+    process = subprocess.Popen([*argv, json.dumps(spec)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=env, cwd=cwd)
     end = alongside(process.pid) if alongside is not None else None
     with Sampler(process.pid) as sampler:
         try:

@@ -26,16 +26,19 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from memtrain.benchmarks import first_job, larger_than_ram
+from memtrain.benchmarks import checkout_run, first_job, larger_than_ram
 from memtrain.benchmarks.compare import Spread, Target, interleaved, median, pairwise, per_update
 from memtrain.benchmarks.memory import run_sampled
+from memtrain.benchmarks.memtrain_run import measured, spec_for
 from memtrain.benchmarks.problem import BATCH, Problem
 from memtrain.benchmarks.runner import CLUSTER_METHOD, FIRST_JOB, FORCED, METHODS, TORCH_METHODS
 from memtrain.benchmarks.synthetic import CLASSES, FEATURES, mlp_shape, write_dataset
@@ -50,6 +53,8 @@ LABELS = {"memtrain": "memtrain", "one_process": "one process, 1 thread", "pickl
           "torch_memtrain": "memtrain, torch module", "torch_ddp": "torch DDP, gloo",
           "torch_all_cores": "one torch process, all cores", CLUSTER_METHOD: "memtrain on Dask"}
 BASES = {"memtrain": "memtrain", "torch": "torch_memtrain"}  # the row each method's ratio is taken against
+# the methods that are memtrain, run once per order of --shuffle
+ORDERED = ("memtrain", "memtrain_server", "memtrain_workers", "torch_memtrain", CLUSTER_METHOD)
 BASELINES = ("one_process", "one_process_blas", "shared_memory")  # what a user on one machine would otherwise do
 VAL_ROWS = BATCH
 RUN_TIMEOUT = 1800.0  # seconds for one method at one size; a hung run fails the benchmark, not the machine
@@ -99,10 +104,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--first-job", action=argparse.BooleanOptionalAction, default=True,
                         help="also time the README's first command against a plain numpy loop (default: yes)")
     parser.add_argument("--exchange", default="auto", help="memtrain's run.exchange (default %(default)s)")
-    parser.add_argument("--shuffle", choices=SHUFFLES, default="batches",
-                        help="memtrain's train.shuffle (default %(default)s, the order the figures in the docs were "
-                             "taken with; run 'rows' and 'batches' side by side to see what row shuffling costs). "
-                             "The peers read contiguous batches either way")
+    parser.add_argument("--shuffle", default="batches",
+                        help=f"memtrain's train.shuffle, one or more of {','.join(SHUFFLES)} (default %(default)s, "
+                             "the order the figures in the docs were taken with). With several, every memtrain "
+                             "method runs once per order in the same interleaved repeats: the first order keeps "
+                             "the method's name, the others are named like memtrain[batches], and the update time "
+                             "of each order over the batches order's is printed per size ('--shuffle rows,batches'"
+                             ": what row shuffling costs, target <= 1.05). Also for --larger-than-ram. The peers "
+                             "read contiguous batches either way")
+    parser.add_argument("--against", metavar="PATH", action="append", default=[],
+                        help="also run memtrain from another checkout (a git worktree of an older commit, e.g. "
+                             "made with 'git worktree add /tmp/old COMMIT'), as the method memtrain@COMMIT, with "
+                             "the same job as this checkout's memtrain[batches] (train.shuffle = batches, passed "
+                             "only if that checkout knows the key); its processes import memtrain from PATH "
+                             "(PYTHONPATH=PATH, checked). The update time of this checkout over PATH's is "
+                             "printed per size. Repeatable; bench async: every mode also run from PATH")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--cluster", metavar="ADDRESS", default="",
                         help="also run memtrain with its workers on Dask (tcp://HOST:PORT or local:N), to compare "
@@ -125,6 +141,12 @@ def run(args: argparse.Namespace) -> int:
 
         parse_cluster(args.cluster)
         methods.append(CLUSTER_METHOD)
+    shuffles = parse_shuffles(getattr(args, "shuffle", "batches"))
+    checkouts = [other_checkout(path) for path in getattr(args, "against", [])]
+    if checkouts and getattr(args, "larger_than_ram", False):
+        raise InputError("--against compares the table's runs; --larger-than-ram compares orders only",
+                         found="both", hint="run them as two commands")
+    methods = with_orders(methods, shuffles, checkouts)
     args.updates, args.warmup = window(args, params=None)
     if args.updates <= args.warmup + 1:
         raise InputError("--updates must exceed --warmup + 1", found=f"{args.updates} and {args.warmup}")
@@ -147,18 +169,20 @@ def run(args: argparse.Namespace) -> int:
                 print_costs(report)
             return 0
         if args.larger_than_ram:
-            larger_than_ram.print_report(larger_than_ram.run_scenario(args, scratch), args.json)
+            larger_than_ram.print_report(larger_than_ram.run_scenario(args, scratch, shuffles), args.json)
             return 0
         load_before = os.getloadavg()
         first_too = args.first_job and first_job.available()
         runs = (len(sizes) * len(methods) + first_too * len(FIRST_JOB)) * args.repeats
         with reporting("bench train", runs, plain_every=BENCH_EVERY) as progress:
-            rows = [row for size in sizes for row in bench_size(size, methods, args, scratch, progress)]
+            rows = [row for size in sizes for row in bench_size(size, methods, args, scratch, progress,
+                                                                 shuffles=shuffles, checkouts=checkouts)]
             first = bench_first_job(args.repeats, scratch, progress) if first_too else {}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     report = {"machine": machine() | {"loadavg_before": load_before, "loadavg_after": os.getloadavg()},
               "settings": settings(args, sizes, methods), "results": rows, "baselines": best_of(rows),
+              "orders": order_ratios(rows, shuffles), "against": against_ratios(rows, shuffles, checkouts),
               "first_job": first}
     if args.json:
         print(json.dumps(report, indent=2))
@@ -196,26 +220,112 @@ def parse_methods(text: str) -> list[str]:
     return methods
 
 
+def parse_shuffles(text: str) -> list[str]:
+    """``--shuffle``: one or more train.shuffle values, comma-separated, each once."""
+    shuffles = list(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    unknown = [s for s in shuffles if s not in SHUFFLES]
+    if unknown or not shuffles:
+        raise InputError("unknown --shuffle", expected=" and/or ".join(SHUFFLES), found=", ".join(unknown) or text)
+    return shuffles
+
+
+def other_checkout(path: str | Path) -> Checkout:
+    """``--against PATH``: a memtrain checkout (a git work tree with memtrain/ at its top), and its short commit."""
+    root = Path(path).expanduser().resolve()
+    if not (root / "memtrain" / "__init__.py").is_file():
+        raise InputError("--against needs a memtrain checkout (a git worktree with memtrain/__init__.py)", path=root,
+                         hint="make one with: git worktree add /tmp/old COMMIT")
+    commit = short_commit(root)
+    if commit is None:
+        raise InputError("--against needs a git checkout (its commit names the method)", path=root,
+                         hint="make one with: git worktree add /tmp/old COMMIT")
+    if root == this_checkout().root:
+        raise InputError("--against names this checkout itself", path=root, expected="another checkout")
+    return Checkout(root=root, commit=commit)
+
+
+def this_checkout() -> Checkout:
+    """The memtrain running this benchmark, as a Checkout (its folder on PYTHONPATH runs this same code)."""
+    import memtrain
+
+    root = Path(memtrain.__file__).resolve().parent.parent
+    return Checkout(root=root, commit=short_commit(root) or "this", this=True)
+
+
+def short_commit(root: Path) -> str | None:
+    """``git -C root rev-parse --short HEAD``; None when ``root`` is not in a git work tree."""
+    try:
+        done = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=False, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Checkout:
+    """A memtrain checkout to run: another one (``--against``), whose method is ``memtrain@commit``, or this."""
+
+    root: Path
+    commit: str
+    this: bool = False
+
+    @property
+    def method(self) -> str:
+        return f"memtrain@{self.commit}"
+
+
+def ordered(method: str, shuffle: str, shuffles: list[str]) -> str:
+    """The name of a memtrain method run with train.shuffle ``shuffle``: the first of ``--shuffle`` keeps the
+    plain name, the others add it in brackets (``memtrain[batches]``)."""
+    return method if shuffle == shuffles[0] else f"{method}[{shuffle}]"
+
+
+def method_parts(name: str) -> tuple[str, str | None]:
+    """``memtrain[batches]`` -> ("memtrain", "batches"); a plain method -> (name, None)."""
+    base, _, rest = name.partition("[")
+    return (base, rest.removesuffix("]")) if rest else (name, None)
+
+
+def with_orders(methods: list[str], shuffles: list[str], checkouts: list[Checkout]) -> list[str]:
+    """Every memtrain method once per order of ``--shuffle``; with ``--against``, memtrain[batches] (or memtrain,
+    when batches is the first order) as the reference and each other checkout's memtrain after it."""
+    out = []
+    for method in methods:
+        out += [ordered(method, s, shuffles) for s in shuffles] if method in ORDERED else [method]
+    if checkouts:
+        reference = ordered("memtrain", "batches", shuffles)
+        if reference not in out:
+            out.append(reference)
+        out += [c.method for c in checkouts]
+    return out
+
+
 def family(method: str) -> str:
-    return "torch" if method in TORCH_METHODS else "memtrain"
+    return "torch" if method_parts(method)[0] in TORCH_METHODS else "memtrain"
 
 
-def bench_size(size: int, methods: list[str], args: argparse.Namespace, scratch: Path,
-               progress: Reporter) -> list[dict[str, Any]]:
+def bench_size(size: int, methods: list[str], args: argparse.Namespace, scratch: Path, progress: Reporter, *,
+               shuffles: list[str] = ("batches",), checkouts: list[Checkout] = ()) -> list[dict[str, Any]]:
     shape = mlp_shape(size)
     data = write_dataset(scratch / f"data-{shape.params}", args.updates * BATCH, VAL_ROWS, features=shape.features,
                          classes=shape.classes)
     problem = Problem(str(data), shape.hidden, args.updates, workers=args.workers,
-                      epochs=epochs(args, params=shape.params), shuffle=getattr(args, "shuffle", "batches"))
+                      epochs=epochs(args, params=shape.params), shuffle=shuffles[0])
     cluster = getattr(args, "cluster", "")
+    others = {c.method: c for c in checkouts}
 
     def run(method: str, _: int) -> dict[str, Any]:
-        progress.begin(f"{shape.params:,} params: {LABELS.get(method, method)}")
-        return run_pair(method, problem, scratch, args.exchange, cluster=cluster)
+        progress.begin(f"{shape.params:,} params: {label(method)}")
+        shuffle = method_parts(method)[1]
+        ordered_problem = replace(problem, shuffle=shuffle or ("batches" if method in others else shuffles[0]))
+        return run_pair(method, ordered_problem, scratch, args.exchange, cluster=cluster,
+                        checkout=others.get(method))
 
     runs = interleaved(methods, args.repeats, run)
-    rows = [summarize(method, runs[method], args.warmup) | {"params": shape.params, "shape": asdict(shape),
-                                                             "epochs": [problem.epochs, 2 * problem.epochs]}
+    rows = [summarize(method, runs[method], args.warmup,
+                      shuffle=shuffles[0] if len(shuffles) > 1 and method in ORDERED else None)
+            | {"params": shape.params, "shape": asdict(shape), "epochs": [problem.epochs, 2 * problem.epochs]}
             for method in methods]
     for row in rows:
         base = next((r for r in rows if r["method"] == BASES[family(row["method"])]), None)
@@ -227,11 +337,12 @@ def bench_size(size: int, methods: list[str], args: argparse.Namespace, scratch:
 
 
 def run_pair(method: str, problem: Problem, scratch: Path, exchange: str, *, cluster: str = "",
-             extra: int | None = None) -> dict[str, Any]:
+             extra: int | None = None, checkout: Checkout | None = None) -> dict[str, Any]:
     """One method at E and at 2E epochs, back to back; the seconds of one update (of ``extra`` units, default the
-    E epochs' updates) from the difference."""
-    short = run_once(method, problem, scratch, exchange, cluster=cluster)
-    long = run_once(method, replace(problem, epochs=2 * problem.epochs), scratch, exchange, cluster=cluster)
+    E epochs' updates) from the difference. ``checkout``: memtrain of another checkout (``--against``)."""
+    short = run_once(method, problem, scratch, exchange, cluster=cluster, checkout=checkout)
+    long = run_once(method, replace(problem, epochs=2 * problem.epochs), scratch, exchange, cluster=cluster,
+                    checkout=checkout)
     extra = extra if extra is not None else problem.updates * problem.epochs
     return {"short": short, "long": long, "extra_updates": extra,
             "update_s": per_update(short["wall_seconds"], long["wall_seconds"], extra)}
@@ -252,6 +363,62 @@ def best_of(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append({"params": params, "best": max(timed, key=lambda m: here[m]["samples_per_s"]) if timed else None,
                     "ratio": ratio.as_dict() if ratio else None, "memtrain_rounds": here["memtrain"]["rounds"],
                     "memtrain_overhead_ms": here["memtrain"]["overhead_ms"]})
+    return out
+
+
+ORDER_TARGET = Target(name="update time, rows / batches order", at_most=1.05)  # issue 27: rows costs <= 5%
+
+
+def order_reference(shuffles: list[str]) -> str:
+    """The order the others' update times are divided by: "batches" when it is run, else the last one."""
+    return "batches" if "batches" in shuffles else shuffles[-1]
+
+
+def order_ratio(name: str, shuffle: str, reference: str, ratio: Spread | None) -> dict[str, Any]:
+    """The update time of ``shuffle`` over ``reference``'s, with a verdict against ORDER_TARGET for rows / batches."""
+    name = f"{name}: update time, {shuffle} / {reference} order"
+    if ratio is None:
+        verdict = f"{name}: not timed"
+    elif (shuffle, reference) == ("rows", "batches"):
+        verdict = replace(ORDER_TARGET, name=name).verdict(ratio)
+    else:
+        verdict = f"{name}: {ratio.text()}x"
+    return {"name": name, "ratio": ratio.as_dict() if ratio else None, "verdict": verdict}
+
+
+def order_ratios(rows: list[dict[str, Any]], shuffles: list[str]) -> list[dict[str, Any]]:
+    """Per size and memtrain method run in several orders: each order's update time over the reference order's
+    (order_reference), repeat by repeat (``--shuffle rows,batches``: rows / batches, the cost of row shuffling)."""
+    out = []
+    reference = order_reference(shuffles)
+    for params in dict.fromkeys(r["params"] for r in rows):
+        here = {r["method"]: r for r in rows if r["params"] == params}
+        for method in [m for m in here if method_parts(m)[1] is None and "@" not in m]:
+            base = here.get(ordered(method, reference, shuffles))
+            for shuffle in [s for s in shuffles if s != reference]:
+                row = here.get(ordered(method, shuffle, shuffles))
+                if base is None or row is None:
+                    continue
+                ratio = pairwise(base["runs_samples_per_s"], row["runs_samples_per_s"])  # time: row / base
+                out.append({"params": params, "method": method}
+                           | order_ratio(LABELS.get(method, method), shuffle, reference, ratio))
+    return out
+
+
+def against_ratios(rows: list[dict[str, Any]], shuffles: list[str], checkouts: list[Checkout]) -> list[dict[str, Any]]:
+    """Per size and other checkout: this checkout's update time over that checkout's, the same job
+    (train.shuffle = batches), repeat by repeat."""
+    out = []
+    reference = ordered("memtrain", "batches", shuffles)
+    for params in dict.fromkeys(r["params"] for r in rows):
+        here = {r["method"]: r for r in rows if r["params"] == params}
+        for checkout in checkouts:
+            if reference not in here or checkout.method not in here:
+                continue
+            ratio = pairwise(here[checkout.method]["runs_samples_per_s"], here[reference]["runs_samples_per_s"])
+            out.append({"params": params, "commit": checkout.commit, "root": str(checkout.root),
+                        "name": f"update time, {reference} / {checkout.method} (the same job)",
+                        "ratio": ratio.as_dict() if ratio else None})
     return out
 
 
@@ -287,15 +454,22 @@ def bench_first_job(repeats: int, scratch: Path, progress: Reporter) -> dict[str
 
 
 def run_once(method: str, problem: Problem, scratch: Path, exchange: str,
-             data_limit: int | None = None, cluster: str = "") -> dict[str, Any]:
+             data_limit: int | None = None, cluster: str = "", checkout: Checkout | None = None) -> dict[str, Any]:
     """Run one method in a fresh process, sampling the memory of it and its workers from here; ``wall_seconds``
-    is that process's life, from its start to its exit, as a user's command is timed."""
-    spec = {"method": method, "problem": asdict(problem), "scratch": str(scratch / "run"), "exchange": exchange,
-            "data_limit_bytes": data_limit, "cluster": cluster}
+    is that process's life, from its start to its exit, as a user's command is timed. ``checkout``: memtrain
+    of another checkout, the same job as this one's with train.shuffle = "batches" (checkout_run.py)."""
     env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
     started = time.perf_counter()
-    result, pid, peaks = run_sampled("memtrain.benchmarks.runner", spec, what=f"benchmark method {method}",
-                                     timeout=RUN_TIMEOUT, env=env)
+    if checkout is not None:
+        spec = spec_for(problem, scratch / "run", exchange, workers="auto", portable=True) | {
+            "data_limit_bytes": data_limit}
+        raw, pid, peaks = run_checkout(checkout, spec, scratch, what=f"benchmark method {method}", env=env)
+        result = measured(raw) | {"self_maxrss_kib": raw["self_maxrss_kib"]}
+    else:
+        spec = {"method": method_parts(method)[0], "problem": asdict(problem), "scratch": str(scratch / "run"),
+                "exchange": exchange, "data_limit_bytes": data_limit, "cluster": cluster}
+        result, pid, peaks = run_sampled("memtrain.benchmarks.runner", spec, what=f"benchmark method {method}",
+                                         timeout=RUN_TIMEOUT, env=env)
     result["wall_seconds"] = time.perf_counter() - started
     peaks.hwm_kib[pid] = max(peaks.hwm_kib.get(pid, 0), result["self_maxrss_kib"])
     result["peak_mib"] = peaks.total_mib()
@@ -304,9 +478,31 @@ def run_once(method: str, problem: Problem, scratch: Path, exchange: str,
     return result
 
 
-def summarize(method: str, pairs: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
+def run_checkout(checkout: Checkout, spec: dict[str, Any], scratch: Path, *, what: str, env: dict[str, str],
+                 alongside: Callable[[int], Callable[[], None]] | None = None) -> tuple[dict[str, Any], int, Any]:
+    """checkout_run.py (this checkout's file) as a script, importing memtrain from ``checkout``: ``-P`` keeps the
+    script's folder off sys.path, PYTHONPATH puts the checkout first (for the run's workers too), and the
+    working directory is the scratch folder, never a checkout. Checks the memtrain it imported."""
+    env = env | {"PYTHONPATH": str(checkout.root)}
+    result, pid, peaks = run_sampled("", spec, what=what, timeout=RUN_TIMEOUT, env=env, cwd=scratch,
+                                     command=[sys.executable, "-P", checkout_run.__file__], alongside=alongside)
+    checkout_run.check_imported(result, checkout.root, what)
+    return result, pid, peaks
+
+
+def label(method: str, shuffle: str | None = None) -> str:
+    """A method's name in the tables: ``memtrain[batches]`` -> "memtrain, batches order" (``shuffle``: the order
+    of a method named without it); another checkout's as named."""
+    base, named = method_parts(method)
+    order = named or shuffle
+    return LABELS.get(base, base) + (f", {order} order" if order else "")
+
+
+def summarize(method: str, pairs: list[dict[str, Any]], warmup: int, *, shuffle: str | None = None
+              ) -> dict[str, Any]:
     """A method's repeats: its update cost (from E and 2E epochs, median and range), its compute (the median over
-    the longer runs' updates after ``warmup``, as the method measured it) and its peak memory."""
+    the longer runs' updates after ``warmup``, as the method measured it), its peak memory and the memtrain its
+    runs imported. ``shuffle``: the order of a method whose name does not say it, for its label."""
     seconds = [pair["update_s"] for pair in pairs]
     timed = [s for s in seconds if s is not None]
     computes = [c for pair in pairs
@@ -317,9 +513,9 @@ def summarize(method: str, pairs: list[dict[str, Any]], warmup: int) -> dict[str
                                                                                            strict=True) if s]
     runs = [pair[k] for pair in pairs for k in ("short", "long")]
     rounds = pairs[0]["long"].get("rounds") or []
-    memtrain = method.startswith("memtrain") or method == "torch_memtrain"
-    label = LABELS[method] + (f" ({placement(rounds)})" if memtrain and rounds else "")
-    return {"method": method, "label": label,
+    memtrain = method.startswith(("memtrain", "torch_memtrain"))
+    named = label(method, shuffle) + (f" ({placement(rounds)})" if memtrain and rounds else "")
+    return {"method": method, "label": named,
             "samples_per_s": BATCH / wall if wall else None, "update_ms": wall * 1e3 if wall else None,
             "update_ms_range": [min(timed) * 1e3, max(timed) * 1e3] if timed else None,
             "compute_ms": compute * 1e3 if compute is not None else None,
@@ -328,7 +524,9 @@ def summarize(method: str, pairs: list[dict[str, Any]], warmup: int) -> dict[str
             "peak_mib": max(r["peak_mib"] for r in runs), "pss_mib": max(r["pss_mib"] for r in runs),
             "extra_updates": pairs[0]["extra_updates"], "untimed_repeats": len(seconds) - len(timed),
             "runs_samples_per_s": [BATCH / s if s else None for s in seconds],
-            "exchange": pairs[0]["long"].get("exchange"), "rounds": [pair["long"].get("rounds", []) for pair in pairs]}
+            "exchange": pairs[0]["long"].get("exchange"), "rounds": [pair["long"].get("rounds", []) for pair in pairs],
+            "imported_from": sorted({pair[k]["memtrain_file"] for pair in pairs for k in ("short", "long")
+                                     if "memtrain_file" in pair[k]})}
 
 
 def placement(rounds: list[str]) -> str:
@@ -405,6 +603,7 @@ def settings(args: argparse.Namespace, sizes: list[int], methods: list[str]) -> 
 
 def print_table(report: dict[str, Any]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     s = report["settings"]
@@ -423,7 +622,7 @@ def print_table(report: dict[str, Any]) -> None:
     for row in report["results"]:
         update = "-" if row["update_ms"] is None else \
             f"{row['update_ms']:.2f} ({row['update_ms_range'][0]:.2f}-{row['update_ms_range'][1]:.2f})"
-        table.add_row(f"{row['params']:,}", "{} & {}".format(*row["epochs"]), row["label"],
+        table.add_row(f"{row['params']:,}", "{} & {}".format(*row["epochs"]), escape(row["label"]),
                       _num(row["samples_per_s"], 0), update, _num(row["compute_ms"], 2), _num(row["overhead_ms"], 2),
                       _spread_text(row["startup_s"]), f"{row['peak_mib']:,.0f}", f"{row['pss_mib']:,.0f}",
                       _spread_text(row["ratio"]))
@@ -439,6 +638,11 @@ def print_table(report: dict[str, Any]) -> None:
                       f"of one process / all-core BLAS / shared_memory, repeat by repeat = "
                       f"{_spread_text(best['ratio'])}; memtrain's overhead "
                       f"{_num(best['memtrain_overhead_ms'], 2)} ms per update", highlight=False)
+    for order in report.get("orders", []):
+        console.print(f"{order['params']:>12,} params: {order['verdict']}", highlight=False, markup=False)
+    for other in report.get("against", []):
+        console.print(f"{other['params']:>12,} params: {other['name']} = {_spread_text(other['ratio'])} "
+                      f"(above 1: this checkout is slower; {other['root']})", highlight=False, markup=False)
     if report["first_job"]:
         print_first_job(report["first_job"], console)
 

@@ -48,7 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-from memtrain.dataset import Dataset, GatherBuffers, Split
+from memtrain.dataset import Dataset, GatherBuffers, Split, take_into
 from memtrain.faults import fault_point
 from memtrain.layout import (
     ROUND_RECORDS,
@@ -246,15 +246,18 @@ class TaskRows:
     (x, y), normalized: the one reader of every engine's training rows.
 
     A range is read as ``RowCache`` keeps it (a view of the shard's map when it lies in one). Row indices
-    (``train.shuffle = "rows"``) are read with one gather (``Split.gather``, one ``take`` per shard) into a
-    reused buffer, then normalized; when the whole split, normalized, fits in ``budget`` bytes it is read
-    once and every later task gathers from it. Normalizing is per element, so either way gives the same bits.
+    (``train.shuffle = "rows"``) cost one copy of the task's rows, whatever else: when the whole split,
+    normalized, fits in ``budget`` bytes it is read and normalized once, and every task is one ``take`` from
+    it; otherwise a task is one gather from the shards' maps (``Split.gather``: one ``take`` per shard),
+    normalized in place. Either way into reused buffers (``GatherBuffers``: never one the caller still holds),
+    so a task allocates nothing. Normalizing is per element, so every way gives the same bits.
     """
 
-    def __init__(self, split: Split, normalize: Callable[[np.ndarray], np.ndarray], budget: int):
+    def __init__(self, split: Split, normalize: Callable[..., np.ndarray], budget: int):
         self.split, self.normalize, self.budget = split, normalize, budget
         self._ranges = RowCache(budget)
-        self._buffers = GatherBuffers(split)
+        self._buffers = GatherBuffers(split)  # rows as the shards hold them, normalized in place
+        self._normalized = GatherBuffers(split, x_shape=(math.prod(split.x_shape),), x_dtype=np.float32)
         self._whole: tuple[np.ndarray, np.ndarray] | None = None
         self._fits = split.rows * (4 * math.prod(split.x_shape) + split.y_dtype.itemsize * math.prod(split.y_shape)
                                    ) <= budget
@@ -266,9 +269,12 @@ class TaskRows:
             if self._whole is None:
                 x, y = self.read(0, self.split.rows)
                 self._whole = x, np.ascontiguousarray(y)
-            return np.take(self._whole[0], rows, axis=0), np.take(self._whole[1], rows, axis=0)
+            if len(rows) and (rows.min() < 0 or rows.max() >= self.split.rows):
+                raise IndexError(f"row index out of range for the train split of {self.split.rows} rows")
+            x, y = self._normalized.next(len(rows))
+            return take_into(self._whole[0], rows, x), take_into(self._whole[1], rows, y)
         x, y = self.split.gather(rows, self._buffers.next(len(rows)))
-        return self.normalize(x), np.array(y)
+        return self.normalize(x, in_place=True), y
 
     def read(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         x, y = self.split.read(lo, hi)
