@@ -62,16 +62,18 @@ def model_context(dataset: Dataset, kind: str, options: dict[str, Any], normaliz
     return model_context_from_manifest(dataset.manifest, kind, options, normalize)
 
 
-def server_context(dataset: Dataset, job: Any) -> ModelContext:
+def server_context(dataset: Dataset, job: Any, *, resuming: bool = False) -> ModelContext:
     """The server's model context: the model itself, or (workers compute every gradient and the model asks
     for it, a torch module) its outline, built in a short child process (train/outline.py), so that the
-    server never imports the framework. ``train.workers = "auto"`` may train in the server: the model then."""
+    server never imports the framework. ``train.workers = "auto"`` may train in the server: the model then.
+    ``resuming``: a resume, which needs no version 0 from the outline."""
     kind, options = job.model.kind, job.model.options
     workers = job.train.workers
     if isinstance(workers, str) or workers < 1 or job.run.cluster or not outlined(kind, options):
         return model_context(dataset, kind, options, job.data.normalize)
     outline = outline_model(dataset=str(dataset.path), kind=kind, options=dict(options),
-                            normalize=job.data.normalize, seed=job.train.seed, threads=job.train.blas_threads)
+                            normalize=job.data.normalize, seed=job.train.seed, threads=job.train.blas_threads,
+                            version0=not resuming)
     layout = ParamLayout.from_shapes(outline.parameter_shapes(), outline.buffer_shapes())
     return ModelContext(data_spec(dataset.manifest), outline, layout, None,
                         Normalizer.from_stats(dataset.manifest.get("stats"), job.data.normalize), dataset.manifest)

@@ -17,8 +17,7 @@ from __future__ import annotations
 import contextlib
 import traceback
 from dataclasses import asdict
-from multiprocessing.connection import Connection
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -26,6 +25,10 @@ from memtrain.errors import InputError, MemtrainError
 from memtrain.models.params import ParamLayout
 from memtrain.models.torch_module import seed_of
 from memtrain.train.launch import script_not_rerun
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from multiprocessing.connection import Connection
 
 START_METHOD = "spawn"  # as the workers (train/exchange.py): never fork a server that may hold threads
 
@@ -37,9 +40,10 @@ class ModelOutline:
     additive: ClassVar[bool] = False
 
     def __init__(self, *, kind: str, shapes: dict[str, tuple[int, ...]], buffers: dict[str, tuple[int, ...]],
-                 seed: int, version0: np.ndarray, note: str | None):
+                 seed: int, version0: np.ndarray | None, note: str | None,
+                 fetch_version0: Callable[[], np.ndarray]):
         self.kind, self.shapes, self.buffers, self.seed = kind, shapes, buffers, seed
-        self.version0, self.note = version0, note
+        self.version0, self.note, self.fetch_version0 = version0, note, fetch_version0
 
     def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
         return dict(self.shapes)
@@ -51,7 +55,10 @@ class ModelOutline:
         if seed_of(rng) != self.seed:
             raise AssertionError(f"the outline of model {self.kind!r} holds version 0 for seed {self.seed}, "
                                  f"not {seed_of(rng)}")
-        return ParamLayout.from_shapes(self.shapes, self.buffers).views(self.version0)
+        flat, self.version0 = self.version0, None  # held until now only: a resumed run never asks for it
+        if flat is None:  # a resume that found nothing to resume starts afresh: built again
+            flat = self.fetch_version0()
+        return ParamLayout.from_shapes(self.shapes, self.buffers).views(flat)
 
     def startup(self, x: np.ndarray, y: np.ndarray, threads: int) -> str | None:
         """The child ran the dry run on the same rows (``context.startup_check``): its note."""
@@ -64,14 +71,17 @@ class ModelOutline:
 
 
 def outline_model(*, dataset: str, kind: str, options: dict[str, Any], normalize: bool, seed: int,
-                  threads: int) -> ModelOutline:
+                  threads: int, version0: bool = True) -> ModelOutline:
     """Build the model in a spawned child and return its outline; the child's errors are raised here as they
-    were raised there (an InputError from the factory or the dry run exits 2)."""
+    were raised there (an InputError from the factory or the dry run exits 2). ``version0`` False: a resume,
+    which needs no version 0 (the outline builds it again if asked after all)."""
     import multiprocessing
 
+    settings = {"dataset": dataset, "kind": kind, "options": options, "normalize": normalize, "seed": seed,
+                "threads": threads}
     context = multiprocessing.get_context(START_METHOD)
     receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_child, args=(send, dataset, kind, options, normalize, seed, threads),
+    child = context.Process(target=_child, args=(send, dataset, kind, options, normalize, seed, threads, version0),
                             name="memtrain-outline", daemon=True)
     with script_not_rerun(kind):
         child.start()
@@ -83,9 +93,9 @@ def outline_model(*, dataset: str, kind: str, options: dict[str, Any], normalize
                 raise _error(answer)
             _, shapes, buffers, note = answer
             size = ParamLayout.from_shapes(shapes, buffers).size
-            version0 = np.empty(size, dtype=np.float32)
-            if size:
-                receive.recv_bytes_into(version0)
+            flat = np.empty(size, dtype=np.float32) if version0 else None
+            if flat is not None and size:
+                receive.recv_bytes_into(flat)
         except (EOFError, OSError) as exc:
             child.join(timeout=5)
             raise MemtrainError(f"the process that builds model {kind!r} for the server ended without an answer "
@@ -98,7 +108,8 @@ def outline_model(*, dataset: str, kind: str, options: dict[str, Any], normalize
         if child.is_alive():
             child.kill()
             child.join()
-    return ModelOutline(kind=kind, shapes=shapes, buffers=buffers, seed=seed, version0=version0, note=note)
+    return ModelOutline(kind=kind, shapes=shapes, buffers=buffers, seed=seed, version0=flat, note=note,
+                        fetch_version0=lambda: outline_model(**settings).version0)
 
 
 def _error(answer: tuple[Any, ...]) -> MemtrainError:
@@ -109,7 +120,7 @@ def _error(answer: tuple[Any, ...]) -> MemtrainError:
 
 
 def _child(send: Connection, dataset: str, kind: str, options: dict[str, Any], normalize: bool, seed: int,
-           threads: int) -> None:
+           threads: int, version0: bool) -> None:
     from memtrain.dataset import open_dataset
     from memtrain.train.context import model_context, startup_check
 
@@ -119,10 +130,10 @@ def _child(send: Connection, dataset: str, kind: str, options: dict[str, Any], n
         model = context.model
         shapes = model.parameter_shapes()  # before the dry run: a torch module is left unbound by it
         buffers = model.buffer_shapes() if hasattr(model, "buffer_shapes") else {}
-        flat = context.layout.flatten(model.init(np.random.default_rng(seed)))
+        flat = context.layout.flatten(model.init(np.random.default_rng(seed))) if version0 else None
         note = startup_check(context, opened, threads)
         send.send(("ok", {k: tuple(v) for k, v in shapes.items()}, {k: tuple(v) for k, v in buffers.items()}, note))
-        if flat.size:
+        if flat is not None and flat.size:
             send.send_bytes(memoryview(np.ascontiguousarray(flat, dtype=np.float32)).cast("B"))
     except MemtrainError as exc:
         fields = {key: value if value is None or isinstance(value, (int, float)) else str(value)
