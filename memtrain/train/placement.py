@@ -2,9 +2,7 @@
 
 - ``train.workers = 0``: the server runs every round itself (train/rounds.py, one participant).
 - ``train.workers = N``: N worker processes run them; the server only watches.
-- ``train.workers = "auto"`` (the default): the server runs the first updates itself and times them
-  (a model it only outlines, a torch module, has one task timed in the outline's child instead:
-  ``outlined_workers``, and starts on workers at once when they pay, docs/torch.md).
+- ``train.workers = "auto"`` (the default): the server runs the first updates itself and times them.
   If the compute that workers could take off its hands is below what a round between processes costs
   (MIN_GAIN_S), or saves less over the rest of the job than starting them costs (SPAWN_COST_S each), it
   keeps the rounds: no worker is ever started. Otherwise it starts one worker per core
