@@ -16,7 +16,7 @@ from memtrain.models.params import ParamLayout
 from memtrain.models.protocol import DataSpec, Model
 from memtrain.models.registry import CODE_DIR, code_on_path, model_class
 from memtrain.train.normalize import Normalizer
-from memtrain.train.outline import ModelOutline, outline_model
+from memtrain.train.outline import outline_model
 
 
 @dataclass(frozen=True)
@@ -31,11 +31,6 @@ class ModelContext:
     @property
     def additive(self) -> bool:
         return bool(getattr(self.model, "additive", False))
-
-    @property
-    def outlined(self) -> bool:
-        """The model is only outlined (train/outline.py): workers compute every gradient."""
-        return isinstance(self.model, ModelOutline)
 
     @property
     def classifier(self) -> bool:
@@ -67,33 +62,18 @@ def model_context(dataset: Dataset, kind: str, options: dict[str, Any], normaliz
     return model_context_from_manifest(dataset.manifest, kind, options, normalize)
 
 
-def server_context(dataset: Dataset, job: Any, *, resuming: bool = False, rounds: bool = False) -> ModelContext:
+def server_context(dataset: Dataset, job: Any, *, resuming: bool = False) -> ModelContext:
     """The server's model context: the model itself, or (workers compute every gradient and the model asks
     for it, a torch module) its outline, built in a short child process (train/outline.py), so that the
-    server never imports the framework. ``resuming``: a resume, which needs no version 0 from the outline.
-    ``rounds``: the run trains synchronously in the rounds; then ``train.workers = "auto"`` is decided from a
-    gradient task the child times (``placement.outlined_workers``): the outline when workers pay, else the
-    model itself, for the server to run the rounds (the overlapping modes time a task in the server)."""
-    from memtrain.train.placement import outlined_workers
-    from memtrain.train.plan import updates_per_epoch
-    from memtrain.train.scheduler import CORES
-
-    kind, options, train = job.model.kind, job.model.options, job.train
-    auto = train.workers == "auto"
-    if (auto and not rounds) or (not auto and train.workers < 1) or job.run.cluster or not outlined(kind, options):
+    server never imports the framework. ``train.workers = "auto"`` may train in the server: the model then.
+    ``resuming``: a resume, which needs no version 0 from the outline."""
+    kind, options = job.model.kind, job.model.options
+    workers = job.train.workers
+    if isinstance(workers, str) or workers < 1 or job.run.cluster or not outlined(kind, options):
         return model_context(dataset, kind, options, job.data.normalize)
-    timing = {"batch_size": train.batch_size, "tasks_per_update": train.tasks_per_update, "seed": train.seed,
-              "epochs": train.epochs, "shuffle": train.shuffle, "window": train.shuffle_window} if auto else None
     outline = outline_model(dataset=str(dataset.path), kind=kind, options=dict(options),
-                            normalize=job.data.normalize, seed=train.seed, threads=train.blas_threads,
-                            version0=not resuming, timing=timing)
-    if auto:
-        rows = dataset.split("train").rows
-        count, outline.placed = outlined_workers(
-            count=min(CORES, train.tasks_per_update), task_seconds=outline.task_seconds, tasks=train.tasks_per_update,
-            remaining=updates_per_epoch(rows, train.batch_size) * train.epochs)
-        if count == 0:
-            return model_context(dataset, kind, options, job.data.normalize)
+                            normalize=job.data.normalize, seed=job.train.seed, threads=job.train.blas_threads,
+                            version0=not resuming)
     layout = ParamLayout.from_shapes(outline.parameter_shapes(), outline.buffer_shapes())
     return ModelContext(data_spec(dataset.manifest), outline, layout, None,
                         Normalizer.from_stats(dataset.manifest.get("stats"), job.data.normalize), dataset.manifest)

@@ -41,11 +41,9 @@ class ModelOutline:
 
     def __init__(self, *, kind: str, shapes: dict[str, tuple[int, ...]], buffers: dict[str, tuple[int, ...]],
                  seed: int, version0: np.ndarray | None, note: str | None,
-                 fetch_version0: Callable[[], np.ndarray], task_seconds: float | None = None):
+                 fetch_version0: Callable[[], np.ndarray]):
         self.kind, self.shapes, self.buffers, self.seed = kind, shapes, buffers, seed
         self.version0, self.note, self.fetch_version0 = version0, note, fetch_version0
-        self.task_seconds = task_seconds  # one gradient task as a worker computes it (``timing``), or None
-        self.placed = ""  # why workers compute every gradient (train.workers = "auto": Placement logs it)
 
     def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
         return dict(self.shapes)
@@ -73,20 +71,17 @@ class ModelOutline:
 
 
 def outline_model(*, dataset: str, kind: str, options: dict[str, Any], normalize: bool, seed: int,
-                  threads: int, version0: bool = True, timing: dict[str, Any] | None = None) -> ModelOutline:
+                  threads: int, version0: bool = True) -> ModelOutline:
     """Build the model in a spawned child and return its outline; the child's errors are raised here as they
     were raised there (an InputError from the factory or the dry run exits 2). ``version0`` False: a resume,
-    which needs no version 0 (the outline builds it again if asked after all). ``timing``: the plan's
-    settings (``Plan``'s keywords); the child then times the first gradient task of the first update as a
-    worker runs it, on ``threads`` threads (the least of three), for ``train.workers = "auto"``."""
+    which needs no version 0 (the outline builds it again if asked after all)."""
     import multiprocessing
 
     settings = {"dataset": dataset, "kind": kind, "options": options, "normalize": normalize, "seed": seed,
                 "threads": threads}
     context = multiprocessing.get_context(START_METHOD)
     receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_child, args=(send, dataset, kind, options, normalize, seed, threads, version0,
-                                                 timing),
+    child = context.Process(target=_child, args=(send, dataset, kind, options, normalize, seed, threads, version0),
                             name="memtrain-outline", daemon=True)
     with script_not_rerun(kind):
         child.start()
@@ -96,7 +91,7 @@ def outline_model(*, dataset: str, kind: str, options: dict[str, Any], normalize
             answer = receive.recv()
             if answer[0] != "ok":
                 raise _error(answer)
-            _, shapes, buffers, note, task_seconds = answer
+            _, shapes, buffers, note = answer
             size = ParamLayout.from_shapes(shapes, buffers).size
             flat = np.empty(size, dtype=np.float32) if version0 else None
             if flat is not None and size:
@@ -114,7 +109,7 @@ def outline_model(*, dataset: str, kind: str, options: dict[str, Any], normalize
             child.kill()
             child.join()
     return ModelOutline(kind=kind, shapes=shapes, buffers=buffers, seed=seed, version0=flat, note=note,
-                        fetch_version0=lambda: outline_model(**settings).version0, task_seconds=task_seconds)
+                        fetch_version0=lambda: outline_model(**settings).version0)
 
 
 def _error(answer: tuple[Any, ...]) -> MemtrainError:
@@ -125,7 +120,7 @@ def _error(answer: tuple[Any, ...]) -> MemtrainError:
 
 
 def _child(send: Connection, dataset: str, kind: str, options: dict[str, Any], normalize: bool, seed: int,
-           threads: int, version0: bool, timing: dict[str, Any] | None) -> None:
+           threads: int, version0: bool) -> None:
     from memtrain.dataset import open_dataset
     from memtrain.train.context import model_context, startup_check
 
@@ -137,12 +132,7 @@ def _child(send: Connection, dataset: str, kind: str, options: dict[str, Any], n
         buffers = model.buffer_shapes() if hasattr(model, "buffer_shapes") else {}
         flat = context.layout.flatten(model.init(np.random.default_rng(seed))) if version0 else None
         note = startup_check(context, opened, threads)
-        seconds = None
-        if timing is not None:
-            weights = flat if flat is not None else context.layout.flatten(model.init(np.random.default_rng(seed)))
-            seconds = _time_task(context, opened, weights, seed=seed, threads=threads, timing=timing)
-        send.send(("ok", {k: tuple(v) for k, v in shapes.items()}, {k: tuple(v) for k, v in buffers.items()}, note,
-                   seconds))
+        send.send(("ok", {k: tuple(v) for k, v in shapes.items()}, {k: tuple(v) for k, v in buffers.items()}, note))
         if flat is not None and flat.size:
             send.send_bytes(memoryview(np.ascontiguousarray(flat, dtype=np.float32)).cast("B"))
     except MemtrainError as exc:
@@ -154,31 +144,3 @@ def _child(send: Connection, dataset: str, kind: str, options: dict[str, Any], n
     finally:
         with contextlib.suppress(OSError):
             send.close()
-
-
-TIMED_RUNS = 3  # the least of these: the first pays for warming the caches and the allocator
-
-
-def _time_task(context: Any, dataset: Any, weights: np.ndarray, *, seed: int, threads: int,
-               timing: dict[str, Any]) -> float:
-    """Seconds of the first gradient task of the first update at version 0, computed as a worker does."""
-    import time
-
-    from memtrain.train.plan import Plan
-    from memtrain.train.rounds import TaskRows
-
-    train = dataset.split("train")
-    plan = Plan(train.rows, **timing)
-    rows = plan.updates(0)[0].tasks[0]
-    x, y = TaskRows(train, context.normalize, 0).get(plan.rows(0, rows.lo, rows.hi))
-    model, layout = context.model, context.layout
-    if hasattr(model, "in_worker"):  # a worker's thread pool (the child is thrown away after)
-        model.in_worker(threads)
-    out = np.empty(layout.size, dtype=np.float32)
-    seeded = {"seed": (seed, 0, rows.task)} if getattr(model, "seeded", False) else {}
-    times = []
-    for _ in range(TIMED_RUNS):
-        started = time.perf_counter()
-        model.loss_and_grad(layout.views(weights), x, y, layout.views(out), **seeded)
-        times.append(time.perf_counter() - started)
-    return min(times)

@@ -66,10 +66,6 @@ class Placement:
             self.phase = Phase.WORKERS
             self.pool = start_pool(self.count)
             log(f"rounds: on {self.count} worker processes (train.workers = {self.count})")
-        elif in_server.state.context.outlined:  # decided from a task timed in the outline's child (outlined_workers)
-            self.phase = Phase.WORKERS
-            self.pool = start_pool(self.count)
-            log(f"rounds: on {self.count} worker processes ({in_server.state.context.model.placed})")
         elif self.count < 2:
             self.phase = Phase.SERVER
             log(f"rounds: in the server (train.workers = \"auto\": {cores} core(s), {tasks} task(s) per update: "
@@ -150,27 +146,6 @@ class Placement:
     def close(self, timeout: float = 5.0) -> None:
         if self.pool is not None:
             self.pool.close(timeout)
-
-
-def outlined_workers(*, count: int, task_seconds: float, tasks: int, remaining: int) -> tuple[int, str]:
-    """``train.workers = "auto"`` for a model the server would rather not build (``outlined``, a torch module):
-    from one gradient task timed in the outline's child (train/outline.py), the workers the rounds start on
-    (0: the server runs them, building the model itself), and why. The same rule as the server's probe
-    (``Placement._after_server_probe``), with the update's compute estimated as its tasks', so the server
-    never computes just to time itself."""
-    compute = task_seconds * tasks
-    gain = compute * (1 - 1 / count) if count > 1 else 0.0
-    figures = (f"train.workers = \"auto\": a gradient task took {task_seconds * 1e3:.2f} ms in a worker-like "
-               f"child, {tasks} per update")
-    if count < 2:
-        return 0, f"{figures}; {count} core(s) or task(s): nothing to share"
-    if gain < MIN_GAIN_S:
-        return 0, (f"{figures}; {count} workers could save at most {gain * 1e3:.2f} ms of an update, less than a "
-                   f"round between processes costs ({MIN_GAIN_S * 1e3:.2f} ms)")
-    if gain * remaining < SPAWN_COST_S * count:
-        return 0, (f"{figures}; {count} workers could save at most {gain * remaining:.3g} s over the {remaining} "
-                   f"updates, less than starting them costs ({SPAWN_COST_S * count:.1f} s)")
-    return count, f"{figures}; {count} workers save up to {gain * 1e3:.2f} ms of each"
 
 
 def stream_workers(*, workers: int | str, count: int, task_seconds: Callable[[], float], tasks: int,

@@ -153,8 +153,7 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
         refuse_live_run(job.run.dir)
         dataset = open_dataset(job.data.path, verify=verify or job.data.verify)
         check_trainable(dataset)
-        rounds = replay is None and job.train.mode == "sync" and job.train.staleness_in == "rounds"  # as ``choose``
-        context = server_context(dataset, job, resuming=resume_run, rounds=rounds)  # torch: outlined if workers compute
+        context = server_context(dataset, job, resuming=resume_run)  # torch: outlined when workers compute
         if context.additive and overlapping(job):
             raise InputError(f"a {job.model.kind} model is solved in one pass of statistics: it has no updates to "
                              "overlap", expected="train.mode = 'sync' and train.staleness = 0",
