@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from memtrain.benchmarks import first_job_items
 from memtrain.benchmarks.runner import METHODS, TORCH_METHODS
 from memtrain.benchmarks.synthetic import mlp_shape
 from memtrain.benchmarks.train_bench import placement
@@ -195,3 +196,28 @@ def test_the_first_command_decomposed_reaches_memtrain_s_own_weights_and_adds_up
     total = seconds("memtrain's own run")
     parts = [seconds(label) for label in ("start-up", "updates", "between epochs", "after the last update")]
     assert all(part > 0 for part in parts) and sum(parts) == pytest.approx(total, abs=5e-4)
+
+
+def test_the_items_of_an_update_are_timed_in_cpu_and_fit_inside_the_server_s_cpu(tmp_path: Path) -> None:
+    """first_job_items: every item of the server's rounds gets its CPU time per update, and the items are parts
+    of the server's own CPU time (the rounds in all less than the whole, the model less than its task)."""
+    from tiny_data import blobs, write_dataset
+
+    x, y = blobs(n=300, features=6, classes=3, seed=1)
+    data = write_dataset(tmp_path / "blobs", x, y)
+    job = tmp_path / "job.toml"
+    job.write_text(f'[data]\npath = "{data}"\n[model]\nkind = "mlp"\nhidden = [8]\n'
+                   '[train]\nepochs = 2\nbatch_size = 30\ntasks_per_update = 2\nworkers = 0\n[run]\ndir = "run"\n')
+    result = subprocess.run([sys.executable, "-m", "memtrain.benchmarks.first_job_items", str(job), "--quiet"],
+                            capture_output=True, text=True, timeout=120, env=dict(os.environ), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    head = [line for line in lines if "updates; the server's CPU" in line]
+    assert head and head[0].startswith("18 updates")
+    items = {line.rsplit("  ", 1)[0].strip(): float(line.split()[-4]) for line in lines if line.endswith("per update")
+             and line.startswith("  ")}
+    whole = float(head[0].split(": ")[1].split()[0])
+    assert set(items) == {item for _, _, item in first_job_items.ITEMS}
+    assert all(value > 0 for value in items.values())
+    assert items["the model's loss and gradient"] < items["a gradient task (the model's included)"]
+    assert items["the rounds, in all"] < whole

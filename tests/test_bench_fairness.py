@@ -259,3 +259,30 @@ def test_the_outside_straggler_stops_a_spawned_worker_and_leaves_it_running() ->
     finally:
         worker.kill()
         worker.join()
+
+
+def test_a_straggled_async_bench_run_that_stopped_no_worker_is_refused(monkeypatch: pytest.MonkeyPatch,
+                                                                        tmp_path: Path) -> None:
+    """Issue 32's anomaly: the digits MLP with train.workers = "auto" trains in the server, so an outside
+    straggler finds no worker to stop and the "straggled" run is not slowed at all; such a run is refused."""
+    import subprocess
+    import sys
+    import time
+
+    from memtrain.errors import MemtrainError
+
+    def no_worker_run(module: str, spec: dict[str, Any], *, what: str, timeout: float, env: Any = None,
+                      alongside: Any = None) -> tuple[dict[str, Any], int, Any]:
+        process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])  # no spawned worker
+        end = alongside(process.pid) if alongside is not None else None
+        process.wait()
+        time.sleep(0.05)
+        if end is not None:
+            end()
+        return {"stamps": [0.0, 1.0], "staleness": [0], "discarded": 0}, process.pid, None
+
+    monkeypatch.setattr(async_bench, "run_sampled", no_worker_run)
+    problem = Problem(str(tmp_path), 4, 2)
+    with pytest.raises(MemtrainError, match="found no worker process to stop"):
+        async_bench.run_once(problem, tmp_path, "auto", {"mode": "async"}, {}, stopped=2 / 3)
+    assert async_bench.run_once(problem, tmp_path, "auto", {"mode": "async"}, {})["stamps"] == [0.0, 1.0]

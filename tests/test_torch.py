@@ -380,3 +380,30 @@ def test_regression_trains_on_mse_and_predicts_in_the_targets_shape(tmp_path: Pa
     wrong = model_context(dataset, "torch", {"factory": "torch_nets:wrong_width"}, True)  # 2 outputs
     with pytest.raises(memtrain.errors.InputError, match=r"does not fit loss 'mse' \(expected output shape \[2, 1\]"):
         wrong.model.startup(context.normalize(rows[:2]), targets[:2], 1)
+
+
+# --- the server when workers compute ---
+
+PROBE = """
+import sys
+from memtrain.cli import main
+code = main(["train", *sys.argv[1:], "--quiet"])
+print("torch in the server:", sorted(name for name in sys.modules if name.split(".")[0] == "torch")[:3])
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize("resume", [(), ("--resume",)], ids=["new", "resume-of-nothing"])
+def test_a_server_whose_workers_compute_never_imports_torch(data: Path, bn_runs: dict[int, Path], tmp_path: Path,
+                                                            resume: tuple[str, ...]) -> None:
+    """With train.workers = 2 the server steps a flat vector: the module's layout, version 0 and dry run come
+    from a short child process (train/outline.py), so the server never imports torch; the bits are unchanged.
+    A --resume that finds no run starts afresh: the outline, made without version 0, builds it then."""
+    copy_nets(tmp_path)
+    job = write_job(tmp_path, data, "torch_nets:bn_dropout", optimizer="adamw", lr=0.01, train="weight_decay = 0.1")
+    result = subprocess.run([sys.executable, "-c", PROBE, str(job), *resume], capture_output=True, text=True,
+                            timeout=200, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr
+    assert "torch in the server: []" in result.stdout
+    assert "rounds: on 2 worker processes" in (tmp_path / "run" / "events.log").read_text()
+    assert digest(tmp_path / "run") == digest(bn_runs[2])

@@ -6,6 +6,11 @@ Every ``PERIOD`` seconds the worker gets SIGSTOP for ``stopped`` of the period a
 with ``--straggler 3`` it is stopped two thirds of the time, so it runs at a third of its speed. The
 worker is the first process below the job's that multiprocessing spawned to run a function
 (``spawn_main`` in its command line; its resource tracker is not one).
+
+A run with no worker process is not straggled at all: with ``train.workers = "auto"`` a small model (the
+README's digits MLP) trains in the server, in both modes, so a straggler that stops "one worker" stops
+nothing, and the ratio it gives compares two unslowed in-server runs (issue 32's 1.46x: no stop was made,
+which is why the async run showed no stale gradient from a stopped worker). ``check`` refuses such a run.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import threading
 import time
 
 from memtrain.benchmarks.memory import descendants
+from memtrain.errors import MemtrainError
 
 PERIOD = 0.03  # seconds: several of the small models' updates, a fraction of the large models' tasks
 FIND_EVERY = 0.02  # seconds between looks for the worker while the job starts
@@ -58,6 +64,13 @@ class OutsideStraggler(threading.Thread):
         """Stop stopping; the worker is left running."""
         self._done.set()
         self.join()
+
+    def check(self, what: str) -> None:
+        """MemtrainError if no worker was ever stopped: ``what`` ran unslowed, so it measures no straggler."""
+        if self.stops == 0:
+            raise MemtrainError(f"{what}: the outside straggler found no worker process to stop, so the run was "
+                                "not slowed at all", hint="give the job worker processes (train.workers = 2): with "
+                                "train.workers = 'auto' a small model trains in the server")
 
     def _find(self) -> int | None:
         while not self._done.wait(FIND_EVERY):

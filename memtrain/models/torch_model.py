@@ -30,6 +30,7 @@ from memtrain.models.torch_bind import BINDINGS, CHOSEN, Slots, as_tensor, priva
 from memtrain.models.torch_losses import check_output, resolve_loss, targets
 from memtrain.models.torch_module import (
     build_module,
+    check_torch_installed,
     module_slots,
     pin_process,
     require_torch,
@@ -44,6 +45,7 @@ Params = dict[str, np.ndarray]
 class TorchModel:
     additive: ClassVar[bool] = False
     seeded: ClassVar[bool] = True
+    outlined: ClassVar[bool] = True  # a server whose workers compute never imports torch (train/outline.py)
 
     def __init__(self, spec: DataSpec, factory: str, loss: str | None = None, **options: Any):
         require_torch()
@@ -55,6 +57,11 @@ class TorchModel:
         self.module = build_module(factory, spec, options, seed=0)
         self.slots: Slots = module_slots(self.module)
         self.binding = BINDINGS[CHOSEN]
+
+    @classmethod
+    def check_installed(cls) -> None:
+        """In a server that only outlines the module: the install hint, without importing torch."""
+        check_torch_installed()
 
     # --- shapes and initial weights ---
 

@@ -36,6 +36,20 @@ def require_torch() -> Any:
     return torch
 
 
+def check_torch_installed() -> None:
+    """``require_torch``'s InputError when torch cannot be imported, found without importing it (a server that
+    only outlines the model, train/outline.py, never imports torch)."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):  # a broken entry in sys.modules
+        found = False
+    if not found:
+        raise InputError("model kind 'torch' needs PyTorch, which is not installed",
+                         hint=f"install it with: {INSTALL_HINT}")
+
+
 def seed_of(rng: np.random.Generator) -> int:
     """The integer a generator was seeded with (``default_rng(train.seed)``), so that version 0 is
     ``torch.manual_seed(train.seed)`` + the factory, as a user would write it; else one draw from it."""

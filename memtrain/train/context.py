@@ -14,7 +14,9 @@ from memtrain.dataset import Dataset
 from memtrain.models import build_model
 from memtrain.models.params import ParamLayout
 from memtrain.models.protocol import DataSpec, Model
+from memtrain.models.registry import CODE_DIR, code_on_path, model_class
 from memtrain.train.normalize import Normalizer
+from memtrain.train.outline import outline_model
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,34 @@ def model_context_from_manifest(manifest: dict[str, Any], kind: str, options: di
 
 def model_context(dataset: Dataset, kind: str, options: dict[str, Any], normalize: bool) -> ModelContext:
     return model_context_from_manifest(dataset.manifest, kind, options, normalize)
+
+
+def server_context(dataset: Dataset, job: Any, *, resuming: bool = False) -> ModelContext:
+    """The server's model context: the model itself, or (workers compute every gradient and the model asks
+    for it, a torch module) its outline, built in a short child process (train/outline.py), so that the
+    server never imports the framework. ``train.workers = "auto"`` may train in the server: the model then.
+    ``resuming``: a resume, which needs no version 0 from the outline."""
+    kind, options = job.model.kind, job.model.options
+    workers = job.train.workers
+    if isinstance(workers, str) or workers < 1 or job.run.cluster or not outlined(kind, options):
+        return model_context(dataset, kind, options, job.data.normalize)
+    outline = outline_model(dataset=str(dataset.path), kind=kind, options=dict(options),
+                            normalize=job.data.normalize, seed=job.train.seed, threads=job.train.blas_threads,
+                            version0=not resuming)
+    layout = ParamLayout.from_shapes(outline.parameter_shapes(), outline.buffer_shapes())
+    return ModelContext(data_spec(dataset.manifest), outline, layout, None,
+                        Normalizer.from_stats(dataset.manifest.get("stats"), job.data.normalize), dataset.manifest)
+
+
+def outlined(kind: str, options: dict[str, Any]) -> bool:
+    """Whether model ``kind`` asks to be outlined in a server that does not compute (``outlined = True``); its
+    ``check_installed`` (if any) raises here, in the server, what building it would raise (a missing torch)."""
+    with code_on_path(options.get(CODE_DIR)):
+        cls = model_class(kind)
+    if getattr(cls, "outlined", False) is not True:
+        return False
+    getattr(cls, "check_installed", lambda: None)()
+    return True
 
 
 STARTUP_ROWS = 2

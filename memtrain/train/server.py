@@ -41,7 +41,7 @@ from memtrain.progress import Reporter, reporting
 from memtrain.stopping import on_stop_signals, start_resource_tracker
 from memtrain.train.additive import PassPlan, StatisticsPass, pass_source
 from memtrain.train.advice import few_updates_note, one_pass_note
-from memtrain.train.context import ModelContext, model_context, startup_check
+from memtrain.train.context import ModelContext, server_context, startup_check
 from memtrain.train.counters import ONE_PASS, epoch_number, position_text, update_number
 from memtrain.train.datacheck import check_trainable
 from memtrain.train.engines import ClusterRounds, Desk, EpochEngine, Rounds, ServerSteps, server_agenda
@@ -140,7 +140,7 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
         refuse_live_run(job.run.dir)
         dataset = open_dataset(job.data.path, verify=verify or job.data.verify)
         check_trainable(dataset)
-        context = model_context(dataset, job.model.kind, job.model.options, job.data.normalize)
+        context = server_context(dataset, job, resuming=resume_run)  # torch: outlined when workers compute
         if context.additive and overlapping(job):
             raise InputError(f"a {job.model.kind} model is solved in one pass of statistics: it has no updates to "
                              "overlap", expected="train.mode = 'sync' and train.staleness = 0",
@@ -270,7 +270,7 @@ class Trainer:
         self.log(f"server pid {os.getpid()}")
         self.in_server = InServer(WorkerState(self._setup(), alive=lambda: None, board=self.memory_board,
                                               heartbeat=lambda: self.heartbeat(position), keep_statistics=True,
-                                              plan=self.plan, dataset=self.dataset))
+                                              plan=self.plan, dataset=self.dataset, context=self.context))
         engine = self.choose(position)  # the one place the mode is chosen; the placement with it
         self.scheduler = Scheduler(task_timeout=self.job.train.task_timeout, max_attempts=self.job.train.max_attempts,
                                    describe_task=self.describe_task, describe_activity=engine.describe_activity,

@@ -27,7 +27,7 @@ from memtrain.errors import MemtrainError
 from memtrain.faults import straggler_factor
 from memtrain.layout import ROUND_BOARD, partial_name, statistics_dir, weights_path
 from memtrain.train.additive import task_partial
-from memtrain.train.context import model_context
+from memtrain.train.context import ModelContext, model_context
 from memtrain.train.desk import DeskParticipant
 from memtrain.train.gradient import TaskGradient
 from memtrain.train.maps import MapCache
@@ -129,19 +129,21 @@ class WorkerState:
     when it runs the rounds alone), ``heartbeat`` the server's own work between two updates then.
     ``keep_statistics``: an evaluation task's statistics stay in ``kept_statistics`` (keyed by version, task
     and attempt) instead of going to a file: the server's own state, whose reader is in the same process.
-    ``plan``, ``dataset``: the server's own, shared with the rounds it runs itself (the dataset opened and its
-    manifest verified once).
+    ``plan``, ``dataset``, ``context``: the server's own, shared with the rounds it runs itself (the dataset
+    opened and its manifest verified once, the model built once; an outline when its workers compute every
+    gradient, train/outline.py).
     """
 
     def __init__(self, setup: WorkerSetup, *, alive: Callable[[], None], board: Board | None = None,
                  heartbeat: Callable[[], bool] | None = None, keep_statistics: bool = False, plan: Plan | None = None,
-                 dataset: Dataset | None = None):
+                 dataset: Dataset | None = None, context: ModelContext | None = None):
         self.setup, self.alive, self.heartbeat = setup, alive, heartbeat
         self.kept_statistics: dict[tuple[int, int, int], np.ndarray] | None = {} if keep_statistics else None
         self.exchange = Path(setup.exchange_dir)
         self.run_dir = Path(setup.run_dir)
         self.dataset = dataset if dataset is not None else open_dataset(setup.dataset)
-        self.context = model_context(self.dataset, setup.model_kind, dict(setup.model_options), setup.normalize)
+        self.context = context if context is not None else model_context(
+            self.dataset, setup.model_kind, dict(setup.model_options), setup.normalize)
         train = self.dataset.split("train")
         self.plan = plan if plan is not None else round_plan(train.rows, setup.rounds)
         self.train_rows = TaskRows(train, self.context.normalize, ROW_CACHE_BYTES)  # the rows of gradient tasks

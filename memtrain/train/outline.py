@@ -1,0 +1,146 @@
+"""A job's model, built once in a short child process -> its outline: shapes, version 0, the start-up note.
+
+When workers compute every gradient (``train.workers`` a count, one machine), the server only steps and
+publishes a flat vector: it needs the model's parameter layout, its version 0 and the verdict of its dry
+run on two training rows (``context.startup_check``), never the model itself. A model that says
+``outlined = True`` (a torch module: importing torch costs the process about 0.5 GB of PSS and seconds of
+start-up) is then built in a spawned child that sends those three back and exits; the server holds a
+``ModelOutline`` in its place and never imports the framework. Version 0 is the child's ``model.init``
+for the job's seed, so its bits are the in-server ones (tests/test_goldens.py).
+
+What crosses the pipe: the shapes and the note as small Python values, version 0 as raw float32 bytes
+(``send_bytes``), an error as its fields. Nothing is read back from disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from memtrain.errors import InputError, MemtrainError
+from memtrain.models.params import ParamLayout
+from memtrain.models.torch_module import seed_of
+from memtrain.train.launch import script_not_rerun
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from multiprocessing.connection import Connection
+
+START_METHOD = "spawn"  # as the workers (train/exchange.py): never fork a server that may hold threads
+
+
+class ModelOutline:
+    """A model's stand-in in a server that never computes with it: shapes, version 0 for one seed, the
+    start-up note. Asked to compute, it fails loudly (a bug in the placement, never a silent wrong answer)."""
+
+    additive: ClassVar[bool] = False
+
+    def __init__(self, *, kind: str, shapes: dict[str, tuple[int, ...]], buffers: dict[str, tuple[int, ...]],
+                 seed: int, version0: np.ndarray | None, note: str | None,
+                 fetch_version0: Callable[[], np.ndarray]):
+        self.kind, self.shapes, self.buffers, self.seed = kind, shapes, buffers, seed
+        self.version0, self.note, self.fetch_version0 = version0, note, fetch_version0
+
+    def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
+        return dict(self.shapes)
+
+    def buffer_shapes(self) -> dict[str, tuple[int, ...]]:
+        return dict(self.buffers)
+
+    def init(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        if seed_of(rng) != self.seed:
+            raise AssertionError(f"the outline of model {self.kind!r} holds version 0 for seed {self.seed}, "
+                                 f"not {seed_of(rng)}")
+        flat, self.version0 = self.version0, None  # held until now only: a resumed run never asks for it
+        if flat is None:  # a resume that found nothing to resume starts afresh: built again
+            flat = self.fetch_version0()
+        return ParamLayout.from_shapes(self.shapes, self.buffers).views(flat)
+
+    def startup(self, x: np.ndarray, y: np.ndarray, threads: int) -> str | None:
+        """The child ran the dry run on the same rows (``context.startup_check``): its note."""
+        return self.note
+
+    def loss(self, params: Any, x: Any, y: Any) -> float:
+        raise AssertionError(f"model {self.kind!r} is only outlined in the server: its workers compute")
+
+    predict = loss_and_grad = loss
+
+
+def outline_model(*, dataset: str, kind: str, options: dict[str, Any], normalize: bool, seed: int,
+                  threads: int, version0: bool = True) -> ModelOutline:
+    """Build the model in a spawned child and return its outline; the child's errors are raised here as they
+    were raised there (an InputError from the factory or the dry run exits 2). ``version0`` False: a resume,
+    which needs no version 0 (the outline builds it again if asked after all)."""
+    import multiprocessing
+
+    settings = {"dataset": dataset, "kind": kind, "options": options, "normalize": normalize, "seed": seed,
+                "threads": threads}
+    context = multiprocessing.get_context(START_METHOD)
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_child, args=(send, dataset, kind, options, normalize, seed, threads, version0),
+                            name="memtrain-outline", daemon=True)
+    with script_not_rerun(kind):
+        child.start()
+    send.close()
+    try:
+        try:
+            answer = receive.recv()
+            if answer[0] != "ok":
+                raise _error(answer)
+            _, shapes, buffers, note = answer
+            size = ParamLayout.from_shapes(shapes, buffers).size
+            flat = np.empty(size, dtype=np.float32) if version0 else None
+            if flat is not None and size:
+                receive.recv_bytes_into(flat)
+        except (EOFError, OSError) as exc:
+            child.join(timeout=5)
+            raise MemtrainError(f"the process that builds model {kind!r} for the server ended without an answer "
+                                f"(exit code {child.exitcode})",
+                                hint="run with train.workers = 0 to build it in the server and see why") from exc
+    finally:
+        receive.close()
+        if child.is_alive():
+            child.join(timeout=5)
+        if child.is_alive():
+            child.kill()
+            child.join()
+    return ModelOutline(kind=kind, shapes=shapes, buffers=buffers, seed=seed, version0=flat, note=note,
+                        fetch_version0=lambda: outline_model(**settings).version0)
+
+
+def _error(answer: tuple[Any, ...]) -> MemtrainError:
+    if answer[0] == "error":
+        _, input_error, fields = answer
+        return (InputError if input_error else MemtrainError)(**fields)
+    return MemtrainError(f"building the model failed in the process that outlines it: {answer[1]}")
+
+
+def _child(send: Connection, dataset: str, kind: str, options: dict[str, Any], normalize: bool, seed: int,
+           threads: int, version0: bool) -> None:
+    from memtrain.dataset import open_dataset
+    from memtrain.train.context import model_context, startup_check
+
+    try:
+        opened = open_dataset(dataset)
+        context = model_context(opened, kind, options, normalize)
+        model = context.model
+        shapes = model.parameter_shapes()  # before the dry run: a torch module is left unbound by it
+        buffers = model.buffer_shapes() if hasattr(model, "buffer_shapes") else {}
+        flat = context.layout.flatten(model.init(np.random.default_rng(seed))) if version0 else None
+        note = startup_check(context, opened, threads)
+        send.send(("ok", {k: tuple(v) for k, v in shapes.items()}, {k: tuple(v) for k, v in buffers.items()}, note))
+        if flat is not None and flat.size:
+            send.send_bytes(memoryview(np.ascontiguousarray(flat, dtype=np.float32)).cast("B"))
+    except MemtrainError as exc:
+        fields = {key: value if value is None or isinstance(value, (int, float)) else str(value)
+                  for key, value in asdict(exc).items()}
+        send.send(("error", isinstance(exc, InputError), fields))
+    except BaseException:  # noqa: BLE001 - reported to the server whole, whatever it was
+        send.send(("crash", traceback.format_exc(limit=5)))
+    finally:
+        with contextlib.suppress(OSError):
+            send.close()
