@@ -271,7 +271,7 @@ def test_a_straggled_async_bench_run_that_stopped_no_worker_is_refused(monkeypat
 
     from memtrain.errors import MemtrainError
 
-    def no_worker_run(module: str, spec: dict[str, Any], *, what: str, timeout: float, env: Any = None,
+    def no_worker_run(checkout: Any, spec: dict[str, Any], scratch: Path, *, what: str, env: Any = None,
                       alongside: Any = None) -> tuple[dict[str, Any], int, Any]:
         process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])  # no spawned worker
         end = alongside(process.pid) if alongside is not None else None
@@ -279,10 +279,12 @@ def test_a_straggled_async_bench_run_that_stopped_no_worker_is_refused(monkeypat
         time.sleep(0.05)
         if end is not None:
             end()
-        return {"stamps": [0.0, 1.0], "staleness": [0], "discarded": 0}, process.pid, None
+        return ({"records": [{"time": 0.0}, {"time": 1.0}], "staleness": [0], "discarded": 0,
+                 "memtrain_file": ""}, process.pid, None)
 
-    monkeypatch.setattr(async_bench, "run_sampled", no_worker_run)
+    monkeypatch.setattr(async_bench, "run_checkout", no_worker_run)
+    this = train_bench.Checkout(root=Path.cwd(), commit="this", this=True)
     problem = Problem(str(tmp_path), 4, 2)
     with pytest.raises(MemtrainError, match="found no worker process to stop"):
-        async_bench.run_once(problem, tmp_path, "auto", {"mode": "async"}, {}, stopped=2 / 3)
-    assert async_bench.run_once(problem, tmp_path, "auto", {"mode": "async"}, {})["stamps"] == [0.0, 1.0]
+        async_bench.run_once(problem, tmp_path, "auto", {"mode": "async"}, {}, this, stopped=2 / 3)
+    assert async_bench.run_once(problem, tmp_path, "auto", {"mode": "async"}, {}, this)["stamps"] == [0.0, 1.0]
