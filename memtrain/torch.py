@@ -8,11 +8,13 @@ yields its contiguous part of each global batch; worker w of W takes the batches
 yields the global order. A position is just (epoch, batch), so ``state_dict`` / ``load_state_dict``
 resume exactly, also on another number of ranks or workers, and ``start`` costs nothing.
 
-Memory: each batch is one fresh tensor that the rows are copied into once (inside a worker, a tensor in
-shared memory, so handing it to the main process copies nothing more). The loader never writes into a
-tensor it has handed out, and the tensors are writable (no read-only warning). A pickled
-``BatchDataset`` carries the dataset's paths, not its rows: every worker maps the same files lazily and
-shares their pages.
+Memory: in the process that iterates (``num_workers=0``) each batch is one fresh tensor the rows are
+copied into once. In a ``DataLoader`` worker the rows are gathered once into a free slot of the worker's
+shared ring (memtrain/ring.py) and only the slot's number crosses the queue: the main process gets
+tensors over the slot, with no copy and without torch's per-tensor file-descriptor passing. A slot is
+reused only once nothing refers to its tensors any more, so the loader never writes into a tensor it has
+handed out; the tensors are writable (no read-only warning). A pickled ``BatchDataset`` carries the
+dataset's paths, not its rows: every worker maps the same files lazily and shares their pages.
 
 >>> loader = torch.utils.data.DataLoader(BatchDataset(ds, 128, seed=0, epoch=3), batch_size=None,
 ...                                      num_workers=2)          # doctest: +SKIP
