@@ -78,9 +78,11 @@ class Split:
     identity: int | None = None
     starts: list[int] = field(init=False)
     _maps: dict[int, tuple[np.ndarray, np.ndarray]] = field(init=False, default_factory=dict)
+    _starts: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.starts = np.concatenate([[0], np.cumsum([s.rows for s in self.shards])]).astype(int).tolist()
+        self._starts = np.asarray(self.starts, dtype=np.int64)
         if self.starts[-1] != self.rows:
             raise CorruptFileError(f"the {self.name} split's shard rows do not add up",
                                    expected=self.rows, found=self.starts[-1])
@@ -220,22 +222,31 @@ class Split:
         x, y = out
         if not len(rows):
             return x, y
-        starts = np.asarray(self.starts)
-        shard_of = np.searchsorted(starts, rows, side="right") - 1
-        local = rows - starts[shard_of]
+        starts = self._starts
+        # shard numbers in 16 bits where they fit: numpy's stable sort of them below is then a radix sort
+        small = np.int16 if len(self.shards) <= np.iinfo(np.int16).max else np.int32
+        shard_of = (np.searchsorted(starts, rows, side="right") - 1).astype(small)
         if (shard_of == shard_of[0]).all():  # straight into ``out``
             xs, ys = self._plain(int(shard_of[0]))
+            local = rows - starts[shard_of[0]]
             np.take(xs, local, axis=0, out=x)
             np.take(ys, local, axis=0, out=y)
             return x, y
-        by_shard = np.argsort(shard_of, kind="stable")  # positions grouped by shard: one take for each
-        grouped = shard_of[by_shard]
-        cuts = [0, *(np.flatnonzero(grouped[1:] != grouped[:-1]) + 1).tolist(), len(rows)]
-        for a, b in zip(cuts[:-1], cuts[1:], strict=False):
-            xs, ys = self._plain(int(grouped[a]))
-            where = by_shard[a:b]
-            x[where] = np.take(xs, local[where], axis=0)
-            y[where] = np.take(ys, local[where], axis=0)
+        # grouped by shard: one take per shard into consecutive rows of a scratch pair, then one scatter
+        by_shard = np.argsort(shard_of, kind="stable")
+        counts = np.bincount(shard_of, minlength=len(self.shards)).tolist()
+        grouped = rows[by_shard]
+        tx, ty = np.empty_like(x), np.empty_like(y)
+        a = 0
+        for shard, count in enumerate(counts):
+            if count:
+                xs, ys = self._plain(shard)
+                local = grouped[a:a + count] - starts[shard]
+                np.take(xs, local, axis=0, out=tx[a:a + count])
+                np.take(ys, local, axis=0, out=ty[a:a + count])
+                a += count
+        x[by_shard] = tx
+        y[by_shard] = ty
         return x, y
 
     def _plain(self, index: int) -> tuple[np.ndarray, np.ndarray]:

@@ -132,9 +132,10 @@ class BatchDataset(IterableDataset):
 
 
 def _empty(rows: int, shape: tuple[int, ...], dtype: np.dtype, shared: bool) -> torch.Tensor:
-    tensor = torch.from_numpy(np.empty(0, dtype)).new_empty((rows, *shape))
-    # in a worker: shared memory from the start, so sending it to the main process copies nothing
-    return tensor.share_memory_() if shared else tensor
+    if not shared:  # a fresh, writable array the tensor owns (the cheapest way to make one: about 0.7 us)
+        return torch.from_numpy(np.empty((rows, *shape), dtype))
+    # in a worker whose ring is full: shared memory from the start, so sending it copies nothing more
+    return torch.from_numpy(np.empty(0, dtype)).new_empty((rows, *shape)).share_memory_()
 
 
 _RINGS: dict[Layout, Ring] = {}  # a loader worker's rings, one per batch layout, kept for the process's life

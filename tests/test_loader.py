@@ -275,6 +275,7 @@ def in_ring(tensor, spans: list[tuple[int, int]]) -> bool:
     return any(lo <= tensor.data_ptr() < hi for lo, hi in spans)
 
 
+@pytest.mark.filterwarnings("ignore:.*worker processes in total")  # 4 workers on 2 cores
 @pytest.mark.parametrize("workers", [2, 4])
 def test_workers_hand_batches_over_through_their_rings_in_the_global_order(dataset: Path, workers: int) -> None:
     """A plain loop (each batch dropped before the next): every batch arrives in a slot of its worker's ring
@@ -329,6 +330,7 @@ def test_a_batch_held_from_a_ring_is_never_overwritten(dataset: Path) -> None:
         np.testing.assert_array_equal(y.numpy(), gy)
 
 
+@pytest.mark.filterwarnings("ignore:.*worker processes in total")  # 4 workers on 2 cores
 def test_resume_mid_epoch_from_four_workers_to_two(dataset: Path) -> None:
     import torch
 
