@@ -349,3 +349,26 @@ def test_resume_mid_epoch_from_four_workers_to_two(dataset: Path) -> None:
     again.load_state_dict(state)
     rest = [x for x, _ in loader_batches(again, 2)]
     np.testing.assert_array_equal(np.concatenate(taken + rest), np.concatenate([x for x, _ in whole]))
+
+
+def test_the_main_process_keeps_the_rings_of_live_workers_only(dataset: Path) -> None:
+    """Epoch after epoch (new workers each time), the rings mapped in this process stay as many as the
+    workers: a finished worker's ring is unmapped once nothing of it is held (no growth over epochs)."""
+    import gc
+
+    import torch
+
+    def ring_maps() -> int:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            return sum("memtrain-ring" in line for line in maps)
+
+    data = batch_dataset(dataset)
+    loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=2, multiprocessing_context="fork")
+    counts = []
+    for epoch in range(5):
+        data.set_epoch(epoch)
+        for x, y in loader:
+            del x, y
+        gc.collect()
+        counts.append(ring_maps())
+    assert counts[0] >= 2 and max(counts) <= 4, counts  # this epoch's 2 rings, and at most the last epoch's 2
