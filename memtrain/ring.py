@@ -22,6 +22,7 @@ import mmap
 import os
 import secrets
 import tempfile
+import threading
 import weakref
 from dataclasses import dataclass
 from multiprocessing.reduction import DupFd
@@ -129,9 +130,11 @@ class _Mapped:
         self.layout = layout
         self.map = mmap.mmap(fd, HEADER + slots * layout.slot_bytes)
         self.counts = np.frombuffer(self.map, np.uint8, slots)
+        self._lock = threading.Lock()  # x and y may be freed in two threads (the DataLoader's pin thread)
 
     def release(self, slot: int) -> None:
-        self.counts[slot] -= 1
+        with self._lock:
+            self.counts[slot] -= 1
 
 
 _MAPPED: dict[str, _Mapped] = {}  # the rings of the workers this process receives from, by token

@@ -249,7 +249,7 @@ def format_table(report: dict[str, Any]) -> str:
     limit = (f", RLIMIT_DATA = data segment after imports + {s['rlimit_data_mib']} MiB per process"
              if s["rlimit_data_mib"] else ", in page cache")
     lines = [f"bench loader: {s['rows']:,} rows of {s['features']} float32 features, batches of {s['batch']}, "
-             f"one epoch per run, {s['repeats']} repeats interleaved{limit}",
+             f"one epoch per run, {s['repeats']} repeat{'s' if s['repeats'] > 1 else ''} interleaved{limit}",
              "rates: median (range) over the repeats; ratios: per repeat, to the run made beside it",
              f"{'method':<26} {'workers':>7} {'Mrows/s':>20} {'GB/s':>5} {'vs np.memmap':>20} {'vs HF':>20} "
              f"{'anon MiB main/worker':>21}"]
@@ -257,8 +257,9 @@ def format_table(report: dict[str, Any]) -> str:
         rate = Spread(**{k: v if k != "runs" else tuple(v) for k, v in r["rows_per_s_spread"].items()})
         mrows = Spread(median=rate.median / 1e6, low=rate.low / 1e6, high=rate.high / 1e6, runs=rate.runs).text()
         worker = f"{r['worker_anon_mib']:.0f}" if r["workers"] else "-"
-        lines.append(f"{r['label']:<26} {r['workers']:>7} {mrows:>20} {r['gb_per_s']:>5.2f} "
-                     f"{_times(r['vs_memmap']):>20} {_times(r['vs_hf']):>20} {r['main_anon_mib']:>16.0f}/{worker:<4}")
+        line = (f"{r['label']:<26} {r['workers']:>7} {mrows:>20} {r['gb_per_s']:>5.2f} "
+                f"{_times(r['vs_memmap']):>20} {_times(r['vs_hf']):>20} {r['main_anon_mib']:>16.0f}/{worker}")
+        lines.append(line)
     lines += report["targets"]
     lines.append(machine_caption(report["machine"]))
     return "\n".join(lines)
