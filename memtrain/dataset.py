@@ -79,6 +79,7 @@ class Split:
     starts: list[int] = field(init=False)
     _maps: dict[int, tuple[np.ndarray, np.ndarray]] = field(init=False, default_factory=dict)
     _starts: np.ndarray = field(init=False, repr=False)
+    _plain_maps: dict[int, tuple[np.ndarray, np.ndarray]] = field(init=False, default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.starts = np.concatenate([[0], np.cumsum([s.rows for s in self.shards])]).astype(int).tolist()
@@ -138,10 +139,10 @@ class Split:
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled without its maps: the receiving process maps the same files (no copy of the data)."""
-        return {key: value for key, value in self.__dict__.items() if key != "_maps"}
+        return {key: value for key, value in self.__dict__.items() if key not in ("_maps", "_plain_maps")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _maps={})
+        self.__dict__.update(state, _maps={}, _plain_maps={})
 
     def __getitem__(self, key: int | slice | Any) -> tuple[np.ndarray, np.ndarray]:
         """Rows as new (writable) arrays: ``split[i]`` one row, ``split[a:b]`` or ``split[[i, j, ...]]`` several."""
@@ -234,25 +235,28 @@ class Split:
             return x, y
         # grouped by shard: one take per shard into consecutive rows of a scratch pair, then one scatter
         by_shard = np.argsort(shard_of, kind="stable")
-        counts = np.bincount(shard_of, minlength=len(self.shards)).tolist()
-        grouped = rows[by_shard]
+        grouped = shard_of[by_shard]
+        local = rows[by_shard] - starts[grouped]
+        counts = np.bincount(grouped, minlength=len(self.shards))
         tx, ty = np.empty_like(x), np.empty_like(y)
         a = 0
-        for shard, count in enumerate(counts):
-            if count:
-                xs, ys = self._plain(shard)
-                local = grouped[a:a + count] - starts[shard]
-                np.take(xs, local, axis=0, out=tx[a:a + count])
-                np.take(ys, local, axis=0, out=ty[a:a + count])
-                a += count
+        for shard in np.flatnonzero(counts).tolist():  # the per-shard cost is these two calls
+            b = a + int(counts[shard])
+            xs, ys = self._plain(shard)
+            xs.take(local[a:b], 0, tx[a:b])
+            ys.take(local[a:b], 0, ty[a:b])
+            a = b
         x[by_shard] = tx
         y[by_shard] = ty
         return x, y
 
     def _plain(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         """Shard ``index``'s maps as plain arrays: indexing an ``np.memmap`` costs microseconds of Python."""
-        xs, ys = self.shard_arrays(index)
-        return xs.view(np.ndarray), ys.view(np.ndarray)
+        plain = self._plain_maps.get(index)
+        if plain is None:
+            xs, ys = self.shard_arrays(index)
+            plain = self._plain_maps[index] = (xs.view(np.ndarray), ys.view(np.ndarray))
+        return plain
 
     def check_files(self) -> None:
         """Headers and exact sizes of every shard (no mapping, no hashing): catches truncation early."""
