@@ -43,6 +43,7 @@ import numpy as np
 
 from memtrain.errors import CorruptFileError, InputError, MemtrainError, plural
 from memtrain.files import check_npy, open_npy, read_json, unseal, verify_checksum, write_sealed_json
+from memtrain.joined import join
 from memtrain.layout import MANIFEST, OPTIONAL_SPLITS, SPLITS
 from memtrain.order import WINDOW, EpochOrder, Rows, check_part, epoch_order, rank_part
 from memtrain.train.normalize import Normalizer
@@ -80,6 +81,7 @@ class Split:
     _maps: dict[int, tuple[np.ndarray, np.ndarray]] = field(init=False, default_factory=dict)
     _starts: np.ndarray = field(init=False, repr=False)
     _plain_maps: dict[int, tuple[np.ndarray, np.ndarray]] = field(init=False, default_factory=dict, repr=False)
+    _joined_maps: Any = field(init=False, default=None, repr=False)  # None: not tried yet; False: not possible
 
     def __post_init__(self) -> None:
         self.starts = np.concatenate([[0], np.cumsum([s.rows for s in self.shards])]).astype(int).tolist()
@@ -139,10 +141,11 @@ class Split:
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled without its maps: the receiving process maps the same files (no copy of the data)."""
-        return {key: value for key, value in self.__dict__.items() if key not in ("_maps", "_plain_maps")}
+        return {key: value for key, value in self.__dict__.items()
+                if key not in ("_maps", "_plain_maps", "_joined_maps")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _maps={}, _plain_maps={})
+        self.__dict__.update(state, _maps={}, _plain_maps={}, _joined_maps=None)
 
     def __getitem__(self, key: int | slice | Any) -> tuple[np.ndarray, np.ndarray]:
         """Rows as new (writable) arrays: ``split[i]`` one row, ``split[a:b]`` or ``split[[i, j, ...]]`` several."""
@@ -233,6 +236,14 @@ class Split:
             np.take(xs, local, axis=0, out=x)
             np.take(ys, local, axis=0, out=y)
             return x, y
+        joined = self._joined()
+        if joined is not None:  # every shard's rows in one array each for x and y: one take each
+            (xj, xfirst), (yj, yfirst) = joined
+            shift = shard_of.astype(np.intp)
+            local = rows - starts[shift]
+            xj.take(local + xfirst[shift], 0, x)
+            yj.take(local + yfirst[shift], 0, y)
+            return x, y
         # grouped by shard: one take per shard into consecutive rows of a scratch pair, then one scatter
         by_shard = np.argsort(shard_of, kind="stable")
         grouped = shard_of[by_shard]
@@ -249,6 +260,20 @@ class Split:
         x[by_shard] = tx
         y[by_shard] = ty
         return x, y
+
+    def _joined(self) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]] | None:
+        """x's and y's shards each as one read-only array (memtrain/joined.py), made on first use; None
+        where that cannot be done (then gathers go shard by shard)."""
+        if self._joined_maps is None:
+            for index in range(len(self.shards)):
+                self.shard_arrays(index)  # every shard validated, and from the directory that was opened
+            rows = [shard.rows for shard in self.shards]
+            x = join([s.x_path for s in self.shards], rows, self.x_shape, self.x_dtype)
+            y = join([s.y_path for s in self.shards], rows, self.y_shape, self.y_dtype)
+            if self.root is not None and directory_identity(self.root) != self.identity:
+                x = y = None  # replaced since: shard_arrays raises the error on the next plain read
+            self._joined_maps = ((x.array, x.first), (y.array, y.first)) if x and y else False
+        return self._joined_maps or None
 
     def _plain(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         """Shard ``index``'s maps as plain arrays: indexing an ``np.memmap`` costs microseconds of Python."""
