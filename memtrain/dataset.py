@@ -222,7 +222,8 @@ class Split:
         return out
 
     def gather(self, rows: np.ndarray, out: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """Rows ``rows`` (in that order) copied into ``out``: one ``take`` per shard they lie in."""
+        """Rows ``rows`` (in that order) copied into ``out``: one ``take`` from the shards joined into one
+        array (memtrain/joined.py), or, where they cannot be joined, one ``take`` per shard they lie in."""
         x, y = out
         if not len(rows):
             return x, y
