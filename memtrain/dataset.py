@@ -43,6 +43,7 @@ import numpy as np
 
 from memtrain.errors import CorruptFileError, InputError, MemtrainError, plural
 from memtrain.files import check_npy, open_npy, read_json, unseal, verify_checksum, write_sealed_json
+from memtrain.joined import join
 from memtrain.layout import MANIFEST, OPTIONAL_SPLITS, SPLITS
 from memtrain.order import WINDOW, EpochOrder, Rows, check_part, epoch_order, rank_part
 from memtrain.train.normalize import Normalizer
@@ -78,9 +79,13 @@ class Split:
     identity: int | None = None
     starts: list[int] = field(init=False)
     _maps: dict[int, tuple[np.ndarray, np.ndarray]] = field(init=False, default_factory=dict)
+    _starts: np.ndarray = field(init=False, repr=False)
+    _plain_maps: dict[int, tuple[np.ndarray, np.ndarray]] = field(init=False, default_factory=dict, repr=False)
+    _joined_maps: Any = field(init=False, default=None, repr=False)  # None: not tried yet; False: not possible
 
     def __post_init__(self) -> None:
         self.starts = np.concatenate([[0], np.cumsum([s.rows for s in self.shards])]).astype(int).tolist()
+        self._starts = np.asarray(self.starts, dtype=np.int64)
         if self.starts[-1] != self.rows:
             raise CorruptFileError(f"the {self.name} split's shard rows do not add up",
                                    expected=self.rows, found=self.starts[-1])
@@ -136,10 +141,11 @@ class Split:
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled without its maps: the receiving process maps the same files (no copy of the data)."""
-        return {key: value for key, value in self.__dict__.items() if key != "_maps"}
+        return {key: value for key, value in self.__dict__.items()
+                if key not in ("_maps", "_plain_maps", "_joined_maps")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _maps={})
+        self.__dict__.update(state, _maps={}, _plain_maps={}, _joined_maps=None)
 
     def __getitem__(self, key: int | slice | Any) -> tuple[np.ndarray, np.ndarray]:
         """Rows as new (writable) arrays: ``split[i]`` one row, ``split[a:b]`` or ``split[[i, j, ...]]`` several."""
@@ -216,35 +222,70 @@ class Split:
         return out
 
     def gather(self, rows: np.ndarray, out: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """Rows ``rows`` (in that order) copied into ``out``: one ``take`` per shard they lie in (rows in one
-        shard: straight into ``out``, a single copy). IndexError for a row outside the split."""
+        """Rows ``rows`` (in that order) copied into ``out``: one ``take`` from the shards joined into one
+        array (memtrain/joined.py), or, where they cannot be joined, one ``take`` per shard they lie in.
+        IndexError for a row outside the split (checked once: the takes then copy once, ``take_into``)."""
         x, y = out
         if not len(rows):
             return x, y
         if rows.min() < 0 or rows.max() >= self.rows:
             raise IndexError(f"row index out of range for the {self.name} split of {self.rows} rows")
-        starts = np.asarray(self.starts)
-        shard_of = np.searchsorted(starts, rows, side="right") - 1
-        local = rows - starts[shard_of]
+        starts = self._starts
+        # shard numbers in 16 bits where they fit: numpy's stable sort of them below is then a radix sort
+        small = np.int16 if len(self.shards) <= np.iinfo(np.int16).max else np.int32
+        shard_of = (np.searchsorted(starts, rows, side="right") - 1).astype(small)
         if (shard_of == shard_of[0]).all():  # straight into ``out``
             xs, ys = self._plain(int(shard_of[0]))
+            local = rows - starts[shard_of[0]]
             take_into(xs, local, x)
             take_into(ys, local, y)
             return x, y
-        by_shard = np.argsort(shard_of, kind="stable")  # positions grouped by shard: one take for each
+        joined = self._joined()
+        if joined is not None:  # every shard's rows in one array each for x and y: one take each
+            (xj, xfirst), (yj, yfirst) = joined
+            shift = shard_of.astype(np.intp)
+            local = rows - starts[shift]
+            take_into(xj, local + xfirst[shift], x)
+            take_into(yj, local + yfirst[shift], y)
+            return x, y
+        # grouped by shard: one take per shard into consecutive rows of a scratch pair, then one scatter
+        by_shard = np.argsort(shard_of, kind="stable")
         grouped = shard_of[by_shard]
-        cuts = [0, *(np.flatnonzero(grouped[1:] != grouped[:-1]) + 1).tolist(), len(rows)]
-        for a, b in zip(cuts[:-1], cuts[1:], strict=False):
-            xs, ys = self._plain(int(grouped[a]))
-            where = by_shard[a:b]
-            x[where] = np.take(xs, local[where], axis=0)
-            y[where] = np.take(ys, local[where], axis=0)
+        local = rows[by_shard] - starts[grouped]
+        counts = np.bincount(grouped, minlength=len(self.shards))
+        tx, ty = np.empty_like(x), np.empty_like(y)
+        a = 0
+        for shard in np.flatnonzero(counts).tolist():  # the per-shard cost is these two calls
+            b = a + int(counts[shard])
+            xs, ys = self._plain(shard)
+            take_into(xs, local[a:b], tx[a:b])
+            take_into(ys, local[a:b], ty[a:b])
+            a = b
+        x[by_shard] = tx
+        y[by_shard] = ty
         return x, y
+
+    def _joined(self) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]] | None:
+        """x's and y's shards each as one read-only array (memtrain/joined.py), made on first use; None
+        where that cannot be done (then gathers go shard by shard)."""
+        if self._joined_maps is None:
+            for index in range(len(self.shards)):
+                self.shard_arrays(index)  # every shard validated, and from the directory that was opened
+            rows = [shard.rows for shard in self.shards]
+            x = join([s.x_path for s in self.shards], rows, self.x_shape, self.x_dtype)
+            y = join([s.y_path for s in self.shards], rows, self.y_shape, self.y_dtype)
+            if self.root is not None and directory_identity(self.root) != self.identity:
+                x = y = None  # replaced since: shard_arrays raises the error on the next plain read
+            self._joined_maps = ((x.array, x.first), (y.array, y.first)) if x and y else False
+        return self._joined_maps or None
 
     def _plain(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         """Shard ``index``'s maps as plain arrays: indexing an ``np.memmap`` costs microseconds of Python."""
-        xs, ys = self.shard_arrays(index)
-        return xs.view(np.ndarray), ys.view(np.ndarray)
+        plain = self._plain_maps.get(index)
+        if plain is None:
+            xs, ys = self.shard_arrays(index)
+            plain = self._plain_maps[index] = (xs.view(np.ndarray), ys.view(np.ndarray))
+        return plain
 
     def check_files(self) -> None:
         """Headers and exact sizes of every shard (no mapping, no hashing): catches truncation early."""

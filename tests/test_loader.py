@@ -259,3 +259,116 @@ def test_a_class_sorted_dataset_prepared_without_shuffle_gets_mixed_batches(tmp_
     assert classes_per_batch("rows", 0) > 6 and classes_per_batch("rows", 1) > 6
     every = np.concatenate([y for _, y in ds.batches(256, epoch=1, window=4096)])
     np.testing.assert_array_equal(np.sort(every), labels)  # every row once
+
+
+# --- the workers' shared ring (memtrain/ring.py) ---
+
+
+def ring_spans() -> list[tuple[int, int]]:
+    """The address ranges of the worker rings this process has mapped."""
+    from memtrain import ring
+
+    return [(a, a + len(m.map)) for m in ring._MAPPED.values() for a in [np.frombuffer(m.map, np.uint8).ctypes.data]]
+
+
+def in_ring(tensor, spans: list[tuple[int, int]]) -> bool:
+    return any(lo <= tensor.data_ptr() < hi for lo, hi in spans)
+
+
+@pytest.mark.filterwarnings("ignore:.*worker processes in total")  # 4 workers on 2 cores
+@pytest.mark.parametrize("workers", [2, 4])
+def test_workers_hand_batches_over_through_their_rings_in_the_global_order(dataset: Path, workers: int) -> None:
+    """A plain loop (each batch dropped before the next): every batch arrives in a slot of its worker's ring
+    (only the slot's number crossed the queue), in the global order; the slots are reused, so the memory
+    the batches take is the rings', a few batches per worker, however long the epoch."""
+    import torch
+
+    from memtrain import ring
+    from memtrain.torch import BatchDataset
+
+    whole = global_batches(open_dataset(dataset), 16)
+    ring._MAPPED.clear()
+    loader = torch.utils.data.DataLoader(BatchDataset(open_dataset(dataset), 16, **JOB), batch_size=None,
+                                         num_workers=workers,
+                                         multiprocessing_context="fork")
+    got, addresses = [], set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no read-only warning from torch
+        warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+        for x, y in loader:
+            assert in_ring(x, ring_spans()) and in_ring(y, ring_spans())
+            addresses.add(x.data_ptr())
+            got.append((x.numpy().copy(), y.numpy().copy()))
+            x.add_(1.0)  # writable, and the worker never reads it back
+            del x, y
+    assert len(ring._MAPPED) == workers and len(got) == len(whole) == 57
+    assert len(addresses) <= workers * ring.SLOTS < len(whole)
+    for (x, y), (gx, gy) in zip(got, whole, strict=True):
+        np.testing.assert_array_equal(x, gx)
+        np.testing.assert_array_equal(y, gy)
+
+
+def test_a_batch_held_from_a_ring_is_never_overwritten(dataset: Path) -> None:
+    """Holding every batch of an epoch (or only a view of one) keeps its slot: a worker whose slots are all
+    held sends the next batch the torch way, and every batch held to the end still has its rows."""
+    import torch
+
+    from memtrain import ring
+
+    whole = global_batches(open_dataset(dataset), 64)
+    ring._MAPPED.clear()
+    loader = torch.utils.data.DataLoader(batch_dataset(dataset), batch_size=None, num_workers=2,
+                                         multiprocessing_context="fork")
+    held = []
+    for k, (x, y) in enumerate(loader):
+        held.append((x[1:3], y) if k % 2 else (x, y))  # a view of x keeps its slot as well as x does
+        del x, y
+    spans = ring_spans()
+    assert sum(in_ring(y, spans) for _, y in held) == 2 * ring.SLOTS  # the rings filled, then torch's way
+    for k, ((x, y), (gx, gy)) in enumerate(zip(held, whole, strict=True)):
+        np.testing.assert_array_equal(x.numpy(), gx[1:3] if k % 2 else gx)
+        np.testing.assert_array_equal(y.numpy(), gy)
+
+
+@pytest.mark.filterwarnings("ignore:.*worker processes in total")  # 4 workers on 2 cores
+def test_resume_mid_epoch_from_four_workers_to_two(dataset: Path) -> None:
+    import torch
+
+    whole = global_batches(open_dataset(dataset), 64)
+    data = batch_dataset(dataset)
+    loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=4, multiprocessing_context="fork")
+    taken = []
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+        for x, _ in loader:
+            taken.append(x.numpy().copy())
+            if len(taken) == 7:
+                break
+    state = data.state_dict(consumed=len(taken))
+    again = batch_dataset(dataset, epoch=0)
+    again.load_state_dict(state)
+    rest = [x for x, _ in loader_batches(again, 2)]
+    np.testing.assert_array_equal(np.concatenate(taken + rest), np.concatenate([x for x, _ in whole]))
+
+
+def test_the_main_process_keeps_the_rings_of_live_workers_only(dataset: Path) -> None:
+    """Epoch after epoch (new workers each time), the rings mapped in this process stay as many as the
+    workers: a finished worker's ring is unmapped once nothing of it is held (no growth over epochs)."""
+    import gc
+
+    import torch
+
+    def ring_maps() -> int:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            return sum("memtrain-ring" in line for line in maps)
+
+    data = batch_dataset(dataset)
+    loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=2, multiprocessing_context="fork")
+    counts = []
+    for epoch in range(5):
+        data.set_epoch(epoch)
+        for x, y in loader:
+            del x, y
+        gc.collect()
+        counts.append(ring_maps())
+    assert counts[0] >= 2 and max(counts) <= 4, counts  # this epoch's 2 rings, and at most the last epoch's 2
