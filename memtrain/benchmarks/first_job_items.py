@@ -42,7 +42,7 @@ ITEMS = (
     ("memtrain.train.server", "Trainer.evaluate", "per epoch: evaluation"),
     ("memtrain.train.server", "save_checkpoint", "per epoch: checkpoints"),
     ("memtrain.train.server", "Trainer.end_epoch", "per epoch: all of the epoch's end"),
-    ("memtrain.train.server", "Trainer.stretch", "the rounds, in all"),
+    ("memtrain.train.engines", "Rounds.run", "the rounds, in all"),
 )
 
 
