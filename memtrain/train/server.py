@@ -515,6 +515,7 @@ class Trainer:
 
     def stream(self, stretch: Stretch, position: Position) -> Outcome:
         """A stretch run by the server alone, its gradient tasks streamed to the cluster's workers."""
+        from memtrain.cluster.broadcast import open_broadcast
         from memtrain.cluster.sharedfs import needs_sync, sync_for_readers
 
         transport = self.placement.transport
@@ -523,7 +524,9 @@ class Trainer:
             self.in_server.state.rounds(), stretch, workers=lambda: len(transport.slots),
             run_tasks=lambda tasks, meanwhile: self.scheduler.run(transport, tasks, meanwhile),
             publish_sync=sync_for_readers if sync else lambda path: None, recycle=False,
-            heartbeat=lambda: self.heartbeat(position), slices=lambda: len(transport.slots))
+            heartbeat=lambda: self.heartbeat(position), slices=lambda: len(transport.slots),
+            broadcast=open_broadcast(transport, rule=backup_rule(self.job), timeout=self.job.train.task_timeout,
+                                     log=self.log))
         outcome = participant.run()
         if self.stop.requested:
             return Outcome.STOPPED

@@ -36,6 +36,7 @@ import contextlib
 import functools
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +51,7 @@ from memtrain.layout import (
     streamed_gradient_name,
     weights_path,
 )
-from memtrain.train.messages import Outcome, Result, StepTask, Stretch
+from memtrain.train.messages import GradTask, Outcome, Result, StepTask, Stretch
 from memtrain.train.optim import learning_rate, state_slots
 from memtrain.train.plan import Update, step_slices
 from memtrain.train.reduce import Scratch, reduce_and_step
@@ -59,9 +60,11 @@ from memtrain.train.stream import MappedBytes, StreamParticipant
 from memtrain.train.weights import BLOCK
 
 if TYPE_CHECKING:
+    from memtrain.cluster.broadcast import Answer, Broadcast
     from memtrain.train.worker import WorkerState
 
 DIGEST_BYTES = 16  # files.block_digest
+FINISH_SECONDS = 30.0  # at a stretch's end, the longest the server waits for the round's loops to return
 
 
 def step_slice(state: WorkerState, message: StepTask) -> Result:
@@ -142,15 +145,66 @@ class SlicedParticipant(StreamParticipant):
     bits). ``run_tasks`` runs the step tasks as it runs the gradient tasks (``Scheduler.run``).
     """
 
-    def __init__(self, files: RoundFiles, stretch: Stretch, *, slices: Callable[[], int], **options: Any):
+    def __init__(self, files: RoundFiles, stretch: Stretch, *, slices: Callable[[], int],
+                 broadcast: Broadcast | None = None, **options: Any):
         super().__init__(files, stretch, **options)
         self.slices = slices
+        self.broadcast = broadcast  # the broadcast rounds (memtrain/cluster/broadcast.py); None: per task only
 
     def run(self) -> Outcome:
         try:
             return super().run()
         finally:
+            if self.broadcast is not None:
+                self.broadcast.finish(FINISH_SECONDS)
             self.discard_state(self.version + 1)
+
+    def run_gradient_tasks(self, tasks: list[GradTask]) -> list[Result]:
+        """Through the broadcast round when there is one (one record out, one count back); an update whose
+        round ended early (a worker left, failed or straggled: ``Broadcast``) is completed per task: the
+        tasks answered are kept, the others run again under attempt 1 (a new file: their first attempt's
+        may still be written by a late loop; deleted once that loop ended), with retries and backups."""
+        round = self.broadcast
+        if round is None or not (round.active or round.open()):
+            return super().run_gradient_tasks(tasks)
+        from memtrain.cluster.broadcast import gradient_results
+
+        answer = round.ask("grads", tuple(tasks), self.housekeeping)
+        found = gradient_results(tasks, answer.numbers)
+        if answer.status == "done":
+            return [found[task.task] for task in tasks]
+        missing = [replace(task, attempt=1, spare="", in_place=False) for task in tasks if task.task not in found]
+        self.round_over(answer, f"{len(missing)} of {len(tasks)} gradient tasks",
+                        [self.files.exchange / streamed_gradient_name(t.update, t.task, 0) for t in missing])
+        done = {r.task: r for r in self.run_tasks(missing, lambda: None)}
+        return [found.get(task.task) or done[task.task] for task in tasks]
+
+    def run_step_tasks(self, tasks: list[StepTask], ranges: list[tuple[int, int]]) -> list[Result]:
+        """Through the round the update's gradients went through, if it is still on; else (or if it ends
+        now) every slice per task: a slice is pure, rewriting it writes the same bits."""
+        round = self.broadcast
+        if round is None or not round.active:
+            return self.run_tasks(tasks, lambda: None)
+        from memtrain.cluster.broadcast import step_results
+
+        answer = round.ask("step", replace(tasks[0], task=0, lo=0, hi=0), lambda: None)
+        if answer.status == "done":
+            if answer.joined:  # a worker joined: it takes part from the next round
+                round.close()
+                round.refresh()
+            return step_results(ranges, answer)
+        self.round_over(answer, f"the step's {len(tasks)} slices", [])
+        return self.run_tasks(tasks, lambda: None)
+
+    def round_over(self, answer: Answer, what: str, leftovers: list[Path]) -> None:
+        """A broadcast round ended before every answer was in: say why, end it, refresh the workers."""
+        assert self.broadcast is not None
+        why = {"left": "a worker of the round left the scheduler", "failed": f"a task failed: {answer.error}",
+               "late": f"the last answers are late ({answer.waited:.2f} s; the straggler rule, docs/cluster.md)",
+               "timeout": "no answer within train.task_timeout", "ended": "the round was ended"}[answer.status]
+        self.broadcast.log(f"update round of {self.broadcast.size} workers ended: {why}; {what} run per task "
+                           "(a backup copy of each, attempt 1, for a late one)")
+        self.broadcast.close(leftovers)
 
     def step(self, update: Update) -> None:
         try:
@@ -163,7 +217,9 @@ class SlicedParticipant(StreamParticipant):
         """Every slice of ``update``'s step written (True), or one came out non-finite (False: nothing moves)."""
         files, version = self.files, self.version
         self.ready_state(version + 1)
-        ranges = step_slices(files.size, max(1, self.slices()), BLOCK)
+        round = self.broadcast
+        ranges = step_slices(files.size, round.size if round is not None and round.active else max(1, self.slices()),
+                             BLOCK)
         attempts = tuple(self.attempts)
         if [t.task for t in update.tasks] != list(range(len(attempts))):
             raise MemtrainError(f"update {update.update}: tasks {[t.task for t in update.tasks]} are not numbered "
@@ -172,7 +228,7 @@ class SlicedParticipant(StreamParticipant):
         retried = tuple((task, attempt) for task, attempt in enumerate(attempts) if attempt)
         tasks = [StepTask(task=j, attempt=0, update=update.update, version=version, lo=lo, hi=hi, rows=update.rows,
                           lr=lr, tasks=len(attempts), retried=retried) for j, (lo, hi) in enumerate(ranges)]
-        results = self.run_tasks(tasks, lambda: None)
+        results = self.run_step_tasks(tasks, ranges)
         if any(result.outcome == Outcome.NONFINITE for result in results):
             self.discard_state(version + 1)
             return False
