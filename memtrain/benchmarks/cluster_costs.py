@@ -59,8 +59,9 @@ class Records:
     bytes = 0
 
 
-def counted(send: Any, completed: Any) -> tuple[Any, Any]:
-    """``ClusterPool.send`` and ``ClusterPool._completed`` that add their records' sizes to ``Records.bytes``."""
+def counted(send: Any, completed: Any, call: Any) -> tuple[Any, Any, Any]:
+    """``ClusterPool.send``, ``ClusterPool._completed`` and ``Broadcast.call`` (the broadcast round's posts and
+    counts, memtrain/cluster/broadcast.py) that add their records' sizes to ``Records.bytes``."""
 
     def send_counted(pool: Any, slot: Any, task: Any) -> None:
         Records.bytes += len(pickle.dumps(task, protocol=5))
@@ -71,7 +72,13 @@ def counted(send: Any, completed: Any) -> tuple[Any, Any]:
             Records.bytes += len(pickle.dumps(item.result, protocol=5))
         return completed(pool, item)
 
-    return send_counted, completed_counted
+    def call_counted(broadcast: Any, handler: str, **arguments: Any) -> Any:
+        Records.bytes += len(pickle.dumps((handler, arguments), protocol=5))
+        answer = call(broadcast, handler, **arguments)
+        Records.bytes += len(pickle.dumps(answer, protocol=5))
+        return answer
+
+    return send_counted, completed_counted, call_counted
 
 
 def other_threads_cpu() -> float:
@@ -87,8 +94,10 @@ def snapshot(pool: Any) -> dict[str, Any]:
             "server": server, "workers": pool.client.run(process_io)}
 
 
-def measure(params: int, cluster: str, updates: int, warmup: int, scratch: Path) -> dict[str, Any]:
-    """One run of ``params`` parameters on ``cluster``: the counts per update (see the module's docstring)."""
+def measure(params: int, cluster: str, updates: int, warmup: int, scratch: Path, tasks: int | None = None
+            ) -> dict[str, Any]:
+    """One run of ``params`` parameters on ``cluster``: the counts per update (see the module's docstring);
+    ``tasks`` per update (default: one per worker)."""
     from memtrain.train import server
     from memtrain.train.sliced import SlicedParticipant
 
@@ -108,20 +117,21 @@ def measure(params: int, cluster: str, updates: int, warmup: int, scratch: Path)
         if update.batch in (warmup, updates - 1):  # counted: the gradients and the step of each update after
             marks.append(snapshot(pools[-1]))
 
+    from memtrain.cluster.broadcast import Broadcast
     from memtrain.cluster.transport import ClusterPool
 
     open_cluster, step_sliced = server.open_cluster, SlicedParticipant.step
-    send, completed = ClusterPool.send, ClusterPool._completed
+    send, completed, call = ClusterPool.send, ClusterPool._completed, Broadcast.call
     count = int(cluster.split(":")[1]) if cluster.startswith("local:") else len(cluster_workers(cluster))
-    problem = Problem(str(data), shape.hidden, updates, workers=count, epochs=1)
+    problem = Problem(str(data), shape.hidden, updates, workers=tasks or count, epochs=1)
     run_dir = scratch / f"run-{shape.params}-{count}"
     server.open_cluster, SlicedParticipant.step = open_and_keep, step
-    ClusterPool.send, ClusterPool._completed = counted(send, completed)
+    ClusterPool.send, ClusterPool._completed, Broadcast.call = counted(send, completed, call)
     try:
         server.train(job_for(problem, run_dir, "run", count, cluster=cluster), quiet=True)
     finally:
         server.open_cluster, SlicedParticipant.step = open_cluster, step_sliced
-        ClusterPool.send, ClusterPool._completed = send, completed
+        ClusterPool.send, ClusterPool._completed, Broadcast.call = send, completed, call
         shutil.rmtree(run_dir, ignore_errors=True)
     return per_update(marks, updates - 1 - warmup, shape.params, count)
 
@@ -155,9 +165,10 @@ def per_update(marks: list[dict[str, Any]], steps: int, params: int, workers: in
             "updates_per_s": steps / (last["wall"] - first["wall"])}
 
 
-def run_costs(sizes: list[int], cluster: str, updates: int, warmup: int, scratch: Path) -> dict[str, Any]:
+def run_costs(sizes: list[int], cluster: str, updates: int, warmup: int, scratch: Path, tasks: int | None = None
+              ) -> dict[str, Any]:
     load_before = os.getloadavg()
-    rows = [measure(size, cluster, updates, warmup, scratch) for size in sizes]
+    rows = [measure(size, cluster, updates, warmup, scratch, tasks) for size in sizes]
     return {"cluster": cluster, "updates": updates, "warmup": warmup, "loadavg_before": load_before,
             "loadavg_after": os.getloadavg(), "rows": rows}
 

@@ -189,9 +189,8 @@ class SlicedParticipant(StreamParticipant):
 
         answer = round.ask("step", replace(tasks[0], task=0, lo=0, hi=0), lambda: None)
         if answer.status == "done":
-            if answer.joined:  # a worker joined: it takes part from the next round
+            if answer.joined:  # a worker joined: it takes part from the next round (``open`` gives it a slot)
                 round.close()
-                round.refresh()
             return step_results(ranges, answer)
         self.round_over(answer, f"the step's {len(tasks)} slices", [])
         return self.run_tasks(tasks, lambda: None)
@@ -202,8 +201,9 @@ class SlicedParticipant(StreamParticipant):
         why = {"left": "a worker of the round left the scheduler", "failed": f"a task failed: {answer.error}",
                "late": f"the last answers are late ({answer.waited:.2f} s; the straggler rule, docs/cluster.md)",
                "timeout": "no answer within train.task_timeout", "ended": "the round was ended"}[answer.status]
-        self.broadcast.log(f"update round of {self.broadcast.size} workers ended: {why}; {what} run per task "
-                           "(a backup copy of each, attempt 1, for a late one)")
+        how = ("run again per task (attempt 1: a backup copy, whichever finishes first is taken)"
+               if answer.status == "late" else "run per task")
+        self.broadcast.log(f"update round of {self.broadcast.size} workers ended: {why}; {what} {how}")
         self.broadcast.close(leftovers)
 
     def step(self, update: Update) -> None:
