@@ -5,8 +5,8 @@ before any slice is stepped, every slice stepped before the version is published
 per worker, each wait costs the server's CPU 2 x N calls and answers. Here it costs two messages:
 
 - the server **posts** one record per wait to the scheduler (``Board``, a scheduler plugin): the update's
-  gradient tasks (one per task of the plan's update: their number does not depend on N), or the step's
-  template (version, update, learning rate, the attempts);
+  number and version (``gradient_record``: each worker derives the update's tasks from the plan, which it
+  has), or the step's template (version, update, learning rate, rows);
 - each worker of the round runs a long loop in its actor (``follow``: the actor's one thread, so no other
   call of ours runs on that worker meanwhile) that waits for the next record, does its part -- the tasks
   ``tasks[rank::size]``, the slice ``step_slices(size, members, BLOCK)[rank]`` -- and answers the Board with
@@ -231,8 +231,11 @@ def part(actor: Any, kind: str, body: Any, rank: int, members: int) -> tuple[lis
     ``tasks[rank::members]``; the step: the digests of slice ``rank`` (b"" for none), numbers [1] if it came
     out non-finite."""
     if kind == "grads":
+        tasks = gradient_tasks(actor.state.plan, body)
+        if isinstance(tasks, str):
+            return [], b"", tasks
         numbers: list[float] = []
-        for task in body[rank::members]:
+        for task in tasks[rank::members]:
             result = actor.run(task)
             if result.outcome != Outcome.DONE:
                 return numbers, b"", result.error or f"task {task.task}: {result.outcome.name}"
@@ -248,6 +251,27 @@ def part(actor: Any, kind: str, body: Any, rank: int, members: int) -> tuple[lis
     if result.outcome != Outcome.DONE:
         return [], b"", result.error or f"step slice {rank}: {result.outcome.name}"
     return [], result.digests, ""
+
+
+def gradient_record(tasks: list[GradTask]) -> tuple[Any, ...]:
+    """An update's gradient tasks as the record the server posts: the update's number, version, epoch, task
+    count and rows (the workers derive the tasks from the plan, and check it agrees), and the spares' names
+    (none when no task has one)."""
+    first = tasks[0]
+    spares = tuple(task.spare for task in tasks) if any(task.spare for task in tasks) else ()
+    return first.update, first.version, first.epoch, len(tasks), sum(t.hi - t.lo for t in tasks), spares
+
+
+def gradient_tasks(plan: Any, record: tuple[Any, ...]) -> list[GradTask] | str:
+    """The gradient tasks of a ``gradient_record``, from the worker's plan (``train/plan.Plan``); a text saying
+    how they disagree if the plan's update is not the record's."""
+    number, version, epoch, count, rows, spares = record
+    update = plan.update(number)
+    if (update.epoch, len(update.tasks), update.rows) != (epoch, count, rows):
+        return (f"update {number}: the worker's plan has epoch {update.epoch}, {len(update.tasks)} tasks, "
+                f"{update.rows} rows; the server's has epoch {epoch}, {count} tasks, {rows} rows")
+    return [GradTask(task=r.task, attempt=0, update=number, version=version, epoch=epoch, lo=r.lo, hi=r.hi,
+                     spare=spares[r.task] if spares else "") for r in update.tasks]
 
 
 # --- the server's side ---
@@ -331,6 +355,9 @@ class Broadcast:
             round_id, self.round, self.members = self.round, "", []
             self.call("memtrain_end", round_id=round_id)
         self.sweep()
+        # the per-task path sends to the first idle slots: those whose loop still runs (a straggler's: a call
+        # to it would wait behind the loop) last
+        self.pool.slots.sort(key=lambda slot: slot.token in self.loops)
 
     def finish(self, seconds: float) -> None:
         """End the last round and wait (at most ``seconds``) for its loops, so that the actors take other calls."""

@@ -167,9 +167,9 @@ class SlicedParticipant(StreamParticipant):
         round = self.broadcast
         if round is None or not (round.active or round.open()):
             return super().run_gradient_tasks(tasks)
-        from memtrain.cluster.broadcast import gradient_results
+        from memtrain.cluster.broadcast import gradient_record, gradient_results
 
-        answer = round.ask("grads", tuple(tasks), self.housekeeping)
+        answer = round.ask("grads", gradient_record(tasks), self.housekeeping)
         found = gradient_results(tasks, answer.numbers)
         if answer.status == "done":
             return [found[task.task] for task in tasks]
