@@ -67,23 +67,30 @@ class RoundState:
     ended: bool = False
     left: str = ""  # a member that left the scheduler
     joined: bool = False  # a worker joined the scheduler since the round began
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    posted: asyncio.Event = field(default_factory=asyncio.Event)  # set at a post or the end: wakes the members
+    answered: asyncio.Event = field(default_factory=asyncio.Event)  # set at an answer or a leave: wakes the server
 
-    def wake(self) -> None:
-        self.changed.set()
-        self.changed = asyncio.Event()
+    def wake(self, *, members: bool = True) -> None:
+        """Wake the server's wait, and the members' unless ``members`` is False (an answer: only the server
+        cares; waking every member at each answer would cost the scheduler N x N wake-ups per wave)."""
+        self.answered.set()
+        self.answered = asyncio.Event()
+        if members:
+            self.posted.set()
+            self.posted = asyncio.Event()
 
 
 class Board(SchedulerPlugin):
     """The scheduler plugin: rounds' records, answers and counts (handlers ``memtrain_*``)."""
 
     name = "memtrain-broadcast"
+    idempotent = True  # a second run on the same scheduler keeps the Board (and the first run's rounds)
 
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
         self.rounds: dict[str, RoundState] = {}
         scheduler.handlers.update({"memtrain_begin": self.begin, "memtrain_post": self.post,
-                                   "memtrain_next": self.next, "memtrain_answer": self.answer,
+                                   "memtrain_next": self.next, "memtrain_answer": self.answer_and_next,
                                    "memtrain_await": self.await_count, "memtrain_end": self.end})
 
     def begin(self, round: str = "", members: list[str] | None = None, client: str = "") -> None:  # noqa: A002
@@ -107,16 +114,19 @@ class Board(SchedulerPlugin):
                 return None
             if wave in state.waves:
                 return state.waves[wave].record
-            if not await wait(state, deadline):
+            if not await wait(state.posted, deadline):
                 return b""
 
-    def answer(self, round: str = "", wave: int = 0, rank: int = 0, numbers: list[float] | None = None,  # noqa: A002
-               blob: bytes = b"", error: str = "") -> None:
+    async def answer_and_next(self, round: str = "", wave: int = 0, rank: int = 0,  # noqa: A002
+                              numbers: list[float] | None = None, blob: bytes = b"", error: str = "",
+                              seconds: float = NEXT_SECONDS) -> bytes | None:
+        """A member's answer to wave ``wave``, then (in the same message, to halve the scheduler's) ``next``
+        for wave ``wave`` + 1."""
         state = self.rounds.get(round)
-        if state is None or state.ended or wave not in state.waves:
-            return  # a late answer of a round the server ended: nothing waits for it
-        state.waves[wave].answers[rank] = (time.monotonic(), list(numbers or []), blob, error)
-        state.wake()
+        if state is not None and not state.ended and wave in state.waves:  # else a late answer: nobody waits
+            state.waves[wave].answers[rank] = (time.monotonic(), list(numbers or []), blob, error)
+            state.wake(members=False)
+        return await self.next(round, wave + 1, seconds)
 
     async def await_count(self, round: str = "", wave: int = 0, seconds: float = AWAIT_SECONDS,  # noqa: A002
                           timeout: float = 0.0, ratio: float = 0.0, backup_seconds: float = 0.0) -> dict[str, Any]:
@@ -130,7 +140,7 @@ class Board(SchedulerPlugin):
                 return summary(state, wave, status)
             assert state is not None
             until = min(deadline, due_at(state.waves[wave], ratio, backup_seconds, timeout))
-            if not await wait(state, until) and time.monotonic() >= deadline:
+            if not await wait(state.answered, until) and time.monotonic() >= deadline:
                 return summary(state, wave, "waiting")
 
     def end(self, round: str = "") -> None:  # noqa: A002
@@ -156,10 +166,10 @@ class Board(SchedulerPlugin):
                 state.wake()
 
 
-async def wait(state: RoundState, until: float) -> bool:
-    """Wait for a change of ``state`` until the monotonic time ``until``; False if none came."""
+async def wait(event: asyncio.Event, until: float) -> bool:
+    """Wait for ``event`` until the monotonic time ``until``; False if it was not set by then."""
     with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(state.changed.wait(), max(0.0, until - time.monotonic()))
+        await asyncio.wait_for(event.wait(), max(0.0, until - time.monotonic()))
         return True
     return False
 
@@ -214,15 +224,17 @@ def follow(actor: Any, round: str, rank: int, members: int) -> int:  # noqa: A00
         return sync(worker.loop, getattr(worker.scheduler, handler), round=round, **arguments)
 
     wave = 0
+    record = call("memtrain_next", wave=wave, seconds=NEXT_SECONDS)
     while True:
-        record = call("memtrain_next", wave=wave, seconds=NEXT_SECONDS)
         if record is None:
             return wave
-        if not record:
-            continue  # nothing yet: ask again
+        if not record:  # nothing yet: ask again
+            record = call("memtrain_next", wave=wave, seconds=NEXT_SECONDS)
+            continue
         kind, body = pickle.loads(record)  # a record the run's server posted (like Dask's own messages)
         numbers, blob, error = part(actor, kind, body, rank, members)
-        call("memtrain_answer", wave=wave, rank=rank, numbers=numbers, blob=blob, error=error)
+        record = call("memtrain_answer", wave=wave, rank=rank, numbers=numbers, blob=blob, error=error,
+                      seconds=NEXT_SECONDS)
         wave += 1
 
 

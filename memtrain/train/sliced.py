@@ -22,6 +22,12 @@ server's waits for their answers. One update, from version v:
 
 The server handles records only: file names, integers, digests. It never reads or writes a parameter.
 
+On a Dask cluster the two waits go through a broadcast round (memtrain/cluster/broadcast.py): one record
+posted per wait, whatever the number of workers, each worker taking the tasks and the slice its rank in
+the round names (``tasks[rank::N]``, ``step_slices(size, N, BLOCK)[rank]``), and one count awaited. An
+update whose round ends early (a worker left, failed, straggled or fell silent) is completed through the
+per-task path above (``Scheduler.run``), which this module also runs when there is no round.
+
 Faults: a step task is pure -- its inputs are files nobody writes any more, its outputs a fixed byte
 range of files that only the same slice of the same step writes, always with the same bits. A worker
 that dies holding a slice has it redone by another (``Scheduler.run``); what it half-wrote is
