@@ -256,6 +256,38 @@ def test_a_worker_killed_mid_round_ends_the_round_and_a_new_round_goes_on(
         dask.started.remove(faulty)
 
 
+def test_a_worker_that_joins_mid_round_takes_part_from_the_next_round(cluster, dataset: Path, local_digest,
+                                                                      tmp_path: Path, monkeypatch) -> None:
+    """A worker joins the scheduler while the first broadcast round (of the two workers present) runs: the
+    scheduler's plugin tells the server at the update's count, the round ends after that update, and the next
+    round has three members; the weights are those of a local run."""
+    dask, client = cluster
+    opened: list[tuple[int, int]] = []  # (members, records posted before)
+    late: list = []
+    open_round = Broadcast.open
+    records = spy_records(monkeypatch)
+
+    def open_then_join(round: Broadcast) -> bool:
+        started = open_round(round)
+        opened.append((round.size, len(records)))
+        if not late:  # joins while this round runs
+            late.append(dask.start_worker("late-round"))
+            dask.wait_for_workers(client, {"w1", "w2", "late-round"})
+        return started
+
+    monkeypatch.setattr(Broadcast, "open", open_then_join)
+    try:
+        assert train(write_job(tmp_path, dataset), "--cluster", dask.address) == 0
+        assert opened[:2] == [(2, 0), (3, 2)]  # the second round from the second update on (7 an epoch)
+        events = (tmp_path / "run" / "events.log").read_text()
+        assert "joined: slot 2" in events and "update round of" not in events  # no round ended early
+        assert digest(tmp_path / "run") == local_digest[3]
+    finally:
+        for started in late:
+            dask.stop(started)
+            dask.started.remove(started)
+
+
 def test_a_straggler_is_outrun_by_a_backup_copy(cluster, dataset: Path, wide_digest: str, tmp_path: Path) -> None:
     """A third worker's gradients are made 40 times slower (the straggler test hook): the broadcast round's
     count says its answers are late (the backup rule), its tasks run again per task on the other workers

@@ -359,6 +359,15 @@ class Broadcast:
                               ranks=list(found["ranks"]), error=found["error"], joined=found["joined"],
                               waited=found["waited"])
 
+    def kill_silent(self, answered: list[int]) -> None:
+        """The members that did not answer within ``timeout``: killed as hung, as the per-task path kills a
+        worker silent on a task (``ClusterPool.kill``: left out of the run, its death reported)."""
+        for rank, slot in enumerate(self.members):
+            if rank not in answered:
+                self.log(f"worker {slot.index} (pid {slot.pid}) silent for {self.timeout:g} s in the update "
+                         "round; killing it")
+                self.pool.kill(slot)
+
     def close(self, leftovers: list[Path] = ()) -> None:  # type: ignore[assignment]
         """End the round: its loops return once their current part is done. ``leftovers``: files they may
         still write, deleted once they did."""

@@ -210,6 +210,8 @@ class SlicedParticipant(StreamParticipant):
         how = ("run again per task (attempt 1: a backup copy, whichever finishes first is taken)"
                if answer.status == "late" else "run per task")
         self.broadcast.log(f"update round of {self.broadcast.size} workers ended: {why}; {what} {how}")
+        if answer.status == "timeout":
+            self.broadcast.kill_silent(answer.ranks)
         self.broadcast.close(leftovers)
 
     def step(self, update: Update) -> None:
