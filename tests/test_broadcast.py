@@ -26,15 +26,15 @@ def test_a_wave_is_counted_in_rank_order_and_members_get_the_next_record_with_th
     plugin = board(["a", "b"])
 
     async def run() -> tuple[dict, bytes | None, bytes | None]:
-        plugin.begin(round="r", members=["a", "b"], client="c")
-        plugin.post(round="r", wave=0, record=b"zero")
-        assert await plugin.next(round="r", wave=0) == b"zero"
-        later = asyncio.ensure_future(plugin.answer_and_next(round="r", wave=0, rank=1, numbers=[1, 0.5, 0.1],
+        plugin.begin(ident="r", members=["a", "b"], client="c")
+        plugin.post(ident="r", wave=0, record=b"zero")
+        assert await plugin.next(ident="r", wave=0) == b"zero"
+        later = asyncio.ensure_future(plugin.answer_and_next(ident="r", wave=0, rank=1, numbers=[1, 0.5, 0.1],
                                                              blob=b"BB"))
-        first = asyncio.ensure_future(plugin.answer_and_next(round="r", wave=0, rank=0, numbers=[0, 0.25, 0.2],
+        first = asyncio.ensure_future(plugin.answer_and_next(ident="r", wave=0, rank=0, numbers=[0, 0.25, 0.2],
                                                              blob=b"A"))
-        counted = await plugin.await_count(round="r", wave=0, seconds=5)
-        plugin.post(round="r", wave=1, record=b"one")
+        counted = await plugin.await_count(ident="r", wave=0, seconds=5)
+        plugin.post(ident="r", wave=1, record=b"one")
         return counted, await first, await later
 
     counted, first, later = asyncio.run(run())
@@ -44,12 +44,12 @@ def test_a_wave_is_counted_in_rank_order_and_members_get_the_next_record_with_th
 
 def test_a_wave_ends_when_a_member_leaves_fails_or_is_late_and_a_member_asking_after_the_end_is_told() -> None:
     async def wave(plugin: Board, answers: dict[int, str], **rule: float) -> dict:
-        plugin.begin(round="r", members=["a", "b", "c"], client="c")
-        plugin.post(round="r", wave=0, record=b"x")
+        plugin.begin(ident="r", members=["a", "b", "c"], client="c")
+        plugin.post(ident="r", wave=0, record=b"x")
         for rank, error in answers.items():
-            asyncio.ensure_future(plugin.answer_and_next(round="r", wave=0, rank=rank, numbers=[rank], error=error))
+            asyncio.ensure_future(plugin.answer_and_next(ident="r", wave=0, rank=rank, numbers=[rank], error=error))
         await asyncio.sleep(0.01)
-        return await plugin.await_count(round="r", wave=0, seconds=2, **rule)
+        return await plugin.await_count(ident="r", wave=0, seconds=2, **rule)
 
     plugin = board(["a", "b", "c"])
     assert asyncio.run(wave(plugin, {0: "", 1: "boom"}))["status"] == "failed"
@@ -66,16 +66,16 @@ def test_a_wave_ends_when_a_member_leaves_fails_or_is_late_and_a_member_asking_a
     found = asyncio.run(wave(plugin, {0: "", 2: ""}, ratio=3.0, backup_seconds=0.2))
     assert found["status"] == "late" and found["ranks"] == [0, 2] and 0.2 <= time.monotonic() - started < 1.5
     assert asyncio.run(wave(plugin, {0: ""}, timeout=0.1))["status"] == "timeout"
-    plugin.end(round="r")
-    assert asyncio.run(plugin.next(round="r", wave=1)) is None
+    plugin.end(ident="r")
+    assert asyncio.run(plugin.next(ident="r", wave=1)) is None
 
 
 def test_a_round_with_a_member_already_gone_ends_at_its_first_wave() -> None:
     plugin = board(["a"])
 
     async def run() -> dict:
-        plugin.begin(round="r", members=["a", "gone"], client="c")
-        plugin.post(round="r", wave=0, record=b"x")
-        return await plugin.await_count(round="r", wave=0, seconds=2)
+        plugin.begin(ident="r", members=["a", "gone"], client="c")
+        plugin.post(ident="r", wave=0, record=b"x")
+        return await plugin.await_count(ident="r", wave=0, seconds=2)
 
     assert asyncio.run(run())["status"] == "left"

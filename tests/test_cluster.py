@@ -244,7 +244,7 @@ def test_a_worker_killed_mid_round_ends_the_round_and_a_new_round_goes_on(
         assert train(write_job(tmp_path, dataset, WIDE_EPOCHS, WIDE), "--cluster", dask.address) == 0
         assert (tmp_path / "fired").exists()
         events = (tmp_path / "run" / "events.log").read_text()
-        assert "update round of 3 workers ended: a worker of the round left the scheduler; 1 of 3 gradient tasks "\
+        assert "broadcast round of 3 workers ended: a worker of the round left the scheduler; 1 of 3 gradient tasks "\
                "run per task" in events
         assert opened[0] == 3 and opened[1] in (2, 3)  # then one without it (or with its nanny's new worker)
         kinds = [kind for kind, _ in records]
@@ -280,7 +280,7 @@ def test_a_worker_that_joins_mid_round_takes_part_from_the_next_round(cluster, d
         assert train(write_job(tmp_path, dataset), "--cluster", dask.address) == 0
         assert opened[:2] == [(2, 0), (3, 2)]  # the second round from the second update on (7 an epoch)
         events = (tmp_path / "run" / "events.log").read_text()
-        assert "joined: slot 2" in events and "update round of" not in events  # no round ended early
+        assert "joined: slot 2" in events and "broadcast round of" not in events  # no round ended early
         assert digest(tmp_path / "run") == local_digest[3]
     finally:
         for started in late:

@@ -93,23 +93,23 @@ class Board(SchedulerPlugin):
                                    "memtrain_next": self.next, "memtrain_answer": self.answer_and_next,
                                    "memtrain_await": self.await_count, "memtrain_end": self.end})
 
-    def begin(self, round: str = "", members: list[str] | None = None, client: str = "") -> None:  # noqa: A002
+    def begin(self, ident: str = "", members: list[str] | None = None, client: str = "") -> None:
         self.rounds = {key: state for key, state in self.rounds.items() if not state.ended}
-        state = self.rounds[round] = RoundState(members=list(members or []), client=client)
+        state = self.rounds[ident] = RoundState(members=list(members or []), client=client)
         gone = [worker for worker in state.members if worker not in self.scheduler.workers]
         state.left = gone[0] if gone else ""  # left before the round began: its first wave ends it
 
-    def post(self, round: str = "", wave: int = 0, record: bytes = b"") -> None:  # noqa: A002
-        state = self.rounds[round]
+    def post(self, ident: str = "", wave: int = 0, record: bytes = b"") -> None:
+        state = self.rounds[ident]
         state.waves = {w: v for w, v in state.waves.items() if w >= wave - 1}
         state.waves[wave] = Wave(record=record, posted=time.monotonic())
         state.wake()
 
-    async def next(self, round: str = "", wave: int = 0, seconds: float = NEXT_SECONDS) -> bytes | None:  # noqa: A002
+    async def next(self, ident: str = "", wave: int = 0, seconds: float = NEXT_SECONDS) -> bytes | None:
         """Wave ``wave``'s record; None once the round ended; b"" after ``seconds`` without either (ask again)."""
         deadline = time.monotonic() + seconds
         while True:
-            state = self.rounds.get(round)
+            state = self.rounds.get(ident)
             if state is None or state.ended:
                 return None
             if wave in state.waves:
@@ -117,24 +117,24 @@ class Board(SchedulerPlugin):
             if not await wait(state.posted, deadline):
                 return b""
 
-    async def answer_and_next(self, round: str = "", wave: int = 0, rank: int = 0,  # noqa: A002
+    async def answer_and_next(self, ident: str = "", wave: int = 0, rank: int = 0,
                               numbers: list[float] | None = None, blob: bytes = b"", error: str = "",
                               seconds: float = NEXT_SECONDS) -> bytes | None:
         """A member's answer to wave ``wave``, then (in the same message, to halve the scheduler's) ``next``
         for wave ``wave`` + 1."""
-        state = self.rounds.get(round)
+        state = self.rounds.get(ident)
         if state is not None and not state.ended and wave in state.waves:  # else a late answer: nobody waits
             state.waves[wave].answers[rank] = (time.monotonic(), list(numbers or []), blob, error)
             state.wake(members=False)
-        return await self.next(round, wave + 1, seconds)
+        return await self.next(ident, wave + 1, seconds)
 
-    async def await_count(self, round: str = "", wave: int = 0, seconds: float = AWAIT_SECONDS,  # noqa: A002
+    async def await_count(self, ident: str = "", wave: int = 0, seconds: float = AWAIT_SECONDS,
                           timeout: float = 0.0, ratio: float = 0.0, backup_seconds: float = 0.0) -> dict[str, Any]:
         """How wave ``wave`` stands once it settled (or after ``seconds``: status "waiting"): the status, the
         answers' numbers concatenated and their blobs joined in rank order, the ranks that answered."""
         deadline = time.monotonic() + seconds
         while True:
-            state = self.rounds.get(round)
+            state = self.rounds.get(ident)
             status = "ended" if state is None or state.ended else settled(state, wave, timeout, ratio, backup_seconds)
             if status:
                 return summary(state, wave, status)
@@ -143,8 +143,8 @@ class Board(SchedulerPlugin):
             if not await wait(state.answered, until) and time.monotonic() >= deadline:
                 return summary(state, wave, "waiting")
 
-    def end(self, round: str = "") -> None:  # noqa: A002
-        state = self.rounds.get(round)
+    def end(self, ident: str = "") -> None:
+        state = self.rounds.get(ident)
         if state is not None:
             state.ended = True
             state.wake()
@@ -213,7 +213,7 @@ def summary(state: RoundState | None, wave: int, status: str) -> dict[str, Any]:
 # --- the worker's side ---
 
 
-def follow(actor: Any, round: str, rank: int, members: int) -> int:  # noqa: A002
+def follow(actor: Any, ident: str, rank: int, members: int) -> int:
     """A worker's loop for one round (run as an actor call: the actor's one thread): each record's part done
     and answered, until the round ends. Returns how many waves it answered."""
     from distributed.utils import sync
@@ -221,7 +221,7 @@ def follow(actor: Any, round: str, rank: int, members: int) -> int:  # noqa: A00
     worker = actor.worker
 
     def call(handler: str, **arguments: Any) -> Any:
-        return sync(worker.loop, getattr(worker.scheduler, handler), round=round, **arguments)
+        return sync(worker.loop, getattr(worker.scheduler, handler), ident=ident, **arguments)
 
     wave = 0
     record = call("memtrain_next", wave=wave, seconds=NEXT_SECONDS)
@@ -313,7 +313,7 @@ class Broadcast:
     rule: BackupRule | None
     timeout: float
     log: Callable[[str], None]
-    round: str = ""
+    ident: str = ""  # the open round's; "": none open
     members: list[ClusterSlot] = field(default_factory=list)
     wave: int = 0
     loops: dict[str, Any] = field(default_factory=dict)  # slot token -> the actor call of its last loop
@@ -321,7 +321,7 @@ class Broadcast:
 
     @property
     def active(self) -> bool:
-        return bool(self.round)
+        return bool(self.ident)
 
     @property
     def size(self) -> int:
@@ -334,11 +334,11 @@ class Broadcast:
         members = [slot for slot in self.pool.slots if slot.token not in self.loops]
         if not members:
             return False
-        self.round, self.members, self.wave = uuid.uuid4().hex[:12], members, 0
+        self.ident, self.members, self.wave = uuid.uuid4().hex[:12], members, 0
         self.call("memtrain_begin", members=[slot.process.address for slot in members], client=self.pool.client.id)
         for rank, slot in enumerate(members):
             try:
-                self.loops[slot.token] = slot.actor.follow(self.round, rank, len(members))
+                self.loops[slot.token] = slot.actor.follow(self.ident, rank, len(members))
             except Exception:  # noqa: BLE001 - its worker is gone: the round's first wave sees it left
                 continue
         return True
@@ -364,17 +364,17 @@ class Broadcast:
         worker silent on a task (``ClusterPool.kill``: left out of the run, its death reported)."""
         for rank, slot in enumerate(self.members):
             if rank not in answered:
-                self.log(f"worker {slot.index} (pid {slot.pid}) silent for {self.timeout:g} s in the update "
-                         "round; killing it")
+                self.log(f"worker {slot.index} (pid {slot.pid}) silent for {self.timeout:g} s in the "
+                         "broadcast round; killing it")
                 self.pool.kill(slot)
 
-    def close(self, leftovers: list[Path] = ()) -> None:  # type: ignore[assignment]
+    def close(self, leftovers: tuple[Path, ...] | list[Path] = ()) -> None:
         """End the round: its loops return once their current part is done. ``leftovers``: files they may
         still write, deleted once they did."""
         self.leftovers += leftovers
-        if self.round:
-            round_id, self.round, self.members = self.round, "", []
-            self.call("memtrain_end", round_id=round_id)
+        if self.ident:
+            ident, self.ident, self.members = self.ident, "", []
+            self.call("memtrain_end", ident=ident)
         self.sweep()
         # the per-task path sends to the first idle slots: those whose loop still runs (a straggler's: a call
         # to it would wait behind the loop) last
@@ -399,12 +399,12 @@ class Broadcast:
                     path.unlink()
             self.leftovers = []
 
-    def call(self, handler: str, bound: float = CALL_SECONDS, round_id: str = "", **arguments: Any) -> Any:
+    def call(self, handler: str, bound: float = CALL_SECONDS, ident: str = "", **arguments: Any) -> Any:
         client = self.pool.client
         if client.status != "running":
             raise self.pool._lost(f"client {client.status}")
         try:
-            return client.sync(getattr(client.scheduler, handler), round=round_id or self.round, **arguments,
+            return client.sync(getattr(client.scheduler, handler), ident=ident or self.ident, **arguments,
                                callback_timeout=bound)
         except Exception as exc:  # noqa: BLE001 - whatever the comm raised, the scheduler did not answer
             raise self.pool._lost(f"{type(exc).__name__}: {exc}") from None

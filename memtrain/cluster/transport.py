@@ -78,11 +78,11 @@ class ClusterWorker:
             self._sync(task)
         return result
 
-    def follow(self, round_id: str, rank: int, members: int) -> int:
+    def follow(self, ident: str, rank: int, members: int) -> int:
         """This worker's part of a broadcast round (memtrain/cluster/broadcast.py), until the round ends."""
         from memtrain.cluster.broadcast import follow
 
-        return follow(self, round_id, rank, members)
+        return follow(self, ident, rank, members)
 
     def _sync(self, task: GradTask | StatsTask) -> None:
         """Write the task's file back to the file server before the result says it is there."""

@@ -167,15 +167,15 @@ class SlicedParticipant(StreamParticipant):
 
     def run_gradient_tasks(self, tasks: list[GradTask]) -> list[Result]:
         """Through the broadcast round when there is one (one record out, one count back); an update whose
-        round ended early (a worker left, failed or straggled: ``Broadcast``) is completed per task: the
+        round ended early (a worker left, failed, straggled or fell silent: ``Broadcast``) is completed per task: the
         tasks answered are kept, the others run again under attempt 1 (a new file: their first attempt's
         may still be written by a late loop; deleted once that loop ended), with retries and backups."""
-        round = self.broadcast
-        if round is None or not (round.active or round.open()):
+        broadcast = self.broadcast
+        if broadcast is None or not (broadcast.active or broadcast.open()):
             return super().run_gradient_tasks(tasks)
         from memtrain.cluster.broadcast import gradient_record, gradient_results
 
-        answer = round.ask("grads", gradient_record(tasks), self.housekeeping)
+        answer = broadcast.ask("grads", gradient_record(tasks), self.housekeeping)
         found = gradient_results(tasks, answer.numbers)
         if answer.status == "done":
             return [found[task.task] for task in tasks]
@@ -188,28 +188,29 @@ class SlicedParticipant(StreamParticipant):
     def run_step_tasks(self, tasks: list[StepTask], ranges: list[tuple[int, int]]) -> list[Result]:
         """Through the round the update's gradients went through, if it is still on; else (or if it ends
         now) every slice per task: a slice is pure, rewriting it writes the same bits."""
-        round = self.broadcast
-        if round is None or not round.active:
+        broadcast = self.broadcast
+        if broadcast is None or not broadcast.active:
             return self.run_tasks(tasks, lambda: None)
         from memtrain.cluster.broadcast import step_results
 
-        answer = round.ask("step", replace(tasks[0], task=0, lo=0, hi=0), lambda: None)
+        answer = broadcast.ask("step", replace(tasks[0], task=0, lo=0, hi=0), lambda: None)
         if answer.status == "done":
             if answer.joined:  # a worker joined: it takes part from the next round (``open`` gives it a slot)
-                round.close()
+                broadcast.close()
             return step_results(ranges, answer)
         self.round_over(answer, f"the step's {len(tasks)} slices", [])
         return self.run_tasks(tasks, lambda: None)
 
     def round_over(self, answer: Answer, what: str, leftovers: list[Path]) -> None:
-        """A broadcast round ended before every answer was in: say why, end it, refresh the workers."""
+        """A broadcast round ended before every answer was in: say why, kill its silent members (``timeout``),
+        end it (the next update opens a new one)."""
         assert self.broadcast is not None
         why = {"left": "a worker of the round left the scheduler", "failed": f"a task failed: {answer.error}",
                "late": f"the last answers are late ({answer.waited:.2f} s; the straggler rule, docs/cluster.md)",
                "timeout": "no answer within train.task_timeout", "ended": "the round was ended"}[answer.status]
         how = ("run again per task (attempt 1: a backup copy, whichever finishes first is taken)"
                if answer.status == "late" else "run per task")
-        self.broadcast.log(f"update round of {self.broadcast.size} workers ended: {why}; {what} {how}")
+        self.broadcast.log(f"broadcast round of {self.broadcast.size} workers ended: {why}; {what} {how}")
         if answer.status == "timeout":
             self.broadcast.kill_silent(answer.ranks)
         self.broadcast.close(leftovers)
@@ -225,9 +226,9 @@ class SlicedParticipant(StreamParticipant):
         """Every slice of ``update``'s step written (True), or one came out non-finite (False: nothing moves)."""
         files, version = self.files, self.version
         self.ready_state(version + 1)
-        round = self.broadcast
-        ranges = step_slices(files.size, round.size if round is not None and round.active else max(1, self.slices()),
-                             BLOCK)
+        broadcast = self.broadcast
+        count = broadcast.size if broadcast is not None and broadcast.active else max(1, self.slices())
+        ranges = step_slices(files.size, count, BLOCK)
         attempts = tuple(self.attempts)
         if [t.task for t in update.tasks] != list(range(len(attempts))):
             raise MemtrainError(f"update {update.update}: tasks {[t.task for t in update.tasks]} are not numbered "
