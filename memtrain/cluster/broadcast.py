@@ -185,7 +185,7 @@ def settled(state: RoundState, wave: int, timeout: float, ratio: float, backup_s
     if state.left:
         return "left"
     now = time.monotonic()
-    if timeout and now - current.posted > timeout:
+    if timeout and now - current.posted >= timeout:
         return "timeout"
     return "late" if now >= due_at(current, ratio, backup_seconds, 0.0) else ""
 
