@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("distributed")
 
-from memtrain.cluster.broadcast import Board  # noqa: E402
+from memtrain.cluster.broadcast import Board, RoundState, Wave, due_at  # noqa: E402
 
 
 def board(workers: list[str]) -> Board:
@@ -45,7 +45,7 @@ def test_a_wave_is_counted_in_rank_order_and_members_get_the_next_record_with_th
 def test_a_wave_ends_when_a_member_leaves_fails_or_is_late_and_a_member_asking_after_the_end_is_told() -> None:
     async def wave(plugin: Board, answers: dict[int, str], **rule: float) -> dict:
         plugin.begin(ident="r", members=["a", "b", "c"], client="c")
-        plugin.post(ident="r", wave=0, record=b"x")
+        plugin.post(ident="r", wave=0, record=b"x", parts=3)
         for rank, error in answers.items():
             asyncio.ensure_future(plugin.answer_and_next(ident="r", wave=0, rank=rank, numbers=[rank], error=error))
         await asyncio.sleep(0.01)
@@ -79,3 +79,18 @@ def test_a_round_with_a_member_already_gone_ends_at_its_first_wave() -> None:
         return await plugin.await_count(ident="r", wave=0, seconds=2)
 
     assert asyncio.run(run())["status"] == "left"
+
+
+def test_the_straggler_rule_counts_each_members_pieces_of_work() -> None:
+    """5 tasks on 2 workers: rank 0 does 3, rank 1 does 2. Rank 1 answered after 2 s (1 s a task): rank 0 is
+    late at 3 x 3 x 1 s = 9 s, not at 3 x 2 s; a rank dealt nothing (3 slices, 4 workers) counts no time."""
+    state = RoundState(members=["a", "b"], client="c")
+    state.waves[0] = Wave(record=b"", posted=100.0, parts=5, answers={1: (102.0, [], b"", "")})
+    assert due_at(state, 0, 3.0, 0.5, 0.0) == 109.0
+    assert due_at(state, 0, 3.0, 20.0, 0.0) == 120.0  # and at least backup_seconds
+    assert due_at(state, 0, 3.0, 0.5, 4.0) == 104.0  # or the timeout, whichever comes first
+    assert due_at(state, 0, 0.0, 0.5, 0.0) == float("inf")  # no rule: only a timeout ends it
+    state = RoundState(members=["a", "b", "c", "d"], client="c")
+    state.waves[0] = Wave(record=b"", posted=100.0, parts=3,
+                          answers={3: (100.01, [], b"", ""), 1: (101.0, [], b"", ""), 2: (101.0, [], b"", "")})
+    assert due_at(state, 0, 3.0, 0.5, 0.0) == 103.0

@@ -14,8 +14,7 @@ per worker, each wait costs the server's CPU 2 x N calls and answers. Here it co
 - the server **awaits** one count: the Board answers when every member answered (the numbers concatenated,
   the digests joined, in rank order: the server's bytes do not depend on N), when a member left the
   scheduler (its ``remove_worker`` hook), when a member's task failed, when the last answers are late by
-  the straggler rule (``BackupRule``: the wait has run more than ``ratio`` x the median time of the answers
-  in, and at least ``seconds``), or at ``train.task_timeout``.
+  the straggler rule (``BackupRule``, per task: ``due_at``), or at ``train.task_timeout``.
 
 A round has fixed members and ranks. Any end but "every answer in" ends the round; the server then completes
 that update through the per-task path (``Scheduler.run``: retries, backups, kills) and opens a new round
@@ -56,6 +55,7 @@ class Wave:
 
     record: bytes
     posted: float
+    parts: int  # the pieces of work the wave deals out, piece j to rank j % N (tasks, or the step's slices)
     answers: dict[int, tuple[float, list[float], bytes, str]] = field(default_factory=dict)
 
 
@@ -99,10 +99,10 @@ class Board(SchedulerPlugin):
         gone = [worker for worker in state.members if worker not in self.scheduler.workers]
         state.left = gone[0] if gone else ""  # left before the round began: its first wave ends it
 
-    def post(self, ident: str = "", wave: int = 0, record: bytes = b"") -> None:
+    def post(self, ident: str = "", wave: int = 0, record: bytes = b"", parts: int = 0) -> None:
         state = self.rounds[ident]
         state.waves = {w: v for w, v in state.waves.items() if w >= wave - 1}
-        state.waves[wave] = Wave(record=record, posted=time.monotonic())
+        state.waves[wave] = Wave(record=record, posted=time.monotonic(), parts=parts)
         state.wake()
 
     async def next(self, ident: str = "", wave: int = 0, seconds: float = NEXT_SECONDS) -> bytes | None:
@@ -139,7 +139,7 @@ class Board(SchedulerPlugin):
             if status:
                 return summary(state, wave, status)
             assert state is not None
-            until = min(deadline, due_at(state.waves[wave], ratio, backup_seconds, timeout))
+            until = min(deadline, due_at(state, wave, ratio, backup_seconds, timeout))
             if not await wait(state.answered, until) and time.monotonic() >= deadline:
                 return summary(state, wave, "waiting")
 
@@ -187,14 +187,25 @@ def settled(state: RoundState, wave: int, timeout: float, ratio: float, backup_s
     now = time.monotonic()
     if timeout and now - current.posted >= timeout:
         return "timeout"
-    return "late" if now >= due_at(current, ratio, backup_seconds, 0.0) else ""
+    return "late" if now >= due_at(state, wave, ratio, backup_seconds, 0.0) else ""
 
 
-def due_at(current: Wave, ratio: float, backup_seconds: float, timeout: float) -> float:
-    """When the wave's missing answers are late (the straggler rule), or time out; inf if neither can be yet."""
-    times = [at - current.posted for at, *_ in current.answers.values()]
-    late = (current.posted + BackupRule(ratio=ratio, seconds=backup_seconds).due(statistics.median(times))
-            if ratio and times else float("inf"))
+def due_at(state: RoundState, wave: int, ratio: float, backup_seconds: float, timeout: float) -> float:
+    """When a missing answer of the wave is late, or the wave times out; inf if neither can be yet.
+
+    The straggler rule (``BackupRule``) per piece of work: a member dealt ``k`` pieces is late once the wave
+    has run ``ratio`` x ``k`` x the median time per piece of the answers in (members dealt none left out),
+    and at least ``backup_seconds``: with more tasks than workers, a member doing two is not a straggler
+    for taking twice as long as one doing one."""
+    current, members = state.waves[wave], len(state.members)
+    shares = [len(range(rank, current.parts, members)) for rank in range(members)]
+    per_piece = [(at - current.posted) / shares[rank] for rank, (at, *_) in current.answers.items()
+                 if rank < members and shares[rank]]
+    missing = [shares[rank] for rank in range(members) if rank not in current.answers]
+    late = float("inf")
+    if ratio and per_piece and missing:
+        rule, median = BackupRule(ratio=ratio, seconds=backup_seconds), statistics.median(per_piece)
+        late = current.posted + min(rule.due(median * share) for share in missing)
     return min(late, current.posted + timeout if timeout else float("inf"))
 
 
@@ -343,11 +354,11 @@ class Broadcast:
                 continue
         return True
 
-    def ask(self, kind: str, body: Any, meanwhile: Callable[[], None]) -> Answer:
-        """Post wave ``kind`` (its ``body``), do ``meanwhile``, await its count."""
+    def ask(self, kind: str, body: Any, parts: int, meanwhile: Callable[[], None]) -> Answer:
+        """Post wave ``kind`` (its ``body``, dealing ``parts`` pieces of work), do ``meanwhile``, await its count."""
         wave = self.wave
         self.wave += 1
-        self.call("memtrain_post", wave=wave, record=pickle.dumps((kind, body), protocol=5))
+        self.call("memtrain_post", wave=wave, record=pickle.dumps((kind, body), protocol=5), parts=parts)
         meanwhile()
         rule = self.rule
         while True:

@@ -175,7 +175,7 @@ class SlicedParticipant(StreamParticipant):
             return super().run_gradient_tasks(tasks)
         from memtrain.cluster.broadcast import gradient_record, gradient_results
 
-        answer = broadcast.ask("grads", gradient_record(tasks), self.housekeeping)
+        answer = broadcast.ask("grads", gradient_record(tasks), len(tasks), self.housekeeping)
         found = gradient_results(tasks, answer.numbers)
         if answer.status == "done":
             return [found[task.task] for task in tasks]
@@ -193,7 +193,7 @@ class SlicedParticipant(StreamParticipant):
             return self.run_tasks(tasks, lambda: None)
         from memtrain.cluster.broadcast import step_results
 
-        answer = broadcast.ask("step", replace(tasks[0], task=0, lo=0, hi=0), lambda: None)
+        answer = broadcast.ask("step", replace(tasks[0], task=0, lo=0, hi=0), len(ranges), lambda: None)
         if answer.status == "done":
             if answer.joined:  # a worker joined: it takes part from the next round (``open`` gives it a slot)
                 broadcast.close()
