@@ -29,7 +29,7 @@ from tiny_data import blobs, write_dataset  # noqa: E402
 from memtrain.benchmarks.cluster_costs import print_costs, run_costs  # noqa: E402
 from memtrain.cli import main  # noqa: E402
 from memtrain.cluster.address import parse_cluster  # noqa: E402
-from memtrain.cluster.broadcast import Broadcast  # noqa: E402
+from memtrain.cluster.broadcast import Board, Broadcast  # noqa: E402
 from memtrain.cluster.connect import connected  # noqa: E402
 from memtrain.cluster.sharedfs import server_probe  # noqa: E402
 from memtrain.cluster.transport import ClusterPool  # noqa: E402
@@ -337,6 +337,32 @@ def test_a_cluster_run_gives_the_weights_of_a_local_run_bitwise(cluster, dataset
     assert "exchange area: " + str(run) in events  # not /dev/shm: the other machines must see it
     assert not [p for p in run.iterdir() if p.name.startswith(("memtrain-x-", ".cluster-probe-"))]
     assert "done: 3 epochs" in capsys.readouterr().out
+
+
+def test_a_scheduler_that_cannot_load_the_broadcast_plugin_runs_every_update_per_task(
+        cluster, dataset: Path, local_digest, tmp_path: Path, monkeypatch) -> None:
+    """The Board is unpickled on the scheduler: one without memtrain (stood in for by a refusing
+    ``register_plugin``) is said once in the event log, and every update's tasks and slices go one call each."""
+    dask, _ = cluster
+    sent: list = []
+    send = ClusterPool.send
+    monkeypatch.setattr(ClusterPool, "send", lambda pool, slot, task: (sent.append(task), send(pool, slot, task)))
+
+    register = Client.register_plugin
+
+    def refuse(client: Client, plugin: object, *args: object, **options: object) -> object:
+        if isinstance(plugin, Board):
+            raise ModuleNotFoundError("No module named 'memtrain.cluster.broadcast'")
+        return register(client, plugin, *args, **options)  # the memory monitor's plugins (cluster/memory.py)
+
+    monkeypatch.setattr(Client, "register_plugin", refuse)
+    assert train(write_job(tmp_path, dataset), "--cluster", dask.address) == 0
+    grads = [task for task in sent if isinstance(task, GradTask)]
+    assert len({task.update for task in grads}) == 3 * 7 and len(grads) == 3 * 7 * 3
+    assert len([task for task in sent if isinstance(task, StepTask)]) == 3 * 7
+    events = (tmp_path / "run" / "events.log").read_text()
+    assert events.count("did not take memtrain's broadcast plugin (ModuleNotFoundError") == 1
+    assert digest(tmp_path / "run") == local_digest[3]
 
 
 def listening(pids: set[int]) -> set[str]:

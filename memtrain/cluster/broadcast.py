@@ -426,7 +426,8 @@ class Broadcast:
         self.pool._watch()
 
 
-_REGISTERED: set[str] = set()
+_REGISTERED: set[str] = set()  # Dask clients whose scheduler has the Board
+_REFUSED: set[str] = set()  # and those whose scheduler could not load it (said once)
 
 
 def open_broadcast(pool: Any, *, rule: BackupRule | None, timeout: float, log: Callable[[str], None]
@@ -436,12 +437,16 @@ def open_broadcast(pool: Any, *, rule: BackupRule | None, timeout: float, log: C
     if not isinstance(pool, ClusterPool):
         return None
     client = pool.client
+    if client.id in _REFUSED:
+        return None
     if client.id not in _REGISTERED:
         try:
             client.register_plugin(Board(), name=Board.name)
         except Exception as exc:  # noqa: BLE001 - e.g. memtrain not importable on the scheduler
             log(f"the Dask scheduler did not take memtrain's broadcast plugin ({type(exc).__name__}: {exc}): "
-                "every update's tasks are sent to each worker instead (docs/cluster.md)")
+                "each task and each step slice of every update is sent to a worker in a call of its own instead "
+                "(docs/cluster.md, \"The broadcast round\")")
+            _REFUSED.add(client.id)
             return None
         _REGISTERED.add(client.id)
     return Broadcast(pool=pool, rule=rule, timeout=timeout, log=log)
