@@ -2,9 +2,9 @@
 
 For each size, one run of the benchmark's MLP (memtrain/benchmarks/synthetic.py) on the Dask cluster
 ``--cluster`` (``local:N``: N workers started here), with as many tasks per update as the cluster has
-workers, trained by this process (the server). From the end of the step of update ``--warmup`` (counted
-from 0) to the end of the last update's step -- the gradients and the step of each update after it -- it
-counts:
+workers (``run_costs``'s ``tasks``: another count), trained by this process (the server). From the end
+of the step of update ``--warmup`` (counted from 0) to the end of the last update's step -- the
+gradients and the step of each update after it -- it counts:
 
 - the bytes of the records the server sent and received (``Records``: memtrain's own, apart from Dask's);
 - the server's CPU seconds (``time.process_time``: every thread of this process, so with ``local:N`` the
@@ -15,6 +15,8 @@ counts:
   sockets included) and ``read_bytes``/``write_bytes`` (what reached storage);
 - each Dask worker's bytes (asked of the workers themselves, ``Client.run``): the same ``/proc/self/io``
   counts, plus the bytes its tasks read through maps (``stream.MappedBytes``: ``rchar`` does not see them);
+- the scheduler's CPU seconds (``Client.run_on_scheduler``; with ``local:N`` the scheduler runs in the
+  server's process, and its CPU is in the server's);
 - updates per second (wall time over the counted updates).
 
 Byte counts are counts: they hold on a busy machine. CPU seconds and updates/s are not: the table says
@@ -59,8 +61,9 @@ class Records:
     bytes = 0
 
 
-def counted(send: Any, completed: Any) -> tuple[Any, Any]:
-    """``ClusterPool.send`` and ``ClusterPool._completed`` that add their records' sizes to ``Records.bytes``."""
+def counted(send: Any, completed: Any, call: Any) -> tuple[Any, Any, Any]:
+    """``ClusterPool.send``, ``ClusterPool._completed`` and ``Broadcast.call`` (the broadcast round's posts and
+    counts, memtrain/cluster/broadcast.py) that add their records' sizes to ``Records.bytes``."""
 
     def send_counted(pool: Any, slot: Any, task: Any) -> None:
         Records.bytes += len(pickle.dumps(task, protocol=5))
@@ -71,7 +74,13 @@ def counted(send: Any, completed: Any) -> tuple[Any, Any]:
             Records.bytes += len(pickle.dumps(item.result, protocol=5))
         return completed(pool, item)
 
-    return send_counted, completed_counted
+    def call_counted(broadcast: Any, handler: str, **arguments: Any) -> Any:
+        Records.bytes += len(pickle.dumps((handler, arguments), protocol=5))
+        answer = call(broadcast, handler, **arguments)
+        Records.bytes += len(pickle.dumps(answer, protocol=5))
+        return answer
+
+    return send_counted, completed_counted, call_counted
 
 
 def other_threads_cpu() -> float:
@@ -81,14 +90,22 @@ def other_threads_cpu() -> float:
     return time.process_time() - time.clock_gettime(main)
 
 
+def process_cpu() -> tuple[int, float]:
+    """This process's pid and CPU seconds (run on the scheduler: what the broadcast round costs it)."""
+    return os.getpid(), time.process_time()
+
+
 def snapshot(pool: Any) -> dict[str, Any]:
     server = process_io() | {"records": Records.bytes}
     return {"wall": time.perf_counter(), "cpu": time.process_time(), "loop_cpu": other_threads_cpu(),
-            "server": server, "workers": pool.client.run(process_io)}
+            "server": server, "workers": pool.client.run(process_io),
+            "scheduler": pool.client.run_on_scheduler(process_cpu)}
 
 
-def measure(params: int, cluster: str, updates: int, warmup: int, scratch: Path) -> dict[str, Any]:
-    """One run of ``params`` parameters on ``cluster``: the counts per update (see the module's docstring)."""
+def measure(params: int, cluster: str, updates: int, warmup: int, scratch: Path, tasks: int | None = None
+            ) -> dict[str, Any]:
+    """One run of ``params`` parameters on ``cluster``: the counts per update (see the module's docstring);
+    ``tasks`` per update (default: one per worker)."""
     from memtrain.train import server
     from memtrain.train.sliced import SlicedParticipant
 
@@ -108,20 +125,21 @@ def measure(params: int, cluster: str, updates: int, warmup: int, scratch: Path)
         if update.batch in (warmup, updates - 1):  # counted: the gradients and the step of each update after
             marks.append(snapshot(pools[-1]))
 
+    from memtrain.cluster.broadcast import Broadcast
     from memtrain.cluster.transport import ClusterPool
 
     open_cluster, step_sliced = server.open_cluster, SlicedParticipant.step
-    send, completed = ClusterPool.send, ClusterPool._completed
+    send, completed, call = ClusterPool.send, ClusterPool._completed, Broadcast.call
     count = int(cluster.split(":")[1]) if cluster.startswith("local:") else len(cluster_workers(cluster))
-    problem = Problem(str(data), shape.hidden, updates, workers=count, epochs=1)
+    problem = Problem(str(data), shape.hidden, updates, workers=tasks or count, epochs=1)
     run_dir = scratch / f"run-{shape.params}-{count}"
     server.open_cluster, SlicedParticipant.step = open_and_keep, step
-    ClusterPool.send, ClusterPool._completed = counted(send, completed)
+    ClusterPool.send, ClusterPool._completed, Broadcast.call = counted(send, completed, call)
     try:
         server.train(job_for(problem, run_dir, "run", count, cluster=cluster), quiet=True)
     finally:
         server.open_cluster, SlicedParticipant.step = open_cluster, step_sliced
-        ClusterPool.send, ClusterPool._completed = send, completed
+        ClusterPool.send, ClusterPool._completed, Broadcast.call = send, completed, call
         shutil.rmtree(run_dir, ignore_errors=True)
     return per_update(marks, updates - 1 - warmup, shape.params, count)
 
@@ -151,13 +169,17 @@ def per_update(marks: list[dict[str, Any]], steps: int, params: int, workers: in
     return {"params": params, "workers": workers, "vector_bytes": params * 4,
             "server_cpu_ms": (last["cpu"] - first["cpu"]) / steps * 1e3,
             "server_loop_cpu_ms": (last["loop_cpu"] - first["loop_cpu"]) / steps * 1e3,
+            # None when the scheduler runs in the server's process (local:N): its CPU is in the server's then
+            "scheduler_cpu_ms": None if last["scheduler"][0] == os.getpid() else
+            (last["scheduler"][1] - first["scheduler"][1]) / steps * 1e3,
             "server": server, "each_worker": each,
             "updates_per_s": steps / (last["wall"] - first["wall"])}
 
 
-def run_costs(sizes: list[int], cluster: str, updates: int, warmup: int, scratch: Path) -> dict[str, Any]:
+def run_costs(sizes: list[int], cluster: str, updates: int, warmup: int, scratch: Path, tasks: int | None = None
+              ) -> dict[str, Any]:
     load_before = os.getloadavg()
-    rows = [measure(size, cluster, updates, warmup, scratch) for size in sizes]
+    rows = [measure(size, cluster, updates, warmup, scratch, tasks) for size in sizes]
     return {"cluster": cluster, "updates": updates, "warmup": warmup, "loadavg_before": load_before,
             "loadavg_after": os.getloadavg(), "rows": rows}
 
@@ -169,19 +191,21 @@ def print_costs(report: dict[str, Any]) -> None:
     after = " ".join(f"{v:.1f}" for v in report["loadavg_after"])
     print(f"cluster {report['cluster']}: per update, over updates {report['warmup'] + 1}-{report['updates'] - 1} "
           f"(load average {before} before, {after} after)")
-    print("| params | workers | server CPU ms | of it, Dask's threads ms | server records KiB | server read KiB "
+    print("| params | workers | server CPU ms | of it, Dask's threads ms | scheduler CPU ms | server records KiB "
+          "| server read KiB "
           "| server written KiB "
           "| server storage r/w KiB "
           "| worker read (x vector) | worker written (x vector) | worker storage r/w MiB | updates/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in report["rows"]:
         server, each, vector = row["server"], row["each_worker"], row["vector_bytes"]
         read = max(w["read"] for w in each)
         written = max(w["written"] for w in each)
         storage = (max(w["read_bytes"] for w in each) / 2**20, max(w["write_bytes"] for w in each) / 2**20)
         kib = {key: value / 1024 for key, value in server.items()}
+        scheduler = "in the server" if row["scheduler_cpu_ms"] is None else f"{row['scheduler_cpu_ms']:.1f}"
         print(f"| {row['params']:,} | {row['workers']} | {row['server_cpu_ms']:.1f} | {row['server_loop_cpu_ms']:.1f} "
-              f"| {kib['records']:.2f} "
+              f"| {scheduler} | {kib['records']:.2f} "
               f"| {kib['rchar']:.1f} "
               f"| {kib['wchar']:.1f} | {kib['read_bytes']:.0f} / {kib['write_bytes']:.0f} "
               f"| {read / 2**20:.1f} MiB ({read / vector:.2f}) | {written / 2**20:.1f} MiB ({written / vector:.2f}) "

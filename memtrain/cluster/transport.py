@@ -50,7 +50,10 @@ class ClusterWorker:
     """The actor on a Dask worker: a memtrain WorkerState answering tasks, its files on the shared filesystem."""
 
     def __init__(self, setup: WorkerSetup, token: str):
+        from distributed import get_worker
+
         self.setup, self.token = setup, token
+        self.worker = get_worker()  # the Dask worker this actor lives on: its loop and scheduler connection
         self.state: Any = None
         self.sync = False
         self.limits: Any = None
@@ -74,6 +77,12 @@ class ClusterWorker:
         if self.sync and result.error is None and isinstance(task, GradTask | StatsTask):
             self._sync(task)
         return result
+
+    def follow(self, ident: str, rank: int, members: int) -> int:
+        """This worker's part of a broadcast round (memtrain/cluster/broadcast.py), until the round ends."""
+        from memtrain.cluster.broadcast import follow
+
+        return follow(self, ident, rank, members)
 
     def _sync(self, task: GradTask | StatsTask) -> None:
         """Write the task's file back to the file server before the result says it is there."""

@@ -162,7 +162,9 @@ class ClusterRounds(Rounds):
 
     def stream(self, stretch: Stretch, position: Position) -> Outcome:
         """A stretch run by the server alone, its gradient tasks streamed to the cluster's workers."""
+        from memtrain.cluster.broadcast import open_broadcast
         from memtrain.cluster.sharedfs import needs_sync, sync_for_readers
+        from memtrain.train.server import backup_rule
 
         transport = self.placement.transport
         sync = needs_sync(self.run_dir.path)
@@ -170,7 +172,9 @@ class ClusterRounds(Rounds):
             self.in_server.state.rounds(), stretch, workers=lambda: len(transport.slots),
             run_tasks=lambda tasks, meanwhile: self.scheduler.run(transport, tasks, meanwhile),
             publish_sync=sync_for_readers if sync else lambda path: None, recycle=False,
-            heartbeat=lambda: self.heartbeat(position), slices=lambda: len(transport.slots))
+            heartbeat=lambda: self.heartbeat(position), slices=lambda: len(transport.slots),
+            broadcast=open_broadcast(transport, rule=backup_rule(self.trainer.job),
+                                     timeout=self.trainer.job.train.task_timeout, log=self.trainer.log))
         outcome = participant.run()
         if self.stop.requested:
             return Outcome.STOPPED

@@ -22,6 +22,12 @@ server's waits for their answers. One update, from version v:
 
 The server handles records only: file names, integers, digests. It never reads or writes a parameter.
 
+On a Dask cluster the two waits go through a broadcast round (memtrain/cluster/broadcast.py): one record
+posted per wait, whatever the number of workers, each worker taking the tasks and the slice its rank in
+the round names (``tasks[rank::N]``, ``step_slices(size, N, BLOCK)[rank]``), and one count awaited. An
+update whose round ends early (a worker left, failed, straggled or fell silent) is completed through the
+per-task path above (``Scheduler.run``), which this module also runs when there is no round.
+
 Faults: a step task is pure -- its inputs are files nobody writes any more, its outputs a fixed byte
 range of files that only the same slice of the same step writes, always with the same bits. A worker
 that dies holding a slice has it redone by another (``Scheduler.run``); what it half-wrote is
@@ -36,6 +42,7 @@ import contextlib
 import functools
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +57,7 @@ from memtrain.layout import (
     streamed_gradient_name,
     weights_path,
 )
-from memtrain.train.messages import Outcome, Result, StepTask, Stretch
+from memtrain.train.messages import GradTask, Outcome, Result, StepTask, Stretch
 from memtrain.train.optim import learning_rate, state_slots
 from memtrain.train.plan import Update, step_slices
 from memtrain.train.reduce import Scratch, reduce_and_step
@@ -59,9 +66,11 @@ from memtrain.train.stream import MappedBytes, StreamParticipant
 from memtrain.train.weights import BLOCK
 
 if TYPE_CHECKING:
+    from memtrain.cluster.broadcast import Answer, Broadcast
     from memtrain.train.worker import WorkerState
 
 DIGEST_BYTES = 16  # files.block_digest
+FINISH_SECONDS = 30.0  # at a stretch's end, the longest the server waits for the round's loops to return
 
 
 def step_slice(state: WorkerState, message: StepTask) -> Result:
@@ -142,15 +151,69 @@ class SlicedParticipant(StreamParticipant):
     bits). ``run_tasks`` runs the step tasks as it runs the gradient tasks (``Scheduler.run``).
     """
 
-    def __init__(self, files: RoundFiles, stretch: Stretch, *, slices: Callable[[], int], **options: Any):
+    def __init__(self, files: RoundFiles, stretch: Stretch, *, slices: Callable[[], int],
+                 broadcast: Broadcast | None = None, **options: Any):
         super().__init__(files, stretch, **options)
         self.slices = slices
+        self.broadcast = broadcast  # the broadcast rounds (memtrain/cluster/broadcast.py); None: per task only
 
     def run(self) -> Outcome:
         try:
             return super().run()
         finally:
+            if self.broadcast is not None:
+                self.broadcast.finish(FINISH_SECONDS)
             self.discard_state(self.version + 1)
+
+    def run_gradient_tasks(self, tasks: list[GradTask]) -> list[Result]:
+        """Through the broadcast round when there is one (one record out, one count back); an update whose
+        round ended early (a worker left, failed, straggled or fell silent: ``Broadcast``) is completed per task: the
+        tasks answered are kept, the others run again under attempt 1 (a new file: their first attempt's
+        may still be written by a late loop; deleted once that loop ended), with retries and backups."""
+        broadcast = self.broadcast
+        if broadcast is None or not (broadcast.active or broadcast.open()):
+            return super().run_gradient_tasks(tasks)
+        from memtrain.cluster.broadcast import gradient_record, gradient_results
+
+        answer = broadcast.ask("grads", gradient_record(tasks), len(tasks), self.housekeeping)
+        found = gradient_results(tasks, answer.numbers)
+        if answer.status == "done":
+            return [found[task.task] for task in tasks]
+        missing = [replace(task, attempt=1, spare="", in_place=False) for task in tasks if task.task not in found]
+        self.round_over(answer, f"{len(missing)} of {len(tasks)} gradient tasks",
+                        [self.files.exchange / streamed_gradient_name(t.update, t.task, 0) for t in missing])
+        done = {r.task: r for r in self.run_tasks(missing, lambda: None)}
+        return [found.get(task.task) or done[task.task] for task in tasks]
+
+    def run_step_tasks(self, tasks: list[StepTask], ranges: list[tuple[int, int]]) -> list[Result]:
+        """Through the round the update's gradients went through, if it is still on; else (or if it ends
+        now) every slice per task: a slice is pure, rewriting it writes the same bits."""
+        broadcast = self.broadcast
+        if broadcast is None or not broadcast.active:
+            return self.run_tasks(tasks, lambda: None)
+        from memtrain.cluster.broadcast import step_results
+
+        answer = broadcast.ask("step", replace(tasks[0], task=0, lo=0, hi=0), len(ranges), lambda: None)
+        if answer.status == "done":
+            if answer.joined:  # a worker joined: it takes part from the next round (``open`` gives it a slot)
+                broadcast.close()
+            return step_results(ranges, answer)
+        self.round_over(answer, f"the step's {len(tasks)} slices", [])
+        return self.run_tasks(tasks, lambda: None)
+
+    def round_over(self, answer: Answer, what: str, leftovers: list[Path]) -> None:
+        """A broadcast round ended before every answer was in: say why, kill its silent members (``timeout``),
+        end it (the next update opens a new one)."""
+        assert self.broadcast is not None
+        why = {"left": "a worker of the round left the scheduler", "failed": f"a task failed: {answer.error}",
+               "late": f"the last answers are late ({answer.waited:.2f} s; the straggler rule, docs/cluster.md)",
+               "timeout": "no answer within train.task_timeout", "ended": "the round was ended"}[answer.status]
+        how = ("run again per task (attempt 1: a backup copy, whichever finishes first is taken)"
+               if answer.status == "late" else "run per task")
+        self.broadcast.log(f"broadcast round of {self.broadcast.size} workers ended: {why}; {what} {how}")
+        if answer.status == "timeout":
+            self.broadcast.kill_silent(answer.ranks)
+        self.broadcast.close(leftovers)
 
     def step(self, update: Update) -> None:
         try:
@@ -163,7 +226,9 @@ class SlicedParticipant(StreamParticipant):
         """Every slice of ``update``'s step written (True), or one came out non-finite (False: nothing moves)."""
         files, version = self.files, self.version
         self.ready_state(version + 1)
-        ranges = step_slices(files.size, max(1, self.slices()), BLOCK)
+        broadcast = self.broadcast
+        count = broadcast.size if broadcast is not None and broadcast.active else max(1, self.slices())
+        ranges = step_slices(files.size, count, BLOCK)
         attempts = tuple(self.attempts)
         if [t.task for t in update.tasks] != list(range(len(attempts))):
             raise MemtrainError(f"update {update.update}: tasks {[t.task for t in update.tasks]} are not numbered "
@@ -172,7 +237,7 @@ class SlicedParticipant(StreamParticipant):
         retried = tuple((task, attempt) for task, attempt in enumerate(attempts) if attempt)
         tasks = [StepTask(task=j, attempt=0, update=update.update, version=version, lo=lo, hi=hi, rows=update.rows,
                           lr=lr, tasks=len(attempts), retried=retried) for j, (lo, hi) in enumerate(ranges)]
-        results = self.run_tasks(tasks, lambda: None)
+        results = self.run_step_tasks(tasks, ranges)
         if any(result.outcome == Outcome.NONFINITE for result in results):
             self.discard_state(version + 1)
             return False

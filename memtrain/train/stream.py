@@ -167,7 +167,7 @@ class StreamParticipant(Participant):
                           lo=rows.lo, hi=rows.hi, spare=spare)
                  for rows, spare in zip(update.tasks, spares, strict=True)]
         self.computed_at[update.update] = self.version
-        results = self.run_tasks(tasks, self.housekeeping)
+        results = self.run_gradient_tasks(tasks)
         discard([files.exchange / spare for spare in spares if spare])  # one a worker did not take (a retry)
         self.attempts = [r.attempt for r in results]  # task t's gradient file is attempt attempts[t]'s
         self.received = [(files.exchange / streamed_gradient_name(update.update, r.task, r.attempt),
@@ -181,6 +181,10 @@ class StreamParticipant(Participant):
             self.skip(update, bad)
             return None
         return update
+
+    def run_gradient_tasks(self, tasks: list[GradTask]) -> list[Result]:
+        """The update's gradient tasks run to results (in task order), the server's housekeeping meanwhile."""
+        return self.run_tasks(tasks, self.housekeeping)
 
     def publish(self) -> None:
         if self.unpublished is None:

@@ -1,0 +1,477 @@
+"""The cluster's synchronous round by broadcast: one record out and one count back per wait, whatever N.
+
+Per update the server makes two waits (docs/cluster.md, "The broadcast round"): every gradient written
+before any slice is stepped, every slice stepped before the version is published. Sent as one actor call
+per worker, each wait costs the server's CPU 2 x N calls and answers. Here it costs two messages:
+
+- the server **posts** one record per wait to the scheduler (``Board``, a scheduler plugin): the update's
+  number and version (``gradient_record``: each worker derives the update's tasks from the plan, which it
+  has), or the step's template (version, update, learning rate, rows);
+- each worker of the round runs a long loop in its actor (``follow``: the actor's one thread, so no other
+  call of ours runs on that worker meanwhile) that waits for the next record, does its part -- the tasks
+  ``tasks[rank::size]``, the slice ``step_slices(size, members, BLOCK)[rank]`` -- and answers the Board with
+  a few numbers (task, loss, seconds for each of its tasks) or its slice's block digests;
+- the server **awaits** one count: the Board answers when every member answered (the numbers concatenated,
+  the digests joined, in rank order: the server's bytes do not depend on N), when a member left the
+  scheduler (its ``remove_worker`` hook), when a member's task failed, when the last answers are late by
+  the straggler rule (``BackupRule``, per task: ``due_at``), or at ``train.task_timeout``.
+
+A round has fixed members and ranks. Any end but "every answer in" ends the round; the server then completes
+that update through the per-task path (``Scheduler.run``: retries, backups, kills) and opens a new round
+with the workers present at the next update. A worker that joins is seen by the Board (``add_worker``) and
+takes part from the next round. The coordination's cost per worker moves to the scheduler (a message in,
+one out, per worker per wait): it does not vanish (docs/cluster.md, "The model").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import pickle
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from memtrain.cluster.transport import ClusterPool, ClusterSlot
+from memtrain.train.messages import GradTask, Outcome, Result
+from memtrain.train.plan import step_slices
+from memtrain.train.scheduler import BackupRule
+from memtrain.train.weights import BLOCK
+
+NEXT_SECONDS = 30.0  # a worker's wait for a record is re-asked after this (so a lost server is noticed)
+AWAIT_SECONDS = 5.0  # the server's wait for a count is re-asked after this (so a lost scheduler is noticed)
+CALL_SECONDS = 30.0  # a post or an end the scheduler does not answer within this: the scheduler is lost
+
+
+@dataclass
+class Wave:
+    """One wait of a round on the Board: the record, when it was posted, the answers by rank."""
+
+    record: bytes
+    posted: float
+    parts: int  # the pieces of work the wave deals out, piece j to rank j % N (tasks, or the step's slices)
+    answers: dict[int, tuple[float, list[float], bytes, str]] = field(default_factory=dict)
+
+
+@dataclass
+class RoundState:
+    members: list[str]
+    client: str
+    waves: dict[int, Wave] = field(default_factory=dict)
+    ended: bool = False
+    left: str = ""  # a member that left the scheduler
+    joined: bool = False  # a worker joined the scheduler since the round began
+    posted: asyncio.Event = field(default_factory=asyncio.Event)  # set at a post or the end: wakes the members
+    answered: asyncio.Event = field(default_factory=asyncio.Event)  # set at an answer or a leave: wakes the server
+
+    def wake(self, *, members: bool = True) -> None:
+        """Wake the server's wait, and the members' unless ``members`` is False (an answer: only the server
+        cares; waking every member at each answer would cost the scheduler N x N wake-ups per wave)."""
+        self.answered.set()
+        self.answered = asyncio.Event()
+        if members:
+            self.posted.set()
+            self.posted = asyncio.Event()
+
+
+class Board(SchedulerPlugin):
+    """The scheduler plugin: rounds' records, answers and counts (handlers ``memtrain_*``)."""
+
+    name = "memtrain-broadcast"
+    idempotent = True  # a second run on the same scheduler keeps the Board (and the first run's rounds)
+
+    async def start(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        self.rounds: dict[str, RoundState] = {}
+        scheduler.handlers.update({"memtrain_begin": self.begin, "memtrain_post": self.post,
+                                   "memtrain_next": self.next, "memtrain_answer": self.answer_and_next,
+                                   "memtrain_await": self.await_count, "memtrain_end": self.end})
+
+    def begin(self, ident: str = "", members: list[str] | None = None, client: str = "") -> None:
+        self.rounds = {key: state for key, state in self.rounds.items() if not state.ended}
+        state = self.rounds[ident] = RoundState(members=list(members or []), client=client)
+        gone = [worker for worker in state.members if worker not in self.scheduler.workers]
+        state.left = gone[0] if gone else ""  # left before the round began: its first wave ends it
+
+    def post(self, ident: str = "", wave: int = 0, record: bytes = b"", parts: int = 0) -> None:
+        state = self.rounds[ident]
+        state.waves = {w: v for w, v in state.waves.items() if w >= wave - 1}
+        state.waves[wave] = Wave(record=record, posted=time.monotonic(), parts=parts)
+        state.wake()
+
+    async def next(self, ident: str = "", wave: int = 0, seconds: float = NEXT_SECONDS) -> bytes | None:
+        """Wave ``wave``'s record; None once the round ended; b"" after ``seconds`` without either (ask again)."""
+        deadline = time.monotonic() + seconds
+        while True:
+            state = self.rounds.get(ident)
+            if state is None or state.ended:
+                return None
+            if wave in state.waves:
+                return state.waves[wave].record
+            if not await wait(state.posted, deadline):
+                return b""
+
+    async def answer_and_next(self, ident: str = "", wave: int = 0, rank: int = 0,
+                              numbers: list[float] | None = None, blob: bytes = b"", error: str = "",
+                              seconds: float = NEXT_SECONDS) -> bytes | None:
+        """A member's answer to wave ``wave``, then (in the same message, to halve the scheduler's) ``next``
+        for wave ``wave`` + 1."""
+        state = self.rounds.get(ident)
+        if state is not None and not state.ended and wave in state.waves:  # else a late answer: nobody waits
+            state.waves[wave].answers[rank] = (time.monotonic(), list(numbers or []), blob, error)
+            state.wake(members=False)
+        return await self.next(ident, wave + 1, seconds)
+
+    async def await_count(self, ident: str = "", wave: int = 0, seconds: float = AWAIT_SECONDS,
+                          timeout: float = 0.0, ratio: float = 0.0, backup_seconds: float = 0.0) -> dict[str, Any]:
+        """How wave ``wave`` stands once it settled (or after ``seconds``: status "waiting"): the status, the
+        answers' numbers concatenated and their blobs joined in rank order, the ranks that answered."""
+        deadline = time.monotonic() + seconds
+        while True:
+            state = self.rounds.get(ident)
+            status = "ended" if state is None or state.ended else settled(state, wave, timeout, ratio, backup_seconds)
+            if status:
+                return summary(state, wave, status)
+            assert state is not None
+            until = min(deadline, due_at(state, wave, ratio, backup_seconds, timeout))
+            if not await wait(state.answered, until) and time.monotonic() >= deadline:
+                return summary(state, wave, "waiting")
+
+    def end(self, ident: str = "") -> None:
+        state = self.rounds.get(ident)
+        if state is not None:
+            state.ended = True
+            state.wake()
+
+    def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
+        for state in self.rounds.values():
+            if worker in state.members and not state.left:
+                state.left = worker
+                state.wake()
+
+    def add_worker(self, scheduler: Any, worker: str) -> None:
+        for state in self.rounds.values():
+            state.joined = True
+
+    def remove_client(self, scheduler: Any, client: str) -> None:
+        for state in self.rounds.values():  # the server is gone: its workers' loops end
+            if state.client == client:
+                state.ended = True
+                state.wake()
+
+
+async def wait(event: asyncio.Event, until: float) -> bool:
+    """Wait for ``event`` until the monotonic time ``until``; False if it was not set by then."""
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(event.wait(), max(0.0, until - time.monotonic()))
+        return True
+    return False
+
+
+def settled(state: RoundState, wave: int, timeout: float, ratio: float, backup_seconds: float) -> str:
+    """The wave's status once it settled, "" while it has not."""
+    current = state.waves[wave]
+    answers = current.answers
+    if any(error for _, _, _, error in answers.values()):
+        return "failed"
+    if len(answers) == len(state.members):
+        return "done"
+    if state.left:
+        return "left"
+    now = time.monotonic()
+    if timeout and now - current.posted >= timeout:
+        return "timeout"
+    return "late" if now >= due_at(state, wave, ratio, backup_seconds, 0.0) else ""
+
+
+def due_at(state: RoundState, wave: int, ratio: float, backup_seconds: float, timeout: float) -> float:
+    """When a missing answer of the wave is late, or the wave times out; inf if neither can be yet.
+
+    The straggler rule (``BackupRule``) per piece of work: a member dealt ``k`` pieces is late once the wave
+    has run ``ratio`` x ``k`` x the median time per piece of the answers in (members dealt none left out),
+    and at least ``backup_seconds``: with more tasks than workers, a member doing two is not a straggler
+    for taking twice as long as one doing one."""
+    current, members = state.waves[wave], len(state.members)
+    shares = [len(range(rank, current.parts, members)) for rank in range(members)]
+    per_piece = [(at - current.posted) / shares[rank] for rank, (at, *_) in current.answers.items()
+                 if rank < members and shares[rank]]
+    missing = [shares[rank] for rank in range(members) if rank not in current.answers]
+    late = float("inf")
+    if ratio and per_piece and missing:
+        rule, median = BackupRule(ratio=ratio, seconds=backup_seconds), statistics.median(per_piece)
+        late = current.posted + min(rule.due(median * share) for share in missing)
+    return min(late, current.posted + timeout if timeout else float("inf"))
+
+
+def summary(state: RoundState | None, wave: int, status: str) -> dict[str, Any]:
+    current = state.waves.get(wave) if state is not None else None
+    ranks = sorted(current.answers) if current is not None else []
+    answers = [current.answers[rank] for rank in ranks] if current is not None else []
+    errors = [error for _, _, _, error in answers if error]
+    return {"status": status, "ranks": ranks if status != "done" else [],
+            "numbers": [n for _, numbers, _, _ in answers for n in numbers],
+            "blob": b"".join(blob for _, _, blob, _ in answers), "error": errors[0] if errors else "",
+            "joined": bool(state is not None and state.joined),
+            "waited": time.monotonic() - current.posted if current is not None else 0.0}
+
+
+# --- the worker's side ---
+
+
+def follow(actor: Any, ident: str, rank: int, members: int) -> int:
+    """A worker's loop for one round (run as an actor call: the actor's one thread): each record's part done
+    and answered, until the round ends. Returns how many waves it answered."""
+    from distributed.utils import sync
+
+    worker = actor.worker
+
+    def call(handler: str, **arguments: Any) -> Any:
+        return sync(worker.loop, getattr(worker.scheduler, handler), ident=ident, **arguments)
+
+    wave = 0
+    record = call("memtrain_next", wave=wave, seconds=NEXT_SECONDS)
+    while True:
+        if record is None:
+            return wave
+        if not record:  # nothing yet: ask again
+            record = call("memtrain_next", wave=wave, seconds=NEXT_SECONDS)
+            continue
+        kind, body = pickle.loads(record)  # a record the run's server posted (like Dask's own messages)
+        numbers, blob, error = part(actor, kind, body, rank, members)
+        record = call("memtrain_answer", wave=wave, rank=rank, numbers=numbers, blob=blob, error=error,
+                      seconds=NEXT_SECONDS)
+        wave += 1
+
+
+def part(actor: Any, kind: str, body: Any, rank: int, members: int) -> tuple[list[float], bytes, str]:
+    """This worker's part of a wave: (numbers, blob, error). Gradients: task, loss, seconds for each task of
+    ``tasks[rank::members]``; the step: the digests of slice ``rank`` (b"" for none), numbers [1] if it came
+    out non-finite."""
+    if kind == "grads":
+        tasks = gradient_tasks(actor.state.plan, body)
+        if isinstance(tasks, str):
+            return [], b"", tasks
+        numbers: list[float] = []
+        for task in tasks[rank::members]:
+            result = actor.run(task)
+            if result.outcome != Outcome.DONE:
+                return numbers, b"", result.error or f"task {task.task}: {result.outcome.name}"
+            numbers += [task.task, result.loss, result.seconds]
+        return numbers, b"", ""
+    ranges = step_slices(actor.state.context.layout.size, members, BLOCK)
+    if rank >= len(ranges):
+        return [], b"", ""
+    lo, hi = ranges[rank]
+    result = actor.run(replace(body, task=rank, lo=lo, hi=hi))
+    if result.outcome == Outcome.NONFINITE:
+        return [1.0], b"", ""
+    if result.outcome != Outcome.DONE:
+        return [], b"", result.error or f"step slice {rank}: {result.outcome.name}"
+    return [], result.digests, ""
+
+
+def gradient_record(tasks: list[GradTask]) -> tuple[Any, ...]:
+    """An update's gradient tasks as the record the server posts: the update's number, version, epoch, task
+    count and rows (the workers derive the tasks from the plan, and check it agrees), and the spares' names
+    (none when no task has one)."""
+    first = tasks[0]
+    spares = tuple(task.spare for task in tasks) if any(task.spare for task in tasks) else ()
+    return first.update, first.version, first.epoch, len(tasks), sum(t.hi - t.lo for t in tasks), spares
+
+
+def gradient_tasks(plan: Any, record: tuple[Any, ...]) -> list[GradTask] | str:
+    """The gradient tasks of a ``gradient_record``, from the worker's plan (``train/plan.Plan``); a text saying
+    how they disagree if the plan's update is not the record's."""
+    number, version, epoch, count, rows, spares = record
+    update = plan.update(number)
+    if (update.epoch, len(update.tasks), update.rows) != (epoch, count, rows):
+        return (f"update {number}: the worker's plan has epoch {update.epoch}, {len(update.tasks)} tasks, "
+                f"{update.rows} rows; the server's has epoch {epoch}, {count} tasks, {rows} rows")
+    return [GradTask(task=r.task, attempt=0, update=number, version=version, epoch=epoch, lo=r.lo, hi=r.hi,
+                     spare=spares[r.task] if spares else "") for r in update.tasks]
+
+
+# --- the server's side ---
+
+
+@dataclass
+class Answer:
+    """How a wave ended: ``done`` (every member answered), else the round is over; ``numbers`` and ``blob`` of
+    the answers in, ``ranks`` that answered (when not done), ``waited`` seconds since the post."""
+
+    status: str
+    numbers: list[float]
+    blob: bytes
+    ranks: list[int]
+    error: str
+    joined: bool
+    waited: float
+
+
+@dataclass
+class Broadcast:
+    """The server's side of the rounds on ``pool``'s workers. ``open`` a round (its members: the slots whose
+    last round's loop returned), ``ask`` a record of it, ``close`` it; ``rule``: the straggler rule (None: a
+    late answer is awaited until ``timeout``)."""
+
+    pool: ClusterPool
+    rule: BackupRule | None
+    timeout: float
+    log: Callable[[str], None]
+    ident: str = ""  # the open round's; "": none open
+    members: list[ClusterSlot] = field(default_factory=list)
+    wave: int = 0
+    loops: dict[str, Any] = field(default_factory=dict)  # slot token -> the actor call of its last loop
+    leftovers: list[Path] = field(default_factory=list)  # files a late loop may still write: deleted once ended
+
+    @property
+    def active(self) -> bool:
+        return bool(self.ident)
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+    def open(self) -> bool:
+        """A new round with the workers whose last loop returned; False (no round) if there are none."""
+        self.refresh()
+        self.sweep()
+        members = [slot for slot in self.pool.slots if slot.token not in self.loops]
+        if not members:
+            return False
+        self.ident, self.members, self.wave = uuid.uuid4().hex[:12], members, 0
+        self.call("memtrain_begin", members=[slot.process.address for slot in members], client=self.pool.client.id)
+        for rank, slot in enumerate(members):
+            try:
+                self.loops[slot.token] = slot.actor.follow(self.ident, rank, len(members))
+            except Exception:  # noqa: BLE001 - its worker is gone: the round's first wave sees it left
+                continue
+        return True
+
+    def ask(self, kind: str, body: Any, parts: int, meanwhile: Callable[[], None]) -> Answer:
+        """Post wave ``kind`` (its ``body``, dealing ``parts`` pieces of work), do ``meanwhile``, await its count."""
+        wave = self.wave
+        self.wave += 1
+        self.call("memtrain_post", wave=wave, record=pickle.dumps((kind, body), protocol=5), parts=parts)
+        meanwhile()
+        rule = self.rule
+        while True:
+            found = self.call("memtrain_await", wave=wave, seconds=AWAIT_SECONDS, timeout=self.timeout,
+                              ratio=rule.ratio if rule else 0.0, backup_seconds=rule.seconds if rule else 0.0,
+                              bound=AWAIT_SECONDS + CALL_SECONDS)
+            if found["status"] != "waiting":
+                return Answer(status=found["status"], numbers=list(found["numbers"]), blob=found["blob"],
+                              ranks=list(found["ranks"]), error=found["error"], joined=found["joined"],
+                              waited=found["waited"])
+
+    def kill_silent(self, answered: list[int]) -> None:
+        """The members that did not answer within ``timeout``: killed as hung, as the per-task path kills a
+        worker silent on a task (``ClusterPool.kill``: left out of the run, its death reported)."""
+        for rank, slot in enumerate(self.members):
+            if rank not in answered:
+                self.log(f"worker {slot.index} (pid {slot.pid}) silent for {self.timeout:g} s in the "
+                         "broadcast round; killing it")
+                self.pool.kill(slot)
+
+    def close(self, leftovers: tuple[Path, ...] | list[Path] = ()) -> None:
+        """End the round: its loops return once their current part is done. ``leftovers``: files they may
+        still write, deleted once they did."""
+        self.leftovers += leftovers
+        if self.ident:
+            ident, self.ident, self.members = self.ident, "", []
+            self.call("memtrain_end", ident=ident)
+        self.sweep()
+        # the per-task path sends to the first idle slots: those whose loop still runs (a straggler's: a call
+        # to it would wait behind the loop) last
+        self.pool.slots.sort(key=lambda slot: slot.token in self.loops)
+
+    def finish(self, seconds: float) -> None:
+        """End the last round and wait (at most ``seconds``) for its loops, so that the actors take other calls."""
+        self.close()
+        deadline = time.monotonic() + seconds
+        for call in list(self.loops.values()):
+            with contextlib.suppress(Exception):
+                call.result(timeout=max(0.1, deadline - time.monotonic()))
+        self.sweep()
+
+    def sweep(self) -> None:
+        """Forget the loops that returned (or whose worker is gone); once none is left, delete the leftovers."""
+        present = {slot.token for slot in self.pool.slots}
+        self.loops = {token: call for token, call in self.loops.items() if token in present and not call.done()}
+        if not self.loops:
+            for path in self.leftovers:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+            self.leftovers = []
+
+    def call(self, handler: str, bound: float = CALL_SECONDS, ident: str = "", **arguments: Any) -> Any:
+        client = self.pool.client
+        if client.status != "running":
+            raise self.pool._lost(f"client {client.status}")
+        try:
+            return client.sync(getattr(client.scheduler, handler), ident=ident or self.ident, **arguments,
+                               callback_timeout=bound)
+        except Exception as exc:  # noqa: BLE001 - whatever the comm raised, the scheduler did not answer
+            raise self.pool._lost(f"{type(exc).__name__}: {exc}") from None
+
+    def refresh(self) -> None:
+        """Workers that joined get slots (and those that left lose theirs) before the next round."""
+        self.pool._watched = 0.0
+        self.pool._watch()
+
+
+_REGISTERED: set[str] = set()  # Dask clients whose scheduler has the Board
+_REFUSED: set[str] = set()  # and those whose scheduler could not load it (said once)
+
+
+def open_broadcast(pool: Any, *, rule: BackupRule | None, timeout: float, log: Callable[[str], None]
+                   ) -> Broadcast | None:
+    """The broadcast rounds on ``pool`` (a ClusterPool), the Board registered on its scheduler once per client;
+    None (the per-task path throughout) for another transport or a scheduler that cannot load the Board."""
+    if not isinstance(pool, ClusterPool):
+        return None
+    client = pool.client
+    if client.id in _REFUSED:
+        return None
+    if client.id not in _REGISTERED:
+        try:
+            client.register_plugin(Board(), name=Board.name)
+        except Exception as exc:  # noqa: BLE001 - e.g. memtrain not importable on the scheduler
+            log(f"the Dask scheduler did not take memtrain's broadcast plugin ({type(exc).__name__}: {exc}): "
+                "each task and each step slice of every update is sent to a worker in a call of its own instead "
+                "(docs/cluster.md, \"The broadcast round\")")
+            _REFUSED.add(client.id)
+            return None
+        _REGISTERED.add(client.id)
+    return Broadcast(pool=pool, rule=rule, timeout=timeout, log=log)
+
+
+def gradient_results(tasks: list[GradTask], numbers: list[float]) -> dict[int, Result]:
+    """The results the answers' numbers (task, loss, seconds per task) carry, by task."""
+    rows = {task.task: task.hi - task.lo for task in tasks}
+    found = {}
+    for i in range(0, len(numbers) - 2, 3):
+        task = int(numbers[i])
+        found[task] = Result(task=task, attempt=0, outcome=Outcome.DONE, loss=numbers[i + 1], rows=rows[task],
+                             seconds=numbers[i + 2])
+    return found
+
+
+def step_results(ranges: list[tuple[int, int]], answer: Answer) -> list[Result]:
+    """The step's results, one per slice, from a wave every member answered (digests joined in rank order)."""
+    if answer.numbers:  # a slice came out non-finite
+        return [Result(task=0, attempt=0, outcome=Outcome.NONFINITE)]
+    results, at = [], 0
+    for j, (lo, hi) in enumerate(ranges):
+        length = -(-(hi - lo) // BLOCK) * 16
+        results.append(Result(task=j, attempt=0, outcome=Outcome.DONE, rows=hi - lo,
+                              digests=answer.blob[at:at + length]))
+        at += length
+    return results
+
