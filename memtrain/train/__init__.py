@@ -20,6 +20,10 @@ Which process runs which module:
                    the server, replay): tasks out as the schedule's agenda says, whole steps in the server
     stream.py      a cluster's round: gradient tasks out,     stream.py   a streamed gradient task
     sliced.py      then one step task per slice, published   sliced.py   a step slice, written with pwrite
+                   (per update one record broadcast and one count awaited per wait: cluster/broadcast.py;
+                   a fault, a join or a straggler finishes that update task by task)
+    outline.py     the model built once in a short child when workers compute every gradient: the server
+                   holds its layout and version 0, never the framework (torch)
     state.py, checkpoint.py, run_dir.py     resume, checkpoints, the run directory
     additive.py    an additive model's pass:  additive.py a statistics task: its rows in
                    partials kept, summed in               chunks, added into its mapped
