@@ -65,9 +65,13 @@ ALL = [block for page in PAGES for block in blocks(page)]
 
 
 def memtrain_commands(body: str) -> list[str]:
-    """``memtrain ...`` commands of a block (``$`` prompts, ``&&`` chains and ``#`` comments removed)."""
+    """``memtrain ...`` commands of a block (``$`` prompts, ``&&`` chains and ``#`` comments removed). In a
+    transcript (a block with ``$`` prompts) only the prompted lines are commands: the rest is their output."""
     found = []
-    for raw in body.splitlines():
+    lines = body.splitlines()
+    if any(raw.startswith("$ ") for raw in lines):
+        lines = [raw for raw in lines if raw.startswith("$ ")]
+    for raw in lines:
         line = raw.strip().removeprefix("$ ")
         line = re.split(r"\s+#", line, maxsplit=1)[0]
         for part in line.split("&&"):
