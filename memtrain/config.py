@@ -162,6 +162,13 @@ class Job:
     run: RunConfig
     source: Path | None = None  # the job file it came from
 
+    def __post_init__(self) -> None:
+        """``run.keep_best`` resolved to a bool whoever builds the job (a job file, ``memtrain.fit``, a script
+        making ``Job(...)``): left as ``"auto"``, a non-empty string, it would read as true everywhere."""
+        if not isinstance(self.run.keep_best, bool):
+            object.__setattr__(self, "run", dataclasses.replace(
+                self.run, keep_best=_keep_best(self.run.keep_best, self.train, self.source or "job")))
+
 
 OPTIMIZER_KEYS = tuple(f.name for f in dataclasses.fields(OptimizerConfig))
 OPTIMIZER_RENAMES = {"optimizer": "name"}  # [train] optimizer = "adam" is OptimizerConfig.name

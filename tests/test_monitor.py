@@ -188,3 +188,33 @@ def test_a_best_checkpoint_off_the_schedule_never_takes_a_scheduled_ones_place(t
     losses = [r["val_loss"] for r in epochs_of(steady_run)]
     assert losses == sorted(losses, reverse=True), "the test needs a run that improves every epoch"
     assert checkpoint_updates(steady_run) == [6 * 8, 8 * 8]  # not epoch 7's, written as the best then
+
+
+def test_a_job_built_in_python_resolves_keep_best_auto_and_writes_no_best_checkpoints(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``run.keep_best = "auto"`` (the default) is on only when ``train.patience`` can stop training, also for a
+    ``Job(...)`` built in Python (a script, the benches), not only for a job file: a job without patience,
+    checkpointing at the end only, ends with one checkpoint, not one per improving epoch."""
+    from memtrain.config import DataConfig, Job, ModelConfig, RunConfig, TrainConfig
+    from memtrain.train import server
+    from memtrain.train.state import save_checkpoint
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((600, 4)).astype(np.float32)
+    data = write_dataset(tmp_path / "data", x, (x[:, 0] > 0).astype(np.int64))
+    job = Job(DataConfig(path=data), ModelConfig("softmax", {}),
+              TrainConfig(epochs=4, batch_size=60, workers=0),
+              RunConfig(dir=tmp_path / "run", checkpoint_every=100))
+    assert job.run.keep_best is False
+    assert Job(job.data, job.model, TrainConfig(patience=2), job.run).run.keep_best is False  # resolved already
+    assert Job(job.data, job.model, TrainConfig(patience=2), RunConfig()).run.keep_best is True
+    saved: list[int] = []
+
+    def counted(*args: object, **kwargs: object) -> object:
+        saved.append(args[3].epoch)  # type: ignore[attr-defined]  # (run, job, context, position, ...)
+        return save_checkpoint(*args, **kwargs)
+
+    monkeypatch.setattr(server, "save_checkpoint", counted)
+    server.train(job, quiet=True)
+    assert saved == [4]  # the last epoch's only: none per improving epoch
+    assert checkpoint_updates(tmp_path / "run") == [4 * 9]
