@@ -224,6 +224,24 @@ def test_a_job_file_that_differs_in_a_changeable_setting_names_the_command_that_
     assert same.code == 0, same.err
 
 
+def test_a_resume_changes_train_blas_threads_only_when_asked_it_changes_the_bits(
+        tmp_path: Path, data: Path, run_copy: Path, cli) -> None:
+    """The BLAS may add in another order with another thread count (1e6 parameters in the server: 1 and 2
+    threads end in different weights): a job file's other train.blas_threads is refused, named with the
+    command that changes it, and a change asked for with --set is recorded in the history."""
+    edited = write_job(tmp_path / "edited", data)
+    edited.write_text(edited.read_text().replace("workers = 1\n", "workers = 1\nblas_threads = 2\n"))
+    before = snapshot(run_copy)
+    refused = cli("train", edited, "--run-dir", run_copy, "--resume")
+    assert refused.code == 2 and "train.blas_threads" in refused.err, refused.err
+    assert snapshot(run_copy) == before
+    assert "--set train.blas_threads=2" in backticked(refused.err)[0]
+    done = cli("train", "--resume", run_copy, "--set", "train.blas_threads=2", "--set", "train.epochs=3")
+    assert done.code == 0, done.err
+    history = [json.loads(line) for line in (run_copy / "history.jsonl").read_text().splitlines()]
+    assert history[-1]["changes"]["train.blas_threads"] == {"from": 1, "to": 2}
+
+
 def test_an_additive_model_has_no_epochs_to_add(tmp_path: Path, data: Path, cli) -> None:
     job = tmp_path / "nb.toml"
     job.write_text(f'[data]\npath = "{data}"\nnormalize = false\n[model]\nkind = "naive_bayes"\n'

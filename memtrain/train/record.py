@@ -12,7 +12,8 @@ On resume, the new job is compared with the recorded one, key by key (``section.
 - ``RUNTIME`` keys say how to execute, not what to compute (the weights are bitwise the same for any
   value): they are taken from each start and never recorded as changes;
 - every other key (``train.epochs``, ``train.lr`` and the optimizer's settings, ``train.on_nonfinite``,
-  ``train.eval_rows``, ``train.chunk_rows``, ``run.checkpoint_every``, ``run.keep_*``) changes only when named
+  ``train.eval_rows``, ``train.chunk_rows``, ``train.blas_threads``, ``run.checkpoint_every``, ``run.keep_*``)
+  changes only when named
   with ``--set`` on the resuming command line, and the change becomes a history entry. (A new
   ``chunk_rows`` makes an additive pass's partials on disk another pass's: they are computed again.)
 """
@@ -46,7 +47,10 @@ FIXED = ("data.path", "data.normalize", "model.", "train.seed", "train.batch_siz
 # computes again (its old statistics files are not reused).
 RECORDED_BEFORE = {"train.shuffle": "batches", "train.shuffle_window": WINDOW, "train.monitor": "val_loss",
                    "train.monitor_mode": "auto", "run.log_to": [], "train.chunk_rows": TrainConfig.chunk_rows}
-RUNTIME = ("data.verify", "train.workers", "train.blas_threads", "train.task_timeout", "train.max_attempts",
+# train.blas_threads is not among them: a BLAS (OpenBLAS here) may split an update's products and sums
+# differently with another thread count, so the weights' bits depend on it (1e6 parameters, 120 updates in
+# the server: 1 and 2 threads end in different versions, each the same run after run). It is adjustable.
+RUNTIME = ("data.verify", "train.workers", "train.task_timeout", "train.max_attempts",
            "train.backup_ratio", "train.backup_seconds", "run.exchange", "run.cluster", "run.dir")
 
 
