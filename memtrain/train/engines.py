@@ -164,7 +164,6 @@ class ClusterRounds(Rounds):
         """A stretch run by the server alone, its gradient tasks streamed to the cluster's workers."""
         from memtrain.cluster.broadcast import open_broadcast
         from memtrain.cluster.sharedfs import needs_sync, sync_for_readers
-        from memtrain.train.server import backup_rule
 
         transport = self.placement.transport
         sync = needs_sync(self.run_dir.path)
@@ -173,7 +172,7 @@ class ClusterRounds(Rounds):
             run_tasks=lambda tasks, meanwhile: self.scheduler.run(transport, tasks, meanwhile),
             publish_sync=sync_for_readers if sync else lambda path: None, recycle=False,
             heartbeat=lambda: self.heartbeat(position), slices=lambda: len(transport.slots),
-            broadcast=open_broadcast(transport, rule=backup_rule(self.trainer.job),
+            broadcast=open_broadcast(transport, rule=self.scheduler.backup,  # the run's straggler rule
                                      timeout=self.trainer.job.train.task_timeout, log=self.trainer.log))
         outcome = participant.run()
         if self.stop.requested:

@@ -27,7 +27,7 @@ train split, in the epoch's order: ``train.shuffle``): the one place they are de
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -168,6 +168,29 @@ class Agenda(Protocol):
         """Whether nothing is left to hand out or to apply (the loop still waits for tasks in flight)."""
 
 
+class Pending:
+    """Arrived gradients held by update until all of that update's are in (the planned and the recorded
+    agendas: an update is due in their order, whatever order its gradients came back in)."""
+
+    __slots__ = ("got", "count")
+
+    def __init__(self) -> None:
+        self.got: dict[tuple[int, int], Arrived] = {}  # (update, task) -> its gradient, not applied yet
+        self.count: dict[int, int] = {}  # update -> its gradients in
+
+    def add(self, task: GradTask, result: Result) -> None:
+        self.got[task.update, task.task] = (task, result)
+        self.count[task.update] = self.count.get(task.update, 0) + 1
+
+    def complete(self, update: int, tasks: int) -> bool:
+        return self.count.get(update, 0) >= tasks
+
+    def take(self, update: int, tasks: Iterable[int]) -> list[Arrived]:
+        """``update``'s gradients, in the order of ``tasks`` (the order they are added)."""
+        del self.count[update]
+        return [self.got.pop((update, task)) for task in tasks]
+
+
 class PlannedAgenda:
     """``Planned``: the plan's updates in order, update n's gradients at the version after ``at(n)`` updates,
     started k + 1 ahead; each due once all its tasks are in, added in task order."""
@@ -177,8 +200,7 @@ class PlannedAgenda:
         self.first = updates[0].update  # the epoch's first update, counted over the run
         self.end = self.first + len(updates)
         self.submitted = position.batch
-        self.got: dict[tuple[int, int], Arrived] = {}  # (update, task) -> its gradient, not applied yet
-        self.arrived_of: dict[int, int] = {}  # update -> its gradients in
+        self.pending = Pending()
         self.applied(position, None)
 
     def start(self, free: Callable[[], int], version: int, submit: Submit) -> None:
@@ -190,19 +212,17 @@ class PlannedAgenda:
             self.submitted += 1
 
     def arrived(self, task: GradTask, result: Result, more: bool) -> bool:
-        self.got[task.update, task.task] = (task, result)
-        self.arrived_of[task.update] = self.arrived_of.get(task.update, 0) + 1
+        self.pending.add(task, result)
         return True
 
     def due(self) -> Due | None:
         if self.batch >= self.submitted:
             return None
         update = self.updates[self.batch]
-        if self.arrived_of.get(update.update, 0) < len(update.tasks):
+        if not self.pending.complete(update.update, len(update.tasks)):
             return None
-        del self.arrived_of[update.update]
         live = self.planned.live(update.update + 1)  # the bases of every later update
-        return Due(update=update, gradients=[self.got.pop((update.update, t.task)) for t in update.tasks],
+        return Due(update=update, gradients=self.pending.take(update.update, (t.task for t in update.tasks)),
                    oldest=self.bases.get(live.start, self.version), extra=NO_EXTRA)
 
     def applied(self, position: Position, checksum: str | None) -> None:
@@ -281,8 +301,7 @@ class RecordedAgenda:
         self.reads_from = recorded.reads_from()  # the oldest version any step from i on reads
         self.submitted = self.index = 0
         self.version = position.version
-        self.got: dict[tuple[int, int], Arrived] = {}  # (step index, task) -> its gradient, not applied yet
-        self.arrived_of: dict[int, int] = {}  # step index -> its gradients in
+        self.pending = Pending()  # by step index
 
     def start(self, free: Callable[[], int], version: int, submit: Submit) -> None:
         while self.submitted < len(self.steps) and self.recorded.ready(self.submitted, version):
@@ -293,19 +312,18 @@ class RecordedAgenda:
             self.submitted += 1
 
     def arrived(self, task: GradTask, result: Result, more: bool) -> bool:
-        self.got[task.update, task.task] = (task, result)
-        self.arrived_of[task.update] = self.arrived_of.get(task.update, 0) + 1
+        self.pending.add(task, result)
         return True
 
     def due(self) -> Due | None:
         index = self.index
-        if index >= self.submitted or self.arrived_of.get(index, 0) < len(self.steps[index].gradients):
+        if index >= self.submitted or not self.pending.complete(index, len(self.steps[index].gradients)):
             return None
-        del self.arrived_of[index]
         step = self.steps[index]
         update = Update(step.epoch - 1, step.batch - 1, step.update - 1,
                         tuple(TaskRange(i, g.lo, g.hi) for i, g in enumerate(step.gradients)))
-        return Due(update=update, gradients=[self.got.pop((index, step.task(i))) for i in range(len(step.gradients))],
+        gradients = self.pending.take(index, (step.task(i) for i in range(len(step.gradients))))
+        return Due(update=update, gradients=gradients,
                    oldest=self.reads_from[index + 1] if index + 1 < len(self.steps) else self.version,
                    extra={"ids": list(step.ids)} if step.ids else NO_EXTRA, lr=step.lr)
 
