@@ -105,13 +105,14 @@ def thread_candidates(*, setting: int | str, tasks: int, cores: int, blas_thread
     """The most threads the server may compute an update's tasks on, and why (``train.server_threads``)."""
     count = min(cores, tasks) if setting == "auto" else min(int(setting), tasks)
     if count < 2:
-        return 1, (f"train.server_threads = {setting!r}: {cores} core(s), {tasks} task(s) per update"
-                   if setting == "auto" else f"train.server_threads = {setting}, {tasks} task(s) per update")
+        if setting == "auto":
+            return 1, f"train.server_threads = \"auto\": {cores} core(s), {tasks} task(s) per update"
+        return 1, f"train.server_threads = {setting}" + (f", {tasks} task(s) per update" if setting != 1 else "")
     if not getattr(model, "thread_safe", False):
         return 1, f"the model ({type(model).__name__}) does not say thread_safe = True"
     if blas_threads != 1:
         return 1, f"train.blas_threads = {blas_threads}: BLAS threads already share the cores"
-    return count, f"train.server_threads = {setting!r}"
+    return count, "train.server_threads = \"auto\"" if setting == "auto" else f"train.server_threads = {setting}"
 
 
 class Phase(enum.Enum):
