@@ -179,10 +179,11 @@ class Placement:
         next update to run, ``remaining`` how many the job has left."""
         walls = [b[1] - a[1] for a, b in zip(timeline, timeline[1:], strict=False) if b[0] == a[0] + 1]
         if self.phase in (Phase.SERVER, Phase.SERVER_PROBE) and not self.threads.decided:
+            if self.phase == Phase.SERVER_PROBE and self.threads.current() == 1:  # the threads' task seconds
+                self.server_computes += [c for _, _, c in timeline[1:]]  # overlap and contend: not the compute
             self.threads.observe(walls, update)
             if self.phase == Phase.SERVER:
                 return
-            self.server_computes += [c for _, _, c in timeline[1:]]
             if self.threads.decided:  # workers are compared with the faster of one thread and the threads
                 self.server_walls = list(self.threads.walls())
                 self._after_server_probe(update, remaining)
