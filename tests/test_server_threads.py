@@ -91,11 +91,13 @@ def test_the_threads_give_the_bits_of_one_thread_and_of_two_workers(data: Path, 
 
 def test_a_task_threads_error_stops_the_run_as_on_one_thread(data: Path, tmp_path: Path) -> None:
     """Task 1 runs on the helper thread: its model error ends the run as it does on one thread."""
-    model = f"{DROPOUT}\nfail_task = 1"
+    record = tmp_path / "threads.txt"
+    model = f'{DROPOUT}\nfail_task = 1\nrecord = "{record}"'
     for name, threads in (("one", 1), ("two", 2)):
         assert train(tmp_path / name, data, model=model, workers=0, train=f"server_threads = {threads}") != 0
         events = (tmp_path / name / "run" / "events.log").read_text()
         assert "injected failure in task 1 at version 3" in events
+    assert "1 memtrain-task-thread-1" in record.read_text().splitlines()  # task 1 ran (and failed) on the helper
     assert ON_THREADS in (tmp_path / "two" / "run" / "events.log").read_text()
     assert not [t for t in threading.enumerate() if t.name.startswith("memtrain-task")]  # none left behind
 
