@@ -14,7 +14,8 @@ A round is the step of the previous update and the gradients of this one:
    in task order, divide by its rows, apply the optimizer, write the slice into the file of the next
    version (and the optimizer state, and the slice's block digests); mark my step and wait until every
    participant has. The new version is complete.
-2. **gradients** of ``update``: each of my tasks, at that version, into the task's buffer. Slot 0 (the
+2. **gradients** of ``update``: each of my tasks, at that version, into the task's buffer (the server alone:
+   one after the other, or at once on its task threads, train/threads.py: ``stretch.threads``). Slot 0 (the
    publisher) then publishes the new version (a rename) and records it; every participant marks its
    gradients; the last slot (the readier; slot 0 too when it is alone) then readies the file of the
    version after it and marks ready. Wait until every participant has marked, and ready.
