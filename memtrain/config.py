@@ -43,6 +43,11 @@ def _workers() -> tuple[str, Callable[[Any], bool]]:
     return text, lambda v: v == "auto" or (isinstance(v, int) and 0 <= v <= MAX_WORKERS)
 
 
+def _server_threads() -> tuple[str, Callable[[Any], bool]]:
+    text = f'"auto" (measured at start) or a number of threads from 1 to {MAX_WORKERS}'
+    return text, lambda v: v == "auto" or (isinstance(v, int) and 1 <= v <= MAX_WORKERS)
+
+
 def _positive_finite(unit: str) -> tuple[str, Callable[[Any], bool]]:
     return f"a finite number of {unit} > 0", lambda v: isinstance(v, int | float) and math.isfinite(v) and v > 0
 
@@ -55,6 +60,7 @@ RANGES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "train.batch_size": _integers(1),
     "train.tasks_per_update": _integers(1),
     "train.workers": _workers(),
+    "train.server_threads": _server_threads(),
     "train.seed": _integers(0, MAX_SEED),
     "train.blas_threads": _integers(1, MAX_WORKERS),
     "train.eval_rows": _integers(1),
@@ -108,6 +114,8 @@ class TrainConfig:
     workers: int | str = "auto"  # worker processes; 0: the server trains alone; "auto": measured at start
     seed: int = 0
     blas_threads: int = 1  # per worker: N workers x all-core BLAS oversubscribes the machine
+    # the server running the rounds itself: threads computing an update's tasks at once (train/placement.py)
+    server_threads: int | str = "auto"
     eval_rows: int = 8192  # validation rows per evaluation task
     chunk_rows: int = 32768  # additive models: rows a statistics task reads at once (bounds its memory)
     task_timeout: float = 600.0  # seconds before a silent task's worker is killed and the task re-run

@@ -10,7 +10,9 @@ Each run is a tiny job (a few hundred rows, two epochs) through the CLI, in this
 1, 2 and 4 workers and in the server; fixed staleness in the rounds and streamed; async mode at the desk
 (one worker: its arrival order is the plan's, so the run is reproducible) and streamed to the server; the
 replays of both async runs; the cluster on ``local:2``; the additive models (ridge, naive Bayes); a torch
-module with dropout and batch norm (seeded randomness, buffers) synchronous and async.
+module with dropout and batch norm (seeded randomness, buffers) synchronous and async. The ``*-server-threads``
+runs (the server alone computing each update's tasks on 2 threads, train/threads.py) pin the server alone's
+goldens: the threads change no bit.
 
 The old code had one data order: each epoch the same contiguous batches, visited in a seeded order, which is
 ``train.shuffle = "batches"`` since row-level shuffling (issue 27) made ``"rows"`` the default. Those runs pin
@@ -63,6 +65,7 @@ STALE = "staleness = 2"
 STALE_STREAM = 'staleness = 2\nstaleness_in = "stream"'
 ASYNC = 'mode = "async"\nmax_staleness = 3\nasync_group = 2'
 ROWS = 'shuffle = "rows"\nshuffle_window = 64'
+THREADS = "server_threads = 2"  # the server's task threads (train/threads.py): the goldens of the server alone
 BATCHES = 'shuffle = "batches"'  # the old code's order: JOB pins it wherever a run's keys name no shuffle
 
 # name: (model, workers, [train] keys, extra CLI arguments) -> the sha256 of the final weight file's bytes
@@ -71,6 +74,7 @@ RUNS = {
     "sync-2": (MLP, 2, "", ()),
     "sync-4": (MLP, 4, "", ()),
     "sync-server": (MLP, 0, "", ()),
+    "sync-server-threads": (MLP, 0, THREADS, ()),
     "staleness-rounds": (MLP, 2, STALE, ()),
     "staleness-stream": (MLP, 2, STALE_STREAM, ()),
     "staleness-stream-server": (MLP, 0, STALE_STREAM, ()),
@@ -85,6 +89,7 @@ RUNS = {
     "rows-sync-2": (MLP, 2, ROWS, ()),
     "rows-sync-4": (MLP, 4, ROWS, ()),
     "rows-sync-server": (MLP, 0, ROWS, ()),
+    "rows-sync-server-threads": (MLP, 0, f"{ROWS}\n{THREADS}", ()),
     "rows-staleness-stream": (MLP, 2, f"{ROWS}\n{STALE_STREAM}", ()),
     "rows-async-desk": (MLP, 1, f"{ROWS}\n{ASYNC}", ()),
     "rows-async-server": (MLP, 0, f"{ROWS}\n{ASYNC}", ()),
@@ -95,6 +100,7 @@ GOLDEN = {  # recorded from 30339bc (the old code); see the module docstring
     "sync-2": "5368574a68cf5ab261a0e5f65fd34db52a1afd0fb01fd6e08f969ad9e7fbf982",
     "sync-4": "5368574a68cf5ab261a0e5f65fd34db52a1afd0fb01fd6e08f969ad9e7fbf982",
     "sync-server": "5368574a68cf5ab261a0e5f65fd34db52a1afd0fb01fd6e08f969ad9e7fbf982",
+    "sync-server-threads": "5368574a68cf5ab261a0e5f65fd34db52a1afd0fb01fd6e08f969ad9e7fbf982",
     "staleness-rounds": "191ccaa4140fb3b1704296c63e4b2729a367337a2029288abeb72f4f0d4e8c6e",
     "staleness-stream": "191ccaa4140fb3b1704296c63e4b2729a367337a2029288abeb72f4f0d4e8c6e",
     "staleness-stream-server": "191ccaa4140fb3b1704296c63e4b2729a367337a2029288abeb72f4f0d4e8c6e",
@@ -112,6 +118,7 @@ GOLDEN = {  # recorded from 30339bc (the old code); see the module docstring
     "rows-sync-2": "86b7fdcddaf60296bf9c29a8d69db66c1c58dc19830408189ded7365ebfb2465",
     "rows-sync-4": "86b7fdcddaf60296bf9c29a8d69db66c1c58dc19830408189ded7365ebfb2465",
     "rows-sync-server": "86b7fdcddaf60296bf9c29a8d69db66c1c58dc19830408189ded7365ebfb2465",
+    "rows-sync-server-threads": "86b7fdcddaf60296bf9c29a8d69db66c1c58dc19830408189ded7365ebfb2465",
     "rows-staleness-stream": "71998ae69b177f5987beda3a5ab644e51fd9f9f1b29ea366b2c62ad07eace813",
     "rows-async-desk": "a11b603aa28e3c06ce66ef5967ac9a28d710707691b382c30f034f3ed0088b68",
     "rows-async-server": "fedf9325db936be353ca5f7b5bb2b28383c3f74354bd06f28e2b5c45bea117dc",
@@ -125,6 +132,7 @@ LINEAGE = {
     "sync-2": "336433027da5b83a29007850ae55cf8a902fff38d07fa550eb85bb39d99060ce",
     "sync-4": "336433027da5b83a29007850ae55cf8a902fff38d07fa550eb85bb39d99060ce",
     "sync-server": "336433027da5b83a29007850ae55cf8a902fff38d07fa550eb85bb39d99060ce",
+    "sync-server-threads": "336433027da5b83a29007850ae55cf8a902fff38d07fa550eb85bb39d99060ce",
     "staleness-rounds": "06ac95b3a2ced051aed88a6ebedca0c552b87bdefd63eb519362fef148606ed1",
     "staleness-stream": "06ac95b3a2ced051aed88a6ebedca0c552b87bdefd63eb519362fef148606ed1",
     "staleness-stream-server": "06ac95b3a2ced051aed88a6ebedca0c552b87bdefd63eb519362fef148606ed1",
@@ -140,6 +148,7 @@ LINEAGE = {
     "rows-sync-2": "c5697a9974615f3b11052d7f1c3de686167823d4c3ccb10f1f990e1d6f1bb67f",
     "rows-sync-4": "c5697a9974615f3b11052d7f1c3de686167823d4c3ccb10f1f990e1d6f1bb67f",
     "rows-sync-server": "c5697a9974615f3b11052d7f1c3de686167823d4c3ccb10f1f990e1d6f1bb67f",
+    "rows-sync-server-threads": "c5697a9974615f3b11052d7f1c3de686167823d4c3ccb10f1f990e1d6f1bb67f",
     "rows-staleness-stream": "27a1ed114607525ef096459579dd5c70267eca18f339ff3884b6e2b69cd888bf",
     "rows-async-desk": "e56e860e49de91753bc76ac46ac45d344a242e371e83f70b4416bac2b7390c58",
     "rows-async-server": "9486d4e350fe60b46af8b4fc9982af4082524ad7feb0ef81846f43c1d98273fd",
@@ -149,6 +158,7 @@ LINEAGE = {
 PLACED = {
     "sync-1": "rounds: on 1 worker processes", "sync-2": "rounds: on 2 worker processes",
     "sync-4": "rounds: on 4 worker processes", "sync-server": "rounds: in the server",
+    "sync-server-threads": "an update's tasks on 2 threads",
     "staleness-rounds": "fixed staleness 2: in the rounds",
     "staleness-stream": "fixed staleness 2: gradients on 2 worker processes, the steps in the server",
     "staleness-stream-server": "fixed staleness 2: gradients in the server",
@@ -161,6 +171,7 @@ PLACED = {
     "replay-async-server": "replay: gradients in the server",
     "rows-sync-1": "rounds: on 1 worker processes", "rows-sync-2": "rounds: on 2 worker processes",
     "rows-sync-4": "rounds: on 4 worker processes", "rows-sync-server": "rounds: in the server",
+    "rows-sync-server-threads": "an update's tasks on 2 threads",
     "rows-staleness-stream": "fixed staleness 2: gradients on 2 worker processes, the steps in the server",
     "rows-async-desk": "gradients and steps on 1 worker processes, at the desk",
     "rows-async-server": "async_group 2): gradients in the server",

@@ -26,6 +26,8 @@ CASES = [
     ("train.workers", "1025", "1025", "1"),
     ("train.seed", "-1", "-1", "0"),
     ("train.blas_threads", "0", "0", "1024"),
+    ("train.server_threads", "0", "0", "1024"),
+    ("train.server_threads", "1025", "1025", "1"),
     ("train.eval_rows", "0", "0", "1"),
     ("train.task_timeout", "nan", "nan", "0.001"),
     ("train.task_timeout", "inf", "inf", "1e9"),

@@ -122,7 +122,7 @@ def test_auto_keeps_a_tiny_model_in_the_server_and_says_why(tmp_path: Path, data
                           r"([\d.]+) ms of it computing; 2 workers could save at most ([\d.]+) (ms of it|s over the "
                           r"(\d+) updates left)", log)
         assert found, log
-        assert int(found.group(1)) == PROBE_UPDATES + 1
+        assert int(found.group(1)) == 2 * (PROBE_UPDATES + 1)  # timed on one thread, then on the task threads
         saved = float(found.group(4))
         limit = MIN_GAIN_S * 1e3 if found.group(5) == "ms of it" else SPAWN_COST_S * 2
         assert saved <= limit * 1.01, (saved, limit)  # the log rounds (2 decimals, 3 digits): 0.149 prints as 0.15

@@ -21,6 +21,7 @@ class LogisticRegression:
     spec: DataSpec
 
     additive: ClassVar[bool] = False
+    thread_safe: ClassVar[bool] = True  # loss_and_grad keeps no state: the server's task threads may share it
     classifier: ClassVar[bool] = True
 
     def __post_init__(self) -> None:

@@ -37,6 +37,7 @@ class MLP:
     activation: str = "relu"
 
     additive: ClassVar[bool] = False
+    thread_safe: ClassVar[bool] = True  # loss_and_grad keeps no state: the server's task threads may share it
 
     def __post_init__(self) -> None:
         check_sizes("model.hidden", self.hidden)

@@ -23,6 +23,9 @@ Optional, for models that need them (a torch module uses all four; see models/to
   task's updated buffer), in task order.
 - ``seeded = True``: ``loss_and_grad`` takes a keyword ``seed=(train.seed, version, task)`` and draws
   every random number (dropout) from it alone, so results never depend on the worker count.
+- ``thread_safe = True``: ``loss_and_grad`` may run in several threads at once (it keeps no state between
+  calls and writes only the ``grads`` it is given), so the server running the rounds itself may compute an
+  update's tasks on its task threads (train/threads.py, ``train.server_threads``). The numpy models say so.
 - ``in_worker(threads)``: called once in each worker process before its first task (pin thread pools).
 - ``startup(x, y, threads)``: run by the server on two training rows before any worker starts; raises
   ``InputError`` for a model that cannot train on this data, returns a line for the run's event log.

@@ -95,9 +95,10 @@ class Rounds:
                        rounds_keep(t.job.run.keep_versions, t.job.train.staleness), recycle=self.recycle)
         slices = len(step_slices(t.context.layout.size, participants, BLOCK))
         bases = dict(position.bases) | {position.update_index(t.per_epoch): version}
+        threads = self.server_threads() if alone else 1
         stretches = [Stretch(generation=self.generation, epoch=position.epoch, first=first, stop=stop,
                              version=version, slot=slot, participants=participants, slices=slices,
-                             bases=tuple(sorted(bases.items())))
+                             bases=tuple(sorted(bases.items())), threads=threads)
                      for slot in range(participants)]
         logged = len(t.logbook.timeline)
         try:
@@ -112,6 +113,10 @@ class Rounds:
     def alone(self) -> bool:
         """Whether the server runs the stretch alone (its own board in memory), not worker processes."""
         return isinstance(self.trainer.placement.transport, InServer)
+
+    def server_threads(self) -> int:
+        """The threads the server computes an update's tasks on when it runs the stretch alone (train/threads.py)."""
+        return self.trainer.placement.server_threads()
 
     def participate(self, stretches: list[Stretch], position: Position, board: Board) -> Outcome:
         """Every participant runs its stretch; the server watches them (train/scheduler.py)."""
@@ -152,6 +157,9 @@ class ClusterRounds(Rounds):
 
     def alone(self) -> bool:
         return True
+
+    def server_threads(self) -> int:
+        return 1  # its tasks go to the cluster's workers
 
     @property
     def scheduler(self) -> Scheduler:  # built after the engine (Trainer.run)

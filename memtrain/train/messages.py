@@ -84,6 +84,8 @@ class Stretch:
     # at the desk (train/desk.py): gradients per group, and the staleness allowed
     group: int = 1
     max_staleness: int = 0
+    # the server alone (train/threads.py): the threads its update's tasks are computed on; a worker's is 1
+    threads: int = 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -9,6 +9,14 @@
   (at most one per task of an update) and goes on training while they start; once they are ready they
   run a few updates, and the faster of the two, as measured, runs the rest of the job.
 
+When the server runs the rounds itself it may compute an update's tasks on a few threads (train/threads.py),
+``train.server_threads``: a number N, at most N threads (and one per task); ``"auto"`` (the default), one per
+core (and task), timed against one thread over the server's first updates: PROBE_UPDATES on one thread, as
+many on the threads, and the faster by THREADS_MARGIN keeps them. Threads need a model that may be called
+from several threads at once (a class attribute ``thread_safe = True``: the numpy models) and BLAS on one
+thread (``train.blas_threads = 1``); otherwise the server computes on one thread. With ``train.workers =
+"auto"`` the threads are timed first, and workers are compared with the faster of the two.
+
 The overlapping modes (train/overlap.py) decide once, at start (``stream_workers``): the server times a
 gradient task itself and keeps the gradients when workers could not save more than a streamed update
 costs. Either way the results are bitwise identical: the same files, the same tasks, the same arithmetic, the
@@ -40,6 +48,71 @@ SPAWN_COST_S = 0.5
 # What streaming an update to workers costs the server beyond the round (an estimate, measured at 1e5
 # parameters on a 2-core machine: a message out and back per task, the server's bookkeeping and step).
 STREAM_COST_S = 1e-3
+# The threads must take at most this fraction of one thread's time per update to be kept: a tie (a model too
+# small for its tasks to overlap) keeps the one thread, which costs no handoff and no second core.
+THREADS_MARGIN = 0.95
+
+
+class ServerThreads:
+    """How many threads the server computes an update's tasks on (train/threads.py): fixed, or timed.
+
+    ``count``: the threads allowed (``thread_candidates``); ``timed``: "auto", measured against one thread."""
+
+    def __init__(self, *, count: int, timed: bool, why: str, log: Callable[[str], None]):
+        self.count, self.log = count, log
+        self.chosen: int | None = count if not timed or count < 2 else None
+        self.one: list[float] = []  # walls per update on one thread
+        self.many: list[float] = []  # ... on ``count`` threads
+        # said when the server first runs a stretch itself (never, with workers from the start)
+        self.note: str | None = None if self.chosen is None else \
+            f"rounds in the server: an update's tasks on {'one thread' if count < 2 else f'{count} threads'} ({why})"
+
+    @property
+    def decided(self) -> bool:
+        return self.chosen is not None
+
+    def current(self) -> int:
+        """The threads of the next stretch the server runs: the chosen count, or the probe's."""
+        if self.note is not None:
+            self.log(self.note)
+            self.note = None
+        if self.chosen is not None:
+            return self.chosen
+        return 1 if len(self.one) < PROBE_UPDATES else self.count
+
+    def walls(self) -> list[float]:
+        """The walls measured with the chosen count."""
+        return self.many if self.chosen is not None and self.chosen > 1 else self.one
+
+    def observe(self, walls: list[float], update: int) -> None:
+        (self.one if self.current() == 1 else self.many).extend(walls)
+        if len(self.many) < PROBE_UPDATES:
+            return
+        one, many = _median(self.one), _median(self.many)
+        figures = f"{many * 1e3:.2f} ms per update on {self.count} threads, {one * 1e3:.2f} ms on one"
+        if many < one * THREADS_MARGIN:
+            self.chosen = self.count
+            self.log(f"rounds in the server: an update's tasks on {self.count} threads from update {update}: "
+                     f"{figures}")
+        else:
+            self.chosen = 1
+            self.log(f"rounds in the server: an update's tasks on one thread from update {update}: {figures} "
+                     f"(the threads must save {(1 - THREADS_MARGIN) * 100:.0f}%)")
+
+
+def thread_candidates(*, setting: int | str, tasks: int, cores: int, blas_threads: int, model: object
+                      ) -> tuple[int, str]:
+    """The most threads the server may compute an update's tasks on, and why (``train.server_threads``)."""
+    count = min(cores, tasks) if setting == "auto" else min(int(setting), tasks)
+    if count < 2:
+        if setting == "auto":
+            return 1, f"train.server_threads = \"auto\": {cores} core(s), {tasks} task(s) per update"
+        return 1, f"train.server_threads = {setting}" + (f", {tasks} task(s) per update" if setting != 1 else "")
+    if not getattr(model, "thread_safe", False):
+        return 1, f"the model ({type(model).__name__}) does not say thread_safe = True"
+    if blas_threads != 1:
+        return 1, f"train.blas_threads = {blas_threads}: BLAS threads already share the cores"
+    return count, "train.server_threads = \"auto\"" if setting == "auto" else f"train.server_threads = {setting}"
 
 
 class Phase(enum.Enum):
@@ -52,8 +125,8 @@ class Phase(enum.Enum):
 
 class Placement:
     def __init__(self, *, workers: int | str, tasks: int, cores: int, in_server: InServer,
-                 start_pool: Callable[[int], WorkerPool], log: Callable[[str], None]):
-        self.in_server, self.start_pool, self.log = in_server, start_pool, log
+                 start_pool: Callable[[int], WorkerPool], log: Callable[[str], None], threads: ServerThreads):
+        self.in_server, self.start_pool, self.log, self.threads = in_server, start_pool, log, threads
         self.pool: WorkerPool | None = None
         self.count = min(cores, tasks) if workers == "auto" else int(workers)
         self.server_walls: list[float] = []
@@ -83,8 +156,14 @@ class Placement:
     def decided(self) -> bool:
         return self.phase in (Phase.SERVER, Phase.WORKERS)
 
+    def server_threads(self) -> int:
+        """The threads the server computes an update's tasks on in its next stretch (train/threads.py)."""
+        return self.threads.current()
+
     def stretch_limit(self) -> int | None:
         """How many updates the next stretch may run (None: to the end of its epoch)."""
+        if self.phase == Phase.SERVER and not self.threads.decided:
+            return PROBE_UPDATES + 1
         if self.phase == Phase.SERVER_PROBE:
             return PROBE_UPDATES + 1
         if self.phase == Phase.WORKERS_PROBE:
@@ -99,7 +178,16 @@ class Placement:
         """The (update, publication time, compute seconds) of the last stretch's updates; ``update`` is the
         next update to run, ``remaining`` how many the job has left."""
         walls = [b[1] - a[1] for a, b in zip(timeline, timeline[1:], strict=False) if b[0] == a[0] + 1]
-        if self.phase == Phase.SERVER_PROBE:
+        if self.phase in (Phase.SERVER, Phase.SERVER_PROBE) and not self.threads.decided:
+            if self.phase == Phase.SERVER_PROBE and self.threads.current() == 1:  # the threads' task seconds
+                self.server_computes += [c for _, _, c in timeline[1:]]  # overlap and contend: not the compute
+            self.threads.observe(walls, update)
+            if self.phase == Phase.SERVER:
+                return
+            if self.threads.decided:  # workers are compared with the faster of one thread and the threads
+                self.server_walls = list(self.threads.walls())
+                self._after_server_probe(update, remaining)
+        elif self.phase == Phase.SERVER_PROBE:
             self.server_walls += walls
             self.server_computes += [c for _, _, c in timeline[1:]]
             if len(self.server_walls) >= PROBE_UPDATES:

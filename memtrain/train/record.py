@@ -50,7 +50,7 @@ RECORDED_BEFORE = {"train.shuffle": "batches", "train.shuffle_window": WINDOW, "
 # train.blas_threads is not among them: a BLAS (OpenBLAS here) may split an update's products and sums
 # differently with another thread count, so the weights' bits depend on it (1e6 parameters, 120 updates in
 # the server: 1 and 2 threads end in different versions, each the same run after run). It is adjustable.
-RUNTIME = ("data.verify", "train.workers", "train.task_timeout", "train.max_attempts",
+RUNTIME = ("data.verify", "train.workers", "train.server_threads", "train.task_timeout", "train.max_attempts",
            "train.backup_ratio", "train.backup_seconds", "run.exchange", "run.cluster", "run.dir")
 
 

@@ -14,7 +14,8 @@ A round is the step of the previous update and the gradients of this one:
    in task order, divide by its rows, apply the optimizer, write the slice into the file of the next
    version (and the optimizer state, and the slice's block digests); mark my step and wait until every
    participant has. The new version is complete.
-2. **gradients** of ``update``: each of my tasks, at that version, into the task's buffer. Slot 0 (the
+2. **gradients** of ``update``: each of my tasks, at that version, into the task's buffer (the server alone:
+   one after the other, or at once on its task threads, train/threads.py: ``stretch.threads``). Slot 0 (the
    publisher) then publishes the new version (a rename) and records it; every participant marks its
    gradients; the last slot (the readier; slot 0 too when it is alone) then readies the file of the
    version after it and marks ready. Wait until every participant has marked, and ready.
@@ -44,6 +45,7 @@ import mmap
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -89,6 +91,7 @@ from memtrain.train.plan import (
 )
 from memtrain.train.reduce import Scratch, reduce_and_step
 from memtrain.train.schedule import Planned
+from memtrain.train.threads import TaskThreads
 from memtrain.train.weights import (
     BLOCK,
     commit_weights,
@@ -105,6 +108,7 @@ DROP_DELETED_EVERY = 16  # updates between checks for maps of deleted files (a r
 # reading and normalizing a task's rows costs more than computing its gradient, and a plain loop reads
 # them once. Beyond the budget rows are read per task, as a dataset larger than RAM needs.
 ROW_CACHE_BYTES = 32 << 20
+THREAD_ROWS_SHARE = 2  # a helper thread's row cache: this fraction of ROW_CACHE_BYTES (it reads a share of the tasks)
 
 
 def round_plan(train_rows: int, setup: RoundSetup) -> Plan:
@@ -148,6 +152,7 @@ class RoundFiles:
         self.keep = rounds_keep(setup.keep_versions, setup.staleness)  # versions kept as the rounds ready a file
         self._views_kept = setup.tasks_per_update + self.keep + 2
         self._rows = rows if rows is not None else TaskRows(self.train, context.normalize, ROW_CACHE_BYTES)
+        self._thread_rows: dict[int, TaskRows] = {}  # the server's helper threads' own readers (train/threads.py)
 
     def _map(self, path: Path, mode: str = "r+") -> np.ndarray:
         return self.maps.get(path, (self.size,), np.float32, mode)
@@ -174,9 +179,23 @@ class RoundFiles:
         self._views.move_to_end(id(flat))
         return dict(entry[1])  # a fresh dict: a model may keep or change the one it is given
 
-    def rows(self, epoch: int, rows: TaskRange) -> tuple[np.ndarray, np.ndarray]:
-        """The rows of a task of epoch ``epoch``, normalized (kept for later epochs while ROW_CACHE_BYTES allows)."""
-        return self._rows.get(self.plan.rows(epoch, rows.lo, rows.hi))
+    def rows(self, epoch: int, rows: TaskRange, *, thread: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """The rows of a task of epoch ``epoch``, normalized (kept for later epochs while ROW_CACHE_BYTES allows).
+
+        ``thread``: the server's task thread reading them (train/threads.py). A reader reuses its buffers, so
+        each helper thread has its own, kept across stretches, its cache ROW_CACHE_BYTES / THREAD_ROWS_SHARE."""
+        return self.reader(thread).get(self.plan.rows(epoch, rows.lo, rows.hi))
+
+    def reader(self, thread: int) -> TaskRows:
+        """Thread ``thread``'s row reader (0: the process's own); made in the calling thread, before any
+        helper runs (``Participant.prepare_readers``)."""
+        if thread == 0:
+            return self._rows
+        reader = self._thread_rows.get(thread)
+        if reader is None:
+            reader = self._thread_rows[thread] = TaskRows(self.train, self.context.normalize,
+                                                          ROW_CACHE_BYTES // THREAD_ROWS_SHARE)
+        return reader
 
     def ready_building(self, version: int) -> None:
         ready_building(self.run_dir, version, self.size, self.server_pid, self.keep, fast=True,
@@ -309,8 +328,22 @@ class Participant:
         # (engines.Rounds.run), so the first round does not check that file again
         self.readied = stretch.version + 1
         self.out: np.ndarray | None = None  # the file of the version the last step wrote, mapped
+        self.threads: TaskThreads | None = None  # the server's task threads, during ``run`` (stretch.threads > 1)
 
     def run(self) -> Outcome:
+        """The stretch's rounds, on ``stretch.threads`` task threads (train/threads.py), stopped at its end."""
+        if self.stretch.threads < 2:
+            return self.loop()
+        for thread in range(1, self.stretch.threads):
+            self.files.reader(thread)  # made here: a helper thread never changes the files' dicts
+        self.threads = TaskThreads(self.stretch.threads)
+        try:
+            return self.loop()
+        finally:  # a stop, a fault or an error too: no helper outlives its stretch
+            self.threads.close()
+            self.threads = None
+
+    def loop(self) -> Outcome:
         updates = self.files.plan.updates(self.stretch.epoch)[self.stretch.first:self.stretch.stop]
         try:
             pending = None
@@ -398,10 +431,8 @@ class Participant:
         files, board = self.files, self.files.board
         at = self.bases[self.planned.at(update.update)] if self.staleness else self.version
         weights = self.weights if at == self.version else files.weights(at)
-        finite = True
-        for rows in update.tasks:
-            if task_owner(rows.task, self.stretch.participants) == self.slot:
-                finite = self.gradient(update, rows, weights, at) and finite
+        mine = [rows for rows in update.tasks if task_owner(rows.task, self.stretch.participants) == self.slot]
+        finite = all(self.compute(update, mine, weights, at))  # every task computed, finite or not
         if self.slot == 0:  # before its mark: once everyone has met, the next step rewrites the digests it reads
             self.computed_at[update.update] = at
             self.publish()
@@ -443,15 +474,32 @@ class Participant:
             self.files.ready_building(version)
             self.readied = version
 
-    def gradient(self, update: Update, rows: TaskRange, weights: np.ndarray, at: int) -> bool:
-        """One task's gradient at version ``at`` (mapped: ``weights``) into its buffer; False if its loss is
-        not finite."""
+    def compute(self, update: Update, tasks: list[TaskRange], weights: np.ndarray, at: int) -> list[bool]:
+        """``tasks``' gradients at version ``at``, one after the other or on the task threads; whether each
+        came out finite, in task order."""
+        if self.threads is None or len(tasks) < 2:
+            return [self.gradient(update, rows, weights, at) for rows in tasks]
         files = self.files
-        files.board.doing(self.slot, self.generation, GRADIENT, update.update, rows.task)
-        x, y = files.rows(update.epoch, rows)
-        out = files.grads[gradient_bank(update.update, self.staleness)][rows.task]
-        loss, files.seconds[update.batch, rows.task] = files.gradient(weights, files.views(weights), x, y,
-                                                                      files.views(out), version=at, task=rows.task)
+        files.board.doing(self.slot, self.generation, GRADIENT, update.update, tasks[0].task)
+        bank = files.grads[gradient_bank(update.update, self.staleness)]
+        jobs = [partial(self.gradient, update, rows, weights, at, views=(files.views(weights),
+                                                                         files.views(bank[rows.task])))
+                for rows in tasks]
+        return self.threads.run(jobs)
+
+    def gradient(self, update: Update, rows: TaskRange, weights: np.ndarray, at: int, thread: int = 0, *,
+                 views: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None) -> bool:
+        """One task's gradient at version ``at`` (mapped: ``weights``) into its buffer; False if its loss is
+        not finite. On a task thread: ``thread`` its index, ``views`` the weights' and the buffer's views, made
+        by the caller (``compute``), which marks the activity."""
+        files = self.files
+        if views is None:
+            files.board.doing(self.slot, self.generation, GRADIENT, update.update, rows.task)
+            out = files.grads[gradient_bank(update.update, self.staleness)][rows.task]
+            views = files.views(weights), files.views(out)
+        x, y = files.rows(update.epoch, rows, thread=thread)
+        loss, files.seconds[update.batch, rows.task] = files.gradient(weights, views[0], x, y, views[1], version=at,
+                                                                      task=rows.task)
         files.loss[update.batch, rows.task] = loss
         fault_point("after_grad_write")
         return math.isfinite(loss)

@@ -66,7 +66,7 @@ from memtrain.train.metrics import SHOWN
 from memtrain.train.metrics import collect as validation_metrics
 from memtrain.train.monitor import check_monitor, monitor_for
 from memtrain.train.optim import state_slots
-from memtrain.train.placement import Placement, stream_workers
+from memtrain.train.placement import Placement, ServerThreads, stream_workers, thread_candidates
 from memtrain.train.plan import Plan, eval_tasks, gradient_banks, split_range
 from memtrain.train.pools import OnCluster, Streamed, open_cluster
 from memtrain.train.record import Decision
@@ -313,8 +313,12 @@ class Trainer:
                                                     stopped=lambda: self.stop.signum), self.log)
             return ClusterRounds(self)
         if self.lineage is None and train.mode == "sync" and train.staleness_in == "rounds":
+            count, why = thread_candidates(setting=train.server_threads, tasks=train.tasks_per_update, cores=CORES,
+                                           blas_threads=train.blas_threads, model=self.context.model)
+            threads = ServerThreads(count=count, timed=train.server_threads == "auto", why=why, log=self.log)
             self.placement = Placement(workers=train.workers, tasks=train.tasks_per_update, cores=CORES,
-                                       in_server=self.in_server, start_pool=self._start_pool, log=self.log)
+                                       in_server=self.in_server, start_pool=self._start_pool, log=self.log,
+                                       threads=threads)
             return Rounds(self)
         self.streamed = True
         self.placement = self._overlap_placement(position)
