@@ -86,8 +86,8 @@ def test_table_lists_every_method_and_the_first_command(tmp_path: Path) -> None:
                    "memtrain ÷ method (range)"):
         assert header in result.stdout
     assert "every method run E and 2E epochs" in result.stdout and "interleaved repeats" in result.stdout
-    assert "memtrain (in the server)" in result.stdout or "memtrain (on 2 workers)" in result.stdout
-    assert "memtrain, train.workers = 0 (in the server)" in result.stdout
+    assert "memtrain (in the server" in result.stdout or "memtrain (on 2 workers)" in result.stdout
+    assert "memtrain, train.workers = 0 (in the server" in result.stdout
     assert "one process, 1 thread" in result.stdout and "÷ best of one process" in result.stdout
     assert "numpy " in result.stdout and " CPUs (" in result.stdout and " GiB RAM" in result.stdout  # the machine
     assert "the README's first command" in result.stdout and "plain numpy loop" in result.stdout
@@ -109,6 +109,11 @@ def test_the_placement_label_is_the_decision_not_a_figure_in_it() -> None:
     assert placement([kept]) == "in the server"
     assert placement(["rounds: on 2 worker processes (train.workers = 2)"]) == "on 2 workers"
     assert placement([probe]) == "undecided"
+    threads = "rounds in the server: an update's tasks on 2 threads from update 14: 0.41 ms per update on 2 threads"
+    one = "rounds in the server: an update's tasks on one thread from update 14: 0.9 ms per update on 2 threads"
+    assert placement([threads, kept]) == "in the server, 2 threads"
+    assert placement([one, kept]) == "in the server"
+    assert placement([threads, probe, "rounds: on 2 workers from update 30: 1 ms"]) == "on 2 workers"
 
 
 def test_unknown_method_is_a_usage_error(tmp_path: Path) -> None:

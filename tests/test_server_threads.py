@@ -102,6 +102,19 @@ def test_a_task_threads_error_stops_the_run_as_on_one_thread(data: Path, tmp_pat
     assert not [t for t in threading.enumerate() if t.name.startswith("memtrain-task")]  # none left behind
 
 
+def test_an_updates_compute_on_the_threads_is_the_busiest_threads_not_the_sum(data: Path, tmp_path: Path) -> None:
+    """metrics.jsonl's compute_s (what bench train's compute column reads) is the slowest participant's
+    compute: on 2 threads, each of an update's 3 tasks sleeping 40 ms, 80 ms (tasks 0 and 2 on one thread),
+    not 120."""
+    import json
+
+    model = f"{DROPOUT}\nsleep = 0.04"
+    assert train(tmp_path, data, model=model, workers=0, train="server_threads = 2") == 0
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    computes = [record["compute_s"] for record in map(json.loads, lines) if record.get("kind") == "update"]
+    assert computes and min(computes) >= 0.08 and sorted(computes)[len(computes) // 2] < 0.11, computes
+
+
 def test_task_threads_run_every_job_in_order_on_its_thread() -> None:
     with TaskThreads(2) as threads:
         for _ in range(3):  # the same helper, call after call

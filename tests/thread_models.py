@@ -2,12 +2,14 @@
 
 ``kind = "thread_models:DropoutSoftmax"``. Seeded (its dropout masks drawn from the task's seed alone) and
 ``thread_safe``; options for the tests: ``record`` (a file each gradient task appends its thread's name to),
-``fail_task`` (the task whose gradient raises from ``fail_version`` on).
+``fail_task`` (the task whose gradient raises from ``fail_version`` on), ``sleep`` (seconds each gradient
+task sleeps, the GIL released: a compute time the test knows).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -29,6 +31,7 @@ class DropoutSoftmax:
     record: str = ""
     fail_task: int = -1
     fail_version: int = 3
+    sleep: float = 0.0
 
     additive: ClassVar[bool] = False
     classifier: ClassVar[bool] = True
@@ -57,6 +60,8 @@ class DropoutSoftmax:
         if self.record:
             with open(self.record, "a", encoding="utf-8") as out:
                 out.write(f"{seed[2]} {threading.current_thread().name}\n")
+        if self.sleep:
+            time.sleep(self.sleep)
         if seed[2] == self.fail_task and seed[1] >= self.fail_version:
             raise InjectedFailure(f"injected failure in task {seed[2]} at version {seed[1]}")
         keep = np.random.default_rng(list(seed)).random(x.reshape(len(x), -1).shape) >= self.dropout

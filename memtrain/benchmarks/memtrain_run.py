@@ -67,5 +67,6 @@ def measured(result: dict[str, Any]) -> dict[str, object]:
     events = result["events"]
     return timings(walls, computes, first_update=1, total_seconds=result["total_seconds"], decided_at=first,
                    exchange=[line.split(" ", 1)[1] for line in events if "exchange" in line],
-                   rounds=[line.split(" ", 1)[1] for line in events if "rounds:" in line],
+                   rounds=[line.split(" ", 1)[1] for line in events
+                           if "rounds:" in line or "rounds in the server:" in line],
                    memtrain_file=result["memtrain_file"])

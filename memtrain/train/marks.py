@@ -229,8 +229,9 @@ class Board:
 
 
 def records_dtype(tasks: int) -> np.dtype:
-    """One update's record. ``loss`` and ``seconds`` per task; ``participants`` is how many shared its tasks;
-    ``version`` the version it published, ``at`` the one its gradients were computed at."""
+    """One update's record. ``loss`` and ``seconds`` per task; ``participants`` is how many shared its tasks
+    (slots, or the server's task threads); ``version`` the version it published, ``at`` the one its
+    gradients were computed at."""
     return np.dtype([("loss", "<f8", (tasks,)), ("seconds", "<f8", (tasks,)), ("bad", "u1", (tasks,)),
                      ("status", "i1"), ("participants", "<i2"), ("version", "<i8"), ("at", "<i8"), ("time", "<f8"),
                      ("checksum", "u1", (DIGEST_BYTES,))])

@@ -544,4 +544,6 @@ class Participant:
         row["status"] = status
 
     def record_participants(self, update: Update) -> int:
-        return self.stretch.participants
+        """How many computed the update's tasks side by side: the slots, or the server's task threads (which
+        share them as slots do, job ``i`` on thread ``i % threads``): the record's compute is the busiest's."""
+        return self.stretch.participants * self.stretch.threads
