@@ -82,8 +82,8 @@ def test_torch_comparison_runs_ddp_and_takes_ratios_against_memtrain_with_the_to
 def test_table_lists_every_method_and_the_first_command(tmp_path: Path) -> None:
     result = bench(tmp_path, "--methods", "memtrain,one_process,memtrain_server")
     assert result.returncode == 0, result.stderr
-    for header in ("samples/s", "ms/update (range)", "overhead ms", "start-up s", "peak MiB", "peak PSS MiB",
-                   "memtrain ÷ method (range)"):
+    for header in ("samples/s", "ms/update (range)", "overhead ms", "CPU ms/update", "start-up s", "peak MiB",
+                   "peak PSS MiB", "memtrain ÷ method (range)"):
         assert header in result.stdout
     assert "every method run E and 2E epochs" in result.stdout and "interleaved repeats" in result.stdout
     assert "memtrain (in the server" in result.stdout or "memtrain (on 2 workers)" in result.stdout

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import threading
@@ -128,10 +129,12 @@ def run_sampled(module: str, spec: dict[str, Any], *, what: str, timeout: float,
                 command: list[str] | None = None, cwd: Path | None = None) -> tuple[dict[str, Any], int, Peaks]:
     """``python -m module SPEC_JSON`` in a fresh process, its tree's memory sampled from here: its last line
     of output (JSON), its pid and the peaks. MemtrainError naming ``what`` if it fails or outlives ``timeout``.
+    The result also holds ``cpu_seconds``: the CPU time the process and its waited-for descendants used.
     ``alongside(pid)``, if given, starts something that acts on the process while it runs (an outside
     straggler) and returns what ends it. ``command``: instead of ``python -m module``, e.g. a script run
     against another checkout (``bench train --against``), in the working directory ``cwd``."""
     argv = command if command is not None else [sys.executable, "-m", module]
+    cpu_before = children_cpu_seconds()
     process = subprocess.Popen([*argv, json.dumps(spec)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env=env, cwd=cwd)
     end = alongside(process.pid) if alongside is not None else None
@@ -147,4 +150,13 @@ def run_sampled(module: str, spec: dict[str, Any], *, what: str, timeout: float,
                 end()
     if process.returncode != 0 or not out.strip():
         raise MemtrainError(f"{what} failed (exit code {process.returncode})", found=err.strip()[-2000:])
-    return json.loads(out.strip().splitlines()[-1]), process.pid, sampler.peaks
+    result = json.loads(out.strip().splitlines()[-1])
+    result["cpu_seconds"] = children_cpu_seconds() - cpu_before
+    return result, process.pid, sampler.peaks
+
+
+def children_cpu_seconds() -> float:
+    """User + system CPU time of this process's children that have exited and been waited for, and of their
+    own waited-for descendants (a run's workers, DDP's ranks): the delta around one run is that run's CPU."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime

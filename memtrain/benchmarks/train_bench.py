@@ -345,7 +345,8 @@ def run_pair(method: str, problem: Problem, scratch: Path, exchange: str, *, clu
                     checkout=checkout)
     extra = extra if extra is not None else problem.updates * problem.epochs
     return {"short": short, "long": long, "extra_updates": extra,
-            "update_s": per_update(short["wall_seconds"], long["wall_seconds"], extra)}
+            "update_s": per_update(short["wall_seconds"], long["wall_seconds"], extra),
+            "cpu_update_s": per_update(short.get("cpu_seconds", 0.0), long.get("cpu_seconds", 0.0), extra)}
 
 
 def best_of(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -360,9 +361,13 @@ def best_of(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         best_runs = [None if None in speeds else max(speeds) for speeds in per_repeat]
         ratio = pairwise(here["memtrain"]["runs_samples_per_s"], best_runs)
         timed = [m for m in present if here[m]["samples_per_s"] is not None]
-        out.append({"params": params, "best": max(timed, key=lambda m: here[m]["samples_per_s"]) if timed else None,
+        fastest = max(timed, key=lambda m: here[m]["samples_per_s"]) if timed else None
+        out.append({"params": params, "best": fastest,
                     "ratio": ratio.as_dict() if ratio else None, "memtrain_rounds": here["memtrain"]["rounds"],
-                    "memtrain_overhead_ms": here["memtrain"]["overhead_ms"]})
+                    "memtrain_overhead_ms": here["memtrain"]["overhead_ms"],
+                    "memtrain_cpu_ms": here["memtrain"].get("cpu_ms"),
+                    "best_cpu_ms": here[fastest].get("cpu_ms") if fastest else None,
+                    "best_update_ms": here[fastest]["update_ms"] if fastest else None})
     return out
 
 
@@ -509,6 +514,7 @@ def summarize(method: str, pairs: list[dict[str, Any]], warmup: int, *, shuffle:
                 for c in pair["long"]["compute_seconds"][max(0, warmup - pair["long"].get("first_update", 0)):]]
     wall = median(timed) if timed else None
     compute = median(computes) if computes else None
+    cpus = [pair["cpu_update_s"] for pair in pairs if pair.get("cpu_update_s")]
     startups = [pair["short"]["wall_seconds"] - pair["extra_updates"] * s for pair, s in zip(pairs, seconds,
                                                                                            strict=True) if s]
     runs = [pair[k] for pair in pairs for k in ("short", "long")]
@@ -520,6 +526,7 @@ def summarize(method: str, pairs: list[dict[str, Any]], warmup: int, *, shuffle:
             "update_ms_range": [min(timed) * 1e3, max(timed) * 1e3] if timed else None,
             "compute_ms": compute * 1e3 if compute is not None else None,
             "overhead_ms": (wall - compute) * 1e3 if wall and compute is not None else None,
+            "cpu_ms": median(cpus) * 1e3 if cpus else None,
             "startup_s": Spread.of(startups).as_dict() if startups else None,
             "peak_mib": max(r["peak_mib"] for r in runs), "pss_mib": max(r["pss_mib"] for r in runs),
             "extra_updates": pairs[0]["extra_updates"], "untimed_repeats": len(seconds) - len(timed),
@@ -622,16 +629,16 @@ def print_table(report: dict[str, Any]) -> None:
         table.caption += (f"; torch {m.get('torch')}. Torch rows: the same MLP as a torch.nn.Module, ratio = "
                           "memtrain (torch module) ÷ method; DDP compute from a no_sync calibration")
     for name in ("params", "epochs", "method", "samples/s", "ms/update (range)", "compute ms", "overhead ms",
-                 "start-up s", "peak MiB", "peak PSS MiB", "memtrain ÷ method (range)"):
+                 "CPU ms/update", "start-up s", "peak MiB", "peak PSS MiB", "memtrain ÷ method (range)"):
         table.add_column(name, justify="left" if name == "method" else "right")
     for row in report["results"]:
         update = "-" if row["update_ms"] is None else \
             f"{row['update_ms']:.2f} ({row['update_ms_range'][0]:.2f}-{row['update_ms_range'][1]:.2f})"
         table.add_row(f"{row['params']:,}", "{} & {}".format(*row["epochs"]), escape(row["label"]),
                       _num(row["samples_per_s"], 0), update, _num(row["compute_ms"], 2), _num(row["overhead_ms"], 2),
-                      _spread_text(row["startup_s"]), f"{row['peak_mib']:,.0f}", f"{row['pss_mib']:,.0f}",
-                      _spread_text(row["ratio"]))
-    console = Console(width=200)
+                      _num(row.get("cpu_ms"), 2), _spread_text(row["startup_s"]), f"{row['peak_mib']:,.0f}",
+                      f"{row['pss_mib']:,.0f}", _spread_text(row["ratio"]))
+    console = Console(width=230)
     console.print(table)
     untimed = [row for row in report["results"] if row["untimed_repeats"]]
     for row in untimed:
@@ -643,6 +650,14 @@ def print_table(report: dict[str, Any]) -> None:
                       f"of one process / all-core BLAS / shared_memory, repeat by repeat = "
                       f"{_spread_text(best['ratio'])}; memtrain's overhead "
                       f"{_num(best['memtrain_overhead_ms'], 2)} ms per update", highlight=False)
+        cores = report["settings"].get("cores") or 1
+        if best.get("memtrain_cpu_ms") and best.get("best_cpu_ms") and best.get("best_update_ms"):
+            floor = best["memtrain_cpu_ms"] / cores
+            console.print(f"{best['params']:>12,} params: CPU per update, memtrain {best['memtrain_cpu_ms']:.2f} ms, "
+                          f"the fastest baseline ({LABELS.get(best['best'], best['best'])}) {best['best_cpu_ms']:.2f}"
+                          f" ms: on {cores} cores memtrain's update takes at least {floor:.2f} ms, so it can reach "
+                          f"at most {best['best_update_ms'] / floor:.2f}x that baseline's {best['best_update_ms']:.2f}"
+                          " ms", highlight=False)
     for order in report.get("orders", []):
         console.print(f"{order['params']:>12,} params: {order['verdict']}", highlight=False, markup=False)
     for other in report.get("against", []):
