@@ -31,12 +31,15 @@ def test_auto_weighs_what_building_the_model_costs_each_worker() -> None:
     assert cheap.phase == Phase.STARTING and started == [2]
     costly, logs, started = probed(worker_start_cost(2.0), compute=compute, remaining=remaining)
     assert costly.phase == Phase.SERVER and started == []
-    assert "less than starting them costs (5.0 s: 0.5 s a process, 2.0 s building the model, as here)" in logs[-1]
+    assert logs[-1].endswith("less than starting them costs (5.0 s, each 0.5 s for a process and 2.0 s to build the "
+                             "model, as it took here)")
     count, why = stream_workers(workers="auto", count=2, task_seconds=lambda: compute / 2, tasks=2,
                                 remaining=remaining, start_cost=worker_start_cost(2.0))
-    assert count == 0 and "(5.0 s: 0.5 s a process, 2.0 s building the model" in why
+    assert count == 0 and "(5.0 s, each 0.5 s for a process and 2.0 s to build the model" in why
     assert stream_workers(workers="auto", count=2, task_seconds=lambda: compute / 2, tasks=2,
                           remaining=remaining)[0] == 2
+    _, logs, _ = probed(worker_start_cost(0.001), compute=0.001, remaining=remaining)  # a numpy model: no parts
+    assert logs[-1].endswith("less than starting them costs (1.0 s)")
 
 
 def test_the_model_context_measures_the_cpu_its_model_took_to_build(tmp_path: Path) -> None:

@@ -158,9 +158,11 @@ class Placement:
 
 
 def start_cost_text(start_cost: float, count: int) -> str:
+    """What ``count`` workers cost to start, with its parts when building the model counts (a torch module)."""
     text = f"{start_cost * count:.1f} s"
-    if start_cost > SPAWN_COST_S:
-        text += f": {SPAWN_COST_S:.1f} s a process, {start_cost - SPAWN_COST_S:.1f} s building the model, as here"
+    if start_cost - SPAWN_COST_S >= 0.05:
+        text += (f", each {SPAWN_COST_S:.1f} s for a process and {start_cost - SPAWN_COST_S:.1f} s to build the "
+                 f"model, as it took here")
     return text
 
 
