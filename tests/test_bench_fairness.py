@@ -164,6 +164,24 @@ def test_bench_train_times_each_method_from_e_and_2e_epochs_interleaved(monkeypa
     assert train_bench.epochs(argparse.Namespace(epochs=3), params=10_360) == 3
 
 
+def test_the_torch_rows_at_1e6_run_as_many_epochs_as_a_job_that_starts_torch_workers(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """At 1e6 parameters 1 and 2 epochs of 40 updates are too short for "auto" to start workers that each import
+    torch, as a real job of that size would: the torch rows (all three, alike) run TORCH_EPOCHS and twice that;
+    the numpy rows, and the torch rows at 1e7, keep theirs; --epochs still sets every row's."""
+    calls = _fake_runs(monkeypatch, {"memtrain": 1.0, "torch_memtrain": 3.0, "torch_ddp": 2.0},
+                       {"memtrain": 0.002, "torch_memtrain": 0.02, "torch_ddp": 0.03})
+    args = argparse.Namespace(updates=40, warmup=3, epochs=None, repeats=1, workers=2, exchange="auto", cluster="")
+    rows = train_bench.bench_size(int(1e6), ["memtrain", "torch_memtrain", "torch_ddp"], args, tmp_path, Silent())
+    long = train_bench.TORCH_EPOCHS
+    assert long * 40 >= 500 and calls == [("memtrain", 1), ("memtrain", 2), ("torch_memtrain", long),
+                                          ("torch_memtrain", 2 * long), ("torch_ddp", long), ("torch_ddp", 2 * long)]
+    assert [row["epochs"] for row in rows] == [[1, 2], [long, 2 * long], [long, 2 * long]]
+    assert rows[1]["update_ms"] == pytest.approx(20.0) and rows[2]["memtrain_ratio"] == pytest.approx(1.5)
+    assert train_bench.epochs(args, params=int(1e7), torch=True) == train_bench.EPOCHS
+    assert train_bench.epochs(argparse.Namespace(epochs=3), params=int(1e6), torch=True) == 3
+
+
 def test_bench_train_leaves_out_a_repeat_whose_longer_run_was_not_longer(monkeypatch: pytest.MonkeyPatch,
                                                                           tmp_path: Path) -> None:
     _fake_runs(monkeypatch, {"memtrain": 1.0, "one_process": 1.0}, {"memtrain": 0.0, "one_process": 0.001})

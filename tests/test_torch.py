@@ -24,6 +24,7 @@ from memtrain.layout import weight_versions, weights_path
 from memtrain.models.params import ParamLayout
 from memtrain.models.torch_bind import BINDINGS
 from memtrain.train.context import data_spec, model_context
+from memtrain.train.metrics import evaluation, task_statistics
 from memtrain.train.normalize import Normalizer
 from memtrain.train.plan import Plan
 
@@ -223,6 +224,31 @@ def test_every_binding_variant_gives_the_same_gradient_and_leaves_the_weights_al
         assert loss == first_loss, name
         np.testing.assert_array_equal(out, first, err_msg=name)
     np.testing.assert_array_equal(weights, before)
+
+
+def test_an_evaluation_runs_the_module_once_and_gives_the_bits_of_loss_predict_and_proba(data: Path) -> None:
+    """An evaluation task asks for the loss, the predictions and the probabilities of the same rows: one
+    forward pass gives all three, bitwise as the three calls do (each of which runs the module)."""
+    dataset = open_dataset(data)
+    context = model_context(dataset, "torch", {"factory": "torch_nets:bn_dropout"}, True)
+    model, params = context.model, context.layout.views(context.layout.flatten(context.model.init(
+        np.random.default_rng(2))))
+    x, y = dataset.split("val").read(0, 40)
+    x = context.normalize(x)
+    forwards = []
+    hook = model.module.register_forward_hook(lambda *_: forwards.append(1))
+    try:
+        seen = evaluation(context, params, x, y)
+        assert len(forwards) == 1
+        apart = (model.loss(params, x, y), model.predict(params, x), model.predict_proba(params, x))
+        assert len(forwards) == 4
+    finally:
+        hook.remove()
+    assert seen.loss == apart[0]
+    np.testing.assert_array_equal(seen.predicted, apart[1])
+    np.testing.assert_array_equal(seen.proba, apart[2])
+    np.testing.assert_array_equal(task_statistics(context, params, x, y, predicted=seen.predicted, proba=seen.proba),
+                                  task_statistics(context, params, x, y))
 
 
 def test_frozen_parameters_are_buffers_the_optimizer_never_moves(data: Path) -> None:

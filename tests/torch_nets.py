@@ -16,6 +16,16 @@ def bn_dropout(spec, hidden: int = 16, dropout: float = 0.3) -> nn.Module:
                          nn.Linear(hidden, spec.n_classes))
 
 
+def slow_to_build(spec, cpu_seconds: float = 0.3) -> nn.Module:
+    """mlp, after ``cpu_seconds`` of CPU spent building it (as importing a framework costs a process)."""
+    import time
+
+    started = time.process_time()
+    while time.process_time() - started < cpu_seconds:
+        pass
+    return mlp(spec)
+
+
 def frozen_first_layer(spec, hidden: int = 8) -> nn.Module:
     net = mlp(spec, hidden)
     net[0].requires_grad_(False)

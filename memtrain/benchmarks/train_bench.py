@@ -64,6 +64,11 @@ UPDATES, WARMUP = 40, 3  # per epoch: updates; and the first ones left out of th
 # bench train: a run of E epochs and one of 2E. A 1e4-parameter update takes a few ms, so 40 of them are
 # less than a run's start-up varies by on a busy machine: small models run more epochs, not more rows.
 EPOCHS, SMALL_EPOCHS = 1, 5
+# The torch rows at up to TORCH_LONG_PARAMS (1e6): a job of that size trains for hundreds of updates, long
+# enough for "auto" to start workers that each import torch (train/placement.py: 2 s of CPU each, measured);
+# 1 and 2 epochs of 40 updates are not, so memtrain kept its rounds in the server there, as no real job
+# would (docs/torch.md). Their E: the torch peers run the same epochs.
+TORCH_EPOCHS, TORCH_LONG_PARAMS = 15, 2e6
 FIRST_JOB_TARGET = Target(name="the README's first command, memtrain / plain loop", at_least=0.5)
 # bench async at small sizes: an update takes a few ms there, and a rate over 37 of them (~0.1 s) swings with
 # every wake-up of the machine (async's runs at 1e4 gave 0.92x and 1.36x synchronous over 20 and 180 updates)
@@ -78,18 +83,22 @@ def window(args: argparse.Namespace, *, params: int | None) -> tuple[int, int]:
             args.warmup if args.warmup is not None else SMALL_WARMUP if small else WARMUP)
 
 
-def epochs(args: argparse.Namespace, *, params: int) -> int:
-    """E of bench train's E and 2E epochs: as given, else EPOCHS (SMALL_EPOCHS up to SMALL_PARAMS ``params``)."""
+def epochs(args: argparse.Namespace, *, params: int, torch: bool = False) -> int:
+    """E of bench train's E and 2E epochs: as given, else EPOCHS (SMALL_EPOCHS up to SMALL_PARAMS ``params``;
+    TORCH_EPOCHS for the ``torch`` rows above SMALL_PARAMS and up to TORCH_LONG_PARAMS)."""
     if getattr(args, "epochs", None) is not None:
         return args.epochs
-    return SMALL_EPOCHS if params <= SMALL_PARAMS else EPOCHS
+    if params <= SMALL_PARAMS:
+        return SMALL_EPOCHS
+    return TORCH_EPOCHS if torch and params <= TORCH_LONG_PARAMS else EPOCHS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default="1e4,1e5,1e6,1e7", help="parameter counts (default %(default)s)")
     parser.add_argument("--epochs", type=int, help=f"train: every method runs E and 2E epochs of --updates "
                                                    f"updates; the difference is timed (default {EPOCHS}, "
-                                                   f"{SMALL_EPOCHS} up to {SMALL_PARAMS:.0e} parameters)")
+                                                   f"{SMALL_EPOCHS} up to {SMALL_PARAMS:.0e} parameters; the "
+                                                   f"torch rows {TORCH_EPOCHS} up to {TORCH_LONG_PARAMS:.0e})")
     parser.add_argument("--updates", type=int, help=f"updates per run (default {UPDATES}; bench async: "
                                                      f"{SMALL_UPDATES} up to {SMALL_PARAMS:.0e} parameters)")
     parser.add_argument("--warmup", type=int, help=f"updates per run left out (default {WARMUP}; bench async: "
@@ -315,17 +324,22 @@ def bench_size(size: int, methods: list[str], args: argparse.Namespace, scratch:
     cluster = getattr(args, "cluster", "")
     others = {c.method: c for c in checkouts}
 
+    def method_epochs(method: str) -> int:
+        return epochs(args, params=shape.params, torch=family(method) == "torch")
+
     def run(method: str, _: int) -> dict[str, Any]:
         progress.begin(f"{shape.params:,} params: {label(method)}")
         shuffle = method_parts(method)[1]
-        ordered_problem = replace(problem, shuffle=shuffle or ("batches" if method in others else shuffles[0]))
+        ordered_problem = replace(problem, shuffle=shuffle or ("batches" if method in others else shuffles[0]),
+                                  epochs=method_epochs(method))
         return run_pair(method, ordered_problem, scratch, args.exchange, cluster=cluster,
                         checkout=others.get(method))
 
     runs = interleaved(methods, args.repeats, run)
     rows = [summarize(method, runs[method], args.warmup,
                       shuffle=shuffles[0] if len(shuffles) > 1 and method in ORDERED else None)
-            | {"params": shape.params, "shape": asdict(shape), "epochs": [problem.epochs, 2 * problem.epochs]}
+            | {"params": shape.params, "shape": asdict(shape),
+               "epochs": [method_epochs(method), 2 * method_epochs(method)]}
             for method in methods]
     for row in rows:
         base = next((r for r in rows if r["method"] == BASES[family(row["method"])]), None)
@@ -608,6 +622,7 @@ def blas_build() -> str:
 def settings(args: argparse.Namespace, sizes: list[int], methods: list[str]) -> dict[str, Any]:
     return {"sizes": sizes, "methods": methods, "batch": BATCH, "workers": args.workers, "updates": args.updates,
             "epochs": {str(size): epochs(args, params=mlp_shape(size).params) for size in sizes},
+            "torch_epochs": {str(size): epochs(args, params=mlp_shape(size).params, torch=True) for size in sizes},
             "warmup": args.warmup, "repeats": args.repeats, "optimizer": "sgd", "exchange": args.exchange,
             "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
             "cluster": getattr(args, "cluster", "")}

@@ -29,6 +29,9 @@ Optional, for models that need them (a torch module uses all four; see models/to
 - ``in_worker(threads)``: called once in each worker process before its first task (pin thread pools).
 - ``startup(x, y, threads)``: run by the server on two training rows before any worker starts; raises
   ``InputError`` for a model that cannot train on this data, returns a line for the run's event log.
+- ``evaluate(params, x, y)``: an ``Evaluation`` -- what ``loss``, ``predict`` and ``predict_proba`` give
+  for the same rows, bitwise, from one pass of the model over them. An evaluation task needs all three
+  (train/worker.py); without it, each is asked for and the model runs over the rows three times.
 """
 
 from __future__ import annotations
@@ -51,6 +54,16 @@ class DataSpec:
     n_targets: int = 1  # regression: 1 for a scalar target, K for a vector target
     target_shape: tuple[int, ...] = ()  # shape of one y row as stored in the dataset
     feature_shape: tuple[int, ...] = ()  # shape of one x row as stored in the dataset (() when unknown)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Evaluation:
+    """One pass of a model over evaluation rows: the summed loss, the predictions (None: not made), and (a
+    classifier with ``predict_proba``) the class probabilities, else None."""
+
+    loss: float
+    predicted: np.ndarray | None
+    proba: np.ndarray | None
 
 
 @runtime_checkable

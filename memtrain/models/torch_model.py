@@ -25,7 +25,7 @@ import numpy as np
 from memtrain.errors import InputError, MemtrainError
 from memtrain.models.checks import CLASSIFICATION
 from memtrain.models.layers import regression_output
-from memtrain.models.protocol import DataSpec
+from memtrain.models.protocol import DataSpec, Evaluation
 from memtrain.models.torch_bind import BINDINGS, CHOSEN, Slots, as_tensor, private_state
 from memtrain.models.torch_losses import check_output, resolve_loss, targets
 from memtrain.models.torch_module import (
@@ -140,18 +140,38 @@ class TorchModel:
         return float(self.criterion.total(self._evaluate(params, x), targets(y, self.spec)))
 
     def predict(self, params: Params, x: np.ndarray) -> np.ndarray:
-        scores = self._evaluate(params, x).numpy()
-        if self.spec.task == CLASSIFICATION:
-            return np.argmax(scores, axis=1)
-        return regression_output(scores.reshape(len(scores), -1), self.spec)
+        return self._predicted(self._evaluate(params, x))
 
     def predict_proba(self, params: Params, x: np.ndarray) -> np.ndarray:
+        self._check_classifier()
+        return self._proba(self._evaluate(params, x))
+
+    def evaluate(self, params: Params, x: np.ndarray, y: np.ndarray) -> Evaluation:
+        """``loss``, ``predict`` and ``predict_proba`` (classification) of the same rows from one forward pass:
+        an evaluation task asks for all three, and a forward pass is most of what each costs (models/protocol.py)."""
+        if len(x) == 0:
+            return Evaluation(loss=0.0, predicted=self.predict(params, x),
+                              proba=self.predict_proba(params, x) if self.spec.task == CLASSIFICATION else None)
+        scores = self._evaluate(params, x)
+        return Evaluation(loss=float(self.criterion.total(scores, targets(y, self.spec))),
+                          predicted=self._predicted(scores),
+                          proba=self._proba(scores) if self.spec.task == CLASSIFICATION else None)
+
+    def _predicted(self, scores: Any) -> np.ndarray:
+        values = scores.numpy()
+        if self.spec.task == CLASSIFICATION:
+            return np.argmax(values, axis=1)
+        return regression_output(values.reshape(len(values), -1), self.spec)
+
+    def _proba(self, scores: Any) -> np.ndarray:
         import torch
 
+        return torch.softmax(scores, dim=1).numpy()
+
+    def _check_classifier(self) -> None:
         if self.spec.task != CLASSIFICATION:
             raise InputError("model 'torch' gives probabilities only for classification data",
                              found=f"task {self.spec.task!r}")
-        return torch.softmax(self._evaluate(params, x), dim=1).numpy()
 
     # --- using the result ---
 

@@ -5,6 +5,7 @@ Built the same way in the server, in every worker and in ``load_model``, so all 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,9 @@ class ModelContext:
     stats_layout: ParamLayout | None  # additive models: layout of the sufficient statistics (float64)
     normalize: Normalizer
     manifest: dict[str, Any]
+    # CPU seconds this process spent building the model, its imports included (torch: seconds): what every
+    # worker pays again as it starts (train/placement.py weighs it); 0 for an outline (built elsewhere)
+    build_seconds: float = 0.0
 
     @property
     def additive(self) -> bool:
@@ -48,14 +52,16 @@ def data_spec(manifest: dict[str, Any]) -> DataSpec:
 def model_context_from_manifest(manifest: dict[str, Any], kind: str, options: dict[str, Any],
                                 normalize: bool) -> ModelContext:
     spec = data_spec(manifest)
+    started = time.process_time()
     model = build_model(kind, options, spec)
+    build_seconds = time.process_time() - started
     buffers = model.buffer_shapes() if hasattr(model, "buffer_shapes") else None
     layout = ParamLayout.from_shapes(model.parameter_shapes(), buffers)
     stats_layout = None
     if getattr(model, "additive", False):
         stats_layout = ParamLayout(ParamLayout.from_shapes(model.statistic_shapes()).entries, np.dtype(np.float64))
     return ModelContext(spec, model, layout, stats_layout, Normalizer.from_stats(manifest.get("stats"), normalize),
-                        manifest)
+                        manifest, build_seconds)
 
 
 def model_context(dataset: Dataset, kind: str, options: dict[str, Any], normalize: bool) -> ModelContext:

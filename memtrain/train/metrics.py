@@ -24,6 +24,7 @@ import numpy as np
 
 from memtrain.files import open_npy, writing_npy
 from memtrain.layout import metrics_name
+from memtrain.models.protocol import Evaluation
 from memtrain.train.context import ModelContext
 
 PROBABILITY_FLOOR = 1e-15  # log-loss clips probabilities here, as scikit-learn does: log(0) is -inf
@@ -37,11 +38,23 @@ def statistics_size(context: ModelContext) -> int:
     return 2 + 3 * context.spec.n_targets
 
 
+def evaluation(context: ModelContext, params: dict[str, np.ndarray], x: np.ndarray, y: Any) -> Evaluation:
+    """The loss of rows ``x``, ``y``, the predictions (a classifier's, else None: made once for the accuracy and
+    the statistics) and the probabilities when the model gives them in the same pass (``evaluate``,
+    models/protocol.py: one forward pass of a torch module instead of three), else None."""
+    model = context.model
+    if hasattr(model, "evaluate"):
+        return model.evaluate(params, x, y)
+    predicted = model.predict(params, x) if context.classifier else None
+    return Evaluation(loss=float(model.loss(params, x, y)), predicted=predicted, proba=None)
+
+
 def task_statistics(context: ModelContext, params: dict[str, np.ndarray], x: np.ndarray, y: Any, *,
-                    predicted: Any = None) -> np.ndarray:
+                    predicted: Any = None, proba: np.ndarray | None = None) -> np.ndarray:
     """The summed statistics of normalized rows ``x`` with targets ``y`` (see the module docstring).
 
-    ``predicted``: a classifier's predictions of ``x``, if the caller has them already."""
+    ``predicted``: the model's predictions of ``x``, ``proba`` a classifier's probabilities, if the caller has
+    them already (asked of the model otherwise)."""
     model, rows = context.model, len(x)
     if context.classifier:
         k = context.spec.n_classes
@@ -49,23 +62,26 @@ def task_statistics(context: ModelContext, params: dict[str, np.ndarray], x: np.
         predicted = np.asarray(model.predict(params, x) if predicted is None else predicted)
         predicted = predicted.reshape(rows).astype(np.int64)
         log_loss = np.nan
-        if hasattr(model, "predict_proba"):
-            proba = np.asarray(model.predict_proba(params, x), dtype=np.float64).reshape(rows, k)
+        if proba is not None or hasattr(model, "predict_proba"):
+            proba = np.asarray(model.predict_proba(params, x) if proba is None else proba,
+                               dtype=np.float64).reshape(rows, k)
             log_loss = -np.log(np.clip(proba[np.arange(rows), labels], PROBABILITY_FLOOR, 1.0)).sum()
         hits = labels[predicted == labels]
         return np.concatenate([[rows, log_loss, len(hits)], np.bincount(hits, minlength=k)[:k],
                                np.bincount(predicted, minlength=k)[:k], np.bincount(labels, minlength=k)[:k]])
     targets = np.asarray(y, dtype=np.float64).reshape(rows, -1)
-    error = np.asarray(model.predict(params, x), dtype=np.float64).reshape(rows, -1) - targets
+    error = np.asarray(model.predict(params, x) if predicted is None else predicted,
+                       dtype=np.float64).reshape(rows, -1) - targets
     mean = targets.mean(axis=0) if rows else np.zeros(targets.shape[1])
     return np.concatenate([[rows, np.abs(error).sum()], mean, ((targets - mean) ** 2).sum(axis=0),
                            (error ** 2).sum(axis=0)])
 
 
 def write_task_statistics(exchange: Path, version: int, task: int, attempt: int, context: ModelContext,
-                          params: dict[str, np.ndarray], x: np.ndarray, y: Any, *, predicted: Any = None) -> None:
+                          params: dict[str, np.ndarray], x: np.ndarray, y: Any, *, predicted: Any = None,
+                          proba: np.ndarray | None = None) -> None:
     """In a worker: the statistics of one evaluation task, to its exchange file."""
-    stats = task_statistics(context, params, x, y, predicted=predicted)
+    stats = task_statistics(context, params, x, y, predicted=predicted, proba=proba)
     with writing_npy(exchange / metrics_name(version, task, attempt), stats.shape, np.float64,
                      durable=False) as out:
         out[:] = stats

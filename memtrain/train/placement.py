@@ -4,7 +4,8 @@
 - ``train.workers = N``: N worker processes run them; the server only watches.
 - ``train.workers = "auto"`` (the default): the server runs the first updates itself and times them.
   If the compute that workers could take off its hands is below what a round between processes costs
-  (MIN_GAIN_S), or saves less over the rest of the job than starting them costs (SPAWN_COST_S each), it
+  (MIN_GAIN_S), or saves less over the rest of the job than starting them costs (``start_cost`` each:
+  SPAWN_COST_S plus what building the model cost the server, a torch module's import included), it
   keeps the rounds: no worker is ever started. Otherwise it starts one worker per core
   (at most one per task of an update) and goes on training while they start; once they are ready they
   run a few updates, and the faster of the two, as measured, runs the rest of the job.
@@ -41,9 +42,10 @@ PROBE_UPDATES = 6
 # floor is an estimate, kept low on purpose: above it, the two are timed against each other.
 MIN_GAIN_S = 0.15e-3
 
-# Starting a worker (an interpreter, numpy, the model, the dataset's maps) costs about this much CPU,
-# taken from the server on a machine without a spare core; the saving over the rest of the job must
-# be larger before workers are tried.
+# Starting a worker (an interpreter, numpy, memtrain, the dataset's maps) costs about this much CPU,
+# taken from the server on a machine without a spare core, before its model: building that costs a worker
+# what it cost the server (``worker_start_cost``; a torch module: importing torch, seconds). The saving over
+# the rest of the job must be larger than both before workers are tried.
 SPAWN_COST_S = 0.5
 # What streaming an update to workers costs the server beyond the round (an estimate, measured at 1e5
 # parameters on a 2-core machine: a message out and back per task, the server's bookkeeping and step).
@@ -123,10 +125,18 @@ class Phase(enum.Enum):
     WORKERS = "on workers"
 
 
+def worker_start_cost(build_seconds: float) -> float:
+    """CPU seconds one worker costs to start: a process (SPAWN_COST_S) and its model, which it builds as the
+    server did in ``build_seconds`` (train/context.py measures it)."""
+    return SPAWN_COST_S + build_seconds
+
+
 class Placement:
     def __init__(self, *, workers: int | str, tasks: int, cores: int, in_server: InServer,
-                 start_pool: Callable[[int], WorkerPool], log: Callable[[str], None], threads: ServerThreads):
+                 start_pool: Callable[[int], WorkerPool], log: Callable[[str], None], threads: ServerThreads,
+                 start_cost: float = SPAWN_COST_S):
         self.in_server, self.start_pool, self.log, self.threads = in_server, start_pool, log, threads
+        self.start_cost = start_cost
         self.pool: WorkerPool | None = None
         self.count = min(cores, tasks) if workers == "auto" else int(workers)
         self.server_walls: list[float] = []
@@ -209,11 +219,11 @@ class Placement:
                      f"most {gain * 1e3:.2f} ms of it, less than a round between processes costs "
                      f"({MIN_GAIN_S * 1e3:.2f} ms)")
             return
-        if gain * remaining < SPAWN_COST_S * self.count:
+        if gain * remaining < self.start_cost * self.count:
             self.phase = Phase.SERVER
             self.log(f"rounds: in the server from update {update}: {figures}; {self.count} workers could save at "
                      f"most {gain * remaining:.3g} s over the {remaining} updates left, less than starting them "
-                     f"costs ({SPAWN_COST_S * self.count:.1f} s)")
+                     f"costs ({start_cost_text(self.start_cost, self.count)})")
             return
         self.log(f"rounds: {figures}; starting {self.count} workers to compare")
         self.pool = self.start_pool(self.count)
@@ -236,11 +246,21 @@ class Placement:
             self.pool.close(timeout)
 
 
+def start_cost_text(start_cost: float, count: int) -> str:
+    """What ``count`` workers cost to start, with its parts when building the model counts (a torch module)."""
+    text = f"{start_cost * count:.1f} s"
+    if start_cost - SPAWN_COST_S >= 0.05:
+        text += (f", each {SPAWN_COST_S:.1f} s for a process and {start_cost - SPAWN_COST_S:.1f} s to build the "
+                 f"model, as it took here")
+    return text
+
+
 def stream_workers(*, workers: int | str, count: int, task_seconds: Callable[[], float], tasks: int,
-                   remaining: int) -> tuple[int, str]:
+                   remaining: int, start_cost: float = SPAWN_COST_S) -> tuple[int, str]:
     """How many workers the overlapping modes stream their gradients to (0: the server computes them), and why.
 
-    ``task_seconds`` times one gradient task in the server (called only for ``"auto"``)."""
+    ``task_seconds`` times one gradient task in the server (called only for ``"auto"``); ``start_cost``: one
+    worker's (``worker_start_cost``)."""
     if workers != "auto":
         return int(workers), f"train.workers = {workers}"
     if count < 2:
@@ -251,9 +271,9 @@ def stream_workers(*, workers: int | str, count: int, task_seconds: Callable[[],
     if gain < STREAM_COST_S:
         return 0, (f"{figures}; {count} workers could save at most {gain * 1e3:.2f} ms of it, less than streaming "
                    f"it costs ({STREAM_COST_S * 1e3:.2f} ms)")
-    if gain * remaining < SPAWN_COST_S * count:
+    if gain * remaining < start_cost * count:
         return 0, (f"{figures}; {count} workers could save at most {gain * remaining:.3g} s over the {remaining} "
-                   f"updates left, less than starting them costs ({SPAWN_COST_S * count:.1f} s)")
+                   f"updates left, less than starting them costs ({start_cost_text(start_cost, count)})")
     return count, figures
 
 

@@ -66,7 +66,7 @@ from memtrain.train.metrics import SHOWN
 from memtrain.train.metrics import collect as validation_metrics
 from memtrain.train.monitor import check_monitor, monitor_for
 from memtrain.train.optim import state_slots
-from memtrain.train.placement import Placement, ServerThreads, stream_workers, thread_candidates
+from memtrain.train.placement import Placement, ServerThreads, stream_workers, thread_candidates, worker_start_cost
 from memtrain.train.plan import Plan, eval_tasks, gradient_banks, split_range
 from memtrain.train.pools import OnCluster, Streamed, open_cluster
 from memtrain.train.record import Decision
@@ -318,7 +318,7 @@ class Trainer:
             threads = ServerThreads(count=count, timed=train.server_threads == "auto", why=why, log=self.log)
             self.placement = Placement(workers=train.workers, tasks=train.tasks_per_update, cores=CORES,
                                        in_server=self.in_server, start_pool=self._start_pool, log=self.log,
-                                       threads=threads)
+                                       threads=threads, start_cost=worker_start_cost(self.context.build_seconds))
             return Rounds(self)
         self.streamed = True
         self.placement = self._overlap_placement(position)
@@ -333,7 +333,8 @@ class Trainer:
         count, why = stream_workers(workers=train.workers, count=round_slots(self.job),
                                     task_seconds=lambda: self.time_task(position),
                                     tasks=train.async_group if train.mode == "async" else train.tasks_per_update,
-                                    remaining=self.per_epoch * train.epochs - position.update_index(self.per_epoch))
+                                    remaining=self.per_epoch * train.epochs - position.update_index(self.per_epoch),
+                                    start_cost=worker_start_cost(self.context.build_seconds))
         mode = "replay" if self.lineage is not None else describe_mode(self.job)
         if count == 0:
             return Streamed(self.in_server, f"{mode}: gradients in the server ({why})", self.log)

@@ -48,7 +48,7 @@ from memtrain.train.messages import (
     StretchEnd,
     WorkerSetup,
 )
-from memtrain.train.metrics import task_statistics, write_task_statistics
+from memtrain.train.metrics import evaluation, task_statistics, write_task_statistics
 from memtrain.train.plan import Plan
 from memtrain.train.rounds import ROW_CACHE_BYTES, Participant, RoundFiles, RowCache, TaskRows, round_plan
 from memtrain.train.sliced import step_slice
@@ -230,17 +230,15 @@ class WorkerState:
         weights = self.maps.get(weights_path(self.run_dir, message.version), (self.context.layout.size,), np.float32)
         params = self.context.layout.views(weights)
         x, y = self.rows("val", message.lo, message.hi)
-        loss = float(self.context.model.loss(params, x, y))
-        correct, predicted = 0, None
-        if self.context.classifier:  # the predictions, made once for the accuracy and the statistics
-            predicted = self.context.model.predict(params, x)
-            correct = int(np.count_nonzero(predicted == y))
+        seen = evaluation(self.context, params, x, y)
+        loss, predicted, proba = seen.loss, seen.predicted, seen.proba
+        correct = int(np.count_nonzero(predicted == y)) if self.context.classifier else 0
         if self.kept_statistics is not None:
             self.kept_statistics[message.version, message.task, message.attempt] = task_statistics(
-                self.context, params, x, y, predicted=predicted)
+                self.context, params, x, y, predicted=predicted, proba=proba)
         else:
             write_task_statistics(self.exchange, message.version, message.task, message.attempt, self.context,
-                                  params, x, y, predicted=predicted)
+                                  params, x, y, predicted=predicted, proba=proba)
         return Result(task=message.task, attempt=message.attempt,
                       outcome=Outcome.DONE if math.isfinite(loss) else Outcome.NONFINITE,
                       loss=loss, rows=message.hi - message.lo, correct=correct)

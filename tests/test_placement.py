@@ -1,0 +1,63 @@
+"""train/placement.py's rule, alone: when "auto" starts workers, and what it counts as their start-up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from memtrain.dataset import open_dataset
+from memtrain.train.context import model_context
+from memtrain.train.placement import (
+    PROBE_UPDATES,
+    SPAWN_COST_S,
+    Phase,
+    Placement,
+    ServerThreads,
+    stream_workers,
+    worker_start_cost,
+)
+
+
+def probed(start_cost: float, *, compute: float, remaining: int) -> tuple[Placement, list[str], list[int]]:
+    """A 2-core "auto" placement after its server probe of updates that each computed ``compute`` seconds."""
+    logs: list[str] = []
+    started: list[int] = []
+    placement = Placement(workers="auto", tasks=2, cores=2, in_server=object(), start_pool=started.append,
+                          log=logs.append, start_cost=start_cost,
+                          threads=ServerThreads(count=1, timed=False, why="one thread here", log=logs.append))
+    timeline = [(u, 0.01 * u, compute) for u in range(PROBE_UPDATES + 1)]
+    placement.observe(timeline, PROBE_UPDATES + 1, remaining)
+    return placement, logs, started
+
+
+def test_auto_weighs_what_building_the_model_costs_each_worker() -> None:
+    """Workers that would save 1.5 s pay for processes alone (2 x 0.5 s), not once each must also build a
+    model that took the server 2 s (a torch module: importing torch); the log gives the cost's parts."""
+    compute, remaining = 0.01, 300  # 2 workers save 5 ms of each of 300 updates: 1.5 s
+    cheap, _, started = probed(SPAWN_COST_S, compute=compute, remaining=remaining)
+    assert cheap.phase == Phase.STARTING and started == [2]
+    costly, logs, started = probed(worker_start_cost(2.0), compute=compute, remaining=remaining)
+    assert costly.phase == Phase.SERVER and started == []
+    assert logs[-1].endswith("less than starting them costs (5.0 s, each 0.5 s for a process and 2.0 s to build the "
+                             "model, as it took here)")
+    count, why = stream_workers(workers="auto", count=2, task_seconds=lambda: compute / 2, tasks=2,
+                                remaining=remaining, start_cost=worker_start_cost(2.0))
+    assert count == 0 and "(5.0 s, each 0.5 s for a process and 2.0 s to build the model" in why
+    assert stream_workers(workers="auto", count=2, task_seconds=lambda: compute / 2, tasks=2,
+                          remaining=remaining)[0] == 2
+    _, logs, _ = probed(worker_start_cost(0.001), compute=0.001, remaining=remaining)  # a numpy model: no parts
+    assert logs[-1].endswith("less than starting them costs (1.0 s)")
+
+
+def test_the_model_context_measures_the_cpu_its_model_took_to_build(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from tiny_data import blobs, write_dataset
+
+    x, y = blobs(n=60, features=4, classes=2, seed=1)
+    dataset = open_dataset(write_dataset(tmp_path / "d", x, y, shard_rows=60))
+    context = model_context(dataset, "torch", {"factory": "torch_nets:slow_to_build", "cpu_seconds": 0.3}, True)
+    assert context.build_seconds >= 0.3
+    assert model_context(dataset, "softmax", {}, True).build_seconds < 0.3
+    assert np.isfinite(context.build_seconds)
