@@ -2,6 +2,8 @@
 
 - every baseline visits memtrain's batches in memtrain's order;
 - the torch baselines open the dataset once per process, not at every update (DDP ranks included);
+- every baseline validates after each epoch, as memtrain's job does, and its last validation agrees with
+  memtrain's (the same weights up to float rounding); the bench checks both in every report;
 - memtrain runs its epochs to the end, as a user's job does (no stop once "measured");
 - every method is timed the same way: a whole process at E and at 2E epochs, the difference per update;
 - methods interleave (A B A B ...), figures are the median with the range, ratios are taken pair by pair,
@@ -100,6 +102,63 @@ def test_the_numpy_peers_open_the_dataset_once_per_process(tiny_problem: Problem
     assert opened == 2 * [tiny_problem.dataset]
 
 
+@pytest.fixture(scope="module")
+def memtrain_validation(tiny_problem: Problem, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """memtrain's own run of the tiny problem (in the server): its validation passes and last figures."""
+    from memtrain.benchmarks.memtrain_run import run_memtrain
+
+    result = run_memtrain(tiny_problem, tmp_path_factory.mktemp("memtrain") / "run", workers=0)
+    assert result["val_passes"] == tiny_problem.epochs == 2
+    return result["final"]
+
+
+def _validated_as_memtrain(result: dict[str, Any], problem: Problem, memtrain: dict[str, float]) -> None:
+    """A peer's result: one validation pass per epoch, of every validation row, agreeing with memtrain's."""
+    assert result["val_passes"] == problem.epochs == 2
+    assert result["final"]["val_rows"] == 16  # every row: each worker's or rank's part was added
+    assert result["final"]["val_loss"] == pytest.approx(memtrain["val_loss"], rel=1e-4)
+    assert result["final"]["val_accuracy"] == memtrain["val_accuracy"]
+    assert train_bench.validation_agrees(result["final"], memtrain)
+
+
+def test_every_numpy_peer_validates_after_each_epoch_and_agrees_with_memtrain(
+        tiny_problem: Problem, memtrain_validation: dict[str, float]) -> None:
+    from memtrain.benchmarks import peers
+
+    for result in (peers.one_process(tiny_problem, threads=1), peers.pickle_queue(tiny_problem),
+                   peers.shared_memory_peer(tiny_problem)):
+        _validated_as_memtrain(result, tiny_problem, memtrain_validation)
+
+
+@pytest.fixture(scope="module")
+def torch_memtrain_validation(tiny_problem: Problem, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """memtrain's run of the tiny problem with the benchmark's torch module (in the server)."""
+    pytest.importorskip("torch")
+    from memtrain.benchmarks import torch_peers
+    from memtrain.benchmarks.memtrain_run import run_memtrain
+    from memtrain.config import ModelConfig
+
+    model = ModelConfig("torch", {"factory": torch_peers.FACTORY, "hidden": tiny_problem.hidden})
+    result = run_memtrain(tiny_problem, tmp_path_factory.mktemp("torch") / "run", workers=0, model=model)
+    assert result["val_passes"] == tiny_problem.epochs
+    return result["final"]
+
+
+def test_the_all_core_torch_process_validates_after_each_epoch_and_agrees_with_memtrain(
+        tiny_problem: Problem, torch_memtrain_validation: dict[str, float]) -> None:
+    from memtrain.benchmarks import torch_peers
+
+    _validated_as_memtrain(torch_peers.all_cores(tiny_problem), tiny_problem, torch_memtrain_validation)
+
+
+@pytest.mark.slow  # ~10 s on a busy 2-core machine: two spawned ranks import torch and meet on gloo
+def test_the_ddp_ranks_validate_their_halves_after_each_epoch_and_agree_with_memtrain(
+        tiny_problem: Problem, torch_memtrain_validation: dict[str, float]) -> None:
+    from memtrain.benchmarks import torch_peers
+
+    _validated_as_memtrain(torch_peers.ddp(tiny_problem), tiny_problem, torch_memtrain_validation)
+
+
 def test_the_compare_helper_interleaves_and_takes_medians_ranges_and_pairwise_ratios() -> None:
     calls: list[tuple[str, int]] = []
     runs = compare.interleaved(["a", "b", "c"], 2, lambda method, repeat: calls.append((method, repeat)) or repeat)
@@ -138,7 +197,7 @@ def _fake_runs(monkeypatch: pytest.MonkeyPatch, startup: dict[str, float], cost:
         return {"wall_seconds": startup[method] + cost[method] * updates, "update_seconds": [cost[method]] * updates,
                 "compute_seconds": [cost[method] / 2] * updates, "peak_mib": 10.0, "pss_mib": 5.0,
                 "rounds": ["rounds: in the server (train.workers = 0)"], "updates": updates,
-                "final": {"val_accuracy": 0.5}}
+                "val_passes": problem.epochs, "final": {"val_loss": 0.7, "val_accuracy": 0.5}}
 
     monkeypatch.setattr(train_bench, "run_once", fake_run_once)
     monkeypatch.setattr(train_bench, "write_dataset", lambda path, *args, **kwargs: path)
@@ -162,6 +221,26 @@ def test_bench_train_times_each_method_from_e_and_2e_epochs_interleaved(monkeypa
     # small models run more epochs, so that the extra updates outweigh the start-up's noise
     assert train_bench.epochs(args, params=10_360) == train_bench.SMALL_EPOCHS > train_bench.EPOCHS
     assert train_bench.epochs(argparse.Namespace(epochs=3), params=10_360) == 3
+
+
+def test_bench_train_checks_every_run_validated_each_epoch_and_agrees_with_memtrain(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _fake_runs(monkeypatch, dict.fromkeys(("memtrain", "one_process", "shared_memory"), 1.0),
+               dict.fromkeys(("memtrain", "one_process", "shared_memory"), 0.002))
+    args = argparse.Namespace(updates=40, warmup=3, epochs=2, repeats=1, workers=2, exchange="auto", cluster="")
+    rows = train_bench.bench_size(int(1e6), ["memtrain", "one_process", "shared_memory"], args, tmp_path, Silent())
+    assert [row["val_passes"] for row in rows] == 3 * [[[2, 4]]]
+    (check,) = train_bench.validation_check(rows, ["batches"])
+    assert check["every_epoch"] and check["compared"] == ["one_process", "shared_memory"] and not check["differ"]
+    verdict = check["verdict"]
+    assert "every method validated after each epoch" in verdict and "agrees with memtrain's" in verdict
+    rows[1]["val_passes"] = [[2, 3]]  # one process skipped an epoch's validation in its longer run
+    rows[2]["final"] = {"val_loss": 0.7 * (1 + 2 * train_bench.VAL_LOSS_TOLERANCE), "val_accuracy": 0.5}
+    (check,) = train_bench.validation_check(rows, ["batches"])
+    assert not check["every_epoch"] and check["differ"] == ["shared_memory"]
+    verdict = check["verdict"]
+    assert "NOT every run validated" in verdict and "DIFFERS from memtrain's: shared_memory" in verdict
+    assert train_bench.validation_check(rows, ["rows"])[0]["compared"] == []  # memtrain read another order
 
 
 def test_the_torch_rows_at_1e6_run_as_many_epochs_as_a_job_that_starts_torch_workers(

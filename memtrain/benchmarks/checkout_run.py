@@ -81,7 +81,8 @@ def decided_at(events: str) -> int | None:
 
 
 def run_job(spec: dict[str, Any]) -> dict[str, Any]:
-    """Run the job to its end and read back its update records, events and, if asked, staleness."""
+    """Run the job to its end and read back its update records, events, validation (how many epochs evaluated,
+    the last one's figures) and, if asked, staleness."""
     import memtrain
     from memtrain.files import read_jsonl
     from memtrain.layout import RUN_EVENTS, RUN_METRICS
@@ -94,7 +95,9 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
     try:
         train(job, quiet=spec.get("quiet", False))
         total = time.perf_counter() - started
-        records = [r for r in read_jsonl(run_dir / RUN_METRICS) if r.get("kind") == "update"]
+        metrics = read_jsonl(run_dir / RUN_METRICS)
+        records = [r for r in metrics if r.get("kind") == "update"]
+        epochs = [r for r in metrics if r.get("kind") == "epoch"]
         events = (run_dir / RUN_EVENTS).read_text(encoding="utf-8")
         staleness, discarded = [], 0
         if spec.get("lineage"):
@@ -107,7 +110,13 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
         shutil.rmtree(run_dir, ignore_errors=True)
     return {"memtrain_file": memtrain.__file__, "total_seconds": total, "decided_at": decided_at(events) or 0,
             "records": [{k: r.get(k) for k in ("update", "time", "compute_s")} for r in records],
-            "events": events.splitlines(), "staleness": staleness, "discarded": discarded}
+            "events": events.splitlines(), "staleness": staleness, "discarded": discarded,
+            "val_passes": sum("val_loss" in r for r in epochs), "final": validation_of(epochs[-1] if epochs else {})}
+
+
+def validation_of(epoch: dict[str, Any]) -> dict[str, float]:
+    """An epoch record's validation figures that every method reports (``val_loss``, ``val_accuracy``)."""
+    return {key: epoch[key] for key in ("val_loss", "val_accuracy") if key in epoch}
 
 
 def check_imported(result: dict[str, Any], root: Path, what: str) -> None:

@@ -58,7 +58,8 @@ def run_memtrain(problem: Problem, run_dir: Path, exchange: str = "auto", worker
 
 def measured(result: dict[str, Any]) -> dict[str, object]:
     """checkout_run.py's result -> the per-update record every method returns (problem.timings): the gaps
-    between consecutive updates after the placement's decision, and their compute times."""
+    between consecutive updates after the placement's decision, and their compute times; the run's validation
+    passes and last figures as the peers report theirs (``val_passes``, ``final``)."""
     first = result["decided_at"]
     records = [r for r in result["records"] if r["update"] >= first]
     pairs = [(a, b) for a, b in zip(records, records[1:], strict=False) if b["update"] == a["update"] + 1]
@@ -69,4 +70,5 @@ def measured(result: dict[str, Any]) -> dict[str, object]:
                    exchange=[line.split(" ", 1)[1] for line in events if "exchange" in line],
                    rounds=[line.split(" ", 1)[1] for line in events
                            if "rounds:" in line or "rounds in the server:" in line],
-                   memtrain_file=result["memtrain_file"])
+                   memtrain_file=result["memtrain_file"], val_passes=result.get("val_passes"),
+                   final=result.get("final", {}))

@@ -25,6 +25,12 @@ dataset once, before its first update, and holds the training rows as tensors in
 issue 32 they opened the dataset again at every update, which inflated their overhead: 147 ms per update
 for the all-core process at 1e5 parameters, against 6 ms of compute.) memtrain reads its rows from the
 dataset's mapped shards, as it always does.
+
+After every epoch each validates, as memtrain's job does: ``model.eval()`` and ``torch.no_grad()``, one
+forward pass of the validation rows (in memory too, read with the training rows), their summed cross-entropy
+and correct predictions. The all-core process evaluates every row; each DDP rank evaluates its contiguous
+part of them (``split_range``, as memtrain cuts rows; ``DistributedSampler`` would stride them and pad the
+last part with repeated rows) and one ``all_reduce`` adds the ranks' sums (loss, correct, rows).
 """
 
 from __future__ import annotations
@@ -36,9 +42,10 @@ from typing import Any
 
 import numpy as np
 
-from memtrain.benchmarks.problem import Problem, timings
+from memtrain.benchmarks.problem import Problem, Validation, timings, validated
 from memtrain.dataset import Dataset, open_dataset
 from memtrain.models.protocol import DataSpec
+from memtrain.train.plan import split_range
 
 CALIBRATION = 5  # no-sync updates each rank runs after timing, to estimate DDP's compute time
 FACTORY = "memtrain.benchmarks.torch_peers:benchmark_mlp"
@@ -60,13 +67,28 @@ def _module(problem: Problem, dataset: Dataset) -> Any:
     return benchmark_mlp(data_spec(dataset.manifest), problem.hidden)
 
 
-def _in_memory(dataset: Dataset) -> tuple[Any, Any]:
-    """Every training row as tensors in this process's memory (x float32, y int64): read once, before timing."""
+def _in_memory(dataset: Dataset, split: str = "train") -> tuple[Any, Any]:
+    """Every row of ``split`` as tensors in this process's memory (x float32, y int64): read once, before timing."""
     import torch
 
-    train = dataset.split("train")
-    x, y = train.read(0, train.rows)
+    rows = dataset.split(split)
+    x, y = rows.read(0, rows.rows)
     return torch.from_numpy(np.array(x, dtype=np.float32)), torch.from_numpy(np.array(y, dtype=np.int64))
+
+
+def _validate(module: Any, x: Any, y: Any) -> Validation:
+    """Forward only (``eval()``, ``no_grad()``): the summed cross-entropy and the correct predictions of rows x, y."""
+    import torch
+    import torch.nn.functional as F
+
+    module.eval()
+    try:
+        with torch.no_grad():
+            scores = module(x)
+            return Validation(loss=float(F.cross_entropy(scores, y, reduction="sum")),
+                              correct=int((scores.argmax(dim=1) == y).sum()), rows=len(y))
+    finally:
+        module.train()
 
 
 def _update(module: Any, optimizer: Any, x: Any, y: Any, scale: float) -> float:
@@ -95,13 +117,18 @@ def all_cores(problem: Problem) -> dict[str, object]:
     dataset = open_dataset(problem.dataset)
     module = _module(problem, dataset)
     xs, ys = _in_memory(dataset)
+    val_x, val_y = _in_memory(dataset, "val")
     optimizer = torch.optim.SGD(module.parameters(), lr=problem.optimizer.lr)
-    walls, computes = [], []
-    for lo, hi in problem.batches():
+    walls, computes, passes, val_seconds = [], [], [], 0.0
+    for update, (lo, hi) in enumerate(problem.batches()):
         started = time.perf_counter()
         computes.append(_update(module, optimizer, xs[lo:hi], ys[lo:hi], 1.0 / (hi - lo)))
         walls.append(time.perf_counter() - started)
-    return timings(walls, computes, threads=threads)
+        if problem.ends_epoch(update):
+            started = time.perf_counter()
+            passes.append(_validate(module, val_x, val_y))
+            val_seconds += time.perf_counter() - started
+    return validated(timings(walls, computes, threads=threads), passes, val_seconds)
 
 
 def ddp(problem: Problem) -> dict[str, object]:
@@ -140,24 +167,41 @@ def _rank(problem: Problem, rank: int, port: int, report: Any) -> None:
         dataset = open_dataset(problem.dataset)
         model = DistributedDataParallel(_module(problem, dataset))
         xs, ys = _in_memory(dataset)
+        val_x, val_y = _in_memory(dataset, "val")
+        a, b = split_range(0, len(val_y), problem.workers)[rank]
+        val_x, val_y = val_x[a:b], val_y[a:b]
         optimizer = torch.optim.SGD(model.parameters(), lr=problem.optimizer.lr)
-        walls = []
+        walls, passes, val_seconds = [], [], 0.0
         dist.barrier()
-        for lo, hi in problem.batches():
+        for update, (lo, hi) in enumerate(problem.batches()):
             started = time.perf_counter()
             a, b = problem.pieces(lo, hi)[rank]
             _update(model, optimizer, xs[a:b], ys[a:b], problem.workers / (hi - lo))
             walls.append(time.perf_counter() - started)
+            if problem.ends_epoch(update):
+                started = time.perf_counter()
+                passes.append(_all_ranks(_validate(model.module, val_x, val_y)))
+                val_seconds += time.perf_counter() - started
         compute = _calibrate(problem, model, optimizer, rank, (xs, ys))
         if report is not None:
-            report.send(timings(walls, [compute] * len(walls), ranks=problem.workers, backend="gloo",
-                                compute_from="no_sync calibration"))
+            report.send(validated(timings(walls, [compute] * len(walls), ranks=problem.workers, backend="gloo",
+                                          compute_from="no_sync calibration"), passes, val_seconds))
         dist.barrier()  # no rank tears its pairs down while another still uses them
     finally:
         dist.destroy_process_group()
     # Out without the interpreter's teardown: under torch 2.13 a gloo rank's exit sometimes aborted in a
     # C++ destructor ("terminate called without an active exception", exit -6) after all its work was done.
     os._exit(0)
+
+
+def _all_ranks(part: Validation) -> Validation:
+    """This rank's part of a validation pass -> the whole pass: one ``all_reduce`` (sum) of (loss, correct, rows)."""
+    import torch
+    import torch.distributed as dist
+
+    sums = torch.tensor([part.loss, part.correct, part.rows], dtype=torch.float64)
+    dist.all_reduce(sums)
+    return Validation(loss=float(sums[0]), correct=int(sums[1]), rows=int(sums[2]))
 
 
 def _calibrate(problem: Problem, model: Any, optimizer: Any, rank: int, data: tuple[Any, Any]) -> float:

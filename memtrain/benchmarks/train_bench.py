@@ -57,6 +57,9 @@ BASES = {"memtrain": "memtrain", "torch": "torch_memtrain"}  # the row each meth
 ORDERED = ("memtrain", "memtrain_server", "memtrain_workers", "torch_memtrain", CLUSTER_METHOD)
 BASELINES = ("one_process", "one_process_blas", "shared_memory")  # what a user on one machine would otherwise do
 VAL_ROWS = BATCH
+# Every method's validation after its last epoch against memtrain's (validation_check): the same weights up
+# to float rounding, which moves a mean loss far less than this and flips a near-tie prediction or two of 512
+VAL_LOSS_TOLERANCE, VAL_ACCURACY_TOLERANCE = 1e-3, 0.01
 RUN_TIMEOUT = 1800.0  # seconds for one method at one size; a hung run fails the benchmark, not the machine
 
 
@@ -192,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
     report = {"machine": machine() | {"loadavg_before": load_before, "loadavg_after": os.getloadavg()},
               "settings": settings(args, sizes, methods), "results": rows, "baselines": best_of(rows),
               "orders": order_ratios(rows, shuffles), "against": against_ratios(rows, shuffles, checkouts),
+              "validation": validation_check(rows, shuffles),
               "first_job": first}
     if args.json:
         print(json.dumps(report, indent=2))
@@ -385,6 +389,54 @@ def best_of(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def validation_check(rows: list[dict[str, Any]], shuffles: list[str]) -> list[dict[str, Any]]:
+    """Per size and family: whether every method validated after each of its epochs (``val_passes`` of each
+    run = its epochs), and whether each method's validation after its last epoch (the first repeat's longer
+    run) agrees with memtrain's, which trained the same weights in the same order up to float rounding:
+    val_loss within VAL_LOSS_TOLERANCE (relative), val_accuracy within VAL_ACCURACY_TOLERANCE. Orders other
+    than batches are not compared (the peers read the batches order)."""
+    out = []
+    for params in dict.fromkeys(r["params"] for r in rows):
+        here = [r for r in rows if r["params"] == params and method_parts(r["method"])[1] is None
+                and "@" not in r["method"]]
+        for kind in dict.fromkeys(family(r["method"]) for r in here):
+            group = [r for r in here if family(r["method"]) == kind]
+            base = next((r for r in group if r["method"] == BASES[kind]), None)
+            every = all(passes == row["epochs"] for row in group for passes in row["val_passes"])
+            compared = [] if base is None or shuffles[0] != "batches" or not base["final"] else [
+                r for r in group if r is not base and r["method"] in LABELS and r["final"]]
+            differ = [r["method"] for r in compared if not validation_agrees(r["final"], base["final"])]
+            out.append({"params": params, "family": kind, "every_epoch": every,
+                        "compared": [r["method"] for r in compared], "differ": differ,
+                        "finals": {r["method"]: r["final"] for r in group},
+                        "verdict": validation_verdict(group, every, compared, differ)})
+    return out
+
+
+def validation_agrees(mine: dict[str, float], base: dict[str, float]) -> bool:
+    """The same weights' validation, up to float rounding (VAL_LOSS_TOLERANCE, VAL_ACCURACY_TOLERANCE)."""
+    if "val_loss" not in mine or "val_loss" not in base:
+        return False
+    loss = abs(mine["val_loss"] - base["val_loss"]) <= VAL_LOSS_TOLERANCE * max(abs(base["val_loss"]), 1e-12)
+    accuracy = abs(mine.get("val_accuracy", -1.0) - base.get("val_accuracy", -1.0)) <= VAL_ACCURACY_TOLERANCE
+    return loss and accuracy
+
+
+def validation_verdict(group: list[dict[str, Any]], every: bool, compared: list[dict[str, Any]],
+                       differ: list[str]) -> str:
+    figures = ", ".join(f"{label(r['method'])} {r['final']['val_loss']:.4f} / {r['final'].get('val_accuracy', 0):.4f}"
+                        for r in group if "val_loss" in r["final"])
+    passes = "every method validated after each epoch" if every else "NOT every run validated after each epoch"
+    if not compared:
+        agreement = "not compared with memtrain's"
+    elif differ:
+        agreement = f"DIFFERS from memtrain's: {', '.join(label(m) for m in differ)}"
+    else:
+        agreement = (f"agrees with memtrain's (val_loss within {VAL_LOSS_TOLERANCE:g} relative, accuracy within "
+                     f"{VAL_ACCURACY_TOLERANCE:g})")
+    return f"{passes}; validation after the last epoch (val_loss / accuracy: {figures}) {agreement}"
+
+
 ORDER_TARGET = Target(name="update time, rows / batches order", at_most=1.05)  # issue 27: rows costs <= 5%
 
 
@@ -547,7 +599,9 @@ def summarize(method: str, pairs: list[dict[str, Any]], warmup: int, *, shuffle:
             "runs_samples_per_s": [BATCH / s if s else None for s in seconds],
             "exchange": pairs[0]["long"].get("exchange"), "rounds": [pair["long"].get("rounds", []) for pair in pairs],
             "imported_from": sorted({pair[k]["memtrain_file"] for pair in pairs for k in ("short", "long")
-                                     if "memtrain_file" in pair[k]})}
+                                     if "memtrain_file" in pair[k]}),
+            "val_passes": [[pair[k].get("val_passes") for k in ("short", "long")] for pair in pairs],
+            "final": pairs[0]["long"].get("final") or {}}
 
 
 def placement(rounds: list[str]) -> str:
@@ -673,6 +727,9 @@ def print_table(report: dict[str, Any]) -> None:
                           f" ms: on {cores} cores memtrain's update takes at least {floor:.2f} ms, so it can reach "
                           f"at most {best['best_update_ms'] / floor:.2f}x that baseline's {best['best_update_ms']:.2f}"
                           " ms", highlight=False)
+    for check in report.get("validation", []):
+        console.print(f"{check['params']:>12,} params, {check['family']} rows: {check['verdict']}", highlight=False,
+                      markup=False)
     for order in report.get("orders", []):
         console.print(f"{order['params']:>12,} params: {order['verdict']}", highlight=False, markup=False)
     for other in report.get("against", []):
