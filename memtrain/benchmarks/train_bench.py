@@ -383,8 +383,8 @@ def best_of(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append({"params": params, "best": fastest,
                     "ratio": ratio.as_dict() if ratio else None, "memtrain_rounds": here["memtrain"]["rounds"],
                     "memtrain_overhead_ms": here["memtrain"]["overhead_ms"],
-                    "memtrain_cpu_ms": here["memtrain"].get("cpu_ms"),
-                    "best_cpu_ms": here[fastest].get("cpu_ms") if fastest else None,
+                    "memtrain_cpu_ms": here["memtrain"]["cpu_ms"],
+                    "best_cpu_ms": here[fastest]["cpu_ms"] if fastest else None,
                     "best_update_ms": here[fastest]["update_ms"] if fastest else None})
     return out
 
@@ -580,7 +580,7 @@ def summarize(method: str, pairs: list[dict[str, Any]], warmup: int, *, shuffle:
                 for c in pair["long"]["compute_seconds"][max(0, warmup - pair["long"].get("first_update", 0)):]]
     wall = median(timed) if timed else None
     compute = median(computes) if computes else None
-    cpus = [pair["cpu_update_s"] for pair in pairs if pair.get("cpu_update_s")]
+    cpus = [pair["cpu_update_s"] for pair in pairs if pair["cpu_update_s"]]
     startups = [pair["short"]["wall_seconds"] - pair["extra_updates"] * s for pair, s in zip(pairs, seconds,
                                                                                            strict=True) if s]
     runs = [pair[k] for pair in pairs for k in ("short", "long")]
@@ -705,7 +705,7 @@ def print_table(report: dict[str, Any]) -> None:
             f"{row['update_ms']:.2f} ({row['update_ms_range'][0]:.2f}-{row['update_ms_range'][1]:.2f})"
         table.add_row(f"{row['params']:,}", "{} & {}".format(*row["epochs"]), escape(row["label"]),
                       _num(row["samples_per_s"], 0), update, _num(row["compute_ms"], 2), _num(row["overhead_ms"], 2),
-                      _num(row.get("cpu_ms"), 2), _spread_text(row["startup_s"]), f"{row['peak_mib']:,.0f}",
+                      _num(row["cpu_ms"], 2), _spread_text(row["startup_s"]), f"{row['peak_mib']:,.0f}",
                       f"{row['pss_mib']:,.0f}", _spread_text(row["ratio"]))
     console = Console(width=230)
     console.print(table)
@@ -720,7 +720,7 @@ def print_table(report: dict[str, Any]) -> None:
                       f"{_spread_text(best['ratio'])}; memtrain's overhead "
                       f"{_num(best['memtrain_overhead_ms'], 2)} ms per update", highlight=False)
         cores = report["settings"].get("cores") or 1
-        if best.get("memtrain_cpu_ms") and best.get("best_cpu_ms") and best.get("best_update_ms"):
+        if best["memtrain_cpu_ms"] and best["best_cpu_ms"] and best["best_update_ms"]:
             floor = best["memtrain_cpu_ms"] / cores
             console.print(f"{best['params']:>12,} params: CPU per update, memtrain {best['memtrain_cpu_ms']:.2f} ms, "
                           f"the fastest baseline ({LABELS.get(best['best'], best['best'])}) {best['best_cpu_ms']:.2f}"

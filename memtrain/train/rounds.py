@@ -188,7 +188,7 @@ class RoundFiles:
 
     def reader(self, thread: int) -> TaskRows:
         """Thread ``thread``'s row reader (0: the process's own); made in the calling thread, before any
-        helper runs (``Participant.prepare_readers``)."""
+        helper runs (``Participant.run``)."""
         if thread == 0:
             return self._rows
         reader = self._thread_rows.get(thread)
