@@ -118,12 +118,7 @@ def test_against_runs_the_other_checkout_s_memtrain(tmp_path: Path) -> None:
     from memtrain.benchmarks.synthetic import write_dataset
 
     copy = tmp_path / "old"
-    shutil.copytree(Path(memtrain.__file__).parent, copy / "memtrain", ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run(["git", "init", "-q", str(copy)], check=True)
-    subprocess.run(["git", "-C", str(copy), "add", "-A"], check=True)
-    subprocess.run(["git", "-C", str(copy), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "old"],
-                   check=True)
-    checkout = train_bench.other_checkout(copy)
+    checkout = copied_checkout(copy)
     assert checkout.method.startswith("memtrain@") and len(checkout.commit) >= 7
     data = write_dataset(tmp_path / "data", 4 * 16, 16, features=8, classes=3)
     problem = Problem(str(data), 4, 4, workers=2, batch=16, epochs=1)
@@ -165,3 +160,26 @@ def test_the_larger_than_ram_scenario_runs_both_orders_side_by_side(monkeypatch:
     assert rows["verdict"] == "larger than RAM: update time, rows / batches order: 2.00x (runs 2.00-2.00), " \
                               "target <= 1.05x by median: NOT met"
     assert "verdict" not in batches and report["within_limit"]
+
+
+def copied_checkout(copy: Path) -> train_bench.Checkout:
+    """This checkout's memtrain copied into a git repo of its own at ``copy``, as another checkout."""
+    shutil.copytree(Path(memtrain.__file__).parent, copy / "memtrain", ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run(["git", "init", "-q", str(copy)], check=True)
+    subprocess.run(["git", "-C", str(copy), "add", "-A"], check=True)
+    subprocess.run(["git", "-C", str(copy), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "old"],
+                   check=True)
+    return train_bench.other_checkout(copy)
+
+
+def test_another_checkout_s_run_reports_its_cpu_time(tmp_path: Path) -> None:
+    """bench train's CPU ms/update column has a figure for an --against row too (run_once keeps cpu_seconds)."""
+    from memtrain.benchmarks.synthetic import write_dataset
+
+    checkout = copied_checkout(tmp_path / "old")
+    data = write_dataset(tmp_path / "data", 4 * 16, 16, features=8, classes=3)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    result = train_bench.run_once(checkout.method, Problem(str(data), 4, 4, workers=2, batch=16, epochs=1),
+                                  scratch, "auto", checkout=checkout)
+    assert result["cpu_seconds"] > 0

@@ -535,7 +535,7 @@ def run_once(method: str, problem: Problem, scratch: Path, exchange: str,
         spec = spec_for(problem, scratch / "run", exchange, workers="auto", portable=True) | {
             "data_limit_bytes": data_limit}
         raw, pid, peaks = run_checkout(checkout, spec, scratch, what=f"benchmark method {method}", env=env)
-        result = measured(raw) | {"self_maxrss_kib": raw["self_maxrss_kib"]}
+        result = measured(raw) | {"self_maxrss_kib": raw["self_maxrss_kib"], "cpu_seconds": raw["cpu_seconds"]}
     else:
         spec = {"method": method_parts(method)[0], "problem": asdict(problem), "scratch": str(scratch / "run"),
                 "exchange": exchange, "data_limit_bytes": data_limit, "cluster": cluster}
