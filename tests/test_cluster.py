@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -244,8 +245,9 @@ def test_a_worker_killed_mid_round_ends_the_round_and_a_new_round_goes_on(
         assert train(write_job(tmp_path, dataset, WIDE_EPOCHS, WIDE), "--cluster", dask.address) == 0
         assert (tmp_path / "fired").exists()
         events = (tmp_path / "run" / "events.log").read_text()
-        assert "broadcast round of 3 workers ended: a worker of the round left the scheduler; 1 of 3 gradient tasks "\
-               "run per task" in events
+        # the killed worker's task, and a healthy worker's too when its answer was not in yet (a loaded machine)
+        assert re.search(r"broadcast round of 3 workers ended: a worker of the round left the scheduler; [12] of 3 "
+                         r"gradient tasks run per task", events)
         assert opened[0] == 3 and opened[1] in (2, 3)  # then one without it (or with its nanny's new worker)
         kinds = [kind for kind, _ in records]
         assert kinds.count("grads") == 7 and kinds.count("step") == 6  # 7 updates; one step ran per task
