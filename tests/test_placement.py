@@ -61,3 +61,51 @@ def test_the_model_context_measures_the_cpu_its_model_took_to_build(tmp_path: Pa
     assert context.build_seconds >= 0.3
     assert model_context(dataset, "softmax", {}, True).build_seconds < 0.3
     assert np.isfinite(context.build_seconds)
+
+
+class FakePool:
+    """A worker pool that records what the placement asks of it (train/exchange.py's WorkerPool)."""
+
+    def __init__(self, count: int):
+        self.asked: list[str] = [f"start {count}"]
+        self.slots = [object()] * count
+        self.started = False
+
+    def grow(self, count: int) -> None:
+        self.asked.append(f"grow {count}")
+
+    def ready(self) -> bool:
+        return self.started
+
+    def shrink(self, count: int) -> None:
+        self.asked.append(f"shrink {count}")
+
+
+def test_auto_with_an_outlined_model_times_one_worker_and_grows_or_shrinks_it() -> None:
+    """The server computes nothing: one worker runs (and times) the rounds; when another may pay it is started
+    beside it (its start cost counted once, not twice), both are timed, and the slower loses."""
+    pools: list[FakePool] = []
+    logs: list[str] = []
+    in_server = object()
+    placement = Placement(workers="auto", tasks=2, cores=2, in_server=in_server,
+                          start_pool=lambda count: pools.append(FakePool(count)) or pools[-1], log=logs.append,
+                          start_cost=worker_start_cost(2.0), outlined=True,
+                          threads=ServerThreads(count=1, timed=False, why="an outline", log=logs.append))
+    assert [pool.asked for pool in pools] == [["start 1"]] and placement.transport is pools[0]
+    assert placement.phase == Phase.SERVER_PROBE and "timed on 1 worker process" in logs[-1]
+    compute = 0.01  # another worker saves 5 ms of each of 600 updates: 3 s, more than its 2.5 s start
+    timeline = [(u, 0.01 * u, compute) for u in range(PROBE_UPDATES + 1)]
+    placement.observe(timeline, PROBE_UPDATES + 1, 600)
+    assert placement.phase == Phase.STARTING and pools[0].asked == ["start 1", "grow 2"]
+    assert placement.transport is pools[0] and placement.stretch_limit() == PROBE_UPDATES + 1
+    assert "an update takes 10.00 ms on 1 worker" in logs[-1] and "starting 1 more worker(s)" in logs[-1]
+    pools[0].started = True
+    placement.observe([], 14, 586)
+    assert placement.phase == Phase.WORKERS_PROBE
+    slower = [(u, 0.02 * u, compute) for u in range(14, 14 + PROBE_UPDATES + 1)]
+    placement.observe(slower, 21, 579)
+    assert placement.phase == Phase.SERVER and pools[0].asked[-1] == "shrink 1" and placement.transport is pools[0]
+    assert logs[-1].startswith("rounds: on 1 worker from update 21: 20.00 ms per update on 2 workers, 10.00 ms on "
+                               "1 worker; the other worker(s) stopped")
+    _, logs, _ = probed(worker_start_cost(2.0), compute=compute, remaining=600)  # in the server: 2 to start
+    assert placement.transport is not in_server and "less than starting them costs (5.0 s" in logs[-1]

@@ -419,17 +419,27 @@ sys.exit(code)
 """
 
 
-@pytest.mark.parametrize("resume", [(), ("--resume",)], ids=["new", "resume-of-nothing"])
+@pytest.mark.parametrize(("workers", "resume"), [("2", ()), ("2", ("--resume",)), ('"auto"', ())],
+                         ids=["new", "resume-of-nothing", "auto"])
 def test_a_server_whose_workers_compute_never_imports_torch(data: Path, bn_runs: dict[int, Path], tmp_path: Path,
-                                                            resume: tuple[str, ...]) -> None:
+                                                            workers: str, resume: tuple[str, ...]) -> None:
     """With train.workers = 2 the server steps a flat vector: the module's layout, version 0 and dry run come
     from a short child process (train/outline.py), so the server never imports torch; the bits are unchanged.
-    A --resume that finds no run starts afresh: the outline, made without version 0, builds it then."""
+    A --resume that finds no run starts afresh: the outline, made without version 0, builds it then.
+    With "auto" (2 cores, 3 tasks per update) the child is kept and runs the rounds the server would have run,
+    timed there: the server imports no torch either, and the bits are those of 2 workers."""
     copy_nets(tmp_path)
     job = write_job(tmp_path, data, "torch_nets:bn_dropout", optimizer="adamw", lr=0.01, train="weight_decay = 0.1")
+    job.write_text(job.read_text().replace("workers = 2", f"workers = {workers}"))
     result = subprocess.run([sys.executable, "-c", PROBE, str(job), *resume], capture_output=True, text=True,
                             timeout=200, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stderr
     assert "torch in the server: []" in result.stdout
-    assert "rounds: on 2 worker processes" in (tmp_path / "run" / "events.log").read_text()
+    events = (tmp_path / "run" / "events.log").read_text()
+    if workers == "2":
+        assert "rounds: on 2 worker processes" in events
+    else:
+        assert "rounds: timed on 1 worker process" in events and "the process that outlined the model" in events
+        assert "rounds: on 1 worker from update 12" in events  # another worker cannot pay: the probe
+        # needs 6 updates timed, 5 per 6-update epoch, so it decides with none left
     assert digest(tmp_path / "run") == digest(bn_runs[2])

@@ -29,7 +29,7 @@ class ModelContext:
     normalize: Normalizer
     manifest: dict[str, Any]
     # CPU seconds this process spent building the model, its imports included (torch: seconds): what every
-    # worker pays again as it starts (train/placement.py weighs it); 0 for an outline (built elsewhere)
+    # worker pays again as it starts (train/placement.py weighs it); an outline's: what its child spent
     build_seconds: float = 0.0
 
     @property
@@ -68,21 +68,35 @@ def model_context(dataset: Dataset, kind: str, options: dict[str, Any], normaliz
     return model_context_from_manifest(dataset.manifest, kind, options, normalize)
 
 
-def server_context(dataset: Dataset, job: Any, *, resuming: bool = False) -> ModelContext:
+def server_context(dataset: Dataset, job: Any, *, resuming: bool = False, replaying: bool = False,
+                   cores: int = 1) -> ModelContext:
     """The server's model context: the model itself, or (workers compute every gradient and the model asks
     for it, a torch module) its outline, built in a short child process (train/outline.py), so that the
-    server never imports the framework. ``train.workers = "auto"`` may train in the server: the model then.
-    ``resuming``: a resume, which needs no version 0 from the outline."""
+    server never imports the framework. ``train.workers = "auto"`` outlines it too when the rounds it would
+    run in the server can run on one worker instead (``auto_outlined``): the child is then kept, to become
+    that worker. ``resuming``: a resume, which needs no version 0 from the outline; ``replaying``: a replay
+    (the server's own engine); ``cores``: the machine's."""
     kind, options = job.model.kind, job.model.options
     workers = job.train.workers
-    if isinstance(workers, str) or workers < 1 or job.run.cluster or not outlined(kind, options):
+    keep = workers == "auto" and auto_outlined(job, replaying=replaying, cores=cores)
+    fixed = not isinstance(workers, str) and workers >= 1
+    if not (fixed or keep) or job.run.cluster or not outlined(kind, options):
         return model_context(dataset, kind, options, job.data.normalize)
     outline = outline_model(dataset=str(dataset.path), kind=kind, options=dict(options),
                             normalize=job.data.normalize, seed=job.train.seed, threads=job.train.blas_threads,
-                            version0=not resuming)
+                            version0=not resuming, keep=keep)
     layout = ParamLayout.from_shapes(outline.parameter_shapes(), outline.buffer_shapes())
     return ModelContext(data_spec(dataset.manifest), outline, layout, None,
-                        Normalizer.from_stats(dataset.manifest.get("stats"), job.data.normalize), dataset.manifest)
+                        Normalizer.from_stats(dataset.manifest.get("stats"), job.data.normalize), dataset.manifest,
+                        outline.build_seconds)
+
+
+def auto_outlined(job: Any, *, replaying: bool, cores: int) -> bool:
+    """Whether ``train.workers = "auto"`` runs the rounds (synchronous, on one machine, not a replay) with two
+    or more participants to share an update's tasks: then the server's own rounds can run on one worker."""
+    train = job.train
+    return (not replaying and not job.run.cluster and train.mode == "sync" and train.staleness_in == "rounds"
+            and min(cores, train.tasks_per_update) >= 2)
 
 
 def outlined(kind: str, options: dict[str, Any]) -> bool:

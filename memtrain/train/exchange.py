@@ -28,11 +28,14 @@ import signal
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from memtrain.train.launch import script_not_rerun
 from memtrain.train.messages import Message, Ready, Result, Stop, StretchEnd, WorkerSetup
 from memtrain.train.worker import WorkerState, worker_main
+
+if TYPE_CHECKING:
+    from memtrain.train.outline import KeptWorker
 
 # Workers start with `spawn`: never fork a server that may hold threads, BLAS pools or HDF5 handles.
 START_METHOD = "spawn"
@@ -80,16 +83,22 @@ class Transport(Protocol):
 
 
 class WorkerPool:
-    """A fixed number of worker slots; a dead worker's slot gets a new process and new pipes."""
+    """Worker slots; a dead worker's slot gets a new process and new pipes.
 
-    def __init__(self, setup: WorkerSetup, count: int):
+    ``adopt``: a kept outline child (train/outline.py), the first slot's process, sent ``setup`` rather than
+    started. ``grow`` starts more workers on the side (``pending``: not in ``slots``, so sent nothing, until
+    ``ready`` sees them all started), ``shrink`` stops the last ones."""
+
+    def __init__(self, setup: WorkerSetup, count: int, adopt: KeptWorker | None = None):
         self._context = multiprocessing.get_context(START_METHOD)
         self._setup = setup
         # One poll set for the pool's life, changed only when a slot is replaced: building a selector per
         # wait (multiprocessing.connection.wait) cost the server more than the wait's system call.
         self._poll = select.poll()
         self._by_fd: dict[int, tuple[int, bool]] = {}  # answer pipe or sentinel -> (slot index, is sentinel)
-        self.slots = [self._start(index) for index in range(count)]
+        self.pending: list[Slot] = []
+        self.slots = [self._adopt(adopt) if index == 0 and adopt is not None else self._start(index)
+                      for index in range(count)]
 
     def _start(self, index: int) -> Slot:
         worker_in, inbox = self._context.Pipe(duplex=False)
@@ -100,15 +109,38 @@ class WorkerPool:
             process.start()
         worker_in.close()  # the worker has its own copies; without ours, its death reads as end-of-file
         worker_out.close()
-        for fd, sentinel in ((outbox.fileno(), False), (process.sentinel, True)):
+        return self._watch(Slot(index, process, inbox, outbox))
+
+    def _adopt(self, kept: KeptWorker) -> Slot:
+        slot = self._watch(Slot(0, kept.process, kept.inbox, kept.outbox))
+        with contextlib.suppress(OSError):  # it died already: its sentinel reports the death
+            kept.inbox.send(self._setup)
+        return slot
+
+    def _watch(self, slot: Slot) -> Slot:
+        for fd, sentinel in ((slot.outbox.fileno(), False), (slot.process.sentinel, True)):
             self._poll.register(fd, select.POLLIN)
-            self._by_fd[fd] = (index, sentinel)
-        return Slot(index, process, inbox, outbox)
+            self._by_fd[fd] = (slot.index, sentinel)
+        return slot
+
+    def _slot(self, index: int) -> Slot:
+        return self.slots[index] if index < len(self.slots) else self.pending[index - len(self.slots)]
+
+    def grow(self, count: int) -> None:
+        """Start workers up to ``count`` slots; they join ``slots`` when ``ready`` sees them all started."""
+        self.pending += [self._start(index) for index in range(len(self.slots) + len(self.pending), count)]
+
+    def shrink(self, count: int, timeout: float = 5.0) -> None:
+        """Stop the idle workers beyond the first ``count`` slots."""
+        leaving, self.slots = self.slots[count:], self.slots[:count]
+        self._stop(leaving, timeout)
 
     def ready(self) -> bool:
-        """Every worker has started (polls without blocking)."""
+        """Every worker has started (polls without blocking); started ones that were pending join ``slots``."""
         self.wait(0)
-        return all(slot.ready for slot in self.slots)
+        if self.pending and all(slot.ready for slot in self.pending):
+            self.slots, self.pending = self.slots + self.pending, []
+        return not self.pending and all(slot.ready for slot in self.slots)
 
     def send(self, slot: Slot, message: Message) -> None:
         slot.current, slot.since = message, time.monotonic()
@@ -116,18 +148,20 @@ class WorkerPool:
             slot.inbox.send(message)
 
     def wait(self, timeout: float) -> list[Event]:
-        """Answers and deaths, waiting at most ``timeout`` seconds for the first one."""
+        """Answers and deaths, waiting at most ``timeout`` seconds for the first one (a pending worker's death
+        only replaces it)."""
         events, dead = [], []
         for fd, _ in self._poll.poll(max(0, math.ceil(timeout * 1000))):
             index, sentinel = self._by_fd[fd]
             if sentinel:
-                dead.append(self.slots[index])
+                dead.append(self._slot(index))
             else:
-                events.extend(self._drain(self.slots[index]))
+                events.extend(self._drain(self._slot(index)))
         for slot in dead:
             events.extend(self._drain(slot))
             slot.process.join()
-            events.append(Event(slot, None, slot.current, slot.process.exitcode))
+            if slot not in self.pending:
+                events.append(Event(slot, None, slot.current, slot.process.exitcode))
             self._replace(slot)
         return events
 
@@ -150,31 +184,38 @@ class WorkerPool:
         with contextlib.suppress(ProcessLookupError):
             os.kill(slot.process.pid, signal.SIGKILL)
 
-    def _replace(self, slot: Slot) -> None:
+    def _unwatch(self, slot: Slot) -> None:
         for fd in (slot.outbox.fileno(), slot.process.sentinel):
             self._poll.unregister(fd)
             del self._by_fd[fd]
         for end in (slot.inbox, slot.outbox):
             end.close()
-        self.slots[slot.index] = self._start(slot.index)
+
+    def _replace(self, slot: Slot) -> None:
+        self._unwatch(slot)
+        members = self.pending if slot in self.pending else self.slots
+        members[members.index(slot)] = self._start(slot.index)
 
     def pids(self) -> list[int]:
-        return [slot.process.pid for slot in self.slots]
+        return [slot.process.pid for slot in self.slots + self.pending]
 
     def close(self, timeout: float = 5.0) -> None:
         """Ask every worker to stop, then make sure: no worker outlives the pool."""
-        for slot in self.slots:
+        leaving, self.slots, self.pending = self.slots + self.pending, [], []
+        self._stop(leaving, timeout)
+
+    def _stop(self, leaving: list[Slot], timeout: float) -> None:
+        for slot in leaving:
             with contextlib.suppress(OSError, ValueError):
                 if slot.idle:
                     slot.inbox.send(Stop())
         deadline = time.monotonic() + timeout
-        for slot in self.slots:
+        for slot in leaving:
             slot.process.join(max(0.0, deadline - time.monotonic()) if slot.idle else 0)
             if slot.process.is_alive():
                 slot.process.kill()
                 slot.process.join()
-            for end in (slot.inbox, slot.outbox):
-                end.close()
+            self._unwatch(slot)
 
 
 class InServer:

@@ -1,4 +1,5 @@
-"""A worker process's start -> a spawned interpreter that never runs the user's script again.
+"""A worker process's start -> a spawned interpreter that never runs the user's script again; its end ->
+no interpreter teardown (``exit_at_once``).
 
 multiprocessing's ``spawn`` makes every child import the parent's ``__main__`` (by path for a script, by
 name for ``python -m``), so that objects defined there can be unpickled. A plain script that calls
@@ -12,6 +13,8 @@ import the script, which then needs the guard, as with any spawned process.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import types
 from collections.abc import Iterator
@@ -32,3 +35,17 @@ def script_not_rerun(model_kind: str) -> Iterator[None]:
         yield
     finally:
         sys.modules["__main__"] = script
+
+
+def exit_at_once() -> None:
+    """End a worker process that has answered its last message, without the interpreter's teardown.
+
+    Everything a worker owes its server has been written (and answered) before its last message: what is
+    left at exit is freeing modules and objects, which for a process that imported torch took 0.35-0.52 s
+    (``python -c "import torch"`` against the same with ``os._exit``: 0.02 s), and the server waits for it
+    when it stops its workers or lets an outline's child go. An error still ends the process the usual way
+    (its traceback printed, exit code 1): this is called only after a normal end."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)

@@ -8,6 +8,12 @@ start-up) is then built in a spawned child that sends those three back and exits
 ``ModelOutline`` in its place and never imports the framework. Version 0 is the child's ``model.init``
 for the job's seed, so its bits are the in-server ones (tests/test_goldens.py).
 
+With ``train.workers = "auto"`` (the rounds would run in the server; train/placement.py) the child is kept
+(``keep``): it prepares itself as a worker does before it builds the model, and once it has sent the outline
+it waits for the run's ``WorkerSetup`` and becomes the run's first worker (``KeptWorker``, adopted by
+train/exchange.py's ``WorkerPool``), so the module is built once, in that worker, and the server computes
+nothing. A kept child that is never adopted (the run failed before its rounds) is told to exit (``release``).
+
 What crosses the pipe: the shapes and the note as small Python values, version 0 as raw float32 bytes
 (``send_bytes``), an error as its fields. Nothing is read back from disk.
 """
@@ -15,8 +21,9 @@ What crosses the pipe: the shapes and the note as small Python values, version 0
 from __future__ import annotations
 
 import contextlib
+import os
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -24,13 +31,22 @@ import numpy as np
 from memtrain.errors import InputError, MemtrainError
 from memtrain.models.params import ParamLayout
 from memtrain.models.torch_module import seed_of
-from memtrain.train.launch import script_not_rerun
+from memtrain.train.launch import exit_at_once, script_not_rerun
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from multiprocessing.connection import Connection
 
 START_METHOD = "spawn"  # as the workers (train/exchange.py): never fork a server that may hold threads
+
+
+@dataclass(kw_only=True)
+class KeptWorker:
+    """A kept outline child, waiting for its ``WorkerSetup``: its process and the server's ends of its pipes."""
+
+    process: Any
+    inbox: Connection  # the server's end of the pipe the child reads
+    outbox: Connection  # the server's end of the pipe the child answers on
 
 
 class ModelOutline:
@@ -41,9 +57,29 @@ class ModelOutline:
 
     def __init__(self, *, kind: str, shapes: dict[str, tuple[int, ...]], buffers: dict[str, tuple[int, ...]],
                  seed: int, version0: np.ndarray | None, note: str | None,
-                 fetch_version0: Callable[[], np.ndarray]):
+                 fetch_version0: Callable[[], np.ndarray], build_seconds: float = 0.0,
+                 kept: KeptWorker | None = None):
         self.kind, self.shapes, self.buffers, self.seed = kind, shapes, buffers, seed
         self.version0, self.note, self.fetch_version0 = version0, note, fetch_version0
+        self.build_seconds = build_seconds  # the child's CPU seconds to build the model, torch's import included
+        self.kept = kept
+
+    def adopt(self) -> KeptWorker | None:
+        """The kept child, handed over once (to the run's first worker slot); None if not kept or taken."""
+        kept, self.kept = self.kept, None
+        return kept
+
+    def release(self) -> None:
+        """Tell a kept child that was never adopted to exit (its inbox closed), and wait for it."""
+        kept = self.adopt()
+        if kept is None:
+            return
+        for end in (kept.inbox, kept.outbox):
+            end.close()
+        kept.process.join(timeout=5)
+        if kept.process.is_alive():
+            kept.process.kill()
+            kept.process.join()
 
     def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
         return dict(self.shapes)
@@ -71,27 +107,33 @@ class ModelOutline:
 
 
 def outline_model(*, dataset: str, kind: str, options: dict[str, Any], normalize: bool, seed: int,
-                  threads: int, version0: bool = True) -> ModelOutline:
+                  threads: int, version0: bool = True, keep: bool = False) -> ModelOutline:
     """Build the model in a spawned child and return its outline; the child's errors are raised here as they
     were raised there (an InputError from the factory or the dry run exits 2). ``version0`` False: a resume,
-    which needs no version 0 (the outline builds it again if asked after all)."""
+    which needs no version 0 (the outline builds it again if asked after all). ``keep``: the child stays,
+    to become the run's first worker (``ModelOutline.adopt``; ``release`` if it never does)."""
     import multiprocessing
 
     settings = {"dataset": dataset, "kind": kind, "options": options, "normalize": normalize, "seed": seed,
                 "threads": threads}
     context = multiprocessing.get_context(START_METHOD)
     receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_child, args=(send, dataset, kind, options, normalize, seed, threads, version0),
-                            name="memtrain-outline", daemon=True)
+    orders, order = context.Pipe(duplex=False) if keep else (None, None)
+    child = context.Process(target=_child, args=(send, dataset, kind, options, normalize, seed, threads, version0,
+                                                 orders, os.getpid()),
+                            name="memtrain-worker-0" if keep else "memtrain-outline", daemon=True)
     with script_not_rerun(kind):
         child.start()
     send.close()
+    if orders is not None:
+        orders.close()
+    kept = None
     try:
         try:
             answer = receive.recv()
             if answer[0] != "ok":
                 raise _error(answer)
-            _, shapes, buffers, note = answer
+            _, shapes, buffers, note, build_seconds = answer
             size = ParamLayout.from_shapes(shapes, buffers).size
             flat = np.empty(size, dtype=np.float32) if version0 else None
             if flat is not None and size:
@@ -101,15 +143,25 @@ def outline_model(*, dataset: str, kind: str, options: dict[str, Any], normalize
             raise MemtrainError(f"the process that builds model {kind!r} for the server ended without an answer "
                                 f"(exit code {child.exitcode})",
                                 hint="run with train.workers = 0 to build it in the server and see why") from exc
+        if keep:
+            kept = KeptWorker(process=child, inbox=order, outbox=receive)
     finally:
-        receive.close()
-        if child.is_alive():
-            child.join(timeout=5)
-        if child.is_alive():
-            child.kill()
-            child.join()
+        if kept is None:
+            _end_child(child, receive, order)
     return ModelOutline(kind=kind, shapes=shapes, buffers=buffers, seed=seed, version0=flat, note=note,
-                        fetch_version0=lambda: outline_model(**settings).version0)
+                        fetch_version0=lambda: outline_model(**settings).version0, build_seconds=build_seconds,
+                        kept=kept)
+
+
+def _end_child(child: Any, receive: Connection, order: Connection | None) -> None:
+    for end in (receive, order):
+        if end is not None:
+            end.close()
+    if child.is_alive():
+        child.join(timeout=5)
+    if child.is_alive():
+        child.kill()
+        child.join()
 
 
 def _error(answer: tuple[Any, ...]) -> MemtrainError:
@@ -120,7 +172,30 @@ def _error(answer: tuple[Any, ...]) -> MemtrainError:
 
 
 def _child(send: Connection, dataset: str, kind: str, options: dict[str, Any], normalize: bool, seed: int,
-           threads: int, version0: bool) -> None:
+           threads: int, version0: bool, orders: Connection | None, server_pid: int) -> None:
+    """Build the model and send its outline; kept (``orders`` given), then serve as a worker with it."""
+    if orders is None:
+        try:
+            _outline(send, dataset, kind, options, normalize, seed, threads, version0)
+        finally:
+            with contextlib.suppress(OSError):
+                send.close()
+        exit_at_once()
+    from threadpoolctl import threadpool_limits
+
+    from memtrain.train.worker import become_worker
+
+    become_worker(server_pid, threads)  # as a worker prepares itself before it builds its model
+    with threadpool_limits(limits=threads):
+        built = _outline(send, dataset, kind, options, normalize, seed, threads, version0)
+        if built is not None:
+            _serve_when_adopted(orders, send, *built)
+    exit_at_once()
+
+
+def _outline(send: Connection, dataset: str, kind: str, options: dict[str, Any], normalize: bool, seed: int,
+             threads: int, version0: bool) -> tuple[Any, Any] | None:
+    """Build the model, send the outline; the dataset and model context built (None after an error)."""
     from memtrain.dataset import open_dataset
     from memtrain.train.context import model_context, startup_check
 
@@ -132,15 +207,31 @@ def _child(send: Connection, dataset: str, kind: str, options: dict[str, Any], n
         buffers = model.buffer_shapes() if hasattr(model, "buffer_shapes") else {}
         flat = context.layout.flatten(model.init(np.random.default_rng(seed))) if version0 else None
         note = startup_check(context, opened, threads)
-        send.send(("ok", {k: tuple(v) for k, v in shapes.items()}, {k: tuple(v) for k, v in buffers.items()}, note))
+        send.send(("ok", {k: tuple(v) for k, v in shapes.items()}, {k: tuple(v) for k, v in buffers.items()}, note,
+                   context.build_seconds))
         if flat is not None and flat.size:
             send.send_bytes(memoryview(np.ascontiguousarray(flat, dtype=np.float32)).cast("B"))
+        return opened, context
     except MemtrainError as exc:
         fields = {key: value if value is None or isinstance(value, (int, float)) else str(value)
                   for key, value in asdict(exc).items()}
         send.send(("error", isinstance(exc, InputError), fields))
     except BaseException:  # noqa: BLE001 - reported to the server whole, whatever it was
         send.send(("crash", traceback.format_exc(limit=5)))
-    finally:
-        with contextlib.suppress(OSError):
-            send.close()
+    return None
+
+
+def _serve_when_adopted(orders: Connection, send: Connection, dataset: Any, context: Any) -> None:
+    """Wait for the run's ``WorkerSetup`` (nothing, when the run never adopts it: exit), then serve the run as
+    its first worker with the dataset and model built for the outline."""
+    from memtrain.train.messages import WorkerSetup
+    from memtrain.train.worker import WorkerState, exit_if_orphaned, serve
+
+    try:
+        setup = orders.recv()
+    except (EOFError, OSError):
+        return
+    if not isinstance(setup, WorkerSetup):
+        return
+    state = WorkerState(setup, alive=lambda: exit_if_orphaned(setup.server_pid), dataset=dataset, context=context)
+    serve(state, orders, send)

@@ -9,6 +9,12 @@
   keeps the rounds: no worker is ever started. Otherwise it starts one worker per core
   (at most one per task of an update) and goes on training while they start; once they are ready they
   run a few updates, and the faster of the two, as measured, runs the rest of the job.
+- ``"auto"`` with a model the server only outlines (``outlined``: a torch module, train/outline.py): the server
+  never computes; the rounds it would have run itself run on ONE worker process (the outline's child, kept),
+  a one-participant stretch that runs the whole round alone, and are timed there. The same rule then decides
+  whether starting the other workers (``count - 1`` of them) may pay; if so they start while the one worker
+  trains (``WorkerPool.grow``), the two are timed against each other, and the slower loses: the other workers
+  are stopped again (``WorkerPool.shrink``) when one worker was faster.
 
 When the server runs the rounds itself it may compute an update's tasks on a few threads (train/threads.py),
 ``train.server_threads``: a number N, at most N threads (and one per task); ``"auto"`` (the default), one per
@@ -134,11 +140,14 @@ def worker_start_cost(build_seconds: float) -> float:
 class Placement:
     def __init__(self, *, workers: int | str, tasks: int, cores: int, in_server: InServer,
                  start_pool: Callable[[int], WorkerPool], log: Callable[[str], None], threads: ServerThreads,
-                 start_cost: float = SPAWN_COST_S):
+                 start_cost: float = SPAWN_COST_S, outlined: bool = False):
         self.in_server, self.start_pool, self.log, self.threads = in_server, start_pool, log, threads
         self.start_cost = start_cost
         self.pool: WorkerPool | None = None
         self.count = min(cores, tasks) if workers == "auto" else int(workers)
+        # "auto" with an outlined model: one worker runs the rounds the server would have run (``alone``)
+        self.outlined = outlined and workers == "auto" and self.count >= 2
+        self.alone = "on 1 worker" if self.outlined else "in the server"
         self.server_walls: list[float] = []
         self.server_computes: list[float] = []
         self.worker_walls: list[float] = []
@@ -155,10 +164,14 @@ class Placement:
                 f"nothing to share)")
         else:
             self.phase = Phase.SERVER_PROBE
+            if self.outlined:
+                self.pool = start_pool(1)
+                log("rounds: timed on 1 worker process (train.workers = \"auto\"; the model is only outlined in "
+                    "the server, which computes nothing)")
 
     @property
     def transport(self) -> Transport:
-        if self.phase in (Phase.WORKERS, Phase.WORKERS_PROBE):
+        if self.phase in (Phase.WORKERS, Phase.WORKERS_PROBE) or self.outlined:
             return self.pool
         return self.in_server
 
@@ -178,6 +191,8 @@ class Placement:
             return PROBE_UPDATES + 1
         if self.phase == Phase.WORKERS_PROBE:
             return PROBE_UPDATES + 1
+        if self.phase == Phase.STARTING and self.outlined:  # a worker's stretch ends only at its limit: then the
+            return PROBE_UPDATES + 1  # placement looks whether the other workers are ready
         return None
 
     def heartbeat(self) -> bool:
@@ -212,31 +227,41 @@ class Placement:
     def _after_server_probe(self, update: int, remaining: int) -> None:
         wall, compute = _median(self.server_walls), _median(self.server_computes)
         gain = compute * (1 - 1 / self.count)
-        figures = f"an update takes {wall * 1e3:.2f} ms in the server, {compute * 1e3:.2f} ms of it computing"
+        starting = self.count - 1 if self.outlined else self.count  # one worker runs already
+        figures = f"an update takes {wall * 1e3:.2f} ms {self.alone}, {compute * 1e3:.2f} ms of it computing"
         if gain < MIN_GAIN_S:
             self.phase = Phase.SERVER
-            self.log(f"rounds: in the server from update {update}: {figures}; {self.count} workers could save at "
+            self.log(f"rounds: {self.alone} from update {update}: {figures}; {self.count} workers could save at "
                      f"most {gain * 1e3:.2f} ms of it, less than a round between processes costs "
                      f"({MIN_GAIN_S * 1e3:.2f} ms)")
             return
-        if gain * remaining < self.start_cost * self.count:
+        if gain * remaining < self.start_cost * starting:
             self.phase = Phase.SERVER
-            self.log(f"rounds: in the server from update {update}: {figures}; {self.count} workers could save at "
-                     f"most {gain * remaining:.3g} s over the {remaining} updates left, less than starting them "
-                     f"costs ({start_cost_text(self.start_cost, self.count)})")
+            self.log(f"rounds: {self.alone} from update {update}: {figures}; {self.count} workers could save at "
+                     f"most {gain * remaining:.3g} s over the {remaining} updates left, less than starting "
+                     f"{'the other ' + str(starting) if self.outlined else 'them'} costs "
+                     f"({start_cost_text(self.start_cost, starting)})")
             return
-        self.log(f"rounds: {figures}; starting {self.count} workers to compare")
-        self.pool = self.start_pool(self.count)
+        if self.outlined:
+            self.log(f"rounds: {figures}; starting {starting} more worker(s) to compare {self.count} with 1")
+            self.pool.grow(self.count)
+        else:
+            self.log(f"rounds: {figures}; starting {self.count} workers to compare")
+            self.pool = self.start_pool(self.count)
         self.phase = Phase.STARTING
 
     def _after_workers_probe(self, update: int) -> None:
         server, workers = _median(self.server_walls), _median(self.worker_walls)
-        figures = f"{workers * 1e3:.2f} ms per update on {self.count} workers, {server * 1e3:.2f} ms in the server"
+        figures = f"{workers * 1e3:.2f} ms per update on {self.count} workers, {server * 1e3:.2f} ms {self.alone}"
         if workers < server:
             self.phase = Phase.WORKERS
             self.log(f"rounds: on {self.count} workers from update {update}: {figures}")
             return
         self.phase = Phase.SERVER
+        if self.outlined:
+            self.log(f"rounds: on 1 worker from update {update}: {figures}; the other worker(s) stopped")
+            self.pool.shrink(1)
+            return
         self.log(f"rounds: in the server from update {update}: {figures}; workers stopped")
         self.pool.close()
         self.pool = None

@@ -140,32 +140,45 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
         refuse_live_run(job.run.dir)
         dataset = open_dataset(job.data.path, verify=verify or job.data.verify)
         check_trainable(dataset)
-        context = server_context(dataset, job, resuming=resume_run)  # torch: outlined when workers compute
-        if context.additive and overlapping(job):
-            raise InputError(f"a {job.model.kind} model is solved in one pass of statistics: it has no updates to "
-                             "overlap", expected="train.mode = 'sync' and train.staleness = 0",
-                             found=describe_mode(job))
-        runtime = startup_check(context, dataset, job.train.blas_threads)  # a model's dry run: its errors exit 2 here
-        check_monitor(job.train.monitor, context.classifier, dataset.split("val").rows > 0, job.train.patience)
-        note = (one_pass_note(job) if context.additive else
-                few_updates_note(job, dataset.split("train").rows, context.additive))
-        if note is not None:
-            print(f"memtrain train: note: {note}", file=sys.stderr, flush=True)
-        room = room_needed(job, context, per_epoch=job_plan(job, dataset.split("train").rows).per_epoch,
-                           slots=round_slots(job))  # every file the run will write, at its peak
-        run = open_run_dir(job, resume=resume_run, overwrite=overwrite, layout=context.layout.to_json(),
-                           asked=asked, one_pass=context.additive, need_exchange=room.exchange, need_run=room.run)
-        try:
-            if runtime:
-                run.event(runtime)
-            return Trainer(job, dataset, context, run, stop, quiet=quiet, lineage=replay,
-                           callbacks=callbacks).run(run.decision)
-        except (MemtrainError, OSError) as exc:
-            if not isinstance(exc, Interrupted):  # the run's log tells how it ended, even with no terminal
-                run.event(f"failed: {exc}")
-            raise
+        context = server_context(dataset, job, resuming=resume_run, replaying=replay is not None, cores=CORES)
+        try:  # torch: outlined when workers compute; a kept outline's child is let go if the run never adopts it
+            return _train(job, dataset, context, stop, resume_run=resume_run, overwrite=overwrite, asked=asked,
+                          quiet=quiet, replay=replay, callbacks=callbacks)
         finally:
-            run.close()
+            release = getattr(context.model, "release", None)
+            if release is not None:
+                release()
+
+
+def _train(job: Job, dataset: Dataset, context: ModelContext, stop: StopRequest, *, resume_run: bool,
+           overwrite: bool, asked: Collection[str], quiet: bool, replay: Lineage | None,
+           callbacks: Sequence[Any]) -> TrainSummary:
+    """``train`` once the server has its model context: the start-up checks, the run directory, the run."""
+    if context.additive and overlapping(job):
+        raise InputError(f"a {job.model.kind} model is solved in one pass of statistics: it has no updates to "
+                         "overlap", expected="train.mode = 'sync' and train.staleness = 0",
+                         found=describe_mode(job))
+    runtime = startup_check(context, dataset, job.train.blas_threads)  # a model's dry run: its errors exit 2 here
+    check_monitor(job.train.monitor, context.classifier, dataset.split("val").rows > 0, job.train.patience)
+    note = (one_pass_note(job) if context.additive else
+            few_updates_note(job, dataset.split("train").rows, context.additive))
+    if note is not None:
+        print(f"memtrain train: note: {note}", file=sys.stderr, flush=True)
+    room = room_needed(job, context, per_epoch=job_plan(job, dataset.split("train").rows).per_epoch,
+                       slots=round_slots(job))  # every file the run will write, at its peak
+    run = open_run_dir(job, resume=resume_run, overwrite=overwrite, layout=context.layout.to_json(),
+                       asked=asked, one_pass=context.additive, need_exchange=room.exchange, need_run=room.run)
+    try:
+        if runtime:
+            run.event(runtime)
+        return Trainer(job, dataset, context, run, stop, quiet=quiet, lineage=replay,
+                       callbacks=callbacks).run(run.decision)
+    except (MemtrainError, OSError) as exc:
+        if not isinstance(exc, Interrupted):  # the run's log tells how it ended, even with no terminal
+            run.event(f"failed: {exc}")
+        raise
+    finally:
+        run.close()
 
 
 def overlapping(job: Job) -> bool:
@@ -318,7 +331,8 @@ class Trainer:
             threads = ServerThreads(count=count, timed=train.server_threads == "auto", why=why, log=self.log)
             self.placement = Placement(workers=train.workers, tasks=train.tasks_per_update, cores=CORES,
                                        in_server=self.in_server, start_pool=self._start_pool, log=self.log,
-                                       threads=threads, start_cost=worker_start_cost(self.context.build_seconds))
+                                       threads=threads, start_cost=worker_start_cost(self.context.build_seconds),
+                                       outlined=getattr(self.context.model, "kept", None) is not None)
             return Rounds(self)
         self.streamed = True
         self.placement = self._overlap_placement(position)
@@ -361,8 +375,11 @@ class Trainer:
         return min(times)
 
     def _start_pool(self, count: int) -> WorkerPool:
-        pool = WorkerPool(self._setup(), count)
-        self.log(f"workers started: pids {' '.join(map(str, pool.pids()))}")
+        """``count`` workers, the first the outline's kept child if there is one (train/outline.py)."""
+        adopt = getattr(self.context.model, "adopt", lambda: None)()
+        pool = WorkerPool(self._setup(), count, adopt=adopt)
+        kept = f" (pid {adopt.process.pid}: the process that outlined the model)" if adopt is not None else ""
+        self.log(f"workers started: pids {' '.join(map(str, pool.pids()))}{kept}")
         return pool
 
     def fit(self, position: Position, engine: EpochEngine) -> dict[str, Any]:

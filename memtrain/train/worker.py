@@ -30,6 +30,7 @@ from memtrain.train.additive import task_partial
 from memtrain.train.context import ModelContext, model_context
 from memtrain.train.desk import DeskParticipant
 from memtrain.train.gradient import TaskGradient
+from memtrain.train.launch import exit_at_once
 from memtrain.train.maps import MapCache
 from memtrain.train.marks import Board
 from memtrain.train.memory import apply_test_limit
@@ -61,32 +62,44 @@ KEEP_BLOCKS_BELOW = 1 << 30  # allocations below this come from (and return to) 
 
 def worker_main(setup: WorkerSetup, inbox: Connection, outbox: Connection) -> None:
     """Entry point of a worker process: ``inbox`` and ``outbox`` are its ends of the pipes train/exchange.py made."""
-    _exit_with_parent(setup.server_pid)
+    become_worker(setup.server_pid, setup.blas_threads)
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=setup.blas_threads):
+        serve(WorkerState(setup, alive=lambda: exit_if_orphaned(setup.server_pid)), inbox, outbox)
+    exit_at_once()
+
+
+def become_worker(server_pid: int, blas_threads: int) -> None:
+    """What a worker process sets up before it builds its model: it dies with its server, keeps freed memory,
+    ignores the terminal's stop signals (the server stops it in order) and runs BLAS on ``blas_threads``."""
+    _exit_with_parent(server_pid)
     keep_freed_memory()
     apply_test_limit()  # MEMTRAIN_WORKER_DATA_LIMIT (tests): a memory limit of this worker's own
     for stop in (signal.SIGINT, signal.SIGHUP):  # Ctrl-C or a closed terminal: the server stops us in order
         signal.signal(stop, signal.SIG_IGN)
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[var] = str(setup.blas_threads)
-    from threadpoolctl import threadpool_limits
+        os.environ[var] = str(blas_threads)
 
-    with threadpool_limits(limits=setup.blas_threads):
-        state = WorkerState(setup, alive=lambda: _exit_if_orphaned(setup.server_pid))
-        outbox.send(Ready(pid=os.getpid()))
-        poll = select.poll()
-        poll.register(inbox.fileno(), select.POLLIN)
-        while (message := _receive(inbox, setup.server_pid, poll)) is not None:
-            outbox.send(state.handle(message))
+
+def serve(state: WorkerState, inbox: Connection, outbox: Connection) -> None:
+    """Say Ready, then answer messages until a Stop, the end of the inbox or the server's death."""
+    server_pid = state.setup.server_pid
+    outbox.send(Ready(pid=os.getpid()))
+    poll = select.poll()
+    poll.register(inbox.fileno(), select.POLLIN)
+    while (message := _receive(inbox, server_pid, poll)) is not None:
+        outbox.send(state.handle(message))
 
 
 def _exit_with_parent(server_pid: int) -> None:
     if sys.platform.startswith("linux"):
         pr_set_pdeathsig = 1
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    _exit_if_orphaned(server_pid)  # the server died before the signal was armed
+    exit_if_orphaned(server_pid)  # the server died before the signal was armed
 
 
-def _exit_if_orphaned(server_pid: int) -> None:
+def exit_if_orphaned(server_pid: int) -> None:
     if os.getppid() != server_pid:
         os._exit(1)
 
