@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -26,6 +27,7 @@ from memtrain.layout import partial_name, statistics_dir
 from memtrain.train.exchange import WorkerPool
 from memtrain.train.messages import RoundSetup, StatsTask, WorkerSetup
 from memtrain.train.optim import OptimizerConfig
+from memtrain.train.outline import outline_model
 
 WORKERS = 2
 
@@ -155,3 +157,53 @@ def test_a_stopped_worker_runs_its_atexit_hooks_and_skips_the_teardown(setup: Wo
     pool.close(timeout=30)
     assert [p.exitcode for p in processes] == [0] * WORKERS
     assert sorted(path.name for path in marks.iterdir()) == sorted(f"atexit-{pid}" for pid in pids)
+
+
+def ready_pool(pool: WorkerPool, *, seconds: float = 60) -> list:
+    """Wait (bounded) until every worker of ``pool`` has started; the events seen on the way."""
+    events, deadline = [], time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        events += pool.wait(0.05)
+        if pool.ready():
+            return events
+    raise AssertionError(f"the pool's workers did not start in {seconds} s")
+
+
+def test_an_adopted_outline_child_that_dies_is_replaced_by_a_new_worker(setup: WorkerSetup) -> None:
+    """train.workers = "auto" with an outlined model: the child that outlined it is the first worker
+    (train/outline.py keep=True). Killed, it is reported like any worker's death and its slot gets a new
+    process, which starts as every worker does."""
+    setup = dataclasses.replace(setup, model_kind="softmax")
+    outline = outline_model(dataset=setup.dataset, kind="softmax", options={}, normalize=False, seed=0, threads=1,
+                            keep=True)
+    kept = outline.adopt()
+    pool = WorkerPool(setup, 1, adopt=kept)
+    try:
+        ready_pool(pool)
+        assert pool.pids() == [kept.process.pid]
+        os.kill(kept.process.pid, signal.SIGKILL)
+        events, deadline = [], time.monotonic() + 30
+        while not events and time.monotonic() < deadline:
+            events = pool.wait(0.5)
+        assert [(event.slot.index, event.answer) for event in events] == [(0, None)]
+        assert events[0].exitcode == -signal.SIGKILL
+        ready_pool(pool)
+        assert pool.pids() != [kept.process.pid] and spawned(pool.pids()[0])
+    finally:
+        pool.close(timeout=30)
+
+
+def test_a_worker_that_dies_while_the_pool_grows_is_started_again_unreported(setup: WorkerSetup) -> None:
+    """A worker started beside the running ones (``grow``) is not sent anything until all have started: its
+    death then only starts it again, and the pool is ready with both slots."""
+    pool = WorkerPool(setup, 1)
+    try:
+        ready_pool(pool)
+        pool.grow(2)
+        doomed = pool.pending[0].process.pid
+        os.kill(doomed, signal.SIGKILL)
+        events = ready_pool(pool)
+        assert events == [] and len(pool.slots) == 2 and not pool.pending
+        assert doomed not in pool.pids() and all(spawned(pid) for pid in pool.pids())
+    finally:
+        pool.close(timeout=30)
