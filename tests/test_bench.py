@@ -114,6 +114,9 @@ def test_the_placement_label_is_the_decision_not_a_figure_in_it() -> None:
     assert placement([threads, kept]) == "in the server, 2 threads"
     assert placement([one, kept]) == "in the server"
     assert placement([threads, probe, "rounds: on 2 workers from update 30: 1 ms"]) == "on 2 workers"
+    alone = ("rounds: on 1 worker from update 7: an update takes 2.48 ms on 1 worker, 1.57 ms of it computing; 2 "
+             "workers could save at most 0.301 s over the 383 updates left, less than starting the other 1 costs")
+    assert placement(["rounds: timed on 1 worker process (train.workers = \"auto\")", alone]) == "on 1 worker"
 
 
 def test_unknown_method_is_a_usage_error(tmp_path: Path) -> None:

@@ -605,8 +605,8 @@ def summarize(method: str, pairs: list[dict[str, Any]], warmup: int, *, shuffle:
 
 
 def placement(rounds: list[str]) -> str:
-    """Where memtrain's rounds ran, from its event log: "in the server", "in the server, N threads" or
-    "on N workers".
+    """Where memtrain's rounds ran, from its event log: "in the server", "in the server, N threads",
+    "on 1 worker" or "on N workers".
 
     The decision is the last line that starts with ``rounds: in the server`` or ``rounds: on N``; its
     figures may name the other place ("... 15.2 ms per update on 2 workers, 28.9 ms in the server"). In
@@ -618,8 +618,9 @@ def placement(rounds: list[str]) -> str:
     if not decisions:
         return "undecided"
     final = decisions[-1]
-    if not final.startswith("in the server"):
-        return f"on {final.split()[1]} workers"
+    if not final.startswith("in the server"):  # "on 1 worker" when auto kept an outlined model's child alone
+        count = final.split()[1]
+        return f"on {count} worker{'' if count == '1' else 's'}"
     threads = [line for line in rounds if line.startswith("rounds in the server: an update's tasks on ")]
     words = threads[-1].removeprefix("rounds in the server: an update's tasks on ").split() if threads else []
     return f"in the server, {words[0]} threads" if words and words[0].isdigit() else "in the server"
