@@ -1,7 +1,5 @@
 """`python -m memtrain` is the `memtrain` command."""
 
-import sys
+from memtrain.cli import console
 
-from memtrain.cli import main
-
-sys.exit(main())
+console()

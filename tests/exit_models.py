@@ -1,14 +1,15 @@
-"""A test model whose worker processes leave marks of how they ended (tests/test_pools.py).
+"""A test model whose processes leave marks of how they ended (tests/test_pools.py, tests/test_cli.py).
 
-In a worker (a child process), importing this module registers an ``atexit`` hook and keeps an object whose
-``__del__`` runs when the interpreter tears its modules down; each writes a file named after itself and the
-pid into ``MEMTRAIN_TEST_EXIT_MARKS``. A worker ends with its ``atexit`` hooks but without the teardown."""
+In a process other than pytest's (a worker, a ``memtrain`` command), importing this module registers an
+``atexit`` hook and keeps an object whose ``__del__`` runs when the interpreter tears its modules down; each
+writes a file named after itself and the pid into ``MEMTRAIN_TEST_EXIT_MARKS``. A worker or the command ends
+with its ``atexit`` hooks but without the teardown."""
 
 from __future__ import annotations
 
 import atexit
-import multiprocessing
 import os
+import sys
 from dataclasses import dataclass
 
 from memtrain.models.softmax import SoftmaxRegression
@@ -25,7 +26,7 @@ class _TornDown:
         mark("teardown")
 
 
-if MARKS and multiprocessing.parent_process() is not None:
+if MARKS and "pytest" not in sys.modules:
     atexit.register(_mark, "atexit")
     KEPT = _TornDown()
 
