@@ -385,3 +385,16 @@ def test_a_straggled_async_bench_run_that_stopped_no_worker_is_refused(monkeypat
     with pytest.raises(MemtrainError, match="found no worker process to stop"):
         async_bench.run_once(problem, tmp_path, "auto", {"mode": "async"}, {}, this, stopped=2 / 3)
     assert async_bench.run_once(problem, tmp_path, "auto", {"mode": "async"}, {}, this)["stamps"] == [0.0, 1.0]
+
+
+def test_memtrain_runs_end_as_the_command_and_peers_as_a_user_s_script() -> None:
+    """The memtrain command skips the interpreter's teardown (memtrain/cli.py console); a peer's script, as its
+    user writes it, does not: each method's whole-process time includes what its user's would."""
+    from memtrain.benchmarks.runner import FIRST_JOB, FORCED, METHODS, TORCH_METHODS, ends_as_the_command
+
+    ours = ["memtrain", "first_memtrain", "torch_memtrain", "memtrain_cluster", *FORCED]
+    theirs = ["one_process", "one_process_blas", "pickle_queue", "shared_memory", "torch_ddp", "torch_all_cores",
+              "first_loop"]
+    assert set(ours + theirs) == {*METHODS, *FIRST_JOB, *TORCH_METHODS, *FORCED, "memtrain_cluster"}
+    assert [ends_as_the_command(m) for m in ours] == [True] * len(ours)
+    assert [ends_as_the_command(m) for m in theirs] == [False] * len(theirs)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrain.benchmarks.problem import Problem
+from memtrain.train.launch import exit_at_once
 from memtrain.train.optim import OptimizerConfig
 
 METHODS = ("memtrain", "one_process", "pickle_queue", "shared_memory", "one_process_blas")
@@ -88,5 +89,14 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def ends_as_the_command(method: str) -> bool:
+    """memtrain's runs end as the ``memtrain`` command does, without the interpreter's teardown
+    (memtrain/cli.py ``console``); a peer ends as the user's script would, with it."""
+    return method.startswith(("memtrain", "torch_memtrain")) or method == "first_memtrain"
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    code = main(sys.argv)
+    if ends_as_the_command(json.loads(sys.argv[1])["method"]):
+        exit_at_once(code)
+    sys.exit(code)
