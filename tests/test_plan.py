@@ -66,11 +66,13 @@ def test_batch_order_changes_between_epochs_but_not_between_runs() -> None:
     assert orders[1] == [u.tasks[0].lo for u in epoch_updates(10_000, 100, 2, 7, 1, shuffle="batches")]
 
 
-@given(st.integers(0, 100_000), st.integers(1, 10_000))
-def test_eval_tasks_cover_the_validation_split(rows: int, per_task: int) -> None:
-    tasks = eval_tasks(rows, per_task)
+@given(st.integers(0, 100_000), st.integers(1, 10_000), st.integers(1, 16))
+def test_eval_tasks_cover_the_validation_split(rows: int, per_task: int, at_least: int) -> None:
+    tasks = eval_tasks(rows, per_task, at_least=at_least)
     assert sum(t.rows for t in tasks) == rows
     assert all(t.rows <= per_task for t in tasks)
+    assert len(tasks) >= min(rows, at_least), "as many tasks as the update's, while there are rows for them"
+    assert [(t.lo, t.hi) for t in tasks] == [(t.lo, t.hi) for t in eval_tasks(rows, per_task, at_least=at_least)]
 
 
 @given(staleness=st.integers(0, 64), total=st.integers(1, 300), done=st.integers(0, 300))

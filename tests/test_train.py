@@ -126,6 +126,32 @@ def test_any_worker_count_gives_bitwise_identical_weights(tmp_path: Path, datase
     assert digest(tmp_path / "two" / "run") == digest(tmp_path / "other" / "run")
 
 
+def test_evaluation_is_split_over_the_update_tasks_and_its_figures_do_not_depend_on_the_workers(
+        tmp_path: Path, dataset: Path, monkeypatch) -> None:
+    """150 validation rows, train.eval_rows 8192, tasks_per_update 3: each evaluation is 3 tasks (so that 2 or 3
+    workers evaluate side by side), the same for any worker count, and so are its figures, bit for bit."""
+    from memtrain.train.scheduler import Scheduler
+
+    evaluations: list[list[tuple[int, int]]] = []
+    run = Scheduler.run
+
+    def spy(scheduler, transport, tasks, *args, **options):  # noqa: ANN001, ANN202 - a pass-through spy
+        if tasks and isinstance(tasks[0], EvalTask):
+            evaluations.append([(task.lo, task.hi) for task in tasks])
+        return run(scheduler, transport, tasks, *args, **options)
+
+    monkeypatch.setattr(Scheduler, "run", spy)
+    figures = []
+    for workers in (1, 2):
+        job = write_job(tmp_path / str(workers), dataset)
+        assert train_cli(job, "--workers", workers) == 0
+        records = [json.loads(line) for line in (tmp_path / str(workers) / "run" / "metrics.jsonl").read_text()
+                   .splitlines()]
+        figures.append([{k: v for k, v in r.items() if k.startswith("val_")} for r in records if r["kind"] == "epoch"])
+    assert evaluations == [[(0, 50), (50, 100), (100, 150)]] * 6  # 3 epochs, twice
+    assert figures[0] == figures[1] and len(figures[0]) == 3
+
+
 def test_sliced_steps_give_identical_weights_and_checksums_for_any_worker_count(tmp_path: Path,
                                                                               dataset: Path) -> None:
     """A model of 13 checksum blocks: 1, 2 and 3 workers cut every step into 1, 2 and 3 slices.

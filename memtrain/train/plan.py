@@ -155,8 +155,18 @@ def step_slices(size: int, participants: int, block: int) -> list[tuple[int, int
     return [(a * block, min(b * block, size)) for a, b in split_range(0, blocks, min(participants, blocks))]
 
 
-def eval_tasks(val_rows: int, eval_rows: int) -> tuple[TaskRange, ...]:
-    pieces = split_range(0, val_rows, -(-val_rows // eval_rows)) if val_rows else []
+def eval_tasks(val_rows: int, eval_rows: int, *, at_least: int = 1) -> tuple[TaskRange, ...]:
+    """The evaluation tasks of ``val_rows`` validation rows: contiguous pieces of at most ``eval_rows`` rows,
+    and at least ``at_least`` of them (the job's ``tasks_per_update``, so that the participants of an update
+    evaluate side by side) while there are rows for them. A function of the job alone, never of the worker
+    count: the validation figures, summed in task order, are the same bits with any worker count.
+
+    >>> [(t.lo, t.hi) for t in eval_tasks(512, 8192, at_least=2)]
+    [(0, 256), (256, 512)]
+    >>> [(t.lo, t.hi) for t in eval_tasks(10, 4, at_least=2)]
+    [(0, 3), (3, 6), (6, 10)]
+    """
+    pieces = split_range(0, val_rows, max(-(-val_rows // eval_rows), at_least)) if val_rows else []
     return tuple(TaskRange(i, a, b) for i, (a, b) in enumerate(pieces))
 
 

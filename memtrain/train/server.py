@@ -499,7 +499,7 @@ class Trainer:
         return record
 
     def evaluate(self, version: int, while_waiting: Any = None) -> dict[str, float]:
-        tasks = eval_tasks(self.val_rows, self.job.train.eval_rows)
+        tasks = eval_tasks(self.val_rows, self.job.train.eval_rows, at_least=self.job.train.tasks_per_update)
         if not tasks:
             if while_waiting is not None:
                 while_waiting()
