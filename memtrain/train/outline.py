@@ -183,12 +183,13 @@ def _child(send: Connection, dataset: str, kind: str, options: dict[str, Any], n
         exit_at_once()
     from threadpoolctl import threadpool_limits
 
-    from memtrain.train.worker import become_worker
+    from memtrain.train.worker import become_worker, release_freed_memory
 
     become_worker(server_pid, threads)  # as a worker prepares itself before it builds its model
     with threadpool_limits(limits=threads):
         built = _outline(send, dataset, kind, options, normalize, seed, threads, version0)
         if built is not None:
+            release_freed_memory()  # the outline's garbage, kept by the worker's allocator policy: not a worker's
             _serve_when_adopted(orders, send, *built)
     exit_at_once()
 

@@ -9,7 +9,9 @@ The server runs the same ``WorkerState`` itself when it runs the rounds alone (t
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import gc
 import math
 import os
 import select
@@ -120,6 +122,18 @@ def keep_freed_memory() -> None:
         libc.mallopt(M_TRIM_THRESHOLD, KEEP_BLOCKS_BELOW)
     except (OSError, AttributeError):  # not glibc: its allocator keeps its own policy
         pass
+
+
+def release_freed_memory() -> None:
+    """Hand the heap's free pages back to the kernel once (glibc ``malloc_trim``), whatever
+    ``keep_freed_memory`` says: for a process that did other work before it serves as a worker (an outline's
+    kept child: version 0, the model's first parameters and the dry run's temporaries are garbage once the
+    outline is sent), so that a worker's memory is what its tasks need."""
+    gc.collect()
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: its allocator keeps its own policy
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 def _receive(inbox: Connection, server_pid: int, poll: select.poll) -> Message | None:
