@@ -207,3 +207,23 @@ def test_a_worker_that_dies_while_the_pool_grows_is_started_again_unreported(set
         assert doomed not in pool.pids() and all(spawned(pid) for pid in pool.pids())
     finally:
         pool.close(timeout=30)
+
+
+def resident_mib(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) / 1024
+
+
+def test_a_kept_outline_child_hands_its_start_up_garbage_back_before_it_serves(setup: WorkerSetup) -> None:
+    """A worker keeps freed memory for its next task (worker.py keep_freed_memory); the outline's kept child
+    set that policy before it built the model, so version 0 and the dry run's temporaries would stay
+    resident for the whole run: it trims its heap once (release_freed_memory) before it serves."""
+    outline = outline_model(dataset=setup.dataset, kind="memory_models:ScratchAtInit", options={}, normalize=False,
+                            seed=0, threads=1, keep=True)
+    try:
+        pid, deadline = outline.kept.process.pid, time.monotonic() + 20
+        while resident_mib(pid) > 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert resident_mib(pid) < 200  # the 256 MiB scratch was filled: without the trim it stays
+    finally:
+        outline.release()
