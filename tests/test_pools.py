@@ -227,21 +227,3 @@ def test_a_kept_outline_child_hands_its_start_up_garbage_back_before_it_serves(s
         assert resident_mib(pid) < 200  # the 256 MiB scratch was filled: without the trim it stays
     finally:
         outline.release()
-
-
-def test_a_task_gradient_calls_its_after_first_hook_once() -> None:
-    """A worker trims its heap once, after its first task (train/gradient.py ``after_first``): a torch
-    module's own parameters, freed when the first task bound it to the mapped version, are not kept."""
-    from memtrain.train.gradient import TaskGradient
-
-    class Model:
-        def loss_and_grad(self, params: dict, x: np.ndarray, y: np.ndarray, grads: dict) -> float:
-            assert calls == [] or len(calls) == 1  # the hook runs after a task, never during one
-            return 0.0
-
-    calls: list[int] = []
-    gradient = TaskGradient(Model(), seed=0, after_first=lambda: calls.append(1))
-    x, y = blobs(n=40, features=4)
-    for version in range(3):
-        gradient(np.zeros(1, dtype=np.float32), {}, x, y, {}, version=version, task=0)
-        assert calls == [1]

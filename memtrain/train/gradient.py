@@ -20,7 +20,6 @@ worker's environment does not change), so a task pays no look-up for them.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +37,10 @@ class TaskGradient:
     >>> loss, seconds = gradient(weights, views(weights), x, y, views(out), version=3, task=1)  # doctest: +SKIP
     """
 
-    __slots__ = ("model", "seed", "seeded", "straggler", "audit", "after_first")
+    __slots__ = ("model", "seed", "seeded", "straggler", "audit")
 
-    def __init__(self, model: Any, *, seed: int, straggler: float = 1.0, audit: str | None = None,
-                 after_first: Callable[[], None] | None = None):
-        """``after_first``: called once, after the first task (a worker hands back what its model's first
-        binding freed: train/worker.py ``release_freed_memory``)."""
+    def __init__(self, model: Any, *, seed: int, straggler: float = 1.0, audit: str | None = None):
         self.model, self.seed, self.straggler = model, seed, straggler
-        self.after_first = after_first
         self.seeded = bool(getattr(model, "seeded", False))
         self.audit = audit if audit is not None else read_audit_path()
 
@@ -67,9 +62,6 @@ class TaskGradient:
         if self.straggler > 1:
             time.sleep((self.straggler - 1) * (time.perf_counter() - started))
         seconds = time.perf_counter() - started
-        if self.after_first is not None:
-            after_first, self.after_first = self.after_first, None
-            after_first()
         if self.audit:
             append_jsonl(Path(self.audit), {"version": version, "before": before, "after": array_checksum(weights)})
         return float(loss), seconds

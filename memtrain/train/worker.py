@@ -182,11 +182,8 @@ class WorkerState:
         self._scratch: np.ndarray | None = None
         self._val_rows = RowCache(ROW_CACHE_BYTES)  # evaluated every epoch: read and normalized once
         # a task's loss and gradient; the straggler test hook slows a worker, never the server itself
-        # after its first task a worker trims its heap once: a torch module's own parameters (40 MB at 1e7), freed
-        # when the task bound it to the mapped version, would stay resident under keep_freed_memory's policy
         self.gradient = TaskGradient(self.context.model, seed=setup.rounds.seed,
-                                     straggler=straggler_factor() if board is None else 1.0,
-                                     after_first=release_freed_memory if board is None else None)
+                                     straggler=straggler_factor() if board is None else 1.0)
 
     def scratch(self, size: int) -> np.ndarray:
         """A float32 buffer of ``size`` kept between tasks (a streamed gradient is computed into it)."""
