@@ -229,3 +229,27 @@ def test_the_items_of_an_update_are_timed_in_cpu_and_fit_inside_the_server_s_cpu
     assert all(value > 0 for value in items.values())
     assert items["the model's loss and gradient"] < items["a gradient task (the model's included)"]
     assert items["the rounds, in all"] < whole
+
+
+def test_a_memtrain_row_whose_runs_ended_in_different_places_says_so() -> None:
+    """"auto" may decide differently in the E- and the 2E-epoch run (the 2E run has more updates left to pay
+    for workers): the row's update cost then mixes two placements, and its label says so."""
+    from memtrain.benchmarks.train_bench import summarize
+
+    server = ["rounds: in the server from update 14: an update takes 28.05 ms in the server"]
+    workers = ["rounds: an update takes 19.69 ms in the server; starting 2 workers to compare",
+               "rounds: on 2 workers from update 47: 16.10 ms per update on 2 workers, 19.69 ms in the server"]
+
+    def run(rounds: list[str]) -> dict:
+        return {"compute_seconds": [0.01] * 4, "wall_seconds": 2.0, "peak_mib": 100.0, "pss_mib": 90.0,
+                "rounds": rounds}
+
+    def pair(short: list[str], long: list[str]) -> dict:
+        return {"update_s": 0.02, "cpu_update_s": 0.03, "extra_updates": 40, "short": run(short), "long": run(long)}
+
+    mixed = summarize("memtrain", [pair(server, workers), pair(server, server)], 0)
+    assert mixed["placements"] == ["in the server", "on 2 workers"]
+    assert mixed["label"] == "memtrain (placements differ: in the server / on 2 workers)"
+    alike = summarize("memtrain", [pair(workers, workers), pair(workers, workers)], 0)
+    assert alike["label"] == "memtrain (on 2 workers)" and alike["placements"] == ["on 2 workers"]
+    assert summarize("one_process", [pair([], [])], 0)["placements"] == []

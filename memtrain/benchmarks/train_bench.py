@@ -584,9 +584,10 @@ def summarize(method: str, pairs: list[dict[str, Any]], warmup: int, *, shuffle:
     startups = [pair["short"]["wall_seconds"] - pair["extra_updates"] * s for pair, s in zip(pairs, seconds,
                                                                                            strict=True) if s]
     runs = [pair[k] for pair in pairs for k in ("short", "long")]
-    rounds = pairs[0]["long"].get("rounds") or []
     memtrain = method.startswith(("memtrain", "torch_memtrain"))
-    named = label(method, shuffle) + (f" ({placement(rounds)})" if memtrain and rounds else "")
+    places = placements(pairs) if memtrain else []
+    where = places[0] if len(places) == 1 else "placements differ: " + " / ".join(places)
+    named = label(method, shuffle) + (f" ({where})" if places else "")
     return {"method": method, "label": named,
             "samples_per_s": BATCH / wall if wall else None, "update_ms": wall * 1e3 if wall else None,
             "update_ms_range": [min(timed) * 1e3, max(timed) * 1e3] if timed else None,
@@ -601,7 +602,15 @@ def summarize(method: str, pairs: list[dict[str, Any]], warmup: int, *, shuffle:
             "imported_from": sorted({pair[k]["memtrain_file"] for pair in pairs for k in ("short", "long")
                                      if "memtrain_file" in pair[k]}),
             "val_passes": [[pair[k].get("val_passes") for k in ("short", "long")] for pair in pairs],
-            "final": pairs[0]["long"].get("final") or {}}
+            "final": pairs[0]["long"].get("final") or {}, "placements": places}
+
+
+def placements(pairs: list[dict[str, Any]]) -> list[str]:
+    """Where memtrain's rounds ran in each of its E- and 2E-epoch runs, each place once: more than one, and an
+    update's cost taken from the runs' difference mixes them (``"auto"`` decided differently in the two runs
+    of a pair, or in two repeats)."""
+    return sorted({placement(pair[k]["rounds"]) for pair in pairs for k in ("short", "long")
+                   if pair[k].get("rounds")})
 
 
 def placement(rounds: list[str]) -> str:
@@ -715,6 +724,11 @@ def print_table(report: dict[str, Any]) -> None:
         console.print(f"{row['params']:,} params, {row['label']}: {row['untimed_repeats']} repeat(s) where 2E epochs "
                       "took no longer than E (start-up noise larger than the extra updates): raise --epochs or "
                       "--updates", highlight=False)
+    for row in report["results"]:
+        if len(row.get("placements", [])) > 1:
+            console.print(f"{row['params']:,} params, {row['label']}: its runs ended in different places, so its "
+                          "update cost mixes them: raise --epochs until \"auto\" decides alike in every run",
+                          highlight=False)
     for best in report["baselines"]:
         console.print(f"{best['params']:>12,} params: memtrain ({placement(best['memtrain_rounds'][0])}) ÷ best "
                       f"of one process / all-core BLAS / shared_memory, repeat by repeat = "
