@@ -586,7 +586,7 @@ def summarize(method: str, pairs: list[dict[str, Any]], warmup: int, *, shuffle:
     runs = [pair[k] for pair in pairs for k in ("short", "long")]
     memtrain = method.startswith(("memtrain", "torch_memtrain"))
     places = placements(pairs) if memtrain else []
-    where = places[0] if len(places) == 1 else "placements differ: " + " / ".join(places)
+    where = places[0] if len(places) == 1 else "placements differ"  # which: under the table
     named = label(method, shuffle) + (f" ({where})" if places else "")
     return {"method": method, "label": named,
             "samples_per_s": BATCH / wall if wall else None, "update_ms": wall * 1e3 if wall else None,
@@ -726,9 +726,9 @@ def print_table(report: dict[str, Any]) -> None:
                       "--updates", highlight=False)
     for row in report["results"]:
         if len(row.get("placements", [])) > 1:
-            console.print(f"{row['params']:,} params, {row['label']}: its runs ended in different places, so its "
-                          "update cost mixes them: raise --epochs until \"auto\" decides alike in every run",
-                          highlight=False)
+            console.print(f"{row['params']:,} params, {row['label']}: its runs ended in different places "
+                          f"({' / '.join(row['placements'])}), so its update cost mixes them: raise --epochs until "
+                          "\"auto\" decides alike in every run", highlight=False)
     for best in report["baselines"]:
         console.print(f"{best['params']:>12,} params: memtrain ({placement(best['memtrain_rounds'][0])}) ÷ best "
                       f"of one process / all-core BLAS / shared_memory, repeat by repeat = "
