@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-import threading
 import traceback
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from memtrain.errors import DiskFullError, Interrupted, MemtrainError
 from memtrain.faults import check_spec as check_fault_spec
 from memtrain.files import is_no_space, no_space_error
 from memtrain.streams import guarded_streams
-from memtrain.train.launch import exit_at_once
+from memtrain.train.launch import end_command
 
 COMMANDS = {
     "prepare": ("memtrain.prepare.command", "turn a CSV/NPY/NPZ/HDF5/Parquet source into a sharded dataset"),
@@ -115,12 +114,9 @@ def _run(args: argparse.Namespace) -> int:
 
 def console() -> None:
     """The ``memtrain`` command: ``main``, then, when no other thread runs, the end without the interpreter's
-    teardown (train/launch.py ``exit_at_once``: 58-91 ms of a command that loaded numpy, h5py and memtrain).
+    teardown (train/launch.py ``end_command``: 58-91 ms of a command that loaded numpy, h5py and memtrain).
     ``main`` itself returns, for callers in the same process (the tests)."""
-    code = main()
-    if threading.active_count() == 1:
-        exit_at_once(code)
-    sys.exit(code)
+    end_command(main())
 
 
 if __name__ == "__main__":

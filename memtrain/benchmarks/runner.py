@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrain.benchmarks.problem import Problem
-from memtrain.train.launch import exit_at_once
+from memtrain.train.launch import end_command
 from memtrain.train.optim import OptimizerConfig
 
 METHODS = ("memtrain", "one_process", "pickle_queue", "shared_memory", "one_process_blas")
@@ -89,14 +89,19 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def is_memtrain(method: str) -> bool:
+    """A row of memtrain itself (any placement, order or checkout), not a peer's."""
+    return method.startswith(("memtrain", "torch_memtrain"))
+
+
 def ends_as_the_command(method: str) -> bool:
-    """memtrain's runs end as the ``memtrain`` command does, without the interpreter's teardown
-    (memtrain/cli.py ``console``); a peer ends as the user's script would, with it."""
-    return method.startswith(("memtrain", "torch_memtrain")) or method == "first_memtrain"
+    """memtrain's runs end as the ``memtrain`` command does, without the interpreter's teardown when nothing
+    else runs (train/launch.py ``end_command``); a peer ends as the user's script would, with it."""
+    return is_memtrain(method) or method == "first_memtrain"
 
 
 if __name__ == "__main__":
     code = main(sys.argv)
     if ends_as_the_command(json.loads(sys.argv[1])["method"]):
-        exit_at_once(code)
+        end_command(code)
     sys.exit(code)

@@ -40,7 +40,7 @@ from memtrain.benchmarks.compare import Spread, Target, interleaved, median, pai
 from memtrain.benchmarks.memory import run_sampled
 from memtrain.benchmarks.memtrain_run import measured, spec_for
 from memtrain.benchmarks.problem import BATCH, Problem
-from memtrain.benchmarks.runner import CLUSTER_METHOD, FIRST_JOB, FORCED, METHODS, TORCH_METHODS
+from memtrain.benchmarks.runner import CLUSTER_METHOD, FIRST_JOB, FORCED, METHODS, TORCH_METHODS, is_memtrain
 from memtrain.benchmarks.synthetic import CLASSES, FEATURES, mlp_shape, write_dataset
 from memtrain.errors import InputError
 from memtrain.order import SHUFFLES
@@ -584,8 +584,7 @@ def summarize(method: str, pairs: list[dict[str, Any]], warmup: int, *, shuffle:
     startups = [pair["short"]["wall_seconds"] - pair["extra_updates"] * s for pair, s in zip(pairs, seconds,
                                                                                            strict=True) if s]
     runs = [pair[k] for pair in pairs for k in ("short", "long")]
-    memtrain = method.startswith(("memtrain", "torch_memtrain"))
-    places = placements(pairs) if memtrain else []
+    places = placements(pairs) if is_memtrain(method) else []
     where = places[0] if len(places) == 1 else "placements differ"  # which: under the table
     named = label(method, shuffle) + (f" ({where})" if places else "")
     return {"method": method, "label": named,
@@ -725,7 +724,7 @@ def print_table(report: dict[str, Any]) -> None:
                       "took no longer than E (start-up noise larger than the extra updates): raise --epochs or "
                       "--updates", highlight=False)
     for row in report["results"]:
-        if len(row.get("placements", [])) > 1:
+        if len(row["placements"]) > 1:
             console.print(f"{row['params']:,} params, {row['label']}: its runs ended in different places "
                           f"({' / '.join(row['placements'])}), so its update cost mixes them: raise --epochs until "
                           "\"auto\" decides alike in every run", highlight=False)

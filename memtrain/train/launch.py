@@ -17,6 +17,7 @@ import atexit
 import contextlib
 import os
 import sys
+import threading
 import types
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -55,3 +56,11 @@ def exit_at_once(code: int = 0) -> NoReturn:
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(code)
+
+
+def end_command(code: int) -> NoReturn:
+    """End the ``memtrain`` command (memtrain/cli.py ``console``) with ``code``: at once (``exit_at_once``)
+    when no other thread runs, else the usual way, which waits for those threads."""
+    if threading.active_count() == 1:
+        exit_at_once(code)
+    sys.exit(code)
