@@ -254,3 +254,29 @@ def test_a_memtrain_row_whose_runs_ended_in_different_places_says_so() -> None:
     alike = summarize("memtrain", [pair(workers, workers), pair(workers, workers)], 0)
     assert alike["label"] == "memtrain (on 2 workers)" and alike["placements"] == ["on 2 workers"]
     assert summarize("one_process", [pair([], [])], 0)["placements"] == []
+
+
+def test_memory_is_the_median_of_the_repeats_peaks_with_their_range(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each repeat's peak is the larger of its two runs'; the row gives the median over the repeats and the
+    range, as every other figure (one run's outlier is printed beside the median, not as the figure)."""
+    from memtrain.benchmarks.train_bench import print_table, summarize
+
+    def run(peak: float, pss: float) -> dict:
+        return {"compute_seconds": [0.01] * 4, "wall_seconds": 2.0, "peak_mib": peak, "pss_mib": pss}
+
+    def pair(short: tuple[float, float], long: tuple[float, float]) -> dict:
+        return {"update_s": 0.02, "cpu_update_s": 0.03, "extra_updates": 40, "short": run(*short),
+                "long": run(*long)}
+
+    row = summarize("one_process", [pair((150, 90), (160, 100)), pair((170, 120), (140, 110)),
+                                    pair((400, 300), (180, 80))], 0)
+    assert (row["pss_mib"], row["pss_mib_range"]) == (120, [100, 300])
+    assert (row["peak_mib"], row["peak_mib_range"]) == (170, [160, 400])
+    row.update(params=10_360, epochs=[5, 10], ratio=None)
+    report = {"settings": {"batch": 512, "workers": 2, "updates": 40, "repeats": 3},
+              "machine": {"cpus": 2, "cpu": "test CPU", "memory_gib": 1.0, "blas": "test", "numpy": "2",
+                          "python": "3.11", "loadavg_before": [0.5], "loadavg_after": [0.6]},
+              "results": [row], "baselines": [], "first_job": None}
+    print_table(report)
+    printed = capsys.readouterr().out
+    assert "120 (100-300)" in printed and "170 (160-400)" in printed

@@ -16,7 +16,7 @@ memtrain with ``kind = "torch"`` against torch DDP on gloo and one torch process
 rows' ratios are memtrain-torch's samples/s over theirs. Compute is the median over the longer run's
 updates after ``--warmup``, as each method measured it; overhead is an update's cost less its compute.
 Memory is the peak of the summed VmHWM (shared pages counted per process) and the peak of the summed PSS
-(shared pages counted once).
+(shared pages counted once) of each repeat, the median over the repeats with their range.
 """
 
 from __future__ import annotations
@@ -583,7 +583,6 @@ def summarize(method: str, pairs: list[dict[str, Any]], warmup: int, *, shuffle:
     cpus = [pair["cpu_update_s"] for pair in pairs if pair["cpu_update_s"]]
     startups = [pair["short"]["wall_seconds"] - pair["extra_updates"] * s for pair, s in zip(pairs, seconds,
                                                                                            strict=True) if s]
-    runs = [pair[k] for pair in pairs for k in ("short", "long")]
     places = placements(pairs) if is_memtrain(method) else []
     where = places[0] if len(places) == 1 else "placements differ"  # which: under the table
     named = label(method, shuffle) + (f" ({where})" if places else "")
@@ -594,7 +593,7 @@ def summarize(method: str, pairs: list[dict[str, Any]], warmup: int, *, shuffle:
             "overhead_ms": (wall - compute) * 1e3 if wall and compute is not None else None,
             "cpu_ms": median(cpus) * 1e3 if cpus else None,
             "startup_s": Spread.of(startups).as_dict() if startups else None,
-            "peak_mib": max(r["peak_mib"] for r in runs), "pss_mib": max(r["pss_mib"] for r in runs),
+            **memory_peaks(pairs),
             "extra_updates": pairs[0]["extra_updates"], "untimed_repeats": len(seconds) - len(timed),
             "runs_samples_per_s": [BATCH / s if s else None for s in seconds],
             "exchange": pairs[0]["long"].get("exchange"), "rounds": [pair["long"].get("rounds", []) for pair in pairs],
@@ -602,6 +601,16 @@ def summarize(method: str, pairs: list[dict[str, Any]], warmup: int, *, shuffle:
                                      if "memtrain_file" in pair[k]}),
             "val_passes": [[pair[k].get("val_passes") for k in ("short", "long")] for pair in pairs],
             "final": pairs[0]["long"].get("final") or {}, "placements": places}
+
+
+def memory_peaks(pairs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each repeat's peak memory (the larger of its E- and 2E-epoch runs'), summed over the method's
+    processes: the median over the repeats, as every other figure, and the range beside it (``*_range``)."""
+    peaks = {}
+    for key in ("peak_mib", "pss_mib"):
+        spread = Spread.of([max(pair["short"][key], pair["long"][key]) for pair in pairs])
+        peaks[key], peaks[f"{key}_range"] = spread.median, [spread.low, spread.high]
+    return peaks
 
 
 def placements(pairs: list[dict[str, Any]]) -> list[str]:
@@ -707,15 +716,16 @@ def print_table(report: dict[str, Any]) -> None:
         table.caption += (f"; torch {m.get('torch')}. Torch rows: the same MLP as a torch.nn.Module, ratio = "
                           "memtrain (torch module) ÷ method; DDP compute from a no_sync calibration")
     for name in ("params", "epochs", "method", "samples/s", "ms/update (range)", "compute ms", "overhead ms",
-                 "CPU ms/update", "start-up s", "peak MiB", "peak PSS MiB", "memtrain ÷ method (range)"):
+                 "CPU ms/update", "start-up s", "peak MiB (range)", "peak PSS MiB (range)",
+                 "memtrain ÷ method (range)"):
         table.add_column(name, justify="left" if name == "method" else "right")
     for row in report["results"]:
         update = "-" if row["update_ms"] is None else \
             f"{row['update_ms']:.2f} ({row['update_ms_range'][0]:.2f}-{row['update_ms_range'][1]:.2f})"
         table.add_row(f"{row['params']:,}", "{} & {}".format(*row["epochs"]), escape(row["label"]),
                       _num(row["samples_per_s"], 0), update, _num(row["compute_ms"], 2), _num(row["overhead_ms"], 2),
-                      _num(row["cpu_ms"], 2), _spread_text(row["startup_s"]), f"{row['peak_mib']:,.0f}",
-                      f"{row['pss_mib']:,.0f}", _spread_text(row["ratio"]))
+                      _num(row["cpu_ms"], 2), _spread_text(row["startup_s"]), _mib_text(row, "peak_mib"),
+                      _mib_text(row, "pss_mib"), _spread_text(row["ratio"]))
     console = Console(width=230)
     console.print(table)
     untimed = [row for row in report["results"] if row["untimed_repeats"]]
@@ -770,6 +780,12 @@ def print_first_job(first: dict[str, Any], console: Any) -> None:
     console.print(table)
     for verdict in first["verdicts"]:
         console.print(verdict, highlight=False)
+
+
+def _mib_text(row: dict[str, Any], key: str) -> str:
+    """A memory peak as ``1,254 (1,208-1,274)``: the median over the repeats and their range."""
+    low, high = row[f"{key}_range"]
+    return f"{row[key]:,.0f}" if low == high else f"{row[key]:,.0f} ({low:,.0f}-{high:,.0f})"
 
 
 def _num(value: float | None, digits: int = 1) -> str:
