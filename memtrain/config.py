@@ -154,7 +154,7 @@ class RunConfig:
     # checkpoint, which is most of a small job's time (the README's first job: 30 checkpoints, about 3x its training)
     keep_best: bool | str = "auto"
     keep_versions: int = 3  # weight versions left on disk for inspection
-    exchange: str = "auto"  # "auto" (measure /dev/shm vs the run's filesystem) | "shm" | "run" | a directory
+    exchange: str = "auto"  # "auto" (/dev/shm if it has room, else the run's filesystem) | "shm" | "run" | a directory
     cluster: str = ""  # "": worker processes on this machine; "tcp://HOST:PORT" or "local:N": Dask workers
     log_to: tuple[str, ...] = ()  # also write the epoch metrics for other tools: "csv", "tensorboard"
 

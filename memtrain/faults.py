@@ -52,7 +52,6 @@ POINTS = {
     "after_result": "an evaluation or statistics result accepted",
     "statistics_chunk": "a chunk of a statistics task added into its partial (not published yet)",
     "after_update_logged": "an update's lineage and metric lines made, not written yet",
-    "exchange_probe": "the exchange probe file created in a candidate folder, not yet timed or removed",
     "ckpt_after_data": "a checkpoint's files copied, its meta.json not written",
     "ckpt_before_commit": "a checkpoint complete under its temporary name, not renamed",
     "run_before_commit": "a new run directory's records written under its temporary name, not renamed",

@@ -7,7 +7,7 @@ random moment from start-up (imports, the room check, the exchange measurement) 
 whose server died is resumed. Every run must end with weights identical to a fault-free run, with no
 process of it left (the processes of a run are found by a tag in their environment, so a worker that
 was never logged is found too), and with no file left behind: no temporary name or exchange area in the
-run directory, nothing of its servers in /dev/shm (exchange areas, exchange probes), and nothing in its
+run directory, nothing of its servers in /dev/shm (exchange areas), and nothing in its
 private TMPDIR.
 """
 

@@ -22,7 +22,6 @@ TRAIN = {"before_grad_write", "after_grad_write", "mid_step", "after_publish", "
 PREPARE = {"prepare_mid_spool", "prepare_mid_shard", "prepare_after_shard", "prepare_before_publish", "write"}
 SERVE = {"serve_after_claim", "serve_after_launch"}
 STALENESS = {"mid_publish"}  # fixed staleness in the rounds
-PROBE = {"exchange_probe"}  # only where an exchange of 16 MiB or more picks between /dev/shm and the run's disk
 ADDITIVE = {"statistics_chunk"}  # an additive model's pass
 
 
@@ -38,7 +37,7 @@ def fired(log: Path) -> set[str]:
 
 
 def test_the_scenarios_cover_every_declared_point() -> None:
-    assert set(POINTS) == TRAIN | STALENESS | PREPARE | SERVE | PROBE | ADDITIVE
+    assert set(POINTS) == TRAIN | STALENESS | PREPARE | SERVE | ADDITIVE
 
 
 def job(folder: Path, data: Path, name: str = "job", hidden: int = 8) -> Path:
@@ -73,17 +72,6 @@ def test_the_staleness_point_fires(tmp_path: Path) -> None:
                       'train.staleness_in="rounds"', points=STALENESS, log=tmp_path / "fired", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert fired(tmp_path / "fired") == STALENESS
-
-
-def test_the_exchange_probe_fires_for_a_large_exchange(tmp_path: Path) -> None:
-    if not (os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK)):
-        pytest.skip("no writable /dev/shm: the exchange location is not measured")
-    x, y = blobs(n=200, features=4, classes=3)
-    data = write_dataset(tmp_path / "data", x, y, shard_rows=200)
-    big = job(tmp_path, data, hidden=600_000)  # 4.2 M parameters: 17 MB per file, 85 MB of exchange
-    result = memtrain("train", big, "--set", "train.epochs=1", points=PROBE, log=tmp_path / "fired", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert fired(tmp_path / "fired") == PROBE
 
 
 def test_every_prepare_point_fires(tmp_path: Path) -> None:

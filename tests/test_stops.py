@@ -141,24 +141,22 @@ def test_a_run_that_fails_with_no_one_reading_exits_1_and_its_log_says_why(data:
     assert "failed: " in log and "injected fault at after_update_logged" in log
 
 
-def test_sigterm_during_start_up_is_a_clean_stop_that_leaves_no_probe(data: Path, tmp_path: Path) -> None:  # noqa: F811
-    """Stopped while it measures where the exchange area goes (the server is SIGSTOPped there, then gets
-    SIGTERM): a message and exit 143, and the 16 MiB probe file is gone."""
-    if not (os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK)):
-        pytest.skip("no writable /dev/shm: the exchange location is not measured")
-    job = write_job(tmp_path, data, model_extra="hidden = [200000]")  # an exchange over 16 MiB: probed
+def test_sigterm_during_start_up_is_a_clean_stop_that_leaves_nothing(data: Path, tmp_path: Path) -> None:  # noqa: F811
+    """Stopped while it creates the run directory (the server is SIGSTOPped with the records written under the
+    directory's temporary name, then gets SIGTERM): a message and exit 143, and neither the temporary
+    directory nor the run directory is left."""
+    job = write_job(tmp_path, data)
     proc = popen(job, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                 env={"MEMTRAIN_FAULT": "exchange_probe:1", "MEMTRAIN_FAULT_ACTION": "stop"})
-    probes = []
+                 env={"MEMTRAIN_FAULT": "run_before_commit:1", "MEMTRAIN_FAULT_ACTION": "stop"})
+    building = []
     deadline = time.monotonic() + 60
-    while not probes:
-        assert time.monotonic() < deadline and proc.poll() is None, "the server never reached the probe"
-        probes = [p for folder in (Path("/dev/shm"), tmp_path / "run") if folder.is_dir()
-                  for p in folder.glob(f".memtrain-probe.tmp-{proc.pid}-*")]
+    while not building:
+        assert time.monotonic() < deadline and proc.poll() is None, "the server never reached the run's creation"
+        building = list(tmp_path.glob(f".run.tmp-{proc.pid}-*"))
         time.sleep(0.02)
     os.kill(proc.pid, signal.SIGTERM)
     os.kill(proc.pid, signal.SIGCONT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "stopped by SIGTERM during start-up, before training began" in err
-    assert not any(p.exists() for p in probes)
+    assert not any(p.exists() for p in building) and not (tmp_path / "run").exists()

@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-import numpy as np
-
 from memtrain.config import Job
 from memtrain.errors import CorruptFileError, InputError, MemtrainError
 from memtrain.faults import fault_point
@@ -73,9 +71,6 @@ from memtrain.train.record import Decision, decide, write_records
 from memtrain.train.room import size_text
 
 SHM = Path("/dev/shm")
-# Probe size for choosing the exchange filesystem: big enough to see page-fault and copy costs, small
-# enough to take a few milliseconds. On a machine like ours ext4's page cache beat /dev/shm.
-PROBE_BYTES = 16 << 20
 
 
 # Files of a run directory that memtrain rewrites by rename: their temporary names are its own leftovers.
@@ -129,7 +124,8 @@ def sweep_leftovers(run_dir: Path, exchange_parents: list[Path]) -> list[Path]:
                     (folder / name).unlink(missing_ok=True)
                     removed.append(folder / name)
     for parent in exchange_parents:
-        removed += sweep_orphans(parent, EXCHANGE_PROBE.__eq__)  # a server killed while measuring it
+        removed += sweep_orphans(parent, EXCHANGE_PROBE.__eq__)  # an older version's server killed while
+        # it timed this folder (until issue 32, a 16 MiB probe was timed in each candidate)
         with contextlib.suppress(OSError):
             for name in os.listdir(parent):
                 owner = parse_exchange_owner(name)
@@ -160,66 +156,29 @@ def exchange_candidates(job: Job) -> list[Path]:
     return [SHM, run_parent] if SHM.is_dir() and os.access(SHM, os.W_OK) else [run_parent]
 
 
-def probe_write_seconds(folder: Path) -> float:
-    """Time to write, map and read back a probe file in ``folder`` (best of three).
-
-    The probe has a ``tmp_sibling`` name carrying our pid: if we are killed while measuring, the next start
-    in this folder finds it (``sweep_leftovers``) and removes it.
-    """
-    data = np.ones(PROBE_BYTES // 4, dtype=np.float32)
-    best = float("inf")
-    path = tmp_sibling(folder / EXCHANGE_PROBE)
-    try:
-        with open(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), "w+b") as handle:
-            fault_point("exchange_probe")
-            for _ in range(3):
-                handle.seek(0)
-                handle.truncate()  # freed, so that every round allocates its pages again, as a new file would
-                start = time.perf_counter()
-                handle.write(memoryview(data).cast("B"))
-                handle.flush()
-                float(np.fromfile(path, dtype=np.float32).sum())
-                best = min(best, time.perf_counter() - start)
-    finally:
-        path.unlink(missing_ok=True)
-    return best
-
-
 def choose_exchange(job: Job, need_bytes: int, log: Any, run_bytes: int = 0) -> Path:
-    """Pick the exchange parent: among the candidates with room for ``need_bytes``, the fastest measured.
+    """Pick the exchange parent: the first candidate with room for ``need_bytes`` (``exchange_candidates``
+    puts ``/dev/shm`` before the run's filesystem).
 
-    A candidate on the run directory's filesystem must also hold the run's own ``run_bytes``."""
-    roomy, needs = [], {}
+    The exchange's buffers are made once and rewritten by every update; nothing in them needs a disk. In
+    ``/dev/shm`` (tmpfs) their pages stay in memory; on a disk's filesystem the kernel also writes them back
+    (every 30 s by default) and write-protects them, so the next update faults every page again
+    (docs/train.md gives the measurements that chose this order). A candidate on the run directory's
+    filesystem must also hold the run's own ``run_bytes``."""
+    needs = {}
     run_device = os.stat(job.run.dir).st_dev
     for folder in exchange_candidates(job):
         folder.mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(folder).free
         needs[folder] = need_bytes + (run_bytes if os.stat(folder).st_dev == run_device else 0)
         if free >= needs[folder]:
-            roomy.append(folder)
-        else:
-            log(f"exchange: {folder} has {size_text(free)} free, needs {size_text(needs[folder])}; not used")
-    if not roomy:
-        raise MemtrainError("no room for the exchange area (gradient files, statistics and optimizer state)",
-                            expected=" or ".join(f"{size_text(n)} free in {f}" for f, n in needs.items()),
-                            found=", ".join(f"{f}: {size_text(shutil.disk_usage(f).free)} free" for f in needs),
-                            hint="free space, lower train.tasks_per_update or train.workers, or set run.exchange "
-                                 "to a roomier directory")
-    if len(roomy) == 1:
-        return roomy[0]
-    if need_bytes < PROBE_BYTES:  # a few small files: where they live cannot matter as much as the probe costs
-        log(f"exchange: {roomy[0]} (no probe: the exchange needs {need_bytes >> 10} KiB)")
-        return roomy[0]
-    timings = {}
-    for folder in roomy:
-        try:
-            timings[folder] = probe_write_seconds(folder)
-        except OSError as exc:  # e.g. room for the exchange but not for the probe: not the faster one anyway
-            log(f"exchange probe failed in {folder}: {exc.strerror}; not used")
-    if not timings:
-        return roomy[-1]
-    log("exchange probe: " + ", ".join(f"{f} {t * 1e3:.1f} ms" for f, t in timings.items()))
-    return min(timings, key=lambda folder: timings[folder])
+            return folder
+        log(f"exchange: {folder} has {size_text(free)} free, needs {size_text(needs[folder])}; not used")
+    raise MemtrainError("no room for the exchange area (gradient files, statistics and optimizer state)",
+                        expected=" or ".join(f"{size_text(n)} free in {f}" for f, n in needs.items()),
+                        found=", ".join(f"{f}: {size_text(shutil.disk_usage(f).free)} free" for f in needs),
+                        hint="free space, lower train.tasks_per_update or train.workers, or set run.exchange "
+                             "to a roomier directory")
 
 
 def open_run_dir(job: Job, *, resume: bool, need_exchange: int, need_run: int, overwrite: bool = False,

@@ -210,7 +210,7 @@ class StopRequest:
     """Set by SIGINT/SIGTERM/SIGHUP.
 
     Until training starts (``deferred`` False) a stop raises at once, wherever start-up is (opening or
-    verifying the dataset, measuring the exchange): there is nothing to save yet, and every step of it
+    verifying the dataset, creating the run directory): there is nothing to save yet, and every step of it
     cleans up after itself. From then on a stop is only recorded; the server looks at it between updates,
     so it never lands mid-bookkeeping, and the run checkpoints where it stands.
     """
