@@ -4,6 +4,8 @@ and the same bits for any slicing of the vector into checksum blocks."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -111,6 +113,8 @@ def test_a_non_finite_gradient_is_reported_and_a_slice_off_a_block_boundary_refu
     sgd = OptimizerConfig(name="sgd", lr=0.1)
     data = inputs(1, 50, 2, sgd)
     data["grads"][1][7] = np.inf
-    assert step(data, rows=2, optimizer=sgd, lr=0.1, slices=[(0, 50)])[0] is False
+    with warnings.catch_warnings():  # reported by the result, not by a RuntimeWarning on the user's console
+        warnings.simplefilter("error")
+        assert step(data, rows=2, optimizer=sgd, lr=0.1, slices=[(0, 50)])[0] is False
     with pytest.raises(ValueError, match="checksum block boundary"):
         step(inputs(1, 50, 1, sgd), rows=1, optimizer=sgd, lr=0.1, slices=[(3, 50)])

@@ -60,25 +60,26 @@ def reduce_and_step(*, grads: list[np.ndarray], rows: int, weights: np.ndarray, 
     buffer, zeros = scratch.mean, scratch.zeros
     divisor = np.float32(rows)
     trainable = hi if trainable is None else trainable
-    for a in range(lo, hi, CHUNK):
-        b = min(a + CHUNK, hi)
-        mean = buffer[: b - a]
-        if len(grads) == 1:
-            np.copyto(mean, grads[0][a:b])
-        else:
-            np.add(grads[0][a:b], grads[1][a:b], out=mean)  # the same sum, in the same order, one pass less
-        for grad in grads[2:]:
-            np.add(mean, grad[a:b], out=mean)
-        np.divide(mean, divisor, out=mean)
-        t = min(max(trainable, a), b)  # [a, t) is stepped, [t, b) holds buffers
-        if t > a:
-            apply_update(optimizer, step, lr, weights[a:t], mean[: t - a], {k: v[a:t] for k, v in state_in.items()},
-                         weights_out[a:t], {k: v[a:t] for k, v in state_out.items()},
-                         scratch=scratch.optimizer[: t - a])
-        if t < b:
-            np.add(weights[t:b], mean[t - a:], out=weights_out[t:b])
-        if np.dot(weights_out[a:b], zeros[: b - a]) != 0:
-            return False
-        digests[a // CHUNK] = np.frombuffer(block_digest(weights_out[a:b]), dtype=np.uint8)
-        fault_point("mid_step")
+    with np.errstate(invalid="ignore"):  # a NaN or Inf is what the check looks for: reported by the caller, not warned
+        for a in range(lo, hi, CHUNK):
+            b = min(a + CHUNK, hi)
+            mean = buffer[: b - a]
+            if len(grads) == 1:
+                np.copyto(mean, grads[0][a:b])
+            else:
+                np.add(grads[0][a:b], grads[1][a:b], out=mean)  # the same sum, in the same order, one pass less
+            for grad in grads[2:]:
+                np.add(mean, grad[a:b], out=mean)
+            np.divide(mean, divisor, out=mean)
+            t = min(max(trainable, a), b)  # [a, t) is stepped, [t, b) holds buffers
+            if t > a:
+                apply_update(optimizer, step, lr, weights[a:t], mean[: t - a], {k: v[a:t] for k, v in state_in.items()},
+                             weights_out[a:t], {k: v[a:t] for k, v in state_out.items()},
+                             scratch=scratch.optimizer[: t - a])
+            if t < b:
+                np.add(weights[t:b], mean[t - a:], out=weights_out[t:b])
+            if np.dot(weights_out[a:b], zeros[: b - a]) != 0:
+                return False
+            digests[a // CHUNK] = np.frombuffer(block_digest(weights_out[a:b]), dtype=np.uint8)
+            fault_point("mid_step")
     return True
