@@ -3,7 +3,7 @@
 Run with ``python -m pytest -m slow tests/test_chaos.py`` (``MEMTRAIN_CHAOS_KILLS=N`` changes the number of
 kills, 50 by default; a run that ended before its kill does not count). In each run the server or one of its
 workers, chosen at random, is SIGKILLed at a
-random moment from start-up (imports, the room check, the exchange measurement) to the last epoch; a run
+random moment from start-up (imports, the room check, the run directory's creation) to the last epoch; a run
 whose server died is resumed. Every run must end with weights identical to a fault-free run, with no
 process of it left (the processes of a run are found by a tag in their environment, so a worker that
 was never logged is found too), and with no file left behind: no temporary name or exchange area in the
@@ -63,12 +63,11 @@ def run(*args: object, tag: str, tmpdir: Path, background: bool = False):
 
 
 def strays_in_shm(servers: list[int]) -> list[str]:
-    """What the given server processes left in /dev/shm: exchange areas and exchange probes carry their pid."""
+    """What the given server processes left in /dev/shm: exchange areas carry their pid."""
     if not SHM.is_dir():
         return []
     return [name for name in os.listdir(SHM) for pid in servers
-            if name.endswith(f"-{pid}") and name.startswith("memtrain-x-")
-            or name.startswith(f".memtrain-probe.tmp-{pid}-")]
+            if name.endswith(f"-{pid}") and name.startswith("memtrain-x-")]
 
 
 @pytest.mark.slow

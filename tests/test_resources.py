@@ -109,10 +109,10 @@ def test_a_probe_left_by_an_older_server_killed_during_start_up_is_swept(tmp_pat
     run = tmp_path / "run"
     assert memtrain("train", job).returncode == 0
     sleeper = subprocess.Popen(["sleep", "30"])
+    folders = [run] + ([Path("/dev/shm")] if os.access("/dev/shm", os.W_OK) else [])
+    dead = [folder / f".memtrain-probe.tmp-{DEAD_PID}-0a1b2c3d" for folder in folders]
+    kept = [run / f".memtrain-probe.tmp-{sleeper.pid}-0a1b2c3d", run / f".my-probe.tmp-{DEAD_PID}-0a1b2c3d"]
     try:
-        folders = [run] + ([Path("/dev/shm")] if os.access("/dev/shm", os.W_OK) else [])
-        dead = [folder / f".memtrain-probe.tmp-{DEAD_PID}-0a1b2c3d" for folder in folders]
-        kept = [run / f".memtrain-probe.tmp-{sleeper.pid}-0a1b2c3d", run / f".my-probe.tmp-{DEAD_PID}-0a1b2c3d"]
         for path in dead + kept:
             path.write_bytes(bytes(4096))
         resumed = memtrain("train", job, "--resume", "--set", "train.epochs=2")
