@@ -32,7 +32,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from memtrain.dataset import Dataset, Split
 from memtrain.errors import InputError
 from memtrain.order import WINDOW, EpochOrder, check_part, rank_part
-from memtrain.ring import Layout, Ring, RingBatch
+from memtrain.ring import Layout, Ring, RingBatch, worker_ring
 
 
 class BatchDataset(IterableDataset):
@@ -102,7 +102,7 @@ class BatchDataset(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         order = self._order()
         self._yielded = 0
-        ring = None if info is None else _worker_ring(self._layout())
+        ring = None if info is None else worker_ring(self._layout())
         for k in range(self.start + worker, order.batches, workers):
             rows = rank_part(order.batch(k), self.rank, self.world)
             batch = self._tensors(rows, shared=False) if ring is None else self._into_ring(ring, rows)
@@ -136,13 +136,3 @@ def _empty(rows: int, shape: tuple[int, ...], dtype: np.dtype, shared: bool) -> 
         return torch.from_numpy(np.empty((rows, *shape), dtype))
     # in a worker whose ring is full: shared memory from the start, so sending it copies nothing more
     return torch.from_numpy(np.empty(0, dtype)).new_empty((rows, *shape)).share_memory_()
-
-
-_RINGS: dict[Layout, Ring] = {}  # a loader worker's rings, one per batch layout, kept for the process's life
-
-
-def _worker_ring(layout: Layout) -> Ring:
-    ring = _RINGS.get(layout)
-    if ring is None:
-        ring = _RINGS[layout] = Ring(layout)
-    return ring
