@@ -31,7 +31,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from memtrain.dataset import Dataset, Split
 from memtrain.errors import InputError
-from memtrain.order import WINDOW, EpochOrder, check_part, rank_part
+from memtrain.order import WINDOW, EpochOrder, check_integer, check_part, rank_part
 from memtrain.ring import Layout, Ring, RingBatch, worker_ring
 
 
@@ -64,7 +64,7 @@ class BatchDataset(IterableDataset):
     def _move(self, epoch: int, start: int) -> None:
         """The next pass is epoch ``epoch`` from batch ``start``: checked first, so a bad position changes nothing."""
         check_part(start, self.rank, self.world, self._order(epoch).batches)
-        self.epoch, self.start = epoch, start
+        self.epoch, self.start = int(epoch), int(start)  # numpy integers are taken; the state holds plain ones
         self._yielded = 0  # batches this process has yielded in the current pass (num_workers=0)
 
     def __len__(self) -> int:
@@ -82,11 +82,8 @@ class BatchDataset(IterableDataset):
         ``num_workers > 0``: the batches are made in the workers, which this object cannot see; without it,
         the batches this object has yielded in this process). A finished epoch resumes at the next one.
         """
-        taken = self._yielded if consumed is None else consumed
         batches = self._order().batches
-        if isinstance(taken, bool) or not isinstance(taken, int) or not 0 <= taken <= batches - self.start:
-            raise InputError("consumed must count batches of this pass", where="consumed",
-                             expected=f"0 to {batches - self.start}", found=repr(taken))
+        taken = self._yielded if consumed is None else check_integer("consumed", consumed, 0, batches - self.start)
         position = self.start + taken
         return {"epoch": self.epoch + 1, "batch": 0} if position == batches else {"epoch": self.epoch,
                                                                                    "batch": position}
@@ -111,7 +108,8 @@ class BatchDataset(IterableDataset):
 
     def _layout(self) -> Layout:
         split = self.split
-        return Layout(rows=-(-self.batch_size // self.world), x_shape=split.x_shape, x_dtype=split.x_dtype.str,
+        largest = min(self.batch_size, split.rows)  # a batch_size past the split's rows makes one batch of them
+        return Layout(rows=-(-largest // self.world), x_shape=split.x_shape, x_dtype=split.x_dtype.str,
                       y_shape=split.y_shape, y_dtype=split.y_dtype.str)
 
     def _into_ring(self, ring: Ring, rows: Any) -> RingBatch | tuple[torch.Tensor, torch.Tensor]:
