@@ -45,7 +45,7 @@ from memtrain.errors import CorruptFileError, InputError, MemtrainError, plural
 from memtrain.files import check_npy, open_npy, read_json, unseal, verify_checksum, write_sealed_json
 from memtrain.joined import join
 from memtrain.layout import MANIFEST, OPTIONAL_SPLITS, SPLITS
-from memtrain.order import WINDOW, EpochOrder, Rows, check_integer, check_part, epoch_order, rank_part
+from memtrain.order import WINDOW, EpochOrder, Rows, check_integer, check_part, epoch_order, policy, rank_part
 from memtrain.train.normalize import Normalizer
 
 FORMAT = "memtrain.dataset"
@@ -203,9 +203,7 @@ class Split:
               window: int = WINDOW, drop_last: bool = False) -> EpochOrder:
         """The epoch's order of this split: ``order.batches`` global batches, ``order.batch(k)`` the rows of one."""
         batch_size = check_integer("batch_size", batch_size, 1)
-        if isinstance(shuffle, bool):  # the meaning ``shuffle=True`` / ``False`` had before row shuffling
-            shuffle = "batches" if shuffle else "none"
-        return epoch_order(shuffle, rows=self.rows, batch_size=batch_size, seed=seed, epoch=epoch,
+        return epoch_order(policy(shuffle), rows=self.rows, batch_size=batch_size, seed=seed, epoch=epoch,
                            window=window, drop_last=drop_last)
 
     def read_into(self, rows: Rows, out: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

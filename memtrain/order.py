@@ -74,6 +74,17 @@ def check_order(shuffle: object, window: object) -> None:
     check_integer("window", window, 1)
 
 
+def policy(shuffle: str | bool) -> str:
+    """The policy's name: ``True`` and ``False`` mean what they meant before row shuffling.
+
+    >>> policy(True), policy("rows")
+    ('batches', 'rows')
+    """
+    if isinstance(shuffle, bool):
+        return "batches" if shuffle else "none"
+    return shuffle
+
+
 def epoch_order(shuffle: str, *, rows: int, batch_size: int, seed: int, epoch: int, window: int = WINDOW,
                 drop_last: bool = False) -> EpochOrder:
     """The order of epoch ``epoch`` of a split of ``rows`` rows under the policy ``shuffle``.
