@@ -30,6 +30,7 @@ from __future__ import annotations
 import mmap
 import os
 import secrets
+import select
 import tempfile
 import threading
 import weakref
@@ -144,7 +145,8 @@ class _Mapped:
         # x and y may be freed in two threads (the DataLoader's pin thread); reentrant, as a garbage collection
         # while a fork holds it (below) runs finalizers in the forking thread
         self.lock = threading.RLock()
-        _RECEIVED.add(self)
+        with _RECEIVED_LOCK:
+            _RECEIVED.add(self)
 
     def release(self, slot: int) -> None:
         with self.lock:
@@ -171,6 +173,7 @@ class _Mapped:
 
 _MAPPED: dict[str, _Mapped] = {}  # the rings of the workers this process receives from, by token
 _RECEIVED: weakref.WeakSet[_Mapped] = weakref.WeakSet()  # every map alive here (a dead worker's too, while held)
+_RECEIVED_LOCK = threading.Lock()  # a map added (in the pin thread, say) while a fork lists them
 _RINGS: dict[Layout, Ring] = {}  # a loader worker's own rings, one per batch layout, kept for the process's life
 
 
@@ -212,14 +215,21 @@ class _Fork:
     the pipe the child closes once it has copied them (``b"c"``: copied; end of file alone: it could not)."""
 
     local = threading.local()
+    WAIT = 60.0  # seconds the parent waits for the child's copy (it takes milliseconds), then pins the slots
 
     @classmethod
     def before(cls) -> None:
-        maps = list(_RECEIVED)
+        with _RECEIVED_LOCK:
+            maps = list(_RECEIVED)
         for mapped in maps:
             mapped.lock.acquire()  # the parent frees nothing until the child has its copy
         held = [(mapped, slots) for mapped in maps if (slots := mapped.held())]
-        cls.local.fork = (maps, held, os.pipe() if held else None)
+        try:
+            pipe = os.pipe() if held else None
+        except OSError:  # no descriptor left: the child's copy cannot be waited for, so never reuse these slots
+            pipe = None
+            cls.pin(held)
+        cls.local.fork = (maps, held, pipe)
 
     @classmethod
     def in_parent(cls) -> None:
@@ -227,9 +237,9 @@ class _Fork:
         try:
             if pipe is not None:
                 os.close(pipe[1])
-                if os.read(pipe[0], 1) != b"c":  # the child could not copy (or died): never reuse these slots
-                    for mapped, slots in held:
-                        mapped.counts[slots] = PINNED
+                ready = select.select([pipe[0]], [], [], cls.WAIT)[0]
+                if not ready or os.read(pipe[0], 1) != b"c":  # not copied (or the child died, or the fork failed)
+                    cls.pin(held)
                 os.close(pipe[0])
         finally:
             for mapped in maps:
@@ -250,6 +260,12 @@ class _Fork:
             if pipe is not None:
                 os.close(pipe[0])
                 os.close(pipe[1])
+
+    @staticmethod
+    def pin(held: list[tuple[_Mapped, list[int]]]) -> None:
+        """Slots no release frees again: their worker sends its batches torch's way once the rest are held."""
+        for mapped, slots in held:
+            mapped.counts[slots] = PINNED
 
 
 os.register_at_fork(before=_Fork.before, after_in_parent=_Fork.in_parent, after_in_child=_Fork.in_child)
