@@ -109,6 +109,11 @@ class BatchDataset(IterableDataset):
         resumes at the next one.
         """
         batches = self._order().batches
+        if consumed is None and get_worker_info() is not None:  # torchdata's StatefulDataLoader asks each worker
+            raise InputError("a BatchDataset's position is kept in the process that iterates the DataLoader, not "
+                             "in its workers (each makes every n-th batch)", where="state_dict",
+                             hint="use memtrain.torch.BatchLoader, whose state_dict() is the position, with any "
+                                  "number of workers")
         if consumed is None and not self._counted and _ARRIVED.get(self._ident) == self._pass:
             raise InputError("this pass's batches were made in DataLoader workers, which this BatchDataset cannot "
                              "count", where="consumed",

@@ -232,3 +232,23 @@ def test_batch_loader_refuses_what_would_make_its_count_wrong(dataset: Path) -> 
         if taken == 4:
             break
     assert position(loader.state_dict()) == (2, 4)
+
+
+def test_a_position_asked_in_a_worker_is_refused_not_guessed(dataset: Path) -> None:
+    """torchdata's StatefulDataLoader asks each worker's copy for its state; a worker makes every n-th batch and
+    cannot know the position, so it says so (it used to give the pass's start: a resume replayed the pass)."""
+    import torch
+
+    from memtrain.torch import BatchDataset
+
+    class AskInWorker(BatchDataset):
+        def __iter__(self):
+            try:
+                yield self.state_dict()
+            except InputError as refused:
+                yield str(refused)
+
+    data = AskInWorker(open_dataset(dataset), 64, **JOB)
+    said = list(torch.utils.data.DataLoader(data, batch_size=None, num_workers=1, multiprocessing_context="fork"))
+    assert len(said) == 1 and "kept in the process that iterates the DataLoader" in said[0], said
+    assert "BatchLoader" in said[0]
