@@ -81,13 +81,13 @@ class BatchDataset(IterableDataset):
         """The next pass is epoch ``epoch`` from batch ``start``: checked first, so a bad position changes nothing."""
         check_part(start, self.rank, self.world, self._order(epoch).batches)
         self.epoch, self.start = int(epoch), int(start)  # numpy integers are taken; the state holds plain ones
-        self._begin(counted=False)
+        self._begin(counter=None)
 
-    def _begin(self, *, counted: bool) -> int:
-        """A new pass: nothing handed to the loop yet; ``counted``: this process counts its batches as they are
-        handed (``__iter__`` in this process, or a ``BatchLoader``), not a plain ``DataLoader``'s workers."""
+    def _begin(self, *, counter: str | None) -> int:
+        """A new pass: nothing handed to the loop yet. ``counter``: who counts its batches as they are handed,
+        ``"process"`` (``__iter__`` here, no workers) or ``"loader"`` (a ``BatchLoader``, with workers)."""
         self._pass += 1
-        self._taken, self._counted = 0, counted
+        self._taken, self._counter = 0, counter
         return self._pass
 
     def __len__(self) -> int:
@@ -114,7 +114,7 @@ class BatchDataset(IterableDataset):
                              "in its workers (each makes every n-th batch)", where="state_dict",
                              hint="use memtrain.torch.BatchLoader, whose state_dict() is the position, with any "
                                   "number of workers")
-        if consumed is None and not self._counted and _ARRIVED.get(self._ident) == self._pass:
+        if consumed is None and self._counter != "loader" and _ARRIVED.get(self._ident) == self._pass:
             raise InputError("this pass's batches were made in DataLoader workers, which this BatchDataset cannot "
                              "count", where="consumed",
                              hint="pass state_dict(consumed=n), n the batches your loop took from the DataLoader "
@@ -133,7 +133,7 @@ class BatchDataset(IterableDataset):
         info = get_worker_info()
         order = self._order()
         if info is None:  # in the process that iterates: each batch counted as it is handed to the loop
-            self._begin(counted=True)
+            self._begin(counter="process")
             for k in range(self.start, order.batches):
                 batch = self._tensors(rank_part(order.batch(k), self.rank, self.world), shared=False)
                 self._taken += 1
@@ -220,7 +220,7 @@ class BatchLoader(DataLoader):
     def __iter__(self) -> Iterator[Any]:
         if not self.num_workers:  # the dataset is iterated in this process, and counts its batches itself
             return super().__iter__()
-        step = self.dataset._begin(counted=True)  # before the workers get their copy: their batches carry it
+        step = self.dataset._begin(counter="loader")  # before the workers get their copy: their batches carry it
         return self._counted(super().__iter__(), step)
 
     def _counted(self, batches: Iterator[Any], step: int) -> Iterator[Any]:

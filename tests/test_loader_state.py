@@ -216,6 +216,13 @@ def test_a_plain_dataloader_with_workers_leaves_the_count_to_the_caller(dataset:
     assert position(data.state_dict(consumed=15)) == (3, 0)
     data.set_epoch(3)
     assert position(data.state_dict()) == (3, 0)  # a new position: nothing of it made yet
+    for taken, _ in enumerate(data, start=1):  # counted in this process: 3 batches
+        if taken == 3:
+            break
+    assert position(data.state_dict()) == (3, 3)
+    next(iter(loader))  # then the same pass through workers: the count above no longer says anything
+    with pytest.raises(InputError, match="cannot count"):
+        data.state_dict()
 
 
 def test_batch_loader_refuses_what_would_make_its_count_wrong(dataset: Path) -> None:
