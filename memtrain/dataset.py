@@ -45,7 +45,7 @@ from memtrain.errors import CorruptFileError, InputError, MemtrainError, plural
 from memtrain.files import check_npy, open_npy, read_json, unseal, verify_checksum, write_sealed_json
 from memtrain.joined import join
 from memtrain.layout import MANIFEST, OPTIONAL_SPLITS, SPLITS
-from memtrain.order import WINDOW, EpochOrder, Rows, check_part, epoch_order, rank_part
+from memtrain.order import WINDOW, EpochOrder, Rows, check_integer, check_part, epoch_order, policy, rank_part
 from memtrain.train.normalize import Normalizer
 
 FORMAT = "memtrain.dataset"
@@ -202,11 +202,8 @@ class Split:
     def order(self, batch_size: int, *, seed: int = 0, epoch: int = 0, shuffle: str | bool = "rows",
               window: int = WINDOW, drop_last: bool = False) -> EpochOrder:
         """The epoch's order of this split: ``order.batches`` global batches, ``order.batch(k)`` the rows of one."""
-        if not isinstance(batch_size, int | np.integer) or isinstance(batch_size, bool) or batch_size < 1:
-            raise InputError("batch_size must be a positive integer", found=repr(batch_size))
-        if isinstance(shuffle, bool):  # the meaning ``shuffle=True`` / ``False`` had before row shuffling
-            shuffle = "batches" if shuffle else "none"
-        return epoch_order(shuffle, rows=self.rows, batch_size=int(batch_size), seed=seed, epoch=epoch,
+        batch_size = check_integer("batch_size", batch_size, 1)
+        return epoch_order(policy(shuffle), rows=self.rows, batch_size=batch_size, seed=seed, epoch=epoch,
                            window=window, drop_last=drop_last)
 
     def read_into(self, rows: Rows, out: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

@@ -27,8 +27,8 @@ import numpy as np
 
 from memtrain.files import open_fd, read_npy_header
 
-_MAP_FAILED = ctypes.c_void_p(-1).value
-_MAP_FIXED, _MAP_NORESERVE, _PROT_NONE = 0x10, 0x4000, 0  # Linux values Python's mmap module lacks
+MAP_FAILED = ctypes.c_void_p(-1).value
+MAP_FIXED, _MAP_NORESERVE, _PROT_NONE = 0x10, 0x4000, 0  # Linux values Python's mmap module lacks
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,15 +39,16 @@ class Joined:
     first: np.ndarray  # int64, one per shard
 
 
-def _libc() -> ctypes.CDLL | None:
+def libc() -> ctypes.CDLL | None:
+    """The C library with ``mmap`` and ``munmap`` typed for ctypes; None where it cannot be loaded."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                              ctypes.c_long)
-        libc.munmap.restype = ctypes.c_int
-        libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
-        return libc
+        lib = ctypes.CDLL(None, use_errno=True)
+        lib.mmap.restype = ctypes.c_void_p
+        lib.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                             ctypes.c_long)
+        lib.munmap.restype = ctypes.c_int
+        lib.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+        return lib
     except (OSError, AttributeError):
         return None
 
@@ -72,8 +73,8 @@ def place(offsets: list[int], sizes: list[int], row_bytes: int, page: int = mmap
 
 def join(paths: list[Path], rows: list[int], row_shape: tuple[int, ...], dtype: np.dtype) -> Joined | None:
     """One read-only array over the rows of the .npy files ``paths`` (already validated by the caller)."""
-    libc = _libc()
-    if libc is None or not paths or sys.platform != "linux":
+    lib = libc()
+    if lib is None or not paths or sys.platform != "linux":
         return None
     row_bytes = int(np.prod(row_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
     if row_bytes == 0:
@@ -85,20 +86,20 @@ def join(paths: list[Path], rows: list[int], row_shape: tuple[int, ...], dtype: 
         return None
     total = places[-1] + -(-sizes[-1] // mmap.PAGESIZE) * mmap.PAGESIZE
     reserve = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
-    base = libc.mmap(None, total, _PROT_NONE, reserve, -1, 0)
-    if base in (None, _MAP_FAILED):
+    base = lib.mmap(None, total, _PROT_NONE, reserve, -1, 0)
+    if base in (None, MAP_FAILED):
         return None
     try:
         for path, at, size in zip(paths, places, sizes, strict=True):
             if size:
-                _map_at(libc, base + at, size, path)
+                _map_at(lib, base + at, size, path)
     except OSError:
-        libc.munmap(base, total)
+        lib.munmap(base, total)
         return None
     start = base + offsets[0]
     length = (total - offsets[0]) // row_bytes
     buffer = (ctypes.c_char * (length * row_bytes)).from_address(start)
-    weakref.finalize(buffer, libc.munmap, base, total)  # unmapped once no array over it is left
+    weakref.finalize(buffer, lib.munmap, base, total)  # unmapped once no array over it is left
     array = np.frombuffer(buffer, dtype=np.dtype(dtype)).reshape(length, *row_shape)
     array.flags.writeable = False
     first = np.array([(at + offset - offsets[0]) // row_bytes for at, offset in zip(places, offsets, strict=True)],
@@ -106,10 +107,10 @@ def join(paths: list[Path], rows: list[int], row_shape: tuple[int, ...], dtype: 
     return Joined(array=array, first=first)
 
 
-def _map_at(libc: ctypes.CDLL, address: int, size: int, path: Path) -> None:
+def _map_at(lib: ctypes.CDLL, address: int, size: int, path: Path) -> None:
     fd = open_fd(path, what="a dataset shard")
     try:
-        got = libc.mmap(address, size, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED, fd, 0)
+        got = lib.mmap(address, size, mmap.PROT_READ, mmap.MAP_SHARED | MAP_FIXED, fd, 0)
         if got != address:
             raise OSError(ctypes.get_errno(), f"mapping {path} in place failed")
     finally:

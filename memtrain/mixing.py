@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memtrain.order import WINDOW, epoch_order
+from memtrain.order import WINDOW, check_integer, epoch_order
 
 STRETCH = 1 << 16  # rows per stretch of share_drift: 128 batches of 512
 
@@ -54,6 +54,7 @@ def batch_of_row(shuffle: str, *, rows: int, batch_size: int, seed: int, epoch: 
 def mixing(shuffle: str, *, rows: int, batch_size: int, classes: int, seed: int = 0, epoch: int = 0,
            window: int = WINDOW) -> Mixing:
     """Measure epoch ``epoch`` against epoch ``epoch + 1`` of a split of ``rows`` rows sorted by class."""
+    check_integer("classes", classes, 1)  # the rest are checked by the order
     now = batch_of_row(shuffle, rows=rows, batch_size=batch_size, seed=seed, epoch=epoch, window=window)
     then = batch_of_row(shuffle, rows=rows, batch_size=batch_size, seed=seed, epoch=epoch + 1, window=window)
     both = np.unique(now * (then.max() + 1) + then, return_counts=True)[1]  # rows per (batch now, batch then)

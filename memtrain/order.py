@@ -52,6 +52,10 @@ WINDOW = 1 << 16
 # 64 float32 features is 256 KiB of contiguous reads.
 BLOCKS_PER_WINDOW = 64
 Rows = range | np.ndarray  # a contiguous range of rows, or row indices in batch order
+# The largest integer the loader takes anywhere (a count, a seed, an epoch, a window): what numpy's int64 holds,
+# and a TOML or JSON integer (memtrain/config.py's MAX_SEED). Every integer argument is checked against it
+# first, so a huge one is a clear error rather than an OverflowError from numpy halfway through.
+LARGEST = 2**63 - 1
 
 
 class EpochOrder(Protocol):
@@ -68,6 +72,17 @@ def check_order(shuffle: object, window: object) -> None:
         raise InputError("unknown shuffle", where="shuffle", expected=" or ".join(map(repr, SHUFFLES)),
                          found=repr(shuffle))
     check_integer("window", window, 1)
+
+
+def policy(shuffle: str | bool) -> str:
+    """The policy's name: ``True`` and ``False`` mean what they meant before row shuffling.
+
+    >>> policy(True), policy("rows")
+    ('batches', 'rows')
+    """
+    if isinstance(shuffle, bool):
+        return "batches" if shuffle else "none"
+    return shuffle
 
 
 def epoch_order(shuffle: str, *, rows: int, batch_size: int, seed: int, epoch: int, window: int = WINDOW,
@@ -106,12 +121,17 @@ def check_part(start: int, rank: int, world: int, batches: int) -> None:
     check_integer("start", start, 0, batches)
 
 
-def check_integer(name: str, value: object, low: int, high: int | None = None) -> None:
-    """Raise InputError naming ``name`` unless ``value`` is an integer in [low, high] (no upper bound: None)."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low or (
-            high is not None and value > high):
-        bound = f"from {low} to {high}" if high is not None else f"of at least {low}"
-        raise InputError(f"{name} must be an integer {bound}", where=name, found=repr(value))
+def check_integer(name: str, value: object, low: int, high: int = LARGEST) -> int:
+    """``value`` as a Python int; InputError naming ``name`` unless it is an integer (Python's or numpy's, not a
+    bool) in [low, high].
+
+    >>> check_integer("epoch", np.int64(3), 0)
+    3
+    """
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or not low <= value <= high:
+        top = "2**63 - 1" if high == LARGEST else high
+        raise InputError(f"{name} must be an integer from {low} to {top}", where=name, found=repr(value))
+    return int(value)
 
 
 def _check_k(k: int, batches: int) -> None:
