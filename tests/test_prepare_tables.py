@@ -295,6 +295,29 @@ def test_too_many_distinct_values_is_an_identifier(cli, write_file, tmp_path, mo
                          "t.csv:column 'name'", "too many distinct values", "--drop-columns")
 
 
+@pytest.mark.parametrize("header, fragments", [
+    ("a,b,a,label", ["t.csv:column names", "two columns have the same name", "'a' at positions 1, 3"]),
+    ("label,x,label", ["'label' at positions 1, 3"]),  # the target would be among the features
+    ("a, b ,b,label", ["'b' at positions 2, 3"]),  # names are compared as read: spaces trimmed
+    (",x,,label", ["a column has no name", "position 1, 3 of 4", "to_csv(index=False)"]),
+])
+def test_duplicate_and_empty_column_names_are_refused(cli, write_file, tmp_path, header, fragments):
+    width = header.count(",") + 1
+    source = write_file("t.csv", header + "\n" + "".join(",".join(str(i + j) for j in range(width - 1)) +
+                                                         f",{i % 2}\n" for i in range(4)))
+    assert_clean_failure(cli("prepare", source, tmp_path / "out"), tmp_path, *fragments)
+
+
+def test_duplicate_parquet_column_names_are_refused(cli, tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_arrays([pa.array([1, 2]), pa.array([3.0, 4.0]), pa.array([0, 1])], names=["a", "a", "label"])
+    pq.write_table(table, tmp_path / "t.parquet")
+    assert_clean_failure(cli("prepare", tmp_path / "t.parquet", tmp_path / "out"), tmp_path,
+                         "t.parquet:column names", "two columns have the same name", "'a' at positions 1, 2")
+
+
 def test_raw_rows_errors(tmp_path):
     source = tmp_path / "t.csv"
     source.write_text(TABLE)
