@@ -229,6 +229,16 @@ def test_missing_modes_and_rows_without_a_label(cli, write_file, tmp_path):
         ["colour=red", "colour=<rare>", "size"]
 
 
+@pytest.mark.parametrize("first", ["", "NA", " null "])
+def test_text_labels_whose_first_label_is_missing(cli, write_file, tmp_path, first):
+    source = write_file("t.csv", f"x,species\n1,{first}\n" + "".join(f"{i},{'AG'[i % 2]}\n" for i in range(2, 8)))
+    result = cli("prepare", source, tmp_path / "ds", "--label", "species", "--val-fraction", "0")
+    assert result.code == 0, result.err
+    assert "rows     6 (train 6, val 0), 1 row without a label dropped" in result.out
+    manifest = open_dataset(tmp_path / "ds").manifest
+    assert manifest["classes"] == ["A", "G"] and manifest["label_missing_rows"] == 1
+
+
 def test_configured_missing_spellings(cli, write_file, tmp_path):
     source = write_file("t.csv", "a,label\n1,0\n-999,1\n3,0\n")
     result = cli("prepare", source, tmp_path / "ds", "--na-values", "-999", "--val-fraction", "0", "--no-shuffle")
