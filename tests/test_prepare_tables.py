@@ -337,12 +337,77 @@ def test_raw_rows_errors(tmp_path):
     assert encoding.rows([dict(row, note="ignored", label="a")]).shape == (1, encoding.width)  # source columns
     with pytest.raises(InputError, match="did not have.*'weight'"):
         encoding.rows([dict(row, weight="3")])
-    with pytest.raises(InputError, match="missing from the rows.*'size'"):
+    with pytest.raises(InputError, match="the rows have no column 'size'"):
         encoding.rows([{"id": "1", "colour": "red"}])
     with pytest.raises(InputError, match="row 1, column 'size'.*'big'"):
         encoding.rows({"id": [1, 2], "colour": ["red", "red"], "size": [1, "big"]})
     with pytest.raises(InputError, match="same columns"):
         encoding.rows([row, {"id": "1"}])
+
+
+@pytest.fixture
+def table_model(cli, tmp_path):
+    """A softmax model trained one epoch on a small table: colour (text), size (numbers), label a/b."""
+    source = tmp_path / "t.csv"
+    source.write_text("colour,size,label\n" + "".join(f"{'rgb'[i % 3]},{i % 7}.5,{'ab'[i % 2]}\n" for i in range(60)))
+    assert cli("prepare", source, tmp_path / "ds").code == 0
+    (tmp_path / "job.toml").write_text('[data]\npath = "ds"\n[model]\nkind = "softmax"\n[train]\nepochs = 1\n'
+                                       'workers = 1\n')
+    assert cli("train", tmp_path / "job.toml").code == 0
+    return memtrain.load_model(tmp_path / "runs" / "job")
+
+
+def test_predict_on_raw_rows_refuses_what_it_cannot_answer(table_model):
+    model = table_model
+    row = {"colour": "r", "size": "1.5"}
+    assert model.predict([row]).shape == (1,)
+    for size in ("inf", "-inf", 1e999, "1e999", float("-inf")):  # prepare refuses these: predict must too
+        with pytest.raises(InputError, match=r"row 0, column 'size': not a finite number in a number column"):
+            model.predict([dict(row, size=size)])
+    with pytest.raises(InputError, match=r"row 1, column 'size': a value is not a finite float32"):
+        model.predict({"colour": ["r", "g"], "size": [1.0, 1e39]})  # finite as float64, Inf as float32
+    with pytest.raises(InputError, match="row 0, feature 3: a feature is not a finite number"):
+        model.predict(np.array([[1, 0, 0, np.inf, 0]], dtype=np.float32)[:, :model.context.spec.n_features])
+    with pytest.raises(InputError, match="column 'colour': a dict of columns needs a sequence.*str 'rgb'"):
+        model.predict({"colour": "rgb", "size": [1, 2, 3]})  # not split into three rows of one letter
+    with pytest.raises(InputError, match="row 0, column 'colour': a cell holds no single value.*list"):
+        model.predict({"colour": [["r"]], "size": [1]})
+    with pytest.raises(InputError, match="column 'colour'.*bytes b'r'.*decode"):
+        model.predict({"colour": b"r", "size": 1.5})
+    with pytest.raises(InputError, match="row 0, column 'size': a cell holds no single value.*list"):
+        model.predict([{"colour": "r", "size": [1, 2]}])
+    with pytest.raises(InputError, match="no rows"):
+        model.predict({"colour": [], "size": []})
+    with pytest.raises(InputError, match="no rows"):
+        model.predict(np.empty((0, model.context.spec.n_features)))
+    with pytest.raises(InputError, match=r"the rows have no column 'size', which the model needs.*expected "
+                                         r"every feature column: colour, size.*found the rows' columns: colour"):
+        model.predict([{"colour": "r"}])
+    rows = [row, dict(row, colour="g")]
+    np.testing.assert_array_equal(model.predict(r for r in rows), model.predict(rows))  # a generator is read once
+
+
+def test_predict_on_a_dataframe_with_a_repeated_column_is_refused(table_model):
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame([["r", "g", 1.5]], columns=["colour", "colour", "size"])
+    with pytest.raises(InputError, match="two columns of the rows have the same name.*'colour' 2 times"):
+        table_model.predict(frame)
+    with pytest.raises(InputError, match="no rows"):
+        table_model.predict(pd.DataFrame({"colour": [], "size": []}))
+
+
+def test_evaluate_checks_the_labels(table_model):
+    model = table_model
+    rows = [{"colour": "r", "size": "1.5"}, {"colour": "g", "size": "2.5"}]
+    assert set(model.evaluate(rows, [0, 1])) == {"accuracy", "macro_f1", "log_loss"}
+    assert model.evaluate(rows, ["a", "b"]) == model.evaluate(rows, [0, 1])  # class names are taken too
+    for labels, message in (([0.5, 1], r"row 0: a label in y is not a class index.*0 to 1.*found 0\.5\)"),
+                            ([1, 1.5], r"row 1.*found 1\.5"), ([0, 2], r"row 1.*found 2\)"), ([-1, 0], "row 0"),
+                            (["a", "c"], r"not one of the model's classes.*'c'"), ([0, np.nan], "not finite"),
+                            ([0], "different numbers of rows"), (3, "a single value"),
+                            ([[0, 1], [1, 0]], "one class per row"), ([None, {}], "not a number")):
+        with pytest.raises(InputError, match=message):
+            model.evaluate(rows, labels)
 
 
 def test_raw_rows_for_a_model_without_a_table_encoding_is_a_clear_error(cli, tmp_path, small_table):
