@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import memtrain
 import memtrain.prepare.table
+import memtrain.prepare.table_notes
 from memtrain.dataset import open_dataset
 from memtrain.errors import InputError
 from memtrain.files import unseal, write_sealed_json
@@ -25,6 +26,8 @@ from tests.dataset_files import dataset_bytes
 from tests.test_prepare_errors import assert_clean_failure
 
 PENGUINS = importlib.resources.files("palmerpenguins") / "data" / "penguins.csv"  # the raw CSV, as shipped
+# The study's own export: 17 columns, among them an identifier (Individual ID) and a date (Date Egg).
+PENGUINS_RAW = importlib.resources.files("palmerpenguins") / "data" / "penguins-raw.csv"
 
 
 def quiet(options: PrepareOptions) -> None:
@@ -275,6 +278,61 @@ def test_a_count_like_integer_label_is_not_taken_as_classes_silently(cli, write_
     assert "--task regression" in result.err and "59 classes look like counts" in result.out
     result = cli("prepare", write_file("s.csv", "a,y\n1,0\n2,1\n3,2\n"), tmp_path / "ds2")
     assert result.code == 0 and "warning" not in result.err
+
+
+# --- columns that are probably no categories: said before the shards are written -------------------------
+
+def test_identifier_and_date_columns_of_the_raw_penguins_csv_are_named(cli, tmp_path):
+    source = tmp_path / "penguins-raw.csv"
+    source.write_bytes(PENGUINS_RAW.read_bytes())
+    result = cli("prepare", source, tmp_path / "ds", "--label", "Species", "--plain")
+    assert result.code == 0, result.err
+    warnings = [line for line in result.err.splitlines() if line.startswith("memtrain prepare: warning: ")]
+    assert any("column 'Individual ID' looks like an identifier (190 distinct values in 344 rows)" in w and
+               "--drop-columns 'Individual ID'" in w for w in warnings), result.err
+    assert any("column 'Date Egg' looks like dates or times (50 distinct values" in w and
+               "--drop-columns 'Date Egg'" in w for w in warnings), result.err
+    assert any("levels went to <rare>: Individual ID 90 levels" in w and "--max-levels" in w for w in warnings)
+    assert result.err.index("warning: column 'Individual ID'") < result.err.index("writing shards")
+    assert "Individual ID: 100 levels, 90 more in <rare> (one-hot)" in result.out
+    assert "Region: 1 level (one-hot)" in result.out and "Island: 3 levels (one-hot)" in result.out
+    result = cli("prepare", source, tmp_path / "ds2", "--label", "Species", "--drop-columns", "Individual ID,Date Egg")
+    assert result.code == 0 and "warning" not in result.err, result.err
+
+
+def flights_like(path: Path, rows: int = 3000) -> Path:
+    """A table shaped like nycflights13's flights: tailnum (an identifier, ~one level per row), time_hour (a
+    timestamp as text), dest (105 levels, more than --max-levels keeps), a delay and a label."""
+    rng = np.random.default_rng(5)
+    with open(path, "w") as handle:
+        handle.write("tailnum,time_hour,dest,dep_delay,late\n")
+        for i in range(rows):
+            tail = f"N{rng.integers(0, 2 * rows):05d}"
+            hour = f"2013-{1 + i // 2000 % 12:02d}-{1 + i // 80 % 25:02d} {5 + i % 18:02d}:00:00"
+            dest = f"D{min(int(rng.geometric(0.03)), 105) - 1:03d}" if i >= 105 else f"D{i:03d}"
+            handle.write(f"{tail},{hour},{dest},{rng.normal(10, 30):.0f},{i % 2}\n")
+    return path
+
+
+def test_a_flights_like_table_warns_before_writing(cli, tmp_path, monkeypatch):
+    source = flights_like(tmp_path / "flights.csv")
+    result = cli("prepare", source, tmp_path / "ds", "--label", "late", "--plain")
+    assert result.code == 0, result.err
+    assert "warning: column 'tailnum' looks like an identifier" in result.err
+    assert "warning: column 'time_hour' looks like dates or times" in result.err and "'2013-01-01 05:00:00'" \
+        in result.err
+    assert "dest 5 levels" in result.err and "dest: 100 levels, 5 more in <rare> (one-hot)" in result.out
+    assert "will take about" not in result.err  # small enough
+    monkeypatch.setattr(memtrain.prepare.table_notes, "ENCODED_WARN_BYTES", 1 << 20)
+    result = cli("prepare", source, tmp_path / "wide", "--label", "late", "--max-levels", "65536", "--plain")
+    assert result.code == 0, result.err
+    size = next(line for line in result.err.splitlines() if "will take about" in line)
+    manifest = open_dataset(tmp_path / "wide").manifest
+    width = manifest["x"]["shape"][0]
+    tailnum = len(manifest["encoding"]["columns"][0]["levels"]) + 1  # its levels and <rare>
+    assert f"{width:,} features a row" in size and f"widest: tailnum {tailnum:,} features" in size
+    assert "--drop-columns tailnum,time_hour,dest" in size and "--categorical-encoding ordinal" in size
+    assert result.err.index("will take about") < result.err.index("writing shards")
 
 
 # --- errors --------------------------------------------------------------------------------------------
