@@ -356,6 +356,19 @@ def test_table_options_are_checked_once_at_the_edge(tmp_path):
             PrepareOptions(tmp_path / "t.csv", tmp_path / "out", **bad)
 
 
+@pytest.mark.parametrize("value", ["<rare>", "<missing>", " <rare> "])
+def test_a_value_spelled_like_a_bucket_is_refused(cli, write_file, tmp_path, value):
+    source = write_file("t.csv", "c,label\na,0\nb,1\n" + f"{value},0\n" * 3)
+    assert_clean_failure(cli("prepare", source, tmp_path / "out"), tmp_path, "t.csv:column 'c'",
+                         f"spelled like memtrain's {value.strip()} bucket", "--drop-columns c")
+    parquet = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    parquet.write_table(pa.table({"c": ["a", "b", value, None], "label": [0, 1, 0, 1]}), tmp_path / "t.parquet")
+    assert_clean_failure(cli("prepare", tmp_path / "t.parquet", tmp_path / "out", "--categorical-encoding", "ordinal"),
+                         tmp_path, "t.parquet:column 'c'", f"{value.strip()} bucket")
+
+
 def test_too_many_distinct_values_is_an_identifier(cli, write_file, tmp_path, monkeypatch):
     monkeypatch.setattr(memtrain.prepare.table, "MAX_DISTINCT", 50)
     source = write_file("t.csv", "name,label\n" + "".join(f"n{i},{i % 2}\n" for i in range(60)))

@@ -21,6 +21,7 @@ distinct levels (at most ``MAX_DISTINCT`` per column), never by the rows.
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -380,6 +381,8 @@ class Survey:
         mapped = np.empty(len(names), dtype=np.float64)
         for k, name in enumerate(names.tolist()):
             if name not in ids:
+                if name in (RARE, MISSING):
+                    raise self._reserved(j, name)
                 ids[name] = len(ids)
                 tally.append(0)
             mapped[k] = ids[name]
@@ -394,6 +397,13 @@ class Survey:
             result[missing] = np.nan
             tally[ids[values[missing][0]]] -= int(missing.sum())  # missing cells are no level
         return result
+
+    def _reserved(self, j: int, name: str) -> InputError:
+        """A value spelled as one of the encoding's own buckets would give two features of one name."""
+        return InputError(f"a value of a text column is spelled like memtrain's {name} bucket", path=self.path,
+                          where=f"column '{self.names[j]}'", expected=f"values other than {RARE} and {MISSING}",
+                          found=repr(name), hint=f"rename the value in the source, or leave the column out with "
+                                                 f"--drop-columns {shlex.quote(self.names[j])}")
 
     def finish(self) -> tuple[Encoding, list[list[int] | None]]:
         """The encoding, and per column the map provisional id -> final code (None for number columns)."""
