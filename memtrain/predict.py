@@ -122,7 +122,10 @@ class TrainedModel:
     def _targets(self, y: Any, rows: int) -> np.ndarray:
         """``y`` checked against the model: class indices (whole numbers from 0) or class names for a
         classifier, finite numbers for a regression; one per row of x."""
-        targets = np.asarray(y)
+        try:
+            targets = np.asarray(y)
+        except ValueError as exc:  # ragged
+            raise InputError("y is not one label per row", expected=f"{rows} labels", found=str(exc)) from None
         if targets.ndim == 0 or len(targets) != rows:
             raise InputError("x and y have different numbers of rows", expected=rows,
                              found=len(targets) if targets.ndim else "a single value")

@@ -476,7 +476,8 @@ def test_evaluate_checks_the_labels(table_model):
                             ([1, 1.5], r"row 1.*found 1\.5"), ([0, 2], r"row 1.*found 2\)"), ([-1, 0], "row 0"),
                             (["a", "c"], r"not one of the model's classes.*'c'"), ([0, np.nan], "not finite"),
                             ([0], "different numbers of rows"), (3, "a single value"),
-                            ([[0, 1], [1, 0]], "one class per row"), ([None, {}], "not a number")):
+                            ([[0, 1], [1, 0]], "one class per row"), ([None, {}], "not a number"),
+                            ([[0], [1, 0]], "not one label per row")):
         with pytest.raises(InputError, match=message):
             model.evaluate(rows, labels)
 
