@@ -55,6 +55,7 @@ def test_raw_penguins_csv_from_prepare_through_train_to_predict_on_raw_rows(cli,
     assert "19 values imputed: bill_length_mm 2, bill_depth_mm 2, flipper_length_mm 2, body_mass_g 2, sex 11" \
         in result.out
     assert "island: 3 levels (one-hot); sex: 2 levels (one-hot)" in result.out
+    assert "warning" not in result.err  # the tidy table has no identifier, date or crowded text column
     manifest = open_dataset(tmp_path / "penguins").manifest
     assert manifest["version"] == 3 and manifest["x"]["shape"] == [13]
     assert manifest["feature_names"][:4] == ["island=Biscoe", "island=Dream", "island=Torgersen", "island=<rare>"]
