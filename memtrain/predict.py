@@ -8,6 +8,7 @@ rows with the source's column names (a pandas DataFrame, a dict of columns, or a
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,14 +58,30 @@ class TrainedModel:
         return encoding.rows(rows, np.dtype(self.meta["data"]["x"]["dtype"]))
 
     def _features(self, x: Any) -> np.ndarray:
+        if isinstance(x, Iterator):
+            x = list(x)  # a generator of rows is read once, here
         if is_raw(x) and (self.encoding is not None or not hasattr(x, "columns")):
             x = self.encode(x)  # (a DataFrame of features for a model without a table encoding is an array)
-        x = np.asarray(x)
+        try:
+            x = np.asarray(x)
+            x = x if x.dtype.kind in "biuf" else x.astype(np.float64)
+        except (TypeError, ValueError) as exc:
+            raise InputError("the rows are not an array of numbers", expected="an array of features (rows x "
+                             "features), or raw rows of a table (a DataFrame, a dict of columns, a list of dicts)",
+                             found=f"{type(x).__name__} ({exc})") from None
         if x.ndim == 1:
             x = x.reshape(1, -1)
+        if x.ndim == 0 or len(x) == 0:
+            raise InputError("no rows", expected="at least one row of features", found=f"shape {x.shape}")
         width = self.context.spec.n_features
-        if x.reshape(len(x), -1).shape[1] != width:
-            raise InputError("wrong number of features", expected=width, found=x.reshape(len(x), -1).shape[1])
+        flat = x.reshape(len(x), -1)
+        if flat.shape[1] != width:
+            raise InputError("wrong number of features", expected=width, found=flat.shape[1])
+        bad = np.argwhere(~np.isfinite(flat))
+        if len(bad):  # prepare refuses such values, so the model never saw one: its answer would mean nothing
+            row, column = (int(v) for v in bad[0])
+            raise InputError("a feature is not a finite number", where=f"row {row}, feature {column}",
+                             expected="a finite number", found=repr(flat[row, column].item()))
         return self.context.normalize(x)
 
     def predict(self, x: Any) -> np.ndarray:
@@ -99,10 +116,54 @@ class TrainedModel:
         {'accuracy': 0.983, 'macro_f1': 0.983, 'log_loss': 0.061}
         """
         features = self._features(x)
-        targets = np.asarray(y)
-        if len(targets) != len(features):
-            raise InputError("x and y have different numbers of rows", expected=len(features), found=len(targets))
+        targets = self._targets(list(y) if isinstance(y, Iterator) else y, len(features))
         return combine([task_statistics(self.context, self.params, features, targets)], self.context)
+
+    def _targets(self, y: Any, rows: int) -> np.ndarray:
+        """``y`` checked against the model: class indices (whole numbers from 0) or class names for a
+        classifier, finite numbers for a regression; one per row of x."""
+        try:
+            targets = np.asarray(y)
+        except ValueError as exc:  # ragged
+            raise InputError("y is not one label per row", expected=f"{rows} labels", found=str(exc)) from None
+        if targets.ndim == 0 or len(targets) != rows:
+            raise InputError("x and y have different numbers of rows", expected=rows,
+                             found=len(targets) if targets.ndim else "a single value")
+        if not self.context.classifier:
+            return self._numbers(targets, "a finite number")
+        classes = self.classes or []
+        k = self.context.spec.n_classes
+        if targets.ndim > 1 and targets.reshape(rows, -1).shape[1] != 1:
+            raise InputError("y must hold one class per row", expected=f"shape ({rows},)", found=targets.shape)
+        values = targets.reshape(rows)
+        if values.dtype.kind in "USO":
+            index = {name: i for i, name in enumerate(classes)}
+            names = [v for v in values.tolist() if isinstance(v, str)]
+            if len(names) == rows:
+                unknown = [v for v in names if v not in index]
+                if unknown:
+                    raise InputError("a label in y is not one of the model's classes", found=repr(unknown[0]),
+                                     expected="a class name (" + ", ".join(classes[:12]) + ") or a class index")
+                return np.asarray([index[v] for v in names], dtype=np.int64)
+        codes = self._numbers(values, f"a class index: a whole number from 0 to {k - 1}")
+        bad = np.flatnonzero((codes != np.round(codes)) | (codes < 0) | (codes >= k))
+        if len(bad):
+            raise InputError("a label in y is not a class index", where=f"row {int(bad[0])}",
+                             expected=f"a whole number from 0 to {k - 1} (or a class name)",
+                             found=repr(values[int(bad[0])].tolist()))
+        return codes.astype(np.int64)
+
+    @staticmethod
+    def _numbers(values: np.ndarray, expected: str) -> np.ndarray:
+        try:
+            numbers = values.astype(np.float64)
+        except (TypeError, ValueError) as exc:
+            raise InputError("y holds something that is not a number", expected=expected, found=str(exc)) from None
+        bad = np.flatnonzero(~np.isfinite(numbers.reshape(len(numbers), -1)).all(axis=1))
+        if len(bad):
+            raise InputError("a value in y is not finite", where=f"row {int(bad[0])}", expected=expected,
+                             found=repr(values[int(bad[0])].tolist()))
+        return numbers
 
     def __repr__(self) -> str:
         kind, position = self.meta["model"]["kind"], self.meta.get("position", {})

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import memtrain
 import memtrain.prepare.table
+import memtrain.prepare.table_notes
 from memtrain.dataset import open_dataset
 from memtrain.errors import InputError
 from memtrain.files import unseal, write_sealed_json
@@ -25,6 +26,8 @@ from tests.dataset_files import dataset_bytes
 from tests.test_prepare_errors import assert_clean_failure
 
 PENGUINS = importlib.resources.files("palmerpenguins") / "data" / "penguins.csv"  # the raw CSV, as shipped
+# The study's own export: 17 columns, among them an identifier (Individual ID) and a date (Date Egg).
+PENGUINS_RAW = importlib.resources.files("palmerpenguins") / "data" / "penguins-raw.csv"
 
 
 def quiet(options: PrepareOptions) -> None:
@@ -52,6 +55,7 @@ def test_raw_penguins_csv_from_prepare_through_train_to_predict_on_raw_rows(cli,
     assert "19 values imputed: bill_length_mm 2, bill_depth_mm 2, flipper_length_mm 2, body_mass_g 2, sex 11" \
         in result.out
     assert "island: 3 levels (one-hot); sex: 2 levels (one-hot)" in result.out
+    assert "warning" not in result.err  # the tidy table has no identifier, date or crowded text column
     manifest = open_dataset(tmp_path / "penguins").manifest
     assert manifest["version"] == 3 and manifest["x"]["shape"] == [13]
     assert manifest["feature_names"][:4] == ["island=Biscoe", "island=Dream", "island=Torgersen", "island=<rare>"]
@@ -229,6 +233,16 @@ def test_missing_modes_and_rows_without_a_label(cli, write_file, tmp_path):
         ["colour=red", "colour=<rare>", "size"]
 
 
+@pytest.mark.parametrize("first", ["", "NA", " null "])
+def test_text_labels_whose_first_label_is_missing(cli, write_file, tmp_path, first):
+    source = write_file("t.csv", f"x,species\n1,{first}\n" + "".join(f"{i},{'AG'[i % 2]}\n" for i in range(2, 8)))
+    result = cli("prepare", source, tmp_path / "ds", "--label", "species", "--val-fraction", "0")
+    assert result.code == 0, result.err
+    assert "rows     6 (train 6, val 0), 1 row without a label dropped" in result.out
+    manifest = open_dataset(tmp_path / "ds").manifest
+    assert manifest["classes"] == ["A", "G"] and manifest["label_missing_rows"] == 1
+
+
 def test_configured_missing_spellings(cli, write_file, tmp_path):
     source = write_file("t.csv", "a,label\n1,0\n-999,1\n3,0\n")
     result = cli("prepare", source, tmp_path / "ds", "--na-values", "-999", "--val-fraction", "0", "--no-shuffle")
@@ -267,6 +281,61 @@ def test_a_count_like_integer_label_is_not_taken_as_classes_silently(cli, write_
     assert result.code == 0 and "warning" not in result.err
 
 
+# --- columns that are probably no categories: said before the shards are written -------------------------
+
+def test_identifier_and_date_columns_of_the_raw_penguins_csv_are_named(cli, tmp_path):
+    source = tmp_path / "penguins-raw.csv"
+    source.write_bytes(PENGUINS_RAW.read_bytes())
+    result = cli("prepare", source, tmp_path / "ds", "--label", "Species", "--plain")
+    assert result.code == 0, result.err
+    warnings = [line for line in result.err.splitlines() if line.startswith("memtrain prepare: warning: ")]
+    assert any("column 'Individual ID' looks like an identifier (190 distinct values in 344 rows)" in w and
+               "--drop-columns 'Individual ID'" in w for w in warnings), result.err
+    assert any("column 'Date Egg' looks like dates or times (50 distinct values" in w and
+               "--drop-columns 'Date Egg'" in w for w in warnings), result.err
+    assert any("levels went to <rare>: Individual ID 90 levels" in w and "--max-levels" in w for w in warnings)
+    assert result.err.index("warning: column 'Individual ID'") < result.err.index("writing shards")
+    assert "Individual ID: 100 levels, 90 more in <rare> (one-hot)" in result.out
+    assert "Region: 1 level (one-hot)" in result.out and "Island: 3 levels (one-hot)" in result.out
+    result = cli("prepare", source, tmp_path / "ds2", "--label", "Species", "--drop-columns", "Individual ID,Date Egg")
+    assert result.code == 0 and "warning" not in result.err, result.err
+
+
+def flights_like(path: Path, rows: int = 3000) -> Path:
+    """A table shaped like nycflights13's flights: tailnum (an identifier, ~one level per row), time_hour (a
+    timestamp as text), dest (105 levels, more than --max-levels keeps), a delay and a label."""
+    rng = np.random.default_rng(5)
+    with open(path, "w") as handle:
+        handle.write("tailnum,time_hour,dest,dep_delay,late\n")
+        for i in range(rows):
+            tail = f"N{rng.integers(0, 2 * rows):05d}"
+            hour = f"2013-{1 + i // 2000 % 12:02d}-{1 + i // 80 % 25:02d} {5 + i % 18:02d}:00:00"
+            dest = f"D{min(int(rng.geometric(0.03)), 105) - 1:03d}" if i >= 105 else f"D{i:03d}"
+            handle.write(f"{tail},{hour},{dest},{rng.normal(10, 30):.0f},{i % 2}\n")
+    return path
+
+
+def test_a_flights_like_table_warns_before_writing(cli, tmp_path, monkeypatch):
+    source = flights_like(tmp_path / "flights.csv")
+    result = cli("prepare", source, tmp_path / "ds", "--label", "late", "--plain")
+    assert result.code == 0, result.err
+    assert "warning: column 'tailnum' looks like an identifier" in result.err
+    assert "warning: column 'time_hour' looks like dates or times" in result.err and "'2013-01-01 05:00:00'" \
+        in result.err
+    assert "dest 5 levels" in result.err and "dest: 100 levels, 5 more in <rare> (one-hot)" in result.out
+    assert "will take about" not in result.err  # small enough
+    monkeypatch.setattr(memtrain.prepare.table_notes, "ENCODED_WARN_BYTES", 1 << 20)
+    result = cli("prepare", source, tmp_path / "wide", "--label", "late", "--max-levels", "65536", "--plain")
+    assert result.code == 0, result.err
+    size = next(line for line in result.err.splitlines() if "will take about" in line)
+    manifest = open_dataset(tmp_path / "wide").manifest
+    width = manifest["x"]["shape"][0]
+    tailnum = len(manifest["encoding"]["columns"][0]["levels"]) + 1  # its levels and <rare>
+    assert f"{width:,} features a row" in size and f"widest: tailnum {tailnum:,} features" in size
+    assert "--drop-columns tailnum,time_hour,dest" in size and "--categorical-encoding ordinal" in size
+    assert result.err.index("will take about") < result.err.index("writing shards")
+
+
 # --- errors --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args, fragments", [
@@ -288,11 +357,47 @@ def test_table_options_are_checked_once_at_the_edge(tmp_path):
             PrepareOptions(tmp_path / "t.csv", tmp_path / "out", **bad)
 
 
+@pytest.mark.parametrize("value", ["<rare>", "<missing>", " <rare> "])
+def test_a_value_spelled_like_a_bucket_is_refused(cli, write_file, tmp_path, value):
+    source = write_file("t.csv", "c,label\na,0\nb,1\n" + f"{value},0\n" * 3)
+    assert_clean_failure(cli("prepare", source, tmp_path / "out"), tmp_path, "t.csv:column 'c'",
+                         f"spelled like memtrain's {value.strip()} bucket", "--drop-columns c")
+    parquet = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    parquet.write_table(pa.table({"c": ["a", "b", value, None], "label": [0, 1, 0, 1]}), tmp_path / "t.parquet")
+    assert_clean_failure(cli("prepare", tmp_path / "t.parquet", tmp_path / "out", "--categorical-encoding", "ordinal"),
+                         tmp_path, "t.parquet:column 'c'", f"{value.strip()} bucket")
+
+
 def test_too_many_distinct_values_is_an_identifier(cli, write_file, tmp_path, monkeypatch):
     monkeypatch.setattr(memtrain.prepare.table, "MAX_DISTINCT", 50)
     source = write_file("t.csv", "name,label\n" + "".join(f"n{i},{i % 2}\n" for i in range(60)))
     assert_clean_failure(cli("prepare", source, tmp_path / "out", "--max-levels", "10"), tmp_path,
                          "t.csv:column 'name'", "too many distinct values", "--drop-columns")
+
+
+@pytest.mark.parametrize("header, fragments", [
+    ("a,b,a,label", ["t.csv:column names", "two columns have the same name", "'a' at positions 1, 3"]),
+    ("label,x,label", ["'label' at positions 1, 3"]),  # the target would be among the features
+    ("a, b ,b,label", ["'b' at positions 2, 3"]),  # names are compared as read: spaces trimmed
+    (",x,,label", ["a column has no name", "position 1, 3 of 4", "to_csv(index=False)"]),
+])
+def test_duplicate_and_empty_column_names_are_refused(cli, write_file, tmp_path, header, fragments):
+    width = header.count(",") + 1
+    source = write_file("t.csv", header + "\n" + "".join(",".join(str(i + j) for j in range(width - 1)) +
+                                                         f",{i % 2}\n" for i in range(4)))
+    assert_clean_failure(cli("prepare", source, tmp_path / "out"), tmp_path, *fragments)
+
+
+def test_duplicate_parquet_column_names_are_refused(cli, tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_arrays([pa.array([1, 2]), pa.array([3.0, 4.0]), pa.array([0, 1])], names=["a", "a", "label"])
+    pq.write_table(table, tmp_path / "t.parquet")
+    assert_clean_failure(cli("prepare", tmp_path / "t.parquet", tmp_path / "out"), tmp_path,
+                         "t.parquet:column names", "two columns have the same name", "'a' at positions 1, 2")
 
 
 def test_raw_rows_errors(tmp_path):
@@ -304,12 +409,78 @@ def test_raw_rows_errors(tmp_path):
     assert encoding.rows([dict(row, note="ignored", label="a")]).shape == (1, encoding.width)  # source columns
     with pytest.raises(InputError, match="did not have.*'weight'"):
         encoding.rows([dict(row, weight="3")])
-    with pytest.raises(InputError, match="missing from the rows.*'size'"):
+    with pytest.raises(InputError, match="the rows have no column 'size'"):
         encoding.rows([{"id": "1", "colour": "red"}])
     with pytest.raises(InputError, match="row 1, column 'size'.*'big'"):
         encoding.rows({"id": [1, 2], "colour": ["red", "red"], "size": [1, "big"]})
     with pytest.raises(InputError, match="same columns"):
         encoding.rows([row, {"id": "1"}])
+
+
+@pytest.fixture
+def table_model(cli, tmp_path):
+    """A softmax model trained one epoch on a small table: colour (text), size (numbers), label a/b."""
+    source = tmp_path / "t.csv"
+    source.write_text("colour,size,label\n" + "".join(f"{'rgb'[i % 3]},{i % 7}.5,{'ab'[i % 2]}\n" for i in range(60)))
+    assert cli("prepare", source, tmp_path / "ds").code == 0
+    (tmp_path / "job.toml").write_text('[data]\npath = "ds"\n[model]\nkind = "softmax"\n[train]\nepochs = 1\n'
+                                       'workers = 1\n')
+    assert cli("train", tmp_path / "job.toml").code == 0
+    return memtrain.load_model(tmp_path / "runs" / "job")
+
+
+def test_predict_on_raw_rows_refuses_what_it_cannot_answer(table_model):
+    model = table_model
+    row = {"colour": "r", "size": "1.5"}
+    assert model.predict([row]).shape == (1,)
+    for size in ("inf", "-inf", 1e999, "1e999", float("-inf")):  # prepare refuses these: predict must too
+        with pytest.raises(InputError, match=r"row 0, column 'size': not a finite number in a number column"):
+            model.predict([dict(row, size=size)])
+    with pytest.raises(InputError, match=r"row 1, column 'size': a value is not a finite float32"):
+        model.predict({"colour": ["r", "g"], "size": [1.0, 1e39]})  # finite as float64, Inf as float32
+    with pytest.raises(InputError, match="row 0, feature 3: a feature is not a finite number"):
+        model.predict(np.array([[1, 0, 0, np.inf, 0]], dtype=np.float32)[:, :model.context.spec.n_features])
+    with pytest.raises(InputError, match="column 'colour': a dict of columns needs a sequence.*str 'rgb'"):
+        model.predict({"colour": "rgb", "size": [1, 2, 3]})  # not split into three rows of one letter
+    with pytest.raises(InputError, match="row 0, column 'colour': a cell holds no single value.*list"):
+        model.predict({"colour": [["r"]], "size": [1]})
+    with pytest.raises(InputError, match="column 'colour'.*bytes b'r'.*decode"):
+        model.predict({"colour": b"r", "size": 1.5})
+    with pytest.raises(InputError, match="row 0, column 'size': a cell holds no single value.*list"):
+        model.predict([{"colour": "r", "size": [1, 2]}])
+    with pytest.raises(InputError, match="no rows"):
+        model.predict({"colour": [], "size": []})
+    with pytest.raises(InputError, match="no rows"):
+        model.predict(np.empty((0, model.context.spec.n_features)))
+    with pytest.raises(InputError, match=r"the rows have no column 'size', which the model needs.*expected "
+                                         r"every feature column: colour, size.*found the rows' columns: colour"):
+        model.predict([{"colour": "r"}])
+    rows = [row, dict(row, colour="g")]
+    np.testing.assert_array_equal(model.predict(r for r in rows), model.predict(rows))  # a generator is read once
+
+
+def test_predict_on_a_dataframe_with_a_repeated_column_is_refused(table_model):
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame([["r", "g", 1.5]], columns=["colour", "colour", "size"])
+    with pytest.raises(InputError, match="two columns of the rows have the same name.*'colour' 2 times"):
+        table_model.predict(frame)
+    with pytest.raises(InputError, match="no rows"):
+        table_model.predict(pd.DataFrame({"colour": [], "size": []}))
+
+
+def test_evaluate_checks_the_labels(table_model):
+    model = table_model
+    rows = [{"colour": "r", "size": "1.5"}, {"colour": "g", "size": "2.5"}]
+    assert set(model.evaluate(rows, [0, 1])) == {"accuracy", "macro_f1", "log_loss"}
+    assert model.evaluate(rows, ["a", "b"]) == model.evaluate(rows, [0, 1])  # class names are taken too
+    for labels, message in (([0.5, 1], r"row 0: a label in y is not a class index.*0 to 1.*found 0\.5\)"),
+                            ([1, 1.5], r"row 1.*found 1\.5"), ([0, 2], r"row 1.*found 2\)"), ([-1, 0], "row 0"),
+                            (["a", "c"], r"not one of the model's classes.*'c'"), ([0, np.nan], "not finite"),
+                            ([0], "different numbers of rows"), (3, "a single value"),
+                            ([[0, 1], [1, 0]], "one class per row"), ([None, {}], "not a number"),
+                            ([[0], [1, 0]], "not one label per row")):
+        with pytest.raises(InputError, match=message):
+            model.evaluate(rows, labels)
 
 
 def test_raw_rows_for_a_model_without_a_table_encoding_is_a_clear_error(cli, tmp_path, small_table):

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
-from memtrain.errors import InputError
+from memtrain.errors import InputError, plural
 from memtrain.prepare import options as defaults
 from memtrain.prepare.labels import TASKS
 from memtrain.prepare.options import PrepareOptions
@@ -119,8 +119,9 @@ def print_summary(summary: PrepareSummary) -> None:
         f"  rows     {summary.rows:,} ("
         + ", ".join(f"{name} {rows:,}" for name, rows in summary.splits.items()) + ")"
         + (f", {summary.dropped:,} non-finite rows dropped" if summary.dropped else "")
-        + (f", {summary.label_missing:,} rows without a label dropped" if summary.label_missing else "")
-        + (f", {summary.missing_dropped:,} rows with a missing value dropped" if summary.missing_dropped else ""),
+        + (f", {plural(summary.label_missing, 'row')} without a label dropped" if summary.label_missing else "")
+        + (f", {plural(summary.missing_dropped, 'row')} with a missing value dropped" if summary.missing_dropped
+           else ""),
         f"  task     {summary.notes[0] if summary.notes else summary.task}",
     ]
     if summary.missing:

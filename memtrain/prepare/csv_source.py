@@ -114,8 +114,8 @@ class CsvSource:
         return [name.strip() for name in names]
 
     def _sniff(self) -> tuple[bool, set[int]]:
-        """Labels are text if the first data row's label is not a number (fixed for the whole file); a feature
-        column is a category column if most of its values in the first ``MIN_BLOCK`` bytes that are not
+        """Labels are text if the first label that is not missing is not a number (fixed for the whole file); a
+        feature column is a category column if most of its values in the first ``MIN_BLOCK`` bytes that are not
         missing are not numbers (``--categorical`` names others). A stray word among numbers is an error
         with a hint, not a category: it is more often a mistake in the data."""
         with open(self.path, "rb") as handle:
@@ -129,9 +129,9 @@ class CsvSource:
             for record in csv.reader(io.StringIO(text, newline="")):
                 if not record or len(record) != len(self.columns):
                     continue
-                if text_labels is None:
-                    text_labels = not _is_number(record[self.label_index]) and \
-                        record[self.label_index].strip() not in self.table.number_na
+                label = record[self.label_index].strip()
+                if text_labels is None and label not in self.table.na_values:  # a missing label says nothing
+                    text_labels = not _is_number(label)
                 for i in self.feature_index:
                     if record[i].strip() not in self.table.na_values:
                         values[i] += 1
@@ -380,7 +380,7 @@ class CsvSource:
         found = "an empty field" if not value.strip() else repr(value)
         if index == self.label_index:
             return InputError("the label is not a number", path=self.path, where=where, expected="a number "
-                              "(the first rows have numeric labels)", found=found)
+                              "(the first labels that are not missing are numbers)", found=found)
         hint = None
         if value.strip() in self.table.na_values and self.table.missing == "error":
             hint = "--missing impute (the default) fills missing values, --missing drop drops their rows"

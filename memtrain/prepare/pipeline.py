@@ -46,6 +46,7 @@ from memtrain.prepare.stats import RunningStats
 from memtrain.prepare.synthetic import SyntheticSource
 from memtrain.prepare.table import CATEGORY, Encoding, Survey, final_codes
 from memtrain.prepare.table_chunks import holes_of, rows_of, table_rows
+from memtrain.prepare.table_notes import column_notes, distinct_levels, levels_line, rare_note, size_note
 from memtrain.prepare.workdir import WorkArea, check_out
 from memtrain.progress import reporting
 
@@ -165,6 +166,8 @@ def _run(source: Source, options: PrepareOptions, work: WorkArea, say: Say, disp
         raise _no_rows(source, spool["dropped"] + spool.get("label_missing", 0) + spool.get("missing_dropped", 0))
     if labels.warning:
         say(f"warning: {labels.warning}")
+    for note in spool.get("table_notes", []):  # before the shards: a wrong column can still be left out
+        say(f"warning: {note}")
     splits, stats = _write_shards(source, options, work, spool, labels, finished, display)
     stages["shards"], clock = time.monotonic() - clock, time.monotonic()
     manifest = _manifest(source, options, spool, labels, splits, stats)
@@ -181,8 +184,7 @@ def _run(source: Source, options: PrepareOptions, work: WorkArea, say: Say, disp
                           sum(len(v) for v in finished.values()), [labels.note], stages,
                           missing={c.name: c.missing for c in encoding.columns if c.missing} if encoding else {},
                           label_missing=spool.get("label_missing", 0), missing_dropped=spool.get("missing_dropped", 0),
-                          encoded=[f"{c.name}: {len(c.levels)} levels ({encoding.categorical})" for c in
-                                   encoding.columns if c.kind == CATEGORY] if encoding else [])
+                          encoded=levels_line(encoding, spool.get("distinct", {})) if encoding else [])
 
 
 def _encoding(spool: dict[str, Any]) -> Encoding | None:
@@ -223,14 +225,27 @@ def _scatter(source: Source, options: PrepareOptions, work: WorkArea, display: D
         counts = spool.finish()
     labels = coder.finish() if rows else Labels("classification", [], "", None)
     encoding, remaps = survey.finish() if survey is not None else (None, None)
+    notes, distinct = _table_notes(source, options, survey, encoding, rows)
     info = {"rows": rows, "dropped": dropped, "counts": counts, "x_spooled": keep_x, "source": _identity(source),
             "encoding": None if encoding is None else encoding.as_dict(), "remaps": remaps, **counts_dropped,
+            "table_notes": notes, "distinct": distinct,
             "warning": labels.warning,
             "task": labels.task,
             "classes": labels.classes, "note": labels.note, "text": bool(coder.text),
             "table": None if labels.table is None else labels.table.tolist()}
     work.commit_spool(info)
     return info
+
+
+def _table_notes(source: Source, options: PrepareOptions, survey: Survey | None, encoding: Encoding | None,
+                 rows: int) -> tuple[list[str], dict[str, int]]:
+    """The warnings said before the shards are written, and each text column's distinct levels."""
+    if survey is None or encoding is None:
+        return [], {}
+    distinct = distinct_levels(survey)
+    notes = [*column_notes(survey, rows), rare_note(encoding, distinct, options.table),
+             size_note(encoding, rows, options.np_dtype.itemsize, source.size_bytes)]
+    return [note for note in notes if note], distinct
 
 
 def _survey(source: Source, options: PrepareOptions) -> Survey | None:

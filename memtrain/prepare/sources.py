@@ -59,7 +59,13 @@ class Source(Protocol):
 
 
 def resolve_label(columns: list[str], wanted: str | None, path: Path) -> int:
-    """Index of the target column: ``--label NAME``, else a column named label, target or y."""
+    """Index of the target column: ``--label NAME``, else a column named label, target or y.
+
+    Every table source (CSV, Parquet) names its columns through here, so this is where names are checked:
+    each must be non-empty and unique, since the label, the features and the recorded encoding are all
+    found by name (``a,b,a`` would read the first ``a`` twice; ``label,x,label`` would put the target
+    among the features)."""
+    check_column_names(columns, path)
     if wanted is not None:
         if wanted in columns:
             return columns.index(wanted)
@@ -71,6 +77,28 @@ def resolve_label(columns: list[str], wanted: str | None, path: Path) -> int:
             return lowered.index(name)
     raise InputError("missing label column", path=path, expected="a column named label, target or y "
                      "(or --label NAME)", found=_listing(columns))
+
+
+def check_column_names(columns: list[str], path: Path | None) -> None:
+    """Refuse an empty column name, and a name given to two columns (positions counted from 1)."""
+    empty = [i + 1 for i, name in enumerate(columns) if not name]
+    if empty:
+        raise InputError("a column has no name", path=path, where="column names",
+                         expected="a name for every column", found=f"an empty name at position "
+                         f"{', '.join(map(str, empty))} of {len(columns)}",
+                         hint="name it in the header (pandas writes its index as an unnamed first column: "
+                              "to_csv(index=False) leaves it out)")
+    positions: dict[str, list[int]] = {}
+    for i, name in enumerate(columns):
+        positions.setdefault(name, []).append(i + 1)
+    repeated = {name: at for name, at in positions.items() if len(at) > 1}
+    if repeated:
+        raise InputError("two columns have the same name", path=path, where="column names",
+                         expected="a different name for every column",
+                         found="; ".join(f"'{name}' at positions {', '.join(map(str, at))}"
+                                         for name, at in repeated.items()),
+                         hint="rename them in the source: columns are found by name, for the label, the "
+                              "features and at prediction time")
 
 
 def _listing(names: list[str]) -> str:

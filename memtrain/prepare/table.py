@@ -21,7 +21,8 @@ distinct levels (at most ``MAX_DISTINCT`` per column), never by the rows.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,28 +176,51 @@ class Encoding:
                              expected="the source's columns: " + ", ".join(self.source_columns))
         absent = [c.name for c in self.columns if c.name not in columns]
         if absent:
-            raise InputError("a feature column is missing from the rows", found=", ".join(map(repr, absent)),
-                             expected="every feature column: " + ", ".join(c.name for c in self.columns))
+            raise InputError(f"the rows have no column {', '.join(map(repr, absent))}, which the model needs",
+                             expected="every feature column: " + ", ".join(c.name for c in self.columns),
+                             found="the rows' columns: " + (", ".join(columns) or "none"))
         lengths = {len(columns[c.name]) for c in self.columns}
         if len(lengths) != 1:
             raise InputError("the columns have different lengths", found=sorted(lengths))
-        compact = np.empty((lengths.pop(), len(self.columns)), dtype=np.float64)
+        rows = lengths.pop()
+        if rows == 0:
+            raise InputError("no rows to encode", expected="at least one row", found="0 rows")
+        compact = np.empty((rows, len(self.columns)), dtype=np.float64)
         for j, column in enumerate(self.columns):
             values = columns[column.name]
+            _check_cells(column.name, values)
             if column.kind == CATEGORY:
                 compact[:, j] = self.codes(column, values)
             else:
                 compact[:, j] = [self._number(column, v, i) for i, v in enumerate(values)]
-        return self.expand(compact, np.dtype(dtype))
+        out = self.expand(compact, np.dtype(dtype))
+        self._check_finite(out, compact, np.dtype(dtype))
+        return out
 
     def _number(self, column: Column, value: Any, row: int) -> float:
         if _is_missing(value, self.na_values):
             return math.nan
         try:
-            return float(value)
-        except (TypeError, ValueError):
+            number = float(value)
+        except (TypeError, ValueError, OverflowError):
             raise InputError("not a number in a number column", where=f"row {row}, column '{column.name}'",
                              expected="a number or a missing value", found=repr(value)) from None
+        if not math.isfinite(number):  # prepare refuses such values: a model never saw one
+            raise InputError("not a finite number in a number column", where=f"row {row}, column '{column.name}'",
+                             expected="a finite number or a missing value", found=repr(value))
+        return number
+
+    def _check_finite(self, out: np.ndarray, compact: np.ndarray, dtype: np.dtype) -> None:
+        """A number too large for ``dtype`` is refused as prepare refuses it (it would become Inf)."""
+        bad = np.flatnonzero(~np.isfinite(out).all(axis=1))
+        if len(bad) == 0:
+            return
+        row = int(bad[0])
+        names = self.feature_names
+        column = names[int(np.flatnonzero(~np.isfinite(out[row]))[0])]
+        found = compact[row, [c.name for c in self.columns].index(column)]
+        raise InputError(f"a value is not a finite {dtype} (out of range)", where=f"row {row}, column '{column}'",
+                         expected=f"a number within ±{float(np.finfo(dtype).max):.4g}", found=repr(float(found)))
 
     def as_dict(self) -> dict[str, Any]:
         return {"columns": [c.as_dict() for c in self.columns], "categorical": self.categorical,
@@ -234,15 +258,58 @@ def _is_missing(value: Any, na_values: tuple[str, ...]) -> bool:
     return isinstance(value, str) and value.strip() in na_values
 
 
+def _is_cell(value: Any) -> bool:
+    """One value of one cell: text, a number, or a missing value (None, NaN, pandas.NA/NaT)."""
+    return value is None or isinstance(value, str | int | float | np.number | np.bool_ | np.str_) or \
+        type(value).__name__ in ("NAType", "NaTType")
+
+
+def _check_cells(name: str, values: Sequence[Any]) -> None:
+    """Every cell of a column holds one value (not a list, a dict or bytes, which no source column holds)."""
+    for i, value in enumerate(values):
+        if not _is_cell(value):
+            raise InputError("a cell holds no single value", where=f"row {i}, column '{name}'",
+                             expected="text, a number or a missing value",
+                             found=f"{type(value).__name__} {_preview(value)}",
+                             hint="decode bytes to text first" if isinstance(value, bytes | bytearray) else None)
+
+
+def _preview(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _unique_names(names: list[str]) -> None:
+    """Rows are matched to the encoding by column name: two columns of one name would be read as one."""
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise InputError("two columns of the rows have the same name", expected="a different name for every column",
+                         found=", ".join(f"'{name}' {names.count(name)} times" for name in repeated))
+
+
 def raw_columns(table: Any) -> dict[str, Sequence[Any]]:
     """A DataFrame (duck-typed: ``columns`` and ``[name]``), a dict of columns, one dict of scalars, or a list
     of dicts with the same keys -> {column name: values}."""
     if hasattr(table, "columns") and hasattr(table, "__getitem__") and not isinstance(table, Mapping):
-        return {str(name): list(table[name]) for name in table.columns}
+        names = [str(name) for name in table.columns]
+        _unique_names(names)
+        return {name: list(table[column]) for name, column in zip(names, table.columns, strict=True)}
     if isinstance(table, Mapping):
-        if all(isinstance(v, str | int | float | np.generic) or v is None for v in table.values()):
+        _unique_names([str(k) for k in table])
+        if all(_is_cell(v) for v in table.values()):
             return {str(k): [v] for k, v in table.items()}  # one row
+        for key, values in table.items():
+            if _is_cell(values) or isinstance(values, bytes | bytearray | Mapping) or \
+                    not isinstance(values, Iterable):
+                raise InputError("a dict of columns needs a sequence of values for every column",
+                                 where=f"column '{key}'", expected="a list, an array or a Series",
+                                 found=f"{type(values).__name__} {_preview(values)}",
+                                 hint="decode bytes to text first" if isinstance(values, bytes | bytearray) else
+                                 "one dict of single values is one row; a dict of lists is one list per column")
         return {str(k): list(v) for k, v in table.items()}
+    if not isinstance(table, Iterable) or isinstance(table, str | bytes | bytearray):
+        raise InputError("raw rows must be a DataFrame, a dict of columns or a list of dicts",
+                         found=type(table).__name__)
     rows = list(table)
     if not rows or not all(isinstance(r, Mapping) for r in rows):
         raise InputError("raw rows must be a DataFrame, a dict of columns or a list of dicts",
@@ -314,6 +381,8 @@ class Survey:
         mapped = np.empty(len(names), dtype=np.float64)
         for k, name in enumerate(names.tolist()):
             if name not in ids:
+                if name in (RARE, MISSING):
+                    raise self._reserved(j, name)
                 ids[name] = len(ids)
                 tally.append(0)
             mapped[k] = ids[name]
@@ -328,6 +397,13 @@ class Survey:
             result[missing] = np.nan
             tally[ids[values[missing][0]]] -= int(missing.sum())  # missing cells are no level
         return result
+
+    def _reserved(self, j: int, name: str) -> InputError:
+        """A value spelled as one of the encoding's own buckets would give two features of one name."""
+        return InputError(f"a value of a text column is spelled like memtrain's {name} bucket", path=self.path,
+                          where=f"column '{self.names[j]}'", expected=f"values other than {RARE} and {MISSING}",
+                          found=repr(name), hint=f"rename the value in the source, or leave the column out with "
+                                                 f"--drop-columns {shlex.quote(self.names[j])}")
 
     def finish(self) -> tuple[Encoding, list[list[int] | None]]:
         """The encoding, and per column the map provisional id -> final code (None for number columns)."""
