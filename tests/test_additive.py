@@ -205,3 +205,33 @@ def test_a_start_keeps_whole_partials_only_and_sums_them_in_task_order(tmp_path:
     other = additive.PassPlan(tasks=plan.tasks, chunk_rows=5, size=50, source="s")
     assert additive.StatisticsPass(tmp_path, other, logged.append).start() == {}  # another pass: all gone
     assert sorted(os.listdir(tmp_path / STATISTICS_DIR)) == ["plan.json"]
+
+
+def test_a_nonfinite_training_row_or_solve_stops_the_run_and_publishes_nothing(tmp_path: Path) -> None:
+    """The gradient path's finiteness check (weights.finite) on the solve path (issue 41, #4): a NaN in a training
+    row makes the summed statistics non-finite, and ridge with alpha > 0 solved them into NaN weights, published
+    with exit 0; a solve that makes Inf of finite statistics published them too. Now: exit 1 naming the task or
+    the parameter, and no version 1."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(300, 4)).astype(np.float32)
+    y = x.sum(axis=1).astype(np.float32)
+    x[200, 2] = np.nan  # train row 170 (the first 30 rows are the validation split)
+    data = write_dataset(tmp_path / "nan", x, y, task="regression", val_rows=30, shard_rows=100)
+    for alpha in (0.0, 1.0):  # alpha 0: lstsq raised LinAlgError (a traceback); alpha 1: NaN weights published
+        name = f"alpha{int(alpha)}"
+        job = write_job(tmp_path, data, kind="ridge", name=name)
+        job.write_text(job.read_text().replace('kind = "ridge"', f'kind = "ridge"\nalpha = {alpha}')
+                       .replace("[data]\n", "[data]\nnormalize = false\n"))  # the NaN row stays as it is
+        result = memtrain("train", job)
+        assert result.returncode == 1, result.stderr
+        err = " ".join(result.stderr.split())
+        assert "non-finite statistics (NaN or Inf) in the pass: task 1 (rows 90-180 of the train split" in err
+        assert "Traceback" not in err
+        assert weight_versions(tmp_path / name) == [0], "nothing non-finite is published"
+    clean = regression(tmp_path / "clean", 200, 3)
+    result = memtrain("train", write_job(tmp_path, clean, kind="additive_models:SolvesNonFinite", name="inf"))
+    assert result.returncode == 1, result.stderr
+    err = " ".join(result.stderr.split())
+    assert ("the solve of model 'additive_models:SolvesNonFinite' gave non-finite parameters: 'b' holds 1 NaN or "
+            "Inf of 1 values; weight version 1 was not published") in err
+    assert weight_versions(tmp_path / "inf") == [0]

@@ -37,6 +37,7 @@ from memtrain.layout import (
     tmp_target,
 )
 from memtrain.models.params import ParamLayout
+from memtrain.train.weights import finite
 
 STATS_DTYPE = np.dtype(np.float64)
 # Elements per piece of the server's sum: 4 Mi float64 = 32 MiB of each partial and of the sum at a time.
@@ -78,11 +79,25 @@ def task_partial(path: Path, layout: ParamLayout, model: Any, lo: int, hi: int, 
             fault_point("statistics_chunk")
 
 
+def solve(model: Any, kind: str, stats: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``model.solve`` of the summed statistics; whatever it raises (the model's code: a built-in's or the user's)
+    is an error naming the model, exit 1, never a traceback (a stop request passes through)."""
+    try:
+        return model.solve(stats)
+    except MemtrainError:
+        raise
+    except Exception as exc:  # the model's code may raise anything
+        raise MemtrainError(f"the solve of model {kind!r} raised {type(exc).__name__}: {exc}",
+                            hint="the statistics summed over the training rows are finite; nothing was "
+                                 "published") from exc
+
+
 class StatisticsPass:
     """The server's side of the pass: which partials are already there, their sum, the folder's cleanup."""
 
-    def __init__(self, run_dir: Path, plan: PassPlan, log: Callable[[str], None]):
-        self.folder, self.plan, self.log = statistics_dir(run_dir), plan, log
+    def __init__(self, run_dir: Path, plan: PassPlan, log: Callable[[str], None], *,
+                 describe_rows: Callable[[int, int], str] = lambda lo, hi: f"rows {lo}-{hi} of the train split"):
+        self.folder, self.plan, self.log, self.describe_rows = statistics_dir(run_dir), plan, log, describe_rows
 
     @property
     def sum_path(self) -> Path:
@@ -126,16 +141,28 @@ class StatisticsPass:
                 raise MemtrainError(f"statistics: {tasks - len(partials)} of {tasks} partials are missing",
                                     hint="this is a bug in memtrain: please report it with the run's events.log")
             maps = [open_npy(partials[task], shape=(self.plan.size,), dtype=STATS_DTYPE) for task in range(tasks)]
+            zeros = np.zeros(min(SUM_CHUNK, self.plan.size), dtype=STATS_DTYPE)
             with writing_npy(self.sum_path, (self.plan.size,), STATS_DTYPE, durable=True) as total:
                 for lo in range(0, self.plan.size, SUM_CHUNK):
                     piece = total[lo:lo + SUM_CHUNK]
                     for partial in maps:  # task order: the bits never depend on who computed what, or when
                         piece += partial[lo:lo + SUM_CHUNK]
+                    if not finite(piece, zeros):  # the gradient path's check (weights.finite): nothing published
+                        raise self._nonfinite([t for t, partial in enumerate(maps)
+                                               if not finite(partial[lo:lo + SUM_CHUNK], zeros)])
             del maps
         for name in os.listdir(self.folder):
             if parse_partial_name(name) is not None:
                 (self.folder / name).unlink(missing_ok=True)
         return open_npy(self.sum_path, shape=(self.plan.size,), dtype=STATS_DTYPE)
+
+    def _nonfinite(self, bad: list[int]) -> MemtrainError:
+        where = ", ".join(f"task {t} ({self.describe_rows(*self.plan.tasks[t])})" for t in bad) or \
+            "their sum (each task's partial was finite: it overflowed)"
+        return MemtrainError(f"non-finite statistics (NaN or Inf) in the pass: {where}",
+                             hint="check the data: a training row holds NaN or Inf, or values too large for "
+                                  "float64 sums (memtrain prepare refuses non-finite rows, or drops them with "
+                                  "--drop-nonfinite); nothing was solved or published")
 
     def discard(self, task: int, attempt: int) -> None:
         """A dead or superseded attempt: its partial (if it published one) and its temporary file, at once."""

@@ -39,7 +39,7 @@ from memtrain.layout import (
 )
 from memtrain.progress import Reporter, reporting
 from memtrain.stopping import on_stop_signals, start_resource_tracker
-from memtrain.train.additive import PassPlan, StatisticsPass, pass_source
+from memtrain.train.additive import PassPlan, StatisticsPass, pass_source, solve
 from memtrain.train.advice import few_updates_note, one_pass_note
 from memtrain.train.context import ModelContext, server_context, startup_check
 from memtrain.train.counters import ONE_PASS, epoch_number, position_text, update_number
@@ -256,7 +256,7 @@ class Trainer:
             tasks=tuple(split_range(0, self.train_rows, job.train.tasks_per_update)),
             chunk_rows=job.train.chunk_rows, size=context.stats_layout.size,
             source=pass_source(context.manifest, job.model.kind, job.model.options, job.data.normalize)),
-            self.log) if context.additive else None
+            self.log, describe_rows=self.describe_rows) if context.additive else None
         self.memory_board = Board(1)
         self.logbook = Logbook(run=run, exchange=run.exchange, plan=self.plan,
                                records=open_records(run.exchange / ROUND_RECORDS, self.plan.per_epoch,
@@ -464,8 +464,10 @@ class Trainer:
                  for i, (lo, hi) in enumerate(plan.tasks) if i not in kept]
         results = self.scheduler.run(self.placement.transport, tasks)
         partials = kept | {r.task: self.statistics.partial_path(r.task, r.attempt) for r in results}
-        params = self.context.model.solve(self.context.stats_layout.views(self.statistics.summed(partials)))
-        checksum = publish_params(self.run_dir.path, 1, self.context.layout, params)
+        params = solve(self.context.model, self.job.model.kind,
+                       self.context.stats_layout.views(self.statistics.summed(partials)))
+        checksum = publish_params(self.run_dir.path, 1, self.context.layout, params,
+                                  made_by=f"the solve of model {self.job.model.kind!r}")
         del params
         self.run_dir.lineage(solve_record(tasks=list(plan.tasks), solve=self.job.model.kind, checksum=checksum))
         position.version, position.epoch_rows = 1, self.train_rows
