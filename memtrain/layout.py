@@ -105,6 +105,12 @@ def partial_name(task: int, attempt: int) -> str:
     return f"t{task:05d}-a{attempt:03d}.npy"
 
 
+def statistics_record_name(name: str) -> str:
+    """The sealed record of a statistics file (``t00000-a000.npy`` or ``sum.npy`` -> ``t00000-a000.json``,
+    ``sum.json``): its checksum, written once the file is published (train/additive.py)."""
+    return name.removesuffix(".npy") + ".json"
+
+
 def parse_partial_name(name: str) -> tuple[int, int] | None:
     """(task, attempt) of a partial's name, or None for any other name (a temporary one included)."""
     match = _PARTIAL_RE.match(name)

@@ -188,20 +188,25 @@ def test_a_start_keeps_whole_partials_only_and_sums_them_in_task_order(tmp_path:
     first = additive.StatisticsPass(tmp_path, plan, logged.append)
     assert first.start() == {}
     parts = [np.random.default_rng(t).normal(size=50) * 10.0 ** (3 * t) for t in range(3)]
-    publish_array(first.partial_path(0, 1), parts[0], durable=False)
+
+    def publish(path: Path, values: np.ndarray) -> None:  # as a statistics task does: the file, then its checksum
+        with additive.publishing_statistics(path, len(values)) as flat:
+            flat[:] = values
+
+    publish(first.partial_path(0, 1), parts[0])
     publish_array(first.partial_path(1, 0), parts[1][:40], durable=False)  # the wrong size: never trusted
     publish_array(tmp_sibling(first.partial_path(2, 0)), parts[2], durable=False)  # not renamed: never read
     again = additive.StatisticsPass(tmp_path, plan, logged.append)
     assert again.start() == {0: again.partial_path(0, 1)}
-    assert sorted(os.listdir(tmp_path / STATISTICS_DIR)) == ["plan.json", "t00000-a001.npy"]
-    publish_array(again.partial_path(1, 0), parts[1], durable=False)
-    publish_array(again.partial_path(2, 2), parts[2], durable=False)
+    assert sorted(os.listdir(tmp_path / STATISTICS_DIR)) == ["plan.json", "t00000-a001.json", "t00000-a001.npy"]
+    publish(again.partial_path(1, 0), parts[1])
+    publish(again.partial_path(2, 2), parts[2])
     total = again.summed({0: again.partial_path(0, 1), 1: again.partial_path(1, 0), 2: again.partial_path(2, 2)})
     expected = np.zeros(50)
     for part in parts:
         expected += part
     assert total.tobytes() == expected.tobytes()
-    assert sorted(os.listdir(tmp_path / STATISTICS_DIR)) == ["plan.json", "sum.npy"]
+    assert sorted(os.listdir(tmp_path / STATISTICS_DIR)) == ["plan.json", "sum.json", "sum.npy"]
     other = additive.PassPlan(tasks=plan.tasks, chunk_rows=5, size=50, source="s")
     assert additive.StatisticsPass(tmp_path, other, logged.append).start() == {}  # another pass: all gone
     assert sorted(os.listdir(tmp_path / STATISTICS_DIR)) == ["plan.json"]
@@ -235,3 +240,49 @@ def test_a_nonfinite_training_row_or_solve_stops_the_run_and_publishes_nothing(t
     assert ("the solve of model 'additive_models:SolvesNonFinite' gave non-finite parameters: 'b' holds 1 NaN or "
             "Inf of 1 values; weight version 1 was not published") in err
     assert weight_versions(tmp_path / "inf") == [0]
+
+
+def flip_last_float(path: Path) -> None:
+    """One bit of the file's last float64 flipped: header and size stay right, the value is wrong."""
+    data = bytearray(path.read_bytes())
+    data[-2] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def test_kept_statistics_are_verified_against_their_checksums_on_resume(data: Path, tmp_path: Path) -> None:
+    """Issue 41, #3: a flipped float in a kept partial, a partial replaced by a link to a user's .npy, a damaged
+    sum.npy were trusted on resume (header and size only): exit 0 with wrong weights. Each is now absent, logged,
+    computed again: the resumed run has the bits of an uninterrupted one, and the user's file is untouched."""
+    reference = write_job(tmp_path, data, workers=2, tasks=4, name="ref")
+    assert memtrain("train", reference).returncode == 0
+    job = write_job(tmp_path, data, workers=1, tasks=4)
+    run = tmp_path / "job"
+    assert memtrain("train", job, env={"MEMTRAIN_FAULT": "after_result:3"}).returncode == -9
+    partials = sorted(n for n in os.listdir(run / STATISTICS_DIR) if parse_partial_name(n))
+    assert len(partials) >= 2, partials
+    flipped, linked = run / STATISTICS_DIR / partials[0], run / STATISTICS_DIR / partials[1]
+    flip_last_float(flipped)
+    users = tmp_path / "users.npy"
+    np.save(users, np.zeros_like(np.load(linked)))  # the right shape and dtype: only a checksum tells it apart
+    before = users.read_bytes()
+    linked.unlink()
+    linked.symlink_to(users)
+    resumed = memtrain("train", "--resume", run)
+    assert resumed.returncode == 0, resumed.stderr
+    events = (run / "events.log").read_text()
+    assert f"statistics: {flipped}: checksum mismatch: the file changed since it was written" in events
+    assert f"statistics: {linked}: a symbolic link, not a file memtrain published; computing it again" in events
+    assert users.read_bytes() == before
+    assert digest(run) == digest(tmp_path / "ref")
+
+    again = write_job(tmp_path, data, workers=1, tasks=4, name="summed")
+    run = tmp_path / "summed"
+    assert memtrain("train", again, env={"MEMTRAIN_FAULT": "statistics_summed:1"}).returncode == -9
+    assert sorted(os.listdir(run / STATISTICS_DIR)) == ["plan.json", "sum.json", "sum.npy"]
+    flip_last_float(run / STATISTICS_DIR / "sum.npy")
+    resumed = memtrain("train", "--resume", run)
+    assert resumed.returncode == 0, resumed.stderr
+    events = (run / "events.log").read_text()
+    assert f"statistics: {run / STATISTICS_DIR / 'sum.npy'}: checksum mismatch" in events
+    assert "partials kept from an earlier start" not in events.split("checksum mismatch")[1]  # all computed again
+    assert digest(run) == digest(tmp_path / "ref")

@@ -10,7 +10,11 @@ first row), never the machine's.
 The files live in the run directory (``statistics/``, layout.py), not in the exchange area, so that a
 killed server resumes without computing again the partials it has: each is published by rename once whole
 (``files.writing_npy``), so a half-written one is never read, and ``plan.json`` (sealed) says which pass
-they belong to. The folder is removed once the solved weights are checkpointed.
+they belong to. Like a shard or a checkpoint, each partial and the sum carry a checksum recorded when they
+are published (a sealed ``.json`` beside each, written after the rename), verified before a later start
+reuses them: one without its record, with a checksum that does not match, or a link in its place, is absent
+(its name removed, never what it points to) and computed again, with a line in ``events.log``. The folder is
+removed once the solved weights are checkpointed.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,13 +31,23 @@ import numpy as np
 
 from memtrain.errors import MemtrainError
 from memtrain.faults import fault_point
-from memtrain.files import check_npy, json_checksum, open_npy, read_sealed_json, write_sealed_json, writing_npy
+from memtrain.files import (
+    check_npy,
+    checksum_file,
+    json_checksum,
+    open_npy,
+    read_sealed_json,
+    verify_checksum,
+    write_sealed_json,
+    writing_npy,
+)
 from memtrain.layout import (
     STATISTICS_PLAN,
     STATISTICS_SUM,
     parse_partial_name,
     partial_name,
     statistics_dir,
+    statistics_record_name,
     tmp_target,
 )
 from memtrain.models.params import ParamLayout
@@ -66,11 +80,21 @@ def pass_source(manifest: dict[str, Any], kind: str, options: dict[str, Any], no
     return json_checksum({"manifest": manifest, "kind": kind, "options": options, "normalize": normalize})
 
 
+@contextlib.contextmanager
+def publishing_statistics(path: Path, size: int) -> Iterator[np.memmap]:
+    """A writable map of the new statistics file ``path`` (zeroed), published by rename when the block ends,
+    then its checksum in its sealed record (``statistics_record_name``): a file without one is never reused."""
+    with writing_npy(path, (size,), STATS_DTYPE, durable=True) as flat:
+        yield flat
+    record = {"file": path.name, "checksum": checksum_file(path, mapped=True)}
+    write_sealed_json(path.with_name(statistics_record_name(path.name)), record, durable=True)
+
+
 def task_partial(path: Path, layout: ParamLayout, model: Any, lo: int, hi: int, chunk_rows: int,
                  read: Callable[[int, int], tuple[np.ndarray, np.ndarray]]) -> None:
     """In a worker: the statistics of train rows [lo, hi) into the new file ``path``, ``chunk_rows`` rows at a
     time (``read(a, b)``: normalized rows [a, b)). The map starts zeroed; ``model.statistics`` adds into it."""
-    with writing_npy(path, (layout.size,), STATS_DTYPE, durable=True) as flat:
+    with publishing_statistics(path, layout.size) as flat:
         out = layout.views(flat)
         for a in range(lo, hi, chunk_rows):
             x, y = read(a, min(hi, a + chunk_rows))
@@ -98,6 +122,7 @@ class StatisticsPass:
     def __init__(self, run_dir: Path, plan: PassPlan, log: Callable[[str], None], *,
                  describe_rows: Callable[[int, int], str] = lambda lo, hi: f"rows {lo}-{hi} of the train split"):
         self.folder, self.plan, self.log, self.describe_rows = statistics_dir(run_dir), plan, log, describe_rows
+        self.sum_trusted = False  # the sum on disk is whole and verified (``start``), or this pass published it
 
     @property
     def sum_path(self) -> Path:
@@ -119,14 +144,15 @@ class StatisticsPass:
             write_sealed_json(self.folder / STATISTICS_PLAN, self.plan.to_json(), durable=True)
             return {}
         self._sweep_temporary()
-        if self._whole(self.sum_path):
+        self.sum_trusted = self._trusted(self.sum_path)
+        if self.sum_trusted:
             return {task: self.sum_path for task in range(len(self.plan.tasks))}
         found: dict[int, Path] = {}
         for name in sorted(os.listdir(self.folder)):
             numbers = parse_partial_name(name)
             if numbers is None or numbers[0] >= len(self.plan.tasks) or numbers[0] in found:
                 continue
-            if self._whole(self.folder / name):
+            if self._trusted(self.folder / name):
                 found[numbers[0]] = self.folder / name
         return found
 
@@ -136,13 +162,13 @@ class StatisticsPass:
         Each partial is removed once the sum is published (a kill before that leaves them all, and the next
         start adds them again)."""
         tasks = len(self.plan.tasks)
-        if not self._whole(self.sum_path):
+        if not self.sum_trusted:
             if sorted(partials) != list(range(tasks)):
                 raise MemtrainError(f"statistics: {tasks - len(partials)} of {tasks} partials are missing",
                                     hint="this is a bug in memtrain: please report it with the run's events.log")
             maps = [open_npy(partials[task], shape=(self.plan.size,), dtype=STATS_DTYPE) for task in range(tasks)]
             zeros = np.zeros(min(SUM_CHUNK, self.plan.size), dtype=STATS_DTYPE)
-            with writing_npy(self.sum_path, (self.plan.size,), STATS_DTYPE, durable=True) as total:
+            with publishing_statistics(self.sum_path, self.plan.size) as total:
                 for lo in range(0, self.plan.size, SUM_CHUNK):
                     piece = total[lo:lo + SUM_CHUNK]
                     for partial in maps:  # task order: the bits never depend on who computed what, or when
@@ -151,9 +177,11 @@ class StatisticsPass:
                         raise self._nonfinite([t for t, partial in enumerate(maps)
                                                if not finite(partial[lo:lo + SUM_CHUNK], zeros)])
             del maps
+            self.sum_trusted = True
         for name in os.listdir(self.folder):
-            if parse_partial_name(name) is not None:
+            if _partial_file(name):
                 (self.folder / name).unlink(missing_ok=True)
+        fault_point("statistics_summed")
         return open_npy(self.sum_path, shape=(self.plan.size,), dtype=STATS_DTYPE)
 
     def _nonfinite(self, bad: list[int]) -> MemtrainError:
@@ -166,11 +194,10 @@ class StatisticsPass:
 
     def discard(self, task: int, attempt: int) -> None:
         """A dead or superseded attempt: its partial (if it published one) and its temporary file, at once."""
-        name = partial_name(task, attempt)
-        self.partial_path(task, attempt).unlink(missing_ok=True)
+        names = (partial_name(task, attempt), statistics_record_name(partial_name(task, attempt)))
         with contextlib.suppress(FileNotFoundError):
             for entry in os.listdir(self.folder):
-                if tmp_target(entry) == name:
+                if entry in names or tmp_target(entry) in names:
                     (self.folder / entry).unlink(missing_ok=True)
 
     def clear(self) -> None:
@@ -193,13 +220,31 @@ class StatisticsPass:
             if tmp_target(name) is not None:
                 (self.folder / name).unlink(missing_ok=True)
 
-    def _whole(self, path: Path) -> bool:
-        if not path.exists():
+    def _trusted(self, path: Path) -> bool:
+        """Whether the published statistics file ``path`` may be reused: a regular file (not a link), its header
+        and size the plan's, its bytes those its sealed record's checksum was taken of. Otherwise it is absent:
+        the name and its record are removed (never what a link points to), the reason logged."""
+        record = path.with_name(statistics_record_name(path.name))
+        if not os.path.lexists(path):
+            record.unlink(missing_ok=True)
             return False
         try:
+            if path.is_symlink():
+                raise MemtrainError("a symbolic link, not a file memtrain published", path=path)
             check_npy(path, shape=(self.plan.size,), dtype=STATS_DTYPE)
+            if not os.path.lexists(record):
+                raise MemtrainError("no checksum recorded (its publication was cut short)", path=path)
+            expected = read_sealed_json(record, what="statistics checksum record").get("checksum")
+            verify_checksum(path, expected if isinstance(expected, str) else "no checksum")
         except (MemtrainError, OSError) as exc:
             self.log(f"statistics: {exc}; computing it again")
             path.unlink(missing_ok=True)
+            record.unlink(missing_ok=True)
             return False
         return True
+
+
+def _partial_file(name: str) -> bool:
+    """A partial (``t00000-a000.npy``) or its record (``t00000-a000.json``)."""
+    return parse_partial_name(name) is not None or (
+        name.endswith(".json") and parse_partial_name(name.removesuffix(".json") + ".npy") is not None)
