@@ -286,3 +286,42 @@ def test_kept_statistics_are_verified_against_their_checksums_on_resume(data: Pa
     assert f"statistics: {run / STATISTICS_DIR / 'sum.npy'}: checksum mismatch" in events
     assert "partials kept from an earlier start" not in events.split("checksum mismatch")[1]  # all computed again
     assert digest(run) == digest(tmp_path / "ref")
+
+
+def test_a_model_of_the_whole_rows_contract_gets_each_tasks_rows_at_once_and_exact_counts(tmp_path: Path) -> None:
+    """Issue 41 (the silent contract change): a user's bigram model written when memtrain called ``statistics``
+    once per task overwrites ``out`` (zeroes it, then np.add.at). Called per chunk it kept only each task's last
+    chunk (log-probabilities off, exit 0). A model that defines ``statistics`` only is called once per task with
+    the task's whole rows: on a dataset of many chunks (chunk_rows 37) its table equals a direct count, bit for
+    bit; the event log says its rows are read at once."""
+    symbols, rows = 5, 900
+    rng = np.random.default_rng(3)
+    sequence = rng.integers(0, symbols, rows + 1)
+    x, y = sequence[:-1, None].astype(np.float32), sequence[1:].astype(np.int64)
+    data = write_dataset(tmp_path / "bigrams", x, y, val_rows=90, shard_rows=100)
+    job = write_job(tmp_path, data, kind="additive_models:BigramCounts", workers=2, tasks=3, chunk_rows=37)
+    job.write_text(job.read_text().replace("[data]\n", "[data]\nnormalize = false\n"))
+    result = memtrain("train", job)
+    assert result.returncode == 0, result.stderr
+    counts = np.zeros((symbols, symbols))
+    np.add.at(counts, (sequence[90:-1], sequence[91:]), 1.0)  # the train split: rows 90 on
+    expected = np.log((counts + 1.0) / (counts.sum(axis=1, keepdims=True) + symbols)).astype(np.float32)
+    assert final(tmp_path / "job").tobytes() == expected.tobytes()
+    assert ("statistics: model 'additive_models:BigramCounts' defines statistics() but not add_statistics(): each "
+            "task's rows are read and passed at once (up to 270 rows)") in (tmp_path / "job" / "events.log").read_text()
+
+
+def test_the_statistics_method_is_the_one_defined_lowest_in_the_class_hierarchy() -> None:
+    from additive_models import BigramCounts, CountsChunks, RidgeWholeRows
+
+    from memtrain.models.naive_bayes import GaussianNaiveBayes
+    from memtrain.models.protocol import DataSpec
+    from memtrain.models.ridge import Ridge
+    from memtrain.train.additive import StatisticsContract, statistics_contract
+
+    spec = DataSpec(n_features=2, task="classification", n_classes=3)
+    adding, whole = StatisticsContract("add_statistics", True), StatisticsContract("statistics", False)
+    for model in (Ridge(spec), GaussianNaiveBayes(spec), CountsChunks(spec)):
+        assert statistics_contract(model) == adding
+    for model in (BigramCounts(spec), RidgeWholeRows(spec)):  # statistics only; or overridden below a built-in
+        assert statistics_contract(model) == whole

@@ -90,15 +90,60 @@ def publishing_statistics(path: Path, size: int) -> Iterator[np.memmap]:
     write_sealed_json(path.with_name(statistics_record_name(path.name)), record, durable=True)
 
 
+@dataclass(frozen=True)
+class StatisticsContract:
+    """How a model takes its statistics (models/protocol.py): ``method`` is called with ``out`` views of a zeroed
+    partial, once per chunk of ``train.chunk_rows`` rows (``chunked``: the adding contract, ``add_statistics``)
+    or once per task with its whole rows (the whole-rows contract, ``statistics``, which may overwrite)."""
+
+    method: str
+    chunked: bool
+
+
+def statistics_contract(model: Any) -> StatisticsContract:
+    """The contract of ``model``'s class: the statistics method defined lowest in its class hierarchy
+    (``add_statistics`` when one class defines both). A model written when memtrain called ``statistics`` once
+    per task stays right, and a subclass of a built-in model that overrides ``statistics`` is called by it."""
+    mro = type(model).__mro__
+
+    def depth(name: str) -> int:
+        return next((i for i, cls in enumerate(mro) if callable(vars(cls).get(name))), len(mro))
+
+    chunked = depth("add_statistics") <= depth("statistics")
+    return StatisticsContract("add_statistics" if chunked else "statistics", chunked)
+
+
+def contract_note(model: Any, kind: str, plan: PassPlan) -> str | None:
+    """For the run's event log: a model of the whole-rows contract, and what it holds at once; else None."""
+    if statistics_contract(model).chunked:
+        return None
+    largest = max((hi - lo for lo, hi in plan.tasks), default=0)
+    return (f"statistics: model {kind!r} defines statistics() but not add_statistics(): each task's rows are read "
+            f"and passed at once (up to {largest:,} rows), not train.chunk_rows at a time; a model whose "
+            "add_statistics(x, y, out) adds into out is streamed in chunks (docs/models.md)")
+
+
+def plan_chunk_rows(model: Any, chunk_rows: int, train_rows: int) -> int:
+    """The rows a statistics task reads at once: ``train.chunk_rows`` for the adding contract; for the
+    whole-rows contract every task's rows at once (the train split's count, more than any task's)."""
+    return chunk_rows if statistics_contract(model).chunked else max(train_rows, 1)
+
+
 def task_partial(path: Path, layout: ParamLayout, model: Any, lo: int, hi: int, chunk_rows: int,
                  read: Callable[[int, int], tuple[np.ndarray, np.ndarray]]) -> None:
     """In a worker: the statistics of train rows [lo, hi) into the new file ``path``, ``chunk_rows`` rows at a
-    time (``read(a, b)``: normalized rows [a, b)). The map starts zeroed; ``model.statistics`` adds into it."""
+    time (``read(a, b)``: normalized rows [a, b)). The map starts zeroed; the model's statistics method
+    (``statistics_contract``) adds into it, chunk by chunk, or (the whole-rows contract, whose plan's
+    ``chunk_rows`` covers every task: ``plan_chunk_rows``) fills it from the task's rows in one call."""
+    contract = statistics_contract(model)
+    if not contract.chunked and hi - lo > chunk_rows:
+        raise AssertionError(f"a whole-rows statistics task of {hi - lo} rows cut into chunks of {chunk_rows}")
+    take = getattr(model, contract.method)
     with publishing_statistics(path, layout.size) as flat:
         out = layout.views(flat)
         for a in range(lo, hi, chunk_rows):
             x, y = read(a, min(hi, a + chunk_rows))
-            model.statistics(x, y, out)
+            take(x, y, out)
             del x, y
             fault_point("statistics_chunk")
 

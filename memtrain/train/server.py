@@ -39,7 +39,14 @@ from memtrain.layout import (
 )
 from memtrain.progress import Reporter, reporting
 from memtrain.stopping import on_stop_signals, start_resource_tracker
-from memtrain.train.additive import PassPlan, StatisticsPass, pass_source, solve
+from memtrain.train.additive import (
+    PassPlan,
+    StatisticsPass,
+    contract_note,
+    pass_source,
+    plan_chunk_rows,
+    solve,
+)
 from memtrain.train.advice import few_updates_note, one_pass_note
 from memtrain.train.context import ModelContext, server_context, startup_check
 from memtrain.train.counters import ONE_PASS, epoch_number, position_text, update_number
@@ -254,7 +261,8 @@ class Trainer:
                                         0 if context.additive else gradient_banks(job.train.staleness))
         self.statistics = StatisticsPass(run.path, PassPlan(
             tasks=tuple(split_range(0, self.train_rows, job.train.tasks_per_update)),
-            chunk_rows=job.train.chunk_rows, size=context.stats_layout.size,
+            chunk_rows=plan_chunk_rows(context.model, job.train.chunk_rows, self.train_rows),
+            size=context.stats_layout.size,
             source=pass_source(context.manifest, job.model.kind, job.model.options, job.data.normalize)),
             self.log, describe_rows=self.describe_rows) if context.additive else None
         self.memory_board = Board(1)
@@ -457,6 +465,9 @@ class Trainer:
         """Additive models: one pass of sufficient statistics, summed in task order, then solved
         (train/additive.py). Partials a killed earlier start left whole are not computed again."""
         plan = self.statistics.plan
+        note = contract_note(self.context.model, self.job.model.kind, plan)
+        if note:
+            self.log(note)
         kept = self.statistics.start()
         if kept:
             self.log(f"statistics: {len(kept)} of {plural(len(plan.tasks), 'partial')} kept from an earlier start")
