@@ -55,7 +55,7 @@ def test_every_train_point_fires(tmp_path: Path) -> None:
     assert fired(tmp_path / "fired") == TRAIN
 
 
-def test_the_statistics_point_fires(tmp_path: Path) -> None:
+def test_the_statistics_points_fire(tmp_path: Path) -> None:
     x, y = blobs(n=500, features=4, classes=3)
     data = write_dataset(tmp_path / "data", x, y, shard_rows=200)
     path = job(tmp_path, data)
