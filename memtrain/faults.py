@@ -51,6 +51,7 @@ POINTS = {
     # the server
     "after_result": "an evaluation or statistics result accepted",
     "statistics_chunk": "a chunk of a statistics task added into its partial (not published yet)",
+    "statistics_summed": "the server's sum of the statistics published (its partials removed), not solved yet",
     "after_update_logged": "an update's lineage and metric lines made, not written yet",
     "ckpt_after_data": "a checkpoint's files copied, its meta.json not written",
     "ckpt_before_commit": "a checkpoint complete under its temporary name, not renamed",

@@ -80,6 +80,24 @@ _PARTIAL_RE = re.compile(r"^t(\d{5})-a(\d{3})\.npy$")
 _VERSION_RE = re.compile(r"^v(\d{8})\.npy$")
 _CHECKPOINT_RE = re.compile(r"^c(\d{8})$")
 
+# Every name memtrain writes directly in a run directory, besides exchange areas (``exchange_dir_name``, new
+# names made with mkdir) and temporary names (``tmp_sibling``). The files are never written through a link by
+# construction: each is published by rename (which replaces a link, never follows it) or opened with
+# ``O_NOFOLLOW`` (files.py). The folders are what every file below them is written through, so a link at a
+# folder's name would be followed by all of them: train/run_dir.py's one link check (``check_entries``)
+# requires each to be a real directory (or absent) before anything is written, on a start, a resume and an
+# ``--overwrite``. A folder is had through ``run_folder``, which knows only these; tests/test_links.py walks a
+# run made with every feature on and fails on any name it finds that is not declared here.
+RUN_FILES = (RUN_JOB, RUN_HISTORY, RUN_PARAMS, RUN_METRICS, RUN_EVENTS, RUN_LINEAGE, RUN_LOCK, RUN_CSV)
+RUN_FOLDERS = (WEIGHTS_DIR, CHECKPOINTS_DIR, STATISTICS_DIR, RUN_TENSORBOARD)
+
+
+def run_folder(run_dir: Path, name: str) -> Path:
+    """The folder ``name`` of a run directory, one the run directory's link check covers (``RUN_FOLDERS``)."""
+    if name not in RUN_FOLDERS:
+        raise ValueError(f"{name!r} is not a run directory folder declared in layout.RUN_FOLDERS")
+    return run_dir / name
+
 
 @functools.lru_cache(maxsize=256)
 def weights_path(run_dir: Path, version: int) -> Path:
@@ -97,12 +115,18 @@ def weight_versions(run_dir: Path) -> list[int]:
 
 
 def statistics_dir(run_dir: Path) -> Path:
-    return run_dir / STATISTICS_DIR
+    return run_folder(run_dir, STATISTICS_DIR)
 
 
 def partial_name(task: int, attempt: int) -> str:
     """One statistics task's partial sums (float64, flat): one file per (task, attempt)."""
     return f"t{task:05d}-a{attempt:03d}.npy"
+
+
+def statistics_record_name(name: str) -> str:
+    """The sealed record of a statistics file (``t00000-a000.npy`` or ``sum.npy`` -> ``t00000-a000.json``,
+    ``sum.json``): its checksum, written once the file is published (train/additive.py)."""
+    return name.removesuffix(".npy") + ".json"
 
 
 def parse_partial_name(name: str) -> tuple[int, int] | None:

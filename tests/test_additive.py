@@ -188,20 +188,140 @@ def test_a_start_keeps_whole_partials_only_and_sums_them_in_task_order(tmp_path:
     first = additive.StatisticsPass(tmp_path, plan, logged.append)
     assert first.start() == {}
     parts = [np.random.default_rng(t).normal(size=50) * 10.0 ** (3 * t) for t in range(3)]
-    publish_array(first.partial_path(0, 1), parts[0], durable=False)
+
+    def publish(path: Path, values: np.ndarray) -> None:  # as a statistics task does: the file, then its checksum
+        with additive.publishing_statistics(path, len(values)) as flat:
+            flat[:] = values
+
+    publish(first.partial_path(0, 1), parts[0])
     publish_array(first.partial_path(1, 0), parts[1][:40], durable=False)  # the wrong size: never trusted
     publish_array(tmp_sibling(first.partial_path(2, 0)), parts[2], durable=False)  # not renamed: never read
     again = additive.StatisticsPass(tmp_path, plan, logged.append)
     assert again.start() == {0: again.partial_path(0, 1)}
-    assert sorted(os.listdir(tmp_path / STATISTICS_DIR)) == ["plan.json", "t00000-a001.npy"]
-    publish_array(again.partial_path(1, 0), parts[1], durable=False)
-    publish_array(again.partial_path(2, 2), parts[2], durable=False)
+    assert sorted(os.listdir(tmp_path / STATISTICS_DIR)) == ["plan.json", "t00000-a001.json", "t00000-a001.npy"]
+    publish(again.partial_path(1, 0), parts[1])
+    publish(again.partial_path(2, 2), parts[2])
     total = again.summed({0: again.partial_path(0, 1), 1: again.partial_path(1, 0), 2: again.partial_path(2, 2)})
     expected = np.zeros(50)
     for part in parts:
         expected += part
     assert total.tobytes() == expected.tobytes()
-    assert sorted(os.listdir(tmp_path / STATISTICS_DIR)) == ["plan.json", "sum.npy"]
+    assert sorted(os.listdir(tmp_path / STATISTICS_DIR)) == ["plan.json", "sum.json", "sum.npy"]
     other = additive.PassPlan(tasks=plan.tasks, chunk_rows=5, size=50, source="s")
     assert additive.StatisticsPass(tmp_path, other, logged.append).start() == {}  # another pass: all gone
     assert sorted(os.listdir(tmp_path / STATISTICS_DIR)) == ["plan.json"]
+
+
+def test_a_nonfinite_training_row_or_solve_stops_the_run_and_publishes_nothing(tmp_path: Path) -> None:
+    """The gradient path's finiteness check (weights.finite) on the solve path (issue 41, #4): a NaN in a training
+    row makes the summed statistics non-finite, and ridge with alpha > 0 solved them into NaN weights, published
+    with exit 0; a solve that makes Inf of finite statistics published them too. Now: exit 1 naming the task or
+    the parameter, and no version 1."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(300, 4)).astype(np.float32)
+    y = x.sum(axis=1).astype(np.float32)
+    x[200, 2] = np.nan  # train row 170 (the first 30 rows are the validation split)
+    data = write_dataset(tmp_path / "nan", x, y, task="regression", val_rows=30, shard_rows=100)
+    for alpha in (0.0, 1.0):  # alpha 0: lstsq raised LinAlgError (a traceback); alpha 1: NaN weights published
+        name = f"alpha{int(alpha)}"
+        job = write_job(tmp_path, data, kind="ridge", name=name)
+        job.write_text(job.read_text().replace('kind = "ridge"', f'kind = "ridge"\nalpha = {alpha}')
+                       .replace("[data]\n", "[data]\nnormalize = false\n"))  # the NaN row stays as it is
+        result = memtrain("train", job)
+        assert result.returncode == 1, result.stderr
+        err = " ".join(result.stderr.split())
+        assert "non-finite statistics (NaN or Inf) in the pass: task 1 (rows 90-180 of the train split" in err
+        assert "Traceback" not in err
+        assert weight_versions(tmp_path / name) == [0], "nothing non-finite is published"
+    clean = regression(tmp_path / "clean", 200, 3)
+    result = memtrain("train", write_job(tmp_path, clean, kind="additive_models:SolvesNonFinite", name="inf"))
+    assert result.returncode == 1, result.stderr
+    err = " ".join(result.stderr.split())
+    assert ("the solve of model 'additive_models:SolvesNonFinite' gave non-finite parameters: 'b' holds 1 NaN or "
+            "Inf of 1 values; weight version 1 was not published") in err
+    assert weight_versions(tmp_path / "inf") == [0]
+
+
+def flip_last_float(path: Path) -> None:
+    """One bit of the file's last float64 flipped: header and size stay right, the value is wrong."""
+    data = bytearray(path.read_bytes())
+    data[-2] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def test_kept_statistics_are_verified_against_their_checksums_on_resume(data: Path, tmp_path: Path) -> None:
+    """Issue 41, #3: a flipped float in a kept partial, a partial replaced by a link to a user's .npy, a damaged
+    sum.npy were trusted on resume (header and size only): exit 0 with wrong weights. Each is now absent, logged,
+    computed again: the resumed run has the bits of an uninterrupted one, and the user's file is untouched."""
+    reference = write_job(tmp_path, data, workers=2, tasks=4, name="ref")
+    assert memtrain("train", reference).returncode == 0
+    job = write_job(tmp_path, data, workers=1, tasks=4)
+    run = tmp_path / "job"
+    assert memtrain("train", job, env={"MEMTRAIN_FAULT": "after_result:3"}).returncode == -9
+    partials = sorted(n for n in os.listdir(run / STATISTICS_DIR) if parse_partial_name(n))
+    assert len(partials) >= 2, partials
+    flipped, linked = run / STATISTICS_DIR / partials[0], run / STATISTICS_DIR / partials[1]
+    flip_last_float(flipped)
+    users = tmp_path / "users.npy"
+    np.save(users, np.zeros_like(np.load(linked)))  # the right shape and dtype: only a checksum tells it apart
+    before = users.read_bytes()
+    linked.unlink()
+    linked.symlink_to(users)
+    resumed = memtrain("train", "--resume", run)
+    assert resumed.returncode == 0, resumed.stderr
+    events = (run / "events.log").read_text()
+    assert f"statistics: {flipped}: checksum mismatch: the file changed since it was written" in events
+    assert f"statistics: {linked}: a symbolic link, not a file memtrain published; computing it again" in events
+    assert users.read_bytes() == before
+    assert digest(run) == digest(tmp_path / "ref")
+
+    again = write_job(tmp_path, data, workers=1, tasks=4, name="summed")
+    run = tmp_path / "summed"
+    assert memtrain("train", again, env={"MEMTRAIN_FAULT": "statistics_summed:1"}).returncode == -9
+    assert sorted(os.listdir(run / STATISTICS_DIR)) == ["plan.json", "sum.json", "sum.npy"]
+    flip_last_float(run / STATISTICS_DIR / "sum.npy")
+    resumed = memtrain("train", "--resume", run)
+    assert resumed.returncode == 0, resumed.stderr
+    events = (run / "events.log").read_text()
+    assert f"statistics: {run / STATISTICS_DIR / 'sum.npy'}: checksum mismatch" in events
+    assert "partials kept from an earlier start" not in events.split("checksum mismatch")[1]  # all computed again
+    assert digest(run) == digest(tmp_path / "ref")
+
+
+def test_a_model_of_the_whole_rows_contract_gets_each_tasks_rows_at_once_and_exact_counts(tmp_path: Path) -> None:
+    """Issue 41 (the silent contract change): a user's bigram model written when memtrain called ``statistics``
+    once per task overwrites ``out`` (zeroes it, then np.add.at). Called per chunk it kept only each task's last
+    chunk (log-probabilities off, exit 0). A model that defines ``statistics`` only is called once per task with
+    the task's whole rows: on a dataset of many chunks (chunk_rows 37) its table equals a direct count, bit for
+    bit; the event log says its rows are read at once."""
+    symbols, rows = 5, 900
+    rng = np.random.default_rng(3)
+    sequence = rng.integers(0, symbols, rows + 1)
+    x, y = sequence[:-1, None].astype(np.float32), sequence[1:].astype(np.int64)
+    data = write_dataset(tmp_path / "bigrams", x, y, val_rows=90, shard_rows=100)
+    job = write_job(tmp_path, data, kind="additive_models:BigramCounts", workers=2, tasks=3, chunk_rows=37)
+    job.write_text(job.read_text().replace("[data]\n", "[data]\nnormalize = false\n"))
+    result = memtrain("train", job)
+    assert result.returncode == 0, result.stderr
+    counts = np.zeros((symbols, symbols))
+    np.add.at(counts, (sequence[90:-1], sequence[91:]), 1.0)  # the train split: rows 90 on
+    expected = np.log((counts + 1.0) / (counts.sum(axis=1, keepdims=True) + symbols)).astype(np.float32)
+    assert final(tmp_path / "job").tobytes() == expected.tobytes()
+    assert ("statistics: model 'additive_models:BigramCounts' defines statistics() but not add_statistics(): each "
+            "task's rows are read and passed at once (up to 270 rows)") in (tmp_path / "job" / "events.log").read_text()
+
+
+def test_the_statistics_method_is_the_one_defined_lowest_in_the_class_hierarchy() -> None:
+    from additive_models import BigramCounts, CountsChunks, RidgeWholeRows
+
+    from memtrain.models.naive_bayes import GaussianNaiveBayes
+    from memtrain.models.protocol import DataSpec
+    from memtrain.models.ridge import Ridge
+    from memtrain.train.additive import StatisticsContract, statistics_contract
+
+    spec = DataSpec(n_features=2, task="classification", n_classes=3)
+    adding, whole = StatisticsContract("add_statistics", True), StatisticsContract("statistics", False)
+    for model in (Ridge(spec), GaussianNaiveBayes(spec), CountsChunks(spec)):
+        assert statistics_contract(model) == adding
+    for model in (BigramCounts(spec), RidgeWholeRows(spec)):  # statistics only; or overridden below a built-in
+        assert statistics_contract(model) == whole

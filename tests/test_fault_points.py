@@ -22,7 +22,7 @@ TRAIN = {"before_grad_write", "after_grad_write", "mid_step", "after_publish", "
 PREPARE = {"prepare_mid_spool", "prepare_mid_shard", "prepare_after_shard", "prepare_before_publish", "write"}
 SERVE = {"serve_after_claim", "serve_after_launch"}
 STALENESS = {"mid_publish"}  # fixed staleness in the rounds
-ADDITIVE = {"statistics_chunk"}  # an additive model's pass
+ADDITIVE = {"statistics_chunk", "statistics_summed"}  # an additive model's pass
 
 
 def memtrain(*args: object, points: set[str], log: Path, cwd: Path) -> subprocess.CompletedProcess:
@@ -55,7 +55,7 @@ def test_every_train_point_fires(tmp_path: Path) -> None:
     assert fired(tmp_path / "fired") == TRAIN
 
 
-def test_the_statistics_point_fires(tmp_path: Path) -> None:
+def test_the_statistics_points_fire(tmp_path: Path) -> None:
     x, y = blobs(n=500, features=4, classes=3)
     data = write_dataset(tmp_path / "data", x, y, shard_rows=200)
     path = job(tmp_path, data)

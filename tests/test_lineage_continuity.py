@@ -118,3 +118,24 @@ def test_resume_falls_back_to_the_newest_checkpoint_before_the_gap(tmp_path: Pat
     assert memtrain("inspect", run, "--verify").returncode == 0
     replay = memtrain("train", "--replay", run, "--run-dir", tmp_path / "replay")
     assert replay.returncode == 0, replay.stderr
+
+
+def test_verify_passes_an_intact_additive_run_and_words_a_lost_solve_line_as_a_gap(tmp_path: Path) -> None:
+    """An additive run's lineage is version 0 and its solve (version 1, no gradients): intact, it verifies
+    (issue 41, #5: it was reported as a checksum mismatch); its solve line lost, the finding names the
+    continuity, not a checksum."""
+    x, y = blobs(n=300, features=4, classes=3, seed=2)
+    data = write_dataset(tmp_path / "data", x, y, shard_rows=100)
+    (tmp_path / "job.toml").write_text(f'[data]\npath = "{data}"\n[model]\nkind = "naive_bayes"\n'
+                                       f'[train]\nworkers = 1\n[run]\ndir = "{tmp_path / "run"}"\n')
+    assert memtrain("train", tmp_path / "job.toml").returncode == 0
+    verified = memtrain("inspect", tmp_path / "run", "--verify")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert "every checksum matches" in verified.stdout
+    lineage = tmp_path / "run" / "lineage.jsonl"
+    lineage.write_text(lineage.read_text().splitlines(keepends=True)[0])
+    broken = memtrain("inspect", tmp_path / "run", "--verify")
+    assert broken.returncode == 1, broken.stdout + broken.stderr
+    assert "lineage.jsonl: the lineage is not continuous" in broken.stderr
+    assert "the lineage ends at version 0, before the checkpoint of version 1" in broken.stderr
+    assert "checksum mismatch" not in broken.stderr and "Traceback" not in broken.stderr

@@ -14,7 +14,7 @@ import pytest
 from tiny_data import blobs, write_dataset
 
 from memtrain.errors import MemtrainError
-from memtrain.layout import weight_versions, weights_path
+from memtrain.layout import RUN_FILES, RUN_FOLDERS, parse_exchange_owner, tmp_target, weight_versions, weights_path
 from memtrain.train.weights import retire_weights
 
 pytestmark = pytest.mark.timeout(120)
@@ -123,3 +123,58 @@ def test_a_cluster_workers_probe_never_writes_through_a_link(tmp_path: Path, dat
     view = look(probe, "worker-1")
     assert view.problems == () and victim.read_text() == "user data"
     assert not (exchange / cluster_probe_name("worker-1")).is_symlink()
+
+
+def logged_run(tmp_path: Path, data: Path) -> Path:
+    """A finished softmax run that writes every log memtrain has (metrics.csv, TensorBoard), its exchange
+    area in the run directory."""
+    (tmp_path / "job.toml").write_text(JOB.format(data=data, workers=2, train="").replace(
+        "keep_versions = 2", 'keep_versions = 2\nlog_to = ["csv", "tensorboard"]\nexchange = "run"'))
+    result = memtrain("train", tmp_path / "job.toml")
+    assert result.returncode == 0, result.stderr
+    return tmp_path / "run"
+
+
+@pytest.mark.parametrize("folder", RUN_FOLDERS)
+def test_a_link_at_any_folder_of_a_run_is_refused_never_written_through(tmp_path: Path, data: Path,
+                                                                        folder: str) -> None:
+    """Issue 41, #1: a link planted at ``tensorboard/`` was written through, also after ``--overwrite`` ("left in
+    place"): event files landed outside the run. Every folder memtrain writes into goes through the one check
+    (run_dir.check_entries over layout.RUN_FOLDERS): a resume and an overwrite are refused, naming it; the
+    link and the folder it points to stay as they were."""
+    run = logged_run(tmp_path, data)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "mine.txt").write_text("the user's\n")
+    if os.path.lexists(run / folder):
+        os.rename(run / folder, tmp_path / "moved")
+    (run / folder).symlink_to(outside)
+    for extra in (("--resume", run, "--set", "train.epochs=2"),
+                  (tmp_path / "job.toml", "--run-dir", run, "--overwrite")):
+        result = memtrain("train", *extra)
+        assert result.returncode == 1, result.stderr
+        assert f"{run / folder}: expected a directory that memtrain made, found a symbolic link" in result.stderr
+        assert "Traceback" not in result.stderr
+        assert sorted(os.listdir(outside)) == ["mine.txt"] and (run / folder).is_symlink()
+
+
+def test_every_name_a_run_writes_is_declared_and_so_checked(tmp_path: Path, data: Path) -> None:
+    """The rule is structural, not a list each feature must remember: a run made with every feature that writes
+    under its directory (both logs, checkpoints, weights, an additive pass killed mid-way with its statistics and
+    exchange area left) holds only names layout.py declares (RUN_FILES, RUN_FOLDERS, whose folders the one
+    link check covers), exchange areas and temporary names."""
+    (tmp_path / "gradient").mkdir()
+    run = logged_run(tmp_path / "gradient", data)
+    (tmp_path / "additive").mkdir()
+    (tmp_path / "additive" / "job.toml").write_text(
+        f'[data]\npath = "{data}"\n[model]\nkind = "naive_bayes"\n[train]\nworkers = 1\ntasks_per_update = 3\n'
+        f'[run]\ndir = "run"\nexchange = "run"\nlog_to = ["csv", "tensorboard"]\n')
+    killed = subprocess.run([sys.executable, "-m", "memtrain", "train", "job.toml"], capture_output=True, text=True,
+                            timeout=100, cwd=tmp_path / "additive",
+                            env={**os.environ, "MEMTRAIN_FAULT": "after_result:1"})
+    assert killed.returncode == -9, killed.stderr
+    names = set(os.listdir(run)) | set(os.listdir(tmp_path / "additive" / "run"))
+    assert {"tensorboard", "metrics.csv", "statistics", "weights", "checkpoints"} <= names
+    undeclared = {n for n in names if n not in RUN_FILES + RUN_FOLDERS and parse_exchange_owner(n) is None
+                  and tmp_target(n) is None}
+    assert not undeclared, f"written under a run directory but not declared in layout.py: {undeclared}"

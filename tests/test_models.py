@@ -235,8 +235,8 @@ def fit_additive(model, x, y, splits=(0.3, 0.7)) -> dict[str, np.ndarray]:
     total = np.zeros(layout.size)
     bounds = [0, *(int(f * len(x)) for f in splits), len(x)]
     for lo, hi in zip(bounds, bounds[1:], strict=False):
-        part = np.zeros(layout.size)  # memtrain zeroes a partial; statistics adds into it
-        model.statistics(x[lo:hi], y[lo:hi], layout.views(part))
+        part = np.zeros(layout.size)  # memtrain zeroes a partial; add_statistics adds into it
+        model.add_statistics(x[lo:hi], y[lo:hi], layout.views(part))
         total += part
     return model.solve(layout.views(total))
 
@@ -362,13 +362,13 @@ def test_statistics_are_additive_over_rows(kind, n_a, n_b, seed):
     layout = ParamLayout(ParamLayout.from_shapes(model.statistic_shapes()).entries, np.dtype(np.float64))
     x, y = make_data(CLS3, n_a + n_b, seed)
     whole, a, b, chunked = (np.zeros(layout.size) for _ in range(4))
-    model.statistics(x, y, layout.views(whole))
-    model.statistics(x[:n_a], y[:n_a], layout.views(a))
-    model.statistics(x[n_a:], y[n_a:], layout.views(b))
+    model.add_statistics(x, y, layout.views(whole))
+    model.add_statistics(x[:n_a], y[:n_a], layout.views(a))
+    model.add_statistics(x[n_a:], y[n_a:], layout.views(b))
     np.testing.assert_allclose(a + b, whole, rtol=1e-12, atol=1e-9)
-    # the contract (docs/models.md): statistics ADDS into out, as memtrain calls it once per chunk of a task
-    model.statistics(x[:n_a], y[:n_a], layout.views(chunked))
-    model.statistics(x[n_a:], y[n_a:], layout.views(chunked))
+    # the contract (docs/models.md): add_statistics ADDS into out, as memtrain calls it once per chunk of a task
+    model.add_statistics(x[:n_a], y[:n_a], layout.views(chunked))
+    model.add_statistics(x[n_a:], y[n_a:], layout.views(chunked))
     assert np.array_equal(chunked, a + b)
 
 

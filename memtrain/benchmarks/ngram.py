@@ -75,7 +75,7 @@ class NgramCounts:
             index = index * self.symbols + symbols[:, column].astype(np.int64)
         return index
 
-    def statistics(self, x: np.ndarray, y: np.ndarray, out: dict[str, np.ndarray]) -> None:
+    def add_statistics(self, x: np.ndarray, y: np.ndarray, out: dict[str, np.ndarray]) -> None:
         """Adds one to ``counts[context, next]`` per row (into the mapped partial: only its touched pages)."""
         np.add.at(out["counts"], (self.context_index(x), np.asarray(y).reshape(-1).astype(np.int64)), 1.0)
 

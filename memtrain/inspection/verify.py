@@ -35,7 +35,7 @@ from memtrain.train.lineage import read_lineage
 from memtrain.train.record import recorded_job
 from memtrain.train.run_dir import read_params, run_is_live
 
-FAILURES = ("mismatch", "missing", "unreadable")
+FAILURES = ("mismatch", "missing", "unreadable", "discontinuous")
 # How long a failing checkpoint of a run gets to disappear before its failure counts: a live run prunes
 # old checkpoints with rmtree, which removes the files one by one before the directory itself.
 PRUNE_GRACE = 1.0
@@ -43,7 +43,10 @@ PRUNE_GRACE = 1.0
 
 @dataclass(frozen=True)
 class Check:
-    """One file's verdict. status: ok | mismatch | missing | unreadable | gone | unrecorded."""
+    """One file's verdict. status: ok | mismatch | missing | unreadable | discontinuous | gone | unrecorded.
+
+    ``discontinuous``: the lineage's intact lines do not run from version 0 to the newest checkpoint's (a lost
+    or repeated line): not a checksum that differs, so not worded as one."""
 
     path: Path
     status: str
@@ -59,7 +62,8 @@ class Check:
 
     def message(self) -> str:
         text = {"mismatch": "checksum mismatch: the file changed since it was written",
-                "missing": "file is missing", "unreadable": "cannot be read"}.get(self.status, self.status)
+                "missing": "file is missing", "unreadable": "cannot be read",
+                "discontinuous": "the lineage is not continuous"}.get(self.status, self.status)
         return f"{self.path}: {text} (expected {self.expected}, found {self.found})"
 
 
@@ -164,14 +168,15 @@ def continuity_check(run: Path) -> Check:
     # listed before the lineage is read: a live run records a version before it checkpoints it, so a
     # checkpoint that appears meanwhile is one whose record the read already has
     newest = max((version_of_checkpoint(run, u) for u in checkpoint_updates(run)), default=0)
-    if not path.exists():
-        return Check(path, "gone" if run_is_live(run) else "missing", expected, "no file")
+    if not path.exists() or path.stat().st_size == 0:  # a live run's first line may be on its way: not a failure
+        return Check(path, "gone" if run_is_live(run) else "missing", expected,
+                     "no file" if not path.exists() else "an empty file")
     try:
         final = read_lineage(run).final_version
     except MemtrainError as exc:
-        return Check(path, "mismatch", expected, str(exc))
+        return Check(path, "discontinuous", expected, str(exc))
     if final < newest:
-        return Check(path, "mismatch", expected,
+        return Check(path, "discontinuous", expected,
                      f"the lineage ends at version {final}, before the checkpoint of version {newest}")
     return Check(path, "ok", expected, f"versions 0 to {final}")
 

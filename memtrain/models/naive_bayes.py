@@ -52,6 +52,11 @@ class GaussianNaiveBayes:
                 "mean": np.zeros((c, d), dtype=np.float32), "var": np.ones((c, d), dtype=np.float32)}
 
     def statistics(self, x: np.ndarray, y: np.ndarray, out: dict[str, np.ndarray]) -> None:
+        """The whole-rows contract (``out`` zeroed, these rows' statistics into it): ``add_statistics``. memtrain
+        calls ``add_statistics``; this one serves a subclass that overrides ``statistics`` and calls it."""
+        self.add_statistics(x, y, out)
+
+    def add_statistics(self, x: np.ndarray, y: np.ndarray, out: dict[str, np.ndarray]) -> None:
         labels = class_indices(y, self.spec.n_classes)
         x64 = as_rows(x).astype(np.float64)
         onehot = np.zeros((len(labels), self.spec.n_classes), dtype=np.float64)

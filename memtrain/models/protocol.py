@@ -7,11 +7,20 @@ Gradient models (``additive = False``) implement ``loss_and_grad``: the SUM over
 per-row loss, with the SUM of per-row gradients written into ``grads``. Sums, not means, so that the
 server can add task results in a fixed order and divide once by the row count of the update.
 
-Additive models (``additive = True``) implement ``statistics`` (sums of sufficient statistics over
-rows, e.g. X^T X for least squares) and ``solve`` (statistics -> parameters): one pass over the data.
-``statistics`` ADDS the sums of the rows it is given into ``out`` (never overwrites): memtrain zeroes a
-task's partial, a file it maps, and calls ``statistics`` once per chunk of ``train.chunk_rows`` rows, so
-neither the task's rows nor a second copy of the statistics is ever in memory (train/additive.py).
+Additive models (``additive = True``) implement ``statistic_shapes``, one of two statistics methods (sums
+of sufficient statistics over rows, e.g. X^T X for least squares) and ``solve`` (statistics -> parameters):
+one pass over the data. memtrain zeroes a task's partial, a file it maps, and passes views of it as ``out``:
+
+- ``add_statistics(x, y, out)`` (the adding contract, the built-in models'): ADDS the sums of the rows it is
+  given into ``out``, never overwrites; called once per chunk of ``train.chunk_rows`` rows, so neither the
+  task's rows nor a second copy of the statistics is ever in memory.
+- ``statistics(x, y, out)`` (the whole-rows contract, for models written before chunks): the statistics of
+  the rows it is given into ``out`` (it may overwrite); called once per task with the task's whole rows, as
+  it always was, so the task's rows are in memory at once (fewer rows per task: ``train.tasks_per_update``).
+
+A class defining both is called by the one defined lower in its class hierarchy (``add_statistics`` if one
+class defines both): a subclass of a built-in model that overrides ``statistics`` gets the whole-rows
+contract (train/additive.py, ``statistics_contract``).
 ``solve`` gets read-only views of the mapped sum; it may return arrays of any float dtype, which memtrain
 writes into the weight file one parameter at a time.
 
@@ -95,8 +104,9 @@ class AdditiveModel(Model, Protocol):
     def statistic_shapes(self) -> dict[str, tuple[int, ...]]:
         """Ordered names and shapes of the sufficient statistics (float64)."""
 
-    def statistics(self, x: np.ndarray, y: np.ndarray, out: dict[str, np.ndarray]) -> None:
-        """Add the statistics of these rows into ``out`` (never overwrite: called once per chunk of rows)."""
+    def add_statistics(self, x: np.ndarray, y: np.ndarray, out: dict[str, np.ndarray]) -> None:
+        """Add the statistics of these rows into ``out`` (never overwrite: called once per chunk of rows).
+        (Or, instead, ``statistics(x, y, out)``: called once per task with its whole rows, ``out`` zeroed.)"""
 
     def solve(self, stats: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Parameters from the statistics summed over all training rows."""

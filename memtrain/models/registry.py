@@ -26,7 +26,9 @@ BUILTIN = MappingProxyType({
 MODEL_KINDS = tuple(BUILTIN)
 BASE_METHODS = ("parameter_shapes", "init", "loss", "predict")
 GRADIENT_METHODS = ("loss_and_grad",)
-ADDITIVE_METHODS = ("statistic_shapes", "statistics", "solve")
+ADDITIVE_METHODS = ("statistic_shapes", "solve")
+# An additive model's statistics: one of these (protocol.py; the adding contract, or the whole-rows one).
+STATISTICS_METHODS = ("add_statistics", "statistics")
 # The [model] key that says where a model's own code is imported from first (config.py fills it in with
 # the job file's directory); it is consumed here, never passed to the model.
 CODE_DIR = "code_dir"
@@ -158,6 +160,9 @@ def check_protocol(kind: str, cls: type) -> None:
                          expected="a class attribute additive = True or False", found=repr(additive))
     needed = BASE_METHODS + (ADDITIVE_METHODS if additive else GRADIENT_METHODS)
     missing = [name for name in needed if not callable(getattr(cls, name, None))]
+    if additive and not any(callable(getattr(cls, name, None)) for name in STATISTICS_METHODS):
+        missing.append(" or ".join(STATISTICS_METHODS))
+        needed += (" or ".join(STATISTICS_METHODS),)
     if missing:
         raise InputError(f"model {kind!r} does not implement the model protocol",
                          expected=f"methods {', '.join(needed)}", found=f"missing {', '.join(missing)}")

@@ -54,11 +54,16 @@ class Ridge:
         return regression_targets(y, self.spec.n_targets).astype(np.float64)
 
     def statistics(self, x: np.ndarray, y: np.ndarray, out: dict[str, np.ndarray]) -> None:
+        """The whole-rows contract (``out`` zeroed, these rows' statistics into it): ``add_statistics``. memtrain
+        calls ``add_statistics``; this one serves a subclass that overrides ``statistics`` and calls it."""
+        self.add_statistics(x, y, out)
+
+    def add_statistics(self, x: np.ndarray, y: np.ndarray, out: dict[str, np.ndarray]) -> None:
         x = as_rows(x)
         augmented = np.empty((len(x), x.shape[1] + 1), dtype=np.float64)
         augmented[:, :-1] = x
         augmented[:, -1] = 1.0
-        out["xtx"] += augmented.T @ augmented  # add: memtrain calls this once per chunk of rows
+        out["xtx"] += augmented.T @ augmented  # add: called once per chunk of rows
         out["xty"] += augmented.T @ self._targets(y)
 
     def solve(self, stats: dict[str, np.ndarray]) -> Params:

@@ -105,7 +105,10 @@ class Lineage:
 
     @property
     def final_version(self) -> int:
-        return self.steps[-1].version if self.steps else 0
+        """The newest version recorded: a gradient update's or another line's (an additive model's solve).
+        ``read_lineage`` checked that versions run 0, 1, 2, ... in order, so it is the last line's."""
+        versions = [step.version for step in self.steps[-1:]] + [record["version"] for record in self.other[-1:]]
+        return max(versions, default=0)
 
     def step(self, version: int) -> Step | None:
         index = version - 1

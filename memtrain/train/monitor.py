@@ -27,7 +27,7 @@ from typing import Any
 
 from memtrain.errors import InputError, Interrupted, MemtrainError, plural
 from memtrain.files import append_text, publish, read_jsonl
-from memtrain.layout import RUN_CSV, RUN_METRICS, RUN_TENSORBOARD, tensorboard_suffix
+from memtrain.layout import RUN_CSV, RUN_METRICS, RUN_TENSORBOARD, run_folder, tensorboard_suffix
 
 # Metrics of an epoch record (metrics.jsonl) that can pick the best epoch, by what "better" means for them.
 LOWER_IS_BETTER = ("val_loss", "val_log_loss", "val_rmse", "val_mae", "loss")
@@ -103,7 +103,7 @@ class Monitor:
         if "csv" in log_to:
             self.logs.append(CsvLog(run_dir / RUN_CSV, run_dir / RUN_METRICS))
         if "tensorboard" in log_to:
-            self.logs.append(TensorBoardLog(run_dir / RUN_TENSORBOARD, first_epoch))
+            self.logs.append(TensorBoardLog(run_folder(run_dir, RUN_TENSORBOARD), first_epoch))
 
     def better(self, value: Any, best: dict[str, Any] | None) -> bool:
         """Whether ``value`` of the monitor beats the best epoch record so far (None: there is none)."""
@@ -195,6 +195,8 @@ class TensorBoardLog:
     that epoch on."""
 
     def __init__(self, folder: Path, first_epoch: int):
+        """``folder``: the run's ``tensorboard/``, a real directory or absent (run_dir.check_entries: a link
+        there is refused before the run starts, so tensorboardX, which follows it, never writes outside)."""
         from tensorboardX import SummaryWriter
 
         # tensorboardX names a file by the second it opens it: a session resumed within the same second would

@@ -47,6 +47,7 @@ from memtrain.layout import (
     EXCHANGE_PROBE,
     RUN_CSV,
     RUN_EVENTS,
+    RUN_FOLDERS,
     RUN_HISTORY,
     RUN_JOB,
     RUN_LINEAGE,
@@ -61,6 +62,7 @@ from memtrain.layout import (
     is_checkpoint_name,
     is_version_name,
     parse_exchange_owner,
+    run_folder,
     tmp_owner_pid,
     tmp_sibling,
     tmp_target,
@@ -198,6 +200,8 @@ def open_run_dir(job: Job, *, resume: bool, need_exchange: int, need_run: int, o
         raise InputError("the run directory exists and is not a memtrain run (no job.json); memtrain writes "
                          "only into a new or empty directory, or into a run it made", path=path,
                          hint=f"choose another with `{command} --run-dir NEW_DIR`")
+    if found == "run":
+        check_entries(path)  # before anything is written: a resume's lock, an overwrite's clearing
     if found == "run" and resume:
         decision = _decide(path, job, asked, layout, one_pass)
         lock = acquire_lock(path)
@@ -216,7 +220,7 @@ def open_run_dir(job: Job, *, resume: bool, need_exchange: int, need_run: int, o
     else:
         lock = _create(path, job, layout)
     try:
-        _check_dirs(path)
+        check_entries(path)
         run = _set_up(job, path, lock, need_exchange, need_run, one_pass)
     except BaseException:
         if decision is None and found != "run":
@@ -356,12 +360,19 @@ def _clear_run(path: Path) -> None:
         log_event(path, f"overwrite: left in place (not written by memtrain): {', '.join(left)}")
 
 
-def _check_dirs(path: Path) -> None:
-    """The run's folders must be real directories: memtrain never writes through a link it did not make."""
-    for name in (WEIGHTS_DIR, CHECKPOINTS_DIR, STATISTICS_DIR):
-        if (path / name).is_symlink() or (os.path.lexists(path / name) and not (path / name).is_dir()):
-            raise MemtrainError("expected a directory that memtrain made, found a symbolic link or a file",
-                                path=path / name, hint="remove it; memtrain makes the directory again")
+def check_entries(path: Path) -> None:
+    """The one link check of a run directory: every folder memtrain writes into (``layout.RUN_FOLDERS``, all
+    of them, whatever this run's job writes) must be a real directory or absent. A symbolic link (or a file)
+    there is refused before anything is written: memtrain never writes through a link it did not make, and
+    never removes what it did not write. (Its files are safe by construction: published by rename or opened
+    with ``O_NOFOLLOW``.)"""
+    for name in RUN_FOLDERS:
+        folder = run_folder(path, name)
+        if folder.is_symlink() or (os.path.lexists(folder) and not folder.is_dir()):
+            raise MemtrainError("expected a directory that memtrain made, found "
+                                + ("a symbolic link" if folder.is_symlink() else "a file"), path=folder,
+                                hint="remove it (memtrain never writes through a link, nor removes what it did "
+                                     "not write); memtrain makes the directory again")
 
 
 def _set_up(job: Job, path: Path, lock: IO[str], need_exchange: int, need_run: int, additive: bool) -> RunDir:

@@ -39,7 +39,14 @@ from memtrain.layout import (
 )
 from memtrain.progress import Reporter, reporting
 from memtrain.stopping import on_stop_signals, start_resource_tracker
-from memtrain.train.additive import PassPlan, StatisticsPass, pass_source
+from memtrain.train.additive import (
+    PassPlan,
+    StatisticsPass,
+    contract_note,
+    pass_source,
+    plan_chunk_rows,
+    solve,
+)
 from memtrain.train.advice import few_updates_note, one_pass_note
 from memtrain.train.context import ModelContext, server_context, startup_check
 from memtrain.train.counters import ONE_PASS, epoch_number, position_text, update_number
@@ -254,9 +261,10 @@ class Trainer:
                                         0 if context.additive else gradient_banks(job.train.staleness))
         self.statistics = StatisticsPass(run.path, PassPlan(
             tasks=tuple(split_range(0, self.train_rows, job.train.tasks_per_update)),
-            chunk_rows=job.train.chunk_rows, size=context.stats_layout.size,
+            chunk_rows=plan_chunk_rows(context.model, job.train.chunk_rows, self.train_rows),
+            size=context.stats_layout.size,
             source=pass_source(context.manifest, job.model.kind, job.model.options, job.data.normalize)),
-            self.log) if context.additive else None
+            self.log, describe_rows=self.describe_rows) if context.additive else None
         self.memory_board = Board(1)
         self.logbook = Logbook(run=run, exchange=run.exchange, plan=self.plan,
                                records=open_records(run.exchange / ROUND_RECORDS, self.plan.per_epoch,
@@ -457,6 +465,9 @@ class Trainer:
         """Additive models: one pass of sufficient statistics, summed in task order, then solved
         (train/additive.py). Partials a killed earlier start left whole are not computed again."""
         plan = self.statistics.plan
+        note = contract_note(self.context.model, self.job.model.kind, plan)
+        if note:
+            self.log(note)
         kept = self.statistics.start()
         if kept:
             self.log(f"statistics: {len(kept)} of {plural(len(plan.tasks), 'partial')} kept from an earlier start")
@@ -464,8 +475,10 @@ class Trainer:
                  for i, (lo, hi) in enumerate(plan.tasks) if i not in kept]
         results = self.scheduler.run(self.placement.transport, tasks)
         partials = kept | {r.task: self.statistics.partial_path(r.task, r.attempt) for r in results}
-        params = self.context.model.solve(self.context.stats_layout.views(self.statistics.summed(partials)))
-        checksum = publish_params(self.run_dir.path, 1, self.context.layout, params)
+        params = solve(self.context.model, self.job.model.kind,
+                       self.context.stats_layout.views(self.statistics.summed(partials)))
+        checksum = publish_params(self.run_dir.path, 1, self.context.layout, params,
+                                  made_by=f"the solve of model {self.job.model.kind!r}")
         del params
         self.run_dir.lineage(solve_record(tasks=list(plan.tasks), solve=self.job.model.kind, checksum=checksum))
         position.version, position.epoch_rows = 1, self.train_rows

@@ -86,7 +86,8 @@ def run_state_slots(job: Job, context: ModelContext) -> tuple[str, ...]:
 
 def start_fresh(run: RunDir, job: Job, context: ModelContext) -> Position:
     # straight into the file: a model of gigabytes (an additive model's tables) is never held twice
-    checksum = publish_params(run.path, 0, context.layout, context.model.init(np.random.default_rng(job.train.seed)))
+    checksum = publish_params(run.path, 0, context.layout, context.model.init(np.random.default_rng(job.train.seed)),
+                              made_by="the model's init")
     run.lineage(init_record(job.train.seed, checksum))
     zeros = np.zeros(context.layout.size, dtype=np.float32)
     for slot in run_state_slots(job, context):

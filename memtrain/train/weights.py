@@ -47,20 +47,47 @@ from memtrain.models.params import PARAM_DTYPE, ParamLayout
 BLOCK = CHECKSUM_BLOCK_BYTES // PARAM_DTYPE.itemsize
 
 
+def finite(values: np.ndarray, zeros: np.ndarray) -> bool:
+    """Whether every element of the 1-D array ``values`` is finite (``zeros``: at least as many zeros of its
+    dtype): the one finiteness check of what memtrain publishes -- a step's new weights (train/reduce.py), a
+    solve's or an initialisation's parameters (``publish_params``), an additive pass's statistics
+    (train/additive.py). A dot product with zeros is 0 exactly when every element is finite (x * 0 is NaN for
+    x = NaN or +-Inf, and NaN survives the sum): one read pass in BLAS, half the time of
+    ``np.isfinite(...).all()``. A NaN is what it looks for: no RuntimeWarning is raised for it."""
+    with np.errstate(invalid="ignore"):
+        return bool(np.dot(values, zeros[: len(values)]) == 0)
+
+
+class NonFiniteParams(MemtrainError):
+    """Parameters about to be published hold NaN or Inf: nothing was published."""
+
+
+def publish_params(run_dir: Path, version: int, layout: ParamLayout, params: dict[str, np.ndarray], *,
+                   made_by: str = "the model") -> str:
+    """Publish named parameters as ``version``, each written straight into the mapped file (no flat copy in
+    memory, as ``layout.flatten`` would make); returns its checksum. The bits are ``flatten``'s.
+
+    Published weights never hold NaN or Inf: each parameter is checked (``finite``) before the rename, and a
+    non-finite one is ``NonFiniteParams`` naming it and ``made_by`` (what made the parameters), nothing
+    published."""
+    path = weights_path(run_dir, version)
+    zeros = np.zeros(min(BLOCK, layout.size), dtype=PARAM_DTYPE)
+    with writing_npy(path, (layout.size,), PARAM_DTYPE, durable=False) as flat:
+        for name, view in layout.views(flat).items():
+            view[...] = params[name]
+            values = view.reshape(-1)
+            if not all(finite(values[a:a + BLOCK], zeros) for a in range(0, values.size, BLOCK)):
+                bad = int(np.count_nonzero(~np.isfinite(values)))
+                raise NonFiniteParams(f"{made_by} gave non-finite parameters: '{name}' holds {bad} NaN or Inf "
+                                      f"of {values.size} values; weight version {version} was not published",
+                                      path=run_dir)
+    return checksum_file(path, mapped=True, algo=BLOCK_CHECKSUM_ALGO)
+
+
 def publish_weights(run_dir: Path, version: int, flat: np.ndarray) -> str:
     """Publish ``flat`` as ``version``; returns its checksum."""
     path = weights_path(run_dir, version)
     publish_array(path, np.asarray(flat, dtype=PARAM_DTYPE), durable=False)
-    return checksum_file(path, mapped=True, algo=BLOCK_CHECKSUM_ALGO)
-
-
-def publish_params(run_dir: Path, version: int, layout: ParamLayout, params: dict[str, np.ndarray]) -> str:
-    """Publish named parameters as ``version``, each written straight into the mapped file (no flat copy in
-    memory, as ``layout.flatten`` would make); returns its checksum. The bits are ``flatten``'s."""
-    path = weights_path(run_dir, version)
-    with writing_npy(path, (layout.size,), PARAM_DTYPE, durable=False) as flat:
-        for name, view in layout.views(flat).items():
-            view[...] = params[name]
     return checksum_file(path, mapped=True, algo=BLOCK_CHECKSUM_ALGO)
 
 
