@@ -61,6 +61,9 @@ class Spaces:
     low: tuple[float, ...] = ()
     high: tuple[float, ...] = ()
 
+    def __str__(self) -> str:
+        return f"{self.obs_dim} observations, {self.n} {'actions' if self.kind == DISCRETE else 'action dimensions'}"
+
     def env_action(self, action: np.ndarray) -> Any:
         """The action as the environment takes it, from the action as memtrain records it (a pure function)."""
         if self.kind == DISCRETE:
