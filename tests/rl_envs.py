@@ -64,3 +64,25 @@ def raises() -> gym.Env:
 
 
 NOT_CALLABLE = 3
+
+
+class _NaNAfter(_Walk):
+    """At its second step, a NaN observation (or an infinite reward)."""
+
+    def __init__(self, in_reward: bool) -> None:
+        super().__init__()
+        self.in_reward = in_reward
+
+    def step(self, action: object) -> tuple[np.ndarray, float, bool, bool, dict]:
+        obs, reward, terminated, truncated, info = super().step(action)
+        if self.t == 2:
+            obs, reward = (obs, float("inf")) if self.in_reward else (obs * np.nan, reward)
+        return obs, reward, terminated, truncated, info
+
+
+def nan_observation_at_step_2() -> gym.Env:
+    return _NaNAfter(in_reward=False)
+
+
+def infinite_reward_at_step_2() -> gym.Env:
+    return _NaNAfter(in_reward=True)

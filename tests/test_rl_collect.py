@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memtrain.errors import CorruptFileError, MemtrainError
+from memtrain.errors import CorruptFileError, InputError, MemtrainError
 from memtrain.files import publish_array
 from memtrain.rl.collect import EpisodeState, SlotCache, collect, state_after
 from memtrain.rl.envs import EnvSpec, Slot
@@ -148,3 +148,17 @@ def test_an_environment_that_does_not_replay_is_refused(tmp_path: Path) -> None:
     wrong = EpisodeState(state.episode, state.actions, state.ret + 1.0)  # not what these actions give
     with pytest.raises(MemtrainError, match="re-simulating the slot's episode gave another return"):
         collect(weights, 1, 0, spec, 1, 5, wrong, out_dir=tmp_path, hidden=HIDDEN)
+
+
+def test_weights_with_nan_and_bad_task_numbers_are_refused(tmp_path: Path) -> None:
+    spec = SPECS["cartpole"]
+    start = EpisodeState.start(Slot(spec, 0, 0).spaces)
+    flat = np.load(_weights(tmp_path, spec, 1)[0])
+    flat[7] = np.nan
+    publish_array(tmp_path / "nan.npy", flat, durable=False)
+    with pytest.raises(CorruptFileError, match=r"nan.npy: the weights hold NaN or Inf.*found 1 non-finite values"):
+        collect(tmp_path / "nan.npy", 0, 0, spec, 1, 8, start, out_dir=tmp_path, hidden=HIDDEN)
+    for args, key in (((-1, 0, 1, 8), "version"), ((0, 0, 1, 0), "env.steps"), ((0, -2, 1, 8), "slot")):
+        version, slot, seed, steps = args
+        with pytest.raises(InputError, match=f"bad value for {key}"):
+            collect(tmp_path / "nan.npy", version, slot, spec, seed, steps, start, out_dir=tmp_path, hidden=HIDDEN)

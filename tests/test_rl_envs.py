@@ -72,3 +72,17 @@ def test_an_environment_that_raises_is_reported_with_version_slot_seed_and_step(
         slot.step(np.int64(0), version=7, step=3)
     assert str(err.value).startswith("version 7, slot 5, seed 11, episode 2, step 3: the environment failed in step")
     assert "RuntimeError: the simulator lost its state" in str(err.value)
+
+
+def test_a_non_finite_observation_is_a_failure_not_a_meaningless_action() -> None:
+    slot = Slot(EnvSpec(factory="rl_envs:nan_observation_at_step_2"), seed=4, slot=1)
+    slot.reset(0, version=2)
+    slot.step(np.int64(0), version=2, step=0)
+    with pytest.raises(WorkerFailure, match=r"^version 2, slot 1, seed 4, episode 0, step 1: the environment failed in "
+                                            r"observation \(found a non-finite observation \[nan, nan\]\)"):
+        slot.step(np.int64(0), version=2, step=1)
+    slot = Slot(EnvSpec(factory="rl_envs:infinite_reward_at_step_2"), seed=4, slot=1)
+    slot.reset(0, version=2)
+    slot.step(np.int64(0), version=2, step=0)
+    with pytest.raises(WorkerFailure, match=r"step 1: the environment failed in step \(found a non-finite reward"):
+        slot.step(np.int64(0), version=2, step=1)

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from memtrain.errors import CorruptFileError, MemtrainError
+from memtrain.errors import CorruptFileError, InputError, MemtrainError
 from memtrain.files import open_npy
 from memtrain.rl.envs import DISCRETE, EnvSpec, Slot, Spaces
 from memtrain.rl.policy import Policy
@@ -102,6 +102,9 @@ def collect(weights_path: Path, version: int, slot: int, spec: EnvSpec, seed: in
             state: EpisodeState, *, out_dir: Path, hidden: tuple[int, ...] = (64, 64),
             cache: SlotCache | None = None) -> Collected:
     """Run collection task (``version``, ``slot``): ``steps`` steps from ``state``, published in ``out_dir``."""
+    for key, value, least in (("version", version, 0), ("slot", slot, 0), ("env.steps", steps, 1), ("seed", seed, 0)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < least:
+            raise InputError(f"bad value for {key}", expected=f"an integer >= {least}", found=repr(value))
     env, obs = _environment(spec, seed, slot, version, state, cache)
     policy = Policy(env.spaces, tuple(hidden))
     weights = open_npy(Path(weights_path), dtype=np.float32)
@@ -109,6 +112,10 @@ def collect(weights_path: Path, version: int, slot: int, spec: EnvSpec, seed: in
         raise CorruptFileError("the weights do not fit the policy", path=weights_path,
                                expected=f"shape ({policy.layout.size},) for hidden {tuple(hidden)} and {env.spaces}",
                                found=f"shape {weights.shape}")
+    if not np.isfinite(weights).all():
+        raise CorruptFileError("the weights hold NaN or Inf: the policy's actions would be meaningless",
+                               path=weights_path, found=f"{int(np.size(weights) - np.isfinite(weights).sum())} "
+                               "non-finite values")
     traj, after, obs = _run(policy, np.asarray(weights), env, version, seed, steps, state, obs)
     path = shard_path(out_dir, version, slot)
     write_shard(path, traj, env.spaces)

@@ -207,6 +207,8 @@ class Slot:
         if array.shape != (self.spaces.obs_dim,):
             raise self._failure("observation", version, step,
                                 f"an observation of shape {array.shape}, not ({self.spaces.obs_dim},)")
+        if not np.isfinite(array).all():  # the policy would turn it into NaN logits and a meaningless action
+            raise self._failure("observation", version, step, f"a non-finite observation {array.tolist()}")
         return array
 
     def _failure(self, what: str, version: int, step: int, found: str) -> WorkerFailure:
