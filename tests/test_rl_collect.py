@@ -49,7 +49,8 @@ def _run(folder: Path, spec: EnvSpec, weights: list[Path], slot: int, state: Epi
 def test_a_resimulated_slot_continues_bitwise_as_the_uninterrupted_one(tmp_path: Path, name: str) -> None:
     spec = SPECS[name]
     weights = _weights(tmp_path, spec, 6)
-    start = EpisodeState.start(Slot(spec, 0, 0).spaces)
+    start_spaces = Slot(spec, 0, 0).spaces
+    start = EpisodeState.start(start_spaces)
     cache = SlotCache()  # the uninterrupted run: one live environment through every version
     (tmp_path / "a").mkdir()
     straight, end = _run(tmp_path / "a", spec, weights, 3, start, 0, cache)
@@ -58,7 +59,7 @@ def test_a_resimulated_slot_continues_bitwise_as_the_uninterrupted_one(tmp_path:
     (tmp_path / "b").mkdir()
     before, state = _run(tmp_path / "b", spec, weights[:3], 3, start, 0)
     kept = {k: np.array(v) for k, v in state.to_arrays().items()}
-    after, resumed_end = _run(tmp_path / "b", spec, weights, 3, EpisodeState.from_arrays(kept), 3)
+    after, resumed_end = _run(tmp_path / "b", spec, weights, 3, EpisodeState.from_arrays(kept, start_spaces), 3)
     assert before + after == straight
     assert resumed_end.key() == end.key() and resumed_end.ret == end.ret
     assert state.step > 0  # the crash fell inside an episode: re-simulation had something to replay
@@ -86,8 +87,9 @@ def test_the_state_rebuilt_from_the_shards_is_the_carried_one(tmp_path: Path) ->
 
 def _collect_in_child(args: tuple) -> bytes:
     weights, out, state_arrays = args
-    done = collect(weights, 2, 5, SPECS["walk"], 99, 64, EpisodeState.from_arrays(state_arrays), out_dir=out,
-                   hidden=HIDDEN)
+    spec = SPECS["walk"]
+    state = EpisodeState.from_arrays(state_arrays, Slot(spec, 0, 0).spaces)
+    done = collect(weights, 2, 5, spec, 99, 64, state, out_dir=out, hidden=HIDDEN)
     return done.path.read_bytes()
 
 
@@ -162,3 +164,16 @@ def test_weights_with_nan_and_bad_task_numbers_are_refused(tmp_path: Path) -> No
         version, slot, seed, steps = args
         with pytest.raises(InputError, match=f"bad value for {key}"):
             collect(tmp_path / "nan.npy", version, slot, spec, seed, steps, start, out_dir=tmp_path, hidden=HIDDEN)
+
+
+def test_a_damaged_episode_state_is_refused_not_replayed() -> None:
+    spaces = Slot(SPECS["cartpole"], 0, 0).spaces
+    good = EpisodeState(3, np.array([0, 1, 1], np.int64), 3.0).to_arrays()
+    assert EpisodeState.from_arrays(good, spaces).key() == EpisodeState(3, np.array([0, 1, 1]), 3.0).key()
+    for change, message in (({"step": np.array(2)}, "counters disagree with its actions"),
+                            ({"episode": np.array(-1)}, "counters disagree"),
+                            ({"actions": np.zeros((3, 1), np.float32)}, "do not fit the action space"),
+                            ({"ret": None}, "incomplete")):
+        arrays = {k: v for k, v in (good | change).items() if v is not None}
+        with pytest.raises(CorruptFileError, match=message):
+            EpisodeState.from_arrays(arrays, spaces, where="checkpoint slot 3")

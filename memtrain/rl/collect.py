@@ -48,13 +48,29 @@ class EpisodeState:
         return len(self.actions)
 
     def to_arrays(self) -> dict[str, np.ndarray]:
-        """For a checkpoint (plain .npy arrays, never a pickle)."""
-        return {"episode": np.array(self.episode, np.int64), "actions": self.actions,
-                "ret": np.array(self.ret, np.float64)}
+        """For a checkpoint (plain .npy arrays, never a pickle): episode, step (in the episode), actions, ret."""
+        return {"episode": np.array(self.episode, np.int64), "step": np.array(self.step, np.int64),
+                "actions": self.actions, "ret": np.array(self.ret, np.float64)}
 
     @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> EpisodeState:
-        return cls(int(arrays["episode"]), np.asarray(arrays["actions"]), float(arrays["ret"]))
+    def from_arrays(cls, arrays: dict[str, np.ndarray], spaces: Spaces, *,
+                    where: str = "episode state") -> EpisodeState:
+        """The state ``to_arrays`` gave, checked against ``spaces``: a damaged record is an error, never replayed."""
+        missing = sorted({"episode", "step", "actions", "ret"} - set(arrays))
+        if missing:
+            raise CorruptFileError("the episode state is incomplete", where=where,
+                                   expected="episode, step, actions, ret", found=f"no {', '.join(missing)}")
+        actions, empty = np.asarray(arrays["actions"]), _no_actions(spaces)
+        episode, step = np.asarray(arrays["episode"]), np.asarray(arrays["step"])
+        if actions.dtype != empty.dtype or actions.shape[1:] != empty.shape[1:]:
+            raise CorruptFileError("the episode state's actions do not fit the action space", where=where,
+                                   expected=f"{empty.dtype} [k{''.join(f', {n}' for n in empty.shape[1:])}]",
+                                   found=f"{actions.dtype} {list(actions.shape)}")
+        if episode.shape or step.shape or episode < 0 or step != len(actions):
+            raise CorruptFileError("the episode state's counters disagree with its actions", where=where,
+                                   expected=f"episode >= 0 and step = {len(actions)} (the actions recorded)",
+                                   found=f"episode {episode.tolist()}, step {step.tolist()}")
+        return cls(int(episode), actions, float(arrays["ret"]))
 
     def key(self) -> tuple[int, int, bytes]:
         """Identifies the state (episode, step, digest of the actions): what a cached live environment must match."""
