@@ -15,12 +15,14 @@ job (environment, seed, steps, architecture), the weights of v and the slot's ep
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import xxhash
+from threadpoolctl import ThreadpoolController
 
 from memtrain.errors import CorruptFileError, InputError, MemtrainError
 from memtrain.files import open_npy
@@ -81,6 +83,12 @@ def _no_actions(spaces: Spaces) -> np.ndarray:
     return np.zeros(0, np.int64) if spaces.kind == DISCRETE else np.zeros((0, spaces.n), np.float32)
 
 
+@functools.cache
+def blas_controller() -> ThreadpoolController:
+    """The BLAS libraries numpy loaded, found once (each ``threadpool_limits`` call would look them up again)."""
+    return ThreadpoolController()
+
+
 def action_rng(seed: int, version: int, slot: int) -> np.random.Generator:
     """The only randomness of collection task (version, slot)."""
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence([0x616374, int(seed), int(version), int(slot)])))
@@ -132,7 +140,8 @@ def collect(weights_path: Path, version: int, slot: int, spec: EnvSpec, seed: in
         raise CorruptFileError("the weights hold NaN or Inf: the policy's actions would be meaningless",
                                path=weights_path, found=f"{int(np.size(weights) - np.isfinite(weights).sum())} "
                                "non-finite values")
-    traj, after, obs = _run(policy, np.asarray(weights), env, version, seed, steps, state, obs)
+    with blas_controller().limit(limits=1):  # one BLAS thread: the same kernels, hence the same bits, in any process
+        traj, after, obs = _run(policy, np.asarray(weights), env, version, seed, steps, state, obs)
     path = shard_path(out_dir, version, slot)
     write_shard(path, traj, env.spaces)
     if cache is not None:

@@ -19,7 +19,7 @@ import numpy as np
 from memtrain.errors import InputError
 from memtrain.files import publish_array
 from memtrain.layout import weights_path
-from memtrain.rl.collect import EpisodeState, SlotCache, collect
+from memtrain.rl.collect import EpisodeState, SlotCache, blas_controller, collect
 from memtrain.rl.envs import EnvSpec, Slot, reset_seed
 from memtrain.rl.policy import Policy
 from memtrain.rl.ppo import PPOConfig, a2c_loss, batch, clip_grad_norm, minibatches, ppo_loss
@@ -74,7 +74,15 @@ class History:
 
 
 def train(config: ReferenceConfig, run_dir: Path) -> tuple[np.ndarray, History]:
-    """Run the job in ``run_dir`` (weights/ and trajectories/ are made there); the final weights and the history."""
+    """Run the job in ``run_dir`` (weights/ and trajectories/ are made there); the final weights and the history.
+
+    BLAS runs on one thread, as in memtrain's workers: the same kernels, so the same bits on any machine load.
+    """
+    with blas_controller().limit(limits=1):
+        return _train(config, run_dir)
+
+
+def _train(config: ReferenceConfig, run_dir: Path) -> tuple[np.ndarray, History]:
     spaces = Slot(config.env, config.seed, 0).spaces
     policy = Policy(spaces, config.hidden)
     weights = policy.init(np.random.default_rng(np.random.SeedSequence([0x696E6974, config.seed])))
