@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memtrain.errors import CorruptFileError, InputError, MemtrainError
+from memtrain.errors import CorruptFileError, InputError, MemtrainError, WorkerFailure
 from memtrain.files import publish_array
 from memtrain.rl.collect import EpisodeState, SlotCache, collect, state_after
 from memtrain.rl.envs import EnvSpec, Slot
@@ -177,3 +177,15 @@ def test_a_damaged_episode_state_is_refused_not_replayed() -> None:
         arrays = {k: v for k, v in (good | change).items() if v is not None}
         with pytest.raises(CorruptFileError, match=message):
             EpisodeState.from_arrays(arrays, spaces, where="checkpoint slot 3")
+
+
+def test_a_task_whose_environment_fails_publishes_nothing_and_its_retry_resimulates(tmp_path: Path) -> None:
+    spec = EnvSpec(factory="rl_envs:raises_at_step_3")
+    weights = _weights(tmp_path, spec, 1)[0]
+    out = tmp_path / "out"
+    out.mkdir()
+    cache = SlotCache()
+    with pytest.raises(WorkerFailure, match="version 0, slot 2, seed 99, episode 0, step 3"):
+        collect(weights, 0, 2, spec, 99, 8, EpisodeState.start(Slot(spec, 0, 0).spaces), out_dir=out,
+                hidden=HIDDEN, cache=cache)
+    assert list(out.iterdir()) == [] and cache.live == {}

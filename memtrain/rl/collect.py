@@ -130,6 +130,15 @@ def collect(weights_path: Path, version: int, slot: int, spec: EnvSpec, seed: in
         if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < least:
             raise InputError(f"bad value for {key}", expected=f"an integer >= {least}", found=repr(value))
     env, obs = _environment(spec, seed, slot, version, state, cache)
+    try:
+        return _collect(env, obs, weights_path, version, slot, seed, steps, state, out_dir, hidden, cache)
+    except BaseException:
+        env.close()  # its state is past the task's start now: a retry re-simulates (the cache no longer holds it)
+        raise
+
+
+def _collect(env: Slot, obs: np.ndarray, weights_path: Path, version: int, slot: int, seed: int, steps: int,
+             state: EpisodeState, out_dir: Path, hidden: tuple[int, ...], cache: SlotCache | None) -> Collected:
     policy = Policy(env.spaces, tuple(hidden))
     weights = open_npy(Path(weights_path), dtype=np.float32)
     if weights.shape != (policy.layout.size,):
