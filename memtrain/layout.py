@@ -196,6 +196,25 @@ def parse_exchange_owner(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+TRAJECTORIES_DIR = "trajectories"  # reinforcement learning (memtrain/rl): one trajectory shard per (version, slot)
+_TRAJECTORY_RE = re.compile(r"^r-v(\d{8})-s(\d{5})\.npy$")
+
+
+def trajectory_name(version: int, slot: int) -> str:
+    """The trajectory shard that collection task (version, slot) publishes whole (memtrain/rl/trajectory.py).
+
+    A collection task is pure (its bits depend on the job, the version and the slot only), so a re-run
+    writes the same bytes under the same name: no attempt number.
+    """
+    return f"r-v{version:08d}-s{slot:05d}.npy"
+
+
+def parse_trajectory_name(name: str) -> tuple[int, int] | None:
+    """(version, slot) of a trajectory shard's name, or None if ``name`` is not one."""
+    match = _TRAJECTORY_RE.match(name)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
 def gradient_name(version: int, task: int, attempt: int) -> str:
     """One file per (weight version, task, attempt): an additive model's statistics of one task."""
     return f"g-v{version:08d}-t{task:05d}-a{attempt:03d}.npy"

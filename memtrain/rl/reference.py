@@ -1,0 +1,168 @@
+"""A single-process reference learner built from the pieces of memtrain/rl: what the engines must reproduce.
+
+Per version v: every slot's collection task (``collect``) publishes its shard, the shards are read back
+(validated) in slot order, GAE is computed per shard, and the learner steps the flat vector with memtrain's
+Adam (memtrain/train/optim.py): PPO for ``epochs`` x ``minibatches`` steps in the order from (seed, v,
+epoch), or A2C for one step. The result is version v + 1. Not yet `memtrain train`: the engines of issue 40
+will run the same tasks in workers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from memtrain.errors import InputError
+from memtrain.files import publish_array
+from memtrain.layout import weights_path
+from memtrain.rl.collect import EpisodeState, SlotCache, blas_controller, collect
+from memtrain.rl.envs import EnvSpec, Slot, reset_seed
+from memtrain.rl.policy import Policy
+from memtrain.rl.ppo import PPOConfig, a2c_loss, batch, clip_grad_norm, minibatches, ppo_loss
+from memtrain.rl.trajectory import read_shard, shard_path
+from memtrain.train.optim import OptimizerConfig, apply_update, state_slots
+
+ALGORITHMS = ("ppo", "a2c")
+
+
+@dataclass(frozen=True)
+class ReferenceConfig:
+    """A job of the reference loop. Defaults: CleanRL's ppo.py on CartPole-v1 (4 slots x 128 steps, lr 2.5e-4
+    annealed linearly to 0, Adam eps 1e-5, ent_coef 0.01)."""
+
+    env: EnvSpec
+    algorithm: str = "ppo"
+    env_steps: int = 500_000  # the budget: versions = env_steps // (slots * steps)
+    slots: int = 4
+    steps: int = 128
+    seed: int = 1
+    hidden: tuple[int, ...] = (64, 64)
+    lr: float = 2.5e-4
+    anneal_lr: bool = True  # lr * (1 - v / versions) at version v
+    anneal_clip: bool = False  # likewise PPO's clip range (rl-zoo's CartPole set)
+    adam_eps: float = 1e-5
+    learner: PPOConfig = field(default_factory=lambda: PPOConfig(ent_coef=0.01))
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise InputError("bad value for train.algorithm", expected=" or ".join(map(repr, ALGORITHMS)),
+                             found=repr(self.algorithm))
+        if self.versions < 1:
+            raise InputError("train.env_steps is less than one version's steps",
+                             expected=f">= env.slots * env.steps = {self.slots * self.steps}",
+                             found=self.env_steps)
+
+    @property
+    def versions(self) -> int:
+        return self.env_steps // (self.slots * self.steps)
+
+
+@dataclass
+class History:
+    """Per version: the returns of the episodes that ended in it (in slot order), and the learner's last loss."""
+
+    returns: list[np.ndarray] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+
+    def last_episodes(self, count: int) -> np.ndarray:
+        every = np.concatenate(self.returns) if self.returns else np.zeros(0)
+        return every[-count:]
+
+
+def train(config: ReferenceConfig, run_dir: Path) -> tuple[np.ndarray, History]:
+    """Run the job in ``run_dir`` (weights/ and trajectories/ are made there); the final weights and the history.
+
+    BLAS runs on one thread, as in memtrain's workers: the same kernels, so the same bits on any machine load.
+    """
+    with blas_controller().limit(limits=1):
+        return _train(config, run_dir)
+
+
+def _train(config: ReferenceConfig, run_dir: Path) -> tuple[np.ndarray, History]:
+    spaces = Slot(config.env, config.seed, 0).spaces
+    policy = Policy(spaces, config.hidden)
+    weights = policy.init(np.random.default_rng(np.random.SeedSequence([0x696E6974, config.seed])))
+    optimizer = OptimizerConfig(name="adam", lr=config.lr, eps=config.adam_eps)
+    state = {slot: np.zeros_like(weights) for slot in state_slots(optimizer)}
+    shards = Path(run_dir) / "trajectories"
+    for folder in (shards, weights_path(Path(run_dir), 0).parent):
+        folder.mkdir(parents=True, exist_ok=True)
+    episodes = [EpisodeState.start(spaces) for _ in range(config.slots)]
+    cache, history, step = SlotCache(), History(), 0
+    try:
+        for version in range(config.versions):
+            path = weights_path(Path(run_dir), version)
+            publish_array(path, weights, durable=False)
+            trajectories = []
+            for slot in range(config.slots):
+                done = collect(path, version, slot, config.env, config.seed, config.steps, episodes[slot],
+                               out_dir=shards, hidden=config.hidden, cache=cache)
+                episodes[slot] = done.state
+            for slot in range(config.slots):  # consumed in slot order, read back as any learner would
+                trajectories.append(read_shard(shard_path(shards, version, slot), spaces=spaces, version=version,
+                                               slot=slot, seed=config.seed, steps=config.steps))
+            history.returns.append(np.concatenate([t.episode_return[t.done] for t in trajectories]))
+            weights, state, step, loss = _learn(config, policy, weights, state, step, version, trajectories)
+            history.losses.append(loss)
+            _retire(path, shards, version, config.slots)
+    finally:
+        cache.close()
+    return weights, history
+
+
+def _learn(config: ReferenceConfig, policy: Policy, weights: np.ndarray, state: dict[str, np.ndarray], step: int,
+           version: int, trajectories: list) -> tuple[np.ndarray, dict[str, np.ndarray], int, float]:
+    frac = 1.0 - version / config.versions
+    lr = config.lr * frac if config.anneal_lr else config.lr
+    learner = config.learner
+    if config.anneal_clip:
+        learner = replace(learner, clip=max(learner.clip * frac, 1e-8))
+    data = batch(trajectories, learner)
+    if config.algorithm == "a2c":
+        groups = [[np.arange(len(data))]]
+    else:
+        groups = [minibatches(config.seed, version, epoch, len(data), learner.minibatches)
+                  for epoch in range(learner.epochs)]
+    optimizer = OptimizerConfig(name="adam", lr=config.lr, eps=config.adam_eps)
+    loss_of = a2c_loss if config.algorithm == "a2c" else ppo_loss
+    loss = math.nan
+    for parts in groups:
+        for rows in parts:
+            result = loss_of(policy, weights, data.rows(rows), learner)
+            grad = clip_grad_norm(result.grad, learner.max_grad_norm)
+            step += 1
+            new_weights, new_state = np.empty_like(weights), {k: np.empty_like(v) for k, v in state.items()}
+            apply_update(optimizer, step, lr, weights, grad, state, new_weights, new_state)
+            weights, state, loss = new_weights, new_state, result.loss
+    return weights, state, step, loss
+
+
+def _retire(path: Path, shards: Path, version: int, slots: int) -> None:
+    """Drop the version's weights and shards once learned from (the reference keeps no history on disk)."""
+    os.unlink(path)
+    for slot in range(slots):
+        os.unlink(shard_path(shards, version, slot))
+
+
+def evaluate(policy: Policy, weights: np.ndarray, spec: EnvSpec, episodes: int, seed: int, *,
+             greedy: bool = True) -> np.ndarray:
+    """Returns of ``episodes`` fresh episodes (reset seeds from (seed, slot 0, episode)), greedy or sampled."""
+    env = Slot(spec, seed, 0)
+    rng = np.random.default_rng(reset_seed(seed, 1, 0))
+    returns = np.zeros(episodes)
+    try:
+        for k in range(episodes):
+            obs, ended, t = env.reset(k, version=-1), False, 0
+            while not ended:
+                fwd = policy.forward(weights, obs[None])
+                action = policy.greedy(fwd) if greedy else policy.sample(fwd, rng)
+                obs, reward, terminated, truncated = env.step(action[0], version=-1, step=t)
+                returns[k] += reward
+                ended, t = terminated or truncated, t + 1
+    finally:
+        env.close()
+    return returns
