@@ -20,6 +20,10 @@ ROOT = Path(__file__).resolve().parent.parent
 LIST_ITEM = re.compile(r"^(\s*)(?:[-*+]|\d+\.)\s+(\S.*)$")
 RUN_ON_ITEM = re.compile(r"\n\s*(?:[-*+]|\d+\.)\s")  # a list item's marker inside a paragraph's text
 SNIPPET = re.compile(r'^--8<-- "([^":]+):([^"]+)"$')  # pymdownx.snippets: a named section of another file
+SOURCES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE_LINE = re.compile(r"^\s*(```|~~~)")  # any line that Markdown may read as a code fence
+OPENING_FENCE = re.compile(r"^(\s*)```[\w+-]*\s*$")  # ```python: a language, nothing else
+CLOSING_FENCE = re.compile(r"^(\s*)```\s*$")  # nothing after the backticks, ever
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +123,61 @@ def source_items(lines: list[str]) -> Iterator[tuple[bool, str]]:
 
 def html_page(site: Path, page: Path) -> Path:
     return site / ("index.html" if page.stem == "index" else f"{page.stem}/index.html")
+
+
+def fence_problems(text: str, name: str) -> list[str]:
+    """Every fence of the Markdown ``text`` (of the file ``name``) that is not a well-formed pair: a fence
+    line with text after it (a closing fence followed by prose turns the code block and the paragraph into
+    one paragraph), a fence of another kind, a closing fence indented unlike its opening, or a block never
+    closed."""
+    problems, opened = [], None
+    for number, line in enumerate(text.splitlines(), 1):
+        if not FENCE_LINE.match(line):
+            continue
+        where = f"{name}:{number}: {line.strip()[:60]!r}"
+        if opened is None:
+            match = OPENING_FENCE.match(line)
+            if match is None:
+                problems.append(f"{where}: an opening fence is ``` and a language, nothing else")
+            else:
+                opened = (number, match[1])
+        elif (match := CLOSING_FENCE.match(line)) is None:
+            problems.append(f"{where}: a closing fence has nothing after its ``` (the block opened on line "
+                            f"{opened[0]})")
+            opened = None
+        elif match[1] != opened[1]:
+            problems.append(f"{where}: indented unlike its opening fence (line {opened[0]})")
+            opened = None
+        else:
+            opened = None
+    if opened is not None:
+        problems.append(f"{name}:{opened[0]}: a code block never closed (an odd number of fences)")
+    return problems
+
+
+def test_every_code_fence_is_well_formed() -> None:
+    problems = [problem for page in SOURCES
+                for problem in fence_problems(page.read_text(encoding="utf-8"), str(page.relative_to(ROOT)))]
+    assert not problems, "malformed code fences:\n" + "\n".join(problems)
+
+
+@pytest.mark.timeout(120)
+def test_the_pandas_prediction_example_renders_as_code(site: Path) -> None:
+    page = article(site / "python-api" / "index.html")
+    assert 'frame = pd.read_csv("penguins.csv")' in page.code
+    assert "gives the metrics training reports" in page.prose and "metrics training" not in page.code
+
+
+def test_fence_problems_are_found() -> None:
+    """The check itself, on the faults it exists for."""
+    cases = {"text after a closing fence": "```python\nx = 1\n``` and then prose\n",
+             "an odd number of fences": "```python\nx = 1\n```\n\n```\nlast\n",
+             "a closing fence with a language": "```python\nx = 1\n```python\n",
+             "tildes": "~~~\nx\n~~~\n",
+             "a closing fence indented differently": "- item\n\n    ```python\n    x = 1\n```\n"}
+    for name, text in cases.items():
+        assert fence_problems(text, "case.md"), name
+    assert not fence_problems("- item\n\n    ```python\n    x = 1\n    ```\n\n```\nout\n```\n", "fine.md")
 
 
 @pytest.mark.timeout(120)
