@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LIST_ITEM = re.compile(r"^(\s*)(?:[-*+]|\d+\.)\s+(\S.*)$")
 RUN_ON_ITEM = re.compile(r"\n\s*(?:[-*+]|\d+\.)\s")  # a list item's marker inside a paragraph's text
 SNIPPET = re.compile(r'^--8<-- "([^":]+):([^"]+)"$')  # pymdownx.snippets: a named section of another file
+DOC_PATH = re.compile(r"(?:docs/)?([\w-]+)\.md(?:#[\w-]*)?")  # docs/torch.md, torch.md#using-the-result
 SOURCES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE_LINE = re.compile(r"^\s*(```|~~~)")  # any line that Markdown may read as a code fence
 OPENING_FENCE = re.compile(r"^(\s*)```[\w+-]*\s*$")  # ```python: a language, nothing else
@@ -85,6 +86,42 @@ class Article(HTMLParser):
             self.code += data
         else:
             self.prose += data
+
+
+class UnlinkedPaths(HTMLParser):
+    """The doc paths of a page's content that are not links: ``docs/torch.md`` as plain text, or a code span
+    that is nothing but a page's path (a code block's text and a link's are left alone)."""
+
+    def __init__(self, pages: set[str]) -> None:
+        super().__init__()
+        self.pages = pages
+        self.found: list[str] = []
+        self._in_article = False
+        self._open = {"a": 0, "pre": 0, "code": 0}
+        self._code = ""
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self._in_article |= tag == "article"
+        if tag in self._open:
+            self._open[tag] += 1
+            self._code = "" if tag == "code" else self._code
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "article":
+            self._in_article = False
+        if tag in self._open and self._open[tag]:
+            self._open[tag] -= 1
+            if tag == "code" and self._in_article and not self._open["a"] and not self._open["pre"] and \
+                    (match := DOC_PATH.fullmatch(self._code.strip())) and match[1] in self.pages:
+                self.found.append(f"`{self._code.strip()}`")
+
+    def handle_data(self, data: str) -> None:
+        if not self._in_article or self._open["a"] or self._open["pre"]:
+            return
+        if self._open["code"]:
+            self._code += data
+        else:
+            self.found += [m[0] for m in re.finditer(r"\bdocs/[\w-]+\.md\b", data)]
 
 
 def article(path: Path) -> Article:
@@ -166,6 +203,22 @@ def test_the_pandas_prediction_example_renders_as_code(site: Path) -> None:
     page = article(site / "python-api" / "index.html")
     assert 'frame = pd.read_csv("penguins.csv")' in page.code
     assert "gives the metrics training reports" in page.prose and "metrics training" not in page.code
+
+
+@pytest.mark.timeout(120)
+def test_doc_paths_are_links(site: Path) -> None:
+    """A page named by its path (``docs/torch.md``, as text or in backticks) is a link to it, on every page and
+    on the home page, whose README parts link to ``docs/PAGE.md`` (docs/hooks/readme_links.py)."""
+    pages = {page.stem for page in (ROOT / "docs").glob("*.md")}
+    unlinked = []
+    for html in sorted(site.rglob("*.html")):
+        parser = UnlinkedPaths(pages)
+        parser.feed(html.read_text(encoding="utf-8"))
+        unlinked += [f"{html.parent.name or 'home'}: {path}" for path in parser.found]
+    assert not unlinked, "doc paths written where a link is meant:\n" + "\n".join(unlinked)
+    home = (site / "index.html").read_text(encoding="utf-8")
+    for page in ("cluster", "torch", "prepare", "train"):
+        assert f'href="{page}/"' in home, page  # the README's links, pointing at the site's pages
 
 
 def test_fence_problems_are_found() -> None:
