@@ -281,3 +281,35 @@ def test_memory_is_the_median_of_the_repeats_peaks_with_their_range(capsys: pyte
     print_table(report)
     printed = capsys.readouterr().out
     assert "120 (100-300)" in printed and "170 (160-400)" in printed
+
+
+RUN_OPTIONS = {"--sizes", "--updates", "--warmup", "--workers", "--exchange", "--against", "--shuffle"}
+OWN_OPTIONS = {"train": RUN_OPTIONS | {"--epochs", "--methods", "--first-job", "--cluster", "--costs",
+                                      "--larger-than-ram", "--limit-mib", "--data-factor", "--params"},
+               "prepare": {"--gb", "--sources", "--settle"},
+               "async": RUN_OPTIONS | {"--straggler", "--straggler-from"},
+               "loader": {"--rows", "--features", "--batch", "--loader-workers", "--methods", "--larger-than-ram",
+                          "--limit-mib", "--data-factor"}}
+
+
+@pytest.mark.parametrize("what", sorted(OWN_OPTIONS))
+def test_each_bench_command_lists_only_its_own_options(what: str) -> None:
+    """``memtrain bench WHAT --help`` names WHAT's options and none of the other benchmarks' (issue 7)."""
+    result = subprocess.run([sys.executable, "-m", "memtrain", "bench", what, "--help"], capture_output=True,
+                            text=True, timeout=60, env=dict(os.environ, COLUMNS="100"))
+    assert result.returncode == 0, result.stderr
+    listed = {line.split()[0].rstrip(",") for line in result.stdout.splitlines()
+              if line.startswith("  --") or line.startswith("  -h")}
+    assert OWN_OPTIONS[what] <= listed, OWN_OPTIONS[what] - listed
+    others = set().union(*(OWN_OPTIONS[other] for other in OWN_OPTIONS if other != what)) - OWN_OPTIONS[what]
+    assert not listed & others, f"bench {what} --help lists other benchmarks' options: {sorted(listed & others)}"
+    assert listed == OWN_OPTIONS[what] | {"-h", "--debug", "--dir", "--repeats", "--json"}
+    assert f"memtrain bench {what} " in result.stdout  # its own examples
+
+
+def test_a_bench_command_refuses_another_ones_option(tmp_path: Path) -> None:
+    """An option of another benchmark is an error naming it, not silently ignored."""
+    result = subprocess.run([sys.executable, "-m", "memtrain", "bench", "prepare", "--sizes", "1e4", "--dir",
+                             str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "--sizes" in result.stderr and "Traceback" not in result.stderr
+    assert os.listdir(tmp_path) == []

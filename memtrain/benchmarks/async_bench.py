@@ -69,10 +69,14 @@ def modes(workers: int) -> dict[str, dict[str, Any]]:
 
 
 def add_arguments(parser: argparse._ActionsContainer) -> None:
+    """``bench async``'s own options (with train_bench.add_run_arguments and bench.py's --dir, --repeats, --json)."""
+    parser.add_argument("--shuffle", default="batches",
+                        help="memtrain's train.shuffle: bench async runs only the batches order (the order of the "
+                             "targets in docs/async.md)")
     parser.add_argument("--straggler", type=float, default=3.0,
-                        help="async: one worker takes this many times as long per gradient (default %(default)s)")
+                        help="one worker takes this many times as long per gradient (default %(default)s)")
     parser.add_argument("--straggler-from", choices=("hook", "outside"), default="outside",
-                        help="async: how the straggler is slowed: 'hook', it sleeps after each gradient; 'outside', "
+                        help="how the straggler is slowed: 'hook', it sleeps after each gradient; 'outside', "
                              "it is stopped from outside (SIGSTOP) for all but 1/--straggler of the time, at any "
                              "point of its work (default %(default)s)")
 

@@ -23,13 +23,15 @@ from memtrain.benchmarks.synthetic import FEATURES, mlp_shape, write_dataset
 ROW_BYTES = FEATURES * 4 + 8  # float32 features + int64 label
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse._ActionsContainer, *, params: bool = True) -> None:
+    """--larger-than-ram and its sizes; ``params``: --params too (bench train's model; bench loader has none)."""
     parser.add_argument("--larger-than-ram", action="store_true",
-                        help="instead: train on a dataset several times larger than a memory limit")
+                        help="instead: run on a dataset several times larger than a memory limit")
     parser.add_argument("--limit-mib", type=int, default=256, help="private memory per process (default %(default)s)")
     parser.add_argument("--data-factor", type=float, default=4.0,
                         help="dataset size / limit (default %(default)s)")
-    parser.add_argument("--params", default="1e6", help="model size for this scenario (default %(default)s)")
+    if params:
+        parser.add_argument("--params", default="1e6", help="model size for this scenario (default %(default)s)")
 
 
 def run_scenario(args: argparse.Namespace, scratch: Path, shuffles: list[str] = ("batches",)) -> dict[str, Any]:

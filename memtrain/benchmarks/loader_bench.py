@@ -67,11 +67,16 @@ RUN_TIMEOUT = 1800.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rows", type=float, default=1e6, help="loader: rows of the dataset (default 1e6)")
-    parser.add_argument("--features", type=int, default=64, help="loader: float32 features per row (default 64)")
-    parser.add_argument("--batch", type=int, default=512, help="loader: rows per batch (default 512)")
-    parser.add_argument("--loader-workers", default="0,2,4", help="loader: DataLoader worker counts "
-                                                                   "(default %(default)s)")
+    """``bench loader``'s own options (with bench.py's --dir, --repeats, --json)."""
+    from memtrain.benchmarks import larger_than_ram
+
+    parser.add_argument("--rows", type=float, default=1e6, help="rows of the dataset (default 1e6)")
+    parser.add_argument("--features", type=int, default=64, help="float32 features per row (default 64)")
+    parser.add_argument("--batch", type=int, default=512, help="rows per batch (default 512)")
+    parser.add_argument("--loader-workers", default="0,2,4", help="DataLoader worker counts (default %(default)s)")
+    parser.add_argument("--methods", help=f"comma-separated subset of {','.join(METHODS)} (default: every one "
+                                          "whose libraries are installed)")
+    larger_than_ram.add_arguments(parser, params=False)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -96,34 +96,16 @@ def epochs(args: argparse.Namespace, *, params: int, torch: bool = False) -> int
     return TORCH_EPOCHS if torch and params <= TORCH_LONG_PARAMS else EPOCHS
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_run_arguments(parser: argparse._ActionsContainer) -> None:
+    """The options of one measured training job, shared by ``bench train`` and ``bench async``."""
     parser.add_argument("--sizes", default="1e4,1e5,1e6,1e7", help="parameter counts (default %(default)s)")
-    parser.add_argument("--epochs", type=int, help=f"train: every method runs E and 2E epochs of --updates "
-                                                   f"updates; the difference is timed (default {EPOCHS}, "
-                                                   f"{SMALL_EPOCHS} up to {SMALL_PARAMS:.0e} parameters; the "
-                                                   f"torch rows {TORCH_EPOCHS} up to {TORCH_LONG_PARAMS:.0e})")
     parser.add_argument("--updates", type=int, help=f"updates per run (default {UPDATES}; bench async: "
                                                      f"{SMALL_UPDATES} up to {SMALL_PARAMS:.0e} parameters)")
     parser.add_argument("--warmup", type=int, help=f"updates per run left out (default {WARMUP}; bench async: "
                                                     f"{SMALL_WARMUP} up to {SMALL_PARAMS:.0e} parameters)")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="interleaved rounds of every method; figures are the median and the range over them "
-                             "(default %(default)s)")
     parser.add_argument("--workers", type=int, default=2,
                         help="worker processes of the peers, and tasks per update (default %(default)s)")
-    parser.add_argument("--methods", help=f"comma-separated subset of {','.join(METHODS + TORCH_METHODS + FORCED)} "
-                                          f"(default: {','.join(METHODS)}, and the torch ones when torch is installed)")
-    parser.add_argument("--first-job", action=argparse.BooleanOptionalAction, default=True,
-                        help="also time the README's first command against a plain numpy loop (default: yes)")
     parser.add_argument("--exchange", default="auto", help="memtrain's run.exchange (default %(default)s)")
-    parser.add_argument("--shuffle", default="batches",
-                        help=f"memtrain's train.shuffle, one or more of {','.join(SHUFFLES)} (default %(default)s, "
-                             "the order the figures in the docs were taken with). With several, every memtrain "
-                             "method runs once per order in the same interleaved repeats: the first order keeps "
-                             "the method's name, the others are named like memtrain[batches], and the update time "
-                             "of each order over the batches order's is printed per size ('--shuffle rows,batches'"
-                             ": what row shuffling costs, target <= 1.05). Also for --larger-than-ram. The peers "
-                             "read contiguous batches either way")
     parser.add_argument("--against", metavar="PATH", action="append", default=[],
                         help="also run memtrain from another checkout (a git worktree of an older commit, e.g. "
                              "made with 'git worktree add /tmp/old COMMIT'), as the method memtrain@COMMIT, with "
@@ -131,7 +113,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "only if that checkout knows the key); its processes import memtrain from PATH "
                              "(PYTHONPATH=PATH, checked). The update time of this checkout over PATH's is "
                              "printed per size. Repeatable; bench async: every mode also run from PATH")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def add_arguments(parser: argparse._ActionsContainer) -> None:
+    """``bench train``'s own options (with ``add_run_arguments`` and bench.py's --dir, --repeats, --json)."""
+    parser.add_argument("--epochs", type=int, help=f"every method runs E and 2E epochs of --updates "
+                                                   f"updates; the difference is timed (default {EPOCHS}, "
+                                                   f"{SMALL_EPOCHS} up to {SMALL_PARAMS:.0e} parameters; the "
+                                                   f"torch rows {TORCH_EPOCHS} up to {TORCH_LONG_PARAMS:.0e})")
+    parser.add_argument("--methods", help=f"comma-separated subset of {','.join(METHODS + TORCH_METHODS + FORCED)} "
+                                          f"(default: {','.join(METHODS)}, and the torch ones when torch is installed)")
+    parser.add_argument("--first-job", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time the README's first command against a plain numpy loop (default: yes)")
+    add_shuffle_argument(parser)
     parser.add_argument("--cluster", metavar="ADDRESS", default="",
                         help="also run memtrain with its workers on Dask (tcp://HOST:PORT or local:N), to compare "
                              "its per-update overhead with the local exchange")
@@ -140,6 +134,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the server's CPU and bytes read and written, each worker's bytes, and updates/s "
                              "(docs/cluster.md)")
     larger_than_ram.add_arguments(parser)
+
+
+def add_shuffle_argument(parser: argparse._ActionsContainer) -> None:
+    """--shuffle: bench train's orders side by side (bench async takes it too, and runs only batches)."""
+    parser.add_argument("--shuffle", default="batches",
+                        help=f"memtrain's train.shuffle, one or more of {','.join(SHUFFLES)} (default %(default)s, "
+                             "the order the figures in the docs were taken with). With several, every memtrain "
+                             "method runs once per order in the same interleaved repeats: the first order keeps "
+                             "the method's name, the others are named like memtrain[batches], and the update time "
+                             "of each order over the batches order's is printed per size ('--shuffle rows,batches'"
+                             ": what row shuffling costs, target <= 1.05). Also for --larger-than-ram. The peers "
+                             "read contiguous batches either way")
 
 
 def run(args: argparse.Namespace) -> int:
