@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from table_widths import assert_fits_or_whole
 
 from memtrain.benchmarks import first_job_items
 from memtrain.benchmarks.runner import METHODS, TORCH_METHODS
@@ -35,26 +36,6 @@ TRAIN_COLUMNS = ("params", "epochs", "method", "samples/s", "ms/update (range)",
                  "CPU ms/update", "start-up s", "peak MiB (range)", "peak PSS MiB (range)", "memtrain ÷ method (range)")
 ASYNC_COLUMNS = ("params", "updates", "straggler", "mode", "updates/s, whole run", "÷ sync", "updates/s, steady",
                  "÷ sync, steady", "staleness mean", "staleness max", "recomputed")
-
-
-def printed(print_table, report: dict, columns: int, capsys: pytest.CaptureFixture[str],
-            monkeypatch: pytest.MonkeyPatch) -> str:
-    """A bench's table as a terminal of ``columns`` columns shows it."""
-    monkeypatch.setenv("COLUMNS", str(columns))
-    print_table(report)
-    return capsys.readouterr().out
-
-
-def assert_fits_or_whole(print_table, report: dict, headers: tuple[str, ...], capsys: pytest.CaptureFixture[str],
-                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """At 80 columns every line fits and every header is whole; at 250 the table is one table, as before."""
-    narrow = printed(print_table, report, 80, capsys, monkeypatch)
-    assert max(map(len, narrow.splitlines())) <= 80, narrow
-    cells = {cell.strip() for line in narrow.splitlines() for cell in line.split("┃")}
-    assert set(headers) <= cells, set(headers) - cells
-    wide = printed(print_table, report, 250, capsys, monkeypatch)
-    header = next(line for line in wide.splitlines() if "┃" in line)
-    assert [cell.strip() for cell in header.split("┃")] == list(headers), header
 
 
 def _timed(values: list[float | None]) -> list[float]:
