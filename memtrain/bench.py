@@ -110,11 +110,14 @@ def run(args: argparse.Namespace) -> int:
         return bench_async(args)
     if args.gb <= 0:
         raise InputError("--gb must be positive", found=args.gb)
-    from memtrain.prepare.bench import bench_prepare, format_table, parse_sources
+    from memtrain.prepare.bench import bench_prepare, parse_sources, print_table
 
     if args.settle < 0:
         raise InputError("--settle must be zero or more seconds", found=args.settle)
     report = bench_prepare(args.gb, args.dir, sources=parse_sources(args.sources), repeats=args.repeats,
                            settle=args.settle)
-    print(json.dumps(report, indent=2) if args.json else format_table(report))
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_table(report)
     return 0
