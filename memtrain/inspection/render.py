@@ -15,8 +15,9 @@ from rich.text import Text
 from memtrain.errors import plural
 from memtrain.train.counters import ONE_PASS
 
-# Width used when stdout is not a terminal (a pipe, a log) and COLUMNS is not set: wide enough that tables never
-# wrap. COLUMNS, when set, is the width everywhere (the tests set COLUMNS=80 to see what an 80-column terminal shows).
+# Width of the text lines when stdout is not a terminal (a pipe, a log) and COLUMNS is not set; tables are printed
+# whole there, at their own width. COLUMNS, when set, is the width everywhere, tables included (the tests set
+# COLUMNS=80 to see what an 80-column terminal shows).
 PIPE_WIDTH = 200
 STAT_COLUMNS = ("min", "max", "mean", "std", "l2", "nan", "inf")
 NOT_CHECKED = "not checked"
@@ -61,7 +62,7 @@ ROW = "row"  # the row number's column, when a table split to fit has keys too w
 
 def table(title: str, columns: Iterable[str], rows: Iterable[Iterable[Any]], right: Iterable[str] = (),
           keys: int = 1) -> Grid:
-    """A titled table; the title is a line of its own so that a narrow table never wraps it."""
+    """A titled table for ``print_table``: cells that are not text are written by ``num``; ``keys``: see ``Grid``."""
     return Grid(title, tuple(columns), tuple(tuple(cell if isinstance(cell, str) else num(cell) for cell in row)
                                              for row in rows), frozenset(right), keys)
 
@@ -73,7 +74,7 @@ def print_table(console: Console, grid: Grid) -> None:
     two lines. Here a table that fits is printed whole (a wide terminal, a pipe: today's full table);
     one that does not is cut into parts of whole columns, each part repeating the row's key columns and
     as wide as the console allows; a single column too wide even alone beside the keys (a checksum, a
-    path) has its cells cut in the middle (``sha256:5f1…9ac0``). ``--json`` has every value whole.
+    path) has its cells cut in the middle (``xxh3-128:a1e19f…cdc74d``). ``--json`` has every value whole.
     """
     console.print(Text(""))
     console.print(Text(grid.title, style="bold"))
