@@ -30,25 +30,66 @@ from pathlib import Path
 
 from memtrain.errors import InputError
 
+WHAT = {"train": "memtrain against one process, pickling and shared memory (and torch DDP), per model size",
+        "prepare": "memtrain prepare against a plain numpy/pyarrow baseline, per source format",
+        "async": "sync against fixed staleness and async training, without and with a straggler",
+        "loader": "ds.batches and BatchDataset against np.memmap and HF datasets DataLoaders"}
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("what", choices=("train", "prepare", "async", "loader"), help="what to measure")
-    parser.add_argument("--gb", type=float, default=1.0, help="prepare: size of each source in GB (1.0)")
-    parser.add_argument("--sources", default="npy,csv", help="prepare: comma-separated subset of npy,npz,h5,csv "
-                                                              "(default %(default)s)")
-    parser.add_argument("--dir", type=Path, help="where to put the temporary files (default: $TMPDIR)")
-    parser.add_argument("--settle", type=float, default=0.0,
-                        help="prepare: seconds to wait after the sync before each timed run, so that every run "
-                             "meets the machine's free memory in the same state (default 0; see "
-                             "docs/prepare-performance.md)")
-    from memtrain.benchmarks.async_bench import add_arguments as async_arguments
-    from memtrain.benchmarks.loader_bench import add_arguments as loader_arguments
-    from memtrain.benchmarks.train_bench import add_arguments as train_arguments
+    """One subcommand per benchmark, each with its own options only (``memtrain bench train --help``)."""
+    commands = parser.add_subparsers(dest="what", metavar="WHAT", required=True, title="what to measure")
+    for what, summary in WHAT.items():
+        sub = commands.add_parser(what, help=summary, description=_description(what, summary),
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+        sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                         help="show tracebacks instead of short errors")
+        sub.add_argument("--dir", type=Path, help="where to put the temporary files (default: $TMPDIR)")
+        sub.add_argument("--repeats", type=int, default=3,
+                         help="interleaved rounds of every method; figures are the median and the range over "
+                              "them (default %(default)s)")
+        sub.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        ADD[what](sub)
 
-    train_arguments(parser.add_argument_group("train and async"))
-    async_arguments(parser.add_argument_group("async"))
-    loader_arguments(parser.add_argument_group("loader (also --methods, --repeats, --json, --larger-than-ram, "
-                                               "--limit-mib, --data-factor)"))
+
+def _description(what: str, summary: str) -> str:
+    """The subcommand's summary and its examples from this module's docstring."""
+    examples = [line for line in (__doc__ or "").splitlines() if line.strip().startswith(f"memtrain bench {what}")]
+    return f"memtrain bench {what}: {summary}.\n\nExamples:\n" + "\n".join(examples)
+
+
+def _prepare_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--gb", type=float, default=1.0, help="size of each source in GB (1.0)")
+    parser.add_argument("--sources", default="npy,csv", help="comma-separated subset of npy,npz,h5,csv "
+                                                             "(default %(default)s)")
+    parser.add_argument("--settle", type=float, default=0.0,
+                        help="seconds to wait after the sync before each timed run, so that every run meets the "
+                             "machine's free memory in the same state (default 0; see docs/prepare-performance.md)")
+
+
+def _train_arguments(parser: argparse.ArgumentParser) -> None:
+    from memtrain.benchmarks.train_bench import add_arguments, add_run_arguments
+
+    add_run_arguments(parser)
+    add_arguments(parser)
+
+
+def _async_arguments(parser: argparse.ArgumentParser) -> None:
+    from memtrain.benchmarks.async_bench import add_arguments
+    from memtrain.benchmarks.train_bench import add_run_arguments
+
+    add_run_arguments(parser)
+    add_arguments(parser)
+
+
+def _loader_arguments(parser: argparse.ArgumentParser) -> None:
+    from memtrain.benchmarks.loader_bench import add_arguments
+
+    add_arguments(parser)
+
+
+ADD = {"train": _train_arguments, "prepare": _prepare_arguments, "async": _async_arguments,
+       "loader": _loader_arguments}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,11 +110,14 @@ def run(args: argparse.Namespace) -> int:
         return bench_async(args)
     if args.gb <= 0:
         raise InputError("--gb must be positive", found=args.gb)
-    from memtrain.prepare.bench import bench_prepare, format_table, parse_sources
+    from memtrain.prepare.bench import bench_prepare, parse_sources, print_table
 
     if args.settle < 0:
         raise InputError("--settle must be zero or more seconds", found=args.settle)
     report = bench_prepare(args.gb, args.dir, sources=parse_sources(args.sources), repeats=args.repeats,
                            settle=args.settle)
-    print(json.dumps(report, indent=2) if args.json else format_table(report))
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_table(report)
     return 0

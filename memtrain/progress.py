@@ -17,10 +17,15 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.table import Column
 
 # A bench runs for minutes, one measured run after another: on a terminal a bar on stderr names the run under
 # way; in a log (stderr not a terminal) a line every BENCH_EVERY seconds at most. Its tables go to stdout alone.
 BENCH_EVERY = 10.0
+# The bar's columns never shrink (a squeezed column shows "0:0…" for its elapsed time): the bar is BAR wide
+# and the info text, the one column that can give way, is cut in the middle to the room the others leave.
+BAR = 10
+TIME = len("0:00:00")
 
 
 def console(stderr: bool = True) -> Console:
@@ -43,13 +48,21 @@ class Reporter:
 
     def update(self, done: float, info: str = "") -> None:
         if self._progress is not None:
-            self._progress.update(self._task, completed=done, info=info)
+            self._progress.update(self._task, completed=done, info=self._fit(info))
             return
         now = time.monotonic()
         if now - self._last_plain >= self._plain_every:
             self._last_plain = now
             pct = 100.0 * done / self._total if self._total else 100.0
             print(f"{self._label}: {pct:5.1f}% {info}".rstrip(), file=sys.stderr, flush=True)
+
+    def _fit(self, info: str) -> str:
+        """``info`` cut in the middle to the room the bar's fixed columns leave on the terminal's line."""
+        from memtrain.inspection.render import elide_middle
+
+        count = len(str(int(self._total)))
+        fixed = len(self._label) + BAR + (2 * count + 1) + len("100%") + 2 * TIME + 6  # 6: a space between each
+        return elide_middle(info, max(0, self._progress.console.width - fixed)) if info else info
 
     def begin(self, info: str) -> None:
         """The next of ``total`` items starts, ``info`` says which: the ones before it count as done."""
@@ -90,9 +103,13 @@ def reporting(label: str, total: float, *, plain_every: float = 5.0, force_plain
     if force_plain or not out.is_terminal:
         yield Reporter(None, None, label, total, plain_every)
         return
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TaskProgressColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
-               TimeRemainingColumn())
+    columns = (TextColumn("[bold]{task.description}", table_column=Column(no_wrap=True)),
+               BarColumn(bar_width=BAR, table_column=Column(no_wrap=True)),
+               MofNCompleteColumn(table_column=Column(no_wrap=True)),
+               TaskProgressColumn(table_column=Column(no_wrap=True)),
+               TextColumn("{task.fields[info]}", markup=False, table_column=Column(no_wrap=True)),
+               TimeElapsedColumn(table_column=Column(no_wrap=True)),
+               TimeRemainingColumn(table_column=Column(no_wrap=True)))
     with Progress(*columns, console=out, transient=True) as progress:
         task_id = progress.add_task(label, total=total, info="")
         yield Reporter(progress, task_id, label, total, plain_every)

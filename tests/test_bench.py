@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from table_widths import assert_fits_or_whole
 
 from memtrain.benchmarks import first_job_items
 from memtrain.benchmarks.runner import METHODS, TORCH_METHODS
@@ -24,10 +26,16 @@ from memtrain.benchmarks.train_bench import placement
 pytestmark = pytest.mark.timeout(240)
 
 
-def bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+def bench(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "memtrain", "bench", "train", "--sizes", "1e4", "--updates", "4",
                            "--warmup", "1", "--repeats", "1", "--dir", str(tmp_path), *args],
-                          capture_output=True, text=True, timeout=230, env=dict(os.environ))
+                          capture_output=True, text=True, timeout=230, env={**os.environ, **(env or {})})
+
+
+TRAIN_COLUMNS = ("params", "epochs", "method", "samples/s", "ms/update (range)", "compute ms", "overhead ms",
+                 "CPU ms/update", "start-up s", "peak MiB (range)", "peak PSS MiB (range)", "memtrain ÷ method (range)")
+ASYNC_COLUMNS = ("params", "updates", "straggler", "mode", "updates/s, whole run", "÷ sync", "updates/s, steady",
+                 "÷ sync, steady", "staleness mean", "staleness max", "recomputed")
 
 
 def _timed(values: list[float | None]) -> list[float]:
@@ -35,7 +43,8 @@ def _timed(values: list[float | None]) -> list[float]:
     return [v for v in values if v is not None]
 
 
-def test_json_report_has_every_method_with_sane_fields(tmp_path: Path) -> None:
+def test_json_report_has_every_method_with_sane_fields(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     result = bench(tmp_path, "--json", "--no-first-job", "--methods", ",".join(METHODS))
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
@@ -58,6 +67,9 @@ def test_json_report_has_every_method_with_sane_fields(tmp_path: Path) -> None:
     assert os.listdir(tmp_path) == []  # datasets and runs are removed
     assert report["machine"]["cpus"] >= 1 and report["machine"]["cpu"] and report["machine"]["blas"] != "unknown"
     assert report["machine"]["memory_gib"] > 0
+    from memtrain.benchmarks.train_bench import print_table
+
+    assert_fits_or_whole(print_table, report, TRAIN_COLUMNS, capsys, monkeypatch)  # its table, from real figures
 
 
 def test_torch_comparison_runs_ddp_and_takes_ratios_against_memtrain_with_the_torch_module(tmp_path: Path) -> None:
@@ -80,25 +92,27 @@ def test_torch_comparison_runs_ddp_and_takes_ratios_against_memtrain_with_the_to
 
 
 def test_table_lists_every_method_and_the_first_command(tmp_path: Path) -> None:
-    result = bench(tmp_path, "--methods", "memtrain,one_process,memtrain_server")
+    """On an 80-column terminal (issue 44: the table was 240 columns, each row three lines)."""
+    result = bench(tmp_path, "--methods", "memtrain,one_process,memtrain_server", env={"COLUMNS": "80"})
     assert result.returncode == 0, result.stderr
+    assert max(map(len, result.stdout.splitlines())) <= 80, result.stdout
+    text = " ".join(result.stdout.split())  # the title and the lines under the table wrap at 80 columns
     for header in ("samples/s", "ms/update (range)", "overhead ms", "CPU ms/update", "start-up s", "peak MiB",
                    "peak PSS MiB", "memtrain ÷ method (range)"):
-        assert header in result.stdout
-    title = " ".join(result.stdout.split())  # rich wraps the title to the table's width, which its cells decide
-    assert "every method run E and 2E epochs" in title and "interleaved repeats" in title
-    assert any(f"memtrain ({place}" in result.stdout for place in ("in the server", "on 2 workers", "placements"))
-    assert ("memtrain, train.workers = 0 (in the server" in result.stdout  # its E and 2E runs may decide the
-            or "memtrain, train.workers = 0 (placements differ)" in result.stdout)  # server's threads differently
-    assert "one process, 1 thread" in result.stdout and "÷ best of one process" in result.stdout
-    assert "numpy " in result.stdout and " CPUs (" in result.stdout and " GiB RAM" in result.stdout  # the machine
-    assert "the README's first command" in result.stdout and "plain numpy loop" in result.stdout
-    assert "memtrain train (" in result.stdout  # where its rounds ran
-    assert "memtrain / plain loop, whole run, start-up included" in result.stdout
-    assert "more epochs, start-up cancelled" in result.stdout
+        assert header in text
+    assert "every method run E and 2E epochs" in text and "interleaved repeats" in text
+    assert any(f"memtrain ({place}" in text for place in ("in the server", "on 2 workers", "placements"))
+    assert ("memtrain, train.workers = 0 (in the server" in text  # its E and 2E runs may decide the
+            or "memtrain, train.workers = 0 (placements differ)" in text)  # server's threads differently
+    assert "one process, 1 thread" in text and "÷ best of one process" in text
+    assert "numpy " in text and " CPUs (" in text and " GiB RAM" in text  # the machine
+    assert "the README's first command" in text and "plain numpy loop" in text
+    assert "memtrain train (" in text  # where its rounds ran
+    assert "memtrain / plain loop, whole run, start-up included" in text
+    assert "more epochs, start-up cancelled" in text
     # progress on stderr, not in the table: stderr is not a terminal here, so a line every 10 s at most
     assert result.stderr.startswith("bench train:   0.0% 10,360 params: memtrain (1 of 5)\n")
-    assert not any(line.startswith("bench train:") for line in result.stdout.splitlines())
+    assert not any(line.startswith("bench train:") for line in text.splitlines())
 
 
 def test_the_placement_label_is_the_decision_not_a_figure_in_it() -> None:
@@ -127,7 +141,8 @@ def test_unknown_method_is_a_usage_error(tmp_path: Path) -> None:
     assert "unknown --methods" in result.stderr
 
 
-def test_bench_async_runs_every_mode_with_and_without_a_straggler(tmp_path: Path) -> None:
+def test_bench_async_runs_every_mode_with_and_without_a_straggler(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     result = subprocess.run([sys.executable, "-m", "memtrain", "bench", "async", "--sizes", "1e3,2e3", "--updates",
                              "6", "--warmup", "2", "--repeats", "1", "--dir", str(tmp_path), "--json"],
                             capture_output=True, text=True, timeout=230, env=dict(os.environ))
@@ -149,6 +164,9 @@ def test_bench_async_runs_every_mode_with_and_without_a_straggler(tmp_path: Path
     assert all(c["verdict"].endswith(("by median: met", "by median: NOT met")) for c in report["checks"])
     assert os.listdir(tmp_path) == []
     assert result.stderr.startswith("bench async:   0.0% 1,045 params: sync (1 of 16)\n")  # progress, not --json
+    from memtrain.benchmarks.async_bench import print_table
+
+    assert_fits_or_whole(print_table, report, ASYNC_COLUMNS, capsys, monkeypatch)
 
 
 def test_bench_progress_names_each_run_and_counts_those_before_it(capsys: pytest.CaptureFixture[str]) -> None:
@@ -160,6 +178,30 @@ def test_bench_progress_names_each_run_and_counts_those_before_it(capsys: pytest
     assert capsys.readouterr().err.splitlines() == [
         "bench train:   0.0% memtrain (1 of 4)", "bench train:  25.0% one process (2 of 4)",
         "bench train:  50.0% memtrain (3 of 4)", "bench train:  75.0% one process (4 of 4)"]
+
+
+@pytest.mark.parametrize("columns", [80, 60])
+def test_the_bench_bar_never_cuts_its_times(monkeypatch: pytest.MonkeyPatch, columns: int) -> None:
+    """On a terminal the bar's line fits and shows its counts and times whole; the run's name gives way,
+    cut in the middle (issue 44: the elapsed time was cut to "0:0…")."""
+    import io
+
+    from rich.console import Console
+
+    import memtrain.progress
+
+    screen = io.StringIO()
+    monkeypatch.setattr(memtrain.progress, "console", lambda stderr=True: Console(
+        file=screen, force_terminal=True, width=columns, color_system=None))
+    with memtrain.progress.reporting("bench train", 24) as progress:
+        progress.update(3, "10,360 params: memtrain, train.workers = N (in the server, 2 threads) (4 of 24)")
+        line = io.StringIO()
+        Console(file=line, width=columns, force_terminal=True, color_system=None).print(
+            progress._progress.make_tasks_table(progress._progress.tasks))
+    (shown,) = line.getvalue().splitlines()
+    assert len(shown) <= columns and shown.startswith("bench train ")
+    assert re.search(r" 3/24  12% .*\S 0:00:0\d -:--:--$", shown), shown
+    assert "…" in shown and ("(4 of 24)" in shown or columns < 80)  # the end of the name: which of how many
 
 
 def test_bench_async_measures_small_models_over_a_longer_window_unless_told() -> None:
@@ -281,3 +323,35 @@ def test_memory_is_the_median_of_the_repeats_peaks_with_their_range(capsys: pyte
     print_table(report)
     printed = capsys.readouterr().out
     assert "120 (100-300)" in printed and "170 (160-400)" in printed
+
+
+RUN_OPTIONS = {"--sizes", "--updates", "--warmup", "--workers", "--exchange", "--against", "--shuffle"}
+OWN_OPTIONS = {"train": RUN_OPTIONS | {"--epochs", "--methods", "--first-job", "--cluster", "--costs",
+                                      "--larger-than-ram", "--limit-mib", "--data-factor", "--params"},
+               "prepare": {"--gb", "--sources", "--settle"},
+               "async": RUN_OPTIONS | {"--straggler", "--straggler-from"},
+               "loader": {"--rows", "--features", "--batch", "--loader-workers", "--methods", "--larger-than-ram",
+                          "--limit-mib", "--data-factor"}}
+
+
+@pytest.mark.parametrize("what", sorted(OWN_OPTIONS))
+def test_each_bench_command_lists_only_its_own_options(what: str) -> None:
+    """``memtrain bench WHAT --help`` names WHAT's options and none of the other benchmarks' (issue 7)."""
+    result = subprocess.run([sys.executable, "-m", "memtrain", "bench", what, "--help"], capture_output=True,
+                            text=True, timeout=60, env=dict(os.environ, COLUMNS="100"))
+    assert result.returncode == 0, result.stderr
+    listed = {line.split()[0].rstrip(",") for line in result.stdout.splitlines()
+              if line.startswith("  --") or line.startswith("  -h")}
+    assert OWN_OPTIONS[what] <= listed, OWN_OPTIONS[what] - listed
+    others = set().union(*(OWN_OPTIONS[other] for other in OWN_OPTIONS if other != what)) - OWN_OPTIONS[what]
+    assert not listed & others, f"bench {what} --help lists other benchmarks' options: {sorted(listed & others)}"
+    assert listed == OWN_OPTIONS[what] | {"-h", "--debug", "--dir", "--repeats", "--json"}
+    assert f"memtrain bench {what} " in result.stdout  # its own examples
+
+
+def test_a_bench_command_refuses_another_ones_option(tmp_path: Path) -> None:
+    """An option of another benchmark is an error naming it, not silently ignored."""
+    result = subprocess.run([sys.executable, "-m", "memtrain", "bench", "prepare", "--sizes", "1e4", "--dir",
+                             str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "--sizes" in result.stderr and "Traceback" not in result.stderr
+    assert os.listdir(tmp_path) == []

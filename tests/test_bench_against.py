@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from table_widths import assert_fits_or_whole
 from test_bench_fairness import _fake_runs
 
 import memtrain
@@ -138,7 +139,8 @@ def test_against_runs_the_other_checkout_s_memtrain(tmp_path: Path) -> None:
 
 
 def test_the_larger_than_ram_scenario_runs_both_orders_side_by_side(monkeypatch: pytest.MonkeyPatch,
-                                                                     tmp_path: Path) -> None:
+                                                                     tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     from memtrain.benchmarks import larger_than_ram
 
     calls: list[tuple[str, str]] = []
@@ -148,7 +150,9 @@ def test_the_larger_than_ram_scenario_runs_both_orders_side_by_side(monkeypatch:
         calls.append((method, problem.shuffle))
         seconds = 0.004 if problem.shuffle == "rows" else 0.002
         return {"update_seconds": [seconds] * 9, "processes": [{"pid": 1, "name": "python", "peak_rss_mib": 300.0,
-                                                                "peak_anon_mib": 30.0}]}
+                                                                "peak_anon_mib": 30.0},
+                                                               {"pid": 4194304, "name": "memtrain-worker",
+                                                                "peak_rss_mib": 1234.5, "peak_anon_mib": 45.5}]}
 
     monkeypatch.setattr(train_bench, "run_once", fake_run_once)
     monkeypatch.setattr(larger_than_ram, "write_dataset", lambda path, *args, **kwargs: tmp_path)
@@ -160,6 +164,9 @@ def test_the_larger_than_ram_scenario_runs_both_orders_side_by_side(monkeypatch:
     assert rows["verdict"] == "larger than RAM: update time, rows / batches order: 2.00x (runs 2.00-2.00), " \
                               "target <= 1.05x by median: NOT met"
     assert "verdict" not in batches and report["within_limit"]
+    report["dataset_mib"] = 128.0  # what write_dataset would have made
+    assert_fits_or_whole(lambda r: larger_than_ram.print_report(r, False), report, larger_than_ram.PROCESS_COLUMNS,
+                         capsys, monkeypatch)
 
 
 def copied_checkout(copy: Path) -> train_bench.Checkout:

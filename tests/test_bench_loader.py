@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from table_widths import assert_fits_or_whole
 
-from memtrain.benchmarks.loader_bench import IN_PROCESS, METHODS
+from memtrain.benchmarks.loader_bench import COLUMNS, IN_PROCESS, METHODS, print_table
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -21,7 +22,7 @@ def bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=230, env=dict(os.environ))
 
 
-def check_report(tmp_path: Path, methods: tuple[str, ...], workers: str, repeats: int = 1) -> None:
+def check_report(tmp_path: Path, methods: tuple[str, ...], workers: str, repeats: int = 1) -> dict:
     result = bench(tmp_path, "--json", "--loader-workers", workers, "--methods", ",".join(methods),
                    "--repeats", str(repeats))
     assert result.returncode == 0, result.stderr
@@ -42,12 +43,15 @@ def check_report(tmp_path: Path, methods: tuple[str, ...], workers: str, repeats
     assert all("target >= 1.5x by median" in t for t in targets if "np.memmap" in t)
     assert report["settings"]["rows"] == 6000 and report["machine"]["cpus"] >= 1
     assert os.listdir(tmp_path) == []  # the sources are removed
+    return report
 
 
-def test_memtrain_and_np_memmap_deliver_every_row_and_the_report_has_ratios(tmp_path: Path) -> None:
-    """Fast, in CI: the methods without the slow import of Hugging Face datasets, in-process loading."""
-    check_report(tmp_path, ("memtrain_batches", "memtrain_torch", "memmap_dataloader"), "0",
-                 repeats=2)
+def test_memtrain_and_np_memmap_deliver_every_row_and_the_report_has_ratios(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fast, in CI: the methods without the slow import of Hugging Face datasets, in-process loading. Its
+    table fits an 80-column terminal and is one table on a wide one."""
+    report = check_report(tmp_path, ("memtrain_batches", "memtrain_torch", "memmap_dataloader"), "0", repeats=2)
+    assert_fits_or_whole(print_table, report, COLUMNS, capsys, monkeypatch)
 
 
 @pytest.mark.slow

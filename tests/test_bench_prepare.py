@@ -12,51 +12,62 @@ import sys
 from pathlib import Path
 
 import pytest
+from table_widths import assert_fits_or_whole
 
 from memtrain.prepare import bench
 
 pytestmark = pytest.mark.timeout(240)
 
 
-def run_bench(*args: str) -> subprocess.CompletedProcess:
+def run_bench(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "memtrain", "bench", "prepare", *args], capture_output=True,
-                          text=True, timeout=230, env=dict(os.environ))
+                          text=True, timeout=230, env={**os.environ, **(env or {})})
 
 
 def test_table_names_each_baseline_and_the_machine(tmp_path: Path) -> None:
+    """On an 80-column terminal (issue 44): the table is cut into parts, each naming its rows by source and
+    options; the lines under it wrap."""
     pytest.importorskip("pyarrow")
-    result = run_bench("--gb", "0.003", "--repeats", "2", "--sources", "npy,h5,csv", "--dir", str(tmp_path))
+    result = run_bench("--gb", "0.003", "--repeats", "2", "--sources", "npy,h5,csv", "--dir", str(tmp_path),
+                       env={"COLUMNS": "80"})
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert "2 alternating runs" in lines[0]
-    stages_at = next(i for i, line in enumerate(lines) if line.startswith("median seconds by stage"))
-    rows = {tuple(line.split()[:2]): line for line in lines[2:stages_at]}
-    stages = {tuple(line.split()[:2]): line for line in lines[stages_at + 1:-2]}
+    assert max(map(len, lines)) <= 80, result.stdout
+    text = " ".join(result.stdout.split())
+    assert "2 alternating runs" in text
+    rows: dict[tuple[str, ...], str] = {}
+    for line in lines:
+        if "│" in line:
+            cells = [cell.strip() for cell in line.split("│")]
+            rows[tuple(cells[:2])] = rows.get(tuple(cells[:2]), "") + " " + " ".join(cells[2:])
     assert set(rows) == {("npy", "shuffle"), ("npy", "no-shuffle"), ("h5", "shuffle"), ("h5", "no-shuffle"),
                          ("csv", "shuffle")}
     assert "np.load + np.save + fsync" in rows["npy", "shuffle"]
     assert "h5py read + np.save + fsync" in rows["h5", "no-shuffle"]
     assert "pyarrow.csv.read_csv + np.save + fsync" in rows["csv", "shuffle"]
-    assert set(stages) == set(rows)  # where each side's time went, per row
-    for key in [("npy", "shuffle"), ("h5", "no-shuffle")]:
-        assert "baseline read " in stages[key] and ", fsync " in stages[key] and "memtrain scatter " in stages[key]
-        assert ", shards " in stages[key] and ", publish " in stages[key]
-    assert lines[-2].startswith("machine: ") and " CPUs (" in lines[-2] and "GiB RAM" in lines[-2]
-    assert "memtrain's CSV parser: pyarrow" in lines[-2] and "files on " in lines[-2]
-    assert lines[-1].startswith("load average")
+    stages = text.split("median seconds by stage", 1)[1]
+    for source, options in rows:  # where each side's time went, per row
+        assert f" {source} {options}: baseline read " in stages
+    assert stages.count(", fsync ") == stages.count("memtrain scatter ") == stages.count(", publish ") == len(rows)
+    assert "machine: " in stages and " CPUs (" in stages and "GiB RAM" in stages
+    assert "memtrain's CSV parser: pyarrow" in stages and "files on " in stages
+    assert lines[-1].startswith("load average") or "load average (1, 5, 15 min) before" in stages
     assert os.listdir(tmp_path) == []  # sources and datasets are removed
     # progress on stderr, not in the table: stderr is not a terminal here, so a line every 10 s at most
     assert result.stderr.startswith("bench prepare:   0.0% writing the 0.003 GB npy source (1 of 23)\n")
     assert not any(line.startswith("bench prepare:") for line in lines)
 
 
-def test_json_report_keeps_every_run(tmp_path: Path) -> None:
+def test_json_report_keeps_every_run(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
     result = run_bench("--gb", "0.002", "--repeats", "2", "--sources", "npz", "--dir", str(tmp_path), "--json",
                        "--settle", "0.1")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["settings"]["settle"] == 0.1
-    assert "each run after a sync and 0.1 s of quiet" in bench.format_table(report).splitlines()[0]
+    assert_fits_or_whole(bench.print_table, report, bench.COLUMNS, capsys, monkeypatch)
+    bench.print_table(report)
+    assert "each run after a sync and 0.1 s of quiet" in " ".join(capsys.readouterr().out.split())
     assert [(r["source"], r["options"]) for r in report["results"]] == [("npz", "shuffle"), ("npz", "no-shuffle")]
     for row in report["results"]:
         assert row["baseline"] == "np.load(.npz) + np.save + fsync"

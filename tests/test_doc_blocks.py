@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LANGUAGES = {"python", "toml", "bash", "sh", ""}
 RUN_COMMANDS = {"inspect.md"}  # pages whose memtrain commands run against the first command's run
-FENCE = re.compile(r"^```(\w*)\n(.*?)^```", flags=re.S | re.M)
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```[ \t]*$", flags=re.S | re.M)  # tests/test_docs.py checks every fence
 NOT_EXECUTED = re.compile(r"<!-- not executed: .{10,} -->\n$")
 
 

@@ -20,6 +20,11 @@ ROOT = Path(__file__).resolve().parent.parent
 LIST_ITEM = re.compile(r"^(\s*)(?:[-*+]|\d+\.)\s+(\S.*)$")
 RUN_ON_ITEM = re.compile(r"\n\s*(?:[-*+]|\d+\.)\s")  # a list item's marker inside a paragraph's text
 SNIPPET = re.compile(r'^--8<-- "([^":]+):([^"]+)"$')  # pymdownx.snippets: a named section of another file
+DOC_PATH = re.compile(r"(?:docs/)?([\w-]+)\.md(?:#[\w-]*)?")  # docs/torch.md, torch.md#using-the-result
+SOURCES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE_LINE = re.compile(r"^\s*(```|~~~)")  # any line that Markdown may read as a code fence
+OPENING_FENCE = re.compile(r"^(\s*)```[\w+-]*\s*$")  # ```python: a language, nothing else
+CLOSING_FENCE = re.compile(r"^(\s*)```\s*$")  # nothing after the backticks, ever
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +88,42 @@ class Article(HTMLParser):
             self.prose += data
 
 
+class UnlinkedPaths(HTMLParser):
+    """The doc paths of a page's content that are not links: ``docs/torch.md`` as plain text, or a code span
+    that is nothing but a page's path (a code block's text and a link's are left alone)."""
+
+    def __init__(self, pages: set[str]) -> None:
+        super().__init__()
+        self.pages = pages
+        self.found: list[str] = []
+        self._in_article = False
+        self._open = {"a": 0, "pre": 0, "code": 0}
+        self._code = ""
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self._in_article |= tag == "article"
+        if tag in self._open:
+            self._open[tag] += 1
+            self._code = "" if tag == "code" else self._code
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "article":
+            self._in_article = False
+        if tag in self._open and self._open[tag]:
+            self._open[tag] -= 1
+            if tag == "code" and self._in_article and not self._open["a"] and not self._open["pre"] and \
+                    (match := DOC_PATH.fullmatch(self._code.strip())) and match[1] in self.pages:
+                self.found.append(f"`{self._code.strip()}`")
+
+    def handle_data(self, data: str) -> None:
+        if not self._in_article or self._open["a"] or self._open["pre"]:
+            return
+        if self._open["code"]:
+            self._code += data
+        else:
+            self.found += [m[0] for m in re.finditer(r"\bdocs/[\w-]+\.md\b", data)]
+
+
 def article(path: Path) -> Article:
     parsed = Article()
     parsed.feed(path.read_text(encoding="utf-8"))
@@ -119,6 +160,77 @@ def source_items(lines: list[str]) -> Iterator[tuple[bool, str]]:
 
 def html_page(site: Path, page: Path) -> Path:
     return site / ("index.html" if page.stem == "index" else f"{page.stem}/index.html")
+
+
+def fence_problems(text: str, name: str) -> list[str]:
+    """Every fence of the Markdown ``text`` (of the file ``name``) that is not a well-formed pair: a fence
+    line with text after it (a closing fence followed by prose turns the code block and the paragraph into
+    one paragraph), a fence of another kind, a closing fence indented unlike its opening, or a block never
+    closed."""
+    problems, opened = [], None
+    for number, line in enumerate(text.splitlines(), 1):
+        if not FENCE_LINE.match(line):
+            continue
+        where = f"{name}:{number}: {line.strip()[:60]!r}"
+        if opened is None:
+            match = OPENING_FENCE.match(line)
+            if match is None:
+                problems.append(f"{where}: an opening fence is ``` and a language, nothing else")
+            else:
+                opened = (number, match[1])
+        elif (match := CLOSING_FENCE.match(line)) is None:
+            problems.append(f"{where}: a closing fence has nothing after its ``` (the block opened on line "
+                            f"{opened[0]})")
+            opened = None
+        elif match[1] != opened[1]:
+            problems.append(f"{where}: indented unlike its opening fence (line {opened[0]})")
+            opened = None
+        else:
+            opened = None
+    if opened is not None:
+        problems.append(f"{name}:{opened[0]}: a code block never closed (an odd number of fences)")
+    return problems
+
+
+def test_every_code_fence_is_well_formed() -> None:
+    problems = [problem for page in SOURCES
+                for problem in fence_problems(page.read_text(encoding="utf-8"), str(page.relative_to(ROOT)))]
+    assert not problems, "malformed code fences:\n" + "\n".join(problems)
+
+
+@pytest.mark.timeout(120)
+def test_the_pandas_prediction_example_renders_as_code(site: Path) -> None:
+    page = article(site / "python-api" / "index.html")
+    assert 'frame = pd.read_csv("penguins.csv")' in page.code
+    assert "gives the metrics training reports" in page.prose and "metrics training" not in page.code
+
+
+@pytest.mark.timeout(120)
+def test_doc_paths_are_links(site: Path) -> None:
+    """A page named by its path (``docs/torch.md``, as text or in backticks) is a link to it, on every page and
+    on the home page, whose README parts link to ``docs/PAGE.md`` (docs/hooks/readme_links.py)."""
+    pages = {page.stem for page in (ROOT / "docs").glob("*.md")}
+    unlinked = []
+    for html in sorted(site.rglob("*.html")):
+        parser = UnlinkedPaths(pages)
+        parser.feed(html.read_text(encoding="utf-8"))
+        unlinked += [f"{html.parent.name or 'home'}: {path}" for path in parser.found]
+    assert not unlinked, "doc paths written where a link is meant:\n" + "\n".join(unlinked)
+    home = (site / "index.html").read_text(encoding="utf-8")
+    for page in ("cluster", "torch", "prepare", "train"):
+        assert f'href="{page}/"' in home, page  # the README's links, pointing at the site's pages
+
+
+def test_fence_problems_are_found() -> None:
+    """The check itself, on the faults it exists for."""
+    cases = {"text after a closing fence": "```python\nx = 1\n``` and then prose\n",
+             "an odd number of fences": "```python\nx = 1\n```\n\n```\nlast\n",
+             "a closing fence with a language": "```python\nx = 1\n```python\n",
+             "tildes": "~~~\nx\n~~~\n",
+             "a closing fence indented differently": "- item\n\n    ```python\n    x = 1\n```\n"}
+    for name, text in cases.items():
+        assert fence_problems(text, "case.md"), name
+    assert not fence_problems("- item\n\n    ```python\n    x = 1\n    ```\n\n```\nout\n```\n", "fine.md")
 
 
 @pytest.mark.timeout(120)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
 import time
 import tracemalloc
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -258,6 +261,76 @@ def test_run_tables_fit_80_columns_with_every_value(capsys: pytest.CaptureFixtur
         if e["val_loss"] is not None:
             assert rows[e["name"]][6:8] == [f"{e['val_loss']:.4g}", f"{e['val_accuracy']:.4g}"]
         assert files[e["name"]][1:] == [e["type"], e["written"], size(e["bytes"]), "ok" if verify else "not checked"]
+
+
+TORCH_MODEL = """kind = "torch"
+factory = "torch_nets:bn_dropout"
+code_dir = "{tests}"
+hidden = 24"""
+NUMBER = re.compile(r"-?[\d,]*\.?\d+(?:e[-+]?\d+)?%?")
+
+
+@pytest.fixture(scope="module")
+def torch_run(tmp_path_factory: pytest.TempPathFactory, dataset: Path) -> Path:
+    """A torch module's run (BatchNorm: buffers, so more and longer parameter names than the MLP's)."""
+    folder = tmp_path_factory.mktemp("torch")
+    job = folder / "job.toml"
+    text = JOB.format(data=dataset, run=folder / "run", epochs=3, batch=300, keep=3)
+    job.write_text(text.replace('kind = "mlp"\nhidden = [12]', TORCH_MODEL.format(tests=Path(__file__).parent))
+                   .replace("lr = 0.01", 'lr = 0.01\noptimizer = "adam"'))
+    done = memtrain_cli("train", job)
+    assert done.returncode == 0, done.stderr
+    return folder / "run"
+
+
+def every_view(run: Path, dataset: Path, scratch: Path) -> list[list[str | Path]]:
+    """The arguments of every `memtrain inspect` view of a run, its dataset and its files."""
+    copy = scratch / "run"
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("memtrain-x-*"))
+    exchange = copy / exchange_dir_name("test", 1)
+    exchange.mkdir()
+    gradient = exchange / gradient_name(5, 2, 1)
+    publish_array(gradient, np.random.default_rng(1).normal(size=layout_of(run).size).astype(np.float32),
+                  durable=False)
+    plain = scratch / "plain.npy"
+    np.save(plain, np.random.default_rng(2).normal(size=(40, 25)))
+    first, newest = checkpoint_path(run, checkpoint_updates(run)[0]), newest_checkpoint_dir(run)
+    version = weights_path(run, weight_versions(run)[-1])
+    return [[dataset, "--all", "--verify"], [run], [run, "--verify"], [newest], [newest, "--verify"],
+            [version, "--verify"], [gradient], [plain], [run, "--lineage", weight_versions(run)[-1]],
+            [first, "--diff", newest], [newest, "--export", scratch / "params.npz"]]
+
+
+def numbers(text: str) -> list[str]:
+    return list(word for word in re.split(r"[\s│┃]+", text) if NUMBER.fullmatch(word))
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("model", ["mlp", "torch"])
+def test_every_view_fits_80_columns_and_wide_terminals_keep_full_tables(
+        request: pytest.FixtureRequest, dataset: Path, tmp_path: Path, model: str) -> None:
+    """Issue 44: at COLUMNS=80 every view is at most 80 columns and shows every number it shows on a wide
+    terminal, whole (a table too wide is cut into parts of whole columns, never a number across two lines);
+    at COLUMNS=250 each table is one table, as before."""
+    run = request.getfixturevalue("run" if model == "mlp" else "torch_run")
+    for args in every_view(run, dataset, tmp_path):
+        outputs = {}
+        for columns in (80, 250):
+            (tmp_path / "params.npz").unlink(missing_ok=True)
+            done = subprocess.run([sys.executable, "-m", "memtrain", "inspect", *map(str, args)], capture_output=True,
+                                  text=True, timeout=120, env={**os.environ, "COLUMNS": str(columns)})
+            assert done.returncode == 0, done.stderr
+            outputs[columns] = done.stdout
+        narrow, wide = outputs[80], outputs[250]
+        width = max(map(len, narrow.splitlines()))
+        assert width <= 80, f"inspect {' '.join(map(str, args))}: {width} columns at COLUMNS=80:\n{narrow}"
+        assert not Counter(numbers(wide)) - Counter(numbers(narrow)), args  # every number, whole
+        headers = [line for line in wide.splitlines() if "┃" in line]
+        if "parameters (" in wide:  # the statistics table: every column in one header line
+            assert any(all(f" {k} " in f" {line} " for k in ("name", "shape", "dtype", "min", "max", "mean", "std",
+                                                              "l2", "nan", "inf")) for line in headers), wide
+        assert len(headers) == wide.count("\n\n"), wide  # one header per table: none was split
+        assert not any(line.startswith("row ") for line in wide.splitlines())
 
 
 def test_incomplete_checkpoint_is_not_newest(capsys: pytest.CaptureFixture[str], copied: tuple[Path, Path]) -> None:

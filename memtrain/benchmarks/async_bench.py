@@ -69,10 +69,14 @@ def modes(workers: int) -> dict[str, dict[str, Any]]:
 
 
 def add_arguments(parser: argparse._ActionsContainer) -> None:
+    """``bench async``'s own options (with train_bench.add_run_arguments and bench.py's --dir, --repeats, --json)."""
+    parser.add_argument("--shuffle", default="batches",
+                        help="memtrain's train.shuffle: bench async runs only the batches order (the order of the "
+                             "targets in docs/async.md)")
     parser.add_argument("--straggler", type=float, default=3.0,
-                        help="async: one worker takes this many times as long per gradient (default %(default)s)")
+                        help="one worker takes this many times as long per gradient (default %(default)s)")
     parser.add_argument("--straggler-from", choices=("hook", "outside"), default="outside",
-                        help="async: how the straggler is slowed: 'hook', it sleeps after each gradient; 'outside', "
+                        help="how the straggler is slowed: 'hook', it sleeps after each gradient; 'outside', "
                              "it is stopped from outside (SIGSTOP) for all but 1/--straggler of the time, at any "
                              "point of its work (default %(default)s)")
 
@@ -239,34 +243,37 @@ def checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def print_table(report: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    """The report for people: the table (split to fit a narrow terminal: render.print_table), the machine, the
+    verdicts."""
+    from rich.text import Text
+
+    from memtrain.inspection.render import make_console, table
+    from memtrain.inspection.render import print_table as print_grid
 
     s = report["settings"]
-    table = Table(title=f"memtrain bench async: MLP {FEATURES}-H-{CLASSES}, SGD, batch {s['batch']}, {s['workers']} "
-                        f"workers, median (min-max) of {s['repeats']} interleaved runs of each mode, ratios to sync "
-                        f"repeat by repeat; whole run: from process start to exit; "
-                        f"straggler: one worker at 1/{s['straggler']:g} speed ({HOW[s['straggler_from']]})")
-    table.caption = machine_caption(report["machine"])
-    for name in ("params", "updates", "straggler", "mode", "updates/s, whole run", "÷ sync", "updates/s, steady",
-                 "÷ sync, steady", "staleness mean", "staleness max", "recomputed"):
-        table.add_column(name, justify="left" if name in ("mode", "straggler") else "right")
-    for row in report["results"]:
-        table.add_row(f"{row['params']:,}", f"{row['updates']} ({row['steady_updates']} steady)",
-                      f"1/{row['straggler']:g} speed" if row["straggler"] else "none", row["mode"],
-                      _text(row["whole"], 1), _text(row["vs_sync"]), _text(row["steady"], 1),
-                      _text(row["vs_sync_steady"]), f"{row['staleness_mean']:.2f}", str(row["staleness_max"]),
-                      str(row["recomputed"]))
-    console = Console(width=200)
-    console.print(table)
+    title = (f"memtrain bench async: MLP {FEATURES}-H-{CLASSES}, SGD, batch {s['batch']}, {s['workers']} workers, "
+             f"median (min-max) of {s['repeats']} interleaved runs of each mode, ratios to sync repeat by repeat; "
+             f"whole run: from process start to exit; straggler: one worker at 1/{s['straggler']:g} speed "
+             f"({HOW[s['straggler_from']]})")
+    columns = ("params", "updates", "straggler", "mode", "updates/s, whole run", "÷ sync", "updates/s, steady",
+               "÷ sync, steady", "staleness mean", "staleness max", "recomputed")
+    rows = [(f"{row['params']:,}", f"{row['updates']} ({row['steady_updates']} steady)",
+             f"1/{row['straggler']:g} speed" if row["straggler"] else "none", row["mode"],
+             _text(row["whole"], 1), _text(row["vs_sync"]), _text(row["steady"], 1),
+             _text(row["vs_sync_steady"]), f"{row['staleness_mean']:.2f}", str(row["staleness_max"]),
+             str(row["recomputed"])) for row in report["results"]]
+    console = make_console()
+    print_grid(console, table(title, columns, rows, right=set(columns) - {"mode", "straggler"},
+                                             keys=4))
+    console.print(Text(machine_caption(report["machine"])))
     for check in report["checks"]:
-        console.print(f"{check['params']:,} params: {check['verdict']}", highlight=False)
+        console.print(Text(f"{check['params']:,} params: {check['verdict']}"))
     for other in report.get("against", []):
         slow = f", straggler 1/{other['straggler']:g} speed" if other["straggler"] else ""
         ratio = _text(other["ratio"]) if other["ratio"] else "-"
-        console.print(f"{other['params']:,} params, {other['mode']}{slow}: time of an update, this checkout / "
-                      f"{other['commit']} (whole runs, the same job) = {ratio} (above 1: this checkout is slower)",
-                      highlight=False, markup=False)
+        console.print(Text(f"{other['params']:,} params, {other['mode']}{slow}: time of an update, this checkout / "
+                           f"{other['commit']} (whole runs, the same job) = {ratio} (above 1: this checkout is "
+                           "slower)"))
 
 
 def _text(spread: dict[str, Any], digits: int = 2) -> str:

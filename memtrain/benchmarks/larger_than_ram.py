@@ -23,13 +23,15 @@ from memtrain.benchmarks.synthetic import FEATURES, mlp_shape, write_dataset
 ROW_BYTES = FEATURES * 4 + 8  # float32 features + int64 label
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse._ActionsContainer, *, params: bool = True) -> None:
+    """--larger-than-ram and its sizes; ``params``: --params too (bench train's model; bench loader has none)."""
     parser.add_argument("--larger-than-ram", action="store_true",
-                        help="instead: train on a dataset several times larger than a memory limit")
+                        help="instead: run on a dataset several times larger than a memory limit")
     parser.add_argument("--limit-mib", type=int, default=256, help="private memory per process (default %(default)s)")
     parser.add_argument("--data-factor", type=float, default=4.0,
                         help="dataset size / limit (default %(default)s)")
-    parser.add_argument("--params", default="1e6", help="model size for this scenario (default %(default)s)")
+    if params:
+        parser.add_argument("--params", default="1e6", help="model size for this scenario (default %(default)s)")
 
 
 def run_scenario(args: argparse.Namespace, scratch: Path, shuffles: list[str] = ("batches",)) -> dict[str, Any]:
@@ -73,25 +75,36 @@ def dataset_mib(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*.npy")) / 2**20
 
 
+PROCESS_COLUMNS = ("pid", "process", "peak anonymous MiB", "peak resident MiB (incl. mapped files)")
+
+
 def print_report(report: dict[str, Any], as_json: bool) -> None:
+    """The report, as JSON or for people: per order its rate and a table of its processes' peaks (split to fit
+    a narrow terminal: render.print_table), the verdicts, whether every process stayed under the limit."""
+    from rich.text import Text
+
     from memtrain.benchmarks.compare import Spread
+    from memtrain.inspection.render import make_console, table
+    from memtrain.inspection.render import print_table as print_grid
 
     if as_json:
         print(json.dumps(report, indent=2))
         return
-    print(f"larger than RAM: {report['dataset_mib']:,.0f} MiB dataset, RLIMIT_DATA {report['limit_mib']} MiB per "
-          f"process, {report['params']:,} parameters")
+    console = make_console()
+    console.print(Text(f"larger than RAM: {report['dataset_mib']:,.0f} MiB dataset, RLIMIT_DATA "
+                       f"{report['limit_mib']} MiB per process, {report['params']:,} parameters"))
     for order in report["orders"]:
         speed = Spread.of(order["samples_per_s"]["runs"]).text(0)
-        print(f"train.shuffle = {order['shuffle']}: {order['updates']} updates, {speed} samples/s "
-              f"(median update of each run; median and range of {len(order['samples_per_s']['runs'])} runs)")
         peaks: dict[tuple[int, str], dict[str, Any]] = {}
         for proc in order["processes"]:
             peaks.setdefault((proc["pid"], proc["name"]), proc)
-        for proc in peaks.values():
-            print(f"  pid {proc['pid']:>7} {proc['name']:<16} peak anonymous {proc['peak_anon_mib']:7.1f} MiB   "
-                  f"peak resident (incl. mapped files) {proc['peak_rss_mib']:7.1f} MiB")
+        rows = [(str(p["pid"]), p["name"], f"{p['peak_anon_mib']:.1f}", f"{p['peak_rss_mib']:.1f}")
+                for p in peaks.values()]
+        print_grid(console, table(f"train.shuffle = {order['shuffle']}: {order['updates']} updates, {speed} "
+                                  f"samples/s (median update of each run; median and range of "
+                                  f"{len(order['samples_per_s']['runs'])} runs)", PROCESS_COLUMNS, rows,
+                                  right=("pid", *PROCESS_COLUMNS[2:]), keys=2))
     for order in report["orders"]:
         if "verdict" in order:
-            print(order["verdict"])
-    print("every process stayed under the limit" if report["within_limit"] else "LIMIT EXCEEDED", flush=True)
+            console.print(Text(order["verdict"]))
+    console.print(Text("every process stayed under the limit" if report["within_limit"] else "LIMIT EXCEEDED"))

@@ -67,11 +67,16 @@ RUN_TIMEOUT = 1800.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rows", type=float, default=1e6, help="loader: rows of the dataset (default 1e6)")
-    parser.add_argument("--features", type=int, default=64, help="loader: float32 features per row (default 64)")
-    parser.add_argument("--batch", type=int, default=512, help="loader: rows per batch (default 512)")
-    parser.add_argument("--loader-workers", default="0,2,4", help="loader: DataLoader worker counts "
-                                                                   "(default %(default)s)")
+    """``bench loader``'s own options (with bench.py's --dir, --repeats, --json)."""
+    from memtrain.benchmarks import larger_than_ram
+
+    parser.add_argument("--rows", type=float, default=1e6, help="rows of the dataset (default 1e6)")
+    parser.add_argument("--features", type=int, default=64, help="float32 features per row (default 64)")
+    parser.add_argument("--batch", type=int, default=512, help="rows per batch (default 512)")
+    parser.add_argument("--loader-workers", default="0,2,4", help="DataLoader worker counts (default %(default)s)")
+    parser.add_argument("--methods", help=f"comma-separated subset of {','.join(METHODS)} (default: every one "
+                                          "whose libraries are installed)")
+    larger_than_ram.add_arguments(parser, params=False)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -106,7 +111,10 @@ def run(args: argparse.Namespace) -> int:
               "settings": {"rows": rows, "features": args.features, "batch": args.batch, "workers": workers,
                            "repeats": args.repeats, "rlimit_data_mib": limit, "methods": methods},
               "results": results, "targets": verdicts(results)}
-    print(json.dumps(report, indent=2) if args.json else format_table(report))
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_table(report)
     return 0
 
 
@@ -242,27 +250,35 @@ def _times(ratio: dict[str, Any] | None) -> str:
     return Spread(median=ratio["median"], low=ratio["low"], high=ratio["high"], runs=tuple(ratio["runs"])).text()
 
 
-def format_table(report: dict[str, Any]) -> str:
+COLUMNS = ("method", "workers", "Mrows/s", "GB/s", "vs np.memmap", "vs HF", "anon MiB main/worker")
+
+
+def print_table(report: dict[str, Any]) -> None:
+    """The report for people: the table (split to fit a narrow terminal: render.print_table), the targets, the
+    machine."""
+    from rich.text import Text
+
     from memtrain.benchmarks.train_bench import machine_caption
+    from memtrain.inspection.render import make_console, table
+    from memtrain.inspection.render import print_table as print_grid
 
     s = report["settings"]
     limit = (f", RLIMIT_DATA = data segment after imports + {s['rlimit_data_mib']} MiB per process"
              if s["rlimit_data_mib"] else ", in page cache")
-    lines = [f"bench loader: {s['rows']:,} rows of {s['features']} float32 features, batches of {s['batch']}, "
-             f"one epoch per run, {s['repeats']} repeat{'s' if s['repeats'] > 1 else ''} interleaved{limit}",
-             "rates: median (range) over the repeats; ratios: per repeat, to the run made beside it",
-             f"{'method':<26} {'workers':>7} {'Mrows/s':>20} {'GB/s':>5} {'vs np.memmap':>20} {'vs HF':>20} "
-             f"{'anon MiB main/worker':>21}"]
+    title = (f"bench loader: {s['rows']:,} rows of {s['features']} float32 features, batches of {s['batch']}, "
+             f"one epoch per run, {s['repeats']} repeat{'s' if s['repeats'] > 1 else ''} interleaved{limit}; "
+             "rates: median (range) over the repeats; ratios: per repeat, to the run made beside it")
+    rows = []
     for r in report["results"]:
         rate = Spread(**{k: v if k != "runs" else tuple(v) for k, v in r["rows_per_s_spread"].items()})
         mrows = Spread(median=rate.median / 1e6, low=rate.low / 1e6, high=rate.high / 1e6, runs=rate.runs).text()
         worker = f"{r['worker_anon_mib']:.0f}" if r["workers"] else "-"
-        line = (f"{r['label']:<26} {r['workers']:>7} {mrows:>20} {r['gb_per_s']:>5.2f} "
-                f"{_times(r['vs_memmap']):>20} {_times(r['vs_hf']):>20} {r['main_anon_mib']:>16.0f}/{worker}")
-        lines.append(line)
-    lines += report["targets"]
-    lines.append(machine_caption(report["machine"]))
-    return "\n".join(lines)
+        rows.append((r["label"], str(r["workers"]), mrows, f"{r['gb_per_s']:.2f}", _times(r["vs_memmap"]),
+                     _times(r["vs_hf"]), f"{r['main_anon_mib']:.0f}/{worker}"))
+    console = make_console()
+    print_grid(console, table(title, COLUMNS, rows, right=COLUMNS[1:], keys=2))
+    for line in [*report["targets"], machine_caption(report["machine"])]:
+        console.print(Text(line))
 
 
 # --- the child process: one method, one epoch ---

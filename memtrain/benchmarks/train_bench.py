@@ -96,34 +96,16 @@ def epochs(args: argparse.Namespace, *, params: int, torch: bool = False) -> int
     return TORCH_EPOCHS if torch and params <= TORCH_LONG_PARAMS else EPOCHS
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_run_arguments(parser: argparse._ActionsContainer) -> None:
+    """The options of one measured training job, shared by ``bench train`` and ``bench async``."""
     parser.add_argument("--sizes", default="1e4,1e5,1e6,1e7", help="parameter counts (default %(default)s)")
-    parser.add_argument("--epochs", type=int, help=f"train: every method runs E and 2E epochs of --updates "
-                                                   f"updates; the difference is timed (default {EPOCHS}, "
-                                                   f"{SMALL_EPOCHS} up to {SMALL_PARAMS:.0e} parameters; the "
-                                                   f"torch rows {TORCH_EPOCHS} up to {TORCH_LONG_PARAMS:.0e})")
     parser.add_argument("--updates", type=int, help=f"updates per run (default {UPDATES}; bench async: "
                                                      f"{SMALL_UPDATES} up to {SMALL_PARAMS:.0e} parameters)")
     parser.add_argument("--warmup", type=int, help=f"updates per run left out (default {WARMUP}; bench async: "
                                                     f"{SMALL_WARMUP} up to {SMALL_PARAMS:.0e} parameters)")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="interleaved rounds of every method; figures are the median and the range over them "
-                             "(default %(default)s)")
     parser.add_argument("--workers", type=int, default=2,
                         help="worker processes of the peers, and tasks per update (default %(default)s)")
-    parser.add_argument("--methods", help=f"comma-separated subset of {','.join(METHODS + TORCH_METHODS + FORCED)} "
-                                          f"(default: {','.join(METHODS)}, and the torch ones when torch is installed)")
-    parser.add_argument("--first-job", action=argparse.BooleanOptionalAction, default=True,
-                        help="also time the README's first command against a plain numpy loop (default: yes)")
     parser.add_argument("--exchange", default="auto", help="memtrain's run.exchange (default %(default)s)")
-    parser.add_argument("--shuffle", default="batches",
-                        help=f"memtrain's train.shuffle, one or more of {','.join(SHUFFLES)} (default %(default)s, "
-                             "the order the figures in the docs were taken with). With several, every memtrain "
-                             "method runs once per order in the same interleaved repeats: the first order keeps "
-                             "the method's name, the others are named like memtrain[batches], and the update time "
-                             "of each order over the batches order's is printed per size ('--shuffle rows,batches'"
-                             ": what row shuffling costs, target <= 1.05). Also for --larger-than-ram. The peers "
-                             "read contiguous batches either way")
     parser.add_argument("--against", metavar="PATH", action="append", default=[],
                         help="also run memtrain from another checkout (a git worktree of an older commit, e.g. "
                              "made with 'git worktree add /tmp/old COMMIT'), as the method memtrain@COMMIT, with "
@@ -131,7 +113,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "only if that checkout knows the key); its processes import memtrain from PATH "
                              "(PYTHONPATH=PATH, checked). The update time of this checkout over PATH's is "
                              "printed per size. Repeatable; bench async: every mode also run from PATH")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def add_arguments(parser: argparse._ActionsContainer) -> None:
+    """``bench train``'s own options (with ``add_run_arguments`` and bench.py's --dir, --repeats, --json)."""
+    parser.add_argument("--epochs", type=int, help=f"every method runs E and 2E epochs of --updates "
+                                                   f"updates; the difference is timed (default {EPOCHS}, "
+                                                   f"{SMALL_EPOCHS} up to {SMALL_PARAMS:.0e} parameters; the "
+                                                   f"torch rows {TORCH_EPOCHS} up to {TORCH_LONG_PARAMS:.0e})")
+    parser.add_argument("--methods", help=f"comma-separated subset of {','.join(METHODS + TORCH_METHODS + FORCED)} "
+                                          f"(default: {','.join(METHODS)}, and the torch ones when torch is installed)")
+    parser.add_argument("--first-job", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time the README's first command against a plain numpy loop (default: yes)")
+    add_shuffle_argument(parser)
     parser.add_argument("--cluster", metavar="ADDRESS", default="",
                         help="also run memtrain with its workers on Dask (tcp://HOST:PORT or local:N), to compare "
                              "its per-update overhead with the local exchange")
@@ -140,6 +134,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the server's CPU and bytes read and written, each worker's bytes, and updates/s "
                              "(docs/cluster.md)")
     larger_than_ram.add_arguments(parser)
+
+
+def add_shuffle_argument(parser: argparse._ActionsContainer) -> None:
+    """--shuffle: bench train's orders side by side (bench async takes it too, and runs only batches)."""
+    parser.add_argument("--shuffle", default="batches",
+                        help=f"memtrain's train.shuffle, one or more of {','.join(SHUFFLES)} (default %(default)s, "
+                             "the order the figures in the docs were taken with). With several, every memtrain "
+                             "method runs once per order in the same interleaved repeats: the first order keeps "
+                             "the method's name, the others are named like memtrain[batches], and the update time "
+                             "of each order over the batches order's is printed per size ('--shuffle rows,batches'"
+                             ": what row shuffling costs, target <= 1.05). Also for --larger-than-ram. The peers "
+                             "read contiguous batches either way")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -701,85 +707,88 @@ def settings(args: argparse.Namespace, sizes: list[int], methods: list[str]) -> 
 
 
 def print_table(report: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
+    """The report for people, on stdout: the table (split to fit a narrow terminal: render.print_table), the
+    machine, then a line per finding."""
+    from rich.text import Text
+
+    from memtrain.inspection.render import make_console, table
+    from memtrain.inspection.render import print_table as print_grid
 
     s = report["settings"]
-    table = Table(title=f"memtrain bench train: MLP {FEATURES}-H-{CLASSES}, SGD, batch {s['batch']}, "
-                        f"{s['workers']} tasks per update (peers: {s['workers']} workers), {s['updates']} updates "
-                        f"per epoch; every method run E and 2E epochs (\"epochs\"), an update's cost from the "
-                        f"difference; median (min-max) of {s['repeats']} interleaved repeats")
+    title = (f"memtrain bench train: MLP {FEATURES}-H-{CLASSES}, SGD, batch {s['batch']}, {s['workers']} tasks per "
+             f"update (peers: {s['workers']} workers), {s['updates']} updates per epoch; every method run E and 2E "
+             "epochs (\"epochs\"), an update's cost from the difference; median (min-max) of "
+             f"{s['repeats']} interleaved repeats")
     m = report["machine"]
-    table.caption = machine_caption(m)
+    caption = machine_caption(m)
     if any(family(row["method"]) == "torch" for row in report["results"]):
-        table.caption += (f"; torch {m.get('torch')}. Torch rows: the same MLP as a torch.nn.Module, ratio = "
-                          "memtrain (torch module) ÷ method; DDP compute from a no_sync calibration")
-    for name in ("params", "epochs", "method", "samples/s", "ms/update (range)", "compute ms", "overhead ms",
-                 "CPU ms/update", "start-up s", "peak MiB (range)", "peak PSS MiB (range)",
-                 "memtrain ÷ method (range)"):
-        table.add_column(name, justify="left" if name == "method" else "right")
+        caption += (f"; torch {m.get('torch')}. Torch rows: the same MLP as a torch.nn.Module, ratio = "
+                    "memtrain (torch module) ÷ method; DDP compute from a no_sync calibration")
+    columns = ("params", "epochs", "method", "samples/s", "ms/update (range)", "compute ms", "overhead ms",
+               "CPU ms/update", "start-up s", "peak MiB (range)", "peak PSS MiB (range)", "memtrain ÷ method (range)")
+    rows = []
     for row in report["results"]:
         update = "-" if row["update_ms"] is None else \
             f"{row['update_ms']:.2f} ({row['update_ms_range'][0]:.2f}-{row['update_ms_range'][1]:.2f})"
-        table.add_row(f"{row['params']:,}", "{} & {}".format(*row["epochs"]), escape(row["label"]),
-                      _num(row["samples_per_s"], 0), update, _num(row["compute_ms"], 2), _num(row["overhead_ms"], 2),
-                      _num(row["cpu_ms"], 2), _spread_text(row["startup_s"]), _mib_text(row, "peak_mib"),
-                      _mib_text(row, "pss_mib"), _spread_text(row["ratio"]))
-    console = Console(width=230)
-    console.print(table)
+        rows.append((f"{row['params']:,}", "{} & {}".format(*row["epochs"]), row["label"],
+                     _num(row["samples_per_s"], 0), update, _num(row["compute_ms"], 2), _num(row["overhead_ms"], 2),
+                     _num(row["cpu_ms"], 2), _spread_text(row["startup_s"]), _mib_text(row, "peak_mib"),
+                     _mib_text(row, "pss_mib"), _spread_text(row["ratio"])))
+    console = make_console()
+    print_grid(console, table(title, columns, rows, right=set(columns) - {"method"}, keys=3))
+    console.print(Text(caption))
     untimed = [row for row in report["results"] if row["untimed_repeats"]]
     for row in untimed:
-        console.print(f"{row['params']:,} params, {row['label']}: {row['untimed_repeats']} repeat(s) where 2E epochs "
-                      "took no longer than E (start-up noise larger than the extra updates): raise --epochs or "
-                      "--updates", highlight=False)
+        console.print(Text(f"{row['params']:,} params, {row['label']}: {row['untimed_repeats']} repeat(s) where 2E "
+                           "epochs took no longer than E (start-up noise larger than the extra updates): raise "
+                           "--epochs or --updates"))
     for row in report["results"]:
         if len(row["placements"]) > 1:
-            console.print(f"{row['params']:,} params, {row['label']}: its runs ended in different places "
-                          f"({' / '.join(row['placements'])}), so its update cost mixes them: raise --epochs until "
-                          "\"auto\" decides alike in every run", highlight=False)
+            console.print(Text(f"{row['params']:,} params, {row['label']}: its runs ended in different places "
+                               f"({' / '.join(row['placements'])}), so its update cost mixes them: raise --epochs "
+                               "until \"auto\" decides alike in every run"))
     for best in report["baselines"]:
-        console.print(f"{best['params']:>12,} params: memtrain ({placement(best['memtrain_rounds'][0])}) ÷ best "
-                      f"of one process / all-core BLAS / shared_memory, repeat by repeat = "
-                      f"{_spread_text(best['ratio'])}; memtrain's overhead "
-                      f"{_num(best['memtrain_overhead_ms'], 2)} ms per update", highlight=False)
+        console.print(Text(f"{best['params']:>12,} params: memtrain ({placement(best['memtrain_rounds'][0])}) ÷ "
+                           f"best of one process / all-core BLAS / shared_memory, repeat by repeat = "
+                           f"{_spread_text(best['ratio'])}; memtrain's overhead "
+                           f"{_num(best['memtrain_overhead_ms'], 2)} ms per update"))
         cores = report["settings"].get("cores") or 1
         if best["memtrain_cpu_ms"] and best["best_cpu_ms"] and best["best_update_ms"]:
             floor = best["memtrain_cpu_ms"] / cores
-            console.print(f"{best['params']:>12,} params: CPU per update, memtrain {best['memtrain_cpu_ms']:.2f} ms, "
-                          f"the fastest baseline ({LABELS.get(best['best'], best['best'])}) {best['best_cpu_ms']:.2f}"
-                          f" ms: on {cores} cores memtrain's update takes at least {floor:.2f} ms, so it can reach "
-                          f"at most {best['best_update_ms'] / floor:.2f}x that baseline's {best['best_update_ms']:.2f}"
-                          " ms", highlight=False)
+            console.print(Text(
+                f"{best['params']:>12,} params: CPU per update, memtrain {best['memtrain_cpu_ms']:.2f} ms, the "
+                f"fastest baseline ({LABELS.get(best['best'], best['best'])}) {best['best_cpu_ms']:.2f} ms: on "
+                f"{cores} cores memtrain's update takes at least {floor:.2f} ms, so it can reach at most "
+                f"{best['best_update_ms'] / floor:.2f}x that baseline's {best['best_update_ms']:.2f} ms"))
     for check in report.get("validation", []):
-        console.print(f"{check['params']:>12,} params, {check['family']} rows: {check['verdict']}", highlight=False,
-                      markup=False)
+        console.print(Text(f"{check['params']:>12,} params, {check['family']} rows: {check['verdict']}"))
     for order in report.get("orders", []):
-        console.print(f"{order['params']:>12,} params: {order['verdict']}", highlight=False, markup=False)
+        console.print(Text(f"{order['params']:>12,} params: {order['verdict']}"))
     for other in report.get("against", []):
-        console.print(f"{other['params']:>12,} params: {other['name']} = {_spread_text(other['ratio'])} "
-                      f"(above 1: this checkout is slower; {other['root']})", highlight=False, markup=False)
+        console.print(Text(f"{other['params']:>12,} params: {other['name']} = {_spread_text(other['ratio'])} "
+                           f"(above 1: this checkout is slower; {other['root']})"))
     if report["first_job"]:
         print_first_job(report["first_job"], console)
 
 
 def print_first_job(first: dict[str, Any], console: Any) -> None:
-    from rich.table import Table
+    from rich.text import Text
+
+    from memtrain.inspection.render import print_table as print_grid
+    from memtrain.inspection.render import table
 
     rows = first["rows"]
-    table = Table(title="the README's first command: digits MLP 64-64-10, batch 128, Adam, "
-                        f"{rows[0]['epochs']} epochs ({rows[0]['updates']} updates); each side run "
-                        f"{rows[0]['epochs']} and {2 * rows[0]['epochs']} epochs as a whole process")
-    for name in ("method", f"{rows[0]['epochs']} epochs, whole run s", f"{rows[0]['epochs']} more epochs s",
-                 "val_accuracy", "peak MiB"):
-        table.add_column(name, justify="left" if name == "method" else "right")
-    for row in rows:
-        label = row["label"] + (f" ({placement(row['rounds'])})" if row["rounds"] else "")
-        table.add_row(label, _spread_text(row["whole_seconds"], 3), _spread_text(row["epochs_seconds"], 3),
-                      f"{row['final'].get('val_accuracy', float('nan')):.4f}", f"{row['peak_mib']:,.0f}")
-    console.print(table)
+    title = (f"the README's first command: digits MLP 64-64-10, batch 128, Adam, {rows[0]['epochs']} epochs "
+             f"({rows[0]['updates']} updates); each side run {rows[0]['epochs']} and {2 * rows[0]['epochs']} "
+             "epochs as a whole process")
+    columns = ("method", f"{rows[0]['epochs']} epochs, whole run s", f"{rows[0]['epochs']} more epochs s",
+               "val_accuracy", "peak MiB")
+    cells = [(row["label"] + (f" ({placement(row['rounds'])})" if row["rounds"] else ""),
+              _spread_text(row["whole_seconds"], 3), _spread_text(row["epochs_seconds"], 3),
+              f"{row['final'].get('val_accuracy', float('nan')):.4f}", f"{row['peak_mib']:,.0f}") for row in rows]
+    print_grid(console, table(title, columns, cells, right=columns[1:]))
     for verdict in first["verdicts"]:
-        console.print(verdict, highlight=False)
+        console.print(Text(verdict))
 
 
 def _mib_text(row: dict[str, Any], key: str) -> str:

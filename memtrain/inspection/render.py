@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
-from rich.console import Console, Group
+from rich.cells import cell_len
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from memtrain.errors import plural
 from memtrain.train.counters import ONE_PASS
 
-# Width used when stdout is not a terminal (a pipe, a log) and COLUMNS is not set: wide enough that tables never
-# wrap. COLUMNS, when set, is the width everywhere (the tests set COLUMNS=80 to see what an 80-column terminal shows).
+# Width of the text lines when stdout is not a terminal (a pipe, a log) and COLUMNS is not set; tables are printed
+# whole there, at their own width. COLUMNS, when set, is the width everywhere, tables included (the tests set
+# COLUMNS=80 to see what an 80-column terminal shows).
 PIPE_WIDTH = 200
 STAT_COLUMNS = ("min", "max", "mean", "std", "l2", "nan", "inf")
 NOT_CHECKED = "not checked"
@@ -23,25 +26,123 @@ NOT_CHECKED = "not checked"
 def make_console() -> Console:
     """stdout for people: the terminal's width (or COLUMNS), else ``PIPE_WIDTH``; names are never read as markup."""
     console = Console(highlight=False, markup=False, emoji=False)
-    if not console.is_terminal and "COLUMNS" not in os.environ:
+    if not fits_width(console):
         console = Console(highlight=False, markup=False, emoji=False, width=PIPE_WIDTH)
     return console
 
 
-def print_table(console: Console, titled: Group) -> None:
-    """Print a ``table(...)`` whole: never squeezed to the console's width.
+def fits_width(console: Console) -> bool:
+    """Whether ``console`` has a width its tables must fit: a terminal's, or COLUMNS. A pipe or a log has
+    none: its tables are printed whole at their own width, one row per line."""
+    return console.is_terminal or "COLUMNS" in os.environ
 
-    Squeezed, rich shortens cells to "…" and gives narrow columns no width at all (an 80-column terminal
-    showed empty version, update and epoch cells). A table wider than the console is printed at its own
-    width instead, and the terminal wraps its lines; the tables are laid out to fit 80 columns.
+
+@dataclass(frozen=True)
+class Grid:
+    """A titled table of text cells, laid out by ``print_table`` to fit the console.
+
+    ``keys``: how many leading columns name a row (``name``; ``split`` and ``#``): when the table is split to
+    fit, every part repeats them, so that each row can be followed from part to part.
     """
-    grid = titled.renderables[-1]
-    width = console.measure(grid, options=console.options.update_width(1 << 16)).maximum
-    if width <= console.width:
-        console.print(titled)
-    else:
-        Console(file=console.file, width=width, force_terminal=console.is_terminal, highlight=False,
-                markup=False, emoji=False).print(titled)
+
+    title: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    right: frozenset[str] = frozenset()
+    keys: int = 1
+
+    def widths(self) -> list[int]:
+        return [max([cell_len(column)] + [cell_len(row[k]) for row in self.rows])
+                for k, column in enumerate(self.columns)]
+
+
+SEPARATOR = 3  # " │ " between two columns (no edges)
+ROW = "row"  # the row number's column, when a table split to fit has keys too wide to repeat
+
+
+def table(title: str, columns: Iterable[str], rows: Iterable[Iterable[Any]], right: Iterable[str] = (),
+          keys: int = 1) -> Grid:
+    """A titled table for ``print_table``: cells that are not text are written by ``num``; ``keys``: see ``Grid``."""
+    return Grid(title, tuple(columns), tuple(tuple(cell if isinstance(cell, str) else num(cell) for cell in row)
+                                             for row in rows), frozenset(right), keys)
+
+
+def print_table(console: Console, grid: Grid) -> None:
+    """Print ``grid`` so that it fits the console, never squeezing a cell.
+
+    Squeezed, rich shortens cells to "…", gives narrow columns no width at all, or breaks a number across
+    two lines. Here a table that fits is printed whole (a wide terminal, a pipe: today's full table);
+    one that does not is cut into parts of whole columns, each part repeating the row's key columns and
+    as wide as the console allows; a single column too wide even alone beside the keys (a checksum, a
+    path) has its cells cut in the middle (``xxh3-128:a1e19f…cdc74d``). ``--json`` has every value whole.
+    """
+    console.print(Text(""))
+    console.print(Text(grid.title, style="bold"))
+    limit = console.width if fits_width(console) else None
+    for k, part in enumerate(parts(grid, limit)):
+        if k:
+            console.print(Text(""))
+        rendered = _rich_table(part)
+        width = sum(part.widths()) + SEPARATOR * (len(part.columns) - 1)
+        Console(file=console.file, width=max(width, console.width), force_terminal=console.is_terminal,
+                highlight=False, markup=False, emoji=False).print(rendered)
+
+
+def parts(grid: Grid, limit: int | None) -> list[Grid]:
+    """``grid`` as one or more grids of at most ``limit`` columns (characters), each with the key columns."""
+    widths = grid.widths()
+
+    def width(columns: list[int]) -> int:
+        return sum(widths[c] for c in columns) + SEPARATOR * (len(columns) - 1)
+
+    every = list(range(len(grid.columns)))
+    if limit is None or width(every) <= limit:
+        return [grid]
+    if grid.columns[0] != ROW and width(every[:grid.keys]) > limit // 2:
+        # keys too wide to repeat (a bench's method labels): number the rows instead
+        return parts(numbered(grid), limit)
+    keys = every[:grid.keys]
+    groups: list[list[int]] = [[]]
+    for column in every[grid.keys:]:
+        if groups[-1] and width(keys + groups[-1] + [column]) > limit:
+            groups.append([])
+        groups[-1].append(column)
+    return [_narrowed(_columns(grid, keys + group), limit) for group in groups]
+
+
+def numbered(grid: Grid) -> Grid:
+    """``grid`` with a row number in front, its only key: the first part shows the old keys beside it."""
+    return Grid(grid.title, (ROW, *grid.columns), tuple((str(k), *row) for k, row in enumerate(grid.rows, 1)),
+                grid.right | {ROW}, 1)
+
+
+def _columns(grid: Grid, columns: list[int]) -> Grid:
+    return Grid(grid.title, tuple(grid.columns[c] for c in columns),
+                tuple(tuple(row[c] for c in columns) for row in grid.rows), grid.right, min(grid.keys, len(columns)))
+
+
+def _narrowed(grid: Grid, limit: int) -> Grid:
+    """A part still wider than ``limit`` (one column beside the keys): its widest column's cells cut in the
+    middle until it fits (a checksum, a path: text, never a number)."""
+    widths = grid.widths()
+    excess = sum(widths) + SEPARATOR * (len(widths) - 1) - limit
+    if excess <= 0:
+        return grid
+    widest = max(range(len(widths)), key=widths.__getitem__)
+    room = max(1, widths[widest] - excess)
+    cut = [tuple(elide_middle(cell, room) if c == widest else cell for c, cell in enumerate(row))
+           for row in grid.rows]
+    columns = tuple(elide_middle(name, room) if c == widest else name for c, name in enumerate(grid.columns))
+    return Grid(grid.title, columns, tuple(cut), grid.right, grid.keys)
+
+
+def _rich_table(grid: Grid) -> Table:
+    result = Table(show_edge=False, pad_edge=False)
+    for column in grid.columns:
+        result.add_column(Text(column), justify="right" if column in grid.right else "left", no_wrap=True)
+    for row in grid.rows:
+        result.add_row(*(Text(cell) for cell in row))
+    return result
 
 
 def num(value: Any) -> str:
@@ -90,17 +191,6 @@ def verified(value: bool | None) -> str:
     return NOT_CHECKED if value is None else "ok" if value else "FAILED"
 
 
-def table(title: str, columns: Iterable[str], rows: Iterable[Iterable[Any]], right: Iterable[str] = ()) -> Group:
-    """A titled table; the title is a line of its own so that a narrow table never wraps it."""
-    right = set(right)
-    result = Table(show_edge=False, pad_edge=False)
-    for column in columns:
-        result.add_column(Text(column), justify="right" if column in right else "left", no_wrap=True)
-    for row in rows:
-        result.add_row(*(Text(cell if isinstance(cell, str) else num(cell)) for cell in row))
-    return Group(Text(""), Text(title, style="bold"), result)
-
-
 def lines(console: Console, pairs: Iterable[tuple[str, Any]]) -> None:
     for label, value in pairs:
         if value is not None:
@@ -127,11 +217,12 @@ def render_dataset(view: dict[str, Any], console: Console) -> None:
     shards = [(name, s["index"], s["rows"], size(s["x_bytes"]), size(s["y_bytes"]), s["x"], verified(s["verified"]))
               for name, split in view["splits"].items() for s in split["shards"]]
     print_table(console, table("shards", ("split", "#", "rows", "x bytes", "y bytes", "x file", "checksum"),
-                               shards, right=("#", "rows", "x bytes", "y bytes")))
+                               shards, right=("#", "rows", "x bytes", "y bytes"), keys=2))
     if view["classes"]:
         splits = tuple(view["splits"])
         rows = [(c["index"], c["name"], *(c[s] for s in splits), c["total"]) for c in view["classes"]]
-        print_table(console, table("classes", ("#", "class", *splits, "total"), rows, right=("#", *splits, "total")))
+        print_table(console, table("classes", ("#", "class", *splits, "total"), rows, right=("#", *splits, "total"),
+                                   keys=2))
     if view["targets"]:
         rows = [(name, *(s[k] for k in STAT_COLUMNS)) for name, s in view["targets"].items()]
         print_table(console, table("targets", ("split", *STAT_COLUMNS), rows, right=STAT_COLUMNS))
@@ -139,7 +230,7 @@ def render_dataset(view: dict[str, Any], console: Console) -> None:
     rows = [(f["index"], f["name"] or "", f["mean"], f["std"], f["min"], f["max"]) for f in features["stats"]]
     print_table(console, table(f"features (statistics from the {features['source']})",
                                ("#", "name", "mean", "std", "min", "max"), rows,
-                               right=("#", "mean", "std", "min", "max")))
+                               right=("#", "mean", "std", "min", "max"), keys=2))
     if features["shown"] < features["count"]:
         console.print(Text(f"showing {features['shown']} of {features['count']} features; --all shows every one"))
 
@@ -193,7 +284,8 @@ def render_run(view: dict[str, Any], console: Console) -> None:
              metric(e["train_loss"]), metric(e["val_loss"]), metric(e["val_accuracy"])) for e in entries]
     print_table(console, table("checkpoints and weight versions",
                                ("", "name", "version", "update", "epoch", "train loss", "val loss", "val acc"),
-                               rows, right=("version", "update", "epoch", "train loss", "val loss", "val acc")))
+                               rows, right=("version", "update", "epoch", "train loss", "val loss", "val acc"),
+                               keys=2))
     console.print(Text("* newest complete checkpoint (what `memtrain train --resume` starts from). "
                        "train loss: the epoch mean for a version that ends an epoch, else its update's batch loss."))
     rows = [(e["name"], e["type"], e["written"] or "-", size(e["bytes"]),

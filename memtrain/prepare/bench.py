@@ -296,22 +296,31 @@ def _stages(runs: list[dict[str, float] | None] | None) -> str:
     return ", ".join(f"{name} {median([run[name] for run in timed if name in run]):.2f}" for name in names) or "-"
 
 
-def format_table(report: dict[str, Any]) -> str:
-    """The report as printed by ``memtrain bench prepare``: a title, one line per row, the machine."""
+COLUMNS = ("source", "options", "size MB", "baseline", "baseline MB/s", "memtrain MB/s", "ratio",
+           "peak MiB base / memtrain")
+
+
+def print_table(report: dict[str, Any]) -> None:
+    """The report as printed by ``memtrain bench prepare``: a title, the table (split to fit a narrow terminal:
+    render.print_table), the stages of each row, the machine."""
+    from rich.text import Text
+
+    from memtrain.inspection.render import make_console, table
+    from memtrain.inspection.render import print_table as print_grid
+
     s, m = report["settings"], report["machine"]
     settle = f"; each run after a sync and {s['settle']:g} s of quiet" if s.get("settle") else ""
-    lines = [f"memtrain bench prepare: {s['gb']:g} GB sources, {s['features']} float features + a label; "
-             f"median (min-max) of {s['repeats']} alternating runs{settle}",
-             f"{'source':<7}{'options':<12}{'size MB':>8}  {'baseline':<40}{'baseline MB/s':>16}"
-             f"{'memtrain MB/s':>16}{'ratio':>18}{'peak MiB base / memtrain':>27}"]
-    for row in report["results"]:
-        peaks = f"{median(row['baseline_peak_mib']):,.0f} / {median(row['memtrain_peak_mib']):,.0f}"
-        lines.append(f"{row['source']:<7}{row['options']:<12}{row['size_mb']:>8.0f}  {row['baseline']:<40}"
-                     f"{_spread(row['baseline_mbps']):>16}{_spread(row['memtrain_mbps']):>16}"
-                     f"{_spread(row['ratios'], 2):>18}{peaks:>27}")
-    lines.append("median seconds by stage (baseline: read into a new array, np.save, fsync; memtrain: scatter "
-                 "= pass 1, shards = pass 2, publish):")
-    lines += [f"  {row['source']:<5}{row['options']:<12}baseline {_stages(row.get('baseline_stages'))}; "
+    title = (f"memtrain bench prepare: {s['gb']:g} GB sources, {s['features']} float features + a label; "
+             f"median (min-max) of {s['repeats']} alternating runs{settle}")
+    rows = [(row["source"], row["options"], f"{row['size_mb']:.0f}", row["baseline"], _spread(row["baseline_mbps"]),
+             _spread(row["memtrain_mbps"]), _spread(row["ratios"], 2),
+             f"{median(row['baseline_peak_mib']):,.0f} / {median(row['memtrain_peak_mib']):,.0f}")
+            for row in report["results"]]
+    console = make_console()
+    print_grid(console, table(title, COLUMNS, rows, right=set(COLUMNS) - {"source", "options", "baseline"}, keys=2))
+    lines = ["median seconds by stage (baseline: read into a new array, np.save, fsync; memtrain: scatter "
+             "= pass 1, shards = pass 2, publish):"]
+    lines += [f"  {row['source']} {row['options']}: baseline {_stages(row.get('baseline_stages'))}; "
               f"memtrain {_stages(row.get('memtrain_stages'))}" for row in report["results"]]
     parsers = sorted({row["parser"] for row in report["results"] if row.get("parser")})
     load = m["loadavg"]
@@ -320,7 +329,8 @@ def format_table(report: dict[str, Any]) -> str:
                  + (f"; memtrain's CSV parser: {', '.join(parsers)}" if parsers else ""))
     lines.append(f"load average (1, 5, 15 min) before {load[0]:g} {load[1]:g} {load[2]:g}, "
                  f"after {load[3]:g} {load[4]:g} {load[5]:g}")
-    return "\n".join(lines)
+    for line in lines:
+        console.print(Text(line))
 
 
 if __name__ == "__main__":
