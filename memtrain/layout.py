@@ -196,10 +196,6 @@ def parse_exchange_owner(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-TRAJECTORIES_DIR = "trajectories"  # reinforcement learning (memtrain/rl): one trajectory shard per (version, slot)
-_TRAJECTORY_RE = re.compile(r"^r-v(\d{8})-s(\d{5})\.npy$")
-
-
 def trajectory_name(version: int, slot: int) -> str:
     """The trajectory shard that collection task (version, slot) publishes whole (memtrain/rl/trajectory.py).
 
@@ -207,12 +203,6 @@ def trajectory_name(version: int, slot: int) -> str:
     writes the same bytes under the same name: no attempt number.
     """
     return f"r-v{version:08d}-s{slot:05d}.npy"
-
-
-def parse_trajectory_name(name: str) -> tuple[int, int] | None:
-    """(version, slot) of a trajectory shard's name, or None if ``name`` is not one."""
-    match = _TRAJECTORY_RE.match(name)
-    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def gradient_name(version: int, task: int, attempt: int) -> str:

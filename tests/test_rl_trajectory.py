@@ -11,7 +11,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from memtrain.errors import CorruptFileError
-from memtrain.layout import parse_trajectory_name
 from memtrain.rl.envs import CONTINUOUS, DISCRETE, Spaces
 from memtrain.rl.trajectory import ARRAYS, Trajectory, read_shard, shard_path, write_shard
 
@@ -40,7 +39,7 @@ def test_round_trip_is_bitwise(tmp_path_factory: pytest.TempPathFactory, spaces:
     traj = _trajectory(np.random.default_rng(draw), spaces, steps, version=version, slot=slot, seed=seed)
     path = shard_path(tmp_path_factory.mktemp("shards"), version, slot)
     write_shard(path, traj, spaces)
-    assert parse_trajectory_name(path.name) == (version, slot)
+    assert path.name == f"r-v{version:08d}-s{slot:05d}.npy"
     back = read_shard(path, spaces=spaces, steps=steps, version=version, slot=slot, seed=seed)
     assert (back.version, back.slot, back.seed, back.episode, back.step) == (version, slot, seed, 5, 17)
     for name in ARRAYS:
