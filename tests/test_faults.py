@@ -171,6 +171,29 @@ def test_killing_workers_from_outside_including_idle_ones(tmp_path: Path, data: 
     assert digest(run) == digest(tmp_path / "clean" / "run")
 
 
+def test_a_shard_truncated_under_a_live_run_stops_it_when_workers_cannot_start(tmp_path: Path) -> None:
+    """Every replacement worker dies at its start (the manifest's size check): those deaths count against
+    train.max_attempts, and the run stops quoting the worker's error once, not a traceback per death."""
+    x, y = blobs(n=1000, features=6, classes=3, seed=1)
+    data = write_dataset(tmp_path / "d", x, y, shard_rows=300)
+    job = write_job(tmp_path, data, epochs=400, workers=2)
+    proc = start("train", job)
+    run = tmp_path / "run"
+    try:
+        wait_for_version(run, 2)
+        shard = data / "train" / "x-00001.npy"
+        os.truncate(shard, shard.stat().st_size - 100)
+        os.kill(worker_pids(run)[0], signal.SIGKILL)  # its replacement opens the dataset again
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err
+    assert "train/x-00001.npy: file is truncated" in err
+    assert "could not start 3 times" in err
+    assert "Traceback" not in err
+    assert err.count("file is truncated") == 1  # quoted once, by the server
+
+
 def test_hung_worker_is_killed_and_its_task_rerun(tmp_path: Path, data: Path, baseline: str) -> None:
     job = write_job(tmp_path, data, task_timeout=2)
     result = memtrain("train", job, env={"MEMTRAIN_FAULT": "before_grad_write:2", "MEMTRAIN_FAULT_ACTION": "stop",

@@ -17,13 +17,19 @@ Three kinds of work:
   participant ends at its next mark, and the server starts the next stretch from the ledger, after the
   last update that was finished.
 
-A piece of work that kills its worker ``max_attempts`` times stops the run naming it and its rows. How a
-stretch ended is a ``messages.Outcome``, as a task's or a participant's answer is.
+A piece of work that kills its worker ``max_attempts`` times stops the run naming it and its rows. Every other
+death counts too: a worker that dies with no piece of work to blame (idle between tasks, at the start of a
+stretch before its first activity) counts against its slot, and ``max_attempts`` such deaths of one slot in
+a row (no answer from it in between) stop the run; one that dies before it said Ready never ran what it was
+sent (the message goes to the next worker unchanged) and is counted by its pool (train/exchange.py), which
+stops the run quoting the worker's error. How a stretch ended is a ``messages.Outcome``, as a task's or a
+participant's answer is.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import statistics
 import time
 from collections import Counter, deque
@@ -109,6 +115,7 @@ class Scheduler:
         self.killed: set[int] = set()  # pids killed for silence: killed (and logged) once, then awaited
         self.deaths = 0
         self.attempts: Counter[tuple[int, int, int]] = Counter()  # deaths per piece of a round (kind, update, item)
+        self.unblamed: Counter[int] = Counter()  # per slot: deaths outside any piece of work since it last answered
 
     # --- tasks ---
 
@@ -206,6 +213,7 @@ class Scheduler:
                 done: dict[tuple[int, int], Result], race: Race | None = None) -> None:
         message = event.message
         key = task_key(message) if isinstance(message, Task) else None
+        self._answered(event)
         if (race is not None and key is not None and key in race.copies and key not in done
                 and message in (current.get(key), race.copies[key]) and self._raced(event, key, current, race)):
             return
@@ -215,6 +223,10 @@ class Scheduler:
             if event.answer is None:
                 self._died_idle(event)
             return  # a stale attempt answered: nothing to do
+        if event.answer is None and not event.started:  # it never ran the task: sent on unchanged, not counted
+            self._died_idle(event)
+            pending.appendleft(message)
+            return
         if event.answer is not None:
             if event.answer.outcome == Outcome.FAILED:
                 out_of_memory = "MemoryError" in event.answer.error
@@ -291,6 +303,7 @@ class Scheduler:
 
     def _stretch_event(self, event: Event, watch: _Watch, board: Board) -> None:
         message = event.message
+        self._answered(event)
         if not (isinstance(message, Stretch) and message.generation == watch.generation):
             if event.answer is None:
                 self._died_idle(event)
@@ -298,11 +311,9 @@ class Scheduler:
         slot = message.slot
         if event.answer is None:
             activity = watch.activities.get(slot) or _current(board, watch.generation, slot)
-            if activity is None or activity.kind == WAITING:  # no piece of work to blame: nothing to count
-                self.deaths += 1
+            if activity is None or activity.kind == WAITING:  # no piece of work to blame: counted against the slot
                 what = self.describe_activity(activity) if activity else "the start of a stretch"
-                self.log(f"worker {event.slot.index} (pid {event.slot.pid}) died with exit code {event.exitcode} "
-                         f"during {what}")
+                watch.failure = watch.failure or self._died_outside(event, f"during {what}")
             else:
                 key = (activity.kind, activity.update, activity.item)
                 self.attempts[key] += 1
@@ -339,10 +350,35 @@ class Scheduler:
 
     # --- both ---
 
+    def _answered(self, event: Event) -> None:
+        """An answer from a slot: its deaths outside any piece of work are no longer in a row."""
+        if event.answer is not None:
+            self.unblamed.pop(event.slot.index, None)
+
     def _died_idle(self, event: Event) -> None:
-        """A worker died between two pieces of work: its replacement is already starting."""
+        """A worker died between two pieces of work: its replacement is already starting (or the run stops)."""
+        failure = self._died_outside(event, "while idle")
+        if failure is not None:
+            raise failure
+
+    def _died_outside(self, event: Event, when: str) -> WorkerFailure | None:
+        """A worker died with no piece of work to blame. One that never started is its pool's to count; any
+        other counts against its slot: the failure to raise at the ``max_attempts``-th in a row, else None."""
         self.deaths += 1
-        self.log(f"worker {event.slot.index} (pid {event.slot.pid}) died with exit code {event.exitcode} while idle")
+        where = f"worker {event.slot.index} (pid {event.slot.pid})"
+        if not event.started:
+            self.log(f"{where} could not start (exit code {event.exitcode})")
+            return None
+        self.unblamed[event.slot.index] += 1
+        count = self.unblamed[event.slot.index]
+        self.log(f"{where} died with exit code {event.exitcode} {when} ({plural(count, 'death')} of this slot in a "
+                 f"row)")
+        if count < self.max_attempts:
+            return None
+        return WorkerFailure(f"worker {event.slot.index} died {plural(count, 'time')} in a row outside any piece of "
+                             f"work (last exit code {exit_words(event.exitcode)})",
+                             hint="something kills memtrain's workers while they wait (another process, a resource "
+                                  "limit, the out-of-memory killer); or raise train.max_attempts")
 
     def _died(self, event: Event, what: str, attempts: int, *, raise_at_limit: bool = True,
               holding: str = "") -> WorkerFailure | None:
@@ -376,6 +412,16 @@ class Scheduler:
     def _check_stop(self) -> None:
         if self.stop_requested():
             raise Interrupted("stopped by a signal")
+
+
+def exit_words(code: int | None) -> str:
+    """``-9`` -> ``"-9: SIGKILL"``: an exit code, with the signal's name when a signal ended the process."""
+    if code is None or code >= 0:
+        return str(code)
+    try:
+        return f"{code}: {signal.Signals(-code).name}"
+    except ValueError:
+        return str(code)
 
 
 def task_key(message: Task) -> tuple[int, int]:

@@ -377,7 +377,7 @@ class Trainer:
     def _start_pool(self, count: int) -> WorkerPool:
         """``count`` workers, the first the outline's kept child if there is one (train/outline.py)."""
         adopt = getattr(self.context.model, "adopt", lambda: None)()
-        pool = WorkerPool(self._setup(), count, adopt=adopt)
+        pool = WorkerPool(self._setup(), count, adopt=adopt, max_starts=self.job.train.max_attempts)
         kept = f" (pid {adopt.process.pid}: the process that outlined the model)" if adopt is not None else ""
         self.log(f"workers started: pids {' '.join(map(str, pool.pids()))}{kept}")
         return pool
