@@ -70,7 +70,7 @@ from memtrain.train.placement import Placement, ServerThreads, stream_workers, t
 from memtrain.train.plan import Plan, eval_tasks, gradient_banks, split_range
 from memtrain.train.pools import OnCluster, Streamed, open_cluster
 from memtrain.train.record import Decision
-from memtrain.train.room import room_needed, size_text
+from memtrain.train.room import allow_open_files, room_needed, size_text
 from memtrain.train.run_dir import RunDir, open_run_dir, refuse_live_run
 from memtrain.train.schedule import replay_mismatch
 from memtrain.train.scheduler import CORES, BackupRule, Scheduler
@@ -166,6 +166,7 @@ def _train(job: Job, dataset: Dataset, context: ModelContext, stop: StopRequest,
         print(f"memtrain train: note: {note}", file=sys.stderr, flush=True)
     room = room_needed(job, context, per_epoch=job_plan(job, dataset.split("train").rows).per_epoch,
                        slots=round_slots(job))  # every file the run will write, at its peak
+    allow_open_files(job)  # a mapped buffer per task: the limit of open files, raised or refused before writing
     run = open_run_dir(job, resume=resume_run, overwrite=overwrite, layout=context.layout.to_json(),
                        asked=asked, one_pass=context.additive, need_exchange=room.exchange, need_run=room.run)
     try:
