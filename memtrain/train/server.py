@@ -68,7 +68,7 @@ from memtrain.train.monitor import check_monitor, monitor_for
 from memtrain.train.optim import state_slots
 from memtrain.train.placement import Placement, ServerThreads, stream_workers, thread_candidates, worker_start_cost
 from memtrain.train.plan import Plan, eval_tasks, gradient_banks, split_range
-from memtrain.train.pools import OnCluster, Streamed, open_cluster
+from memtrain.train.pools import OnCluster, Streamed, check_cluster, open_cluster
 from memtrain.train.record import Decision
 from memtrain.train.room import allow_open_files, room_needed, size_text
 from memtrain.train.run_dir import RunDir, open_run_dir, refuse_live_run
@@ -167,6 +167,7 @@ def _train(job: Job, dataset: Dataset, context: ModelContext, stop: StopRequest,
     room = room_needed(job, context, per_epoch=job_plan(job, dataset.split("train").rows).per_epoch,
                        slots=round_slots(job))  # every file the run will write, at its peak
     allow_open_files(job)  # a mapped buffer per task: the limit of open files, raised or refused before writing
+    check_cluster(job, stopped=lambda: stop.signum)  # a wrong address leaves no run directory behind
     run = open_run_dir(job, resume=resume_run, overwrite=overwrite, layout=context.layout.to_json(),
                        asked=asked, one_pass=context.additive, need_exchange=room.exchange, need_run=room.run)
     try:
