@@ -224,6 +224,7 @@ def load_saved_job(run_dir: str | os.PathLike[str], overrides: typing.Sequence[s
     """The job a run directory follows (for ``--resume``): its record with the changes of its history, then
     ``overrides`` such as more epochs. ``run.dir`` is ``run_dir``, wherever the directory has been moved."""
     from memtrain.errors import CorruptFileError
+    from memtrain.layout import RUN_JOB
     from memtrain.train.record import recorded_job
     from memtrain.train.run_dir import damaged_record
 
@@ -236,7 +237,7 @@ def load_saved_job(run_dir: str | os.PathLike[str], overrides: typing.Sequence[s
     except CorruptFileError as exc:
         raise damaged_record(exc, run_dir, None) from None
     _apply_overrides(raw, overrides, values, workers)
-    return job_from_dict(raw, base=run_dir, source=None)
+    return job_from_dict(raw, base=run_dir, source=None, where=run_dir / RUN_JOB)
 
 
 def _apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str], values: typing.Mapping[str, Any] | None,
@@ -252,9 +253,13 @@ def _apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str], value
         raw.setdefault("train", {})["workers"] = workers
 
 
-def job_from_dict(raw: dict[str, Any], *, base: Path, source: Path | None = None) -> Job:
-    """Validate a job given as nested dicts (a parsed TOML file, or a saved ``job.json``)."""
-    where = source or "job"
+def job_from_dict(raw: dict[str, Any], *, base: Path, source: Path | None = None,
+                  where: Path | None = None) -> Job:
+    """Validate a job given as nested dicts (a parsed TOML file, or a saved ``job.json``).
+
+    Errors name ``where`` (the file the job came from when it is not ``source``: a run's ``job.json``, a
+    job a service received), else ``source``, else ``job`` (a job made in Python)."""
+    where = where or source or "job"
     unknown = set(raw) - set(SECTIONS)
     if unknown:
         name = sorted(unknown)[0]

@@ -237,6 +237,20 @@ def test_a_task_that_raises_stops_the_run_with_the_worker_traceback(tmp_path: Pa
 TWO_SLICES = "hidden = [90000]"  # 14 checksum blocks: with 2 workers every step is cut into 2 slices
 
 
+@pytest.mark.parametrize("workers", [2, 0])
+def test_a_memory_error_in_the_rounds_gets_the_one_memory_hint(tmp_path: Path, workers: int) -> None:
+    """A MemoryError raised in a gradient (the rounds, on workers or in the server) names the limit and the
+    remedies the OOM killer's hint names: the rows per task, train.chunk_rows, fewer workers."""
+    job = write_job(tmp_path, poisoned(tmp_path), kind="crash_models:OutOfMemoryOnPoison", model_extra="",
+                    normalize="false", workers=workers)
+    result = memtrain("train", job)
+    assert result.returncode == 1, result.stderr
+    err = " ".join(result.stderr.split())
+    assert "MemoryError: Unable to allocate 1.00 TiB" in err
+    assert "it ran out of memory: the memory limit that applies is" in err
+    assert "Lower train.chunk_rows" in err and "(train.batch_size, train.tasks_per_update)" in err
+
+
 @pytest.fixture(scope="module")
 def two_slice_baseline(data: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     job = write_job(tmp_path_factory.mktemp("two-slices"), data, model_extra=TWO_SLICES)

@@ -180,6 +180,20 @@ def test_resume_never_changes_the_model_data_or_batches_even_when_asked(run_copy
     assert snapshot(run_copy) == before
 
 
+def test_a_resumed_jobs_errors_name_the_runs_job_json(run_copy: Path, cli) -> None:
+    """A resumed job comes from the run's job.json: its errors name that file, not `job:` (issue 41)."""
+    result = cli("train", "--resume", run_copy, "--set", "train.epochs=0")
+    assert result.code == 2
+    assert f"{run_copy / 'job.json'}: train.epochs out of range" in result.err
+    job = run_copy / "job.json"
+    record = json.loads(job.read_text())
+    record["train"]["epocs"] = 3  # sealed again: a consistent record holding a key no version knew
+    job.write_text(json.dumps(sealed(record)))
+    result = cli("train", "--resume", run_copy)
+    assert result.code == 2
+    assert f"{job}: unknown key train.epocs" in result.err and not result.err.count(" job: ")
+
+
 def test_a_data_change_is_refused(tmp_path: Path, run_copy: Path, cli) -> None:
     x, y = blobs(n=300, features=5, classes=3, seed=9)
     other = write_dataset(tmp_path / "other-data", x, y)

@@ -40,6 +40,9 @@ class Scripted:
                 events.append(Event(slot, None, message, exitcode=1, started=False))
             elif what == "die":
                 events.append(Event(slot, None, message, exitcode=-9))
+            elif what == "oom":
+                events.append(Event(slot, Result(task=message.task, attempt=message.attempt, outcome=Outcome.FAILED,
+                                                 error="MemoryError: Unable to allocate 8.00 GiB"), message))
             elif what == "fail":
                 events.append(Event(slot, Result(task=message.task, attempt=message.attempt, outcome=Outcome.FAILED,
                                                  error="ValueError: bad rows"), message))
@@ -133,3 +136,9 @@ def test_an_answer_from_the_slot_ends_its_deaths_in_a_row() -> None:
     sched.run(transport, tasks(2))  # slot 1 answers task 1
     sched._died_idle(Event(transport.slots[1], None, None, exitcode=-9))  # noqa: SLF001 - 1 in a row, not 3
     assert "(1 death of this slot in a row)" in logs[-1]
+
+
+def test_a_memory_error_gets_the_hint_the_oom_killer_gets() -> None:
+    with pytest.raises(WorkerFailure) as caught:
+        scheduler([], []).run(Scripted(1, {(1, 0): "oom"}), tasks(2))
+    assert "it ran out of memory" in caught.value.hint and "Lower train.chunk_rows" in caught.value.hint

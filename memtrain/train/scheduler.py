@@ -229,11 +229,7 @@ class Scheduler:
             return
         if event.answer is not None:
             if event.answer.outcome == Outcome.FAILED:
-                out_of_memory = "MemoryError" in event.answer.error
-                raise WorkerFailure(f"{self.describe_task(message)} failed in worker {event.slot.index}:\n"
-                                    f"{event.answer.error.rstrip()}",
-                                    hint=f"it ran out of memory: {limit_words()}; {self.describe_memory(message)}"
-                                    if out_of_memory else None)
+                raise failed(self.describe_task(message), event, self.describe_memory(message))
             done[key] = event.answer
             fault_point("after_result")
             return
@@ -327,8 +323,7 @@ class Scheduler:
         if event.answer.outcome == Outcome.FAILED:
             activity = _current(board, watch.generation, slot)
             what = self.describe_activity(activity) if activity else "a stretch of rounds"
-            watch.failure = watch.failure or WorkerFailure(
-                f"{what} failed in worker {event.slot.index}:\n{event.answer.error.rstrip()}")
+            watch.failure = watch.failure or failed(what, event)
             board.cancel(watch.generation)
 
     def _kill_silent(self, transport: Transport, board: Board, watch: _Watch) -> None:
@@ -388,19 +383,18 @@ class Scheduler:
         self.deaths += 1
         oom = oom_killed(self.oom_before) if sigkilled(event.exitcode) and event.slot.pid not in self.killed \
             else False
-        memory = f"{limit_words()}; {holding or 'see the task above for what it held'}"
+        memory = memory_hint(holding)
         cause = (f" (killed by the kernel's out-of-memory killer: the run's memory cgroup counted an OOM kill; "
-                 f"{memory})") if oom else ""
+                 f"{memory_words(holding)})") if oom else ""
         self.log(f"worker {event.slot.index} (pid {event.slot.pid}) died with exit code {event.exitcode} "
                  f"during {what}, attempt {attempts}{cause}")
         if attempts < self.max_attempts:
             return None
         if oom:
-            signal_text, hint = (": SIGKILL from the kernel's out-of-memory killer",
-                                 f"{memory}. {LOWER_MEMORY}")
+            signal_text, hint = ": SIGKILL from the kernel's out-of-memory killer", memory
         elif oom is None:
             signal_text, hint = (": SIGKILL, which the kernel's out-of-memory killer sends",
-                                 f"if it ran out of memory: {memory}. {LOWER_MEMORY}; if not, {CRASH_HINT}")
+                                 f"if it ran out of memory: {memory}; if not, {CRASH_HINT}")
         else:
             signal_text, hint = "", CRASH_HINT
         failure = WorkerFailure(f"{what} killed its worker {plural(attempts, 'time')} "
@@ -412,6 +406,24 @@ class Scheduler:
     def _check_stop(self) -> None:
         if self.stop_requested():
             raise Interrupted("stopped by a signal")
+
+
+def memory_words(holding: str) -> str:
+    """The memory limit that applies, and what the piece of work held (``holding``; "" when unknown)."""
+    return f"{limit_words()}; {holding or 'see the task above for what it held'}"
+
+
+def memory_hint(holding: str) -> str:
+    """The one hint of a piece of work that ran out of memory, whether a MemoryError said so or the kernel's
+    OOM killer did: the limit, what it held, and what to lower (LOWER_MEMORY)."""
+    return f"{memory_words(holding)}. {LOWER_MEMORY}"
+
+
+def failed(what: str, event: Event, holding: str = "") -> WorkerFailure:
+    """A piece of work that raised in its worker: the worker's text; the memory hint after a MemoryError."""
+    error = event.answer.error.rstrip() if event.answer is not None else ""
+    return WorkerFailure(f"{what} failed in worker {event.slot.index}:\n{error}",
+                         hint=f"it ran out of memory: {memory_hint(holding)}" if "MemoryError" in error else None)
 
 
 def exit_words(code: int | None) -> str:
