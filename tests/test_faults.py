@@ -194,6 +194,26 @@ def test_a_shard_truncated_under_a_live_run_stops_it_when_workers_cannot_start(t
     assert err.count("file is truncated") == 1  # quoted once, by the server
 
 
+def test_a_shard_truncated_under_workers_reading_it_names_the_file_not_a_bus_error(tmp_path: Path) -> None:
+    """Workers read a page past the new end of a mapped shard: SIGBUS, exit -7, no message of their own. The
+    server checks the shards' sizes then and stops naming the one that shrank. The rows (40 MB) are more than a
+    worker keeps (ROW_CACHE_BYTES), so every epoch reads the shards again."""
+    x, y = blobs(n=160_000, features=64, classes=3, seed=1)
+    data = write_dataset(tmp_path / "d", x, y, shard_rows=40_000)
+    job = write_job(tmp_path, data, kind="softmax", model_extra="", epochs=50, workers=2)
+    proc = start("train", job)
+    try:
+        wait_for_version(tmp_path / "run", 2, seconds=60)
+        os.truncate(data / "train" / "x-00001.npy", 4096)
+        _, err = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err
+    assert "was killed by SIGBUS: a file it had mapped shrank under the run: " in err
+    assert "train/x-00001.npy: file is truncated (expected 10240128 bytes, found 4096 bytes)" in err
+    assert "Traceback" not in err
+
+
 def test_hung_worker_is_killed_and_its_task_rerun(tmp_path: Path, data: Path, baseline: str) -> None:
     job = write_job(tmp_path, data, task_timeout=2)
     result = memtrain("train", job, env={"MEMTRAIN_FAULT": "before_grad_write:2", "MEMTRAIN_FAULT_ACTION": "stop",

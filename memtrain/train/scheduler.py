@@ -36,7 +36,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from memtrain.errors import Interrupted, WorkerFailure, plural
+from memtrain.errors import Interrupted, MemtrainError, WorkerFailure, plural
 from memtrain.faults import fault_point
 from memtrain.train.exchange import Event, Slot, Transport
 from memtrain.train.marks import WAITING, Activity, Board
@@ -102,8 +102,11 @@ class Scheduler:
     def __init__(self, *, task_timeout: float, max_attempts: int, describe_task: Callable[[Task], str],
                  describe_activity: Callable[[Activity], str], log: Callable[[str], None],
                  stop_requested: Callable[[], bool], discard: Callable[[Task], None] = lambda task: None,
-                 describe_memory: Callable[[Task], str] = lambda task: "", backup: BackupRule | None = None):
+                 describe_memory: Callable[[Task], str] = lambda task: "", backup: BackupRule | None = None,
+                 check_mapped: Callable[[], None] = lambda: None):
         self.backup = backup  # the straggler rule of ``run``; None: no backup copies
+        # after a worker's SIGBUS: checks the files workers map that may have shrunk (raises MemtrainError naming one)
+        self.check_mapped = check_mapped
         self.task_timeout = task_timeout
         self.max_attempts = max_attempts
         self.describe_task, self.describe_activity = describe_task, describe_activity
@@ -359,6 +362,7 @@ class Scheduler:
     def _died_outside(self, event: Event, when: str) -> WorkerFailure | None:
         """A worker died with no piece of work to blame. One that never started is its pool's to count; any
         other counts against its slot: the failure to raise at the ``max_attempts``-th in a row, else None."""
+        self._bus_error(event)
         self.deaths += 1
         where = f"worker {event.slot.index} (pid {event.slot.pid})"
         if not event.started:
@@ -380,6 +384,7 @@ class Scheduler:
         """A worker died during a piece of work. A SIGKILL that memtrain did not send and that the cgroup
         counted as an OOM kill is said to be one, with the memory limit that applies and what the piece
         held; one the cgroup cannot tell about names both causes."""
+        self._bus_error(event)
         self.deaths += 1
         oom = oom_killed(self.oom_before) if sigkilled(event.exitcode) and event.slot.pid not in self.killed \
             else False
@@ -402,6 +407,21 @@ class Scheduler:
         if raise_at_limit:
             raise failure
         return failure
+
+    def _bus_error(self, event: Event) -> None:
+        """A worker killed by SIGBUS touched a page of a mapped file past its end: a file shrank under the run
+        (a shard truncated or rewritten in place). When ``check_mapped`` finds it, the run stops naming it
+        (a replacement would die the same way); otherwise the death counts as any other."""
+        if event.exitcode != -signal.SIGBUS:
+            return
+        try:
+            self.check_mapped()
+        except MemtrainError as exc:
+            raise WorkerFailure(f"worker {event.slot.index} (pid {event.slot.pid}) was killed by SIGBUS: a file it "
+                                f"had mapped shrank under the run: {exc}",
+                                hint="restore the file (or prepare the dataset again)") from None
+        self.log(f"worker {event.slot.index} (pid {event.slot.pid}) was killed by SIGBUS, and every shard still has "
+                 f"its size: a mapped file of the run or of the exchange area shrank, or its disk failed")
 
     def _check_stop(self) -> None:
         if self.stop_requested():

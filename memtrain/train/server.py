@@ -291,7 +291,7 @@ class Trainer:
                                    describe_task=self.describe_task, describe_activity=engine.describe_activity,
                                    log=self.log, stop_requested=lambda: self.stop.requested,
                                    discard=self.discard_attempt, describe_memory=self.describe_memory,
-                                   backup=backup_rule(self.job))
+                                   backup=backup_rule(self.job), check_mapped=self.check_mapped)
         try:
             with threadpool_limits(limits=self.job.train.blas_threads):  # the rounds it runs itself: same arithmetic
                 last = (self.replay(position, engine) if self.lineage is not None else
@@ -375,6 +375,12 @@ class Trainer:
             model.loss_and_grad(layout.views(weights), x, y, layout.views(out), **seeded)
             times.append(time.perf_counter() - started)
         return min(times)
+
+    def check_mapped(self) -> None:
+        """After a worker's SIGBUS: the headers and sizes of the dataset's shards, the files a worker maps that
+        someone else may change (raises CorruptFileError naming one that shrank)."""
+        for split in ("train", "val"):
+            self.dataset.split(split).check_files()
 
     def _start_pool(self, count: int) -> WorkerPool:
         """``count`` workers, the first the outline's kept child if there is one (train/outline.py)."""
