@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 import tomllib
 import types
 import typing
@@ -29,6 +30,19 @@ from memtrain.train.optim import OptimizerConfig
 MAX_WORKERS = 1024
 # numpy seeds its generators with non-negative integers; a TOML integer is at most 2**63 - 1.
 MAX_SEED = 2**63 - 1
+# Upper bounds of the job's other integers. Python's TOML reader and --set take integers of any size, but what
+# they count ends in numpy shapes and C integers (the round records hold one column per task, and a dimension
+# must fit a C int), in file names (a task's gradient buffer is g-tNNNNN.npy) and in checkpoints, which refuse
+# counts above 10^12 (train/checkpoint.py MAX_COUNT): a value past these would start a run that fails the same
+# way at every resume. Each bound is far past any real job: a value beyond it is a typo.
+MAX_EPOCHS = 10**6  # train.epochs, train.patience, run.checkpoint_every
+MAX_ROWS = 2**40  # rows at once: train.batch_size, eval_rows, chunk_rows, shuffle_window (4 TiB of one float32 column)
+# train.tasks_per_update: each task has its own gradient buffer in the exchange area, mapped by every participant
+# (a file descriptor per map: the start checks the process's limit, train/room.py open_files_needed)
+MAX_TASKS = 1024
+MAX_ATTEMPTS = 1000  # train.max_attempts: deaths of one piece of work before the run stops
+MAX_KEPT = 10**4  # run.keep_checkpoints, run.keep_versions: files kept on disk
+MAX_FLOAT = int(sys.float_info.max)  # an integer given for a float key converts only up to this
 EXCHANGE_CHOICES = ("auto", "shm", "run")  # any other run.exchange value is a directory that must exist
 
 
@@ -56,26 +70,26 @@ def _positive_finite(unit: str) -> tuple[str, Callable[[Any], bool]]:
 # the model). Checked when a config object is made, whoever makes it: a job file, --set, job.json on resume,
 # or Python code; a value out of range stops the job before anything is written.
 RANGES: dict[str, tuple[str, Callable[[Any], bool]]] = {
-    "train.epochs": _integers(1),
-    "train.batch_size": _integers(1),
-    "train.tasks_per_update": _integers(1),
+    "train.epochs": _integers(1, MAX_EPOCHS),
+    "train.batch_size": _integers(1, MAX_ROWS),
+    "train.tasks_per_update": _integers(1, MAX_TASKS),
     "train.workers": _workers(),
     "train.server_threads": _server_threads(),
     "train.seed": _integers(0, MAX_SEED),
     "train.blas_threads": _integers(1, MAX_WORKERS),
-    "train.eval_rows": _integers(1),
-    "train.shuffle_window": _integers(1),
-    "train.chunk_rows": _integers(1),
+    "train.eval_rows": _integers(1, MAX_ROWS),
+    "train.shuffle_window": _integers(1, MAX_ROWS),
+    "train.chunk_rows": _integers(1, MAX_ROWS),
     "train.task_timeout": _positive_finite("seconds"),
-    "train.max_attempts": _integers(1),
+    "train.max_attempts": _integers(1, MAX_ATTEMPTS),
     "train.backup_ratio": ("0 (no backup copies) or a finite number >= 1",
                            lambda v: isinstance(v, int | float) and math.isfinite(v) and (v == 0 or v >= 1)),
     "train.backup_seconds": ("a finite number of seconds >= 0",
                              lambda v: isinstance(v, int | float) and math.isfinite(v) and v >= 0),
-    "train.patience": _integers(1),
-    "run.checkpoint_every": _integers(1),
-    "run.keep_checkpoints": _integers(1),
-    "run.keep_versions": _integers(1),
+    "train.patience": _integers(1, MAX_EPOCHS),
+    "run.checkpoint_every": _integers(1, MAX_EPOCHS),
+    "run.keep_checkpoints": _integers(1, MAX_KEPT),
+    "run.keep_versions": _integers(1, MAX_KEPT),
 }
 
 
@@ -210,6 +224,7 @@ def load_saved_job(run_dir: str | os.PathLike[str], overrides: typing.Sequence[s
     """The job a run directory follows (for ``--resume``): its record with the changes of its history, then
     ``overrides`` such as more epochs. ``run.dir`` is ``run_dir``, wherever the directory has been moved."""
     from memtrain.errors import CorruptFileError
+    from memtrain.layout import RUN_JOB
     from memtrain.train.record import recorded_job
     from memtrain.train.run_dir import damaged_record
 
@@ -222,7 +237,7 @@ def load_saved_job(run_dir: str | os.PathLike[str], overrides: typing.Sequence[s
     except CorruptFileError as exc:
         raise damaged_record(exc, run_dir, None) from None
     _apply_overrides(raw, overrides, values, workers)
-    return job_from_dict(raw, base=run_dir, source=None)
+    return job_from_dict(raw, base=run_dir, source=None, where=run_dir / RUN_JOB)
 
 
 def _apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str], values: typing.Mapping[str, Any] | None,
@@ -238,9 +253,13 @@ def _apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str], value
         raw.setdefault("train", {})["workers"] = workers
 
 
-def job_from_dict(raw: dict[str, Any], *, base: Path, source: Path | None = None) -> Job:
-    """Validate a job given as nested dicts (a parsed TOML file, or a saved ``job.json``)."""
-    where = source or "job"
+def job_from_dict(raw: dict[str, Any], *, base: Path, source: Path | None = None,
+                  where: Path | None = None) -> Job:
+    """Validate a job given as nested dicts (a parsed TOML file, or a saved ``job.json``).
+
+    Errors name ``where`` (the file the job came from when it is not ``source``: a run's ``job.json``, a
+    job a service received), else ``source``, else ``job`` (a job made in Python)."""
+    where = where or source or "job"
     unknown = set(raw) - set(SECTIONS)
     if unknown:
         name = sorted(unknown)[0]
@@ -456,7 +475,7 @@ def _build(cls: type, values: dict[str, Any], section: str, where: Any, **fixed:
                              hint=did_you_mean(key, allowed))
         _check_type(hints[key], value, f"{section}.{key}", where)
     try:
-        return cls(**{k: _convert(hints[k], v) for k, v in values.items()}, **fixed)
+        return cls(**{k: _convert(hints[k], v, f"{section}.{k}") for k, v in values.items()}, **fixed)
     except InputError as exc:
         exc.path = exc.path or where
         raise
@@ -495,11 +514,13 @@ def _type_name(hint: Any) -> str:
     return {type(None): "nothing", Path: "a path string"}.get(hint, getattr(hint, "__name__", str(hint)))
 
 
-def _convert(hint: Any, value: Any) -> Any:
+def _convert(hint: Any, value: Any, key: str) -> Any:
     if typing.get_origin(hint) is tuple:
         return tuple(value)
     if hint is Path:
         return Path(value)
     if hint is float and isinstance(value, int):
+        if abs(value) > MAX_FLOAT:  # float() would raise OverflowError
+            raise InputError(f"{key} out of range", expected="a finite number", found=value)
         return float(value)
     return value

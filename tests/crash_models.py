@@ -35,6 +35,17 @@ class RaisesOnPoison(SoftmaxRegression):
 
 
 @dataclass(frozen=True)
+class OutOfMemoryOnPoison(SoftmaxRegression):
+    """Softmax regression whose gradient runs out of memory (MemoryError, as numpy raises it) on a poisoned row."""
+
+    def loss_and_grad(self, params: dict, x: np.ndarray, y: np.ndarray, grads: dict) -> float:
+        if np.any(x[:, 0] == POISON):
+            raise MemoryError("Unable to allocate 1.00 TiB for an array with shape (137438953472,) and data type "
+                              "float64")
+        return super().loss_and_grad(params, x, y, grads)
+
+
+@dataclass(frozen=True)
 class NanLossOnPoison(MLP):
     """An MLP whose loss is NaN on a batch holding a poisoned row: the update is skipped at its gradients."""
 

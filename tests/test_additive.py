@@ -133,6 +133,7 @@ def test_a_statistics_task_streams_under_a_memory_limit_a_whole_task_exceeds(tmp
     assert whole.returncode == 1, whole.stderr
     assert "MemoryError" in whole.stderr and "the memory limit that applies is" in whole.stderr
     assert "the task held 237,600 rows at once" in whole.stderr
+    assert "Lower train.chunk_rows" in " ".join(whole.stderr.split())  # the OOM killer's remedy too (one hint)
     assert f"RLIMIT_DATA of each worker above what it held at start ({WORKER_DATA_LIMIT_ENV})" in whole.stderr
 
 

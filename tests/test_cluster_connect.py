@@ -8,6 +8,7 @@ import contextlib
 import http.server
 import signal
 import socket
+import socketserver
 import subprocess
 import sys
 import threading
@@ -92,6 +93,28 @@ def http_server() -> Iterator[int]:
         server.server_close()
 
 
+class AnsweringHandler(socketserver.BaseRequestHandler):
+    """An HTTP server that answers whatever it is sent at once, as one rejecting a malformed request does."""
+
+    def handle(self) -> None:
+        with contextlib.suppress(OSError):
+            self.request.recv(65536)
+            self.request.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: 11\r\n"
+                                 b"Connection: close\r\n\r\nBad Request")
+
+
+@contextlib.contextmanager
+def answering_http_server() -> Iterator[int]:
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), AnsweringHandler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.mark.parametrize("listener", [silent_listener, http_server], ids=["silent", "http"])
 def test_not_a_scheduler_is_a_clear_error_within_the_bound(listener) -> None:
     with listener() as port:
@@ -106,7 +129,7 @@ def test_not_a_scheduler_is_a_clear_error_within_the_bound(listener) -> None:
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_stop_ends_the_wait_for_a_handshake(tmp_path: Path, signum: int) -> None:
     """`memtrain train --cluster` to a listener that never answers: the stop is honoured at once (it waited
-    13 minutes for SIGKILL), with a message and exit 128 + the signal."""
+    13 minutes for SIGKILL), with a message and exit 128 + the signal, nothing left behind."""
     x, y = blobs(n=300, features=4, classes=3)
     data = write_dataset(tmp_path / "data", x, y)
     (tmp_path / "job.toml").write_text(JOB.format(data=data))
@@ -124,5 +147,41 @@ def test_a_stop_ends_the_wait_for_a_handshake(tmp_path: Path, signum: int) -> No
         proc.wait()
         listener.close()
     assert proc.returncode == 128 + signum, err
-    assert f"stopped by {signal.Signals(signum).name} while connecting to tcp://127.0.0.1:{port}" in err
+    # the handshake is tried during start-up, before the run directory is made (a stop there raises at once)
+    assert f"stopped by {signal.Signals(signum).name} during start-up, before training began" in err
     assert "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_listener_answering_with_other_bytes_is_a_clear_error() -> None:
+    """Dask read "HTTP/1.1" as a frame's length and tried to allocate 3 EiB: a MemoryError traceback (issue 41)."""
+    with answering_http_server() as port:
+        started = time.monotonic()
+        with pytest.raises(MemtrainError, match=rf"the listener at tcp://127.0.0.1:{port} did not answer as a Dask "
+                                                r"scheduler .*not its dashboard's"), \
+                connected(parse_cluster(f"tcp://127.0.0.1:{port}"), connect_seconds=1):
+            pass
+        assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize(("listener", "message"), [
+    (answering_http_server, "did not answer as a Dask scheduler"),
+    (http_server, "cannot reach the Dask scheduler"),
+], ids=["answers", "waits"])
+def test_train_at_a_listener_that_is_not_a_scheduler_leaves_nothing_behind(tmp_path: Path, listener,
+                                                                           message: str) -> None:
+    """Through the command line: a clear error within the bound, no traceback, and no run directory (the
+    handshake is tried before anything is written)."""
+    x, y = blobs(n=300, features=4, classes=3)
+    data = write_dataset(tmp_path / "data", x, y)
+    (tmp_path / "job.toml").write_text(JOB.format(data=data))
+    with listener() as port:
+        started = time.monotonic()
+        result = subprocess.run([sys.executable, "-m", "memtrain", "train", tmp_path / "job.toml", "--cluster",
+                                 f"tcp://127.0.0.1:{port}"], capture_output=True, text=True, timeout=50)
+        took = time.monotonic() - started
+    assert result.returncode == 1, result.stderr
+    assert f"at tcp://127.0.0.1:{port}" in result.stderr and message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()
+    assert took < 40  # the connection's bound: 20 s and 5 s of handshake, plus the start

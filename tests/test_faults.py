@@ -171,6 +171,49 @@ def test_killing_workers_from_outside_including_idle_ones(tmp_path: Path, data: 
     assert digest(run) == digest(tmp_path / "clean" / "run")
 
 
+def test_a_shard_truncated_under_a_live_run_stops_it_when_workers_cannot_start(tmp_path: Path) -> None:
+    """Every replacement worker dies at its start (the manifest's size check): those deaths count against
+    train.max_attempts, and the run stops quoting the worker's error once, not a traceback per death."""
+    x, y = blobs(n=1000, features=6, classes=3, seed=1)
+    data = write_dataset(tmp_path / "d", x, y, shard_rows=300)
+    job = write_job(tmp_path, data, epochs=400, workers=2)
+    proc = start("train", job)
+    run = tmp_path / "run"
+    try:
+        wait_for_version(run, 2)
+        shard = data / "train" / "x-00001.npy"
+        os.truncate(shard, shard.stat().st_size - 100)
+        os.kill(worker_pids(run)[0], signal.SIGKILL)  # its replacement opens the dataset again
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err
+    assert "train/x-00001.npy: file is truncated" in err
+    assert "could not start 3 times" in err
+    assert "Traceback" not in err
+    assert err.count("file is truncated") == 1  # quoted once, by the server
+
+
+def test_a_shard_truncated_under_workers_reading_it_names_the_file_not_a_bus_error(tmp_path: Path) -> None:
+    """Workers read a page past the new end of a mapped shard: SIGBUS, exit -7, no message of their own. The
+    server checks the shards' sizes then and stops naming the one that shrank. The rows (40 MB) are more than a
+    worker keeps (ROW_CACHE_BYTES), so every epoch reads the shards again."""
+    x, y = blobs(n=160_000, features=64, classes=3, seed=1)
+    data = write_dataset(tmp_path / "d", x, y, shard_rows=40_000)
+    job = write_job(tmp_path, data, kind="softmax", model_extra="", epochs=50, workers=2)
+    proc = start("train", job)
+    try:
+        wait_for_version(tmp_path / "run", 2, seconds=60)
+        os.truncate(data / "train" / "x-00001.npy", 4096)
+        _, err = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err
+    assert "was killed by SIGBUS: a file it had mapped shrank under the run: " in err
+    assert "train/x-00001.npy: file is truncated (expected 10240128 bytes, found 4096 bytes)" in err
+    assert "Traceback" not in err
+
+
 def test_hung_worker_is_killed_and_its_task_rerun(tmp_path: Path, data: Path, baseline: str) -> None:
     job = write_job(tmp_path, data, task_timeout=2)
     result = memtrain("train", job, env={"MEMTRAIN_FAULT": "before_grad_write:2", "MEMTRAIN_FAULT_ACTION": "stop",
@@ -212,6 +255,20 @@ def test_a_task_that_raises_stops_the_run_with_the_worker_traceback(tmp_path: Pa
 # --- rounds: each worker steps its slice of the parameters, meets its peers at the marks, then computes ---
 
 TWO_SLICES = "hidden = [90000]"  # 14 checksum blocks: with 2 workers every step is cut into 2 slices
+
+
+@pytest.mark.parametrize("workers", [2, 0])
+def test_a_memory_error_in_the_rounds_gets_the_one_memory_hint(tmp_path: Path, workers: int) -> None:
+    """A MemoryError raised in a gradient (the rounds, on workers or in the server) names the limit and the
+    remedies the OOM killer's hint names: the rows per task, train.chunk_rows, fewer workers."""
+    job = write_job(tmp_path, poisoned(tmp_path), kind="crash_models:OutOfMemoryOnPoison", model_extra="",
+                    normalize="false", workers=workers)
+    result = memtrain("train", job)
+    assert result.returncode == 1, result.stderr
+    err = " ".join(result.stderr.split())
+    assert "MemoryError: Unable to allocate 1.00 TiB" in err
+    assert "it ran out of memory: the memory limit that applies is" in err
+    assert "Lower train.chunk_rows" in err and "(train.batch_size, train.tasks_per_update)" in err
 
 
 @pytest.fixture(scope="module")

@@ -58,7 +58,8 @@ def test_a_job_without_a_file_is_validated_and_recorded_as_a_job_file_is(tmp_pat
         memtrain.fit(data=job["data"], train={"epocs": 3})
     with pytest.raises(InputError, match=r"wrong type for train.epochs \(expected int, found '3'\)"):
         memtrain.fit(job | {"train": {"epochs": "3"}})
-    with pytest.raises(InputError, match=r"run.keep_checkpoints out of range \(expected an integer >= 1, found 0\)"):
+    with pytest.raises(InputError,
+                       match=r"run.keep_checkpoints out of range \(expected an integer from 1 to 10000, found 0\)"):
         memtrain.fit(**job, run={"keep_checkpoints": 0})
     with pytest.raises(InputError, match=r"unknown job 'trian'"):
         memtrain.fit({"trian": {}})

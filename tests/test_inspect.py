@@ -659,6 +659,19 @@ def test_export_never_replaces_a_file_unless_asked(capsys: pytest.CaptureFixture
     assert code == 2 and "--overwrite only makes sense with --export" in err
 
 
+def test_export_onto_a_directory_never_advises_the_overwrite_it_was_given(capsys: pytest.CaptureFixture[str],
+                                                                          run: Path, tmp_path: Path) -> None:
+    """--overwrite replaces a file, never a directory: the error said "pass --overwrite" when it was passed."""
+    out = tmp_path / "weights.npz"
+    out.mkdir()
+    (out / "mine.txt").write_text("kept")
+    for extra in ((), ("--overwrite",)):
+        code, _, err = inspect(capsys, run, "--export", out, *extra)
+        assert code == 2 and f"{out}: the export path is a directory" in err, err
+        assert "--overwrite" not in err and "give a file name" in err
+    assert (out / "mine.txt").read_text() == "kept"
+
+
 def test_export_refuses_unknown_format_and_datasets(capsys: pytest.CaptureFixture[str], run: Path,
                                                    dataset: Path, tmp_path: Path) -> None:
     code, _, err = inspect(capsys, run, "--export", tmp_path / "p.pt")

@@ -204,8 +204,9 @@ def test_step_schedule_counts_after_warmup():
     ({"weight_decay": -1}, "bad value for train.weight_decay (expected a number >= 0, found -1)"),
     ({"schedule": "linear"},
      "bad value for train.schedule (expected 'constant' or 'cosine' or 'step', found 'linear')"),
-    ({"warmup_updates": -1}, "bad value for train.warmup_updates (expected an integer >= 0, found -1)"),
-    ({"step_every": 0}, "bad value for train.step_every (expected an integer >= 1, found 0)"),
+    ({"warmup_updates": -1},
+     "bad value for train.warmup_updates (expected an integer from 0 to 1000000000000, found -1)"),
+    ({"step_every": 0}, "bad value for train.step_every (expected an integer from 1 to 1000000000000, found 0)"),
     ({"step_gamma": 2.0}, "bad value for train.step_gamma (expected a number in (0, 1], found 2.0)"),
     ({"lr": 0.01, "min_lr": 0.1}, "bad value for train.min_lr (expected a number in [0, lr=0.01], found 0.1)"),
     ({"name": "sgd", "nesterov": True}, "train.nesterov needs optimizer 'sgd' with momentum > 0 (expected "

@@ -93,8 +93,9 @@ def test_an_additive_models_statistics_are_counted_and_refused_up_front(tmp_path
 
 def test_the_run_directory_needs_room_for_every_version_and_checkpoint_it_keeps(tmp_path: Path,
                                                                                data: Path) -> None:  # noqa: F811
-    job = write_job(tmp_path, data, model_extra="hidden = [100000]")  # 4 MB per weight version
-    job.write_text(job.read_text().replace("keep_checkpoints = 10", "keep_checkpoints = 10000000"))
+    job = write_job(tmp_path, data, model_extra="hidden = [1000000]")  # 40 MB per weight version
+    # 10^4 checkpoints (the most a job may keep, config.MAX_KEPT) of weights and two Adam slots: 1.2 TB
+    job.write_text(job.read_text().replace("keep_checkpoints = 10", "keep_checkpoints = 10000"))
     result = memtrain("train", job)
     assert result.returncode == 1, result.stderr
     assert "not enough free space for the run's weight versions and checkpoints" in result.stderr

@@ -142,13 +142,15 @@ def test_a_start_killed_at_any_write_leaves_no_run_or_a_resumable_one(tmp_path: 
 
 def test_a_start_refused_after_the_directory_was_made_leaves_nothing(tmp_path: Path, data: Path, cli) -> None:
     job = write_job(tmp_path, data)
-    too_many = "run.keep_checkpoints=1000000000"  # more room than any disk has: refused by the room check
-    refused = cli("train", job, "--set", too_many)
+    # 10^4 checkpoints (the most a job may keep) of 12e6 parameters and two Adam slots: 1.4 TB, refused by the
+    # room check once the directory is made
+    too_many = ("--set", "run.keep_checkpoints=10000", "--set", "model.hidden=[2000000]")
+    refused = cli("train", job, *too_many)
     assert refused.code == 1 and "Traceback" not in refused.err
     assert "not enough free space for the run's weight versions and checkpoints" in refused.err
     assert not (tmp_path / "run").exists()
     (tmp_path / "empty").mkdir()
-    refused = cli("train", job, "--run-dir", tmp_path / "empty", "--set", too_many)
+    refused = cli("train", job, "--run-dir", tmp_path / "empty", *too_many)
     assert refused.code == 1 and list((tmp_path / "empty").iterdir()) == []  # put back as it was
     assert cli("train", job).code == 0  # the same command, without the bad setting, just works
 
@@ -178,6 +180,20 @@ def test_resume_never_changes_the_model_data_or_batches_even_when_asked(run_copy
     refused = cli("train", "--resume", run_copy, "--set", setting)
     assert refused.code == 2 and setting.split("=")[0] in refused.err and "Traceback" not in refused.err
     assert snapshot(run_copy) == before
+
+
+def test_a_resumed_jobs_errors_name_the_runs_job_json(run_copy: Path, cli) -> None:
+    """A resumed job comes from the run's job.json: its errors name that file, not `job:` (issue 41)."""
+    result = cli("train", "--resume", run_copy, "--set", "train.epochs=0")
+    assert result.code == 2
+    assert f"{run_copy / 'job.json'}: train.epochs out of range" in result.err
+    job = run_copy / "job.json"
+    record = json.loads(job.read_text())
+    record["train"]["epocs"] = 3  # sealed again: a consistent record holding a key no version knew
+    job.write_text(json.dumps(sealed(record)))
+    result = cli("train", "--resume", run_copy)
+    assert result.code == 2
+    assert f"{job}: unknown key train.epocs" in result.err and not result.err.count(" job: ")
 
 
 def test_a_data_change_is_refused(tmp_path: Path, run_copy: Path, cli) -> None:

@@ -17,7 +17,8 @@ from memtrain.train.scheduler import Scheduler
 
 class Scripted:
     """Workers that answer every message at the next wait, as ``script[(task, attempt)]`` says: "ok" (the
-    default), "die" (the process dies: no answer) or "fail" (the work raised)."""
+    default), "die" (the process dies: no answer), "nostart" (once: it dies before it started) or "fail" (the
+    work raised)."""
 
     def __init__(self, slots: int, script: dict[tuple[int, int], str]):
         self.slots = [Slot(index=i, process=None, ready=True) for i in range(slots)]
@@ -34,8 +35,14 @@ class Scripted:
             if message is None:
                 continue
             what = self.script.get((message.task, message.attempt), "ok")
-            if what == "die":
+            if what == "nostart":  # once: the process dies before it said Ready, so it never ran the message
+                self.script[message.task, message.attempt] = "ok"
+                events.append(Event(slot, None, message, exitcode=1, started=False))
+            elif what == "die":
                 events.append(Event(slot, None, message, exitcode=-9))
+            elif what == "oom":
+                events.append(Event(slot, Result(task=message.task, attempt=message.attempt, outcome=Outcome.FAILED,
+                                                 error="MemoryError: Unable to allocate 8.00 GiB"), message))
             elif what == "fail":
                 events.append(Event(slot, Result(task=message.task, attempt=message.attempt, outcome=Outcome.FAILED,
                                                  error="ValueError: bad rows"), message))
@@ -96,3 +103,42 @@ def test_the_task_stream_gives_results_as_they_arrive_with_the_attempt_that_made
         arrived += [(task.task, task.attempt, result.attempt) for task, result in stream.wait()]
     assert sorted(arrived) == [(5, 1, 1), (6, 0, 0), (7, 0, 0)]
     assert [(t.task, t.attempt) for t in discarded] == [(5, 0)]
+
+
+def test_a_worker_that_never_started_costs_its_task_no_attempt() -> None:
+    logs, discarded = [], []
+    results = scheduler(logs, discarded, max_attempts=1).run(Scripted(1, {(1, 0): "nostart"}), tasks(2))
+    assert [(r.task, r.attempt) for r in results] == [(0, 0), (1, 0)]  # sent on unchanged, not a death of task 1
+    assert any("could not start (exit code 1)" in line for line in logs)
+
+
+class DiesWhileIdle(Scripted):
+    """Slot 0 computes its task forever; slot 1's worker dies at every wait while it waits for work."""
+
+    def wait(self, timeout: float) -> list[Event]:
+        return [Event(self.slots[1], None, None, exitcode=-9)]
+
+
+def test_a_slot_whose_workers_keep_dying_outside_any_task_stops_the_run() -> None:
+    logs = []
+    with pytest.raises(WorkerFailure, match=r"worker 1 died 3 times in a row outside any piece of work \(last exit "
+                                            r"code -9: SIGKILL\)"):
+        scheduler(logs, []).run(DiesWhileIdle(2, {}), tasks(1))
+    assert sum("died with exit code -9 while idle" in line for line in logs) == 3
+
+
+def test_an_answer_from_the_slot_ends_its_deaths_in_a_row() -> None:
+    logs = []
+    sched = scheduler(logs, [])
+    transport = Scripted(2, {})
+    for _ in range(2):
+        sched._died_idle(Event(transport.slots[1], None, None, exitcode=-9))  # noqa: SLF001
+    sched.run(transport, tasks(2))  # slot 1 answers task 1
+    sched._died_idle(Event(transport.slots[1], None, None, exitcode=-9))  # noqa: SLF001 - 1 in a row, not 3
+    assert "(1 death of this slot in a row)" in logs[-1]
+
+
+def test_a_memory_error_gets_the_hint_the_oom_killer_gets() -> None:
+    with pytest.raises(WorkerFailure) as caught:
+        scheduler([], []).run(Scripted(1, {(1, 0): "oom"}), tasks(2))
+    assert "it ran out of memory" in caught.value.hint and "Lower train.chunk_rows" in caught.value.hint

@@ -375,8 +375,9 @@ def test_admit_resolves_paths_against_the_folder_and_rejects_unknown_keys(tmp_pa
     assert admission.job.data.path == tmp_path / "d" and admission.job.run.dir == folder / "runs" / "x"
     args = admission.train_args(folder / "running" / "x.toml", resume=True)
     assert args[-1] == "--resume" and f'data.path="{tmp_path / "d"}"' in args
-    with pytest.raises(InputError, match="unknown key train.bogus"):
+    with pytest.raises(InputError, match="unknown key train.bogus") as caught:
         admit(b"[train]\nbogus = 1\n", folder / "x.toml", base=folder, root=None, spool=folder)
+    assert str(caught.value).startswith(f"{folder / 'x.toml'}: ")  # the job file, not `job:` (issue 41)
     with pytest.raises(InputError, match="inside the service's own folders"):
         admit(b'[run]\ndir = "done"\n', folder / "x.toml", base=folder, root=None, spool=folder)
 

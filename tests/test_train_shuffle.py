@@ -131,6 +131,25 @@ def test_a_run_recorded_before_train_shuffle_resumes_with_batches(tmp_path: Path
     assert digest(tmp_path / "old" / "run") != digest(tmp_path / "rows" / "run")
 
 
+@pytest.mark.parametrize("keys", [("shuffle",), ("shuffle", "shuffle_window")])
+def test_a_later_record_lacking_the_shuffle_is_refused_not_resumed_as_batches(tmp_path: Path, data: Path, keys,
+                                                                             cli) -> None:
+    """A job.json of a "rows" run, resealed without train.shuffle: it holds the keys added with it (monitor,
+    log_to, ...), so it is no record of 30339bc's time, and the missing key is damage (issue 41), not "batches"."""
+    assert cli("train", write_job(tmp_path, data), "--quiet").code == 0
+    path = tmp_path / "run" / "job.json"
+    record = json.loads(path.read_text())
+    for key in keys:
+        del record["train"][key]
+    path.write_text(json.dumps(sealed(record)))
+    versions = weight_versions(tmp_path / "run")
+    resumed = cli("train", "--resume", tmp_path / "run", "--set", "train.epochs=3", "--quiet")
+    assert resumed.code == 1, resumed.err
+    assert f"{path}:train.shuffle" in resumed.err and "the job record lacks a setting" in resumed.err
+    assert "Traceback" not in resumed.err
+    assert weight_versions(tmp_path / "run") == versions
+
+
 def test_shuffled_rows_resume_on_another_worker_count_bitwise(tmp_path: Path, data: Path, cli) -> None:
     rows = 'shuffle = "rows"\nshuffle_window = 64'  # windows of 64 rows: the block strata matter
     assert cli("train", write_job(tmp_path / "a", data, epochs=1, workers=2, train=rows), "--quiet").code == 0

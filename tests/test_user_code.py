@@ -80,6 +80,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (folder / "usercode.py").write_text(CODE)
     (folder / "torchcode.py").write_text(TORCH_CODE)
     (folder / "quits_on_import.py").write_text("raise SystemExit(0)\n")
+    (folder / "hard_exit_on_import.py").write_text("import os\n\nos._exit(0)\n")
     return folder
 
 
@@ -120,6 +121,20 @@ def test_a_model_raising_systemexit_0_in_training_fails_the_run(folder: Path, wo
                             capture_output=True, text=True, timeout=50, cwd=folder)
     assert result.returncode == 1, result.stderr
     assert "SystemExit" in result.stderr and "Traceback" not in result.stderr.split("error:")[0]
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_module_calling_os_exit_0_at_import_never_exits_0(folder: Path, workers: int) -> None:
+    """os._exit(0) skips every handler: `memtrain train` ended with exit 0 and nothing trained (issue 41)."""
+    name = f"hard{workers}"
+    result = subprocess.run([sys.executable, "-m", "memtrain", "train",
+                             job(folder, name, 'kind = "hard_exit_on_import:Model"', workers)],
+                            capture_output=True, text=True, timeout=50, cwd=folder)
+    assert result.returncode == 2, result.stderr
+    assert ("importing module 'hard_exit_on_import' of model 'hard_exit_on_import:Model' called os._exit(0)"
+            in result.stderr)
+    assert "Traceback" not in result.stderr
+    assert not (folder / "runs" / name).exists()
 
 
 def test_a_factory_raising_systemexit_0_exits_2_through_the_real_command_line(folder: Path) -> None:

@@ -4,11 +4,14 @@
 dask-jobqueue, dask-mpi, Kubernetes, ``dask worker``); ``local:N`` starts N worker processes on 127.0.0.1,
 one thread each, without a dashboard, to try a cluster run on one machine. Every wait has a bound, whatever
 is at the other end (an unreachable scheduler, one without workers, a listener that never answers, an HTTP
-server): a clear error, not a hang; and every wait ends at a stop request (SIGINT, SIGTERM, SIGHUP).
+server, one that answers with other bytes): a clear error, not a hang or a traceback; and every wait ends at a
+stop request (SIGINT, SIGTERM, SIGHUP). ``check_scheduler`` is the same handshake alone, done before a run
+writes anything.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
 import logging
@@ -88,23 +91,56 @@ def _quiet(prefix: str) -> Iterator[None]:
             logging.getLogger(name).setLevel(level)
 
 
-@contextlib.contextmanager
-def _client(distributed: Any, address: str, seconds: float, stopped: Callable[[], int | None]) -> Iterator[Any]:
-    # Dask's own timeout covers the TCP connect, not the handshake after it: a listener that never answers
-    # (or an HTTP server, which waits for a request) would hang it forever. So the whole construction is
-    # bounded here, and a stop request ends the wait.
+def check_scheduler(address: ClusterAddress, *, seconds: float = CONNECT_SECONDS,
+                    stopped: Callable[[], int | None] = lambda: None) -> None:
+    """Refuse an address where no Dask scheduler answers, with one handshake and nothing else (no client, no
+    worker): called before a run writes anything, so a wrong address leaves nothing behind. ``local:N``: nothing
+    to check (memtrain starts that cluster itself)."""
+    if address.local:
+        return
+    import_distributed()
+    from distributed.comm import connect as dask_connect
+
+    async def handshake() -> None:
+        comm = await dask_connect(address.text, timeout=seconds)
+        await comm.close()
+
+    with _quiet("distributed"):
+        _handshake(lambda: asyncio.run(handshake()), address.text, seconds, stopped, late=lambda _: None)
+
+
+def _handshake(call: Callable[[], T], address: str, seconds: float, stopped: Callable[[], int | None],
+               late: Callable[[T], object]) -> T:
+    """``call()`` (a connection to ``address``), bounded: Dask's own timeout covers the TCP connect, not the
+    handshake after it, so a listener that never answers (an HTTP server waiting for a request) would hang it
+    forever; and one that answers with other bytes has them read as a Dask frame's length (8 bytes of "HTTP/1.1"
+    ask for 3 EiB). Either is a clear error naming the address, never a traceback; a stop request ends the wait."""
     unreachable = f"cannot reach the Dask scheduler at {address} within {seconds:g} s"
     hint = "start it (`dask scheduler`) or check the address, port and firewall"
     try:
-        client = bounded(lambda: distributed.Client(address, timeout=seconds, direct_to_workers=True),
-                         seconds=seconds + min(seconds, HANDSHAKE_GRACE), stopped=stopped,
-                         doing=f"connecting to {address}",
-                         late=lambda client: client.close(timeout=5),
-                         timeout_error=MemtrainError(unreachable, found="no Dask handshake: something that is not "
-                                                     "a Dask scheduler answers there, or nothing does", hint=hint))
+        return bounded(call, seconds=seconds + min(seconds, HANDSHAKE_GRACE), stopped=stopped,
+                       doing=f"connecting to {address}", late=late,
+                       timeout_error=MemtrainError(unreachable, found="no Dask handshake: something that is not "
+                                                   "a Dask scheduler answers there, or nothing does", hint=hint))
     except (OSError, TimeoutError) as exc:
-        raise MemtrainError(unreachable, found=str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
-                            hint=hint) from None
+        raise MemtrainError(unreachable, found=_first_line(exc), hint=hint) from None
+    except MemtrainError:  # a stop request, memtrain's own
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever Dask makes of bytes that are not its protocol
+        raise MemtrainError(f"the listener at {address} did not answer as a Dask scheduler",
+                            found=f"a reply Dask cannot read, {type(exc).__name__}: {_first_line(exc)}",
+                            hint="check the address and port: a scheduler's (default 8786), not its dashboard's "
+                                 "(8787) or another server's") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+@contextlib.contextmanager
+def _client(distributed: Any, address: str, seconds: float, stopped: Callable[[], int | None]) -> Iterator[Any]:
+    client = _handshake(lambda: distributed.Client(address, timeout=seconds, direct_to_workers=True), address,
+                        seconds, stopped, late=lambda client: client.close(timeout=5))
     try:
         yield client
     finally:

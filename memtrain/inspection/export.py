@@ -58,9 +58,12 @@ def export(tensors: Tensors, out: Path, meta: dict[str, Any] | None, chunk: int 
     kind = FORMATS.get(out.suffix.lower())
     if kind is None:
         raise InputError("unknown export format", path=out, expected=" or ".join(FORMATS), found=out.suffix or "none")
-    if out.is_dir() or (out.exists() and not overwrite):
-        raise InputError("the export file exists" if not out.is_dir() else "the export path is a directory",
-                         path=out, hint="pass --overwrite to replace the file, or give another name")
+    if out.is_dir():  # --overwrite replaces a file, never a directory: only another name helps
+        raise InputError("the export path is a directory", path=out, expected="a file name ending in "
+                         + " or ".join(FORMATS), hint="give a file name (e.g. inside that directory)")
+    if out.exists() and not overwrite:
+        raise InputError("the export file exists", path=out,
+                         hint="pass --overwrite to replace the file, or give another name")
     normalize = normalization(data)
     encoding = json.dumps(data["encoding"], allow_nan=False) if data and data.get("encoding") else None
     clash = sorted(set(tensors.arrays) & {*NORMALIZE_KEYS, ENCODING_KEY})

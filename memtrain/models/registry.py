@@ -5,10 +5,11 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import os
 import sys
 from collections.abc import Iterator
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NoReturn
 
 from memtrain.errors import InputError, MemtrainError, did_you_mean
 from memtrain.models.protocol import DataSpec, Model, build_options_error
@@ -61,11 +62,40 @@ def user_code(what: str, **details: Any) -> Iterator[None]:
     InputError: model factory 'nets:make' raised SystemExit: 0
     """
     try:
-        yield
+        with _no_hard_exit():
+            yield
     except MemtrainError:
         raise
+    except HardExit as exc:
+        raise InputError(f"{what} called os._exit({exc.code}): a model's code must not end the process",
+                         **details) from exc
     except BaseException as exc:  # noqa: BLE001 - the user's code may raise anything
         raise InputError(f"{what} raised {type(exc).__name__}: {exc}", **details) from exc
+
+
+class HardExit(BaseException):
+    """The user's code called ``os._exit(code)`` while ``user_code`` ran it."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
+@contextlib.contextmanager
+def _no_hard_exit() -> Iterator[None]:
+    """``os._exit`` raises ``HardExit`` while the user's code runs: called at import (say), it would end memtrain
+    at once with the code it gives, 0 too, skipping every ``finally`` -- a run that never started, reported
+    as a success. Restored after, whatever happens (memtrain's own exits keep the real one)."""
+    real = os._exit
+
+    def refuse(code: int) -> NoReturn:
+        raise HardExit(code)
+
+    os._exit = refuse
+    try:
+        yield
+    finally:
+        os._exit = real
 
 
 def _import(module_name: str, what: str, hint: str) -> Any:

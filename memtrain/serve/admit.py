@@ -102,7 +102,7 @@ def admit(content: bytes, path: Path, *, base: Path, root: Path | None, spool: P
     if isinstance(run, dict):
         run.setdefault("dir", str(Path("runs") / spool_record_stem(name)))  # `memtrain train JOB.toml`'s default
     try:
-        job = job_from_dict(raw, base=base, source=None)
+        job = job_from_dict(raw, base=base, source=None, where=path)
         resolved = json.loads(json.dumps(job_to_dict(job)))
     except (TypeError, ValueError) as exc:
         raise InputError(f"invalid job ({exc})", path=path,

@@ -8,6 +8,10 @@ and deaths, ``kill`` a slot's process. Two implementations:
   only its outbox (train/worker.py). No pipe is shared between workers, so a worker killed in the middle
   of a write can wedge only its own slot, which is replaced with fresh pipes. Every wait watches the
   answer pipes and the process sentinels together and has a bound, so a death is seen at once.
+  A worker that dies before it said Ready could not start (it sends its error first, ``StartFailed``):
+  ``max_starts`` such deaths in a row, with no worker started in between, stop the run quoting the last
+  error (``WorkerFailure``), wherever the pool is waited on -- a replacement that cannot start either would
+  otherwise be replaced forever.
 - ``InServer``: one slot, no process: ``send`` runs the message in the server right away (the same
   ``WorkerState``, the same files and arithmetic) and ``wait`` hands back its answer.
 
@@ -30,8 +34,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any, Protocol
 
+from memtrain.errors import WorkerFailure, plural
 from memtrain.train.launch import script_not_rerun
-from memtrain.train.messages import Message, Ready, Result, Stop, StretchEnd, WorkerSetup
+from memtrain.train.messages import Message, Ready, Result, StartFailed, Stop, StretchEnd, WorkerSetup
 from memtrain.train.worker import WorkerState, worker_main
 
 if TYPE_CHECKING:
@@ -48,6 +53,7 @@ class Slot:
     inbox: Connection | None = None  # the server's end of the pipe the worker reads
     outbox: Connection | None = None  # the server's end of the pipe the worker answers on
     ready: bool = False  # the worker has started and said so
+    error: str = ""  # what the worker said when it could not start (StartFailed)
     current: Message | None = None
     since: float = 0.0
 
@@ -62,12 +68,14 @@ class Slot:
 
 @dataclass(frozen=True)
 class Event:
-    """An answer from a slot, or the death of its process (``answer`` None, ``exitcode`` set)."""
+    """An answer from a slot, or the death of its process (``answer`` None, ``exitcode`` set; ``started``
+    False when it died before it said Ready: it never ran ``message``, and its pool counts the death)."""
 
     slot: Slot
     answer: Result | StretchEnd | None
     message: Message | None  # what the slot was working on
     exitcode: int | None = None
+    started: bool = True
 
 
 class Transport(Protocol):
@@ -89,9 +97,11 @@ class WorkerPool:
     started. ``grow`` starts more workers on the side (``pending``: not in ``slots``, so sent nothing, until
     ``ready`` sees them all started), ``shrink`` stops the last ones."""
 
-    def __init__(self, setup: WorkerSetup, count: int, adopt: KeptWorker | None = None):
+    def __init__(self, setup: WorkerSetup, count: int, adopt: KeptWorker | None = None, max_starts: int = 3):
         self._context = multiprocessing.get_context(START_METHOD)
         self._setup = setup
+        self.max_starts = max_starts  # train.max_attempts: workers that could not start, in a row, stop the run
+        self.failed_starts = 0  # in a row: a worker that starts resets it
         # One poll set for the pool's life, changed only when a slot is replaced: building a selector per
         # wait (multiprocessing.connection.wait) cost the server more than the wait's system call.
         self._poll = select.poll()
@@ -160,10 +170,24 @@ class WorkerPool:
         for slot in dead:
             events.extend(self._drain(slot))
             slot.process.join()
+            if not slot.ready:
+                self._failed_start(slot)
             if slot not in self.pending:
-                events.append(Event(slot, None, slot.current, slot.process.exitcode))
+                events.append(Event(slot, None, slot.current, slot.process.exitcode, started=slot.ready))
             self._replace(slot)
         return events
+
+    def _failed_start(self, slot: Slot) -> None:
+        """A worker died before it said Ready: the ``max_starts``-th such death in a row stops the run (raises),
+        quoting what the worker said, before a replacement is started."""
+        self.failed_starts += 1
+        if self.failed_starts < self.max_starts:
+            return
+        said = f":\n{slot.error.rstrip()}" if slot.error else \
+            f" (it said nothing: exit code {slot.process.exitcode})"
+        raise WorkerFailure(f"worker processes could not start {plural(self.failed_starts, 'time')} in a row; the "
+                            f"last, worker {slot.index} (pid {slot.pid}), exited with code {slot.process.exitcode}"
+                            f"{said}")
 
     def _drain(self, slot: Slot) -> list[Event]:
         events = []
@@ -173,7 +197,10 @@ class WorkerPool:
             except (EOFError, OSError):
                 break
             if isinstance(answer, Ready):
-                slot.ready = True
+                slot.ready, self.failed_starts = True, 0
+                continue
+            if isinstance(answer, StartFailed):
+                slot.error = answer.error
                 continue
             events.append(Event(slot, answer, slot.current))
             slot.current = None

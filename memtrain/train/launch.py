@@ -49,8 +49,8 @@ def exit_at_once(code: int = 0) -> NoReturn:
     objects, which for a process that imported torch took 0.35-0.52 s (``python -c "import torch"`` against
     the same ending in ``atexit``'s hooks and ``os._exit``: 0.03-0.04 s) and for the ``memtrain`` command
     with numpy, h5py and memtrain loaded 58-91 ms (4.6-6.4 ms). The server waits for it when it stops its
-    workers or lets an outline's child go; the user waits for the command. An error still ends a worker
-    the usual way (its traceback printed, exit code 1): this is called only after a normal end."""
+    workers or lets an outline's child go; the user waits for the command. Called after a normal end, and
+    with 1 by a worker that could not start once its error is sent to the server (train/worker.py ``start``)."""
     atexit._run_exitfuncs()  # noqa: SLF001 - the hooks users and libraries registered run as at a normal exit
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):

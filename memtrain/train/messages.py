@@ -168,6 +168,14 @@ class Ready:
     pid: int
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartFailed:
+    """A worker's only message when it could not start (the dataset would not open, the model would not
+    build): its error, which the server quotes once when it stops the run (train/exchange.py)."""
+
+    error: str
+
+
 Task = EvalTask | StatsTask | GradTask | StepTask
 Message = Stretch | EvalTask | StatsTask | GradTask | StepTask | Stop
 

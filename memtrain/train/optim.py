@@ -73,9 +73,15 @@ def _check_number(key: str, value: object, expected: str, ok) -> None:
         raise InputError(f"bad value for {key}", expected=expected, found=repr(value))
 
 
+# Upper bound of the schedule's counts of updates: a checkpoint refuses counts above 10^12 (train/checkpoint.py
+# MAX_COUNT), so no run makes more updates; a larger value is a typo (config.py, "Upper bounds").
+MAX_UPDATES = 10**12
+
+
 def _check_int(key: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InputError(f"bad value for {key}", expected=f"an integer >= {minimum}", found=repr(value))
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_UPDATES:
+        raise InputError(f"bad value for {key}", expected=f"an integer from {minimum} to {MAX_UPDATES}",
+                         found=repr(value))
 
 
 def state_slots(config: OptimizerConfig) -> tuple[str, ...]:

@@ -226,7 +226,7 @@ def _serve_when_adopted(orders: Connection, send: Connection, dataset: Any, cont
     """Wait for the run's ``WorkerSetup`` (nothing, when the run never adopts it: exit), then serve the run as
     its first worker with the dataset and model built for the outline."""
     from memtrain.train.messages import WorkerSetup
-    from memtrain.train.worker import WorkerState, exit_if_orphaned, serve
+    from memtrain.train.worker import WorkerState, exit_if_orphaned, serve, start
 
     try:
         setup = orders.recv()
@@ -234,5 +234,6 @@ def _serve_when_adopted(orders: Connection, send: Connection, dataset: Any, cont
         return
     if not isinstance(setup, WorkerSetup):
         return
-    state = WorkerState(setup, alive=lambda: exit_if_orphaned(setup.server_pid), dataset=dataset, context=context)
+    state = start(lambda: WorkerState(setup, alive=lambda: exit_if_orphaned(setup.server_pid), dataset=dataset,
+                                      context=context), send)
     serve(state, orders, send)

@@ -43,6 +43,17 @@ def open_cluster(job: Job, setup: WorkerSetup, run: RunDir, log: Callable[[str],
     return pool
 
 
+def check_cluster(job: Job, stopped: Callable[[], int | None] = lambda: None) -> None:
+    """Refuse, before the run writes anything, a ``run.cluster`` where no Dask scheduler answers (one
+    handshake, ``cluster.connect.check_scheduler``); nothing to check without one, or for ``local:N``."""
+    if not job.run.cluster:
+        return
+    from memtrain.cluster.address import parse_cluster
+    from memtrain.cluster.connect import check_scheduler
+
+    check_scheduler(parse_cluster(job.run.cluster, where="run.cluster"), stopped=stopped)
+
+
 class Streamed:
     """The placement of a run whose gradients are streamed (train/placement.py's interface): a transport
     chosen at start, never re-decided -- a cluster run, or an overlapping mode (train/overlap.py)."""

@@ -100,13 +100,21 @@ def read_job_record(run_dir: Path) -> dict[str, Any]:
     if not all(isinstance(sections.get(name), dict) for name in ("data", "model", "train", "run")):
         raise CorruptFileError("the job record lacks a section", path=path,
                                expected="data, model, train and run", found=", ".join(sections))
-    for key, value in {**_runtime_defaults(), **RECORDED_BEFORE}.items():
+    for key, value in {**_runtime_defaults(), **_recorded_before(sections)}.items():
         section, _, name = key.partition(".")
         sections[section].setdefault(name, value)
     missing = sorted(set(_every_key()) - set(flatten(sections)))
     if missing:  # a default would silently stand in for what the run really used
         raise CorruptFileError("the job record lacks a setting", path=path, where=", ".join(missing))
     return sections
+
+
+def _recorded_before(sections: dict[str, Any]) -> dict[str, Any]:
+    """RECORDED_BEFORE, for a record written before those settings existed: one that lacks every one of them.
+    A record holding any of them was written by a memtrain that records them all, so one it lacks is damage
+    (a hand edit, resealed), never the old meaning: a "rows" run would resume as "batches"."""
+    held = flatten(sections)
+    return {} if any(key in held for key in RECORDED_BEFORE) else RECORDED_BEFORE
 
 
 def _runtime_defaults() -> dict[str, Any]:

@@ -31,11 +31,13 @@ The logs (metrics, lineage, events) grow by a few hundred bytes per update and a
 
 from __future__ import annotations
 
+import resource
 from dataclasses import dataclass
 
 import numpy as np
 
 from memtrain.config import Job
+from memtrain.errors import InputError
 from memtrain.files import DIGEST_BYTES
 from memtrain.models.params import PARAM_DTYPE
 from memtrain.train.context import ModelContext
@@ -93,6 +95,28 @@ def additive_room(job: Job, context: ModelContext, weights: int, *, per_epoch: i
     run = ((job.train.tasks_per_update + 1) * statistics + (max(job.run.keep_versions, 1) + 1) * weights
            + (job.run.keep_checkpoints + 1) * weights)
     return Room(exchange=small, run=run)
+
+
+# Files a process has open besides the mapped exchange buffers: the dataset's shards, the run's logs and
+# locks, the workers' pipes and sentinels, the interpreter's own (an estimate with room to spare).
+OTHER_FILES = 512
+
+
+def allow_open_files(job: Job) -> None:
+    """Raise this process's soft limit of open files (which its workers inherit) to what the rounds map: every
+    participant maps each task's gradient buffer (per bank) and the optimizer state, and each map holds a file
+    descriptor. A hard limit below that refuses the job before anything is written (exit 2), naming the key."""
+    banks = gradient_banks(job.train.staleness)
+    needed = banks * job.train.tasks_per_update + 2 * len(state_slots(job.train.optimizer)) + OTHER_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        raise InputError("train.tasks_per_update needs more open files than this process may have",
+                         expected=f"a limit of at least {needed} open files (a mapped gradient buffer per task)",
+                         found=f"a hard limit of {hard} (ulimit -Hn)",
+                         hint="lower train.tasks_per_update, or raise the limit (ulimit -n) before memtrain starts")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
 def size_text(size: int) -> str:

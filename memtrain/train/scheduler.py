@@ -17,20 +17,26 @@ Three kinds of work:
   participant ends at its next mark, and the server starts the next stretch from the ledger, after the
   last update that was finished.
 
-A piece of work that kills its worker ``max_attempts`` times stops the run naming it and its rows. How a
-stretch ended is a ``messages.Outcome``, as a task's or a participant's answer is.
+A piece of work that kills its worker ``max_attempts`` times stops the run naming it and its rows. Every other
+death counts too: a worker that dies with no piece of work to blame (idle between tasks, at the start of a
+stretch before its first activity) counts against its slot, and ``max_attempts`` such deaths of one slot in
+a row (no answer from it in between) stop the run; one that dies before it said Ready never ran what it was
+sent (the message goes to the next worker unchanged) and is counted by its pool (train/exchange.py), which
+stops the run quoting the worker's error. How a stretch ended is a ``messages.Outcome``, as a task's or a
+participant's answer is.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import statistics
 import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from memtrain.errors import Interrupted, WorkerFailure, plural
+from memtrain.errors import Interrupted, MemtrainError, WorkerFailure, plural
 from memtrain.faults import fault_point
 from memtrain.train.exchange import Event, Slot, Transport
 from memtrain.train.marks import WAITING, Activity, Board
@@ -96,8 +102,11 @@ class Scheduler:
     def __init__(self, *, task_timeout: float, max_attempts: int, describe_task: Callable[[Task], str],
                  describe_activity: Callable[[Activity], str], log: Callable[[str], None],
                  stop_requested: Callable[[], bool], discard: Callable[[Task], None] = lambda task: None,
-                 describe_memory: Callable[[Task], str] = lambda task: "", backup: BackupRule | None = None):
+                 describe_memory: Callable[[Task], str] = lambda task: "", backup: BackupRule | None = None,
+                 check_mapped: Callable[[], None] = lambda: None):
         self.backup = backup  # the straggler rule of ``run``; None: no backup copies
+        # after a worker's SIGBUS: checks the files workers map that may have shrunk (raises MemtrainError naming one)
+        self.check_mapped = check_mapped
         self.task_timeout = task_timeout
         self.max_attempts = max_attempts
         self.describe_task, self.describe_activity = describe_task, describe_activity
@@ -109,6 +118,7 @@ class Scheduler:
         self.killed: set[int] = set()  # pids killed for silence: killed (and logged) once, then awaited
         self.deaths = 0
         self.attempts: Counter[tuple[int, int, int]] = Counter()  # deaths per piece of a round (kind, update, item)
+        self.unblamed: Counter[int] = Counter()  # per slot: deaths outside any piece of work since it last answered
 
     # --- tasks ---
 
@@ -206,6 +216,7 @@ class Scheduler:
                 done: dict[tuple[int, int], Result], race: Race | None = None) -> None:
         message = event.message
         key = task_key(message) if isinstance(message, Task) else None
+        self._answered(event)
         if (race is not None and key is not None and key in race.copies and key not in done
                 and message in (current.get(key), race.copies[key]) and self._raced(event, key, current, race)):
             return
@@ -215,13 +226,13 @@ class Scheduler:
             if event.answer is None:
                 self._died_idle(event)
             return  # a stale attempt answered: nothing to do
+        if event.answer is None and not event.started:  # it never ran the task: sent on unchanged, not counted
+            self._died_idle(event)
+            pending.appendleft(message)
+            return
         if event.answer is not None:
             if event.answer.outcome == Outcome.FAILED:
-                out_of_memory = "MemoryError" in event.answer.error
-                raise WorkerFailure(f"{self.describe_task(message)} failed in worker {event.slot.index}:\n"
-                                    f"{event.answer.error.rstrip()}",
-                                    hint=f"it ran out of memory: {limit_words()}; {self.describe_memory(message)}"
-                                    if out_of_memory else None)
+                raise failed(self.describe_task(message), event, self.describe_memory(message))
             done[key] = event.answer
             fault_point("after_result")
             return
@@ -291,6 +302,7 @@ class Scheduler:
 
     def _stretch_event(self, event: Event, watch: _Watch, board: Board) -> None:
         message = event.message
+        self._answered(event)
         if not (isinstance(message, Stretch) and message.generation == watch.generation):
             if event.answer is None:
                 self._died_idle(event)
@@ -298,11 +310,9 @@ class Scheduler:
         slot = message.slot
         if event.answer is None:
             activity = watch.activities.get(slot) or _current(board, watch.generation, slot)
-            if activity is None or activity.kind == WAITING:  # no piece of work to blame: nothing to count
-                self.deaths += 1
+            if activity is None or activity.kind == WAITING:  # no piece of work to blame: counted against the slot
                 what = self.describe_activity(activity) if activity else "the start of a stretch"
-                self.log(f"worker {event.slot.index} (pid {event.slot.pid}) died with exit code {event.exitcode} "
-                         f"during {what}")
+                watch.failure = watch.failure or self._died_outside(event, f"during {what}")
             else:
                 key = (activity.kind, activity.update, activity.item)
                 self.attempts[key] += 1
@@ -316,8 +326,7 @@ class Scheduler:
         if event.answer.outcome == Outcome.FAILED:
             activity = _current(board, watch.generation, slot)
             what = self.describe_activity(activity) if activity else "a stretch of rounds"
-            watch.failure = watch.failure or WorkerFailure(
-                f"{what} failed in worker {event.slot.index}:\n{event.answer.error.rstrip()}")
+            watch.failure = watch.failure or failed(what, event)
             board.cancel(watch.generation)
 
     def _kill_silent(self, transport: Transport, board: Board, watch: _Watch) -> None:
@@ -339,32 +348,58 @@ class Scheduler:
 
     # --- both ---
 
+    def _answered(self, event: Event) -> None:
+        """An answer from a slot: its deaths outside any piece of work are no longer in a row."""
+        if event.answer is not None:
+            self.unblamed.pop(event.slot.index, None)
+
     def _died_idle(self, event: Event) -> None:
-        """A worker died between two pieces of work: its replacement is already starting."""
+        """A worker died between two pieces of work: its replacement is already starting (or the run stops)."""
+        failure = self._died_outside(event, "while idle")
+        if failure is not None:
+            raise failure
+
+    def _died_outside(self, event: Event, when: str) -> WorkerFailure | None:
+        """A worker died with no piece of work to blame. One that never started is its pool's to count; any
+        other counts against its slot: the failure to raise at the ``max_attempts``-th in a row, else None."""
+        self._bus_error(event)
         self.deaths += 1
-        self.log(f"worker {event.slot.index} (pid {event.slot.pid}) died with exit code {event.exitcode} while idle")
+        where = f"worker {event.slot.index} (pid {event.slot.pid})"
+        if not event.started:
+            self.log(f"{where} could not start (exit code {event.exitcode})")
+            return None
+        self.unblamed[event.slot.index] += 1
+        count = self.unblamed[event.slot.index]
+        self.log(f"{where} died with exit code {event.exitcode} {when} ({plural(count, 'death')} of this slot in a "
+                 f"row)")
+        if count < self.max_attempts:
+            return None
+        return WorkerFailure(f"worker {event.slot.index} died {plural(count, 'time')} in a row outside any piece of "
+                             f"work (last exit code {exit_words(event.exitcode)})",
+                             hint="something kills memtrain's workers while they wait (another process, a resource "
+                                  "limit, the out-of-memory killer); or raise train.max_attempts")
 
     def _died(self, event: Event, what: str, attempts: int, *, raise_at_limit: bool = True,
               holding: str = "") -> WorkerFailure | None:
         """A worker died during a piece of work. A SIGKILL that memtrain did not send and that the cgroup
         counted as an OOM kill is said to be one, with the memory limit that applies and what the piece
         held; one the cgroup cannot tell about names both causes."""
+        self._bus_error(event)
         self.deaths += 1
         oom = oom_killed(self.oom_before) if sigkilled(event.exitcode) and event.slot.pid not in self.killed \
             else False
-        memory = f"{limit_words()}; {holding or 'see the task above for what it held'}"
+        memory = memory_hint(holding)
         cause = (f" (killed by the kernel's out-of-memory killer: the run's memory cgroup counted an OOM kill; "
-                 f"{memory})") if oom else ""
+                 f"{memory_words(holding)})") if oom else ""
         self.log(f"worker {event.slot.index} (pid {event.slot.pid}) died with exit code {event.exitcode} "
                  f"during {what}, attempt {attempts}{cause}")
         if attempts < self.max_attempts:
             return None
         if oom:
-            signal_text, hint = (": SIGKILL from the kernel's out-of-memory killer",
-                                 f"{memory}. {LOWER_MEMORY}")
+            signal_text, hint = ": SIGKILL from the kernel's out-of-memory killer", memory
         elif oom is None:
             signal_text, hint = (": SIGKILL, which the kernel's out-of-memory killer sends",
-                                 f"if it ran out of memory: {memory}. {LOWER_MEMORY}; if not, {CRASH_HINT}")
+                                 f"if it ran out of memory: {memory}; if not, {CRASH_HINT}")
         else:
             signal_text, hint = "", CRASH_HINT
         failure = WorkerFailure(f"{what} killed its worker {plural(attempts, 'time')} "
@@ -373,9 +408,52 @@ class Scheduler:
             raise failure
         return failure
 
+    def _bus_error(self, event: Event) -> None:
+        """A worker killed by SIGBUS touched a page of a mapped file past its end: a file shrank under the run
+        (a shard truncated or rewritten in place). When ``check_mapped`` finds it, the run stops naming it
+        (a replacement would die the same way); otherwise the death counts as any other."""
+        if event.exitcode != -signal.SIGBUS:
+            return
+        try:
+            self.check_mapped()
+        except MemtrainError as exc:
+            raise WorkerFailure(f"worker {event.slot.index} (pid {event.slot.pid}) was killed by SIGBUS: a file it "
+                                f"had mapped shrank under the run: {exc}",
+                                hint="restore the file (or prepare the dataset again)") from None
+        self.log(f"worker {event.slot.index} (pid {event.slot.pid}) was killed by SIGBUS, and every shard still has "
+                 f"its size: a mapped file of the run or of the exchange area shrank, or its disk failed")
+
     def _check_stop(self) -> None:
         if self.stop_requested():
             raise Interrupted("stopped by a signal")
+
+
+def memory_words(holding: str) -> str:
+    """The memory limit that applies, and what the piece of work held (``holding``; "" when unknown)."""
+    return f"{limit_words()}; {holding or 'see the task above for what it held'}"
+
+
+def memory_hint(holding: str) -> str:
+    """The one hint of a piece of work that ran out of memory, whether a MemoryError said so or the kernel's
+    OOM killer did: the limit, what it held, and what to lower (LOWER_MEMORY)."""
+    return f"{memory_words(holding)}. {LOWER_MEMORY}"
+
+
+def failed(what: str, event: Event, holding: str = "") -> WorkerFailure:
+    """A piece of work that raised in its worker: the worker's text; the memory hint after a MemoryError."""
+    error = event.answer.error.rstrip() if event.answer is not None else ""
+    return WorkerFailure(f"{what} failed in worker {event.slot.index}:\n{error}",
+                         hint=f"it ran out of memory: {memory_hint(holding)}" if "MemoryError" in error else None)
+
+
+def exit_words(code: int | None) -> str:
+    """``-9`` -> ``"-9: SIGKILL"``: an exit code, with the signal's name when a signal ended the process."""
+    if code is None or code >= 0:
+        return str(code)
+    try:
+        return f"{code}: {signal.Signals(-code).name}"
+    except ValueError:
+        return str(code)
 
 
 def task_key(message: Task) -> tuple[int, int]:

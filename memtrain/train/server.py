@@ -75,9 +75,9 @@ from memtrain.train.monitor import check_monitor, monitor_for
 from memtrain.train.optim import state_slots
 from memtrain.train.placement import Placement, ServerThreads, stream_workers, thread_candidates, worker_start_cost
 from memtrain.train.plan import Plan, eval_tasks, gradient_banks, split_range
-from memtrain.train.pools import OnCluster, Streamed, open_cluster
+from memtrain.train.pools import OnCluster, Streamed, check_cluster, open_cluster
 from memtrain.train.record import Decision
-from memtrain.train.room import room_needed, size_text
+from memtrain.train.room import allow_open_files, room_needed, size_text
 from memtrain.train.run_dir import RunDir, open_run_dir, refuse_live_run
 from memtrain.train.schedule import replay_mismatch
 from memtrain.train.scheduler import CORES, BackupRule, Scheduler
@@ -173,6 +173,8 @@ def _train(job: Job, dataset: Dataset, context: ModelContext, stop: StopRequest,
         print(f"memtrain train: note: {note}", file=sys.stderr, flush=True)
     room = room_needed(job, context, per_epoch=job_plan(job, dataset.split("train").rows).per_epoch,
                        slots=round_slots(job))  # every file the run will write, at its peak
+    allow_open_files(job)  # a mapped buffer per task: the limit of open files, raised or refused before writing
+    check_cluster(job, stopped=lambda: stop.signum)  # a wrong address leaves no run directory behind
     run = open_run_dir(job, resume=resume_run, overwrite=overwrite, layout=context.layout.to_json(),
                        asked=asked, one_pass=context.additive, need_exchange=room.exchange, need_run=room.run)
     try:
@@ -297,7 +299,7 @@ class Trainer:
                                    describe_task=self.describe_task, describe_activity=engine.describe_activity,
                                    log=self.log, stop_requested=lambda: self.stop.requested,
                                    discard=self.discard_attempt, describe_memory=self.describe_memory,
-                                   backup=backup_rule(self.job))
+                                   backup=backup_rule(self.job), check_mapped=self.check_mapped)
         try:
             with threadpool_limits(limits=self.job.train.blas_threads):  # the rounds it runs itself: same arithmetic
                 last = (self.replay(position, engine) if self.lineage is not None else
@@ -382,10 +384,16 @@ class Trainer:
             times.append(time.perf_counter() - started)
         return min(times)
 
+    def check_mapped(self) -> None:
+        """After a worker's SIGBUS: the headers and sizes of the dataset's shards, the files a worker maps that
+        someone else may change (raises CorruptFileError naming one that shrank)."""
+        for split in ("train", "val"):
+            self.dataset.split(split).check_files()
+
     def _start_pool(self, count: int) -> WorkerPool:
         """``count`` workers, the first the outline's kept child if there is one (train/outline.py)."""
         adopt = getattr(self.context.model, "adopt", lambda: None)()
-        pool = WorkerPool(self._setup(), count, adopt=adopt)
+        pool = WorkerPool(self._setup(), count, adopt=adopt, max_starts=self.job.train.max_attempts)
         kept = f" (pid {adopt.process.pid}: the process that outlined the model)" if adopt is not None else ""
         self.log(f"workers started: pids {' '.join(map(str, pool.pids()))}{kept}")
         return pool

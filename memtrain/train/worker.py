@@ -44,6 +44,7 @@ from memtrain.train.messages import (
     Outcome,
     Ready,
     Result,
+    StartFailed,
     StatsTask,
     StepTask,
     Stop,
@@ -68,8 +69,31 @@ def worker_main(setup: WorkerSetup, inbox: Connection, outbox: Connection) -> No
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=setup.blas_threads):
-        serve(WorkerState(setup, alive=lambda: exit_if_orphaned(setup.server_pid)), inbox, outbox)
+        state = start(lambda: WorkerState(setup, alive=lambda: exit_if_orphaned(setup.server_pid)), outbox)
+        serve(state, inbox, outbox)
     exit_at_once()
+
+
+def start(make_state: Callable[[], WorkerState], outbox: Connection) -> WorkerState:
+    """``make_state()``, or, if it raises, its error sent to the server (``StartFailed``) and exit code 1.
+
+    A worker that cannot start (a shard truncated since the run began, a model that no longer builds)
+    would print a traceback per replacement; the server counts these deaths against ``train.max_attempts``
+    and quotes the error once when it stops the run."""
+    try:
+        return make_state()
+    except BaseException as exc:  # noqa: BLE001 - the user's model may raise anything: reported, then exit 1
+        with contextlib.suppress(OSError):
+            outbox.send(StartFailed(error=error_text(exc)))
+        exit_at_once(1)
+
+
+def error_text(exc: BaseException) -> str:
+    """What the server quotes of a worker's error: a MemtrainError's own text, else the exception and the last
+    lines of its traceback."""
+    if isinstance(exc, MemtrainError):
+        return str(exc)
+    return "".join(traceback.format_exception_only(exc)).strip() + "\n" + traceback.format_exc(limit=-4)
 
 
 def become_worker(server_pid: int, blas_threads: int) -> None:
@@ -205,8 +229,7 @@ class WorkerState:
         except BaseException as exc:  # noqa: BLE001 - reported to the server, which stops the run with this text
             # (the user's model may raise anything, SystemExit or KeyboardInterrupt too: a failed task, never a
             # silent exit of the process)
-            error = str(exc) if isinstance(exc, MemtrainError) else \
-                "".join(traceback.format_exception_only(exc)).strip() + "\n" + traceback.format_exc(limit=-4)
+            error = error_text(exc)
             if isinstance(message, Stretch):
                 return StretchEnd(generation=message.generation, slot=message.slot, outcome=Outcome.FAILED,
                                   error=error)
