@@ -327,3 +327,16 @@ def test_the_records_runs_write_are_the_declared_ones(runs: Path) -> None:
     optional = {(record.name, f.name) for record, _, obj in written for f in record.fields
                 if not f.required and f.name in obj}
     assert {("lineage-update", "ids"), ("metrics-epoch", "val_r2"), ("checkpoint-position", "applied")} <= optional
+
+
+def test_a_writer_cannot_drift_from_the_declaration() -> None:
+    """The writers build records through records.make: a field the declaration lacks, or a required one
+    missing, is refused before anything is written."""
+    from memtrain.train.lineage import update_record
+
+    line = dict(version=3, update=3, epoch=1, batch=3, tasks=[(0, 10)], at=[2], lr=0.1, checksum="x")
+    assert list(update_record(**line, ids=[4], discarded=0)) == [*records.LINEAGE_UPDATE.keys[:-1]]
+    with pytest.raises(ValueError, match=r"lineage-update record: undeclared \['seconds'\]"):
+        update_record(**line, seconds=[0.5])
+    with pytest.raises(ValueError, match=r"missing \['kind'\]"):
+        records.make(records.METRICS_EPOCH, epoch=1, update=3, version=3, loss=0.5, samples_per_s=1.0, time=0.0)
