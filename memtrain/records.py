@@ -78,6 +78,37 @@ ENCODING = _record(
     ("source_columns", "list of strings", "every column of the source"),
 )
 
+SHARD = _record(
+    "shard",
+    ("rows", "int", "rows in the shard"),
+    ("x", "string", "the x file, relative to the dataset"),
+    ("y", "string", "the y file, relative to the dataset"),
+    ("x_bytes", "int", "the x file's size"),
+    ("y_bytes", "int", "the y file's size"),
+    ("x_checksum", "string", "xxh3-128 of the x file"),
+    ("y_checksum", "string", "xxh3-128 of the y file"),
+)
+PREPARE_DONE = _record(
+    "prepare-done",
+    ("split", "string", "the shard's split"),
+    ("index", "int", "its number in the split"),
+    ("entry", "object", "its SHARD entry"),
+    SEAL,
+)
+SERVE_STATUS = _record(
+    "serve-status",
+    ("format", "string", "always memtrain.serve-status"),
+    ("version", "int", "1"),
+    ("updated_at", "float", "Unix time"),
+    ("folder", "string", "the jobs folder"),
+    ("service", "object or null", "the live service; null if none"),
+    ("counts", "object", "jobs queued, running, done, failed"),
+    ("queued", "list of objects", "the queued jobs"),
+    ("running", "list of objects", "the running jobs"),
+    ("done", "list of objects", "the newest finished jobs"),
+    ("failed", "list of objects", "the newest failed jobs"),
+)
+
 JOB = _record(
     "job",
     ("format", "string", "always memtrain.job"),
@@ -240,9 +271,9 @@ STATISTICS_FILE = _record(
     SEAL,
 )
 
-RECORDS = (MANIFEST, ENCODING, JOB, HISTORY_START, HISTORY_RESUME, PARAMS, LINEAGE_INIT, LINEAGE_UPDATE,
-           LINEAGE_SOLVE, METRICS_UPDATE, METRICS_EPOCH, CHECKPOINT, CHECKPOINT_POSITION, CHECKPOINT_DATA,
-           STATISTICS_PLAN, STATISTICS_FILE)
+RECORDS = (MANIFEST, ENCODING, SHARD, PREPARE_DONE, SERVE_STATUS, JOB, HISTORY_START, HISTORY_RESUME, PARAMS,
+           LINEAGE_INIT, LINEAGE_UPDATE, LINEAGE_SOLVE, METRICS_UPDATE, METRICS_EPOCH, CHECKPOINT, CHECKPOINT_POSITION,
+           CHECKPOINT_DATA, STATISTICS_PLAN, STATISTICS_FILE)
 _JSON_TYPES: dict[str, tuple[type, ...]] = {"int": (int,), "float": (float, int), "string": (str,), "bool": (bool,),
                                             "object": (dict,), "list": (list,), "null": (type(None),)}
 

@@ -283,6 +283,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copytree(root / "ridge" / layout.STATISTICS_DIR, root / "statistics")  # removed once it is solved
     assert run_cli("train", "--resume", root / "ridge") == 0
     assert train("digits-torch-mlp.toml", "classes", "torch", "train.epochs=1", "data.normalize=false") == 0
+    assert run_cli("prepare", root / "t.csv", root / "halfway", "--label", "label", "--shard-mb", "0.001", "-q",
+                   env={"MEMTRAIN_FAULT": "prepare_after_shard:2"}) == -9  # leaves its work area: done.jsonl
+    jobs = root / "jobs"
+    jobs.mkdir(mode=0o700)
+    (jobs / "job.toml").write_text(f'[data]\npath = "{root / "classes"}"\n[model]\nkind = "softmax"\n'
+                                   f'[train]\nepochs = 1\nworkers = 1\n[run]\ndir = "{root / "served"}"\n')
+    assert run_cli("serve", "--jobs", jobs, "--once") == 0
     return root
 
 
@@ -297,6 +304,13 @@ def records_written(root: Path) -> list[tuple[records.Record, str, dict[str, Any
         found.append((records.MANIFEST, str(path), manifest))
         if manifest["encoding"] is not None:
             found.append((records.ENCODING, f"{path}: encoding", manifest["encoding"]))
+        found += [(records.SHARD, f"{path}: {split}", shard) for split, listing in manifest["splits"].items()
+                  for shard in listing["shards"]]
+    for path in root.rglob(layout.PREPARE_DONE_LOG):
+        found += [record for where, line in lines(path)
+                  for record in ((records.PREPARE_DONE, where, line), (records.SHARD, where, line["entry"]))]
+    found += [(records.SERVE_STATUS, str(path), json.loads(path.read_text()))
+              for path in root.rglob(layout.SPOOL_STATUS)]
     for run in (root / name for name in ("mlp", "async", "ridge", "torch")):
         found.append((records.JOB, str(run / layout.RUN_JOB), json.loads((run / layout.RUN_JOB).read_text())))
         found.append((records.PARAMS, str(run / layout.RUN_PARAMS), json.loads((run / layout.RUN_PARAMS).read_text())))
