@@ -335,7 +335,7 @@ def records_written(root: Path) -> list[tuple[records.Record, str, dict[str, Any
 def test_the_records_runs_write_are_the_declared_ones(runs: Path) -> None:
     written = records_written(runs)
     wrong = [f"{where}: {problem}" for record, where, obj in written for problem in records.problems(record, obj)]
-    assert not wrong, "records that memtrain/records.py does not declare:\n" + "\n".join(wrong)
+    assert not wrong, "records that differ from their declaration in memtrain/records.py:\n" + "\n".join(wrong)
     kinds = {record.name for record, _, _ in written}
     assert kinds == {record.name for record in records.RECORDS}  # every declaration met on disk
     optional = {(record.name, f.name) for record, _, obj in written for f in record.fields
