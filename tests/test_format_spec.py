@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from memtrain import layout
+from memtrain import layout, records
 from memtrain.cli import main
 
 pytestmark = pytest.mark.timeout(180)
@@ -208,3 +213,145 @@ def test_format_names_are_the_ones_files_carry(written: Path) -> None:
     carried |= {json.loads(path.read_text().splitlines()[0]).get("format") for path in written.rglob("lineage.jsonl")}
     named = set(re.findall(r'"(memtrain\.[\w-]+)"', SPEC)) | set(re.findall(r"\(`(memtrain\.[\w-]+)`,", SPEC))
     assert named == carried
+
+
+# --- the fields of every JSON record (memtrain/records.py) against the spec's tables and real files ---
+
+RECORD_TABLE = re.compile(r"^<!-- record: ([\w-]+) -->\n((?:\|.*\n)+)", flags=re.M)
+
+
+def spec_tables() -> dict[str, dict[str, tuple[str, bool]]]:
+    """Each marked table of the spec: field -> (type, optional). A field is a name in backticks in the first
+    column (a row in capitals, SPLIT or COLUMN, describes a nested object); ``, optional`` ends the type of
+    a field that may be absent."""
+    tables: dict[str, dict[str, tuple[str, bool]]] = {}
+    for match in RECORD_TABLE.finditer(SPEC):
+        assert match.group(1) not in tables, f"docs/formats.md has two tables for record {match.group(1)}"
+        rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in match.group(2).splitlines()]
+        assert rows[0][:2] == ["field", "type"], f"table of {match.group(1)}: columns field | type | meaning"
+        fields = {}
+        for name, kind, *_ in rows[2:]:
+            if re.fullmatch(r"`\w+`", name):
+                fields[name.strip("`")] = (kind.removesuffix(", optional"), kind.endswith(", optional"))
+        tables[match.group(1)] = fields
+    return tables
+
+
+def test_every_record_has_one_table_in_the_spec() -> None:
+    assert set(spec_tables()) == {record.name for record in records.RECORDS}
+
+
+@pytest.mark.parametrize("record", records.RECORDS, ids=lambda record: record.name)
+def test_the_spec_table_is_the_declaration(record: records.Record) -> None:
+    documented = spec_tables().get(record.name, {})
+    declared = {f.name: (f.type, not f.required) for f in record.fields}
+    extra, missing = sorted(set(documented) - set(declared)), sorted(set(declared) - set(documented))
+    assert not extra, f"docs/formats.md, record {record.name}: fields not declared in memtrain/records.py: {extra}"
+    assert not missing, f"docs/formats.md, record {record.name}: declared fields not documented: {missing}"
+    wrong = {name: (documented[name], declared[name]) for name in declared if documented[name] != declared[name]}
+    assert not wrong, f"{record.name}: (documented, declared) type and optional differ: {wrong}"
+
+
+def run_cli(*args: object, env: dict[str, str] | None = None) -> int:
+    """The CLI in a child process (a run killed by a fault point must not kill the test)."""
+    return subprocess.run([sys.executable, "-m", "memtrain", *map(str, args)], capture_output=True, timeout=170,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}).returncode
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Datasets (synthetic classes and regression, a CSV table with an encoding) and runs of several kinds: a
+    synchronous MLP on the table, resumed; async mode; an additive model killed after its sum, then resumed; a
+    torch module on two tasks per update."""
+    root = tmp_path_factory.mktemp("records")
+    rows = ["a,b,c,label"] + [f"{i % 7 * 0.5},{'xyz'[i % 3] if i % 5 else ''},{'' if i % 11 == 0 else i},{'pq'[i % 2]}"
+                              for i in range(240)]
+    (root / "t.csv").write_text("\n".join(rows) + "\n")
+    assert run_cli("prepare", root / "t.csv", root / "table", "--label", "label", "-q") == 0
+    assert run_cli("prepare", "--synthetic", "400x4", root / "classes", "--classes", "3", "-q") == 0
+    assert run_cli("prepare", "--synthetic", "300x3", root / "numbers", "--task", "regression", "-q") == 0
+    examples = ROOT / "jobs" / "examples"
+
+    def train(job: str, data: str, run: str, *sets: str, env: dict[str, str] | None = None) -> int:
+        settings = [arg for value in (f'data.path="{root / data}"', "train.batch_size=100", *sets)
+                    for arg in ("--set", value)]
+        return run_cli("train", examples / job, *settings, "--run-dir", root / run, "--workers", 1, env=env)
+
+    assert train("digits-mlp.toml", "table", "mlp", "train.epochs=1") == 0
+    assert run_cli("train", "--resume", root / "mlp", "--set", "train.epochs=2") == 0
+    assert train("softmax.toml", "classes", "async", "train.epochs=1", 'train.mode="async"') == 0
+    assert train("ridge.toml", "numbers", "ridge", env={"MEMTRAIN_FAULT": "statistics_summed:1"}) == -9
+    shutil.copytree(root / "ridge" / layout.STATISTICS_DIR, root / "statistics")  # removed once it is solved
+    assert run_cli("train", "--resume", root / "ridge") == 0
+    assert train("digits-torch-mlp.toml", "classes", "torch", "train.epochs=1", "data.normalize=false") == 0
+    assert run_cli("prepare", root / "t.csv", root / "halfway", "--label", "label", "--shard-mb", "0.001", "-q",
+                   env={"MEMTRAIN_FAULT": "prepare_after_shard:2"}) == -9  # leaves its work area: done.jsonl
+    jobs = root / "jobs"
+    jobs.mkdir(mode=0o700)
+    (jobs / "job.toml").write_text(f'[data]\npath = "{root / "classes"}"\n[model]\nkind = "softmax"\n'
+                                   f'[train]\nepochs = 1\nworkers = 1\n[run]\ndir = "{root / "served"}"\n')
+    assert run_cli("serve", "--jobs", jobs, "--once") == 0
+    return root
+
+
+def records_written(root: Path) -> list[tuple[records.Record, str, dict[str, Any]]]:
+    """(declaration, where, record) for every JSON record the runs wrote; a line's kind picks its declaration."""
+    def lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
+        return [(f"{path}:{n}", json.loads(line)) for n, line in enumerate(path.read_text().splitlines(), 1)]
+
+    found = []
+    for path in root.rglob(layout.MANIFEST):
+        manifest = json.loads(path.read_text())
+        found.append((records.MANIFEST, str(path), manifest))
+        if manifest["encoding"] is not None:
+            found.append((records.ENCODING, f"{path}: encoding", manifest["encoding"]))
+        found += [(records.SHARD, f"{path}: {split}", shard) for split, listing in manifest["splits"].items()
+                  for shard in listing["shards"]]
+    for path in root.rglob(layout.PREPARE_DONE_LOG):
+        found += [record for where, line in lines(path)
+                  for record in ((records.PREPARE_DONE, where, line), (records.SHARD, where, line["entry"]))]
+    found += [(records.SERVE_STATUS, str(path), json.loads(path.read_text()))
+              for path in root.rglob(layout.SPOOL_STATUS)]
+    for run in (root / name for name in ("mlp", "async", "ridge", "torch")):
+        found.append((records.JOB, str(run / layout.RUN_JOB), json.loads((run / layout.RUN_JOB).read_text())))
+        found.append((records.PARAMS, str(run / layout.RUN_PARAMS), json.loads((run / layout.RUN_PARAMS).read_text())))
+        found += [(records.HISTORY_START if line["event"] == "start" else records.HISTORY_RESUME, where, line)
+                  for where, line in lines(run / layout.RUN_HISTORY)]
+        found += [(records.LINEAGE_INIT if line["version"] == 0 else records.LINEAGE_SOLVE if "solve" in line
+                   else records.LINEAGE_UPDATE, where, line) for where, line in lines(run / layout.RUN_LINEAGE)]
+        found += [(records.METRICS_UPDATE if line["kind"] == "update" else records.METRICS_EPOCH, where, line)
+                  for where, line in lines(run / layout.RUN_METRICS)]
+        for path in (run / layout.CHECKPOINTS_DIR).glob(f"*/{layout.CHECKPOINT_META}"):
+            meta = json.loads(path.read_text())
+            found += [(records.CHECKPOINT, str(path), meta), (records.CHECKPOINT_POSITION, f"{path}: position",
+                                                               meta["position"]),
+                      (records.CHECKPOINT_DATA, f"{path}: data", meta["data"])]
+    plan = root / "statistics" / layout.STATISTICS_PLAN
+    found.append((records.STATISTICS_PLAN, str(plan), json.loads(plan.read_text())))
+    found += [(records.STATISTICS_FILE, str(path), json.loads(path.read_text()))
+              for path in (root / "statistics").glob("*.json") if path.name != layout.STATISTICS_PLAN]
+    return found
+
+
+def test_the_records_runs_write_are_the_declared_ones(runs: Path) -> None:
+    written = records_written(runs)
+    wrong = [f"{where}: {problem}" for record, where, obj in written for problem in records.problems(record, obj)]
+    assert not wrong, "records that differ from their declaration in memtrain/records.py:\n" + "\n".join(wrong)
+    kinds = {record.name for record, _, _ in written}
+    assert kinds == {record.name for record in records.RECORDS}  # every declaration met on disk
+    optional = {(record.name, f.name) for record, _, obj in written for f in record.fields
+                if not f.required and f.name in obj}
+    assert {("lineage-update", "ids"), ("metrics-epoch", "val_r2"), ("checkpoint-position", "applied")} <= optional
+
+
+def test_a_writer_cannot_drift_from_the_declaration() -> None:
+    """The writers build records through records.make: a field the declaration lacks, or a required one
+    missing, is refused before anything is written."""
+    from memtrain.train.lineage import update_record
+
+    line = dict(version=3, update=3, epoch=1, batch=3, tasks=[(0, 10)], at=[2], lr=0.1, checksum="x")
+    assert list(update_record(**line, ids=[4], discarded=0)) == [*records.LINEAGE_UPDATE.keys[:-1]]
+    with pytest.raises(ValueError, match=r"lineage-update record: undeclared \['seconds'\]"):
+        update_record(**line, seconds=[0.5])
+    with pytest.raises(ValueError, match=r"missing \['kind'\]"):
+        records.make(records.METRICS_EPOCH, epoch=1, update=3, version=3, loss=0.5, samples_per_s=1.0, time=0.0)

@@ -23,6 +23,7 @@ from memtrain.faults import fault_point
 from memtrain.files import CHECKSUM_ALGO, npy_header_bytes, writing_npy_rows
 from memtrain.layout import shard_name
 from memtrain.prepare.background import BackgroundJobs
+from memtrain.records import SHARD, make
 
 ShardEntry = dict[str, Any]
 
@@ -154,9 +155,9 @@ class ShardWriter:
         assert self._parts is not None
         x_part, y_part = self._parts
         self._parts = None
-        entry = {"rows": self.sizes[index], "x": shard_name(self.spec.name, "x", index),
-                 "y": shard_name(self.spec.name, "y", index), "x_bytes": x_part.bytes, "y_bytes": y_part.bytes,
-                 "x_checksum": x_part.checksum(), "y_checksum": y_part.checksum()}
+        entry = make(SHARD, rows=self.sizes[index], x=shard_name(self.spec.name, "x", index),
+                     y=shard_name(self.spec.name, "y", index), x_bytes=x_part.bytes, y_bytes=y_part.bytes,
+                     x_checksum=x_part.checksum(), y_checksum=y_part.checksum())
         stack = self._open[-1]
 
         def publish() -> None:

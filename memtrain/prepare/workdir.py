@@ -42,6 +42,7 @@ from memtrain.layout import (
     prepare_work_dirs,
     tmp_target,
 )
+from memtrain.records import PREPARE_DONE, make
 
 
 def check_out(out: Path, overwrite: bool) -> None:
@@ -158,7 +159,7 @@ class WorkArea:
         return finished
 
     def record_shard(self, split: str, index: int, entry: dict[str, Any]) -> None:
-        append_jsonl(self.root / PREPARE_DONE_LOG, seal({"split": split, "index": index, "entry": entry}))
+        append_jsonl(self.root / PREPARE_DONE_LOG, seal(make(PREPARE_DONE, split=split, index=index, entry=entry)))
 
     def publish(self, overwrite: bool) -> None:
         """Rename the finished dataset into OUT; an old dataset is moved aside first and removed after."""

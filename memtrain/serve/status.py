@@ -18,6 +18,7 @@ from memtrain.errors import MemtrainError
 from memtrain.files import read_json
 from memtrain.inspection.render import elide_middle, elide_words, make_console
 from memtrain.layout import spool_job_name
+from memtrain.records import SERVE_STATUS, make
 from memtrain.serve.runner import progress
 from memtrain.serve.spool import Spool, read_state, results, service_alive
 
@@ -31,10 +32,10 @@ def snapshot(spool: Spool, *, service: dict[str, Any] | None, queued: list[dict[
     """Everything ``--status`` shows, as plain JSON-able data."""
     done_count, done = results(spool.done, SHOWN)
     failed_count, failed = results(spool.failed, SHOWN)
-    return {"format": STATUS_FORMAT, "version": STATUS_VERSION, "updated_at": time.time(),
-            "folder": str(spool.folder), "service": service,
-            "counts": {"queued": len(queued), "running": len(running), "done": done_count, "failed": failed_count},
-            "queued": queued, "running": running, "done": done, "failed": failed}
+    return make(SERVE_STATUS, format=STATUS_FORMAT, version=STATUS_VERSION, updated_at=time.time(),
+                folder=str(spool.folder), service=service,
+                counts={"queued": len(queued), "running": len(running), "done": done_count, "failed": failed_count},
+                queued=queued, running=running, done=done, failed=failed)
 
 
 def offline_snapshot(spool: Spool) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import Any
 from memtrain.errors import CorruptFileError
 from memtrain.files import SEAL_KEY, open_regular, unseal
 from memtrain.layout import RUN_LINEAGE
+from memtrain.records import LINEAGE_INIT, LINEAGE_SOLVE, LINEAGE_UPDATE, make
 
 FORMAT = "memtrain.lineage"
 FORMAT_VERSION = 2  # 2: "at" (the version each gradient was computed at); 1 (no "format" field): no "at"
@@ -25,8 +26,8 @@ FORMAT_VERSION = 2  # 2: "at" (the version each gradient was computed at); 1 (no
 
 def init_record(seed: int, checksum: str) -> dict[str, Any]:
     """The first line: version 0, the initial weights drawn from ``seed`` (``RunDir.lineage`` seals each line)."""
-    return {"version": 0, "parent": None, "init": {"seed": seed}, "checksum": checksum,
-            "format": FORMAT, "format_version": FORMAT_VERSION}
+    return make(LINEAGE_INIT, version=0, parent=None, init={"seed": seed}, checksum=checksum, format=FORMAT,
+                format_version=FORMAT_VERSION)
 
 
 def update_record(*, version: int, update: int, epoch: int, batch: int, tasks: list[tuple[int, int]],
@@ -36,16 +37,15 @@ def update_record(*, version: int, update: int, epoch: int, batch: int, tasks: l
     versions ``at``."""
     if len(tasks) != len(at):
         raise ValueError(f"{len(tasks)} row ranges but {len(at)} versions")
-    return {"version": version, "parent": version - 1, "update": update, "epoch": epoch, "batch": batch,
-            "split": "train", "tasks": [list(t) for t in tasks], "at": list(at), "lr": lr, "checksum": checksum,
-            **extra}
+    return make(LINEAGE_UPDATE, version=version, parent=version - 1, update=update, epoch=epoch, batch=batch,
+                split="train", tasks=[list(t) for t in tasks], at=list(at), lr=lr, checksum=checksum, **extra)
 
 
 def solve_record(*, tasks: list[tuple[int, int]], solve: str, checksum: str) -> dict[str, Any]:
     """The one line of an additive model's run: version 1, solved by the model ``solve`` names from the
     sufficient statistics of ``tasks`` (row ranges of the train split, summed in this order); no gradients."""
-    return {"version": 1, "parent": 0, "update": 1, "epoch": 1, "split": "train", "tasks": [list(t) for t in tasks],
-            "solve": solve, "checksum": checksum}
+    return make(LINEAGE_SOLVE, version=1, parent=0, update=1, epoch=1, split="train", tasks=[list(t) for t in tasks],
+                solve=solve, checksum=checksum)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from memtrain.errors import MemtrainError
 from memtrain.faults import fault_point
 from memtrain.files import open_npy
 from memtrain.layout import building_path, gradient_buffer_name, weights_path
+from memtrain.records import METRICS_UPDATE, make
 from memtrain.train.counters import batch_number, epoch_number, update_number
 from memtrain.train.lineage import update_record
 from memtrain.train.marks import PUBLISHED, SKIPPED, Ledger
@@ -109,10 +110,10 @@ class Logbook:
         position.batch += 1
         if self.staleness:
             self.keep_bases(position, update.update, before)
-        self.metrics.append({
-            "kind": "update", "epoch": epoch_number(update.epoch), "batch": batch_number(update.batch),
-            "update": update_number(update.update), "version": position.version, "loss": loss / update.rows,
-            "rows": update.rows, "skipped": version is None, "compute_s": compute, "time": when})
+        self.metrics.append(make(
+            METRICS_UPDATE, kind="update", epoch=epoch_number(update.epoch), batch=batch_number(update.batch),
+            update=update_number(update.update), version=position.version, loss=loss / update.rows,
+            rows=update.rows, skipped=version is None, compute_s=compute, time=when))
         self.timeline.append((update.update, when, compute))
         fault_point("after_update_logged")
 

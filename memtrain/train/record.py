@@ -32,6 +32,7 @@ from memtrain.errors import CorruptFileError, InputError
 from memtrain.files import publish, read_sealed_json, read_sealed_jsonl, seal, write_sealed_json
 from memtrain.layout import RUN_HISTORY, RUN_JOB
 from memtrain.order import WINDOW
+from memtrain.records import HISTORY_RESUME, HISTORY_START, make
 
 FORMAT = "memtrain.job"
 FORMAT_VERSION = 1
@@ -81,7 +82,7 @@ def job_record(job: Job) -> dict[str, Any]:
 def write_records(folder: Path, job: Job) -> None:
     """The records of a new run: ``job.json``, then ``history.jsonl`` with its start entry."""
     write_sealed_json(folder / RUN_JOB, job_record(job), durable=True)
-    write_history(folder, [{"event": "start", "time": _now()}])
+    write_history(folder, [make(HISTORY_START, event="start", time=_now())])
 
 
 def read_job_record(run_dir: Path) -> dict[str, Any]:
@@ -145,7 +146,7 @@ def write_history(folder: Path, entries: list[dict[str, Any]]) -> None:
 
 
 def add_history(run_dir: Path, entry: dict[str, Any]) -> None:
-    write_history(run_dir, [*read_history(run_dir), {"time": _now(), **entry}])
+    write_history(run_dir, [*read_history(run_dir), make(HISTORY_RESUME, time=_now(), **entry)])
 
 
 def recorded_job(run_dir: Path) -> dict[str, Any]:

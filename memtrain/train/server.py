@@ -38,6 +38,7 @@ from memtrain.layout import (
     weights_path,
 )
 from memtrain.progress import Reporter, reporting
+from memtrain.records import METRICS_EPOCH, make
 from memtrain.stopping import on_stop_signals, start_resource_tracker
 from memtrain.train.additive import (
     PassPlan,
@@ -499,10 +500,11 @@ class Trainer:
             retire_weights(self.run_dir.path, versions_to_keep(self.job.run.keep_versions, position.version, oldest),
                            position.version)
 
-        record = {"kind": "epoch", "epoch": position.epoch + 1, "update": (position.epoch + 1) * self.per_epoch,
-                  "version": position.version, "loss": position.epoch_loss / max(position.epoch_rows, 1),
-                  **self.evaluate(position.version, while_waiting=retire),
-                  "samples_per_s": position.epoch_rows / max(time.monotonic() - started, 1e-9), "time": time.time()}
+        record = make(METRICS_EPOCH, kind="epoch", epoch=position.epoch + 1,
+                      update=(position.epoch + 1) * self.per_epoch, version=position.version,
+                      loss=position.epoch_loss / max(position.epoch_rows, 1),
+                      **self.evaluate(position.version, while_waiting=retire),
+                      samples_per_s=position.epoch_rows / max(time.monotonic() - started, 1e-9), time=time.time())
         if self.context.additive:
             record["loss"] = None  # one closed-form solve: there is no running training loss
         self.run_dir.metric(record)

@@ -39,6 +39,7 @@ from memtrain.layout import (
     state_buffer_name,
     weights_path,
 )
+from memtrain.records import CHECKPOINT_DATA, CHECKPOINT_POSITION, make
 from memtrain.train.checkpoint import discard_incomplete, verify_checkpoint, write_checkpoint
 from memtrain.train.context import ModelContext
 from memtrain.train.counters import position_text
@@ -74,9 +75,10 @@ class Position:
 def data_description(context: ModelContext, job: Job) -> dict[str, Any]:
     """What a checkpoint needs to rebuild the model and its normalization without the dataset."""
     manifest = context.manifest
-    return {"task": manifest["task"], "x": manifest["x"], "y": manifest["y"], "classes": manifest.get("classes"),
-            "stats": manifest.get("stats"), "normalize": job.data.normalize, "dataset": str(job.data.path),
-            "encoding": manifest.get("encoding")}  # tables: predict encodes raw rows as prepare did
+    return make(CHECKPOINT_DATA, task=manifest["task"], x=manifest["x"], y=manifest["y"],
+                classes=manifest.get("classes"), stats=manifest.get("stats"), normalize=job.data.normalize,
+                dataset=str(job.data.path),
+                encoding=manifest.get("encoding"))  # tables: predict encodes raw rows as prepare did
 
 
 def run_state_slots(job: Job, context: ModelContext) -> tuple[str, ...]:
@@ -210,7 +212,7 @@ def _truncate_logs(run: RunDir, update: int, version: int, lineage: list[dict[st
 def save_checkpoint(run: RunDir, job: Job, context: ModelContext, position: Position, per_epoch: int,
                     metrics: dict[str, Any] | None = None) -> Path:
     meta = {
-        "position": dataclasses.asdict(position),
+        "position": make(CHECKPOINT_POSITION, **dataclasses.asdict(position)),
         "epoch": position.epoch,
         "update": position.update_index(per_epoch),
         "weights_version": position.version,
