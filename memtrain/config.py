@@ -149,10 +149,11 @@ class RunConfig:
     dir: Path = Path("runs/default")
     checkpoint_every: int = 1  # epochs
     keep_checkpoints: int = 3
-    # also keep the best epoch's checkpoint (train.monitor), whatever keep_checkpoints prunes; "auto": when training
-    # can stop early (train.patience), where the best epoch is what users load. Every epoch that improves writes a
-    # checkpoint, which is most of a small job's time (the README's first job: 30 checkpoints, about 3x its training)
-    keep_best: bool | str = "auto"
+    # also keep the best epoch's checkpoint (train.monitor), whatever keep_checkpoints prunes: it is what
+    # load_model and inspect --export hand back by default. An improving epoch off the checkpoint_every schedule
+    # only copies its files, unsynced; the copy is committed once when the run stops (checkpoint.StagedBest: a
+    # checkpoint per improving epoch made the README's first job 3x slower). "auto" (an older default) is true.
+    keep_best: bool | str = True
     keep_versions: int = 3  # weight versions left on disk for inspection
     exchange: str = "auto"  # "auto" (/dev/shm if it has room, else the run's filesystem) | "shm" | "run" | a directory
     cluster: str = ""  # "": worker processes on this machine; "tcp://HOST:PORT" or "local:N": Dask workers
@@ -419,12 +420,13 @@ def _check_range(key: str, value: int, lowest: int, where: Any) -> None:
 
 
 def _keep_best(value: bool | str, train: TrainConfig, where: Any) -> bool:
-    """``run.keep_best`` resolved once, at the edge: ``"auto"`` is on when ``train.patience`` can stop training."""
+    """``run.keep_best`` resolved once, at the edge: ``"auto"`` (once "when ``train.patience`` can stop training",
+    when keeping the best cost a checkpoint per improving epoch) is true. A resumed run reads its recorded bool."""
     if isinstance(value, bool):
         return value
     if value != "auto":
         raise InputError("bad value for run.keep_best", path=where, expected='true, false or "auto"', found=repr(value))
-    return train.patience is not None
+    return True
 
 
 def _check_run(run: RunConfig, where: Any) -> None:

@@ -8,6 +8,7 @@ rows with the source's column names (a pandas DataFrame, a dict of columns, or a
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,8 +114,9 @@ def load_model(path: str | Path, which: str | None = None) -> TrainedModel:
     """A trained model from a run directory (or one checkpoint directory), for prediction.
 
     By default the checkpoint of the run's best epoch (by ``train.monitor``, lowest ``val_loss`` unless the
-    job says otherwise; ``run.keep_best`` keeps it), or the newest complete checkpoint when the run records
-    no best epoch. ``which="last"``: the newest; ``which="best"``: the best epoch's, or an error saying why
+    job says otherwise; ``run.keep_best``, on by default, keeps it), or the newest complete checkpoint when the
+    run records no best epoch (no validation split) -- or, with a warning saying so, when the best epoch's
+    checkpoint was not kept. ``which="last"``: the newest; ``which="best"``: the best epoch's, or an error saying why
     there is none.
 
     >>> model = load_model("runs/digits-mlp")                    # doctest: +SKIP
@@ -128,7 +130,7 @@ def load_model(path: str | Path, which: str | None = None) -> TrainedModel:
         found = newest_checkpoint(path, warn=lambda _: None)
         if found is None:
             raise InputError("the run has no complete checkpoint", path=path)
-        path = pick_checkpoint(path, found[0], which)
+        path = pick_checkpoint(path, found[0], which, note=lambda text: warnings.warn(text, stacklevel=3))
     elif which == "best":
         raise InputError("which='best' needs a run directory", path=path,
                          hint="give the run directory (a checkpoint directory is loaded as it is)")

@@ -190,11 +190,11 @@ def test_a_best_checkpoint_off_the_schedule_never_takes_a_scheduled_ones_place(t
     assert checkpoint_updates(steady_run) == [6 * 8, 8 * 8]  # not epoch 7's, written as the best then
 
 
-def test_a_job_built_in_python_resolves_keep_best_auto_and_writes_no_best_checkpoints(
+def test_a_job_built_in_python_resolves_keep_best_and_writes_no_checkpoint_per_improving_epoch(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``run.keep_best = "auto"`` (the default) is on only when ``train.patience`` can stop training, also for a
-    ``Job(...)`` built in Python (a script, the benches), not only for a job file: a job without patience,
-    checkpointing at the end only, ends with one checkpoint, not one per improving epoch."""
+    """``run.keep_best`` (default true; ``"auto"``, the older default, is true) is a bool also for a ``Job(...)``
+    built in Python (a script, the benches), not only for a job file; a job checkpointing at the end only writes
+    one scheduled checkpoint, not one per improving epoch, and the best epoch's is committed once at the end."""
     from memtrain.config import DataConfig, Job, ModelConfig, RunConfig, TrainConfig
     from memtrain.train import server
     from memtrain.train.state import save_checkpoint
@@ -205,9 +205,9 @@ def test_a_job_built_in_python_resolves_keep_best_auto_and_writes_no_best_checkp
     job = Job(DataConfig(path=data), ModelConfig("softmax", {}),
               TrainConfig(epochs=4, batch_size=60, workers=0),
               RunConfig(dir=tmp_path / "run", checkpoint_every=100))
-    assert job.run.keep_best is False
-    assert Job(job.data, job.model, TrainConfig(patience=2), job.run).run.keep_best is False  # resolved already
-    assert Job(job.data, job.model, TrainConfig(patience=2), RunConfig()).run.keep_best is True
+    assert job.run.keep_best is True
+    assert Job(job.data, job.model, job.train, RunConfig(keep_best="auto")).run.keep_best is True
+    assert Job(job.data, job.model, job.train, RunConfig(keep_best=False)).run.keep_best is False
     saved: list[int] = []
 
     def counted(*args: object, **kwargs: object) -> object:
@@ -217,4 +217,6 @@ def test_a_job_built_in_python_resolves_keep_best_auto_and_writes_no_best_checkp
     monkeypatch.setattr(server, "save_checkpoint", counted)
     server.train(job, quiet=True)
     assert saved == [4]  # the last epoch's only: none per improving epoch
-    assert checkpoint_updates(tmp_path / "run") == [4 * 9]
+    best = min(epochs_of(tmp_path / "run"), key=lambda r: r["val_loss"])
+    assert checkpoint_updates(tmp_path / "run") == sorted({best["update"], 4 * 9})
+    assert memtrain.load_model(tmp_path / "run").meta["epoch"] == best["epoch"]

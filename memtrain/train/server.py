@@ -41,6 +41,7 @@ from memtrain.progress import Reporter, reporting
 from memtrain.stopping import on_stop_signals, start_resource_tracker
 from memtrain.train.additive import PassPlan, StatisticsPass, pass_source
 from memtrain.train.advice import few_updates_note, one_pass_note
+from memtrain.train.checkpoint import StagedBest
 from memtrain.train.context import ModelContext, server_context, startup_check
 from memtrain.train.counters import ONE_PASS, epoch_number, position_text, update_number
 from memtrain.train.datacheck import check_trainable
@@ -74,7 +75,15 @@ from memtrain.train.room import room_needed, size_text
 from memtrain.train.run_dir import RunDir, open_run_dir, refuse_live_run
 from memtrain.train.schedule import replay_mismatch
 from memtrain.train.scheduler import CORES, BackupRule, Scheduler
-from memtrain.train.state import Position, job_updates_per_epoch, resume, save_checkpoint, start_fresh
+from memtrain.train.state import (
+    Position,
+    commit_best,
+    job_updates_per_epoch,
+    resume,
+    save_checkpoint,
+    stage_best,
+    start_fresh,
+)
 from memtrain.train.summary import summary_html, summary_text
 from memtrain.train.weights import (
     create_digests,
@@ -246,6 +255,7 @@ class Trainer:
         # async mode: groups of gradients; an additive model: its one solve
         self.per_epoch = 1 if context.additive else job_updates_per_epoch(job, self.train_rows)
         self.checkpointed: int | None = None
+        self.staged_best = StagedBest(run.path)  # the best epoch's checkpoint, off the schedule, until the run stops
         self.started = time.monotonic()
         self.slots = round_slots(job)
         # an additive model has no gradients: no buffers for them (its statistics go to train/additive.py's files)
@@ -303,6 +313,7 @@ class Trainer:
             self.placement.close()
             self.board.close()
             self.monitor.close()
+            self.staged_best.drop()  # committed by now if the run stopped as it should; a failed run's is lost
             discard_building(self.run_dir.path, os.getpid())
         self.log(f"done: {ONE_PASS if self.context.additive else plural(position.epoch, 'epoch')}, "
                  f"weight version {position.version}")
@@ -490,10 +501,16 @@ class Trainer:
         if verdict.stop is not None or verdict.failure is not None:
             self.log(verdict.stop or str(verdict.failure))
             final = True
-        keep = verdict.improved and self.job.run.keep_best
-        if final or position.epoch % self.job.run.checkpoint_every == 0 or keep:
+        scheduled = final or position.epoch % self.job.run.checkpoint_every == 0
+        if verdict.improved and self.job.run.keep_best and not scheduled:
+            stage_best(self.run_dir, self.job, self.context, position, self.per_epoch, record, self.staged_best)
+        elif verdict.improved:
+            self.staged_best.drop()  # an earlier best's copy: this epoch's checkpoint below is the best's
+        if scheduled:
             save_checkpoint(self.run_dir, self.job, self.context, position, self.per_epoch, record)
             self.checkpointed = position.update_index(self.per_epoch)
+        if final:
+            commit_best(self.run_dir, self.job, position, self.staged_best)
         if verdict.failure is not None:
             raise verdict.failure
         return record
@@ -527,6 +544,7 @@ class Trainer:
         index = position.update_index(self.per_epoch)
         if self.checkpointed != index and position.version > 0:
             save_checkpoint(self.run_dir, self.job, self.context, position, self.per_epoch)
+        commit_best(self.run_dir, self.job, position, self.staged_best)
         signum = self.stop.signum or signal.SIGINT  # KeyboardInterrupt: SIGINT outside our handler
         name = signal.Signals(signum).name
         where = position_text(position.epoch, position.batch, self.per_epoch)
