@@ -185,12 +185,19 @@ def test_patience_stops_early_and_resume_does_not_train_on(tmp_path: Path, noise
 def test_few_updates_are_noted_with_a_batch_size_to_try(tmp_path: Path, classes: Path, cli) -> None:
     job = tmp_path / "minimal.toml"
     job.write_text(f'[data]\npath = "{classes}"\n[model]\nkind = "mlp"\n[train]\nworkers = 2\n')
-    done = cli("train", job, "--run-dir", tmp_path / "a", "--quiet")
+    done = cli("train", job, "--run-dir", tmp_path / "a")
     assert done.code == 0
-    assert done.err == ("memtrain train: note: this job makes only 10 updates in all (one full-batch update per "
-                        "epoch, as train.batch_size is not set, 10 epochs); a gradient model usually needs "
-                        "hundreds. Set train.batch_size (e.g. --set train.batch_size=64: 140 updates) or raise "
-                        "train.epochs\n")
+    note = ("this job makes only 10 updates in all (one full-batch update per epoch, as train.batch_size is not set, "
+            "10 epochs); a gradient model usually needs hundreds. Set train.batch_size (e.g. --set "
+            "train.batch_size=64: 140 updates) or raise train.epochs")
+    assert done.err.startswith(f"memtrain train: note: {note}\nepoch 1/10"), done.err
+    quiet = cli("train", job, "--run-dir", tmp_path / "b", "--quiet")
+    assert quiet.code == 0 and quiet.err == ""  # quiet means quiet: the note is in the run's event log
+    assert f"note: {note}" in (tmp_path / "b" / "events.log").read_text()
+    refused = cli("train", job, "--run-dir", tmp_path / "b")
+    assert refused.code == 2 and "the run directory already exists" in refused.err
+    assert "note:" not in refused.err  # a refusal comes before any note (a note above an error reads as its cause)
+
     minimal = load_job(job)
     assert few_updates_note(minimal, 850, additive=False) is not None
     assert few_updates_note(minimal, 850, additive=True) is None  # one closed-form solve: updates do not apply

@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,11 +131,13 @@ class TrainSummary:
 
 def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite: bool = False,
           asked: Collection[str] = (), quiet: bool = False, replay: Lineage | None = None,
-          callbacks: Sequence[Any] = ()) -> TrainSummary:
+          callbacks: Sequence[Any] = (), say: Callable[[str], None] | None = None) -> TrainSummary:
     """Run (or resume) a job to the end; raises MemtrainError (Interrupted on SIGINT/SIGTERM/SIGHUP).
 
     ``asked``: the ``section.key`` settings named on the command line, the only ones a resume may change.
-    ``quiet``: no progress bar and no epoch lines (warnings are still printed). ``replay``: the lineage of
+    ``quiet``: no progress bar, no epoch lines and no notes (warnings are still printed; a note is also in the
+    run's event log). ``say``: how a note is shown (default: ``memtrain train: note: ...`` on stderr, its
+    advice in command-line terms; ``memtrain.fit`` says it in Python terms). ``replay``: the lineage of
     the run ``job`` made, to run again exactly (train/overlap.py) instead of the job's epochs. ``callbacks``:
     called at the end of each epoch (train/monitor.py).
     """
@@ -152,7 +154,7 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
         context = server_context(dataset, job, resuming=resume_run, replaying=replay is not None, cores=CORES)
         try:  # torch: outlined when workers compute; a kept outline's child is let go if the run never adopts it
             return _train(job, dataset, context, stop, resume_run=resume_run, overwrite=overwrite, asked=asked,
-                          quiet=quiet, replay=replay, callbacks=callbacks)
+                          quiet=quiet, replay=replay, callbacks=callbacks, say=say or _say)
         finally:
             release = getattr(context.model, "release", None)
             if release is not None:
@@ -161,7 +163,7 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
 
 def _train(job: Job, dataset: Dataset, context: ModelContext, stop: StopRequest, *, resume_run: bool,
            overwrite: bool, asked: Collection[str], quiet: bool, replay: Lineage | None,
-           callbacks: Sequence[Any]) -> TrainSummary:
+           callbacks: Sequence[Any], say: Callable[[str], None]) -> TrainSummary:
     """``train`` once the server has its model context: the start-up checks, the run directory, the run."""
     if context.additive and overlapping(job):
         raise InputError(f"a {job.model.kind} model is solved in one pass of statistics: it has no updates to "
@@ -169,15 +171,18 @@ def _train(job: Job, dataset: Dataset, context: ModelContext, stop: StopRequest,
                          found=describe_mode(job))
     runtime = startup_check(context, dataset, job.train.blas_threads)  # a model's dry run: its errors exit 2 here
     check_monitor(job.train.monitor, context.classifier, dataset.split("val").rows > 0, job.train.patience)
-    note = (one_pass_note(job) if context.additive else
-            few_updates_note(job, dataset.split("train").rows, context.additive))
-    if note is not None:
-        print(f"memtrain train: note: {note}", file=sys.stderr, flush=True)
     room = room_needed(job, context, per_epoch=job_plan(job, dataset.split("train").rows).per_epoch,
                        slots=round_slots(job))  # every file the run will write, at its peak
     run = open_run_dir(job, resume=resume_run, overwrite=overwrite, layout=context.layout.to_json(),
                        asked=asked, one_pass=context.additive, need_exchange=room.exchange, need_run=room.run)
+    # after the run directory's refusals (a note above an error reads as its cause), and only when not quiet
+    note = (one_pass_note(job) if context.additive else
+            few_updates_note(job, dataset.split("train").rows, context.additive))
     try:
+        if note is not None:
+            run.event(f"note: {note}")
+            if not quiet:
+                say(note)
         if runtime:
             run.event(runtime)
         return Trainer(job, dataset, context, run, stop, quiet=quiet, lineage=replay,
@@ -188,6 +193,10 @@ def _train(job: Job, dataset: Dataset, context: ModelContext, stop: StopRequest,
         raise
     finally:
         run.close()
+
+
+def _say(note: str) -> None:
+    print(f"memtrain train: note: {note}", file=sys.stderr, flush=True)
 
 
 def overlapping(job: Job) -> bool:
