@@ -220,3 +220,17 @@ def test_a_job_built_in_python_resolves_keep_best_and_writes_no_checkpoint_per_i
     best = min(epochs_of(tmp_path / "run"), key=lambda r: r["val_loss"])
     assert checkpoint_updates(tmp_path / "run") == sorted({best["update"], 4 * 9})
     assert memtrain.load_model(tmp_path / "run").meta["epoch"] == best["epoch"]
+
+
+def test_plot_draws_the_monitored_metric(tmp_path: Path, regression: Path, noise: Path, capsys) -> None:
+    """``inspect --plot`` draws the metric the run is monitored on beside the loss: ``val_r2`` for a regression
+    monitored on it (which has no accuracy), the validation accuracy for a classifier monitored on its loss."""
+    from memtrain.cli import main
+
+    drawn = {}
+    for name, data, monitor in (("r2", regression, "val_r2"), ("loss", noise, "val_loss")):
+        run = tmp_path / name
+        memtrain.fit(settings(data, epochs=2, monitor=monitor), run_dir=run, quiet=True)
+        assert main(["inspect", str(run), "--plot", str(tmp_path / f"{name}.png"), "--json"]) == 0
+        drawn[name] = json.loads(capsys.readouterr().out)["metric"]
+    assert drawn == {"r2": "val_r2", "loss": "val_accuracy"}
