@@ -170,6 +170,9 @@ class Job:
     train: TrainConfig
     run: RunConfig
     source: Path | None = None  # the job file it came from
+    # run.dir is the name memtrain chose (runs/<job file name>), not one the job or the command named: a new run
+    # there goes beside an earlier one (runs/job-2, ...) instead of being refused. Not recorded (nor is run.dir).
+    default_dir: bool = False
 
     def __post_init__(self) -> None:
         """``run.keep_best`` resolved to a bool whoever builds the job (a job file, ``memtrain.fit``, a script
@@ -201,9 +204,10 @@ def load_job(path: str | os.PathLike[str] | None, overrides: typing.Sequence[str
     _apply_overrides(raw, overrides, values, workers)
     if run_dir is not None:
         raw.setdefault("run", {})["dir"] = os.path.abspath(run_dir)
+    default_dir = "dir" not in raw.get("run", {})  # memtrain names it: a rerun goes beside it (run_dir.beside_earlier)
     if path is not None:
         raw.setdefault("run", {}).setdefault("dir", str(Path("runs") / path.stem))
-    return job_from_dict(raw, base=base, source=path)
+    return dataclasses.replace(job_from_dict(raw, base=base, source=path), default_dir=default_dir)
 
 
 def load_saved_job(run_dir: str | os.PathLike[str], overrides: typing.Sequence[str] = (), *,

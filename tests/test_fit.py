@@ -149,3 +149,14 @@ def test_quiet_means_quiet_and_a_refusal_comes_before_any_note(tmp_path: Path, d
     with pytest.raises(InputError, match="the run directory already exists"):
         memtrain.fit(**few, run_dir=tmp_path / "loud")
     assert "note:" not in capsys.readouterr().err
+
+
+def test_a_cell_run_again_without_a_run_dir_trains_beside_the_earlier_run(tmp_path: Path, dataset: Path, capsys,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without run_dir, the run goes to runs/default; a second fit goes to runs/default-2, said in Python terms."""
+    monkeypatch.chdir(tmp_path)
+    first = memtrain.fit(**sections(dataset), quiet=True)
+    second = memtrain.fit(**sections(dataset))
+    assert (first.run_dir, second.run_dir) == (tmp_path / "runs" / "default", tmp_path / "runs" / "default-2")
+    err = capsys.readouterr().err
+    assert f"`memtrain.fit(resume={str(first.run_dir)!r})`" in err and "overwrite=True" in err and "--" not in err

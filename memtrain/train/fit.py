@@ -128,5 +128,6 @@ def python_advice(hint: str | None, job: JobSource) -> str | None:
     hint = _OVERWRITE.sub(lambda m: f"`memtrain.fit({first}, run_dir={m.group(1)!r}, overwrite=True)`", hint)
     hint = _NEW_DIR.sub(f"`memtrain.fit({first}, run_dir=NEW_DIR)`", hint)
     hint = _LONE_SET.sub(lambda m: f"{m.group(1)}={{{m.group(2)!r}: {m.group(3)}}}", hint)
-    return hint.replace("choose another with --run-dir", "choose another with run_dir=")
+    return hint.replace("choose another with --run-dir", "choose another with run_dir=").replace(
+        "to replace it: --overwrite", "to replace it: overwrite=True")
 

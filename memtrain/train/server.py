@@ -72,7 +72,7 @@ from memtrain.train.plan import Plan, eval_tasks, gradient_banks, split_range
 from memtrain.train.pools import OnCluster, Streamed, open_cluster
 from memtrain.train.record import Decision
 from memtrain.train.room import room_needed, size_text
-from memtrain.train.run_dir import RunDir, open_run_dir, refuse_live_run
+from memtrain.train.run_dir import RunDir, beside_earlier, open_run_dir, refuse_live_run
 from memtrain.train.schedule import replay_mismatch
 from memtrain.train.scheduler import CORES, BackupRule, Scheduler
 from memtrain.train.state import (
@@ -145,6 +145,9 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
         raise InputError("fixed staleness, async mode and replay run on one machine only, so far",
                          expected="run.cluster unset (no --cluster)", found=f"run.cluster = {job.run.cluster!r}",
                          hint="on a cluster, train synchronously (train.mode = 'sync', train.staleness = 0)")
+    earlier = job.run.dir
+    if not (resume_run or overwrite):
+        job = beside_earlier(job)  # a rerun of a job whose run directory memtrain named: runs/job-2, ...
     stop = StopRequest()
     with on_stop_signals(stop.record):
         start_resource_tracker()
@@ -154,7 +157,8 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
         context = server_context(dataset, job, resuming=resume_run, replaying=replay is not None, cores=CORES)
         try:  # torch: outlined when workers compute; a kept outline's child is let go if the run never adopts it
             return _train(job, dataset, context, stop, resume_run=resume_run, overwrite=overwrite, asked=asked,
-                          quiet=quiet, replay=replay, callbacks=callbacks, say=say or _say)
+                          quiet=quiet, replay=replay, callbacks=callbacks, say=say or _say,
+                          earlier=earlier if earlier != job.run.dir else None)
         finally:
             release = getattr(context.model, "release", None)
             if release is not None:
@@ -163,7 +167,7 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
 
 def _train(job: Job, dataset: Dataset, context: ModelContext, stop: StopRequest, *, resume_run: bool,
            overwrite: bool, asked: Collection[str], quiet: bool, replay: Lineage | None,
-           callbacks: Sequence[Any], say: Callable[[str], None]) -> TrainSummary:
+           callbacks: Sequence[Any], say: Callable[[str], None], earlier: Path | None = None) -> TrainSummary:
     """``train`` once the server has its model context: the start-up checks, the run directory, the run."""
     if context.additive and overlapping(job):
         raise InputError(f"a {job.model.kind} model is solved in one pass of statistics: it has no updates to "
@@ -176,10 +180,13 @@ def _train(job: Job, dataset: Dataset, context: ModelContext, stop: StopRequest,
     run = open_run_dir(job, resume=resume_run, overwrite=overwrite, layout=context.layout.to_json(),
                        asked=asked, one_pass=context.additive, need_exchange=room.exchange, need_run=room.run)
     # after the run directory's refusals (a note above an error reads as its cause), and only when not quiet
-    note = (one_pass_note(job) if context.additive else
-            few_updates_note(job, dataset.split("train").rows, context.additive))
+    notes = [one_pass_note(job) if context.additive else
+             few_updates_note(job, dataset.split("train").rows, context.additive)]
+    if earlier is not None:
+        notes.append(f"{earlier} holds an earlier run: this one is {job.run.dir} (to continue that one: "
+                     f"`memtrain train --resume {earlier}`; to replace it: --overwrite)")
     try:
-        if note is not None:
+        for note in filter(None, notes):
             run.event(f"note: {note}")
             if not quiet:
                 say(note)
