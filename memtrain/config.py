@@ -95,6 +95,9 @@ def check_ranges(config: Any, section: str) -> None:
 class DataConfig:
     path: Path = Path("data/digits")  # a prepared dataset directory
     normalize: bool = True  # standardize features with the manifest's train statistics, on the fly
+    # train a regression target standardized (the training split's mean and std; linear and mlp only: ridge
+    # solves exactly); predictions, metrics and exports stay in the target's units (models/target_scale.py)
+    scale_target: bool = True
     verify: bool = False  # re-hash every shard against the manifest before training
 
 
@@ -274,7 +277,8 @@ def job_to_dict(job: Job) -> dict[str, Any]:
     for key in OPTIMIZER_KEYS:
         train[{v: k for k, v in OPTIMIZER_RENAMES.items()}.get(key, key)] = getattr(job.train.optimizer, key)
     return {
-        "data": {"path": str(job.data.path), "normalize": job.data.normalize, "verify": job.data.verify},
+        "data": {"path": str(job.data.path), "normalize": job.data.normalize, "scale_target": job.data.scale_target,
+                 "verify": job.data.verify},
         "model": {"kind": job.model.kind, **job.model.options},
         "train": train,
         "run": {**{f.name: getattr(job.run, f.name) for f in dataclasses.fields(RunConfig)}, "dir": str(job.run.dir),

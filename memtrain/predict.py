@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from memtrain.errors import InputError
-from memtrain.layout import CHECKPOINTS_DIR
+from memtrain.layout import CHECKPOINT_META, CHECKPOINTS_DIR
+from memtrain.models.target_scale import TargetScale
 from memtrain.prepare.table import Encoding, is_raw
 from memtrain.train.checkpoint import WHICH, load_checkpoint, newest_checkpoint, pick_checkpoint
 from memtrain.train.context import ModelContext, model_context_from_manifest
@@ -136,5 +137,7 @@ def load_model(path: str | Path, which: str | None = None) -> TrainedModel:
                          hint="give the run directory (a checkpoint directory is loaded as it is)")
     params, meta = load_checkpoint(path)
     data = meta["data"]
-    context = model_context_from_manifest(data, meta["model"]["kind"], meta["model"]["options"], data["normalize"])
+    target = TargetScale.from_json(data.get("target_scale"), path / CHECKPOINT_META)
+    context = model_context_from_manifest(data, meta["model"]["kind"], meta["model"]["options"], data["normalize"],
+                                          target)
     return TrainedModel(context, params, meta)

@@ -51,6 +51,7 @@ MADE = {
     "spool_archive_name": lambda: [layout.spool_archive_name("NAME", 1), layout.spool_archive_name("NAME", 2)],
     "spool_record_stem": lambda: [layout.spool_job_file(layout.spool_record_stem("NAME"))],
     "cluster_probe_name": lambda: [layout.cluster_probe_name("0123456789ab")],
+    "numbered_run_dir": lambda: [layout.numbered_run_dir(Path("runs/digits-mlp"), 2).as_posix()],
 }
 # Functions that read names back (parsers and listings) and the prefix of a name made above.
 READERS = {"parse_partial_name", "prepare_work_dirs", "weight_versions",

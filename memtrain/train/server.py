@@ -650,7 +650,7 @@ class Trainer:
                            exchange_dir=str(self.run_dir.exchange), dataset=str(self.dataset.path),
                            normalize=job.data.normalize, model_kind=job.model.kind,
                            model_options=tuple(job.model.options.items()), blas_threads=job.train.blas_threads,
-                           optimizer=job.train.optimizer, rounds=rounds)
+                           optimizer=job.train.optimizer, rounds=rounds, target_scale=self.context.target)
 
 
 def backup_rule(job: Job) -> BackupRule | None:

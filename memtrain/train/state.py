@@ -82,7 +82,8 @@ def data_description(context: ModelContext, job: Job) -> dict[str, Any]:
     manifest = context.manifest
     return {"task": manifest["task"], "x": manifest["x"], "y": manifest["y"], "classes": manifest.get("classes"),
             "stats": manifest.get("stats"), "normalize": job.data.normalize, "dataset": str(job.data.path),
-            "encoding": manifest.get("encoding")}  # tables: predict encodes raw rows as prepare did
+            "encoding": manifest.get("encoding"),  # tables: predict encodes raw rows as prepare did
+            "target_scale": context.target.to_json() if context.target is not None else None}
 
 
 def run_state_slots(job: Job, context: ModelContext) -> tuple[str, ...]:
