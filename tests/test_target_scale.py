@@ -47,7 +47,7 @@ def table(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source = diamonds(folder / "diamonds.csv")
     from memtrain.cli import main
 
-    assert main(["prepare", str(source), str(folder / "diamonds"), "--label", "price"]) == 0
+    assert main(["prepare", str(source), str(folder / "diamonds"), "--label", "price", "--task", "regression"]) == 0
     return folder / "diamonds"
 
 
@@ -140,3 +140,33 @@ def test_worker_processes_train_on_the_same_scale_as_the_server(tmp_path: Path, 
         run = tmp_path / f"w{workers}" / "run"
         last.append(weights_path(run, weight_versions(run)[-1]).read_bytes())
     assert last[0] == last[1] and best(tmp_path / "w2" / "run")["val_r2"] > 0.7
+
+
+def test_a_classifier_recorded_before_the_key_resumes_from_its_job_file(tmp_path: Path, cli) -> None:
+    """For a classifier the key changes nothing: its job file (the key at its default, true) still resumes a run
+    recorded before the key (false), as it did before the key existed. A regression that it would change is
+    refused, naming the key."""
+    from tiny_data import blobs, write_dataset
+
+    x, y = blobs(n=300, features=4, classes=3)
+    data = write_dataset(tmp_path / "blobs", x, y, val_rows=60)
+    for name, source in (("classes", data), ("prices", None)):
+        folder = tmp_path / name
+        path = job(folder, source or diamonds_dataset(tmp_path, cli), "mlp")
+        path.write_text(path.read_text().replace("epochs = 20", "epochs = 1"))
+        assert cli("train", path, "--quiet").code == 0
+        record_path = folder / "run" / "job.json"
+        record = json.loads(record_path.read_text())
+        del record["data"]["scale_target"]  # as written before the key existed
+        record_path.write_text(json.dumps(sealed(record)))
+        resumed = cli("train", path, "--resume", "--set", "train.epochs=2", "--quiet")
+        if name == "classes":
+            assert resumed.code == 0 and "done: 2 epochs" in resumed.out, resumed.err
+        else:
+            assert resumed.code == 2 and "data.scale_target: the run has false, the new job says true" in resumed.err
+
+
+def diamonds_dataset(folder: Path, cli) -> Path:
+    assert cli("prepare", diamonds(folder / "small.csv", rows=600), folder / "small", "--label", "price",
+               "--task", "regression").code == 0
+    return folder / "small"
