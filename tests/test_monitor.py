@@ -234,3 +234,44 @@ def test_plot_draws_the_monitored_metric(tmp_path: Path, regression: Path, noise
         assert main(["inspect", str(run), "--plot", str(tmp_path / f"{name}.png"), "--json"]) == 0
         drawn[name] = json.loads(capsys.readouterr().out)["metric"]
     assert drawn == {"r2": "val_r2", "loss": "val_accuracy"}
+
+
+KILLER = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+import memtrain
+
+def kill_at_the_end(metrics):
+    if metrics["epoch"] == {epochs}:
+        os.kill(os.getpid(), signal.SIGKILL)  # after the best epoch's copy was staged, before it is committed
+
+memtrain.fit({job!r}, run={{"checkpoint_every": 3, "keep_checkpoints": 1}}, run_dir={run!r}, quiet=True,
+             callbacks=[kill_at_the_end])
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_crash_loses_the_staged_best_and_loading_the_run_says_so(tmp_path: Path, noise: Path) -> None:
+    """The best epoch between two scheduled checkpoints is only copied until the run stops: a SIGKILL loses the
+    copy. The resume removes it, finishes the run, and ``load_model`` then warns that the best epoch's checkpoint
+    was lost and which one it gives instead (never another epoch in silence)."""
+    import subprocess
+    import sys
+
+    job = settings(noise, epochs=7, lr=0.01) | {"model": {"kind": "mlp", "hidden": [128]}}  # overfits after epoch 4
+    reference = memtrain.fit(job, run={"checkpoint_every": 3, "keep_checkpoints": 1}, run_dir=tmp_path / "whole",
+                             quiet=True)
+    assert reference.best["epoch"] % 3 and reference.best["epoch"] < 6, "the test needs a best epoch off the schedule"
+    run = tmp_path / "killed"
+    script = KILLER.format(tests=str(Path(__file__).parent), epochs=7, job=job, run=str(run))
+    assert subprocess.run([sys.executable, "-c", script], cwd=tmp_path, timeout=120).returncode == -9
+    assert [p.name for p in (run / "checkpoints").iterdir() if p.name.startswith(".")], "the staged copy"
+    assert checkpoint_updates(run) == [6 * 8]
+    resumed = memtrain.fit(resume=run, quiet=True)
+    assert resumed.best == {k: v for k, v in reference.best.items() if k not in VOLATILE} | {
+        k: resumed.best[k] for k in VOLATILE}
+    assert not [p.name for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]
+    with pytest.warns(UserWarning, match=r"best epoch \(\d\) was pruned \(run.keep_best = false\) or lost in a "
+                                         r"crash: using the newest checkpoint, c00000056 \(epoch 7\), instead"):
+        assert memtrain.load_model(run).meta["epoch"] == 7
+    assert memtrain.load_model(tmp_path / "whole").meta["epoch"] == reference.best["epoch"]
