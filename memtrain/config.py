@@ -109,6 +109,9 @@ def check_ranges(config: Any, section: str) -> None:
 class DataConfig:
     path: Path = Path("data/digits")  # a prepared dataset directory
     normalize: bool = True  # standardize features with the manifest's train statistics, on the fly
+    # train a regression target standardized (the training split's mean and std; linear and mlp only: ridge
+    # solves exactly); predictions, metrics and exports stay in the target's units (models/target_scale.py)
+    scale_target: bool = True
     verify: bool = False  # re-hash every shard against the manifest before training
 
 
@@ -163,10 +166,11 @@ class RunConfig:
     dir: Path = Path("runs/default")
     checkpoint_every: int = 1  # epochs
     keep_checkpoints: int = 3
-    # also keep the best epoch's checkpoint (train.monitor), whatever keep_checkpoints prunes; "auto": when training
-    # can stop early (train.patience), where the best epoch is what users load. Every epoch that improves writes a
-    # checkpoint, which is most of a small job's time (the README's first job: 30 checkpoints, about 3x its training)
-    keep_best: bool | str = "auto"
+    # also keep the best epoch's checkpoint (train.monitor), whatever keep_checkpoints prunes: it is what
+    # load_model and inspect --export hand back by default. An improving epoch off the checkpoint_every schedule
+    # only copies its files, unsynced; the copy is committed once when the run stops (checkpoint.StagedBest: a
+    # checkpoint per improving epoch made the README's first job 3x slower). "auto" (an older default) is true.
+    keep_best: bool | str = True
     keep_versions: int = 3  # weight versions left on disk for inspection
     exchange: str = "auto"  # "auto" (/dev/shm if it has room, else the run's filesystem) | "shm" | "run" | a directory
     cluster: str = ""  # "": worker processes on this machine; "tcp://HOST:PORT" or "local:N": Dask workers
@@ -183,6 +187,9 @@ class Job:
     train: TrainConfig
     run: RunConfig
     source: Path | None = None  # the job file it came from
+    # run.dir is the name memtrain chose (runs/<job file name>), not one the job or the command named: a new run
+    # there goes beside an earlier one (runs/job-2, ...) instead of being refused. Not recorded (nor is run.dir).
+    default_dir: bool = False
 
     def __post_init__(self) -> None:
         """``run.keep_best`` resolved to a bool whoever builds the job (a job file, ``memtrain.fit``, a script
@@ -214,9 +221,10 @@ def load_job(path: str | os.PathLike[str] | None, overrides: typing.Sequence[str
     _apply_overrides(raw, overrides, values, workers)
     if run_dir is not None:
         raw.setdefault("run", {})["dir"] = os.path.abspath(run_dir)
+    default_dir = "dir" not in raw.get("run", {})  # memtrain names it: a rerun goes beside it (run_dir.beside_earlier)
     if path is not None:
         raw.setdefault("run", {}).setdefault("dir", str(Path("runs") / path.stem))
-    return job_from_dict(raw, base=base, source=path)
+    return dataclasses.replace(job_from_dict(raw, base=base, source=path), default_dir=default_dir)
 
 
 def load_saved_job(run_dir: str | os.PathLike[str], overrides: typing.Sequence[str] = (), *,
@@ -288,7 +296,8 @@ def job_to_dict(job: Job) -> dict[str, Any]:
     for key in OPTIMIZER_KEYS:
         train[{v: k for k, v in OPTIMIZER_RENAMES.items()}.get(key, key)] = getattr(job.train.optimizer, key)
     return {
-        "data": {"path": str(job.data.path), "normalize": job.data.normalize, "verify": job.data.verify},
+        "data": {"path": str(job.data.path), "normalize": job.data.normalize, "scale_target": job.data.scale_target,
+                 "verify": job.data.verify},
         "model": {"kind": job.model.kind, **job.model.options},
         "train": train,
         "run": {**{f.name: getattr(job.run, f.name) for f in dataclasses.fields(RunConfig)}, "dir": str(job.run.dir),
@@ -438,12 +447,13 @@ def _check_range(key: str, value: int, lowest: int, where: Any) -> None:
 
 
 def _keep_best(value: bool | str, train: TrainConfig, where: Any) -> bool:
-    """``run.keep_best`` resolved once, at the edge: ``"auto"`` is on when ``train.patience`` can stop training."""
+    """``run.keep_best`` resolved once, at the edge: ``"auto"`` (once "when ``train.patience`` can stop training",
+    when keeping the best cost a checkpoint per improving epoch) is true. A resumed run reads its recorded bool."""
     if isinstance(value, bool):
         return value
     if value != "auto":
         raise InputError("bad value for run.keep_best", path=where, expected='true, false or "auto"', found=repr(value))
-    return train.patience is not None
+    return True
 
 
 def _check_run(run: RunConfig, where: Any) -> None:

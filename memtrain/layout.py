@@ -167,6 +167,11 @@ def existing_hint(path: Path) -> str | None:
     return f"{run} has {what} {', '.join(names)}"
 
 
+def numbered_run_dir(path: Path, number: int) -> Path:
+    """A new run beside the earlier run at memtrain's default name: ``runs/job`` -> ``runs/job-2``, ``-3``, ..."""
+    return path.with_name(f"{path.name}-{number}")
+
+
 def checkpoint_version_name(version: int) -> str:
     """An older weight version in a checkpoint of a fixed-staleness run stopped mid-epoch: the next updates'
     gradients are computed at it."""

@@ -8,6 +8,7 @@ rows with the source's column names (a pandas DataFrame, a dict of columns, or a
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from memtrain.errors import InputError
-from memtrain.layout import CHECKPOINTS_DIR
+from memtrain.layout import CHECKPOINT_META, CHECKPOINTS_DIR
+from memtrain.models.target_scale import TargetScale
 from memtrain.prepare.table import Encoding, is_raw
 from memtrain.train.checkpoint import WHICH, load_checkpoint, newest_checkpoint, pick_checkpoint
 from memtrain.train.context import ModelContext, model_context_from_manifest
@@ -174,8 +176,9 @@ def load_model(path: str | Path, which: str | None = None) -> TrainedModel:
     """A trained model from a run directory (or one checkpoint directory), for prediction.
 
     By default the checkpoint of the run's best epoch (by ``train.monitor``, lowest ``val_loss`` unless the
-    job says otherwise; ``run.keep_best`` keeps it), or the newest complete checkpoint when the run records
-    no best epoch. ``which="last"``: the newest; ``which="best"``: the best epoch's, or an error saying why
+    job says otherwise; ``run.keep_best``, on by default, keeps it), or the newest complete checkpoint when the
+    run records no best epoch (no validation split) -- or, with a warning saying so, when the best epoch's
+    checkpoint was not kept. ``which="last"``: the newest; ``which="best"``: the best epoch's, or an error saying why
     there is none.
 
     >>> model = load_model("runs/digits-mlp")                    # doctest: +SKIP
@@ -189,11 +192,13 @@ def load_model(path: str | Path, which: str | None = None) -> TrainedModel:
         found = newest_checkpoint(path, warn=lambda _: None)
         if found is None:
             raise InputError("the run has no complete checkpoint", path=path)
-        path = pick_checkpoint(path, found[0], which)
+        path = pick_checkpoint(path, found[0], which, note=lambda text: warnings.warn(text, stacklevel=3))
     elif which == "best":
         raise InputError("which='best' needs a run directory", path=path,
                          hint="give the run directory (a checkpoint directory is loaded as it is)")
     params, meta = load_checkpoint(path)
     data = meta["data"]
-    context = model_context_from_manifest(data, meta["model"]["kind"], meta["model"]["options"], data["normalize"])
+    target = TargetScale.from_json(data.get("target_scale"), path / CHECKPOINT_META)
+    context = model_context_from_manifest(data, meta["model"]["kind"], meta["model"]["options"], data["normalize"],
+                                          target)
     return TrainedModel(context, params, meta)

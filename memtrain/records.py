@@ -254,6 +254,7 @@ CHECKPOINT_DATA = _record(
     ("normalize", "bool", "data.normalize"),
     ("dataset", "string", "the dataset's path"),
     ("encoding", "object or null", "the manifest's encoding"),
+    ("target_scale", "object or null", "data.scale_target: the training target's mean and std", False),
 )
 STATISTICS_PLAN = _record(
     "statistics-plan",

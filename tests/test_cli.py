@@ -103,7 +103,7 @@ def test_progress_bars_leave_no_trace_on_a_terminal(tmp_path: Path, dataset: Pat
 
 def test_quiet_prints_no_progress_and_no_epoch_lines(tmp_path: Path, dataset: Path, cli) -> None:
     job = job_file(tmp_path, dataset)
-    enough = ("--set", "train.batch_size=16")  # 114 updates: no few-updates note (which --quiet still prints)
+    enough = ("--set", "train.batch_size=16")  # 114 updates: no few-updates note (which --quiet leaves out too)
     loud = cli("train", job, *enough, "--run-dir", tmp_path / "loud")
     assert loud.code == 0 and "epoch 2/2" in loud.err
     quiet = cli("train", job, *enough, "--quiet", "--run-dir", tmp_path / "quiet")

@@ -135,3 +135,29 @@ def test_the_documented_own_loop_and_torch_paths_give_no_warning(tmp_path: Path)
     done = subprocess.run([sys.executable, "-W", "error::UserWarning", str(script)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=100)
     assert done.returncode == 0, done.stderr
+
+
+def test_quiet_means_quiet_and_a_refusal_comes_before_any_note(tmp_path: Path, dataset: Path, capsys) -> None:
+    """A job with few updates: ``memtrain.fit`` notes it in Python terms, not with ``--set``; ``quiet=True`` prints
+    nothing at all; an existing run directory is refused before the note is shown."""
+    few = {"data": {"path": str(dataset)}, "model": {"kind": "softmax"}, "train": {"epochs": 2, "workers": 0}}
+    memtrain.fit(**few, run_dir=tmp_path / "quiet", quiet=True)
+    assert capsys.readouterr() == ("", "")
+    memtrain.fit(**few, run_dir=tmp_path / "loud")
+    err = capsys.readouterr().err
+    assert err.startswith("memtrain.fit: note: this job makes only 2 updates in all"), err
+    assert "train={'batch_size': 16}" in err and "--set" not in err
+    with pytest.raises(InputError, match="the run directory already exists"):
+        memtrain.fit(**few, run_dir=tmp_path / "loud")
+    assert "note:" not in capsys.readouterr().err
+
+
+def test_a_cell_run_again_without_a_run_dir_trains_beside_the_earlier_run(tmp_path: Path, dataset: Path, capsys,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without run_dir, the run goes to runs/default; a second fit goes to runs/default-2, said in Python terms."""
+    monkeypatch.chdir(tmp_path)
+    first = memtrain.fit(**sections(dataset), quiet=True)
+    second = memtrain.fit(**sections(dataset))
+    assert (first.run_dir, second.run_dir) == (tmp_path / "runs" / "default", tmp_path / "runs" / "default-2")
+    err = capsys.readouterr().err
+    assert f"`memtrain.fit(resume={str(first.run_dir)!r})`" in err and "overwrite=True" in err and "--" not in err

@@ -60,6 +60,7 @@ MADE = {
     "spool_record_stem": lambda: [layout.spool_job_file(layout.spool_record_stem("NAME"))],
     "cluster_probe_name": lambda: [layout.cluster_probe_name("0123456789ab")],
     "trajectory_name": lambda: [layout.trajectory_name(390, 7)],
+    "numbered_run_dir": lambda: [layout.numbered_run_dir(Path("runs/digits-mlp"), 2).as_posix()],
 }
 # Functions that read names back (parsers and listings) and the prefix of a name made above.
 READERS = {"parse_partial_name", "prepare_work_dirs", "weight_versions",

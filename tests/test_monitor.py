@@ -190,11 +190,11 @@ def test_a_best_checkpoint_off_the_schedule_never_takes_a_scheduled_ones_place(t
     assert checkpoint_updates(steady_run) == [6 * 8, 8 * 8]  # not epoch 7's, written as the best then
 
 
-def test_a_job_built_in_python_resolves_keep_best_auto_and_writes_no_best_checkpoints(
+def test_a_job_built_in_python_resolves_keep_best_and_writes_no_checkpoint_per_improving_epoch(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``run.keep_best = "auto"`` (the default) is on only when ``train.patience`` can stop training, also for a
-    ``Job(...)`` built in Python (a script, the benches), not only for a job file: a job without patience,
-    checkpointing at the end only, ends with one checkpoint, not one per improving epoch."""
+    """``run.keep_best`` (default true; ``"auto"``, the older default, is true) is a bool also for a ``Job(...)``
+    built in Python (a script, the benches), not only for a job file; a job checkpointing at the end only writes
+    one scheduled checkpoint, not one per improving epoch, and the best epoch's is committed once at the end."""
     from memtrain.config import DataConfig, Job, ModelConfig, RunConfig, TrainConfig
     from memtrain.train import server
     from memtrain.train.state import save_checkpoint
@@ -205,9 +205,9 @@ def test_a_job_built_in_python_resolves_keep_best_auto_and_writes_no_best_checkp
     job = Job(DataConfig(path=data), ModelConfig("softmax", {}),
               TrainConfig(epochs=4, batch_size=60, workers=0),
               RunConfig(dir=tmp_path / "run", checkpoint_every=100))
-    assert job.run.keep_best is False
-    assert Job(job.data, job.model, TrainConfig(patience=2), job.run).run.keep_best is False  # resolved already
-    assert Job(job.data, job.model, TrainConfig(patience=2), RunConfig()).run.keep_best is True
+    assert job.run.keep_best is True
+    assert Job(job.data, job.model, job.train, RunConfig(keep_best="auto")).run.keep_best is True
+    assert Job(job.data, job.model, job.train, RunConfig(keep_best=False)).run.keep_best is False
     saved: list[int] = []
 
     def counted(*args: object, **kwargs: object) -> object:
@@ -217,4 +217,61 @@ def test_a_job_built_in_python_resolves_keep_best_auto_and_writes_no_best_checkp
     monkeypatch.setattr(server, "save_checkpoint", counted)
     server.train(job, quiet=True)
     assert saved == [4]  # the last epoch's only: none per improving epoch
-    assert checkpoint_updates(tmp_path / "run") == [4 * 9]
+    best = min(epochs_of(tmp_path / "run"), key=lambda r: r["val_loss"])
+    assert checkpoint_updates(tmp_path / "run") == sorted({best["update"], 4 * 9})
+    assert memtrain.load_model(tmp_path / "run").meta["epoch"] == best["epoch"]
+
+
+def test_plot_draws_the_monitored_metric(tmp_path: Path, regression: Path, noise: Path, capsys) -> None:
+    """``inspect --plot`` draws the metric the run is monitored on beside the loss: ``val_r2`` for a regression
+    monitored on it (which has no accuracy), the validation accuracy for a classifier monitored on its loss."""
+    from memtrain.cli import main
+
+    drawn = {}
+    for name, data, monitor in (("r2", regression, "val_r2"), ("loss", noise, "val_loss")):
+        run = tmp_path / name
+        memtrain.fit(settings(data, epochs=2, monitor=monitor), run_dir=run, quiet=True)
+        assert main(["inspect", str(run), "--plot", str(tmp_path / f"{name}.png"), "--json"]) == 0
+        drawn[name] = json.loads(capsys.readouterr().out)["metric"]
+    assert drawn == {"r2": "val_r2", "loss": "val_accuracy"}
+
+
+KILLER = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+import memtrain
+
+def kill_at_the_end(metrics):
+    if metrics["epoch"] == {epochs}:
+        os.kill(os.getpid(), signal.SIGKILL)  # after the best epoch's copy was staged, before it is committed
+
+memtrain.fit({job!r}, run={{"checkpoint_every": 3, "keep_checkpoints": 1}}, run_dir={run!r}, quiet=True,
+             callbacks=[kill_at_the_end])
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_crash_loses_the_staged_best_and_loading_the_run_says_so(tmp_path: Path, noise: Path) -> None:
+    """The best epoch between two scheduled checkpoints is only copied until the run stops: a SIGKILL loses the
+    copy. The resume removes it, finishes the run, and ``load_model`` then warns that the best epoch's checkpoint
+    was lost and which one it gives instead (never another epoch in silence)."""
+    import subprocess
+    import sys
+
+    job = settings(noise, epochs=7, lr=0.01) | {"model": {"kind": "mlp", "hidden": [128]}}  # overfits after epoch 4
+    reference = memtrain.fit(job, run={"checkpoint_every": 3, "keep_checkpoints": 1}, run_dir=tmp_path / "whole",
+                             quiet=True)
+    assert reference.best["epoch"] % 3 and reference.best["epoch"] < 6, "the test needs a best epoch off the schedule"
+    run = tmp_path / "killed"
+    script = KILLER.format(tests=str(Path(__file__).parent), epochs=7, job=job, run=str(run))
+    assert subprocess.run([sys.executable, "-c", script], cwd=tmp_path, timeout=120).returncode == -9
+    assert [p.name for p in (run / "checkpoints").iterdir() if p.name.startswith(".")], "the staged copy"
+    assert checkpoint_updates(run) == [6 * 8]
+    resumed = memtrain.fit(resume=run, quiet=True)
+    assert resumed.best == {k: v for k, v in reference.best.items() if k not in VOLATILE} | {
+        k: resumed.best[k] for k in VOLATILE}
+    assert not [p.name for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]
+    with pytest.warns(UserWarning, match=r"best epoch \(\d\) was pruned \(run.keep_best = false\) or lost in a "
+                                         r"crash: using the newest checkpoint, c00000056 \(epoch 7\), instead"):
+        assert memtrain.load_model(run).meta["epoch"] == 7
+    assert memtrain.load_model(tmp_path / "whole").meta["epoch"] == reference.best["epoch"]

@@ -71,7 +71,7 @@ def test_the_tour_job_leaves_workers_to_its_default() -> None:
 def test_the_tour_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     """The five-minute tour, block by block in an empty folder: python runs, a toml block whose first line
     is `# NAME.toml` becomes that file, every memtrain command exits 0, and what a print is said to show
-    (`print(...)  # [...]`) is what it prints."""
+    (`print(...)  # [...]`, or a model's `# TrainedModel(...)`: the best epoch's) is what it prints."""
     tour = README.split("## A five-minute tour", 1)[1].split("\n## ", 1)[0]
     monkeypatch.chdir(tmp_path)
     ran = []
@@ -81,7 +81,7 @@ def test_the_tour_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
             monkeypatch.setitem(sys.modules, module.__name__, module)
             exec(compile(body, "README.md (tour)", "exec"), module.__dict__)
             out = capsys.readouterr().out
-            for shown in re.findall(r"^print\(.*\)\s+# (\[.*\])$", body, flags=re.M):
+            for shown in re.findall(r"^print\(.*\)\s+# (\[.*\]|TrainedModel\(.*\))$", body, flags=re.M):
                 assert shown in out, f"the tour says {shown}, the code printed {out}"
         elif language == "toml":
             name = re.fullmatch(r"# (\S+\.toml)", body.splitlines()[0])

@@ -113,7 +113,7 @@ def test_regression_metrics_match_an_independent_computation(tmp_path: Path, reg
                                  extra='optimizer = "adam"\nlr = 0.5\n'))
     assert done.code == 0, done.err
     last = epoch_records(tmp_path / "run")[-1]
-    model = load_model(tmp_path / "run")
+    model = load_model(tmp_path / "run", which="last")  # the last epoch's weights, as its record
     x, y = open_dataset(regression).split("val")[:]
     expected = reference_regression(model.predict(x), y)
     for key, value in expected.items():
@@ -138,9 +138,12 @@ def test_keep_best_keeps_the_best_checkpoint_and_load_model_finds_it(tmp_path: P
     with pytest.raises(InputError, match=r"the checkpoint of the best epoch .* was pruned") as gone:
         load_model(tmp_path / "plain" / "run", which="best")
     assert "has checkpoints c00000048" in str(gone.value) and "run.keep_best = true" in str(gone.value)
-    assert load_model(tmp_path / "plain" / "run").meta["epoch"] == 6  # by default: the newest, when best is gone
+    with pytest.warns(UserWarning, match=r"the checkpoint of the best epoch .* was pruned .*using the newest"):
+        assert load_model(tmp_path / "plain" / "run").meta["epoch"] == 6  # the newest, when best is gone: said
+    exported = cli("inspect", tmp_path / "plain" / "run", "--export", tmp_path / "plain.npz", "--json")
+    assert exported.code == 0 and "note: the checkpoint of the best epoch" in exported.err, exported.err
 
-    # run.keep_best = "auto" (the default) keeps it when train.patience can stop training early
+    # with train.patience as without (the default run.keep_best = true), the best epoch's checkpoint is kept
     kept = overfitting_job(tmp_path / "kept", noise, epochs=6, keep=1, extra="patience = 10\n")
     assert cli("train", kept).code == 0
     run = tmp_path / "kept" / "run"
@@ -182,12 +185,19 @@ def test_patience_stops_early_and_resume_does_not_train_on(tmp_path: Path, noise
 def test_few_updates_are_noted_with_a_batch_size_to_try(tmp_path: Path, classes: Path, cli) -> None:
     job = tmp_path / "minimal.toml"
     job.write_text(f'[data]\npath = "{classes}"\n[model]\nkind = "mlp"\n[train]\nworkers = 2\n')
-    done = cli("train", job, "--run-dir", tmp_path / "a", "--quiet")
+    done = cli("train", job, "--run-dir", tmp_path / "a")
     assert done.code == 0
-    assert done.err == ("memtrain train: note: this job makes only 10 updates in all (one full-batch update per "
-                        "epoch, as train.batch_size is not set, 10 epochs); a gradient model usually needs "
-                        "hundreds. Set train.batch_size (e.g. --set train.batch_size=64: 140 updates) or raise "
-                        "train.epochs\n")
+    note = ("this job makes only 10 updates in all (one full-batch update per epoch, as train.batch_size is not set, "
+            "10 epochs); a gradient model usually needs hundreds. Set train.batch_size (e.g. --set "
+            "train.batch_size=64: 140 updates) or raise train.epochs")
+    assert done.err.startswith(f"memtrain train: note: {note}\nepoch 1/10"), done.err
+    quiet = cli("train", job, "--run-dir", tmp_path / "b", "--quiet")
+    assert quiet.code == 0 and quiet.err == ""  # quiet means quiet: the note is in the run's event log
+    assert f"note: {note}" in (tmp_path / "b" / "events.log").read_text()
+    refused = cli("train", job, "--run-dir", tmp_path / "b")
+    assert refused.code == 2 and "the run directory already exists" in refused.err
+    assert "note:" not in refused.err  # a refusal comes before any note (a note above an error reads as its cause)
+
     minimal = load_job(job)
     assert few_updates_note(minimal, 850, additive=False) is not None
     assert few_updates_note(minimal, 850, additive=True) is None  # one closed-form solve: updates do not apply
@@ -208,3 +218,28 @@ def test_missing_checkpoints_and_versions_list_what_the_run_has(tmp_path: Path, 
     assert shown.code == 2 and f"{run} has weight versions v00000016.npy, v00000017.npy, v00000018.npy" in shown.err
     with pytest.raises(InputError, match=r"no such checkpoint or run directory. .* has checkpoints c00000009"):
         load_model(run / "checkpoints" / "c00000024")
+
+
+def test_the_best_epoch_off_the_checkpoint_schedule_is_kept_by_default_with_its_own_bits(
+        tmp_path: Path, noise: Path, cli) -> None:
+    """No train.patience, a checkpoint every 4 epochs: the best epoch (between two) is still what ``load_model``
+    and ``--export`` give, bit for bit the weights that epoch had (a run checkpointing every epoch keeps them
+    too), committed once at the end: no checkpoint per improving epoch."""
+    sparse = overfitting_job(tmp_path / "sparse", noise, epochs=6, keep=1)
+    sparse.write_text(sparse.read_text().replace("keep_checkpoints = 1", "keep_checkpoints = 1\ncheckpoint_every = 4"))
+    done = cli("train", sparse)
+    assert done.code == 0, done.err
+    run = tmp_path / "sparse" / "run"
+    best = min(epoch_records(run), key=lambda r: r["val_loss"])
+    assert best["epoch"] not in (4, 6), "the test needs a best epoch off the schedule"
+    assert checkpoint_updates(run) == [best["update"], 6 * 8]
+    events = (run / "events.log").read_text()
+    assert events.count("checkpoint c") == 3  # epoch 4's, the final one, and the best epoch's, written at the end
+    every = overfitting_job(tmp_path / "every", noise, epochs=best["epoch"], keep=1)
+    assert cli("train", every).code == 0
+    reference = load_model(tmp_path / "every" / "run", which="last")
+    model = load_model(run)
+    assert model.meta["epoch"] == best["epoch"] and model.meta["best_only"] is True
+    for name, value in reference.params.items():
+        np.testing.assert_array_equal(model.params[name], value)
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]  # no copy left behind

@@ -511,3 +511,34 @@ def test_a_linked_log_file_is_replaced_by_rename_not_written_through(tmp_path: P
     assert cli("train", "--resume", run_copy, "--set", "train.epochs=3").code == 0
     assert target.read_text() == "outside\n"
     assert not metrics.is_symlink()
+
+
+# --- a rerun of a job whose run directory memtrain named goes beside the earlier run ---
+
+
+def test_a_rerun_goes_to_a_numbered_directory_beside_the_earlier_run(tmp_path: Path, data: Path, cli) -> None:
+    """Edit and rerun: a job file without run.dir trains into runs/<name>; run again it trains into runs/<name>-2
+    (the summary names it), leaving the earlier run untouched. --overwrite and --resume still act on runs/<name>,
+    and a directory the job or the command names is still refused when taken (exit 2)."""
+    job = write_job(tmp_path, data)
+    job.write_text(job.read_text().replace('dir = "run"\n', ""))
+    first = cli("train", job)
+    runs = tmp_path / "runs"
+    assert first.code == 0 and f"run directory: {runs / 'job'}\n" in first.out
+    before = {p.name: p.stat().st_mtime_ns for p in (runs / "job").rglob("*")}
+    job.write_text(job.read_text().replace("lr = 0.01", "lr = 0.02"))  # edit, and rerun
+    second = cli("train", job)
+    assert second.code == 0, second.err
+    assert f"run directory: {runs / 'job-2'}\n" in second.out
+    assert f"{runs / 'job'} holds an earlier run: this one is {runs / 'job-2'}" in second.err
+    assert {p.name: p.stat().st_mtime_ns for p in (runs / "job").rglob("*")} == before
+    assert json.loads((runs / "job-2" / "job.json").read_text())["train"]["lr"] == 0.02
+    assert cli("train", job, "--quiet").code == 0 and sorted(os.listdir(runs)) == ["job", "job-2", "job-3"]
+    overwritten = cli("train", job, "--overwrite", "--quiet")
+    assert overwritten.code == 0 and sorted(os.listdir(runs)) == ["job", "job-2", "job-3"]
+    assert json.loads((runs / "job" / "job.json").read_text())["train"]["lr"] == 0.02
+    resumed = cli("train", job, "--resume", "--set", "train.epochs=3", "--quiet")
+    assert resumed.code == 0 and "done: 3 epochs" in resumed.out and f"{runs / 'job'}\n" in resumed.out
+    named = cli("train", job, "--run-dir", runs / "job")
+    assert named.code == 2 and "the run directory already exists" in named.err
+    assert sorted(os.listdir(runs)) == ["job", "job-2", "job-3"]

@@ -42,6 +42,7 @@ from memtrain.inspection.stats import CHUNK
 from memtrain.inspection.tensor_view import SCHEMA
 from memtrain.inspection.tensors import Tensors
 from memtrain.layout import tmp_sibling
+from memtrain.models.target_scale import TargetScale, unscaled
 
 FORMATS = {".npz": "npz", ".h5": "hdf5", ".hdf5": "hdf5", ".safetensors": "safetensors"}
 NORMALIZE_KEYS = ("memtrain.normalize.mean", "memtrain.normalize.std")
@@ -65,29 +66,41 @@ def export(tensors: Tensors, out: Path, meta: dict[str, Any] | None, chunk: int 
         raise InputError("the export file exists", path=out,
                          hint="pass --overwrite to replace the file, or give another name")
     normalize = normalization(data)
+    arrays, folded = target_units(tensors.arrays, meta, data)
     encoding = json.dumps(data["encoding"], allow_nan=False) if data and data.get("encoding") else None
-    clash = sorted(set(tensors.arrays) & {*NORMALIZE_KEYS, ENCODING_KEY})
+    clash = sorted(set(arrays) & {*NORMALIZE_KEYS, ENCODING_KEY})
     if clash:
         raise InputError("a parameter has the name the normalization is exported under", path=tensors.path,
                          found=", ".join(clash))
     sweep_orphans(out.parent, out.name.__eq__)  # what an export to the same file that was killed left
     if kind == "npz":
         text = {ENCODING_KEY: np.array(encoding)} if encoding else {}
-        publish(out, lambda handle: write_npz(handle, tensors.arrays | normalize | text), durable=True)
+        publish(out, lambda handle: write_npz(handle, arrays | normalize | text), durable=True)
     elif kind == "safetensors":
         extra = {key: json.dumps(value.tolist()) for key, value in normalize.items()}
         if encoding:
             extra[ENCODING_KEY] = encoding
         if meta is not None:
             extra["memtrain_meta"] = json.dumps(plain(meta), allow_nan=False)
-        publish(out, lambda handle: write_safetensors(handle, tensors.arrays, extra, chunk), durable=True)
+        publish(out, lambda handle: write_safetensors(handle, arrays, extra, chunk), durable=True)
     else:
-        write_h5(out, tensors.arrays | normalize, meta, chunk, encoding)
+        write_h5(out, arrays | normalize, meta, chunk, encoding)
     return {"schema": SCHEMA, "kind": "export", "path": str(tensors.path), "out": str(out), "format": kind,
             "bytes": os.path.getsize(out), "normalization": "written" if normalize else
             ("none (trained on raw features)" if data is not None else "unknown (no checkpoint metadata)"),
             "encoding": "written" if encoding else "none",
-            "arrays": [{"name": n, "shape": list(a.shape), "dtype": a.dtype.name} for n, a in tensors.arrays.items()]}
+            "target_scale": "folded into the output layer" if folded else "none",
+            "arrays": [{"name": n, "shape": list(a.shape), "dtype": a.dtype.name} for n, a in arrays.items()]}
+
+
+def target_units(arrays: dict[str, Any], meta: dict[str, Any] | None,
+                 data: dict[str, Any] | None) -> tuple[dict[str, Any], bool]:
+    """The arrays of a model trained on a standardized target (``data.scale_target``) with the scale folded into
+    its output layer, so that the exported model predicts in the target's units; True if it was folded."""
+    scale = TargetScale.from_json((data or {}).get("target_scale"))
+    if scale is None or meta is None:
+        return arrays, False
+    return unscaled(meta["model"]["kind"], arrays, scale), True
 
 
 def normalization(data: dict[str, Any] | None) -> dict[str, np.ndarray]:

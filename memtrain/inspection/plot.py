@@ -1,4 +1,5 @@
-"""A run's ``metrics.jsonl`` -> a PNG (or SVG/PDF) of training and validation loss, and accuracy, per update.
+"""A run's ``metrics.jsonl`` -> a PNG (or SVG/PDF) of training and validation loss per update, and the metric
+the run is monitored on (``train.monitor``; for a loss, the validation accuracy when there is one).
 
 matplotlib is an optional extra (``pip install 'memtrain[plot]'``); it is imported only here, and only
 its object API is used (``Figure``, no pyplot), so no global backend state is touched.
@@ -13,6 +14,7 @@ from memtrain.errors import InputError, MemtrainError
 from memtrain.files import publish, read_jsonl
 from memtrain.inspection.tensor_view import SCHEMA
 from memtrain.layout import RUN_METRICS
+from memtrain.train.record import recorded_job
 
 FORMATS = (".png", ".svg", ".pdf")
 
@@ -27,7 +29,7 @@ def load_figure_class() -> Any:
 
 
 def plot_run(run: Path, out: Path) -> dict[str, Any]:
-    """Draw the loss (and accuracy) curves of ``run`` into ``out``; returns what was drawn."""
+    """Draw the loss curves of ``run`` into ``out``, and its monitored metric; returns what was drawn."""
     if out.suffix.lower() not in FORMATS:
         raise InputError("unknown plot format", path=out, expected=", ".join(FORMATS), found=out.suffix or "none")
     figure_class = load_figure_class()
@@ -36,19 +38,33 @@ def plot_run(run: Path, out: Path) -> dict[str, Any]:
     epochs = [r for r in records if r.get("kind") == "epoch"]
     if not updates and not epochs:
         raise InputError("nothing to plot yet: metrics.jsonl has no update or epoch records", path=run / RUN_METRICS)
-    accuracy = [r for r in epochs if r.get("val_accuracy") is not None]
-    figure = figure_class(figsize=(8, 7 if accuracy else 4.5), layout="constrained")
-    axes = figure.subplots(2 if accuracy else 1, 1, sharex=True, squeeze=False)[:, 0]
+    metric = second_metric(run, epochs)
+    figure = figure_class(figsize=(8, 7 if metric else 4.5), layout="constrained")
+    axes = figure.subplots(2 if metric else 1, 1, sharex=True, squeeze=False)[:, 0]
     draw_loss(axes[0], updates, epochs)
-    if accuracy:
-        axes[1].plot(*series(accuracy, "val_accuracy"), marker="o", color="C2", label="validation accuracy")
-        axes[1].set_ylabel("accuracy")
+    if metric:
+        axes[1].plot(*series(epochs, metric), marker="o", color="C2", label=metric.replace("val_", "validation "))
+        axes[1].set_ylabel(metric.removeprefix("val_"))
         axes[1].legend()
     axes[-1].set_xlabel("updates")
     figure.suptitle(run.name)
     publish(out, lambda handle: figure.savefig(handle, format=out.suffix[1:].lower(), dpi=100), durable=False)
     return {"schema": SCHEMA, "kind": "plot", "path": str(run), "out": str(out),
-            "updates": len(updates), "epochs": len(epochs)}
+            "updates": len(updates), "epochs": len(epochs), "metric": metric}
+
+
+LOSSES = ("loss", "val_loss")  # drawn in the first panel
+
+
+def second_metric(run: Path, epochs: list[dict[str, Any]]) -> str | None:
+    """The epoch metric of the second panel: the run's ``train.monitor`` (``val_r2`` for a regression monitored on
+    it), or, when that is a loss, the validation accuracy; None when the epochs have no value of it."""
+    try:
+        monitor = recorded_job(run).get("train", {}).get("monitor", "val_loss")
+    except MemtrainError:  # a run without its record (or a damaged one): the loss is still worth drawing
+        monitor = "val_loss"
+    metric = "val_accuracy" if monitor in LOSSES else monitor
+    return metric if any(isinstance(r.get(metric), int | float) for r in epochs) else None
 
 
 def draw_loss(axis: Any, updates: list[dict[str, Any]], epochs: list[dict[str, Any]]) -> None:

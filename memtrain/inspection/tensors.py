@@ -8,6 +8,7 @@ size does not fit that layout (an additive model's statistics, a foreign .npy) i
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,7 +168,8 @@ def source_tensors(target: Target, which: str | None = "last") -> tuple[Tensors,
         if checkpoint is None:
             raise InputError("the run has no complete checkpoint yet", path=target.path,
                              hint="give a weight version (weights/vNNNNNNNN.npy) instead")
-        checkpoint = pick_checkpoint(target.path, checkpoint, which)
+        checkpoint = pick_checkpoint(target.path, checkpoint, which,
+                                     note=lambda text: print(f"memtrain inspect: note: {text}", file=sys.stderr))
     if checkpoint is not None:
         return checkpoint_file(checkpoint, CHECKPOINT_WEIGHTS), read_meta(checkpoint)
     return open_tensors(target), None

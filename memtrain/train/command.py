@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing run directory (only one that memtrain created)")
     parser.add_argument("-q", "--quiet", action="store_true",
-                        help="no progress bar and no epoch lines (warnings and the summary are still printed)")
+                        help="no progress bar, no epoch lines, no notes (warnings and the summary are still printed)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from memtrain.models import build_model
 from memtrain.models.params import ParamLayout
 from memtrain.models.protocol import DataSpec, Model
 from memtrain.models.registry import CODE_DIR, code_on_path, model_class
+from memtrain.models.target_scale import ScaledTarget, TargetScale, scalable
 from memtrain.train.normalize import Normalizer
 from memtrain.train.outline import outline_model
 
@@ -31,6 +32,7 @@ class ModelContext:
     # CPU seconds this process spent building the model, its imports included (torch: seconds): what every
     # worker pays again as it starts (train/placement.py weighs it); an outline's: what its child spent
     build_seconds: float = 0.0
+    target: TargetScale | None = None  # data.scale_target: the model is trained on the standardized target
 
     @property
     def additive(self) -> bool:
@@ -50,10 +52,14 @@ def data_spec(manifest: dict[str, Any]) -> DataSpec:
 
 
 def model_context_from_manifest(manifest: dict[str, Any], kind: str, options: dict[str, Any],
-                                normalize: bool) -> ModelContext:
+                                normalize: bool, target: TargetScale | None = None) -> ModelContext:
     spec = data_spec(manifest)
     started = time.process_time()
     model = build_model(kind, options, spec)
+    if target is not None and scalable(kind, spec.task):
+        model = ScaledTarget(model, target, kind)
+    else:
+        target = None
     build_seconds = time.process_time() - started
     buffers = model.buffer_shapes() if hasattr(model, "buffer_shapes") else None
     layout = ParamLayout.from_shapes(model.parameter_shapes(), buffers)
@@ -61,11 +67,20 @@ def model_context_from_manifest(manifest: dict[str, Any], kind: str, options: di
     if getattr(model, "additive", False):
         stats_layout = ParamLayout(ParamLayout.from_shapes(model.statistic_shapes()).entries, np.dtype(np.float64))
     return ModelContext(spec, model, layout, stats_layout, Normalizer.from_stats(manifest.get("stats"), normalize),
-                        manifest, build_seconds)
+                        manifest, build_seconds, target)
 
 
-def model_context(dataset: Dataset, kind: str, options: dict[str, Any], normalize: bool) -> ModelContext:
-    return model_context_from_manifest(dataset.manifest, kind, options, normalize)
+def model_context(dataset: Dataset, kind: str, options: dict[str, Any], normalize: bool,
+                  target: TargetScale | None = None) -> ModelContext:
+    return model_context_from_manifest(dataset.manifest, kind, options, normalize, target)
+
+
+def job_target_scale(dataset: Dataset, job: Any) -> TargetScale | None:
+    """The target scale a job trains with (``data.scale_target``), from the training split; None if it does not
+    apply (off, a classifier, a model other than linear and mlp)."""
+    if not job.data.scale_target or not scalable(job.model.kind, dataset.manifest["task"]):
+        return None
+    return TargetScale.of_split(dataset.split("train"), data_spec(dataset.manifest).n_targets)
 
 
 def server_context(dataset: Dataset, job: Any, *, resuming: bool = False, replaying: bool = False,
@@ -81,7 +96,7 @@ def server_context(dataset: Dataset, job: Any, *, resuming: bool = False, replay
     keep = workers == "auto" and auto_outlined(job, replaying=replaying, cores=cores)
     fixed = not isinstance(workers, str) and workers >= 1
     if not (fixed or keep) or job.run.cluster or not outlined(kind, options):
-        return model_context(dataset, kind, options, job.data.normalize)
+        return model_context(dataset, kind, options, job.data.normalize, job_target_scale(dataset, job))
     outline = outline_model(dataset=str(dataset.path), kind=kind, options=dict(options),
                             normalize=job.data.normalize, seed=job.train.seed, threads=job.train.blas_threads,
                             version0=not resuming, keep=keep)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,8 @@ def fit(job: JobSource = None, *, resume: bool | str | os.PathLike[str] = False,
     it if it is new); ``resume="RUN_DIR"`` continues that run, where only the settings given here change.
     ``callbacks``: functions called as ``f(metrics)`` after each epoch (or objects with ``on_epoch_end``),
     ``metrics`` the epoch record (``epoch``, ``loss``, ``val_loss``, ...); one that raises stops the run
-    with a checkpoint, as a stop does. ``quiet=True`` shows no progress and no epoch lines.
+    with a checkpoint, as a stop does. ``quiet=True`` shows no progress, no epoch lines and no notes (a note,
+    such as advice on ``train.batch_size``, is still in the run's ``events.log``).
 
     >>> import memtrain
     >>> summary = memtrain.fit(data={"path": "data/digits"}, model={"kind": "mlp", "hidden": [64]},
@@ -65,7 +67,8 @@ def fit(job: JobSource = None, *, resume: bool | str | os.PathLike[str] = False,
         loaded = load_job(job, workers=workers, run_dir=run_dir, values=values)
     try:
         return train(loaded, resume_run=bool(resume), verify=verify, overwrite=overwrite, asked=set(values),
-                     quiet=quiet, callbacks=epoch_callbacks)
+                     quiet=quiet, callbacks=epoch_callbacks,
+                     say=lambda note: print(f"memtrain.fit: note: {python_advice(note, job)}", file=sys.stderr))
     except MemtrainError as exc:
         if exc.message == "the run directory already exists":  # a notebook cell run again
             exc.hint = ("pass overwrite=True to start it over, or resume=True to continue it (changing only the "
@@ -105,6 +108,7 @@ _RESUME = re.compile(r"`?memtrain train --resume (\S+?)((?: --set [\w.]+=\S+?)*)
 _OVERWRITE = re.compile(r"`?memtrain train \S+ --run-dir (\S+?) --overwrite`?")
 _NEW_DIR = re.compile(r"`?(?:memtrain train (?:JOB\.toml|\S+\.toml) )?--run-dir NEW_DIR`?")
 _SET = re.compile(r" --set ([\w]+)\.([\w]+)=(\S+)")
+_LONE_SET = re.compile(r"--set (\w+)\.(\w+)=([^\s:;,)]+)")  # a setting to try (a note's advice), not a resume
 
 
 def python_advice(hint: str | None, job: JobSource) -> str | None:
@@ -123,5 +127,7 @@ def python_advice(hint: str | None, job: JobSource) -> str | None:
     hint = _RESUME.sub(resume, hint)
     hint = _OVERWRITE.sub(lambda m: f"`memtrain.fit({first}, run_dir={m.group(1)!r}, overwrite=True)`", hint)
     hint = _NEW_DIR.sub(f"`memtrain.fit({first}, run_dir=NEW_DIR)`", hint)
-    return hint.replace("choose another with --run-dir", "choose another with run_dir=")
+    hint = _LONE_SET.sub(lambda m: f"{m.group(1)}={{{m.group(2)!r}: {m.group(3)}}}", hint)
+    return hint.replace("choose another with --run-dir", "choose another with run_dir=").replace(
+        "to replace it: --overwrite", "to replace it: overwrite=True")
 

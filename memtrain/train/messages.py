@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from memtrain.models.target_scale import TargetScale
 from memtrain.train.optim import OptimizerConfig
 
 
@@ -50,6 +51,7 @@ class WorkerSetup:
     blas_threads: int
     optimizer: OptimizerConfig  # the job's, as validated (config.py)
     rounds: RoundSetup
+    target_scale: TargetScale | None = None  # data.scale_target: the server's, computed once (models/target_scale.py)
 
 
 class Engine(enum.Enum):

@@ -36,8 +36,8 @@ from memtrain.records import HISTORY_RESUME, HISTORY_START, make
 
 FORMAT = "memtrain.job"
 FORMAT_VERSION = 1
-FIXED = ("data.path", "data.normalize", "model.", "train.seed", "train.batch_size", "train.tasks_per_update",
-         "train.shuffle", "train.shuffle_window", "train.optimizer", "train.monitor",
+FIXED = ("data.path", "data.normalize", "data.scale_target", "model.", "train.seed", "train.batch_size",
+         "train.tasks_per_update", "train.shuffle", "train.shuffle_window", "train.optimizer", "train.monitor",
          "train.monitor_mode")  # the best epoch so far was chosen by the monitor
 # Settings added to the job after runs were recorded without them (job record version 1, 30339bc): what
 # their absence means, which is what those runs did, so such a run resumes (and replays, and is inspected)
@@ -47,7 +47,8 @@ FIXED = ("data.path", "data.normalize", "model.", "train.seed", "train.batch_siz
 # other metric logs; train.chunk_rows: read by an additive pass alone, which such a run either finished or
 # computes again (its old statistics files are not reused).
 RECORDED_BEFORE = {"train.shuffle": "batches", "train.shuffle_window": WINDOW, "train.monitor": "val_loss",
-                   "train.monitor_mode": "auto", "run.log_to": [], "train.chunk_rows": TrainConfig.chunk_rows}
+                   "train.monitor_mode": "auto", "run.log_to": [], "train.chunk_rows": TrainConfig.chunk_rows,
+                   "data.scale_target": False}  # the target was trained as it is
 # train.blas_threads is not among them: a BLAS (OpenBLAS here) may split an update's products and sums
 # differently with another thread count, so the weights' bits depend on it (1e6 parameters, 120 updates in
 # the server: 1 and 2 threads end in different versions, each the same run after run). It is adjustable.
@@ -209,6 +210,7 @@ def decide(run_dir: Path, job: Job, asked: Collection[str], *, done_epochs: int 
     """
     recorded = recorded_job(run_dir)
     allowed, unasked, fixed = compare(recorded, job, asked)
+    fixed = [d for d in fixed if not (d.key == "data.scale_target" and _moot_target_scale(recorded, job))]
     if one_pass:
         fixed += [d for d in allowed + unasked if d.key == "train.epochs"]
         allowed = [d for d in allowed if d.key != "train.epochs"]
@@ -239,6 +241,21 @@ def decide(run_dir: Path, job: Job, asked: Collection[str], *, done_epochs: int 
                          hint=f"train longer with `{resume} --set train.epochs={done_epochs + 1}`, or look at it with "
                               f"`memtrain inspect {run_dir}`")
     return Decision({d.key: (d.recorded, d.new) for d in allowed})
+
+
+def _moot_target_scale(recorded: dict[str, Any], job: Job) -> bool:
+    """Whether ``data.scale_target`` changes nothing the run computes: its model and task are not ones it applies
+    to (models/target_scale.py), as for every classifier. A run recorded before the key (false) is then resumed
+    by a job file that leaves it at its default (true), as before the key existed."""
+    from memtrain.dataset import read_manifest
+    from memtrain.errors import MemtrainError
+    from memtrain.models.target_scale import scalable
+
+    try:
+        task = read_manifest(job.data.path)["task"]
+    except (MemtrainError, OSError, KeyError, TypeError):
+        return False  # unknown: the difference stands
+    return not scalable(str(recorded.get("model", {}).get("kind")), task)
 
 
 def history_entry(decision: Decision, *, checkpoint: str | None, epoch: int) -> dict[str, Any]:

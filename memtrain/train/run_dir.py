@@ -12,6 +12,7 @@ its name carries the owner's pid, so that leftovers of dead runs can be swept wi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import json
@@ -61,6 +62,7 @@ from memtrain.layout import (
     exchange_dir_name,
     is_checkpoint_name,
     is_version_name,
+    numbered_run_dir,
     parse_exchange_owner,
     run_folder,
     tmp_owner_pid,
@@ -229,6 +231,18 @@ def open_run_dir(job: Job, *, resume: bool, need_exchange: int, need_run: int, o
         raise
     run.decision = decision
     return run
+
+
+def beside_earlier(job: Job) -> Job:
+    """A new run whose run directory is memtrain's default name (``Job.default_dir``), when something is there
+    already: the same job in the first free numbered sibling (``runs/job-2``, ``runs/job-3``, ...). A directory
+    the job or the command named is left as it is (refused if taken, unless resumed or overwritten)."""
+    path, number = job.run.dir, 2
+    if not job.default_dir or not os.path.lexists(path):
+        return job
+    while os.path.lexists(numbered_run_dir(path, number)):
+        number += 1
+    return dataclasses.replace(job, run=dataclasses.replace(job.run, dir=numbered_run_dir(path, number)))
 
 
 def _state(path: Path) -> str:

@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ from memtrain.train.additive import (
     solve,
 )
 from memtrain.train.advice import few_updates_note, one_pass_note
+from memtrain.train.checkpoint import StagedBest
 from memtrain.train.context import ModelContext, server_context, startup_check
 from memtrain.train.counters import ONE_PASS, epoch_number, position_text, update_number
 from memtrain.train.datacheck import check_trainable
@@ -79,10 +80,18 @@ from memtrain.train.plan import Plan, eval_tasks, gradient_banks, split_range
 from memtrain.train.pools import OnCluster, Streamed, check_cluster, open_cluster
 from memtrain.train.record import Decision
 from memtrain.train.room import allow_open_files, room_needed, size_text
-from memtrain.train.run_dir import RunDir, open_run_dir, refuse_live_run
+from memtrain.train.run_dir import RunDir, beside_earlier, open_run_dir, refuse_live_run
 from memtrain.train.schedule import replay_mismatch
 from memtrain.train.scheduler import CORES, BackupRule, Scheduler
-from memtrain.train.state import Position, job_updates_per_epoch, resume, save_checkpoint, start_fresh
+from memtrain.train.state import (
+    Position,
+    commit_best,
+    job_updates_per_epoch,
+    resume,
+    save_checkpoint,
+    stage_best,
+    start_fresh,
+)
 from memtrain.train.summary import summary_html, summary_text
 from memtrain.train.weights import (
     create_digests,
@@ -130,11 +139,13 @@ class TrainSummary:
 
 def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite: bool = False,
           asked: Collection[str] = (), quiet: bool = False, replay: Lineage | None = None,
-          callbacks: Sequence[Any] = ()) -> TrainSummary:
+          callbacks: Sequence[Any] = (), say: Callable[[str], None] | None = None) -> TrainSummary:
     """Run (or resume) a job to the end; raises MemtrainError (Interrupted on SIGINT/SIGTERM/SIGHUP).
 
     ``asked``: the ``section.key`` settings named on the command line, the only ones a resume may change.
-    ``quiet``: no progress bar and no epoch lines (warnings are still printed). ``replay``: the lineage of
+    ``quiet``: no progress bar, no epoch lines and no notes (warnings are still printed; a note is also in the
+    run's event log). ``say``: how a note is shown (default: ``memtrain train: note: ...`` on stderr, its
+    advice in command-line terms; ``memtrain.fit`` says it in Python terms). ``replay``: the lineage of
     the run ``job`` made, to run again exactly (train/overlap.py) instead of the job's epochs. ``callbacks``:
     called at the end of each epoch (train/monitor.py).
     """
@@ -142,6 +153,9 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
         raise InputError("fixed staleness, async mode and replay run on one machine only, so far",
                          expected="run.cluster unset (no --cluster)", found=f"run.cluster = {job.run.cluster!r}",
                          hint="on a cluster, train synchronously (train.mode = 'sync', train.staleness = 0)")
+    earlier = job.run.dir
+    if not (resume_run or overwrite):
+        job = beside_earlier(job)  # a rerun of a job whose run directory memtrain named: runs/job-2, ...
     stop = StopRequest()
     with on_stop_signals(stop.record):
         start_resource_tracker()
@@ -151,7 +165,8 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
         context = server_context(dataset, job, resuming=resume_run, replaying=replay is not None, cores=CORES)
         try:  # torch: outlined when workers compute; a kept outline's child is let go if the run never adopts it
             return _train(job, dataset, context, stop, resume_run=resume_run, overwrite=overwrite, asked=asked,
-                          quiet=quiet, replay=replay, callbacks=callbacks)
+                          quiet=quiet, replay=replay, callbacks=callbacks, say=say or _say,
+                          earlier=earlier if earlier != job.run.dir else None)
         finally:
             release = getattr(context.model, "release", None)
             if release is not None:
@@ -160,7 +175,7 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
 
 def _train(job: Job, dataset: Dataset, context: ModelContext, stop: StopRequest, *, resume_run: bool,
            overwrite: bool, asked: Collection[str], quiet: bool, replay: Lineage | None,
-           callbacks: Sequence[Any]) -> TrainSummary:
+           callbacks: Sequence[Any], say: Callable[[str], None], earlier: Path | None = None) -> TrainSummary:
     """``train`` once the server has its model context: the start-up checks, the run directory, the run."""
     if context.additive and overlapping(job):
         raise InputError(f"a {job.model.kind} model is solved in one pass of statistics: it has no updates to "
@@ -168,17 +183,23 @@ def _train(job: Job, dataset: Dataset, context: ModelContext, stop: StopRequest,
                          found=describe_mode(job))
     runtime = startup_check(context, dataset, job.train.blas_threads)  # a model's dry run: its errors exit 2 here
     check_monitor(job.train.monitor, context.classifier, dataset.split("val").rows > 0, job.train.patience)
-    note = (one_pass_note(job) if context.additive else
-            few_updates_note(job, dataset.split("train").rows, context.additive))
-    if note is not None:
-        print(f"memtrain train: note: {note}", file=sys.stderr, flush=True)
     room = room_needed(job, context, per_epoch=job_plan(job, dataset.split("train").rows).per_epoch,
                        slots=round_slots(job))  # every file the run will write, at its peak
     allow_open_files(job)  # a mapped buffer per task: the limit of open files, raised or refused before writing
     check_cluster(job, stopped=lambda: stop.signum)  # a wrong address leaves no run directory behind
     run = open_run_dir(job, resume=resume_run, overwrite=overwrite, layout=context.layout.to_json(),
                        asked=asked, one_pass=context.additive, need_exchange=room.exchange, need_run=room.run)
+    # after the run directory's refusals (a note above an error reads as its cause), and only when not quiet
+    notes = [one_pass_note(job) if context.additive else
+             few_updates_note(job, dataset.split("train").rows, context.additive)]
+    if earlier is not None:
+        notes.append(f"{earlier} holds an earlier run: this one is {job.run.dir} (to continue that one: "
+                     f"`memtrain train --resume {earlier}`; to replace it: --overwrite)")
     try:
+        for note in filter(None, notes):
+            run.event(f"note: {note}")
+            if not quiet:
+                say(note)
         if runtime:
             run.event(runtime)
         return Trainer(job, dataset, context, run, stop, quiet=quiet, lineage=replay,
@@ -189,6 +210,10 @@ def _train(job: Job, dataset: Dataset, context: ModelContext, stop: StopRequest,
         raise
     finally:
         run.close()
+
+
+def _say(note: str) -> None:
+    print(f"memtrain train: note: {note}", file=sys.stderr, flush=True)
 
 
 def overlapping(job: Job) -> bool:
@@ -256,6 +281,7 @@ class Trainer:
         # async mode: groups of gradients; an additive model: its one solve
         self.per_epoch = 1 if context.additive else job_updates_per_epoch(job, self.train_rows)
         self.checkpointed: int | None = None
+        self.staged_best = StagedBest(run.path)  # the best epoch's checkpoint, off the schedule, until the run stops
         self.started = time.monotonic()
         self.slots = round_slots(job)
         # an additive model has no gradients: no buffers for them (its statistics go to train/additive.py's files)
@@ -314,6 +340,7 @@ class Trainer:
             self.placement.close()
             self.board.close()
             self.monitor.close()
+            self.staged_best.drop()  # committed by now if the run stopped as it should; a failed run's is lost
             discard_building(self.run_dir.path, os.getpid())
         self.log(f"done: {ONE_PASS if self.context.additive else plural(position.epoch, 'epoch')}, "
                  f"weight version {position.version}")
@@ -513,10 +540,16 @@ class Trainer:
         if verdict.stop is not None or verdict.failure is not None:
             self.log(verdict.stop or str(verdict.failure))
             final = True
-        keep = verdict.improved and self.job.run.keep_best
-        if final or position.epoch % self.job.run.checkpoint_every == 0 or keep:
+        scheduled = final or position.epoch % self.job.run.checkpoint_every == 0
+        if verdict.improved and self.job.run.keep_best and not scheduled:
+            stage_best(self.run_dir, self.job, self.context, position, self.per_epoch, record, self.staged_best)
+        elif verdict.improved:
+            self.staged_best.drop()  # an earlier best's copy: this epoch's checkpoint below is the best's
+        if scheduled:
             save_checkpoint(self.run_dir, self.job, self.context, position, self.per_epoch, record)
             self.checkpointed = position.update_index(self.per_epoch)
+        if final:
+            commit_best(self.run_dir, self.job, position, self.staged_best)
         if verdict.failure is not None:
             raise verdict.failure
         return record
@@ -550,6 +583,7 @@ class Trainer:
         index = position.update_index(self.per_epoch)
         if self.checkpointed != index and position.version > 0:
             save_checkpoint(self.run_dir, self.job, self.context, position, self.per_epoch)
+        commit_best(self.run_dir, self.job, position, self.staged_best)
         signum = self.stop.signum or signal.SIGINT  # KeyboardInterrupt: SIGINT outside our handler
         name = signal.Signals(signum).name
         where = position_text(position.epoch, position.batch, self.per_epoch)
@@ -639,7 +673,7 @@ class Trainer:
                            exchange_dir=str(self.run_dir.exchange), dataset=str(self.dataset.path),
                            normalize=job.data.normalize, model_kind=job.model.kind,
                            model_options=tuple(job.model.options.items()), blas_threads=job.train.blas_threads,
-                           optimizer=job.train.optimizer, rounds=rounds)
+                           optimizer=job.train.optimizer, rounds=rounds, target_scale=self.context.target)
 
 
 def backup_rule(job: Job) -> BackupRule | None:

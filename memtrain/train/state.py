@@ -40,7 +40,13 @@ from memtrain.layout import (
     weights_path,
 )
 from memtrain.records import CHECKPOINT_DATA, CHECKPOINT_POSITION, make
-from memtrain.train.checkpoint import discard_incomplete, verify_checkpoint, write_checkpoint
+from memtrain.train.checkpoint import (
+    StagedBest,
+    checkpoint_sources,
+    discard_incomplete,
+    verify_checkpoint,
+    write_checkpoint,
+)
 from memtrain.train.context import ModelContext
 from memtrain.train.counters import position_text
 from memtrain.train.lineage import continuous, init_record
@@ -78,7 +84,8 @@ def data_description(context: ModelContext, job: Job) -> dict[str, Any]:
     return make(CHECKPOINT_DATA, task=manifest["task"], x=manifest["x"], y=manifest["y"],
                 classes=manifest.get("classes"), stats=manifest.get("stats"), normalize=job.data.normalize,
                 dataset=str(job.data.path),
-                encoding=manifest.get("encoding"))  # tables: predict encodes raw rows as prepare did
+                encoding=manifest.get("encoding"),  # tables: predict encodes raw rows as prepare did
+                target_scale=context.target.to_json() if context.target is not None else None)
 
 
 def run_state_slots(job: Job, context: ModelContext) -> tuple[str, ...]:
@@ -211,7 +218,37 @@ def _truncate_logs(run: RunDir, update: int, version: int, lineage: list[dict[st
 
 def save_checkpoint(run: RunDir, job: Job, context: ModelContext, position: Position, per_epoch: int,
                     metrics: dict[str, Any] | None = None) -> Path:
-    meta = {
+    best = position.best.get("update") if job.run.keep_best and position.best else None
+    saved = write_checkpoint(run.path, position.update_index(per_epoch),
+                             checkpoint_meta(job, context, position, per_epoch, metrics),
+                             weights_path(run.path, position.version), _state_files(run, job, context, position),
+                             job.run.keep_checkpoints, best, older=_older_versions(run, position))
+    run.event(f"checkpoint {saved.name} written ({position_text(position.epoch, position.batch, per_epoch)}, "
+              f"weight version {position.version})")
+    return saved
+
+
+def stage_best(run: RunDir, job: Job, context: ModelContext, position: Position, per_epoch: int,
+               metrics: dict[str, Any], staged: StagedBest) -> None:
+    """The best epoch so far, off the checkpoint schedule: its checkpoint's files copied, committed when the run
+    stops (``StagedBest``)."""
+    sources = checkpoint_sources(weights_path(run.path, position.version), _state_files(run, job, context, position),
+                                 _older_versions(run, position))
+    staged.stage(position.update_index(per_epoch), checkpoint_meta(job, context, position, per_epoch, metrics),
+                 sources)
+
+
+def commit_best(run: RunDir, job: Job, position: Position, staged: StagedBest) -> None:
+    """When the run stops: the staged best epoch's checkpoint committed, if it is still the best."""
+    best = position.best.get("update") if job.run.keep_best and position.best else None
+    saved = staged.commit(best, job.run.keep_checkpoints)
+    if saved is not None:
+        run.event(f"checkpoint {saved.name} written (the best epoch, {position.best.get('epoch')})")
+
+
+def checkpoint_meta(job: Job, context: ModelContext, position: Position, per_epoch: int,
+                    metrics: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
         "position": make(CHECKPOINT_POSITION, **dataclasses.asdict(position)),
         "epoch": position.epoch,
         "update": position.update_index(per_epoch),
@@ -229,13 +266,12 @@ def save_checkpoint(run: RunDir, job: Job, context: ModelContext, position: Posi
         "best_only": bool(metrics) and metrics == position.best and job.run.keep_best
                      and position.epoch % job.run.checkpoint_every != 0 and position.epoch < job.train.epochs,
     }
-    state = {slot: run.exchange / state_buffer_name(slot, position.version % 2)
-             for slot in run_state_slots(job, context)}
-    best = position.best.get("update") if job.run.keep_best and position.best else None
-    older = {checkpoint_version_name(v): weights_path(run.path, v) for _, v in position.bases if v != position.version}
-    saved = write_checkpoint(run.path, position.update_index(per_epoch), meta,
-                             weights_path(run.path, position.version), state, job.run.keep_checkpoints, best,
-                             older=older)
-    run.event(f"checkpoint {saved.name} written ({position_text(position.epoch, position.batch, per_epoch)}, "
-              f"weight version {position.version})")
-    return saved
+
+
+def _state_files(run: RunDir, job: Job, context: ModelContext, position: Position) -> dict[str, Path]:
+    return {slot: run.exchange / state_buffer_name(slot, position.version % 2)
+            for slot in run_state_slots(job, context)}
+
+
+def _older_versions(run: RunDir, position: Position) -> dict[str, Path]:
+    return {checkpoint_version_name(v): weights_path(run.path, v) for _, v in position.bases if v != position.version}

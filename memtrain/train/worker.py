@@ -194,7 +194,7 @@ class WorkerState:
         self.run_dir = Path(setup.run_dir)
         self.dataset = dataset if dataset is not None else open_dataset(setup.dataset)
         self.context = context if context is not None else model_context(
-            self.dataset, setup.model_kind, dict(setup.model_options), setup.normalize)
+            self.dataset, setup.model_kind, dict(setup.model_options), setup.normalize, setup.target_scale)
         train = self.dataset.split("train")
         self.plan = plan if plan is not None else round_plan(train.rows, setup.rounds)
         self.train_rows = TaskRows(train, self.context.normalize, ROW_CACHE_BYTES)  # the rows of gradient tasks
