@@ -58,6 +58,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # the [train] and [run] keys of a job.json written by 30339bc, before train.shuffle (and train.monitor,
 # run.log_to, train.chunk_rows, train.backup_*) existed
 OLD_KEYS = {
+    "data": {"path", "normalize", "verify"},
     "train": {"async_group", "batch_size", "beta1", "beta2", "blas_threads", "epochs", "eps", "eval_rows", "lr",
               "max_attempts", "max_staleness", "min_lr", "mode", "momentum", "nesterov", "on_nonfinite", "optimizer",
               "patience", "schedule", "seed", "staleness", "staleness_in", "step_every", "step_gamma", "task_timeout",

@@ -39,16 +39,19 @@ FORMAT_VERSION = 1
 FIXED = ("data.path", "data.normalize", "data.scale_target", "model.", "train.seed", "train.batch_size",
          "train.tasks_per_update", "train.shuffle", "train.shuffle_window", "train.optimizer", "train.monitor",
          "train.monitor_mode")  # the best epoch so far was chosen by the monitor
-# Settings added to the job after runs were recorded without them (job record version 1, 30339bc): what
-# their absence means, which is what those runs did, so such a run resumes (and replays, and is inspected)
-# as it started (a missing RUNTIME key is its default: _runtime_defaults). Any other missing setting is
-# damage. train.shuffle: every epoch visited the same contiguous batches in a seeded order, which is
-# "batches" (its window then unused); train.monitor: the best epoch was the lowest val_loss; run.log_to: no
-# other metric logs; train.chunk_rows: read by an additive pass alone, which such a run either finished or
-# computes again (its old statistics files are not reused).
-RECORDED_BEFORE = {"train.shuffle": "batches", "train.shuffle_window": WINDOW, "train.monitor": "val_loss",
-                   "train.monitor_mode": "auto", "run.log_to": [], "train.chunk_rows": TrainConfig.chunk_rows,
-                   "data.scale_target": False}  # the target was trained as it is
+# Settings added to the job after runs were recorded without them, one generation per change (oldest first):
+# what their absence means, which is what those runs did, so such a run resumes (and replays, and is
+# inspected) as it started (a missing RUNTIME key is its default: _runtime_defaults). Any other missing
+# setting is damage. After job record version 1 (30339bc): train.shuffle: every epoch visited the same
+# contiguous batches in a seeded order, which is "batches" (its window then unused); train.monitor: the best
+# epoch was the lowest val_loss; run.log_to: no other metric logs; train.chunk_rows: read by an additive pass
+# alone, which such a run either finished or computes again (its old statistics files are not reused).
+# Then data.scale_target (issue 44): the target was trained as it is.
+RECORDED_BEFORE = (
+    {"train.shuffle": "batches", "train.shuffle_window": WINDOW, "train.monitor": "val_loss",
+     "train.monitor_mode": "auto", "run.log_to": [], "train.chunk_rows": TrainConfig.chunk_rows},
+    {"data.scale_target": False},
+)
 # train.blas_threads is not among them: a BLAS (OpenBLAS here) may split an update's products and sums
 # differently with another thread count, so the weights' bits depend on it (1e6 parameters, 120 updates in
 # the server: 1 and 2 threads end in different versions, each the same run after run). It is adjustable.
@@ -112,11 +115,14 @@ def read_job_record(run_dir: Path) -> dict[str, Any]:
 
 
 def _recorded_before(sections: dict[str, Any]) -> dict[str, Any]:
-    """RECORDED_BEFORE, for a record written before those settings existed: one that lacks every one of them.
-    A record holding any of them was written by a memtrain that records them all, so one it lacks is damage
-    (a hand edit, resealed), never the old meaning: a "rows" run would resume as "batches"."""
+    """The meanings of the settings a record lacks because it was written before they existed: those of every
+    generation of RECORDED_BEFORE after the newest one it holds a setting of. A record that lacks a setting of
+    that generation or an older one was written by a memtrain that records it, so the lack is damage (a hand
+    edit, resealed), never the old meaning: a "rows" run would resume as "batches"."""
     held = flatten(sections)
-    return {} if any(key in held for key in RECORDED_BEFORE) else RECORDED_BEFORE
+    newest = max((number for number, generation in enumerate(RECORDED_BEFORE)
+                  if any(key in held for key in generation)), default=-1)
+    return {key: value for generation in RECORDED_BEFORE[newest + 1:] for key, value in generation.items()}
 
 
 def _runtime_defaults() -> dict[str, Any]:
