@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import os
+import re
 import signal
 import socket
 import socketserver
@@ -185,3 +187,31 @@ def test_train_at_a_listener_that_is_not_a_scheduler_leaves_nothing_behind(tmp_p
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "run").exists()
     assert took < 40  # the connection's bound: 20 s and 5 s of handshake, plus the start
+
+
+def test_local_workers_do_not_wait_for_another_dask_process_holding_the_shared_scratch_lock(tmp_path: Path) -> None:
+    """`--cluster local:2` started its scheduler and workers in Dask's machine-wide scratch space, whose global
+    lock each of them takes (blocking) before making its directory: behind another process holding it (or
+    purging large leftovers of killed workers) the start waited as long, SIGTERM ignored (issue 43). Now the
+    local cluster has a scratch directory of its own, removed on exit."""
+    import locket
+
+    x, y = blobs(n=300, features=4, classes=3)
+    data = write_dataset(tmp_path / "data", x, y)
+    (tmp_path / "job.toml").write_text(JOB.format(data=data))
+    temp = tmp_path / "tmp"
+    (temp / "dask-scratch-space").mkdir(parents=True)
+    lock = locket.lock_file(str(temp / "dask-scratch-space" / "global.lock"))
+    lock.acquire()  # another Dask process of the machine, in the middle of making its directory
+    try:
+        result = subprocess.run([sys.executable, "-m", "memtrain", "train", tmp_path / "job.toml", "--cluster",
+                                 "local:2"], capture_output=True, text=True, timeout=50,
+                                env={**os.environ, "TMPDIR": str(temp)})
+    finally:
+        lock.release()
+    assert result.returncode == 0, result.stderr
+    events = (tmp_path / "run" / "events.log").read_text()
+    assert re.search(r"Dask scheduler tcp://127\.0\.0\.1:\d+: workers tcp://127\.0\.0\.1:\d+ .*, "
+                     r"tcp://127\.0\.0\.1:\d+ ", events), events
+    assert sorted(p.name for p in temp.iterdir()) == ["dask-scratch-space"]  # its own directory is removed
+    assert sorted(p.name for p in (temp / "dask-scratch-space").iterdir()) == ["global.lock"]  # never used

@@ -15,7 +15,9 @@ import asyncio
 import contextlib
 import importlib
 import logging
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,6 +35,7 @@ HANDSHAKE_GRACE = 5.0
 CLOSE_SECONDS = 10.0  # for a client to close (its own timeout is 5 s)
 POLL_SECONDS = 0.1  # how often a bounded wait looks for a stop request
 WORKERS_SECONDS = 60.0  # for the first worker to register (a batch system may still be starting them)
+LOCAL_START_SECONDS = 120.0  # for a local:N cluster's scheduler and workers to start (a loaded machine)
 INSTALL_HINT = 'install the cluster extra: pip install "memtrain[cluster]"'
 
 
@@ -60,18 +63,50 @@ def connected(address: ClusterAddress, *, connect_seconds: float = CONNECT_SECON
     with contextlib.ExitStack() as stack:
         stack.enter_context(_quiet("distributed"))
         if address.local:
-            cluster = stack.enter_context(distributed.LocalCluster(
-                n_workers=address.local_workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                dashboard_address=None, silence_logs=logging.ERROR,
-                # no dashboard, but Dask still serves health checks over HTTP: on loopback, on free ports
-                # (older releases bind the workers' on every interface unless told an address)
-                scheduler_kwargs={"dashboard_address": "127.0.0.1:0"}, worker_dashboard_address="127.0.0.1:0"))
+            cluster = stack.enter_context(_local_cluster(distributed, address.local_workers, stopped))
             client = stack.enter_context(distributed.Client(cluster, timeout=connect_seconds, direct_to_workers=True))
         else:
             client = stack.enter_context(_client(distributed, address.text, connect_seconds, stopped))
         memory.register(client)
         _wait_for_a_worker(client, address, workers_seconds, stopped)
         yield client
+
+
+@contextlib.contextmanager
+def _local_cluster(distributed: Any, workers: int, stopped: Callable[[], int | None]) -> Iterator[Any]:
+    """A Dask LocalCluster of ``workers`` processes on loopback, one thread each, in a scratch directory of its own.
+
+    Dask's default scratch space (``dask-scratch-space`` in the temporary directory) is shared by every Dask
+    process of the machine: each scheduler and worker takes its global lock (blocking) to make its directory and
+    first deletes the directories left by killed processes. Another user's process holding that lock, or a purge
+    of large leftovers, held ``local:N`` up for as long (measured: 40 s behind a lock held 40 s, SIGTERM
+    ignored meanwhile). A private directory, removed on exit, waits for no one else. The start is bounded
+    and ends at a stop request, as every other wait of the connection.
+    """
+    import dask
+
+    scratch = tempfile.mkdtemp(prefix="memtrain-dask-")
+
+    def start() -> Any:
+        with dask.config.set({"temporary-directory": scratch}):  # the scheduler's and the nannies' directories
+            return distributed.LocalCluster(
+                n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                dashboard_address=None, silence_logs=logging.ERROR, local_directory=scratch,
+                # no dashboard, but Dask still serves health checks over HTTP: on loopback, on free ports
+                # (older releases bind the workers' on every interface unless told an address)
+                scheduler_kwargs={"dashboard_address": "127.0.0.1:0"}, worker_dashboard_address="127.0.0.1:0")
+
+    try:
+        cluster = bounded(start, seconds=LOCAL_START_SECONDS, stopped=stopped,
+                          doing=f"starting {workers} local Dask worker(s)", late=lambda cluster: cluster.close(),
+                          timeout_error=MemtrainError(f"{workers} local Dask worker(s) did not start within "
+                                                      f"{LOCAL_START_SECONDS:g} s",
+                                                      hint="the machine may be out of memory or processes; "
+                                                           "try fewer workers (local:1) or run without --cluster"))
+        with cluster:
+            yield cluster
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 @contextlib.contextmanager
