@@ -98,8 +98,11 @@ def test_one_server_rank_and_two_worker_ranks_give_the_weights_of_a_local_run(da
     assert "Traceback" not in "".join(output(tmp_path, rank) for rank in range(RANKS))
 
 
-def test_sigterm_to_every_task_checkpoints_and_the_requeued_job_resumes_to_the_same_bits(
-        dataset: Path, local_digest, tmp_path: Path) -> None:
+@pytest.mark.parametrize("signalled", ["every task", "rank 0"])
+def test_sigterm_checkpoints_and_the_requeued_job_resumes_to_the_same_bits(
+        signalled: str, dataset: Path, local_digest, tmp_path: Path) -> None:
+    """SIGTERM to every task (srun forwarding the batch shell's) or to rank 0 alone: rank 0 checkpoints, the
+    worker ranks end (143 if they were signalled, else 0), and a requeue ends on the uninterrupted bits."""
     job = write_job(tmp_path, dataset, epochs=12)
     run = tmp_path / "run"
     ranks = start_ranks(tmp_path, job)
@@ -108,13 +111,13 @@ def test_sigterm_to_every_task_checkpoints_and_the_requeued_job_resumes_to_the_s
         while (not (run / WEIGHTS_DIR).is_dir() or max(weight_versions(run), default=0) < 10) \
                 and time.monotonic() < deadline and ranks[0].poll() is None:
             time.sleep(0.01)
-        for process in ranks:  # srun forwards the batch shell's SIGTERM to every task
+        for process in ranks if signalled == "every task" else ranks[:1]:
             process.send_signal(signal.SIGTERM)
     finally:
         codes = finish(ranks)
     assert codes[0] == 128 + signal.SIGTERM, output(tmp_path, 0)
     assert "resume with" in output(tmp_path, 0) and "Traceback" not in output(tmp_path, 0)
-    assert all(code == 128 + signal.SIGTERM for code in codes[1:]), codes
+    assert codes[1:] == [128 + signal.SIGTERM if signalled == "every task" else 0] * (RANKS - 1), codes
     stopped_at = max(checkpoint_updates(run))
     assert stopped_at >= 10  # where it stood, not only the last epoch's checkpoint
     assert not slurm_rendezvous_path(run, "4242", 0).exists()
