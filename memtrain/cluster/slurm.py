@@ -46,8 +46,9 @@ STOP_SECONDS = 10.0  # for a scheduler or worker process to end once told to
 WORKER_GRACE_SECONDS = 90.0
 LEAVE_SECONDS = 20.0  # for rank 0 to see every worker leave once the end is published
 DEATH_SECONDS = 60  # a Dask worker that lost its scheduler (rank 0 killed) gives up after this
-SCHEDULER = [sys.executable, "-m", "distributed.cli.dask_scheduler"]
-WORKER = [sys.executable, "-m", "distributed.cli.dask_worker"]
+# Dask's commands, closing at SIGUSR1 only: Slurm's stop signal reaches every process of a task (dask_child.py)
+SCHEDULER = [sys.executable, "-m", "memtrain.cluster.dask_child", "scheduler"]
+WORKER = [sys.executable, "-m", "memtrain.cluster.dask_child", "worker"]
 OUTSIDE_HINT = ("start it inside an allocation with srun, one task per node (jobs/examples/slurm-memtrain.sbatch); "
                 "to try a cluster run on one machine use --cluster local:N")
 
@@ -191,7 +192,7 @@ def work(task: SlurmTask, address: ClusterAddress, run_dir: Path, worker_process
             ended = workers.poll() is None  # told to end, or past the grace: these workers are ended cleanly
         finally:
             _end(workers)
-        if stop_seen is not None:
+        if stopped() is not None:
             return 128 + (stopped() or 0)
         if not ended and workers.returncode != 0:
             raise MemtrainError(f"the Dask workers of rank {task.rank} exited with status {workers.returncode}",
@@ -245,9 +246,11 @@ def _spawn(command: list[str], folder: Path) -> subprocess.Popen:
 
 
 def _end(process: subprocess.Popen) -> None:
-    """SIGTERM, a bounded wait, then SIGKILL (Dask's processes close cleanly on SIGTERM)."""
+    """SIGUSR1 (dask_child.END_SIGNAL: Dask's processes close cleanly), a bounded wait, then SIGKILL."""
+    from memtrain.cluster.dask_child import END_SIGNAL
+
     if process.poll() is None:
-        process.terminate()
+        process.send_signal(END_SIGNAL)
         try:
             process.wait(STOP_SECONDS)
         except subprocess.TimeoutExpired:
