@@ -286,6 +286,12 @@ def cluster_probe_name(token: str) -> str:
     return f".cluster-probe-{token}.json"
 
 
+def slurm_rendezvous_path(run_dir: Path, job_id: str, restart: int) -> Path:
+    """Beside the run directory (which may not exist yet), where rank 0 of ``--cluster slurm`` publishes its
+    Dask scheduler's address: one name per job and requeue, so no attempt reads a previous one's."""
+    return run_dir.parent / f"{run_dir.name}.slurm-{job_id}-{restart}.json"
+
+
 # --- temporary names ---
 TMP_MARK = ".tmp-"
 

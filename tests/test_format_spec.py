@@ -61,6 +61,7 @@ MADE = {
     "cluster_probe_name": lambda: [layout.cluster_probe_name("0123456789ab")],
     "trajectory_name": lambda: [layout.trajectory_name(390, 7)],
     "numbered_run_dir": lambda: [layout.numbered_run_dir(Path("runs/digits-mlp"), 2).as_posix()],
+    "slurm_rendezvous_path": lambda: [layout.slurm_rendezvous_path(Path("runs/digits-mlp"), "4242", 1).name],
 }
 # Functions that read names back (parsers and listings) and the prefix of a name made above.
 READERS = {"parse_partial_name", "prepare_work_dirs", "weight_versions",

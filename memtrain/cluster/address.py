@@ -1,4 +1,5 @@
-"""``--cluster`` text -> a ClusterAddress: a running Dask scheduler, or a local Dask cluster of N workers.
+"""``--cluster`` text -> a ClusterAddress: a running Dask scheduler, a local Dask cluster of N workers, or
+``slurm``: the tasks of one Slurm allocation, started by ``srun``, make the cluster (cluster/slurm.py).
 
 Parsed when the job is loaded (config.py), so a bad address is a usage error (exit 2) before anything starts.
 """
@@ -14,16 +15,21 @@ SCHEMES = ("tcp", "tls")  # Dask's network protocols between machines (ucx/inpro
 MAX_LOCAL_WORKERS = 256
 _SCHEDULER = re.compile(r"^(?P<scheme>[a-z]+)://(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9._-]+):(?P<port>\d+)$")
 _LOCAL = re.compile(r"^local:(?P<count>\d+)$")
-EXAMPLES = "tcp://HOST:PORT (a running Dask scheduler) or local:N (a Dask cluster of N workers on this machine)"
+_SLURM = re.compile(r"^slurm(?::(?P<interface>[A-Za-z0-9._-]{1,15}))?$")  # 15: Linux's IFNAMSIZ - 1
+EXAMPLES = ("tcp://HOST:PORT (a running Dask scheduler), local:N (a Dask cluster of N workers on this machine) "
+            "or slurm[:INTERFACE] (the tasks of this Slurm allocation, started by srun)")
 
 
 @dataclass(frozen=True, kw_only=True)
 class ClusterAddress:
-    """``scheduler`` set: connect to it. ``local_workers`` set: start that many Dask workers here."""
+    """``scheduler`` set: connect to it. ``local_workers`` set: start that many Dask workers here. ``slurm``:
+    launched by srun, rank 0 starts the scheduler (listening on ``interface``, or Dask's default) and serves."""
 
     text: str
     scheduler: str | None = None
     local_workers: int | None = None
+    slurm: bool = False
+    interface: str | None = None
 
     @property
     def local(self) -> bool:
@@ -31,8 +37,11 @@ class ClusterAddress:
 
 
 def parse_cluster(text: str, *, where: str = "--cluster") -> ClusterAddress:
-    """``"tcp://10.0.0.5:8786"`` or ``"local:4"`` -> ClusterAddress; anything else is an InputError."""
+    """``"tcp://10.0.0.5:8786"``, ``"local:4"`` or ``"slurm:ib0"`` -> ClusterAddress; anything else is an
+    InputError."""
     value = text.strip()
+    if match := _SLURM.match(value):
+        return ClusterAddress(text=value, slurm=True, interface=match["interface"])
     if match := _LOCAL.match(value):
         count = int(match["count"])
         if not 1 <= count <= MAX_LOCAL_WORKERS:

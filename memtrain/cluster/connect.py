@@ -131,6 +131,9 @@ def check_scheduler(address: ClusterAddress, *, seconds: float = CONNECT_SECONDS
     """Refuse an address where no Dask scheduler answers, with one handshake and nothing else (no client, no
     worker): called before a run writes anything, so a wrong address leaves nothing behind. ``local:N``: nothing
     to check (memtrain starts that cluster itself)."""
+    if address.slurm:
+        raise InputError(f"run.cluster = {address.text!r} is launched by `memtrain train`, in the tasks of srun",
+                         hint="srun memtrain train JOB.toml --cluster slurm (docs/cluster.md)")
     if address.local:
         return
     import_distributed()

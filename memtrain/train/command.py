@@ -7,6 +7,7 @@ Examples:
   memtrain train --resume runs/digits-mlp --set train.epochs=60   # ... and train longer
   memtrain train job.toml --cluster tcp://scheduler-host:8786     # workers on a Dask cluster (docs/cluster.md)
   memtrain train job.toml --cluster local:2                       # a Dask cluster of 2 workers on this machine
+  srun memtrain train job.toml --cluster slurm                    # every task of a Slurm job step (docs/cluster.md)
   memtrain train --replay runs/digits-async         # re-execute a run from its lineage, bitwise (docs/async.md)
 
 On resume, the job must be the run's own: a change to the data, the model, the seed, the batches or the
@@ -21,7 +22,8 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from memtrain.config import load_job, load_saved_job
+from memtrain.cluster.address import parse_cluster
+from memtrain.config import Job, load_job, load_saved_job
 from memtrain.errors import InputError, MemtrainError, plural
 from memtrain.layout import RUN_JOB, RUN_LINEAGE
 from memtrain.train.counters import ONE_PASS
@@ -43,8 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="re-execute a run from its lineage into a new run directory (--run-dir; default "
                              "RUN_DIR-replay), checking every weight version against the recorded checksum")
     parser.add_argument("--cluster", metavar="ADDRESS",
-                        help='run the workers on Dask: tcp://HOST:PORT of a scheduler, or local:N; "" for local '
-                             'processes (default: run.cluster of the job)')
+                        help='run the workers on Dask: tcp://HOST:PORT of a scheduler, local:N, or slurm[:INTERFACE] '
+                             'in every task of srun; "" for local processes (default: run.cluster of the job)')
     parser.add_argument("--verify", action="store_true", help="re-hash every dataset shard before training")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing run directory (only one that memtrain created)")
@@ -56,19 +58,49 @@ def run(args: argparse.Namespace) -> int:
     if args.replay is not None:
         return _replay(args)
     job = _job(args)
-    if args.overwrite and args.resume:
+    if job.run.cluster and parse_cluster(job.run.cluster, where="run.cluster").slurm:
+        return _on_slurm(args, job)
+    return _train(args, job, resume=bool(args.resume), overwrite=args.overwrite)
+
+
+def _train(args: argparse.Namespace, job: Job, *, resume: bool, overwrite: bool) -> int:
+    if overwrite and resume:
         raise InputError("--overwrite and --resume contradict each other",
                          hint=f"continue the run with `memtrain train --resume {job.run.dir}`, or start it over "
                               f"with `memtrain train {job.source or 'JOB.toml'} --run-dir {job.run.dir} --overwrite`")
     asked = {item.partition("=")[0].strip() for item in args.overrides}
     try:
-        summary = train(job, resume_run=bool(args.resume), verify=args.verify, overwrite=args.overwrite, asked=asked,
+        summary = train(job, resume_run=resume, verify=args.verify, overwrite=overwrite, asked=asked,
                         quiet=args.quiet)
     except MemtrainError as exc:
         _name_resume(exc, job.run.dir)
         raise
     _print_summary(summary)
     return 0
+
+
+def _on_slurm(args: argparse.Namespace, job: Job) -> int:
+    """``--cluster slurm`` (cluster/slurm.py): rank 0 starts a Dask scheduler and trains on it, the other ranks
+    run its workers. A run directory that already holds a run (a requeued job, the script submitted again) is
+    resumed, with the saved job; ``--overwrite`` applies only to a job's first start, never to a requeue."""
+    from memtrain.cluster.slurm import serve, slurm_task, stop_requests, work, worker_count
+
+    address = parse_cluster(job.run.cluster, where="run.cluster")
+    task = slurm_task()
+    with stop_requests() as stopped:
+        if task.rank > 0:
+            processes = worker_count(task, job.train.workers, job.train.blas_threads)
+            return work(task, address, job.run.dir, processes, stopped)
+
+        def on(scheduler: str) -> int:
+            resume = bool(args.resume) or task.requeued or ((job.run.dir / RUN_JOB).is_file() and not args.overwrite)
+            saved = job
+            if resume and not args.resume:
+                saved = load_saved_job(job.run.dir, args.overrides, workers=args.workers, values=_cluster(args))
+            moved = dataclasses.replace(saved, run=dataclasses.replace(saved.run, cluster=scheduler))
+            return _train(args, moved, resume=resume, overwrite=args.overwrite and not resume)
+
+        return serve(task, address, job.run.dir, on, stopped)
 
 
 def _replay(args: argparse.Namespace) -> int:
