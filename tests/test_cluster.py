@@ -416,8 +416,12 @@ def test_a_worker_killed_mid_run_changes_nothing(cluster, dataset: Path, local_d
         assert (tmp_path / "fired").exists()
         events = (tmp_path / "run" / "events.log").read_text()
         assert "lost Dask worker" in events
-        # seen as a death at once (the scheduler's plugin: the broadcast round ends), not after train.task_timeout
-        assert "ended: a worker of the round left the scheduler; 1 of 3 gradient tasks run per task" in events
+        # seen as a death at once (the scheduler's plugin: the broadcast round ends), not after train.task_timeout.
+        # The round's tasks not yet answered then run per task: the dead worker's, and those of the two live
+        # workers that had not answered by the time the scheduler saw it go (on a quiet machine they have, "1 of
+        # 3"; on a busy one a live worker may still be computing: "2 of 3" or "3 of 3", the same path).
+        assert re.search(r"broadcast round of 3 workers ended: a worker of the round left the scheduler; "
+                         r"[123] of 3 gradient tasks run per task", events)
         assert "silent for" not in events
         assert digest(tmp_path / "run") == local_digest[12]
     finally:

@@ -64,7 +64,7 @@ def test_stratified_split_with_a_test_split(tmp_path: Path, cli) -> None:
     train_x = ds.split("train")[:][0].astype(np.float64)
     np.testing.assert_allclose(ds.manifest["stats"]["mean"], train_x.mean(axis=0), rtol=1e-9)
     assert ds.manifest["options"]["stratify"] is True and ds.manifest["options"]["test_fraction"] == 0.2
-    shown = cli("inspect", tmp_path / "ds").out
+    shown = " ".join(cli("inspect", tmp_path / "ds").out.split())  # rich wraps lines to COLUMNS (80 is common)
     assert "test 146 rows in 1 shard" in shown and "rarest" in shown
 
 
