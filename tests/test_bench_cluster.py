@@ -45,3 +45,31 @@ def test_costs_count_records_in_the_server_and_about_three_vectors_per_worker(tm
     written = sum(worker["written"] for worker in row["each_worker"]) / row["vector_bytes"]
     assert 4.8 <= read <= 5.6 and 2.9 <= written <= 3.4, (read, written)
     assert row["updates_per_s"] > 0 and row["server_cpu_ms"] > 0
+
+
+def _cost_row(params: int, workers: int) -> dict:
+    worker = {"read": 3 * 4 * params, "written": 4 * params, "read_bytes": 0, "write_bytes": 8 * params}
+    return {"params": params, "workers": workers, "vector_bytes": 4 * params, "server_cpu_ms": 12.345,
+            "server_loop_cpu_ms": 3.21, "scheduler_cpu_ms": 4.56, "updates_per_s": 17.5,
+            "server": {"records": 2048, "rchar": 10240, "wchar": 4096, "read_bytes": 0, "write_bytes": 65536},
+            "each_worker": [worker] * workers}
+
+
+def test_the_cluster_costs_table_fits_an_80_column_terminal_and_stays_markdown_in_a_pipe(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``bench train --cluster --costs``: Markdown (about 200 columns, pasted into docs/cluster.md) in a pipe; at
+    COLUMNS=80 the same cells in parts that fit, every number whole (issue 44: every view fits its terminal)."""
+    from memtrain.benchmarks.cluster_costs import print_costs
+
+    report = {"cluster": "local:2", "updates": 12, "warmup": 2, "loadavg_before": (0.5, 0.4, 0.3),
+              "loadavg_after": (1.5, 1.4, 1.3), "rows": [_cost_row(1_000_000, 2), _cost_row(10_000_000, 8)]}
+    monkeypatch.delenv("COLUMNS", raising=False)
+    print_costs(report)
+    pipe = capsys.readouterr().out.splitlines()
+    assert pipe[1].startswith("| params | workers |") and max(map(len, pipe)) > 80
+    monkeypatch.setenv("COLUMNS", "80")
+    print_costs(report)
+    narrow = capsys.readouterr().out
+    assert max(len(line) for line in narrow.splitlines()) <= 80
+    for number in ("1,000,000", "10,000,000", "12.3", "3.2", "4.6", "17.50", "11.4 MiB (3.00)", "38.1 MiB (1.00)"):
+        assert number in narrow, number

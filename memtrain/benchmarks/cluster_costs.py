@@ -184,29 +184,45 @@ def run_costs(sizes: list[int], cluster: str, updates: int, warmup: int, scratch
             "loadavg_after": os.getloadavg(), "rows": rows}
 
 
+COST_COLUMNS = ("params", "workers", "server CPU ms", "of it, Dask's threads ms", "scheduler CPU ms",
+                "server records KiB", "server read KiB", "server written KiB", "server storage r/w KiB",
+                "worker read (x vector)", "worker written (x vector)", "worker storage r/w MiB", "updates/s")
+
+
 def print_costs(report: dict[str, Any]) -> None:
     """The table: per update, the server's CPU (all of it; of it, Dask's threads) and bytes (KiB), each worker's
-    bytes (the most of any worker, as a multiple of the parameter vector), updates/s."""
+    bytes (the most of any worker, as a multiple of the parameter vector), updates/s.
+
+    A Markdown table (to paste into docs/cluster.md) where it fits: a pipe, a log, a wide terminal; in a
+    terminal narrower than it, the same cells laid out to fit (``render.print_table``), never broken."""
+    from memtrain.inspection.render import fits_width, make_console, print_table, table
+
     before = " ".join(f"{v:.1f}" for v in report["loadavg_before"])
     after = " ".join(f"{v:.1f}" for v in report["loadavg_after"])
-    print(f"cluster {report['cluster']}: per update, over updates {report['warmup'] + 1}-{report['updates'] - 1} "
-          f"(load average {before} before, {after} after)")
-    print("| params | workers | server CPU ms | of it, Dask's threads ms | scheduler CPU ms | server records KiB "
-          "| server read KiB "
-          "| server written KiB "
-          "| server storage r/w KiB "
-          "| worker read (x vector) | worker written (x vector) | worker storage r/w MiB | updates/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for row in report["rows"]:
-        server, each, vector = row["server"], row["each_worker"], row["vector_bytes"]
-        read = max(w["read"] for w in each)
-        written = max(w["written"] for w in each)
-        storage = (max(w["read_bytes"] for w in each) / 2**20, max(w["write_bytes"] for w in each) / 2**20)
-        kib = {key: value / 1024 for key, value in server.items()}
-        scheduler = "in the server" if row["scheduler_cpu_ms"] is None else f"{row['scheduler_cpu_ms']:.1f}"
-        print(f"| {row['params']:,} | {row['workers']} | {row['server_cpu_ms']:.1f} | {row['server_loop_cpu_ms']:.1f} "
-              f"| {scheduler} | {kib['records']:.2f} "
-              f"| {kib['rchar']:.1f} "
-              f"| {kib['wchar']:.1f} | {kib['read_bytes']:.0f} / {kib['write_bytes']:.0f} "
-              f"| {read / 2**20:.1f} MiB ({read / vector:.2f}) | {written / 2**20:.1f} MiB ({written / vector:.2f}) "
-              f"| {storage[0]:.1f} / {storage[1]:.1f} | {row['updates_per_s']:.2f} |")
+    title = (f"cluster {report['cluster']}: per update, over updates {report['warmup'] + 1}-{report['updates'] - 1} "
+             f"(load average {before} before, {after} after)")
+    rows = [_cost_cells(row) for row in report["rows"]]
+    lines = ["| " + " | ".join(cells) + " |" for cells in [list(COST_COLUMNS), *rows]]
+    console = make_console()
+    if fits_width(console) and max(len(line) for line in lines) > console.width:
+        print_table(console, table(title, COST_COLUMNS, rows, right=COST_COLUMNS[2:], keys=2))
+        return
+    print(title)
+    print(lines[0])
+    print("|" + "---|" * len(COST_COLUMNS))
+    for line in lines[1:]:
+        print(line)
+
+
+def _cost_cells(row: dict[str, Any]) -> list[str]:
+    server, each, vector = row["server"], row["each_worker"], row["vector_bytes"]
+    read = max(w["read"] for w in each)
+    written = max(w["written"] for w in each)
+    storage = (max(w["read_bytes"] for w in each) / 2**20, max(w["write_bytes"] for w in each) / 2**20)
+    kib = {key: value / 1024 for key, value in server.items()}
+    scheduler = "in the server" if row["scheduler_cpu_ms"] is None else f"{row['scheduler_cpu_ms']:.1f}"
+    return [f"{row['params']:,}", f"{row['workers']}", f"{row['server_cpu_ms']:.1f}",
+            f"{row['server_loop_cpu_ms']:.1f}", scheduler, f"{kib['records']:.2f}", f"{kib['rchar']:.1f}",
+            f"{kib['wchar']:.1f}", f"{kib['read_bytes']:.0f} / {kib['write_bytes']:.0f}",
+            f"{read / 2**20:.1f} MiB ({read / vector:.2f})", f"{written / 2**20:.1f} MiB ({written / vector:.2f})",
+            f"{storage[0]:.1f} / {storage[1]:.1f}", f"{row['updates_per_s']:.2f}"]
