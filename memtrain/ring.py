@@ -237,10 +237,11 @@ class _Fork:
         try:
             if pipe is not None:
                 os.close(pipe[1])
-                ready = select.select([pipe[0]], [], [], cls.WAIT)[0]
-                if not ready or os.read(pipe[0], 1) != b"c":  # not copied (or the child died, or the fork failed)
-                    cls.pin(held)
-                os.close(pipe[0])
+                try:
+                    if not cls.copied(pipe[0]):  # not copied (or the child died, or the fork failed)
+                        cls.pin(held)
+                finally:
+                    os.close(pipe[0])
         finally:
             for mapped in maps:
                 mapped.lock.release()
@@ -260,6 +261,14 @@ class _Fork:
             if pipe is not None:
                 os.close(pipe[0])
                 os.close(pipe[1])
+
+    @classmethod
+    def copied(cls, fd: int) -> bool:
+        """Whether the child said it copied (``b"c"``) within ``WAIT``. poll, not select: a process with many open
+        files (a run's mapped buffers, a raised limit) has descriptors past select's 1024."""
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(cls.WAIT * 1000)) and os.read(fd, 1) == b"c"
 
     @staticmethod
     def pin(held: list[tuple[_Mapped, list[int]]]) -> None:

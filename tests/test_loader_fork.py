@@ -109,3 +109,38 @@ def test_dataloader_workers_forked_while_ring_batches_are_held_leave_them_intact
     np.testing.assert_array_equal(np.concatenate(rows + rest), np.concatenate(whole))
     for (x, _), want in zip(held, rows, strict=True):
         np.testing.assert_array_equal(x.numpy(), want)
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+def test_a_fork_in_a_process_with_over_1024_open_files_still_waits_for_the_childs_copy(dataset: Path) -> None:
+    """A run raises its open-files limit (a mapped buffer per task) and may hold more than 1024 descriptors, past
+    what select() can watch: the parent's wait for the child's copy must still work (it raised ValueError in the
+    fork hook, unwaited, so the parent could reuse a slot before the child had copied it)."""
+    import resource
+
+    from memtrain import ring
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.fail(f"this test needs an open-files hard limit of at least 1200, found {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    spare = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        batches = iter(loader(dataset))
+        held = list(next(batches))
+        assert in_a_ring(held[0])
+        rows = [tensor.numpy().copy() for tensor in held]
+        process = multiprocessing.get_context("fork").Process(
+            target=lambda: os._exit(0 if all(np.array_equal(t.numpy(), r) for t, r in zip(held, rows, strict=True))
+                                    else 3))
+        process.start()
+        process.join(60)
+        assert process.exitcode == 0
+        held.clear()
+        gc.collect()
+        assert sum(1 for _ in batches) == 56
+        assert not [c for m in ring._MAPPED.values() for c in m.counts.tolist() if c >= ring.PINNED - 2]
+    finally:
+        for fd in spare:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
