@@ -14,6 +14,7 @@ their fields (a checkpoint's ``position`` and ``data``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 
@@ -30,9 +31,18 @@ class Record:
     name: str  # the marker of its table in docs/formats.md
     fields: tuple[Field, ...]
 
-    @property
+    @cached_property
     def keys(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.fields)
+
+    @cached_property
+    def names(self) -> frozenset[str]:
+        """The declared names as a set (``make`` asks it for every key of every per-update record: made once)."""
+        return frozenset(self.keys)
+
+    @cached_property
+    def required(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields if f.required and f.name != SEAL[0])
 
     def field(self, name: str) -> Field:
         return next(f for f in self.fields if f.name == name)
@@ -292,7 +302,7 @@ def type_problem(type_text: str, value: Any) -> str | None:
 
 def problems(record: Record, obj: dict[str, Any]) -> list[str]:
     """What is wrong with ``obj`` as a ``record``: undeclared keys, missing required ones, wrong types."""
-    found = [f"{key}: not a field of {record.name}" for key in obj if key not in record.keys]
+    found = [f"{key}: not a field of {record.name}" for key in obj if key not in record.names]
     found += [f"{f.name}: missing" for f in record.fields if f.required and f.name not in obj]
     found += [f"{f.name}: {why}" for f in record.fields if f.name in obj
               if (why := type_problem(f.type, obj[f.name])) is not None]
@@ -302,8 +312,8 @@ def problems(record: Record, obj: dict[str, Any]) -> list[str]:
 def make(record: Record, **values: Any) -> dict[str, Any]:
     """``values`` as a dict (in the order given), refused (ValueError: a bug) unless its keys are ``record``'s
     and every required one is there; the seal is added later, by whoever writes it."""
-    wrong = [key for key in values if key not in record.keys]
-    missing = [f.name for f in record.fields if f.required and f.name not in values and f.name != SEAL[0]]
+    wrong = [key for key in values if key not in record.names]
+    missing = [name for name in record.required if name not in values]
     if wrong or missing:
         raise ValueError(f"{record.name} record: undeclared {wrong}, missing {missing} (memtrain/records.py)")
     return values
