@@ -209,7 +209,11 @@ def test_async_applies_each_task_once_in_arrival_order_within_the_bound(async_ru
     records = lineage(async_run)[1:]
     staleness = Counter(r["parent"] - at for r in records for at in r["at"])
     assert max(staleness) <= 3, "a gradient staler than max_staleness was applied"
-    assert max(staleness) >= 2, f"the straggler should make some gradients stale: {staleness}"
+    # the straggler's gradients arrive late: applied two or three versions stale, or, when later than
+    # max_staleness allows, discarded and computed again (the lineage counts them); which of the two a run
+    # shows depends on how long its peers' updates take against the straggler's sleep
+    discarded = sum(r.get("discarded", 0) for r in records)
+    assert max(staleness) >= 2 or discarded > 0, f"the straggler made nothing stale: {staleness}, none discarded"
     assert set(Counter(len(r["tasks"]) for r in records)) == {2}, "42 tasks per epoch in groups of async_group = 2"
     planned = [[(t.lo, t.hi) for t in task_stream(epoch_updates(TRAIN_ROWS, 100, 3, 5, e, shuffle="rows"))]
                for e in range(3)]
