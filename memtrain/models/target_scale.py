@@ -116,7 +116,6 @@ class ScaledTarget:
         return (out.reshape(len(out), -1) * self._std + self._mean).reshape(shape)
 
 
-
 def unscaled(kind: str, params: dict[str, Any], scale: TargetScale) -> dict[str, Any]:
     """The parameters with the scale folded into the output layer: the model with these predicts in the
     target's units (``inspect --export``); the other arrays are passed through as they are."""
