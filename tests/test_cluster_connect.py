@@ -215,3 +215,22 @@ def test_local_workers_do_not_wait_for_another_dask_process_holding_the_shared_s
                      r"tcp://127\.0\.0\.1:\d+ ", events), events
     assert sorted(p.name for p in temp.iterdir()) == ["dask-scratch-space"]  # its own directory is removed
     assert sorted(p.name for p in (temp / "dask-scratch-space").iterdir()) == ["global.lock"]  # never used
+
+
+def test_a_connection_given_up_on_leaves_nothing_running_in_the_process() -> None:
+    """An API user's retry after a wrong address, or the next test: a Client given up on at a listener that never
+    answers kept its thread inside Dask's process-wide loop machinery for good, and a later Client of the same
+    process failed to start its loop (seen in CI: AssertionError in distributed's LoopRunner) or waited 120 s.
+    Now a handshake on an event loop of its own, bounded inside that loop, comes before any Client."""
+    for listener in (silent_listener, http_server, answering_http_server):
+        with listener() as port, pytest.raises(MemtrainError, match=f"tcp://127.0.0.1:{port}"), \
+                connected(parse_cluster(f"tcp://127.0.0.1:{port}"), connect_seconds=1):
+            pass
+    deadline = time.monotonic() + 10
+    while _connecting_threads() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _connecting_threads()
+
+
+def _connecting_threads() -> list[str]:
+    return [thread.name for thread in threading.enumerate() if thread.name.startswith("memtrain: connecting")]

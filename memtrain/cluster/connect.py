@@ -137,14 +137,23 @@ def check_scheduler(address: ClusterAddress, *, seconds: float = CONNECT_SECONDS
     if address.local:
         return
     import_distributed()
+    with _quiet("distributed"):
+        _probe(address.text, seconds, stopped)
+
+
+def _probe(address: str, seconds: float, stopped: Callable[[], int | None]) -> None:
+    """One Dask handshake with ``address`` on an event loop of its own, bounded inside that loop as well.
+
+    Done before a Client is made: a Client given up on while it waits for a listener that never answers
+    keeps its thread inside Dask's process-wide loop machinery, and the next Client of the same process
+    (an API user's retry, the next test) then waited 120 s or failed to start its loop."""
     from distributed.comm import connect as dask_connect
 
     async def handshake() -> None:
-        comm = await dask_connect(address.text, timeout=seconds)
+        comm = await asyncio.wait_for(dask_connect(address, timeout=seconds), seconds + min(seconds, HANDSHAKE_GRACE))
         await comm.close()
 
-    with _quiet("distributed"):
-        _handshake(lambda: asyncio.run(handshake()), address.text, seconds, stopped, late=lambda _: None)
+    _handshake(lambda: asyncio.run(handshake()), address, seconds, stopped, late=lambda _: None)
 
 
 def _handshake(call: Callable[[], T], address: str, seconds: float, stopped: Callable[[], int | None],
@@ -177,6 +186,7 @@ def _first_line(exc: BaseException) -> str:
 
 @contextlib.contextmanager
 def _client(distributed: Any, address: str, seconds: float, stopped: Callable[[], int | None]) -> Iterator[Any]:
+    _probe(address, seconds, stopped)
     client = _handshake(lambda: distributed.Client(address, timeout=seconds, direct_to_workers=True), address,
                         seconds, stopped, late=lambda client: client.close(timeout=5))
     try:
