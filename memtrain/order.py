@@ -29,6 +29,7 @@ epoch needs neither O(rows) time to start at batch k nor O(rows) memory.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -211,6 +212,7 @@ class WindowOrder:
     block_order: np.ndarray = field(init=False, repr=False)  # the blocks, window by window
     block_starts: np.ndarray = field(init=False, repr=False)  # where each window's blocks begin in block_order
     window_starts: np.ndarray = field(init=False, repr=False)  # epoch position where each window begins
+    _window_starts: list[int] = field(init=False, repr=False)  # window_starts as Python ints
     _cached: tuple[int, np.ndarray] | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -232,15 +234,17 @@ class WindowOrder:
             sizes[-1] = self.rows - (blocks - 1) * self.block_rows
         per_window = np.add.reduceat(sizes[self.block_order], self.block_starts[:-1]) if blocks else sizes
         self.window_starts = np.concatenate([[0], np.cumsum(per_window)])
+        self._window_starts = self.window_starts.tolist()
 
     def batch(self, k: int) -> Rows:
         _check_k(k, self.batches)
         lo, hi = k * self.batch_size, min((k + 1) * self.batch_size, self.rows)
-        first = int(np.searchsorted(self.window_starts, lo, side="right")) - 1
-        last = int(np.searchsorted(self.window_starts, hi - 1, side="right")) - 1
+        starts = self._window_starts  # bisect on a list: a numpy searchsorted costs microseconds per batch
+        first = bisect.bisect_right(starts, lo) - 1
+        last = bisect.bisect_right(starts, hi - 1) - 1
         pieces = []
         for w in range(first, last + 1):
-            start = int(self.window_starts[w])
+            start = starts[w]
             pieces.append(self.window_rows(w)[max(lo, start) - start:hi - start])
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
@@ -248,8 +252,9 @@ class WindowOrder:
         """The rows of window ``w`` in epoch order (the last one used is kept: batches run through windows)."""
         if self._cached is None or self._cached[0] != w:
             blocks = self.block_order[self.block_starts[w]:self.block_starts[w + 1]]
-            rows = np.concatenate([np.arange(b * self.block_rows, min((b + 1) * self.block_rows, self.rows))
-                                   for b in blocks.tolist()])
+            rows = (blocks[:, None] * self.block_rows + np.arange(self.block_rows)).ravel()
+            if rows.size and rows.max() >= self.rows:  # the split's last block is shorter: its rows past the end go
+                rows = rows[rows < self.rows]
             rows = rows[np.random.default_rng([self.seed, self.epoch, 1, w]).permutation(len(rows))]
             rows.flags.writeable = False
             self._cached = w, rows

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,9 +39,15 @@ def check_report(tmp_path: Path, methods: tuple[str, ...], workers: str, repeats
     base = [r for r in rows if r["method"] == "memmap_dataloader"]
     assert [r["vs_memmap"]["median"] for r in base] == pytest.approx([1.0] * len(counts))
     targets = report["targets"]  # the issue's targets, per worker count, from runs made side by side
-    assert [t.split(":")[0] for t in targets if "np.memmap" in t] == [
-        f"BatchDataset / np.memmap DataLoader, {w} workers" for w in counts]
-    assert all("target >= 1.5x by median" in t for t in targets if "np.memmap" in t)
+    assert [t.split(":")[0] for t in targets if t.startswith("BatchDataset / np.memmap")] == [
+        f"BatchDataset / np.memmap DataLoader, {w} workers" for w in counts if "memtrain_torch" in methods]
+    assert all("target >= 1.5x by median" in t for t in targets if t.startswith("BatchDataset / np.memmap"))
+    if "memtrain_batches" in methods and 0 in counts:  # issue 43's row-shuffle targets, and the floor
+        assert any(t.startswith("ds.batches / np.memmap DataLoader, 0 workers: ") and "target >= 2x" in t
+                   for t in targets)
+        assert any(re.match(r"ds\.batches: \d+\.\d\d GB/s .*target >= 3 GB/s by median: (met|NOT met)$", t)
+                   for t in targets)
+        assert any(t.startswith("ds.batches / the gather floor") for t in targets) == ("gather_floor" in methods)
     assert report["settings"]["rows"] == 6000 and report["machine"]["cpus"] >= 1
     assert os.listdir(tmp_path) == []  # the sources are removed
     return report
@@ -50,7 +57,8 @@ def test_memtrain_and_np_memmap_deliver_every_row_and_the_report_has_ratios(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """Fast, in CI: the methods without the slow import of Hugging Face datasets, in-process loading. Its
     table fits an 80-column terminal and is one table on a wide one."""
-    report = check_report(tmp_path, ("memtrain_batches", "memtrain_torch", "memmap_dataloader"), "0", repeats=2)
+    report = check_report(tmp_path, ("memtrain_batches", "gather_floor", "memtrain_torch", "memmap_dataloader"), "0",
+                          repeats=2)
     assert_fits_or_whole(print_table, report, COLUMNS, capsys, monkeypatch)
 
 
@@ -74,6 +82,7 @@ def test_methods_whose_libraries_are_missing_are_left_out_with_a_note(monkeypatc
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "datasets" else real(name))
-    assert parse_methods(None) == ["memtrain_batches", "memtrain_fixed", "memtrain_torch", "memmap_dataloader"]
+    assert parse_methods(None) == ["memtrain_batches", "memtrain_fixed", "gather_floor", "memtrain_torch",
+                                   "memmap_dataloader"]
     assert 'datasets not installed; the methods that need them are left out (pip install "memtrain[bench]")' \
         in capsys.readouterr().err

@@ -85,7 +85,8 @@ def test_start_reads_only_the_batches_from_start_on(dataset: Path, monkeypatch: 
     whole = global_batches(ds, 64)
     read, windows = [], []
     gather, window_rows = Split.gather, WindowOrder.window_rows
-    monkeypatch.setattr(Split, "gather", lambda self, rows, out: read.append(len(rows)) or gather(self, rows, out))
+    monkeypatch.setattr(Split, "gather", lambda self, rows, out, **kw: read.append(len(rows)) or gather(self, rows, out,
+                                                                                                **kw))
     monkeypatch.setattr(WindowOrder, "window_rows", lambda self, w: windows.append(w) or window_rows(self, w))
     first = next(ds.batches(64, **JOB, start=12))
     assert read == [64] and len(set(windows)) <= 2  # batch 12's rows and its windows, nothing before it

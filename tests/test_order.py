@@ -132,3 +132,16 @@ def test_mixing_of_fixed_batches_against_row_shuffling_on_a_class_sorted_split()
     assert uniform.kept_pairs == pytest.approx(uniform.uniform_pairs, rel=0.05) and uniform.classes_per_batch == 10
     docs = (Path(__file__).resolve().parent.parent / "docs" / "loader.md").read_text()
     assert mixing_table() in docs  # the page quotes the figures as printed by `python -m memtrain.mixing`
+
+
+@pytest.mark.parametrize(("rows", "window"), [(1000, 64), (1001, 64), (70_001, 1 << 16), (5, 64), (129, 3)])
+def test_a_windows_rows_are_its_blocks_rows_permuted_as_the_docstring_says(rows: int, window: int) -> None:
+    """WindowOrder.window_rows against its specification written out plainly: the window's blocks in order,
+    each block's rows (the split's last block shorter), permuted by the generator of (seed, epoch, 1, w)."""
+    order = epoch_order("rows", rows=rows, batch_size=7, seed=3, epoch=2, window=window)
+    for w in range(len(order.window_starts) - 1):
+        blocks = order.block_order[order.block_starts[w]:order.block_starts[w + 1]]
+        plain = np.concatenate([np.arange(b * order.block_rows, min((b + 1) * order.block_rows, rows))
+                                for b in blocks.tolist()])
+        expected = plain[np.random.default_rng([3, 2, 1, w]).permutation(len(plain))]
+        np.testing.assert_array_equal(order.window_rows(w), expected)

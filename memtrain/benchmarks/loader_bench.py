@@ -14,6 +14,10 @@ baseline the best a competent user writes with that tool (issue 32's rule):
   ``DataLoader(data, batch_size=None, sampler=BatchSampler(RandomSampler(data), batch))``. torch already
   runs its workers on one thread; ``pin_memory`` only speeds copies to a GPU and ``persistent_workers``
   only the start of a later epoch (each run is one epoch, its start left out): both stay off.
+- ``gather_floor``: the floor of a row-level shuffle on this machine, not a loader: the same epoch's batches
+  (the order of ``memtrain_batches``, computed before the clock starts) taken with one ``np.take`` per array
+  from the one x.npy / y.npy pair into two reused buffers. What ``memtrain_batches`` adds to it is the cost
+  of the loader itself (the order, the joined shards, the buffers that are never overwritten while held).
 - ``hf_datasets``: Hugging Face ``datasets`` on the same rows: an Arrow file memory-mapped by
   ``Dataset.from_file``, ``.shuffle(seed)`` (an indices mapping), numpy format, one ``hf[list]`` per batch.
 - ``hf_flat``: the same, then ``.flatten_indices()`` (what HF's docs advise after a shuffle: the rows are
@@ -54,9 +58,11 @@ from memtrain.benchmarks.compare import Spread, Target, interleaved, pairwise
 from memtrain.benchmarks.memory import run_sampled
 from memtrain.errors import InputError
 
-METHODS = ("memtrain_batches", "memtrain_fixed", "memtrain_torch", "memmap_dataloader", "hf_datasets", "hf_flat")
-IN_PROCESS = ("memtrain_batches", "memtrain_fixed")  # numpy iterators in the training process: no workers
+METHODS = ("memtrain_batches", "memtrain_fixed", "gather_floor", "memtrain_torch", "memmap_dataloader", "hf_datasets",
+           "hf_flat")
+IN_PROCESS = ("memtrain_batches", "memtrain_fixed", "gather_floor")  # numpy in the training process: no workers
 LABELS = {"memtrain_batches": "memtrain ds.batches", "memtrain_fixed": "ds.batches, fixed batches",
+          "gather_floor": "floor: np.take, same rows",
           "memtrain_torch": "memtrain BatchDataset",
           "memmap_dataloader": "np.memmap + DataLoader", "hf_datasets": "HF datasets + DataLoader",
           "hf_flat": "HF flattened + DataLoader"}
@@ -241,7 +247,34 @@ def verdicts(results: list[dict[str, Any]]) -> list[str]:
                                runs=tuple(r[key]["runs"]))
                 lines.append(Target(name=f"BatchDataset / {name}, {r['workers']} workers", at_least=target)
                              .verdict(ratio))
+    return lines + _row_shuffle_verdicts(results)
+
+
+def _row_shuffle_verdicts(results: list[dict[str, Any]]) -> list[str]:
+    """Issue 43's targets for ``ds.batches`` in rows order, 0 loader workers: >= 2x the np.memmap DataLoader
+    (ratios side by side) and >= 3 GB/s to the consumer; and how close it comes to the gather floor."""
+    by_method = {r["method"]: r for r in results if r["workers"] == 0}
+    mine = by_method.get("memtrain_batches")
+    if mine is None:
+        return []
+    lines = []
+    if mine["vs_memmap"] is not None:
+        lines.append(Target(name="ds.batches / np.memmap DataLoader, 0 workers", at_least=2.0)
+                     .verdict(_spread(mine["vs_memmap"])))
+    rate = _spread(mine["gb_per_s_spread"])
+    lines.append(f"ds.batches: {rate.median:.2f} GB/s (runs {rate.low:.2f}-{rate.high:.2f}) to the consumer, "
+                 f"target >= 3 GB/s by median: {'met' if rate.median >= 3 else 'NOT met'}")
+    floor = by_method.get("gather_floor")
+    if floor is not None:
+        share = pairwise(mine["runs_rows_per_s"], floor["runs_rows_per_s"])
+        floor_rate = _spread(floor["gb_per_s_spread"])
+        lines.append(f"ds.batches / the gather floor (one np.take per array of the same rows, "
+                     f"{floor_rate.median:.2f} GB/s): {share.text() if share else '-'}")
     return lines
+
+
+def _spread(values: dict[str, Any]) -> Spread:
+    return Spread(median=values["median"], low=values["low"], high=values["high"], runs=tuple(values["runs"]))
 
 
 def _times(ratio: dict[str, Any] | None) -> str:
@@ -295,6 +328,8 @@ def batches(spec: dict[str, Any]) -> tuple[Any, float]:
     """The method's batches of one epoch, and the seconds it spent on the epoch before its first batch
     (Hugging Face's shuffle, and flatten: counted in its time, as they are work each epoch needs)."""
     method, workers, paths, batch, epoch = (spec[k] for k in ("method", "workers", "paths", "batch", "epoch"))
+    if method == "gather_floor":
+        return gather_floor(paths, batch, epoch), 0.0
     if method in IN_PROCESS:
         from memtrain.dataset import open_dataset
 
@@ -327,6 +362,23 @@ def batches(spec: dict[str, Any]) -> tuple[Any, float]:
     sampler = BatchSampler(SequentialSampler(range(len(hf))), batch, drop_last=False)
     rows = HFRows(hf.with_format("numpy"), contiguous=method == "hf_flat")
     return DataLoader(rows, batch_size=None, sampler=sampler, num_workers=workers), setup
+
+
+def gather_floor(paths: dict[str, str], batch: int, epoch: int) -> Any:
+    """The rows of ``memtrain_batches``'s epoch, batch by batch, with nothing but one take per array."""
+    from memtrain.dataset import open_dataset
+
+    order = open_dataset(paths["memtrain"]).split("train").order(batch, seed=0, epoch=epoch, shuffle="rows")
+    index = [np.asarray(order.batch(k), dtype=np.intp) for k in range(order.batches)]  # before the clock starts
+    x, y = (np.load(paths[name], mmap_mode="r").view(np.ndarray) for name in ("x", "y"))
+    buffers = [(np.empty((batch, *x.shape[1:]), x.dtype), np.empty(batch, y.dtype)) for _ in range(2)]
+
+    def run() -> Any:
+        for k, rows in enumerate(index):
+            bx, by = buffers[k % 2]
+            yield (np.take(x, rows, axis=0, out=bx[:len(rows)], mode="clip"),
+                   np.take(y, rows, axis=0, out=by[:len(rows)], mode="clip"))
+    return run()
 
 
 class MemmapRows:
