@@ -245,9 +245,11 @@ def test_a_worker_killed_mid_round_ends_the_round_and_a_new_round_goes_on(
         assert train(write_job(tmp_path, dataset, WIDE_EPOCHS, WIDE), "--cluster", dask.address) == 0
         assert (tmp_path / "fired").exists()
         events = (tmp_path / "run" / "events.log").read_text()
-        # the killed worker's task, and a healthy worker's too when its answer was not in yet (a loaded machine)
-        assert re.search(r"broadcast round of 3 workers ended: a worker of the round left the scheduler; [12] of 3 "
-                         r"gradient tasks run per task", events)
+        # the killed worker's task, and the healthy workers' too when their answers were not in yet (a loaded
+        # machine: "2 of 3" or "3 of 3", the same path; a full suite at load 6 printed neither 1 nor 2)
+        assert re.search(r"broadcast round of 3 workers ended: a worker of the round left the scheduler; [123] of 3 "
+                         r"gradient tasks run per task", events), [line for line in events.splitlines()
+                                                                    if "round" in line or "worker" in line]
         assert opened[0] == 3 and opened[1] in (2, 3)  # then one without it (or with its nanny's new worker)
         kinds = [kind for kind, _ in records]
         assert kinds.count("grads") == 7 and kinds.count("step") == 6  # 7 updates; one step ran per task
