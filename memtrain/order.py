@@ -252,7 +252,8 @@ class WindowOrder:
         """The rows of window ``w`` in epoch order (the last one used is kept: batches run through windows)."""
         if self._cached is None or self._cached[0] != w:
             blocks = self.block_order[self.block_starts[w]:self.block_starts[w + 1]]
-            rows = (blocks[:, None] * self.block_rows + np.arange(self.block_rows)).ravel()
+            # a block is never longer than the split (a window past the split's size is one block of it)
+            rows = (blocks[:, None] * self.block_rows + np.arange(min(self.block_rows, self.rows))).ravel()
             if rows.size and rows.max() >= self.rows:  # the split's last block is shorter: its rows past the end go
                 rows = rows[rows < self.rows]
             rows = rows[np.random.default_rng([self.seed, self.epoch, 1, w]).permutation(len(rows))]

@@ -134,7 +134,8 @@ def test_mixing_of_fixed_batches_against_row_shuffling_on_a_class_sorted_split()
     assert mixing_table() in docs  # the page quotes the figures as printed by `python -m memtrain.mixing`
 
 
-@pytest.mark.parametrize(("rows", "window"), [(1000, 64), (1001, 64), (70_001, 1 << 16), (5, 64), (129, 3)])
+@pytest.mark.parametrize(("rows", "window"), [(1000, 64), (1001, 64), (70_001, 1 << 16), (5, 64), (129, 3),
+                                             (300, 2**40)])
 def test_a_windows_rows_are_its_blocks_rows_permuted_as_the_docstring_says(rows: int, window: int) -> None:
     """WindowOrder.window_rows against its specification written out plainly: the window's blocks in order,
     each block's rows (the split's last block shorter), permuted by the generator of (seed, epoch, 1, w)."""
