@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from memtrain.benchmarks.compare import Spread, Target, interleaved, median, pairwise
-from memtrain.errors import InputError
+from memtrain.errors import InputError, MemtrainError
 
 SIDES = ("memtrain_2", "memtrain_0", "sb3_subproc", "sb3_dummy", "cleanrl")
 LABELS = {"memtrain_2": "memtrain.rl, 2 workers", "memtrain_0": "memtrain.rl, 0 workers",
@@ -140,11 +140,23 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_once(spec: dict[str, Any]) -> dict[str, Any]:
-    from memtrain.benchmarks.memory import run_sampled
+    """One side, one seed, in a fresh process: its JSON result and the CPU seconds of its process tree. Nothing
+    samples it from outside (this bench reports no memory): the runs have the machine's cores to themselves."""
+    import subprocess
 
-    result, _, _ = run_sampled("memtrain.benchmarks.rl_bench", spec, timeout=RUN_TIMEOUT,
-                               what=f"bench rl {spec['side']} (seed {spec['seed']})")
-    return result | {"seed": spec["seed"]}
+    from memtrain.benchmarks.memory import children_cpu_seconds
+
+    what = f"bench rl {spec['side']} (seed {spec['seed']})"
+    cpu_before = children_cpu_seconds()
+    try:
+        done = subprocess.run([sys.executable, "-m", "memtrain.benchmarks.rl_bench", json.dumps(spec)],
+                              capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise MemtrainError(f"{what} took longer than {RUN_TIMEOUT:g} s") from None
+    if done.returncode != 0 or not done.stdout.strip():
+        raise MemtrainError(f"{what} failed (exit code {done.returncode})", found=done.stderr.strip()[-2000:])
+    return json.loads(done.stdout.strip().splitlines()[-1]) | {"seed": spec["seed"],
+                                                               "cpu_seconds": children_cpu_seconds() - cpu_before}
 
 
 # --- the report ---
@@ -226,6 +238,11 @@ def _text(value: dict[str, Any] | None, digits: int = 2) -> str:
     return "-" if spread is None else spread.text(digits)
 
 
+def _percent(value: dict[str, Any]) -> str:
+    spread = Spread.of([100 * v for v in value["runs"]])
+    return spread.text(0).replace(" (", "% (") + ("%" if len(spread.runs) < 2 else "")
+
+
 COLUMNS = ("side", "env copies", "env steps/s", "÷ SB3 Subproc", "reached", "s to target", "env steps to target",
            "faster peer's s ÷ this", "CPU s")
 
@@ -263,7 +280,7 @@ def _notes(report: dict[str, Any]) -> list[str]:
     x, lines = report["exchange"], []
     lines.append(f"exchange of one shard ({x['steps']} steps, {x['shard_bytes']:,} bytes, one file): write + publish "
                  f"{_text(x['write_ms'])} ms, read + check {_text(x['read_ms'])} ms = {_text(x['vs_steps'])}x the "
-                 f"task's {x['steps']} steps ({_text(x['steps_ms'])} ms); {_text(x['share'])} of a collection task "
+                 f"task's {x['steps']} steps ({_text(x['steps_ms'])} ms): {_percent(x['share'])} of a collection task "
                  f"with its read (median task of {x['tasks']} per repeat)")
     if report["bits"] is not None:
         same = report["bits"]
