@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     report = {"machine": machine() | {"loadavg_before": load_before, "loadavg_after": os.getloadavg()},
               "settings": settings | {"repeats": args.repeats, "sides": sides, "hyperparameters": ZOO},
               "results": results, "exchange": summarize_exchange(exchange), "bits": same_bits(runs),
-              "targets": verdicts(results)}
+              "targets": verdicts(results), "runs": runs | {"exchange": exchange}}
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -165,7 +165,7 @@ def run_once(spec: dict[str, Any]) -> dict[str, Any]:
 def summarize(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Per side: env steps/s and time to the target (median, range over the seeds that reached it), and per seed
     the ratios to SB3 with SubprocVecEnv (steps/s) and the faster peer's time over this side's."""
-    rate = {side: [r["env_steps"] / r["seconds"] for r in results] for side, results in runs.items()}
+    rate = {side: [steps_per_second(r) for r in results] for side, results in runs.items()}
     reach = {side: [r["reached_seconds"] for r in results] for side, results in runs.items()}
     faster = _faster_peer(reach)
     rows = []
@@ -183,6 +183,14 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
                      "cpu_seconds": Spread.of([r["cpu_seconds"] for r in results]).as_dict(),
                      "digests": [r.get("digest") for r in results]})
     return rows
+
+
+def steps_per_second(run: dict[str, Any]) -> float:
+    """Env steps/s up to the check that stopped the run: to the target when reached (SB3's callback can stop it
+    only after one more update and env step, which are not counted), else over the whole budget."""
+    if run["reached_steps"] is not None:
+        return run["reached_steps"] / run["reached_seconds"]
+    return run["env_steps"] / run["seconds"]
 
 
 def _faster_peer(reach: dict[str, list[float | None]]) -> list[float | None] | None:
