@@ -292,10 +292,11 @@ def _notes(report: dict[str, Any]) -> list[str]:
                  f"with its read (median task of {x['tasks']} per repeat)")
     if report["bits"] is not None:
         same = report["bits"]
-        lines.append(f"memtrain 2 workers vs 0 workers, final weights: {'the same bits' if all(same) else 'DIFFER'} "
-                     f"for {sum(same)}/{len(same)} seeds")
+        verdict = "the same bits" if all(same) else "DIFFER"
+        lines.append(f"final weights of memtrain.rl with 2 workers and with 0: {verdict} for {sum(same)}/{len(same)} "
+                     "seeds")
     if any(r["side"] == "memtrain_2" for r in report["results"]):
-        lines.append("memtrain 2 workers: memtrain.rl's collection tasks in 2 forked worker processes, each keeping "
+        lines.append("memtrain.rl with 2 workers: its collection tasks in 2 forked worker processes, each keeping "
                      "its slots' live environments, the learner in the parent (run_memtrain); memtrain train has no "
                      "RL engine yet")
     return lines
