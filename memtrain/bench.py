@@ -1,5 +1,6 @@
 """Benchmarks: `bench prepare` (vs a plain numpy/pyarrow baseline), `bench train` (memtrain vs peers), `bench async`,
-`bench loader` (memtrain's batches vs the usual DataLoaders).
+`bench loader` (memtrain's batches vs the usual DataLoaders), `bench rl` (PPO on CartPole: memtrain.rl vs SB3 and
+CleanRL).
 
 Examples:
   memtrain bench prepare             # 1 GB NPY and CSV sources, side by side with the baseline
@@ -16,6 +17,8 @@ Examples:
   memtrain bench async --sizes 1e5,1e6  # sync vs staleness 1 vs async, without and with a straggler
   memtrain bench loader              # ds.batches and BatchDataset vs np.memmap and HF datasets, 0/2/4 workers
   memtrain bench loader --larger-than-ram --limit-mib 256   # the data 4x RLIMIT_DATA of every process
+  memtrain bench rl                  # PPO to return 475 on CartPole-v1: memtrain.rl vs SB3 and CleanRL, seeds 1-3
+  memtrain bench rl --env-steps 20000 --sides memtrain_0,cleanrl   # a quick run (475 is rarely reached so soon)
 
 Every comparison interleaves its methods, repeats them (--repeats) and reports the median with the min-max
 range, ratios taken pair by pair (memtrain/benchmarks/compare.py); bench train times every method as a whole
@@ -33,7 +36,8 @@ from memtrain.errors import InputError
 WHAT = {"train": "memtrain against one process, pickling and shared memory (and torch DDP), per model size",
         "prepare": "memtrain prepare against a plain numpy/pyarrow baseline, per source format",
         "async": "sync against fixed staleness and async training, without and with a straggler",
-        "loader": "ds.batches and BatchDataset against np.memmap and HF datasets DataLoaders"}
+        "loader": "ds.batches and BatchDataset against np.memmap and HF datasets DataLoaders",
+        "rl": "PPO on CartPole-v1 to a mean return of 475: memtrain.rl against Stable-Baselines3 and CleanRL"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,8 +92,14 @@ def _loader_arguments(parser: argparse.ArgumentParser) -> None:
     add_arguments(parser)
 
 
+def _rl_arguments(parser: argparse.ArgumentParser) -> None:
+    from memtrain.benchmarks.rl_bench import add_arguments
+
+    add_arguments(parser)
+
+
 ADD = {"train": _train_arguments, "prepare": _prepare_arguments, "async": _async_arguments,
-       "loader": _loader_arguments}
+       "loader": _loader_arguments, "rl": _rl_arguments}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,6 +118,10 @@ def run(args: argparse.Namespace) -> int:
         from memtrain.benchmarks.async_bench import run as bench_async
 
         return bench_async(args)
+    if args.what == "rl":
+        from memtrain.benchmarks.rl_bench import run as bench_rl
+
+        return bench_rl(args)
     if args.gb <= 0:
         raise InputError("--gb must be positive", found=args.gb)
     from memtrain.prepare.bench import bench_prepare, parse_sources, print_table

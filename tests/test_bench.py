@@ -331,7 +331,8 @@ OWN_OPTIONS = {"train": RUN_OPTIONS | {"--epochs", "--methods", "--first-job", "
                "prepare": {"--gb", "--sources", "--settle"},
                "async": RUN_OPTIONS | {"--straggler", "--straggler-from"},
                "loader": {"--rows", "--features", "--batch", "--loader-workers", "--methods", "--larger-than-ram",
-                          "--limit-mib", "--data-factor"}}
+                          "--limit-mib", "--data-factor"},
+               "rl": {"--env-steps", "--target", "--envs", "--sides"}}
 
 
 @pytest.mark.parametrize("what", sorted(OWN_OPTIONS))

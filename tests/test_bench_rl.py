@@ -1,0 +1,114 @@
+"""`memtrain bench rl` on tiny budgets: every side runs, the figures come from the runs (no timing asserted)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xxhash
+from table_widths import assert_fits_or_whole
+
+from memtrain.benchmarks.rl_bench import COLUMNS, LABELS, SIDES, Progress, memtrain_config, parse_sides, print_table
+from memtrain.errors import InputError
+
+pytest.importorskip("gymnasium")
+pytestmark = pytest.mark.timeout(300)
+
+
+def bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "memtrain", "bench", "rl", "--dir", str(tmp_path), *args],
+                          capture_output=True, text=True, timeout=280, env=dict(os.environ, COLUMNS="250"))
+
+
+def test_every_side_runs_and_none_reaches_475_in_a_budget_too_small_for_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """100 episodes averaging 475 need 47,500 steps: with 1,024 no side can reach it, and every one says so."""
+    pytest.importorskip("stable_baselines3")
+    result = bench(tmp_path, "--env-steps", "1024", "--repeats", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    rows = report["results"]
+    assert [r["side"] for r in rows] == list(SIDES)
+    for row in rows:
+        assert row["reached"] == 0 and row["seconds_to_target"] is None and row["faster_peer_time_ratio"] is None
+        assert row["env_steps_per_s"]["median"] > 0 and row["runs"] == 1 and row["seeds"] == [1]
+    sb3 = next(r for r in rows if r["side"] == "sb3_subproc")
+    assert sb3["vs_sb3_subproc"]["median"] == pytest.approx(1.0)
+    assert report["bits"] == [True]  # 2 workers end on the bits of 0 workers
+    assert report["exchange"]["steps"] == 128 and 0 < report["exchange"]["share"]["median"] < 1
+    assert report["settings"]["hyperparameters"]["source"].startswith("rl-baselines3-zoo")
+    assert any("no figure" in line for line in report["targets"])  # nothing made up for an unreached target
+    assert os.listdir(tmp_path) == []  # the runs' files are removed
+    assert_fits_or_whole(print_table, report, COLUMNS, capsys, monkeypatch)
+    table = _printed(report, capsys)  # at 250 columns: one row a side
+    for row in rows:
+        line = next(line for line in table.splitlines() if line.startswith(LABELS[row["side"]]))
+        assert line.count("not reached") == 2 and "0/1" in line
+
+
+def _printed(report: dict, capsys: pytest.CaptureFixture[str]) -> str:
+    print_table(report)
+    return capsys.readouterr().out
+
+
+def test_a_target_reached_is_timed_per_seed_and_compared_with_the_faster_peer(tmp_path: Path) -> None:
+    """A target every side reaches once 100 episodes have ended (at most 100 x 500 steps: inside the budget): steps
+    and seconds to it, per seed."""
+    result = bench(tmp_path, "--sides", "memtrain_2,memtrain_0,cleanrl", "--env-steps", "51200", "--target", "9",
+                   "--repeats", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    for row in report["results"]:
+        assert row["reached"] == 2 == len(row["seconds_to_target"]["runs"]), row
+        steps = row["env_steps_to_target"]["runs"]
+        assert all(s % 256 == 0 and 100 * 8 <= s < 51200 for s in steps), steps  # checked after each update
+    memtrain = {r["side"]: r for r in report["results"]}
+    assert memtrain["memtrain_2"]["env_steps_to_target"] == memtrain["memtrain_0"]["env_steps_to_target"]
+    assert len(memtrain["memtrain_2"]["faster_peer_time_ratio"]["runs"]) == 2
+    assert report["bits"] == [True, True]
+    assert [line.split(":")[0] for line in report["targets"]] == [
+        "faster peer's time to target / memtrain's", "env steps/s, memtrain / SB3 SubprocVecEnv"]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_memtrains_side_is_the_reference_loop_bit_for_bit(tmp_path: Path, workers: int) -> None:
+    """With the target out of reach, run_memtrain ends on reference.train's weights, with and without workers."""
+    from memtrain.benchmarks.rl_memtrain import run_memtrain
+    from memtrain.rl.reference import train
+
+    spec = {"env": "CartPole-v1", "envs": 2, "steps": 128, "env_steps": 1024, "seed": 3, "target": 475.0,
+            "window": 100}
+    config = memtrain_config(spec)
+    result = run_memtrain(config, tmp_path / "bench", workers=workers, progress=Progress.start(spec))
+    weights, history = train(config, tmp_path / "reference")
+    assert result["digest"] == xxhash.xxh3_128_hexdigest(weights.tobytes())
+    assert result["env_steps"] == 1024 and result["reached_steps"] is None
+    assert result["episodes"] == sum(len(r) for r in history.returns)
+    assert result["last_mean"] == pytest.approx(float(np.mean(history.last_episodes(100))))
+
+
+def test_a_missing_library_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "stable_baselines3" else real(name, *a))
+    with pytest.raises(InputError, match=r"needs stable_baselines3.*memtrain\[bench-rl\]"):
+        parse_sides(None)
+    assert parse_sides("memtrain_0,cleanrl") == ["memtrain_0", "cleanrl"]  # sides without SB3 still run
+    with pytest.raises(InputError, match="unknown --sides"):
+        parse_sides("memtrain_0,rllib")
+
+
+def test_bad_options_are_clear_errors_before_any_run(tmp_path: Path) -> None:
+    for args, message in ((("--envs", "3"), "--envs must divide the tuned set's samples per update (expected a "
+                                            "divisor of 256"),
+                          (("--env-steps", "100"), "--env-steps is less than one update's samples"),
+                          (("--sides", "memtrain_0,rllib"), "unknown --sides for bench rl")):
+        result = bench(tmp_path, *args)
+        assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, result
+    assert os.listdir(tmp_path) == []
