@@ -41,7 +41,8 @@ def test_forward_on_the_flat_vector_is_the_modules_own_forward(kind: str) -> Non
         obs = np.random.default_rng(2).standard_normal((20, 3)).astype(np.float32)
         out, value = plain(torch.from_numpy(obs))
     fwd = policy.forward(flat, obs)
-    assert np.array_equal(fwd.out, out.numpy()) and np.array_equal(fwd.value, value.numpy())
+    assert np.allclose(fwd.out, out.numpy(), rtol=1e-6, atol=1e-7)  # to the last bits: see the collection test
+    assert np.allclose(fwd.value, value.numpy(), rtol=1e-6, atol=1e-7)
     assert fwd.out.dtype == np.float32
     if kind == "gaussian":
         assert np.array_equal(fwd.log_std, policy.layout.views(flat)["log_std"])
@@ -90,3 +91,33 @@ def test_modules_it_cannot_take_are_clear_errors(tmp_path: Path) -> None:
         with pytest.raises(InputError, match=message):
             policy = torch_policy(factory, SPACES[kind], code_dir=str(tmp_path))
             policy.forward(policy.init(np.random.default_rng(0)), np.zeros((2, 3), np.float32))
+
+
+def test_a_collection_task_acts_with_the_torch_policy_on_the_mapped_weights(tmp_path: Path) -> None:
+    from memtrain.files import publish_array
+    from memtrain.rl.collect import EpisodeState, collect
+    from memtrain.rl.envs import EnvSpec, Slot
+
+    spec = EnvSpec(id="CartPole-v1")
+    spaces = Slot(spec, 0, 0).spaces
+    policy = torch_policy("rl_nets:make_actor_critic", spaces, {"hidden": 16}, seed=1, code_dir=EXAMPLES)
+    flat = policy.init(np.random.default_rng(0))
+    publish_array(tmp_path / "w.npy", flat, durable=False)
+    runs = [collect(tmp_path / "w.npy", 0, 1, spec, 7, 64, EpisodeState.start(spaces), out_dir=tmp_path / name,
+                    policy=policy) for name in ("a", "b") if not (tmp_path / name).mkdir()]
+    traj = runs[0].trajectory
+    with torch.no_grad():
+        for name, param in policy.module.named_parameters():
+            param.copy_(torch.from_numpy(policy.layout.views(flat)[name]))
+        rows = [policy.module(torch.from_numpy(traj.obs[t:t + 1])) for t in range(traj.steps)]  # one at a time
+        out, value = torch.cat([o for o, _ in rows]), torch.cat([v for _, v in rows])
+    # the same arithmetic; the last bit may differ (the views of the flat vector are aligned otherwise than the
+    # module's own parameters, and the kernels choose their path by alignment)
+    assert np.allclose(traj.value, value.numpy(), rtol=1e-6, atol=1e-7)
+    logp = torch.log_softmax(out, dim=1).gather(1, torch.from_numpy(traj.actions)[:, None])[:, 0]
+    assert np.allclose(traj.logp, logp.numpy(), atol=1e-6)
+    assert runs[0].path.read_bytes() == runs[1].path.read_bytes()
+    with pytest.raises(InputError, match="other spaces"):
+        collect(tmp_path / "w.npy", 0, 1, EnvSpec(factory="rl_envs:walk"), 7, 8,
+                EpisodeState.start(Slot(EnvSpec(factory="rl_envs:walk"), 0, 0).spaces), out_dir=tmp_path / "a",
+                policy=policy)

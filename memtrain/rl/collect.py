@@ -124,7 +124,7 @@ class Collected:
 
 def collect(weights_path: Path, version: int, slot: int, spec: EnvSpec, seed: int, steps: int,
             state: EpisodeState, *, out_dir: Path, hidden: tuple[int, ...] = (64, 64),
-            cache: SlotCache | None = None, attempts: int = 1) -> Collected:
+            cache: SlotCache | None = None, attempts: int = 1, policy: Policy | None = None) -> Collected:
     """Run collection task (``version``, ``slot``): ``steps`` steps from ``state``, published in ``out_dir``.
 
     An environment that fails (raises, or gives a non-finite reward or observation: a ``WorkerFailure`` from
@@ -132,6 +132,9 @@ def collect(weights_path: Path, version: int, slot: int, spec: EnvSpec, seed: in
     each retry starts a new environment re-simulated to ``state``, so a retry that succeeds writes the bits the
     first run would have. After the last one the error names the version, slot, seed, episode, step and the
     episode's reset seed, so that the failure can be reproduced.
+
+    ``policy``: the actor-critic acting (default: the numpy MLP of ``hidden``); a torch one
+    (memtrain/rl/torch_policy.py) runs its forward on the mapped weights the same way.
     """
     for key, value, least in (("version", version, 0), ("slot", slot, 0), ("env.steps", steps, 1), ("seed", seed, 0),
                               ("train.max_attempts", attempts, 1)):
@@ -144,7 +147,8 @@ def collect(weights_path: Path, version: int, slot: int, spec: EnvSpec, seed: in
             failure, episode = exc, state.episode
         else:
             try:
-                return _collect(env, obs, weights_path, version, slot, seed, steps, state, out_dir, hidden, cache)
+                return _collect(env, obs, weights_path, version, slot, seed, steps, state, out_dir,
+                                policy or Policy(env.spaces, tuple(hidden)), cache)
             except WorkerFailure as exc:
                 failure, episode = exc, env.episode
                 env.close()  # past the task's start now: a retry re-simulates a new one (the cache no longer holds it)
@@ -167,12 +171,14 @@ def _gave_up(exc: WorkerFailure, spec: EnvSpec, seed: int, slot: int, episode: i
 
 
 def _collect(env: Slot, obs: np.ndarray, weights_path: Path, version: int, slot: int, seed: int, steps: int,
-             state: EpisodeState, out_dir: Path, hidden: tuple[int, ...], cache: SlotCache | None) -> Collected:
-    policy = Policy(env.spaces, tuple(hidden))
+             state: EpisodeState, out_dir: Path, policy: Policy, cache: SlotCache | None) -> Collected:
+    if policy.spaces != env.spaces:
+        raise InputError("the policy was made for other spaces than the environment's", expected=str(env.spaces),
+                         found=str(policy.spaces))
     weights = open_npy(Path(weights_path), dtype=np.float32)
     if weights.shape != (policy.layout.size,):
         raise CorruptFileError("the weights do not fit the policy", path=weights_path,
-                               expected=f"shape ({policy.layout.size},) for hidden {tuple(hidden)} and {env.spaces}",
+                               expected=f"shape ({policy.layout.size},) for {_described(policy)} and {env.spaces}",
                                found=f"shape {weights.shape}")
     if not np.isfinite(weights).all():
         raise CorruptFileError("the weights hold NaN or Inf: the policy's actions would be meaningless",
@@ -187,6 +193,10 @@ def _collect(env: Slot, obs: np.ndarray, weights_path: Path, version: int, slot:
     else:
         env.close()
     return Collected(path, traj, after)
+
+
+def _described(policy: Policy) -> str:
+    return "its torch module" if hasattr(policy, "module") else f"hidden {policy.hidden}"
 
 
 def _environment(spec: EnvSpec, seed: int, slot: int, version: int, state: EpisodeState,
