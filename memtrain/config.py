@@ -268,6 +268,12 @@ def job_from_dict(raw: dict[str, Any], *, base: Path, source: Path | None = None
     Errors name ``where`` (the file the job came from when it is not ``source``: a run's ``job.json``, a
     job a service received), else ``source``, else ``job`` (a job made in Python)."""
     where = where or source or "job"
+    if "env" in raw:  # a reinforcement-learning job (docs/rl.md): validated whole, then refused until it runs
+        from memtrain.rl.config import rl_job_from_dict
+
+        rl_job_from_dict(raw, base=base, source=source, where=where)
+        raise InputError("a reinforcement-learning job ([env]) is not run by memtrain train yet", path=where,
+                         hint="it is valid: memtrain.rl.config.load_rl_job reads it; see docs/rl.md")
     unknown = set(raw) - set(SECTIONS)
     if unknown:
         name = sorted(unknown)[0]

@@ -45,6 +45,28 @@ def raises_at_step_3() -> gym.Env:
     return _Walk(fail_at=3)
 
 
+class _Flaky(_Walk):
+    """The walk, but its step raises the first ``FLAKY["failures"]`` times it reaches step 3 in this process (a
+    transient fault: a retry from the task's start goes through). ``FLAKY["made"]`` counts the copies made."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        FLAKY["made"] += 1
+
+    def step(self, action: object) -> tuple[np.ndarray, float, bool, bool, dict]:
+        if self.t == 3 and FLAKY["failures"] > 0:
+            FLAKY["failures"] -= 1
+            raise ConnectionError("the simulator's server did not answer")
+        return super().step(action)
+
+
+FLAKY = {"failures": 0, "made": 0}
+
+
+def flaky() -> gym.Env:
+    return _Flaky()
+
+
 def multi_discrete_actions() -> gym.Env:
     return _Walk(action_space=gym.spaces.MultiDiscrete([2, 3]))
 

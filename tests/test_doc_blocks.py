@@ -33,6 +33,7 @@ from memtrain.config import job_from_dict
 from memtrain.errors import InputError
 from memtrain.models import build_model
 from memtrain.models.protocol import DataSpec
+from memtrain.rl.config import rl_job_from_dict
 
 pytestmark = pytest.mark.timeout(240)
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,6 +122,9 @@ def check_command(command: str, where: Block) -> list[str]:
 
 def check_toml(block: Block, sandbox: Path) -> None:
     raw = tomllib.loads(block.body.replace("<cores>", "2").replace('"runs/<job file name>"', '"runs/x"'))
+    if "env" in raw:  # a reinforcement-learning job (docs/rl.md): validated by its own parser
+        rl_job_from_dict(raw, base=sandbox)
+        return
     if "data" not in raw:
         raw = {"data": {"path": str(sandbox / "data" / "digits")}, **raw}
     job_from_dict(raw, base=sandbox)

@@ -10,7 +10,9 @@ from memtrain.cli import main
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = sorted((ROOT / "jobs" / "examples").glob("*.toml"))
+# the reinforcement-learning examples (an [env], no [data]) are checked by tests/test_rl_config.py until
+# memtrain train runs them
+EXAMPLES = sorted(job for job in (ROOT / "jobs" / "examples").glob("*.toml") if "[env]" not in job.read_text())
 
 
 @pytest.fixture(scope="module")

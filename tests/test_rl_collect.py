@@ -189,3 +189,66 @@ def test_a_task_whose_environment_fails_publishes_nothing_and_its_retry_resimula
         collect(weights, 0, 2, spec, 99, 8, EpisodeState.start(Slot(spec, 0, 0).spaces), out_dir=out,
                 hidden=HIDDEN, cache=cache)
     assert list(out.iterdir()) == [] and cache.live == {}
+
+
+@pytest.mark.parametrize("failures", [1, 2])
+def test_a_transient_environment_fault_is_retried_and_gives_the_same_bits(tmp_path: Path, failures: int) -> None:
+    import rl_envs
+
+    weights = _weights(tmp_path, SPECS["walk"], 1)[0]
+    start = EpisodeState.start(Slot(SPECS["walk"], 0, 0).spaces)
+    (tmp_path / "clean").mkdir()
+    clean = collect(weights, 0, 2, SPECS["walk"], 99, 64, start, out_dir=tmp_path / "clean", hidden=HIDDEN)
+    rl_envs.FLAKY.update(failures=failures, made=0)
+    (tmp_path / "flaky").mkdir()
+    done = collect(weights, 0, 2, EnvSpec(factory="rl_envs:flaky"), 99, 64, start, out_dir=tmp_path / "flaky",
+                   hidden=HIDDEN, cache=SlotCache(), attempts=3)
+    assert done.path.read_bytes() == clean.path.read_bytes() and done.state.key() == clean.state.key()
+    assert {"failures": 0, "made": failures + 1} == rl_envs.FLAKY  # a new environment for each attempt
+
+
+def test_an_environment_that_keeps_failing_stops_naming_what_reproduces_it(tmp_path: Path) -> None:
+    import rl_envs
+
+    spec = EnvSpec(factory="rl_envs:flaky")
+    weights = _weights(tmp_path, spec, 1)[0]
+    out = tmp_path / "out"
+    out.mkdir()
+    # the slot is in the middle of episode 4 (2 steps in): the failure at its step 3 comes after one step of the task
+    actions = np.array([0, 2], np.int64)
+    state = EpisodeState(4, actions, _replayed_return(Slot(SPECS["walk"], 99, 2), 4, actions))
+    rl_envs.FLAKY.update(failures=10, made=0)
+    with pytest.raises(WorkerFailure) as err:
+        collect(weights, 7, 2, spec, 99, 16, state, out_dir=out, hidden=HIDDEN, attempts=3)
+    text = str(err.value)
+    assert "version 7, slot 2, seed 99, episode 4, step 3" in text and "at each of 3 attempts" in text
+    assert "ConnectionError: the simulator's server did not answer" in text
+    from memtrain.rl.envs import reset_seed
+    assert f"reset(seed={reset_seed(99, 2, 4)})" in text
+    assert rl_envs.FLAKY == {"failures": 7, "made": 3} and list(out.iterdir()) == []
+
+
+def _replayed_return(env: Slot, episode: int, actions: np.ndarray) -> float:
+    env.reset(episode, version=0)
+    ret = sum(env.step(a, version=0, step=t)[1] for t, a in enumerate(actions))
+    env.close()
+    return ret
+
+
+@pytest.mark.parametrize("name", ["cartpole", "pendulum"])
+def test_a_slot_resumed_from_its_shards_alone_steps_on_bitwise(tmp_path: Path, name: str) -> None:
+    """No state kept at all: the slot's state rebuilt from the shards it wrote (state_after), then re-simulated,
+    gives the same observations and shards as the uninterrupted run."""
+    spec = SPECS[name]
+    spaces = Slot(spec, 0, 0).spaces
+    weights = _weights(tmp_path, spec, 6)
+    (tmp_path / "a").mkdir()
+    straight, _ = _run(tmp_path / "a", spec, weights, 1, EpisodeState.start(spaces), 0, SlotCache())
+    (tmp_path / "b").mkdir()
+    before, carried = _run(tmp_path / "b", spec, weights[:4], 1, EpisodeState.start(spaces), 0)
+    shards = [read_shard(tmp_path / "b" / "shards" / f"r-v{v:08d}-s00001.npy", spaces=spaces, version=v, slot=1,
+                         seed=99, steps=64) for v in range(4)]
+    rebuilt = state_after(shards, spaces)
+    assert rebuilt.key() == carried.key() and rebuilt.step > 0
+    after, _ = _run(tmp_path / "b", spec, weights, 1, rebuilt, 4)
+    assert before + after == straight

@@ -24,9 +24,9 @@ import numpy as np
 import xxhash
 from threadpoolctl import ThreadpoolController
 
-from memtrain.errors import CorruptFileError, InputError, MemtrainError
+from memtrain.errors import CorruptFileError, InputError, MemtrainError, WorkerFailure
 from memtrain.files import open_npy
-from memtrain.rl.envs import DISCRETE, EnvSpec, Slot, Spaces
+from memtrain.rl.envs import DISCRETE, EnvSpec, Slot, Spaces, reset_seed
 from memtrain.rl.policy import Policy
 from memtrain.rl.trajectory import Trajectory, shard_path, write_shard
 
@@ -124,26 +124,61 @@ class Collected:
 
 def collect(weights_path: Path, version: int, slot: int, spec: EnvSpec, seed: int, steps: int,
             state: EpisodeState, *, out_dir: Path, hidden: tuple[int, ...] = (64, 64),
-            cache: SlotCache | None = None) -> Collected:
-    """Run collection task (``version``, ``slot``): ``steps`` steps from ``state``, published in ``out_dir``."""
-    for key, value, least in (("version", version, 0), ("slot", slot, 0), ("env.steps", steps, 1), ("seed", seed, 0)):
+            cache: SlotCache | None = None, attempts: int = 1, policy: Policy | None = None) -> Collected:
+    """Run collection task (``version``, ``slot``): ``steps`` steps from ``state``, published in ``out_dir``.
+
+    An environment that fails (raises, or gives a non-finite reward or observation: a ``WorkerFailure`` from
+    memtrain/rl/envs.py) is retried, up to ``attempts`` runs of the task in all (the job's ``train.max_attempts``):
+    each retry starts a new environment re-simulated to ``state``, so a retry that succeeds writes the bits the
+    first run would have. After the last one the error names the version, slot, seed, episode, step and the
+    episode's reset seed, so that the failure can be reproduced.
+
+    ``policy``: the actor-critic acting (default: the numpy MLP of ``hidden``); a torch one
+    (memtrain/rl/torch_policy.py) runs its forward on the mapped weights the same way.
+    """
+    for key, value, least in (("version", version, 0), ("slot", slot, 0), ("env.steps", steps, 1), ("seed", seed, 0),
+                              ("train.max_attempts", attempts, 1)):
         if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < least:
             raise InputError(f"bad value for {key}", expected=f"an integer >= {least}", found=repr(value))
-    env, obs = _environment(spec, seed, slot, version, state, cache)
-    try:
-        return _collect(env, obs, weights_path, version, slot, seed, steps, state, out_dir, hidden, cache)
-    except BaseException:
-        env.close()  # its state is past the task's start now: a retry re-simulates (the cache no longer holds it)
-        raise
+    for attempt in range(1, int(attempts) + 1):
+        try:  # a failure while re-simulating: _environment closed its environment
+            env, obs = _environment(spec, seed, slot, version, state, cache)
+        except WorkerFailure as exc:
+            failure, episode = exc, state.episode
+        else:
+            try:
+                return _collect(env, obs, weights_path, version, slot, seed, steps, state, out_dir,
+                                policy or Policy(env.spaces, tuple(hidden)), cache)
+            except WorkerFailure as exc:
+                failure, episode = exc, env.episode
+                env.close()  # past the task's start now: a retry re-simulates a new one (the cache no longer holds it)
+            except BaseException:
+                env.close()
+                raise
+        if attempt == attempts:
+            raise _gave_up(failure, spec, seed, slot, episode, attempts) from failure
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _gave_up(exc: WorkerFailure, spec: EnvSpec, seed: int, slot: int, episode: int, attempts: int) -> WorkerFailure:
+    """The run-stopping error: the last failure, where it happened and how to reproduce it."""
+    tried = "once" if attempts == 1 else f"at each of {attempts} attempts"
+    return WorkerFailure(f"{exc.message}, {tried} (train.max_attempts): the run stops",
+                         where=exc.where, found=exc.found,
+                         hint=f"env {spec}: reproduce it with reset(seed={reset_seed(seed, slot, episode)}) (job seed "
+                              f"{seed}, slot {slot}, episode {episode}) and the actions recorded since, as "
+                              "memtrain.rl.collect.resimulate does")
 
 
 def _collect(env: Slot, obs: np.ndarray, weights_path: Path, version: int, slot: int, seed: int, steps: int,
-             state: EpisodeState, out_dir: Path, hidden: tuple[int, ...], cache: SlotCache | None) -> Collected:
-    policy = Policy(env.spaces, tuple(hidden))
+             state: EpisodeState, out_dir: Path, policy: Policy, cache: SlotCache | None) -> Collected:
+    if policy.spaces != env.spaces:
+        raise InputError("the policy was made for other spaces than the environment's", expected=str(env.spaces),
+                         found=str(policy.spaces))
     weights = open_npy(Path(weights_path), dtype=np.float32)
     if weights.shape != (policy.layout.size,):
         raise CorruptFileError("the weights do not fit the policy", path=weights_path,
-                               expected=f"shape ({policy.layout.size},) for hidden {tuple(hidden)} and {env.spaces}",
+                               expected=f"shape ({policy.layout.size},) for {_described(policy)} and {env.spaces}",
                                found=f"shape {weights.shape}")
     if not np.isfinite(weights).all():
         raise CorruptFileError("the weights hold NaN or Inf: the policy's actions would be meaningless",
@@ -160,6 +195,10 @@ def _collect(env: Slot, obs: np.ndarray, weights_path: Path, version: int, slot:
     return Collected(path, traj, after)
 
 
+def _described(policy: Policy) -> str:
+    return "its torch module" if hasattr(policy, "module") else f"hidden {policy.hidden}"
+
+
 def _environment(spec: EnvSpec, seed: int, slot: int, version: int, state: EpisodeState,
                  cache: SlotCache | None) -> tuple[Slot, np.ndarray]:
     """The slot's environment at ``state``: the cached live one if it is exactly there, else re-simulated."""
@@ -169,7 +208,11 @@ def _environment(spec: EnvSpec, seed: int, slot: int, version: int, state: Episo
     if live is not None:
         live.slot.close()
     env = Slot(spec, seed, slot)
-    return env, resimulate(env, state, version=version)
+    try:
+        return env, resimulate(env, state, version=version)
+    except BaseException:
+        env.close()
+        raise
 
 
 def resimulate(env: Slot, state: EpisodeState, *, version: int) -> np.ndarray:

@@ -176,10 +176,12 @@ class Slot:
         self.spaces = check_spaces(self.env, spec)
         self.episode = -1  # none started yet
 
-    def reset(self, episode: int, *, version: int) -> np.ndarray:
-        """The first observation of episode ``episode`` (its seeded reset)."""
+    def reset(self, episode: int, *, version: int, seed: int | None = None) -> np.ndarray:
+        """The first observation of episode ``episode`` (its seeded reset; ``seed``: another reset seed, for the
+        evaluation episodes, which are kept apart from training's)."""
         self.episode = int(episode)
-        obs = self._call("reset", version, 0, lambda: self.env.reset(seed=reset_seed(self.seed, self.slot, episode)))
+        chosen = reset_seed(self.seed, self.slot, episode) if seed is None else int(seed)
+        obs = self._call("reset", version, 0, lambda: self.env.reset(seed=chosen))
         return self._observation(obs[0], version, 0)
 
     def step(self, action: np.ndarray, *, version: int, step: int) -> tuple[np.ndarray, float, bool, bool]:

@@ -1,0 +1,56 @@
+"""A trained policy's actions: ``Actor(policy, weights).act(observations, greedy=True)``.
+
+What ``memtrain.load_model(run).act`` will hand back for an RL run (the wiring into train/ and load_model
+comes with the engines): the greedy action (the most likely one; a Gaussian's mean, clipped to the action
+Box) or a sampled one from a generator the caller seeds. Actions are as the environment takes them
+(a Discrete space's ``start`` added, a Box's bounds applied).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from memtrain.errors import InputError
+from memtrain.rl.policy import Policy
+
+
+@dataclass(frozen=True)
+class Actor:
+    """A policy and its flat float32 weights."""
+
+    policy: Policy
+    weights: np.ndarray
+
+    def __post_init__(self) -> None:
+        if np.shape(self.weights) != (self.policy.layout.size,):
+            raise InputError("the weights do not fit the policy", expected=f"shape ({self.policy.layout.size},)",
+                             found=f"shape {np.shape(self.weights)}")
+
+    def act(self, observations: np.ndarray, greedy: bool = True, *,
+            rng: np.random.Generator | int | None = None) -> np.ndarray:
+        """One action per observation ([N, obs_dim], or one observation [obs_dim] for one action).
+
+        ``greedy``: the most likely action; else sampled with ``rng`` (a generator, or a seed; required, so that
+        a sampled action is reproducible). Discrete: int64 [N]; continuous: float32 [N, n] within the Box.
+        """
+        obs = np.asarray(observations, dtype=np.float32)
+        single = obs.ndim == 1
+        dim = self.policy.spaces.obs_dim
+        if obs.shape[-1:] != (dim,) or obs.ndim not in (1, 2):
+            raise InputError("observations of the wrong shape for this policy", expected=f"[N, {dim}] or [{dim}]",
+                             found=f"{list(obs.shape)}")
+        if not np.isfinite(obs).all():
+            raise InputError("observations hold NaN or Inf", found=f"{int(obs.size - np.isfinite(obs).sum())} values")
+        fwd = self.policy.forward(self.weights, obs.reshape(-1, dim))
+        if greedy:
+            actions = self.policy.greedy(fwd)
+        else:
+            if rng is None:
+                raise InputError("a sampled action needs rng (a numpy Generator or a seed)",
+                                 hint="act(observations, greedy=False, rng=0)")
+            actions = self.policy.sample(fwd, rng if isinstance(rng, np.random.Generator)
+                                         else np.random.default_rng(rng))
+        out = np.stack([np.asarray(self.policy.spaces.env_action(a)) for a in actions]) if len(actions) else actions
+        return out[0] if single else out
