@@ -20,8 +20,8 @@ from memtrain.layout import STATISTICS_DIR, parse_partial_name, weight_versions,
 from memtrain.train.memory import OOM_EVENTS_ENV, WORKER_DATA_LIMIT_ENV
 
 pytestmark = pytest.mark.timeout(120)
-TESTS = Path(__file__).parent
-PYTHONPATH = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
+TESTS = Path(__file__).parent  # and its parent, for benchmarks/ngram.py
+PYTHONPATH = os.pathsep.join(filter(None, [str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH")]))
 TRAIN_ROWS, SHARD_ROWS, CHUNK_ROWS, TASKS = 360, 100, 37, 3
 
 
@@ -164,9 +164,9 @@ def test_a_worker_the_kernel_kills_is_said_to_be_killed_for_memory(data: Path, t
 
 
 def test_the_ngram_user_model_gives_exact_probabilities(tmp_path: Path) -> None:
-    """memtrain/benchmarks/ngram.py at a small scale: chunks of 97 rows cut its shards, two workers add into
+    """benchmarks/ngram.py at a small scale: chunks of 97 rows cut its shards, two workers add into
     their partials with np.add.at; every seen context's probabilities equal a direct count, bit for bit."""
-    result = subprocess.run([sys.executable, "-m", "memtrain.benchmarks.ngram", tmp_path / "ngram", "--rows", "3000",
+    result = subprocess.run([sys.executable, "-m", "benchmarks.ngram", tmp_path / "ngram", "--rows", "3000",
                              "--order", "2", "--symbols", "6", "--classes", "3", "--chunk-rows", "97"],
                             capture_output=True, text=True, timeout=100,
                             env={**os.environ, "PYTHONPATH": PYTHONPATH})

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from table_widths import assert_fits_or_whole
 
-from memtrain.benchmarks import first_job_items
+from benchmarks import first_job_items
 from memtrain.benchmarks.runner import METHODS, TORCH_METHODS
 from memtrain.benchmarks.synthetic import mlp_shape
 from memtrain.benchmarks.train_bench import placement
@@ -32,6 +32,9 @@ def bench(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subp
                           capture_output=True, text=True, timeout=230, env={**os.environ, **(env or {})})
 
 
+# the one-off measurements in benchmarks/ (top folder of the repository) run with it on the path
+SCRIPTS_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
+                                                                       os.environ.get("PYTHONPATH")]))}
 TRAIN_COLUMNS = ("params", "epochs", "method", "samples/s", "ms/update (range)", "compute ms", "overhead ms",
                  "CPU ms/update", "start-up s", "peak MiB (range)", "peak PSS MiB (range)", "memtrain ÷ method (range)")
 ASYNC_COLUMNS = ("params", "updates", "straggler", "mode", "updates/s, whole run", "÷ sync", "updates/s, steady",
@@ -216,8 +219,8 @@ def test_bench_async_measures_small_models_over_a_longer_window_unless_told() ->
 
 @pytest.mark.slow
 def test_torch_contention_times_the_three_settings_and_the_gemm_backends() -> None:
-    result = subprocess.run([sys.executable, "-m", "memtrain.benchmarks.torch_contention", "--sizes", "1e4",
-                             "--updates", "2"], capture_output=True, text=True, timeout=200, env=dict(os.environ))
+    result = subprocess.run([sys.executable, "-m", "benchmarks.torch_contention", "--sizes", "1e4",
+                             "--updates", "2"], capture_output=True, text=True, timeout=200, env=SCRIPTS_ENV)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     settings = [line for line in lines if "rows/s" in line]
@@ -231,8 +234,8 @@ def test_torch_contention_times_the_three_settings_and_the_gemm_backends() -> No
 def test_the_first_command_decomposed_reaches_memtrain_s_own_weights_and_adds_up() -> None:
     """The loops of first_job_parts do memtrain's arithmetic (they end on the checksum of memtrain's last
     version), and memtrain's run splits into parts that add up to its time."""
-    result = subprocess.run([sys.executable, "-m", "memtrain.benchmarks.first_job_parts", "--repeats", "1"],
-                            capture_output=True, text=True, timeout=230, env=dict(os.environ))
+    result = subprocess.run([sys.executable, "-m", "benchmarks.first_job_parts", "--repeats", "1"],
+                            capture_output=True, text=True, timeout=230, env=SCRIPTS_ENV)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("the README's first command: 390 updates, 30 epochs")
@@ -260,8 +263,8 @@ def test_the_items_of_an_update_are_timed_in_cpu_and_fit_inside_the_server_s_cpu
     job = tmp_path / "job.toml"
     job.write_text(f'[data]\npath = "{data}"\n[model]\nkind = "mlp"\nhidden = [8]\n'
                    '[train]\nepochs = 2\nbatch_size = 30\ntasks_per_update = 2\nworkers = 0\n[run]\ndir = "run"\n')
-    result = subprocess.run([sys.executable, "-m", "memtrain.benchmarks.first_job_items", str(job), "--quiet"],
-                            capture_output=True, text=True, timeout=120, env=dict(os.environ), cwd=tmp_path)
+    result = subprocess.run([sys.executable, "-m", "benchmarks.first_job_items", str(job), "--quiet"],
+                            capture_output=True, text=True, timeout=120, env=SCRIPTS_ENV, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     head = [line for line in lines if "updates; the server's CPU" in line]

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from tiny_data import blobs, sealed, write_dataset
 
-from memtrain.benchmarks.sorted_classes import prepare, val_accuracy, write_sorted_source
+from benchmarks.sorted_classes import prepare, val_accuracy, write_sorted_source
 from memtrain.dataset import open_dataset
 from memtrain.layout import weight_versions, weights_path
 from memtrain.mixing import mixing
@@ -251,7 +251,7 @@ def test_a_shuffled_task_allocates_no_array_of_its_size(tmp_path: Path, budget: 
         tracemalloc.stop()
     assert peak < 50 * 512 * 4 // 2, f"{peak} bytes traced while reading tasks of {50 * 512 * 4} bytes of features"
 
-# --- the effect on a model (the full experiment: python -m memtrain.benchmarks.sorted_classes) ---
+# --- the effect on a model (the full experiment: python -m benchmarks.sorted_classes) ---
 
 def test_a_class_sorted_dataset_trains_with_rows_as_well_as_prepared_shuffled(tmp_path: Path) -> None:
     """Rows sorted by class, prepared with --no-shuffle: with "batches" every batch is one class and the model

@@ -4,7 +4,7 @@ It carries tasks only (gradients, evaluation, statistics): across machines the r
 cannot meet at marks in a shared file, so a cluster run streams gradient tasks and steps in the server
 (train/stream.py); a ``Stretch`` is never sent here.
 
-Measured (``python -m memtrain.benchmarks.cluster_transports``; docs/cluster.md has the table), a record's
+Measured (``python -m benchmarks.cluster_transports``; docs/cluster.md has the table), a record's
 round trip on loopback: an actor method call from a client with ``direct_to_workers`` goes straight to the
 worker and back (1.5-2.5 ms under load; the scheduler relaying it costs several times that); a task
 submission goes through the scheduler (15-23 ms); a long-running seceded task fed by ``distributed.Queue``

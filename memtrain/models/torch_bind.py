@@ -5,7 +5,7 @@ the weights per task) and the gradient ends up in the worker's mapped gradient b
 (running statistics) and frozen parameters are the exception: a module may update them in place, so
 they get small private copies, and what the forward pass changed is reported as (new - old) * rows.
 
-Four ways to bind were measured (``python -m memtrain.benchmarks.torch_binding``; docs/torch.md has
+Four ways to bind were measured (``python -m benchmarks.torch_binding``; docs/torch.md has
 the figures): ``torch.func.functional_call`` with a dict of views, then either ``torch.autograd.grad``
 and one copy into the buffer, or ``.grad`` preset to views of the buffer (backward adds into them); and
 the same two with the module's own parameters pointed at the views (``param.data = view``). They give

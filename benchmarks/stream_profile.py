@@ -1,6 +1,6 @@
 """Where a streamed update's time goes (train/stream.py): the server's pieces, timed around each update.
 
-Run: ``python -m memtrain.benchmarks.stream_profile [--params 1e6] [--updates 40] [--cluster local:2]``.
+Run: ``python -m benchmarks.stream_profile [--params 1e6] [--updates 40] [--cluster local:2]``.
 Trains the benchmark's MLP (memtrain/benchmarks/synthetic.py) for one epoch on the cluster and prints,
 per piece, the median over the updates after the first few. ``--cluster processes`` streams to two local
 worker processes (train/exchange.WorkerPool) instead of Dask workers: the same stream without Dask,

@@ -1,6 +1,6 @@
 """Parameter counts -> time per gradient task of each way to bind a torch module to mapped files (a table).
 
-``python -m memtrain.benchmarks.torch_binding [--sizes 1e5,1e6] [--rows 256] [--repeats 15]``
+``python -m benchmarks.torch_binding [--sizes 1e5,1e6] [--rows 256] [--repeats 15]``
 
 The benchmark MLP (features -> hidden -> classes, torch.nn.Linear + ReLU) computes the summed
 cross-entropy gradient of ``rows`` rows, as a worker does: weights read from a read-only map of a
@@ -89,7 +89,7 @@ def _views(slots, flat: np.ndarray) -> dict[str, np.ndarray]:  # noqa: ANN001 - 
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m memtrain.benchmarks.torch_binding", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.torch_binding", description=__doc__)
     parser.add_argument("--sizes", default="1e5,1e6")
     parser.add_argument("--rows", type=int, default=256, help="rows per task (default %(default)s: 512 / 2 workers)")
     parser.add_argument("--repeats", type=int, default=15)

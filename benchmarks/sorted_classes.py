@@ -1,8 +1,8 @@
 """What the data order does to a model: a source sorted by class, prepared with ``--no-shuffle``, trained with
 each ``train.shuffle``, against the same rows prepared shuffled (issue 27). Accuracies are deterministic.
 
-    python -m memtrain.benchmarks.sorted_classes                 # 240,000 rows, MLP and softmax, 3 epochs
-    python -m memtrain.benchmarks.sorted_classes --rows 24000 --models softmax --json
+    python -m benchmarks.sorted_classes                 # 240,000 rows, MLP and softmax, 3 epochs
+    python -m benchmarks.sorted_classes --rows 24000 --models softmax --json
 
 The source: ``--rows`` rows of ``FEATURES`` features in ``CLASSES`` overlapping Gaussian classes (class c
 centred at a seeded random point, unit noise scaled by ``NOISE``, so no model gets far above 0.37),
@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> list[dict[str, object]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m memtrain.benchmarks.sorted_classes", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.sorted_classes", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=240_000, help="rows of the source (default %(default)s)")
     parser.add_argument("--epochs", type=int, default=3, help="epochs of every run (default %(default)s)")

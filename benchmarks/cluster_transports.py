@@ -1,6 +1,6 @@
 """Round trip of one small task record through each way Dask can carry it (the measurement behind cluster/).
 
-Run: ``python -m memtrain.benchmarks.cluster_transports [--calls 300] [--json]``. Starts a local Dask cluster
+Run: ``python -m benchmarks.cluster_transports [--calls 300] [--json]``. Starts a local Dask cluster
 on 127.0.0.1 (2 worker processes, one thread each, no dashboard) and times, for a gradient-task-sized
 record sent to one named worker and a result-sized record back:
 

@@ -1,10 +1,10 @@
 """What the server's CPU pays per message, per future and per worker on Dask (the measurement behind the
 cluster's cost table, docs/cluster.md "Cost per update").
 
-Run: ``python -m memtrain.benchmarks.cluster_parts [--workers 1,2,4,8] [--waves 200] [--json]``. For each
+Run: ``python -m benchmarks.cluster_parts [--workers 1,2,4,8] [--waves 200] [--json]``. For each
 count N it starts a ``dask scheduler`` and ``dask worker --nworkers N --nthreads 1`` as processes of their own
 on 127.0.0.1 (so this process is a client only, as the server is against a real cluster), one Echo actor
-per worker (memtrain/benchmarks/cluster_transports.py), and measures this process's CPU time (all threads;
+per worker (benchmarks/cluster_transports.py), and measures this process's CPU time (all threads;
 in brackets the part in threads other than the main one: Dask's event loop) for:
 
 - ``actor call``: waves shaped like an update's: a gradient-task-sized record sent to every actor at once
@@ -40,8 +40,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cluster_transports import RECORD, Echo, answer
 from memtrain.benchmarks.cluster_costs import other_threads_cpu
-from memtrain.benchmarks.cluster_transports import RECORD, Echo, answer
 
 LOOPBACK = ("--host", "127.0.0.1", "--no-dashboard", "--dashboard-address", "127.0.0.1:0")
 START_SECONDS = 60.0

@@ -1,6 +1,6 @@
 """A job run in the server -> the CPU time of each item of an update, in microseconds per update.
 
-``python -m memtrain.benchmarks.first_job_items JOB.toml [memtrain train options]`` runs ``memtrain train``
+``python -m benchmarks.first_job_items JOB.toml [memtrain train options]`` runs ``memtrain train``
 in this process with each piece of the rounds wrapped (the model's gradient, a task's rows, the step,
 readying and publishing the version file, the board, the server's looks, the evaluation and checkpoints
 per epoch) and prints the thread CPU time each took, summed over the run and divided by its updates.

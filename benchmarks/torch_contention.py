@@ -1,6 +1,6 @@
 """Parameter counts -> what the cores give plain torch: one process alone, two at once, one on two threads.
 
-``python -m memtrain.benchmarks.torch_contention [--sizes 1e6,1e7] [--rows 256] [--updates 12]``
+``python -m benchmarks.torch_contention [--sizes 1e6,1e7] [--rows 256] [--updates 12]``
 
 No memtrain in it: the benchmark MLP (features -> hidden -> classes, Linear + ReLU) computes the summed
 cross-entropy forward + backward of ``rows`` rows on private parameters, as a DDP rank (or a memtrain
@@ -57,7 +57,7 @@ def time_updates(shape: Shape, rows: int, threads: int, updates: int, seed: int 
     import torch
     import torch.nn.functional as F
 
-    from memtrain.benchmarks.torch_binding import torch_mlp
+    from benchmarks.torch_binding import torch_mlp
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
@@ -163,7 +163,7 @@ def gemm_backends(shape: Shape, rows: int, repeats: int) -> dict[str, float]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m memtrain.benchmarks.torch_contention", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.torch_contention", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1e6,1e7")
     parser.add_argument("--rows", type=int, default=256, help="rows per process (default %(default)s: 512 / 2)")

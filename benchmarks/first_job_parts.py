@@ -1,6 +1,6 @@
 """The README's first command -> where its time goes, from a plain loop up to memtrain, each step measured.
 
-    python -m memtrain.benchmarks.first_job_parts [--repeats N]
+    python -m benchmarks.first_job_parts [--repeats N]
 
 Loops in this process, each adding one thing that memtrain does by its plan or its guarantees:
 
@@ -253,7 +253,7 @@ def report(measured: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m memtrain.benchmarks.first_job_parts", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.first_job_parts", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5, help="runs of each measurement (default %(default)s)")
     args = parser.parse_args(argv)

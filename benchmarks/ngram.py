@@ -4,8 +4,8 @@ probabilities (float32, the same shape).
 
 At order 4 over 64 symbols with 32 next symbols, one partial is 64**4 x 32 float64 = 4.3 GB and the solved
 table 2.1 GB: the scale at which partials can no longer be pickled or held twice. Use it with
-``[model] kind = "memtrain.benchmarks.ngram:NgramCounts"`` and ``[data] normalize = false`` (the features are
-symbol numbers). ``python -m memtrain.benchmarks.ngram`` makes a dataset, trains it under a memory sampler and
+``[model] kind = "benchmarks.ngram:NgramCounts"`` and ``[data] normalize = false`` (the features are
+symbol numbers). ``python -m benchmarks.ngram`` makes a dataset, trains it under a memory sampler and
 checks every probability (see ``main``).
 """
 
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                    check=True)
     job = folder / "ngram.toml"
     job.write_text(f'[data]\npath = "{folder / "data"}"\nnormalize = false\n[model]\n'
-                   f'kind = "memtrain.benchmarks.ngram:NgramCounts"\nsymbols = {args.symbols}\n'
+                   f'kind = "benchmarks.ngram:NgramCounts"\nsymbols = {args.symbols}\n'
                    f"[train]\nworkers = {args.workers}\ntasks_per_update = {args.tasks}\ntask_timeout = 3600\n"
                    f"chunk_rows = {args.chunk_rows}\n"
                    f'[run]\ndir = "{folder / "run"}"\nkeep_checkpoints = 1\nkeep_versions = 1\n')

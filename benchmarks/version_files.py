@@ -1,6 +1,6 @@
 """A weight version as one file or as slice files: what a gradient task pays to read it (docs/cluster.md).
 
-Run: ``python -m memtrain.benchmarks.version_files [--params 1e7] [--repeats 15] [--dir DIR]``. A version
+Run: ``python -m benchmarks.version_files [--params 1e7] [--repeats 15] [--dir DIR]``. A version
 of ``--params`` float32 values is written once as one ``.npy`` and once as 4 and as 16 slice files; then,
 per layout, the median (and the least) time of one read as a gradient task needs it, the layouts
 interleaved: the one file mapped and read in place, or the slice files mapped and copied into one
