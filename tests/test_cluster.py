@@ -50,6 +50,7 @@ from memtrain.train.optim import OptimizerConfig  # noqa: E402
 from memtrain.train.pools import open_cluster  # noqa: E402
 from memtrain.train.sliced import SlicedParticipant  # noqa: E402
 from memtrain.train.weights import publish_weights  # noqa: E402
+from memtrain.train.worker import WorkerState  # noqa: E402
 from tests.cluster_tasks import open_files_under  # noqa: E402
 from tests.dask_processes import DaskProcesses  # noqa: E402
 
@@ -474,7 +475,7 @@ def test_a_worker_that_joins_later_gets_a_slot_and_work_and_its_leaving_is_seen(
                         normalize=True, model_kind="mlp", model_options=(("hidden", [16]),), blas_threads=1,
                         optimizer=OptimizerConfig(), rounds=rounds)
     logs: list[str] = []
-    pool = ClusterPool(client, setup, server_probe(dataset, run, exchange), log=logs.append)
+    pool = ClusterPool(client, setup, server_probe(dataset, run, exchange), WorkerState, log=logs.append)
     late = []
     try:
         assert len(pool.slots) == 2

@@ -57,9 +57,8 @@ class Recording(Overlap):
     logbook moves it (a new version; fixed staleness's live bases)."""
 
     def __init__(self, stream: FakeStream, staleness: int = 0, checksums: dict[int, str] | None = None):
-        job = SimpleNamespace(train=SimpleNamespace(epochs=1))
         files = SimpleNamespace(exchange=Path("/nonexistent"))  # a stale gradient's file: none to delete here
-        super().__init__(job=job, files=files, stream=stream, logbook=None, per_epoch=1, look=lambda position: None)
+        super().__init__(epochs=1, files=files, stream=stream, logbook=None, per_epoch=1, look=lambda position: None)
         self.staleness, self.checksums = staleness, checksums or {}
         self.steps: list[tuple[Update, list[GradTask], int, float | None, dict]] = []
 

@@ -34,15 +34,16 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from memtrain.cluster.transport import ClusterPool, ClusterSlot
-from memtrain.train.messages import GradTask, Outcome, Result
+from memtrain.train.messages import BackupRule, GradTask, Outcome, Result
 from memtrain.train.plan import step_slices
-from memtrain.train.scheduler import BackupRule
 from memtrain.train.weights import BLOCK
+
+if TYPE_CHECKING:  # the pool's actors call ``follow`` here: the transport imports this module, not back
+    from memtrain.cluster.transport import ClusterPool, ClusterSlot
 
 NEXT_SECONDS = 30.0  # a worker's wait for a record is re-asked after this (so a lost server is noticed)
 AWAIT_SECONDS = 5.0  # the server's wait for a count is re-asked after this (so a lost scheduler is noticed)
@@ -434,9 +435,9 @@ def open_broadcast(pool: Any, *, rule: BackupRule | None, timeout: float, log: C
                    ) -> Broadcast | None:
     """The broadcast rounds on ``pool`` (a ClusterPool), the Board registered on its scheduler once per client;
     None (the per-task path throughout) for another transport or a scheduler that cannot load the Board."""
-    if not isinstance(pool, ClusterPool):
+    client = getattr(pool, "client", None)  # a ClusterPool's Dask client; another transport has none
+    if client is None:
         return None
-    client = pool.client
     if client.id in _REFUSED:
         return None
     if client.id not in _REGISTERED:

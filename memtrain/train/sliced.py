@@ -67,57 +67,58 @@ from memtrain.train.weights import BLOCK
 
 if TYPE_CHECKING:
     from memtrain.cluster.broadcast import Answer, Broadcast
-    from memtrain.train.worker import WorkerState
+    from memtrain.models.params import ParamLayout
+    from memtrain.train.optim import OptimizerConfig
 
 DIGEST_BYTES = 16  # files.block_digest
 FINISH_SECONDS = 30.0  # at a stretch's end, the longest the server waits for the round's loops to return
 
 
-def step_slice(state: WorkerState, message: StepTask) -> Result:
-    """A worker's part of a step: slice [lo, hi) of version ``message.version`` + 1 and its optimizer state."""
-    setup, size = state.setup, state.context.layout.size
-    lo, hi = message.lo, message.hi
-    exchange = state.exchange
-    weights = open_npy(weights_path(state.run_dir, message.version), shape=(size,), dtype=np.float32)
-    grads = [open_npy(exchange / streamed_gradient_name(message.update, task, attempt), shape=(size,),
-                      dtype=np.float32)[lo:hi] for task, attempt in enumerate(message.attempts)]
-    slots = state_slots(setup.optimizer)
-    parity = message.version % 2
-    state_in = {slot: open_npy(exchange / state_buffer_name(slot, parity), shape=(size,), dtype=np.float32)[lo:hi]
-                for slot in slots}
-    MappedBytes.read += (len(grads) + 1 + len(slots)) * (hi - lo) * 4
-    out, state_out = slice_buffers(state, hi - lo, slots)
-    digests = np.zeros((-(-(hi - lo) // BLOCK), DIGEST_BYTES), dtype=np.uint8)
-    trainable = state.context.layout.trainable
-    if not reduce_and_step(grads=grads, rows=message.rows, weights=weights[lo:hi], state_in=state_in,
-                           weights_out=out, state_out=state_out, lo=0, hi=hi - lo, optimizer=setup.optimizer,
-                           step=message.version + 1, lr=message.lr, digests=digests,
-                           trainable=None if trainable is None else trainable - lo, scratch=slice_scratch(state)):
-        return Result(task=message.task, attempt=message.attempt, outcome=Outcome.NONFINITE)
-    sync = sync_needed(exchange)
-    write_slice(building_path(state.run_dir, message.version + 1, setup.server_pid), lo, out, size, sync)
-    for slot in slots:
-        write_slice(exchange / state_building_name(slot, message.version + 1), lo, state_out[slot], size, sync)
-    return Result(task=message.task, attempt=message.attempt, outcome=Outcome.DONE, rows=hi - lo,
-                  digests=digests.tobytes())
-
-
-def slice_buffers(state: WorkerState, length: int, slots: tuple[str, ...]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """The slice's new weights and optimizer state, computed in the worker's own memory (kept between steps):
-    written to the shared files with ``pwrite``, never through a shared map, so that only the slice's own
+class SliceStep:
+    """A worker's part of a cluster's step: slice [lo, hi) of version ``message.version`` + 1 and its optimizer
+    state. Its new weights and optimizer state are computed in the worker's own memory (kept between steps)
+    and written to the shared files with ``pwrite``, never through a shared map, so that only the slice's own
     bytes leave the machine (a map's dirty page at a slice's edge would carry a neighbour's bytes too)."""
-    kept = getattr(state, "slice_memory", None)
-    if kept is None or kept[0].size != length or set(kept[1]) != set(slots):
-        kept = (np.empty(length, dtype=np.float32), {slot: np.empty(length, dtype=np.float32) for slot in slots})
-        state.slice_memory = kept  # type: ignore[attr-defined]
-    return kept
 
+    def __init__(self, *, layout: ParamLayout, optimizer: OptimizerConfig, server_pid: int, run_dir: Path,
+                 exchange: Path):
+        self.layout, self.optimizer, self.server_pid = layout, optimizer, server_pid
+        self.run_dir, self.exchange = run_dir, exchange
+        self.slots = state_slots(optimizer)
+        self.memory: tuple[np.ndarray, dict[str, np.ndarray]] | None = None
+        self.scratch = Scratch()
 
-def slice_scratch(state: WorkerState) -> Scratch:
-    scratch = getattr(state, "slice_scratch", None)
-    if scratch is None:
-        scratch = state.slice_scratch = Scratch()  # type: ignore[attr-defined]
-    return scratch
+    def __call__(self, message: StepTask) -> Result:
+        size, slots, exchange = self.layout.size, self.slots, self.exchange
+        lo, hi = message.lo, message.hi
+        weights = open_npy(weights_path(self.run_dir, message.version), shape=(size,), dtype=np.float32)
+        grads = [open_npy(exchange / streamed_gradient_name(message.update, task, attempt), shape=(size,),
+                          dtype=np.float32)[lo:hi] for task, attempt in enumerate(message.attempts)]
+        parity = message.version % 2
+        state_in = {slot: open_npy(exchange / state_buffer_name(slot, parity), shape=(size,),
+                                   dtype=np.float32)[lo:hi] for slot in slots}
+        MappedBytes.read += (len(grads) + 1 + len(slots)) * (hi - lo) * 4
+        out, state_out = self.buffers(hi - lo)
+        digests = np.zeros((-(-(hi - lo) // BLOCK), DIGEST_BYTES), dtype=np.uint8)
+        trainable = self.layout.trainable
+        if not reduce_and_step(grads=grads, rows=message.rows, weights=weights[lo:hi], state_in=state_in,
+                               weights_out=out, state_out=state_out, lo=0, hi=hi - lo, optimizer=self.optimizer,
+                               step=message.version + 1, lr=message.lr, digests=digests,
+                               trainable=None if trainable is None else trainable - lo, scratch=self.scratch):
+            return Result(task=message.task, attempt=message.attempt, outcome=Outcome.NONFINITE)
+        sync = sync_needed(exchange)
+        write_slice(building_path(self.run_dir, message.version + 1, self.server_pid), lo, out, size, sync)
+        for slot in slots:
+            write_slice(exchange / state_building_name(slot, message.version + 1), lo, state_out[slot], size, sync)
+        return Result(task=message.task, attempt=message.attempt, outcome=Outcome.DONE, rows=hi - lo,
+                      digests=digests.tobytes())
+
+    def buffers(self, length: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The slice's new weights and optimizer state, kept between steps of the same length."""
+        if self.memory is None or self.memory[0].size != length:
+            self.memory = (np.empty(length, dtype=np.float32),
+                           {slot: np.empty(length, dtype=np.float32) for slot in self.slots})
+        return self.memory
 
 
 @functools.cache

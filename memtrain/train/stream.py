@@ -42,7 +42,9 @@ from memtrain.train.rounds import Participant, RoundFiles
 from memtrain.train.weights import ready_building
 
 if TYPE_CHECKING:
-    from memtrain.train.worker import WorkerState
+    from memtrain.models.params import ParamLayout
+    from memtrain.train.gradient import TaskGradient
+    from memtrain.train.maps import MapCache
 
 PAGE_FLOATS = 4096 // 4  # float32 values per page: one write each maps every page of a new version's file
 RunTasks = Callable[[list[GradTask], Callable[[], None]], list[Result]]  # tasks, the server's work meanwhile
@@ -56,39 +58,49 @@ class MappedBytes:
     read = 0
 
 
-def gradient(state: WorkerState, message: GradTask) -> Result:
-    """A worker's part: the gradient of ``message``'s rows at its version, into a new file of its own name."""
-    context = state.context
-    size = context.layout.size
-    weights = state.maps.get(weights_path(state.run_dir, message.version), (size,), np.float32)
-    MappedBytes.read += weights.nbytes
-    x, y = state.task_rows(message.epoch, message.lo, message.hi)
-    path = state.exchange / streamed_gradient_name(message.update, message.task, message.attempt)
-    mapped = spare_map(state, message) if message.in_place else None
-    out = mapped if mapped is not None else state.scratch(size)
-    # the compute alone is timed, as in the round: the file is the stream's cost
-    loss, seconds = state.gradient(weights, context.layout.views(weights), x, y, context.layout.views(out),
-                                   version=message.version, task=message.task)
-    if mapped is not None:
-        os.rename(state.exchange / message.spare, path)  # only this task's attempts are handed this spare
-    elif not (message.spare and rewrite(state.exchange / message.spare, path, out)):
-        # pwrite from memory the process keeps: twice as fast as faulting in a new file's map
-        with writing_npy_rows(path, (size,), np.float32, durable=False) as rows:
-            rows.write(0, out)
-    fault_point("after_grad_write")
-    return Result(task=message.task, attempt=message.attempt, outcome=Outcome.DONE, loss=loss,
-                  rows=message.hi - message.lo, seconds=seconds)
+class StreamedGradient:
+    """A worker's part of a streamed gradient task: the gradient of a task's rows at the version it names, into a
+    new file of its own name. ``rows(epoch, lo, hi)``: a task's rows, normalized (the worker's ``TaskRows``);
+    ``gradient``: this process's loss and gradient (train/gradient.py); ``maps``: its maps kept between tasks."""
 
+    def __init__(self, *, layout: ParamLayout, maps: MapCache, run_dir: Path, exchange: Path,
+                 rows: Callable[[int, int, int], tuple[np.ndarray, np.ndarray]], gradient: TaskGradient):
+        self.layout, self.maps, self.run_dir, self.exchange = layout, maps, run_dir, exchange
+        self.rows, self.gradient = rows, gradient
+        self.scratch = np.empty(0, dtype=np.float32)  # the gradient computed into it, kept between tasks
 
-def spare_map(state: WorkerState, message: GradTask) -> np.ndarray | None:
-    """A writable map of the spare ``message`` names, to compute its gradient into (no copy); None if it is gone
-    (an attempt of the task that died after renaming it). Maps are kept by inode (train/maps.py) and spares are
-    recycled, so the pages are mapped already. One machine only: across machines a map's writes are not what
-    another machine's open reads (close-to-open), so a cluster run's tasks never ask for it."""
-    try:
-        return state.maps.get(state.exchange / message.spare, (state.context.layout.size,), np.float32, "r+")
-    except (FileNotFoundError, MemtrainError):
-        return None
+    def __call__(self, message: GradTask) -> Result:
+        layout, size = self.layout, self.layout.size
+        weights = self.maps.get(weights_path(self.run_dir, message.version), (size,), np.float32)
+        MappedBytes.read += weights.nbytes
+        x, y = self.rows(message.epoch, message.lo, message.hi)
+        path = self.exchange / streamed_gradient_name(message.update, message.task, message.attempt)
+        mapped = self.spare_map(message) if message.in_place else None
+        if mapped is None and self.scratch.size != size:
+            self.scratch = np.empty(size, dtype=np.float32)
+        out = mapped if mapped is not None else self.scratch
+        # the compute alone is timed, as in the round: the file is the stream's cost
+        loss, seconds = self.gradient(weights, layout.views(weights), x, y, layout.views(out),
+                                      version=message.version, task=message.task)
+        if mapped is not None:
+            os.rename(self.exchange / message.spare, path)  # only this task's attempts are handed this spare
+        elif not (message.spare and rewrite(self.exchange / message.spare, path, out)):
+            # pwrite from memory the process keeps: twice as fast as faulting in a new file's map
+            with writing_npy_rows(path, (size,), np.float32, durable=False) as rows:
+                rows.write(0, out)
+        fault_point("after_grad_write")
+        return Result(task=message.task, attempt=message.attempt, outcome=Outcome.DONE, loss=loss,
+                      rows=message.hi - message.lo, seconds=seconds)
+
+    def spare_map(self, message: GradTask) -> np.ndarray | None:
+        """A writable map of the spare ``message`` names, to compute its gradient into (no copy); None if it is
+        gone (an attempt of the task that died after renaming it). Maps are kept by inode (train/maps.py) and
+        spares are recycled, so the pages are mapped already. One machine only: across machines a map's writes
+        are not what another machine's open reads (close-to-open), so a cluster run's tasks never ask for it."""
+        try:
+            return self.maps.get(self.exchange / message.spare, (self.layout.size,), np.float32, "r+")
+        except (FileNotFoundError, MemtrainError):
+            return None
 
 
 def rewrite(spare: Path, path: Path, values: np.ndarray) -> bool:
