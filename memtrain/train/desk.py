@@ -53,11 +53,11 @@ from memtrain.faults import fault_point
 from memtrain.files import DIGEST_BYTES, allocate_npy, open_fd, open_npy
 from memtrain.layout import ASYNC_DESK, ASYNC_RECORDS, ASYNC_TASKS, desk_buffer_name
 from memtrain.train.logbook import Logbook
+from memtrain.train.mapped import RoundFiles
 from memtrain.train.marks import GRADIENT, PUBLISHED, SKIPPED, STEP, WAITING, Cancelled
 from memtrain.train.messages import Outcome, Stretch
 from memtrain.train.optim import learning_rate
 from memtrain.train.plan import TaskRange, Update, async_updates_per_epoch, task_stream
-from memtrain.train.rounds import RoundFiles
 from memtrain.train.schedule import Arrival
 from memtrain.train.state import Position
 from memtrain.train.weights import weights_digest

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,12 +32,12 @@ from memtrain.stopping import StopRequest
 from memtrain.train.counters import update_number
 from memtrain.train.desk import DeskLog, create_desk
 from memtrain.train.exchange import InServer
-from memtrain.train.logbook import Logbook, Looks
+from memtrain.train.logbook import Logbook
+from memtrain.train.mapped import RoundFiles
 from memtrain.train.marks import GRADIENT, PUBLISH, READYING, STEP, Activity, Board, Ledger
 from memtrain.train.messages import Engine, Outcome, Stretch
 from memtrain.train.overlap import Overlap
 from memtrain.train.plan import Plan, RowWords, step_slices, task_stream
-from memtrain.train.rounds import RoundFiles
 from memtrain.train.schedule import Agenda, Arrival, Planned, Recorded
 from memtrain.train.scheduler import Scheduler
 from memtrain.train.sliced import SlicedParticipant
@@ -45,9 +46,53 @@ from memtrain.train.weights import BLOCK, ready_building, rounds_keep, unpublish
 
 if TYPE_CHECKING:
     from memtrain.config import TrainConfig
+    from memtrain.progress import Reporter
     from memtrain.train.lineage import Lineage
     from memtrain.train.placement import Placement
     from memtrain.train.pools import OnCluster, Streamed
+
+
+PROGRESS_SECONDS = 0.2  # between the server's looks at the work in flight: logs and the progress line
+
+
+class Looks:
+    """The server's looks between two updates: the logbook's lines written and the progress line shown, at most
+    every PROGRESS_SECONDS (``due``). ``epoch`` hands it the epoch's progress bar (the epoch loop's)."""
+
+    def __init__(self, logbook: Logbook):
+        self.logbook = logbook
+        self.bar: Reporter | None = None
+        self.epoch_started = time.monotonic()
+        self.next_look = 0.0
+
+    def epoch(self, bar: Reporter | None, started: float) -> None:
+        self.bar, self.epoch_started = bar, started
+
+    def due(self) -> bool:
+        """Whether PROGRESS_SECONDS have passed since the server last looked between two updates."""
+        now = time.monotonic()
+        if now < self.next_look:
+            return False
+        self.next_look = now + PROGRESS_SECONDS
+        return True
+
+    def report(self, position: Position) -> None:
+        """The lines logged so far written; the progress line (loss and speed of the epoch so far) shown."""
+        self.logbook.write()
+        if self.bar is not None:
+            rate = position.epoch_rows / max(time.monotonic() - self.epoch_started, 1e-9)
+            self.bar.update(position.batch, f"loss {position.epoch_loss / max(position.epoch_rows, 1):.4f}"
+                                            f"  {rate:,.0f} samples/s")
+
+    def between_updates(self, position: Position) -> None:
+        """A look between two updates the server steps itself, now and then."""
+        if self.due():
+            self.report(position)
+
+    def stretch(self, position: Position, ledger: Ledger) -> None:
+        """A look at a running stretch: the updates up to ``ledger`` logged, progress shown."""
+        self.logbook.catch_up(position, ledger, final=False)
+        self.report(position)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

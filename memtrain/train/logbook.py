@@ -10,10 +10,9 @@ loses only lines that a resume rewrites anyway (it truncates the logs to its che
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -30,9 +29,6 @@ from memtrain.train.plan import Plan, TaskRange, Update, gradient_bank, live_bas
 from memtrain.train.run_dir import RunDir
 from memtrain.train.state import Position
 from memtrain.train.weights import commit_weights
-
-if TYPE_CHECKING:
-    from memtrain.progress import Reporter
 
 
 class Logbook:
@@ -162,45 +158,3 @@ class Logbook:
             self.run.metric(*self.metrics)
             self.metrics.clear()
 
-
-PROGRESS_SECONDS = 0.2  # between the server's looks at the work in flight: logs and the progress line
-
-
-class Looks:
-    """The server's looks between two updates: the logbook's lines written and the progress line shown, at most
-    every PROGRESS_SECONDS (``due``). ``epoch`` hands it the epoch's progress bar (the epoch loop's)."""
-
-    def __init__(self, logbook: Logbook):
-        self.logbook = logbook
-        self.bar: Reporter | None = None
-        self.epoch_started = time.monotonic()
-        self.next_look = 0.0
-
-    def epoch(self, bar: Reporter | None, started: float) -> None:
-        self.bar, self.epoch_started = bar, started
-
-    def due(self) -> bool:
-        """Whether PROGRESS_SECONDS have passed since the server last looked between two updates."""
-        now = time.monotonic()
-        if now < self.next_look:
-            return False
-        self.next_look = now + PROGRESS_SECONDS
-        return True
-
-    def report(self, position: Position) -> None:
-        """The lines logged so far written; the progress line (loss and speed of the epoch so far) shown."""
-        self.logbook.write()
-        if self.bar is not None:
-            rate = position.epoch_rows / max(time.monotonic() - self.epoch_started, 1e-9)
-            self.bar.update(position.batch, f"loss {position.epoch_loss / max(position.epoch_rows, 1):.4f}"
-                                            f"  {rate:,.0f} samples/s")
-
-    def between_updates(self, position: Position) -> None:
-        """A look between two updates the server steps itself, now and then."""
-        if self.due():
-            self.report(position)
-
-    def stretch(self, position: Position, ledger: Ledger) -> None:
-        """A look at a running stretch: the updates up to ``ledger`` logged, progress shown."""
-        self.logbook.catch_up(position, ledger, final=False)
-        self.report(position)

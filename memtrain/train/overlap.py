@@ -40,10 +40,10 @@ import numpy as np
 
 from memtrain.layout import spare_gradient_name, streamed_gradient_name
 from memtrain.train.logbook import Logbook
+from memtrain.train.mapped import RoundFiles
 from memtrain.train.messages import GradTask
 from memtrain.train.optim import learning_rate
 from memtrain.train.plan import TaskRange, Update
-from memtrain.train.rounds import RoundFiles
 from memtrain.train.schedule import Agenda, Arrived
 from memtrain.train.scheduler import TaskStream
 from memtrain.train.state import Position

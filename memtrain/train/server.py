@@ -59,6 +59,7 @@ from memtrain.train.engines import (
     Desk,
     EngineContext,
     EpochEngine,
+    Looks,
     Rounds,
     ServerSteps,
     between_updates,
@@ -66,7 +67,7 @@ from memtrain.train.engines import (
 )
 from memtrain.train.exchange import InServer, WorkerPool
 from memtrain.train.lineage import Lineage, solve_record
-from memtrain.train.logbook import Logbook, Looks
+from memtrain.train.logbook import Logbook
 from memtrain.train.marks import (
     Board,
     create_records,

@@ -33,6 +33,7 @@ from memtrain.train.context import ModelContext, model_context
 from memtrain.train.desk import DeskParticipant
 from memtrain.train.gradient import TaskGradient
 from memtrain.train.launch import exit_at_once
+from memtrain.train.mapped import ROW_CACHE_BYTES, RoundFiles, RowCache, TaskRows, round_plan
 from memtrain.train.maps import MapCache
 from memtrain.train.marks import Board
 from memtrain.train.memory import apply_test_limit
@@ -54,7 +55,7 @@ from memtrain.train.messages import (
 )
 from memtrain.train.metrics import evaluation, task_statistics, write_task_statistics
 from memtrain.train.plan import Plan
-from memtrain.train.rounds import ROW_CACHE_BYTES, Participant, RoundFiles, RowCache, TaskRows, round_plan
+from memtrain.train.rounds import Participant
 from memtrain.train.sliced import SliceStep
 from memtrain.train.stream import StreamedGradient
 
