@@ -70,8 +70,13 @@ def chosen(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
 
         engine.run, engine.close = counted_run, counted_close
         if isinstance(engine, ServerSteps):
-            agenda = engine.agenda
-            engine.agenda = lambda position: entry["agendas"].append(agenda(position)) or entry["agendas"][-1]
+            schedule = engine.schedule
+
+            def agenda(position: object, updates: object) -> object:
+                entry["agendas"].append(schedule.agenda(position, updates))
+                return entry["agendas"][-1]
+
+            engine.schedule = SimpleNamespace(agenda=agenda)
         return engine
 
     monkeypatch.setattr(server.Trainer, "choose", recording)
@@ -129,7 +134,7 @@ def test_an_engine_is_handed_its_context_never_the_trainer() -> None:
     with pytest.raises(TypeError):
         EngineContext(**{name: None for name in fields} | {"extra": None})
     signature = inspect.signature(ServerSteps)
-    assert list(signature.parameters) == ["context", "files", "agenda"]
+    assert list(signature.parameters) == ["context", "files", "schedule"]
     assert "server" not in {name.split(".")[-1] for name in engines_imports()}, "engines never import the server"
 
 

@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 import time
 from collections.abc import Callable
@@ -38,7 +37,7 @@ from memtrain.train.marks import GRADIENT, PUBLISH, READYING, STEP, Activity, Bo
 from memtrain.train.messages import Engine, Outcome, Stretch
 from memtrain.train.overlap import Overlap
 from memtrain.train.plan import Plan, RowWords, step_slices, task_stream
-from memtrain.train.schedule import Agenda, Arrival, Planned, Recorded
+from memtrain.train.schedule import Arrival, Planned, Recorded, Schedule
 from memtrain.train.scheduler import Scheduler
 from memtrain.train.sliced import SlicedParticipant
 from memtrain.train.state import Position
@@ -335,10 +334,10 @@ class Desk:
 
 class ServerSteps:
     """The server steps the whole vector, the gradients streamed to it (train/overlap.py): the one loop, run
-    with the agenda ``agenda(position)`` makes (an epoch's, or a replay's whole)."""
+    with the agenda its ``schedule`` makes (an epoch's, or a replay's whole)."""
 
-    def __init__(self, context: EngineContext, *, files: RoundFiles, agenda: Callable[[Position], Agenda]):
-        self.context, self.agenda = context, agenda
+    def __init__(self, context: EngineContext, *, files: RoundFiles, schedule: Schedule):
+        self.context, self.schedule = context, schedule
         self.overlap = Overlap(epochs=context.train.epochs, files=files,
                                stream=context.scheduler.stream(context.placement.transport),
                                logbook=context.logbook, per_epoch=context.per_epoch,
@@ -346,7 +345,7 @@ class ServerSteps:
 
     def run(self, position: Position) -> None:
         try:
-            self.overlap.run(position, self.agenda(position))
+            self.overlap.run(position, self.schedule.agenda(position, self.context.plan.updates(position.epoch)))
         finally:
             self.context.logbook.write()
 
@@ -357,15 +356,16 @@ class ServerSteps:
         self.overlap.close()
 
 
-def server_agenda(train: TrainConfig, plan: Plan, per_epoch: int,
-                  lineage: Lineage | None) -> Callable[[Position], Agenda]:
-    """The schedule the server steps: a replay's record, async's arrival order, or the plan's fixed staleness."""
-    if lineage is not None:
-        recorded = Recorded(lineage.steps)
-        return lambda position: recorded.agenda(position, lineage=lineage.path)
-    if train.mode == "async":
-        arrival, tickets = Arrival(group=train.async_group, max_staleness=train.max_staleness), itertools.count(1)
-        return lambda position: arrival.agenda(task_stream(plan.updates(position.epoch)), position,
-                                               per_epoch=per_epoch, tickets=tickets)
-    planned = Planned(staleness=train.staleness)
-    return lambda position: planned.agenda(plan.updates(position.epoch), position)
+# The schedule the server steps, by the run's kind: a replay's record, async's arrival order, or the plan
+# (synchronous, or fixed staleness k): chosen once (``server_schedule``), then only asked for agendas.
+SCHEDULES: dict[str, Callable[[TrainConfig, int, Lineage | None], Schedule]] = {
+    "replay": lambda train, per_epoch, lineage: Recorded(lineage.steps, lineage.path),
+    "async": lambda train, per_epoch, lineage: Arrival(group=train.async_group, max_staleness=train.max_staleness,
+                                                       per_epoch=per_epoch),
+    "sync": lambda train, per_epoch, lineage: Planned(staleness=train.staleness),
+}
+
+
+def server_schedule(train: TrainConfig, per_epoch: int, lineage: Lineage | None) -> Schedule:
+    """The schedule of the server's engine: ``SCHEDULES``' entry for a replay, or for ``train.mode``."""
+    return SCHEDULES["replay" if lineage is not None else train.mode](train, per_epoch, lineage)

@@ -63,7 +63,7 @@ from memtrain.train.engines import (
     Rounds,
     ServerSteps,
     between_updates,
-    server_agenda,
+    server_schedule,
 )
 from memtrain.train.exchange import InServer, WorkerPool
 from memtrain.train.lineage import Lineage, solve_record
@@ -371,7 +371,7 @@ class Trainer:
         if train.mode == "async" and self.lineage is None and isinstance(placement.transport, WorkerPool):
             return placement, Desk
         return placement, partial(ServerSteps, files=self.in_server.state.rounds(),
-                                  agenda=server_agenda(train, self.plan, self.per_epoch, self.lineage))
+                                  schedule=server_schedule(train, self.per_epoch, self.lineage))
 
     def _overlap_placement(self, position: Position) -> Streamed:
         """The overlapping modes stream their gradients to ``train.workers`` processes, or (0, or "auto" when
