@@ -30,7 +30,7 @@ from tiny_data import blobs, write_dataset  # noqa: E402
 from memtrain.benchmarks.cluster_costs import print_costs, run_costs  # noqa: E402
 from memtrain.cli import main  # noqa: E402
 from memtrain.cluster.address import parse_cluster  # noqa: E402
-from memtrain.cluster.broadcast import Board, Broadcast  # noqa: E402
+from memtrain.cluster.broadcast import Broadcast, BroadcastPlugin  # noqa: E402
 from memtrain.cluster.connect import connected  # noqa: E402
 from memtrain.cluster.sharedfs import server_probe  # noqa: E402
 from memtrain.cluster.transport import ClusterPool  # noqa: E402
@@ -344,7 +344,7 @@ def test_a_cluster_run_gives_the_weights_of_a_local_run_bitwise(cluster, dataset
 
 def test_a_scheduler_that_cannot_load_the_broadcast_plugin_runs_every_update_per_task(
         cluster, dataset: Path, local_digest, tmp_path: Path, monkeypatch) -> None:
-    """The Board is unpickled on the scheduler: one without memtrain (stood in for by a refusing
+    """The BroadcastPlugin is unpickled on the scheduler: one without memtrain (stood in for by a refusing
     ``register_plugin``) is said once in the event log, and every update's tasks and slices go one call each."""
     dask, _ = cluster
     sent: list = []
@@ -354,7 +354,7 @@ def test_a_scheduler_that_cannot_load_the_broadcast_plugin_runs_every_update_per
     register = Client.register_plugin
 
     def refuse(client: Client, plugin: object, *args: object, **options: object) -> object:
-        if isinstance(plugin, Board):
+        if isinstance(plugin, BroadcastPlugin):
             raise ModuleNotFoundError("No module named 'memtrain.cluster.broadcast'")
         return register(client, plugin, *args, **options)  # the memory monitor's plugins (cluster/memory.py)
 

@@ -65,9 +65,14 @@ Glossary (one name per concept, everywhere in this package):
     schedule     what is computed: which gradients each update adds, at which version (schedule.py)
     agenda       a schedule's state over one epoch (a replay: the whole lineage): what can start, which
                  arrived gradients form the next update (schedule.Agenda)
-    engine       who steps (engines.py): the rounds (slices, marks; on a cluster, the server's stretch),
-                 the desk (groups), or the server (the whole vector, streamed); messages.Engine names the
-                 loop a worker runs a stretch with (the first two)
+    engine       who steps, on the server's side (engines.py): Rounds (slices, marks), ClusterRounds (the
+                 server's stretch on a cluster), Desk (groups), ServerSteps (the whole vector, streamed); each
+                 is handed an EngineContext, what it uses of the server
+    loop         what a worker runs a stretch with (messages.Loop): the rounds' or the desk's
+    desk         async mode's meeting place on worker processes: the engine engines.Desk, its file and lock
+                 desk.DeskFile
+    board        the round's marks, ledger and activities (marks.Board); a cluster's broadcast round keeps
+                 its records in a scheduler plugin, cluster/broadcast.BroadcastPlugin
     stretch      a run of updates handed to every participant at once (messages.Stretch)
     slot         a participant's number in a stretch (a worker process, or the server itself)
     generation   a stretch's number: the marks of an older stretch never count for a newer one

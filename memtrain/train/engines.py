@@ -34,7 +34,7 @@ from memtrain.train.exchange import InServer
 from memtrain.train.logbook import Logbook
 from memtrain.train.mapped import RoundFiles
 from memtrain.train.marks import GRADIENT, PUBLISH, READYING, STEP, Activity, Board, Ledger
-from memtrain.train.messages import Engine, Outcome, Stretch
+from memtrain.train.messages import Loop, Outcome, Stretch
 from memtrain.train.overlap import Overlap
 from memtrain.train.plan import Plan, RowWords, step_slices, task_stream
 from memtrain.train.schedule import Arrival, Planned, Recorded, Schedule
@@ -297,7 +297,7 @@ class Desk:
         log = DeskLog(exchange, train.async_group, tasks, ranges, c.per_epoch)
         stretches = [Stretch(generation=self.generation, epoch=position.epoch, first=position.batch,
                              stop=c.per_epoch, version=position.version, slot=slot, participants=participants,
-                             slices=0, engine=Engine.DESK, group=train.async_group, max_staleness=train.max_staleness)
+                             slices=0, loop=Loop.DESK, group=train.async_group, max_staleness=train.max_staleness)
                      for slot in range(participants)]
 
         def look() -> None:

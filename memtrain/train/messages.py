@@ -57,10 +57,10 @@ class WorkerSetup:
     target_scale: TargetScale | None = None  # data.scale_target: the server's, computed once (models/target_scale.py)
 
 
-class Engine(enum.Enum):
+class Loop(enum.Enum):
     """Which loop a worker runs a stretch with (train/worker.py): the participants meeting at marks, each
     stepping a slice (train/rounds.py), or each claiming tasks at the desk and stepping whole groups
-    (train/desk.py). The engines on the server's side, the server's own too, are train/engines.py's."""
+    (train/desk.py). The engines on the server's side, which send these stretches, are train/engines.py's."""
 
     ROUNDS = "rounds"
     DESK = "desk"
@@ -85,7 +85,7 @@ class Stretch:
     participants: int
     slices: int
     bases: tuple[tuple[int, int], ...] = ()  # fixed staleness: (updates done, the version then) still read
-    engine: Engine = Engine.ROUNDS
+    loop: Loop = Loop.ROUNDS
     # at the desk (train/desk.py): gradients per group, and the staleness allowed
     group: int = 1
     max_staleness: int = 0

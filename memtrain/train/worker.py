@@ -38,9 +38,9 @@ from memtrain.train.maps import MapCache
 from memtrain.train.marks import Board
 from memtrain.train.memory import apply_test_limit
 from memtrain.train.messages import (
-    Engine,
     EvalTask,
     GradTask,
+    Loop,
     Message,
     Outcome,
     Ready,
@@ -246,7 +246,7 @@ class WorkerState:
         return self._rounds
 
     def stretch(self, stretch: Stretch) -> StretchEnd:
-        if stretch.engine is Engine.DESK:
+        if stretch.loop is Loop.DESK:
             outcome = DeskParticipant(self.rounds(), stretch, alive=self.alive).run()
             return StretchEnd(generation=stretch.generation, slot=stretch.slot, outcome=outcome)
         outcome = Participant(self.rounds(), stretch, alive=self.alive, heartbeat=self.heartbeat).run()
