@@ -10,9 +10,8 @@ import time
 
 import pytest
 
-from memtrain.train.exchange import Event, Slot
-from memtrain.train.messages import GradTask, Message, Outcome, Result
-from memtrain.train.scheduler import BackupRule, Scheduler
+from memtrain.train.messages import BackupRule, Event, GradTask, Message, Outcome, Result, Slot
+from memtrain.train.scheduler import Scheduler
 
 
 class Timed:
@@ -55,7 +54,7 @@ class Timed:
 
 def scheduler(logs: list[str], discarded: list, rule: BackupRule | None) -> Scheduler:
     return Scheduler(task_timeout=60, max_attempts=3, describe_task=lambda t: f"task {t.task}",
-                     describe_activity=lambda a: "an activity", log=logs.append, stop_requested=lambda: False,
+                     log=logs.append, stop_requested=lambda: False,
                      discard=discarded.append, backup=rule)
 
 

@@ -30,7 +30,7 @@ from tiny_data import blobs, write_dataset  # noqa: E402
 from memtrain.benchmarks.cluster_costs import print_costs, run_costs  # noqa: E402
 from memtrain.cli import main  # noqa: E402
 from memtrain.cluster.address import parse_cluster  # noqa: E402
-from memtrain.cluster.broadcast import Board, Broadcast  # noqa: E402
+from memtrain.cluster.broadcast import Broadcast, BroadcastPlugin  # noqa: E402
 from memtrain.cluster.connect import connected  # noqa: E402
 from memtrain.cluster.sharedfs import server_probe  # noqa: E402
 from memtrain.cluster.transport import ClusterPool  # noqa: E402
@@ -50,6 +50,7 @@ from memtrain.train.optim import OptimizerConfig  # noqa: E402
 from memtrain.train.pools import open_cluster  # noqa: E402
 from memtrain.train.sliced import SlicedParticipant  # noqa: E402
 from memtrain.train.weights import publish_weights  # noqa: E402
+from memtrain.train.worker import WorkerState  # noqa: E402
 from tests.cluster_tasks import open_files_under  # noqa: E402
 from tests.dask_processes import DaskProcesses  # noqa: E402
 
@@ -345,7 +346,7 @@ def test_a_cluster_run_gives_the_weights_of_a_local_run_bitwise(cluster, dataset
 
 def test_a_scheduler_that_cannot_load_the_broadcast_plugin_runs_every_update_per_task(
         cluster, dataset: Path, local_digest, tmp_path: Path, monkeypatch) -> None:
-    """The Board is unpickled on the scheduler: one without memtrain (stood in for by a refusing
+    """The BroadcastPlugin is unpickled on the scheduler: one without memtrain (stood in for by a refusing
     ``register_plugin``) is said once in the event log, and every update's tasks and slices go one call each."""
     dask, _ = cluster
     sent: list = []
@@ -355,7 +356,7 @@ def test_a_scheduler_that_cannot_load_the_broadcast_plugin_runs_every_update_per
     register = Client.register_plugin
 
     def refuse(client: Client, plugin: object, *args: object, **options: object) -> object:
-        if isinstance(plugin, Board):
+        if isinstance(plugin, BroadcastPlugin):
             raise ModuleNotFoundError("No module named 'memtrain.cluster.broadcast'")
         return register(client, plugin, *args, **options)  # the memory monitor's plugins (cluster/memory.py)
 
@@ -476,7 +477,7 @@ def test_a_worker_that_joins_later_gets_a_slot_and_work_and_its_leaving_is_seen(
                         normalize=True, model_kind="mlp", model_options=(("hidden", [16]),), blas_threads=1,
                         optimizer=OptimizerConfig(), rounds=rounds)
     logs: list[str] = []
-    pool = ClusterPool(client, setup, server_probe(dataset, run, exchange), log=logs.append)
+    pool = ClusterPool(client, setup, server_probe(dataset, run, exchange), WorkerState, log=logs.append)
     late = []
     try:
         assert len(pool.slots) == 2

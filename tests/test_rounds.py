@@ -22,9 +22,9 @@ from memtrain.files import open_npy, publish_array
 from memtrain.layout import weight_versions, weights_path
 from memtrain.train import doorbell, placement
 from memtrain.train.doorbell import Doorbell
+from memtrain.train.mapped import RowCache, _private_bytes
 from memtrain.train.maps import MapCache
 from memtrain.train.placement import MIN_GAIN_S, PROBE_UPDATES, SPAWN_COST_S
-from memtrain.train.rounds import RowCache, _private_bytes
 from memtrain.train.scheduler import CORES
 
 pytestmark = pytest.mark.timeout(180)

@@ -106,7 +106,7 @@ def test_a_planned_agenda_starts_the_next_k_plus_1_updates_each_at_its_version(k
     versions = {n: 100 + n for n in range(batch + 1)}  # a skipped update would make these differ from n
     position = Position(batch=batch, version=versions[batch], bases=[[n, versions[n]] for n in
                                                                      range(max(0, batch - k), batch + 1)])
-    agenda, started = Planned(staleness=k).agenda(updates, position), []
+    agenda, started = Planned(staleness=k).agenda(position, updates), []
     agenda.start(lambda: 0, position.version, lambda **task: started.append(task))
     expected = [(n, versions[max(0, n - k)]) for n in range(batch, min(batch + k + 1, batch + extra))]
     assert [(t["update"], t["version"]) for t in started[::tasks]] == expected

@@ -10,8 +10,7 @@ import time
 import pytest
 
 from memtrain.errors import WorkerFailure
-from memtrain.train.exchange import Event, Slot
-from memtrain.train.messages import EvalTask, GradTask, Message, Outcome, Result
+from memtrain.train.messages import EvalTask, Event, GradTask, Message, Outcome, Result, Slot
 from memtrain.train.scheduler import Scheduler
 
 
@@ -60,7 +59,7 @@ class Scripted:
 
 def scheduler(logs: list[str], discarded: list, max_attempts: int = 3) -> Scheduler:
     return Scheduler(task_timeout=60, max_attempts=max_attempts, describe_task=lambda t: f"task {t.task}",
-                     describe_activity=lambda a: "an activity", log=logs.append, stop_requested=lambda: False,
+                     log=logs.append, stop_requested=lambda: False,
                      discard=discarded.append)
 
 

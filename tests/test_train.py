@@ -22,9 +22,9 @@ from memtrain.layout import ROUND_BOARD, checkpoint_updates, weight_versions, we
 from memtrain.train.context import model_context
 from memtrain.train.marks import Board, Cancelled, Ledger
 from memtrain.train.messages import (
-    Engine,
     EvalTask,
     GradTask,
+    Loop,
     Outcome,
     Ready,
     Result,
@@ -278,7 +278,7 @@ def test_messages_stay_small_whatever_the_sizes() -> None:
         Result(task=huge, attempt=99, outcome=Outcome.DONE, loss=1e300, rows=huge, correct=huge),
         StretchEnd(generation=huge, slot=huge, outcome=Outcome.CANCELLED),
         Stretch(generation=huge, epoch=huge, first=huge, stop=huge, version=huge, slot=huge, participants=huge,
-                slices=0, engine=Engine.DESK, group=huge, max_staleness=huge),
+                slices=0, loop=Loop.DESK, group=huge, max_staleness=huge),
         GradTask(task=huge, attempt=99, update=huge, version=huge, epoch=huge, lo=huge, hi=huge,
                  spare="g-s00000001-t00001-a001.npy", in_place=True),
         Stop(), Ready(pid=huge),

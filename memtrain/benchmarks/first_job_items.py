@@ -27,7 +27,7 @@ from memtrain.layout import RUN_METRICS
 ITEMS = (
     ("memtrain.models.mlp", "MLP.loss_and_grad", "the model's loss and gradient"),
     ("memtrain.train.gradient", "TaskGradient.__call__", "a gradient task (the model's included)"),
-    ("memtrain.train.rounds", "RoundFiles.rows", "the tasks' rows: read and normalized"),
+    ("memtrain.train.mapped", "RoundFiles.rows", "the tasks' rows: read and normalized"),
     ("memtrain.train.rounds", "reduce_and_step", "the step: sum, mean, optimizer, block digests"),
     ("memtrain.train.rounds", "Participant.ready", "version file: readying (the retired one recycled)"),
     ("memtrain.train.rounds", "Participant.publish", "version file: publication (digest, record, rename)"),

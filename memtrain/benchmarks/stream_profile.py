@@ -29,7 +29,7 @@ from typing import Any
 from memtrain.benchmarks.memtrain_run import job_for
 from memtrain.benchmarks.problem import BATCH, Problem
 from memtrain.benchmarks.synthetic import mlp_shape, write_dataset
-from memtrain.train.stream import StreamParticipant
+from memtrain.train.sliced import SlicedParticipant
 
 SKIP = 3  # first updates left out (maps and caches warming up)
 PROCESSES = "processes"
@@ -48,10 +48,10 @@ def timed(times: dict[str, list[float]], name: str, function: Callable[..., Any]
 def instrument(times: dict[str, list[float]]) -> None:
     """Wrap the stream's pieces (in this process: the server) so that each call is timed."""
     for name in ("round", "step", "publish", "housekeeping"):
-        setattr(StreamParticipant, name, timed(times, name, getattr(StreamParticipant, name)))
-    start = StreamParticipant.__init__
+        setattr(SlicedParticipant, name, timed(times, name, getattr(SlicedParticipant, name)))
+    start = SlicedParticipant.__init__
 
-    def init(self: StreamParticipant, files: Any, stretch: Any, *, run_tasks: Any, **options: Any) -> None:
+    def init(self: SlicedParticipant, files: Any, stretch: Any, *, run_tasks: Any, **options: Any) -> None:
         def run_tasks_timed(tasks: list, meanwhile: Callable[[], None]) -> list:
             started = time.perf_counter()
             results = run_tasks(tasks, meanwhile)
@@ -61,7 +61,7 @@ def instrument(times: dict[str, list[float]]) -> None:
             return results
         start(self, files, stretch, run_tasks=run_tasks_timed, **options)
 
-    StreamParticipant.__init__ = init
+    SlicedParticipant.__init__ = init
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,8 +18,9 @@ Which process runs which module:
                    its groups' records logged                             groups stepped
     overlap.py     the one loop of the server's whole-vector steps (fixed staleness streamed, async in
                    the server, replay): tasks out as the schedule's agenda says, whole steps in the server
-    stream.py      a cluster's round: gradient tasks out,     stream.py   a streamed gradient task
-    sliced.py      then one step task per slice, published   sliced.py   a step slice, written with pwrite
+    sliced.py      a cluster's round (SlicedParticipant):    stream.py   a streamed gradient task
+                   gradient tasks out, then one step task    sliced.py   a step slice, written with pwrite
+                   per slice, published
                    (per update one record broadcast and one count awaited per wait: cluster/broadcast.py;
                    a fault, a join or a straggler finishes that update task by task)
     outline.py     the model built once in a short child when workers compute every gradient: the server
@@ -32,7 +33,8 @@ Which process runs which module:
                                             worker.py   messages in, answers out
     ------------------------- both (the server when train.workers = 0) -------------------------
     rounds.py      the round, one loop: step the previous update's slice, meet, compute this update's
-                   gradients, meet; slot 0 publishes (fixed staleness: one meeting per update);
+                   gradients, meet; slot 0 publishes (fixed staleness: one meeting per update)
+    mapped.py      what every engine shares: the run's files mapped (RoundFiles), a task's rows (TaskRows),
                    RoundFiles.step_and_publish: the one whole-vector step (desk, overlap)
     gradient.py    a task's loss and gradient: seeds, fault point, timing, straggler hook, read audit
     marks.py       the board the participants meet at (marks, ledger, activities) and the records
@@ -63,9 +65,14 @@ Glossary (one name per concept, everywhere in this package):
     schedule     what is computed: which gradients each update adds, at which version (schedule.py)
     agenda       a schedule's state over one epoch (a replay: the whole lineage): what can start, which
                  arrived gradients form the next update (schedule.Agenda)
-    engine       who steps (engines.py): the rounds (slices, marks; on a cluster, the server's stretch),
-                 the desk (groups), or the server (the whole vector, streamed); messages.Engine names the
-                 loop a worker runs a stretch with (the first two)
+    engine       who steps, on the server's side (engines.py): Rounds (slices, marks), ClusterRounds (the
+                 server's stretch on a cluster), Desk (groups), ServerSteps (the whole vector, streamed); each
+                 is handed an EngineContext, what it uses of the server
+    loop         what a worker runs a stretch with (messages.Loop): the rounds' or the desk's
+    desk         async mode's meeting place on worker processes: the engine engines.Desk, its file and lock
+                 desk.DeskFile
+    board        the round's marks, ledger and activities (marks.Board); a cluster's broadcast round keeps
+                 its records in a scheduler plugin, cluster/broadcast.BroadcastPlugin
     stretch      a run of updates handed to every participant at once (messages.Stretch)
     slot         a participant's number in a stretch (a worker process, or the server itself)
     generation   a stretch's number: the marks of an older stretch never count for a newer one

@@ -23,12 +23,13 @@ import sys
 from pathlib import Path
 
 from memtrain.cluster.address import parse_cluster
-from memtrain.config import Job, load_job, load_saved_job
+from memtrain.config import Job, load_job
 from memtrain.errors import InputError, MemtrainError, plural
 from memtrain.layout import RUN_JOB, RUN_LINEAGE
 from memtrain.train.counters import ONE_PASS
 from memtrain.train.lineage import read_lineage
 from memtrain.train.metrics import SHOWN
+from memtrain.train.run_dir import load_saved_job
 from memtrain.train.server import TrainSummary, train
 
 

@@ -53,11 +53,11 @@ from memtrain.faults import fault_point
 from memtrain.files import DIGEST_BYTES, allocate_npy, open_fd, open_npy
 from memtrain.layout import ASYNC_DESK, ASYNC_RECORDS, ASYNC_TASKS, desk_buffer_name
 from memtrain.train.logbook import Logbook
+from memtrain.train.mapped import RoundFiles
 from memtrain.train.marks import GRADIENT, PUBLISHED, SKIPPED, STEP, WAITING, Cancelled
 from memtrain.train.messages import Outcome, Stretch
 from memtrain.train.optim import learning_rate
 from memtrain.train.plan import TaskRange, Update, async_updates_per_epoch, task_stream
-from memtrain.train.rounds import RoundFiles
 from memtrain.train.schedule import Arrival
 from memtrain.train.state import Position
 from memtrain.train.weights import weights_digest
@@ -98,7 +98,7 @@ def records_dtype(group: int) -> np.dtype:
                      ("lr", "<f8"), ("time", "<f8"), ("checksum", "u1", (DIGEST_BYTES,)), ("status", "i1")])
 
 
-class Desk:
+class DeskFile:
     """The desk's words, mapped, and its lock (an ``flock`` of its file, by this process's own descriptor)."""
 
     def __init__(self, exchange: Path, participants: int, group: int):
@@ -138,7 +138,7 @@ def create_desk(exchange: Path, size: int, participants: int, group: int, tasks:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
     allocate_npy(exchange / ASYNC_DESK, (desk_words(participants, group),), np.int64)
-    desk = Desk(exchange, participants, group)
+    desk = DeskFile(exchange, participants, group)
     desk.words[:] = 0
     desk.words[NEWEST] = version
     desk.words[LEFT_FROM] = -1  # the oldest version left on disk: not known yet (the first step lists them)
@@ -168,7 +168,7 @@ class DeskParticipant:
         self.group = stretch.group
         self.arrival = Arrival(group=stretch.group, max_staleness=stretch.max_staleness)  # the schedule
         exchange = files.exchange
-        self.desk = Desk(exchange, stretch.participants, self.group)
+        self.desk = DeskFile(exchange, stretch.participants, self.group)
         self.tasks = open_npy(exchange / ASYNC_TASKS, dtype=np.int64)  # task numbers of the epoch's task stream
         self.records = open_desk_records(exchange, self.group)
         self.ranges = task_stream(files.plan.updates(stretch.epoch))

@@ -30,13 +30,19 @@ import os
 import select
 import signal
 import time
-from dataclasses import dataclass
-from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 from memtrain.errors import WorkerFailure, plural
 from memtrain.train.launch import script_not_rerun
-from memtrain.train.messages import Message, Ready, Result, StartFailed, Stop, StretchEnd, WorkerSetup
+from memtrain.train.messages import (
+    Event,
+    Message,
+    Ready,
+    Slot,
+    StartFailed,
+    Stop,
+    WorkerSetup,
+)
 from memtrain.train.worker import WorkerState, worker_main
 
 if TYPE_CHECKING:
@@ -44,50 +50,6 @@ if TYPE_CHECKING:
 
 # Workers start with `spawn`: never fork a server that may hold threads, BLAS pools or HDF5 handles.
 START_METHOD = "spawn"
-
-
-@dataclass
-class Slot:
-    index: int
-    process: Any  # None for the server's own slot
-    inbox: Connection | None = None  # the server's end of the pipe the worker reads
-    outbox: Connection | None = None  # the server's end of the pipe the worker answers on
-    ready: bool = False  # the worker has started and said so
-    error: str = ""  # what the worker said when it could not start (StartFailed)
-    current: Message | None = None
-    since: float = 0.0
-
-    @property
-    def idle(self) -> bool:
-        return self.current is None
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid if self.process is not None else os.getpid()
-
-
-@dataclass(frozen=True)
-class Event:
-    """An answer from a slot, or the death of its process (``answer`` None, ``exitcode`` set; ``started``
-    False when it died before it said Ready: it never ran ``message``, and its pool counts the death)."""
-
-    slot: Slot
-    answer: Result | StretchEnd | None
-    message: Message | None  # what the slot was working on
-    exitcode: int | None = None
-    started: bool = True
-
-
-class Transport(Protocol):
-    slots: list[Slot]
-
-    def send(self, slot: Slot, message: Message) -> None: ...
-
-    def wait(self, timeout: float) -> list[Event]: ...
-
-    def kill(self, slot: Slot) -> None: ...
-
-    def close(self, timeout: float = 5.0) -> None: ...
 
 
 class WorkerPool:

@@ -16,8 +16,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from memtrain.config import SECTIONS, load_job, load_saved_job
+from memtrain.config import SECTIONS, load_job
 from memtrain.errors import InputError, MemtrainError
+from memtrain.train.run_dir import load_saved_job
 from memtrain.train.server import TrainSummary, train
 
 JobSource = str | os.PathLike[str] | Mapping[str, Mapping[str, Any]] | None

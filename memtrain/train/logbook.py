@@ -43,6 +43,10 @@ class Logbook:
         self.metrics: list[dict[str, Any]] = []
         self.timeline: list[tuple[int, float, float]] = []  # (update, time, compute s) of each update logged
 
+    def begin_stretch(self, first: int, stop: int) -> None:
+        """Updates [first, stop) of the epoch not recorded yet: a stretch is about to write their records."""
+        self.records["status"][first:stop] = 0
+
     def catch_up(self, position: Position, ledger: Ledger, *, final: bool) -> None:
         """Log every update up to the ledger's, moving ``position`` along.
 
@@ -153,3 +157,4 @@ class Logbook:
         if self.metrics:
             self.run.metric(*self.metrics)
             self.metrics.clear()
+

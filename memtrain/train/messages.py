@@ -15,7 +15,10 @@ Counters have one name each, everywhere in ``memtrain/train/``:
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any, Protocol
 
 from memtrain.models.target_scale import TargetScale
 from memtrain.train.optim import OptimizerConfig
@@ -54,10 +57,10 @@ class WorkerSetup:
     target_scale: TargetScale | None = None  # data.scale_target: the server's, computed once (models/target_scale.py)
 
 
-class Engine(enum.Enum):
+class Loop(enum.Enum):
     """Which loop a worker runs a stretch with (train/worker.py): the participants meeting at marks, each
     stepping a slice (train/rounds.py), or each claiming tasks at the desk and stepping whole groups
-    (train/desk.py). The engines on the server's side, the server's own too, are train/engines.py's."""
+    (train/desk.py). The engines on the server's side, which send these stretches, are train/engines.py's."""
 
     ROUNDS = "rounds"
     DESK = "desk"
@@ -82,7 +85,7 @@ class Stretch:
     participants: int
     slices: int
     bases: tuple[tuple[int, int], ...] = ()  # fixed staleness: (updates done, the version then) still read
-    engine: Engine = Engine.ROUNDS
+    loop: Loop = Loop.ROUNDS
     # at the desk (train/desk.py): gradients per group, and the staleness allowed
     group: int = 1
     max_staleness: int = 0
@@ -218,3 +221,65 @@ class StretchEnd:
     slot: int
     outcome: Outcome
     error: str | None = None
+
+
+# --- what the scheduler sees of a transport (train/exchange.py's WorkerPool and InServer, cluster/transport.py's
+# ClusterPool): its slots, the events it reports, and the straggler rule a cluster's tasks follow ---
+
+
+@dataclass
+class Slot:
+    index: int
+    process: Any  # None for the server's own slot
+    inbox: Connection | None = None  # the server's end of the pipe the worker reads
+    outbox: Connection | None = None  # the server's end of the pipe the worker answers on
+    ready: bool = False  # the worker has started and said so
+    error: str = ""  # what the worker said when it could not start (StartFailed)
+    current: Message | None = None
+    since: float = 0.0
+
+    @property
+    def idle(self) -> bool:
+        return self.current is None
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid if self.process is not None else os.getpid()
+
+
+@dataclass(frozen=True)
+class Event:
+    """An answer from a slot, or the death of its process (``answer`` None, ``exitcode`` set; ``started``
+    False when it died before it said Ready: it never ran ``message``, and its pool counts the death)."""
+
+    slot: Slot
+    answer: Result | StretchEnd | None
+    message: Message | None  # what the slot was working on
+    exitcode: int | None = None
+    started: bool = True
+
+
+class Transport(Protocol):
+    slots: list[Slot]
+
+    def send(self, slot: Slot, message: Message) -> None: ...
+
+    def wait(self, timeout: float) -> list[Event]: ...
+
+    def kill(self, slot: Slot) -> None: ...
+
+    def close(self, timeout: float = 5.0) -> None: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackupRule:
+    """When ``Scheduler.run`` starts a backup copy of a task (docs/cluster.md, "Stragglers"): the task has run
+    more than ``ratio`` times the median time of the tasks of the same call that have finished, and at least
+    ``seconds``; nothing is left to send, and a worker is idle. One backup per task."""
+
+    ratio: float  # train.backup_ratio
+    seconds: float  # train.backup_seconds
+
+    def due(self, median: float) -> float:
+        """How long a task may run, its finished peers' median time being ``median``, before it gets a backup."""
+        return max(self.ratio * median, self.seconds)

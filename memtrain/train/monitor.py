@@ -16,7 +16,6 @@ Glossary: the **monitor** is the epoch metric compared; its **mode** says whethe
 from __future__ import annotations
 
 import csv
-import importlib.util
 import io
 import math
 import uuid
@@ -25,32 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memtrain.config import HIGHER_IS_BETTER, MONITORED
 from memtrain.errors import InputError, Interrupted, MemtrainError, plural
 from memtrain.files import append_text, publish, read_jsonl
 from memtrain.layout import RUN_CSV, RUN_METRICS, RUN_TENSORBOARD, run_folder, tensorboard_suffix
 
-# Metrics of an epoch record (metrics.jsonl) that can pick the best epoch, by what "better" means for them.
-LOWER_IS_BETTER = ("val_loss", "val_log_loss", "val_rmse", "val_mae", "loss")
-HIGHER_IS_BETTER = ("val_accuracy", "val_macro_f1", "val_r2")
-MONITORED = LOWER_IS_BETTER + HIGHER_IS_BETTER
-MONITOR_MODES = ("auto", "min", "max")
-LOG_TO = ("csv", "tensorboard")
 # What TensorBoard gets per epoch: the record's metrics (its counters and clock are the step and wall time).
 NOT_LOGGED = ("kind", "epoch", "update", "version", "time")
-TENSORBOARD_INSTALL = "pip install tensorboardX (or pip install 'memtrain[tensorboard]')"
-
-
-def check_log_to(log_to: Sequence[str], where: Any) -> None:
-    """``run.log_to``: known names, each once; "tensorboard" needs tensorboardX installed."""
-    for name in log_to:
-        if name not in LOG_TO:
-            raise InputError("bad value in run.log_to", path=where, expected=f"a list of {' and '.join(LOG_TO)}",
-                             found=repr(name))
-    if len(set(log_to)) != len(log_to):
-        raise InputError("run.log_to names a log twice", path=where, found=repr(list(log_to)))
-    if "tensorboard" in log_to and importlib.util.find_spec("tensorboardX") is None:
-        raise InputError("run.log_to = [\"tensorboard\"] needs the tensorboardX package, which is not installed",
-                         path=where, hint=TENSORBOARD_INSTALL)
 
 
 def direction(monitor: str, mode: str) -> str:

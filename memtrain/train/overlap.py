@@ -38,13 +38,12 @@ from pathlib import Path
 
 import numpy as np
 
-from memtrain.config import Job
 from memtrain.layout import spare_gradient_name, streamed_gradient_name
 from memtrain.train.logbook import Logbook
+from memtrain.train.mapped import RoundFiles
 from memtrain.train.messages import GradTask
 from memtrain.train.optim import learning_rate
 from memtrain.train.plan import TaskRange, Update
-from memtrain.train.rounds import RoundFiles
 from memtrain.train.schedule import Agenda, Arrived
 from memtrain.train.scheduler import TaskStream
 from memtrain.train.state import Position
@@ -56,16 +55,17 @@ class Overlap:
     """The server stepping the whole vector: ``run`` is the one loop of every schedule it runs.
 
     ``look(position)``: the server's own work between two updates (logs, progress). ``per_epoch``: updates
-    per epoch (async mode: groups). ``publish_sync``/``recycle``: as for train/stream.py's participant.
+    per epoch (async mode: groups), for ``epochs`` epochs. ``publish_sync``/``recycle``: as for
+    train/stream.py's participant.
     """
 
-    def __init__(self, *, job: Job, files: RoundFiles, stream: TaskStream, logbook: Logbook, per_epoch: int,
+    def __init__(self, *, epochs: int, files: RoundFiles, stream: TaskStream, logbook: Logbook, per_epoch: int,
                  look: Callable[[Position], None], publish_sync: Callable[[Path], None] = lambda path: None,
                  recycle: bool = True):
-        self.job, self.files, self.stream, self.logbook = job, files, stream, logbook
+        self.files, self.stream, self.logbook = files, stream, logbook
         self.per_epoch, self.look = per_epoch, look
         self.publish_sync, self.recycle = publish_sync, recycle
-        self.total = per_epoch * job.train.epochs
+        self.total = per_epoch * epochs
         self.spares: list[str] = []  # stepped gradient files, for the next tasks to rewrite (train/stream.py)
         self.left_from: int | None = None  # the oldest version left on disk, once the first step has retired
 

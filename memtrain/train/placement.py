@@ -36,7 +36,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 
-from memtrain.train.exchange import InServer, Transport, WorkerPool
+from memtrain.train.exchange import InServer, WorkerPool
+from memtrain.train.messages import Transport
 
 # Updates timed in each place before choosing (the first update of each stretch is not timed: it pays
 # for the stretch's start).

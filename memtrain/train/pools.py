@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrain.config import Job
-from memtrain.train.exchange import Transport
-from memtrain.train.messages import WorkerSetup
+from memtrain.train.messages import Transport, WorkerSetup
 from memtrain.train.run_dir import RunDir
 
 
@@ -27,6 +26,7 @@ def open_cluster(job: Job, setup: WorkerSetup, run: RunDir, log: Callable[[str],
     from memtrain.cluster.connect import connected
     from memtrain.cluster.sharedfs import cleanup, server_probe
     from memtrain.cluster.transport import ClusterPool
+    from memtrain.train.worker import WorkerState
 
     stack = contextlib.ExitStack()
     try:
@@ -34,7 +34,7 @@ def open_cluster(job: Job, setup: WorkerSetup, run: RunDir, log: Callable[[str],
         client = stack.enter_context(connected(parse_cluster(job.run.cluster, where="run.cluster"), stopped=stopped))
         probe = server_probe(Path(setup.dataset), run.path, run.exchange)
         stack.callback(cleanup, probe)
-        pool = ClusterPool(client, setup, probe, log=log, on_close=stack)
+        pool = ClusterPool(client, setup, probe, WorkerState, log=log, on_close=stack)
     except BaseException:
         stack.close()
         raise

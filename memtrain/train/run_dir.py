@@ -20,12 +20,12 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from memtrain.config import Job
+from memtrain.config import Job, saved_job
 from memtrain.errors import CorruptFileError, InputError, MemtrainError
 from memtrain.faults import fault_point
 from memtrain.files import (
@@ -71,7 +71,7 @@ from memtrain.layout import (
 )
 from memtrain.train.checkpoint import done_epochs
 from memtrain.train.record import FORMAT as RECORD_FORMAT
-from memtrain.train.record import Decision, decide, write_records
+from memtrain.train.record import Decision, decide, recorded_job, write_records
 from memtrain.train.room import size_text
 
 SHM = Path("/dev/shm")
@@ -455,3 +455,18 @@ def refuse_live_run(path: Path) -> None:
                                   f"`memtrain train --resume {path}`, or start another run with --run-dir NEW_DIR"
                              ) from None
         fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def load_saved_job(run_dir: str | os.PathLike[str], overrides: Sequence[str] = (), *,
+                   workers: int | None = None, values: Mapping[str, Any] | None = None) -> Job:
+    """The job a run directory follows (for ``--resume``): its record with the changes of its history, then
+    ``overrides`` such as more epochs. ``run.dir`` is ``run_dir``, wherever the directory has been moved."""
+    run_dir = Path(run_dir).resolve()
+    if not run_dir.is_dir():
+        raise InputError("no run directory here", path=run_dir,
+                         hint=f"start a run there with `memtrain train JOB.toml --run-dir {run_dir}`")
+    try:
+        raw = recorded_job(run_dir)
+    except CorruptFileError as exc:
+        raise damaged_record(exc, run_dir, None) from None
+    return saved_job(raw, run_dir, overrides, workers=workers, values=values)

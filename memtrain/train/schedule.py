@@ -26,16 +26,17 @@ train split, in the epoch's order: ``train.shuffle``): the one place they are de
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from memtrain.errors import MemtrainError
 from memtrain.train.lineage import Step
 from memtrain.train.messages import GradTask, Result
-from memtrain.train.plan import TaskRange, Update, gradient_base, live_bases, startable_updates
+from memtrain.train.plan import TaskRange, Update, gradient_base, live_bases, startable_updates, task_stream
 
 if TYPE_CHECKING:
     from memtrain.train.state import Position
@@ -68,17 +69,21 @@ class Planned:
         applied: the versions to keep (and that a checkpoint carries)."""
         return live_bases(done, self.staleness)
 
-    def agenda(self, updates: Sequence[Update], position: Position) -> PlannedAgenda:
+    def agenda(self, position: Position, updates: Sequence[Update]) -> PlannedAgenda:
         """The rest of ``position``'s epoch (its plan ``updates``) under this schedule."""
         return PlannedAgenda(self, updates, position)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Arrival:
-    """Async mode (``train.mode = "async"``): arrival order, ``group`` gradients per update, a staleness bound."""
+    """Async mode (``train.mode = "async"``): arrival order, ``group`` gradients per update, a staleness bound.
+    The server's agendas also use ``per_epoch`` (updates per epoch: groups) and ``tickets`` (each task handed
+    out takes the next: its file's name, unique over the server's life)."""
 
     group: int = 1
     max_staleness: int = 4
+    per_epoch: int = 0
+    tickets: Iterator[int] = field(default_factory=lambda: itertools.count(1), compare=False, repr=False)
 
     def stale(self, base: int, at: int) -> bool:
         """Whether a gradient computed at version ``at`` is too stale to add to a group stepped from ``base``:
@@ -100,18 +105,18 @@ class Arrival:
         epoch's ``last`` gradient."""
         return count >= self.group or last
 
-    def agenda(self, tasks: Sequence[TaskRange], position: Position, *, per_epoch: int,
-               tickets: Iterator[int]) -> ArrivalAgenda:
-        """The rest of ``position``'s epoch (its task stream ``tasks``, plan.task_stream) under this schedule.
-        ``tickets``: each task handed out takes the next (its file's name), unique over the server's life."""
-        return ArrivalAgenda(self, tasks, position, per_epoch=per_epoch, tickets=tickets)
+    def agenda(self, position: Position, updates: Sequence[Update]) -> ArrivalAgenda:
+        """The rest of ``position``'s epoch (the task stream of its plan ``updates``: plan.task_stream) under
+        this schedule."""
+        return ArrivalAgenda(self, task_stream(updates), position, per_epoch=self.per_epoch, tickets=self.tickets)
 
 
 @dataclass(frozen=True, slots=True)
 class Recorded:
-    """A replay: the lineage's steps, in order (``memtrain train --replay``)."""
+    """A replay: the lineage's steps, in order (``memtrain train --replay``), read from ``lineage``."""
 
     steps: Sequence[Step]
+    lineage: Path | None = None
 
     def ready(self, index: int, version: int) -> bool:
         """Whether step ``index``'s gradients can all be computed once ``version`` is published."""
@@ -124,9 +129,9 @@ class Recorded:
             oldest[i] = min(oldest[i], oldest[i + 1])
         return oldest
 
-    def agenda(self, position: Position, *, lineage: Path) -> RecordedAgenda:
-        """The whole replay, from ``position`` (version 0), of the lineage file at ``lineage``."""
-        return RecordedAgenda(self, position, lineage=lineage)
+    def agenda(self, position: Position, updates: Sequence[Update] = ()) -> RecordedAgenda:
+        """The whole replay, from ``position`` (version 0): the record's steps, not the plan's ``updates``."""
+        return RecordedAgenda(self, position, lineage=self.lineage)
 
 
 @dataclass(slots=True, kw_only=True)  # not frozen: made once per update, and a frozen init costs more
@@ -144,6 +149,13 @@ class Submit(Protocol):
     def __call__(self, *, update: int, epoch: int, rows: TaskRange, version: int) -> None:
         """Hand out the gradient of ``rows`` (a task of epoch ``epoch``) at ``version``; ``update``: the
         update's number (the plan's, a replay's step index, or async's ticket), which names its file."""
+
+
+class Schedule(Protocol):
+    """What every schedule gives the server's loop: the agenda of the rest of ``position``'s epoch (a replay:
+    the whole record), ``updates`` the epoch's plan (plan.updates)."""
+
+    def agenda(self, position: Position, updates: Sequence[Update]) -> Agenda: ...
 
 
 class Agenda(Protocol):

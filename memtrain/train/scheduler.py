@@ -38,10 +38,9 @@ from dataclasses import dataclass, field, replace
 
 from memtrain.errors import Interrupted, MemtrainError, WorkerFailure, plural
 from memtrain.faults import fault_point
-from memtrain.train.exchange import Event, Slot, Transport
 from memtrain.train.marks import WAITING, Activity, Board
 from memtrain.train.memory import limit_words, oom_killed, oom_kills, sigkilled
-from memtrain.train.messages import Outcome, Result, Stretch, StretchEnd, Task
+from memtrain.train.messages import BackupRule, Event, Outcome, Result, Slot, Stretch, StretchEnd, Task, Transport
 
 WAIT_BOUND = 1.0  # seconds: the longest the server blocks without re-checking deadlines and signals
 TICK = 0.1  # seconds between the server's looks at a running stretch (progress, logs, time limits)
@@ -50,20 +49,6 @@ LOWER_MEMORY = ("Lower train.chunk_rows (an additive model's statistics; a resum
                 "or the rows per task (train.batch_size, train.tasks_per_update), run fewer workers, or give the "
                 "run more memory")
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-@dataclass(frozen=True, kw_only=True)
-class BackupRule:
-    """When ``Scheduler.run`` starts a backup copy of a task (docs/cluster.md, "Stragglers"): the task has run
-    more than ``ratio`` times the median time of the tasks of the same call that have finished, and at least
-    ``seconds``; nothing is left to send, and a worker is idle. One backup per task."""
-
-    ratio: float  # train.backup_ratio
-    seconds: float  # train.backup_seconds
-
-    def due(self, median: float) -> float:
-        """How long a task may run, its finished peers' median time being ``median``, before it gets a backup."""
-        return max(self.ratio * median, self.seconds)
 
 
 @dataclass
@@ -100,7 +85,7 @@ class Race:
 
 class Scheduler:
     def __init__(self, *, task_timeout: float, max_attempts: int, describe_task: Callable[[Task], str],
-                 describe_activity: Callable[[Activity], str], log: Callable[[str], None],
+                 log: Callable[[str], None],
                  stop_requested: Callable[[], bool], discard: Callable[[Task], None] = lambda task: None,
                  describe_memory: Callable[[Task], str] = lambda task: "", backup: BackupRule | None = None,
                  check_mapped: Callable[[], None] = lambda: None):
@@ -109,7 +94,7 @@ class Scheduler:
         self.check_mapped = check_mapped
         self.task_timeout = task_timeout
         self.max_attempts = max_attempts
-        self.describe_task, self.describe_activity = describe_task, describe_activity
+        self.describe_task = describe_task
         self.log = log
         self.stop_requested = stop_requested
         self.discard = discard  # deletes what an attempt that will never be used may have written
@@ -272,8 +257,9 @@ class Scheduler:
     # --- stretches ---
 
     def run_stretch(self, transport: Transport, board: Board, stretches: list[Stretch],
-                    progress: Callable[[], None]) -> Outcome:
-        """Run one stretch on slots 0..len(stretches)-1; ``progress`` (the server's logging) runs every TICK.
+                    progress: Callable[[], None], describe: Callable[[Activity], str]) -> Outcome:
+        """Run one stretch on slots 0..len(stretches)-1; ``progress`` (the server's logging) runs every TICK;
+        ``describe``: the engine's words for a participant's activity (what a dead or silent worker was doing).
 
         Returns once every participant has ended. A failure, or a piece of work that killed its worker
         ``max_attempts`` times, raises WorkerFailure -- after the others have ended, so nobody still writes.
@@ -281,7 +267,7 @@ class Scheduler:
         generation = stretches[0].generation
         for slot, stretch in zip(transport.slots, stretches, strict=False):
             transport.send(slot, stretch)  # the server's own slot runs the whole stretch right here
-        watch = _Watch(len(stretches), generation)
+        watch = _Watch(len(stretches), generation, describe)
         while len(watch.ended) < len(stretches):
             for event in transport.wait(TICK):
                 self._stretch_event(event, watch, board)
@@ -311,12 +297,12 @@ class Scheduler:
         if event.answer is None:
             activity = watch.activities.get(slot) or _current(board, watch.generation, slot)
             if activity is None or activity.kind == WAITING:  # no piece of work to blame: counted against the slot
-                what = self.describe_activity(activity) if activity else "the start of a stretch"
+                what = watch.describe(activity) if activity else "the start of a stretch"
                 watch.failure = watch.failure or self._died_outside(event, f"during {what}")
             else:
                 key = (activity.kind, activity.update, activity.item)
                 self.attempts[key] += 1
-                failure = self._died(event, self.describe_activity(activity), self.attempts[key], raise_at_limit=False)
+                failure = self._died(event, watch.describe(activity), self.attempts[key], raise_at_limit=False)
                 watch.failure = watch.failure or failure
             watch.faults += 1
             watch.ended[slot] = StretchEnd(generation=watch.generation, slot=slot, outcome=Outcome.CANCELLED)
@@ -325,7 +311,7 @@ class Scheduler:
         watch.ended[slot] = event.answer
         if event.answer.outcome == Outcome.FAILED:
             activity = _current(board, watch.generation, slot)
-            what = self.describe_activity(activity) if activity else "a stretch of rounds"
+            what = watch.describe(activity) if activity else "a stretch of rounds"
             watch.failure = watch.failure or failed(what, event)
             board.cancel(watch.generation)
 
@@ -339,7 +325,7 @@ class Scheduler:
             activity = activities.get(slot.index)
             started = activity.started if activity is not None else slot.since
             if (activity is None or activity.kind != WAITING) and now - started > self.task_timeout:
-                what = self.describe_activity(activity) if activity else "the start of a stretch"
+                what = watch.describe(activity) if activity else "the start of a stretch"
                 self.log(f"worker {slot.index} (pid {slot.pid}) silent for {self.task_timeout:g} s on {what}; "
                          f"killing it")
                 watch.activities[slot.index] = activity
@@ -522,6 +508,7 @@ class _Watch:
 
     participants: int
     generation: int
+    describe: Callable[[Activity], str]  # the engine's words for an activity
     ended: dict[int, StretchEnd] = field(default_factory=dict)
     activities: dict[int, Activity | None] = field(default_factory=dict)  # of participants it killed
     killed: set[int] = field(default_factory=set)

@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +38,9 @@ from memtrain.layout import (
     streamed_gradient_name,
     weights_path,
 )
-from memtrain.progress import Reporter, reporting
+from memtrain.progress import reporting
 from memtrain.records import METRICS_EPOCH, make
-from memtrain.stopping import on_stop_signals, start_resource_tracker
+from memtrain.stopping import StopRequest, on_stop_signals, start_resource_tracker
 from memtrain.train.additive import (
     PassPlan,
     StatisticsPass,
@@ -50,10 +51,20 @@ from memtrain.train.additive import (
 )
 from memtrain.train.advice import few_updates_note, one_pass_note
 from memtrain.train.checkpoint import StagedBest
-from memtrain.train.context import ModelContext, server_context, startup_check
-from memtrain.train.counters import ONE_PASS, epoch_number, position_text, update_number
+from memtrain.train.context import ModelContext, startup_check
+from memtrain.train.counters import ONE_PASS, position_text, update_number
 from memtrain.train.datacheck import check_trainable
-from memtrain.train.engines import ClusterRounds, Desk, EpochEngine, Rounds, ServerSteps, server_agenda
+from memtrain.train.engines import (
+    ClusterRounds,
+    Desk,
+    EngineContext,
+    EpochEngine,
+    Looks,
+    Rounds,
+    ServerSteps,
+    between_updates,
+    server_schedule,
+)
 from memtrain.train.exchange import InServer, WorkerPool
 from memtrain.train.lineage import Lineage, solve_record
 from memtrain.train.logbook import Logbook
@@ -63,6 +74,7 @@ from memtrain.train.marks import (
     open_records,
 )
 from memtrain.train.messages import (
+    BackupRule,
     EvalTask,
     GradTask,
     RoundSetup,
@@ -75,14 +87,15 @@ from memtrain.train.metrics import SHOWN
 from memtrain.train.metrics import collect as validation_metrics
 from memtrain.train.monitor import check_monitor, monitor_for
 from memtrain.train.optim import state_slots
+from memtrain.train.outline import server_context
 from memtrain.train.placement import Placement, ServerThreads, stream_workers, thread_candidates, worker_start_cost
-from memtrain.train.plan import Plan, eval_tasks, gradient_banks, split_range
+from memtrain.train.plan import Plan, RowWords, eval_tasks, gradient_banks, in_rounds, split_range
 from memtrain.train.pools import OnCluster, Streamed, check_cluster, open_cluster
 from memtrain.train.record import Decision
 from memtrain.train.room import allow_open_files, room_needed, size_text
 from memtrain.train.run_dir import RunDir, beside_earlier, open_run_dir, refuse_live_run
 from memtrain.train.schedule import replay_mismatch
-from memtrain.train.scheduler import CORES, BackupRule, Scheduler
+from memtrain.train.scheduler import CORES, Scheduler
 from memtrain.train.state import (
     Position,
     commit_best,
@@ -102,9 +115,6 @@ from memtrain.train.weights import (
     versions_to_keep,
 )
 from memtrain.train.worker import WorkerState
-
-SHARDS_NAMED, ROWS_NAMED = 3, 5  # a shuffled task's shards and rows named in its description (it has many)
-PROGRESS_SECONDS = 0.2  # between the server's looks at its own stretch: logs and the progress line
 
 
 @dataclass(repr=False)
@@ -240,33 +250,6 @@ def round_slots(job: Job) -> int:
     return min(CORES, job.train.tasks_per_update) if workers == "auto" else max(1, workers)
 
 
-@dataclass
-class StopRequest:
-    """Set by SIGINT/SIGTERM/SIGHUP.
-
-    Until training starts (``deferred`` False) a stop raises at once, wherever start-up is (opening or
-    verifying the dataset, creating the run directory): there is nothing to save yet, and every step of it
-    cleans up after itself. From then on a stop is only recorded; the server looks at it between updates,
-    so it never lands mid-bookkeeping, and the run checkpoints where it stands.
-    """
-
-    signum: int | None = None
-    deferred: bool = False
-
-    def record(self, signum: int) -> None:
-        self.signum = self.signum or signum
-        if not self.deferred:
-            self.deferred = True  # a second signal during the unwinding must not interrupt the cleanup
-            error = Interrupted(f"stopped by {signal.Signals(signum).name} during start-up, before training began",
-                                hint="nothing was trained; run the same command again to start")
-            error.exit_code = 128 + signum
-            raise error
-
-    @property
-    def requested(self) -> bool:
-        return self.signum is not None
-
-
 class Trainer:
     def __init__(self, job: Job, dataset: Dataset, context: ModelContext, run: RunDir, stop: StopRequest, *,
                  quiet: bool = False, lineage: Lineage | None = None, callbacks: Sequence[Any] = ()):
@@ -278,6 +261,7 @@ class Trainer:
         self.train_rows = dataset.split("train").rows
         self.val_rows = dataset.split("val").rows
         self.plan = job_plan(job, self.train_rows)
+        self.describe_rows = RowWords(dataset, self.plan)
         # async mode: groups of gradients; an additive model: its one solve
         self.per_epoch = 1 if context.additive else job_updates_per_epoch(job, self.train_rows)
         self.checkpointed: int | None = None
@@ -301,9 +285,7 @@ class Trainer:
                                optimizer=job.train.optimizer, on_nonfinite=job.train.on_nonfinite,
                                size=context.layout.size, describe_rows=self.describe_rows, log=self.log,
                                staleness=job.train.staleness)
-        self.bar: Reporter | None = None
-        self.next_look = 0.0
-        self.epoch_started = self.started
+        self.looks = Looks(self.logbook)
 
     def run(self, decision: Decision | None) -> TrainSummary:
         """``decision``: what a resume was allowed to change; None for a new run."""
@@ -321,12 +303,12 @@ class Trainer:
         self.in_server = InServer(WorkerState(self._setup(), alive=lambda: None, board=self.memory_board,
                                               heartbeat=lambda: self.heartbeat(position), keep_statistics=True,
                                               plan=self.plan, dataset=self.dataset, context=self.context))
-        engine = self.choose(position)  # the one place the mode is chosen; the placement with it
         self.scheduler = Scheduler(task_timeout=self.job.train.task_timeout, max_attempts=self.job.train.max_attempts,
-                                   describe_task=self.describe_task, describe_activity=engine.describe_activity,
-                                   log=self.log, stop_requested=lambda: self.stop.requested,
+                                   describe_task=self.describe_task, log=self.log,
+                                   stop_requested=lambda: self.stop.requested,
                                    discard=self.discard_attempt, describe_memory=self.describe_memory,
                                    backup=backup_rule(self.job), check_mapped=self.check_mapped)
+        engine = self.choose(position)  # the one place the mode is chosen; the placement with it
         try:
             with threadpool_limits(limits=self.job.train.blas_threads):  # the rounds it runs itself: same arithmetic
                 last = (self.replay(position, engine) if self.lineage is not None else
@@ -354,29 +336,42 @@ class Trainer:
         """The run's engine and placement, chosen once from the job and the start-up measurement, the reasons
         logged (docs/async.md, "Where it runs"), train/engines.py: the rounds (synchronous; fixed staleness in
         the rounds), the cluster's rounds, the desk (async mode on worker processes) or the server stepping
-        the whole vector (fixed staleness streamed, async mode in the server, a replay)."""
+        the whole vector (fixed staleness streamed, async mode in the server, a replay). The engine is handed
+        what it uses of the server (``EngineContext``), made once here."""
         train = self.job.train
         if train.staleness:
             self.log(f"fixed staleness {train.staleness}: in the {train.staleness_in} "
                      f"(train.staleness_in = {train.staleness_in!r})")
+        self.placement, make = self._place(position)
+        self.engine_context = EngineContext(
+            train=train, keep_versions=self.job.run.keep_versions, plan=self.plan, per_epoch=self.per_epoch,
+            size=self.context.layout.size, run_path=self.run_dir.path, exchange=self.run_dir.exchange,
+            placement=self.placement, scheduler=self.scheduler, logbook=self.logbook, looks=self.looks,
+            board=self.board, memory_board=self.memory_board, stop=self.stop, log=self.log,
+            describe_rows=self.describe_rows)
+        return make(self.engine_context)
+
+    def _place(self, position: Position) -> tuple[Placement | Streamed | OnCluster, Callable[..., EpochEngine]]:
+        """The placement and the engine that goes with it (made once its context is: ``choose``)."""
+        train = self.job.train
         if self.job.run.cluster:  # synchronous only (``train`` refuses the other modes there)
-            self.placement = OnCluster(open_cluster(self.job, self._setup(), self.run_dir, self.log,
-                                                    stopped=lambda: self.stop.signum), self.log)
-            return ClusterRounds(self)
-        if self.lineage is None and train.mode == "sync" and train.staleness_in == "rounds":
+            placement = OnCluster(open_cluster(self.job, self._setup(), self.run_dir, self.log,
+                                               stopped=lambda: self.stop.signum), self.log)
+            return placement, partial(ClusterRounds, files=self.in_server.state.rounds())
+        if in_rounds(train, replaying=self.lineage is not None):
             count, why = thread_candidates(setting=train.server_threads, tasks=train.tasks_per_update, cores=CORES,
                                            blas_threads=train.blas_threads, model=self.context.model)
             threads = ServerThreads(count=count, timed=train.server_threads == "auto", why=why, log=self.log)
-            self.placement = Placement(workers=train.workers, tasks=train.tasks_per_update, cores=CORES,
-                                       in_server=self.in_server, start_pool=self._start_pool, log=self.log,
-                                       threads=threads, start_cost=worker_start_cost(self.context.build_seconds),
-                                       outlined=getattr(self.context.model, "kept", None) is not None)
-            return Rounds(self)
+            return Placement(workers=train.workers, tasks=train.tasks_per_update, cores=CORES,
+                             in_server=self.in_server, start_pool=self._start_pool, log=self.log,
+                             threads=threads, start_cost=worker_start_cost(self.context.build_seconds),
+                             outlined=getattr(self.context.model, "kept", None) is not None), Rounds
         self.streamed = True
-        self.placement = self._overlap_placement(position)
-        if train.mode == "async" and self.lineage is None and isinstance(self.placement.transport, WorkerPool):
-            return Desk(self)
-        return ServerSteps(self, server_agenda(self))
+        placement = self._overlap_placement(position)
+        if train.mode == "async" and self.lineage is None and isinstance(placement.transport, WorkerPool):
+            return placement, Desk
+        return placement, partial(ServerSteps, files=self.in_server.state.rounds(),
+                                  schedule=server_schedule(train, self.per_epoch, self.lineage))
 
     def _overlap_placement(self, position: Position) -> Streamed:
         """The overlapping modes stream their gradients to ``train.workers`` processes, or (0, or "auto" when
@@ -443,7 +438,7 @@ class Trainer:
             started = time.monotonic()
             with reporting(f"epoch {epoch + 1}/{self.job.train.epochs}", self.per_epoch, plain_every=math.inf,
                            quiet=self.quiet) as bar:
-                self.bar, self.epoch_started = bar, started
+                self.looks.epoch(bar, started)
                 while position.batch < self.per_epoch:  # an engine's run cut short (a fault, a probe) goes on
                     engine.run(position)
                 last = self.end_epoch(position, started, final=epoch + 1 == self.job.train.epochs)
@@ -464,38 +459,9 @@ class Trainer:
         engine.run(position)
         return self.end_epoch(position, started, final=True)
 
-    def overlap_look(self, position: Position) -> None:
-        """The server's look between two updates it steps whole (train/overlap.py): logs and progress, now and
-        then."""
-        if self.look_due():
-            self.report(position)
-
-    def look_due(self) -> bool:
-        """Whether PROGRESS_SECONDS have passed since the server last looked between two updates."""
-        now = time.monotonic()
-        if now < self.next_look:
-            return False
-        self.next_look = now + PROGRESS_SECONDS
-        return True
-
-    def look(self, position: Position, board: Board) -> None:
-        """The server's look at a running stretch: log what finished, show progress."""
-        self.logbook.catch_up(position, board.ledger(), final=False)
-        self.report(position)
-
     def heartbeat(self, position: Position) -> bool:
         """Called by the rounds the server runs itself, between two updates; True ends the stretch there."""
-        if not self.look_due():
-            return False
-        self.look(position, self.memory_board)
-        return self.stop.requested or self.placement.heartbeat()
-
-    def report(self, position: Position) -> None:
-        self.logbook.write()
-        if self.bar is not None:
-            rate = position.epoch_rows / max(time.monotonic() - self.epoch_started, 1e-9)
-            self.bar.update(position.batch, f"loss {position.epoch_loss / max(position.epoch_rows, 1):.4f}"
-                                            f"  {rate:,.0f} samples/s")
+        return between_updates(self.engine_context, position, self.memory_board)
 
     def fit_additive(self, position: Position) -> None:
         """Additive models: one pass of sufficient statistics, summed in task order, then solved
@@ -642,23 +608,6 @@ class Trainer:
             return text + f"; its partial statistics, {size_text(partial)}, are a mapped file)"
         weights = self.context.layout.size * 4
         return text + f"; the weights, {size_text(weights)}, are a mapped file)"
-
-    def describe_rows(self, lo: int, hi: int, split: str = "train", epoch: int | None = None) -> str:
-        """A task's rows in words: rows [lo, hi) of ``split``, or, for a gradient task of epoch ``epoch`` of a
-        shuffled plan (``train.shuffle = "rows"``), the positions [lo, hi) of that epoch's row order."""
-        data = self.dataset.split(split)
-        if split != "train" or epoch is None or not self.plan.shuffled:
-            names = ", ".join(data.shards[s].x_path.name for s, _, _ in data.segments(lo, hi))
-            return f"rows {lo}-{hi} of the {split} split, shard {names}"
-        rows = np.asarray(self.plan.rows(epoch, lo, hi))
-        shards = np.unique(np.searchsorted(data.starts, rows, side="right") - 1).tolist()
-        names = ", ".join(data.shards[s].x_path.name for s in shards[:SHARDS_NAMED])
-        more = f" and {len(shards) - SHARDS_NAMED} more" if len(shards) > SHARDS_NAMED else ""
-        listed = ", ".join(map(str, rows[:ROWS_NAMED].tolist()))
-        others = f" and {len(rows) - ROWS_NAMED} more" if len(rows) > ROWS_NAMED else ""
-        return (f"positions {lo}-{hi} of epoch {epoch_number(epoch)}'s shuffled row order of the train split "
-                f"(train.shuffle = 'rows'): rows {listed}{others}, shard{'s' if len(shards) > 1 else ''} "
-                f"{names}{more}")
 
     def log(self, text: str) -> None:
         self.run_dir.event(text)

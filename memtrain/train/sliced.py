@@ -40,11 +40,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -52,72 +53,77 @@ from memtrain.errors import MemtrainError
 from memtrain.files import allocate_npy, check_npy, npy_header_bytes, open_npy
 from memtrain.layout import (
     building_path,
+    spare_gradient_name,
     state_buffer_name,
     state_building_name,
     streamed_gradient_name,
     weights_path,
 )
+from memtrain.train.mapped import RoundFiles
 from memtrain.train.messages import GradTask, Outcome, Result, StepTask, Stretch
 from memtrain.train.optim import learning_rate, state_slots
 from memtrain.train.plan import Update, step_slices
 from memtrain.train.reduce import Scratch, reduce_and_step
-from memtrain.train.rounds import RoundFiles
-from memtrain.train.stream import MappedBytes, StreamParticipant
-from memtrain.train.weights import BLOCK
+from memtrain.train.rounds import Participant
+from memtrain.train.stream import MappedBytes, discard
+from memtrain.train.weights import BLOCK, ready_building
 
 if TYPE_CHECKING:
     from memtrain.cluster.broadcast import Answer, Broadcast
-    from memtrain.train.worker import WorkerState
+    from memtrain.models.params import ParamLayout
+    from memtrain.train.optim import OptimizerConfig
 
 DIGEST_BYTES = 16  # files.block_digest
 FINISH_SECONDS = 30.0  # at a stretch's end, the longest the server waits for the round's loops to return
+PAGE_FLOATS = 4096 // 4  # float32 values per page: one write each maps every page of a new version's file
+RunTasks = Callable[[list, Callable[[], None]], list[Result]]  # tasks (gradients, slices), the work meanwhile
 
 
-def step_slice(state: WorkerState, message: StepTask) -> Result:
-    """A worker's part of a step: slice [lo, hi) of version ``message.version`` + 1 and its optimizer state."""
-    setup, size = state.setup, state.context.layout.size
-    lo, hi = message.lo, message.hi
-    exchange = state.exchange
-    weights = open_npy(weights_path(state.run_dir, message.version), shape=(size,), dtype=np.float32)
-    grads = [open_npy(exchange / streamed_gradient_name(message.update, task, attempt), shape=(size,),
-                      dtype=np.float32)[lo:hi] for task, attempt in enumerate(message.attempts)]
-    slots = state_slots(setup.optimizer)
-    parity = message.version % 2
-    state_in = {slot: open_npy(exchange / state_buffer_name(slot, parity), shape=(size,), dtype=np.float32)[lo:hi]
-                for slot in slots}
-    MappedBytes.read += (len(grads) + 1 + len(slots)) * (hi - lo) * 4
-    out, state_out = slice_buffers(state, hi - lo, slots)
-    digests = np.zeros((-(-(hi - lo) // BLOCK), DIGEST_BYTES), dtype=np.uint8)
-    trainable = state.context.layout.trainable
-    if not reduce_and_step(grads=grads, rows=message.rows, weights=weights[lo:hi], state_in=state_in,
-                           weights_out=out, state_out=state_out, lo=0, hi=hi - lo, optimizer=setup.optimizer,
-                           step=message.version + 1, lr=message.lr, digests=digests,
-                           trainable=None if trainable is None else trainable - lo, scratch=slice_scratch(state)):
-        return Result(task=message.task, attempt=message.attempt, outcome=Outcome.NONFINITE)
-    sync = sync_needed(exchange)
-    write_slice(building_path(state.run_dir, message.version + 1, setup.server_pid), lo, out, size, sync)
-    for slot in slots:
-        write_slice(exchange / state_building_name(slot, message.version + 1), lo, state_out[slot], size, sync)
-    return Result(task=message.task, attempt=message.attempt, outcome=Outcome.DONE, rows=hi - lo,
-                  digests=digests.tobytes())
-
-
-def slice_buffers(state: WorkerState, length: int, slots: tuple[str, ...]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """The slice's new weights and optimizer state, computed in the worker's own memory (kept between steps):
-    written to the shared files with ``pwrite``, never through a shared map, so that only the slice's own
+class SliceStep:
+    """A worker's part of a cluster's step: slice [lo, hi) of version ``message.version`` + 1 and its optimizer
+    state. Its new weights and optimizer state are computed in the worker's own memory (kept between steps)
+    and written to the shared files with ``pwrite``, never through a shared map, so that only the slice's own
     bytes leave the machine (a map's dirty page at a slice's edge would carry a neighbour's bytes too)."""
-    kept = getattr(state, "slice_memory", None)
-    if kept is None or kept[0].size != length or set(kept[1]) != set(slots):
-        kept = (np.empty(length, dtype=np.float32), {slot: np.empty(length, dtype=np.float32) for slot in slots})
-        state.slice_memory = kept  # type: ignore[attr-defined]
-    return kept
 
+    def __init__(self, *, layout: ParamLayout, optimizer: OptimizerConfig, server_pid: int, run_dir: Path,
+                 exchange: Path):
+        self.layout, self.optimizer, self.server_pid = layout, optimizer, server_pid
+        self.run_dir, self.exchange = run_dir, exchange
+        self.slots = state_slots(optimizer)
+        self.memory: tuple[np.ndarray, dict[str, np.ndarray]] | None = None
+        self.scratch = Scratch()
 
-def slice_scratch(state: WorkerState) -> Scratch:
-    scratch = getattr(state, "slice_scratch", None)
-    if scratch is None:
-        scratch = state.slice_scratch = Scratch()  # type: ignore[attr-defined]
-    return scratch
+    def __call__(self, message: StepTask) -> Result:
+        size, slots, exchange = self.layout.size, self.slots, self.exchange
+        lo, hi = message.lo, message.hi
+        weights = open_npy(weights_path(self.run_dir, message.version), shape=(size,), dtype=np.float32)
+        grads = [open_npy(exchange / streamed_gradient_name(message.update, task, attempt), shape=(size,),
+                          dtype=np.float32)[lo:hi] for task, attempt in enumerate(message.attempts)]
+        parity = message.version % 2
+        state_in = {slot: open_npy(exchange / state_buffer_name(slot, parity), shape=(size,),
+                                   dtype=np.float32)[lo:hi] for slot in slots}
+        MappedBytes.read += (len(grads) + 1 + len(slots)) * (hi - lo) * 4
+        out, state_out = self.buffers(hi - lo)
+        digests = np.zeros((-(-(hi - lo) // BLOCK), DIGEST_BYTES), dtype=np.uint8)
+        trainable = self.layout.trainable
+        if not reduce_and_step(grads=grads, rows=message.rows, weights=weights[lo:hi], state_in=state_in,
+                               weights_out=out, state_out=state_out, lo=0, hi=hi - lo, optimizer=self.optimizer,
+                               step=message.version + 1, lr=message.lr, digests=digests,
+                               trainable=None if trainable is None else trainable - lo, scratch=self.scratch):
+            return Result(task=message.task, attempt=message.attempt, outcome=Outcome.NONFINITE)
+        sync = sync_needed(exchange)
+        write_slice(building_path(self.run_dir, message.version + 1, self.server_pid), lo, out, size, sync)
+        for slot in slots:
+            write_slice(exchange / state_building_name(slot, message.version + 1), lo, state_out[slot], size, sync)
+        return Result(task=message.task, attempt=message.attempt, outcome=Outcome.DONE, rows=hi - lo,
+                      digests=digests.tobytes())
+
+    def buffers(self, length: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The slice's new weights and optimizer state, kept between steps of the same length."""
+        if self.memory is None or self.memory[0].size != length:
+            self.memory = (np.empty(length, dtype=np.float32),
+                           {slot: np.empty(length, dtype=np.float32) for slot in self.slots})
+        return self.memory
 
 
 @functools.cache
@@ -144,26 +150,69 @@ def write_slice(path: Path, lo: int, values: np.ndarray, size: int, sync: bool) 
         os.close(fd)
 
 
-class SlicedParticipant(StreamParticipant):
-    """The server of a cluster run: gradients streamed (train/stream.py), the step sliced across the workers.
+class SlicedParticipant(Participant):
+    """The server of a cluster run, the round's only participant (train/rounds.py's loop, run alone): each
+    update's gradients are tasks sent to the workers (``run_tasks``, train/stream.py's ``StreamedGradient``
+    on their side), its step is one task per slice (``SliceStep``), and the server publishes.
 
-    ``slices``: how many slices to cut the next step into (the workers present; any count gives the same
-    bits). ``run_tasks`` runs the step tasks as it runs the gradient tasks (``Scheduler.run``).
+    ``workers``: how many run the tasks at once (the records' ``participants``: the logbook times an
+    update's compute as its busiest worker's). ``slices``: how many slices to cut the next step into (the
+    workers present; any count gives the same bits). ``publish_sync``: makes a published version readable
+    on other machines (an fsync on a network filesystem, nothing on a local one). ``recycle``: whether a
+    retired version's file may be rewritten as a later one -- not when a worker on another machine may
+    still hold a map of it. ``broadcast``: the broadcast rounds (memtrain/cluster/broadcast.py); None: per
+    task only.
     """
 
-    def __init__(self, files: RoundFiles, stretch: Stretch, *, slices: Callable[[], int],
-                 broadcast: Broadcast | None = None, **options: Any):
-        super().__init__(files, stretch, **options)
-        self.slices = slices
-        self.broadcast = broadcast  # the broadcast rounds (memtrain/cluster/broadcast.py); None: per task only
+    def __init__(self, files: RoundFiles, stretch: Stretch, *, run_tasks: RunTasks, workers: Callable[[], int],
+                 slices: Callable[[], int], publish_sync: Callable[[Path], None], recycle: bool,
+                 heartbeat: Callable[[], bool] | None = None, broadcast: Broadcast | None = None):
+        super().__init__(files, stretch, alive=lambda: None, heartbeat=heartbeat)
+        self.run_tasks, self.workers, self.slices = run_tasks, workers, slices
+        self.publish_sync, self.recycle, self.broadcast = publish_sync, recycle, broadcast
+        self.received: list[tuple[Path, str]] = []  # the gradient files of the update to step next, spare names
+        self.stepped: list[tuple[Path, str]] = []  # those of the update stepped last, and their spare names
+        self.spares: list[str] = []  # names of stepped gradient files, for the next tasks to rewrite
+        self.attempts: list[int] = []  # the attempt of each task of the update to step next, in task order
 
     def run(self) -> Outcome:
         try:
-            return super().run()
+            with np.errstate(all="ignore"):  # non-finite results are detected and reported, not warned about
+                return super().run()
         finally:
+            self.discard_received()
+            discard([self.files.exchange / name for name in self.spares])
+            self.spares = []
             if self.broadcast is not None:
                 self.broadcast.finish(FINISH_SECONDS)
             self.discard_state(self.version + 1)
+
+    # --- 1. the gradients: tasks out, through the broadcast round or per task ---
+
+    def gradients(self, update: Update, *, stepped: Update | None = None) -> Update | None:
+        files = self.files
+        self.publish()  # the version the tasks name is published (and synced) before any message names it
+        spares, self.spares = self.spares[:len(update.tasks)], self.spares[len(update.tasks):]
+        spares += [""] * (len(update.tasks) - len(spares))
+        tasks = [GradTask(task=rows.task, attempt=0, update=update.update, version=self.version, epoch=update.epoch,
+                          lo=rows.lo, hi=rows.hi, spare=spare)
+                 for rows, spare in zip(update.tasks, spares, strict=True)]
+        self.computed_at[update.update] = self.version
+        results = self.run_gradient_tasks(tasks)
+        discard([files.exchange / spare for spare in spares if spare])  # one a worker did not take (a retry)
+        self.attempts = [r.attempt for r in results]  # task t's gradient file is attempt attempts[t]'s
+        self.received = [(files.exchange / streamed_gradient_name(update.update, r.task, r.attempt),
+                          spare_gradient_name(update.update, r.task, r.attempt)) for r in results]
+        for result in results:
+            files.seconds[update.batch, result.task] = result.seconds
+            files.loss[update.batch, result.task] = result.loss
+        bad = [r.task for r in results if not math.isfinite(r.loss)]
+        if bad:
+            self.discard_received()
+            self.skip(update, bad)
+            return None
+        return update
+
 
     def run_gradient_tasks(self, tasks: list[GradTask]) -> list[Result]:
         """Through the broadcast round when there is one (one record out, one count back); an update whose
@@ -172,7 +221,7 @@ class SlicedParticipant(StreamParticipant):
         may still be written by a late loop; deleted once that loop ended), with retries and backups."""
         broadcast = self.broadcast
         if broadcast is None or not (broadcast.active or broadcast.open()):
-            return super().run_gradient_tasks(tasks)
+            return self.run_tasks(tasks, self.housekeeping)
         from memtrain.cluster.broadcast import gradient_record, gradient_results
 
         answer = broadcast.ask("grads", gradient_record(tasks), len(tasks), self.housekeeping)
@@ -214,6 +263,8 @@ class SlicedParticipant(StreamParticipant):
         if answer.status == "timeout":
             self.broadcast.kill_silent(answer.ranks)
         self.broadcast.close(leftovers)
+
+    # --- 2. the step: one task per slice ---
 
     def step(self, update: Update) -> None:
         try:
@@ -268,8 +319,36 @@ class SlicedParticipant(StreamParticipant):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.files.exchange / state_building_name(slot, version))
 
+    # --- 3. publication, records, the server's work while the workers compute ---
+
+    def publish(self) -> None:
+        if self.unpublished is None:
+            return
+        super().publish()
+        self.publish_sync(weights_path(self.files.run_dir, self.version))
+
+    def record_participants(self, update: Update) -> int:
+        return max(1, min(self.workers(), len(update.tasks)))
+
     def housekeeping(self) -> None:
         """While the workers compute: the last step's gradient files become spares, the next version's files
         are made (their space reserved; the server writes none of their data)."""
         self.spare_stepped_and_ready_next()
         self.ready_state(self.version + 1)
+
+    def spare_stepped_and_ready_next(self) -> None:
+        """The last step's gradient files become spares; the next version's file is made (space reserved)."""
+        files = self.files
+        for path, name in self.stepped:
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(path, files.exchange / name)
+                self.spares.append(name)
+        self.stepped = []
+        ready_building(files.run_dir, self.version + 1, files.size, files.server_pid, files.keep,
+                       fast=True, recycle=self.recycle)
+
+    def discard_received(self) -> None:
+        discard([path for path, _ in self.stepped + self.received])
+        self.stepped, self.received = [], []
+
+

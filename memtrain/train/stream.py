@@ -1,9 +1,9 @@
-"""Gradient tasks streamed to workers, the step in the server: the round when its participants cannot meet.
+"""A streamed gradient task -> a gradient file of its own name: a worker's part when participants cannot meet.
 
 The round (train/rounds.py) has every participant meet at marks in a shared file. Workers on other
 machines cannot: a network filesystem gives close-to-open consistency, not a coherent shared map. So
-on a cluster the server runs the round's loop alone (one participant, the in-memory board) and only
-the gradients leave it, as messages:
+on a cluster the server runs the round's loop alone (one participant, the in-memory board: train/sliced.py's
+``SlicedParticipant``, which also slices the step) and only the gradients leave it, as messages:
 
 1. **step**: the server steps the whole parameter vector (train/reduce.py: the same sums in the same
    task order, the same optimizer) from the gradient files of the update; while the next update's
@@ -14,7 +14,7 @@ the gradients leave it, as messages:
 3. **gradients**: one ``GradTask`` per task of the next update, at that version, through any Transport
    (``Scheduler.run``: a dead worker's task re-runs under a new attempt number, into a new file). Each
    worker writes its gradient into the spare its task names (or a new file if it is gone), renames it
-   ``g-uU-tT-aA.npy`` (``gradient``: no name is reused in a run), closes (and syncs) it, then answers
+   ``g-uU-tT-aA.npy`` (``StreamedGradient``: no name is reused in a run), closes (and syncs) it, then answers
    with the loss and the compute time, which the server writes into the round's records.
 
 Same files, same arithmetic, same order of additions as the fused round: the weights are bitwise
@@ -24,7 +24,6 @@ identical to a local run of the job, whatever the number of workers or the death
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -34,18 +33,15 @@ import numpy as np
 
 from memtrain.errors import MemtrainError
 from memtrain.faults import fault_point
-from memtrain.files import npy_header_bytes, open_npy, open_reused, writing_npy_rows
-from memtrain.layout import spare_gradient_name, streamed_gradient_name, weights_path
-from memtrain.train.messages import GradTask, Outcome, Result, Stretch
-from memtrain.train.plan import Update
-from memtrain.train.rounds import Participant, RoundFiles
-from memtrain.train.weights import ready_building
+from memtrain.files import npy_header_bytes, open_reused, writing_npy_rows
+from memtrain.layout import streamed_gradient_name, weights_path
+from memtrain.train.messages import GradTask, Outcome, Result
 
 if TYPE_CHECKING:
-    from memtrain.train.worker import WorkerState
+    from memtrain.models.params import ParamLayout
+    from memtrain.train.gradient import TaskGradient
+    from memtrain.train.maps import MapCache
 
-PAGE_FLOATS = 4096 // 4  # float32 values per page: one write each maps every page of a new version's file
-RunTasks = Callable[[list[GradTask], Callable[[], None]], list[Result]]  # tasks, the server's work meanwhile
 
 
 class MappedBytes:
@@ -56,39 +52,49 @@ class MappedBytes:
     read = 0
 
 
-def gradient(state: WorkerState, message: GradTask) -> Result:
-    """A worker's part: the gradient of ``message``'s rows at its version, into a new file of its own name."""
-    context = state.context
-    size = context.layout.size
-    weights = state.maps.get(weights_path(state.run_dir, message.version), (size,), np.float32)
-    MappedBytes.read += weights.nbytes
-    x, y = state.task_rows(message.epoch, message.lo, message.hi)
-    path = state.exchange / streamed_gradient_name(message.update, message.task, message.attempt)
-    mapped = spare_map(state, message) if message.in_place else None
-    out = mapped if mapped is not None else state.scratch(size)
-    # the compute alone is timed, as in the round: the file is the stream's cost
-    loss, seconds = state.gradient(weights, context.layout.views(weights), x, y, context.layout.views(out),
-                                   version=message.version, task=message.task)
-    if mapped is not None:
-        os.rename(state.exchange / message.spare, path)  # only this task's attempts are handed this spare
-    elif not (message.spare and rewrite(state.exchange / message.spare, path, out)):
-        # pwrite from memory the process keeps: twice as fast as faulting in a new file's map
-        with writing_npy_rows(path, (size,), np.float32, durable=False) as rows:
-            rows.write(0, out)
-    fault_point("after_grad_write")
-    return Result(task=message.task, attempt=message.attempt, outcome=Outcome.DONE, loss=loss,
-                  rows=message.hi - message.lo, seconds=seconds)
+class StreamedGradient:
+    """A worker's part of a streamed gradient task: the gradient of a task's rows at the version it names, into a
+    new file of its own name. ``rows(epoch, lo, hi)``: a task's rows, normalized (the worker's ``TaskRows``);
+    ``gradient``: this process's loss and gradient (train/gradient.py); ``maps``: its maps kept between tasks."""
 
+    def __init__(self, *, layout: ParamLayout, maps: MapCache, run_dir: Path, exchange: Path,
+                 rows: Callable[[int, int, int], tuple[np.ndarray, np.ndarray]], gradient: TaskGradient):
+        self.layout, self.maps, self.run_dir, self.exchange = layout, maps, run_dir, exchange
+        self.rows, self.gradient = rows, gradient
+        self.scratch = np.empty(0, dtype=np.float32)  # the gradient computed into it, kept between tasks
 
-def spare_map(state: WorkerState, message: GradTask) -> np.ndarray | None:
-    """A writable map of the spare ``message`` names, to compute its gradient into (no copy); None if it is gone
-    (an attempt of the task that died after renaming it). Maps are kept by inode (train/maps.py) and spares are
-    recycled, so the pages are mapped already. One machine only: across machines a map's writes are not what
-    another machine's open reads (close-to-open), so a cluster run's tasks never ask for it."""
-    try:
-        return state.maps.get(state.exchange / message.spare, (state.context.layout.size,), np.float32, "r+")
-    except (FileNotFoundError, MemtrainError):
-        return None
+    def __call__(self, message: GradTask) -> Result:
+        layout, size = self.layout, self.layout.size
+        weights = self.maps.get(weights_path(self.run_dir, message.version), (size,), np.float32)
+        MappedBytes.read += weights.nbytes
+        x, y = self.rows(message.epoch, message.lo, message.hi)
+        path = self.exchange / streamed_gradient_name(message.update, message.task, message.attempt)
+        mapped = self.spare_map(message) if message.in_place else None
+        if mapped is None and self.scratch.size != size:
+            self.scratch = np.empty(size, dtype=np.float32)
+        out = mapped if mapped is not None else self.scratch
+        # the compute alone is timed, as in the round: the file is the stream's cost
+        loss, seconds = self.gradient(weights, layout.views(weights), x, y, layout.views(out),
+                                      version=message.version, task=message.task)
+        if mapped is not None:
+            os.rename(self.exchange / message.spare, path)  # only this task's attempts are handed this spare
+        elif not (message.spare and rewrite(self.exchange / message.spare, path, out)):
+            # pwrite from memory the process keeps: twice as fast as faulting in a new file's map
+            with writing_npy_rows(path, (size,), np.float32, durable=False) as rows:
+                rows.write(0, out)
+        fault_point("after_grad_write")
+        return Result(task=message.task, attempt=message.attempt, outcome=Outcome.DONE, loss=loss,
+                      rows=message.hi - message.lo, seconds=seconds)
+
+    def spare_map(self, message: GradTask) -> np.ndarray | None:
+        """A writable map of the spare ``message`` names, to compute its gradient into (no copy); None if it is
+        gone (an attempt of the task that died after renaming it). Maps are kept by inode (train/maps.py) and
+        spares are recycled, so the pages are mapped already. One machine only: across machines a map's writes
+        are not what another machine's open reads (close-to-open), so a cluster run's tasks never ask for it."""
+        try:
+            return self.maps.get(self.exchange / message.spare, (self.layout.size,), np.float32, "r+")
+        except (FileNotFoundError, MemtrainError):
+            return None
 
 
 def rewrite(spare: Path, path: Path, values: np.ndarray) -> bool:
@@ -117,104 +123,6 @@ def rewrite(spare: Path, path: Path, values: np.ndarray) -> bool:
     except FileNotFoundError:  # another attempt of the task took it meanwhile (it wrote the same bits)
         return False
     return True
-
-
-class StreamParticipant(Participant):
-    """The server as the round's only participant, its gradients computed elsewhere (``run_tasks``).
-
-    ``workers``: how many run the tasks at once (the records' ``participants``: the logbook times an
-    update's compute as its busiest worker's). ``publish_sync``: makes a published version readable on
-    other machines (an fsync on a network filesystem, nothing on a local one). ``recycle``: whether a
-    retired version's file may be rewritten as a later one -- not when a worker on another machine may
-    still hold a map of it.
-    """
-
-    def __init__(self, files: RoundFiles, stretch: Stretch, *, run_tasks: RunTasks, workers: Callable[[], int],
-                 publish_sync: Callable[[Path], None], recycle: bool, heartbeat: Callable[[], bool] | None = None):
-        super().__init__(files, stretch, alive=lambda: None, heartbeat=heartbeat)
-        self.run_tasks, self.workers = run_tasks, workers
-        self.publish_sync, self.recycle = publish_sync, recycle
-        self.received: list[tuple[Path, str]] = []  # the gradient files of the update to step next, spare names
-        self.stepped: list[tuple[Path, str]] = []  # those of the update stepped last, and their spare names
-        self.spares: list[str] = []  # names of stepped gradient files, for the next tasks to rewrite
-        self.attempts: list[int] = []  # the attempt of each task of the update to step next, in task order
-
-    def run(self) -> Outcome:
-        try:
-            with np.errstate(all="ignore"):  # non-finite results are detected and reported, not warned about
-                return super().run()
-        finally:
-            self.discard_received()
-            discard([self.files.exchange / name for name in self.spares])
-            self.spares = []
-
-    def gradient_buffers(self, update: Update) -> list[np.ndarray]:
-        size = self.files.size
-        return [open_npy(path, shape=(size,), dtype=np.float32) for path, _ in self.received]
-
-    def step(self, update: Update) -> None:
-        try:
-            super().step(update)
-        finally:
-            self.stepped, self.received = self.received, []
-
-    def gradients(self, update: Update, *, stepped: Update | None = None) -> Update | None:
-        files = self.files
-        self.publish()  # the version the tasks name is published (and synced) before any message names it
-        spares, self.spares = self.spares[:len(update.tasks)], self.spares[len(update.tasks):]
-        spares += [""] * (len(update.tasks) - len(spares))
-        tasks = [GradTask(task=rows.task, attempt=0, update=update.update, version=self.version, epoch=update.epoch,
-                          lo=rows.lo, hi=rows.hi, spare=spare)
-                 for rows, spare in zip(update.tasks, spares, strict=True)]
-        self.computed_at[update.update] = self.version
-        results = self.run_gradient_tasks(tasks)
-        discard([files.exchange / spare for spare in spares if spare])  # one a worker did not take (a retry)
-        self.attempts = [r.attempt for r in results]  # task t's gradient file is attempt attempts[t]'s
-        self.received = [(files.exchange / streamed_gradient_name(update.update, r.task, r.attempt),
-                          spare_gradient_name(update.update, r.task, r.attempt)) for r in results]
-        for result in results:
-            files.seconds[update.batch, result.task] = result.seconds
-            files.loss[update.batch, result.task] = result.loss
-        bad = [r.task for r in results if not math.isfinite(r.loss)]
-        if bad:
-            self.discard_received()
-            self.skip(update, bad)
-            return None
-        return update
-
-    def run_gradient_tasks(self, tasks: list[GradTask]) -> list[Result]:
-        """The update's gradient tasks run to results (in task order), the server's housekeeping meanwhile."""
-        return self.run_tasks(tasks, self.housekeeping)
-
-    def publish(self) -> None:
-        if self.unpublished is None:
-            return
-        super().publish()
-        self.publish_sync(weights_path(self.files.run_dir, self.version))
-
-    def record_participants(self, update: Update) -> int:
-        return max(1, min(self.workers(), len(update.tasks)))
-
-    def housekeeping(self) -> None:
-        """While the workers compute: the last step's gradient files become spares, the next version's file
-        is readied."""
-        self.spare_stepped_and_ready_next()
-        self.files.building(self.version + 1)[::PAGE_FLOATS] = 0  # its pages faulted in now, not during the step
-
-    def spare_stepped_and_ready_next(self) -> None:
-        """The last step's gradient files become spares; the next version's file is made (space reserved)."""
-        files = self.files
-        for path, name in self.stepped:
-            with contextlib.suppress(FileNotFoundError):
-                os.rename(path, files.exchange / name)
-                self.spares.append(name)
-        self.stepped = []
-        ready_building(files.run_dir, self.version + 1, files.size, files.server_pid, files.keep,
-                       fast=True, recycle=self.recycle)
-
-    def discard_received(self) -> None:
-        discard([path for path, _ in self.stepped + self.received])
-        self.stepped, self.received = [], []
 
 
 def discard(paths: list[Path]) -> None:

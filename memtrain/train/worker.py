@@ -33,13 +33,14 @@ from memtrain.train.context import ModelContext, model_context
 from memtrain.train.desk import DeskParticipant
 from memtrain.train.gradient import TaskGradient
 from memtrain.train.launch import exit_at_once
+from memtrain.train.mapped import ROW_CACHE_BYTES, RoundFiles, RowCache, TaskRows, round_plan
 from memtrain.train.maps import MapCache
 from memtrain.train.marks import Board
 from memtrain.train.memory import apply_test_limit
 from memtrain.train.messages import (
-    Engine,
     EvalTask,
     GradTask,
+    Loop,
     Message,
     Outcome,
     Ready,
@@ -54,9 +55,9 @@ from memtrain.train.messages import (
 )
 from memtrain.train.metrics import evaluation, task_statistics, write_task_statistics
 from memtrain.train.plan import Plan
-from memtrain.train.rounds import ROW_CACHE_BYTES, Participant, RoundFiles, RowCache, TaskRows, round_plan
-from memtrain.train.sliced import step_slice
-from memtrain.train.stream import gradient
+from memtrain.train.rounds import Participant
+from memtrain.train.sliced import SliceStep
+from memtrain.train.stream import StreamedGradient
 
 PARENT_POLL_SECONDS = 1.0  # how often an idle worker checks that its server is still alive
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
@@ -203,17 +204,15 @@ class WorkerState:
         if hasattr(self.context.model, "in_worker"):  # e.g. a torch module pins its thread pool
             self.context.model.in_worker(setup.blas_threads)
         self._rounds: RoundFiles | None = None
-        self._scratch: np.ndarray | None = None
         self._val_rows = RowCache(ROW_CACHE_BYTES)  # evaluated every epoch: read and normalized once
         # a task's loss and gradient; the straggler test hook slows a worker, never the server itself
         self.gradient = TaskGradient(self.context.model, seed=setup.rounds.seed,
                                      straggler=straggler_factor() if board is None else 1.0)
-
-    def scratch(self, size: int) -> np.ndarray:
-        """A float32 buffer of ``size`` kept between tasks (a streamed gradient is computed into it)."""
-        if self._scratch is None or self._scratch.size != size:
-            self._scratch = np.empty(size, dtype=np.float32)
-        return self._scratch
+        # the handlers of a streamed gradient task and of a cluster's step slice, each handed what it uses
+        self.streamed_gradient = StreamedGradient(layout=self.context.layout, maps=self.maps, run_dir=self.run_dir,
+                                                  exchange=self.exchange, rows=self.task_rows, gradient=self.gradient)
+        self.slice_step = SliceStep(layout=self.context.layout, optimizer=setup.optimizer,
+                                    server_pid=setup.server_pid, run_dir=self.run_dir, exchange=self.exchange)
 
     def handle(self, message: Message) -> Result | StretchEnd:
         try:
@@ -222,9 +221,9 @@ class WorkerState:
                     return self.stretch(message)
                 self.maps.drop_deleted()
                 if isinstance(message, GradTask):
-                    return gradient(self, message)
+                    return self.streamed_gradient(message)
                 if isinstance(message, StepTask):
-                    return step_slice(self, message)
+                    return self.slice_step(message)
                 return self.statistics(message) if isinstance(message, StatsTask) else self.evaluate(message)
         except BaseException as exc:  # noqa: BLE001 - reported to the server, which stops the run with this text
             # (the user's model may raise anything, SystemExit or KeyboardInterrupt too: a failed task, never a
@@ -247,7 +246,7 @@ class WorkerState:
         return self._rounds
 
     def stretch(self, stretch: Stretch) -> StretchEnd:
-        if stretch.engine is Engine.DESK:
+        if stretch.loop is Loop.DESK:
             outcome = DeskParticipant(self.rounds(), stretch, alive=self.alive).run()
             return StretchEnd(generation=stretch.generation, slot=stretch.slot, outcome=outcome)
         outcome = Participant(self.rounds(), stretch, alive=self.alive, heartbeat=self.heartbeat).run()
