@@ -34,12 +34,12 @@ MAX_SEED = 2**63 - 1
 # Upper bounds of the job's other integers. Python's TOML reader and --set take integers of any size, but what
 # they count ends in numpy shapes and C integers (the round records hold one column per task, and a dimension
 # must fit a C int), in file names (a task's gradient buffer is g-tNNNNN.npy) and in checkpoints, which refuse
-# counts above 10^12 (train/checkpoint.py MAX_COUNT): a value past these would start a run that fails the same
+# counts above 10^12 (train/records/checkpoint.py MAX_COUNT): a value past these would start a run that fails the same
 # way at every resume. Each bound is far past any real job: a value beyond it is a typo.
 MAX_EPOCHS = 10**6  # train.epochs, train.patience, run.checkpoint_every
 MAX_ROWS = 2**40  # rows at once: train.batch_size, eval_rows, chunk_rows, shuffle_window (4 TiB of one float32 column)
 # train.tasks_per_update: each task has its own gradient buffer in the exchange area, mapped by every participant
-# (a file descriptor per map: the start checks the process's limit, train/room.py open_files_needed)
+# (a file descriptor per map: the start checks the process's limit, train/server/room.py open_files_needed)
 MAX_TASKS = 1024
 MAX_ATTEMPTS = 1000  # train.max_attempts: deaths of one piece of work before the run stops
 MAX_KEPT = 10**4  # run.keep_checkpoints, run.keep_versions: files kept on disk
@@ -160,7 +160,7 @@ def _check_number(key: str, value: object, expected: str, ok) -> None:
         raise InputError(f"bad value for {key}", expected=expected, found=repr(value))
 
 
-# Upper bound of the schedule's counts of updates: a checkpoint refuses counts above 10^12 (train/checkpoint.py
+# Upper bound of the schedule's counts of updates: a checkpoint refuses counts above 10^12 (train/records/checkpoint.py
 # MAX_COUNT), so no run makes more updates; a larger value is a typo (config.py, "Upper bounds").
 MAX_UPDATES = 10**12
 
@@ -219,7 +219,7 @@ class TrainConfig:
     workers: int | str = "auto"  # worker processes; 0: the server trains alone; "auto": measured at start
     seed: int = 0
     blas_threads: int = 1  # per worker: N workers x all-core BLAS oversubscribes the machine
-    # the server running the rounds itself: threads computing an update's tasks at once (train/placement.py)
+    # the server running the rounds itself: threads computing an update's tasks at once (train/server/placement.py)
     server_threads: int | str = "auto"
     eval_rows: int = 8192  # validation rows per evaluation task
     chunk_rows: int = 32768  # additive models: rows a statistics task reads at once (bounds its memory)
@@ -236,7 +236,8 @@ class TrainConfig:
     max_staleness: int | None = None  # async only (default 4): a staler gradient is recomputed, never applied
     async_group: int | None = None  # async only (default 1): gradients applied together, in arrival order
     patience: int | None = None  # stop after this many epochs without a better train.monitor; None: never
-    monitor: str = "val_loss"  # the epoch metric that picks the best epoch (and early stopping): train/monitor.py
+    monitor: str = "val_loss"  # the epoch metric that picks the best epoch (and early stopping):
+    # train/server/monitor.py
     monitor_mode: str = "auto"  # "min" | "max" | "auto": lower is better for losses and errors, higher otherwise
     # each epoch's row order (memtrain/order.py): "rows" mixes rows into new batches every epoch (shuffled within
     # windows of shuffle_window rows, one block from each stratum of the split) | "batches": the same batches every
@@ -318,7 +319,8 @@ def load_job(path: str | os.PathLike[str] | None, overrides: typing.Sequence[str
 def saved_job(raw: dict[str, Any], run_dir: Path, overrides: typing.Sequence[str] = (), *,
               workers: int | None = None, values: typing.Mapping[str, Any] | None = None) -> Job:
     """The job a run directory follows (``raw``: its record with the changes of its history, read by
-    train/run_dir.py's ``load_saved_job``), then ``overrides`` such as more epochs; ``run.dir`` is ``run_dir``."""
+    train/records/run_dir.py's ``load_saved_job``), then ``overrides`` such as more epochs; ``run.dir`` is
+    ``run_dir``."""
     from memtrain.layout import RUN_JOB
 
     _apply_overrides(raw, overrides, values, workers)

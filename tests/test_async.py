@@ -27,9 +27,9 @@ from memtrain.files import seal
 from memtrain.layout import checkpoint_path, checkpoint_updates, checkpoint_version_name, weight_versions, weights_path
 from memtrain.train.context import model_context
 from memtrain.train.optim import apply_update, learning_rate, state_slots
-from memtrain.train.placement import stream_workers
 from memtrain.train.plan import epoch_updates, gradient_base, task_stream, updates_per_epoch
-from memtrain.train.server import job_plan
+from memtrain.train.server.placement import stream_workers
+from memtrain.train.server.server import job_plan
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -18,7 +18,7 @@ from tiny_data import blobs, write_dataset
 from memtrain.errors import CorruptFileError
 from memtrain.files import SEAL_KEY, seal
 from memtrain.layout import CHECKPOINT_META, checkpoint_path, checkpoint_updates
-from memtrain.train.checkpoint import verify_checkpoint
+from memtrain.train.records.checkpoint import verify_checkpoint
 
 pytestmark = pytest.mark.timeout(120)
 

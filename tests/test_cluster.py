@@ -43,14 +43,15 @@ from memtrain.layout import (  # noqa: E402
     weight_versions,
     weights_path,
 )
-from memtrain.train import server, weights  # noqa: E402
 from memtrain.train.context import model_context  # noqa: E402
+from memtrain.train.exchange import weights  # noqa: E402
+from memtrain.train.exchange.weights import publish_weights  # noqa: E402
+from memtrain.train.loops.sliced import SlicedParticipant  # noqa: E402
 from memtrain.train.messages import GradTask, Outcome, Result, RoundSetup, StepTask, WorkerSetup  # noqa: E402
 from memtrain.train.optim import OptimizerConfig  # noqa: E402
-from memtrain.train.pools import open_cluster  # noqa: E402
-from memtrain.train.sliced import SlicedParticipant  # noqa: E402
-from memtrain.train.weights import publish_weights  # noqa: E402
-from memtrain.train.worker import WorkerState  # noqa: E402
+from memtrain.train.server import server  # noqa: E402
+from memtrain.train.server.pools import open_cluster  # noqa: E402
+from memtrain.train.worker.worker import WorkerState  # noqa: E402
 from tests.cluster_tasks import open_files_under  # noqa: E402
 from tests.dask_processes import DaskProcesses  # noqa: E402
 
@@ -176,7 +177,7 @@ def test_the_step_sliced_across_1_2_3_dask_workers_gives_the_weights_of_a_local_
                                                                                     wide_digest: str,
                                                                                     tmp_path: Path,
                                                                                     monkeypatch) -> None:
-    """Each worker steps a slice (train/sliced.py); the server only sends and renames: same bits for any count."""
+    """Each worker steps a slice (train/loops/sliced.py); the server only sends and renames: same bits for any count."""
     dask, client = cluster
     steps = sliced_run(tmp_path / "two", dataset, dask.address, monkeypatch)
     assert slice_counts(steps) == {2} and digest(tmp_path / "two" / "run") == wide_digest
@@ -318,7 +319,7 @@ def test_a_cluster_run_gives_the_weights_of_a_local_run_bitwise(cluster, dataset
                                                                  capsys, monkeypatch) -> None:
     """... and no shared-memory tricks across machines: only records travel, never a stretch of rounds (whose
     participants meet at marks in a shared file): per update one record of gradient tasks and one of the step
-    to the broadcast round, whose workers step a slice each (train/sliced.py); the evaluation's tasks to each
+    to the broadcast round, whose workers step a slice each (train/loops/sliced.py); the evaluation's tasks to each
     worker; and no weight file is rewritten in place for a later version."""
     dask, _ = cluster
     sent, recycled = [], []
@@ -332,7 +333,7 @@ def test_a_cluster_run_gives_the_weights_of_a_local_run_bitwise(cluster, dataset
     assert {type(task).__name__ for task in sent} == {"EvalTask"}
     updates = {body[0] for kind, body in records if kind == "grads"}  # the update's number: the workers
     assert len(updates) == 3 * 7  # derive its tasks from the plan (1500 rows, 1200 to train: 7 updates an epoch)
-    assert [kind for kind, _ in records] == ["grads", "step"] * (3 * 7)  # the step, by slices (train/sliced.py)
+    assert [kind for kind, _ in records] == ["grads", "step"] * (3 * 7)  # the step, by slices (train/loops/sliced.py)
     assert all(isinstance(body, StepTask) for kind, body in records if kind == "step")
     assert recycled and not any(recycled)  # every weight version a new file: no other machine has it mapped
     run = tmp_path / "run"

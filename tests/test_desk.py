@@ -1,4 +1,4 @@
-"""The desk's bookkeeping on its own (memtrain/train/desk.py): taking tasks, grouping gradients in arrival order
+"""The desk's bookkeeping on its own (memtrain/train/loops/desk.py): taking tasks, grouping gradients in arrival order
 and the staleness bound, on a real desk file in a temporary folder, with no worker process and no model."""
 
 from __future__ import annotations
@@ -8,9 +8,19 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from memtrain.train.desk import DISCARDED, GROUPS, HANDED, NEWEST, NEXT, PENDING, REDO, DeskParticipant, create_desk
-from memtrain.train.maps import MapCache
-from memtrain.train.marks import Board
+from memtrain.train.exchange.marks import Board
+from memtrain.train.loops.desk import (
+    DISCARDED,
+    GROUPS,
+    HANDED,
+    NEWEST,
+    NEXT,
+    PENDING,
+    REDO,
+    DeskParticipant,
+    create_desk,
+)
+from memtrain.train.loops.maps import MapCache
 from memtrain.train.messages import Loop, Stretch
 from memtrain.train.plan import Plan
 

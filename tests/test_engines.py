@@ -1,4 +1,4 @@
-"""The engines (memtrain/train/engines.py): who steps, behind one interface, chosen once by ``Trainer.choose``.
+"""The engines (memtrain/train/server/engines.py): who steps, behind one interface, chosen once by ``Trainer.choose``.
 
 End to end through the CLI on a tiny dataset in the server (no worker processes, so fast): each job gets the
 engine and schedule its mode names, the epoch loop runs it until each epoch is done and closes it once; and
@@ -17,10 +17,10 @@ from tiny_data import blobs, write_dataset
 
 from memtrain.cli import main
 from memtrain.layout import weight_versions
-from memtrain.train import engines, server
-from memtrain.train.engines import ClusterRounds, Desk, EngineContext, Rounds, ServerSteps
-from memtrain.train.marks import STEP, Activity
+from memtrain.train.exchange.marks import STEP, Activity
 from memtrain.train.schedule import ArrivalAgenda, PlannedAgenda, RecordedAgenda
+from memtrain.train.server import engines, server
+from memtrain.train.server.engines import ClusterRounds, Desk, EngineContext, Rounds, ServerSteps
 
 JOB = """
 [data]

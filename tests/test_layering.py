@@ -1,5 +1,6 @@
 """The training core's layering (docs/how-it-works.md): no import cycle among memtrain/train/, config.py and
-memtrain/cluster/; config.py imports nothing from train/; the cluster imports none of the engine it serves.
+memtrain/cluster/; config.py imports nothing from train/; the cluster imports none of the engine it serves; a
+worker process's code (train/worker/) reaches nothing of the server's (train/server/), not even through another module.
 
 Imports are read from the source (module level and inside functions, as they run; those under
 ``TYPE_CHECKING`` are for type checkers only), so a cycle closed by a function-level import counts too."""
@@ -14,7 +15,7 @@ import memtrain
 ROOT = Path(memtrain.__file__).parent
 CORE = ("memtrain.train", "memtrain.config", "memtrain.cluster")
 # what the cluster may import of train/: the records that cross, the plan and the weights' names, nothing that runs
-CLUSTER_MAY_IMPORT = {"memtrain.train.messages", "memtrain.train.plan", "memtrain.train.weights"}
+CLUSTER_MAY_IMPORT = {"memtrain.train.messages", "memtrain.train.plan", "memtrain.train.exchange.weights"}
 
 
 def modules() -> dict[str, Path]:
@@ -86,6 +87,26 @@ def test_the_cluster_imports_none_of_the_engine_it_serves() -> None:
     for name, deps in graph().items():
         if name.startswith("memtrain.cluster"):
             assert {m for m in deps if m.startswith("memtrain.train")} <= CLUSTER_MAY_IMPORT, name
+
+
+def reached(edges: dict[str, set[str]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for nxt in edges.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def test_a_worker_reaches_nothing_of_the_server() -> None:
+    edges = graph()
+    workers = [name for name in edges if name.startswith("memtrain.train.worker.")]
+    assert workers
+    for name in workers:
+        assert not {m for m in reached(edges, name) if m.startswith("memtrain.train.server")}, name
 
 
 def test_the_search_finds_a_cycle() -> None:

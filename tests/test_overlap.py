@@ -1,4 +1,4 @@
-"""The server's one loop (memtrain/train/overlap.py ``Overlap.run``) driven by a fake task stream under each
+"""The server's one loop (memtrain/train/loops/overlap.py ``Overlap.run``) driven by a fake task stream under each
 schedule's agenda (memtrain/train/schedule.py): gradients come back in a random order from a random number of
 workers; the step is replaced by a record of what it was given. No files, no processes."""
 
@@ -13,12 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memtrain.errors import MemtrainError
-from memtrain.train.lineage import Gradient, Step
+from memtrain.train.loops.overlap import Overlap
 from memtrain.train.messages import GradTask, Outcome, Result
-from memtrain.train.overlap import Overlap
 from memtrain.train.plan import TaskRange, Update, live_bases
+from memtrain.train.records.lineage import Gradient, Step
+from memtrain.train.records.state import Position
 from memtrain.train.schedule import Arrival, Planned, Recorded
-from memtrain.train.state import Position
 
 RESULT = Result(task=0, attempt=0, outcome=Outcome.DONE, loss=1.0)
 

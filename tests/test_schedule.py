@@ -8,11 +8,11 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memtrain.train.lineage import Gradient, Step
 from memtrain.train.messages import GradTask, Outcome, Result
 from memtrain.train.plan import TaskRange, Update
+from memtrain.train.records.lineage import Gradient, Step
+from memtrain.train.records.state import Position
 from memtrain.train.schedule import Arrival, Planned, Recorded
-from memtrain.train.state import Position
 
 
 @given(k=st.integers(0, 64), update=st.integers(0, 10_000))
@@ -61,7 +61,7 @@ def test_arrival_base_counts_the_groups_handed_over_and_not_stepped() -> None:
 def test_arrival_in_a_simulated_run_applies_every_task_once_within_the_bound(seed: int, tasks: int, group: int,
                                                                                bound: int, workers: int) -> None:
     """Tasks computed by ``workers`` at the newest version and arriving in a random order, as the server's
-    async loop applies them (train/overlap.py): each task is applied once, none staler than the bound."""
+    async loop applies them (train/loops/overlap.py): each task is applied once, none staler than the bound."""
     arrival, rng = Arrival(group=group, max_staleness=bound), random.Random(seed)
     remaining, in_flight, filling, applied, version = list(range(tasks)), [], [], [], 0
     for _ in range(100 * tasks * workers):  # a bound: a schedule that discards everything never ends

@@ -1,4 +1,4 @@
-"""The scheduler's fault rules on their own (memtrain/train/scheduler.py), with a scripted transport: no process
+"""The scheduler's fault rules on their own (memtrain/train/server/scheduler.py), with a scripted transport: no process
 is started. A dead worker's task re-runs under the next attempt number (first in line, what it wrote
 discarded), a task that kills its worker ``max_attempts`` times stops the run naming it, a failure stops it
 with the worker's text, and the results come back in task order (``run``) or as they arrive (``TaskStream``)."""
@@ -11,7 +11,7 @@ import pytest
 
 from memtrain.errors import WorkerFailure
 from memtrain.train.messages import EvalTask, Event, GradTask, Message, Outcome, Result, Slot
-from memtrain.train.scheduler import Scheduler
+from memtrain.train.server.scheduler import Scheduler
 
 
 class Scripted:

@@ -1,4 +1,4 @@
-"""Where a streamed update's time goes (train/stream.py): the server's pieces, timed around each update.
+"""Where a streamed update's time goes (train/loops/stream.py): the server's pieces, timed around each update.
 
 Run: ``python -m memtrain.benchmarks.stream_profile [--params 1e6] [--updates 40] [--cluster local:2]``.
 Trains the benchmark's MLP (memtrain/benchmarks/synthetic.py) for one epoch on the cluster and prints,
@@ -7,7 +7,7 @@ worker processes (train/exchange.WorkerPool) instead of Dask workers: the same s
 which separates what Dask costs from what the stream itself costs.
 
 - ``round``: one whole update in the server (its step, then the next update's gradients);
-- ``step``: the server's step of the whole parameter vector (train/reduce.py);
+- ``step``: the server's step of the whole parameter vector (train/loops/reduce.py);
 - ``publish``: the link that publishes a version (and its sync, on a network filesystem);
 - ``tasks``: from sending an update's gradient tasks to having every answer;
 - ``tasks - slowest compute``: what the tasks cost beyond the longest gradient computation: the actor
@@ -29,7 +29,7 @@ from typing import Any
 from memtrain.benchmarks.memtrain_run import job_for
 from memtrain.benchmarks.problem import BATCH, Problem
 from memtrain.benchmarks.synthetic import mlp_shape, write_dataset
-from memtrain.train.sliced import SlicedParticipant
+from memtrain.train.loops.sliced import SlicedParticipant
 
 SKIP = 3  # first updates left out (maps and caches warming up)
 PROCESSES = "processes"
@@ -65,7 +65,7 @@ def instrument(times: dict[str, list[float]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from memtrain.train.server import train
+    from memtrain.train.server.server import train
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=float, default=1e6, help="parameters of the MLP (1e6)")
@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     instrument(times)
     cluster = args.cluster
     if cluster == PROCESSES:
-        from memtrain.train import server
-        from memtrain.train.exchange import WorkerPool
+        from memtrain.train.server import server
+        from memtrain.train.server.exchange import WorkerPool
 
         server.open_cluster = lambda job, setup, run, log: WorkerPool(setup, 2)
         cluster = "local:2"  # a cluster run, on the pool above

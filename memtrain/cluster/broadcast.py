@@ -38,9 +38,9 @@ from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from memtrain.train.exchange.weights import BLOCK
 from memtrain.train.messages import BackupRule, GradTask, Outcome, Result
 from memtrain.train.plan import step_slices
-from memtrain.train.weights import BLOCK
 
 if TYPE_CHECKING:  # the pool's actors call ``follow`` here: the transport imports this module, not back
     from memtrain.cluster.transport import ClusterPool, ClusterSlot

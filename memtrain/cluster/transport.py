@@ -2,7 +2,7 @@
 
 It carries tasks only (gradients, evaluation, statistics): across machines the round's participants
 cannot meet at marks in a shared file, so a cluster run streams gradient tasks and steps in the server
-(train/stream.py); a ``Stretch`` is never sent here.
+(train/loops/stream.py); a ``Stretch`` is never sent here.
 
 Measured (``python -m memtrain.benchmarks.cluster_transports``; docs/cluster.md has the table), a record's
 round trip on loopback: an actor method call from a client with ``direct_to_workers`` goes straight to the
@@ -47,8 +47,8 @@ class ClusterLost(MemtrainError):
 
 class ClusterWorker:
     """The actor on a Dask worker: a memtrain WorkerState answering tasks, its files on the shared filesystem.
-    ``worker_state(setup, alive=...)`` makes it (train/worker.py's ``WorkerState``, handed down by the pool's
-    maker, train/pools.py: the cluster runs memtrain's worker without importing it)."""
+    ``worker_state(setup, alive=...)`` makes it (train/worker/worker.py's ``WorkerState``, handed down by the pool's
+    maker, train/server/pools.py: the cluster runs memtrain's worker without importing it)."""
 
     def __init__(self, setup: WorkerSetup, token: str, worker_state: Callable[..., Any]):
         from distributed import get_worker

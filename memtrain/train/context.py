@@ -28,7 +28,7 @@ class ModelContext:
     normalize: Normalizer
     manifest: dict[str, Any]
     # CPU seconds this process spent building the model, its imports included (torch: seconds): what every
-    # worker pays again as it starts (train/placement.py weighs it); an outline's: what its child spent
+    # worker pays again as it starts (train/server/placement.py weighs it); an outline's: what its child spent
     build_seconds: float = 0.0
     target: TargetScale | None = None  # data.scale_target: the model is trained on the standardized target
 

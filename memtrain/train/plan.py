@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from memtrain.order import WINDOW, EpochOrder, Rows, epoch_order
-from memtrain.train.counters import epoch_number
+from memtrain.train.records.counters import epoch_number
 
 if TYPE_CHECKING:
     from memtrain.config import TrainConfig

@@ -15,7 +15,7 @@ here once, whoever runs it:
 
 Each schedule also runs: ``Planned.agenda``, ``Arrival.agenda`` and ``Recorded.agenda`` give the state of one
 epoch's work (a replay: the whole lineage's) behind one interface, ``Agenda``, which the one loop of the
-server's whole-vector engine asks (train/overlap.py ``Overlap.run``): ``start`` what can be computed now,
+server's whole-vector engine asks (train/loops/overlap.py ``Overlap.run``): ``start`` what can be computed now,
 ``arrived`` each gradient as it comes back, ``due`` the next update whose gradients are all in (in the order
 they are added, with the oldest version still read), ``applied`` once it is stepped, ``done`` at the end.
 An agenda holds the arrived gradients' records (tasks and results: names and numbers), never files or arrays.
@@ -34,12 +34,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from memtrain.errors import MemtrainError
-from memtrain.train.lineage import Step
 from memtrain.train.messages import GradTask, Result
 from memtrain.train.plan import TaskRange, Update, gradient_base, live_bases, startable_updates, task_stream
+from memtrain.train.records.lineage import Step
 
 if TYPE_CHECKING:
-    from memtrain.train.state import Position
+    from memtrain.train.records.state import Position
 
 Arrived = tuple[GradTask, Result]  # a gradient task and its result, as the task stream returns them
 
@@ -160,7 +160,7 @@ class Schedule(Protocol):
 
 class Agenda(Protocol):
     """One epoch's work under a schedule (a replay's: the whole lineage), as the server's loop asks it
-    (train/overlap.py ``Overlap.run``). Pure: records in, records out; the loop holds the files."""
+    (train/loops/overlap.py ``Overlap.run``). Pure: records in, records out; the loop holds the files."""
 
     def start(self, free: Callable[[], int], version: int, submit: Submit) -> None:
         """``submit`` every gradient that can be computed now: ``free()`` workers are idle (asked only by a
