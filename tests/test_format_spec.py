@@ -343,7 +343,8 @@ def test_the_records_runs_write_are_the_declared_ones(runs: Path) -> None:
     assert kinds == {record.name for record in records.RECORDS}  # every declaration met on disk
     optional = {(record.name, f.name) for record, _, obj in written for f in record.fields
                 if not f.required and f.name in obj}
-    assert {("lineage-update", "ids"), ("metrics-epoch", "val_r2"), ("checkpoint-position", "applied")} <= optional
+    assert {("lineage-update", "ids"), ("metrics-epoch", "val_r2"), ("checkpoint-position", "arrival"),
+            ("checkpoint-position", "planned")} <= optional
 
 
 def test_a_writer_cannot_drift_from_the_declaration() -> None:

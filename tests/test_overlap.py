@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from memtrain.errors import MemtrainError
 from memtrain.train.loops.overlap import Overlap
 from memtrain.train.messages import GradTask, Outcome, Result
-from memtrain.train.plan import TaskRange, Update, live_bases
+from memtrain.train.plan import TaskRange, Update
 from memtrain.train.records.lineage import Gradient, Step
 from memtrain.train.records.state import Position
-from memtrain.train.schedule import Arrival, Planned, Recorded
+from memtrain.train.schedule import Arrival, ArrivalState, Planned, PlannedState, Recorded
 
 RESULT = Result(task=0, attempt=0, outcome=Outcome.DONE, loss=1.0)
 
@@ -69,9 +69,7 @@ class Recording(Overlap):
         before = position.version
         position.version += 1
         position.batch += 1
-        bases = {update.update: before} | dict(position.bases) | {update.update + 1: position.version}
-        position.bases = [[n, v] for n, v in sorted(bases.items())
-                          if n in live_bases(update.update + 1, self.staleness)]
+        position.schedule.logged(update.update, before, position.version)  # as the logbook reports it
         return self.checksums.get(position.version, f"v{position.version}")
 
 
@@ -86,7 +84,8 @@ def plan_updates(updates: int, tasks: int) -> list[Update]:
 def test_planned_applies_the_plan_in_order_each_update_at_its_fixed_version(seed: int, k: int, updates: int,
                                                                            tasks: int, workers: int) -> None:
     stream = FakeStream(workers, random.Random(seed))
-    loop, plan, position = Recording(stream, staleness=k), plan_updates(updates, tasks), Position()
+    loop, plan = Recording(stream, staleness=k), plan_updates(updates, tasks)
+    position = Position(schedule=PlannedState(staleness=k))
     loop.run(position, Planned(staleness=k).agenda(position, plan))
     assert [update for update, *_ in loop.steps] == plan, "every update once, in plan order"
     for n, (update, got, oldest, lr, lineage) in enumerate(loop.steps):
@@ -108,7 +107,7 @@ def test_arrival_applies_every_task_once_in_arrival_order_within_the_bound(seed:
     loop = Recording(stream)
     updates = plan_updates(count, 1)
     applied = list(range(min(done, count - 1)))  # a resumed epoch: these tasks were applied before the stop
-    position = Position(applied=list(applied))
+    position = Position(schedule=ArrivalState(applied=list(applied)))
     loop.run(position, Arrival(group=group, max_staleness=bound, per_epoch=99).agenda(position, updates))
     got = [task for _, tasks_in, *_ in loop.steps for task in tasks_in]
     assert sorted(t.task for t in got) == sorted(set(range(count)) - set(applied)), "each task not applied, once"
@@ -123,12 +122,12 @@ def test_arrival_applies_every_task_once_in_arrival_order_within_the_bound(seed:
     discarded = sum(lineage["discarded"] for *_, lineage in loop.steps)
     assert len(stream.submitted) == len(got) + discarded, "every stale gradient was computed again"
     assert len({t.update for t in stream.submitted}) == len(stream.submitted), "each hand-out has its own ticket"
-    assert position.applied == [], "the epoch's end clears the record of applied tasks"
+    assert position.schedule == ArrivalState(applied=[]), "the epoch's end clears the record of applied tasks"
 
 
 def test_arrival_counts_applied_tasks_mid_epoch() -> None:
-    """Mid-epoch (a stop after the first group), ``position.applied`` names the tasks applied so far."""
-    position = Position()
+    """Mid-epoch (a stop after the first group), the schedule's state names the tasks applied so far."""
+    position = Position(schedule=ArrivalState())
     agenda = Arrival(group=2, per_epoch=2).agenda(position, plan_updates(4, 1))
     handed: list[GradTask] = []
 
@@ -144,7 +143,7 @@ def test_arrival_counts_applied_tasks_mid_epoch() -> None:
     assert due is not None and [task.update for task, _ in due.gradients] == [2, 1], "arrival order"
     position.version, position.batch = 1, 1
     agenda.applied(position, "c")
-    assert position.applied == [1, 0] and not agenda.done()
+    assert position.schedule == ArrivalState(applied=[1, 0]) and not agenda.done()
 
 
 def steps(ats: list[list[int]], ids: bool) -> list[Step]:

@@ -12,7 +12,7 @@ from memtrain.train.messages import GradTask, Outcome, Result
 from memtrain.train.plan import TaskRange, Update
 from memtrain.train.records.lineage import Gradient, Step
 from memtrain.train.records.state import Position
-from memtrain.train.schedule import Arrival, Planned, Recorded
+from memtrain.train.schedule import Arrival, Planned, PlannedState, Recorded
 
 
 @given(k=st.integers(0, 64), update=st.integers(0, 10_000))
@@ -99,13 +99,13 @@ def test_recorded_keeps_every_version_a_later_step_reads_and_waits_for_the_newes
 @given(k=st.integers(0, 4), batch=st.integers(0, 6), extra=st.integers(1, 8), tasks=st.integers(1, 3))
 def test_a_planned_agenda_starts_the_next_k_plus_1_updates_each_at_its_version(k: int, batch: int, extra: int,
                                                                               tasks: int) -> None:
-    """Mid-epoch (``batch`` updates done, the versions they made in ``position.bases``), the agenda starts
+    """Mid-epoch (``batch`` updates done, the versions they made in its ``PlannedState``), the agenda starts
     updates batch .. batch + k, each task at the version after max(0, n - k) updates; nothing more until one
     is applied; then it is due, its gradients in task order."""
     updates = [Update(0, b, b, tuple(TaskRange(t, t, t + 1) for t in range(tasks))) for b in range(batch + extra)]
     versions = {n: 100 + n for n in range(batch + 1)}  # a skipped update would make these differ from n
-    position = Position(batch=batch, version=versions[batch], bases=[[n, versions[n]] for n in
-                                                                     range(max(0, batch - k), batch + 1)])
+    state = PlannedState(staleness=k, bases=[[n, versions[n]] for n in range(max(0, batch - k), batch + 1)])
+    position = Position(batch=batch, version=versions[batch], schedule=state)
     agenda, started = Planned(staleness=k).agenda(position, updates), []
     agenda.start(lambda: 0, position.version, lambda **task: started.append(task))
     expected = [(n, versions[max(0, n - k)]) for n in range(batch, min(batch + k + 1, batch + extra))]

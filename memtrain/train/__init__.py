@@ -65,7 +65,9 @@ Glossary (one name per concept, everywhere in this package):
     attempt      how many times a task was started before (a retry after a death: a new file name)
     partial      an additive model's statistics of one task's rows, a float64 file the model adds into
     chunk        train.chunk_rows rows of a statistics task, read and added at once (loops/additive.py)
-    schedule     what is computed: which gradients each update adds, at which version (schedule.py)
+    schedule     what is computed: which gradients each update adds, at which version (schedule.py); what
+                 it keeps across updates is its own state (PlannedState, ArrivalState), which the position
+                 carries without asking its kind and a checkpoint stores under the schedule's name
     agenda       a schedule's state over one epoch (a replay: the whole lineage): what can start, which
                  arrived gradients form the next update (schedule.Agenda)
     engine       who steps, on the server's side (server/engines.py): Rounds (slices, marks), ClusterRounds (the

@@ -20,6 +20,11 @@ server's whole-vector engine asks (train/loops/overlap.py ``Overlap.run``): ``st
 they are added, with the oldest version still read), ``applied`` once it is stepped, ``done`` at the end.
 An agenda holds the arrived gradients' records (tasks and results: names and numbers), never files or arrays.
 
+What a schedule keeps across updates, stretches and checkpoints is its own state object (``schedule_state``), which
+the position carries without knowing its kind and a checkpoint stores under the schedule's name:
+``PlannedState`` (fixed staleness's versions still read) and ``ArrivalState`` (async mode's tasks applied this
+epoch). A replay keeps its job's schedule's state, as the run it replays did.
+
 The rows of a task are the plan's (``Plan.updates``, ``plan.task_stream``; ``Plan.rows`` turns a task into rows of the
 train split, in the epoch's order: ``train.shuffle``): the one place they are decided.
 """
@@ -31,7 +36,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from memtrain.errors import MemtrainError
 from memtrain.train.messages import GradTask, Result
@@ -39,11 +44,91 @@ from memtrain.train.plan import TaskRange, Update, gradient_base, live_bases, st
 from memtrain.train.records.lineage import Step
 
 if TYPE_CHECKING:
+    from memtrain.config import TrainConfig
     from memtrain.train.records.state import Position
 
 Arrived = tuple[GradTask, Result]  # a gradient task and its result, as the task stream returns them
 
 NO_EXTRA: Mapping[str, Any] = {}  # a planned update's lineage line has no fields beyond the common ones
+
+
+class ScheduleState(Protocol):
+    """What a schedule keeps across updates and checkpoints (a checkpoint's position stores ``to_json()`` under
+    ``NAME``). The position carries it and the logbook reports each logged update to it, neither knowing its kind."""
+
+    NAME: ClassVar[str]
+
+    def logged(self, update: int, before: int, after: int) -> None:
+        """Update ``update`` (the run's count) was logged: the newest version went from ``before`` to ``after``."""
+
+    def epoch_done(self) -> None:
+        """The epoch's updates are all logged."""
+
+    def read_versions(self) -> list[int]:
+        """The versions later updates still read (a checkpoint carries the older ones, the keep rule keeps them)."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+@dataclass(slots=True)
+class PlannedState:
+    """``Planned(k)``'s state: ``bases``, [updates done, version then] of the versions the next updates' gradients
+    are computed at (plan.live_bases); always empty when k = 0."""
+
+    NAME: ClassVar[str] = "planned"
+    staleness: int = 0
+    bases: list[list[int]] = field(default_factory=list)
+
+    def logged(self, update: int, before: int, after: int) -> None:
+        if self.staleness:
+            live = live_bases(update + 1, self.staleness)
+            bases = {update: before} | dict(self.bases) | {update + 1: after}
+            self.bases = [[n, v] for n, v in sorted(bases.items()) if n in live]
+
+    def epoch_done(self) -> None:
+        pass  # the versions read carry over into the next epoch
+
+    def read_versions(self) -> list[int]:
+        return [version for _, version in self.bases]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bases": self.bases}
+
+
+@dataclass(slots=True)
+class ArrivalState:
+    """``Arrival``'s state: ``applied``, the epoch's tasks already applied (their numbers in the epoch's task
+    stream), so that a stretch or a resume mid-epoch hands out only the others."""
+
+    NAME: ClassVar[str] = "arrival"
+    applied: list[int] = field(default_factory=list)
+
+    def logged(self, update: int, before: int, after: int) -> None:
+        pass  # the engine that formed the group adds its tasks (``add``): the logbook does not know them
+
+    def add(self, tasks: Sequence[int]) -> None:
+        self.applied = self.applied + list(tasks)
+
+    def epoch_done(self) -> None:
+        self.applied = []
+
+    def read_versions(self) -> list[int]:
+        return []
+
+    def to_json(self) -> dict[str, Any]:
+        return {"applied": self.applied}
+
+
+def schedule_state(train: TrainConfig, stored: Mapping[str, Any] | None = None) -> ScheduleState:
+    """The state of the job's schedule: fresh, or as a checkpoint's position ``stored`` it (under the schedule's
+    name; a checkpoint written before schedules owned their state kept ``bases`` and ``applied`` at the
+    position's top level: read alike)."""
+    stored = stored or {}
+    if train.mode == "async":
+        own = stored.get(ArrivalState.NAME) or {"applied": stored.get("applied", [])}
+        return ArrivalState(applied=list(own["applied"]))
+    own = stored.get(PlannedState.NAME) or {"bases": stored.get("bases", [])}
+    return PlannedState(staleness=train.staleness, bases=[list(pair) for pair in own["bases"]])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -239,8 +324,10 @@ class PlannedAgenda:
 
     def applied(self, position: Position, checksum: str | None) -> None:
         self.batch, self.version = position.batch, position.version
-        # updates done -> the version then (the logbook keeps position.bases as updates are applied)
-        self.bases = dict(position.bases)
+        # updates done -> the version then (the logbook reports each update to the PlannedState)
+        state = position.schedule
+        assert isinstance(state, PlannedState)
+        self.bases = dict(state.bases)
         self.bases[self.first + position.batch] = position.version
         self.startable = self.planned.startable(self.first + self.batch, self.end)  # asked per arrival: kept
 
@@ -256,13 +343,15 @@ class ArrivalAgenda:
                  tickets: Iterator[int]):
         self.arrival, self.per_epoch, self.tickets = arrival, per_epoch, tickets
         self.epoch, self.batch, self.version = position.epoch, position.batch, position.version
-        applied = set(position.applied)
+        self.state = position.schedule
+        assert isinstance(self.state, ArrivalState)
+        applied = set(self.state.applied)
         self.remaining = deque(t for t in tasks if t.task not in applied)
         self.reading: Counter[int] = Counter()  # versions read by the tasks in flight
         self.group: list[Arrived] = []  # the group filling, in arrival order
         self.full = False  # the group is handed over: due
         self.recomputed = 0  # stale gradients computed again while this group filled
-        self.ids: list[int] = []  # the due group's task numbers (position.applied grows by them)
+        self.ids: list[int] = []  # the due group's task numbers (the state's applied grows by them)
 
     def start(self, free: Callable[[], int], version: int, submit: Submit) -> None:
         while self.remaining and free():
@@ -297,7 +386,7 @@ class ArrivalAgenda:
 
     def applied(self, position: Position, checksum: str | None) -> None:
         self.batch, self.version = position.batch, position.version
-        position.applied = position.applied + self.ids
+        self.state.add(self.ids)
 
     def done(self) -> bool:
         return not (self.remaining or self.group)

@@ -60,7 +60,7 @@ from memtrain.train.optim import learning_rate
 from memtrain.train.plan import TaskRange, Update, async_updates_per_epoch, task_stream
 from memtrain.train.records.logbook import Logbook
 from memtrain.train.records.state import Position
-from memtrain.train.schedule import Arrival
+from memtrain.train.schedule import Arrival, ArrivalState
 
 # desk words
 NEWEST, NEXT, GROUPS, HANDED, PENDING, REDO, DISCARDED, STOPPED, LEFT_FROM = range(9)
@@ -376,5 +376,7 @@ class DeskLog:
                                  if not math.isfinite(loss)],
                             when=float(record["time"]), lr=float(record["lr"]), ids=ids,
                             discarded=int(record["discarded"]))
-            position.applied = position.applied + ids
+            state = position.schedule  # the desk runs async mode: Arrival's state
+            assert isinstance(state, ArrivalState)
+            state.add(ids)
             self.logged += 1

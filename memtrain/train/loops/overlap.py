@@ -15,7 +15,7 @@ three below; what it computes, and in which order it adds it, is its schedule's 
   after max(0, n - k) updates (plan.gradient_base), added in task order. So at most k + 1 updates are in
   flight, the workers compute while the server steps, and the schedule is the plan's alone: bitwise
   identical with any worker count, after worker deaths and after a resume (a checkpoint carries the k
-  older versions the next updates read, ``position.bases``).
+  older versions the next updates read, schedule.PlannedState).
 - **Async** (``train.mode = "async"``), streamed when the server computes the gradients itself and for a
   replay (on worker processes it runs at the desk, train/loops/desk.py, with the same lineage): each free
   worker takes the epoch's next task at the newest version
@@ -97,7 +97,7 @@ class Overlap:
                     agenda.applied(position, checksum)
                     self.look(position)
                     due = agenda.due()
-        position.applied = []  # the epoch is over: none of its tasks waits to be applied (async mode's record)
+        position.schedule.epoch_done()  # the epoch is over (async mode: none of its tasks waits to be applied)
 
     # --- the loop's parts ---
 

@@ -267,12 +267,23 @@ def _position_problems(position: dict[str, Any]) -> list[str]:
         problems.append("position.epoch_loss")
     if position.get("best") is not None and not isinstance(position["best"], dict):
         problems.append("position.best")
-    if not _bases_ok(position.get("bases", []), position.get("version")):
-        problems.append("position.bases")
-    applied = position.get("applied", [])
+    # the schedule's state under its name, or (earlier releases) at the top level
+    where, bases = _own(position, "planned", "bases")
+    if not _bases_ok(bases, position.get("version")):
+        problems.append(where)
+    where, applied = _own(position, "arrival", "applied")
     if not (isinstance(applied, list) and all(map(_count, applied)) and len(set(applied)) == len(applied)):
-        problems.append("position.applied")
+        problems.append(where)
     return problems
+
+
+def _own(position: dict[str, Any], schedule: str, key: str) -> tuple[str, Any]:
+    """A schedule's state field in a checkpoint's position, and where it is: ``position.<schedule>.<key>``, or
+    ``position.<key>`` in a checkpoint of an earlier release (absent: an empty list)."""
+    if schedule in position:
+        own = position[schedule]
+        return f"position.{schedule}.{key}", own.get(key) if isinstance(own, dict) else None
+    return f"position.{key}", position.get(key, [])
 
 
 def _bases_ok(bases: Any, version: Any) -> bool:

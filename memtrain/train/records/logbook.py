@@ -24,7 +24,7 @@ from memtrain.records import METRICS_UPDATE, make
 from memtrain.train.exchange.marks import PUBLISHED, SKIPPED, Ledger
 from memtrain.train.exchange.weights import commit_weights
 from memtrain.train.optim import OptimizerConfig, learning_rate
-from memtrain.train.plan import Plan, TaskRange, Update, gradient_bank, live_bases, task_owner
+from memtrain.train.plan import Plan, TaskRange, Update, gradient_bank, task_owner
 from memtrain.train.records.counters import batch_number, epoch_number, update_number
 from memtrain.train.records.lineage import update_record
 from memtrain.train.records.run_dir import RunDir
@@ -36,7 +36,7 @@ class Logbook:
                  on_nonfinite: str, size: int, describe_rows: Callable[..., str], log: Callable[[str], None],
                  staleness: int = 0):
         self.run, self.exchange, self.plan, self.records = run, exchange, plan, records
-        self.staleness = staleness  # fixed staleness: the position keeps the versions later updates read
+        self.staleness = staleness  # fixed staleness: its gradient banks, and versions only recorded
         self.optimizer, self.on_nonfinite, self.size = optimizer, on_nonfinite, size
         self.describe_rows, self.log = describe_rows, log
         self.lineage: list[dict[str, Any]] = []
@@ -112,21 +112,13 @@ class Logbook:
         position.epoch_loss += loss
         position.epoch_rows += update.rows
         position.batch += 1
-        if self.staleness:
-            self.keep_bases(position, update.update, before)
+        position.schedule.logged(update.update, before, position.version)
         self.metrics.append(make(
             METRICS_UPDATE, kind="update", epoch=epoch_number(update.epoch), batch=batch_number(update.batch),
             update=update_number(update.update), version=position.version, loss=loss / update.rows,
             rows=update.rows, skipped=version is None, compute_s=compute, time=when))
         self.timeline.append((update.update, when, compute))
         fault_point("after_update_logged")
-
-    def keep_bases(self, position: Position, update: int, before: int) -> None:
-        """Fixed staleness: ``position.bases`` -> the versions after each count of updates that a later update's
-        gradients may still be computed at (plan.live_bases), now that ``update`` (from ``before``) is done."""
-        live = live_bases(update + 1, self.staleness)
-        bases = {update: before} | dict(position.bases) | {update + 1: position.version}
-        position.bases = [[n, v] for n, v in sorted(bases.items()) if n in live]
 
     def nonfinite(self, update: Update, bad: list[TaskRange]) -> None:
         if not bad and self.on_nonfinite == "stop":  # the stretch stopped right here: the buffers are intact

@@ -7,6 +7,7 @@ position below is the whole RNG state: a resumed run repeats exactly what an uni
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import json
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from memtrain.train.exchange.weights import publish_params
 from memtrain.train.optim import state_slots
 from memtrain.train.plan import run_updates_per_epoch
 from memtrain.train.records.checkpoint import (
+    POSITION_KEYS,
     StagedBest,
     checkpoint_sources,
     discard_incomplete,
@@ -55,6 +57,7 @@ from memtrain.train.records.counters import position_text
 from memtrain.train.records.lineage import continuous, init_record
 from memtrain.train.records.record import Decision, add_history, history_entry
 from memtrain.train.records.run_dir import RunDir, read_params, write_params
+from memtrain.train.schedule import PlannedState, ScheduleState, schedule_state
 
 
 @dataclass
@@ -68,11 +71,9 @@ class Position:
     epoch_rows: int = 0
     skipped: int = 0
     best: dict[str, Any] | None = None  # best epoch record so far (by validation loss)
-    # The overlapping modes (train/loops/overlap.py): fixed staleness's [updates done, version] of the versions the
-    # next updates' gradients are computed at (a checkpoint carries their files); async mode's tasks of the
-    # epoch already applied, mid-epoch (their numbers in the epoch's task stream).
-    bases: list[list[int]] = dataclasses.field(default_factory=list)
-    applied: list[int] = dataclasses.field(default_factory=list)
+    # what the run's schedule keeps across updates (schedule.py: its own object, whose kind the position never
+    # asks); a checkpoint stores it under the schedule's name. The default: a synchronous plan's, which keeps none.
+    schedule: ScheduleState = dataclasses.field(default_factory=PlannedState)
 
     def update_index(self, per_epoch: int) -> int:
         return self.epoch * per_epoch + self.batch
@@ -102,7 +103,7 @@ def start_fresh(run: RunDir, job: Job, context: ModelContext) -> Position:
     for slot in run_state_slots(job, context):
         for parity in (0, 1):
             publish_array(run.exchange / state_buffer_name(slot, parity), zeros, durable=False)
-    return Position()
+    return Position(schedule=schedule_state(job.train))
 
 
 def resume(run: RunDir, job: Job, context: ModelContext, train_rows: int, decision: Decision) -> Position:
@@ -128,7 +129,7 @@ def resume(run: RunDir, job: Job, context: ModelContext, train_rows: int, decisi
         return start_fresh(run, job, context)
     path, meta = found
     stored = meta["position"]
-    position = Position(**{f.name: stored[f.name] for f in dataclasses.fields(Position) if f.name in stored})
+    position = Position(**{key: stored[key] for key in POSITION_KEYS}, schedule=schedule_state(job.train, stored))
     _restore_files(run, job, context, path, position)
     per_epoch = job_updates_per_epoch(job, train_rows)
     _truncate_logs(run, position.update_index(per_epoch), position.version, lineage)
@@ -152,7 +153,7 @@ def _restore_files(run: RunDir, job: Job, context: ModelContext, path: Path, pos
     size, version = context.layout.size, position.version
     weights = open_npy(path / CHECKPOINT_WEIGHTS, shape=(size,), dtype=np.float32)
     publish_array(weights_path(run.path, version), weights, durable=False)
-    for older in {v for _, v in position.bases if v != version}:  # fixed staleness: the versions still read
+    for older in {v for v in position.schedule.read_versions() if v != version}:  # the versions still read
         stored = open_npy(path / checkpoint_version_name(older), shape=(size,), dtype=np.float32)
         publish_array(weights_path(run.path, older), stored, durable=False)
     for slot in run_state_slots(job, context):
@@ -249,7 +250,7 @@ def commit_best(run: RunDir, job: Job, position: Position, staged: StagedBest) -
 def checkpoint_meta(job: Job, context: ModelContext, position: Position, per_epoch: int,
                     metrics: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
-        "position": make(CHECKPOINT_POSITION, **dataclasses.asdict(position)),
+        "position": make(CHECKPOINT_POSITION, **position_json(position)),
         "epoch": position.epoch,
         "update": position.update_index(per_epoch),
         "weights_version": position.version,
@@ -268,10 +269,19 @@ def checkpoint_meta(job: Job, context: ModelContext, position: Position, per_epo
     }
 
 
+def position_json(position: Position) -> dict[str, Any]:
+    """A checkpoint's ``position``: the run's place, and its schedule's state under the schedule's name (copies:
+    a staged best checkpoint's metadata waits until the run stops)."""
+    own = dataclasses.asdict(position)
+    del own["schedule"]
+    return own | {position.schedule.NAME: copy.deepcopy(position.schedule.to_json())}
+
+
 def _state_files(run: RunDir, job: Job, context: ModelContext, position: Position) -> dict[str, Path]:
     return {slot: run.exchange / state_buffer_name(slot, position.version % 2)
             for slot in run_state_slots(job, context)}
 
 
 def _older_versions(run: RunDir, position: Position) -> dict[str, Path]:
-    return {checkpoint_version_name(v): weights_path(run.path, v) for _, v in position.bases if v != position.version}
+    return {checkpoint_version_name(v): weights_path(run.path, v) for v in position.schedule.read_versions()
+            if v != position.version}

@@ -39,7 +39,7 @@ from memtrain.train.plan import Plan, RowWords, step_slices, task_stream
 from memtrain.train.records.counters import update_number
 from memtrain.train.records.logbook import Logbook
 from memtrain.train.records.state import Position
-from memtrain.train.schedule import Arrival, Planned, Recorded, Schedule
+from memtrain.train.schedule import Arrival, ArrivalState, Planned, PlannedState, Recorded, Schedule
 from memtrain.train.server.exchange import InServer
 from memtrain.train.server.scheduler import Scheduler
 
@@ -167,7 +167,9 @@ class Rounds:
         ready_building(c.run_path, version + 1, c.size, os.getpid(),
                        rounds_keep(c.keep_versions, c.train.staleness), recycle=self.recycle)
         slices = len(step_slices(c.size, participants, BLOCK))
-        bases = dict(position.bases) | {position.update_index(c.per_epoch): version}
+        state = position.schedule  # the rounds step a plan: Planned(k)'s state
+        assert isinstance(state, PlannedState)
+        bases = dict(state.bases) | {position.update_index(c.per_epoch): version}
         threads = self.server_threads() if alone else 1
         stretches = [Stretch(generation=self.generation, epoch=position.epoch, first=first, stop=stop,
                              version=version, slot=slot, participants=participants, slices=slices,
@@ -286,7 +288,9 @@ class Desk:
         c = self.context
         transport, train, exchange = c.placement.transport, c.train, c.exchange
         ranges = task_stream(c.plan.updates(position.epoch))
-        applied = set(position.applied)
+        state = position.schedule  # the desk runs async mode: Arrival's state
+        assert isinstance(state, ArrivalState)
+        applied = set(state.applied)
         tasks = np.array([rows.task for rows in ranges if rows.task not in applied], dtype=np.int64)
         if not len(tasks):  # every task applied, yet the epoch's updates not all counted: never run in circles
             raise MemtrainError(f"epoch {position.epoch + 1}: every task is applied, but only {position.batch} of "
@@ -310,7 +314,7 @@ class Desk:
         finally:  # a stop or a fault mid-stretch: the position (and so a checkpoint) is where it stands
             log.catch_up(position, c.logbook)
             if position.batch == c.per_epoch:  # the epoch is done, whatever ended the stretch
-                position.applied = []
+                position.schedule.epoch_done()
             newer = unpublish_after(c.run_path, position.version)  # renamed, never recorded: made again
             if newer:
                 c.log(f"unpublished versions {newer[0]}-{newer[-1]}: not recorded before the stretch ended")

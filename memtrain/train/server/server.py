@@ -496,7 +496,7 @@ class Trainer:
         self.logbook.write()
 
         def retire() -> None:  # so that the run holds keep_versions versions whenever it stops after this
-            oldest = min((version for _, version in position.bases), default=position.version)  # still read
+            oldest = min(position.schedule.read_versions(), default=position.version)  # still read
             retire_weights(self.run_dir.path, versions_to_keep(self.job.run.keep_versions, position.version, oldest),
                            position.version)
 
