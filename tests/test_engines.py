@@ -18,6 +18,7 @@ from tiny_data import blobs, write_dataset
 from memtrain.cli import main
 from memtrain.layout import weight_versions
 from memtrain.train.exchange.marks import STEP, Activity
+from memtrain.train.messages import GradTask
 from memtrain.train.schedule import ArrivalAgenda, PlannedAgenda, RecordedAgenda
 from memtrain.train.server import engines, server
 from memtrain.train.server.engines import ClusterRounds, Desk, EngineContext, Rounds, ServerSteps
@@ -150,3 +151,20 @@ def test_each_engine_names_a_participants_activity_in_its_own_words() -> None:
     assert rounds.describe_activity(step) == "step slice 0 (parameters 0-10000) of update 5"
     desk = Desk(context(per_epoch=3))
     assert desk.describe_activity(step) == "the step of update 5"
+
+
+def test_a_gradient_task_is_named_by_the_engine_that_handed_it_out() -> None:
+    """The plan's rounds (a cluster's) number a task within its update; the server's whole-vector engine hands out
+    tickets (async) or a replay's steps, so its words give the rows and the version read. The Trainer asks the
+    engine it chose, no flag of its own."""
+    words = context(describe_rows=lambda lo, hi, epoch: f"rows {lo}-{hi} of epoch {epoch + 1}")
+    task = GradTask(task=2, attempt=0, update=7, version=5, epoch=1, lo=10, hi=20)
+    cluster = ClusterRounds(words, files=None)
+    assert cluster.describe_gradient(task) == "gradient task 2 (rows 10-20 of epoch 2) of update 8"
+    steps = ServerSteps.__new__(ServerSteps)  # its loop is not needed for words
+    steps.context = words
+    assert steps.describe_gradient(task) == "gradient task (rows 10-20 of epoch 2) at weight version 5"
+    trainer = server.Trainer.__new__(server.Trainer)
+    trainer.engine = steps
+    assert trainer.describe_task(task) == steps.describe_gradient(task)
+

@@ -34,7 +34,7 @@ from memtrain.train.loops.desk import DeskLog, create_desk
 from memtrain.train.loops.mapped import RoundFiles
 from memtrain.train.loops.overlap import Overlap
 from memtrain.train.loops.sliced import SlicedParticipant
-from memtrain.train.messages import Loop, Outcome, Stretch
+from memtrain.train.messages import GradTask, Loop, Outcome, Stretch
 from memtrain.train.plan import Plan, RowWords, step_slices, task_stream
 from memtrain.train.records.counters import update_number
 from memtrain.train.records.logbook import Logbook
@@ -129,6 +129,9 @@ class EpochEngine(Protocol):
     def describe_activity(self, activity: Activity) -> str:
         """A participant's activity in words (what a dead or silent worker was doing), for the scheduler."""
 
+    def describe_gradient(self, task: GradTask) -> str:
+        """A gradient task this engine handed out, in words (a dead, hung or failed one), for the scheduler."""
+
     def close(self) -> None:
         """Let go of what the engine holds (spare gradient files), at the run's end however it ends."""
 
@@ -218,6 +221,11 @@ class Rounds:
         if activity.kind == READYING:
             return f"the readying of the file of the version after update {update_number(update.update)}"
         return f"a wait for its peers at update {update_number(update.update)}"
+
+    def describe_gradient(self, task: GradTask) -> str:
+        """A plan's task (a cluster's rounds hand them out): its number in its update."""
+        rows = self.context.describe_rows(task.lo, task.hi, epoch=task.epoch)
+        return f"gradient task {task.task} ({rows}) of update {update_number(task.update)}"
 
     def close(self) -> None:
         pass
@@ -333,6 +341,9 @@ class Desk:
             return f"the step of update {update_number(activity.update)}"
         return f"a wait for a task or for its group's turn, at update {update_number(activity.update)}"
 
+    def describe_gradient(self, task: GradTask) -> str:  # never asked: the workers take the desk's tasks
+        return f"gradient task ({self.context.describe_rows(task.lo, task.hi, epoch=task.epoch)})"
+
     def close(self) -> None:
         pass
 
@@ -356,6 +367,12 @@ class ServerSteps:
 
     def describe_activity(self, activity: Activity) -> str:  # never asked: this engine runs no stretch
         return f"activity {activity.kind} at update {update_number(activity.update)}"
+
+    def describe_gradient(self, task: GradTask) -> str:
+        """A streamed task: its ``update`` is a ticket (async) or a replay's step, so the words say its rows and
+        the version it reads."""
+        rows = self.context.describe_rows(task.lo, task.hi, epoch=task.epoch)
+        return f"gradient task ({rows}) at weight version {task.version}"
 
     def close(self) -> None:
         self.overlap.close()

@@ -264,7 +264,6 @@ class Trainer:
         self.callbacks = callbacks
         self.quiet = quiet
         self.lineage = lineage  # a run to replay (memtrain train --replay)
-        self.streamed = False  # the server's engine or the desk runs the run, not the rounds (decided once: choose)
         self.train_rows = dataset.split("train").rows
         self.val_rows = dataset.split("val").rows
         self.plan = job_plan(job, self.train_rows)
@@ -356,7 +355,8 @@ class Trainer:
             placement=self.placement, scheduler=self.scheduler, logbook=self.logbook, looks=self.looks,
             board=self.board, memory_board=self.memory_board, stop=self.stop, log=self.log,
             describe_rows=self.describe_rows)
-        return make(self.engine_context)
+        self.engine = make(self.engine_context)
+        return self.engine
 
     def _place(self, position: Position) -> tuple[Placement | Streamed | OnCluster, Callable[..., EpochEngine]]:
         """The placement and the engine that goes with it (made once its context is: ``choose``)."""
@@ -373,7 +373,6 @@ class Trainer:
                              in_server=self.in_server, start_pool=self._start_pool, log=self.log,
                              threads=threads, start_cost=worker_start_cost(self.context.build_seconds),
                              outlined=getattr(self.context.model, "kept", None) is not None), Rounds
-        self.streamed = True
         placement = self._overlap_placement(position)
         if train.mode == "async" and self.lineage is None and isinstance(placement.transport, WorkerPool):
             return placement, Desk
@@ -586,14 +585,8 @@ class Trainer:
         if isinstance(message, StepTask):
             return (f"step slice {message.task} (parameters {message.lo}-{message.hi}) of update "
                     f"{update_number(message.update)}")
-        if isinstance(message, GradTask) and self.streamed:
-            return (f"gradient task ({self.describe_rows(message.lo, message.hi, epoch=message.epoch)}) at weight "
-                    f"version "
-                    f"{message.version}")
-        if isinstance(message, GradTask):
-            return (f"gradient task {message.task} ({self.describe_rows(message.lo, message.hi, epoch=message.epoch)})"
-                    " of update "
-                    f"{update_number(message.update)}")
+        if isinstance(message, GradTask):  # who handed it out says what its numbers mean
+            return self.engine.describe_gradient(message)
         return f"statistics task {message.task} ({self.describe_rows(message.lo, message.hi)})"
 
     def describe_memory(self, message: Task) -> str:
