@@ -37,13 +37,7 @@ import numpy as np
 from memtrain.benchmarks import first_job
 from memtrain.files import DIGEST_BYTES, read_jsonl
 from memtrain.layout import RUN_LINEAGE, RUN_METRICS, WEIGHTS_DIR
-from memtrain.train.checkpoint import write_checkpoint
-from memtrain.train.maps import MapCache
-from memtrain.train.metrics import combine, task_statistics
-from memtrain.train.optim import apply_update, learning_rate, state_slots
-from memtrain.train.plan import Plan
-from memtrain.train.reduce import Scratch, reduce_and_step
-from memtrain.train.weights import (
+from memtrain.train.exchange.weights import (
     array_checksum,
     block_count,
     commit_weights,
@@ -51,6 +45,12 @@ from memtrain.train.weights import (
     ready_building,
     weights_checksum,
 )
+from memtrain.train.loops.maps import MapCache
+from memtrain.train.loops.reduce import Scratch, reduce_and_step
+from memtrain.train.optim import apply_update, learning_rate, state_slots
+from memtrain.train.plan import Plan
+from memtrain.train.records.checkpoint import write_checkpoint
+from memtrain.train.records.metrics import combine, task_statistics
 
 
 class Problem:

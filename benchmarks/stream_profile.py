@@ -1,4 +1,4 @@
-"""Where a streamed update's time goes (train/stream.py): the server's pieces, timed around each update.
+"""Where a streamed update's time goes (train/loops/stream.py): the server's pieces, timed around each update.
 
 Run: ``python -m benchmarks.stream_profile [--params 1e6] [--updates 40] [--cluster local:2]``.
 Trains the benchmark's MLP (memtrain/benchmarks/synthetic.py) for one epoch on the cluster and prints,
@@ -7,7 +7,7 @@ worker processes (train/exchange.WorkerPool) instead of Dask workers: the same s
 which separates what Dask costs from what the stream itself costs.
 
 - ``round``: one whole update in the server (its step, then the next update's gradients);
-- ``step``: the server's step of the whole parameter vector (train/reduce.py);
+- ``step``: the server's step of the whole parameter vector (train/loops/reduce.py);
 - ``publish``: the link that publishes a version (and its sync, on a network filesystem);
 - ``tasks``: from sending an update's gradient tasks to having every answer;
 - ``tasks - slowest compute``: what the tasks cost beyond the longest gradient computation: the actor
@@ -29,7 +29,7 @@ from typing import Any
 from memtrain.benchmarks.memtrain_run import job_for
 from memtrain.benchmarks.problem import BATCH, Problem
 from memtrain.benchmarks.synthetic import mlp_shape, write_dataset
-from memtrain.train.stream import StreamParticipant
+from memtrain.train.loops.sliced import SlicedParticipant
 
 SKIP = 3  # first updates left out (maps and caches warming up)
 PROCESSES = "processes"
@@ -48,10 +48,10 @@ def timed(times: dict[str, list[float]], name: str, function: Callable[..., Any]
 def instrument(times: dict[str, list[float]]) -> None:
     """Wrap the stream's pieces (in this process: the server) so that each call is timed."""
     for name in ("round", "step", "publish", "housekeeping"):
-        setattr(StreamParticipant, name, timed(times, name, getattr(StreamParticipant, name)))
-    start = StreamParticipant.__init__
+        setattr(SlicedParticipant, name, timed(times, name, getattr(SlicedParticipant, name)))
+    start = SlicedParticipant.__init__
 
-    def init(self: StreamParticipant, files: Any, stretch: Any, *, run_tasks: Any, **options: Any) -> None:
+    def init(self: SlicedParticipant, files: Any, stretch: Any, *, run_tasks: Any, **options: Any) -> None:
         def run_tasks_timed(tasks: list, meanwhile: Callable[[], None]) -> list:
             started = time.perf_counter()
             results = run_tasks(tasks, meanwhile)
@@ -61,11 +61,11 @@ def instrument(times: dict[str, list[float]]) -> None:
             return results
         start(self, files, stretch, run_tasks=run_tasks_timed, **options)
 
-    StreamParticipant.__init__ = init
+    SlicedParticipant.__init__ = init
 
 
 def main(argv: list[str] | None = None) -> int:
-    from memtrain.train.server import train
+    from memtrain.train.server.server import train
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=float, default=1e6, help="parameters of the MLP (1e6)")
@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     instrument(times)
     cluster = args.cluster
     if cluster == PROCESSES:
-        from memtrain.train import server
-        from memtrain.train.exchange import WorkerPool
+        from memtrain.train.server import server
+        from memtrain.train.server.exchange import WorkerPool
 
         server.open_cluster = lambda job, setup, run, log: WorkerPool(setup, 2)
         cluster = "local:2"  # a cluster run, on the pool above

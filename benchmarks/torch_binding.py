@@ -25,8 +25,8 @@ from memtrain.benchmarks.synthetic import CLASSES, FEATURES, mlp_shape
 from memtrain.files import publish_array
 from memtrain.models.torch_bind import BINDINGS, CHOSEN
 from memtrain.models.torch_module import module_slots, pin_process
-from memtrain.train.maps import MapCache
-from memtrain.train.worker import keep_freed_memory
+from memtrain.train.loops.maps import MapCache
+from memtrain.train.worker.worker import keep_freed_memory
 
 
 def torch_mlp(features: int, hidden: int, classes: int):  # noqa: ANN201 - a torch.nn.Module

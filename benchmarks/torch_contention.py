@@ -78,7 +78,7 @@ def time_updates(shape: Shape, rows: int, threads: int, updates: int, seed: int 
 
 
 def _child(shape: Shape, rows: int, updates: int, seed: int, start: Any, answers: Any) -> None:
-    from memtrain.train.worker import keep_freed_memory
+    from memtrain.train.worker.worker import keep_freed_memory
 
     keep_freed_memory()  # as in a memtrain worker: no page faults for each update's fresh gradient
     import torch
@@ -115,7 +115,7 @@ def at_once(shape: Shape, rows: int, updates: int, processes: int) -> tuple[Timi
 
 
 def settings(shape: Shape, rows: int, updates: int, processes: int) -> list[Setting]:
-    from memtrain.train.worker import keep_freed_memory
+    from memtrain.train.worker.worker import keep_freed_memory
 
     keep_freed_memory()
     return [

@@ -31,9 +31,9 @@ __all__ = ["fit", "load_job", "open_dataset", "Dataset", "load_model", "TrainedM
 
 # Lazy: `import memtrain` stays cheap for worker processes and for `memtrain --help`.
 _WHERE = {
-    "fit": "memtrain.train.fit", "load_job": "memtrain.config", "open_dataset": "memtrain.dataset",
+    "fit": "memtrain.train.server.fit", "load_job": "memtrain.config", "open_dataset": "memtrain.dataset",
     "Dataset": "memtrain.dataset", "load_model": "memtrain.predict", "TrainedModel": "memtrain.predict",
-    "load_checkpoint": "memtrain.train.checkpoint", "TrainSummary": "memtrain.train.server",
+    "load_checkpoint": "memtrain.train.records.checkpoint", "TrainSummary": "memtrain.train.server.server",
     "MemtrainError": "memtrain.errors", "InputError": "memtrain.errors",
 }
 
@@ -42,9 +42,9 @@ if TYPE_CHECKING:
     from memtrain.dataset import Dataset, open_dataset
     from memtrain.errors import InputError, MemtrainError
     from memtrain.predict import TrainedModel, load_model
-    from memtrain.train.checkpoint import load_checkpoint
-    from memtrain.train.fit import fit
-    from memtrain.train.server import TrainSummary
+    from memtrain.train.records.checkpoint import load_checkpoint
+    from memtrain.train.server.fit import fit
+    from memtrain.train.server.server import TrainSummary
 
 
 def __getattr__(name: str) -> Any:

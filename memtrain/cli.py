@@ -20,11 +20,11 @@ from memtrain.errors import DiskFullError, Interrupted, MemtrainError
 from memtrain.faults import check_spec as check_fault_spec
 from memtrain.files import is_no_space, no_space_error
 from memtrain.streams import guarded_streams
-from memtrain.train.launch import end_command
+from memtrain.train.worker.launch import end_command
 
 COMMANDS = {
     "prepare": ("memtrain.prepare.command", "turn a CSV/NPY/NPZ/HDF5/Parquet source into a sharded dataset"),
-    "train": ("memtrain.train.command", "run a training job (TOML job file)"),
+    "train": ("memtrain.train.server.command", "run a training job (TOML job file)"),
     "inspect": ("memtrain.inspection", "show datasets, runs, checkpoints and .npy files on disk"),
     "serve": ("memtrain.serve", "run job files dropped into a jobs/ folder"),
     "bench": ("memtrain.bench", "measure memtrain against one process, pickling and shared memory"),
@@ -114,7 +114,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def console() -> None:
     """The ``memtrain`` command: ``main``, then, when no other thread runs, the end without the interpreter's
-    teardown (train/launch.py ``end_command``: 58-91 ms of a command that loaded numpy, h5py and memtrain).
+    teardown (train/worker/launch.py ``end_command``: 58-91 ms of a command that loaded numpy, h5py and memtrain).
     ``main`` itself returns, for callers in the same process (the tests)."""
     end_command(main())
 

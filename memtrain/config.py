@@ -9,6 +9,7 @@ on the command line (``--set data.path=...``, ``--run-dir``) or from Python are 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import os
 import sys
@@ -17,13 +18,13 @@ import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from numbers import Real
 from pathlib import Path
 from typing import Any
 
 from memtrain.errors import InputError, did_you_mean
 from memtrain.models.registry import IMPORT_OPTIONS, import_path
 from memtrain.order import SHUFFLES, WINDOW
-from memtrain.train.optim import OptimizerConfig
 
 # Bound of train.workers (and train.blas_threads): each worker is a process with its own maps, two pipes and
 # a slice of every step; thousands of them is a typo, and would exhaust the server's file descriptors first.
@@ -33,12 +34,12 @@ MAX_SEED = 2**63 - 1
 # Upper bounds of the job's other integers. Python's TOML reader and --set take integers of any size, but what
 # they count ends in numpy shapes and C integers (the round records hold one column per task, and a dimension
 # must fit a C int), in file names (a task's gradient buffer is g-tNNNNN.npy) and in checkpoints, which refuse
-# counts above 10^12 (train/checkpoint.py MAX_COUNT): a value past these would start a run that fails the same
+# counts above 10^12 (train/records/checkpoint.py MAX_COUNT): a value past these would start a run that fails the same
 # way at every resume. Each bound is far past any real job: a value beyond it is a typo.
 MAX_EPOCHS = 10**6  # train.epochs, train.patience, run.checkpoint_every
 MAX_ROWS = 2**40  # rows at once: train.batch_size, eval_rows, chunk_rows, shuffle_window (4 TiB of one float32 column)
 # train.tasks_per_update: each task has its own gradient buffer in the exchange area, mapped by every participant
-# (a file descriptor per map: the start checks the process's limit, train/room.py open_files_needed)
+# (a file descriptor per map: the start checks the process's limit, train/server/room.py open_files_needed)
 MAX_TASKS = 1024
 MAX_ATTEMPTS = 1000  # train.max_attempts: deaths of one piece of work before the run stops
 MAX_KEPT = 10**4  # run.keep_checkpoints, run.keep_versions: files kept on disk
@@ -105,6 +106,93 @@ def check_ranges(config: Any, section: str) -> None:
             raise InputError(f"{key} out of range", expected=expected, found=repr(value))
 
 
+# [train]'s optimizer options (train/optim.py steps them; its table's names are these)
+OPTIMIZER_NAMES = ("sgd", "adam", "adamw")
+SCHEDULES = ("constant", "cosine", "step")
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """Every optimizer and schedule option, with its default ([train] keys of a job file)."""
+
+    name: str = "adam"  # "sgd" | "adam" | "adamw"  (job key: train.optimizer)
+    lr: float = 1e-3
+    momentum: float = 0.0  # sgd
+    nesterov: bool = False  # sgd, requires momentum > 0
+    weight_decay: float = 0.0  # sgd/adam: L2 term added to the gradient; adamw: decoupled decay
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    schedule: str = "constant"  # "constant" | "cosine" | "step", applied after the warmup
+    warmup_updates: int = 0  # linear warmup: lr/warmup_updates, 2*lr/warmup_updates, ..., lr
+    step_every: int = 1000  # step schedule: multiply by step_gamma every step_every updates
+    step_gamma: float = 0.1
+    min_lr: float = 0.0  # cosine floor
+
+    def __post_init__(self) -> None:
+        _check_choice("train.optimizer", self.name, OPTIMIZER_NAMES)
+        _check_choice("train.schedule", self.schedule, SCHEDULES)
+        _check_number("train.lr", self.lr, "a number > 0", lambda v: v > 0)
+        _check_number("train.momentum", self.momentum, "a number in [0, 1)", lambda v: 0 <= v < 1)
+        _check_number("train.weight_decay", self.weight_decay, "a number >= 0", lambda v: v >= 0)
+        _check_number("train.beta1", self.beta1, "a number in [0, 1)", lambda v: 0 <= v < 1)
+        _check_number("train.beta2", self.beta2, "a number in [0, 1)", lambda v: 0 <= v < 1)
+        _check_number("train.eps", self.eps, "a number > 0", lambda v: v > 0)
+        _check_number("train.step_gamma", self.step_gamma, "a number in (0, 1]", lambda v: 0 < v <= 1)
+        _check_number("train.min_lr", self.min_lr, f"a number in [0, lr={self.lr}]", lambda v: 0 <= v <= self.lr)
+        _check_int("train.warmup_updates", self.warmup_updates, 0)
+        _check_int("train.step_every", self.step_every, 1)
+        if not isinstance(self.nesterov, bool):
+            raise InputError("wrong type for train.nesterov", expected="true or false", found=repr(self.nesterov))
+        if self.nesterov and (self.name != "sgd" or self.momentum == 0):
+            raise InputError("train.nesterov needs optimizer 'sgd' with momentum > 0",
+                             expected="train.momentum > 0 and train.optimizer = 'sgd'",
+                             found=f"optimizer {self.name!r}, momentum {self.momentum}")
+
+
+def _check_choice(key: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise InputError(f"bad value for {key}", expected=" or ".join(repr(c) for c in choices), found=repr(value))
+
+
+def _check_number(key: str, value: object, expected: str, ok) -> None:
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or not ok(value):
+        raise InputError(f"bad value for {key}", expected=expected, found=repr(value))
+
+
+# Upper bound of the schedule's counts of updates: a checkpoint refuses counts above 10^12 (train/records/checkpoint.py
+# MAX_COUNT), so no run makes more updates; a larger value is a typo (config.py, "Upper bounds").
+MAX_UPDATES = 10**12
+
+
+def _check_int(key: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_UPDATES:
+        raise InputError(f"bad value for {key}", expected=f"an integer from {minimum} to {MAX_UPDATES}",
+                         found=repr(value))
+
+
+# Metrics of an epoch record (metrics.jsonl) that can pick the best epoch, by what "better" means for them.
+LOWER_IS_BETTER = ("val_loss", "val_log_loss", "val_rmse", "val_mae", "loss")
+HIGHER_IS_BETTER = ("val_accuracy", "val_macro_f1", "val_r2")
+MONITORED = LOWER_IS_BETTER + HIGHER_IS_BETTER
+MONITOR_MODES = ("auto", "min", "max")
+LOG_TO = ("csv", "tensorboard")
+TENSORBOARD_INSTALL = "pip install tensorboardX (or pip install 'memtrain[tensorboard]')"
+
+
+def check_log_to(log_to: typing.Sequence[str], where: Any) -> None:
+    """``run.log_to``: known names, each once; "tensorboard" needs tensorboardX installed."""
+    for name in log_to:
+        if name not in LOG_TO:
+            raise InputError("bad value in run.log_to", path=where, expected=f"a list of {' and '.join(LOG_TO)}",
+                             found=repr(name))
+    if len(set(log_to)) != len(log_to):
+        raise InputError("run.log_to names a log twice", path=where, found=repr(list(log_to)))
+    if "tensorboard" in log_to and importlib.util.find_spec("tensorboardX") is None:
+        raise InputError("run.log_to = [\"tensorboard\"] needs the tensorboardX package, which is not installed",
+                         path=where, hint=TENSORBOARD_INSTALL)
+
+
 @dataclass(frozen=True)
 class DataConfig:
     path: Path = Path("data/digits")  # a prepared dataset directory
@@ -131,7 +219,7 @@ class TrainConfig:
     workers: int | str = "auto"  # worker processes; 0: the server trains alone; "auto": measured at start
     seed: int = 0
     blas_threads: int = 1  # per worker: N workers x all-core BLAS oversubscribes the machine
-    # the server running the rounds itself: threads computing an update's tasks at once (train/placement.py)
+    # the server running the rounds itself: threads computing an update's tasks at once (train/server/placement.py)
     server_threads: int | str = "auto"
     eval_rows: int = 8192  # validation rows per evaluation task
     chunk_rows: int = 32768  # additive models: rows a statistics task reads at once (bounds its memory)
@@ -148,7 +236,8 @@ class TrainConfig:
     max_staleness: int | None = None  # async only (default 4): a staler gradient is recomputed, never applied
     async_group: int | None = None  # async only (default 1): gradients applied together, in arrival order
     patience: int | None = None  # stop after this many epochs without a better train.monitor; None: never
-    monitor: str = "val_loss"  # the epoch metric that picks the best epoch (and early stopping): train/monitor.py
+    monitor: str = "val_loss"  # the epoch metric that picks the best epoch (and early stopping):
+    # train/server/monitor.py
     monitor_mode: str = "auto"  # "min" | "max" | "auto": lower is better for losses and errors, higher otherwise
     # each epoch's row order (memtrain/order.py): "rows" mixes rows into new batches every epoch (shuffled within
     # windows of shuffle_window rows, one block from each stratum of the split) | "batches": the same batches every
@@ -227,23 +316,13 @@ def load_job(path: str | os.PathLike[str] | None, overrides: typing.Sequence[str
     return dataclasses.replace(job_from_dict(raw, base=base, source=path), default_dir=default_dir)
 
 
-def load_saved_job(run_dir: str | os.PathLike[str], overrides: typing.Sequence[str] = (), *,
-                   workers: int | None = None, values: typing.Mapping[str, Any] | None = None) -> Job:
-    """The job a run directory follows (for ``--resume``): its record with the changes of its history, then
-    ``overrides`` such as more epochs. ``run.dir`` is ``run_dir``, wherever the directory has been moved."""
-    from memtrain.errors import CorruptFileError
+def saved_job(raw: dict[str, Any], run_dir: Path, overrides: typing.Sequence[str] = (), *,
+              workers: int | None = None, values: typing.Mapping[str, Any] | None = None) -> Job:
+    """The job a run directory follows (``raw``: its record with the changes of its history, read by
+    train/records/run_dir.py's ``load_saved_job``), then ``overrides`` such as more epochs; ``run.dir`` is
+    ``run_dir``."""
     from memtrain.layout import RUN_JOB
-    from memtrain.train.record import recorded_job
-    from memtrain.train.run_dir import damaged_record
 
-    run_dir = Path(run_dir).resolve()
-    if not run_dir.is_dir():
-        raise InputError("no run directory here", path=run_dir,
-                         hint=f"start a run there with `memtrain train JOB.toml --run-dir {run_dir}`")
-    try:
-        raw = recorded_job(run_dir)
-    except CorruptFileError as exc:
-        raise damaged_record(exc, run_dir, None) from None
     _apply_overrides(raw, overrides, values, workers)
     return job_from_dict(raw, base=run_dir, source=None, where=run_dir / RUN_JOB)
 
@@ -391,8 +470,6 @@ def _check_exchange(exchange: str, where: Any) -> None:
 
 
 def _check_train(train: TrainConfig, where: Any) -> TrainConfig:
-    from memtrain.train.monitor import MONITOR_MODES, MONITORED
-
     if train.on_nonfinite not in ("stop", "skip"):
         raise InputError("bad value for train.on_nonfinite", path=where, expected="'stop' or 'skip'",
                          found=repr(train.on_nonfinite))
@@ -463,8 +540,6 @@ def _keep_best(value: bool | str, train: TrainConfig, where: Any) -> bool:
 
 
 def _check_run(run: RunConfig, where: Any) -> None:
-    from memtrain.train.monitor import check_log_to
-
     check_log_to(run.log_to, where)
     if not run.cluster:
         return

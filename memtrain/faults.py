@@ -14,7 +14,7 @@ own process calls ``reread`` (tests/conftest.py does before and after every test
 ``MEMTRAIN_FAULT_ACTION=record`` with ``MEMTRAIN_FAULT_LOG=/path`` appends the point's name to that file and
 goes on (a test that every point is reached).
 
-Two more test hooks, read by the workers' streamed gradient tasks (train/stream.py), for the overlapping
+Two more test hooks, read by the workers' streamed gradient tasks (train/loops/stream.py), for the overlapping
 modes: ``MEMTRAIN_STRAGGLER=factor:/path/marker`` makes the first worker process to create the marker take
 ``factor`` times as long for each gradient (it sleeps the difference: a slower machine, without taking a
 core from the others), and ``MEMTRAIN_READ_AUDIT=/path/audit.jsonl`` makes every gradient task append the
@@ -41,7 +41,7 @@ READ_AUDIT_ENV = "MEMTRAIN_READ_AUDIT"
 
 # Every fault point: its name and where it fires.
 POINTS = {
-    # the rounds: in a worker, or in the server when it runs them itself (train/rounds.py)
+    # the rounds: in a worker, or in the server when it runs them itself (train/loops/rounds.py)
     "before_grad_write": "a task's rows are read, its gradient not computed yet",
     "after_grad_write": "a task's gradient is in its buffer (its own file on a cluster), not marked (answered) yet",
     "mid_step": "after each chunk of a step slice (weights, optimizer state and block digest written)",

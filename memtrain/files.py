@@ -4,9 +4,9 @@ A file written whole goes through ``publish`` (temp name in the same directory, 
 ``os.replace``, optional directory fsync) or ``writing_npy`` (the same, for a map filled in place); a
 file appended to or locked goes through a descriptor opened with ``O_NOFOLLOW``: memtrain never writes
 through a symbolic link it did not make. The other renames are their owners': a dataset or a checkpoint
-directory built under a temporary name (prepare/workdir.py, train/checkpoint.py), a weight version
+directory built under a temporary name (prepare/workdir.py, train/records/checkpoint.py), a weight version
 written by the slice owners and published by a rename that never replaces (``rename_new``,
-train/weights.py), a job moved between the spool's folders (serve/spool.py), an export
+train/exchange/weights.py), a job moved between the spool's folders (serve/spool.py), an export
 (inspection/export.py). A JSON record that decides what memtrain does
 next (a job record, a checkpoint's metadata, a manifest, a lineage line) is *sealed*: it carries the
 checksum of its own content, and a reader that finds it damaged never trusts it.

@@ -72,7 +72,7 @@ CHECKPOINTS_DIR = "checkpoints"
 CHECKPOINT_META = "meta.json"
 CHECKPOINT_WEIGHTS = "weights.npy"
 
-STATISTICS_DIR = "statistics"  # an additive model's pass (train/additive.py): partials, their sum, its plan
+STATISTICS_DIR = "statistics"  # an additive model's pass (train/loops/additive.py): partials, their sum, its plan
 STATISTICS_PLAN = "plan.json"  # sealed: the tasks' row ranges, chunk_rows and the statistics' size
 STATISTICS_SUM = "sum.npy"
 _PARTIAL_RE = re.compile(r"^t(\d{5})-a(\d{3})\.npy$")
@@ -84,7 +84,7 @@ _CHECKPOINT_RE = re.compile(r"^c(\d{8})$")
 # names made with mkdir) and temporary names (``tmp_sibling``). The files are never written through a link by
 # construction: each is published by rename (which replaces a link, never follows it) or opened with
 # ``O_NOFOLLOW`` (files.py). The folders are what every file below them is written through, so a link at a
-# folder's name would be followed by all of them: train/run_dir.py's one link check (``check_entries``)
+# folder's name would be followed by all of them: train/records/run_dir.py's one link check (``check_entries``)
 # requires each to be a real directory (or absent) before anything is written, on a start, a resume and an
 # ``--overwrite``. A folder is had through ``run_folder``, which knows only these; tests/test_links.py walks a
 # run made with every feature on and fails on any name it finds that is not declared here.
@@ -125,7 +125,7 @@ def partial_name(task: int, attempt: int) -> str:
 
 def statistics_record_name(name: str) -> str:
     """The sealed record of a statistics file (``t00000-a000.npy`` or ``sum.npy`` -> ``t00000-a000.json``,
-    ``sum.json``): its checksum, written once the file is published (train/additive.py)."""
+    ``sum.json``): its checksum, written once the file is published (train/loops/additive.py)."""
     return name.removesuffix(".npy") + ".json"
 
 
@@ -216,24 +216,24 @@ def gradient_name(version: int, task: int, attempt: int) -> str:
 
 
 def streamed_gradient_name(update: int, task: int, attempt: int) -> str:
-    """A streamed gradient (train/stream.py): one file per (update, task, attempt), so a name is never reused
+    """A streamed gradient (train/loops/stream.py): one file per (update, task, attempt), so a name is never reused
     in a run -- not by the next update after a skipped one, nor by a retry."""
     return f"g-u{update:08d}-t{task:05d}-a{attempt:03d}.npy"
 
 
 def spare_gradient_name(update: int, task: int, attempt: int) -> str:
     """A stepped streamed gradient's file (``streamed_gradient_name``'s numbers: never reused in a run), handed
-    to a worker to rewrite as a later gradient (train/stream.py)."""
+    to a worker to rewrite as a later gradient (train/loops/stream.py)."""
     return f"g-s{update:08d}-t{task:05d}-a{attempt:03d}.npy"
 
 
 def metrics_name(version: int, task: int, attempt: int) -> str:
-    """The summed validation statistics of one evaluation task at a weight version (train/metrics.py)."""
+    """The summed validation statistics of one evaluation task at a weight version (train/records/metrics.py)."""
     return f"m-v{version:08d}-t{task:05d}-a{attempt:03d}.npy"
 
 
 def gradient_buffer_name(task: int, bank: int = 0) -> str:
-    """The buffer that task ``task`` of every update writes its gradient into (see train/rounds.py); with
+    """The buffer that task ``task`` of every update writes its gradient into (see train/loops/rounds.py); with
     fixed staleness in the rounds, of every other update (``bank`` 0 or 1: plan.gradient_bank)."""
     return f"g-t{task:05d}.npy" if bank == 0 else f"g-t{task:05d}-b{bank}.npy"
 
@@ -244,7 +244,7 @@ def state_buffer_name(slot: str, parity: int) -> str:
 
 
 def state_building_name(slot: str, version: int) -> str:
-    """On a cluster (train/sliced.py): the optimizer state of ``version`` while its slice owners write it, a new
+    """On a cluster (train/loops/sliced.py): the optimizer state of ``version`` while its slice owners write it, a new
     file per version, renamed over ``state_buffer_name(slot, version % 2)`` once every slice is written."""
     return f"opt-{slot}-n{version:08d}.npy"
 
@@ -254,20 +254,20 @@ def state_building_name(slot: str, version: int) -> str:
 WEIGHT_DIGESTS = "weight-digests.npy"
 
 # The marks the participants of a round meet at, the ledger of the last finished update, and what each
-# participant is doing (int64 words, see train/marks.py).
+# participant is doing (int64 words, see train/exchange/marks.py).
 ROUND_BOARD = "round-board.npy"
 
 # One record per update of the current epoch: each task's loss and compute time, and how the update
-# ended (published as which version, with which checksum, when; or skipped). See train/marks.py.
+# ended (published as which version, with which checksum, when; or skipped). See train/exchange/marks.py.
 ROUND_RECORDS = "round-records.npy"
-# async mode at the desk (train/desk.py): the shared words, the stretch's task list, one record per group
+# async mode at the desk (train/loops/desk.py): the shared words, the stretch's task list, one record per group
 ASYNC_DESK = "async-desk.npy"
 ASYNC_TASKS = "async-tasks.npy"
 ASYNC_RECORDS = "async-records.npy"
 
 
 def desk_buffer_name(slot: int, buffer: int) -> str:
-    """One of a participant's gradient buffers at the desk (train/desk.py)."""
+    """One of a participant's gradient buffers at the desk (train/loops/desk.py)."""
     return f"d-s{slot:03d}-b{buffer:03d}.npy"
 
 

@@ -20,9 +20,9 @@ from memtrain.errors import InputError
 from memtrain.layout import CHECKPOINT_META, CHECKPOINTS_DIR
 from memtrain.models.target_scale import TargetScale
 from memtrain.prepare.table import Encoding, is_raw
-from memtrain.train.checkpoint import WHICH, load_checkpoint, newest_checkpoint, pick_checkpoint
 from memtrain.train.context import ModelContext, model_context_from_manifest
-from memtrain.train.metrics import combine, task_statistics
+from memtrain.train.records.checkpoint import WHICH, load_checkpoint, newest_checkpoint, pick_checkpoint
+from memtrain.train.records.metrics import combine, task_statistics
 
 
 @dataclass

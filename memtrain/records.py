@@ -251,8 +251,12 @@ CHECKPOINT_POSITION = _record(
     ("epoch_rows", "int", "rows of the epoch so far"),
     ("skipped", "int", "updates skipped"),
     ("best", "object", "the best epoch record"),
-    ("bases", "list of [updates, version]", "fixed staleness: older versions still read", False),
-    ("applied", "list of ints", "async: tasks already applied this epoch", False),
+    # the run's schedule's own state, under the schedule's name (train/schedule.py ScheduleState)
+    ("planned", "object", "sync: {bases: [updates, version] pairs}, the older versions still read", False),
+    ("arrival", "object", "async: {applied: ints}, the tasks already applied this epoch", False),
+    # before the schedules owned their state, both at the top level of every position: still read
+    ("bases", "list of [updates, version]", "earlier releases: planned's bases", False),
+    ("applied", "list of ints", "earlier releases: arrival's applied", False),
 )
 CHECKPOINT_DATA = _record(
     "checkpoint-data",

@@ -12,7 +12,10 @@ import contextlib
 import signal
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
+
+from memtrain.errors import Interrupted
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -51,3 +54,30 @@ def start_resource_tracker() -> None:
         resource_tracker.ensure_running()
     finally:
         signal.signal(signal.SIGHUP, previous)
+
+
+@dataclass
+class StopRequest:
+    """Set by SIGINT/SIGTERM/SIGHUP.
+
+    Until training starts (``deferred`` False) a stop raises at once, wherever start-up is (opening or
+    verifying the dataset, creating the run directory): there is nothing to save yet, and every step of it
+    cleans up after itself. From then on a stop is only recorded; the server looks at it between updates,
+    so it never lands mid-bookkeeping, and the run checkpoints where it stands.
+    """
+
+    signum: int | None = None
+    deferred: bool = False
+
+    def record(self, signum: int) -> None:
+        self.signum = self.signum or signum
+        if not self.deferred:
+            self.deferred = True  # a second signal during the unwinding must not interrupt the cleanup
+            error = Interrupted(f"stopped by {signal.Signals(signum).name} during start-up, before training began",
+                                hint="nothing was trained; run the same command again to start")
+            error.exit_code = 128 + signum
+            raise error
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None

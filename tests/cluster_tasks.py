@@ -10,7 +10,7 @@ import numpy as np
 from distributed import get_worker
 
 from memtrain.cluster.memory import anonymous_bytes
-from memtrain.train.maps import MapCache
+from memtrain.train.loops.maps import MapCache
 
 CHUNK = 50 << 20
 

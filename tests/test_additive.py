@@ -1,4 +1,4 @@
-"""Additive models at scale, in small (train/additive.py): a statistics task streams its rows in the job's chunks
+"""Additive models at scale, in small (train/loops/additive.py): a statistics task streams its rows in the job's chunks
 (which cut shards), the same bits for any worker count, under a memory limit a whole task would break; a
 killed worker or server resumes to the same bits, never reading a half-written partial; no gradient buffers
 or optimizer state; a worker the kernel kills is said to be killed for memory."""
@@ -181,7 +181,7 @@ def test_a_start_keeps_whole_partials_only_and_sums_them_in_task_order(tmp_path:
     smaller than a partial, has the bits of adding whole partials in task order."""
     from memtrain.files import publish_array
     from memtrain.layout import tmp_sibling
-    from memtrain.train import additive
+    from memtrain.train.loops import additive
 
     monkeypatch.setattr(additive, "SUM_CHUNK", 7)  # pieces that cut the partials unevenly
     plan = additive.PassPlan(tasks=((0, 10), (10, 20), (20, 30)), chunk_rows=4, size=50, source="s")
@@ -318,7 +318,7 @@ def test_the_statistics_method_is_the_one_defined_lowest_in_the_class_hierarchy(
     from memtrain.models.naive_bayes import GaussianNaiveBayes
     from memtrain.models.protocol import DataSpec
     from memtrain.models.ridge import Ridge
-    from memtrain.train.additive import StatisticsContract, statistics_contract
+    from memtrain.train.loops.additive import StatisticsContract, statistics_contract
 
     spec = DataSpec(n_features=2, task="classification", n_classes=3)
     adding, whole = StatisticsContract("add_statistics", True), StatisticsContract("statistics", False)

@@ -27,9 +27,9 @@ from memtrain.files import seal
 from memtrain.layout import checkpoint_path, checkpoint_updates, checkpoint_version_name, weight_versions, weights_path
 from memtrain.train.context import model_context
 from memtrain.train.optim import apply_update, learning_rate, state_slots
-from memtrain.train.placement import stream_workers
 from memtrain.train.plan import epoch_updates, gradient_base, task_stream, updates_per_epoch
-from memtrain.train.server import job_plan
+from memtrain.train.server.placement import stream_workers
+from memtrain.train.server.server import job_plan
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -334,12 +334,25 @@ def test_a_worker_killed_while_stepping_at_the_desk_loses_no_gradient(tmp_path: 
     assert digest(run) == digest(tmp_path / "run-replay")
 
 
+def as_written_before(checkpoint: Path) -> None:
+    """A checkpoint's position as releases before the schedules owned their state wrote it (88bcd0a): every
+    schedule's state at the top level, ``bases`` and ``applied`` both present, no entry under a schedule's name."""
+    path = checkpoint / "meta.json"
+    meta = {key: value for key, value in json.loads(path.read_text()).items() if key != "record_checksum"}
+    position = meta["position"]
+    planned, arrival = position.pop("planned", {"bases": []}), position.pop("arrival", {"applied": []})
+    position.update(bases=planned["bases"], applied=arrival["applied"])
+    path.write_text(json.dumps(seal(meta), indent=2))
+
+
+@pytest.mark.parametrize("written", ["now", "before"])
 @pytest.mark.parametrize("mode", ["staleness = 2", ASYNC])
-def test_stopped_mid_epoch_resumes_where_it_stopped(tmp_path: Path, data: Path, mode: str,
+def test_stopped_mid_epoch_resumes_where_it_stopped(tmp_path: Path, data: Path, mode: str, written: str,
                                                     staleness_runs: dict[int, Path]) -> None:
-    """SIGTERM mid-epoch: the checkpoint holds the older versions (staleness) or the tasks applied (async).
-    Async mode runs with one worker, the straggler: two would finish the epoch at the fast one's pace
-    before the signal lands."""
+    """SIGTERM mid-epoch: the checkpoint holds the older versions (staleness) or the tasks applied (async), under
+    the schedule's name. Async mode runs with one worker, the straggler: two would finish the epoch at the fast
+    one's pace before the signal lands. ``before``: the checkpoint rewritten as earlier releases wrote it (the
+    schedule's state at the position's top level) resumes alike, bitwise."""
     job = write_job(tmp_path, data, mode)
     if mode == ASYNC:
         job.write_text(job.read_text().replace("workers = 2", "workers = 1"))
@@ -356,15 +369,19 @@ def test_stopped_mid_epoch_resumes_where_it_stopped(tmp_path: Path, data: Path, 
     newest = checkpoint_path(run, checkpoint_updates(run)[-1])
     meta = json.loads((newest / "meta.json").read_text())
     assert meta["position"]["epoch"] == 0 and meta["position"]["batch"] > 0, "a mid-epoch checkpoint"
-    assert memtrain("train", "--resume", run).returncode == 0
+    if written == "before":
+        as_written_before(newest)
+    resumed = memtrain("train", "--resume", run)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed from {newest.name}" in (run / "events.log").read_text()
     if mode == ASYNC:
-        assert meta["position"]["applied"]
+        assert meta["position"]["arrival"]["applied"]
         assert_every_task_applied_once_per_epoch(run, 3)
         assert memtrain("train", "--replay", run).returncode == 0
         assert digest(run) == digest(tmp_path / "run-replay")
     else:
         version = meta["position"]["version"]
-        assert [v for _, v in meta["position"]["bases"]] == [version - 2, version - 1, version]
+        assert [v for _, v in meta["position"]["planned"]["bases"]] == [version - 2, version - 1, version]
         assert set(meta["files"]) == {"weights.npy", "opt-m.npy", "opt-v.npy", checkpoint_version_name(version - 2),
                                       checkpoint_version_name(version - 1)}
         assert digest(run) == digest(staleness_runs[2])

@@ -1,6 +1,6 @@
-"""The straggler rule of ``Scheduler.run`` (memtrain/train/scheduler.py ``BackupRule``), with a scripted transport
-whose workers answer after a set time: a task running more than ``ratio`` x its finished peers' median time, and
-at least ``seconds``, gets one backup copy on an idle worker under the next attempt number; the first copy to
+"""The straggler rule of ``Scheduler.run`` (memtrain/train/server/scheduler.py ``BackupRule``), with a scripted
+transport whose workers answer after a set time: a task running more than ``ratio`` x its finished peers' median
+time, and at least ``seconds``, gets one backup copy on an idle worker under the next attempt number; the first copy to
 answer is taken, what the other wrote is discarded (at once, and again when it answers), and a death of either
 copy leaves the other to finish."""
 
@@ -10,9 +10,8 @@ import time
 
 import pytest
 
-from memtrain.train.exchange import Event, Slot
-from memtrain.train.messages import GradTask, Message, Outcome, Result
-from memtrain.train.scheduler import BackupRule, Scheduler
+from memtrain.train.messages import BackupRule, Event, GradTask, Message, Outcome, Result, Slot
+from memtrain.train.server.scheduler import Scheduler
 
 
 class Timed:
@@ -55,7 +54,7 @@ class Timed:
 
 def scheduler(logs: list[str], discarded: list, rule: BackupRule | None) -> Scheduler:
     return Scheduler(task_timeout=60, max_attempts=3, describe_task=lambda t: f"task {t.task}",
-                     describe_activity=lambda a: "an activity", log=logs.append, stop_requested=lambda: False,
+                     log=logs.append, stop_requested=lambda: False,
                      discard=discarded.append, backup=rule)
 
 
@@ -141,7 +140,7 @@ def test_a_death_of_either_copy_leaves_the_other_to_finish_and_a_rerun_takes_a_n
 def test_the_rule_comes_from_the_job_on_a_cluster_only_and_its_values_are_range_checked() -> None:
     from memtrain.config import DataConfig, Job, ModelConfig, RunConfig, TrainConfig
     from memtrain.errors import InputError
-    from memtrain.train.server import backup_rule
+    from memtrain.train.server.server import backup_rule
 
     def job(cluster: str, **train: float) -> Job:
         return Job(DataConfig(), ModelConfig(), TrainConfig(**train), RunConfig(cluster=cluster))

@@ -1,5 +1,5 @@
-"""The broadcast round's scheduler plugin (memtrain/cluster/broadcast.py ``Board``) on its own: records, answers,
-counts and the ways a wave ends, on an asyncio loop with a stand-in scheduler (the real one runs in
+"""The broadcast round's scheduler plugin (memtrain/cluster/broadcast.py ``BroadcastPlugin``) on its own:
+records, answers, counts and the ways a wave ends, on an asyncio loop with a stand-in scheduler (the real one runs in
 tests/test_cluster.py)."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import pytest
 
 pytest.importorskip("distributed")
 
-from memtrain.cluster.broadcast import Board, RoundState, Wave, due_at  # noqa: E402
+from memtrain.cluster.broadcast import BroadcastPlugin, RoundState, Wave, due_at  # noqa: E402
 
 
-def board(workers: list[str]) -> Board:
-    plugin = Board()
+def board(workers: list[str]) -> BroadcastPlugin:
+    plugin = BroadcastPlugin()
     scheduler = SimpleNamespace(handlers={}, workers=dict.fromkeys(workers))
     asyncio.run(plugin.start(scheduler))
     return plugin
@@ -43,7 +43,7 @@ def test_a_wave_is_counted_in_rank_order_and_members_get_the_next_record_with_th
 
 
 def test_a_wave_ends_when_a_member_leaves_fails_or_is_late_and_a_member_asking_after_the_end_is_told() -> None:
-    async def wave(plugin: Board, answers: dict[int, str], **rule: float) -> dict:
+    async def wave(plugin: BroadcastPlugin, answers: dict[int, str], **rule: float) -> dict:
         plugin.begin(ident="r", members=["a", "b", "c"], client="c")
         plugin.post(ident="r", wave=0, record=b"x", parts=3)
         for rank, error in answers.items():

@@ -30,7 +30,7 @@ from tiny_data import blobs, write_dataset  # noqa: E402
 from memtrain.benchmarks.cluster_costs import print_costs, run_costs  # noqa: E402
 from memtrain.cli import main  # noqa: E402
 from memtrain.cluster.address import parse_cluster  # noqa: E402
-from memtrain.cluster.broadcast import Board, Broadcast  # noqa: E402
+from memtrain.cluster.broadcast import Broadcast, BroadcastPlugin  # noqa: E402
 from memtrain.cluster.connect import connected  # noqa: E402
 from memtrain.cluster.sharedfs import server_probe  # noqa: E402
 from memtrain.cluster.transport import ClusterPool  # noqa: E402
@@ -43,13 +43,15 @@ from memtrain.layout import (  # noqa: E402
     weight_versions,
     weights_path,
 )
-from memtrain.train import server, weights  # noqa: E402
 from memtrain.train.context import model_context  # noqa: E402
+from memtrain.train.exchange import weights  # noqa: E402
+from memtrain.train.exchange.weights import publish_weights  # noqa: E402
+from memtrain.train.loops.sliced import SlicedParticipant  # noqa: E402
 from memtrain.train.messages import GradTask, Outcome, Result, RoundSetup, StepTask, WorkerSetup  # noqa: E402
 from memtrain.train.optim import OptimizerConfig  # noqa: E402
-from memtrain.train.pools import open_cluster  # noqa: E402
-from memtrain.train.sliced import SlicedParticipant  # noqa: E402
-from memtrain.train.weights import publish_weights  # noqa: E402
+from memtrain.train.server import server  # noqa: E402
+from memtrain.train.server.pools import open_cluster  # noqa: E402
+from memtrain.train.worker.worker import WorkerState  # noqa: E402
 from tests.cluster_tasks import open_files_under  # noqa: E402
 from tests.dask_processes import DaskProcesses  # noqa: E402
 
@@ -175,7 +177,7 @@ def test_the_step_sliced_across_1_2_3_dask_workers_gives_the_weights_of_a_local_
                                                                                     wide_digest: str,
                                                                                     tmp_path: Path,
                                                                                     monkeypatch) -> None:
-    """Each worker steps a slice (train/sliced.py); the server only sends and renames: same bits for any count."""
+    """Each worker steps a slice (train/loops/sliced.py); the server only sends and renames: same bits for any count."""
     dask, client = cluster
     steps = sliced_run(tmp_path / "two", dataset, dask.address, monkeypatch)
     assert slice_counts(steps) == {2} and digest(tmp_path / "two" / "run") == wide_digest
@@ -317,7 +319,7 @@ def test_a_cluster_run_gives_the_weights_of_a_local_run_bitwise(cluster, dataset
                                                                  capsys, monkeypatch) -> None:
     """... and no shared-memory tricks across machines: only records travel, never a stretch of rounds (whose
     participants meet at marks in a shared file): per update one record of gradient tasks and one of the step
-    to the broadcast round, whose workers step a slice each (train/sliced.py); the evaluation's tasks to each
+    to the broadcast round, whose workers step a slice each (train/loops/sliced.py); the evaluation's tasks to each
     worker; and no weight file is rewritten in place for a later version."""
     dask, _ = cluster
     sent, recycled = [], []
@@ -331,7 +333,7 @@ def test_a_cluster_run_gives_the_weights_of_a_local_run_bitwise(cluster, dataset
     assert {type(task).__name__ for task in sent} == {"EvalTask"}
     updates = {body[0] for kind, body in records if kind == "grads"}  # the update's number: the workers
     assert len(updates) == 3 * 7  # derive its tasks from the plan (1500 rows, 1200 to train: 7 updates an epoch)
-    assert [kind for kind, _ in records] == ["grads", "step"] * (3 * 7)  # the step, by slices (train/sliced.py)
+    assert [kind for kind, _ in records] == ["grads", "step"] * (3 * 7)  # the step, by slices (train/loops/sliced.py)
     assert all(isinstance(body, StepTask) for kind, body in records if kind == "step")
     assert recycled and not any(recycled)  # every weight version a new file: no other machine has it mapped
     run = tmp_path / "run"
@@ -345,7 +347,7 @@ def test_a_cluster_run_gives_the_weights_of_a_local_run_bitwise(cluster, dataset
 
 def test_a_scheduler_that_cannot_load_the_broadcast_plugin_runs_every_update_per_task(
         cluster, dataset: Path, local_digest, tmp_path: Path, monkeypatch) -> None:
-    """The Board is unpickled on the scheduler: one without memtrain (stood in for by a refusing
+    """The BroadcastPlugin is unpickled on the scheduler: one without memtrain (stood in for by a refusing
     ``register_plugin``) is said once in the event log, and every update's tasks and slices go one call each."""
     dask, _ = cluster
     sent: list = []
@@ -355,7 +357,7 @@ def test_a_scheduler_that_cannot_load_the_broadcast_plugin_runs_every_update_per
     register = Client.register_plugin
 
     def refuse(client: Client, plugin: object, *args: object, **options: object) -> object:
-        if isinstance(plugin, Board):
+        if isinstance(plugin, BroadcastPlugin):
             raise ModuleNotFoundError("No module named 'memtrain.cluster.broadcast'")
         return register(client, plugin, *args, **options)  # the memory monitor's plugins (cluster/memory.py)
 
@@ -476,7 +478,7 @@ def test_a_worker_that_joins_later_gets_a_slot_and_work_and_its_leaving_is_seen(
                         normalize=True, model_kind="mlp", model_options=(("hidden", [16]),), blas_threads=1,
                         optimizer=OptimizerConfig(), rounds=rounds)
     logs: list[str] = []
-    pool = ClusterPool(client, setup, server_probe(dataset, run, exchange), log=logs.append)
+    pool = ClusterPool(client, setup, server_probe(dataset, run, exchange), WorkerState, log=logs.append)
     late = []
     try:
         assert len(pool.slots) == 2

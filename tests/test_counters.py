@@ -15,8 +15,8 @@ from tiny_data import blobs, write_dataset
 
 from memtrain.files import read_jsonl
 from memtrain.layout import weights_path
-from memtrain.train.counters import position_text
-from memtrain.train.weights import commit_weights, ready_building
+from memtrain.train.exchange.weights import commit_weights, ready_building
+from memtrain.train.records.counters import position_text
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,4 +1,4 @@
-"""The desk's bookkeeping on its own (memtrain/train/desk.py): taking tasks, grouping gradients in arrival order
+"""The desk's bookkeeping on its own (memtrain/train/loops/desk.py): taking tasks, grouping gradients in arrival order
 and the staleness bound, on a real desk file in a temporary folder, with no worker process and no model."""
 
 from __future__ import annotations
@@ -8,10 +8,20 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from memtrain.train.desk import DISCARDED, GROUPS, HANDED, NEWEST, NEXT, PENDING, REDO, DeskParticipant, create_desk
-from memtrain.train.maps import MapCache
-from memtrain.train.marks import Board
-from memtrain.train.messages import Engine, Stretch
+from memtrain.train.exchange.marks import Board
+from memtrain.train.loops.desk import (
+    DISCARDED,
+    GROUPS,
+    HANDED,
+    NEWEST,
+    NEXT,
+    PENDING,
+    REDO,
+    DeskParticipant,
+    create_desk,
+)
+from memtrain.train.loops.maps import MapCache
+from memtrain.train.messages import Loop, Stretch
 from memtrain.train.plan import Plan
 
 SIZE, TASKS, GROUP, BOUND, VERSION = 8, 6, 2, 1, 10
@@ -24,7 +34,7 @@ def desk_of(tmp_path: Path, participants: int = 2) -> list[DeskParticipant]:
     files = SimpleNamespace(exchange=tmp_path, plan=plan, setup=SimpleNamespace(epochs=1), maps=MapCache(),
                             size=SIZE, board=Board(participants))
     return [DeskParticipant(files, Stretch(generation=1, epoch=0, first=0, stop=3, version=VERSION, slot=slot,
-                                           participants=participants, slices=0, engine=Engine.DESK, group=GROUP,
+                                           participants=participants, slices=0, loop=Loop.DESK, group=GROUP,
                                            max_staleness=BOUND), alive=lambda: None)
             for slot in range(participants)]
 

@@ -1,4 +1,4 @@
-"""The engines (memtrain/train/engines.py): who steps, behind one interface, chosen once by ``Trainer.choose``.
+"""The engines (memtrain/train/server/engines.py): who steps, behind one interface, chosen once by ``Trainer.choose``.
 
 End to end through the CLI on a tiny dataset in the server (no worker processes, so fast): each job gets the
 engine and schedule its mode names, the epoch loop runs it until each epoch is done and closes it once; and
@@ -6,6 +6,9 @@ the engines' own contracts, without processes."""
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import inspect
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,10 +17,11 @@ from tiny_data import blobs, write_dataset
 
 from memtrain.cli import main
 from memtrain.layout import weight_versions
-from memtrain.train import server
-from memtrain.train.engines import ClusterRounds, Desk, Rounds, ServerSteps
-from memtrain.train.marks import STEP, Activity
+from memtrain.train.exchange.marks import STEP, Activity
+from memtrain.train.messages import GradTask
 from memtrain.train.schedule import ArrivalAgenda, PlannedAgenda, RecordedAgenda
+from memtrain.train.server import engines, server
+from memtrain.train.server.engines import ClusterRounds, Desk, EngineContext, Rounds, ServerSteps
 
 JOB = """
 [data]
@@ -67,8 +71,13 @@ def chosen(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
 
         engine.run, engine.close = counted_run, counted_close
         if isinstance(engine, ServerSteps):
-            agenda = engine.agenda
-            engine.agenda = lambda position: entry["agendas"].append(agenda(position)) or entry["agendas"][-1]
+            schedule = engine.schedule
+
+            def agenda(position: object, updates: object) -> object:
+                entry["agendas"].append(schedule.agenda(position, updates))
+                return entry["agendas"][-1]
+
+            engine.schedule = SimpleNamespace(agenda=agenda)
         return engine
 
     monkeypatch.setattr(server.Trainer, "choose", recording)
@@ -110,25 +119,52 @@ def test_a_replay_is_the_server_engine_with_the_recorded_schedule(tmp_path: Path
     assert [type(a) for a in replay["agendas"]] == [RecordedAgenda]
 
 
-def trainer(**fields: object) -> SimpleNamespace:
-    return SimpleNamespace(placement=None, run_dir=None, in_server=None, stop=None, heartbeat=None, **fields)
+def context(**fields: object) -> SimpleNamespace:
+    """An engine's context (engines.EngineContext) with only the fields a test reads."""
+    return SimpleNamespace(placement=None, **fields)
 
 
 def test_the_cluster_rounds_are_run_by_the_server_alone_and_never_recycle_versions() -> None:
-    cluster, rounds = ClusterRounds(trainer()), Rounds(trainer())
+    cluster, rounds = ClusterRounds(context(), files=None), Rounds(context())
     assert cluster.alone() and not cluster.recycle and rounds.recycle
 
 
-def test_the_server_engine_makes_nothing_until_it_runs() -> None:
-    engine = ServerSteps(trainer(), agenda=lambda position: None)
-    engine.close()  # at a run that stopped before its first epoch: no stream, no loop to make
-    assert "overlap" not in engine.__dict__
+def test_an_engine_is_handed_its_context_never_the_trainer() -> None:
+    fields = {field.name for field in dataclasses.fields(EngineContext)}
+    assert "trainer" not in fields and EngineContext.__dataclass_params__.frozen
+    with pytest.raises(TypeError):
+        EngineContext(**{name: None for name in fields} | {"extra": None})
+    signature = inspect.signature(ServerSteps)
+    assert list(signature.parameters) == ["context", "files", "schedule"]
+    assert "server" not in {name.split(".")[-1] for name in engines_imports()}, "engines never import the server"
+
+
+def engines_imports() -> set[str]:
+    tree = ast.parse(Path(engines.__file__).read_text())
+    return {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
 
 
 def test_each_engine_names_a_participants_activity_in_its_own_words() -> None:
     plan = SimpleNamespace(update=lambda update: SimpleNamespace(update=update, tasks=(), epoch=0))
     step = Activity(slot=0, generation=1, kind=STEP, update=4, item=0, started=0.0)
-    rounds = Rounds(trainer(plan=plan, context=SimpleNamespace(layout=SimpleNamespace(size=10_000))))
+    rounds = Rounds(context(plan=plan, size=10_000))
     assert rounds.describe_activity(step) == "step slice 0 (parameters 0-10000) of update 5"
-    desk = Desk(trainer(per_epoch=3))
+    desk = Desk(context(per_epoch=3))
     assert desk.describe_activity(step) == "the step of update 5"
+
+
+def test_a_gradient_task_is_named_by_the_engine_that_handed_it_out() -> None:
+    """The plan's rounds (a cluster's) number a task within its update; the server's whole-vector engine hands out
+    tickets (async) or a replay's steps, so its words give the rows and the version read. The Trainer asks the
+    engine it chose, no flag of its own."""
+    words = context(describe_rows=lambda lo, hi, epoch: f"rows {lo}-{hi} of epoch {epoch + 1}")
+    task = GradTask(task=2, attempt=0, update=7, version=5, epoch=1, lo=10, hi=20)
+    cluster = ClusterRounds(words, files=None)
+    assert cluster.describe_gradient(task) == "gradient task 2 (rows 10-20 of epoch 2) of update 8"
+    steps = ServerSteps.__new__(ServerSteps)  # its loop is not needed for words
+    steps.context = words
+    assert steps.describe_gradient(task) == "gradient task (rows 10-20 of epoch 2) at weight version 5"
+    trainer = server.Trainer.__new__(server.Trainer)
+    trainer.engine = steps
+    assert trainer.describe_task(task) == steps.describe_gradient(task)
+

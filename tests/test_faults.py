@@ -22,8 +22,8 @@ from crash_models import POISON
 from tiny_data import blobs, write_dataset
 
 from memtrain.layout import checkpoint_path, checkpoint_updates, weight_versions, weights_path
+from memtrain.train.exchange.weights import BLOCK
 from memtrain.train.plan import step_slices
-from memtrain.train.weights import BLOCK
 
 pytestmark = pytest.mark.timeout(180)
 

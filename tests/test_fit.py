@@ -19,7 +19,7 @@ import memtrain
 from memtrain.cli import main
 from memtrain.config import job_from_dict, load_job
 from memtrain.errors import InputError
-from memtrain.train.record import job_record
+from memtrain.train.records.record import job_record
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parent.parent

@@ -343,13 +343,14 @@ def test_the_records_runs_write_are_the_declared_ones(runs: Path) -> None:
     assert kinds == {record.name for record in records.RECORDS}  # every declaration met on disk
     optional = {(record.name, f.name) for record, _, obj in written for f in record.fields
                 if not f.required and f.name in obj}
-    assert {("lineage-update", "ids"), ("metrics-epoch", "val_r2"), ("checkpoint-position", "applied")} <= optional
+    assert {("lineage-update", "ids"), ("metrics-epoch", "val_r2"), ("checkpoint-position", "arrival"),
+            ("checkpoint-position", "planned")} <= optional
 
 
 def test_a_writer_cannot_drift_from_the_declaration() -> None:
     """The writers build records through records.make: a field the declaration lacks, or a required one
     missing, is refused before anything is written."""
-    from memtrain.train.lineage import update_record
+    from memtrain.train.records.lineage import update_record
 
     line = dict(version=3, update=3, epoch=1, batch=3, tasks=[(0, 10)], at=[2], lr=0.1, checksum="x")
     assert list(update_record(**line, ids=[4], discarded=0)) == [*records.LINEAGE_UPDATE.keys[:-1]]

@@ -11,7 +11,7 @@ Each run is a tiny job (a few hundred rows, two epochs) through the CLI, in this
 (one worker: its arrival order is the plan's, so the run is reproducible) and streamed to the server; the
 replays of both async runs; the cluster on ``local:2``; the additive models (ridge, naive Bayes); a torch
 module with dropout and batch norm (seeded randomness, buffers) synchronous and async. The ``*-server-threads``
-runs (the server alone computing each update's tasks on 2 threads, train/threads.py) pin the server alone's
+runs (the server alone computing each update's tasks on 2 threads, train/loops/threads.py) pin the server alone's
 goldens: the threads change no bit.
 
 The old code had one data order: each epoch the same contiguous batches, visited in a seeded order, which is
@@ -66,7 +66,7 @@ STALE = "staleness = 2"
 STALE_STREAM = 'staleness = 2\nstaleness_in = "stream"'
 ASYNC = 'mode = "async"\nmax_staleness = 3\nasync_group = 2'
 ROWS = 'shuffle = "rows"\nshuffle_window = 64'
-THREADS = "server_threads = 2"  # the server's task threads (train/threads.py): the goldens of the server alone
+THREADS = "server_threads = 2"  # the server's task threads (train/loops/threads.py): the goldens of the server alone
 BATCHES = 'shuffle = "batches"'  # the old code's order: JOB pins it wherever a run's keys name no shuffle
 
 # name: (model, workers, [train] keys, extra CLI arguments) -> the sha256 of the final weight file's bytes

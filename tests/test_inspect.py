@@ -39,7 +39,7 @@ from memtrain.layout import (
     weights_path,
 )
 from memtrain.models.params import ParamLayout
-from memtrain.train.checkpoint import write_checkpoint
+from memtrain.train.records.checkpoint import write_checkpoint
 
 pytestmark = pytest.mark.timeout(120)
 

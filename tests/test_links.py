@@ -15,7 +15,7 @@ from tiny_data import blobs, write_dataset
 
 from memtrain.errors import MemtrainError
 from memtrain.layout import RUN_FILES, RUN_FOLDERS, parse_exchange_owner, tmp_target, weight_versions, weights_path
-from memtrain.train.weights import retire_weights
+from memtrain.train.exchange.weights import retire_weights
 
 pytestmark = pytest.mark.timeout(120)
 

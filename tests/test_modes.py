@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from test_train import dataset, write_job  # noqa: F401  (the module-scoped dataset fixture)
 
-from memtrain.train.lineage import FORMAT_VERSION, read_lineage
+from memtrain.train.records.lineage import FORMAT_VERSION, read_lineage
 
 pytestmark = pytest.mark.timeout(120)
 

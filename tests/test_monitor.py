@@ -1,4 +1,4 @@
-"""train/monitor.py through memtrain.fit and the CLI on real files: the best epoch by any metric and its
+"""train/server/monitor.py through memtrain.fit and the CLI on real files: the best epoch by any metric and its
 direction, early stopping that a resume continues exactly, the best checkpoint kept through rotation and
 resume, metrics.csv and TensorBoard event files (read back with TensorBoard's own reader), callbacks."""
 
@@ -196,8 +196,8 @@ def test_a_job_built_in_python_resolves_keep_best_and_writes_no_checkpoint_per_i
     built in Python (a script, the benches), not only for a job file; a job checkpointing at the end only writes
     one scheduled checkpoint, not one per improving epoch, and the best epoch's is committed once at the end."""
     from memtrain.config import DataConfig, Job, ModelConfig, RunConfig, TrainConfig
-    from memtrain.train import server
-    from memtrain.train.state import save_checkpoint
+    from memtrain.train.records.state import save_checkpoint
+    from memtrain.train.server import server
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((600, 4)).astype(np.float32)

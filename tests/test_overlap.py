@@ -1,10 +1,9 @@
-"""The server's one loop (memtrain/train/overlap.py ``Overlap.run``) driven by a fake task stream under each
+"""The server's one loop (memtrain/train/loops/overlap.py ``Overlap.run``) driven by a fake task stream under each
 schedule's agenda (memtrain/train/schedule.py): gradients come back in a random order from a random number of
 workers; the step is replaced by a record of what it was given. No files, no processes."""
 
 from __future__ import annotations
 
-import itertools
 import random
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,12 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memtrain.errors import MemtrainError
-from memtrain.train.lineage import Gradient, Step
+from memtrain.train.loops.overlap import Overlap
 from memtrain.train.messages import GradTask, Outcome, Result
-from memtrain.train.overlap import Overlap
-from memtrain.train.plan import TaskRange, Update, live_bases, task_stream
-from memtrain.train.schedule import Arrival, Planned, Recorded
-from memtrain.train.state import Position
+from memtrain.train.plan import TaskRange, Update
+from memtrain.train.records.lineage import Gradient, Step
+from memtrain.train.records.state import Position
+from memtrain.train.schedule import Arrival, ArrivalState, Planned, PlannedState, Recorded
 
 RESULT = Result(task=0, attempt=0, outcome=Outcome.DONE, loss=1.0)
 
@@ -57,9 +56,8 @@ class Recording(Overlap):
     logbook moves it (a new version; fixed staleness's live bases)."""
 
     def __init__(self, stream: FakeStream, staleness: int = 0, checksums: dict[int, str] | None = None):
-        job = SimpleNamespace(train=SimpleNamespace(epochs=1))
         files = SimpleNamespace(exchange=Path("/nonexistent"))  # a stale gradient's file: none to delete here
-        super().__init__(job=job, files=files, stream=stream, logbook=None, per_epoch=1, look=lambda position: None)
+        super().__init__(epochs=1, files=files, stream=stream, logbook=None, per_epoch=1, look=lambda position: None)
         self.staleness, self.checksums = staleness, checksums or {}
         self.steps: list[tuple[Update, list[GradTask], int, float | None, dict]] = []
 
@@ -71,9 +69,7 @@ class Recording(Overlap):
         before = position.version
         position.version += 1
         position.batch += 1
-        bases = {update.update: before} | dict(position.bases) | {update.update + 1: position.version}
-        position.bases = [[n, v] for n, v in sorted(bases.items())
-                          if n in live_bases(update.update + 1, self.staleness)]
+        position.schedule.logged(update.update, before, position.version)  # as the logbook reports it
         return self.checksums.get(position.version, f"v{position.version}")
 
 
@@ -88,8 +84,9 @@ def plan_updates(updates: int, tasks: int) -> list[Update]:
 def test_planned_applies_the_plan_in_order_each_update_at_its_fixed_version(seed: int, k: int, updates: int,
                                                                            tasks: int, workers: int) -> None:
     stream = FakeStream(workers, random.Random(seed))
-    loop, plan, position = Recording(stream, staleness=k), plan_updates(updates, tasks), Position()
-    loop.run(position, Planned(staleness=k).agenda(plan, position))
+    loop, plan = Recording(stream, staleness=k), plan_updates(updates, tasks)
+    position = Position(schedule=PlannedState(staleness=k))
+    loop.run(position, Planned(staleness=k).agenda(position, plan))
     assert [update for update, *_ in loop.steps] == plan, "every update once, in plan order"
     for n, (update, got, oldest, lr, lineage) in enumerate(loop.steps):
         assert [t.task for t in got] == [t.task for t in update.tasks], "added in task order"
@@ -108,12 +105,10 @@ def test_arrival_applies_every_task_once_in_arrival_order_within_the_bound(seed:
                                                                            done: int) -> None:
     stream = FakeStream(workers, random.Random(seed))
     loop = Recording(stream)
-    tasks = task_stream(plan_updates(count, 1))
+    updates = plan_updates(count, 1)
     applied = list(range(min(done, count - 1)))  # a resumed epoch: these tasks were applied before the stop
-    position = Position(applied=list(applied))
-    tickets = itertools.count(1)
-    loop.run(position, Arrival(group=group, max_staleness=bound).agenda(tasks, position, per_epoch=99,
-                                                                        tickets=tickets))
+    position = Position(schedule=ArrivalState(applied=list(applied)))
+    loop.run(position, Arrival(group=group, max_staleness=bound, per_epoch=99).agenda(position, updates))
     got = [task for _, tasks_in, *_ in loop.steps for task in tasks_in]
     assert sorted(t.task for t in got) == sorted(set(range(count)) - set(applied)), "each task not applied, once"
     sizes = [len(tasks_in) for _, tasks_in, *_ in loop.steps]
@@ -127,14 +122,13 @@ def test_arrival_applies_every_task_once_in_arrival_order_within_the_bound(seed:
     discarded = sum(lineage["discarded"] for *_, lineage in loop.steps)
     assert len(stream.submitted) == len(got) + discarded, "every stale gradient was computed again"
     assert len({t.update for t in stream.submitted}) == len(stream.submitted), "each hand-out has its own ticket"
-    assert position.applied == [], "the epoch's end clears the record of applied tasks"
+    assert position.schedule == ArrivalState(applied=[]), "the epoch's end clears the record of applied tasks"
 
 
 def test_arrival_counts_applied_tasks_mid_epoch() -> None:
-    """Mid-epoch (a stop after the first group), ``position.applied`` names the tasks applied so far."""
-    position = Position()
-    agenda = Arrival(group=2).agenda(task_stream(plan_updates(4, 1)), position, per_epoch=2,
-                                     tickets=itertools.count(1))
+    """Mid-epoch (a stop after the first group), the schedule's state names the tasks applied so far."""
+    position = Position(schedule=ArrivalState())
+    agenda = Arrival(group=2, per_epoch=2).agenda(position, plan_updates(4, 1))
     handed: list[GradTask] = []
 
     def submit(*, update: int, epoch: int, rows: TaskRange, version: int) -> None:
@@ -149,7 +143,7 @@ def test_arrival_counts_applied_tasks_mid_epoch() -> None:
     assert due is not None and [task.update for task, _ in due.gradients] == [2, 1], "arrival order"
     position.version, position.batch = 1, 1
     agenda.applied(position, "c")
-    assert position.applied == [1, 0] and not agenda.done()
+    assert position.schedule == ArrivalState(applied=[1, 0]) and not agenda.done()
 
 
 def steps(ats: list[list[int]], ids: bool) -> list[Step]:
@@ -165,7 +159,7 @@ def test_recorded_replays_each_step_as_recorded(seed: int, data: st.DataObject, 
     ats = [data.draw(st.lists(st.integers(max(0, n - 3), n), min_size=1, max_size=4)) for n in range(count)]
     stream = FakeStream(workers, random.Random(seed))
     loop, position, recorded = Recording(stream), Position(), steps(ats, ids)
-    loop.run(position, Recorded(recorded).agenda(position, lineage=None))
+    loop.run(position, Recorded(recorded).agenda(position))
     assert len(loop.steps) == count
     for step, (update, got, oldest, lr, lineage) in zip(recorded, loop.steps, strict=True):
         assert [t.version for t in got] == [g.at for g in step.gradients], "each gradient at its recorded version"
@@ -179,5 +173,5 @@ def test_recorded_stops_at_the_first_version_that_differs() -> None:
     stream = FakeStream(2, random.Random(0))
     loop, position = Recording(stream, checksums={2: "something else"}), Position()
     with pytest.raises(MemtrainError, match="differs from the run at weight version 2"):
-        loop.run(position, Recorded(steps([[0], [1], [2]], ids=False)).agenda(position, lineage=None))
+        loop.run(position, Recorded(steps([[0], [1], [2]], ids=False)).agenda(position))
     assert len(loop.steps) == 2, "nothing stepped after the mismatch"

@@ -1,4 +1,4 @@
-"""train/placement.py's rule, alone: when "auto" starts workers, and what it counts as their start-up."""
+"""train/server/placement.py's rule, alone: when "auto" starts workers, and what it counts as their start-up."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from memtrain.dataset import open_dataset
 from memtrain.train.context import model_context
-from memtrain.train.placement import (
+from memtrain.train.server.placement import (
     PROBE_UPDATES,
     SPAWN_COST_S,
     Phase,
@@ -64,7 +64,7 @@ def test_the_model_context_measures_the_cpu_its_model_took_to_build(tmp_path: Pa
 
 
 class FakePool:
-    """A worker pool that records what the placement asks of it (train/exchange.py's WorkerPool)."""
+    """A worker pool that records what the placement asks of it (train/server/exchange.py's WorkerPool)."""
 
     def __init__(self, count: int):
         self.asked: list[str] = [f"start {count}"]

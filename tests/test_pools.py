@@ -24,10 +24,10 @@ from watchdog.events import FileSystemEventHandler
 from watchdog.observers import Observer
 
 from memtrain.layout import partial_name, statistics_dir
-from memtrain.train.exchange import WorkerPool
 from memtrain.train.messages import RoundSetup, StatsTask, WorkerSetup
 from memtrain.train.optim import OptimizerConfig
-from memtrain.train.outline import outline_model
+from memtrain.train.server.exchange import WorkerPool
+from memtrain.train.server.outline import outline_model
 
 WORKERS = 2
 
@@ -91,7 +91,7 @@ def setup(tmp_path: Path) -> WorkerSetup:
     data = write_dataset(tmp_path / "data", x, y, val_rows=40)
     exchange = tmp_path / "exchange"
     exchange.mkdir()
-    statistics_dir(tmp_path / "run").mkdir(parents=True)  # the server makes it (train/additive.py)
+    statistics_dir(tmp_path / "run").mkdir(parents=True)  # the server makes it (train/loops/additive.py)
     rounds = RoundSetup(batch_size=None, tasks_per_update=WORKERS, seed=0, epochs=1, shuffle="rows", shuffle_window=64,
                         keep_versions=1,
                         on_nonfinite="stop", slots=WORKERS)
@@ -144,7 +144,7 @@ def test_two_hundred_pools_come_and_go_while_threads_hold_locks(setup: WorkerSet
 
 def test_a_stopped_worker_runs_its_atexit_hooks_and_skips_the_teardown(setup: WorkerSetup, tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A worker ends with os._exit after its atexit hooks (train/launch.py exit_at_once): the interpreter's
+    """A worker ends with os._exit after its atexit hooks (train/worker/launch.py exit_at_once): the interpreter's
     teardown, 0.35-0.52 s for a process that imported torch, is not waited for at every pool close."""
     marks = tmp_path / "marks"
     marks.mkdir()
@@ -171,7 +171,7 @@ def ready_pool(pool: WorkerPool, *, seconds: float = 60) -> list:
 
 def test_an_adopted_outline_child_that_dies_is_replaced_by_a_new_worker(setup: WorkerSetup) -> None:
     """train.workers = "auto" with an outlined model: the child that outlined it is the first worker
-    (train/outline.py keep=True). Killed, it is reported like any worker's death and its slot gets a new
+    (train/server/outline.py keep=True). Killed, it is reported like any worker's death and its slot gets a new
     process, which starts as every worker does."""
     setup = dataclasses.replace(setup, model_kind="softmax")
     outline = outline_model(dataset=setup.dataset, kind="softmax", options={}, normalize=False, seed=0, threads=1,

@@ -31,7 +31,7 @@ import memtrain.prepare.pipeline
 from memtrain.dataset import open_dataset
 from memtrain.layout import CHECKPOINT_WEIGHTS, CHECKPOINTS_DIR, MANIFEST
 from memtrain.prepare.options import PrepareOptions
-from memtrain.train.checkpoint import discard_incomplete, newest_checkpoint, write_checkpoint
+from memtrain.train.records.checkpoint import discard_incomplete, newest_checkpoint, write_checkpoint
 
 OLD, NEW = 1, 2
 

@@ -1,4 +1,4 @@
-"""The reduction on its own (memtrain/train/reduce.py ``reduce_and_step``): the sum in task order, the mean, the
+"""The reduction on its own (memtrain/train/loops/reduce.py ``reduce_and_step``): the sum in task order, the mean, the
 optimizer step and the block digests, against a float64 reference and a float32 one added in the same order,
 and the same bits for any slicing of the vector into checksum blocks."""
 
@@ -12,10 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from memtrain.files import DIGEST_BYTES, block_digest
+from memtrain.train.exchange.weights import block_count
+from memtrain.train.loops.reduce import CHUNK, Scratch, reduce_and_step
 from memtrain.train.optim import OptimizerConfig, apply_update, state_slots
 from memtrain.train.plan import step_slices
-from memtrain.train.reduce import CHUNK, Scratch, reduce_and_step
-from memtrain.train.weights import block_count
 
 
 def inputs(seed: int, size: int, tasks: int, optimizer: OptimizerConfig) -> dict:

@@ -19,8 +19,8 @@ from memtrain.config import load_job
 from memtrain.dataset import open_dataset
 from memtrain.train.context import model_context
 from memtrain.train.plan import Plan
-from memtrain.train.room import room_needed
-from memtrain.train.server import round_slots
+from memtrain.train.server.room import room_needed
+from memtrain.train.server.server import round_slots
 
 pytestmark = pytest.mark.timeout(180)
 __all__ = ["data"]

@@ -15,7 +15,7 @@ from memtrain import load_model, open_dataset
 from memtrain.config import load_job
 from memtrain.errors import InputError
 from memtrain.layout import checkpoint_updates
-from memtrain.train.advice import few_updates_note
+from memtrain.train.server.advice import few_updates_note
 
 pytestmark = pytest.mark.timeout(120)
 

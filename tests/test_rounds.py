@@ -20,12 +20,13 @@ from tiny_data import blobs, write_dataset
 from memtrain.cli import main
 from memtrain.files import open_npy, publish_array
 from memtrain.layout import weight_versions, weights_path
-from memtrain.train import doorbell, placement
-from memtrain.train.doorbell import Doorbell
-from memtrain.train.maps import MapCache
-from memtrain.train.placement import MIN_GAIN_S, PROBE_UPDATES, SPAWN_COST_S
-from memtrain.train.rounds import RowCache, _private_bytes
-from memtrain.train.scheduler import CORES
+from memtrain.train.exchange import doorbell
+from memtrain.train.exchange.doorbell import Doorbell
+from memtrain.train.loops.mapped import RowCache, _private_bytes
+from memtrain.train.loops.maps import MapCache
+from memtrain.train.server import placement
+from memtrain.train.server.placement import MIN_GAIN_S, PROBE_UPDATES, SPAWN_COST_S
+from memtrain.train.server.scheduler import CORES
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -8,11 +8,11 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memtrain.train.lineage import Gradient, Step
 from memtrain.train.messages import GradTask, Outcome, Result
 from memtrain.train.plan import TaskRange, Update
-from memtrain.train.schedule import Arrival, Planned, Recorded
-from memtrain.train.state import Position
+from memtrain.train.records.lineage import Gradient, Step
+from memtrain.train.records.state import Position
+from memtrain.train.schedule import Arrival, Planned, PlannedState, Recorded
 
 
 @given(k=st.integers(0, 64), update=st.integers(0, 10_000))
@@ -61,7 +61,7 @@ def test_arrival_base_counts_the_groups_handed_over_and_not_stepped() -> None:
 def test_arrival_in_a_simulated_run_applies_every_task_once_within_the_bound(seed: int, tasks: int, group: int,
                                                                                bound: int, workers: int) -> None:
     """Tasks computed by ``workers`` at the newest version and arriving in a random order, as the server's
-    async loop applies them (train/overlap.py): each task is applied once, none staler than the bound."""
+    async loop applies them (train/loops/overlap.py): each task is applied once, none staler than the bound."""
     arrival, rng = Arrival(group=group, max_staleness=bound), random.Random(seed)
     remaining, in_flight, filling, applied, version = list(range(tasks)), [], [], [], 0
     for _ in range(100 * tasks * workers):  # a bound: a schedule that discards everything never ends
@@ -99,14 +99,14 @@ def test_recorded_keeps_every_version_a_later_step_reads_and_waits_for_the_newes
 @given(k=st.integers(0, 4), batch=st.integers(0, 6), extra=st.integers(1, 8), tasks=st.integers(1, 3))
 def test_a_planned_agenda_starts_the_next_k_plus_1_updates_each_at_its_version(k: int, batch: int, extra: int,
                                                                               tasks: int) -> None:
-    """Mid-epoch (``batch`` updates done, the versions they made in ``position.bases``), the agenda starts
+    """Mid-epoch (``batch`` updates done, the versions they made in its ``PlannedState``), the agenda starts
     updates batch .. batch + k, each task at the version after max(0, n - k) updates; nothing more until one
     is applied; then it is due, its gradients in task order."""
     updates = [Update(0, b, b, tuple(TaskRange(t, t, t + 1) for t in range(tasks))) for b in range(batch + extra)]
     versions = {n: 100 + n for n in range(batch + 1)}  # a skipped update would make these differ from n
-    position = Position(batch=batch, version=versions[batch], bases=[[n, versions[n]] for n in
-                                                                     range(max(0, batch - k), batch + 1)])
-    agenda, started = Planned(staleness=k).agenda(updates, position), []
+    state = PlannedState(staleness=k, bases=[[n, versions[n]] for n in range(max(0, batch - k), batch + 1)])
+    position = Position(batch=batch, version=versions[batch], schedule=state)
+    agenda, started = Planned(staleness=k).agenda(position, updates), []
     agenda.start(lambda: 0, position.version, lambda **task: started.append(task))
     expected = [(n, versions[max(0, n - k)]) for n in range(batch, min(batch + k + 1, batch + extra))]
     assert [(t["update"], t["version"]) for t in started[::tasks]] == expected

@@ -1,4 +1,4 @@
-"""The scheduler's fault rules on their own (memtrain/train/scheduler.py), with a scripted transport: no process
+"""The scheduler's fault rules on their own (memtrain/train/server/scheduler.py), with a scripted transport: no process
 is started. A dead worker's task re-runs under the next attempt number (first in line, what it wrote
 discarded), a task that kills its worker ``max_attempts`` times stops the run naming it, a failure stops it
 with the worker's text, and the results come back in task order (``run``) or as they arrive (``TaskStream``)."""
@@ -10,9 +10,8 @@ import time
 import pytest
 
 from memtrain.errors import WorkerFailure
-from memtrain.train.exchange import Event, Slot
-from memtrain.train.messages import EvalTask, GradTask, Message, Outcome, Result
-from memtrain.train.scheduler import Scheduler
+from memtrain.train.messages import EvalTask, Event, GradTask, Message, Outcome, Result, Slot
+from memtrain.train.server.scheduler import Scheduler
 
 
 class Scripted:
@@ -60,7 +59,7 @@ class Scripted:
 
 def scheduler(logs: list[str], discarded: list, max_attempts: int = 3) -> Scheduler:
     return Scheduler(task_timeout=60, max_attempts=max_attempts, describe_task=lambda t: f"task {t.task}",
-                     describe_activity=lambda a: "an activity", log=logs.append, stop_requested=lambda: False,
+                     log=logs.append, stop_requested=lambda: False,
                      discard=discarded.append)
 
 

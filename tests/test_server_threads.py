@@ -1,5 +1,5 @@
-"""The server's task threads (train/threads.py): an update's tasks computed at once when the server runs the
-rounds itself, bitwise as one thread and as workers; errors raised as alone; the choice (train/placement.py)."""
+"""The server's task threads (train/loops/threads.py): an update's tasks computed at once when the server runs the
+rounds itself, bitwise as one thread and as workers; errors raised as alone; the choice (train/server/placement.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from memtrain.cli import main
 from memtrain.config import TrainConfig
 from memtrain.errors import InputError
 from memtrain.layout import weight_versions, weights_path
-from memtrain.train.placement import PROBE_UPDATES, ServerThreads, thread_candidates
-from memtrain.train.threads import TaskThreads
+from memtrain.train.loops.threads import TaskThreads
+from memtrain.train.server.placement import PROBE_UPDATES, ServerThreads, thread_candidates
 
 pytestmark = pytest.mark.timeout(300)
 

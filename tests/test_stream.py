@@ -1,4 +1,4 @@
-"""The stream (train/stream.py) on its own, without Dask: gradient tasks sent to local worker processes
+"""The stream (train/loops/stream.py) on its own, without Dask: gradient tasks sent to local worker processes
 through the Transport interface, the step in the server -- the path a cluster run takes.
 
 Bitwise the weights, versions and records of the fused round; non-finite updates skipped where the
@@ -21,8 +21,8 @@ from tiny_data import blobs, write_dataset
 
 from memtrain.cli import main
 from memtrain.layout import weight_versions, weights_path
-from memtrain.train import server
-from memtrain.train.exchange import WorkerPool
+from memtrain.train.server import server
+from memtrain.train.server.exchange import WorkerPool
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -87,7 +87,7 @@ def test_the_stream_gives_the_bits_and_records_of_the_fused_round(tmp_path: Path
     assert {type(m).__name__ for m in streamed} == {"Stretch", "EvalTask"}  # a local run: the fused round
     streamed.clear()
     stream = train(tmp_path / "stream", dataset, "--cluster", "local:2")
-    # never a Stretch: nobody meets; the step is sliced into tasks (train/sliced.py)
+    # never a Stretch: nobody meets; the step is sliced into tasks (train/loops/sliced.py)
     assert {type(m).__name__ for m in streamed} == {"GradTask", "StepTask", "EvalTask"}
     grads = [m for m in streamed if type(m).__name__ == "GradTask"]
     spares = [m.spare for m in grads if m.spare]
@@ -151,7 +151,7 @@ def test_the_exchange_never_holds_more_than_the_room_check_reserved(tmp_path: Pa
     from memtrain.dataset import open_dataset
     from memtrain.train.context import model_context
     from memtrain.train.plan import Plan
-    from memtrain.train.room import room_needed
+    from memtrain.train.server.room import room_needed
 
     folder = tmp_path / "stream"
     folder.mkdir()

@@ -24,9 +24,9 @@ from memtrain.layout import weight_versions, weights_path
 from memtrain.models.params import ParamLayout
 from memtrain.models.torch_bind import BINDINGS
 from memtrain.train.context import data_spec, model_context
-from memtrain.train.metrics import evaluation, task_statistics
 from memtrain.train.normalize import Normalizer
 from memtrain.train.plan import Plan
+from memtrain.train.records.metrics import evaluation, task_statistics
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -424,7 +424,7 @@ sys.exit(code)
 def test_a_server_whose_workers_compute_never_imports_torch(data: Path, bn_runs: dict[int, Path], tmp_path: Path,
                                                             workers: str, resume: tuple[str, ...]) -> None:
     """With train.workers = 2 the server steps a flat vector: the module's layout, version 0 and dry run come
-    from a short child process (train/outline.py), so the server never imports torch; the bits are unchanged.
+    from a short child process (train/server/outline.py), so the server never imports torch; the bits are unchanged.
     A --resume that finds no run starts afresh: the outline, made without version 0, builds it then.
     With "auto" (2 cores, 3 tasks per update) the child is kept and runs the rounds the server would have run,
     timed there: the server imports no torch either, and the bits are those of 2 workers."""

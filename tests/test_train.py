@@ -20,11 +20,12 @@ from memtrain.dataset import open_dataset
 from memtrain.files import BLOCK_CHECKSUM_ALGO, checksum_file
 from memtrain.layout import ROUND_BOARD, checkpoint_updates, weight_versions, weights_path
 from memtrain.train.context import model_context
-from memtrain.train.marks import Board, Cancelled, Ledger
+from memtrain.train.exchange.marks import Board, Cancelled, Ledger
+from memtrain.train.exchange.weights import BLOCK
 from memtrain.train.messages import (
-    Engine,
     EvalTask,
     GradTask,
+    Loop,
     Outcome,
     Ready,
     Result,
@@ -37,8 +38,7 @@ from memtrain.train.messages import (
 )
 from memtrain.train.optim import OptimizerConfig, apply_update, learning_rate, state_slots
 from memtrain.train.plan import step_slices, updates_per_epoch
-from memtrain.train.server import job_plan
-from memtrain.train.weights import BLOCK
+from memtrain.train.server.server import job_plan
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -130,7 +130,7 @@ def test_evaluation_is_split_over_the_update_tasks_and_its_figures_do_not_depend
         tmp_path: Path, dataset: Path, monkeypatch) -> None:
     """150 validation rows, train.eval_rows 8192, tasks_per_update 3: each evaluation is 3 tasks (so that 2 or 3
     workers evaluate side by side), the same for any worker count, and so are its figures, bit for bit."""
-    from memtrain.train.scheduler import Scheduler
+    from memtrain.train.server.scheduler import Scheduler
 
     evaluations: list[list[tuple[int, int]]] = []
     run = Scheduler.run
@@ -278,7 +278,7 @@ def test_messages_stay_small_whatever_the_sizes() -> None:
         Result(task=huge, attempt=99, outcome=Outcome.DONE, loss=1e300, rows=huge, correct=huge),
         StretchEnd(generation=huge, slot=huge, outcome=Outcome.CANCELLED),
         Stretch(generation=huge, epoch=huge, first=huge, stop=huge, version=huge, slot=huge, participants=huge,
-                slices=0, engine=Engine.DESK, group=huge, max_staleness=huge),
+                slices=0, loop=Loop.DESK, group=huge, max_staleness=huge),
         GradTask(task=huge, attempt=99, update=huge, version=huge, epoch=huge, lo=huge, hi=huge,
                  spare="g-s00000001-t00001-a001.npy", in_place=True),
         Stop(), Ready(pid=huge),

@@ -21,9 +21,9 @@ from memtrain.dataset import open_dataset
 from memtrain.layout import weight_versions, weights_path
 from memtrain.mixing import mixing
 from memtrain.order import WINDOW, epoch_order, rank_part
+from memtrain.train.loops.mapped import TaskRows
 from memtrain.train.normalize import Normalizer
 from memtrain.train.plan import Plan, epoch_updates
-from memtrain.train.rounds import TaskRows
 
 JOB = """
 [data]

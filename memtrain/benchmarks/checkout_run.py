@@ -10,8 +10,8 @@ checks it (``check_imported``).
 
 So this file may import only what every memtrain the benchmarks compare with has (30339bc on):
 ``memtrain.config`` (Job, DataConfig, ModelConfig, TrainConfig, RunConfig), ``memtrain.train.optim``'s
-OptimizerConfig, ``memtrain.train.server.train``, ``memtrain.files.read_jsonl``, ``memtrain.layout``'s
-RUN_METRICS and RUN_EVENTS and ``memtrain.train.lineage.read_lineage``; and it only passes ``[train]`` keys
+OptimizerConfig, ``memtrain.train.server.server.train``, ``memtrain.files.read_jsonl``, ``memtrain.layout``'s
+RUN_METRICS and RUN_EVENTS and ``memtrain.train.records.lineage.read_lineage``; and it only passes ``[train]`` keys
 that checkout knows (``train_keys``): a key in ``spec["train_if_known"]`` is left out where it is not known
 (its value is what such a checkout does anyway, e.g. train.shuffle = "batches" before row shuffling); any
 other unknown key is an error, never dropped.
@@ -86,7 +86,7 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
     import memtrain
     from memtrain.files import read_jsonl
     from memtrain.layout import RUN_EVENTS, RUN_METRICS
-    from memtrain.train.server import train
+    from memtrain.train.server.server import train
 
     job = job_for(spec)
     run_dir = job.run.dir
@@ -101,7 +101,7 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
         events = (run_dir / RUN_EVENTS).read_text(encoding="utf-8")
         staleness, discarded = [], 0
         if spec.get("lineage"):
-            from memtrain.train.lineage import read_lineage
+            from memtrain.train.records.lineage import read_lineage
 
             lineage = read_lineage(run_dir)
             staleness = [s for step in lineage.steps for s in step.staleness]

@@ -42,7 +42,7 @@ IO_FIELDS = ("rchar", "wchar", "read_bytes", "write_bytes")
 
 def process_io() -> dict[str, int]:
     """This process's ``/proc/self/io`` counts (IO_FIELDS), plus ``mapped``: the bytes its tasks read through maps."""
-    from memtrain.train.stream import MappedBytes
+    from memtrain.train.loops.stream import MappedBytes
 
     counts = {"mapped": MappedBytes.read}
     with open("/proc/self/io", encoding="ascii") as handle:
@@ -106,8 +106,8 @@ def measure(params: int, cluster: str, updates: int, warmup: int, scratch: Path,
             ) -> dict[str, Any]:
     """One run of ``params`` parameters on ``cluster``: the counts per update (see the module's docstring);
     ``tasks`` per update (default: one per worker)."""
-    from memtrain.train import server
-    from memtrain.train.sliced import SlicedParticipant
+    from memtrain.train.loops.sliced import SlicedParticipant
+    from memtrain.train.server import server
 
     shape = mlp_shape(params)
     data = scratch / f"data-{shape.params}"

@@ -62,7 +62,7 @@ def _overrides(dataset: Path, epochs: int | None) -> list[str]:
 
 def run_memtrain(dataset: Path, run_dir: Path, epochs: int | None = None) -> dict[str, Any]:
     from memtrain.config import load_job
-    from memtrain.train.server import train
+    from memtrain.train.server.server import train
 
     job = load_job(JOB, _overrides(dataset, epochs), run_dir=run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)  # the command's first run makes a new run directory
@@ -82,7 +82,7 @@ def run_loop(dataset: Path, epochs: int | None = None) -> dict[str, Any]:
     from memtrain.train.context import model_context
     from memtrain.train.optim import apply_update, learning_rate, state_slots
     from memtrain.train.plan import updates_per_epoch
-    from memtrain.train.server import job_plan
+    from memtrain.train.server.server import job_plan
 
     job = load_job(JOB, _overrides(dataset, epochs))
     data = open_dataset(dataset)

@@ -6,7 +6,7 @@ checksums, logs). Worker compute time is the slowest participant's gradient time
 measured it (``compute_s``).
 
 The job runs ``problem.epochs`` epochs to its end, as a user's job does: with ``train.workers = "auto"``
-it first decides where its rounds run (train/placement.py), and that trial is part of the run. The
+it first decides where its rounds run (train/server/placement.py), and that trial is part of the run. The
 harness (train_bench.py) compares a run of E epochs with one of 2E, so that what a run pays once (start-up,
 the placement's trial, the last checkpoint) cancels; the per-update records here give the compute time
 and where the rounds ran. The job itself is built and run by checkout_run.py, which can run another

@@ -18,9 +18,9 @@ import numpy as np
 
 from memtrain.dataset import open_dataset
 from memtrain.train.context import ModelContext, model_context
-from memtrain.train.metrics import evaluation
 from memtrain.train.optim import OptimizerConfig, apply_update
 from memtrain.train.plan import epoch_updates, split_range
+from memtrain.train.records.metrics import evaluation
 
 BATCH = 512
 LR = 0.01
@@ -107,7 +107,7 @@ class Model:
         return np.array(x, dtype=np.float32), np.array(y, dtype=np.int64)
 
     def validate(self, weights: np.ndarray, x: np.ndarray, y: np.ndarray) -> Validation:
-        """Forward only, as memtrain's evaluation task asks the model (train/metrics.py ``evaluation``: its
+        """Forward only, as memtrain's evaluation task asks the model (train/records/metrics.py ``evaluation``: its
         ``loss`` and ``predict``, or one ``evaluate`` pass): the summed loss and the correct predictions."""
         seen = evaluation(self.context, self.layout.views(weights), x, y)
         return Validation(loss=float(seen.loss), correct=int(np.count_nonzero(seen.predicted == y)), rows=len(y))

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from memtrain.benchmarks.problem import Problem
-from memtrain.train.launch import end_command
 from memtrain.train.optim import OptimizerConfig
+from memtrain.train.worker.launch import end_command
 
 METHODS = ("memtrain", "one_process", "pickle_queue", "shared_memory", "one_process_blas")
 # The same comparison for a torch.nn.Module (benchmarks/torch_peers.py): memtrain with kind = "torch",
@@ -96,7 +96,7 @@ def is_memtrain(method: str) -> bool:
 
 def ends_as_the_command(method: str) -> bool:
     """memtrain's runs end as the ``memtrain`` command does, without the interpreter's teardown when nothing
-    else runs (train/launch.py ``end_command``); a peer ends as the user's script would, with it."""
+    else runs (train/worker/launch.py ``end_command``); a peer ends as the user's script would, with it."""
     return is_memtrain(method) or method == "first_memtrain"
 
 

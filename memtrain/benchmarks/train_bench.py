@@ -68,7 +68,7 @@ UPDATES, WARMUP = 40, 3  # per epoch: updates; and the first ones left out of th
 # less than a run's start-up varies by on a busy machine: small models run more epochs, not more rows.
 EPOCHS, SMALL_EPOCHS = 1, 5
 # The torch rows at up to TORCH_LONG_PARAMS (1e6): a job of that size trains for hundreds of updates, long
-# enough for "auto" to start workers that each import torch (train/placement.py: 2 s of CPU each, measured);
+# enough for "auto" to start workers that each import torch (train/server/placement.py: 2 s of CPU each, measured);
 # 1 and 2 epochs of 40 updates are not, so memtrain kept its rounds in the server there, as no real job
 # would (docs/torch.md). Their E: the torch peers run the same epochs.
 TORCH_EPOCHS, TORCH_LONG_PARAMS = 15, 2e6
@@ -634,7 +634,7 @@ def placement(rounds: list[str]) -> str:
     The decision is the last line that starts with ``rounds: in the server`` or ``rounds: on N``; its
     figures may name the other place ("... 15.2 ms per update on 2 workers, 28.9 ms in the server"). In
     the server, the last ``rounds in the server: an update's tasks on ...`` line says on how many threads
-    it computed an update's tasks (train/placement.py).
+    it computed an update's tasks (train/server/placement.py).
     """
     decisions = [line.removeprefix("rounds: ") for line in rounds
                  if line.startswith(("rounds: in the server", "rounds: on "))]

@@ -4,21 +4,21 @@ Per update the server makes two waits (docs/cluster.md, "The broadcast round"): 
 before any slice is stepped, every slice stepped before the version is published. Sent as one actor call
 per worker, each wait costs the server's CPU 2 x N calls and answers. Here it costs two messages:
 
-- the server **posts** one record per wait to the scheduler (``Board``, a scheduler plugin): the update's
+- the server **posts** one record per wait to the scheduler (``BroadcastPlugin``, a scheduler plugin): the update's
   number and version (``gradient_record``: each worker derives the update's tasks from the plan, which it
   has), or the step's template (version, update, learning rate, rows);
 - each worker of the round runs a long loop in its actor (``follow``: the actor's one thread, so no other
   call of ours runs on that worker meanwhile) that waits for the next record, does its part -- the tasks
-  ``tasks[rank::size]``, the slice ``step_slices(size, members, BLOCK)[rank]`` -- and answers the Board with
+  ``tasks[rank::size]``, the slice ``step_slices(size, members, BLOCK)[rank]`` -- and answers the BroadcastPlugin with
   a few numbers (task, loss, seconds for each of its tasks) or its slice's block digests;
-- the server **awaits** one count: the Board answers when every member answered (the numbers concatenated,
+- the server **awaits** one count: the BroadcastPlugin answers when every member answered (the numbers concatenated,
   the digests joined, in rank order: the server's bytes do not depend on N), when a member left the
   scheduler (its ``remove_worker`` hook), when a member's task failed, when the last answers are late by
   the straggler rule (``BackupRule``, per task: ``due_at``), or at ``train.task_timeout``.
 
 A round has fixed members and ranks. Any end but "every answer in" ends the round; the server then completes
 that update through the per-task path (``Scheduler.run``: retries, backups, kills) and opens a new round
-with the workers present at the next update. A worker that joins is seen by the Board (``add_worker``) and
+with the workers present at the next update. A worker that joins is seen by the BroadcastPlugin (``add_worker``) and
 takes part from the next round. The coordination's cost per worker moves to the scheduler (a message in,
 one out, per worker per wait): it does not vanish (docs/cluster.md, "The model").
 """
@@ -34,15 +34,16 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from memtrain.cluster.transport import ClusterPool, ClusterSlot
-from memtrain.train.messages import GradTask, Outcome, Result
+from memtrain.train.exchange.weights import BLOCK
+from memtrain.train.messages import BackupRule, GradTask, Outcome, Result
 from memtrain.train.plan import step_slices
-from memtrain.train.scheduler import BackupRule
-from memtrain.train.weights import BLOCK
+
+if TYPE_CHECKING:  # the pool's actors call ``follow`` here: the transport imports this module, not back
+    from memtrain.cluster.transport import ClusterPool, ClusterSlot
 
 NEXT_SECONDS = 30.0  # a worker's wait for a record is re-asked after this (so a lost server is noticed)
 AWAIT_SECONDS = 5.0  # the server's wait for a count is re-asked after this (so a lost scheduler is noticed)
@@ -51,7 +52,7 @@ CALL_SECONDS = 30.0  # a post or an end the scheduler does not answer within thi
 
 @dataclass
 class Wave:
-    """One wait of a round on the Board: the record, when it was posted, the answers by rank."""
+    """One wait of a round on the BroadcastPlugin: the record, when it was posted, the answers by rank."""
 
     record: bytes
     posted: float
@@ -80,11 +81,11 @@ class RoundState:
             self.posted = asyncio.Event()
 
 
-class Board(SchedulerPlugin):
+class BroadcastPlugin(SchedulerPlugin):
     """The scheduler plugin: rounds' records, answers and counts (handlers ``memtrain_*``)."""
 
     name = "memtrain-broadcast"
-    idempotent = True  # a second run on the same scheduler keeps the Board (and the first run's rounds)
+    idempotent = True  # a second run on the same scheduler keeps the BroadcastPlugin (and the first run's rounds)
 
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
@@ -426,22 +427,22 @@ class Broadcast:
         self.pool._watch()
 
 
-_REGISTERED: set[str] = set()  # Dask clients whose scheduler has the Board
+_REGISTERED: set[str] = set()  # Dask clients whose scheduler has the BroadcastPlugin
 _REFUSED: set[str] = set()  # and those whose scheduler could not load it (said once)
 
 
 def open_broadcast(pool: Any, *, rule: BackupRule | None, timeout: float, log: Callable[[str], None]
                    ) -> Broadcast | None:
-    """The broadcast rounds on ``pool`` (a ClusterPool), the Board registered on its scheduler once per client;
-    None (the per-task path throughout) for another transport or a scheduler that cannot load the Board."""
-    if not isinstance(pool, ClusterPool):
+    """The broadcast rounds on ``pool`` (a ClusterPool), the BroadcastPlugin registered on its scheduler once per
+    client; None (the per-task path throughout) for another transport or a scheduler that cannot load it."""
+    client = getattr(pool, "client", None)  # a ClusterPool's Dask client; another transport has none
+    if client is None:
         return None
-    client = pool.client
     if client.id in _REFUSED:
         return None
     if client.id not in _REGISTERED:
         try:
-            client.register_plugin(Board(), name=Board.name)
+            client.register_plugin(BroadcastPlugin(), name=BroadcastPlugin.name)
         except Exception as exc:  # noqa: BLE001 - e.g. memtrain not importable on the scheduler
             log(f"the Dask scheduler did not take memtrain's broadcast plugin ({type(exc).__name__}: {exc}): "
                 "each task and each step slice of every update is sent to a worker in a call of its own instead "

@@ -2,7 +2,7 @@
 
 It carries tasks only (gradients, evaluation, statistics): across machines the round's participants
 cannot meet at marks in a shared file, so a cluster run streams gradient tasks and steps in the server
-(train/stream.py); a ``Stretch`` is never sent here.
+(train/loops/stream.py); a ``Stretch`` is never sent here.
 
 Measured (``python -m benchmarks.cluster_transports``; docs/cluster.md has the table), a record's
 round trip on loopback: an actor method call from a client with ``direct_to_workers`` goes straight to the
@@ -32,8 +32,7 @@ from typing import Any
 from memtrain.cluster.sharedfs import View, ViewProbe, look, needs_sync, read_back, refuse
 from memtrain.errors import MemtrainError
 from memtrain.layout import partial_name, statistics_dir, streamed_gradient_name
-from memtrain.train.exchange import Event
-from memtrain.train.messages import GradTask, Result, StatsTask, Task, WorkerSetup
+from memtrain.train.messages import Event, GradTask, Result, StatsTask, Task, WorkerSetup
 
 START_SECONDS = 120.0  # for the actors of the first workers to open the dataset and answer the view check
 JOIN_SECONDS = 20.0  # the same for workers that join mid-run (the server's loop waits meanwhile)
@@ -47,12 +46,14 @@ class ClusterLost(MemtrainError):
 
 
 class ClusterWorker:
-    """The actor on a Dask worker: a memtrain WorkerState answering tasks, its files on the shared filesystem."""
+    """The actor on a Dask worker: a memtrain WorkerState answering tasks, its files on the shared filesystem.
+    ``worker_state(setup, alive=...)`` makes it (train/worker/worker.py's ``WorkerState``, handed down by the pool's
+    maker, train/server/pools.py: the cluster runs memtrain's worker without importing it)."""
 
-    def __init__(self, setup: WorkerSetup, token: str):
+    def __init__(self, setup: WorkerSetup, token: str, worker_state: Callable[..., Any]):
         from distributed import get_worker
 
-        self.setup, self.token = setup, token
+        self.setup, self.token, self.worker_state = setup, token, worker_state
         self.worker = get_worker()  # the Dask worker this actor lives on: its loop and scheduler connection
         self.state: Any = None
         self.sync = False
@@ -65,10 +66,8 @@ class ClusterWorker:
             return view
         from threadpoolctl import threadpool_limits
 
-        from memtrain.train.worker import WorkerState
-
         self.limits = threadpool_limits(limits=self.setup.blas_threads)
-        self.state = WorkerState(self.setup, alive=lambda: None)
+        self.state = self.worker_state(self.setup, alive=lambda: None)
         self.sync = needs_sync(Path(self.setup.exchange_dir))
         return view
 
@@ -154,6 +153,7 @@ class ClusterPool:
     client: Any
     setup: WorkerSetup
     probe: ViewProbe
+    worker_state: Callable[..., Any]  # what each Dask worker's actor runs (ClusterWorker)
     log: Callable[[str], None] = print
     slots: list[ClusterSlot] = field(default_factory=list)
     restarts: int = 0
@@ -293,8 +293,9 @@ class ClusterPool:
         pending = []
         for address in addresses:
             token = uuid.uuid4().hex[:12]
-            future = self.client.submit(ClusterWorker, self.setup, token, actor=True, workers=[address],
-                                        allow_other_workers=False, pure=False, key=f"memtrain-worker-{token}")
+            future = self.client.submit(ClusterWorker, self.setup, token, self.worker_state, actor=True,
+                                        workers=[address], allow_other_workers=False, pure=False,
+                                        key=f"memtrain-worker-{token}")
             pending.append(ClusterSlot(self._next_index, RemoteWorker(address, "?", 0), None, future, token))
             self._next_index += 1
         deadline = time.monotonic() + seconds

@@ -38,7 +38,7 @@ from memtrain.inspection.stats import CHUNK
 from memtrain.inspection.tensor_view import tensor_view
 from memtrain.inspection.tensors import source_tensors, training_data
 from memtrain.inspection.verify import Check, annotate, verify
-from memtrain.train.checkpoint import WHICH
+from memtrain.train.records.checkpoint import WHICH
 
 __all__ = ["add_arguments", "run", "detect", "build_view"]
 

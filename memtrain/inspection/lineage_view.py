@@ -13,8 +13,8 @@ from typing import Any
 from memtrain.errors import CorruptFileError, InputError
 from memtrain.inspection.tensor_view import SCHEMA
 from memtrain.layout import weight_versions
-from memtrain.train.lineage import Lineage, Step, read_lineage
-from memtrain.train.record import recorded_job
+from memtrain.train.records.lineage import Lineage, Step, read_lineage
+from memtrain.train.records.record import recorded_job
 
 
 def schedule_summary(run: Path, job: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -14,7 +14,7 @@ from memtrain.errors import InputError, MemtrainError
 from memtrain.files import publish, read_jsonl
 from memtrain.inspection.tensor_view import SCHEMA
 from memtrain.layout import RUN_METRICS
-from memtrain.train.record import recorded_job
+from memtrain.train.records.record import recorded_job
 
 FORMATS = (".png", ".svg", ".pdf")
 

@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from memtrain.errors import plural
-from memtrain.train.counters import ONE_PASS
+from memtrain.train.records.counters import ONE_PASS
 
 # Width of the text lines when stdout is not a terminal (a pipe, a log) and COLUMNS is not set; tables are printed
 # whole there, at their own width. COLUMNS, when set, is the width everywhere, tables included (the tests set

@@ -27,9 +27,9 @@ from memtrain.layout import (
     weight_versions,
     weights_path,
 )
-from memtrain.train.checkpoint import read_meta
-from memtrain.train.record import read_history, recorded_job
-from memtrain.train.run_dir import read_params
+from memtrain.train.records.checkpoint import read_meta
+from memtrain.train.records.record import read_history, recorded_job
+from memtrain.train.records.run_dir import read_params
 
 
 def run_view(run: Path) -> dict[str, Any]:
@@ -76,7 +76,7 @@ def progress(job: dict[str, Any] | None, metrics: list[dict[str, Any]],
             "newest_version": max(lineage, default=None),
             "last_epoch": epochs[-1] if epochs else None,
             "best_epoch": min(scored, key=lambda r: r["val_loss"]) if scored else None,
-            # an additive model's version 1 is its solve: a run of no epochs (train/counters.py, ONE_PASS)
+            # an additive model's version 1 is its solve: a run of no epochs (train/records/counters.py, ONE_PASS)
             "one_pass": "solve" in lineage.get(1, {})}
 
 

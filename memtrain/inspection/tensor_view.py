@@ -18,7 +18,7 @@ from memtrain.inspection.stats import CHUNK, EMPTY_STATS, Summary, is_numeric, s
 from memtrain.inspection.tensors import Tensors, checkpoint_file, open_tensors
 from memtrain.inspection.verify import lineage_checksums
 from memtrain.layout import RUN_LINEAGE, RUN_METRICS, optimizer_state_name
-from memtrain.train.checkpoint import read_meta
+from memtrain.train.records.checkpoint import read_meta
 
 SCHEMA = 1  # version of the --json output; bumped when a key changes meaning or disappears
 

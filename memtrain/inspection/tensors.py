@@ -28,7 +28,7 @@ from memtrain.layout import (
     checkpoint_updates,
 )
 from memtrain.models.params import ParamLayout
-from memtrain.train.checkpoint import pick_checkpoint, read_meta
+from memtrain.train.records.checkpoint import pick_checkpoint, read_meta
 
 
 @dataclass

@@ -30,10 +30,10 @@ from memtrain.layout import (
     weight_versions,
     weights_path,
 )
-from memtrain.train.checkpoint import read_meta
-from memtrain.train.lineage import read_lineage
-from memtrain.train.record import recorded_job
-from memtrain.train.run_dir import read_params, run_is_live
+from memtrain.train.records.checkpoint import read_meta
+from memtrain.train.records.lineage import read_lineage
+from memtrain.train.records.record import recorded_job
+from memtrain.train.records.run_dir import read_params, run_is_live
 
 FAILURES = ("mismatch", "missing", "unreadable", "discontinuous")
 # How long a failing checkpoint of a run gets to disappear before its failure counts: a live run prunes

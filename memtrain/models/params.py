@@ -2,7 +2,7 @@
 
 A layout may end with *buffers*: model state that is not trained by the optimizer (a torch module's
 BatchNorm running statistics, frozen parameters). They ride in the same files as the parameters; the
-step adds the mean of what the tasks report for them instead of applying the optimizer (train/reduce.py).
+step adds the mean of what the tasks report for them instead of applying the optimizer (train/loops/reduce.py).
 """
 
 from __future__ import annotations

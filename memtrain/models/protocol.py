@@ -20,7 +20,7 @@ one pass over the data. memtrain zeroes a task's partial, a file it maps, and pa
 
 A class defining both is called by the one defined lower in its class hierarchy (``add_statistics`` if one
 class defines both): a subclass of a built-in model that overrides ``statistics`` gets the whole-rows
-contract (train/additive.py, ``statistics_contract``).
+contract (train/loops/additive.py, ``statistics_contract``).
 ``solve`` gets read-only views of the mapped sum; it may return arrays of any float dtype, which memtrain
 writes into the weight file one parameter at a time.
 
@@ -34,13 +34,13 @@ Optional, for models that need them (a torch module uses all four; see models/to
   every random number (dropout) from it alone, so results never depend on the worker count.
 - ``thread_safe = True``: ``loss_and_grad`` may run in several threads at once (it keeps no state between
   calls and writes only the ``grads`` it is given), so the server running the rounds itself may compute an
-  update's tasks on its task threads (train/threads.py, ``train.server_threads``). The numpy models say so.
+  update's tasks on its task threads (train/loops/threads.py, ``train.server_threads``). The numpy models say so.
 - ``in_worker(threads)``: called once in each worker process before its first task (pin thread pools).
 - ``startup(x, y, threads)``: run by the server on two training rows before any worker starts; raises
   ``InputError`` for a model that cannot train on this data, returns a line for the run's event log.
 - ``evaluate(params, x, y)``: an ``Evaluation`` -- what ``loss``, ``predict`` and ``predict_proba`` give
   for the same rows, bitwise, from one pass of the model over them. An evaluation task needs all three
-  (train/worker.py); without it, each is asked for and the model runs over the rows three times.
+  (train/worker/worker.py); without it, each is asked for and the model runs over the rows three times.
 """
 
 from __future__ import annotations

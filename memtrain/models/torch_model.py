@@ -9,7 +9,7 @@ buffers and frozen parameters, all named by their state_dict keys) and a summed 
 Rules that keep memtrain's guarantees (docs/torch.md):
 - version 0 is the module's own initialisation under ``torch.manual_seed(train.seed)``;
 - buffers (BatchNorm running statistics) become the row-weighted mean of what each task's forward pass
-  made of them, added in task order (models/protocol.py, train/reduce.py);
+  made of them, added in task order (models/protocol.py, train/loops/reduce.py);
 - every random draw of a gradient task (dropout) comes from the CPU generator seeded with a seed
   derived from (train.seed, version, task): the same whichever worker runs it, so never dependent on the
   worker count; evaluation and prediction run in eval mode;
@@ -45,7 +45,7 @@ Params = dict[str, np.ndarray]
 class TorchModel:
     additive: ClassVar[bool] = False
     seeded: ClassVar[bool] = True
-    outlined: ClassVar[bool] = True  # a server whose workers compute never imports torch (train/outline.py)
+    outlined: ClassVar[bool] = True  # a server whose workers compute never imports torch (train/server/outline.py)
 
     def __init__(self, spec: DataSpec, factory: str, loss: str | None = None, **options: Any):
         require_torch()

@@ -38,7 +38,7 @@ def require_torch() -> Any:
 
 def check_torch_installed() -> None:
     """``require_torch``'s InputError when torch cannot be imported, found without importing it (a server that
-    only outlines the model, train/outline.py, never imports torch)."""
+    only outlines the model, train/server/outline.py, never imports torch)."""
     import importlib.util
 
     try:

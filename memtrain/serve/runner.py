@@ -24,7 +24,7 @@ from memtrain.errors import MemtrainError
 from memtrain.files import open_own, open_regular
 from memtrain.layout import RUN_JOB, RUN_LOCK, RUN_METRICS
 from memtrain.serve.admit import Admission
-from memtrain.train.record import compare, recorded_job
+from memtrain.train.records.record import compare, recorded_job
 
 ERROR_PREFIX = "memtrain train: error: "
 # Enough of the end of a log or metrics file to find its last error line or epoch record; reading

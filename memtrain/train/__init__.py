@@ -1,50 +1,55 @@
 """Training: a job -> versioned weight files, through rounds that worker processes (or the server) run.
 
-Which process runs which module:
+The folders say which process runs what (each folder's __init__.py says what it owns):
 
-    server process                          worker process (one per slot; spawned)
-    --------------                          ---------------------------------------
-    command.py     the `memtrain train` CLI
-    server.py      the epoch loop: the engine chosen once, evaluation, checkpoints, a clean stop
-    engines.py     who steps, one interface (run the rest of an epoch): Rounds, ClusterRounds, Desk,
-                   ServerSteps (the server steps the whole vector: overlap.py's loop)
-    monitor.py     an epoch's end: the best epoch, early stopping, metrics.csv/TensorBoard, callbacks
-    fit.py, summary.py     memtrain.fit (a job from Python) and its summary table
-    placement.py   rounds in the server or on workers (train.workers, measured at start)
-    scheduler.py   watches a stretch / runs tasks: deaths, hangs, failures, stop signals
-    logbook.py     records up to the ledger -> lineage and metric lines, the position
-    exchange.py    a pipe pair per worker slot; or InServer: the server as its own worker
-    desk.py        async mode on workers: the desk made,      desk.py     tasks taken, gradients posted,
-                   its groups' records logged                             groups stepped
-    overlap.py     the one loop of the server's whole-vector steps (fixed staleness streamed, async in
-                   the server, replay): tasks out as the schedule's agenda says, whole steps in the server
-    stream.py      a cluster's round: gradient tasks out,     stream.py   a streamed gradient task
-    sliced.py      then one step task per slice, published   sliced.py   a step slice, written with pwrite
-                   (per update one record broadcast and one count awaited per wait: cluster/broadcast.py;
-                   a fault, a join or a straggler finishes that update task by task)
-    outline.py     the model built once in a short child when workers compute every gradient: the server
+    server/      the server process only
+      command.py   the `memtrain train` CLI;  fit.py, summary.py: memtrain.fit and its summary table
+      server.py    the epoch loop (Trainer.fit): the engine chosen once, evaluation, checkpoints, a clean stop
+      engines.py   who steps, one interface (run the rest of an epoch): Rounds, ClusterRounds, Desk, ServerSteps
+                   (the server steps the whole vector: loops/overlap.py); each handed an EngineContext
+      placement.py rounds in the server or on workers (train.workers, measured at start)
+      exchange.py  a pipe pair per worker slot; or InServer: the server as its own worker
+      scheduler.py watches a stretch / runs tasks: deaths, hangs, failures, stop signals
+      pools.py     a cluster's Dask workers as a transport
+      outline.py   the model built once in a short child when workers compute every gradient: the server
                    holds its layout and version 0, never the framework (torch)
-    state.py, checkpoint.py, run_dir.py     resume, checkpoints, the run directory
-    additive.py    an additive model's pass:  additive.py a statistics task: its rows in
-                   partials kept, summed in               chunks, added into its mapped
-                   task order into a mapped file          partial (statistics/ in the run)
-    memory.py      the memory limits: a worker the kernel killed is said to be
-                                            worker.py   messages in, answers out
-    ------------------------- both (the server when train.workers = 0) -------------------------
-    rounds.py      the round, one loop: step the previous update's slice, meet, compute this update's
-                   gradients, meet; slot 0 publishes (fixed staleness: one meeting per update);
+      monitor.py   an epoch's end: the best epoch, early stopping, metrics.csv/TensorBoard, callbacks
+      room.py, datacheck.py, advice.py   the start-up checks: disk room, the data, advice
+    worker/      a worker process only (one per slot; spawned); reaches nothing of server/
+      worker.py    messages in, answers out;  launch.py: the process made quiet, BLAS on one thread
+    loops/       the loops an update runs through: in workers, and in the server when train.workers = 0
+      rounds.py    the round, one loop: step the previous update's slice, meet, compute this update's
+                   gradients, meet; slot 0 publishes (fixed staleness: one meeting per update)
+      desk.py      async mode on workers: the server's DeskFile and group records; a worker's tasks taken,
+                   gradients posted, groups stepped
+      overlap.py   the server's one loop of whole-vector steps (fixed staleness streamed, async in the
+                   server, replay): tasks out as the schedule's agenda says (server only)
+      sliced.py, stream.py   a cluster's round (SlicedParticipant): streamed gradient tasks, then one step
+                   task per slice written with pwrite, published (cluster/broadcast.py keeps its records)
+      additive.py  an additive model's pass: statistics tasks in chunks into mapped partials, summed in
+                   task order (the server's side and the worker's)
+      mapped.py    what every engine shares: the run's files mapped (RoundFiles), a task's rows (TaskRows),
                    RoundFiles.step_and_publish: the one whole-vector step (desk, overlap)
-    gradient.py    a task's loss and gradient: seeds, fault point, timing, straggler hook, read audit
-    marks.py       the board the participants meet at (marks, ledger, activities) and the records
-    doorbell.py    sleeping on the board until a mark lands
-    reduce.py      gradient buffers -> mean -> optimizer -> a slice of the next version
-    plan.py        the job's updates and tasks, each task's rows (Plan.rows: train.shuffle's order),
+      gradient.py  a task's loss and gradient: seeds, fault point, timing, straggler hook, read audit
+      reduce.py    gradient buffers -> mean -> optimizer -> a slice of the next version
+      maps.py, threads.py   maps kept between tasks; the server's task threads
+    exchange/    the exchange area's shared files (/dev/shm), read and written by both processes
+      marks.py     the board the participants meet at (marks, ledger, activities) and the round records
+      doorbell.py  sleeping on the board until a mark lands
+      weights.py   publishing, retiring and recycling weight versions; the one keep rule
+    records/     the run directory's records, which outlive the run (written by the server)
+      run_dir.py, record.py   the run directory, job.json and history.jsonl
+      logbook.py   records up to the ledger -> lineage and metric lines, the position
+      lineage.py, metrics.py, counters.py   lineage.jsonl, metrics and task statistics, the counters shown
+      checkpoint.py, state.py   checkpoints, and where a run stands: fresh starts and resumes
+    shared, at the top (both processes)
+      plan.py      the job's updates and tasks, each task's rows (Plan.rows: train.shuffle's order),
                    who does which task and slice
-    schedule.py    which gradients each update adds, at which version: Planned(k), Arrival, Recorded;
-                   each one's agenda (what to start, what is due, in which order), pure
-    messages.py    the records that cross between processes
-    weights.py     publishing, retiring and recycling weight versions; the one keep rule
-    maps.py, context.py, optim.py, normalize.py     maps kept between tasks, the model, the optimizer
+      schedule.py  which gradients each update adds, at which version: Planned(k), Arrival, Recorded;
+                   one agenda(position, updates) each (server/engines.SCHEDULES: a table), pure
+      messages.py  the records that cross between processes
+      context.py, normalize.py, optim.py   the model and its normalizer, the optimizer
+      memory.py    the memory limits (the server's words for a killed worker; a worker's test limit)
 
 docs/round.md walks through one round; docs/how-it-works.md follows one update through these modules.
 
@@ -59,17 +64,24 @@ Glossary (one name per concept, everywhere in this package):
                  rows: positions [lo, hi) of the epoch's row sequence, which Plan.rows turns into rows
     attempt      how many times a task was started before (a retry after a death: a new file name)
     partial      an additive model's statistics of one task's rows, a float64 file the model adds into
-    chunk        train.chunk_rows rows of a statistics task, read and added at once (additive.py)
-    schedule     what is computed: which gradients each update adds, at which version (schedule.py)
+    chunk        train.chunk_rows rows of a statistics task, read and added at once (loops/additive.py)
+    schedule     what is computed: which gradients each update adds, at which version (schedule.py); what
+                 it keeps across updates is its own state (PlannedState, ArrivalState), which the position
+                 carries without asking its kind and a checkpoint stores under the schedule's name
     agenda       a schedule's state over one epoch (a replay: the whole lineage): what can start, which
                  arrived gradients form the next update (schedule.Agenda)
-    engine       who steps (engines.py): the rounds (slices, marks; on a cluster, the server's stretch),
-                 the desk (groups), or the server (the whole vector, streamed); messages.Engine names the
-                 loop a worker runs a stretch with (the first two)
+    engine       who steps, on the server's side (server/engines.py): Rounds (slices, marks), ClusterRounds (the
+                 server's stretch on a cluster), Desk (groups), ServerSteps (the whole vector, streamed); each
+                 is handed an EngineContext, what it uses of the server
+    loop         what a worker runs a stretch with (messages.Loop): the rounds' or the desk's
+    desk         async mode's meeting place on worker processes: the engine engines.Desk, its file and lock
+                 desk.DeskFile
+    board        the round's marks, ledger and activities (marks.Board); a cluster's broadcast round keeps
+                 its records in a scheduler plugin, cluster/broadcast.BroadcastPlugin
     stretch      a run of updates handed to every participant at once (messages.Stretch)
     slot         a participant's number in a stretch (a worker process, or the server itself)
     generation   a stretch's number: the marks of an older stretch never count for a newer one
-    mark         a word a participant writes on the board when its part of a meeting is done (marks.py)
+    mark         a word a participant writes on the board when its part of a meeting is done (exchange/marks.py)
     ledger       the last update finished and the version after it: where the next stretch starts
     record       how an update (rounds) or a group (desk) ended, in the exchange area, status written last
     lineage      lineage.jsonl: per version, the rows and the version each gradient was computed at

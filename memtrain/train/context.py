@@ -15,10 +15,8 @@ from memtrain.dataset import Dataset
 from memtrain.models import build_model
 from memtrain.models.params import ParamLayout
 from memtrain.models.protocol import DataSpec, Model
-from memtrain.models.registry import CODE_DIR, code_on_path, model_class
 from memtrain.models.target_scale import ScaledTarget, TargetScale, scalable
 from memtrain.train.normalize import Normalizer
-from memtrain.train.outline import outline_model
 
 
 @dataclass(frozen=True)
@@ -30,7 +28,7 @@ class ModelContext:
     normalize: Normalizer
     manifest: dict[str, Any]
     # CPU seconds this process spent building the model, its imports included (torch: seconds): what every
-    # worker pays again as it starts (train/placement.py weighs it); an outline's: what its child spent
+    # worker pays again as it starts (train/server/placement.py weighs it); an outline's: what its child spent
     build_seconds: float = 0.0
     target: TargetScale | None = None  # data.scale_target: the model is trained on the standardized target
 
@@ -81,48 +79,6 @@ def job_target_scale(dataset: Dataset, job: Any) -> TargetScale | None:
     if not job.data.scale_target or not scalable(job.model.kind, dataset.manifest["task"]):
         return None
     return TargetScale.of_split(dataset.split("train"), data_spec(dataset.manifest).n_targets)
-
-
-def server_context(dataset: Dataset, job: Any, *, resuming: bool = False, replaying: bool = False,
-                   cores: int = 1) -> ModelContext:
-    """The server's model context: the model itself, or (workers compute every gradient and the model asks
-    for it, a torch module) its outline, built in a short child process (train/outline.py), so that the
-    server never imports the framework. ``train.workers = "auto"`` outlines it too when the rounds it would
-    run in the server can run on one worker instead (``auto_outlined``): the child is then kept, to become
-    that worker. ``resuming``: a resume, which needs no version 0 from the outline; ``replaying``: a replay
-    (the server's own engine); ``cores``: the machine's."""
-    kind, options = job.model.kind, job.model.options
-    workers = job.train.workers
-    keep = workers == "auto" and auto_outlined(job, replaying=replaying, cores=cores)
-    fixed = not isinstance(workers, str) and workers >= 1
-    if not (fixed or keep) or job.run.cluster or not outlined(kind, options):
-        return model_context(dataset, kind, options, job.data.normalize, job_target_scale(dataset, job))
-    outline = outline_model(dataset=str(dataset.path), kind=kind, options=dict(options),
-                            normalize=job.data.normalize, seed=job.train.seed, threads=job.train.blas_threads,
-                            version0=not resuming, keep=keep)
-    layout = ParamLayout.from_shapes(outline.parameter_shapes(), outline.buffer_shapes())
-    return ModelContext(data_spec(dataset.manifest), outline, layout, None,
-                        Normalizer.from_stats(dataset.manifest.get("stats"), job.data.normalize), dataset.manifest,
-                        outline.build_seconds)
-
-
-def auto_outlined(job: Any, *, replaying: bool, cores: int) -> bool:
-    """Whether ``train.workers = "auto"`` runs the rounds (synchronous, on one machine, not a replay) with two
-    or more participants to share an update's tasks: then the server's own rounds can run on one worker."""
-    train = job.train
-    return (not replaying and not job.run.cluster and train.mode == "sync" and train.staleness_in == "rounds"
-            and min(cores, train.tasks_per_update) >= 2)
-
-
-def outlined(kind: str, options: dict[str, Any]) -> bool:
-    """Whether model ``kind`` asks to be outlined in a server that does not compute (``outlined = True``); its
-    ``check_installed`` (if any) raises here, in the server, what building it would raise (a missing torch)."""
-    with code_on_path(options.get(CODE_DIR)):
-        cls = model_class(kind)
-    if getattr(cls, "outlined", False) is not True:
-        return False
-    getattr(cls, "check_installed", lambda: None)()
-    return True
 
 
 STARTUP_ROWS = 2

@@ -15,8 +15,6 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from memtrain.train.room import size_text
-
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 UNLIMITED = 1 << 62  # cgroup v1 writes "no limit" as a huge page-rounded number (9223372036854771712)
 WORKER_DATA_LIMIT_ENV = "MEMTRAIN_WORKER_DATA_LIMIT"  # MiB a worker may allocate beyond what it holds at start
@@ -158,3 +156,11 @@ def _status_bytes(key: str) -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def size_text(size: int) -> str:
+    """``80.0 GiB``, ``1.5 MiB``, ``12 KiB``: a figure a person can compare with ``df -h``."""
+    for unit, shift in (("GiB", 30), ("MiB", 20)):
+        if size >= 1 << shift:
+            return f"{size / (1 << shift):.1f} {unit}"
+    return f"{-(-size // 1024)} KiB"

@@ -15,7 +15,10 @@ Counters have one name each, everywhere in ``memtrain/train/``:
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any, Protocol
 
 from memtrain.models.target_scale import TargetScale
 from memtrain.train.optim import OptimizerConfig
@@ -54,10 +57,11 @@ class WorkerSetup:
     target_scale: TargetScale | None = None  # data.scale_target: the server's, computed once (models/target_scale.py)
 
 
-class Engine(enum.Enum):
-    """Which loop a worker runs a stretch with (train/worker.py): the participants meeting at marks, each
-    stepping a slice (train/rounds.py), or each claiming tasks at the desk and stepping whole groups
-    (train/desk.py). The engines on the server's side, the server's own too, are train/engines.py's."""
+class Loop(enum.Enum):
+    """Which loop a worker runs a stretch with (train/worker/worker.py): the participants meeting at marks, each
+    stepping a slice (train/loops/rounds.py), or each claiming tasks at the desk and stepping whole groups
+    (train/loops/desk.py). The engines on the server's side, which send these stretches, are
+    train/server/engines.py's."""
 
     ROUNDS = "rounds"
     DESK = "desk"
@@ -70,7 +74,7 @@ class Stretch:
     Every participant gets the same stretch but its own ``slot``. The plan says the rest: which tasks
     each update has (task t goes to slot ``t % participants``), which parameter slice each slot steps
     (slice j to slot j, ``slices`` of them), and slot 0 publishes. The participants meet at marks
-    (train/marks.py), not at the server. A stretch ends with the step of its last update.
+    (train/exchange/marks.py), not at the server. A stretch ends with the step of its last update.
     """
 
     generation: int
@@ -82,11 +86,11 @@ class Stretch:
     participants: int
     slices: int
     bases: tuple[tuple[int, int], ...] = ()  # fixed staleness: (updates done, the version then) still read
-    engine: Engine = Engine.ROUNDS
-    # at the desk (train/desk.py): gradients per group, and the staleness allowed
+    loop: Loop = Loop.ROUNDS
+    # at the desk (train/loops/desk.py): gradients per group, and the staleness allowed
     group: int = 1
     max_staleness: int = 0
-    # the server alone (train/threads.py): the threads its update's tasks are computed on; a worker's is 1
+    # the server alone (train/loops/threads.py): the threads its update's tasks are computed on; a worker's is 1
     threads: int = 1
 
 
@@ -104,7 +108,7 @@ class EvalTask:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StatsTask:
     """Sufficient statistics of train rows [lo, hi) (additive models), read ``chunk_rows`` at a time, to the run's
-    ``statistics/`` + ``partial_name(task, attempt)`` (train/additive.py)."""
+    ``statistics/`` + ``partial_name(task, attempt)`` (train/loops/additive.py)."""
 
     task: int
     attempt: int
@@ -116,7 +120,7 @@ class StatsTask:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GradTask:
     """The gradient of the train rows of positions [lo, hi) of epoch ``epoch``'s row sequence (``Plan.rows``)
-    at published weight ``version``, into ``gradient_name(version, task, attempt)`` (train/stream.py: the
+    at published weight ``version``, into ``gradient_name(version, task, attempt)`` (train/loops/stream.py: the
     round when the participants cannot meet at marks, e.g. on a cluster)."""
 
     task: int
@@ -127,13 +131,13 @@ class GradTask:
     lo: int
     hi: int
     spare: str = ""  # a stepped gradient file's new name, to rewrite instead of creating a file ("": none)
-    in_place: bool = False  # compute into a map of the spare (one machine only: train/overlap.py)
+    in_place: bool = False  # compute into a map of the spare (one machine only: train/loops/overlap.py)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepTask:
     """Step parameter slice [lo, hi) of update ``update`` from weight ``version`` to ``version`` + 1 (a cluster
-    run, train/sliced.py): the mean of the update's ``tasks`` gradient files -- task t's is
+    run, train/loops/sliced.py): the mean of the update's ``tasks`` gradient files -- task t's is
     ``streamed_gradient_name(update, t, attempt)``, attempt 0 unless ``retried`` names another, added in task
     order -- over ``rows`` rows, the optimizer at learning rate ``lr``; written into the next version's file and
     the optimizer state's new files at the slice's place. ``task`` is the slice's number. About a hundred bytes
@@ -173,7 +177,7 @@ class Ready:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StartFailed:
     """A worker's only message when it could not start (the dataset would not open, the model would not
-    build): its error, which the server quotes once when it stops the run (train/exchange.py)."""
+    build): its error, which the server quotes once when it stops the run (train/server/exchange.py)."""
 
     error: str
 
@@ -184,7 +188,7 @@ Message = Stretch | EvalTask | StatsTask | GradTask | StepTask | Stop
 
 class Outcome(enum.Enum):
     """How a piece of work ended: a task or a participant's stretch (its answer), or a whole stretch as the
-    server saw it (train/scheduler.py ``run_stretch``)."""
+    server saw it (train/server/scheduler.py ``run_stretch``)."""
 
     DONE = "done"
     NONFINITE = "nonfinite"  # a stretch stopped at a non-finite update (train.on_nonfinite = "stop")
@@ -212,9 +216,71 @@ class Result:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StretchEnd:
-    """The answer to a Stretch: how it ended. What it computed is in the round's records (train/marks.py)."""
+    """The answer to a Stretch: how it ended. What it computed is in the round's records (train/exchange/marks.py)."""
 
     generation: int
     slot: int
     outcome: Outcome
     error: str | None = None
+
+
+# --- what the scheduler sees of a transport (train/server/exchange.py's WorkerPool and InServer, cluster/transport.py's
+# ClusterPool): its slots, the events it reports, and the straggler rule a cluster's tasks follow ---
+
+
+@dataclass
+class Slot:
+    index: int
+    process: Any  # None for the server's own slot
+    inbox: Connection | None = None  # the server's end of the pipe the worker reads
+    outbox: Connection | None = None  # the server's end of the pipe the worker answers on
+    ready: bool = False  # the worker has started and said so
+    error: str = ""  # what the worker said when it could not start (StartFailed)
+    current: Message | None = None
+    since: float = 0.0
+
+    @property
+    def idle(self) -> bool:
+        return self.current is None
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid if self.process is not None else os.getpid()
+
+
+@dataclass(frozen=True)
+class Event:
+    """An answer from a slot, or the death of its process (``answer`` None, ``exitcode`` set; ``started``
+    False when it died before it said Ready: it never ran ``message``, and its pool counts the death)."""
+
+    slot: Slot
+    answer: Result | StretchEnd | None
+    message: Message | None  # what the slot was working on
+    exitcode: int | None = None
+    started: bool = True
+
+
+class Transport(Protocol):
+    slots: list[Slot]
+
+    def send(self, slot: Slot, message: Message) -> None: ...
+
+    def wait(self, timeout: float) -> list[Event]: ...
+
+    def kill(self, slot: Slot) -> None: ...
+
+    def close(self, timeout: float = 5.0) -> None: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackupRule:
+    """When ``Scheduler.run`` starts a backup copy of a task (docs/cluster.md, "Stragglers"): the task has run
+    more than ``ratio`` times the median time of the tasks of the same call that have finished, and at least
+    ``seconds``; nothing is left to send, and a worker is idle. One backup per task."""
+
+    ratio: float  # train.backup_ratio
+    seconds: float  # train.backup_seconds
+
+    def due(self, median: float) -> float:
+        """How long a task may run, its finished peers' median time being ``median``, before it gets a backup."""
+        return max(self.ratio * median, self.seconds)

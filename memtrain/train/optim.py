@@ -14,74 +14,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from numbers import Real
 
 import numpy as np
 
+from memtrain.config import OPTIMIZER_NAMES, OptimizerConfig
 from memtrain.errors import InputError
 
 F32 = np.float32
-SCHEDULES = ("constant", "cosine", "step")
-
-
-@dataclass(frozen=True)
-class OptimizerConfig:
-    """Every optimizer and schedule option, with its default ([train] keys of a job file)."""
-
-    name: str = "adam"  # "sgd" | "adam" | "adamw"  (job key: train.optimizer)
-    lr: float = 1e-3
-    momentum: float = 0.0  # sgd
-    nesterov: bool = False  # sgd, requires momentum > 0
-    weight_decay: float = 0.0  # sgd/adam: L2 term added to the gradient; adamw: decoupled decay
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    schedule: str = "constant"  # "constant" | "cosine" | "step", applied after the warmup
-    warmup_updates: int = 0  # linear warmup: lr/warmup_updates, 2*lr/warmup_updates, ..., lr
-    step_every: int = 1000  # step schedule: multiply by step_gamma every step_every updates
-    step_gamma: float = 0.1
-    min_lr: float = 0.0  # cosine floor
-
-    def __post_init__(self) -> None:
-        _check_choice("train.optimizer", self.name, tuple(OPTIMIZERS))
-        _check_choice("train.schedule", self.schedule, SCHEDULES)
-        _check_number("train.lr", self.lr, "a number > 0", lambda v: v > 0)
-        _check_number("train.momentum", self.momentum, "a number in [0, 1)", lambda v: 0 <= v < 1)
-        _check_number("train.weight_decay", self.weight_decay, "a number >= 0", lambda v: v >= 0)
-        _check_number("train.beta1", self.beta1, "a number in [0, 1)", lambda v: 0 <= v < 1)
-        _check_number("train.beta2", self.beta2, "a number in [0, 1)", lambda v: 0 <= v < 1)
-        _check_number("train.eps", self.eps, "a number > 0", lambda v: v > 0)
-        _check_number("train.step_gamma", self.step_gamma, "a number in (0, 1]", lambda v: 0 < v <= 1)
-        _check_number("train.min_lr", self.min_lr, f"a number in [0, lr={self.lr}]", lambda v: 0 <= v <= self.lr)
-        _check_int("train.warmup_updates", self.warmup_updates, 0)
-        _check_int("train.step_every", self.step_every, 1)
-        if not isinstance(self.nesterov, bool):
-            raise InputError("wrong type for train.nesterov", expected="true or false", found=repr(self.nesterov))
-        if self.nesterov and (self.name != "sgd" or self.momentum == 0):
-            raise InputError("train.nesterov needs optimizer 'sgd' with momentum > 0",
-                             expected="train.momentum > 0 and train.optimizer = 'sgd'",
-                             found=f"optimizer {self.name!r}, momentum {self.momentum}")
-
-
-def _check_choice(key: str, value: object, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise InputError(f"bad value for {key}", expected=" or ".join(repr(c) for c in choices), found=repr(value))
-
-
-def _check_number(key: str, value: object, expected: str, ok) -> None:
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or not ok(value):
-        raise InputError(f"bad value for {key}", expected=expected, found=repr(value))
-
-
-# Upper bound of the schedule's counts of updates: a checkpoint refuses counts above 10^12 (train/checkpoint.py
-# MAX_COUNT), so no run makes more updates; a larger value is a typo (config.py, "Upper bounds").
-MAX_UPDATES = 10**12
-
-
-def _check_int(key: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_UPDATES:
-        raise InputError(f"bad value for {key}", expected=f"an integer from {minimum} to {MAX_UPDATES}",
-                         found=repr(value))
 
 
 def state_slots(config: OptimizerConfig) -> tuple[str, ...]:
@@ -210,3 +149,4 @@ OPTIMIZERS: dict[str, Optimizer] = {
     "adam": Optimizer(slots=lambda config: ("m", "v"), step=_adam),
     "adamw": Optimizer(slots=lambda config: ("m", "v"), step=_adam),
 }
+assert tuple(OPTIMIZERS) == OPTIMIZER_NAMES, "config.OPTIMIZER_NAMES names this table's optimizers"

@@ -24,10 +24,18 @@ row ranges.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from memtrain.order import WINDOW, EpochOrder, Rows, epoch_order
+from memtrain.train.records.counters import epoch_number
+
+if TYPE_CHECKING:
+    from memtrain.config import TrainConfig
+    from memtrain.dataset import Dataset
+
+SHARDS_NAMED, ROWS_NAMED = 3, 5  # a shuffled task's shards and rows named in its description (it has many)
 
 
 @dataclass(frozen=True)
@@ -142,6 +150,12 @@ class Plan:
         return self.updates(update // self.per_epoch)[update % self.per_epoch]
 
 
+def in_rounds(train: TrainConfig, *, replaying: bool) -> bool:
+    """Whether the rounds run the job's updates (synchronous, or fixed staleness in the rounds; not a replay):
+    asked once, by ``Trainer.choose`` and by the outline that keeps its child as the rounds' first worker."""
+    return not replaying and train.mode == "sync" and train.staleness_in == "rounds"
+
+
 def task_owner(task: int, participants: int) -> int:
     """The slot that computes task ``task`` of every update (any choice gives the same bits: the reduction
     order is the task order, not the owner's)."""
@@ -230,3 +244,28 @@ def run_updates_per_epoch(train_rows: int, batch_size: int | None, tasks_per_upd
         return updates_per_epoch(train_rows, batch_size)
     updates = epoch_updates(train_rows, batch_size, tasks_per_update, 0, 0, shuffle="none")
     return async_updates_per_epoch(len(task_stream(updates)), async_group)
+
+
+@dataclass(frozen=True)
+class RowWords:
+    """A task's rows in words, for the event log and errors: ``words(lo, hi)`` says rows [lo, hi) of ``split``,
+    or, for a gradient task of epoch ``epoch`` of a shuffled plan (``train.shuffle = "rows"``), the positions
+    [lo, hi) of that epoch's row order, the rows and shards they are."""
+
+    dataset: Dataset
+    plan: Plan
+
+    def __call__(self, lo: int, hi: int, split: str = "train", epoch: int | None = None) -> str:
+        data = self.dataset.split(split)
+        if split != "train" or epoch is None or not self.plan.shuffled:
+            names = ", ".join(data.shards[s].x_path.name for s, _, _ in data.segments(lo, hi))
+            return f"rows {lo}-{hi} of the {split} split, shard {names}"
+        rows = np.asarray(self.plan.rows(epoch, lo, hi))
+        shards = np.unique(np.searchsorted(data.starts, rows, side="right") - 1).tolist()
+        names = ", ".join(data.shards[s].x_path.name for s in shards[:SHARDS_NAMED])
+        more = f" and {len(shards) - SHARDS_NAMED} more" if len(shards) > SHARDS_NAMED else ""
+        listed = ", ".join(map(str, rows[:ROWS_NAMED].tolist()))
+        others = f" and {len(rows) - ROWS_NAMED} more" if len(rows) > ROWS_NAMED else ""
+        return (f"positions {lo}-{hi} of epoch {epoch_number(epoch)}'s shuffled row order of the train split "
+                f"(train.shuffle = 'rows'): rows {listed}{others}, shard{'s' if len(shards) > 1 else ''} "
+                f"{names}{more}")

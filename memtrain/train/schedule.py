@@ -15,10 +15,15 @@ here once, whoever runs it:
 
 Each schedule also runs: ``Planned.agenda``, ``Arrival.agenda`` and ``Recorded.agenda`` give the state of one
 epoch's work (a replay: the whole lineage's) behind one interface, ``Agenda``, which the one loop of the
-server's whole-vector engine asks (train/overlap.py ``Overlap.run``): ``start`` what can be computed now,
+server's whole-vector engine asks (train/loops/overlap.py ``Overlap.run``): ``start`` what can be computed now,
 ``arrived`` each gradient as it comes back, ``due`` the next update whose gradients are all in (in the order
 they are added, with the oldest version still read), ``applied`` once it is stepped, ``done`` at the end.
 An agenda holds the arrived gradients' records (tasks and results: names and numbers), never files or arrays.
+
+What a schedule keeps across updates, stretches and checkpoints is its own state object (``schedule_state``), which
+the position carries without knowing its kind and a checkpoint stores under the schedule's name:
+``PlannedState`` (fixed staleness's versions still read) and ``ArrivalState`` (async mode's tasks applied this
+epoch). A replay keeps its job's schedule's state, as the run it replays did.
 
 The rows of a task are the plan's (``Plan.updates``, ``plan.task_stream``; ``Plan.rows`` turns a task into rows of the
 train split, in the epoch's order: ``train.shuffle``): the one place they are decided.
@@ -26,23 +31,104 @@ train split, in the epoch's order: ``train.shuffle``): the one place they are de
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from memtrain.errors import MemtrainError
-from memtrain.train.lineage import Step
 from memtrain.train.messages import GradTask, Result
-from memtrain.train.plan import TaskRange, Update, gradient_base, live_bases, startable_updates
+from memtrain.train.plan import TaskRange, Update, gradient_base, live_bases, startable_updates, task_stream
+from memtrain.train.records.lineage import Step
 
 if TYPE_CHECKING:
-    from memtrain.train.state import Position
+    from memtrain.config import TrainConfig
+    from memtrain.train.records.state import Position
 
 Arrived = tuple[GradTask, Result]  # a gradient task and its result, as the task stream returns them
 
 NO_EXTRA: Mapping[str, Any] = {}  # a planned update's lineage line has no fields beyond the common ones
+
+
+class ScheduleState(Protocol):
+    """What a schedule keeps across updates and checkpoints (a checkpoint's position stores ``to_json()`` under
+    ``NAME``). The position carries it and the logbook reports each logged update to it, neither knowing its kind."""
+
+    NAME: ClassVar[str]
+
+    def logged(self, update: int, before: int, after: int) -> None:
+        """Update ``update`` (the run's count) was logged: the newest version went from ``before`` to ``after``."""
+
+    def epoch_done(self) -> None:
+        """The epoch's updates are all logged."""
+
+    def read_versions(self) -> list[int]:
+        """The versions later updates still read (a checkpoint carries the older ones, the keep rule keeps them)."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+@dataclass(slots=True)
+class PlannedState:
+    """``Planned(k)``'s state: ``bases``, [updates done, version then] of the versions the next updates' gradients
+    are computed at (plan.live_bases); always empty when k = 0."""
+
+    NAME: ClassVar[str] = "planned"
+    staleness: int = 0
+    bases: list[list[int]] = field(default_factory=list)
+
+    def logged(self, update: int, before: int, after: int) -> None:
+        if self.staleness:
+            live = live_bases(update + 1, self.staleness)
+            bases = {update: before} | dict(self.bases) | {update + 1: after}
+            self.bases = [[n, v] for n, v in sorted(bases.items()) if n in live]
+
+    def epoch_done(self) -> None:
+        pass  # the versions read carry over into the next epoch
+
+    def read_versions(self) -> list[int]:
+        return [version for _, version in self.bases]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bases": self.bases}
+
+
+@dataclass(slots=True)
+class ArrivalState:
+    """``Arrival``'s state: ``applied``, the epoch's tasks already applied (their numbers in the epoch's task
+    stream), so that a stretch or a resume mid-epoch hands out only the others."""
+
+    NAME: ClassVar[str] = "arrival"
+    applied: list[int] = field(default_factory=list)
+
+    def logged(self, update: int, before: int, after: int) -> None:
+        pass  # the engine that formed the group adds its tasks (``add``): the logbook does not know them
+
+    def add(self, tasks: Sequence[int]) -> None:
+        self.applied = self.applied + list(tasks)
+
+    def epoch_done(self) -> None:
+        self.applied = []
+
+    def read_versions(self) -> list[int]:
+        return []
+
+    def to_json(self) -> dict[str, Any]:
+        return {"applied": self.applied}
+
+
+def schedule_state(train: TrainConfig, stored: Mapping[str, Any] | None = None) -> ScheduleState:
+    """The state of the job's schedule: fresh, or as a checkpoint's position ``stored`` it (under the schedule's
+    name; a checkpoint written before schedules owned their state kept ``bases`` and ``applied`` at the
+    position's top level: read alike)."""
+    stored = stored or {}
+    if train.mode == "async":
+        own = stored.get(ArrivalState.NAME) or {"applied": stored.get("applied", [])}
+        return ArrivalState(applied=list(own["applied"]))
+    own = stored.get(PlannedState.NAME) or {"bases": stored.get("bases", [])}
+    return PlannedState(staleness=train.staleness, bases=[list(pair) for pair in own["bases"]])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,17 +154,21 @@ class Planned:
         applied: the versions to keep (and that a checkpoint carries)."""
         return live_bases(done, self.staleness)
 
-    def agenda(self, updates: Sequence[Update], position: Position) -> PlannedAgenda:
+    def agenda(self, position: Position, updates: Sequence[Update]) -> PlannedAgenda:
         """The rest of ``position``'s epoch (its plan ``updates``) under this schedule."""
         return PlannedAgenda(self, updates, position)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Arrival:
-    """Async mode (``train.mode = "async"``): arrival order, ``group`` gradients per update, a staleness bound."""
+    """Async mode (``train.mode = "async"``): arrival order, ``group`` gradients per update, a staleness bound.
+    The server's agendas also use ``per_epoch`` (updates per epoch: groups) and ``tickets`` (each task handed
+    out takes the next: its file's name, unique over the server's life)."""
 
     group: int = 1
     max_staleness: int = 4
+    per_epoch: int = 0
+    tickets: Iterator[int] = field(default_factory=lambda: itertools.count(1), compare=False, repr=False)
 
     def stale(self, base: int, at: int) -> bool:
         """Whether a gradient computed at version ``at`` is too stale to add to a group stepped from ``base``:
@@ -100,18 +190,18 @@ class Arrival:
         epoch's ``last`` gradient."""
         return count >= self.group or last
 
-    def agenda(self, tasks: Sequence[TaskRange], position: Position, *, per_epoch: int,
-               tickets: Iterator[int]) -> ArrivalAgenda:
-        """The rest of ``position``'s epoch (its task stream ``tasks``, plan.task_stream) under this schedule.
-        ``tickets``: each task handed out takes the next (its file's name), unique over the server's life."""
-        return ArrivalAgenda(self, tasks, position, per_epoch=per_epoch, tickets=tickets)
+    def agenda(self, position: Position, updates: Sequence[Update]) -> ArrivalAgenda:
+        """The rest of ``position``'s epoch (the task stream of its plan ``updates``: plan.task_stream) under
+        this schedule."""
+        return ArrivalAgenda(self, task_stream(updates), position, per_epoch=self.per_epoch, tickets=self.tickets)
 
 
 @dataclass(frozen=True, slots=True)
 class Recorded:
-    """A replay: the lineage's steps, in order (``memtrain train --replay``)."""
+    """A replay: the lineage's steps, in order (``memtrain train --replay``), read from ``lineage``."""
 
     steps: Sequence[Step]
+    lineage: Path | None = None
 
     def ready(self, index: int, version: int) -> bool:
         """Whether step ``index``'s gradients can all be computed once ``version`` is published."""
@@ -124,9 +214,9 @@ class Recorded:
             oldest[i] = min(oldest[i], oldest[i + 1])
         return oldest
 
-    def agenda(self, position: Position, *, lineage: Path) -> RecordedAgenda:
-        """The whole replay, from ``position`` (version 0), of the lineage file at ``lineage``."""
-        return RecordedAgenda(self, position, lineage=lineage)
+    def agenda(self, position: Position, updates: Sequence[Update] = ()) -> RecordedAgenda:
+        """The whole replay, from ``position`` (version 0): the record's steps, not the plan's ``updates``."""
+        return RecordedAgenda(self, position, lineage=self.lineage)
 
 
 @dataclass(slots=True, kw_only=True)  # not frozen: made once per update, and a frozen init costs more
@@ -146,9 +236,16 @@ class Submit(Protocol):
         update's number (the plan's, a replay's step index, or async's ticket), which names its file."""
 
 
+class Schedule(Protocol):
+    """What every schedule gives the server's loop: the agenda of the rest of ``position``'s epoch (a replay:
+    the whole record), ``updates`` the epoch's plan (plan.updates)."""
+
+    def agenda(self, position: Position, updates: Sequence[Update]) -> Agenda: ...
+
+
 class Agenda(Protocol):
     """One epoch's work under a schedule (a replay's: the whole lineage), as the server's loop asks it
-    (train/overlap.py ``Overlap.run``). Pure: records in, records out; the loop holds the files."""
+    (train/loops/overlap.py ``Overlap.run``). Pure: records in, records out; the loop holds the files."""
 
     def start(self, free: Callable[[], int], version: int, submit: Submit) -> None:
         """``submit`` every gradient that can be computed now: ``free()`` workers are idle (asked only by a
@@ -227,8 +324,10 @@ class PlannedAgenda:
 
     def applied(self, position: Position, checksum: str | None) -> None:
         self.batch, self.version = position.batch, position.version
-        # updates done -> the version then (the logbook keeps position.bases as updates are applied)
-        self.bases = dict(position.bases)
+        # updates done -> the version then (the logbook reports each update to the PlannedState)
+        state = position.schedule
+        assert isinstance(state, PlannedState)
+        self.bases = dict(state.bases)
         self.bases[self.first + position.batch] = position.version
         self.startable = self.planned.startable(self.first + self.batch, self.end)  # asked per arrival: kept
 
@@ -244,13 +343,15 @@ class ArrivalAgenda:
                  tickets: Iterator[int]):
         self.arrival, self.per_epoch, self.tickets = arrival, per_epoch, tickets
         self.epoch, self.batch, self.version = position.epoch, position.batch, position.version
-        applied = set(position.applied)
+        self.state = position.schedule
+        assert isinstance(self.state, ArrivalState)
+        applied = set(self.state.applied)
         self.remaining = deque(t for t in tasks if t.task not in applied)
         self.reading: Counter[int] = Counter()  # versions read by the tasks in flight
         self.group: list[Arrived] = []  # the group filling, in arrival order
         self.full = False  # the group is handed over: due
         self.recomputed = 0  # stale gradients computed again while this group filled
-        self.ids: list[int] = []  # the due group's task numbers (position.applied grows by them)
+        self.ids: list[int] = []  # the due group's task numbers (the state's applied grows by them)
 
     def start(self, free: Callable[[], int], version: int, submit: Submit) -> None:
         while self.remaining and free():
@@ -285,7 +386,7 @@ class ArrivalAgenda:
 
     def applied(self, position: Position, checksum: str | None) -> None:
         self.batch, self.version = position.batch, position.version
-        position.applied = position.applied + self.ids
+        self.state.add(self.ids)
 
     def done(self) -> bool:
         return not (self.remaining or self.group)

@@ -1,0 +1,152 @@
+"""Records of finished updates (train/exchange/marks.py) -> lineage and metric lines, and where the run stands.
+
+The participants of a stretch write each update's record (each task's loss and compute time, how the
+update ended) and the publisher moves the ledger past it; the server reads the records up to the
+ledger, moves its ``Position`` along and writes the log lines -- in batches, while the rounds go on, and
+always before an epoch's record, a checkpoint, an interrupt or the end of the run. A crash in between
+loses only lines that a resume rewrites anyway (it truncates the logs to its checkpoint).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memtrain.errors import MemtrainError
+from memtrain.faults import fault_point
+from memtrain.files import open_npy
+from memtrain.layout import building_path, gradient_buffer_name, weights_path
+from memtrain.records import METRICS_UPDATE, make
+from memtrain.train.exchange.marks import PUBLISHED, SKIPPED, Ledger
+from memtrain.train.exchange.weights import commit_weights
+from memtrain.train.optim import OptimizerConfig, learning_rate
+from memtrain.train.plan import Plan, TaskRange, Update, gradient_bank, task_owner
+from memtrain.train.records.counters import batch_number, epoch_number, update_number
+from memtrain.train.records.lineage import update_record
+from memtrain.train.records.run_dir import RunDir
+from memtrain.train.records.state import Position
+
+
+class Logbook:
+    def __init__(self, *, run: RunDir, exchange: Path, plan: Plan, records: np.ndarray, optimizer: OptimizerConfig,
+                 on_nonfinite: str, size: int, describe_rows: Callable[..., str], log: Callable[[str], None],
+                 staleness: int = 0):
+        self.run, self.exchange, self.plan, self.records = run, exchange, plan, records
+        self.staleness = staleness  # fixed staleness: its gradient banks, and versions only recorded
+        self.optimizer, self.on_nonfinite, self.size = optimizer, on_nonfinite, size
+        self.describe_rows, self.log = describe_rows, log
+        self.lineage: list[dict[str, Any]] = []
+        self.metrics: list[dict[str, Any]] = []
+        self.timeline: list[tuple[int, float, float]] = []  # (update, time, compute s) of each update logged
+
+    def begin_stretch(self, first: int, stop: int) -> None:
+        """Updates [first, stop) of the epoch not recorded yet: a stretch is about to write their records."""
+        self.records["status"][first:stop] = 0
+
+    def catch_up(self, position: Position, ledger: Ledger, *, final: bool) -> None:
+        """Log every update up to the ledger's, moving ``position`` along.
+
+        With ``final`` (the stretch has ended, every participant stopped) also an update published but
+        not yet in the ledger (its publisher died between the rename and the ledger), and a non-finite
+        update with ``on_nonfinite = "stop"``, which raises.
+        """
+        per_epoch = self.plan.per_epoch
+        while position.batch < per_epoch:
+            update = self.plan.updates(position.epoch)[position.batch]
+            row = self.records[position.batch]
+            finished = update.update <= ledger.update or (final and self._published_after_ledger(row, position))
+            if not finished or (row["status"] == SKIPPED and self.on_nonfinite == "stop" and not final):
+                return
+            self.finish(position, update, row)
+
+    def _published_after_ledger(self, row: np.void, position: Position) -> bool:
+        """Whether the update after the ledger was published, its publisher dying before the ledger: renamed
+        into place, or only recorded (fixed staleness recycles the oldest version in between: then the file,
+        complete since every slice of it was met, is renamed here, as its publisher was about to)."""
+        version = position.version + 1
+        if not (row["status"] == PUBLISHED and row["version"] == version):
+            return False
+        if self.staleness and not weights_path(self.run.path, version).exists() and \
+                (building := building_path(self.run.path, version, os.getpid())).exists():
+            commit_weights(building, self.run.path, version)
+            self.log(f"published version {version}: its publisher died after recording it, before the rename")
+        return weights_path(self.run.path, version).exists()
+
+    def finish(self, position: Position, update: Update, row: np.void) -> None:
+        tasks = len(update.tasks)
+        participants = max(1, int(row["participants"]))
+        seconds = row["seconds"][:tasks].tolist()
+        compute = max(sum(seconds[t] for t in range(tasks) if task_owner(t, participants) == slot)
+                      for slot in range(min(participants, tasks)))
+        published = bool(row["status"] == PUBLISHED)
+        self.applied(position, update, row["loss"][:tasks].tolist(),
+                     version=int(row["version"]) if published else None,
+                     at=[int(row["at"])] * tasks,  # the round computes an update's gradients at one version
+                     checksum="xxh3-128-blocks:" + bytes(row["checksum"]).hex(), compute=compute,
+                     bad=[t for t in update.tasks if row["bad"][t.task]], when=float(row["time"]))
+
+    def applied(self, position: Position, update: Update, losses: list[float], *, version: int | None,
+                at: list[int], checksum: str, compute: float, bad: list[TaskRange], when: float,
+                lr: float | None = None, **extra: Any) -> None:
+        """Log one finished update (``version`` None: skipped, non-finite) and move ``position`` past it.
+
+        ``losses``: each gradient's summed loss, in the order they were added; ``at``: the version each was
+        computed at; ``extra``: more lineage fields (async mode's ``ids`` and ``discarded``)."""
+        loss = sum(losses)  # the order the step adds them in
+        if lr is None:
+            lr = learning_rate(self.optimizer, update.update, self.plan.total_updates)
+        before = position.version
+        if version is not None:
+            position.version = version
+            self.lineage.append(update_record(
+                version=version, update=update_number(update.update), epoch=epoch_number(update.epoch),
+                batch=batch_number(update.batch), tasks=[(t.lo, t.hi) for t in update.tasks], at=at, lr=lr,
+                checksum=checksum, **extra))
+        else:
+            self.nonfinite(update, bad)
+            position.skipped += 1
+        position.epoch_loss += loss
+        position.epoch_rows += update.rows
+        position.batch += 1
+        position.schedule.logged(update.update, before, position.version)
+        self.metrics.append(make(
+            METRICS_UPDATE, kind="update", epoch=epoch_number(update.epoch), batch=batch_number(update.batch),
+            update=update_number(update.update), version=position.version, loss=loss / update.rows,
+            rows=update.rows, skipped=version is None, compute_s=compute, time=when))
+        self.timeline.append((update.update, when, compute))
+        fault_point("after_update_logged")
+
+    def nonfinite(self, update: Update, bad: list[TaskRange]) -> None:
+        if not bad and self.on_nonfinite == "stop":  # the stretch stopped right here: the buffers are intact
+            bad = self.nonfinite_gradients(update)
+        where = ", ".join(f"task {t.task} ({self.describe_rows(t.lo, t.hi, epoch=update.epoch)})" for t in bad) or \
+            ("the mean gradient or the new weights (each task's gradient was finite)" if self.on_nonfinite == "stop"
+             else "the mean gradient or the new weights")
+        text = (f"non-finite loss or gradient at update {update_number(update.update)} (epoch "
+                f"{epoch_number(update.epoch)}, batch {batch_number(update.batch)}): {where}")
+        if self.on_nonfinite == "stop":
+            self.write()
+            raise MemtrainError(text, hint="lower train.lr, check the data, or set train.on_nonfinite = \"skip\"; "
+                                           "the published weights are unchanged")
+        self.log(text + "; update skipped")
+
+    def nonfinite_gradients(self, update: Update) -> list[TaskRange]:
+        """The tasks whose gradient buffer holds NaN/Inf (read only on this rare path, never per update)."""
+        bank = gradient_bank(update.update, self.staleness)
+        return [rows for rows in update.tasks
+                if not np.isfinite(open_npy(self.exchange / gradient_buffer_name(rows.task, bank), shape=(self.size,),
+                                            dtype=np.float32)).all()]
+
+    def write(self) -> None:
+        """Append the lines logged since the last call."""
+        if self.lineage:
+            self.run.lineage(*self.lineage, native=True)  # update_record of Python ints, floats, str, lists
+            self.lineage.clear()
+        if self.metrics:
+            self.run.metric(*self.metrics)
+            self.metrics.clear()
+

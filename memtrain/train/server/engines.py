@@ -1,0 +1,393 @@
+"""The engines: who steps. Each runs the rest of an epoch from a position, the same way for the epoch loop.
+
+``Trainer.choose`` (train/server/server.py) picks one engine per run, once, the reasons logged, and hands it an
+``EngineContext``: what it uses of the server, and nothing else (never the Trainer). The epoch loop
+(``Trainer.fit``) then calls ``engine.run(position)`` until the epoch's updates are all counted, and
+``engine.close()`` at the end. No engine asks which mode it is in: what it computes is its schedule's
+(train/schedule.py), decided when it was built.
+
+- ``Rounds``: the workers (or the server alone) meet at marks, each stepping a slice (train/loops/rounds.py):
+  synchronous training and fixed staleness in the rounds. ``ClusterRounds``: the same stretch on a cluster,
+  run by the server alone, its gradient tasks (and step slices) sent to the Dask workers (train/loops/sliced.py).
+- ``Desk``: async mode on worker processes; they claim tasks and step whole groups at the desk (train/loops/desk.py).
+- ``ServerSteps``: the server steps the whole vector, the gradients streamed to it (train/loops/overlap.py): fixed
+  staleness streamed, async mode in the server, and a replay, each the one loop ``Overlap.run`` asking its
+  schedule's agenda (``Planned``, ``Arrival``, ``Recorded``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from memtrain.errors import Interrupted, MemtrainError
+from memtrain.stopping import StopRequest
+from memtrain.train.exchange.marks import GRADIENT, PUBLISH, READYING, STEP, Activity, Board, Ledger
+from memtrain.train.exchange.weights import BLOCK, ready_building, rounds_keep, unpublish_after
+from memtrain.train.loops.desk import DeskLog, create_desk
+from memtrain.train.loops.mapped import RoundFiles
+from memtrain.train.loops.overlap import Overlap
+from memtrain.train.loops.sliced import SlicedParticipant
+from memtrain.train.messages import GradTask, Loop, Outcome, Stretch
+from memtrain.train.plan import Plan, RowWords, step_slices, task_stream
+from memtrain.train.records.counters import update_number
+from memtrain.train.records.logbook import Logbook
+from memtrain.train.records.state import Position
+from memtrain.train.schedule import Arrival, ArrivalState, Planned, PlannedState, Recorded, Schedule
+from memtrain.train.server.exchange import InServer
+from memtrain.train.server.scheduler import Scheduler
+
+if TYPE_CHECKING:
+    from memtrain.config import TrainConfig
+    from memtrain.progress import Reporter
+    from memtrain.train.records.lineage import Lineage
+    from memtrain.train.server.placement import Placement
+    from memtrain.train.server.pools import OnCluster, Streamed
+
+
+PROGRESS_SECONDS = 0.2  # between the server's looks at the work in flight: logs and the progress line
+
+
+class Looks:
+    """The server's looks between two updates: the logbook's lines written and the progress line shown, at most
+    every PROGRESS_SECONDS (``due``). ``epoch`` hands it the epoch's progress bar (the epoch loop's)."""
+
+    def __init__(self, logbook: Logbook):
+        self.logbook = logbook
+        self.bar: Reporter | None = None
+        self.epoch_started = time.monotonic()
+        self.next_look = 0.0
+
+    def epoch(self, bar: Reporter | None, started: float) -> None:
+        self.bar, self.epoch_started = bar, started
+
+    def due(self) -> bool:
+        """Whether PROGRESS_SECONDS have passed since the server last looked between two updates."""
+        now = time.monotonic()
+        if now < self.next_look:
+            return False
+        self.next_look = now + PROGRESS_SECONDS
+        return True
+
+    def report(self, position: Position) -> None:
+        """The lines logged so far written; the progress line (loss and speed of the epoch so far) shown."""
+        self.logbook.write()
+        if self.bar is not None:
+            rate = position.epoch_rows / max(time.monotonic() - self.epoch_started, 1e-9)
+            self.bar.update(position.batch, f"loss {position.epoch_loss / max(position.epoch_rows, 1):.4f}"
+                                            f"  {rate:,.0f} samples/s")
+
+    def between_updates(self, position: Position) -> None:
+        """A look between two updates the server steps itself, now and then."""
+        if self.due():
+            self.report(position)
+
+    def stretch(self, position: Position, ledger: Ledger) -> None:
+        """A look at a running stretch: the updates up to ``ledger`` logged, progress shown."""
+        self.logbook.catch_up(position, ledger, final=False)
+        self.report(position)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EngineContext:
+    """What an engine uses of the server, built once by ``Trainer.choose``: the job's training settings and
+    its plan, the run's places, the placement (the transport its work goes to, and what it measures), the
+    scheduler that watches that work, the logbook and the looks between updates, the stop request and the log.
+    """
+
+    train: TrainConfig
+    keep_versions: int  # run.keep_versions
+    plan: Plan
+    per_epoch: int  # updates per epoch (async mode: groups)
+    size: int  # parameters in the weight vector
+    run_path: Path
+    exchange: Path
+    placement: Placement | Streamed | OnCluster
+    scheduler: Scheduler
+    logbook: Logbook
+    looks: Looks
+    board: Board  # the exchange's board, where worker processes meet
+    memory_board: Board  # the server's own, when it runs a stretch alone
+    stop: StopRequest
+    log: Callable[[str], None]
+    describe_rows: RowWords
+
+
+class EpochEngine(Protocol):
+    """What the epoch loop asks of an engine."""
+
+    def run(self, position: Position) -> None:
+        """Run the rest of ``position``'s epoch (a replay: the whole lineage), unless cut short by a fault or
+        a probe (then the loop calls it again); ``position`` moves past every update logged."""
+
+    def describe_activity(self, activity: Activity) -> str:
+        """A participant's activity in words (what a dead or silent worker was doing), for the scheduler."""
+
+    def describe_gradient(self, task: GradTask) -> str:
+        """A gradient task this engine handed out, in words (a dead, hung or failed one), for the scheduler."""
+
+    def close(self) -> None:
+        """Let go of what the engine holds (spare gradient files), at the run's end however it ends."""
+
+
+def ended(outcome: Outcome) -> None:
+    """Raise for a stretch that a signal or a non-finite update ended."""
+    if outcome == Outcome.STOPPED:
+        raise Interrupted("stopped by a signal")
+    if outcome == Outcome.NONFINITE:  # catch_up raised unless the stop landed before the update was logged
+        raise MemtrainError("a non-finite update stopped the run", hint="see the event log")
+
+
+class Rounds:
+    """Workers meeting at marks, each stepping a slice; or the server alone (train/loops/rounds.py)."""
+
+    recycle = True  # a retired version's file becomes the next one's (not on a cluster: docs/cluster.md)
+
+    def __init__(self, context: EngineContext):
+        self.context = context
+        self.generation = 0  # a stretch's number: the marks of an older stretch never count for a newer one
+        self.participants = 1
+
+    def run(self, position: Position) -> None:
+        """Run the rounds from ``position`` on, to the end of its epoch unless cut short (a fault, a probe)."""
+        c = self.context
+        alone = self.alone()
+        board = c.memory_board if alone else c.board
+        limit = c.placement.stretch_limit()
+        first, version = position.batch, position.version
+        stop = c.per_epoch if limit is None else min(c.per_epoch, first + limit)
+        participants = 1 if alone else min(len(c.placement.transport.slots), c.train.tasks_per_update)
+        self.participants = participants
+        self.generation += 1
+        board.set_ledger(Ledger(self.generation, position.update_index(c.per_epoch) - 1, version))
+        c.logbook.begin_stretch(first, stop)
+        ready_building(c.run_path, version + 1, c.size, os.getpid(),
+                       rounds_keep(c.keep_versions, c.train.staleness), recycle=self.recycle)
+        slices = len(step_slices(c.size, participants, BLOCK))
+        state = position.schedule  # the rounds step a plan: Planned(k)'s state
+        assert isinstance(state, PlannedState)
+        bases = dict(state.bases) | {position.update_index(c.per_epoch): version}
+        threads = self.server_threads() if alone else 1
+        stretches = [Stretch(generation=self.generation, epoch=position.epoch, first=first, stop=stop,
+                             version=version, slot=slot, participants=participants, slices=slices,
+                             bases=tuple(sorted(bases.items())), threads=threads)
+                     for slot in range(participants)]
+        logged = len(c.logbook.timeline)
+        try:
+            outcome = self.participate(stretches, position, board)
+        finally:  # a stop or a lost cluster mid-stretch: the position (and so a checkpoint) is where it stands
+            c.logbook.catch_up(position, board.ledger(), final=True)
+        c.looks.report(position)
+        ended(outcome)
+        done = position.update_index(c.per_epoch)
+        c.placement.observe(c.logbook.timeline[logged:], done, c.plan.total_updates - done)
+
+    def alone(self) -> bool:
+        """Whether the server runs the stretch alone (its own board in memory), not worker processes."""
+        return isinstance(self.context.placement.transport, InServer)
+
+    def server_threads(self) -> int:
+        """The threads the server computes an update's tasks on when it runs the stretch alone
+        (train/loops/threads.py)."""
+        return self.context.placement.server_threads()
+
+    def participate(self, stretches: list[Stretch], position: Position, board: Board) -> Outcome:
+        """Every participant runs its stretch; the server watches them (train/server/scheduler.py)."""
+        c = self.context
+
+        def look() -> None:
+            c.looks.stretch(position, board.ledger())
+
+        return c.scheduler.run_stretch(c.placement.transport, board, stretches, look, self.describe_activity)
+
+    def describe_activity(self, activity: Activity) -> str:
+        c = self.context
+        update = c.plan.update(activity.update)
+        if activity.kind == GRADIENT:
+            rows = update.tasks[activity.item]
+            return (f"gradient task {rows.task} ({c.describe_rows(rows.lo, rows.hi, epoch=update.epoch)}) of update "
+                    f"{update_number(update.update)}")
+        if activity.kind == STEP:
+            lo, hi = step_slices(c.size, self.participants, BLOCK)[activity.item]
+            return f"step slice {activity.item} (parameters {lo}-{hi}) of update {update_number(update.update)}"
+        if activity.kind == PUBLISH:
+            return f"the publication of update {update_number(update.update)}'s version"
+        if activity.kind == READYING:
+            return f"the readying of the file of the version after update {update_number(update.update)}"
+        return f"a wait for its peers at update {update_number(update.update)}"
+
+    def describe_gradient(self, task: GradTask) -> str:
+        """A plan's task (a cluster's rounds hand them out): its number in its update."""
+        rows = self.context.describe_rows(task.lo, task.hi, epoch=task.epoch)
+        return f"gradient task {task.task} ({rows}) of update {update_number(task.update)}"
+
+    def close(self) -> None:
+        pass
+
+
+class ClusterRounds(Rounds):
+    """The rounds on a cluster: the server runs the stretch alone, its gradient tasks and step slices sent to
+    the Dask workers (train/loops/sliced.py); versions are never recycled (readers on other machines). ``files``:
+    the server's own round files."""
+
+    recycle = False
+
+    def __init__(self, context: EngineContext, *, files: RoundFiles):
+        super().__init__(context)
+        self.files = files
+
+    def alone(self) -> bool:
+        return True
+
+    def server_threads(self) -> int:
+        return 1  # its tasks go to the cluster's workers
+
+    def participate(self, stretches: list[Stretch], position: Position, board: Board) -> Outcome:
+        """The stretch run by the server alone, its gradient tasks streamed to the cluster's workers."""
+        from memtrain.cluster.broadcast import open_broadcast
+        from memtrain.cluster.sharedfs import needs_sync, sync_for_readers
+
+        c, transport = self.context, self.context.placement.transport
+        sync = needs_sync(c.run_path)
+
+        def tasks(tasks: list, meanwhile: Callable[[], None] | None) -> list:
+            return c.scheduler.run(transport, tasks, meanwhile)
+
+        def workers() -> int:
+            return len(transport.slots)
+
+        def heartbeat() -> bool:
+            return between_updates(c, position, c.memory_board)
+
+        outcome = SlicedParticipant(
+            self.files, stretches[0], workers=workers, run_tasks=tasks,
+            publish_sync=sync_for_readers if sync else lambda path: None, recycle=False, heartbeat=heartbeat,
+            slices=workers, broadcast=open_broadcast(transport, rule=c.scheduler.backup,  # the run's straggler rule
+                                                     timeout=c.train.task_timeout, log=c.log)).run()
+        if c.stop.requested:
+            return Outcome.STOPPED
+        return Outcome.NONFINITE if outcome == Outcome.NONFINITE else Outcome.DONE
+
+
+def between_updates(context: EngineContext, position: Position, board: Board) -> bool:
+    """The server's own work between two updates of a stretch it runs itself, now and then: the updates logged,
+    progress shown; True ends the stretch there (a stop, or the placement's probe is over)."""
+    if not context.looks.due():
+        return False
+    context.looks.stretch(position, board.ledger())
+    return context.stop.requested or context.placement.heartbeat()
+
+
+class Desk:
+    """Async mode on worker processes: they claim tasks and step whole groups at the desk (train/loops/desk.py)."""
+
+    def __init__(self, context: EngineContext):
+        self.context = context
+        self.generation = 0
+
+    def run(self, position: Position) -> None:
+        """The epoch's tasks not applied yet, on every worker at the desk, until done or a fault."""
+        c = self.context
+        transport, train, exchange = c.placement.transport, c.train, c.exchange
+        ranges = task_stream(c.plan.updates(position.epoch))
+        state = position.schedule  # the desk runs async mode: Arrival's state
+        assert isinstance(state, ArrivalState)
+        applied = set(state.applied)
+        tasks = np.array([rows.task for rows in ranges if rows.task not in applied], dtype=np.int64)
+        if not len(tasks):  # every task applied, yet the epoch's updates not all counted: never run in circles
+            raise MemtrainError(f"epoch {position.epoch + 1}: every task is applied, but only {position.batch} of "
+                                f"{c.per_epoch} updates are counted", hint="this is a bug in memtrain: please "
+                                "report it with the run's events.log")
+        participants = len(transport.slots)
+        self.generation += 1
+        create_desk(exchange, c.size, participants, train.async_group, tasks, position.version)
+        log = DeskLog(exchange, train.async_group, tasks, ranges, c.per_epoch)
+        stretches = [Stretch(generation=self.generation, epoch=position.epoch, first=position.batch,
+                             stop=c.per_epoch, version=position.version, slot=slot, participants=participants,
+                             slices=0, loop=Loop.DESK, group=train.async_group, max_staleness=train.max_staleness)
+                     for slot in range(participants)]
+
+        def look() -> None:
+            log.catch_up(position, c.logbook)
+            c.looks.between_updates(position)
+
+        try:
+            outcome = c.scheduler.run_stretch(transport, c.board, stretches, look, self.describe_activity)
+        finally:  # a stop or a fault mid-stretch: the position (and so a checkpoint) is where it stands
+            log.catch_up(position, c.logbook)
+            if position.batch == c.per_epoch:  # the epoch is done, whatever ended the stretch
+                position.schedule.epoch_done()
+            newer = unpublish_after(c.run_path, position.version)  # renamed, never recorded: made again
+            if newer:
+                c.log(f"unpublished versions {newer[0]}-{newer[-1]}: not recorded before the stretch ended")
+        c.looks.report(position)
+        ended(outcome)
+
+    def describe_activity(self, activity: Activity) -> str:
+        """``update`` counts groups, ``item`` is a task's number in its epoch's task stream."""
+        c = self.context
+        epoch = activity.update // c.per_epoch
+        if activity.kind == GRADIENT:
+            rows = task_stream(c.plan.updates(epoch))[activity.item]
+            return (f"gradient task {rows.task} ({c.describe_rows(rows.lo, rows.hi, epoch=epoch)}) of epoch "
+                    f"{epoch + 1}")
+        if activity.kind == STEP:
+            return f"the step of update {update_number(activity.update)}"
+        return f"a wait for a task or for its group's turn, at update {update_number(activity.update)}"
+
+    def describe_gradient(self, task: GradTask) -> str:  # never asked: the workers take the desk's tasks
+        return f"gradient task ({self.context.describe_rows(task.lo, task.hi, epoch=task.epoch)})"
+
+    def close(self) -> None:
+        pass
+
+
+class ServerSteps:
+    """The server steps the whole vector, the gradients streamed to it (train/loops/overlap.py): the one loop, run
+    with the agenda its ``schedule`` makes (an epoch's, or a replay's whole)."""
+
+    def __init__(self, context: EngineContext, *, files: RoundFiles, schedule: Schedule):
+        self.context, self.schedule = context, schedule
+        self.overlap = Overlap(epochs=context.train.epochs, files=files,
+                               stream=context.scheduler.stream(context.placement.transport),
+                               logbook=context.logbook, per_epoch=context.per_epoch,
+                               look=context.looks.between_updates)
+
+    def run(self, position: Position) -> None:
+        try:
+            self.overlap.run(position, self.schedule.agenda(position, self.context.plan.updates(position.epoch)))
+        finally:
+            self.context.logbook.write()
+
+    def describe_activity(self, activity: Activity) -> str:  # never asked: this engine runs no stretch
+        return f"activity {activity.kind} at update {update_number(activity.update)}"
+
+    def describe_gradient(self, task: GradTask) -> str:
+        """A streamed task: its ``update`` is a ticket (async) or a replay's step, so the words say its rows and
+        the version it reads."""
+        rows = self.context.describe_rows(task.lo, task.hi, epoch=task.epoch)
+        return f"gradient task ({rows}) at weight version {task.version}"
+
+    def close(self) -> None:
+        self.overlap.close()
+
+
+# The schedule the server steps, by the run's kind: a replay's record, async's arrival order, or the plan
+# (synchronous, or fixed staleness k): chosen once (``server_schedule``), then only asked for agendas.
+SCHEDULES: dict[str, Callable[[TrainConfig, int, Lineage | None], Schedule]] = {
+    "replay": lambda train, per_epoch, lineage: Recorded(lineage.steps, lineage.path),
+    "async": lambda train, per_epoch, lineage: Arrival(group=train.async_group, max_staleness=train.max_staleness,
+                                                       per_epoch=per_epoch),
+    "sync": lambda train, per_epoch, lineage: Planned(staleness=train.staleness),
+}
+
+
+def server_schedule(train: TrainConfig, per_epoch: int, lineage: Lineage | None) -> Schedule:
+    """The schedule of the server's engine: ``SCHEDULES``' entry for a replay, or for ``train.mode``."""
+    return SCHEDULES["replay" if lineage is not None else train.mode](train, per_epoch, lineage)

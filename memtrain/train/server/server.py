@@ -1,0 +1,645 @@
+"""A job -> a trained run: the epoch loop (``Trainer.fit``), each epoch run by the engine chosen once at start.
+
+The server chooses the run's engine and placement once (``Trainer.choose``, the reasons logged), one of
+train/server/engines.py's: the rounds (workers meeting at marks, each stepping a slice; or the server alone), the
+cluster's rounds, the desk (async mode on worker processes) or the server stepping the whole vector
+(train/loops/overlap.py). The epoch loop calls ``engine.run(position)`` until the epoch's updates are counted and
+never names a mode; a replay (``Trainer.replay``) is one run of the server's engine with the lineage's
+schedule. The server watches the engine's workers (train/server/scheduler.py), logs what finished
+(train/records/logbook.py), evaluates each epoch's last version, checkpoints and stops cleanly on a signal. When it
+runs the rounds itself, it does its own work between two updates (``heartbeat``)."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from memtrain.config import Job
+from memtrain.dataset import Dataset, open_dataset
+from memtrain.errors import InputError, Interrupted, MemtrainError, plural
+from memtrain.files import allocate_npy, open_npy, read_jsonl
+from memtrain.layout import (
+    ROUND_BOARD,
+    ROUND_RECORDS,
+    RUN_LINEAGE,
+    RUN_METRICS,
+    gradient_buffer_name,
+    streamed_gradient_name,
+    weights_path,
+)
+from memtrain.progress import reporting
+from memtrain.records import METRICS_EPOCH, make
+from memtrain.stopping import StopRequest, on_stop_signals, start_resource_tracker
+from memtrain.train.context import ModelContext, startup_check
+from memtrain.train.exchange.marks import (
+    Board,
+    create_records,
+    open_records,
+)
+from memtrain.train.exchange.weights import (
+    create_digests,
+    discard_building,
+    publish_params,
+    retire_weights,
+    unpublish_after,
+    versions_to_keep,
+)
+from memtrain.train.loops.additive import (
+    PassPlan,
+    StatisticsPass,
+    contract_note,
+    pass_source,
+    plan_chunk_rows,
+    solve,
+)
+from memtrain.train.memory import size_text
+from memtrain.train.messages import (
+    BackupRule,
+    EvalTask,
+    GradTask,
+    RoundSetup,
+    StatsTask,
+    StepTask,
+    Task,
+    WorkerSetup,
+)
+from memtrain.train.optim import state_slots
+from memtrain.train.plan import Plan, RowWords, eval_tasks, gradient_banks, in_rounds, split_range
+from memtrain.train.records.checkpoint import StagedBest
+from memtrain.train.records.counters import ONE_PASS, position_text, update_number
+from memtrain.train.records.lineage import Lineage, solve_record
+from memtrain.train.records.logbook import Logbook
+from memtrain.train.records.metrics import SHOWN
+from memtrain.train.records.metrics import collect as validation_metrics
+from memtrain.train.records.record import Decision
+from memtrain.train.records.run_dir import RunDir, beside_earlier, open_run_dir, refuse_live_run
+from memtrain.train.records.state import (
+    Position,
+    commit_best,
+    job_updates_per_epoch,
+    resume,
+    save_checkpoint,
+    stage_best,
+    start_fresh,
+)
+from memtrain.train.schedule import replay_mismatch
+from memtrain.train.server.advice import few_updates_note, one_pass_note
+from memtrain.train.server.datacheck import check_trainable
+from memtrain.train.server.engines import (
+    ClusterRounds,
+    Desk,
+    EngineContext,
+    EpochEngine,
+    Looks,
+    Rounds,
+    ServerSteps,
+    between_updates,
+    server_schedule,
+)
+from memtrain.train.server.exchange import InServer, WorkerPool
+from memtrain.train.server.monitor import check_monitor, monitor_for
+from memtrain.train.server.outline import server_context
+from memtrain.train.server.placement import (
+    Placement,
+    ServerThreads,
+    stream_workers,
+    thread_candidates,
+    worker_start_cost,
+)
+from memtrain.train.server.pools import OnCluster, Streamed, check_cluster, open_cluster
+from memtrain.train.server.room import allow_open_files, room_needed
+from memtrain.train.server.scheduler import CORES, Scheduler
+from memtrain.train.server.summary import summary_html, summary_text
+from memtrain.train.worker.worker import WorkerState
+
+
+@dataclass(repr=False)
+class TrainSummary:
+    """What ``memtrain.fit`` (and ``memtrain train``) returns: where the run is and how it ended.
+
+    ``final`` and ``best`` are epoch records as in ``metrics.jsonl`` (``val_loss``, ``val_accuracy``, ...);
+    ``best`` is the best epoch by ``train.monitor`` (lowest ``val_loss`` by default); ``epochs`` counts the
+    epochs done. ``one_pass``: an additive model, fitted in one pass of statistics and a solve, so it has no
+    epochs to report. ``str(summary)`` (and a notebook's display) is a short table.
+    """
+
+    run_dir: Path
+    version: int
+    epochs: int
+    final: dict[str, Any]
+    best: dict[str, Any] | None
+    seconds: float
+    worker_deaths: int
+    stopped_early: bool = False  # by train.patience
+    one_pass: bool = False  # an additive model: one pass of statistics, then a solve; ``epochs`` says nothing
+    monitor: str = "val_loss"  # the metric that chose ``best`` (train.monitor)
+
+    def __str__(self) -> str:
+        return summary_text(self)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        return summary_html(self)
+
+
+def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite: bool = False,
+          asked: Collection[str] = (), quiet: bool = False, replay: Lineage | None = None,
+          callbacks: Sequence[Any] = (), say: Callable[[str], None] | None = None) -> TrainSummary:
+    """Run (or resume) a job to the end; raises MemtrainError (Interrupted on SIGINT/SIGTERM/SIGHUP).
+
+    ``asked``: the ``section.key`` settings named on the command line, the only ones a resume may change.
+    ``quiet``: no progress bar, no epoch lines and no notes (warnings are still printed; a note is also in the
+    run's event log). ``say``: how a note is shown (default: ``memtrain train: note: ...`` on stderr, its
+    advice in command-line terms; ``memtrain.fit`` says it in Python terms). ``replay``: the lineage of
+    the run ``job`` made, to run again exactly (train/loops/overlap.py) instead of the job's epochs. ``callbacks``:
+    called at the end of each epoch (train/server/monitor.py).
+    """
+    if job.run.cluster and (overlapping(job) or replay is not None):
+        raise InputError("fixed staleness, async mode and replay run on one machine only, so far",
+                         expected="run.cluster unset (no --cluster)", found=f"run.cluster = {job.run.cluster!r}",
+                         hint="on a cluster, train synchronously (train.mode = 'sync', train.staleness = 0)")
+    earlier = job.run.dir
+    if not (resume_run or overwrite):
+        job = beside_earlier(job)  # a rerun of a job whose run directory memtrain named: runs/job-2, ...
+    stop = StopRequest()
+    with on_stop_signals(stop.record):
+        start_resource_tracker()
+        refuse_live_run(job.run.dir)
+        dataset = open_dataset(job.data.path, verify=verify or job.data.verify)
+        check_trainable(dataset)
+        context = server_context(dataset, job, resuming=resume_run, replaying=replay is not None, cores=CORES)
+        try:  # torch: outlined when workers compute; a kept outline's child is let go if the run never adopts it
+            return _train(job, dataset, context, stop, resume_run=resume_run, overwrite=overwrite, asked=asked,
+                          quiet=quiet, replay=replay, callbacks=callbacks, say=say or _say,
+                          earlier=earlier if earlier != job.run.dir else None)
+        finally:
+            release = getattr(context.model, "release", None)
+            if release is not None:
+                release()
+
+
+def _train(job: Job, dataset: Dataset, context: ModelContext, stop: StopRequest, *, resume_run: bool,
+           overwrite: bool, asked: Collection[str], quiet: bool, replay: Lineage | None,
+           callbacks: Sequence[Any], say: Callable[[str], None], earlier: Path | None = None) -> TrainSummary:
+    """``train`` once the server has its model context: the start-up checks, the run directory, the run."""
+    if context.additive and overlapping(job):
+        raise InputError(f"a {job.model.kind} model is solved in one pass of statistics: it has no updates to "
+                         "overlap", expected="train.mode = 'sync' and train.staleness = 0",
+                         found=describe_mode(job))
+    runtime = startup_check(context, dataset, job.train.blas_threads)  # a model's dry run: its errors exit 2 here
+    check_monitor(job.train.monitor, context.classifier, dataset.split("val").rows > 0, job.train.patience)
+    room = room_needed(job, context, per_epoch=job_plan(job, dataset.split("train").rows).per_epoch,
+                       slots=round_slots(job))  # every file the run will write, at its peak
+    allow_open_files(job)  # a mapped buffer per task: the limit of open files, raised or refused before writing
+    check_cluster(job, stopped=lambda: stop.signum)  # a wrong address leaves no run directory behind
+    run = open_run_dir(job, resume=resume_run, overwrite=overwrite, layout=context.layout.to_json(),
+                       asked=asked, one_pass=context.additive, need_exchange=room.exchange, need_run=room.run)
+    # after the run directory's refusals (a note above an error reads as its cause), and only when not quiet
+    notes = [one_pass_note(job) if context.additive else
+             few_updates_note(job, dataset.split("train").rows, context.additive)]
+    if earlier is not None:
+        notes.append(f"{earlier} holds an earlier run: this one is {job.run.dir} (to continue that one: "
+                     f"`memtrain train --resume {earlier}`; to replace it: --overwrite)")
+    try:
+        for note in filter(None, notes):
+            run.event(f"note: {note}")
+            if not quiet:
+                say(note)
+        if runtime:
+            run.event(runtime)
+        return Trainer(job, dataset, context, run, stop, quiet=quiet, lineage=replay,
+                       callbacks=callbacks).run(run.decision)
+    except (MemtrainError, OSError) as exc:
+        if not isinstance(exc, Interrupted):  # the run's log tells how it ended, even with no terminal
+            run.event(f"failed: {exc}")
+        raise
+    finally:
+        run.close()
+
+
+def _say(note: str) -> None:
+    print(f"memtrain train: note: {note}", file=sys.stderr, flush=True)
+
+
+def overlapping(job: Job) -> bool:
+    """Whether the job trains in an overlapping mode (train/loops/overlap.py): fixed staleness or async."""
+    return job.train.mode == "async" or job.train.staleness > 0
+
+
+def describe_mode(job: Job) -> str:
+    if job.train.mode == "async":
+        return f"async mode (max_staleness {job.train.max_staleness}, async_group {job.train.async_group})"
+    return f"fixed staleness {job.train.staleness}"
+
+
+def job_plan(job: Job, train_rows: int) -> Plan:
+    """The job's plan (train/plan.py) for a train split of ``train_rows`` rows."""
+    t = job.train
+    return Plan(train_rows, t.batch_size, t.tasks_per_update, t.seed, t.epochs, shuffle=t.shuffle,
+                window=t.shuffle_window)
+
+
+def round_slots(job: Job) -> int:
+    """The most participants a stretch may have: the workers asked for, or as many as cores (and tasks)."""
+    workers = job.train.workers
+    return min(CORES, job.train.tasks_per_update) if workers == "auto" else max(1, workers)
+
+
+class Trainer:
+    def __init__(self, job: Job, dataset: Dataset, context: ModelContext, run: RunDir, stop: StopRequest, *,
+                 quiet: bool = False, lineage: Lineage | None = None, callbacks: Sequence[Any] = ()):
+        self.job, self.dataset, self.context, self.run_dir, self.stop = job, dataset, context, run, stop
+        self.callbacks = callbacks
+        self.quiet = quiet
+        self.lineage = lineage  # a run to replay (memtrain train --replay)
+        self.train_rows = dataset.split("train").rows
+        self.val_rows = dataset.split("val").rows
+        self.plan = job_plan(job, self.train_rows)
+        self.describe_rows = RowWords(dataset, self.plan)
+        # async mode: groups of gradients; an additive model: its one solve
+        self.per_epoch = 1 if context.additive else job_updates_per_epoch(job, self.train_rows)
+        self.checkpointed: int | None = None
+        self.staged_best = StagedBest(run.path)  # the best epoch's checkpoint, off the schedule, until the run stops
+        self.started = time.monotonic()
+        self.slots = round_slots(job)
+        # an additive model has no gradients: no buffers for them (its statistics go to train/loops/additive.py's files)
+        self.board = create_round_files(run.exchange, context.layout.size, job.train.tasks_per_update, self.slots,
+                                        self.plan.per_epoch,
+                                        0 if context.additive else gradient_banks(job.train.staleness))
+        self.statistics = StatisticsPass(run.path, PassPlan(
+            tasks=tuple(split_range(0, self.train_rows, job.train.tasks_per_update)),
+            chunk_rows=plan_chunk_rows(context.model, job.train.chunk_rows, self.train_rows),
+            size=context.stats_layout.size,
+            source=pass_source(context.manifest, job.model.kind, job.model.options, job.data.normalize)),
+            self.log, describe_rows=self.describe_rows) if context.additive else None
+        self.memory_board = Board(1)
+        self.logbook = Logbook(run=run, exchange=run.exchange, plan=self.plan,
+                               records=open_records(run.exchange / ROUND_RECORDS, self.plan.per_epoch,
+                                                    job.train.tasks_per_update),
+                               optimizer=job.train.optimizer, on_nonfinite=job.train.on_nonfinite,
+                               size=context.layout.size, describe_rows=self.describe_rows, log=self.log,
+                               staleness=job.train.staleness)
+        self.looks = Looks(self.logbook)
+
+    def run(self, decision: Decision | None) -> TrainSummary:
+        """``decision``: what a resume was allowed to change; None for a new run."""
+        self.stop.deferred = True  # from here a stop checkpoints where the run stands
+        if self.stop.signum is not None:
+            raise Interrupted(f"stopped by {signal.Signals(self.stop.signum).name} during start-up")
+        position = (resume(self.run_dir, self.job, self.context, self.train_rows, decision) if decision is not None
+                    else start_fresh(self.run_dir, self.job, self.context))
+        self.checkpointed = position.update_index(self.per_epoch) if decision is not None else None
+        self.monitor = monitor_for(self.job, self.run_dir.path, position.epoch, self.callbacks)
+        newer = unpublish_after(self.run_dir.path, position.version)
+        if newer:
+            self.log(f"unpublished versions {newer[0]}-{newer[-1]}: made after the checkpoint, they are made again")
+        self.log(f"server pid {os.getpid()}")
+        self.in_server = InServer(WorkerState(self._setup(), alive=lambda: None, board=self.memory_board,
+                                              heartbeat=lambda: self.heartbeat(position), keep_statistics=True,
+                                              plan=self.plan, dataset=self.dataset, context=self.context))
+        self.scheduler = Scheduler(task_timeout=self.job.train.task_timeout, max_attempts=self.job.train.max_attempts,
+                                   describe_task=self.describe_task, log=self.log,
+                                   stop_requested=lambda: self.stop.requested,
+                                   discard=self.discard_attempt, describe_memory=self.describe_memory,
+                                   backup=backup_rule(self.job), check_mapped=self.check_mapped)
+        engine = self.choose(position)  # the one place the mode is chosen; the placement with it
+        try:
+            with threadpool_limits(limits=self.job.train.blas_threads):  # the rounds it runs itself: same arithmetic
+                last = (self.replay(position, engine) if self.lineage is not None else
+                        self.fit(position, engine) or self._last_epoch_record())
+        except (KeyboardInterrupt, Interrupted) as exc:
+            self.placement.close(timeout=2.0)
+            raise self._interrupted(position, exc) from None
+        finally:
+            self.logbook.write()
+            engine.close()
+            self.placement.close()
+            self.board.close()
+            self.monitor.close()
+            self.staged_best.drop()  # committed by now if the run stopped as it should; a failed run's is lost
+            discard_building(self.run_dir.path, os.getpid())
+        self.log(f"done: {ONE_PASS if self.context.additive else plural(position.epoch, 'epoch')}, "
+                 f"weight version {position.version}")
+        return TrainSummary(self.run_dir.path, position.version, position.epoch, last, position.best,
+                            time.monotonic() - self.started, self.scheduler.deaths,
+                            stopped_early=position.epoch < self.job.train.epochs
+                            and self.monitor.exhausted(position.epoch, position.best), monitor=self.job.train.monitor,
+                            one_pass=self.context.additive)
+
+    def choose(self, position: Position) -> EpochEngine:
+        """The run's engine and placement, chosen once from the job and the start-up measurement, the reasons
+        logged (docs/async.md, "Where it runs"), train/server/engines.py: the rounds (synchronous; fixed staleness in
+        the rounds), the cluster's rounds, the desk (async mode on worker processes) or the server stepping
+        the whole vector (fixed staleness streamed, async mode in the server, a replay). The engine is handed
+        what it uses of the server (``EngineContext``), made once here."""
+        train = self.job.train
+        if train.staleness:
+            self.log(f"fixed staleness {train.staleness}: in the {train.staleness_in} "
+                     f"(train.staleness_in = {train.staleness_in!r})")
+        self.placement, make = self._place(position)
+        self.engine_context = EngineContext(
+            train=train, keep_versions=self.job.run.keep_versions, plan=self.plan, per_epoch=self.per_epoch,
+            size=self.context.layout.size, run_path=self.run_dir.path, exchange=self.run_dir.exchange,
+            placement=self.placement, scheduler=self.scheduler, logbook=self.logbook, looks=self.looks,
+            board=self.board, memory_board=self.memory_board, stop=self.stop, log=self.log,
+            describe_rows=self.describe_rows)
+        self.engine = make(self.engine_context)
+        return self.engine
+
+    def _place(self, position: Position) -> tuple[Placement | Streamed | OnCluster, Callable[..., EpochEngine]]:
+        """The placement and the engine that goes with it (made once its context is: ``choose``)."""
+        train = self.job.train
+        if self.job.run.cluster:  # synchronous only (``train`` refuses the other modes there)
+            placement = OnCluster(open_cluster(self.job, self._setup(), self.run_dir, self.log,
+                                               stopped=lambda: self.stop.signum), self.log)
+            return placement, partial(ClusterRounds, files=self.in_server.state.rounds())
+        if in_rounds(train, replaying=self.lineage is not None):
+            count, why = thread_candidates(setting=train.server_threads, tasks=train.tasks_per_update, cores=CORES,
+                                           blas_threads=train.blas_threads, model=self.context.model)
+            threads = ServerThreads(count=count, timed=train.server_threads == "auto", why=why, log=self.log)
+            return Placement(workers=train.workers, tasks=train.tasks_per_update, cores=CORES,
+                             in_server=self.in_server, start_pool=self._start_pool, log=self.log,
+                             threads=threads, start_cost=worker_start_cost(self.context.build_seconds),
+                             outlined=getattr(self.context.model, "kept", None) is not None), Rounds
+        placement = self._overlap_placement(position)
+        if train.mode == "async" and self.lineage is None and isinstance(placement.transport, WorkerPool):
+            return placement, Desk
+        return placement, partial(ServerSteps, files=self.in_server.state.rounds(),
+                                  schedule=server_schedule(train, self.per_epoch, self.lineage))
+
+    def _overlap_placement(self, position: Position) -> Streamed:
+        """The overlapping modes stream their gradients to ``train.workers`` processes, or (0, or "auto" when
+        workers cannot pay for themselves) the server computes them itself."""
+        train = self.job.train
+        count, why = stream_workers(workers=train.workers, count=round_slots(self.job),
+                                    task_seconds=lambda: self.time_task(position),
+                                    tasks=train.async_group if train.mode == "async" else train.tasks_per_update,
+                                    remaining=self.per_epoch * train.epochs - position.update_index(self.per_epoch),
+                                    start_cost=worker_start_cost(self.context.build_seconds))
+        mode = "replay" if self.lineage is not None else describe_mode(self.job)
+        if count == 0:
+            return Streamed(self.in_server, f"{mode}: gradients in the server ({why})", self.log)
+        if train.mode == "async" and self.lineage is None:
+            return Streamed(self._start_pool(count), f"{mode}: gradients and steps on {count} worker processes, at "
+                                                     f"the desk ({why})", self.log)
+        return Streamed(self._start_pool(count), f"{mode}: gradients on {count} worker processes, the steps in the "
+                                                 f"server ({why})", self.log)
+
+    def time_task(self, position: Position) -> float:
+        """Seconds of one gradient task of the epoch's first update, computed here (the least of three)."""
+        state = self.in_server.state
+        rows = self.plan.updates(position.epoch)[0].tasks[0]
+        x, y = state.task_rows(position.epoch, rows.lo, rows.hi)
+        layout, model = self.context.layout, self.context.model
+        weights = open_npy(weights_path(self.run_dir.path, position.version), shape=(layout.size,), dtype=np.float32)
+        out = np.empty(layout.size, dtype=np.float32)
+        seeded = state.gradient.seeds(position.version, 0)  # timed without the fault points and test hooks
+        times = []
+        for _ in range(3):
+            started = time.perf_counter()
+            model.loss_and_grad(layout.views(weights), x, y, layout.views(out), **seeded)
+            times.append(time.perf_counter() - started)
+        return min(times)
+
+    def check_mapped(self) -> None:
+        """After a worker's SIGBUS: the headers and sizes of the dataset's shards, the files a worker maps that
+        someone else may change (raises CorruptFileError naming one that shrank)."""
+        for split in ("train", "val"):
+            self.dataset.split(split).check_files()
+
+    def _start_pool(self, count: int) -> WorkerPool:
+        """``count`` workers, the first the outline's kept child if there is one (train/server/outline.py)."""
+        adopt = getattr(self.context.model, "adopt", lambda: None)()
+        pool = WorkerPool(self._setup(), count, adopt=adopt, max_starts=self.job.train.max_attempts)
+        kept = f" (pid {adopt.process.pid}: the process that outlined the model)" if adopt is not None else ""
+        self.log(f"workers started: pids {' '.join(map(str, pool.pids()))}{kept}")
+        return pool
+
+    def fit(self, position: Position, engine: EpochEngine) -> dict[str, Any]:
+        """The epoch loop: each epoch run by ``engine`` to its end, evaluated, checkpointed."""
+        last: dict[str, Any] = {}
+        if self.context.additive:  # one pass, whatever train.epochs says (advice.one_pass_note)
+            if position.version > 0:
+                return last  # solved and checkpointed already
+            started = time.monotonic()
+            self.fit_additive(position)
+            last = self.end_epoch(position, started, final=True)
+            self.statistics.clear()  # the checkpoint holds the solved weights: the pass's files are not needed
+            return last
+        for epoch in range(position.epoch, self.job.train.epochs):
+            if self.monitor.exhausted(position.epoch, position.best):  # a resumed run that had stopped early
+                break
+            started = time.monotonic()
+            with reporting(f"epoch {epoch + 1}/{self.job.train.epochs}", self.per_epoch, plain_every=math.inf,
+                           quiet=self.quiet) as bar:
+                self.looks.epoch(bar, started)
+                while position.batch < self.per_epoch:  # an engine's run cut short (a fault, a probe) goes on
+                    engine.run(position)
+                last = self.end_epoch(position, started, final=epoch + 1 == self.job.train.epochs)
+                line = self.epoch_line(last)
+                self.log(line)  # the run's own record: the console may be gone (a closed terminal or pipe)
+                bar.line(line)
+        return last
+
+    def replay(self, position: Position, engine: EpochEngine) -> dict[str, Any]:
+        """Re-execute the lineage's run (``memtrain train --replay``): the server's engine with the lineage's
+        ``Recorded`` schedule, which checks every version's checksum; then one evaluation and checkpoint."""
+        lineage = self.lineage
+        started = time.monotonic()
+        found = read_jsonl(self.run_dir.path / RUN_LINEAGE)[0].get("checksum")
+        if lineage.init_checksum is not None and found != lineage.init_checksum:
+            raise replay_mismatch(0, lineage.init_checksum, found, lineage.path)
+        self.log(f"replay of {lineage.path.parent}: {plural(len(lineage.steps), 'update')}")
+        engine.run(position)
+        return self.end_epoch(position, started, final=True)
+
+    def heartbeat(self, position: Position) -> bool:
+        """Called by the rounds the server runs itself, between two updates; True ends the stretch there."""
+        return between_updates(self.engine_context, position, self.memory_board)
+
+    def fit_additive(self, position: Position) -> None:
+        """Additive models: one pass of sufficient statistics, summed in task order, then solved
+        (train/loops/additive.py). Partials a killed earlier start left whole are not computed again."""
+        plan = self.statistics.plan
+        note = contract_note(self.context.model, self.job.model.kind, plan)
+        if note:
+            self.log(note)
+        kept = self.statistics.start()
+        if kept:
+            self.log(f"statistics: {len(kept)} of {plural(len(plan.tasks), 'partial')} kept from an earlier start")
+        tasks = [StatsTask(task=i, attempt=0, lo=lo, hi=hi, chunk_rows=plan.chunk_rows)
+                 for i, (lo, hi) in enumerate(plan.tasks) if i not in kept]
+        results = self.scheduler.run(self.placement.transport, tasks)
+        partials = kept | {r.task: self.statistics.partial_path(r.task, r.attempt) for r in results}
+        params = solve(self.context.model, self.job.model.kind,
+                       self.context.stats_layout.views(self.statistics.summed(partials)))
+        checksum = publish_params(self.run_dir.path, 1, self.context.layout, params,
+                                  made_by=f"the solve of model {self.job.model.kind!r}")
+        del params
+        self.run_dir.lineage(solve_record(tasks=list(plan.tasks), solve=self.job.model.kind, checksum=checksum))
+        position.version, position.epoch_rows = 1, self.train_rows
+
+    def end_epoch(self, position: Position, started: float, *, final: bool) -> dict[str, Any]:
+        self.logbook.write()
+
+        def retire() -> None:  # so that the run holds keep_versions versions whenever it stops after this
+            oldest = min(position.schedule.read_versions(), default=position.version)  # still read
+            retire_weights(self.run_dir.path, versions_to_keep(self.job.run.keep_versions, position.version, oldest),
+                           position.version)
+
+        record = make(METRICS_EPOCH, kind="epoch", epoch=position.epoch + 1,
+                      update=(position.epoch + 1) * self.per_epoch, version=position.version,
+                      loss=position.epoch_loss / max(position.epoch_rows, 1),
+                      **self.evaluate(position.version, while_waiting=retire),
+                      samples_per_s=position.epoch_rows / max(time.monotonic() - started, 1e-9), time=time.time())
+        if self.context.additive:
+            record["loss"] = None  # one closed-form solve: there is no running training loss
+        self.run_dir.metric(record)
+        verdict = self.monitor.epoch_ended(position, record)  # train/server/monitor.py: best epoch, early stop, logs
+        position.epoch, position.batch, position.epoch_loss, position.epoch_rows = position.epoch + 1, 0, 0.0, 0
+        if verdict.stop is not None or verdict.failure is not None:
+            self.log(verdict.stop or str(verdict.failure))
+            final = True
+        scheduled = final or position.epoch % self.job.run.checkpoint_every == 0
+        if verdict.improved and self.job.run.keep_best and not scheduled:
+            stage_best(self.run_dir, self.job, self.context, position, self.per_epoch, record, self.staged_best)
+        elif verdict.improved:
+            self.staged_best.drop()  # an earlier best's copy: this epoch's checkpoint below is the best's
+        if scheduled:
+            save_checkpoint(self.run_dir, self.job, self.context, position, self.per_epoch, record)
+            self.checkpointed = position.update_index(self.per_epoch)
+        if final:
+            commit_best(self.run_dir, self.job, position, self.staged_best)
+        if verdict.failure is not None:
+            raise verdict.failure
+        return record
+
+    def evaluate(self, version: int, while_waiting: Any = None) -> dict[str, float]:
+        tasks = eval_tasks(self.val_rows, self.job.train.eval_rows, at_least=self.job.train.tasks_per_update)
+        if not tasks:
+            if while_waiting is not None:
+                while_waiting()
+            return {}
+        results = self.scheduler.run(self.placement.transport,
+                                     [EvalTask(task=t.task, attempt=0, version=version, lo=t.lo, hi=t.hi)
+                                      for t in tasks], while_waiting)
+        rows = sum(r.rows for r in results)
+        metrics = {"val_loss": sum(r.loss for r in results) / rows}
+        if self.context.classifier:
+            metrics["val_accuracy"] = sum(r.correct for r in results) / rows
+        return metrics | validation_metrics(self.run_dir.exchange, version, results, self.context,
+                                            kept=self.in_server.state.kept_statistics)
+
+    def epoch_line(self, record: dict[str, Any]) -> str:
+        parts = [f"epoch {record['epoch']}/{self.job.train.epochs}"]
+        if record["loss"] is not None:
+            parts.append(f"loss {record['loss']:.4f}")
+        parts += [f"{key} {record[key]:.4f}" for key in SHOWN if key in record]
+        parts.append(f"{record['samples_per_s']:,.0f} samples/s")
+        return "  ".join(parts)
+
+    def _interrupted(self, position: Position, exc: BaseException) -> Interrupted:
+        self.logbook.write()
+        index = position.update_index(self.per_epoch)
+        if self.checkpointed != index and position.version > 0:
+            save_checkpoint(self.run_dir, self.job, self.context, position, self.per_epoch)
+        commit_best(self.run_dir, self.job, position, self.staged_best)
+        signum = self.stop.signum or signal.SIGINT  # KeyboardInterrupt: SIGINT outside our handler
+        name = signal.Signals(signum).name
+        where = position_text(position.epoch, position.batch, self.per_epoch)
+        error = Interrupted(f"stopped by {name} {where} (weight version {position.version}); the newest "
+                            "checkpoint is intact", hint=f"resume with: memtrain train --resume {self.run_dir.path}")
+        error.exit_code = 128 + signum
+        self.run_dir.event(f"interrupted by {name} {where} (weight version {position.version})")
+        return error
+
+    def _last_epoch_record(self) -> dict[str, Any]:
+        """When a resumed run has nothing left to do, its summary is the last epoch it logged."""
+        epochs = [r for r in read_jsonl(self.run_dir.path / RUN_METRICS) if r.get("kind") == "epoch"]
+        return epochs[-1] if epochs else {}
+
+    def discard_attempt(self, message: Task) -> None:
+        """Delete the file a dead or superseded attempt may have written: statistics, or a streamed gradient
+        (a cluster run's; in the round, gradients go to the per-task buffers, which the next attempt overwrites)."""
+        if isinstance(message, StatsTask):
+            self.statistics.discard(message.task, message.attempt)
+        if isinstance(message, GradTask):  # a cluster run's gradients: one file per attempt (train/loops/stream.py)
+            (self.run_dir.exchange / streamed_gradient_name(message.update, message.task, message.attempt)).unlink(
+                missing_ok=True)
+
+    def describe_task(self, message: Task) -> str:
+        if isinstance(message, EvalTask):
+            return f"evaluation task {message.task} ({self.describe_rows(message.lo, message.hi, 'val')})"
+        if isinstance(message, StepTask):
+            return (f"step slice {message.task} (parameters {message.lo}-{message.hi}) of update "
+                    f"{update_number(message.update)}")
+        if isinstance(message, GradTask):  # who handed it out says what its numbers mean
+            return self.engine.describe_gradient(message)
+        return f"statistics task {message.task} ({self.describe_rows(message.lo, message.hi)})"
+
+    def describe_memory(self, message: Task) -> str:
+        """What a task holds in memory at once: its rows (a statistics task's chunk), read and normalized; a step
+        slice (a cluster run's), its new weights and optimizer state."""
+        if isinstance(message, StepTask):
+            held = (message.hi - message.lo) * 4 * (1 + len(state_slots(self.job.train.optimizer)))
+            return (f"the step slice held {size_text(held)} of new weights and optimizer state; the version, "
+                    "its state and the update's gradients are mapped files")
+        split = self.dataset.split("val" if isinstance(message, EvalTask) else "train")
+        rows = message.hi - message.lo
+        at_once = min(rows, message.chunk_rows) if isinstance(message, StatsTask) else rows
+        features = int(np.prod(split.x_shape, dtype=np.int64))
+        held = at_once * features * (split.x_dtype.itemsize + 4)  # the rows as stored, and normalized (float32)
+        text = (f"the task held {at_once:,} rows at once ({features:,} features: {size_text(held)} read and "
+                f"normalized, plus the model's temporaries")
+        if isinstance(message, StatsTask):
+            partial = self.context.stats_layout.size * 8
+            return text + f"; its partial statistics, {size_text(partial)}, are a mapped file)"
+        weights = self.context.layout.size * 4
+        return text + f"; the weights, {size_text(weights)}, are a mapped file)"
+
+    def log(self, text: str) -> None:
+        self.run_dir.event(text)
+
+    def _setup(self) -> WorkerSetup:
+        job = self.job
+        rounds = RoundSetup(batch_size=job.train.batch_size, tasks_per_update=job.train.tasks_per_update,
+                            seed=job.train.seed, epochs=job.train.epochs, shuffle=job.train.shuffle,
+                            shuffle_window=job.train.shuffle_window, keep_versions=job.run.keep_versions,
+                            on_nonfinite=job.train.on_nonfinite, slots=self.slots, staleness=job.train.staleness)
+        return WorkerSetup(server_pid=os.getpid(), run_dir=str(self.run_dir.path),
+                           exchange_dir=str(self.run_dir.exchange), dataset=str(self.dataset.path),
+                           normalize=job.data.normalize, model_kind=job.model.kind,
+                           model_options=tuple(job.model.options.items()), blas_threads=job.train.blas_threads,
+                           optimizer=job.train.optimizer, rounds=rounds, target_scale=self.context.target)
+
+
+def backup_rule(job: Job) -> BackupRule | None:
+    """The straggler rule of a cluster run's tasks (docs/cluster.md, "Stragglers"); None on one machine, where
+    the rounds run the gradients, and when ``train.backup_ratio`` is 0."""
+    if not job.run.cluster or not job.train.backup_ratio:
+        return None
+    return BackupRule(ratio=job.train.backup_ratio, seconds=job.train.backup_seconds)
+
+
+def create_round_files(exchange: Path, size: int, tasks: int, slots: int, per_epoch: int, banks: int) -> Board:
+    """The exchange files the rounds use, made once per run: a gradient buffer per task (and bank:
+    plan.gradient_banks), the block digests, the records and the board (the optimizer state is made by
+    train/records/state.py)."""
+    for task in range(tasks):
+        for bank in range(banks):
+            allocate_npy(exchange / gradient_buffer_name(task, bank), (size,), np.float32)
+    create_digests(exchange, size)
+    create_records(exchange / ROUND_RECORDS, per_epoch, tasks)
+    return Board.create(exchange / ROUND_BOARD, slots)

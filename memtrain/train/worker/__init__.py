@@ -1,0 +1,3 @@
+"""A worker process (one per slot, spawned by the server): launch.py makes the process quiet and single-threaded,
+worker.py answers the server's messages with the loops of loops/. Runs in a worker only; imports nothing of
+server/ (tests/test_layering.py)."""

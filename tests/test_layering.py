@@ -1,0 +1,113 @@
+"""The training core's layering (docs/how-it-works.md): no import cycle among memtrain/train/, config.py and
+memtrain/cluster/; config.py imports nothing from train/; the cluster imports none of the engine it serves; a
+worker process's code (train/worker/) reaches nothing of the server's (train/server/), not even through another module.
+
+Imports are read from the source (module level and inside functions, as they run; those under
+``TYPE_CHECKING`` are for type checkers only), so a cycle closed by a function-level import counts too."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import memtrain
+
+ROOT = Path(memtrain.__file__).parent
+CORE = ("memtrain.train", "memtrain.config", "memtrain.cluster")
+# what the cluster may import of train/: the records that cross, the plan and the weights' names, nothing that runs
+CLUSTER_MAY_IMPORT = {"memtrain.train.messages", "memtrain.train.plan", "memtrain.train.exchange.weights"}
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in ROOT.rglob("*.py"):
+        name = ".".join(("memtrain", *path.relative_to(ROOT).with_suffix("").parts))
+        found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def imports(path: Path, known: set[str]) -> set[str]:
+    out: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            if isinstance(child, ast.ImportFrom) and child.module and child.module.startswith("memtrain"):
+                for alias in child.names:
+                    full = f"{child.module}.{alias.name}"
+                    out.add(full if full in known else child.module)
+            elif isinstance(child, ast.Import):
+                out.update(alias.name for alias in child.names if alias.name.startswith("memtrain"))
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return out & known
+
+
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    return {name: imports(path, set(found)) for name, path in found.items() if name.startswith(CORE)}
+
+
+def cycle(edges: dict[str, set[str]]) -> list[str]:
+    """One import cycle among ``edges``' modules, or [] (a depth-first search for a back edge)."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def walk(node: str) -> list[str]:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if nxt not in edges:
+                continue
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt):], nxt]
+            if nxt not in state and (found := walk(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return []
+
+    for node in sorted(edges):
+        if node not in state and (found := walk(node)):
+            return found
+    return []
+
+
+def test_the_training_core_has_no_import_cycle() -> None:
+    assert cycle(graph()) == []
+
+
+def test_config_imports_nothing_from_train() -> None:
+    assert not {m for m in graph()["memtrain.config"] if m.startswith("memtrain.train")}
+
+
+def test_the_cluster_imports_none_of_the_engine_it_serves() -> None:
+    for name, deps in graph().items():
+        if name.startswith("memtrain.cluster"):
+            assert {m for m in deps if m.startswith("memtrain.train")} <= CLUSTER_MAY_IMPORT, name
+
+
+def reached(edges: dict[str, set[str]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for nxt in edges.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def test_a_worker_reaches_nothing_of_the_server() -> None:
+    edges = graph()
+    workers = [name for name in edges if name.startswith("memtrain.train.worker.")]
+    assert workers
+    for name in workers:
+        assert not {m for m in reached(edges, name) if m.startswith("memtrain.train.server")}, name
+
+
+def test_the_search_finds_a_cycle() -> None:
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
