@@ -243,8 +243,7 @@ def verdicts(results: list[dict[str, Any]]) -> list[str]:
     for r in (r for r in results if r["method"] == "memtrain_torch"):
         for key, name, target in (("vs_memmap", "np.memmap DataLoader", 1.5), ("vs_hf", "HF datasets", 2.0)):
             if r[key] is not None:
-                ratio = Spread(median=r[key]["median"], low=r[key]["low"], high=r[key]["high"],
-                               runs=tuple(r[key]["runs"]))
+                ratio = _spread(r[key])
                 lines.append(Target(name=f"BatchDataset / {name}, {r['workers']} workers", at_least=target)
                              .verdict(ratio))
     return lines + _row_shuffle_verdicts(results)
@@ -274,13 +273,14 @@ def _row_shuffle_verdicts(results: list[dict[str, Any]]) -> list[str]:
 
 
 def _spread(values: dict[str, Any]) -> Spread:
+    """A Spread back from its ``as_dict`` form (the report's JSON)."""
     return Spread(median=values["median"], low=values["low"], high=values["high"], runs=tuple(values["runs"]))
 
 
 def _times(ratio: dict[str, Any] | None) -> str:
     if ratio is None:
         return "-"
-    return Spread(median=ratio["median"], low=ratio["low"], high=ratio["high"], runs=tuple(ratio["runs"])).text()
+    return _spread(ratio).text()
 
 
 COLUMNS = ("method", "workers", "Mrows/s", "GB/s", "vs np.memmap", "vs HF", "anon MiB main/worker")
@@ -303,7 +303,7 @@ def print_table(report: dict[str, Any]) -> None:
              "rates: median (range) over the repeats; ratios: per repeat, to the run made beside it")
     rows = []
     for r in report["results"]:
-        rate = Spread(**{k: v if k != "runs" else tuple(v) for k, v in r["rows_per_s_spread"].items()})
+        rate = _spread(r["rows_per_s_spread"])
         mrows = Spread(median=rate.median / 1e6, low=rate.low / 1e6, high=rate.high / 1e6, runs=rate.runs).text()
         worker = f"{r['worker_anon_mib']:.0f}" if r["workers"] else "-"
         rows.append((r["label"], str(r["workers"]), mrows, f"{r['gb_per_s']:.2f}", _times(r["vs_memmap"]),
