@@ -21,17 +21,23 @@ pytest.importorskip("gymnasium")
 pytestmark = pytest.mark.timeout(300)
 
 
-def bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+def bench(tmp_path: Path, *args: str, temp: Path | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, COLUMNS="250") | ({"TMPDIR": str(temp)} if temp else {})
     return subprocess.run([sys.executable, "-m", "memtrain", "bench", "rl", "--dir", str(tmp_path), *args],
-                          capture_output=True, text=True, timeout=280, env=dict(os.environ, COLUMNS="250"))
+                          capture_output=True, text=True, timeout=280, env=env)
 
 
 def test_every_side_runs_and_none_reaches_475_in_a_budget_too_small_for_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """100 episodes averaging 475 need 47,500 steps: with 1,024 no side can reach it, and every one says so."""
     pytest.importorskip("stable_baselines3")
-    result = bench(tmp_path, "--env-steps", "1024", "--repeats", "1", "--json")
+    temp = tmp_path.parent / f"{tmp_path.name}-temp"
+    temp.mkdir()
+    result = bench(tmp_path, "--env-steps", "1024", "--repeats", "1", "--json", temp=temp)
     assert result.returncode == 0, result.stderr
+    # SB3's default logger made an empty SB3-<time> folder in the temp dir on every run (torch's own compile
+    # cache, torchinductor_<user>, is torch's to keep)
+    assert [name for name in os.listdir(temp) if name.startswith("SB3-")] == []
     report = json.loads(result.stdout)
     rows = report["results"]
     assert [r["side"] for r in rows] == list(SIDES)

@@ -22,6 +22,7 @@ def sb3(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
     class StopAtTarget(BaseCallback):
@@ -51,6 +52,9 @@ def sb3(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
                     clip_range=lambda remaining: ZOO["clip"] * remaining, vf_coef=ZOO["vf_coef"],
                     max_grad_norm=ZOO["max_grad_norm"], policy_kwargs={"net_arch": list(ZOO["hidden"])},
                     seed=spec["seed"], device="cpu", verbose=0)
+        # SB3's default logger makes an empty SB3-<time> folder in the temp dir on every learn(); a logger with
+        # no outputs writes nothing (the bench counts episodes through its own callback)
+        model.set_logger(Logger(folder=None, output_formats=[]))
         callback = StopAtTarget()
         model.learn(total_timesteps=spec["env_steps"], callback=callback)
         steps = progress.reached_steps or model.num_timesteps
