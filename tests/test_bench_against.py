@@ -190,3 +190,19 @@ def test_another_checkout_s_run_reports_its_cpu_time(tmp_path: Path) -> None:
     result = train_bench.run_once(checkout.method, Problem(str(data), 4, 4, workers=2, batch=16, epochs=1),
                                   scratch, "auto", checkout=checkout)
     assert result["cpu_seconds"] > 0
+
+
+def test_a_name_is_found_where_an_older_layout_kept_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--against` an older checkout: train/ had no folders before, so `train` lived in memtrain.train.server
+    (a module, not a package). The first module of the list that has the name gives it; none: a clear error."""
+    package = tmp_path / "oldlayout"
+    (package / "train").mkdir(parents=True)
+    for init in (package / "__init__.py", package / "train" / "__init__.py"):
+        init.write_text("")
+    (package / "train" / "server.py").write_text("def train():\n    return 'old'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = checkout_run.imported("train", ("oldlayout.train.server.server", "oldlayout.train.server"))
+    assert found() == "old"
+    with pytest.raises(ImportError, match="no read_lineage in any of oldlayout.train.lineage"):
+        checkout_run.imported("read_lineage", ("oldlayout.train.lineage",))
+    assert checkout_run.imported("train").__module__ == "memtrain.train.server.server"  # this checkout's

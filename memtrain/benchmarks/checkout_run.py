@@ -10,8 +10,10 @@ checks it (``check_imported``).
 
 So this file may import only what every memtrain the benchmarks compare with has (30339bc on):
 ``memtrain.config`` (Job, DataConfig, ModelConfig, TrainConfig, RunConfig), ``memtrain.train.optim``'s
-OptimizerConfig, ``memtrain.train.server.server.train``, ``memtrain.files.read_jsonl``, ``memtrain.layout``'s
-RUN_METRICS and RUN_EVENTS and ``memtrain.train.records.lineage.read_lineage``; and it only passes ``[train]`` keys
+OptimizerConfig, ``train`` and ``read_lineage`` (``memtrain.train.server.server`` and
+``memtrain.train.records.lineage`` since train/ has folders, ``memtrain.train.server`` and ``memtrain.train.lineage``
+before: ``MOVED`` says where each was), ``memtrain.files.read_jsonl`` and ``memtrain.layout``'s RUN_METRICS and
+RUN_EVENTS; and it only passes ``[train]`` keys
 that checkout knows (``train_keys``): a key in ``spec["train_if_known"]`` is left out where it is not known
 (its value is what such a checkout does anyway, e.g. train.shuffle = "batches" before row shuffling); any
 other unknown key is an error, never dropped.
@@ -24,6 +26,7 @@ Spec: {"dataset", "hidden", "epochs", "batch", "tasks", "workers", "seed", "opti
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import re
 import resource
@@ -33,6 +36,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+# where a name this file uses lives, newest layout first (train/ got folders after ff71786)
+MOVED = {"train": ("memtrain.train.server.server", "memtrain.train.server"),
+         "read_lineage": ("memtrain.train.records.lineage", "memtrain.train.lineage")}
 NEVER = 10_000  # checkpoint_every in epochs: no checkpoint but the last (the peers write none)
 DECIDED = re.compile(r"rounds: (?:(?:on|in) .*? from update (\d+)|on \d+ worker processes \(|in the server \()")
 
@@ -52,6 +58,18 @@ def train_keys(known: set[str], train: dict[str, Any], if_known: dict[str, Any])
     if unknown:
         raise UnknownKey(f"this memtrain has no train.{unknown[0]} (asked for {train[unknown[0]]!r})")
     return {**{k: v for k, v in if_known.items() if k in known}, **train}
+
+
+def imported(name: str, modules: tuple[str, ...] | None = None) -> Any:
+    """``name`` from the first of ``modules`` (default ``MOVED[name]``) that this memtrain has."""
+    for module in modules or MOVED[name]:
+        try:
+            found = importlib.import_module(module)
+        except ModuleNotFoundError:
+            continue
+        if hasattr(found, name):
+            return getattr(found, name)
+    raise ImportError(f"this memtrain has no {name} in any of {', '.join(modules or MOVED[name])}")
 
 
 def job_for(spec: dict[str, Any]) -> Any:
@@ -86,7 +104,7 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
     import memtrain
     from memtrain.files import read_jsonl
     from memtrain.layout import RUN_EVENTS, RUN_METRICS
-    from memtrain.train.server.server import train
+    train = imported("train")
 
     job = job_for(spec)
     run_dir = job.run.dir
@@ -101,9 +119,7 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
         events = (run_dir / RUN_EVENTS).read_text(encoding="utf-8")
         staleness, discarded = [], 0
         if spec.get("lineage"):
-            from memtrain.train.records.lineage import read_lineage
-
-            lineage = read_lineage(run_dir)
+            lineage = imported("read_lineage")(run_dir)
             staleness = [s for step in lineage.steps for s in step.staleness]
             discarded = sum(step.discarded for step in lineage.steps)
     finally:
