@@ -78,6 +78,18 @@ def test_the_last_partial_is_the_in_order_fold_for_any_layout(tmp_path: Path, se
     shutil.rmtree(folder)
 
 
+def test_a_slice_owner_reads_its_slice_of_the_last_partial(tmp_path: Path) -> None:
+    size = 5 * BLOCK + 9
+    grads = gradients(5, 4, size)
+    whole = run_chain(tmp_path, grads, [1, 3], segment_blocks=2)
+    chain = PartialSum(tmp_path, update=7, attempt=0, version=6, size=size, segment_blocks=2)
+    for lo, hi in [(0, size), (BLOCK, 3 * BLOCK), (3 * BLOCK, 5 * BLOCK), (5 * BLOCK, size), (7, 7)]:
+        got = read_sum(chain, 4, deadline=time.monotonic() + 5, lo=lo, hi=hi)
+        assert got.tobytes() == whole[lo:hi].tobytes(), (lo, hi)
+    with pytest.raises(ValueError, match="not a slice"):
+        read_sum(chain, 4, deadline=time.monotonic() + 5, lo=0, hi=size + 1)
+
+
 @pytest.mark.parametrize("name", ["sgd", "adamw"])
 def test_the_step_from_the_last_partial_gives_the_local_runs_weights(tmp_path: Path, name: str) -> None:
     """reduce_and_step from every gradient (a local run) and from the chain's last partial: the same bits."""

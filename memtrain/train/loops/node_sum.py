@@ -242,11 +242,18 @@ def fold_node(chain: PartialSum, lo: int, hi: int, grad: Callable[[int], np.ndar
     return published
 
 
-def read_sum(chain: PartialSum, tasks: int, *, deadline: float) -> np.ndarray:
-    """The whole sum of the first ``tasks`` tasks (the last partial: every task of the update), checked,
-    assembled from its segments -- what the step starts from."""
-    out = np.empty(chain.size, dtype=np.float32)
+def read_sum(chain: PartialSum, tasks: int, *, deadline: float, lo: int = 0, hi: int | None = None) -> np.ndarray:
+    """Elements [lo, hi) (default: all) of the sum of the first ``tasks`` tasks -- with every task of the update,
+    the last partial, what the step starts from: a slice owner reads its slice only (the segments it overlaps,
+    each checked whole). A new array."""
+    hi = chain.size if hi is None else hi
+    if not 0 <= lo <= hi <= chain.size:
+        raise ValueError(f"[{lo}, {hi}) is not a slice of a vector of {chain.size}")
+    out = np.empty(hi - lo, dtype=np.float32)
     for segment, (a, b) in enumerate(chain.segments()):
+        if b <= lo or a >= hi:
+            continue
         chain.wait(tasks, segment, deadline)
-        out[a:b] = chain.read(tasks, segment, chain.record(segment))["values"][0]
+        values = chain.read(tasks, segment, chain.record(segment))["values"][0]
+        out[max(a, lo) - lo: min(b, hi) - lo] = values[max(a, lo) - a: min(b, hi) - a]
     return out
