@@ -195,6 +195,16 @@ def test_a_damaged_or_short_partial_is_refused(tmp_path: Path) -> None:
         chain.read(3, 1, chain.record(1))
 
 
+def test_a_partial_that_is_not_a_regular_file_or_is_gone_is_a_clear_error(tmp_path: Path) -> None:
+    chain, path = published(tmp_path)
+    os.unlink(path)
+    with pytest.raises(CorruptFileError, match="the partial sum is gone"):
+        chain.read(3, 1, chain.record(1))
+    os.mkfifo(path)  # a FIFO would block a plain open forever
+    with pytest.raises(CorruptFileError, match="expected a partial sum, found"):
+        chain.read(3, 1, chain.record(1))
+
+
 def test_a_partial_that_never_comes_is_a_clear_error(tmp_path: Path) -> None:
     chain = PartialSum(tmp_path, update=7, attempt=0, version=6, size=10)
     with pytest.raises(MemtrainError, match="first 4 tasks of update 7 .* not published in time") as caught:

@@ -41,7 +41,15 @@ from pathlib import Path
 import numpy as np
 
 from memtrain.errors import CorruptFileError, MemtrainError
-from memtrain.files import DIGEST_BYTES, block_checksum_digest, block_digest, npy_header_bytes, open_new, rename_new
+from memtrain.files import (
+    DIGEST_BYTES,
+    block_checksum_digest,
+    block_digest,
+    npy_header_bytes,
+    open_new,
+    open_regular,
+    rename_new,
+)
 from memtrain.layout import chain_sum_name, tmp_sibling
 from memtrain.train.exchange.weights import BLOCK
 
@@ -112,12 +120,17 @@ class PartialSum:
     version: int  # the weight version the update's gradients were computed at
     size: int  # parameters in the whole vector
     segment_blocks: int = SEGMENT_BLOCKS
+    sync: bool = False  # fsync each partial before its rename (a filesystem that needs it for other machines)
 
     def segments(self) -> list[tuple[int, int]]:
         return segment_ranges(self.size, self.segment_blocks)
 
     def path(self, tasks: int, segment: int) -> Path:
         return self.folder / chain_sum_name(self.update, self.attempt, tasks, segment)
+
+    def identity(self, tasks: int, segment: int) -> dict[str, int]:
+        lo, hi = self.segments()[segment]
+        return dict(zip(IDENTITY, (self.update, self.attempt, self.version, tasks, lo, hi, self.size), strict=True))
 
     def record(self, segment: int) -> np.ndarray:
         """An empty record (a structured scalar, as an array of one) for ``segment``: fill its ``values``."""
@@ -128,15 +141,16 @@ class PartialSum:
         """Stamp ``record`` (its values filled) with its identity, digests and seal, and publish it as the
         partial of ``tasks`` tasks. Published already (a backup copy of the same link, which wrote the same
         bits): ours is dropped."""
-        lo, hi = self.segments()[segment]
-        stamp(record, dict(zip(IDENTITY, (self.update, self.attempt, self.version, tasks, lo, hi, self.size),
-                               strict=True)))
+        stamp(record, self.identity(tasks, segment))
         path = self.path(tasks, segment)
         tmp = tmp_sibling(path)
         try:
             with open_new(tmp) as handle:
                 handle.write(npy_header_bytes((), record.dtype))
                 handle.write(memoryview(record.view(np.uint8)))
+                handle.flush()
+                if self.sync:
+                    os.fsync(handle.fileno())
             rename_new(tmp, path)
         except FileExistsError:
             pass
@@ -151,7 +165,12 @@ class PartialSum:
         path = self.path(tasks, segment)
         header = npy_header_bytes((), into.dtype)
         body = into.view(np.uint8)
-        with open(path, "rb", buffering=0) as handle:
+        try:
+            handle = open_regular(path, what="a partial sum", error=CorruptFileError)
+        except FileNotFoundError:
+            raise CorruptFileError("the partial sum is gone", path=path, hint="deleted while its chain was still "
+                                   "reading it: a bug in memtrain, please report it") from None
+        with handle:
             head = handle.read(len(header))
             got = handle.readinto(memoryview(body)) if head == header else 0
             extra = handle.read(1)
@@ -159,10 +178,7 @@ class PartialSum:
             raise CorruptFileError("not a whole partial sum of this segment", path=path,
                                    expected=f"{len(header) + body.size} bytes with this header",
                                    found=f"{len(head) + got + len(extra)}{'+' if extra else ''} bytes")
-        lo, hi = self.segments()[segment]
-        expected = dict(zip(IDENTITY, (self.update, self.attempt, self.version, tasks, lo, hi, self.size),
-                            strict=True))
-        check(into, expected, path)
+        check(into, self.identity(tasks, segment), path)
         return into
 
     def wait(self, tasks: int, segment: int, deadline: float) -> Path:
