@@ -23,7 +23,15 @@ from benchmarks.node_reduction import binned_sum, tree_sum
 from memtrain.errors import CorruptFileError, MemtrainError
 from memtrain.files import DIGEST_BYTES
 from memtrain.train.exchange.weights import BLOCK, block_count
-from memtrain.train.loops.node_sum import PartialSum, StalePartial, fold_node, node_tasks, read_sum, segment_ranges
+from memtrain.train.loops.node_sum import (
+    PartialSum,
+    StalePartial,
+    fold_node,
+    node_tasks,
+    read_sum,
+    resume_point,
+    segment_ranges,
+)
 from memtrain.train.loops.reduce import reduce_and_step
 from memtrain.train.optim import OptimizerConfig, state_slots
 
@@ -88,6 +96,36 @@ def test_a_slice_owner_reads_its_slice_of_the_last_partial(tmp_path: Path) -> No
         assert got.tobytes() == whole[lo:hi].tobytes(), (lo, hi)
     with pytest.raises(ValueError, match="not a slice"):
         read_sum(chain, 4, deadline=time.monotonic() + 5, lo=0, hi=size + 1)
+
+
+def test_after_a_node_is_lost_a_new_attempt_continues_from_the_furthest_whole_partial(tmp_path: Path) -> None:
+    """Nodes of 2, 1 and 3 processes; the last one lost after publishing one of its 3 segments. Attempt 1 continues
+    from attempt 0's furthest whole partial on the two nodes left (new ranges) and gives the in-order fold's bits;
+    a damaged partial is passed over for an earlier one."""
+    size, tasks = 3 * BLOCK - 5, 7
+    grads = gradients(9, tasks, size)
+    lost = PartialSum(tmp_path, update=7, attempt=0, version=6, size=size, segment_blocks=1)
+    ranges = node_tasks(tasks, [2, 1, 3])
+    assert ranges == [(0, 2), (2, 3), (3, 7)]
+    deadline = time.monotonic() + 30
+    for lo, hi in ranges[:2]:
+        fold_node(lost, lo, hi, grads.__getitem__, deadline=deadline)
+    fold_node(lost, 3, 7, grads.__getitem__, deadline=deadline, share=(0, 3))  # 1 of its 3 processes finished
+    boundaries = [hi for _, hi in ranges]
+    assert resume_point(lost, boundaries) == 3
+    again = PartialSum(tmp_path, update=7, attempt=1, version=6, size=size, segment_blocks=1)
+    for a, b in node_tasks(tasks - 3, [2, 1]):
+        fold_node(again, 3 + a, 3 + b, grads.__getitem__, deadline=deadline, source=lost if a == 0 else None)
+    assert read_sum(again, tasks, deadline=deadline).tobytes() == in_order(grads).tobytes()
+
+    damaged = lost.path(3, 2)
+    damaged.write_bytes(damaged.read_bytes()[:-1])
+    assert resume_point(lost, boundaries) == 2
+    os.unlink(lost.path(2, 0))
+    assert resume_point(lost, boundaries) == 0
+    with pytest.raises(ValueError, match="its own update and version"):
+        fold_node(again, 3, 4, grads.__getitem__, deadline=deadline,
+                  source=PartialSum(tmp_path, update=8, attempt=0, version=6, size=size, segment_blocks=1))
 
 
 @pytest.mark.parametrize("name", ["sgd", "adamw"])

@@ -238,24 +238,46 @@ def check(record: np.ndarray, expected: dict[str, int], path: Path) -> None:
 
 
 def fold_node(chain: PartialSum, lo: int, hi: int, grad: Callable[[int], np.ndarray], *, deadline: float,
-              share: tuple[int, int] = (0, 1)) -> list[Path]:
+              share: tuple[int, int] = (0, 1), source: PartialSum | None = None) -> list[Path]:
     """One node's part of the chain: for its tasks [lo, hi), each of its segments (``share`` = (i, p): process
     i of the node's p takes segments i, i + p, ...) -- wait for the partial of the first ``lo`` tasks, read
     it, add ``grad(t)[segment]`` for t in [lo, hi) in order, publish the partial of the first ``hi``.
-    ``grad(t)``: task t's whole gradient (a map of its file). Returns the paths published."""
+    ``grad(t)``: task t's whole gradient (a map of its file). Returns the paths published.
+
+    ``source``: where the partial of the first ``lo`` tasks is read (default: ``chain``). After a node was lost
+    mid-chain, a new attempt continues from an earlier attempt's furthest whole partial (``resume_point``):
+    the same sum, so the same bits."""
     if hi <= lo:
         return []
+    source = source or chain
+    if (source.update, source.version, source.size, source.segment_blocks) != \
+            (chain.update, chain.version, chain.size, chain.segment_blocks):
+        raise ValueError(f"a chain continues only from a partial of its own update and version: {source} -> {chain}")
     first, step = share
     published = []
     for segment in range(first, len(chain.segments()), step):
         a, b = chain.segments()[segment]
         record = chain.record(segment)
         if lo:
-            chain.wait(lo, segment, deadline)
-            chain.read(lo, segment, record)
+            source.wait(lo, segment, deadline)
+            source.read(lo, segment, record)
         fold(record["values"][0], [grad(t)[a:b] for t in range(lo, hi)], continued=lo > 0)
         published.append(chain.write(hi, segment, record))
     return published
+
+
+def resume_point(chain: PartialSum, boundaries: Sequence[int]) -> int:
+    """The most tasks among ``boundaries`` (where the node ranges of ``chain``'s attempt ended) whose partial is
+    published whole, every segment there and checked: where a new attempt continues after a node was lost
+    (``fold_node(..., source=chain)``); 0 if none (the new attempt starts from nothing)."""
+    for tasks in sorted({t for t in boundaries if t > 0}, reverse=True):
+        try:
+            for segment in range(len(chain.segments())):
+                chain.read(tasks, segment, chain.record(segment))
+        except (CorruptFileError, FileNotFoundError):
+            continue
+        return tasks
+    return 0
 
 
 def read_sum(chain: PartialSum, tasks: int, *, deadline: float, lo: int = 0, hi: int | None = None) -> np.ndarray:
