@@ -22,7 +22,9 @@ local fold bit for bit, whatever the number of nodes, their ranges, or the proce
   digests, then the values. Written under a temporary name and published by a rename that never
   replaces (``files.rename_new``). A reader checks the header, the size, the seal, that the identity is
   the one it expects (a partial of another update, attempt or version is never used: ``StalePartial``)
-  and every block's digest while the block is in cache.
+  and every block's digest.
+- **A node lost mid-chain** (``resume_point``): a new attempt continues from the lost attempt's furthest
+  partial that is whole in every segment, on the nodes left (``fold_node(..., source=)``): the same bits.
 
 Bytes per node per update over the shared filesystem: the version read once, the previous partial
 read, its own partial written -- three vectors, whatever its process count (the issue's bound).
