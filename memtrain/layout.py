@@ -227,6 +227,13 @@ def spare_gradient_name(update: int, task: int, attempt: int) -> str:
     return f"g-s{update:08d}-t{task:05d}-a{attempt:03d}.npy"
 
 
+def chain_sum_name(update: int, attempt: int, tasks: int, segment: int) -> str:
+    """A two-level round's partial sum (train/loops/node_sum.py): the first ``tasks`` tasks of ``update``
+    added in order, segment ``segment`` of the vector, in the chain's attempt ``attempt``. Named by what it
+    holds, never by the node that wrote it."""
+    return f"c-u{update:08d}-a{attempt:03d}-t{tasks:05d}-s{segment:05d}.npy"
+
+
 def metrics_name(version: int, task: int, attempt: int) -> str:
     """The summed validation statistics of one evaluation task at a weight version (train/records/metrics.py)."""
     return f"m-v{version:08d}-t{task:05d}-a{attempt:03d}.npy"
