@@ -102,6 +102,12 @@ def build_view(target: Target, *, every_feature: bool = False, chunk: int = CHUN
     if target.kind == "dataset":
         return dataset_view(target.path, every_feature=every_feature, chunk=chunk)
     if target.kind == "run":
+        from memtrain.rl.server import is_rl_run
+
+        if is_rl_run(target.path):  # a reinforcement-learning run (memtrain/rl/inspect.py)
+            from memtrain.rl.inspect import rl_run_view
+
+            return rl_run_view(target.path)
         return run_view(target.path)
     return tensor_view(target, chunk)
 

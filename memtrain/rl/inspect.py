@@ -1,0 +1,71 @@
+"""``memtrain inspect RUN`` of a reinforcement-learning run: the job, where the run stands, one row per version
+(its metrics line and its lineage: how many shards, collected at which version), the checkpoints.
+
+Safe on a live run, as the supervised view is: it reads the logs (a torn last line skipped) and lists names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from memtrain.errors import MemtrainError
+from memtrain.files import read_json, read_jsonl, read_sealed_jsonl
+from memtrain.inspection.tensor_view import SCHEMA
+from memtrain.layout import RUN_JOB, RUN_LINEAGE, RUN_METRICS, weight_versions
+from memtrain.rl.server import checkpoints
+
+SHOWN = ("return_mean", "return_min", "return_max", "length_mean", "env_steps_per_s", "approx_kl", "clip_fraction",
+         "entropy", "value_loss", "explained_variance", "eval_return_mean")
+
+
+def rl_run_view(run: Path) -> dict[str, Any]:
+    """The plain-dict view (what ``--json`` prints)."""
+    problems: list[str] = []
+    job: dict[str, Any] = {}
+    try:
+        job = read_json(run / RUN_JOB, what="the run's job record").get("job", {})
+    except (MemtrainError, AttributeError) as exc:
+        problems.append(str(exc))
+    lineage, damaged = read_sealed_jsonl(run / RUN_LINEAGE, what="lineage record")
+    problems += [str(exc) for exc in damaged]
+    made = {r["version"]: r for r in lineage if isinstance(r.get("version"), int)}
+    rows = []
+    for line in read_jsonl(run / RUN_METRICS):
+        version = line.get("version")
+        record = made.get(version + 1, {}) if isinstance(version, int) else {}
+        shards = record.get("shards", [])
+        rows.append({"version": version, **{key: line.get(key) for key in SHOWN}, "episodes": line.get("episodes"),
+                     "shards": len(shards), "collected_at": sorted({s.get("version") for s in shards}) or None})
+    env, train = job.get("env", {}), job.get("train", {})
+    budget = train.get("env_steps")
+    per_version = env.get("slots", 8) * env.get("steps", 128)
+    return {"schema": SCHEMA, "kind": "rl-run", "path": str(run), "job": job, "record_problems": problems,
+            "progress": {"versions_done": max(made, default=0), "versions": budget // per_version if budget else None,
+                         "env_steps_done": max(made, default=0) * per_version},
+            "versions": rows, "weights": weight_versions(run), "checkpoints": checkpoints(run)}
+
+
+def render_rl_run(view: dict[str, Any], console: Any) -> None:
+    from memtrain.inspection.render import lines, print_table, table
+
+    job, progress = view["job"], view["progress"]
+    env, train, model = job.get("env", {}), job.get("train", {}), job.get("model", {})
+    lines(console, [
+        ("run", view["path"]),
+        ("kind", "reinforcement learning"),
+        ("environment", f"{env.get('id') or env.get('factory')}: {env.get('slots')} slots x {env.get('steps')} steps"),
+        ("algorithm", f"{train.get('algorithm', 'ppo')}, model {model.get('kind', 'mlp')}"),
+        ("progress", f"versions {progress['versions_done']}/{progress['versions']}, "
+                     f"{progress['env_steps_done']:,} env steps"),
+        ("weight versions on disk", ", ".join(map(str, view["weights"])) or "none"),
+        ("checkpoints", ", ".join(map(str, view["checkpoints"])) or "none"),
+    ])
+    columns = ("version", "episodes", "return mean", "min", "max", "length", "steps/s", "approx KL", "clip frac",
+               "entropy", "value loss", "expl. var", "eval of v+1")
+    keys = ("version", "episodes", "return_mean", "return_min", "return_max", "length_mean", "env_steps_per_s",
+            "approx_kl", "clip_fraction", "entropy", "value_loss", "explained_variance", "eval_return_mean")
+    rows = [tuple(row.get(key) if row.get(key) is not None else "" for key in keys) for row in view["versions"]]
+    print_table(console, table("versions", columns, rows, right=columns))
+    for problem in view["record_problems"]:
+        console.print(f"record problem: {problem}")
