@@ -283,7 +283,7 @@ def _truncate_records(run_dir: Path, version: int) -> None:
     """A resume from ``version``: the lineage keeps its records up to that version, the metrics their lines of the
     versions before it (what came after is made again, the same)."""
     lineage, _ = read_sealed_jsonl(run_dir / RUN_LINEAGE, what="lineage record")
-    kept = [r for r in lineage if isinstance(r.get("version"), int) and r["version"] <= version]
+    kept = [seal(r) for r in lineage if isinstance(r.get("version"), int) and r["version"] <= version]
     metrics = [r for r in read_jsonl(run_dir / RUN_METRICS) if r.get("version", math.inf) < version]
     for name, records in ((RUN_LINEAGE, kept), (RUN_METRICS, metrics)):
         path = run_dir / name
@@ -527,7 +527,13 @@ def run_command(args: argparse.Namespace) -> int:
             job = read_run_job(run_dir) if args.workers is None else _with_workers(read_run_job(run_dir), args.workers)
     if args.overwrite and resume:
         raise InputError("--overwrite and --resume contradict each other")
-    summary = train_rl(job, raw, resume=resume, overwrite=args.overwrite, quiet=args.quiet)
+    try:
+        summary = train_rl(job, raw, resume=resume, overwrite=args.overwrite, quiet=args.quiet)
+    except MemtrainError as exc:
+        from memtrain.train.server.command import _name_resume
+
+        _name_resume(exc, run_dir)  # a failure after the run directory was made says how to continue it
+        raise
     print_summary(summary)
     return 0
 
