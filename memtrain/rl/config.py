@@ -146,6 +146,9 @@ SHARED_TRAIN_KEYS = ("seed", "workers", "blas_threads", "server_threads", "task_
                      "staleness", *base_config.OPTIMIZER_KEYS, *base_config.OPTIMIZER_RENAMES)
 RL_OPTIMIZER_DEFAULTS = {"optimizer": "adam", "lr": 2.5e-4, "eps": 1e-5}  # CleanRL's Adam
 MODEL_KINDS = ("mlp", "torch")
+# run.checkpoint_every counts versions in an RL job (a version takes a fraction of a second on classic control,
+# a checkpoint with its fsyncs about 0.1 s): every 10 unless the job says
+RL_CHECKPOINT_EVERY = 10
 
 
 @dataclass(frozen=True)
@@ -195,7 +198,7 @@ def rl_job_from_dict(raw: dict[str, Any], *, base: Path, source: Path | None = N
     env = _env_config(raw.get("env", {}), base, where)
     model = _model(raw.get("model", {}), base, where)
     train, rl = _train(raw.get("train", {}), where)
-    run = _build(RunConfig, raw.get("run", {}), "run", where)
+    run = _build(RunConfig, {"checkpoint_every": RL_CHECKPOINT_EVERY, **raw.get("run", {})}, "run", where)
     _check_run(run, where)
     run = dataclasses.replace(run, dir=(base / run.dir).resolve(), keep_best=run.keep_best is not False)
     if rl.env_steps < env.slots * env.steps:
