@@ -75,3 +75,34 @@ def test_a_user_environment_runs_on_workers(tmp_path: Path) -> None:
     metrics = read_jsonl(done / RUN_METRICS)
     assert len(metrics) == 4 and sum(m["episodes"] for m in metrics) > 0
     assert weights(done, 4) == weights(run("user-env-ppo", tmp_path / "zero", "train.env_steps=1024"), 4)
+
+
+def test_load_model_of_an_rl_run_acts_greedy_or_sampled(tmp_path: Path) -> None:
+    import memtrain
+    from memtrain.errors import InputError
+    from memtrain.rl.server import job_policy, read_run_job
+
+    done = run("cartpole-ppo", tmp_path / "run", "train.env_steps=512", "train.eval_every=0")
+    model = memtrain.load_model(done)
+    policy = job_policy(read_run_job(done))
+    final = np.array(open_npy(weights_path(done, 2)))
+    obs = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
+    greedy = model.act(obs)
+    assert greedy.dtype == np.int64 and greedy.shape == (16,)
+    assert np.array_equal(greedy, policy.greedy(policy.forward(final, obs)))  # the final version's policy
+    assert int(model.act(obs[0])) == greedy[0]  # one observation, one action
+    sampled = model.act(obs, greedy=False, rng=7)
+    assert np.array_equal(sampled, model.act(obs, greedy=False, rng=7)) and set(sampled) <= {0, 1}
+    with pytest.raises(InputError, match="observations of the wrong shape"):
+        model.act(np.zeros((2, 3)))
+    with pytest.raises(InputError, match="not kept yet"):
+        memtrain.load_model(done, which="best")
+
+
+def test_load_model_of_a_continuous_policy_gives_actions_within_the_box(tmp_path: Path) -> None:
+    import memtrain
+
+    done = run("pendulum-ppo", tmp_path / "run", "train.env_steps=1024", "train.eval_every=0",
+               "train.minibatches=4")
+    actions = memtrain.load_model(done).act(np.ones((5, 3), np.float32) * 100, greedy=False, rng=0)
+    assert actions.shape == (5, 1) and actions.dtype == np.float32 and np.all(np.abs(actions) <= 2.0)
