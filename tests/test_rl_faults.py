@@ -150,7 +150,10 @@ def test_a_server_killed_then_resumed_continues_the_episodes_bit_for_bit(tmp_pat
     assert resumed.returncode == 0, resumed.stderr
     assert weights(run, 12) == weights(clean, 12)
     assert lineage_checksums(run) == lineage_checksums(clean)
-    assert [m["version"] for m in read_jsonl(run / RUN_METRICS)] == list(range(12))
+    metrics, uninterrupted = read_jsonl(run / RUN_METRICS), read_jsonl(clean / RUN_METRICS)
+    assert [m["version"] for m in metrics] == list(range(12))
+    for key in ("episode_returns", "return_last100_mean", "approx_kl", "eval_return_mean"):  # rebuilt on resume
+        assert [m.get(key) for m in metrics] == [m.get(key) for m in uninterrupted], key
     assert "resumed at weight version 3" in (run / RUN_EVENTS).read_text()
 
 

@@ -15,8 +15,8 @@ from memtrain.inspection.tensor_view import SCHEMA
 from memtrain.layout import RUN_JOB, RUN_LINEAGE, RUN_METRICS, weight_versions
 from memtrain.rl.server import checkpoints
 
-SHOWN = ("return_mean", "return_min", "return_max", "length_mean", "env_steps_per_s", "approx_kl", "clip_fraction",
-         "entropy", "value_loss", "explained_variance", "eval_return_mean")
+SHOWN = ("return_mean", "return_min", "return_max", "return_last100_mean", "length_mean", "env_steps_per_s",
+         "approx_kl", "clip_fraction", "entropy", "value_loss", "explained_variance", "eval_return_mean")
 
 
 def rl_run_view(run: Path) -> dict[str, Any]:
@@ -61,10 +61,11 @@ def render_rl_run(view: dict[str, Any], console: Any) -> None:
         ("weight versions on disk", ", ".join(map(str, view["weights"])) or "none"),
         ("checkpoints", ", ".join(map(str, view["checkpoints"])) or "none"),
     ])
-    columns = ("version", "episodes", "return mean", "min", "max", "length", "steps/s", "approx KL", "clip frac",
-               "entropy", "value loss", "expl. var", "eval of v+1")
-    keys = ("version", "episodes", "return_mean", "return_min", "return_max", "length_mean", "env_steps_per_s",
-            "approx_kl", "clip_fraction", "entropy", "value_loss", "explained_variance", "eval_return_mean")
+    columns = ("version", "episodes", "return mean", "min", "max", "last 100", "length", "steps/s", "approx KL",
+               "clip frac", "entropy", "value loss", "expl. var", "eval of v+1")
+    keys = ("version", "episodes", "return_mean", "return_min", "return_max", "return_last100_mean", "length_mean",
+            "env_steps_per_s", "approx_kl", "clip_fraction", "entropy", "value_loss", "explained_variance",
+            "eval_return_mean")
     rows = [tuple(row.get(key) if row.get(key) is not None else "" for key in keys) for row in view["versions"]]
     print_table(console, table("versions", columns, rows, right=columns))
     for problem in view["record_problems"]:

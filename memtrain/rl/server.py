@@ -33,6 +33,7 @@ import signal
 import sys
 import time
 import tomllib
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +89,7 @@ from memtrain.train.records.run_dir import acquire_lock, log_event, write_params
 from memtrain.train.server.scheduler import CORES, Scheduler
 
 RUN_FORMAT = "memtrain-rl-run"  # job.json's "kind" for a reinforcement-learning run
+RECENT_EPISODES = 100  # metrics.jsonl's return_last100_mean: CartPole's "solved" mark is 475 over the last 100
 INIT_TAG = 0x696E6974  # "init": the numpy policy's initial weights come from SeedSequence([INIT_TAG, seed])
 
 
@@ -371,12 +373,14 @@ def _run(job: RLJob, policy: Policy, run_dir: Path, stop: StopRequest, *, resume
                           stop_requested=lambda: stop.requested,
                           discard=lambda task: sweep_orphans(run_dir / TRAJECTORIES_DIR, lambda name: True))
     learner, last = learner_of(job, policy), {}
+    recent = deque((r for line in read_jsonl(run_dir / RUN_METRICS) for r in line.get("episode_returns", [])),
+                   maxlen=RECENT_EPISODES)  # a resume's: the kept lines' episodes
     try:
         while position.version < job.versions:
             if stop.requested:
                 _stopped(job, run_dir, position, stop)
             try:
-                position, last = _version(job, policy, learner, run_dir, scheduler, transport, position)
+                position, last = _version(job, policy, learner, run_dir, scheduler, transport, position, recent)
             except Interrupted:
                 _stopped(job, run_dir, position, stop)
             if position.version % job.run.checkpoint_every == 0 or position.version == job.versions:
@@ -406,7 +410,7 @@ def _stopped(job: RLJob, run_dir: Path, position: Position, stop: StopRequest) -
 
 
 def _version(job: RLJob, policy: Policy, learner: Learner, run_dir: Path, scheduler: Scheduler, transport: Any,
-             position: Position) -> tuple[Position, dict[str, Any]]:
+             position: Position, recent: deque[float]) -> tuple[Position, dict[str, Any]]:
     """Version ``position.version``: collect every slot, learn, publish the next version; its metrics line."""
     version, slots = position.version, job.env.slots
     tasks = []
@@ -429,6 +433,10 @@ def _version(job: RLJob, policy: Policy, learner: Learner, run_dir: Path, schedu
                               made_by=f"the {job.rl.algorithm.upper()} update of version {version}")
     fault_point("rl_after_publish")
     line = version_metrics(version, trajectories, learned.batch, learned.steps)
+    returns = [float(r) for t in trajectories for r in t.episode_return[t.done]]
+    recent.extend(returns)
+    line |= {"episode_returns": returns,
+             "return_last100_mean": float(np.mean(recent)) if recent else None}  # over the run's last 100 episodes
     line |= {"kind": "version", "env_steps_total": (version + 1) * slots * job.env.steps,
              "env_steps_per_s": slots * job.env.steps / collected if collected > 0 else None, "lr": learned.lr,
              "seconds": time.monotonic() - started}
@@ -548,6 +556,8 @@ def print_summary(summary: RLSummary, out: Callable[[str], None] = print) -> Non
              f"{summary.version}, {summary.seconds:.1f} s"]
     if last.get("return_mean") is not None:
         lines.append(f"last version: return mean {last['return_mean']:.2f} over {last['episodes']} episodes")
+    if last.get("return_last100_mean") is not None:
+        lines.append(f"mean return of the last {RECENT_EPISODES} episodes: {last['return_last100_mean']:.2f}")
     if last.get("eval_return_mean") is not None:
         lines.append(f"evaluation (greedy, version {last['eval_version']}): return mean {last['eval_return_mean']:.2f}")
     if summary.worker_deaths:
