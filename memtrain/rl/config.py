@@ -8,8 +8,8 @@ once, here, the way memtrain/config.py checks a supervised job: unknown keys, wr
 environment is made once and its spaces checked (memtrain/rl/envs.py), so an unknown id, a factory that is not an
 environment or an observation space the policy cannot take stops the job before anything is written.
 
-``memtrain train`` does not run these jobs yet: ``load_job`` refuses a file with ``[env]`` with a clear error;
-``load_rl_job`` is the parser the engines will use.
+``memtrain train`` runs these jobs (memtrain/rl/server.py); ``load_job``, the supervised reader, refuses a file with
+``[env]`` naming ``memtrain train``. ``load_rl_job`` and ``rl_job_from_dict`` are the parser.
 """
 
 from __future__ import annotations
