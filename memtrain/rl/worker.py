@@ -30,6 +30,10 @@ class RLWorkerState:
         self.job = job if job is not None else read_run_job(self.run_dir)
         self.policy = policy if policy is not None else job_policy(self.job)
         self.cache = SlotCache()
+        if self.job.model.kind == "torch" and policy is None:  # a worker process: torch on its BLAS threads, as
+            import torch  # every worker runs one task at a time (N workers x all-core torch oversubscribe)
+
+            torch.set_num_threads(setup.blas_threads)
 
     def handle(self, message: CollectTask) -> Result:
         from memtrain.train.worker.worker import error_text
