@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from memtrain import config as base_config
-from memtrain.errors import CorruptFileError, InputError, Interrupted, MemtrainError
+from memtrain.errors import CorruptFileError, InputError, Interrupted, MemtrainError, plural
 from memtrain.faults import fault_point
 from memtrain.files import (
     append_jsonl,
@@ -367,7 +367,8 @@ def _run(job: RLJob, policy: Policy, run_dir: Path, stop: StopRequest, *, resume
     stop.deferred = True  # from here a stop signal is recorded, and the run checkpoints where it stands
     transport = WorkerPool(setup, workers, max_starts=job.train.max_attempts) if workers else \
         InServer(RLWorkerState(setup, job, policy))  # type: ignore[arg-type]
-    log_event(run_dir, f"collection: {workers} worker processes" if workers else "collection: in the server")
+    where = plural(workers, "worker process", "worker processes") if workers else "in the server"
+    log_event(run_dir, f"collection: {where}")
     scheduler = Scheduler(task_timeout=job.train.task_timeout, max_attempts=job.train.max_attempts,
                           describe_task=_describe, log=lambda text: log_event(run_dir, text),
                           stop_requested=lambda: stop.requested,
