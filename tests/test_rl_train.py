@@ -126,3 +126,12 @@ def test_a_collection_task_is_a_few_names_and_numbers() -> None:
     task = CollectTask(task=huge, attempt=99, update=huge, version=huge, episode=huge, step=huge, state_key="f" * 32,
                        state_file="/run/" + "x" * 60 + "/episodes/e-s00001.npy")
     assert len(pickle.dumps(task)) < 400
+
+
+def test_a_resume_with_settings_is_refused_until_it_takes_them(tmp_path: Path, capsys) -> None:
+    job = write_job(tmp_path)
+    assert main(["train", str(job), "-q"]) == 0
+    for args in (["--resume", str(tmp_path / "run")], [str(job), "--resume"]):
+        assert main(["train", *args, "--set", "train.lr=0.1"]) == 2
+        err = capsys.readouterr().err
+        assert "--set does not apply yet" in err and "Traceback" not in err

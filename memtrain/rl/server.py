@@ -513,12 +513,12 @@ def run_command(args: argparse.Namespace) -> int:
         raise InputError("reinforcement learning runs on this machine only, so far", found=f"--cluster {args.cluster}")
     if args.workers is not None and args.workers < 0:
         raise InputError("--workers must be 0 (the server collects alone) or more", found=args.workers)
+    if args.resume and args.overrides:
+        raise InputError("a reinforcement-learning run resumes with its own job: --set does not apply yet",
+                         found=" ".join(args.overrides), hint="--workers N may change the worker count")
     if isinstance(args.resume, str):
         if args.job is not None or args.run_dir is not None:
             raise InputError("give either a job file or --resume RUN_DIR, not both")
-        if args.overrides:
-            raise InputError("a reinforcement-learning run resumes with its own job: --set does not apply yet",
-                             found=" ".join(args.overrides))
         run_dir = Path(args.resume).resolve()
         job = read_run_job(run_dir)
         if args.workers is not None:
