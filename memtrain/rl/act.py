@@ -62,7 +62,7 @@ def load_actor(path: str | Path, which: str | None = None) -> Actor:
     directories), every file's checksum verified: what ``memtrain.load_model`` gives for an RL run. ``which``:
     None or "last" (a best checkpoint by evaluation return is not kept yet)."""
     from memtrain.layout import CHECKPOINT_META
-    from memtrain.rl.server import _read_checkpoint, job_policy, load_checkpoint, read_run_job
+    from memtrain.rl.server import job_policy, load_checkpoint, read_checkpoint, read_run_job
 
     path = Path(path)
     if which not in (None, "last"):
@@ -71,5 +71,5 @@ def load_actor(path: str | Path, which: str | None = None) -> Actor:
     run = path.parent.parent if (path / CHECKPOINT_META).is_file() else path
     job = read_run_job(run)
     policy = job_policy(job)
-    position = _read_checkpoint(path, job, policy) if run != path else load_checkpoint(run, job, policy)
+    position = read_checkpoint(path, job, policy) if run != path else load_checkpoint(run, job, policy)
     return Actor(policy, position.weights)

@@ -177,6 +177,10 @@ def refuse_unsupported(job: RLJob, where: Any) -> None:
     if job.run.cluster:
         raise InputError("reinforcement learning runs on this machine only, so far", path=where,
                          expected="run.cluster unset", found=f"run.cluster = {job.run.cluster!r}")
+    if job.run.log_to:
+        raise InputError("run.log_to (CSV, TensorBoard) is not written for a reinforcement-learning run yet",
+                         path=where, expected="run.log_to unset", found=f"run.log_to = {list(job.run.log_to)}",
+                         hint="metrics.jsonl has every version's line")
 
 
 # --- the run directory ---
@@ -255,14 +259,15 @@ def load_checkpoint(run_dir: Path, job: RLJob, policy: Policy) -> Position:
     for version in reversed(checkpoints(run_dir)):
         folder = checkpoint_dir(run_dir, version)
         try:
-            return _read_checkpoint(folder, job, policy)
+            return read_checkpoint(folder, job, policy)
         except MemtrainError as exc:
             log_event(run_dir, f"checkpoint {folder.name} skipped: {exc}")
     raise InputError("the run has no complete checkpoint to resume from", path=run_dir / CHECKPOINTS_DIR,
                      hint=f"start it again: memtrain train JOB.toml --run-dir {run_dir} --overwrite")
 
 
-def _read_checkpoint(folder: Path, job: RLJob, policy: Policy) -> Position:
+def read_checkpoint(folder: Path, job: RLJob, policy: Policy) -> Position:
+    """One checkpoint directory's position, every file's checksum verified (CorruptFileError naming the file)."""
     meta = unseal(read_json(folder / CHECKPOINT_META, what="checkpoint meta"), path=folder / CHECKPOINT_META,
                   what="checkpoint meta")
     files = meta.get("files", {})
@@ -362,7 +367,7 @@ def _run(job: RLJob, policy: Policy, run_dir: Path, stop: StopRequest, *, resume
                    run_dir / WEIGHTS_DIR):  # what a killed server left under a temporary name
         sweep_orphans(folder, lambda name: True)
     position = _start(job, policy, run_dir, resume)
-    setup = RLWorkerSetup(server_pid=os.getpid(), run_dir=str(run_dir))
+    setup = RLWorkerSetup(server_pid=os.getpid(), run_dir=str(run_dir), blas_threads=job.train.blas_threads)
     workers = worker_count(job)
     stop.deferred = True  # from here a stop signal is recorded, and the run checkpoints where it stands
     transport = WorkerPool(setup, workers, max_starts=job.train.max_attempts) if workers else \
