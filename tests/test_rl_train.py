@@ -136,3 +136,19 @@ def test_a_resume_with_settings_is_refused_until_it_takes_them(tmp_path: Path, c
         assert main(["train", *args, "--set", "train.lr=0.1"]) == 2
         err = capsys.readouterr().err
         assert "--set does not apply yet" in err and "Traceback" not in err
+
+
+def test_inspect_lineage_names_the_shards_a_version_was_learned_from(tmp_path: Path, capsys) -> None:
+    run = tmp_path / "run"
+    assert main(["train", str(write_job(tmp_path)), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(run), "--lineage", "3", "--json"]) == 0
+    view = json.loads(capsys.readouterr().out)
+    assert view["kind"] == "rl-lineage" and view["parent"] == 2 and view["optimizer_steps"] == 4
+    assert [(s["slot"], s["version"]) for s in view["shards"]] == [(0, 2), (1, 2), (2, 2), (3, 2)]
+    assert main(["inspect", str(run), "--lineage", "3"]) == 0
+    assert "4 optimizer steps from version 2" in capsys.readouterr().out
+    for action in (["--plot", str(tmp_path / "p.png")], ["--export", str(tmp_path / "x.npz")]):
+        assert main(["inspect", str(run), *action]) == 2
+        err = capsys.readouterr().err
+        assert "of a reinforcement-learning run are not done yet" in err and "Traceback" not in err

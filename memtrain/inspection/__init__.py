@@ -78,6 +78,16 @@ def run(args: argparse.Namespace) -> int:
     if args.which is not None and args.export is None:
         raise InputError("--which only makes sense with --export", hint="load_model(run, which=...) in Python")
     target = detect(args.path)
+    rl_run = _rl_run(target)
+    if rl_run is not None and args.lineage is not None:  # a reinforcement-learning run (memtrain/rl/inspect.py)
+        from memtrain.rl.inspect import rl_lineage_view
+
+        emit(rl_lineage_view(rl_run, args.lineage), args.json)
+        return 0
+    if rl_run is not None and (args.plot is not None or args.export is not None or args.diff is not None):
+        raise InputError("--plot, --export and --diff of a reinforcement-learning run are not done yet",
+                         path=rl_run, hint="memtrain inspect RUN shows every version's metrics; "
+                                           "memtrain.load_model(RUN).act(observations) uses its policy")
     if args.lineage is not None:
         if target.run is None:
             raise InputError("--lineage needs a run directory (or a file inside one)", path=target.path)
@@ -95,6 +105,13 @@ def run(args: argparse.Namespace) -> int:
         annotate(view, checks)
     emit(view, args.json)
     return report(checks or [])
+
+
+def _rl_run(target: Target) -> Path | None:
+    """The reinforcement-learning run ``target`` belongs to, if it belongs to one."""
+    from memtrain.rl.server import is_rl_run
+
+    return target.run if target.run is not None and is_rl_run(target.run) else None
 
 
 def build_view(target: Target, *, every_feature: bool = False, chunk: int = CHUNK) -> dict[str, Any]:

@@ -70,3 +70,36 @@ def render_rl_run(view: dict[str, Any], console: Any) -> None:
     print_table(console, table("versions", columns, rows, right=columns))
     for problem in view["record_problems"]:
         console.print(f"record problem: {problem}")
+
+
+def rl_lineage_view(run: Path, version: int) -> dict[str, Any]:
+    """``inspect RUN --lineage VERSION`` of an RL run: the version's parent, the shards it was learned from (slot,
+    the version each was collected at, checksum), its optimizer steps and checksum."""
+    from memtrain.errors import InputError
+
+    lineage, damaged = read_sealed_jsonl(run / RUN_LINEAGE, what="lineage record")
+    made = {r["version"]: r for r in lineage if isinstance(r.get("version"), int)}
+    if version not in made:
+        raise InputError(f"weight version {version} is not in the run's lineage", path=run / RUN_LINEAGE,
+                         expected=f"a version from 0 to {max(made, default=0)}", found=version)
+    record = made[version]
+    return {"schema": SCHEMA, "kind": "rl-lineage", "path": str(run), "version": version,
+            "on_disk": version in weight_versions(run), "parent": record.get("parent"),
+            "seed": record.get("seed"), "optimizer_steps": record.get("optimizer_steps"),
+            "shards": record.get("shards", []), "checksum": record.get("checksum"),
+            "record_problems": [str(exc) for exc in damaged]}
+
+
+def render_rl_lineage(view: dict[str, Any], console: Any) -> None:
+    from memtrain.inspection.render import lines, print_table, table
+
+    origin = (f"the initialisation (seed {view['seed']})" if view["parent"] is None else
+              f"{view['optimizer_steps']} optimizer steps from version {view['parent']}, on the shards below")
+    lines(console, [("run", view["path"]),
+                    ("version", f"{view['version']} ({'on disk' if view['on_disk'] else 'retired: not on disk'})"),
+                    ("origin", origin), ("recorded checksum", view["checksum"])])
+    if view["shards"]:
+        rows = [(s.get("slot"), s.get("version"), s.get("checksum")) for s in view["shards"]]
+        print_table(console, table("trajectory shards, in the order they were learned from",
+                                   ("slot", "collected at version", "checksum"), rows,
+                                   right=("slot", "collected at version")))
