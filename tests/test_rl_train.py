@@ -152,3 +152,23 @@ def test_inspect_lineage_names_the_shards_a_version_was_learned_from(tmp_path: P
         assert main(["inspect", str(run), *action]) == 2
         err = capsys.readouterr().err
         assert "of a reinforcement-learning run are not done yet" in err and "Traceback" not in err
+
+
+def test_inspect_verify_rehashes_an_rl_runs_records_and_names_a_changed_checkpoint_file(tmp_path: Path,
+                                                                                       capsys) -> None:
+    run = tmp_path / "run"
+    assert main(["train", str(write_job(tmp_path)), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(run), "--verify"]) == 0
+    assert "every checksum matches" in capsys.readouterr().out
+    checkpoint = run / "checkpoints" / f"c{VERSIONS:08d}"
+    assert main(["inspect", str(checkpoint)]) == 0
+    assert f"weight version: {VERSIONS}" in capsys.readouterr().out
+    changed = checkpoint / "opt-m.npy"
+    data = bytearray(changed.read_bytes())
+    data[-1] ^= 1
+    changed.write_bytes(bytes(data))
+    for target in (run, checkpoint, changed):
+        assert main(["inspect", str(target), "--verify"]) == 1
+        err = capsys.readouterr().err
+        assert f"{changed}: checksum mismatch" in err and "Traceback" not in err

@@ -20,6 +20,7 @@ Examples (on what the README's first command makes: data/digits and runs/digits-
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -95,7 +96,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.diff is not None or args.export is not None or args.plot is not None:
         return run_action(target, args)
-    checks = verify(target, dataset=args.with_dataset) if args.verify else None
+    if rl_run is not None:  # a reinforcement-learning run, one of its checkpoints or files (memtrain/rl/inspect.py)
+        from memtrain.rl.inspect import rl_checks
+
+        checks = rl_checks(target) if args.verify else None
+    else:
+        checks = verify(target, dataset=args.with_dataset) if args.verify else None
     try:
         view = build_view(target, every_feature=args.all, chunk=args.chunk)
     except MemtrainError:
@@ -118,13 +124,13 @@ def build_view(target: Target, *, every_feature: bool = False, chunk: int = CHUN
     """The plain-dict view of ``target`` (what ``--json`` prints)."""
     if target.kind == "dataset":
         return dataset_view(target.path, every_feature=every_feature, chunk=chunk)
+    if _rl_run(target) is not None and target.kind in ("run", "checkpoint"):  # memtrain/rl/inspect.py
+        from memtrain.rl.inspect import rl_checkpoint_view, rl_run_view
+
+        return rl_run_view(target.path) if target.kind == "run" else rl_checkpoint_view(target.path)
+    if _rl_run(target) is not None and target.kind == "npy":  # a file of an RL checkpoint: a plain .npy
+        return tensor_view(dataclasses.replace(target, run=None, checkpoint=None), chunk)
     if target.kind == "run":
-        from memtrain.rl.server import is_rl_run
-
-        if is_rl_run(target.path):  # a reinforcement-learning run (memtrain/rl/inspect.py)
-            from memtrain.rl.inspect import rl_run_view
-
-            return rl_run_view(target.path)
         return run_view(target.path)
     return tensor_view(target, chunk)
 

@@ -103,3 +103,63 @@ def render_rl_lineage(view: dict[str, Any], console: Any) -> None:
         print_table(console, table("trajectory shards, in the order they were learned from",
                                    ("slot", "collected at version", "checksum"), rows,
                                    right=("slot", "collected at version")))
+
+
+def rl_checkpoint_view(folder: Path) -> dict[str, Any]:
+    """``inspect`` of one checkpoint directory of an RL run: its version, optimizer steps and files."""
+    from memtrain.files import unseal
+    from memtrain.layout import CHECKPOINT_META
+
+    meta = unseal(read_json(folder / CHECKPOINT_META, what="checkpoint meta"), path=folder / CHECKPOINT_META,
+                  what="checkpoint meta")
+    return {"schema": SCHEMA, "kind": "rl-checkpoint", "path": str(folder), "version": meta.get("version"),
+            "optimizer_steps": meta.get("step"), "slots": meta.get("slots"), "checksums": meta.get("files", {})}
+
+
+def render_rl_checkpoint(view: dict[str, Any], console: Any) -> None:
+    from memtrain.inspection.render import lines, print_table, table
+
+    lines(console, [("checkpoint", view["path"]), ("kind", "reinforcement learning"),
+                    ("weight version", view["version"]), ("optimizer steps", view["optimizer_steps"]),
+                    ("slots", view["slots"])])
+    print_table(console, table("files", ("file", "checksum"), sorted(view["checksums"].items())))
+
+
+def rl_checks(target: Any) -> list[Any]:
+    """``inspect --verify`` of an RL run, one of its checkpoints or files: every sealed record and every file whose
+    checksum a record holds (job.json, params.json, the lineage's lines; each checkpoint's files against its
+    meta.json; each weight version on disk against the lineage)."""
+    from memtrain.inspection.verify import Check, hash_check, lineage_checksums, weights_check
+    from memtrain.layout import CHECKPOINT_META, RUN_PARAMS
+    from memtrain.rl.server import checkpoint_dir, read_run_job
+    from memtrain.train.records.run_dir import read_params
+
+    run = target.run
+
+    def checkpoint(folder: Path) -> list[Check]:
+        try:
+            files = rl_checkpoint_view(folder)["checksums"]
+        except MemtrainError as exc:
+            return [Check(folder / CHECKPOINT_META, "unreadable", "a sealed meta.json", str(exc))]
+        return [hash_check(folder / name, expected, gone_ok=False) for name, expected in sorted(files.items())]
+
+    if target.kind == "checkpoint":
+        return checkpoint(target.path)
+    if target.kind == "npy" and target.checkpoint is not None:
+        return [c for c in checkpoint(target.checkpoint) if c.path == target.path]
+    if target.kind == "weights":
+        return [weights_check(run, target.version, lineage_checksums(run), gone_ok=False)]
+    checks = []
+    for path, read in ((run / RUN_JOB, lambda: read_run_job(run)), (run / RUN_PARAMS, lambda: read_params(run))):
+        try:
+            read()
+            checks.append(Check(path, "ok", "a sealed record", "its checksum matches"))
+        except MemtrainError as exc:
+            checks.append(Check(path, "mismatch", "a sealed record", str(exc)))
+    _, damaged = read_sealed_jsonl(run / RUN_LINEAGE, what="lineage record")
+    checks += [Check(run / RUN_LINEAGE, "mismatch", "a sealed record", str(exc)) for exc in damaged]
+    for version in checkpoints(run):
+        checks += checkpoint(checkpoint_dir(run, version))
+    recorded = lineage_checksums(run)
+    checks += [weights_check(run, version, recorded, gone_ok=True) for version in weight_versions(run)]
+    return checks

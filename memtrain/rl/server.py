@@ -123,8 +123,9 @@ def absolute(raw: dict[str, Any], base: Path) -> dict[str, Any]:
 
 def read_run_job(run_dir: Path) -> RLJob:
     """The job a reinforcement-learning run was started with (its ``job.json``)."""
-    record = read_json(run_dir / RUN_JOB, what="the run's job record")
-    if not isinstance(record, dict) or record.get("kind") != RUN_FORMAT or not isinstance(record.get("job"), dict):
+    record = unseal(read_json(run_dir / RUN_JOB, what="the run's job record"), path=run_dir / RUN_JOB,
+                    what="the run's job record")
+    if record.get("kind") != RUN_FORMAT or not isinstance(record.get("job"), dict):
         raise CorruptFileError("not a reinforcement-learning run's job record", path=run_dir / RUN_JOB,
                                expected=f'{{"kind": "{RUN_FORMAT}", "job": {{...}}}}',
                                found=str(record)[:120])
@@ -214,7 +215,7 @@ def _create_run(run_dir: Path, raw: dict[str, Any], policy: Policy, overwrite: b
     for folder in (run_dir, run_dir / WEIGHTS_DIR, run_dir / TRAJECTORIES_DIR, run_dir / EPISODES_DIR,
                    run_dir / CHECKPOINTS_DIR):
         folder.mkdir(parents=True, exist_ok=True)
-    write_json(run_dir / RUN_JOB, {"kind": RUN_FORMAT, "job": raw}, durable=True)
+    write_json(run_dir / RUN_JOB, seal({"kind": RUN_FORMAT, "job": raw}), durable=True)
     write_params(run_dir, policy.layout.to_json())
 
 
