@@ -218,3 +218,23 @@ def test_a_hung_collection_task_has_its_worker_killed_and_runs_again(tmp_path: P
     events = (tmp_path / "run" / RUN_EVENTS).read_text()
     assert "silent for 2 s on collection task (version" in events
     assert weights(tmp_path / "run", 12) == weights(clean, 12)
+
+
+def test_a_damaged_checkpoint_is_skipped_on_resume_and_the_one_before_gives_the_same_bits(tmp_path: Path,
+                                                                                          clean: Path) -> None:
+    result = memtrain("train", job(tmp_path), "-q", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    run = tmp_path / "run"
+    assert checkpoints(run) == [6, 9, 12]
+    damaged = checkpoint_dir(run, 12) / "weights.npy"
+    data = bytearray(damaged.read_bytes())
+    data[-1] ^= 1
+    damaged.write_bytes(bytes(data))
+    resumed = memtrain("train", "--resume", run, "-q", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    events = (run / RUN_EVENTS).read_text()
+    assert "checkpoint c00000012 skipped" in events and "checksum mismatch" in events
+    assert "resumed at weight version 9" in events
+    assert weights(run, 12) == weights(clean, 12)
+    assert memtrain("inspect", "--verify", checkpoint_dir(run, 12), cwd=tmp_path).returncode == 0  # made again
+    assert lineage_checksums(run) == lineage_checksums(clean)

@@ -339,6 +339,8 @@ def train_rl(job: RLJob, raw: dict[str, Any], *, resume: bool = False, overwrite
 def _start(job: RLJob, policy: Policy, run_dir: Path, resume: bool) -> Position:
     if resume:
         position = load_checkpoint(run_dir, job, policy)
+        for later in (v for v in checkpoints(run_dir) if v > position.version):  # skipped as damaged: made again
+            shutil.rmtree(checkpoint_dir(run_dir, later))
         _truncate_records(run_dir, position.version)
         for name in os.listdir(run_dir / WEIGHTS_DIR):
             (run_dir / WEIGHTS_DIR / name).unlink()
