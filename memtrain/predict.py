@@ -186,7 +186,7 @@ def load_model(path: str | Path, which: str | None = None) -> TrainedModel:
     >>> load_model("runs/digits-mlp", which="last")              # doctest: +SKIP
 
     A reinforcement-learning run gives its policy instead (``memtrain.rl.act.Actor``), from its newest checkpoint:
-    ``load_model("runs/cartpole-ppo").act(observations, greedy=True)`` (docs/rl.md).
+    ``load_model("runs/cartpole-ppo").act(observations, greedy=True)`` (see the reinforcement-learning page).
     """
     path = Path(path)
     from memtrain.rl.server import is_rl_run
