@@ -351,8 +351,10 @@ def job_from_dict(raw: dict[str, Any], *, base: Path, source: Path | None = None
         from memtrain.rl.config import rl_job_from_dict
 
         rl_job_from_dict(raw, base=base, source=source, where=where)
-        raise InputError("a reinforcement-learning job ([env]) is not run by memtrain train yet", path=where,
-                         hint="it is valid: memtrain.rl.config.load_rl_job reads it; see docs/rl.md")
+        raise InputError("a reinforcement-learning job ([env]) is run by `memtrain train JOB.toml`, not as a "
+                         "supervised job", path=where,
+                         hint="memtrain train runs it (synchronous PPO and A2C, docs/rl.md); in Python, "
+                              "memtrain.rl.config.load_rl_job reads it")
     unknown = set(raw) - set(SECTIONS)
     if unknown:
         name = sorted(unknown)[0]

@@ -63,6 +63,9 @@ POINTS = {
     "prepare_mid_shard": "while a shard is written",
     "prepare_after_shard": "a shard pair written and logged",
     "prepare_before_publish": "the dataset complete, not renamed into place",
+    # reinforcement learning (memtrain/rl)
+    "rl_mid_collect": "a collection task half way through its steps (in a worker, or the server with 0 workers)",
+    "rl_after_publish": "the server published a version, its lineage and metrics lines not written yet",
     # serve
     "serve_after_claim": "a job claimed (moved to running/), its train not launched",
     "serve_after_launch": "a job's train launched",

@@ -210,6 +210,16 @@ def trajectory_name(version: int, slot: int) -> str:
     return f"r-v{version:08d}-s{slot:05d}.npy"
 
 
+TRAJECTORIES_DIR = "trajectories"  # a reinforcement-learning run's shards, retired once learned from
+EPISODES_DIR = "episodes"  # a reinforcement-learning run's slot states at the version being collected
+
+
+def episode_state_name(slot: int) -> str:
+    """Where slot ``slot``'s episode stands at the start of the version being collected (memtrain/rl/collect.py
+    ``write_state``): its episode, step and the actions since its seeded reset; rewritten by rename per version."""
+    return f"e-s{slot:05d}.npy"
+
+
 def gradient_name(version: int, task: int, attempt: int) -> str:
     """One file per (weight version, task, attempt): an additive model's statistics of one task."""
     return f"g-v{version:08d}-t{task:05d}-a{attempt:03d}.npy"

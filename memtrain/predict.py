@@ -184,8 +184,17 @@ def load_model(path: str | Path, which: str | None = None) -> TrainedModel:
     >>> model = load_model("runs/digits-mlp")                    # doctest: +SKIP
     >>> model.predict(raw_rows)                                  # same normalization as in training
     >>> load_model("runs/digits-mlp", which="last")              # doctest: +SKIP
+
+    A reinforcement-learning run gives its policy instead (``memtrain.rl.act.Actor``), from its newest checkpoint:
+    ``load_model("runs/cartpole-ppo").act(observations, greedy=True)`` (see the reinforcement-learning page).
     """
     path = Path(path)
+    from memtrain.rl.server import is_rl_run
+
+    if is_rl_run(path) or is_rl_run(path.parent.parent):  # a reinforcement-learning run: its policy (docs/rl.md)
+        from memtrain.rl.act import load_actor
+
+        return load_actor(path, which)  # type: ignore[return-value] - an Actor: act(observations, greedy=True)
     if which is not None and which not in WHICH:
         raise InputError("bad value for which", expected=" or ".join(map(repr, WHICH)), found=repr(which))
     if (path / CHECKPOINTS_DIR).is_dir():

@@ -133,12 +133,10 @@ def test_a_user_environment_beside_the_job_file_is_found(tmp_path: Path) -> None
     assert job.env.code_dir == str(tmp_path) and (job.spaces.obs_dim, job.spaces.n) == (2, 2)
 
 
-def test_memtrain_train_refuses_an_rl_job_clearly_until_it_runs_them(tmp_path: Path, capsys) -> None:
+def test_an_rl_job_is_refused_as_a_supervised_job_and_named_to_memtrain_train(tmp_path: Path, capsys) -> None:
     path = _job(tmp_path)
-    with pytest.raises(InputError, match="not run by memtrain train yet"):
+    with pytest.raises(InputError, match="is run by `memtrain train JOB.toml`, not as a supervised job"):
         load_job(path)
-    assert main(["train", str(path)]) == 2
+    assert main(["train", str(_job(tmp_path, JOB + "[data]\npath = 'x'\n"))]) == 2  # bad RL input: refused
     err = capsys.readouterr().err
-    assert "not run by memtrain train yet" in err and "Traceback" not in err
-    assert main(["train", str(_job(tmp_path, JOB + "[data]\npath = 'x'\n"))]) == 2  # bad RL input first
-    assert "takes no [data]" in capsys.readouterr().err
+    assert "takes no [data]" in err and "Traceback" not in err

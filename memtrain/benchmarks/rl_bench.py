@@ -10,7 +10,8 @@ the sides interleaved by ``compare.interleaved``):
   memtrain have none) and the clip range annealed as the learning rate is (the tuned set's ``lin_0.2``);
 - ``memtrain_2`` / ``memtrain_0``: ``run_memtrain``, memtrain.rl's collection tasks, trajectory shards and
   learner with 2 collecting worker processes / in the learner's process (memtrain.rl/reference.py's loop).
-  ``memtrain train`` does not run RL jobs yet; when it does, ``run_memtrain`` is what it replaces.
+  ``memtrain train`` now runs RL jobs (the same computation, memtrain/rl/server.py); moving this side onto it is
+  not done yet.
 
 Every side runs the same published tuned hyperparameters (``ZOO``: rl-baselines3-zoo's CartPole-v1 PPO set),
 on ``envs`` environment copies x ``steps`` steps per update = the set's 8 x 32 = 256 samples, torch and BLAS
@@ -297,8 +298,7 @@ def _notes(report: dict[str, Any]) -> list[str]:
                      "seeds")
     if any(r["side"] == "memtrain_2" for r in report["results"]):
         lines.append("memtrain.rl with 2 workers: its collection tasks in 2 forked worker processes, each keeping "
-                     "its slots' live environments, the learner in the parent (run_memtrain); memtrain train has no "
-                     "RL engine yet")
+                     "its slots' live environments, the learner in the parent (run_memtrain, not memtrain train)")
     return lines
 
 

@@ -1,13 +1,13 @@
 """memtrain's side of `bench rl`: memtrain.rl's PPO with 0 or more collecting workers, stopping at a target.
 
-``memtrain train`` does not run RL jobs yet (issue 40). Until it does, ``run_memtrain`` drives memtrain.rl's own
-pieces the way memtrain/rl/reference.py does -- publish version v, one collection task per slot (the shard
-written whole and renamed), the shards read back and checked in slot order, the PPO epochs with memtrain's
-Adam -- with the collection tasks either in this process (0 workers: reference.train's loop, bit for bit) or in
-``workers`` forked processes, slot e always on worker e % workers so that each keeps its slots' live
-environments (``SlotCache``). Only names and episode states (arrays) travel through the pipes; the
-trajectories travel as shard files. A collection task is pure, so the weights are the same bits for any
-worker count (the bench checks it). When ``memtrain train`` runs RL jobs, it replaces this function.
+``memtrain train`` runs RL jobs now (memtrain/rl/server.py), but this side is not moved onto it yet:
+``run_memtrain`` drives memtrain.rl's own pieces the way memtrain/rl/reference.py does -- publish version v, one
+collection task per slot (the shard written whole and renamed), the shards read back and checked in slot order, the
+PPO epochs with memtrain's Adam -- with the collection tasks either in this process (0 workers: reference.train's
+loop, bit for bit) or in ``workers`` forked processes, slot e always on worker e % workers so that each keeps its
+slots' live environments (``SlotCache``). Only names and episode states (arrays) travel through the pipes; the
+trajectories travel as shard files. A collection task is pure, so the weights are the same bits for any worker count
+(the bench checks it).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ Examples (on what the README's first command makes: data/digits and runs/digits-
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,16 @@ def run(args: argparse.Namespace) -> int:
     if args.which is not None and args.export is None:
         raise InputError("--which only makes sense with --export", hint="load_model(run, which=...) in Python")
     target = detect(args.path)
+    rl_run = _rl_run(target)
+    if rl_run is not None and args.lineage is not None:  # a reinforcement-learning run (memtrain/rl/inspect.py)
+        from memtrain.rl.inspect import rl_lineage_view
+
+        emit(rl_lineage_view(rl_run, args.lineage), args.json)
+        return 0
+    if rl_run is not None and (args.plot is not None or args.export is not None or args.diff is not None):
+        raise InputError("--plot, --export and --diff of a reinforcement-learning run are not done yet",
+                         path=rl_run, hint="memtrain inspect RUN shows every version's metrics; "
+                                           "memtrain.load_model(RUN).act(observations) uses its policy")
     if args.lineage is not None:
         if target.run is None:
             raise InputError("--lineage needs a run directory (or a file inside one)", path=target.path)
@@ -85,7 +96,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.diff is not None or args.export is not None or args.plot is not None:
         return run_action(target, args)
-    checks = verify(target, dataset=args.with_dataset) if args.verify else None
+    if rl_run is not None:  # a reinforcement-learning run, one of its checkpoints or files (memtrain/rl/inspect.py)
+        from memtrain.rl.inspect import rl_checks
+
+        checks = rl_checks(target) if args.verify else None
+    else:
+        checks = verify(target, dataset=args.with_dataset) if args.verify else None
     try:
         view = build_view(target, every_feature=args.all, chunk=args.chunk)
     except MemtrainError:
@@ -97,10 +113,23 @@ def run(args: argparse.Namespace) -> int:
     return report(checks or [])
 
 
+def _rl_run(target: Target) -> Path | None:
+    """The reinforcement-learning run ``target`` belongs to, if it belongs to one."""
+    from memtrain.rl.server import is_rl_run
+
+    return target.run if target.run is not None and is_rl_run(target.run) else None
+
+
 def build_view(target: Target, *, every_feature: bool = False, chunk: int = CHUNK) -> dict[str, Any]:
     """The plain-dict view of ``target`` (what ``--json`` prints)."""
     if target.kind == "dataset":
         return dataset_view(target.path, every_feature=every_feature, chunk=chunk)
+    if _rl_run(target) is not None and target.kind in ("run", "checkpoint"):  # memtrain/rl/inspect.py
+        from memtrain.rl.inspect import rl_checkpoint_view, rl_run_view
+
+        return rl_run_view(target.path) if target.kind == "run" else rl_checkpoint_view(target.path)
+    if _rl_run(target) is not None and target.kind == "npy":  # a file of an RL checkpoint: a plain .npy
+        return tensor_view(dataclasses.replace(target, run=None, checkpoint=None), chunk)
     if target.kind == "run":
         return run_view(target.path)
     return tensor_view(target, chunk)

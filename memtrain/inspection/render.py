@@ -202,6 +202,10 @@ def render(view: dict[str, Any], console: Console | None = None) -> None:
     renderers: dict[str, Callable[[dict[str, Any], Console], None]] = {
         "dataset": render_dataset, "run": render_run, "diff": render_diff, "lineage": render_lineage,
         "export": render_written, "plot": render_written}
+    if view["kind"].startswith("rl-"):  # a reinforcement-learning run (memtrain/rl/inspect.py)
+        from memtrain.rl.inspect import render_rl_checkpoint, render_rl_lineage, render_rl_run
+
+        renderers |= {"rl-run": render_rl_run, "rl-lineage": render_rl_lineage, "rl-checkpoint": render_rl_checkpoint}
     renderers.get(view["kind"], render_tensors)(view, console)
     if "verify" in view:
         render_verify(view["verify"], console)

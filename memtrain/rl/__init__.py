@@ -1,1 +1,1 @@
-"""Reinforcement learning: the building blocks of issue 40's engines (docs/rl.md). Not yet `memtrain train`."""
+"""Reinforcement learning (docs/rl.md): the building blocks, and ``memtrain train``'s synchronous loop (server.py)."""

@@ -1,14 +1,15 @@
 """A trained policy's actions: ``Actor(policy, weights).act(observations, greedy=True)``.
 
-What ``memtrain.load_model(run).act`` will hand back for an RL run (the wiring into train/ and load_model
-comes with the engines): the greedy action (the most likely one; a Gaussian's mean, clipped to the action
-Box) or a sampled one from a generator the caller seeds. Actions are as the environment takes them
+What ``memtrain.load_model(run)`` hands back for a reinforcement-learning run (``load_actor``): the greedy
+action (the most likely one; a Gaussian's mean, clipped to the action Box) or a sampled one from a generator
+the caller seeds. Actions are as the environment takes them
 (a Discrete space's ``start`` added, a Box's bounds applied).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -54,3 +55,21 @@ class Actor:
                                          else np.random.default_rng(rng))
         out = np.stack([np.asarray(self.policy.spaces.env_action(a)) for a in actions]) if len(actions) else actions
         return out[0] if single else out
+
+
+def load_actor(path: str | Path, which: str | None = None) -> Actor:
+    """The policy of an RL run's newest complete checkpoint (``path``: the run directory, or one of its checkpoint
+    directories), every file's checksum verified: what ``memtrain.load_model`` gives for an RL run. ``which``:
+    None or "last" (a best checkpoint by evaluation return is not kept yet)."""
+    from memtrain.layout import CHECKPOINT_META
+    from memtrain.rl.server import job_policy, load_checkpoint, read_checkpoint, read_run_job
+
+    path = Path(path)
+    if which not in (None, "last"):
+        raise InputError("which= of a reinforcement-learning run", expected="None or 'last' (the newest checkpoint)",
+                         found=repr(which), hint="a best checkpoint by evaluation return is not kept yet")
+    run = path.parent.parent if (path / CHECKPOINT_META).is_file() else path
+    job = read_run_job(run)
+    policy = job_policy(job)
+    position = read_checkpoint(path, job, policy) if run != path else load_checkpoint(run, job, policy)
+    return Actor(policy, position.weights)

@@ -25,7 +25,8 @@ import xxhash
 from threadpoolctl import ThreadpoolController
 
 from memtrain.errors import CorruptFileError, InputError, MemtrainError, WorkerFailure
-from memtrain.files import open_npy
+from memtrain.faults import fault_point
+from memtrain.files import open_npy, publish_array
 from memtrain.rl.envs import DISCRETE, EnvSpec, Slot, Spaces, reset_seed
 from memtrain.rl.policy import Policy
 from memtrain.rl.trajectory import Trajectory, shard_path, write_shard
@@ -249,6 +250,8 @@ def _run(policy: Policy, weights: np.ndarray, env: Slot, version: int, seed: int
     step_in_episode = state.step
     fwd = policy.forward(weights, obs[None])
     for t in range(steps):
+        if t == steps // 2:
+            fault_point("rl_mid_collect")  # a test's worker killed half way through its steps
         action = policy.sample(fwd, rng)
         rec["obs"][t], rec["logp"][t], rec["value"][t] = obs, policy.log_prob(fwd, action)[0], fwd.value[0]
         next_obs, reward, terminated, truncated = env.step(action[0], version=version, step=step_in_episode)
@@ -306,3 +309,57 @@ def state_after(trajectories: Sequence[Trajectory], spaces: Spaces) -> EpisodeSt
                             hint="pass the slot's shards from the one where its current episode began")
     empty = _no_actions(spaces)
     return EpisodeState(episode, np.concatenate([empty, *actions]), ret)
+
+
+def advance(state: EpisodeState, traj: Trajectory, spaces: Spaces) -> EpisodeState:
+    """The slot's state after ``traj``, the shard collected from ``state``: the same sums, in the same order, as
+    the collection task made (so that a re-simulation from it finds the same return)."""
+    if (traj.episode, traj.step) != (state.episode, state.step):
+        raise MemtrainError("the shard does not continue the slot's episode", where=f"version {traj.version}, slot "
+                            f"{traj.slot}", expected=f"episode {state.episode} at step {state.step}",
+                            found=f"episode {traj.episode} at step {traj.step}")
+    episode, parts, ret = state.episode, [state.actions], state.ret
+    start = 0
+    for t in range(traj.steps):
+        ret += float(traj.rewards[t])
+        if traj.done[t]:
+            episode, parts, ret, start = episode + 1, [], 0.0, t + 1
+    parts.append(traj.actions[start:])
+    return EpisodeState(episode, np.concatenate([_no_actions(spaces), *parts]), ret)
+
+
+def _state_dtype(spaces: Spaces, k: int) -> np.dtype:
+    actions = ("<i8", (k,)) if spaces.kind == DISCRETE else ("<f4", (k, spaces.n))
+    return np.dtype([("meta", "<i8", (4,)), ("ret", "<f8"), ("actions", *actions)])
+
+
+def write_state(path: Path, state: EpisodeState, spaces: Spaces, *, version: int, slot: int,
+                durable: bool = False) -> None:
+    """Publish ``state`` (slot ``slot`` at the start of ``version``) as one .npy record: meta (version, slot,
+    episode, step), the return so far, the actions since the seeded reset. Plain arrays: never a pickle."""
+    record = np.zeros((), _state_dtype(spaces, state.step))
+    record["meta"] = (version, slot, state.episode, state.step)
+    record["ret"] = state.ret
+    record["actions"] = state.actions
+    publish_array(Path(path), record, durable=durable)
+
+
+def read_state(path: Path, spaces: Spaces, *, version: int | None = None, slot: int | None = None) -> EpisodeState:
+    """The state ``write_state`` published, checked: the record's fields, what it was written for, its counters."""
+    path = Path(path)
+    record = open_npy(path)
+    names = record.dtype.names or ()
+    if record.shape != () or names != ("meta", "ret", "actions") or record["meta"].shape != (4,):
+        raise CorruptFileError("not a slot's episode state", path=path, expected="one record (meta, ret, actions)",
+                               found=f"shape {record.shape}, dtype {record.dtype}")
+    meta = [int(v) for v in record["meta"]]
+    for key, want, found in (("version", version, meta[0]), ("slot", slot, meta[1])):
+        if want is not None and found != want:
+            raise CorruptFileError(f"the episode state was written for another {key}", path=path,
+                                   where=f"meta.{key}", expected=want, found=found)
+    if record.dtype != _state_dtype(spaces, max(meta[3], 0)):
+        raise CorruptFileError("the episode state's fields do not fit the action space and its step count",
+                               path=path, expected=str(_state_dtype(spaces, max(meta[3], 0))), found=str(record.dtype))
+    return EpisodeState.from_arrays({"episode": np.array(meta[2]), "step": np.array(meta[3]),
+                                     "actions": np.array(record["actions"]), "ret": np.array(record["ret"])},
+                                    spaces, where=str(path))

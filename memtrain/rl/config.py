@@ -8,8 +8,8 @@ once, here, the way memtrain/config.py checks a supervised job: unknown keys, wr
 environment is made once and its spaces checked (memtrain/rl/envs.py), so an unknown id, a factory that is not an
 environment or an observation space the policy cannot take stops the job before anything is written.
 
-``memtrain train`` does not run these jobs yet: ``load_job`` refuses a file with ``[env]`` with a clear error;
-``load_rl_job`` is the parser the engines will use.
+``memtrain train`` runs these jobs (memtrain/rl/server.py); ``load_job``, the supervised reader, refuses a file with
+``[env]`` naming ``memtrain train``. ``load_rl_job`` and ``rl_job_from_dict`` are the parser.
 """
 
 from __future__ import annotations
@@ -146,6 +146,9 @@ SHARED_TRAIN_KEYS = ("seed", "workers", "blas_threads", "server_threads", "task_
                      "staleness", *base_config.OPTIMIZER_KEYS, *base_config.OPTIMIZER_RENAMES)
 RL_OPTIMIZER_DEFAULTS = {"optimizer": "adam", "lr": 2.5e-4, "eps": 1e-5}  # CleanRL's Adam
 MODEL_KINDS = ("mlp", "torch")
+# run.checkpoint_every counts versions in an RL job (a version takes a fraction of a second on classic control,
+# a checkpoint with its fsyncs about 0.1 s): every 10 unless the job says
+RL_CHECKPOINT_EVERY = 10
 
 
 @dataclass(frozen=True)
@@ -195,7 +198,7 @@ def rl_job_from_dict(raw: dict[str, Any], *, base: Path, source: Path | None = N
     env = _env_config(raw.get("env", {}), base, where)
     model = _model(raw.get("model", {}), base, where)
     train, rl = _train(raw.get("train", {}), where)
-    run = _build(RunConfig, raw.get("run", {}), "run", where)
+    run = _build(RunConfig, {"checkpoint_every": RL_CHECKPOINT_EVERY, **raw.get("run", {})}, "run", where)
     _check_run(run, where)
     run = dataclasses.replace(run, dir=(base / run.dir).resolve(), keep_best=run.keep_best is not False)
     if rl.env_steps < env.slots * env.steps:

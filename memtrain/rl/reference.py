@@ -3,15 +3,14 @@
 Per version v: every slot's collection task (``collect``) publishes its shard, the shards are read back
 (validated) in slot order, GAE is computed per shard, and the learner steps the flat vector with memtrain's
 Adam (memtrain/train/optim.py): PPO for ``epochs`` x ``minibatches`` steps in the order from (seed, v,
-epoch), or A2C for one step. The result is version v + 1. Not yet `memtrain train`: the engines of issue 40
-will run the same tasks in workers.
+epoch), or A2C for one step. The result is version v + 1. ``memtrain train`` (memtrain/rl/server.py) runs the same
+computation with the tasks on workers, and gives the same bits (tests/test_rl_train.py).
 """
 
 from __future__ import annotations
 
-import math
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -21,10 +20,11 @@ from memtrain.files import publish_array
 from memtrain.layout import weights_path
 from memtrain.rl.collect import EpisodeState, SlotCache, blas_controller, collect
 from memtrain.rl.envs import EnvSpec, Slot, reset_seed
+from memtrain.rl.learner import Learner, last_loss, learn
 from memtrain.rl.policy import Policy
-from memtrain.rl.ppo import PPOConfig, a2c_loss, batch, clip_grad_norm, minibatches, ppo_loss
+from memtrain.rl.ppo import PPOConfig
 from memtrain.rl.trajectory import read_shard, shard_path
-from memtrain.train.optim import OptimizerConfig, apply_update, state_slots
+from memtrain.train.optim import OptimizerConfig, state_slots
 
 ALGORITHMS = ("ppo", "a2c")
 
@@ -116,29 +116,10 @@ def _train(config: ReferenceConfig, run_dir: Path) -> tuple[np.ndarray, History]
 
 def _learn(config: ReferenceConfig, policy: Policy, weights: np.ndarray, state: dict[str, np.ndarray], step: int,
            version: int, trajectories: list) -> tuple[np.ndarray, dict[str, np.ndarray], int, float]:
-    frac = 1.0 - version / config.versions
-    lr = config.lr * frac if config.anneal_lr else config.lr
-    learner = config.learner
-    if config.anneal_clip:
-        learner = replace(learner, clip=max(learner.clip * frac, 1e-8))
-    data = batch(trajectories, learner)
-    if config.algorithm == "a2c":
-        groups = [[np.arange(len(data))]]
-    else:
-        groups = [minibatches(config.seed, version, epoch, len(data), learner.minibatches)
-                  for epoch in range(learner.epochs)]
-    optimizer = OptimizerConfig(name="adam", lr=config.lr, eps=config.adam_eps)
-    loss_of = a2c_loss if config.algorithm == "a2c" else ppo_loss
-    loss = math.nan
-    for parts in groups:
-        for rows in parts:
-            result = loss_of(policy, weights, data.rows(rows), learner)
-            grad = clip_grad_norm(result.grad, learner.max_grad_norm)
-            step += 1
-            new_weights, new_state = np.empty_like(weights), {k: np.empty_like(v) for k, v in state.items()}
-            apply_update(optimizer, step, lr, weights, grad, state, new_weights, new_state)
-            weights, state, loss = new_weights, new_state, result.loss
-    return weights, state, step, loss
+    learner = Learner(policy, OptimizerConfig(name="adam", lr=config.lr, eps=config.adam_eps), config.learner,
+                      config.algorithm, config.seed, config.versions, config.anneal_lr, config.anneal_clip)
+    learned = learn(learner, weights, state, step, version, trajectories)
+    return learned.weights, learned.state, learned.step, last_loss(learned)
 
 
 def _retire(path: Path, shards: Path, version: int, slots: int) -> None:

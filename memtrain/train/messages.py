@@ -163,6 +163,35 @@ class StepTask:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CollectTask:
+    """A reinforcement-learning collection task (memtrain/rl/server.py): step environment slot ``task`` with the
+    policy of weight ``version`` for the job's steps, from the slot's episode state at the start of the version
+    (``episode``, ``step`` and the digest ``state_key`` identify it; ``state_file``: the state's .npy, from which a
+    worker without the live environment re-simulates it), and publish the shard whole
+    (``trajectory_name(version, task)``). ``update`` is ``version``: what ``task_key`` tells tasks apart by."""
+
+    task: int  # the environment slot
+    attempt: int
+    update: int
+    version: int
+    episode: int
+    step: int
+    state_key: str
+    state_file: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RLWorkerSetup:
+    """Sent once to a worker of a reinforcement-learning run (memtrain/rl/worker.py answers its CollectTasks):
+    the run's directory and job file (``job.json``, from which it makes the environment and the policy)."""
+
+    server_pid: int
+    run_dir: str
+    blas_threads: int = 1
+    model_kind: str = "rl"  # (train/worker/launch.py's script_not_rerun asks every setup for it)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Stop:
     """Tell a worker to exit."""
 
@@ -182,8 +211,8 @@ class StartFailed:
     error: str
 
 
-Task = EvalTask | StatsTask | GradTask | StepTask
-Message = Stretch | EvalTask | StatsTask | GradTask | StepTask | Stop
+Task = EvalTask | StatsTask | GradTask | StepTask | CollectTask
+Message = Stretch | EvalTask | StatsTask | GradTask | StepTask | CollectTask | Stop
 
 
 class Outcome(enum.Enum):
@@ -200,8 +229,8 @@ class Outcome(enum.Enum):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Result:
-    """The answer to an EvalTask, a StatsTask, a GradTask or a StepTask (``seconds``: a gradient's compute time;
-    a StepTask whose slice came out non-finite answers ``Outcome.NONFINITE``)."""
+    """The answer to an EvalTask, a StatsTask, a GradTask, a StepTask or a CollectTask (``seconds``: a gradient's
+    compute time; a StepTask whose slice came out non-finite answers ``Outcome.NONFINITE``)."""
 
     task: int
     attempt: int

@@ -9,6 +9,7 @@ Examples:
   memtrain train job.toml --cluster local:2                       # a Dask cluster of 2 workers on this machine
   srun memtrain train job.toml --cluster slurm                    # every task of a Slurm job step (docs/cluster.md)
   memtrain train --replay runs/digits-async         # re-execute a run from its lineage, bitwise (docs/async.md)
+  memtrain train jobs/examples/cartpole-ppo.toml    # reinforcement learning: a job with [env] (docs/rl.md)
 
 On resume, the job must be the run's own: a change to the data, the model, the seed, the batches or the
 optimizer is refused, and any other setting (epochs, lr, ...) changes only when named with --set on the
@@ -56,6 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from memtrain.rl.server import run_command, wants_rl
+
+    if wants_rl(args):  # a reinforcement-learning job ([env]) or run: memtrain/rl/server.py
+        return run_command(args)
     if args.replay is not None:
         return _replay(args)
     job = _job(args)

@@ -47,6 +47,7 @@ from memtrain.train.messages import (
     Outcome,
     Ready,
     Result,
+    RLWorkerSetup,
     StartFailed,
     StatsTask,
     StepTask,
@@ -64,16 +65,26 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
 KEEP_BLOCKS_BELOW = 1 << 30  # allocations below this come from (and return to) the heap, which is not trimmed
 
 
-def worker_main(setup: WorkerSetup, inbox: Connection, outbox: Connection) -> None:
+def worker_main(setup: WorkerSetup | RLWorkerSetup, inbox: Connection, outbox: Connection) -> None:
     """Entry point of a worker process: ``inbox`` and ``outbox`` are its ends of the pipes
     train/server/exchange.py made."""
     become_worker(setup.server_pid, setup.blas_threads)
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=setup.blas_threads):
-        state = start(lambda: WorkerState(setup, alive=lambda: exit_if_orphaned(setup.server_pid)), outbox)
+        state = start(lambda: _state_for(setup), outbox)
         serve(state, inbox, outbox)
     exit_at_once()
+
+
+def _state_for(setup: WorkerSetup | RLWorkerSetup) -> WorkerState:
+    """A worker's state for its setup: a training run's, or a reinforcement-learning run's (memtrain/rl/worker.py,
+    which answers CollectTasks)."""
+    if isinstance(setup, RLWorkerSetup):
+        from memtrain.rl.worker import RLWorkerState
+
+        return RLWorkerState(setup)  # type: ignore[return-value] - the same handle(message) -> Result
+    return WorkerState(setup, alive=lambda: exit_if_orphaned(setup.server_pid))
 
 
 def start(make_state: Callable[[], WorkerState], outbox: Connection) -> WorkerState:

@@ -1,0 +1,165 @@
+"""``memtrain inspect RUN`` of a reinforcement-learning run: the job, where the run stands, one row per version
+(its metrics line and its lineage: how many shards, collected at which version), the checkpoints.
+
+Safe on a live run, as the supervised view is: it reads the logs (a torn last line skipped) and lists names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from memtrain.errors import MemtrainError
+from memtrain.files import read_json, read_jsonl, read_sealed_jsonl
+from memtrain.inspection.tensor_view import SCHEMA
+from memtrain.layout import RUN_JOB, RUN_LINEAGE, RUN_METRICS, weight_versions
+from memtrain.rl.server import checkpoints
+
+SHOWN = ("return_mean", "return_min", "return_max", "return_last100_mean", "length_mean", "env_steps_per_s",
+         "approx_kl", "clip_fraction", "entropy", "value_loss", "explained_variance", "eval_return_mean")
+
+
+def rl_run_view(run: Path) -> dict[str, Any]:
+    """The plain-dict view (what ``--json`` prints)."""
+    problems: list[str] = []
+    job: dict[str, Any] = {}
+    try:
+        job = read_json(run / RUN_JOB, what="the run's job record").get("job", {})
+    except (MemtrainError, AttributeError) as exc:
+        problems.append(str(exc))
+    lineage, damaged = read_sealed_jsonl(run / RUN_LINEAGE, what="lineage record")
+    problems += [str(exc) for exc in damaged]
+    made = {r["version"]: r for r in lineage if isinstance(r.get("version"), int)}
+    rows = []
+    for line in read_jsonl(run / RUN_METRICS):
+        version = line.get("version")
+        record = made.get(version + 1, {}) if isinstance(version, int) else {}
+        shards = record.get("shards", [])
+        rows.append({"version": version, **{key: line.get(key) for key in SHOWN}, "episodes": line.get("episodes"),
+                     "shards": len(shards), "collected_at": sorted({s.get("version") for s in shards}) or None})
+    env, train = job.get("env", {}), job.get("train", {})
+    budget = train.get("env_steps")
+    per_version = env.get("slots", 8) * env.get("steps", 128)
+    return {"schema": SCHEMA, "kind": "rl-run", "path": str(run), "job": job, "record_problems": problems,
+            "progress": {"versions_done": max(made, default=0), "versions": budget // per_version if budget else None,
+                         "env_steps_done": max(made, default=0) * per_version},
+            "versions": rows, "weights": weight_versions(run), "checkpoints": checkpoints(run)}
+
+
+def render_rl_run(view: dict[str, Any], console: Any) -> None:
+    from memtrain.inspection.render import lines, print_table, table
+
+    job, progress = view["job"], view["progress"]
+    env, train, model = job.get("env", {}), job.get("train", {}), job.get("model", {})
+    lines(console, [
+        ("run", view["path"]),
+        ("kind", "reinforcement learning"),
+        ("environment", f"{env.get('id') or env.get('factory')}: {env.get('slots')} slots x {env.get('steps')} steps"),
+        ("algorithm", f"{train.get('algorithm', 'ppo')}, model {model.get('kind', 'mlp')}"),
+        ("progress", f"versions {progress['versions_done']}/{progress['versions']}, "
+                     f"{progress['env_steps_done']:,} env steps"),
+        ("weight versions on disk", ", ".join(map(str, view["weights"])) or "none"),
+        ("checkpoints", ", ".join(map(str, view["checkpoints"])) or "none"),
+    ])
+    columns = ("version", "episodes", "return mean", "min", "max", "last 100", "length", "steps/s", "approx KL",
+               "clip frac", "entropy", "value loss", "expl. var", "eval of v+1")
+    keys = ("version", "episodes", "return_mean", "return_min", "return_max", "return_last100_mean", "length_mean",
+            "env_steps_per_s", "approx_kl", "clip_fraction", "entropy", "value_loss", "explained_variance",
+            "eval_return_mean")
+    rows = [tuple(row.get(key) if row.get(key) is not None else "" for key in keys) for row in view["versions"]]
+    print_table(console, table("versions", columns, rows, right=columns))
+    for problem in view["record_problems"]:
+        console.print(f"record problem: {problem}")
+
+
+def rl_lineage_view(run: Path, version: int) -> dict[str, Any]:
+    """``inspect RUN --lineage VERSION`` of an RL run: the version's parent, the shards it was learned from (slot,
+    the version each was collected at, checksum), its optimizer steps and checksum."""
+    from memtrain.errors import InputError
+
+    lineage, damaged = read_sealed_jsonl(run / RUN_LINEAGE, what="lineage record")
+    made = {r["version"]: r for r in lineage if isinstance(r.get("version"), int)}
+    if version not in made:
+        raise InputError(f"weight version {version} is not in the run's lineage", path=run / RUN_LINEAGE,
+                         expected=f"a version from 0 to {max(made, default=0)}", found=version)
+    record = made[version]
+    return {"schema": SCHEMA, "kind": "rl-lineage", "path": str(run), "version": version,
+            "on_disk": version in weight_versions(run), "parent": record.get("parent"),
+            "seed": record.get("seed"), "optimizer_steps": record.get("optimizer_steps"),
+            "shards": record.get("shards", []), "checksum": record.get("checksum"),
+            "record_problems": [str(exc) for exc in damaged]}
+
+
+def render_rl_lineage(view: dict[str, Any], console: Any) -> None:
+    from memtrain.inspection.render import lines, print_table, table
+
+    origin = (f"the initialisation (seed {view['seed']})" if view["parent"] is None else
+              f"{view['optimizer_steps']} optimizer steps from version {view['parent']}, on the shards below")
+    lines(console, [("run", view["path"]),
+                    ("version", f"{view['version']} ({'on disk' if view['on_disk'] else 'retired: not on disk'})"),
+                    ("origin", origin), ("recorded checksum", view["checksum"])])
+    if view["shards"]:
+        rows = [(s.get("slot"), s.get("version"), s.get("checksum")) for s in view["shards"]]
+        print_table(console, table("trajectory shards, in the order they were learned from",
+                                   ("slot", "collected at version", "checksum"), rows,
+                                   right=("slot", "collected at version")))
+
+
+def rl_checkpoint_view(folder: Path) -> dict[str, Any]:
+    """``inspect`` of one checkpoint directory of an RL run: its version, optimizer steps and files."""
+    from memtrain.files import unseal
+    from memtrain.layout import CHECKPOINT_META
+
+    meta = unseal(read_json(folder / CHECKPOINT_META, what="checkpoint meta"), path=folder / CHECKPOINT_META,
+                  what="checkpoint meta")
+    return {"schema": SCHEMA, "kind": "rl-checkpoint", "path": str(folder), "version": meta.get("version"),
+            "optimizer_steps": meta.get("step"), "slots": meta.get("slots"), "checksums": meta.get("files", {})}
+
+
+def render_rl_checkpoint(view: dict[str, Any], console: Any) -> None:
+    from memtrain.inspection.render import lines, print_table, table
+
+    lines(console, [("checkpoint", view["path"]), ("kind", "reinforcement learning"),
+                    ("weight version", view["version"]), ("optimizer steps", view["optimizer_steps"]),
+                    ("slots", view["slots"])])
+    print_table(console, table("files", ("file", "checksum"), sorted(view["checksums"].items())))
+
+
+def rl_checks(target: Any) -> list[Any]:
+    """``inspect --verify`` of an RL run, one of its checkpoints or files: every sealed record and every file whose
+    checksum a record holds (job.json, params.json, the lineage's lines; each checkpoint's files against its
+    meta.json; each weight version on disk against the lineage)."""
+    from memtrain.inspection.verify import Check, hash_check, lineage_checksums, weights_check
+    from memtrain.layout import CHECKPOINT_META, RUN_PARAMS
+    from memtrain.rl.server import checkpoint_dir, read_run_job
+    from memtrain.train.records.run_dir import read_params
+
+    run = target.run
+
+    def checkpoint(folder: Path) -> list[Check]:
+        try:
+            files = rl_checkpoint_view(folder)["checksums"]
+        except MemtrainError as exc:
+            return [Check(folder / CHECKPOINT_META, "unreadable", "a sealed meta.json", str(exc))]
+        return [hash_check(folder / name, expected, gone_ok=False) for name, expected in sorted(files.items())]
+
+    if target.kind == "checkpoint":
+        return checkpoint(target.path)
+    if target.kind == "npy" and target.checkpoint is not None:
+        return [c for c in checkpoint(target.checkpoint) if c.path == target.path]
+    if target.kind == "weights":
+        return [weights_check(run, target.version, lineage_checksums(run), gone_ok=False)]
+    checks = []
+    for path, read in ((run / RUN_JOB, lambda: read_run_job(run)), (run / RUN_PARAMS, lambda: read_params(run))):
+        try:
+            read()
+            checks.append(Check(path, "ok", "a sealed record", "its checksum matches"))
+        except MemtrainError as exc:
+            checks.append(Check(path, "mismatch", "a sealed record", str(exc)))
+    _, damaged = read_sealed_jsonl(run / RUN_LINEAGE, what="lineage record")
+    checks += [Check(run / RUN_LINEAGE, "mismatch", "a sealed record", str(exc)) for exc in damaged]
+    for version in checkpoints(run):
+        checks += checkpoint(checkpoint_dir(run, version))
+    recorded = lineage_checksums(run)
+    checks += [weights_check(run, version, recorded, gone_ok=True) for version in weight_versions(run)]
+    return checks

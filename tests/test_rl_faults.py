@@ -1,0 +1,240 @@
+"""Faults of `memtrain train` on a reinforcement-learning job (docs/faults.md, "Reinforcement learning"), with real
+processes killed: a worker SIGKILLed half way through a collection task (its task runs again: the same bits); a
+SIGTERM (a clean stop with a checkpoint, then a resume: the same bits); a server SIGKILL then `--resume` (the
+slots' episodes re-simulated from the checkpoint's recorded actions, no pickle: the same bits and the same
+lineage as the uninterrupted run); an environment that raises (retried: the same bits; always: the run stops
+naming the version, slot, seed and step)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from memtrain.files import open_npy, read_jsonl, read_sealed_jsonl
+from memtrain.layout import EPISODES_DIR, RUN_EVENTS, RUN_LINEAGE, RUN_METRICS, episode_state_name, weights_path
+from memtrain.rl.collect import read_state
+from memtrain.rl.envs import DISCRETE, Spaces
+from memtrain.rl.server import checkpoint_dir, checkpoints
+
+pytestmark = pytest.mark.timeout(300)
+TESTS = Path(__file__).parent
+ROOT = TESTS.parent
+
+JOB = """[env]
+{env}
+slots = 4
+steps = 24
+[model]
+kind = "mlp"
+hidden = [16, 16]
+[train]
+algorithm = "ppo"
+env_steps = {budget}
+epochs = 2
+minibatches = 2
+seed = 5
+workers = {workers}
+eval_every = 4
+eval_episodes = 2
+[run]
+dir = "run"
+checkpoint_every = 3
+"""
+CARTPOLE = 'id = "CartPole-v1"'
+FLAKY_ENV = '''import os
+from pathlib import Path
+
+import gymnasium as gym
+
+
+class Flaky(gym.Wrapper):
+    """CartPole whose step raises at the FLAKY_AT-th step of episode 1 of every slot: once per marker file
+    (FLAKY_ONCE), or always without one."""
+
+    def __init__(self):
+        super().__init__(gym.make("CartPole-v1", disable_env_checker=True))
+        self.resets, self.steps = 0, 0
+
+    def reset(self, **kwargs):
+        self.resets, self.steps = self.resets + 1, 0
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        self.steps += 1
+        at = int(os.environ.get("FLAKY_AT", "0"))
+        if at and self.resets == 2 and self.steps == at:
+            once = os.environ.get("FLAKY_ONCE")
+            if not once:
+                raise RuntimeError("the simulator lost its state")
+            try:
+                Path(once).touch(exist_ok=False)
+            except FileExistsError:
+                pass
+            else:
+                raise RuntimeError("the simulator lost its state (once)")
+        return self.env.step(action)
+
+
+def make_env():
+    return Flaky()
+'''
+
+
+def job(folder: Path, *, workers: int = 0, budget: int = 1152, env: str = CARTPOLE, **files: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    path = folder / "job.toml"
+    path.write_text(JOB.format(env=env, budget=budget, workers=workers))
+    return path
+
+
+def memtrain(*args: object, cwd: Path, wait: bool = True, **env: str) -> subprocess.CompletedProcess | subprocess.Popen:
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               **env}
+    command = [sys.executable, "-m", "memtrain", *map(str, args)]
+    if not wait:
+        return subprocess.Popen(command, cwd=cwd, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    return subprocess.run(command, cwd=cwd, env=environ, capture_output=True, text=True, timeout=240)
+
+
+def weights(run: Path, version: int) -> bytes:
+    return np.array(open_npy(weights_path(run, version))).tobytes()
+
+
+def lineage_checksums(run: Path) -> list[tuple[int, str, list[str]]]:
+    records, damaged = read_sealed_jsonl(run / RUN_LINEAGE, what="lineage record")
+    assert not damaged
+    return [(r["version"], r["checksum"], [s["checksum"] for s in r.get("shards", [])]) for r in records]
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted run, 0 workers: 12 versions."""
+    folder = tmp_path_factory.mktemp("clean")
+    result = memtrain("train", job(folder), "-q", cwd=folder)
+    assert result.returncode == 0, result.stderr
+    return folder / "run"
+
+
+def test_a_worker_killed_mid_collection_has_its_task_run_again_with_the_same_bits(tmp_path: Path, clean: Path) -> None:
+    result = memtrain("train", job(tmp_path, workers=2), "-q", cwd=tmp_path, MEMTRAIN_FAULT="rl_mid_collect:5",
+                      MEMTRAIN_FAULT_ONCE=str(tmp_path / "fired"))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "fired").exists()
+    events = (tmp_path / "run" / RUN_EVENTS).read_text()
+    assert "died with exit code -9 during collection task (version" in events
+    assert "workers that died and were replaced: 1" in result.stdout
+    assert weights(tmp_path / "run", 12) == weights(clean, 12)
+    assert lineage_checksums(tmp_path / "run") == lineage_checksums(clean)
+
+
+def test_a_server_killed_then_resumed_continues_the_episodes_bit_for_bit(tmp_path: Path, clean: Path) -> None:
+    killed = memtrain("train", job(tmp_path), "-q", cwd=tmp_path, MEMTRAIN_FAULT="rl_after_publish:5")
+    assert killed.returncode == -signal.SIGKILL
+    run = tmp_path / "run"
+    assert checkpoints(run) == [3]  # the newest before the kill; versions 4 and 5 are made again
+    spaces = Spaces(obs_dim=4, kind=DISCRETE, n=2)
+    states = [read_state(checkpoint_dir(run, 3) / episode_state_name(slot), spaces, version=3, slot=slot)
+              for slot in range(4)]
+    assert any(state.step > 0 for state in states)  # episodes under way: the resume must re-simulate them
+    resumed = memtrain("train", "--resume", run, "-q", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert weights(run, 12) == weights(clean, 12)
+    assert lineage_checksums(run) == lineage_checksums(clean)
+    metrics, uninterrupted = read_jsonl(run / RUN_METRICS), read_jsonl(clean / RUN_METRICS)
+    assert [m["version"] for m in metrics] == list(range(12))
+    for key in ("episode_returns", "return_last100_mean", "approx_kl", "eval_return_mean"):  # rebuilt on resume
+        assert [m.get(key) for m in metrics] == [m.get(key) for m in uninterrupted], key
+    assert "resumed at weight version 3" in (run / RUN_EVENTS).read_text()
+
+
+def test_sigterm_stops_cleanly_with_a_checkpoint_and_the_resume_gives_the_same_bits(tmp_path: Path) -> None:
+    folder = tmp_path / "a"
+    path = job(folder, budget=96 * 200, workers=2)  # 200 versions: still running when the signal comes
+    process = memtrain("train", path, "-q", cwd=folder, wait=False)
+    metrics = folder / "run" / RUN_METRICS
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 5):
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM, err
+    assert "stopped by SIGTERM at weight version" in err and "memtrain train --resume" in err
+    assert "Traceback" not in err
+    run = folder / "run"
+    stopped_at = int(err.split("stopped by SIGTERM at weight version ")[1].split(";")[0])
+    assert 5 <= stopped_at < 200 and checkpoints(run)[-1] == stopped_at
+    # the rest, resumed on another worker count: the same bits as a run straight through with none
+    resumed = memtrain("train", "--resume", run, "--workers", "1", "-q", cwd=folder)
+    assert resumed.returncode == 0, resumed.stderr
+    other = tmp_path / "b"
+    straight = memtrain("train", job(other, budget=96 * 200), "-q", cwd=other)
+    assert straight.returncode == 0, straight.stderr
+    assert weights(run, 200) == weights(other / "run", 200)
+    assert "collection: 1 worker process\n" in (run / RUN_EVENTS).read_text()
+    assert not list((run / EPISODES_DIR).glob(".*"))  # nothing left under a temporary name
+
+
+def test_an_environment_that_raises_once_is_retried_with_the_same_bits(tmp_path: Path) -> None:
+    env = 'factory = "flaky:make_env"'
+    first = memtrain("train", job(tmp_path / "a", env=env, **{"flaky.py": FLAKY_ENV}), "-q", cwd=tmp_path / "a")
+    assert first.returncode == 0, first.stderr
+    retried = memtrain("train", job(tmp_path / "b", env=env, workers=1, **{"flaky.py": FLAKY_ENV}), "-q",
+                       cwd=tmp_path / "b", FLAKY_AT="3", FLAKY_ONCE=str(tmp_path / "once"))
+    assert retried.returncode == 0, retried.stderr
+    assert (tmp_path / "once").exists()  # it did raise
+    assert weights(tmp_path / "b" / "run", 12) == weights(tmp_path / "a" / "run", 12)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_an_environment_that_always_raises_stops_the_run_naming_version_slot_seed_and_step(
+        tmp_path: Path, workers: int) -> None:
+    path = job(tmp_path, env='factory = "flaky:make_env"', workers=workers, **{"flaky.py": FLAKY_ENV})
+    result = memtrain("train", path, "-q", cwd=tmp_path, FLAKY_AT="3")
+    assert result.returncode == 1, result.stderr
+    err = result.stderr
+    assert "collection task (version" in err and "the environment failed in step, at each of 3 attempts" in err
+    for words in ("slot ", "seed 5", "episode 1", "step 2", "RuntimeError: the simulator lost its state",
+                  "reproduce it with reset(seed=", "memtrain train --resume"):
+        assert words in err, (words, err)
+    assert "Traceback" not in err
+
+
+def test_a_hung_collection_task_has_its_worker_killed_and_runs_again(tmp_path: Path, clean: Path) -> None:
+    path = job(tmp_path, workers=1)
+    path.write_text(path.read_text().replace("workers = 1", "workers = 1\ntask_timeout = 2"))
+    result = memtrain("train", path, "-q", cwd=tmp_path, MEMTRAIN_FAULT="rl_mid_collect:4",
+                      MEMTRAIN_FAULT_ACTION="stop", MEMTRAIN_FAULT_ONCE=str(tmp_path / "fired"))
+    assert result.returncode == 0, result.stderr
+    events = (tmp_path / "run" / RUN_EVENTS).read_text()
+    assert "silent for 2 s on collection task (version" in events
+    assert weights(tmp_path / "run", 12) == weights(clean, 12)
+
+
+def test_a_damaged_checkpoint_is_skipped_on_resume_and_the_one_before_gives_the_same_bits(tmp_path: Path,
+                                                                                          clean: Path) -> None:
+    result = memtrain("train", job(tmp_path), "-q", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    run = tmp_path / "run"
+    assert checkpoints(run) == [6, 9, 12]
+    damaged = checkpoint_dir(run, 12) / "weights.npy"
+    data = bytearray(damaged.read_bytes())
+    data[-1] ^= 1
+    damaged.write_bytes(bytes(data))
+    resumed = memtrain("train", "--resume", run, "-q", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    events = (run / RUN_EVENTS).read_text()
+    assert "checkpoint c00000012 skipped" in events and "checksum mismatch" in events
+    assert "resumed at weight version 9" in events
+    assert weights(run, 12) == weights(clean, 12)
+    assert memtrain("inspect", "--verify", checkpoint_dir(run, 12), cwd=tmp_path).returncode == 0  # made again
+    assert lineage_checksums(run) == lineage_checksums(clean)
