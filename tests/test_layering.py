@@ -14,8 +14,10 @@ import memtrain
 
 ROOT = Path(memtrain.__file__).parent
 CORE = ("memtrain.train", "memtrain.config", "memtrain.cluster")
-# what the cluster may import of train/: the records that cross, the plan and the weights' names, nothing that runs
-CLUSTER_MAY_IMPORT = {"memtrain.train.messages", "memtrain.train.plan", "memtrain.train.exchange.weights"}
+# what the cluster may import of train/: the records that cross, the plan, the weights' names and the exchange's
+# files (their one owner), nothing that runs
+CLUSTER_MAY_IMPORT = {"memtrain.train.messages", "memtrain.train.plan", "memtrain.train.exchange.weights",
+                      "memtrain.train.exchange.area"}
 
 
 def modules() -> dict[str, Path]:

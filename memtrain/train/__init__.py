@@ -34,6 +34,8 @@ The folders say which process runs what (each folder's __init__.py says what it 
       reduce.py    gradient buffers -> mean -> optimizer -> a slice of the next version
       maps.py, threads.py   maps kept between tasks; the server's task threads
     exchange/    the exchange area's shared files (/dev/shm), read and written by both processes
+      area.py      the one owner of the exchange's files: each kind's name, lifetime (run, stretch, update,
+                   attempt) and remover; every file made gets its path there, every removal goes through it
       marks.py     the board the participants meet at (marks, ledger, activities) and the round records
       doorbell.py  sleeping on the board until a mark lands
       weights.py   publishing, retiring and recycling weight versions; the one keep rule

@@ -52,6 +52,7 @@ import numpy as np
 from memtrain.faults import fault_point
 from memtrain.files import DIGEST_BYTES, allocate_npy, open_fd, open_npy
 from memtrain.layout import ASYNC_DESK, ASYNC_RECORDS, ASYNC_TASKS, desk_buffer_name
+from memtrain.train.exchange.area import DESK_BUFFER, DESK_RECORDS, DESK_TASKS, DESK_WORDS, discard
 from memtrain.train.exchange.marks import GRADIENT, PUBLISHED, SKIPPED, STEP, WAITING, Cancelled
 from memtrain.train.exchange.weights import weights_digest
 from memtrain.train.loops.mapped import RoundFiles
@@ -134,22 +135,20 @@ class DeskFile:
 def create_desk(exchange: Path, size: int, participants: int, group: int, tasks: np.ndarray, version: int) -> None:
     """A stretch's desk, task list and records, fresh (the server, before sending the stretch); the gradient
     buffers are made once."""
-    for path in (exchange / ASYNC_DESK, exchange / ASYNC_TASKS, exchange / ASYNC_RECORDS):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-    allocate_npy(exchange / ASYNC_DESK, (desk_words(participants, group),), np.int64)
+    discard([DESK_WORDS.path(exchange), DESK_TASKS.path(exchange), DESK_RECORDS.path(exchange)])
+    allocate_npy(DESK_WORDS.path(exchange), (desk_words(participants, group),), np.int64)
     desk = DeskFile(exchange, participants, group)
     desk.words[:] = 0
     desk.words[NEWEST] = version
     desk.words[LEFT_FROM] = -1  # the oldest version left on disk: not known yet (the first step lists them)
     desk.claims[:] = -1
     desk.close()
-    allocate_npy(exchange / ASYNC_TASKS, tasks.shape, np.int64)
-    open_npy(exchange / ASYNC_TASKS, shape=tasks.shape, dtype=np.int64, mode="r+")[:] = tasks
-    allocate_npy(exchange / ASYNC_RECORDS, (max(1, len(tasks)),), records_dtype(group))
+    allocate_npy(DESK_TASKS.path(exchange), tasks.shape, np.int64)
+    open_npy(DESK_TASKS.path(exchange), shape=tasks.shape, dtype=np.int64, mode="r+")[:] = tasks
+    allocate_npy(DESK_RECORDS.path(exchange), (max(1, len(tasks)),), records_dtype(group))
     for slot in range(participants):
         for buffer in range(buffers_per_slot(group)):
-            path = exchange / desk_buffer_name(slot, buffer)
+            path = DESK_BUFFER.path(exchange, slot, buffer)
             if not path.exists():
                 allocate_npy(path, (size,), np.float32)
 

@@ -30,18 +30,16 @@ from memtrain.dataset import Dataset, open_dataset
 from memtrain.errors import InputError, Interrupted, MemtrainError, plural
 from memtrain.files import allocate_npy, open_npy, read_jsonl
 from memtrain.layout import (
-    ROUND_BOARD,
     ROUND_RECORDS,
     RUN_LINEAGE,
     RUN_METRICS,
-    gradient_buffer_name,
-    streamed_gradient_name,
     weights_path,
 )
 from memtrain.progress import reporting
 from memtrain.records import METRICS_EPOCH, make
 from memtrain.stopping import StopRequest, on_stop_signals, start_resource_tracker
 from memtrain.train.context import ModelContext, startup_check
+from memtrain.train.exchange.area import BOARD, GRADIENT_BUFFER, METRICS, RECORDS, STREAMED_GRADIENT, discard
 from memtrain.train.exchange.marks import (
     Board,
     create_records,
@@ -571,13 +569,14 @@ class Trainer:
         return epochs[-1] if epochs else {}
 
     def discard_attempt(self, message: Task) -> None:
-        """Delete the file a dead or superseded attempt may have written: statistics, or a streamed gradient
-        (a cluster run's; in the round, gradients go to the per-task buffers, which the next attempt overwrites)."""
+        """Delete the file a dead or superseded attempt may have written: statistics, an evaluation's sums, or a
+        streamed gradient (in the round, gradients go to the per-task buffers, which the next attempt overwrites)."""
         if isinstance(message, StatsTask):
             self.statistics.discard(message.task, message.attempt)
         if isinstance(message, GradTask):  # a cluster run's gradients: one file per attempt (train/loops/stream.py)
-            (self.run_dir.exchange / streamed_gradient_name(message.update, message.task, message.attempt)).unlink(
-                missing_ok=True)
+            discard([STREAMED_GRADIENT.path(self.run_dir.exchange, message.update, message.task, message.attempt)])
+        if isinstance(message, EvalTask):
+            discard([METRICS.path(self.run_dir.exchange, message.version, message.task, message.attempt)])
 
     def describe_task(self, message: Task) -> str:
         if isinstance(message, EvalTask):
@@ -639,7 +638,7 @@ def create_round_files(exchange: Path, size: int, tasks: int, slots: int, per_ep
     train/records/state.py)."""
     for task in range(tasks):
         for bank in range(banks):
-            allocate_npy(exchange / gradient_buffer_name(task, bank), (size,), np.float32)
+            allocate_npy(GRADIENT_BUFFER.path(exchange, task, bank), (size,), np.float32)
     create_digests(exchange, size)
-    create_records(exchange / ROUND_RECORDS, per_epoch, tasks)
-    return Board.create(exchange / ROUND_BOARD, slots)
+    create_records(RECORDS.path(exchange), per_epoch, tasks)
+    return Board.create(BOARD.path(exchange), slots)
