@@ -100,8 +100,10 @@ ENGINES = {
     "rounds": ("workers = 2", {area.GRADIENT_BUFFER, area.BOARD, area.RECORDS, area.DIGESTS, area.OPTIMIZER_STATE}),
     "rounds in the server": ("workers = 0", {area.GRADIENT_BUFFER, area.BOARD, area.OPTIMIZER_STATE}),
     "desk": ('workers = 2\nmode = "async"', {area.DESK_WORDS, area.DESK_TASKS, area.DESK_RECORDS, area.DESK_BUFFER}),
-    "stream": ('workers = 2\nstaleness = 1\nstaleness_in = "stream"', {area.STREAMED_GRADIENT, area.OPTIMIZER_STATE}),
+    "stream": ('workers = 2\nstaleness = 1\nstaleness_in = "stream"', {area.OPTIMIZER_STATE}),
 }
+# a streamed gradient is renamed into a spare once stepped: which of the two a kill finds depends on the moment
+STREAMED = {area.STREAMED_GRADIENT, area.SPARE_GRADIENT}
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -117,6 +119,7 @@ def test_a_run_killed_mid_stretch_leaves_only_registered_files_and_a_resume_none
     assert not unregistered, f"files in the exchange no kind of train/exchange/area.py registers: {unregistered}"
     found = {area.kind_of(name) for name in names}
     assert expected <= found, sorted(k.templates[0] for k in expected - found)
+    assert engine != "stream" or found & STREAMED
     resumed = memtrain("train", "--resume", tmp_path / "run")
     assert resumed.returncode == 0, resumed.stderr
     assert list(scratch.iterdir()) == [], "the resume left the killed run's exchange area, or its own"
@@ -129,7 +132,8 @@ def test_a_cluster_run_leaves_only_registered_files(tmp_path: Path, data: Path) 
     assert killed.returncode == -9, killed.stderr
     names = in_areas(scratch)
     assert [name for name in names if area.kind_of(name) is None] == []
-    assert {area.STREAMED_GRADIENT, area.OPTIMIZER_STATE} <= {area.kind_of(name) for name in names}
+    # (its gradient files come and go within an update: whether a kill finds one depends on the moment)
+    assert area.OPTIMIZER_STATE in {area.kind_of(name) for name in names}, names
 
 
 def test_a_clean_end_and_a_sigterm_stop_leave_nothing_in_the_exchange(tmp_path: Path, data: Path) -> None:
