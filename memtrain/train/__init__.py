@@ -52,6 +52,8 @@ The folders say which process runs what (each folder's __init__.py says what it 
       messages.py  the records that cross between processes
       context.py, normalize.py, optim.py   the model and its normalizer, the optimizer
       memory.py    the memory limits (the server's words for a killed worker; a worker's test limit)
+      timing.py    the one timing hook: named sections a measurement's timer times (benchmarks/), untimed
+                   by default at no cost (the parts call what they called before)
 
 docs/round.md walks through one round; docs/how-it-works.md follows one update through these modules.
 

@@ -46,6 +46,7 @@ from memtrain.train.loops.reduce import Scratch, reduce_and_step
 from memtrain.train.messages import RoundSetup
 from memtrain.train.optim import OptimizerConfig, state_slots
 from memtrain.train.plan import Plan, TaskRange, gradient_banks
+from memtrain.train.timing import UNTIMED, Timer, timed_sections
 
 DROP_DELETED_EVERY = 16  # updates between checks for maps of deleted files (a retired version not recycled)
 # A task's rows are read (and normalized) once and kept for the next epochs, up to this many bytes of
@@ -71,8 +72,9 @@ class RoundFiles:
 
     def __init__(self, *, context: ModelContext, dataset: Dataset, run_dir: Path, exchange: Path, server_pid: int,
                  optimizer: OptimizerConfig, setup: RoundSetup, board: Board, maps: MapCache, gradient: TaskGradient,
-                 plan: Plan | None = None, rows: TaskRows | None = None):
+                 plan: Plan | None = None, rows: TaskRows | None = None, timer: Timer = UNTIMED):
         self.context, self.run_dir, self.exchange, self.server_pid = context, run_dir, exchange, server_pid
+        timed_sections(self, timer, ("rows",))
         self.gradient = gradient  # a task's loss and gradient (train/loops/gradient.py), this process's
         self.optimizer, self.setup, self.board, self.maps = optimizer, setup, board, maps
         self.train = dataset.split("train")

@@ -67,6 +67,7 @@ from memtrain.train.loops.stream import MappedBytes
 from memtrain.train.messages import GradTask, Outcome, Result, StepTask, Stretch
 from memtrain.train.optim import learning_rate, state_slots
 from memtrain.train.plan import Update, step_slices
+from memtrain.train.timing import UNTIMED, Timer, timed, timed_sections
 
 if TYPE_CHECKING:
     from memtrain.cluster.broadcast import Answer, Broadcast
@@ -166,9 +167,11 @@ class SlicedParticipant(Participant):
 
     def __init__(self, files: RoundFiles, stretch: Stretch, *, run_tasks: RunTasks, workers: Callable[[], int],
                  slices: Callable[[], int], publish_sync: Callable[[Path], None], recycle: bool,
-                 heartbeat: Callable[[], bool] | None = None, broadcast: Broadcast | None = None):
-        super().__init__(files, stretch, alive=lambda: None, heartbeat=heartbeat)
-        self.run_tasks, self.workers, self.slices = run_tasks, workers, slices
+                 heartbeat: Callable[[], bool] | None = None, broadcast: Broadcast | None = None,
+                 timer: Timer = UNTIMED):
+        super().__init__(files, stretch, alive=lambda: None, heartbeat=heartbeat, timer=timer)
+        timed_sections(self, timer, ("step", "housekeeping"))  # train/timing.py: untimed, nothing
+        self.run_tasks, self.workers, self.slices = timed(timer, "tasks", run_tasks), workers, slices
         self.publish_sync, self.recycle, self.broadcast = publish_sync, recycle, broadcast
         self.received: list[tuple[Path, str]] = []  # the gradient files of the update to step next, spare names
         self.stepped: list[tuple[Path, str]] = []  # those of the update stepped last, and their spare names

@@ -119,6 +119,7 @@ from memtrain.train.server.pools import OnCluster, Streamed, check_cluster, open
 from memtrain.train.server.room import allow_open_files, room_needed
 from memtrain.train.server.scheduler import CORES, Scheduler
 from memtrain.train.server.summary import summary_html, summary_text
+from memtrain.train.timing import UNTIMED, Timer, timed_sections
 from memtrain.train.worker.worker import WorkerState
 
 
@@ -154,7 +155,8 @@ class TrainSummary:
 
 def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite: bool = False,
           asked: Collection[str] = (), quiet: bool = False, replay: Lineage | None = None,
-          callbacks: Sequence[Any] = (), say: Callable[[str], None] | None = None) -> TrainSummary:
+          callbacks: Sequence[Any] = (), say: Callable[[str], None] | None = None,
+          timer: Timer = UNTIMED) -> TrainSummary:
     """Run (or resume) a job to the end; raises MemtrainError (Interrupted on SIGINT/SIGTERM/SIGHUP).
 
     ``asked``: the ``section.key`` settings named on the command line, the only ones a resume may change.
@@ -162,7 +164,8 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
     run's event log). ``say``: how a note is shown (default: ``memtrain train: note: ...`` on stderr, its
     advice in command-line terms; ``memtrain.fit`` says it in Python terms). ``replay``: the lineage of
     the run ``job`` made, to run again exactly (train/loops/overlap.py) instead of the job's epochs. ``callbacks``:
-    called at the end of each epoch (train/server/monitor.py).
+    called at the end of each epoch (train/server/monitor.py). ``timer``: the timing hook of the named sections run
+    in this process (train/timing.py; a measurement's, benchmarks/); untimed by default.
     """
     if job.run.cluster and (overlapping(job) or replay is not None):
         raise InputError("fixed staleness, async mode and replay run on one machine only, so far",
@@ -180,7 +183,7 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
         context = server_context(dataset, job, resuming=resume_run, replaying=replay is not None, cores=CORES)
         try:  # torch: outlined when workers compute; a kept outline's child is let go if the run never adopts it
             return _train(job, dataset, context, stop, resume_run=resume_run, overwrite=overwrite, asked=asked,
-                          quiet=quiet, replay=replay, callbacks=callbacks, say=say or _say,
+                          quiet=quiet, replay=replay, callbacks=callbacks, say=say or _say, timer=timer,
                           earlier=earlier if earlier != job.run.dir else None)
         finally:
             release = getattr(context.model, "release", None)
@@ -190,7 +193,8 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
 
 def _train(job: Job, dataset: Dataset, context: ModelContext, stop: StopRequest, *, resume_run: bool,
            overwrite: bool, asked: Collection[str], quiet: bool, replay: Lineage | None,
-           callbacks: Sequence[Any], say: Callable[[str], None], earlier: Path | None = None) -> TrainSummary:
+           callbacks: Sequence[Any], say: Callable[[str], None], earlier: Path | None = None,
+           timer: Timer = UNTIMED) -> TrainSummary:
     """``train`` once the server has its model context: the start-up checks, the run directory, the run."""
     if context.additive and overlapping(job):
         raise InputError(f"a {job.model.kind} model is solved in one pass of statistics: it has no updates to "
@@ -218,7 +222,7 @@ def _train(job: Job, dataset: Dataset, context: ModelContext, stop: StopRequest,
         if runtime:
             run.event(runtime)
         return Trainer(job, dataset, context, run, stop, quiet=quiet, lineage=replay,
-                       callbacks=callbacks).run(run.decision)
+                       callbacks=callbacks, timer=timer).run(run.decision)
     except (MemtrainError, OSError) as exc:
         if not isinstance(exc, Interrupted):  # the run's log tells how it ended, even with no terminal
             run.event(f"failed: {exc}")
@@ -257,8 +261,11 @@ def round_slots(job: Job) -> int:
 
 class Trainer:
     def __init__(self, job: Job, dataset: Dataset, context: ModelContext, run: RunDir, stop: StopRequest, *,
-                 quiet: bool = False, lineage: Lineage | None = None, callbacks: Sequence[Any] = ()):
+                 quiet: bool = False, lineage: Lineage | None = None, callbacks: Sequence[Any] = (),
+                 timer: Timer = UNTIMED):
         self.job, self.dataset, self.context, self.run_dir, self.stop = job, dataset, context, run, stop
+        self.timer = timer
+        timed_sections(self, timer, ("heartbeat", "evaluate", "end_epoch"))  # train/timing.py: untimed, nothing
         self.callbacks = callbacks
         self.quiet = quiet
         self.lineage = lineage  # a run to replay (memtrain train --replay)
@@ -306,7 +313,8 @@ class Trainer:
         self.log(f"server pid {os.getpid()}")
         self.in_server = InServer(WorkerState(self._setup(), alive=lambda: None, board=self.memory_board,
                                               heartbeat=lambda: self.heartbeat(position), keep_statistics=True,
-                                              plan=self.plan, dataset=self.dataset, context=self.context))
+                                              plan=self.plan, dataset=self.dataset, context=self.context,
+                                              timer=self.timer))
         self.scheduler = Scheduler(task_timeout=self.job.train.task_timeout, max_attempts=self.job.train.max_attempts,
                                    describe_task=self.describe_task, log=self.log,
                                    stop_requested=lambda: self.stop.requested,
@@ -352,7 +360,7 @@ class Trainer:
             size=self.context.layout.size, run_path=self.run_dir.path, exchange=self.run_dir.exchange,
             placement=self.placement, scheduler=self.scheduler, logbook=self.logbook, looks=self.looks,
             board=self.board, memory_board=self.memory_board, stop=self.stop, log=self.log,
-            describe_rows=self.describe_rows)
+            describe_rows=self.describe_rows, timer=self.timer)
         self.engine = make(self.engine_context)
         return self.engine
 
