@@ -153,3 +153,14 @@ def test_a_clean_end_and_a_sigterm_stop_leave_nothing_in_the_exchange(tmp_path: 
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err
     assert list(scratch.iterdir()) == []
+
+
+def test_no_module_but_the_owner_removes_exchange_files() -> None:
+    """Textual: a removal (unlink, remove, rmtree) on a line that names the exchange, outside area.py. Every
+    removal of an exchange file goes through ``area.discard`` or ``area.remove_area``."""
+    removal = re.compile(r"\b(unlink|remove|rmtree)\(")
+    found = [f"{path.relative_to(TESTS.parent)}:{number}: {line.strip()}"
+             for path in (TESTS.parent / "memtrain").rglob("*.py") if path.name != "area.py"
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if removal.search(line) and "exchange" in line]
+    assert not found, found
