@@ -4,6 +4,7 @@ a clean end, a stop by SIGTERM, or a SIGKILL and a resume."""
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import signal
@@ -163,4 +164,24 @@ def test_no_module_but_the_owner_removes_exchange_files() -> None:
              for path in (TESTS.parent / "memtrain").rglob("*.py") if path.name != "area.py"
              for number, line in enumerate(path.read_text().splitlines(), 1)
              if removal.search(line) and "exchange" in line]
+    assert not found, found
+
+
+def test_no_module_but_the_owner_names_an_exchange_file() -> None:
+    """layout.py's names of exchange files are used by area.py alone: every other module gets its paths from
+    the kinds (``area.BOARD.path(exchange)``, ...). The cluster's probe name also names the run directory's
+    probe, which is not an exchange file."""
+    source = (TESTS.parent / "memtrain" / "train" / "exchange" / "area.py").read_text()
+    names = set(re.findall(r"\blayout\.(\w+)", source)) - {"tmp_target", "tmp_sibling", "cluster_probe_name"}
+    assert {"ROUND_BOARD", "gradient_buffer_name", "streamed_gradient_name", "EXCHANGE_MARK"} <= names
+    found = []
+    for path in (TESTS.parent / "memtrain").rglob("*.py"):
+        if path.name in ("layout.py", "area.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "memtrain.layout":
+                found += [f"{path.name}: {alias.name}" for alias in node.names if alias.name in names]
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "layout" \
+                    and node.attr in names:
+                found.append(f"{path.name}: layout.{node.attr}")
     assert not found, found

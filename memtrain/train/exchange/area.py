@@ -3,10 +3,11 @@
 An exchange area is the folder ``memtrain-x-<run id>-<owner pid>/`` (``layout.exchange_dir_name``) that a run's
 server makes at start in ``/dev/shm``, in the run directory or in ``run.exchange`` (``make_area``). Every file in it
 is of one kind registered in ``KINDS``, with its name (formatted by memtrain/layout.py, which names every file
-memtrain writes: this module adds no name of its own), its lifetime and its remover. Code that makes a file of
-the exchange gets its path here (``Kind.path``); code that removes one calls ``discard``; the area goes with
-``remove_area``. docs/formats.md's table of the exchange's files is checked against ``KINDS``
-(tests/test_exchange_area.py), and so is every file a real run leaves when it is killed mid-stretch.
+memtrain writes: this module adds no name of its own, and no other module uses layout.py's names of exchange
+files), its lifetime and its remover. Code that makes or opens a file of the exchange gets its path here
+(``Kind.path``); code that removes one calls ``discard``; the area goes with ``remove_area``. docs/formats.md's
+table of the exchange's files is checked against ``KINDS`` (tests/test_exchange_area.py), and so is every file
+a real run leaves when it is killed mid-stretch.
 
 The lifetimes:
 

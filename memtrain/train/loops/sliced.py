@@ -51,13 +51,7 @@ import numpy as np
 
 from memtrain.errors import MemtrainError
 from memtrain.files import allocate_npy, check_npy, npy_header_bytes, open_npy
-from memtrain.layout import (
-    building_path,
-    state_buffer_name,
-    state_building_name,
-    streamed_gradient_name,
-    weights_path,
-)
+from memtrain.layout import building_path, weights_path
 from memtrain.train.exchange.area import OPTIMIZER_STATE, SPARE_GRADIENT, STATE_BUILDING, STREAMED_GRADIENT, discard
 from memtrain.train.exchange.weights import BLOCK, ready_building
 from memtrain.train.loops.mapped import RoundFiles
@@ -98,10 +92,10 @@ class SliceStep:
         size, slots, exchange = self.layout.size, self.slots, self.exchange
         lo, hi = message.lo, message.hi
         weights = open_npy(weights_path(self.run_dir, message.version), shape=(size,), dtype=np.float32)
-        grads = [open_npy(exchange / streamed_gradient_name(message.update, task, attempt), shape=(size,),
+        grads = [open_npy(STREAMED_GRADIENT.path(exchange, message.update, task, attempt), shape=(size,),
                           dtype=np.float32)[lo:hi] for task, attempt in enumerate(message.attempts)]
         parity = message.version % 2
-        state_in = {slot: open_npy(exchange / state_buffer_name(slot, parity), shape=(size,),
+        state_in = {slot: open_npy(OPTIMIZER_STATE.path(exchange, slot, parity), shape=(size,),
                                    dtype=np.float32)[lo:hi] for slot in slots}
         MappedBytes.read += (len(grads) + 1 + len(slots)) * (hi - lo) * 4
         out, state_out = self.buffers(hi - lo)
@@ -115,7 +109,7 @@ class SliceStep:
         sync = sync_needed(exchange)
         write_slice(building_path(self.run_dir, message.version + 1, self.server_pid), lo, out, size, sync)
         for slot in slots:
-            write_slice(exchange / state_building_name(slot, message.version + 1), lo, state_out[slot], size, sync)
+            write_slice(STATE_BUILDING.path(exchange, slot, message.version + 1), lo, state_out[slot], size, sync)
         return Result(task=message.task, attempt=message.attempt, outcome=Outcome.DONE, rows=hi - lo,
                       digests=digests.tobytes())
 

@@ -30,7 +30,6 @@ from memtrain.dataset import Dataset, open_dataset
 from memtrain.errors import InputError, Interrupted, MemtrainError, plural
 from memtrain.files import allocate_npy, open_npy, read_jsonl
 from memtrain.layout import (
-    ROUND_RECORDS,
     RUN_LINEAGE,
     RUN_METRICS,
     weights_path,
@@ -291,7 +290,7 @@ class Trainer:
             self.log, describe_rows=self.describe_rows) if context.additive else None
         self.memory_board = Board(1)
         self.logbook = Logbook(run=run, exchange=run.exchange, plan=self.plan,
-                               records=open_records(run.exchange / ROUND_RECORDS, self.plan.per_epoch,
+                               records=open_records(RECORDS.path(run.exchange), self.plan.per_epoch,
                                                     job.train.tasks_per_update),
                                optimizer=job.train.optimizer, on_nonfinite=job.train.on_nonfinite,
                                size=context.layout.size, describe_rows=self.describe_rows, log=self.log,

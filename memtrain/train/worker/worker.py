@@ -27,8 +27,9 @@ import numpy as np
 from memtrain.dataset import Dataset, open_dataset
 from memtrain.errors import MemtrainError
 from memtrain.faults import straggler_factor
-from memtrain.layout import ROUND_BOARD, partial_name, statistics_dir, weights_path
+from memtrain.layout import partial_name, statistics_dir, weights_path
 from memtrain.train.context import ModelContext, model_context
+from memtrain.train.exchange.area import BOARD
 from memtrain.train.exchange.marks import Board
 from memtrain.train.loops.additive import task_partial
 from memtrain.train.loops.desk import DeskParticipant
@@ -239,7 +240,7 @@ class WorkerState:
     def rounds(self) -> RoundFiles:
         if self._rounds is None:
             setup = self.setup
-            board = self.board or Board(setup.rounds.slots, self.exchange / ROUND_BOARD)
+            board = self.board or Board(setup.rounds.slots, BOARD.path(self.exchange))
             self._rounds = RoundFiles(context=self.context, dataset=self.dataset, run_dir=self.run_dir,
                                       exchange=self.exchange, server_pid=setup.server_pid,
                                       optimizer=setup.optimizer, setup=setup.rounds,
