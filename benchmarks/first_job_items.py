@@ -1,90 +1,62 @@
 """A job run in the server -> the CPU time of each item of an update, in microseconds per update.
 
-``python -m benchmarks.first_job_items JOB.toml [memtrain train options]`` runs ``memtrain train``
-in this process with each piece of the rounds wrapped (the model's gradient, a task's rows, the step,
-readying and publishing the version file, the board, the server's looks, the evaluation and checkpoints
-per epoch) and prints the thread CPU time each took, summed over the run and divided by its updates.
-CPU time, not wall time: on a loaded machine a piece's wall time holds whatever ran meanwhile, its CPU
-time does not, so the items of two code versions compare on a busy machine (the wrappers add about 1 µs a
-call). It measures the rounds the server runs itself: use it with ``train.workers = 0`` or "auto" on a job
-whose updates stay in the server (the README's first job, the 1e4 and 1e5 bench MLPs).
+``python -m benchmarks.first_job_items JOB.toml [memtrain train options]`` runs ``memtrain train`` in this
+process with a timer of the server's named sections (memtrain/train/timing.py: the model's gradient, a
+gradient task, a task's rows, the step, readying and publishing the version file, the server's looks, the
+evaluation and the end of each epoch, the rounds in all) and prints the thread CPU time each took, summed
+over the run and divided by its updates. Nothing is patched: the timer is handed to ``train``, and the parts
+time their own sections with it. CPU time, not wall time: on a loaded machine a piece's wall time holds
+whatever ran meanwhile, its CPU time does not, so the items of two code versions compare on a busy machine
+(the timer adds about 1 µs a call). It measures the rounds the server runs itself: use it with
+``train.workers = 0`` or "auto" on a job whose updates stay in the server (the README's first job, the 1e4
+and 1e5 bench MLPs).
 """
 
 from __future__ import annotations
 
-import functools
+import argparse
 import sys
 import time
-from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from memtrain.files import read_jsonl
 from memtrain.layout import RUN_METRICS
+from memtrain.train.timing import Recording
 
-# (owner module path, attribute path, item): the pieces wrapped, in the order printed
+# (named section, item): the sections timed, in the order printed
 ITEMS = (
-    ("memtrain.models.mlp", "MLP.loss_and_grad", "the model's loss and gradient"),
-    ("memtrain.train.loops.gradient", "TaskGradient.__call__", "a gradient task (the model's included)"),
-    ("memtrain.train.loops.mapped", "RoundFiles.rows", "the tasks' rows: read and normalized"),
-    ("memtrain.train.loops.rounds", "reduce_and_step", "the step: sum, mean, optimizer, block digests"),
-    ("memtrain.train.loops.rounds", "Participant.ready", "version file: readying (the retired one recycled)"),
-    ("memtrain.train.loops.rounds", "Participant.publish", "version file: publication (digest, record, rename)"),
-    ("memtrain.train.exchange.marks", "Board.doing", "the board: marks, activity words, waits"),
-    ("memtrain.train.exchange.marks", "Board.mark_step", "the board: marks, activity words, waits"),
-    ("memtrain.train.exchange.marks", "Board.mark_gradients", "the board: marks, activity words, waits"),
-    ("memtrain.train.exchange.marks", "Board.mark_ready", "the board: marks, activity words, waits"),
-    ("memtrain.train.exchange.marks", "Board.wait_step", "the board: marks, activity words, waits"),
-    ("memtrain.train.exchange.marks", "Board.wait_gradients", "the board: marks, activity words, waits"),
-    ("memtrain.train.exchange.marks", "Board.set_ledger", "the board: marks, activity words, waits"),
-    ("memtrain.train.server.server", "Trainer.heartbeat", "the server's looks between updates (logs, progress)"),
-    ("memtrain.train.server.server", "Trainer.evaluate", "per epoch: evaluation"),
-    ("memtrain.train.server.server", "save_checkpoint", "per epoch: checkpoints"),
-    ("memtrain.train.server.server", "Trainer.end_epoch", "per epoch: all of the epoch's end"),
-    ("memtrain.train.server.engines", "Rounds.run", "the rounds, in all"),
+    ("model", "the model's loss and gradient"),
+    ("gradient task", "a gradient task (the model's included)"),
+    ("rows", "the tasks' rows: read and normalized"),
+    ("step", "the step: sum, mean, optimizer, block digests"),
+    ("ready", "version file: readying (the retired one recycled)"),
+    ("publish", "version file: publication (digest, record, rename)"),
+    ("heartbeat", "the server's looks between updates (logs, progress)"),
+    ("evaluate", "per epoch: evaluation"),
+    ("end_epoch", "per epoch: all of the epoch's end"),
+    ("rounds", "the rounds, in all"),
 )
 
 
-def wrap(module_name: str, attribute: str, add: Callable[[int], None]) -> None:
-    module = sys.modules.get(module_name) or __import__(module_name, fromlist=["_"])
-    *path, name = attribute.split(".")
-    owner: Any = module
-    for part in path:
-        owner = getattr(owner, part)
-    function = getattr(owner, name)
-
-    @functools.wraps(function)
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        started = time.thread_time_ns()
-        try:
-            return function(*args, **kwargs)
-        finally:
-            add(time.thread_time_ns() - started)
-
-    setattr(owner, name, timed)
-
-
 def main(argv: list[str]) -> int:
-    from memtrain.cli import main as memtrain_main
     from memtrain.config import load_job
+    from memtrain.train.server.command import add_arguments, run
 
-    spent: dict[str, int] = defaultdict(int)
-    for module_name, attribute, item in ITEMS:
-        wrap(module_name, attribute, lambda ns, item=item: spent.__setitem__(item, spent[item] + ns))
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.first_job_items")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    timer = Recording(clock=time.thread_time)
     started = time.process_time_ns()
-    code = memtrain_main(["train", *argv])
+    code = run(args, timer=timer)
     whole = time.process_time_ns() - started
     if code:
         return code
-    sets = [value for flag, value in zip(argv, argv[1:], strict=False) if flag == "--set"]
-    given = dict(zip(argv, argv[1:], strict=False)).get("--run-dir")
-    run_dir = load_job(next(arg for arg in argv if arg.endswith(".toml")), sets, run_dir=given).run.dir
+    run_dir = load_job(args.job, args.overrides, run_dir=args.run_dir).run.dir
     updates = sum(1 for record in read_jsonl(Path(run_dir) / RUN_METRICS) if record.get("kind") == "update")
     print(f"{updates} updates; the server's CPU from the call of train: {whole / updates / 1e3:.1f} µs per update")
-    for _, _, item in ITEMS:
-        if item in spent:
-            print(f"  {item:62s} {spent.pop(item) / updates / 1e3:8.1f} µs per update")
+    for section, item in ITEMS:
+        if timer.times.get(section):
+            print(f"  {item:62s} {sum(timer.times[section]) * 1e6 / updates:8.1f} µs per update")
     return 0
 
 

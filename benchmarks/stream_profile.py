@@ -2,9 +2,11 @@
 
 Run: ``python -m benchmarks.stream_profile [--params 1e6] [--updates 40] [--cluster local:2]``.
 Trains the benchmark's MLP (memtrain/benchmarks/synthetic.py) for one epoch on the cluster and prints,
-per piece, the median over the updates after the first few. ``--cluster processes`` streams to two local
-worker processes (train/exchange.WorkerPool) instead of Dask workers: the same stream without Dask,
-which separates what Dask costs from what the stream itself costs.
+per piece, the median over the updates after the first few. The pieces are the server's named sections
+(memtrain/train/timing.py), timed by the timer this script hands to ``train``: no class is patched.
+``--cluster processes`` streams to two local worker processes (train/server/exchange.WorkerPool) instead of
+Dask workers: the same stream without Dask, which separates what Dask costs from what the stream itself
+costs (the one patch left: the server's ``open_cluster`` swapped for that pool).
 
 - ``round``: one whole update in the server (its step, then the next update's gradients);
 - ``step``: the server's step of the whole parameter vector (train/loops/reduce.py);
@@ -29,39 +31,30 @@ from typing import Any
 from memtrain.benchmarks.memtrain_run import job_for
 from memtrain.benchmarks.problem import BATCH, Problem
 from memtrain.benchmarks.synthetic import mlp_shape, write_dataset
-from memtrain.train.loops.sliced import SlicedParticipant
+from memtrain.train.timing import Recording
 
 SKIP = 3  # first updates left out (maps and caches warming up)
 PROCESSES = "processes"
+PRINTED = ("round", "step", "publish", "tasks", "tasks - slowest compute", "housekeeping")
 
 
-def timed(times: dict[str, list[float]], name: str, function: Callable[..., Any]) -> Callable[..., Any]:
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return function(*args, **kwargs)
-        finally:
-            times.setdefault(name, []).append(time.perf_counter() - started)
-    return wrapper
+class StreamTimer(Recording):
+    """The server's named sections (memtrain/train/timing.py) in wall time; the update's tasks also less their
+    slowest compute (each result carries its compute seconds)."""
 
+    def timed(self, name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        if name != "tasks":
+            return super().timed(name, function)
 
-def instrument(times: dict[str, list[float]]) -> None:
-    """Wrap the stream's pieces (in this process: the server) so that each call is timed."""
-    for name in ("round", "step", "publish", "housekeeping"):
-        setattr(SlicedParticipant, name, timed(times, name, getattr(SlicedParticipant, name)))
-    start = SlicedParticipant.__init__
-
-    def init(self: SlicedParticipant, files: Any, stretch: Any, *, run_tasks: Any, **options: Any) -> None:
-        def run_tasks_timed(tasks: list, meanwhile: Callable[[], None]) -> list:
+        def run_tasks(tasks: list, meanwhile: Callable[[], None]) -> list:
             started = time.perf_counter()
-            results = run_tasks(tasks, meanwhile)
+            results = function(tasks, meanwhile)
             wall = time.perf_counter() - started
-            times.setdefault("tasks", []).append(wall)
-            times.setdefault("tasks - slowest compute", []).append(wall - max(r.seconds for r in results))
+            self.times["tasks"].append(wall)
+            self.times["tasks - slowest compute"].append(wall - max(r.seconds for r in results))
             return results
-        start(self, files, stretch, run_tasks=run_tasks_timed, **options)
 
-    SlicedParticipant.__init__ = init
+        return run_tasks
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,20 +69,22 @@ def main(argv: list[str] | None = None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="memtrain-stream-profile-"))
     shape = mlp_shape(int(args.params))
     data = write_dataset(scratch / "data", args.updates * BATCH, BATCH, features=shape.features, classes=shape.classes)
-    times: dict[str, list[float]] = {}
-    instrument(times)
+    timer = StreamTimer()
     cluster = args.cluster
     if cluster == PROCESSES:
         from memtrain.train.server import server
         from memtrain.train.server.exchange import WorkerPool
 
-        server.open_cluster = lambda job, setup, run, log: WorkerPool(setup, 2)
+        server.open_cluster = lambda job, setup, run, log, stopped=None: WorkerPool(setup, 2)
         cluster = "local:2"  # a cluster run, on the pool above
     train(job_for(Problem(str(data), shape.hidden, args.updates, workers=2), scratch / "run", workers=2,
-                  cluster=cluster), quiet=True)
+                  cluster=cluster), quiet=True, timer=timer)
     print(f"{shape.params:,} parameters, {args.updates} updates on {args.cluster}; medians in ms")
-    for name, values in times.items():
+    for name in PRINTED:
+        values = timer.times.get(name, [])
         kept = values[SKIP:] or values
+        if not kept:
+            continue
         print(f"{name:>24}: {statistics.median(kept) * 1e3:8.2f}   (n={len(kept)})")
     return 0
 

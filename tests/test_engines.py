@@ -22,6 +22,7 @@ from memtrain.train.messages import GradTask
 from memtrain.train.schedule import ArrivalAgenda, PlannedAgenda, RecordedAgenda
 from memtrain.train.server import engines, server
 from memtrain.train.server.engines import ClusterRounds, Desk, EngineContext, Rounds, ServerSteps
+from memtrain.train.timing import UNTIMED
 
 JOB = """
 [data]
@@ -121,7 +122,7 @@ def test_a_replay_is_the_server_engine_with_the_recorded_schedule(tmp_path: Path
 
 def context(**fields: object) -> SimpleNamespace:
     """An engine's context (engines.EngineContext) with only the fields a test reads."""
-    return SimpleNamespace(placement=None, **fields)
+    return SimpleNamespace(placement=None, timer=UNTIMED, **fields)
 
 
 def test_the_cluster_rounds_are_run_by_the_server_alone_and_never_recycle_versions() -> None:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from memtrain.train.exchange.area import discard
 from memtrain.train.exchange.weights import BLOCK
 from memtrain.train.messages import BackupRule, GradTask, Outcome, Result
 from memtrain.train.plan import step_slices
@@ -406,9 +407,7 @@ class Broadcast:
         present = {slot.token for slot in self.pool.slots}
         self.loops = {token: call for token, call in self.loops.items() if token in present and not call.done()}
         if not self.loops:
-            for path in self.leftovers:
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
+            discard(self.leftovers)
             self.leftovers = []
 
     def call(self, handler: str, bound: float = CALL_SECONDS, ident: str = "", **arguments: Any) -> Any:

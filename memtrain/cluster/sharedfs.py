@@ -20,6 +20,7 @@ from memtrain.dataset import open_dataset
 from memtrain.errors import InputError, MemtrainError
 from memtrain.files import checksum_file, publish, read_json
 from memtrain.layout import MANIFEST, cluster_probe_name
+from memtrain.train.exchange.area import CLUSTER_PROBE, discard
 
 # Filesystem types whose clients do not share one page cache: a file written on one node must be
 # synced before a message tells another node to read it. Everything else (ext4, xfs, tmpfs, ...) is
@@ -116,7 +117,7 @@ def look(probe: ViewProbe, worker: str) -> View:
     except (OSError, ValueError, MemtrainError) as exc:
         problems.append(f"cannot see the run directory's probe {probe.run_probe}: {_reason(exc)}")
     written = None
-    path = Path(probe.exchange) / cluster_probe_name(worker)
+    path = CLUSTER_PROBE.path(Path(probe.exchange), worker)
     try:
         _write_synced(path, {"token": probe.token, "worker": worker})
         written = str(path)
@@ -136,7 +137,7 @@ def read_back(probe: ViewProbe, worker: str, view: View) -> list[str]:
         except (OSError, ValueError) as exc:
             problems.append(f"wrote a probe into the exchange area ({view.probe}) that the server cannot read: "
                             f"{_reason(exc)}")
-        Path(view.probe).unlink(missing_ok=True)
+        discard([Path(view.probe)])
     return problems
 
 

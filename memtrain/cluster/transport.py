@@ -31,7 +31,8 @@ from typing import Any
 
 from memtrain.cluster.sharedfs import View, ViewProbe, look, needs_sync, read_back, refuse
 from memtrain.errors import MemtrainError
-from memtrain.layout import partial_name, statistics_dir, streamed_gradient_name
+from memtrain.layout import partial_name, statistics_dir
+from memtrain.train.exchange.area import STREAMED_GRADIENT
 from memtrain.train.messages import Event, GradTask, Result, StatsTask, Task, WorkerSetup
 
 START_SECONDS = 120.0  # for the actors of the first workers to open the dataset and answer the view check
@@ -87,7 +88,7 @@ class ClusterWorker:
         """Write the task's file back to the file server before the result says it is there."""
         import os
 
-        path = (Path(self.setup.exchange_dir) / streamed_gradient_name(task.update, task.task, task.attempt)
+        path = (STREAMED_GRADIENT.path(Path(self.setup.exchange_dir), task.update, task.task, task.attempt)
                 if isinstance(task, GradTask) else
                 statistics_dir(Path(self.setup.run_dir)) / partial_name(task.task, task.attempt))
         fd = os.open(path, os.O_RDONLY)

@@ -34,6 +34,8 @@ The folders say which process runs what (each folder's __init__.py says what it 
       reduce.py    gradient buffers -> mean -> optimizer -> a slice of the next version
       maps.py, threads.py   maps kept between tasks; the server's task threads
     exchange/    the exchange area's shared files (/dev/shm), read and written by both processes
+      area.py      the one owner of the exchange's files: each kind's name, lifetime (run, stretch, update,
+                   attempt) and remover; every file made gets its path there, every removal goes through it
       marks.py     the board the participants meet at (marks, ledger, activities) and the round records
       doorbell.py  sleeping on the board until a mark lands
       weights.py   publishing, retiring and recycling weight versions; the one keep rule
@@ -50,6 +52,8 @@ The folders say which process runs what (each folder's __init__.py says what it 
       messages.py  the records that cross between processes
       context.py, normalize.py, optim.py   the model and its normalizer, the optimizer
       memory.py    the memory limits (the server's words for a killed worker; a worker's test limit)
+      timing.py    the one timing hook: named sections a measurement's timer times (benchmarks/), untimed
+                   by default at no cost (the parts call what they called before)
 
 docs/round.md walks through one round; docs/how-it-works.md follows one update through these modules.
 

@@ -35,13 +35,13 @@ from memtrain.files import (
 )
 from memtrain.layout import (
     TMP_MARK,
-    WEIGHT_DIGESTS,
     WEIGHTS_DIR,
     building_path,
     weight_versions,
     weights_path,
 )
 from memtrain.models.params import PARAM_DTYPE, ParamLayout
+from memtrain.train.exchange.area import DIGESTS
 
 # Parameters per checksum block: a slice owner's slice is a whole number of blocks (the last one may be short).
 BLOCK = CHECKSUM_BLOCK_BYTES // PARAM_DTYPE.itemsize
@@ -104,7 +104,7 @@ def digests_shape(size: int) -> tuple[int, int, int]:
 
 def create_digests(exchange: Path, size: int) -> np.ndarray:
     """The exchange file the slice owners write each block's digest into; returned mapped read-only."""
-    path = exchange / WEIGHT_DIGESTS
+    path = DIGESTS.path(exchange)
     shape = digests_shape(size)
     offset = allocate_npy(path, shape, np.dtype(np.uint8))
     return np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=shape)

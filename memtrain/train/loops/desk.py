@@ -51,7 +51,7 @@ import numpy as np
 
 from memtrain.faults import fault_point
 from memtrain.files import DIGEST_BYTES, allocate_npy, open_fd, open_npy
-from memtrain.layout import ASYNC_DESK, ASYNC_RECORDS, ASYNC_TASKS, desk_buffer_name
+from memtrain.train.exchange.area import DESK_BUFFER, DESK_RECORDS, DESK_TASKS, DESK_WORDS, discard
 from memtrain.train.exchange.marks import GRADIENT, PUBLISHED, SKIPPED, STEP, WAITING, Cancelled
 from memtrain.train.exchange.weights import weights_digest
 from memtrain.train.loops.mapped import RoundFiles
@@ -103,7 +103,7 @@ class DeskFile:
 
     def __init__(self, exchange: Path, participants: int, group: int):
         self.participants, self.group = participants, group
-        path = exchange / ASYNC_DESK
+        path = DESK_WORDS.path(exchange)
         # a plain view of the map: indexing a memmap runs Python code on every access
         self.words = open_npy(path, shape=(desk_words(participants, group),), dtype=np.int64,
                               mode="r+").view(np.ndarray)
@@ -134,29 +134,27 @@ class DeskFile:
 def create_desk(exchange: Path, size: int, participants: int, group: int, tasks: np.ndarray, version: int) -> None:
     """A stretch's desk, task list and records, fresh (the server, before sending the stretch); the gradient
     buffers are made once."""
-    for path in (exchange / ASYNC_DESK, exchange / ASYNC_TASKS, exchange / ASYNC_RECORDS):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-    allocate_npy(exchange / ASYNC_DESK, (desk_words(participants, group),), np.int64)
+    discard([DESK_WORDS.path(exchange), DESK_TASKS.path(exchange), DESK_RECORDS.path(exchange)])
+    allocate_npy(DESK_WORDS.path(exchange), (desk_words(participants, group),), np.int64)
     desk = DeskFile(exchange, participants, group)
     desk.words[:] = 0
     desk.words[NEWEST] = version
     desk.words[LEFT_FROM] = -1  # the oldest version left on disk: not known yet (the first step lists them)
     desk.claims[:] = -1
     desk.close()
-    allocate_npy(exchange / ASYNC_TASKS, tasks.shape, np.int64)
-    open_npy(exchange / ASYNC_TASKS, shape=tasks.shape, dtype=np.int64, mode="r+")[:] = tasks
-    allocate_npy(exchange / ASYNC_RECORDS, (max(1, len(tasks)),), records_dtype(group))
+    allocate_npy(DESK_TASKS.path(exchange), tasks.shape, np.int64)
+    open_npy(DESK_TASKS.path(exchange), shape=tasks.shape, dtype=np.int64, mode="r+")[:] = tasks
+    allocate_npy(DESK_RECORDS.path(exchange), (max(1, len(tasks)),), records_dtype(group))
     for slot in range(participants):
         for buffer in range(buffers_per_slot(group)):
-            path = exchange / desk_buffer_name(slot, buffer)
+            path = DESK_BUFFER.path(exchange, slot, buffer)
             if not path.exists():
                 allocate_npy(path, (size,), np.float32)
 
 
 def open_desk_records(exchange: Path, group: int) -> np.ndarray:
     """The stretch's group records, mapped for reading and writing."""
-    return open_npy(exchange / ASYNC_RECORDS, dtype=records_dtype(group), mode="r+").view(np.ndarray)
+    return open_npy(DESK_RECORDS.path(exchange), dtype=records_dtype(group), mode="r+").view(np.ndarray)
 
 
 class DeskParticipant:
@@ -169,12 +167,12 @@ class DeskParticipant:
         self.arrival = Arrival(group=stretch.group, max_staleness=stretch.max_staleness)  # the schedule
         exchange = files.exchange
         self.desk = DeskFile(exchange, stretch.participants, self.group)
-        self.tasks = open_npy(exchange / ASYNC_TASKS, dtype=np.int64)  # task numbers of the epoch's task stream
+        self.tasks = open_npy(DESK_TASKS.path(exchange), dtype=np.int64)  # task numbers of the epoch's task stream
         self.records = open_desk_records(exchange, self.group)
         self.ranges = task_stream(files.plan.updates(stretch.epoch))
         self.per_epoch = async_updates_per_epoch(len(self.ranges), self.group)
         self.total_updates = self.per_epoch * files.setup.epochs
-        self.buffers = [[files.maps.get(exchange / desk_buffer_name(s, b), (files.size,), np.float32, "r+")
+        self.buffers = [[files.maps.get(DESK_BUFFER.path(exchange, s, b), (files.size,), np.float32, "r+")
                          for b in range(buffers_per_slot(self.group))] for s in range(stretch.participants)]
 
     def run(self) -> Outcome:

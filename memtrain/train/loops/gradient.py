@@ -28,6 +28,7 @@ import numpy as np
 from memtrain.faults import fault_point, read_audit_path
 from memtrain.files import append_jsonl
 from memtrain.train.exchange.weights import array_checksum
+from memtrain.train.timing import UNTIMED, Timer, timed
 
 
 class TaskGradient:
@@ -37,10 +38,14 @@ class TaskGradient:
     >>> loss, seconds = gradient(weights, views(weights), x, y, views(out), version=3, task=1)  # doctest: +SKIP
     """
 
-    __slots__ = ("model", "seed", "seeded", "straggler", "audit")
+    __slots__ = ("model", "loss_and_grad", "seed", "seeded", "straggler", "audit")
 
-    def __init__(self, model: Any, *, seed: int, straggler: float = 1.0, audit: str | None = None):
+    def __init__(self, model: Any, *, seed: int, straggler: float = 1.0, audit: str | None = None,
+                 timer: Timer = UNTIMED):
         self.model, self.seed, self.straggler = model, seed, straggler
+        # the model's (none for an additive model, which has no gradient), or its timed section
+        loss_and_grad = getattr(model, "loss_and_grad", None)
+        self.loss_and_grad = loss_and_grad and timed(timer, "model", loss_and_grad)
         self.seeded = bool(getattr(model, "seeded", False))
         self.audit = audit if audit is not None else read_audit_path()
 
@@ -56,9 +61,9 @@ class TaskGradient:
         fault_point("before_grad_write")
         started = time.perf_counter()
         if self.seeded:
-            loss = self.model.loss_and_grad(weight_views, x, y, out_views, seed=(self.seed, version, task))
+            loss = self.loss_and_grad(weight_views, x, y, out_views, seed=(self.seed, version, task))
         else:
-            loss = self.model.loss_and_grad(weight_views, x, y, out_views)
+            loss = self.loss_and_grad(weight_views, x, y, out_views)
         if self.straggler > 1:
             time.sleep((self.straggler - 1) * (time.perf_counter() - started))
         seconds = time.perf_counter() - started

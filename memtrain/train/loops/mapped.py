@@ -22,16 +22,10 @@ import numpy as np
 
 from memtrain.dataset import Dataset, GatherBuffers, Split, take_into
 from memtrain.faults import fault_point
-from memtrain.layout import (
-    ROUND_RECORDS,
-    WEIGHT_DIGESTS,
-    building_path,
-    gradient_buffer_name,
-    state_buffer_name,
-    weights_path,
-)
+from memtrain.layout import building_path, weights_path
 from memtrain.order import Rows
 from memtrain.train.context import ModelContext
+from memtrain.train.exchange.area import DIGESTS, GRADIENT_BUFFER, OPTIMIZER_STATE, RECORDS
 from memtrain.train.exchange.marks import Board, open_records
 from memtrain.train.exchange.weights import (
     commit_weights,
@@ -46,6 +40,7 @@ from memtrain.train.loops.reduce import Scratch, reduce_and_step
 from memtrain.train.messages import RoundSetup
 from memtrain.train.optim import OptimizerConfig, state_slots
 from memtrain.train.plan import Plan, TaskRange, gradient_banks
+from memtrain.train.timing import UNTIMED, Timer, timed_sections
 
 DROP_DELETED_EVERY = 16  # updates between checks for maps of deleted files (a retired version not recycled)
 # A task's rows are read (and normalized) once and kept for the next epochs, up to this many bytes of
@@ -71,21 +66,22 @@ class RoundFiles:
 
     def __init__(self, *, context: ModelContext, dataset: Dataset, run_dir: Path, exchange: Path, server_pid: int,
                  optimizer: OptimizerConfig, setup: RoundSetup, board: Board, maps: MapCache, gradient: TaskGradient,
-                 plan: Plan | None = None, rows: TaskRows | None = None):
+                 plan: Plan | None = None, rows: TaskRows | None = None, timer: Timer = UNTIMED):
         self.context, self.run_dir, self.exchange, self.server_pid = context, run_dir, exchange, server_pid
+        timed_sections(self, timer, ("rows",))
         self.gradient = gradient  # a task's loss and gradient (train/loops/gradient.py), this process's
         self.optimizer, self.setup, self.board, self.maps = optimizer, setup, board, maps
         self.train = dataset.split("train")
         self.size = context.layout.size
         # the plan: derived here, or the server's own when it runs the rounds itself (each epoch's list made once)
         self.plan = plan if plan is not None else round_plan(self.train.rows, setup)
-        self.records = open_records(exchange / ROUND_RECORDS, self.plan.per_epoch, setup.tasks_per_update)
+        self.records = open_records(RECORDS.path(exchange), self.plan.per_epoch, setup.tasks_per_update)
         self.loss, self.seconds, self.bad = self.records["loss"], self.records["seconds"], self.records["bad"]
-        self.grads = [[self._map(exchange / gradient_buffer_name(t, bank)) for t in range(setup.tasks_per_update)]
+        self.grads = [[self._map(GRADIENT_BUFFER.path(exchange, t, bank)) for t in range(setup.tasks_per_update)]
                       for bank in range(gradient_banks(setup.staleness))]  # by plan.gradient_bank
-        self.state = [{slot: self._map(exchange / state_buffer_name(slot, parity)) for slot in state_slots(optimizer)}
+        self.state = [{slot: self._map(OPTIMIZER_STATE.path(exchange, slot, parity)) for slot in state_slots(optimizer)}
                       for parity in (0, 1)]
-        self.digests = maps.get(exchange / WEIGHT_DIGESTS, digests_shape(self.size), np.uint8, "r+")
+        self.digests = maps.get(DIGESTS.path(exchange), digests_shape(self.size), np.uint8, "r+")
         self.scratch = Scratch()
         self._building: tuple[int, Path] = (-1, run_dir)
         # the views of the task buffers and of the versions in use: a few maps, each kept alive by its views

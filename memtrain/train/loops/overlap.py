@@ -38,10 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
-from memtrain.layout import spare_gradient_name, streamed_gradient_name
+from memtrain.train.exchange.area import SPARE_GRADIENT, STREAMED_GRADIENT, discard
 from memtrain.train.exchange.weights import weights_checksum
 from memtrain.train.loops.mapped import RoundFiles
-from memtrain.train.loops.stream import discard
 from memtrain.train.messages import GradTask
 from memtrain.train.optim import learning_rate
 from memtrain.train.plan import TaskRange, Update
@@ -108,7 +107,7 @@ class Overlap:
                                     lo=rows.lo, hi=rows.hi, spare=spare, in_place=self.recycle))
 
     def gradient_path(self, task: GradTask) -> Path:
-        return self.files.exchange / streamed_gradient_name(task.update, task.task, task.attempt)
+        return STREAMED_GRADIENT.path(self.files.exchange, task.update, task.task, task.attempt)
 
     def apply(self, position: Position, update: Update, arrived: list[Arrived], *, oldest: int,
               lr: float | None = None, **lineage: object) -> str | None:
@@ -122,10 +121,10 @@ class Overlap:
         version = position.version
         checksum = None if bad else self.step(version, paths, update.rows, lr, oldest)
         for path, (task, _) in zip(paths, arrived, strict=True):  # the files become spares for later tasks
-            name = spare_gradient_name(task.update, task.task, task.attempt)
+            spare = SPARE_GRADIENT.path(self.files.exchange, task.update, task.task, task.attempt)
             with contextlib.suppress(FileNotFoundError):
-                os.rename(path, self.files.exchange / name)
-                self.spares.append(name)
+                os.rename(path, spare)
+                self.spares.append(spare.name)
         self.logbook.applied(position, update, [result.loss for _, result in arrived],
                              version=None if checksum is None else version + 1,
                              at=[task.version for task, _ in arrived], checksum=checksum or "",

@@ -78,6 +78,7 @@ from memtrain.train.plan import (
     task_owner,
 )
 from memtrain.train.schedule import Planned
+from memtrain.train.timing import UNTIMED, Timer, timed, timed_sections
 
 
 class NonfiniteStop(Exception):
@@ -88,8 +89,10 @@ class Participant:
     """One slot's part in one stretch: the loop, and the pieces of a round it is made of."""
 
     def __init__(self, files: RoundFiles, stretch: Stretch, *, alive: Callable[[], None],
-                 heartbeat: Callable[[], bool] | None = None):
+                 heartbeat: Callable[[], bool] | None = None, timer: Timer = UNTIMED):
         self.files, self.stretch, self.alive, self.heartbeat = files, stretch, alive, heartbeat
+        timed_sections(self, timer, ("round", "ready", "publish"))  # train/timing.py: untimed, nothing
+        self.reduce_and_step = timed(timer, "step", reduce_and_step)
         self.generation, self.slot = stretch.generation, stretch.slot
         self.staleness = files.setup.staleness
         self.planned = Planned(staleness=self.staleness)  # the schedule: the version each update's gradients read
@@ -162,7 +165,7 @@ class Participant:
             board.doing(self.slot, self.generation, STEP, update.update, self.slot)
             parity = self.version % 2
             lo, hi = self.slice
-            finite = reduce_and_step(grads=self.gradient_buffers(update), rows=update.rows, weights=self.weights,
+            finite = self.reduce_and_step(grads=self.gradient_buffers(update), rows=update.rows, weights=self.weights,
                                      state_in=files.state[parity], weights_out=out, state_out=files.state[1 - parity],
                                      lo=lo, hi=hi, optimizer=files.optimizer, step=self.version + 1,
                                      lr=learning_rate(files.optimizer, update.update, files.plan.total_updates),

@@ -51,22 +51,17 @@ import numpy as np
 
 from memtrain.errors import MemtrainError
 from memtrain.files import allocate_npy, check_npy, npy_header_bytes, open_npy
-from memtrain.layout import (
-    building_path,
-    spare_gradient_name,
-    state_buffer_name,
-    state_building_name,
-    streamed_gradient_name,
-    weights_path,
-)
+from memtrain.layout import building_path, weights_path
+from memtrain.train.exchange.area import OPTIMIZER_STATE, SPARE_GRADIENT, STATE_BUILDING, STREAMED_GRADIENT, discard
 from memtrain.train.exchange.weights import BLOCK, ready_building
 from memtrain.train.loops.mapped import RoundFiles
 from memtrain.train.loops.reduce import Scratch, reduce_and_step
 from memtrain.train.loops.rounds import Participant
-from memtrain.train.loops.stream import MappedBytes, discard
+from memtrain.train.loops.stream import MappedBytes
 from memtrain.train.messages import GradTask, Outcome, Result, StepTask, Stretch
 from memtrain.train.optim import learning_rate, state_slots
 from memtrain.train.plan import Update, step_slices
+from memtrain.train.timing import UNTIMED, Timer, timed, timed_sections
 
 if TYPE_CHECKING:
     from memtrain.cluster.broadcast import Answer, Broadcast
@@ -97,10 +92,10 @@ class SliceStep:
         size, slots, exchange = self.layout.size, self.slots, self.exchange
         lo, hi = message.lo, message.hi
         weights = open_npy(weights_path(self.run_dir, message.version), shape=(size,), dtype=np.float32)
-        grads = [open_npy(exchange / streamed_gradient_name(message.update, task, attempt), shape=(size,),
+        grads = [open_npy(STREAMED_GRADIENT.path(exchange, message.update, task, attempt), shape=(size,),
                           dtype=np.float32)[lo:hi] for task, attempt in enumerate(message.attempts)]
         parity = message.version % 2
-        state_in = {slot: open_npy(exchange / state_buffer_name(slot, parity), shape=(size,),
+        state_in = {slot: open_npy(OPTIMIZER_STATE.path(exchange, slot, parity), shape=(size,),
                                    dtype=np.float32)[lo:hi] for slot in slots}
         MappedBytes.read += (len(grads) + 1 + len(slots)) * (hi - lo) * 4
         out, state_out = self.buffers(hi - lo)
@@ -114,7 +109,7 @@ class SliceStep:
         sync = sync_needed(exchange)
         write_slice(building_path(self.run_dir, message.version + 1, self.server_pid), lo, out, size, sync)
         for slot in slots:
-            write_slice(exchange / state_building_name(slot, message.version + 1), lo, state_out[slot], size, sync)
+            write_slice(STATE_BUILDING.path(exchange, slot, message.version + 1), lo, state_out[slot], size, sync)
         return Result(task=message.task, attempt=message.attempt, outcome=Outcome.DONE, rows=hi - lo,
                       digests=digests.tobytes())
 
@@ -166,9 +161,11 @@ class SlicedParticipant(Participant):
 
     def __init__(self, files: RoundFiles, stretch: Stretch, *, run_tasks: RunTasks, workers: Callable[[], int],
                  slices: Callable[[], int], publish_sync: Callable[[Path], None], recycle: bool,
-                 heartbeat: Callable[[], bool] | None = None, broadcast: Broadcast | None = None):
-        super().__init__(files, stretch, alive=lambda: None, heartbeat=heartbeat)
-        self.run_tasks, self.workers, self.slices = run_tasks, workers, slices
+                 heartbeat: Callable[[], bool] | None = None, broadcast: Broadcast | None = None,
+                 timer: Timer = UNTIMED):
+        super().__init__(files, stretch, alive=lambda: None, heartbeat=heartbeat, timer=timer)
+        timed_sections(self, timer, ("step", "housekeeping"))  # train/timing.py: untimed, nothing
+        self.run_tasks, self.workers, self.slices = timed(timer, "tasks", run_tasks), workers, slices
         self.publish_sync, self.recycle, self.broadcast = publish_sync, recycle, broadcast
         self.received: list[tuple[Path, str]] = []  # the gradient files of the update to step next, spare names
         self.stepped: list[tuple[Path, str]] = []  # those of the update stepped last, and their spare names
@@ -201,8 +198,8 @@ class SlicedParticipant(Participant):
         results = self.run_gradient_tasks(tasks)
         discard([files.exchange / spare for spare in spares if spare])  # one a worker did not take (a retry)
         self.attempts = [r.attempt for r in results]  # task t's gradient file is attempt attempts[t]'s
-        self.received = [(files.exchange / streamed_gradient_name(update.update, r.task, r.attempt),
-                          spare_gradient_name(update.update, r.task, r.attempt)) for r in results]
+        self.received = [(STREAMED_GRADIENT.path(files.exchange, update.update, r.task, r.attempt),
+                          SPARE_GRADIENT.name(update.update, r.task, r.attempt)) for r in results]
         for result in results:
             files.seconds[update.batch, result.task] = result.seconds
             files.loss[update.batch, result.task] = result.loss
@@ -230,7 +227,7 @@ class SlicedParticipant(Participant):
             return [found[task.task] for task in tasks]
         missing = [replace(task, attempt=1, spare="", in_place=False) for task in tasks if task.task not in found]
         self.round_over(answer, f"{len(missing)} of {len(tasks)} gradient tasks",
-                        [self.files.exchange / streamed_gradient_name(t.update, t.task, 0) for t in missing])
+                        [STREAMED_GRADIENT.path(self.files.exchange, t.update, t.task, 0) for t in missing])
         done = {r.task: r for r in self.run_tasks(missing, lambda: None)}
         return [found.get(task.task) or done[task.task] for task in tasks]
 
@@ -297,8 +294,8 @@ class SlicedParticipant(Participant):
             rows = np.frombuffer(result.digests, dtype=np.uint8).reshape(-1, DIGEST_BYTES)
             digests[lo // BLOCK: lo // BLOCK + len(rows)] = rows
         for slot in state_slots(files.optimizer):  # the state of version + 1, where checkpoints and steps look
-            os.replace(files.exchange / state_building_name(slot, version + 1),
-                       files.exchange / state_buffer_name(slot, (version + 1) % 2))
+            os.replace(STATE_BUILDING.path(files.exchange, slot, version + 1),
+                       OPTIMIZER_STATE.path(files.exchange, slot, (version + 1) % 2))
         self.out = None
         return True
 
@@ -306,18 +303,16 @@ class SlicedParticipant(Participant):
         """The new files of ``version``'s optimizer state, whole (their space reserved), for the slice owners."""
         size = self.files.size
         for slot in state_slots(self.files.optimizer):
-            path = self.files.exchange / state_building_name(slot, version)
+            path = STATE_BUILDING.path(self.files.exchange, slot, version)
             if path.exists():
                 with contextlib.suppress(Exception):
                     check_npy(path, shape=(size,), dtype=np.float32)
                     continue
-                path.unlink()
+                discard([path])
             allocate_npy(path, (size,), np.float32)
 
     def discard_state(self, version: int) -> None:
-        for slot in state_slots(self.files.optimizer):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.files.exchange / state_building_name(slot, version))
+        discard([STATE_BUILDING.path(self.files.exchange, slot, version) for slot in state_slots(self.files.optimizer)])
 
     # --- 3. publication, records, the server's work while the workers compute ---
 

@@ -23,7 +23,6 @@ identical to a local run of the job, whatever the number of workers or the death
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +33,8 @@ import numpy as np
 from memtrain.errors import MemtrainError
 from memtrain.faults import fault_point
 from memtrain.files import npy_header_bytes, open_reused, writing_npy_rows
-from memtrain.layout import streamed_gradient_name, weights_path
+from memtrain.layout import weights_path
+from memtrain.train.exchange.area import STREAMED_GRADIENT
 from memtrain.train.messages import GradTask, Outcome, Result
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ class StreamedGradient:
         weights = self.maps.get(weights_path(self.run_dir, message.version), (size,), np.float32)
         MappedBytes.read += weights.nbytes
         x, y = self.rows(message.epoch, message.lo, message.hi)
-        path = self.exchange / streamed_gradient_name(message.update, message.task, message.attempt)
+        path = STREAMED_GRADIENT.path(self.exchange, message.update, message.task, message.attempt)
         mapped = self.spare_map(message) if message.in_place else None
         if mapped is None and self.scratch.size != size:
             self.scratch = np.empty(size, dtype=np.float32)
@@ -124,9 +124,3 @@ def rewrite(spare: Path, path: Path, values: np.ndarray) -> bool:
         return False
     return True
 
-
-def discard(paths: list[Path]) -> None:
-    """Delete files the stream is done with (gradients, spares); one already gone is no error."""
-    for path in paths:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)

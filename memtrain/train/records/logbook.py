@@ -19,8 +19,9 @@ import numpy as np
 from memtrain.errors import MemtrainError
 from memtrain.faults import fault_point
 from memtrain.files import open_npy
-from memtrain.layout import building_path, gradient_buffer_name, weights_path
+from memtrain.layout import building_path, weights_path
 from memtrain.records import METRICS_UPDATE, make
+from memtrain.train.exchange.area import GRADIENT_BUFFER
 from memtrain.train.exchange.marks import PUBLISHED, SKIPPED, Ledger
 from memtrain.train.exchange.weights import commit_weights
 from memtrain.train.optim import OptimizerConfig, learning_rate
@@ -138,7 +139,7 @@ class Logbook:
         """The tasks whose gradient buffer holds NaN/Inf (read only on this rare path, never per update)."""
         bank = gradient_bank(update.update, self.staleness)
         return [rows for rows in update.tasks
-                if not np.isfinite(open_npy(self.exchange / gradient_buffer_name(rows.task, bank), shape=(self.size,),
+                if not np.isfinite(open_npy(GRADIENT_BUFFER.path(self.exchange, rows.task, bank), shape=(self.size,),
                                             dtype=np.float32)).all()]
 
     def write(self) -> None:

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 
 from memtrain.files import open_npy, writing_npy
-from memtrain.layout import metrics_name
 from memtrain.models.protocol import Evaluation
 from memtrain.train.context import ModelContext
+from memtrain.train.exchange.area import METRICS, discard
 
 PROBABILITY_FLOOR = 1e-15  # log-loss clips probabilities here, as scikit-learn does: log(0) is -inf
 # What the epoch lines and the summary show, in this order (metrics.jsonl and inspect have every metric).
@@ -82,7 +82,7 @@ def write_task_statistics(exchange: Path, version: int, task: int, attempt: int,
                           proba: np.ndarray | None = None) -> None:
     """In a worker: the statistics of one evaluation task, to its exchange file."""
     stats = task_statistics(context, params, x, y, predicted=predicted, proba=proba)
-    with writing_npy(exchange / metrics_name(version, task, attempt), stats.shape, np.float64,
+    with writing_npy(METRICS.path(exchange, version, task, attempt), stats.shape, np.float64,
                      durable=False) as out:
         out[:] = stats
 
@@ -97,9 +97,9 @@ def collect(exchange: Path, version: int, results: list[Any], context: ModelCont
     for result in results:
         vector = kept.pop((version, result.task, result.attempt), None) if kept is not None else None
         if vector is None:
-            path = exchange / metrics_name(version, result.task, result.attempt)
+            path = METRICS.path(exchange, version, result.task, result.attempt)
             vector = np.array(open_npy(path, shape=(statistics_size(context),), dtype=np.float64))
-            path.unlink()
+            discard([path])
         vectors.append(vector)
     return {f"val_{name}": value for name, value in combine(vectors, context).items()}
 

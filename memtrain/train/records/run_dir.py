@@ -15,7 +15,6 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
-import json
 import os
 import shutil
 import time
@@ -44,7 +43,6 @@ from memtrain.files import (
 )
 from memtrain.layout import (
     CHECKPOINTS_DIR,
-    EXCHANGE_MARK,
     EXCHANGE_PROBE,
     RUN_CSV,
     RUN_EVENTS,
@@ -59,7 +57,6 @@ from memtrain.layout import (
     STATISTICS_DIR,
     TENSORBOARD_EVENTS,
     WEIGHTS_DIR,
-    exchange_dir_name,
     is_checkpoint_name,
     is_version_name,
     numbered_run_dir,
@@ -69,6 +66,7 @@ from memtrain.layout import (
     tmp_sibling,
     tmp_target,
 )
+from memtrain.train.exchange.area import make_area, remove_area
 from memtrain.train.memory import size_text
 from memtrain.train.records.checkpoint import done_epochs
 from memtrain.train.records.record import FORMAT as RECORD_FORMAT
@@ -100,7 +98,7 @@ class RunDir:
         append_jsonl(self.path / RUN_LINEAGE, *(seal(record, native=native) for record in records))
 
     def close(self) -> None:
-        shutil.rmtree(self.exchange, ignore_errors=True)
+        remove_area(self.exchange)
         fcntl.flock(self.lock, fcntl.LOCK_UN)
         self.lock.close()
 
@@ -133,17 +131,9 @@ def sweep_leftovers(run_dir: Path, exchange_parents: list[Path]) -> list[Path]:
         with contextlib.suppress(OSError):
             for name in os.listdir(parent):
                 owner = parse_exchange_owner(name)
-                if owner is not None and not pid_alive(owner) and _remove_exchange(parent / name):
+                if owner is not None and not pid_alive(owner) and remove_area(parent / name):
                     removed.append(parent / name)
     return removed
-
-
-def _remove_exchange(folder: Path) -> bool:
-    """Delete an exchange area only if memtrain's mark is in it (a directory that merely has the name stays)."""
-    if folder.is_symlink() or not (folder / EXCHANGE_MARK).is_file():
-        return False
-    shutil.rmtree(folder, ignore_errors=True)
-    return True
 
 
 def exchange_candidates(job: Job) -> list[Path]:
@@ -368,7 +358,7 @@ def _clear_run(path: Path) -> None:
             with contextlib.suppress(OSError):
                 (path / name).rmdir()
         elif parse_exchange_owner(name) is not None and not pid_alive(parse_exchange_owner(name) or 0):
-            _remove_exchange(path / name)
+            remove_area(path / name)
     left = sorted(set(os.listdir(path)) - {RUN_JOB, RUN_LOCK, WEIGHTS_DIR, CHECKPOINTS_DIR})
     if left:
         log_event(path, f"overwrite: left in place (not written by memtrain): {', '.join(left)}")
@@ -401,9 +391,7 @@ def _set_up(job: Job, path: Path, lock: IO[str], need_exchange: int, need_run: i
     candidates = exchange_candidates(job)
     sweep_leftovers(path, candidates)
     parent = choose_exchange(job, need_exchange, lambda text: log_event(path, text), need_run)
-    exchange = parent / exchange_dir_name(uuid.uuid4().hex[:8], os.getpid())
-    exchange.mkdir()
-    (exchange / EXCHANGE_MARK).write_text(json.dumps({"owner": os.getpid()}) + "\n")
+    exchange = make_area(parent, uuid.uuid4().hex[:8])
     run = RunDir(path, exchange, lock)
     run.event(f"exchange area: {exchange}")
     return run

@@ -37,11 +37,11 @@ from memtrain.layout import (
     checkpoint_updates,
     checkpoint_version_name,
     optimizer_state_name,
-    state_buffer_name,
     weights_path,
 )
 from memtrain.records import CHECKPOINT_DATA, CHECKPOINT_POSITION, make
 from memtrain.train.context import ModelContext
+from memtrain.train.exchange.area import OPTIMIZER_STATE
 from memtrain.train.exchange.weights import publish_params
 from memtrain.train.optim import state_slots
 from memtrain.train.plan import run_updates_per_epoch
@@ -102,7 +102,7 @@ def start_fresh(run: RunDir, job: Job, context: ModelContext) -> Position:
     zeros = np.zeros(context.layout.size, dtype=np.float32)
     for slot in run_state_slots(job, context):
         for parity in (0, 1):
-            publish_array(run.exchange / state_buffer_name(slot, parity), zeros, durable=False)
+            publish_array(OPTIMIZER_STATE.path(run.exchange, slot, parity), zeros, durable=False)
     return Position(schedule=schedule_state(job.train))
 
 
@@ -158,8 +158,8 @@ def _restore_files(run: RunDir, job: Job, context: ModelContext, path: Path, pos
         publish_array(weights_path(run.path, older), stored, durable=False)
     for slot in run_state_slots(job, context):
         state = open_npy(path / optimizer_state_name(slot), shape=(size,), dtype=np.float32)
-        publish_array(run.exchange / state_buffer_name(slot, version % 2), state, durable=False)
-        publish_array(run.exchange / state_buffer_name(slot, 1 - version % 2), state, durable=False)
+        publish_array(OPTIMIZER_STATE.path(run.exchange, slot, version % 2), state, durable=False)
+        publish_array(OPTIMIZER_STATE.path(run.exchange, slot, 1 - version % 2), state, durable=False)
 
 
 def _resume_point(run: RunDir) -> tuple[tuple[Path, dict[str, Any]] | None, list[dict[str, Any]] | None]:
@@ -278,7 +278,7 @@ def position_json(position: Position) -> dict[str, Any]:
 
 
 def _state_files(run: RunDir, job: Job, context: ModelContext, position: Position) -> dict[str, Path]:
-    return {slot: run.exchange / state_buffer_name(slot, position.version % 2)
+    return {slot: OPTIMIZER_STATE.path(run.exchange, slot, position.version % 2)
             for slot in run_state_slots(job, context)}
 
 

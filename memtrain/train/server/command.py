@@ -32,6 +32,7 @@ from memtrain.train.records.lineage import read_lineage
 from memtrain.train.records.metrics import SHOWN
 from memtrain.train.records.run_dir import load_saved_job
 from memtrain.train.server.server import TrainSummary, train
+from memtrain.train.timing import UNTIMED, Timer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="no progress bar, no epoch lines, no notes (warnings and the summary are still printed)")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, timer: Timer = UNTIMED) -> int:
+    """``memtrain train``; ``timer``: a measurement's timing hook (train/timing.py, benchmarks/first_job_items.py)."""
     from memtrain.rl.server import run_command, wants_rl
 
     if wants_rl(args):  # a reinforcement-learning job ([env]) or run: memtrain/rl/server.py
@@ -66,10 +68,10 @@ def run(args: argparse.Namespace) -> int:
     job = _job(args)
     if job.run.cluster and parse_cluster(job.run.cluster, where="run.cluster").slurm:
         return _on_slurm(args, job)
-    return _train(args, job, resume=bool(args.resume), overwrite=args.overwrite)
+    return _train(args, job, resume=bool(args.resume), overwrite=args.overwrite, timer=timer)
 
 
-def _train(args: argparse.Namespace, job: Job, *, resume: bool, overwrite: bool) -> int:
+def _train(args: argparse.Namespace, job: Job, *, resume: bool, overwrite: bool, timer: Timer = UNTIMED) -> int:
     if overwrite and resume:
         raise InputError("--overwrite and --resume contradict each other",
                          hint=f"continue the run with `memtrain train --resume {job.run.dir}`, or start it over "
@@ -77,7 +79,7 @@ def _train(args: argparse.Namespace, job: Job, *, resume: bool, overwrite: bool)
     asked = {item.partition("=")[0].strip() for item in args.overrides}
     try:
         summary = train(job, resume_run=resume, verify=args.verify, overwrite=overwrite, asked=asked,
-                        quiet=args.quiet)
+                        quiet=args.quiet, timer=timer)
     except MemtrainError as exc:
         _name_resume(exc, job.run.dir)
         raise

@@ -42,6 +42,7 @@ from memtrain.train.records.state import Position
 from memtrain.train.schedule import Arrival, ArrivalState, Planned, PlannedState, Recorded, Schedule
 from memtrain.train.server.exchange import InServer
 from memtrain.train.server.scheduler import Scheduler
+from memtrain.train.timing import UNTIMED, Timer, timed
 
 if TYPE_CHECKING:
     from memtrain.config import TrainConfig
@@ -117,6 +118,7 @@ class EngineContext:
     stop: StopRequest
     log: Callable[[str], None]
     describe_rows: RowWords
+    timer: Timer = UNTIMED  # the named sections' timing hook (train/timing.py): untimed but in a measurement
 
 
 class EpochEngine(Protocol):
@@ -151,6 +153,8 @@ class Rounds:
 
     def __init__(self, context: EngineContext):
         self.context = context
+        if context.timer is not UNTIMED:  # a measurement (train/timing.py)
+            self.run = timed(context.timer, "rounds", self.run)  # type: ignore[method-assign]
         self.generation = 0  # a stretch's number: the marks of an older stretch never count for a newer one
         self.participants = 1
 
@@ -269,7 +273,7 @@ class ClusterRounds(Rounds):
             self.files, stretches[0], workers=workers, run_tasks=tasks,
             publish_sync=sync_for_readers if sync else lambda path: None, recycle=False, heartbeat=heartbeat,
             slices=workers, broadcast=open_broadcast(transport, rule=c.scheduler.backup,  # the run's straggler rule
-                                                     timeout=c.train.task_timeout, log=c.log)).run()
+                                                     timeout=c.train.task_timeout, log=c.log), timer=c.timer).run()
         if c.stop.requested:
             return Outcome.STOPPED
         return Outcome.NONFINITE if outcome == Outcome.NONFINITE else Outcome.DONE

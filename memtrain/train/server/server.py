@@ -30,18 +30,15 @@ from memtrain.dataset import Dataset, open_dataset
 from memtrain.errors import InputError, Interrupted, MemtrainError, plural
 from memtrain.files import allocate_npy, open_npy, read_jsonl
 from memtrain.layout import (
-    ROUND_BOARD,
-    ROUND_RECORDS,
     RUN_LINEAGE,
     RUN_METRICS,
-    gradient_buffer_name,
-    streamed_gradient_name,
     weights_path,
 )
 from memtrain.progress import reporting
 from memtrain.records import METRICS_EPOCH, make
 from memtrain.stopping import StopRequest, on_stop_signals, start_resource_tracker
 from memtrain.train.context import ModelContext, startup_check
+from memtrain.train.exchange.area import BOARD, GRADIENT_BUFFER, METRICS, RECORDS, STREAMED_GRADIENT, discard
 from memtrain.train.exchange.marks import (
     Board,
     create_records,
@@ -121,6 +118,7 @@ from memtrain.train.server.pools import OnCluster, Streamed, check_cluster, open
 from memtrain.train.server.room import allow_open_files, room_needed
 from memtrain.train.server.scheduler import CORES, Scheduler
 from memtrain.train.server.summary import summary_html, summary_text
+from memtrain.train.timing import UNTIMED, Timer, timed_sections
 from memtrain.train.worker.worker import WorkerState
 
 
@@ -156,7 +154,8 @@ class TrainSummary:
 
 def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite: bool = False,
           asked: Collection[str] = (), quiet: bool = False, replay: Lineage | None = None,
-          callbacks: Sequence[Any] = (), say: Callable[[str], None] | None = None) -> TrainSummary:
+          callbacks: Sequence[Any] = (), say: Callable[[str], None] | None = None,
+          timer: Timer = UNTIMED) -> TrainSummary:
     """Run (or resume) a job to the end; raises MemtrainError (Interrupted on SIGINT/SIGTERM/SIGHUP).
 
     ``asked``: the ``section.key`` settings named on the command line, the only ones a resume may change.
@@ -164,7 +163,8 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
     run's event log). ``say``: how a note is shown (default: ``memtrain train: note: ...`` on stderr, its
     advice in command-line terms; ``memtrain.fit`` says it in Python terms). ``replay``: the lineage of
     the run ``job`` made, to run again exactly (train/loops/overlap.py) instead of the job's epochs. ``callbacks``:
-    called at the end of each epoch (train/server/monitor.py).
+    called at the end of each epoch (train/server/monitor.py). ``timer``: the timing hook of the named sections run
+    in this process (train/timing.py; a measurement's, benchmarks/); untimed by default.
     """
     if job.run.cluster and (overlapping(job) or replay is not None):
         raise InputError("fixed staleness, async mode and replay run on one machine only, so far",
@@ -182,7 +182,7 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
         context = server_context(dataset, job, resuming=resume_run, replaying=replay is not None, cores=CORES)
         try:  # torch: outlined when workers compute; a kept outline's child is let go if the run never adopts it
             return _train(job, dataset, context, stop, resume_run=resume_run, overwrite=overwrite, asked=asked,
-                          quiet=quiet, replay=replay, callbacks=callbacks, say=say or _say,
+                          quiet=quiet, replay=replay, callbacks=callbacks, say=say or _say, timer=timer,
                           earlier=earlier if earlier != job.run.dir else None)
         finally:
             release = getattr(context.model, "release", None)
@@ -192,7 +192,8 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
 
 def _train(job: Job, dataset: Dataset, context: ModelContext, stop: StopRequest, *, resume_run: bool,
            overwrite: bool, asked: Collection[str], quiet: bool, replay: Lineage | None,
-           callbacks: Sequence[Any], say: Callable[[str], None], earlier: Path | None = None) -> TrainSummary:
+           callbacks: Sequence[Any], say: Callable[[str], None], earlier: Path | None = None,
+           timer: Timer = UNTIMED) -> TrainSummary:
     """``train`` once the server has its model context: the start-up checks, the run directory, the run."""
     if context.additive and overlapping(job):
         raise InputError(f"a {job.model.kind} model is solved in one pass of statistics: it has no updates to "
@@ -220,7 +221,7 @@ def _train(job: Job, dataset: Dataset, context: ModelContext, stop: StopRequest,
         if runtime:
             run.event(runtime)
         return Trainer(job, dataset, context, run, stop, quiet=quiet, lineage=replay,
-                       callbacks=callbacks).run(run.decision)
+                       callbacks=callbacks, timer=timer).run(run.decision)
     except (MemtrainError, OSError) as exc:
         if not isinstance(exc, Interrupted):  # the run's log tells how it ended, even with no terminal
             run.event(f"failed: {exc}")
@@ -259,8 +260,11 @@ def round_slots(job: Job) -> int:
 
 class Trainer:
     def __init__(self, job: Job, dataset: Dataset, context: ModelContext, run: RunDir, stop: StopRequest, *,
-                 quiet: bool = False, lineage: Lineage | None = None, callbacks: Sequence[Any] = ()):
+                 quiet: bool = False, lineage: Lineage | None = None, callbacks: Sequence[Any] = (),
+                 timer: Timer = UNTIMED):
         self.job, self.dataset, self.context, self.run_dir, self.stop = job, dataset, context, run, stop
+        self.timer = timer
+        timed_sections(self, timer, ("heartbeat", "evaluate", "end_epoch"))  # train/timing.py: untimed, nothing
         self.callbacks = callbacks
         self.quiet = quiet
         self.lineage = lineage  # a run to replay (memtrain train --replay)
@@ -286,7 +290,7 @@ class Trainer:
             self.log, describe_rows=self.describe_rows) if context.additive else None
         self.memory_board = Board(1)
         self.logbook = Logbook(run=run, exchange=run.exchange, plan=self.plan,
-                               records=open_records(run.exchange / ROUND_RECORDS, self.plan.per_epoch,
+                               records=open_records(RECORDS.path(run.exchange), self.plan.per_epoch,
                                                     job.train.tasks_per_update),
                                optimizer=job.train.optimizer, on_nonfinite=job.train.on_nonfinite,
                                size=context.layout.size, describe_rows=self.describe_rows, log=self.log,
@@ -308,7 +312,8 @@ class Trainer:
         self.log(f"server pid {os.getpid()}")
         self.in_server = InServer(WorkerState(self._setup(), alive=lambda: None, board=self.memory_board,
                                               heartbeat=lambda: self.heartbeat(position), keep_statistics=True,
-                                              plan=self.plan, dataset=self.dataset, context=self.context))
+                                              plan=self.plan, dataset=self.dataset, context=self.context,
+                                              timer=self.timer))
         self.scheduler = Scheduler(task_timeout=self.job.train.task_timeout, max_attempts=self.job.train.max_attempts,
                                    describe_task=self.describe_task, log=self.log,
                                    stop_requested=lambda: self.stop.requested,
@@ -354,7 +359,7 @@ class Trainer:
             size=self.context.layout.size, run_path=self.run_dir.path, exchange=self.run_dir.exchange,
             placement=self.placement, scheduler=self.scheduler, logbook=self.logbook, looks=self.looks,
             board=self.board, memory_board=self.memory_board, stop=self.stop, log=self.log,
-            describe_rows=self.describe_rows)
+            describe_rows=self.describe_rows, timer=self.timer)
         self.engine = make(self.engine_context)
         return self.engine
 
@@ -571,13 +576,14 @@ class Trainer:
         return epochs[-1] if epochs else {}
 
     def discard_attempt(self, message: Task) -> None:
-        """Delete the file a dead or superseded attempt may have written: statistics, or a streamed gradient
-        (a cluster run's; in the round, gradients go to the per-task buffers, which the next attempt overwrites)."""
+        """Delete the file a dead or superseded attempt may have written: statistics, an evaluation's sums, or a
+        streamed gradient (in the round, gradients go to the per-task buffers, which the next attempt overwrites)."""
         if isinstance(message, StatsTask):
             self.statistics.discard(message.task, message.attempt)
         if isinstance(message, GradTask):  # a cluster run's gradients: one file per attempt (train/loops/stream.py)
-            (self.run_dir.exchange / streamed_gradient_name(message.update, message.task, message.attempt)).unlink(
-                missing_ok=True)
+            discard([STREAMED_GRADIENT.path(self.run_dir.exchange, message.update, message.task, message.attempt)])
+        if isinstance(message, EvalTask):
+            discard([METRICS.path(self.run_dir.exchange, message.version, message.task, message.attempt)])
 
     def describe_task(self, message: Task) -> str:
         if isinstance(message, EvalTask):
@@ -639,7 +645,7 @@ def create_round_files(exchange: Path, size: int, tasks: int, slots: int, per_ep
     train/records/state.py)."""
     for task in range(tasks):
         for bank in range(banks):
-            allocate_npy(exchange / gradient_buffer_name(task, bank), (size,), np.float32)
+            allocate_npy(GRADIENT_BUFFER.path(exchange, task, bank), (size,), np.float32)
     create_digests(exchange, size)
-    create_records(exchange / ROUND_RECORDS, per_epoch, tasks)
-    return Board.create(exchange / ROUND_BOARD, slots)
+    create_records(RECORDS.path(exchange), per_epoch, tasks)
+    return Board.create(BOARD.path(exchange), slots)

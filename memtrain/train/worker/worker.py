@@ -27,8 +27,9 @@ import numpy as np
 from memtrain.dataset import Dataset, open_dataset
 from memtrain.errors import MemtrainError
 from memtrain.faults import straggler_factor
-from memtrain.layout import ROUND_BOARD, partial_name, statistics_dir, weights_path
+from memtrain.layout import partial_name, statistics_dir, weights_path
 from memtrain.train.context import ModelContext, model_context
+from memtrain.train.exchange.area import BOARD
 from memtrain.train.exchange.marks import Board
 from memtrain.train.loops.additive import task_partial
 from memtrain.train.loops.desk import DeskParticipant
@@ -58,6 +59,7 @@ from memtrain.train.messages import (
 )
 from memtrain.train.plan import Plan
 from memtrain.train.records.metrics import evaluation, task_statistics, write_task_statistics
+from memtrain.train.timing import UNTIMED, Timer, timed
 from memtrain.train.worker.launch import exit_at_once
 
 PARENT_POLL_SECONDS = 1.0  # how often an idle worker checks that its server is still alive
@@ -200,8 +202,8 @@ class WorkerState:
 
     def __init__(self, setup: WorkerSetup, *, alive: Callable[[], None], board: Board | None = None,
                  heartbeat: Callable[[], bool] | None = None, keep_statistics: bool = False, plan: Plan | None = None,
-                 dataset: Dataset | None = None, context: ModelContext | None = None):
-        self.setup, self.alive, self.heartbeat = setup, alive, heartbeat
+                 dataset: Dataset | None = None, context: ModelContext | None = None, timer: Timer = UNTIMED):
+        self.setup, self.alive, self.heartbeat, self.timer = setup, alive, heartbeat, timer
         self.kept_statistics: dict[tuple[int, int, int], np.ndarray] | None = {} if keep_statistics else None
         self.exchange = Path(setup.exchange_dir)
         self.run_dir = Path(setup.run_dir)
@@ -219,7 +221,7 @@ class WorkerState:
         self._val_rows = RowCache(ROW_CACHE_BYTES)  # evaluated every epoch: read and normalized once
         # a task's loss and gradient; the straggler test hook slows a worker, never the server itself
         self.gradient = TaskGradient(self.context.model, seed=setup.rounds.seed,
-                                     straggler=straggler_factor() if board is None else 1.0)
+                                     straggler=straggler_factor() if board is None else 1.0, timer=timer)
         # the handlers of a streamed gradient task and of a cluster's step slice, each handed what it uses
         self.streamed_gradient = StreamedGradient(layout=self.context.layout, maps=self.maps, run_dir=self.run_dir,
                                                   exchange=self.exchange, rows=self.task_rows, gradient=self.gradient)
@@ -249,19 +251,21 @@ class WorkerState:
     def rounds(self) -> RoundFiles:
         if self._rounds is None:
             setup = self.setup
-            board = self.board or Board(setup.rounds.slots, self.exchange / ROUND_BOARD)
+            board = self.board or Board(setup.rounds.slots, BOARD.path(self.exchange))
             self._rounds = RoundFiles(context=self.context, dataset=self.dataset, run_dir=self.run_dir,
                                       exchange=self.exchange, server_pid=setup.server_pid,
                                       optimizer=setup.optimizer, setup=setup.rounds,
-                                      board=board, maps=self.maps, gradient=self.gradient, plan=self.plan,
-                                      rows=self.train_rows)
+                                      board=board, maps=self.maps, gradient=timed(self.timer, "gradient task",
+                                                                                  self.gradient),
+                                      plan=self.plan, rows=self.train_rows, timer=self.timer)
         return self._rounds
 
     def stretch(self, stretch: Stretch) -> StretchEnd:
         if stretch.loop is Loop.DESK:
             outcome = DeskParticipant(self.rounds(), stretch, alive=self.alive).run()
             return StretchEnd(generation=stretch.generation, slot=stretch.slot, outcome=outcome)
-        outcome = Participant(self.rounds(), stretch, alive=self.alive, heartbeat=self.heartbeat).run()
+        outcome = Participant(self.rounds(), stretch, alive=self.alive, heartbeat=self.heartbeat,
+                              timer=self.timer).run()
         return StretchEnd(generation=stretch.generation, slot=stretch.slot, outcome=outcome)
 
     def task_rows(self, epoch: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
