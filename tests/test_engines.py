@@ -22,6 +22,8 @@ from memtrain.train.messages import GradTask
 from memtrain.train.schedule import ArrivalAgenda, PlannedAgenda, RecordedAgenda
 from memtrain.train.server import engines, server
 from memtrain.train.server.engines import ClusterRounds, Desk, EngineContext, Rounds, ServerSteps
+from memtrain.train.server.onepass import OnePass
+from memtrain.train.server.replay import Replay
 
 JOB = """
 [data]
@@ -84,9 +86,9 @@ def chosen(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     return seen
 
 
-def train(tmp_path: Path, data: Path, train: str, *args: str) -> Path:
+def train(tmp_path: Path, data: Path, train: str, *args: str, kind: str = "softmax") -> Path:
     job = tmp_path / "job.toml"
-    job.write_text(JOB.format(data=data, train=train, run=tmp_path / "run"))
+    job.write_text(JOB.format(data=data, train=train, run=tmp_path / "run").replace('"softmax"', f'"{kind}"'))
     assert main(["train", str(job), "--quiet", *args]) == 0
     return tmp_path / "run"
 
@@ -111,12 +113,25 @@ def test_each_mode_runs_its_engine_and_schedule_once_chosen(tmp_path: Path, data
 
 def test_a_replay_is_the_server_engine_with_the_recorded_schedule(tmp_path: Path, data: Path,
                                                                   chosen: list[dict]) -> None:
+    """Chosen like every engine: the server's whole-vector loop with the lineage's schedule, run once."""
     run = train(tmp_path, data, 'mode = "async"\nasync_group = 2')
     assert main(["train", "--replay", str(run), "--quiet", "--run-dir", str(tmp_path / "replay"),
                  "--workers", "0"]) == 0
     replay = chosen[-1]
-    assert type(replay["engine"]) is ServerSteps and replay["runs"] == 1 and replay["closed"] == 1
+    assert type(replay["engine"]) is Replay and isinstance(replay["engine"], ServerSteps)
+    assert replay["runs"] == 1 and replay["closed"] == 1
     assert [type(a) for a in replay["agendas"]] == [RecordedAgenda]
+
+
+def test_an_additive_model_is_its_one_pass_engine_run_once(tmp_path: Path, data: Path, chosen: list[dict]) -> None:
+    """Chosen like every engine: one run (its statistics and its solve) whatever train.epochs says; a resume of
+    the solved run finds nothing left to run."""
+    run = train(tmp_path, data, "", kind="naive_bayes")
+    [entry] = chosen
+    assert type(entry["engine"]) is OnePass and entry["runs"] == 1 and entry["closed"] == 1
+    assert weight_versions(run) == [0, 1]
+    assert main(["train", "--resume", str(run), "--quiet"]) == 0
+    assert chosen[-1]["runs"] == 0 and weight_versions(run) == [0, 1]
 
 
 def context(**fields: object) -> SimpleNamespace:

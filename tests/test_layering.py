@@ -8,6 +8,7 @@ Imports are read from the source (module level and inside functions, as they run
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import memtrain
@@ -111,3 +112,35 @@ def test_a_worker_reaches_nothing_of_the_server() -> None:
 
 def test_the_search_finds_a_cycle() -> None:
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+# What the Trainer must not name: it asks the Choice (train/server/choice.py) and its engine, never which mode
+# it runs (an additive model's pass and solve, a replay of a lineage, async mode). Words of identifiers.
+MODE_WORDS = {"additive", "replay", "replaying", "lineage", "recorded", "mode", "async"}
+
+
+def named_modes(source: str, cls: str = "Trainer") -> set[str]:
+    """Every identifier in class ``cls`` of ``source`` (names, attributes, arguments, functions) with a word
+    that names a mode (words: split at underscores and capitals)."""
+    [tree] = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ClassDef) and node.name == cls]
+    found = set()
+    for node in ast.walk(tree):
+        name = (node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute)
+                else node.arg if isinstance(node, (ast.arg, ast.keyword)) and node.arg
+                else node.name if isinstance(node, ast.FunctionDef) else None)
+        if name and MODE_WORDS & {w.lower() for w in re.findall(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])", name)}:
+            found.add(name)
+    return found
+
+
+def test_the_trainer_names_no_mode() -> None:
+    """The epoch loop and the choice of its engine read one Choice: no branch on an additive model, a replay's
+    lineage or the training mode (the words of its log lines are the Choice's)."""
+    assert named_modes((ROOT / "train" / "server" / "server.py").read_text()) == set()
+
+
+def test_the_mode_search_finds_a_branch() -> None:
+    source = "class Trainer:\n    def fit(self):\n        if self.context.additive or self.lineage:\n            pass\n"
+    assert named_modes(source) == {"additive", "lineage"}
+    assert named_modes(source.replace("self.lineage", "self.modelLineage")) == {"additive", "modelLineage"}
+    assert named_modes(source.replace(" or self.lineage", ".model_kind")) == {"additive"}

@@ -4,9 +4,13 @@ The folders say which process runs what (each folder's __init__.py says what it 
 
     server/      the server process only
       command.py   the `memtrain train` CLI;  fit.py, summary.py: memtrain.fit and its summary table
-      server.py    the epoch loop (Trainer.fit): the engine chosen once, evaluation, checkpoints, a clean stop
+      server.py    the epoch loop (Trainer.fit, naming no mode): the engine made once, evaluation, checkpoints,
+                   a clean stop
+      choice.py    the run's kind, chosen once from one table (ENGINES): its placement, its engine's maker
       engines.py   who steps, one interface (run the rest of an epoch): Rounds, ClusterRounds, Desk, ServerSteps
                    (the server steps the whole vector: loops/overlap.py); each handed an EngineContext
+      replay.py, onepass.py   two more engines: Replay (a lineage run again: ServerSteps with Recorded), OnePass
+                   (an additive model's statistics and solve)
       placement.py rounds in the server or on workers (train.workers, measured at start)
       exchange.py  a pipe pair per worker slot; or InServer: the server as its own worker
       scheduler.py watches a stretch / runs tasks: deaths, hangs, failures, stop signals
@@ -71,8 +75,9 @@ Glossary (one name per concept, everywhere in this package):
     agenda       a schedule's state over one epoch (a replay: the whole lineage): what can start, which
                  arrived gradients form the next update (schedule.Agenda)
     engine       who steps, on the server's side (server/engines.py): Rounds (slices, marks), ClusterRounds (the
-                 server's stretch on a cluster), Desk (groups), ServerSteps (the whole vector, streamed); each
-                 is handed an EngineContext, what it uses of the server
+                 server's stretch on a cluster), Desk (groups), ServerSteps (the whole vector, streamed), Replay,
+                 OnePass (an additive model's solve); each is handed an EngineContext, what it uses of the server,
+                 and made as its row of server/choice.ENGINES says
     loop         what a worker runs a stretch with (messages.Loop): the rounds' or the desk's
     desk         async mode's meeting place on worker processes: the engine engines.Desk, its file and lock
                  desk.DeskFile

@@ -1,18 +1,20 @@
 """The engines: who steps. Each runs the rest of an epoch from a position, the same way for the epoch loop.
 
-``Trainer.choose`` (train/server/server.py) picks one engine per run, once, the reasons logged, and hands it an
-``EngineContext``: what it uses of the server, and nothing else (never the Trainer). The epoch loop
-(``Trainer.fit``) then calls ``engine.run(position)`` until the epoch's updates are all counted, and
-``engine.close()`` at the end. No engine asks which mode it is in: what it computes is its schedule's
-(train/schedule.py), decided when it was built.
+``Trainer.choose`` (train/server/server.py) makes the run's engine once, as the ``Choice`` made at start
+says (train/server/choice.py: one table), the reasons logged, and hands it an ``EngineContext``: what it uses of
+the server, and nothing else (never the Trainer). The epoch loop (``Trainer.fit``) then calls
+``engine.run(position)`` until the engine says the epoch is done (``epoch_done``), and ``engine.close()`` at
+the end. No engine asks which mode it is in: what it computes is its schedule's (train/schedule.py), decided
+when it was built.
 
 - ``Rounds``: the workers (or the server alone) meet at marks, each stepping a slice (train/loops/rounds.py):
   synchronous training and fixed staleness in the rounds. ``ClusterRounds``: the same stretch on a cluster,
   run by the server alone, its gradient tasks (and step slices) sent to the Dask workers (train/loops/sliced.py).
 - ``Desk``: async mode on worker processes; they claim tasks and step whole groups at the desk (train/loops/desk.py).
 - ``ServerSteps``: the server steps the whole vector, the gradients streamed to it (train/loops/overlap.py): fixed
-  staleness streamed, async mode in the server, and a replay, each the one loop ``Overlap.run`` asking its
-  schedule's agenda (``Planned``, ``Arrival``, ``Recorded``).
+  staleness streamed and async mode in the server, each the one loop ``Overlap.run`` asking its schedule's
+  agenda (``Planned``, ``Arrival``); ``Replay`` (train/server/replay.py) is the same loop with ``Recorded``.
+- ``OnePass`` (train/server/onepass.py): an additive model's one pass of statistics, then its solve.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from memtrain.errors import Interrupted, MemtrainError
+from memtrain.layout import streamed_gradient_name
 from memtrain.stopping import StopRequest
 from memtrain.train.exchange.marks import GRADIENT, PUBLISH, READYING, STEP, Activity, Board, Ledger
 from memtrain.train.exchange.weights import BLOCK, ready_building, rounds_keep, unpublish_after
@@ -34,19 +37,18 @@ from memtrain.train.loops.desk import DeskLog, create_desk
 from memtrain.train.loops.mapped import RoundFiles
 from memtrain.train.loops.overlap import Overlap
 from memtrain.train.loops.sliced import SlicedParticipant
-from memtrain.train.messages import GradTask, Loop, Outcome, Stretch
+from memtrain.train.messages import GradTask, Loop, Outcome, Stretch, Task
 from memtrain.train.plan import Plan, RowWords, step_slices, task_stream
 from memtrain.train.records.counters import update_number
 from memtrain.train.records.logbook import Logbook
 from memtrain.train.records.state import Position
-from memtrain.train.schedule import Arrival, ArrivalState, Planned, PlannedState, Recorded, Schedule
+from memtrain.train.schedule import ArrivalState, PlannedState, Schedule
 from memtrain.train.server.exchange import InServer
 from memtrain.train.server.scheduler import Scheduler
 
 if TYPE_CHECKING:
     from memtrain.config import TrainConfig
     from memtrain.progress import Reporter
-    from memtrain.train.records.lineage import Lineage
     from memtrain.train.server.placement import Placement
     from memtrain.train.server.pools import OnCluster, Streamed
 
@@ -119,18 +121,40 @@ class EngineContext:
     describe_rows: RowWords
 
 
-class EpochEngine(Protocol):
-    """What the epoch loop asks of an engine."""
+class EpochEngine:
+    """What the epoch loop asks of an engine, with what most engines answer. ``context``: what it uses of the
+    server (``EngineContext``), handed to it when it is made."""
+
+    context: EngineContext
 
     def run(self, position: Position) -> None:
-        """Run the rest of ``position``'s epoch (a replay: the whole lineage), unless cut short by a fault or
-        a probe (then the loop calls it again); ``position`` moves past every update logged."""
+        """Run the rest of ``position``'s epoch (a replay: the whole lineage; an additive model: its pass and
+        solve), unless cut short by a fault or a probe (then the loop calls it again); ``position`` moves past
+        every update logged."""
+        raise NotImplementedError
+
+    def epoch_done(self, position: Position) -> bool:
+        """Whether ``position``'s epoch is over, so the loop evaluates it: its updates are all counted."""
+        return position.batch >= self.context.per_epoch
+
+    def epoch_ended(self, position: Position) -> None:
+        """The epoch is evaluated and checkpointed as the job says: what the engine kept for a restart can go."""
 
     def describe_activity(self, activity: Activity) -> str:
         """A participant's activity in words (what a dead or silent worker was doing), for the scheduler."""
+        return f"activity {activity.kind} at update {update_number(activity.update)}"  # an engine with no stretch
 
     def describe_gradient(self, task: GradTask) -> str:
         """A gradient task this engine handed out, in words (a dead, hung or failed one), for the scheduler."""
+        return f"gradient task ({self.context.describe_rows(task.lo, task.hi, epoch=task.epoch)})"
+
+    def discard(self, task: Task) -> None:
+        """Delete the file a dead or superseded attempt of a task this engine handed out may have written: a
+        streamed gradient's (the server's steps, a cluster's rounds; in the rounds, gradients go to the per-task
+        buffers, which the next attempt overwrites)."""
+        if isinstance(task, GradTask):
+            (self.context.exchange / streamed_gradient_name(task.update, task.task, task.attempt)).unlink(
+                missing_ok=True)
 
     def close(self) -> None:
         """Let go of what the engine holds (spare gradient files), at the run's end however it ends."""
@@ -144,7 +168,7 @@ def ended(outcome: Outcome) -> None:
         raise MemtrainError("a non-finite update stopped the run", hint="see the event log")
 
 
-class Rounds:
+class Rounds(EpochEngine):
     """Workers meeting at marks, each stepping a slice; or the server alone (train/loops/rounds.py)."""
 
     recycle = True  # a retired version's file becomes the next one's (not on a cluster: docs/cluster.md)
@@ -227,9 +251,6 @@ class Rounds:
         rows = self.context.describe_rows(task.lo, task.hi, epoch=task.epoch)
         return f"gradient task {task.task} ({rows}) of update {update_number(task.update)}"
 
-    def close(self) -> None:
-        pass
-
 
 class ClusterRounds(Rounds):
     """The rounds on a cluster: the server runs the stretch alone, its gradient tasks and step slices sent to
@@ -284,7 +305,7 @@ def between_updates(context: EngineContext, position: Position, board: Board) ->
     return context.stop.requested or context.placement.heartbeat()
 
 
-class Desk:
+class Desk(EpochEngine):
     """Async mode on worker processes: they claim tasks and step whole groups at the desk (train/loops/desk.py)."""
 
     def __init__(self, context: EngineContext):
@@ -341,14 +362,9 @@ class Desk:
             return f"the step of update {update_number(activity.update)}"
         return f"a wait for a task or for its group's turn, at update {update_number(activity.update)}"
 
-    def describe_gradient(self, task: GradTask) -> str:  # never asked: the workers take the desk's tasks
-        return f"gradient task ({self.context.describe_rows(task.lo, task.hi, epoch=task.epoch)})"
-
-    def close(self) -> None:
-        pass
 
 
-class ServerSteps:
+class ServerSteps(EpochEngine):
     """The server steps the whole vector, the gradients streamed to it (train/loops/overlap.py): the one loop, run
     with the agenda its ``schedule`` makes (an epoch's, or a replay's whole)."""
 
@@ -365,9 +381,6 @@ class ServerSteps:
         finally:
             self.context.logbook.write()
 
-    def describe_activity(self, activity: Activity) -> str:  # never asked: this engine runs no stretch
-        return f"activity {activity.kind} at update {update_number(activity.update)}"
-
     def describe_gradient(self, task: GradTask) -> str:
         """A streamed task: its ``update`` is a ticket (async) or a replay's step, so the words say its rows and
         the version it reads."""
@@ -376,18 +389,3 @@ class ServerSteps:
 
     def close(self) -> None:
         self.overlap.close()
-
-
-# The schedule the server steps, by the run's kind: a replay's record, async's arrival order, or the plan
-# (synchronous, or fixed staleness k): chosen once (``server_schedule``), then only asked for agendas.
-SCHEDULES: dict[str, Callable[[TrainConfig, int, Lineage | None], Schedule]] = {
-    "replay": lambda train, per_epoch, lineage: Recorded(lineage.steps, lineage.path),
-    "async": lambda train, per_epoch, lineage: Arrival(group=train.async_group, max_staleness=train.max_staleness,
-                                                       per_epoch=per_epoch),
-    "sync": lambda train, per_epoch, lineage: Planned(staleness=train.staleness),
-}
-
-
-def server_schedule(train: TrainConfig, per_epoch: int, lineage: Lineage | None) -> Schedule:
-    """The schedule of the server's engine: ``SCHEDULES``' entry for a replay, or for ``train.mode``."""
-    return SCHEDULES["replay" if lineage is not None else train.mode](train, per_epoch, lineage)
