@@ -215,16 +215,17 @@ def gradient_name(version: int, task: int, attempt: int) -> str:
     return f"g-v{version:08d}-t{task:05d}-a{attempt:03d}.npy"
 
 
-def streamed_gradient_name(update: int, task: int, attempt: int) -> str:
-    """A streamed gradient (train/loops/stream.py): one file per (update, task, attempt), so a name is never reused
-    in a run -- not by the next update after a skipped one, nor by a retry."""
-    return f"g-u{update:08d}-t{task:05d}-a{attempt:03d}.npy"
+def streamed_gradient_name(ticket: int, task: int, attempt: int) -> str:
+    """A streamed gradient (train/loops/stream.py): one file per (ticket, task, attempt) (``GradTask.ticket``: the
+    plan's update number, async's ticket or a replay's step), so a name is never reused in a run -- not by the
+    next update after a skipped one, nor by a retry."""
+    return f"g-u{ticket:08d}-t{task:05d}-a{attempt:03d}.npy"
 
 
-def spare_gradient_name(update: int, task: int, attempt: int) -> str:
+def spare_gradient_name(ticket: int, task: int, attempt: int) -> str:
     """A stepped streamed gradient's file (``streamed_gradient_name``'s numbers: never reused in a run), handed
     to a worker to rewrite as a later gradient (train/loops/stream.py)."""
-    return f"g-s{update:08d}-t{task:05d}-a{attempt:03d}.npy"
+    return f"g-s{ticket:08d}-t{task:05d}-a{attempt:03d}.npy"
 
 
 def metrics_name(version: int, task: int, attempt: int) -> str:

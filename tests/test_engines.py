@@ -173,7 +173,7 @@ def test_a_gradient_task_is_named_by_the_engine_that_handed_it_out() -> None:
     tickets (async) or a replay's steps, so its words give the rows and the version read. The Trainer asks the
     engine it chose, no flag of its own."""
     words = context(describe_rows=lambda lo, hi, epoch: f"rows {lo}-{hi} of epoch {epoch + 1}")
-    task = GradTask(task=2, attempt=0, update=7, version=5, epoch=1, lo=10, hi=20)
+    task = GradTask(task=2, attempt=0, ticket=7, version=5, epoch=1, lo=10, hi=20)
     cluster = ClusterRounds(words, files=None)
     assert cluster.describe_gradient(task) == "gradient task 2 (rows 10-20 of epoch 2) of update 8"
     steps = ServerSteps.__new__(ServerSteps)  # its loop is not needed for words

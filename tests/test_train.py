@@ -279,7 +279,7 @@ def test_messages_stay_small_whatever_the_sizes() -> None:
         StretchEnd(generation=huge, slot=huge, outcome=Outcome.CANCELLED),
         Stretch(generation=huge, epoch=huge, first=huge, stop=huge, version=huge, slot=huge, participants=huge,
                 slices=0, loop=Loop.DESK, group=huge, max_staleness=huge),
-        GradTask(task=huge, attempt=99, update=huge, version=huge, epoch=huge, lo=huge, hi=huge,
+        GradTask(task=huge, attempt=99, ticket=huge, version=huge, epoch=huge, lo=huge, hi=huge,
                  spare="g-s00000001-t00001-a001.npy", in_place=True),
         Stop(), Ready(pid=huge),
     ]

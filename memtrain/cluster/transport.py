@@ -87,7 +87,7 @@ class ClusterWorker:
         """Write the task's file back to the file server before the result says it is there."""
         import os
 
-        path = (Path(self.setup.exchange_dir) / streamed_gradient_name(task.update, task.task, task.attempt)
+        path = (Path(self.setup.exchange_dir) / streamed_gradient_name(task.ticket, task.task, task.attempt)
                 if isinstance(task, GradTask) else
                 statistics_dir(Path(self.setup.run_dir)) / partial_name(task.task, task.attempt))
         fd = os.open(path, os.O_RDONLY)

@@ -67,6 +67,9 @@ Glossary (one name per concept, everywhere in this package):
                  reduction adds in this order); in async mode its number in the epoch's task stream. Its
                  rows: positions [lo, hi) of the epoch's row sequence, which Plan.rows turns into rows
     attempt      how many times a task was started before (a retry after a death: a new file name)
+    ticket       what a streamed gradient task is handed out under (messages.GradTask.ticket), naming its file:
+                 the plan's update number (fixed staleness, a cluster's rounds), async's own count of
+                 hand-outs, or a replay's step index; never called its update, which it is only in the first
     partial      an additive model's statistics of one task's rows, a float64 file the model adds into
     chunk        train.chunk_rows rows of a statistics task, read and added at once (loops/additive.py)
     schedule     what is computed: which gradients each update adds, at which version (schedule.py); what

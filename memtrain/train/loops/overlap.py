@@ -101,14 +101,14 @@ class Overlap:
 
     # --- the loop's parts ---
 
-    def submit(self, *, update: int, epoch: int, rows: TaskRange, version: int) -> None:
+    def submit(self, *, ticket: int, epoch: int, rows: TaskRange, version: int) -> None:
         """Hand out the gradient of a task of epoch ``epoch`` (its rows: ``Plan.rows``) at ``version``."""
         spare = self.spares.pop() if self.spares else ""
-        self.stream.submit(GradTask(task=rows.task, attempt=0, update=update, version=version, epoch=epoch,
+        self.stream.submit(GradTask(task=rows.task, attempt=0, ticket=ticket, version=version, epoch=epoch,
                                     lo=rows.lo, hi=rows.hi, spare=spare, in_place=self.recycle))
 
     def gradient_path(self, task: GradTask) -> Path:
-        return self.files.exchange / streamed_gradient_name(task.update, task.task, task.attempt)
+        return self.files.exchange / streamed_gradient_name(task.ticket, task.task, task.attempt)
 
     def apply(self, position: Position, update: Update, arrived: list[Arrived], *, oldest: int,
               lr: float | None = None, **lineage: object) -> str | None:
@@ -122,7 +122,7 @@ class Overlap:
         version = position.version
         checksum = None if bad else self.step(version, paths, update.rows, lr, oldest)
         for path, (task, _) in zip(paths, arrived, strict=True):  # the files become spares for later tasks
-            name = spare_gradient_name(task.update, task.task, task.attempt)
+            name = spare_gradient_name(task.ticket, task.task, task.attempt)
             with contextlib.suppress(FileNotFoundError):
                 os.rename(path, self.files.exchange / name)
                 self.spares.append(name)

@@ -194,7 +194,7 @@ class SlicedParticipant(Participant):
         self.publish()  # the version the tasks name is published (and synced) before any message names it
         spares, self.spares = self.spares[:len(update.tasks)], self.spares[len(update.tasks):]
         spares += [""] * (len(update.tasks) - len(spares))
-        tasks = [GradTask(task=rows.task, attempt=0, update=update.update, version=self.version, epoch=update.epoch,
+        tasks = [GradTask(task=rows.task, attempt=0, ticket=update.update, version=self.version, epoch=update.epoch,
                           lo=rows.lo, hi=rows.hi, spare=spare)
                  for rows, spare in zip(update.tasks, spares, strict=True)]
         self.computed_at[update.update] = self.version
@@ -230,7 +230,7 @@ class SlicedParticipant(Participant):
             return [found[task.task] for task in tasks]
         missing = [replace(task, attempt=1, spare="", in_place=False) for task in tasks if task.task not in found]
         self.round_over(answer, f"{len(missing)} of {len(tasks)} gradient tasks",
-                        [self.files.exchange / streamed_gradient_name(t.update, t.task, 0) for t in missing])
+                        [self.files.exchange / streamed_gradient_name(t.ticket, t.task, 0) for t in missing])
         done = {r.task: r for r in self.run_tasks(missing, lambda: None)}
         return [found.get(task.task) or done[task.task] for task in tasks]
 

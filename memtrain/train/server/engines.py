@@ -153,7 +153,7 @@ class EpochEngine:
         streamed gradient's (the server's steps, a cluster's rounds; in the rounds, gradients go to the per-task
         buffers, which the next attempt overwrites)."""
         if isinstance(task, GradTask):
-            (self.context.exchange / streamed_gradient_name(task.update, task.task, task.attempt)).unlink(
+            (self.context.exchange / streamed_gradient_name(task.ticket, task.task, task.attempt)).unlink(
                 missing_ok=True)
 
     def close(self) -> None:
@@ -247,9 +247,10 @@ class Rounds(EpochEngine):
         return f"a wait for its peers at update {update_number(update.update)}"
 
     def describe_gradient(self, task: GradTask) -> str:
-        """A plan's task (a cluster's rounds hand them out): its number in its update."""
+        """A plan's task (a cluster's rounds hand them out, their tickets the plan's update numbers): its number
+        in its update."""
         rows = self.context.describe_rows(task.lo, task.hi, epoch=task.epoch)
-        return f"gradient task {task.task} ({rows}) of update {update_number(task.update)}"
+        return f"gradient task {task.task} ({rows}) of update {update_number(task.ticket)}"
 
 
 class ClusterRounds(Rounds):
@@ -382,7 +383,7 @@ class ServerSteps(EpochEngine):
             self.context.logbook.write()
 
     def describe_gradient(self, task: GradTask) -> str:
-        """A streamed task: its ``update`` is a ticket (async) or a replay's step, so the words say its rows and
+        """A streamed task: its ticket is no update number in async mode or a replay, so the words say its rows and
         the version it reads."""
         rows = self.context.describe_rows(task.lo, task.hi, epoch=task.epoch)
         return f"gradient task ({rows}) at weight version {task.version}"

@@ -40,7 +40,18 @@ from memtrain.errors import Interrupted, MemtrainError, WorkerFailure, plural
 from memtrain.faults import fault_point
 from memtrain.train.exchange.marks import WAITING, Activity, Board
 from memtrain.train.memory import limit_words, oom_killed, oom_kills, sigkilled
-from memtrain.train.messages import BackupRule, Event, Outcome, Result, Slot, Stretch, StretchEnd, Task, Transport
+from memtrain.train.messages import (
+    BackupRule,
+    Event,
+    GradTask,
+    Outcome,
+    Result,
+    Slot,
+    Stretch,
+    StretchEnd,
+    Task,
+    Transport,
+)
 
 WAIT_BOUND = 1.0  # seconds: the longest the server blocks without re-checking deadlines and signals
 TICK = 0.1  # seconds between the server's looks at a running stretch (progress, logs, time limits)
@@ -443,8 +454,9 @@ def exit_words(code: int | None) -> str:
 
 
 def task_key(message: Task) -> tuple[int, int]:
-    """What tells two tasks apart: its update's number (a gradient task's; 0 otherwise) and its own."""
-    return getattr(message, "update", 0), message.task
+    """What tells two tasks apart: a gradient task's ticket or a step slice's update number (0 otherwise), and
+    its own number."""
+    return (message.ticket if isinstance(message, GradTask) else getattr(message, "update", 0)), message.task
 
 
 def task_key_of(message: object) -> tuple[int, int] | None:
