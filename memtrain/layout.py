@@ -178,8 +178,8 @@ def checkpoint_version_name(version: int) -> str:
     return f"weights-v{version:08d}.npy"
 
 
-def optimizer_state_name(slot: str) -> str:
-    return f"opt-{slot}.npy"
+def optimizer_state_name(name: str) -> str:
+    return f"opt-{name}.npy"
 
 
 # --- exchange area (gradient files and scratch; on /dev/shm or in the run dir) ---
@@ -239,15 +239,15 @@ def gradient_buffer_name(task: int, bank: int = 0) -> str:
     return f"g-t{task:05d}.npy" if bank == 0 else f"g-t{task:05d}-b{bank}.npy"
 
 
-def state_buffer_name(slot: str, parity: int) -> str:
+def state_buffer_name(name: str, parity: int) -> str:
     """Optimizer state is double-buffered: update n reads parity n%2 and writes the other one."""
-    return f"opt-{slot}-{parity}.npy"
+    return f"opt-{name}-{parity}.npy"
 
 
-def state_building_name(slot: str, version: int) -> str:
+def state_building_name(name: str, version: int) -> str:
     """On a cluster (train/loops/sliced.py): the optimizer state of ``version`` while its slice owners write it, a new
-    file per version, renamed over ``state_buffer_name(slot, version % 2)`` once every slice is written."""
-    return f"opt-{slot}-n{version:08d}.npy"
+    file per version, renamed over ``state_buffer_name(name, version % 2)`` once every slice is written."""
+    return f"opt-{name}-n{version:08d}.npy"
 
 
 # The block digests of the weight version being written (see files.block_checksum): one 16-byte row per

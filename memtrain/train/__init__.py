@@ -88,6 +88,8 @@ Glossary (one name per concept, everywhere in this package):
                  its records in a scheduler plugin, cluster/broadcast.BroadcastPlugin
     stretch      a run of updates handed to every participant at once (messages.Stretch)
     slot         a participant's number in a stretch (a worker process, or the server itself)
+    state vector one of the optimizer's per-parameter vectors (m, v: optim.state_names), double-buffered
+                 in the exchange (opt-<state>-<parity>.npy); a checkpoint's record lists them as "slots"
     generation   a stretch's number: the marks of an older stretch never count for a newer one
     mark         a word a participant writes on the board when its part of a meeting is done (exchange/marks.py)
     ledger       the last update finished and the version after it: where the next stretch starts

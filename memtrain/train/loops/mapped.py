@@ -44,7 +44,7 @@ from memtrain.train.loops.gradient import TaskGradient
 from memtrain.train.loops.maps import MapCache
 from memtrain.train.loops.reduce import Scratch, reduce_and_step
 from memtrain.train.messages import RoundSetup
-from memtrain.train.optim import OptimizerConfig, state_slots
+from memtrain.train.optim import OptimizerConfig, state_names
 from memtrain.train.plan import Plan, TaskRange, gradient_banks
 
 DROP_DELETED_EVERY = 16  # updates between checks for maps of deleted files (a retired version not recycled)
@@ -83,7 +83,7 @@ class RoundFiles:
         self.loss, self.seconds, self.bad = self.records["loss"], self.records["seconds"], self.records["bad"]
         self.grads = [[self._map(exchange / gradient_buffer_name(t, bank)) for t in range(setup.tasks_per_update)]
                       for bank in range(gradient_banks(setup.staleness))]  # by plan.gradient_bank
-        self.state = [{slot: self._map(exchange / state_buffer_name(slot, parity)) for slot in state_slots(optimizer)}
+        self.state = [{name: self._map(exchange / state_buffer_name(name, parity)) for name in state_names(optimizer)}
                       for parity in (0, 1)]
         self.digests = maps.get(exchange / WEIGHT_DIGESTS, digests_shape(self.size), np.uint8, "r+")
         self.scratch = Scratch()

@@ -16,7 +16,7 @@ server's waits for their answers. One update, from version v:
    a new file per version, never rewritten for another one); syncs them where needed; answers with the
    slice's block digests (16 bytes per 64 Ki parameters) and whether it came out finite;
 3. **publish**: the server writes the digests into the block digests file, renames the state's new
-   files over the parity buffers (``state_buffer_name(slot, (v + 1) % 2)``, what checkpoints copy),
+   files over the parity buffers (``state_buffer_name(name, (v + 1) % 2)``, what checkpoints copy),
    records the update with the version's checksum and renames the version into place (a rename that
    never replaces), then sends the next update's gradient tasks, naming it.
 
@@ -65,7 +65,7 @@ from memtrain.train.loops.reduce import Scratch, reduce_and_step
 from memtrain.train.loops.rounds import Participant
 from memtrain.train.loops.stream import MappedBytes, discard
 from memtrain.train.messages import GradTask, Outcome, Result, StepTask, Stretch
-from memtrain.train.optim import learning_rate, state_slots
+from memtrain.train.optim import learning_rate, state_names
 from memtrain.train.plan import Update, step_slices
 
 if TYPE_CHECKING:
@@ -89,20 +89,20 @@ class SliceStep:
                  exchange: Path):
         self.layout, self.optimizer, self.server_pid = layout, optimizer, server_pid
         self.run_dir, self.exchange = run_dir, exchange
-        self.slots = state_slots(optimizer)
+        self.state_names = state_names(optimizer)
         self.memory: tuple[np.ndarray, dict[str, np.ndarray]] | None = None
         self.scratch = Scratch()
 
     def __call__(self, message: StepTask) -> Result:
-        size, slots, exchange = self.layout.size, self.slots, self.exchange
+        size, names, exchange = self.layout.size, self.state_names, self.exchange
         lo, hi = message.lo, message.hi
         weights = open_npy(weights_path(self.run_dir, message.version), shape=(size,), dtype=np.float32)
         grads = [open_npy(exchange / streamed_gradient_name(message.update, task, attempt), shape=(size,),
                           dtype=np.float32)[lo:hi] for task, attempt in enumerate(message.attempts)]
         parity = message.version % 2
-        state_in = {slot: open_npy(exchange / state_buffer_name(slot, parity), shape=(size,),
-                                   dtype=np.float32)[lo:hi] for slot in slots}
-        MappedBytes.read += (len(grads) + 1 + len(slots)) * (hi - lo) * 4
+        state_in = {name: open_npy(exchange / state_buffer_name(name, parity), shape=(size,),
+                                   dtype=np.float32)[lo:hi] for name in names}
+        MappedBytes.read += (len(grads) + 1 + len(names)) * (hi - lo) * 4
         out, state_out = self.buffers(hi - lo)
         digests = np.zeros((-(-(hi - lo) // BLOCK), DIGEST_BYTES), dtype=np.uint8)
         trainable = self.layout.trainable
@@ -113,8 +113,8 @@ class SliceStep:
             return Result(task=message.task, attempt=message.attempt, outcome=Outcome.NONFINITE)
         sync = sync_needed(exchange)
         write_slice(building_path(self.run_dir, message.version + 1, self.server_pid), lo, out, size, sync)
-        for slot in slots:
-            write_slice(exchange / state_building_name(slot, message.version + 1), lo, state_out[slot], size, sync)
+        for name in names:
+            write_slice(exchange / state_building_name(name, message.version + 1), lo, state_out[name], size, sync)
         return Result(task=message.task, attempt=message.attempt, outcome=Outcome.DONE, rows=hi - lo,
                       digests=digests.tobytes())
 
@@ -122,7 +122,7 @@ class SliceStep:
         """The slice's new weights and optimizer state, kept between steps of the same length."""
         if self.memory is None or self.memory[0].size != length:
             self.memory = (np.empty(length, dtype=np.float32),
-                           {slot: np.empty(length, dtype=np.float32) for slot in self.slots})
+                           {name: np.empty(length, dtype=np.float32) for name in self.state_names})
         return self.memory
 
 
@@ -296,17 +296,17 @@ class SlicedParticipant(Participant):
         for (lo, _), result in zip(ranges, results, strict=True):
             rows = np.frombuffer(result.digests, dtype=np.uint8).reshape(-1, DIGEST_BYTES)
             digests[lo // BLOCK: lo // BLOCK + len(rows)] = rows
-        for slot in state_slots(files.optimizer):  # the state of version + 1, where checkpoints and steps look
-            os.replace(files.exchange / state_building_name(slot, version + 1),
-                       files.exchange / state_buffer_name(slot, (version + 1) % 2))
+        for name in state_names(files.optimizer):  # the state of version + 1, where checkpoints and steps look
+            os.replace(files.exchange / state_building_name(name, version + 1),
+                       files.exchange / state_buffer_name(name, (version + 1) % 2))
         self.out = None
         return True
 
     def ready_state(self, version: int) -> None:
         """The new files of ``version``'s optimizer state, whole (their space reserved), for the slice owners."""
         size = self.files.size
-        for slot in state_slots(self.files.optimizer):
-            path = self.files.exchange / state_building_name(slot, version)
+        for name in state_names(self.files.optimizer):
+            path = self.files.exchange / state_building_name(name, version)
             if path.exists():
                 with contextlib.suppress(Exception):
                     check_npy(path, shape=(size,), dtype=np.float32)
@@ -315,9 +315,9 @@ class SlicedParticipant(Participant):
             allocate_npy(path, (size,), np.float32)
 
     def discard_state(self, version: int) -> None:
-        for slot in state_slots(self.files.optimizer):
+        for name in state_names(self.files.optimizer):
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.files.exchange / state_building_name(slot, version))
+                os.unlink(self.files.exchange / state_building_name(name, version))
 
     # --- 3. publication, records, the server's work while the workers compute ---
 

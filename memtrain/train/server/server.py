@@ -62,7 +62,7 @@ from memtrain.train.messages import (
     Task,
     WorkerSetup,
 )
-from memtrain.train.optim import state_slots
+from memtrain.train.optim import state_names
 from memtrain.train.plan import Plan, RowWords, eval_tasks
 from memtrain.train.records.checkpoint import StagedBest
 from memtrain.train.records.counters import ONE_PASS, position_text, update_number
@@ -505,7 +505,7 @@ class Trainer:
         """What a task holds in memory at once: its rows (a statistics task's chunk), read and normalized; a step
         slice (a cluster run's), its new weights and optimizer state."""
         if isinstance(message, StepTask):
-            held = (message.hi - message.lo) * 4 * (1 + len(state_slots(self.job.train.optimizer)))
+            held = (message.hi - message.lo) * 4 * (1 + len(state_names(self.job.train.optimizer)))
             return (f"the step slice held {size_text(held)} of new weights and optimizer state; the version, "
                     "its state and the update's gradients are mapped files")
         split = self.dataset.split("val" if isinstance(message, EvalTask) else "train")
