@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.first_job_items JOB.toml [memtrain train options]`` runs ``memtrain train``
 in this process with each piece of the rounds wrapped (the model's gradient, a task's rows, the step,
-readying and publishing the version file, the board, the server's looks, the evaluation and checkpoints
+readying and publishing the version file, the board, the server's chores, the evaluation and checkpoints
 per epoch) and prints the thread CPU time each took, summed over the run and divided by its updates.
 CPU time, not wall time: on a loaded machine a piece's wall time holds whatever ran meanwhile, its CPU
 time does not, so the items of two code versions compare on a busy machine (the wrappers add about 1 µs a
@@ -38,7 +38,7 @@ ITEMS = (
     ("memtrain.train.exchange.marks", "Board.wait_step", "the board: marks, activity words, waits"),
     ("memtrain.train.exchange.marks", "Board.wait_gradients", "the board: marks, activity words, waits"),
     ("memtrain.train.exchange.marks", "Board.set_ledger", "the board: marks, activity words, waits"),
-    ("memtrain.train.server.server", "Trainer.heartbeat", "the server's looks between updates (logs, progress)"),
+    ("memtrain.train.server.server", "Trainer.stretch_chores", "the server's chores between updates (logs, progress)"),
     ("memtrain.train.server.server", "Trainer.evaluate", "per epoch: evaluation"),
     ("memtrain.train.server.server", "save_checkpoint", "per epoch: checkpoints"),
     ("memtrain.train.server.server", "Trainer.end_epoch", "per epoch: all of the epoch's end"),

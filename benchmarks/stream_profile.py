@@ -12,7 +12,7 @@ which separates what Dask costs from what the stream itself costs.
 - ``tasks``: from sending an update's gradient tasks to having every answer;
 - ``tasks - slowest compute``: what the tasks cost beyond the longest gradient computation: the actor
   round trips, the workers' reading of the rows and the new version, their writing of the gradient files;
-- ``housekeeping``: the server's work while the workers compute (deleting the stepped gradient files,
+- ``file_chores``: the server's chores on files while the workers compute (deleting the stepped gradient files,
   readying and faulting in the next version's file): off the update's path when a core is spare.
 """
 
@@ -47,14 +47,14 @@ def timed(times: dict[str, list[float]], name: str, function: Callable[..., Any]
 
 def instrument(times: dict[str, list[float]]) -> None:
     """Wrap the stream's pieces (in this process: the server) so that each call is timed."""
-    for name in ("round", "step", "publish", "housekeeping"):
+    for name in ("round", "step", "publish", "file_chores"):
         setattr(SlicedParticipant, name, timed(times, name, getattr(SlicedParticipant, name)))
     start = SlicedParticipant.__init__
 
     def init(self: SlicedParticipant, files: Any, stretch: Any, *, run_tasks: Any, **options: Any) -> None:
-        def run_tasks_timed(tasks: list, meanwhile: Callable[[], None]) -> list:
+        def run_tasks_timed(tasks: list, chores: Callable[[], None]) -> list:
             started = time.perf_counter()
-            results = run_tasks(tasks, meanwhile)
+            results = run_tasks(tasks, chores)
             wall = time.perf_counter() - started
             times.setdefault("tasks", []).append(wall)
             times.setdefault("tasks - slowest compute", []).append(wall - max(r.seconds for r in results))

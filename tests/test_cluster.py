@@ -163,8 +163,8 @@ def spy_records(monkeypatch) -> list[tuple[str, object]]:
     """The records the server posts to its broadcast rounds (memtrain/cluster/broadcast.py), as (kind, body)."""
     records: list = []
     ask = Broadcast.ask
-    monkeypatch.setattr(Broadcast, "ask", lambda round, kind, body, parts, meanwhile: (
-        records.append((kind, body)), ask(round, kind, body, parts, meanwhile))[1])
+    monkeypatch.setattr(Broadcast, "ask", lambda round, kind, body, parts, chores: (
+        records.append((kind, body)), ask(round, kind, body, parts, chores))[1])
     return records
 
 

@@ -144,3 +144,36 @@ def test_the_mode_search_finds_a_branch() -> None:
     assert named_modes(source) == {"additive", "lineage"}
     assert named_modes(source.replace("self.lineage", "self.modelLineage")) == {"additive", "modelLineage"}
     assert named_modes(source.replace(" or self.lineage", ".model_kind")) == {"additive"}
+
+
+# Names the glossary (memtrain/train/__init__.py) retired, each with the one name kept for its concept: the
+# server's own work between updates is its chores; the optimizer's vectors are its state vectors.
+RETIRED = {"heartbeat": "chores", "housekeeping": "chores", "between_updates": "chores", "while_waiting": "chores",
+           "meanwhile": "chores", "Looks": "Chores", "looks": "chores", "state_slots": "state_names",
+           "run_state_slots": "run_state_names"}
+
+
+def identifiers(source: str) -> set[str]:
+    """Every name, attribute, argument, keyword, function and class name of ``source``."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name):
+            found.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            found.add(node.attr)
+        elif isinstance(node, (ast.arg, ast.keyword)) and node.arg:
+            found.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            found.add(node.name)
+    return found
+
+
+def test_one_name_per_concept() -> None:
+    for name, path in modules().items():
+        if name.startswith(CORE):
+            assert not identifiers(path.read_text()) & set(RETIRED), name
+    from dataclasses import fields
+
+    from memtrain.train.messages import GradTask
+    assert "ticket" in {f.name for f in fields(GradTask)} and "update" not in {f.name for f in fields(GradTask)}, \
+        "a streamed gradient's number is its ticket; 'update' is the plan's number only"

@@ -57,7 +57,7 @@ class Recording(Overlap):
 
     def __init__(self, stream: FakeStream, staleness: int = 0, checksums: dict[int, str] | None = None):
         files = SimpleNamespace(exchange=Path("/nonexistent"))  # a stale gradient's file: none to delete here
-        super().__init__(epochs=1, files=files, stream=stream, logbook=None, per_epoch=1, look=lambda position: None)
+        super().__init__(epochs=1, files=files, stream=stream, logbook=None, per_epoch=1, chores=lambda position: None)
         self.staleness, self.checksums = staleness, checksums or {}
         self.steps: list[tuple[Update, list[GradTask], int, float | None, dict]] = []
 

@@ -355,12 +355,13 @@ class Broadcast:
                 continue
         return True
 
-    def ask(self, kind: str, body: Any, parts: int, meanwhile: Callable[[], None]) -> Answer:
-        """Post wave ``kind`` (its ``body``, dealing ``parts`` pieces of work), do ``meanwhile``, await its count."""
+    def ask(self, kind: str, body: Any, parts: int, chores: Callable[[], None]) -> Answer:
+        """Post wave ``kind`` (its ``body``, dealing ``parts`` pieces of work), do the server's ``chores``, await
+        its count."""
         wave = self.wave
         self.wave += 1
         self.call("memtrain_post", wave=wave, record=pickle.dumps((kind, body), protocol=5), parts=parts)
-        meanwhile()
+        chores()
         rule = self.rule
         while True:
             found = self.call("memtrain_await", wave=wave, seconds=AWAIT_SECONDS, timeout=self.timeout,

@@ -87,6 +87,9 @@ Glossary (one name per concept, everywhere in this package):
     board        the round's marks, ledger and activities (marks.Board); a cluster's broadcast round keeps
                  its records in a scheduler plugin, cluster/broadcast.BroadcastPlugin
     stretch      a run of updates handed to every participant at once (messages.Stretch)
+    chores       the server's own work between two updates: lines logged, progress shown, a stop or the
+                 placement's end of a stretch looked at (server/engines.Chores, stretch_chores); on a
+                 cluster also its file chores while the workers compute (loops/sliced.py)
     slot         a participant's number in a stretch (a worker process, or the server itself)
     state vector one of the optimizer's per-parameter vectors (m, v: optim.state_names), double-buffered
                  in the exchange (opt-<state>-<parity>.npy); a checkpoint's record lists them as "slots"

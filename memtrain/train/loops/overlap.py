@@ -54,16 +54,16 @@ from memtrain.train.server.scheduler import TaskStream
 class Overlap:
     """The server stepping the whole vector: ``run`` is the one loop of every schedule it runs.
 
-    ``look(position)``: the server's own work between two updates (logs, progress). ``per_epoch``: updates
+    ``chores(position)``: the server's chores between two updates (logs, progress). ``per_epoch``: updates
     per epoch (async mode: groups), for ``epochs`` epochs. ``publish_sync``/``recycle``: as for
     train/loops/stream.py's participant.
     """
 
     def __init__(self, *, epochs: int, files: RoundFiles, stream: TaskStream, logbook: Logbook, per_epoch: int,
-                 look: Callable[[Position], None], publish_sync: Callable[[Path], None] = lambda path: None,
+                 chores: Callable[[Position], None], publish_sync: Callable[[Path], None] = lambda path: None,
                  recycle: bool = True):
         self.files, self.stream, self.logbook = files, stream, logbook
-        self.per_epoch, self.look = per_epoch, look
+        self.per_epoch, self.chores = per_epoch, chores
         self.publish_sync, self.recycle = publish_sync, recycle
         self.total = per_epoch * epochs
         self.spares: list[str] = []  # stepped gradient files, for the next tasks to rewrite (train/loops/stream.py)
@@ -95,7 +95,7 @@ class Overlap:
                     position.epoch, position.batch = update.epoch, update.batch  # a replay's step says where
                     checksum = self.apply(position, update, due.gradients, oldest=due.oldest, lr=due.lr, **due.extra)
                     agenda.applied(position, checksum)
-                    self.look(position)
+                    self.chores(position)
                     due = agenda.due()
         position.schedule.epoch_done()  # the epoch is over (async mode: none of its tasks waits to be applied)
 

@@ -88,8 +88,8 @@ class Participant:
     """One slot's part in one stretch: the loop, and the pieces of a round it is made of."""
 
     def __init__(self, files: RoundFiles, stretch: Stretch, *, alive: Callable[[], None],
-                 heartbeat: Callable[[], bool] | None = None):
-        self.files, self.stretch, self.alive, self.heartbeat = files, stretch, alive, heartbeat
+                 chores: Callable[[], bool] | None = None):
+        self.files, self.stretch, self.alive, self.chores = files, stretch, alive, chores
         self.generation, self.slot = stretch.generation, stretch.slot
         self.staleness = files.setup.staleness
         self.planned = Planned(staleness=self.staleness)  # the schedule: the version each update's gradients read
@@ -125,7 +125,7 @@ class Participant:
             pending = None
             for update in updates:
                 pending = self.round(step=pending, grads=update)
-                if self.heartbeat is not None and self.heartbeat():  # the server's own work, when it runs the loop
+                if self.chores is not None and self.chores():  # the server's chores, when it runs the loop
                     break
             self.round(step=pending, grads=None)  # the stretch's last step: evaluation needs its version
         except Cancelled:

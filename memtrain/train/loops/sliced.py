@@ -76,7 +76,7 @@ if TYPE_CHECKING:
 DIGEST_BYTES = 16  # files.block_digest
 FINISH_SECONDS = 30.0  # at a stretch's end, the longest the server waits for the round's loops to return
 PAGE_FLOATS = 4096 // 4  # float32 values per page: one write each maps every page of a new version's file
-RunTasks = Callable[[list, Callable[[], None]], list[Result]]  # tasks (gradients, slices), the work meanwhile
+RunTasks = Callable[[list, Callable[[], None]], list[Result]]  # tasks (gradients, slices), the server's chores
 
 
 class SliceStep:
@@ -166,8 +166,8 @@ class SlicedParticipant(Participant):
 
     def __init__(self, files: RoundFiles, stretch: Stretch, *, run_tasks: RunTasks, workers: Callable[[], int],
                  slices: Callable[[], int], publish_sync: Callable[[Path], None], recycle: bool,
-                 heartbeat: Callable[[], bool] | None = None, broadcast: Broadcast | None = None):
-        super().__init__(files, stretch, alive=lambda: None, heartbeat=heartbeat)
+                 chores: Callable[[], bool] | None = None, broadcast: Broadcast | None = None):
+        super().__init__(files, stretch, alive=lambda: None, chores=chores)
         self.run_tasks, self.workers, self.slices = run_tasks, workers, slices
         self.publish_sync, self.recycle, self.broadcast = publish_sync, recycle, broadcast
         self.received: list[tuple[Path, str]] = []  # the gradient files of the update to step next, spare names
@@ -221,10 +221,10 @@ class SlicedParticipant(Participant):
         may still be written by a late loop; deleted once that loop ended), with retries and backups."""
         broadcast = self.broadcast
         if broadcast is None or not (broadcast.active or broadcast.open()):
-            return self.run_tasks(tasks, self.housekeeping)
+            return self.run_tasks(tasks, self.file_chores)
         from memtrain.cluster.broadcast import gradient_record, gradient_results
 
-        answer = broadcast.ask("grads", gradient_record(tasks), len(tasks), self.housekeeping)
+        answer = broadcast.ask("grads", gradient_record(tasks), len(tasks), self.file_chores)
         found = gradient_results(tasks, answer.numbers)
         if answer.status == "done":
             return [found[task.task] for task in tasks]
@@ -330,9 +330,9 @@ class SlicedParticipant(Participant):
     def record_participants(self, update: Update) -> int:
         return max(1, min(self.workers(), len(update.tasks)))
 
-    def housekeeping(self) -> None:
-        """While the workers compute: the last step's gradient files become spares, the next version's files
-        are made (their space reserved; the server writes none of their data)."""
+    def file_chores(self) -> None:
+        """The server's chores on files while the workers compute: the last step's gradient files become spares,
+        the next version's files are made (their space reserved; the server writes none of their data)."""
         self.spare_stepped_and_ready_next()
         self.ready_state(self.version + 1)
 

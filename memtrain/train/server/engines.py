@@ -53,28 +53,30 @@ if TYPE_CHECKING:
     from memtrain.train.server.pools import OnCluster, Streamed
 
 
-PROGRESS_SECONDS = 0.2  # between the server's looks at the work in flight: logs and the progress line
+PROGRESS_SECONDS = 0.2  # between the server's chores while work is in flight: logs and the progress line
 
 
-class Looks:
-    """The server's looks between two updates: the logbook's lines written and the progress line shown, at most
-    every PROGRESS_SECONDS (``due``). ``epoch`` hands it the epoch's progress bar (the epoch loop's)."""
+class Chores:
+    """The server's chores: its own work between two updates (in this package always called its chores): the
+    logbook's lines written and the progress line shown, at most every PROGRESS_SECONDS (``due``); in a stretch
+    it runs itself, a stop or the placement's end of the stretch looked at too (``stretch_chores``). ``epoch``
+    hands it the epoch's progress bar (the epoch loop's)."""
 
     def __init__(self, logbook: Logbook):
         self.logbook = logbook
         self.bar: Reporter | None = None
         self.epoch_started = time.monotonic()
-        self.next_look = 0.0
+        self.next_time = 0.0
 
     def epoch(self, bar: Reporter | None, started: float) -> None:
         self.bar, self.epoch_started = bar, started
 
     def due(self) -> bool:
-        """Whether PROGRESS_SECONDS have passed since the server last looked between two updates."""
+        """Whether PROGRESS_SECONDS have passed since the server last did its chores."""
         now = time.monotonic()
-        if now < self.next_look:
+        if now < self.next_time:
             return False
-        self.next_look = now + PROGRESS_SECONDS
+        self.next_time = now + PROGRESS_SECONDS
         return True
 
     def report(self, position: Position) -> None:
@@ -85,13 +87,13 @@ class Looks:
             self.bar.update(position.batch, f"loss {position.epoch_loss / max(position.epoch_rows, 1):.4f}"
                                             f"  {rate:,.0f} samples/s")
 
-    def between_updates(self, position: Position) -> None:
-        """A look between two updates the server steps itself, now and then."""
+    def after_update(self, position: Position) -> None:
+        """The chores after an update the server stepped itself, now and then."""
         if self.due():
             self.report(position)
 
     def stretch(self, position: Position, ledger: Ledger) -> None:
-        """A look at a running stretch: the updates up to ``ledger`` logged, progress shown."""
+        """The chores while a stretch runs: the updates up to ``ledger`` logged, progress shown."""
         self.logbook.catch_up(position, ledger, final=False)
         self.report(position)
 
@@ -100,7 +102,7 @@ class Looks:
 class EngineContext:
     """What an engine uses of the server, built once by ``Trainer.choose``: the job's training settings and
     its plan, the run's places, the placement (the transport its work goes to, and what it measures), the
-    scheduler that watches that work, the logbook and the looks between updates, the stop request and the log.
+    scheduler that watches that work, the logbook and the server's chores, the stop request and the log.
     """
 
     train: TrainConfig
@@ -113,7 +115,7 @@ class EngineContext:
     placement: Placement | Streamed | OnCluster
     scheduler: Scheduler
     logbook: Logbook
-    looks: Looks
+    chores: Chores
     board: Board  # the exchange's board, where worker processes meet
     memory_board: Board  # the server's own, when it runs a stretch alone
     stop: StopRequest
@@ -207,7 +209,7 @@ class Rounds(EpochEngine):
             outcome = self.participate(stretches, position, board)
         finally:  # a stop or a lost cluster mid-stretch: the position (and so a checkpoint) is where it stands
             c.logbook.catch_up(position, board.ledger(), final=True)
-        c.looks.report(position)
+        c.chores.report(position)
         ended(outcome)
         done = position.update_index(c.per_epoch)
         c.placement.observe(c.logbook.timeline[logged:], done, c.plan.total_updates - done)
@@ -225,10 +227,10 @@ class Rounds(EpochEngine):
         """Every participant runs its stretch; the server watches them (train/server/scheduler.py)."""
         c = self.context
 
-        def look() -> None:
-            c.looks.stretch(position, board.ledger())
+        def chores() -> None:
+            c.chores.stretch(position, board.ledger())
 
-        return c.scheduler.run_stretch(c.placement.transport, board, stretches, look, self.describe_activity)
+        return c.scheduler.run_stretch(c.placement.transport, board, stretches, chores, self.describe_activity)
 
     def describe_activity(self, activity: Activity) -> str:
         c = self.context
@@ -278,18 +280,18 @@ class ClusterRounds(Rounds):
         c, transport = self.context, self.context.placement.transport
         sync = needs_sync(c.run_path)
 
-        def tasks(tasks: list, meanwhile: Callable[[], None] | None) -> list:
-            return c.scheduler.run(transport, tasks, meanwhile)
+        def tasks(tasks: list, chores: Callable[[], None] | None) -> list:
+            return c.scheduler.run(transport, tasks, chores)
 
         def workers() -> int:
             return len(transport.slots)
 
-        def heartbeat() -> bool:
-            return between_updates(c, position, c.memory_board)
+        def chores() -> bool:
+            return stretch_chores(c, position, c.memory_board)
 
         outcome = SlicedParticipant(
             self.files, stretches[0], workers=workers, run_tasks=tasks,
-            publish_sync=sync_for_readers if sync else lambda path: None, recycle=False, heartbeat=heartbeat,
+            publish_sync=sync_for_readers if sync else lambda path: None, recycle=False, chores=chores,
             slices=workers, broadcast=open_broadcast(transport, rule=c.scheduler.backup,  # the run's straggler rule
                                                      timeout=c.train.task_timeout, log=c.log)).run()
         if c.stop.requested:
@@ -297,13 +299,13 @@ class ClusterRounds(Rounds):
         return Outcome.NONFINITE if outcome == Outcome.NONFINITE else Outcome.DONE
 
 
-def between_updates(context: EngineContext, position: Position, board: Board) -> bool:
-    """The server's own work between two updates of a stretch it runs itself, now and then: the updates logged,
+def stretch_chores(context: EngineContext, position: Position, board: Board) -> bool:
+    """The server's chores between two updates of a stretch it runs itself, now and then: the updates logged,
     progress shown; True ends the stretch there (a stop, or the placement's probe is over)."""
-    if not context.looks.due():
+    if not context.chores.due():
         return False
-    context.looks.stretch(position, board.ledger())
-    return context.stop.requested or context.placement.heartbeat()
+    context.chores.stretch(position, board.ledger())
+    return context.stop.requested or context.placement.ends_stretch()
 
 
 class Desk(EpochEngine):
@@ -335,12 +337,12 @@ class Desk(EpochEngine):
                              slices=0, loop=Loop.DESK, group=train.async_group, max_staleness=train.max_staleness)
                      for slot in range(participants)]
 
-        def look() -> None:
+        def chores() -> None:
             log.catch_up(position, c.logbook)
-            c.looks.between_updates(position)
+            c.chores.after_update(position)
 
         try:
-            outcome = c.scheduler.run_stretch(transport, c.board, stretches, look, self.describe_activity)
+            outcome = c.scheduler.run_stretch(transport, c.board, stretches, chores, self.describe_activity)
         finally:  # a stop or a fault mid-stretch: the position (and so a checkpoint) is where it stands
             log.catch_up(position, c.logbook)
             if position.batch == c.per_epoch:  # the epoch is done, whatever ended the stretch
@@ -348,7 +350,7 @@ class Desk(EpochEngine):
             newer = unpublish_after(c.run_path, position.version)  # renamed, never recorded: made again
             if newer:
                 c.log(f"unpublished versions {newer[0]}-{newer[-1]}: not recorded before the stretch ended")
-        c.looks.report(position)
+        c.chores.report(position)
         ended(outcome)
 
     def describe_activity(self, activity: Activity) -> str:
@@ -374,7 +376,7 @@ class ServerSteps(EpochEngine):
         self.overlap = Overlap(epochs=context.train.epochs, files=files,
                                stream=context.scheduler.stream(context.placement.transport),
                                logbook=context.logbook, per_epoch=context.per_epoch,
-                               look=context.looks.between_updates)
+                               chores=context.chores.after_update)
 
     def run(self, position: Position) -> None:
         try:

@@ -54,7 +54,7 @@ from memtrain.train.messages import (
 )
 
 WAIT_BOUND = 1.0  # seconds: the longest the server blocks without re-checking deadlines and signals
-TICK = 0.1  # seconds between the server's looks at a running stretch (progress, logs, time limits)
+TICK = 0.1  # seconds between the server's chores while a stretch runs (progress, logs), and its time limits
 CRASH_HINT = "the data or the model may crash the worker; check the rows named above, or raise train.max_attempts"
 LOWER_MEMORY = ("Lower train.chunk_rows (an additive model's statistics; a resume takes --set train.chunk_rows=N) "
                 "or the rows per task (train.batch_size, train.tasks_per_update), run fewer workers, or give the "
@@ -119,10 +119,10 @@ class Scheduler:
     # --- tasks ---
 
     def run(self, transport: Transport, tasks: list[Task],
-            while_waiting: Callable[[], None] | None = None) -> list[Result]:
+            chores: Callable[[], None] | None = None) -> list[Result]:
         """Run every task to a result; returns the results in the order of ``tasks``.
 
-        ``while_waiting`` is the server's own work that does not depend on these results. It is called
+        ``chores`` is the server's own work that does not depend on these results. It is called
         once, as soon as a core is spare: at once if fewer workers are busy than there are cores, else
         when a worker has finished and nothing is left to send it while others still compute. It is
         called at the latest before returning.
@@ -142,13 +142,13 @@ class Scheduler:
                 if event.answer is not None and race.live(event.message, current, done):
                     race.seconds.append(time.monotonic() - event.slot.since)
                 self._handle(event, current, pending, done, race)
-            if while_waiting is not None and self._core_to_spare(transport.slots, done, pending, len(tasks)):
-                while_waiting()
-                while_waiting = None
+            if chores is not None and self._core_for_chores(transport.slots, done, pending, len(tasks)):
+                chores()
+                chores = None
             self._check_stop()
             self._kill_overdue(transport)
-        if while_waiting is not None:
-            while_waiting()
+        if chores is not None:
+            chores()
         return [done[task_key(message)] for message in tasks]
 
     def stream(self, transport: Transport) -> TaskStream:
@@ -244,7 +244,7 @@ class Scheduler:
         current[key] = retry
         pending.appendleft(retry)
 
-    def _core_to_spare(self, slots: list[Slot], done: dict[tuple[int, int], Result], pending: deque[Task],
+    def _core_for_chores(self, slots: list[Slot], done: dict[tuple[int, int], Result], pending: deque[Task],
                        total: int) -> bool:
         busy = sum(not slot.idle for slot in slots)
         return busy < CORES or (bool(done) and not pending and len(done) < total)
@@ -268,8 +268,8 @@ class Scheduler:
     # --- stretches ---
 
     def run_stretch(self, transport: Transport, board: Board, stretches: list[Stretch],
-                    progress: Callable[[], None], describe: Callable[[Activity], str]) -> Outcome:
-        """Run one stretch on slots 0..len(stretches)-1; ``progress`` (the server's logging) runs every TICK;
+                    chores: Callable[[], None], describe: Callable[[Activity], str]) -> Outcome:
+        """Run one stretch on slots 0..len(stretches)-1; ``chores`` (the server's logging) run every TICK;
         ``describe``: the engine's words for a participant's activity (what a dead or silent worker was doing).
 
         Returns once every participant has ended. A failure, or a piece of work that killed its worker
@@ -282,7 +282,7 @@ class Scheduler:
         while len(watch.ended) < len(stretches):
             for event in transport.wait(TICK):
                 self._stretch_event(event, watch, board)
-            progress()
+            chores()
             if self.stop_requested() and not watch.stopped:
                 watch.stopped = True
                 board.cancel(generation)

@@ -7,7 +7,7 @@ server stepping the whole vector (train/loops/overlap.py; a replay, train/server
 pass and solve (train/server/onepass.py). The epoch loop calls ``engine.run(position)`` until the engine says the
 epoch is done and never names a mode. The server watches the engine's workers (train/server/scheduler.py), logs
 what finished (train/records/logbook.py), evaluates each epoch's last version, checkpoints and stops cleanly on a
-signal. When it runs the rounds itself, it does its own work between two updates (``heartbeat``)."""
+signal. When it runs the rounds itself, it does its chores between two updates (``stretch_chores``)."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ from memtrain.train.records.state import (
 from memtrain.train.server.advice import few_updates_note, one_pass_note
 from memtrain.train.server.choice import Choice, choose, describe_mode
 from memtrain.train.server.datacheck import check_trainable
-from memtrain.train.server.engines import EngineContext, EpochEngine, Looks, between_updates
+from memtrain.train.server.engines import Chores, EngineContext, EpochEngine, stretch_chores
 from memtrain.train.server.exchange import InServer, WorkerPool
 from memtrain.train.server.monitor import check_monitor, monitor_for
 from memtrain.train.server.outline import server_context
@@ -255,7 +255,7 @@ class Trainer:
                                optimizer=job.train.optimizer, on_nonfinite=job.train.on_nonfinite,
                                size=context.layout.size, describe_rows=self.describe_rows, log=self.log,
                                staleness=job.train.staleness)
-        self.looks = Looks(self.logbook)
+        self.chores = Chores(self.logbook)
 
     def run(self, decision: Decision | None) -> TrainSummary:
         """``decision``: what a resume was allowed to change; None for a new run."""
@@ -271,7 +271,7 @@ class Trainer:
             self.log(f"unpublished versions {newer[0]}-{newer[-1]}: made after the checkpoint, they are made again")
         self.log(f"server pid {os.getpid()}")
         self.in_server = InServer(WorkerState(self._setup(), alive=lambda: None, board=self.memory_board,
-                                              heartbeat=lambda: self.heartbeat(position), keep_statistics=True,
+                                              chores=lambda: self.stretch_chores(position), keep_statistics=True,
                                               plan=self.plan, dataset=self.dataset, context=self.context))
         self.scheduler = Scheduler(task_timeout=self.job.train.task_timeout, max_attempts=self.job.train.max_attempts,
                                    describe_task=self.describe_task, log=self.log,
@@ -313,7 +313,7 @@ class Trainer:
         self.engine_context = EngineContext(
             train=self.job.train, keep_versions=self.job.run.keep_versions, plan=self.plan, per_epoch=self.per_epoch,
             size=self.context.layout.size, run_path=self.run_dir.path, exchange=self.run_dir.exchange,
-            placement=self.placement, scheduler=self.scheduler, logbook=self.logbook, looks=self.looks,
+            placement=self.placement, scheduler=self.scheduler, logbook=self.logbook, chores=self.chores,
             board=self.board, memory_board=self.memory_board, stop=self.stop, log=self.log,
             describe_rows=self.describe_rows)
         self.engine = self.choice.make(self.engine_context, self.in_server.state.rounds)
@@ -393,7 +393,7 @@ class Trainer:
             started = time.monotonic()
             with reporting(f"epoch {epoch + 1}/{epochs}", self.per_epoch, plain_every=math.inf,
                            quiet=self.quiet or whole) as bar:
-                self.looks.epoch(bar, started)
+                self.chores.epoch(bar, started)
                 while not engine.epoch_done(position):  # an engine's run cut short (a fault, a probe) goes on
                     engine.run(position)
                 last = self.end_epoch(position, started, final=epoch + 1 == epochs)
@@ -404,9 +404,9 @@ class Trainer:
                     bar.line(line)
         return last
 
-    def heartbeat(self, position: Position) -> bool:
+    def stretch_chores(self, position: Position) -> bool:
         """Called by the rounds the server runs itself, between two updates; True ends the stretch there."""
-        return between_updates(self.engine_context, position, self.memory_board)
+        return stretch_chores(self.engine_context, position, self.memory_board)
 
     def end_epoch(self, position: Position, started: float, *, final: bool) -> dict[str, Any]:
         self.logbook.write()
@@ -419,7 +419,7 @@ class Trainer:
         record = make(METRICS_EPOCH, kind="epoch", epoch=position.epoch + 1,
                       update=(position.epoch + 1) * self.per_epoch, version=position.version,
                       loss=position.epoch_loss / max(position.epoch_rows, 1),
-                      **self.evaluate(position.version, while_waiting=retire),
+                      **self.evaluate(position.version, chores=retire),
                       samples_per_s=position.epoch_rows / max(time.monotonic() - started, 1e-9), time=time.time())
         if self.choice.one_pass:
             record["loss"] = None  # one closed-form solve: there is no running training loss
@@ -443,15 +443,15 @@ class Trainer:
             raise verdict.failure
         return record
 
-    def evaluate(self, version: int, while_waiting: Any = None) -> dict[str, float]:
+    def evaluate(self, version: int, chores: Callable[[], None] | None = None) -> dict[str, float]:
         tasks = eval_tasks(self.val_rows, self.job.train.eval_rows, at_least=self.job.train.tasks_per_update)
         if not tasks:
-            if while_waiting is not None:
-                while_waiting()
+            if chores is not None:
+                chores()
             return {}
         results = self.scheduler.run(self.placement.transport,
                                      [EvalTask(task=t.task, attempt=0, version=version, lo=t.lo, hi=t.hi)
-                                      for t in tasks], while_waiting)
+                                      for t in tasks], chores)
         rows = sum(r.rows for r in results)
         metrics = {"val_loss": sum(r.loss for r in results) / rows}
         if self.context.classifier:
