@@ -174,6 +174,7 @@ class SlicedParticipant(Participant):
         self.stepped: list[tuple[Path, str]] = []  # those of the update stepped last, and their spare names
         self.spares: list[str] = []  # names of stepped gradient files, for the next tasks to rewrite
         self.attempts: list[int] = []  # the attempt of each task of the update to step next, in task order
+        self.state_names = state_names(files.optimizer)  # the optimizer's state vectors, stepped in slices
 
     def run(self) -> Outcome:
         try:
@@ -296,7 +297,7 @@ class SlicedParticipant(Participant):
         for (lo, _), result in zip(ranges, results, strict=True):
             rows = np.frombuffer(result.digests, dtype=np.uint8).reshape(-1, DIGEST_BYTES)
             digests[lo // BLOCK: lo // BLOCK + len(rows)] = rows
-        for name in state_names(files.optimizer):  # the state of version + 1, where checkpoints and steps look
+        for name in self.state_names:  # the state of version + 1, where checkpoints and steps look
             os.replace(files.exchange / state_building_name(name, version + 1),
                        files.exchange / state_buffer_name(name, (version + 1) % 2))
         self.out = None
@@ -305,7 +306,7 @@ class SlicedParticipant(Participant):
     def ready_state(self, version: int) -> None:
         """The new files of ``version``'s optimizer state, whole (their space reserved), for the slice owners."""
         size = self.files.size
-        for name in state_names(self.files.optimizer):
+        for name in self.state_names:
             path = self.files.exchange / state_building_name(name, version)
             if path.exists():
                 with contextlib.suppress(Exception):
@@ -315,7 +316,7 @@ class SlicedParticipant(Participant):
             allocate_npy(path, (size,), np.float32)
 
     def discard_state(self, version: int) -> None:
-        for name in state_names(self.files.optimizer):
+        for name in self.state_names:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.files.exchange / state_building_name(name, version))
 

@@ -158,8 +158,10 @@ class Scheduler:
                  race: Race) -> None:
         """Start a backup copy of each straggler (``BackupRule``) on an idle worker, while there is one."""
         rule = race.rule
+        if rule is None or not race.seconds:  # no rule (one machine), or nothing finished yet to compare with
+            return
         idle = [slot for slot in transport.slots if slot.idle]
-        if rule is None or not idle or not race.seconds:
+        if not idle:
             return
         median = statistics.median(race.seconds)
         now = time.monotonic()
@@ -245,7 +247,7 @@ class Scheduler:
         pending.appendleft(retry)
 
     def _core_for_chores(self, slots: list[Slot], done: dict[tuple[int, int], Result], pending: deque[Task],
-                       total: int) -> bool:
+                         total: int) -> bool:
         busy = sum(not slot.idle for slot in slots)
         return busy < CORES or (bool(done) and not pending and len(done) < total)
 
@@ -258,7 +260,7 @@ class Scheduler:
     def _kill_overdue(self, transport: Transport) -> None:
         now = time.monotonic()
         for slot in transport.slots:
-            if (not slot.idle and slot.process is not None and now - slot.since > self.task_timeout
+            if (slot.process is not None and not slot.idle and now - slot.since > self.task_timeout
                     and slot.pid not in self.killed and slot.process.is_alive()):
                 self.killed.add(slot.pid)
                 self.log(f"worker {slot.index} (pid {slot.pid}) silent for {self.task_timeout:g} s "
