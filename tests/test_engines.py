@@ -21,6 +21,7 @@ from memtrain.train.exchange.marks import STEP, Activity
 from memtrain.train.messages import GradTask
 from memtrain.train.schedule import ArrivalAgenda, PlannedAgenda, RecordedAgenda
 from memtrain.train.server import engines, server
+from memtrain.train.server.choice import ENGINES, engine_of
 from memtrain.train.server.engines import ClusterRounds, Desk, EngineContext, Rounds, ServerSteps
 from memtrain.train.server.onepass import OnePass
 from memtrain.train.server.replay import Replay
@@ -183,3 +184,23 @@ def test_a_gradient_task_is_named_by_the_engine_that_handed_it_out() -> None:
     trainer.engine = steps
     assert trainer.describe_task(task) == steps.describe_gradient(task)
 
+
+
+@pytest.mark.parametrize(("mode", "staleness_in", "cluster", "additive", "replaying", "engine", "placement"), [
+    ("sync", "rounds", "", False, False, "rounds", "rounds"),
+    ("sync", "stream", "", False, False, "stream", "stream"),
+    ("async", "rounds", "", False, False, "async", "desk"),
+    ("async", "rounds", "", False, True, "replay", "stream"),
+    ("sync", "rounds", "local:2", False, False, "cluster", "cluster"),
+    ("sync", "rounds", "", True, False, "solve", "rounds"),
+])
+def test_the_engine_is_one_row_of_one_table(mode: str, staleness_in: str, cluster: str, additive: bool,
+                                            replaying: bool, engine: str, placement: str) -> None:
+    """Which engine a run gets is one lookup (choice.engine_of, then ENGINES): the additive solve and the replay
+    are rows like the others, and only the whole ones (a replay, a solve) run once."""
+    staleness = 1 if staleness_in == "stream" else 0
+    job = SimpleNamespace(train=SimpleNamespace(mode=mode, staleness=staleness, staleness_in=staleness_in),
+                          run=SimpleNamespace(cluster=cluster))
+    assert engine_of(job, additive=additive, replaying=replaying) == engine
+    assert ENGINES[engine].placement == placement
+    assert ENGINES[engine].whole == (engine in ("replay", "solve")) and ENGINES[engine].one_pass == (engine == "solve")

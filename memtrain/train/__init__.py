@@ -6,7 +6,7 @@ The folders say which process runs what (each folder's __init__.py says what it 
       command.py   the `memtrain train` CLI;  fit.py, summary.py: memtrain.fit and its summary table
       server.py    the epoch loop (Trainer.fit, naming no mode): the engine made once, evaluation, checkpoints,
                    a clean stop
-      choice.py    the run's kind, chosen once from one table (ENGINES): its placement, its engine's maker
+      choice.py    the run's engine, chosen once from one table (ENGINES): its placement, its maker
       engines.py   who steps, one interface (run the rest of an epoch): Rounds, ClusterRounds, Desk, ServerSteps
                    (the server steps the whole vector: loops/overlap.py); each handed an EngineContext
       replay.py, onepass.py   two more engines: Replay (a lineage run again: ServerSteps with Recorded), OnePass

@@ -1,6 +1,6 @@
 """The run's engine, chosen once at start (``choose``) from one table (``ENGINES``), so the Trainer names no mode.
 
-A run is one of these kinds, each a row of ``ENGINES``: where its work runs, how the epoch loop runs it and how
+A run has one of these engines, each a row of ``ENGINES``: where its work runs, how the epoch loop runs it and how
 its engine (train/server/engines.py) is made once the server's side exists, with one signature:
 
     rounds   synchronous, or fixed staleness in the rounds: ``Rounds`` (worker processes, or the server alone)
@@ -49,7 +49,7 @@ Maker = Callable[[EngineContext, Callable[[], RoundFiles], Given], EpochEngine]
 
 
 @dataclass(frozen=True, kw_only=True)
-class Kind:
+class Entry:
     """A row of ``ENGINES``. ``placement``: where the work runs (train/server/placement.py and pools.py):
     "rounds" (worker processes or the server, measured at start), "stream" (gradients streamed to workers or
     the server), "desk" (streamed, the workers stepping whole groups at the desk when there are any).
@@ -77,28 +77,29 @@ def _solve(context: EngineContext, files: Callable[[], RoundFiles], given: Given
                    source=pass_source(given.model.manifest, model.kind, model.options, given.job.data.normalize))
 
 
-ENGINES: dict[str, Kind] = {
-    "rounds": Kind(placement="rounds", make=lambda context, files, given: Rounds(context)),
-    "cluster": Kind(placement="cluster", make=lambda context, files, given: ClusterRounds(context, files=files())),
-    "stream": Kind(placement="stream", make=lambda context, files, given: ServerSteps(
+ENGINES: dict[str, Entry] = {
+    "rounds": Entry(placement="rounds", make=lambda context, files, given: Rounds(context)),
+    "cluster": Entry(placement="cluster", make=lambda context, files, given: ClusterRounds(context, files=files())),
+    "stream": Entry(placement="stream", make=lambda context, files, given: ServerSteps(
         context, files=files(), schedule=Planned(staleness=context.train.staleness))),
-    "async": Kind(placement="desk", make=_async),
-    "replay": Kind(placement="stream", whole=True, make=lambda context, files, given: Replay(
+    "async": Entry(placement="desk", make=_async),
+    "replay": Entry(placement="stream", whole=True, make=lambda context, files, given: Replay(
         context, files=files(), lineage=given.lineage)),
-    "solve": Kind(placement="rounds", whole=True, one_pass=True, make=_solve),
+    "solve": Entry(placement="rounds", whole=True, one_pass=True, make=_solve),
 }
 
 
 @dataclass(frozen=True, kw_only=True)
 class Choice:
-    """The run's engine as chosen at start: its ``kind`` (an ``ENGINES`` key) and what the Trainer reads of it.
+    """The run's engine as chosen at start: its name (``engine``, an ``ENGINES`` key) and what the Trainer reads
+    of it.
 
-    ``placement``: ``Kind.placement``, or "cluster" for any run on one; ``words``: the mode in the placement's
+    ``placement``: ``Entry.placement``, or "cluster" for any run on one; ``words``: the mode in the placement's
     log line; ``tasks``: the gradients an update computes side by side (async: a group), which the placement
     weighs; ``per_epoch``: updates per epoch (async: groups; a solve: 1); ``banks``: the rounds' gradient
     buffers per task (none for a solve); ``notes``: logged when the engine is made."""
 
-    kind: str
+    engine: str
     placement: str
     words: str
     tasks: int
@@ -109,19 +110,20 @@ class Choice:
 
     @property
     def whole(self) -> bool:
-        return ENGINES[self.kind].whole
+        return ENGINES[self.engine].whole
 
     @property
     def one_pass(self) -> bool:
-        return ENGINES[self.kind].one_pass
+        return ENGINES[self.engine].one_pass
 
     def make(self, context: EngineContext, files: Callable[[], RoundFiles]) -> EpochEngine:
         """The engine, handed ``context`` (and the server's round files, made when first asked)."""
-        return ENGINES[self.kind].make(context, files, self.given)
+        return ENGINES[self.engine].make(context, files, self.given)
 
 
-def kind_of(job: Job, *, additive: bool, replaying: bool) -> str:
-    """The ``ENGINES`` key of a run: a solve, a cluster's rounds, a replay, the rounds, async or streamed."""
+def engine_of(job: Job, *, additive: bool, replaying: bool) -> str:
+    """The ``ENGINES`` key of a run's engine: a solve, a cluster's rounds, a replay, the rounds, async or
+    streamed."""
     if additive:
         return "solve"
     if job.run.cluster:
@@ -144,11 +146,11 @@ def choose(job: Job, model: ModelContext, train_rows: int, *, lineage: Lineage |
     """The run's ``Choice``: ``lineage`` a run to replay (None: the job's own epochs); ``record`` appends to
     the run's lineage (a solve's record)."""
     train = job.train
-    kind = kind_of(job, additive=model.additive, replaying=lineage is not None)
+    engine = engine_of(job, additive=model.additive, replaying=lineage is not None)
     notes = ((f"fixed staleness {train.staleness}: in the {train.staleness_in} "
               f"(train.staleness_in = {train.staleness_in!r})",) if train.staleness else ())
-    return Choice(kind=kind, placement="cluster" if job.run.cluster else ENGINES[kind].placement,
-                  words="replay" if kind == "replay" else describe_mode(job),
+    return Choice(engine=engine, placement="cluster" if job.run.cluster else ENGINES[engine].placement,
+                  words="replay" if engine == "replay" else describe_mode(job),
                   tasks=train.async_group if train.mode == "async" else train.tasks_per_update,
                   per_epoch=1 if model.additive else job_updates_per_epoch(job, train_rows),
                   banks=0 if model.additive else gradient_banks(train.staleness), notes=notes,
