@@ -29,7 +29,7 @@ from typing import Any
 
 from memtrain.train.messages import GradTask, Outcome, Result
 
-RECORD = GradTask(task=3, attempt=0, update=5678, version=1234, epoch=5, lo=1_000_000, hi=2_000_000)
+RECORD = GradTask(task=3, attempt=0, ticket=5678, version=1234, epoch=5, lo=1_000_000, hi=2_000_000)
 ANSWER = Result(task=3, attempt=0, outcome=Outcome.DONE, loss=123.456, rows=1_000_000, seconds=0.01)
 
 

@@ -2,14 +2,14 @@
 
 ``python -m benchmarks.first_job_items JOB.toml [memtrain train options]`` runs ``memtrain train`` in this
 process with a timer of the server's named sections (memtrain/train/timing.py: the model's gradient, a
-gradient task, a task's rows, the step, readying and publishing the version file, the server's looks, the
-evaluation and the end of each epoch, the rounds in all) and prints the thread CPU time each took, summed
-over the run and divided by its updates. Nothing is patched: the timer is handed to ``train``, and the parts
-time their own sections with it. CPU time, not wall time: on a loaded machine a piece's wall time holds
-whatever ran meanwhile, its CPU time does not, so the items of two code versions compare on a busy machine
-(the timer adds about 1 µs a call). It measures the rounds the server runs itself: use it with
-``train.workers = 0`` or "auto" on a job whose updates stay in the server (the README's first job, the 1e4
-and 1e5 bench MLPs).
+gradient task, a task's rows, the step, readying and publishing the version file, the server's chores
+between updates, the evaluation and the end of each epoch, the rounds in all) and prints the thread CPU time
+each took, summed over the run and divided by its updates. Nothing is patched: the timer is handed to
+``train``, and the parts time their own sections with it. CPU time, not wall time: on a loaded machine a
+piece's wall time holds whatever ran meanwhile, its CPU time does not, so the items of two code versions
+compare on a busy machine (the timer adds about 1 µs a call). It measures the rounds the server runs
+itself: use it with ``train.workers = 0`` or "auto" on a job whose updates stay in the server (the README's
+first job, the 1e4 and 1e5 bench MLPs).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ ITEMS = (
     ("step", "the step: sum, mean, optimizer, block digests"),
     ("ready", "version file: readying (the retired one recycled)"),
     ("publish", "version file: publication (digest, record, rename)"),
-    ("heartbeat", "the server's looks between updates (logs, progress)"),
+    ("stretch_chores", "the server's chores between updates (logs, progress)"),
     ("evaluate", "per epoch: evaluation"),
     ("end_epoch", "per epoch: all of the epoch's end"),
     ("rounds", "the rounds, in all"),

@@ -47,7 +47,7 @@ from memtrain.train.exchange.weights import (
 )
 from memtrain.train.loops.maps import MapCache
 from memtrain.train.loops.reduce import Scratch, reduce_and_step
-from memtrain.train.optim import apply_update, learning_rate, state_slots
+from memtrain.train.optim import apply_update, learning_rate, state_names
 from memtrain.train.plan import Plan
 from memtrain.train.records.checkpoint import write_checkpoint
 from memtrain.train.records.metrics import combine, task_statistics
@@ -85,7 +85,7 @@ def tasks_loop(problem: Problem, *, memtrain_step: bool = True, run_dir: Path | 
     layout, model, opt = problem.context.layout, problem.context.model, problem.job.train.optimizer
     size, plan, keep = problem.size, problem.plan, problem.job.run.keep_versions
     grads = [np.empty(size, np.float32) for _ in range(plan.tasks_per_update)]
-    states = [{slot: np.zeros(size, np.float32) for slot in state_slots(opt)} for _ in (0, 1)]
+    states = [{name: np.zeros(size, np.float32) for name in state_names(opt)} for _ in (0, 1)]
     digests = np.zeros((block_count(size), DIGEST_BYTES), np.uint8)
     scratch, maps = Scratch(), MapCache()
     weights, spare = problem.init(), np.empty(size, np.float32)
@@ -143,7 +143,7 @@ def evaluation(problem: Problem, weights: np.ndarray) -> float:
 def checkpoint(problem: Problem, folder: Path, update: int) -> float:
     """One checkpoint of the job's files (weights and Adam's two state vectors), with its fsyncs."""
     folder.mkdir(exist_ok=True)
-    files = {name: folder / f"{name}.npy" for name in ("weights", *state_slots(problem.job.train.optimizer))}
+    files = {name: folder / f"{name}.npy" for name in ("weights", *state_names(problem.job.train.optimizer))}
     for path in files.values():
         if not path.exists():
             np.save(path, problem.init())

@@ -14,7 +14,7 @@ costs (the one patch left: the server's ``open_cluster`` swapped for that pool).
 - ``tasks``: from sending an update's gradient tasks to having every answer;
 - ``tasks - slowest compute``: what the tasks cost beyond the longest gradient computation: the actor
   round trips, the workers' reading of the rows and the new version, their writing of the gradient files;
-- ``housekeeping``: the server's work while the workers compute (deleting the stepped gradient files,
+- ``file_chores``: the server's chores on files while the workers compute (deleting the stepped gradient files,
   readying and faulting in the next version's file): off the update's path when a core is spare.
 """
 
@@ -35,7 +35,7 @@ from memtrain.train.timing import Recording
 
 SKIP = 3  # first updates left out (maps and caches warming up)
 PROCESSES = "processes"
-PRINTED = ("round", "step", "publish", "tasks", "tasks - slowest compute", "housekeeping")
+PRINTED = ("round", "step", "publish", "tasks", "tasks - slowest compute", "file_chores")
 
 
 class StreamTimer(Recording):
@@ -46,9 +46,9 @@ class StreamTimer(Recording):
         if name != "tasks":
             return super().timed(name, function)
 
-        def run_tasks(tasks: list, meanwhile: Callable[[], None]) -> list:
+        def run_tasks(tasks: list, chores: Callable[[], None]) -> list:
             started = time.perf_counter()
-            results = function(tasks, meanwhile)
+            results = function(tasks, chores)
             wall = time.perf_counter() - started
             self.times["tasks"].append(wall)
             self.times["tasks - slowest compute"].append(wall - max(r.seconds for r in results))

@@ -178,8 +178,8 @@ def checkpoint_version_name(version: int) -> str:
     return f"weights-v{version:08d}.npy"
 
 
-def optimizer_state_name(slot: str) -> str:
-    return f"opt-{slot}.npy"
+def optimizer_state_name(name: str) -> str:
+    return f"opt-{name}.npy"
 
 
 # --- exchange area (gradient files and scratch; on /dev/shm or in the run dir) ---
@@ -225,16 +225,17 @@ def gradient_name(version: int, task: int, attempt: int) -> str:
     return f"g-v{version:08d}-t{task:05d}-a{attempt:03d}.npy"
 
 
-def streamed_gradient_name(update: int, task: int, attempt: int) -> str:
-    """A streamed gradient (train/loops/stream.py): one file per (update, task, attempt), so a name is never reused
-    in a run -- not by the next update after a skipped one, nor by a retry."""
-    return f"g-u{update:08d}-t{task:05d}-a{attempt:03d}.npy"
+def streamed_gradient_name(ticket: int, task: int, attempt: int) -> str:
+    """A streamed gradient (train/loops/stream.py): one file per (ticket, task, attempt) (``GradTask.ticket``: the
+    plan's update number, async's ticket or a replay's step), so a name is never reused in a run -- not by the
+    next update after a skipped one, nor by a retry."""
+    return f"g-u{ticket:08d}-t{task:05d}-a{attempt:03d}.npy"
 
 
-def spare_gradient_name(update: int, task: int, attempt: int) -> str:
+def spare_gradient_name(ticket: int, task: int, attempt: int) -> str:
     """A stepped streamed gradient's file (``streamed_gradient_name``'s numbers: never reused in a run), handed
     to a worker to rewrite as a later gradient (train/loops/stream.py)."""
-    return f"g-s{update:08d}-t{task:05d}-a{attempt:03d}.npy"
+    return f"g-s{ticket:08d}-t{task:05d}-a{attempt:03d}.npy"
 
 
 def chain_sum_name(update: int, attempt: int, tasks: int, segment: int) -> str:
@@ -255,15 +256,15 @@ def gradient_buffer_name(task: int, bank: int = 0) -> str:
     return f"g-t{task:05d}.npy" if bank == 0 else f"g-t{task:05d}-b{bank}.npy"
 
 
-def state_buffer_name(slot: str, parity: int) -> str:
+def state_buffer_name(name: str, parity: int) -> str:
     """Optimizer state is double-buffered: update n reads parity n%2 and writes the other one."""
-    return f"opt-{slot}-{parity}.npy"
+    return f"opt-{name}-{parity}.npy"
 
 
-def state_building_name(slot: str, version: int) -> str:
+def state_building_name(name: str, version: int) -> str:
     """On a cluster (train/loops/sliced.py): the optimizer state of ``version`` while its slice owners write it, a new
-    file per version, renamed over ``state_buffer_name(slot, version % 2)`` once every slice is written."""
-    return f"opt-{slot}-n{version:08d}.npy"
+    file per version, renamed over ``state_buffer_name(name, version % 2)`` once every slice is written."""
+    return f"opt-{name}-n{version:08d}.npy"
 
 
 # The block digests of the weight version being written (see files.block_checksum): one 16-byte row per

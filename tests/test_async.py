@@ -26,7 +26,7 @@ from memtrain.faults import ONCE_ENV, READ_AUDIT_ENV, STRAGGLER_ENV
 from memtrain.files import seal
 from memtrain.layout import checkpoint_path, checkpoint_updates, checkpoint_version_name, weight_versions, weights_path
 from memtrain.train.context import model_context
-from memtrain.train.optim import apply_update, learning_rate, state_slots
+from memtrain.train.optim import apply_update, learning_rate, state_names
 from memtrain.train.plan import epoch_updates, gradient_base, task_stream, updates_per_epoch
 from memtrain.train.server.placement import stream_workers
 from memtrain.train.server.server import job_plan
@@ -153,7 +153,7 @@ def reference_weights(job_path: Path, staleness: int) -> np.ndarray:
     context = model_context(data, job.model.kind, job.model.options, job.data.normalize)
     layout, model, train = context.layout, context.model, data.split("train")
     history = [layout.flatten(model.init(np.random.default_rng(job.train.seed)))]
-    state = {slot: np.zeros_like(history[0]) for slot in state_slots(job.train.optimizer)}
+    state = {name: np.zeros_like(history[0]) for name in state_names(job.train.optimizer)}
     total = updates_per_epoch(train.rows, job.train.batch_size) * job.train.epochs
     plan = job_plan(job, train.rows)
     for epoch in range(job.train.epochs):

@@ -59,7 +59,7 @@ def scheduler(logs: list[str], discarded: list, rule: BackupRule | None) -> Sche
 
 
 def tasks(count: int) -> list[GradTask]:
-    return [GradTask(task=t, attempt=0, update=4, version=4, epoch=0, lo=t, hi=t + 1, spare=f"g-s{t}")
+    return [GradTask(task=t, attempt=0, ticket=4, version=4, epoch=0, lo=t, hi=t + 1, spare=f"g-s{t}")
             for t in range(count)]
 
 
@@ -102,7 +102,7 @@ def test_the_original_is_taken_when_it_finishes_first_and_the_backups_late_answe
     assert any("the original (attempt 0) finished first" in line for line in logs)
     # the next call gets the loser's late answer: stale, discarded again, never taken
     transport.delay[(1, 1)] = 0.0
-    later = [GradTask(task=0, attempt=0, update=5, version=5, epoch=0, lo=0, hi=1)]
+    later = [GradTask(task=0, attempt=0, ticket=5, version=5, epoch=0, lo=0, hi=1)]
     assert [(r.task, r.attempt) for r in scheduler(logs, discarded, rule).run(transport, later)] == [(0, 0)]
     assert [(t.task, t.attempt) for t in discarded] == [(1, 1), (1, 1)]
 

@@ -163,8 +163,8 @@ def spy_records(monkeypatch) -> list[tuple[str, object]]:
     """The records the server posts to its broadcast rounds (memtrain/cluster/broadcast.py), as (kind, body)."""
     records: list = []
     ask = Broadcast.ask
-    monkeypatch.setattr(Broadcast, "ask", lambda round, kind, body, parts, meanwhile: (
-        records.append((kind, body)), ask(round, kind, body, parts, meanwhile))[1])
+    monkeypatch.setattr(Broadcast, "ask", lambda round, kind, body, parts, chores: (
+        records.append((kind, body)), ask(round, kind, body, parts, chores))[1])
     return records
 
 
@@ -364,7 +364,7 @@ def test_a_scheduler_that_cannot_load_the_broadcast_plugin_runs_every_update_per
     monkeypatch.setattr(Client, "register_plugin", refuse)
     assert train(write_job(tmp_path, dataset), "--cluster", dask.address) == 0
     grads = [task for task in sent if isinstance(task, GradTask)]
-    assert len({task.update for task in grads}) == 3 * 7 and len(grads) == 3 * 7 * 3
+    assert len({task.ticket for task in grads}) == 3 * 7 and len(grads) == 3 * 7 * 3
     assert len([task for task in sent if isinstance(task, StepTask)]) == 3 * 7
     events = (tmp_path / "run" / "events.log").read_text()
     assert events.count("did not take memtrain's broadcast plugin (ModuleNotFoundError") == 1
@@ -492,7 +492,7 @@ def test_a_worker_that_joins_later_gets_a_slot_and_work_and_its_leaving_is_seen(
         assert any(f"not using a Dask worker that joined: Dask worker {joined['lateblind']['address']}" in line
                    and "cannot see the run directory's probe" in line for line in logs)
         slot = next(s for s in pool.slots if s.process.address == address)
-        task = GradTask(task=5, attempt=0, update=0, version=0, epoch=0, lo=0, hi=100)
+        task = GradTask(task=5, attempt=0, ticket=0, version=0, epoch=0, lo=0, hi=100)
         pool.send(slot, task)
         events = []
         while not events and time.monotonic() < deadline:
@@ -650,7 +650,7 @@ def test_without_the_cluster_extra_the_error_says_how_to_install_it(tmp_path: Pa
 
 def test_the_records_dask_carries_are_small() -> None:
     """The frames of an actor call carrying a task, and of its answer, as Dask serializes them."""
-    task = GradTask(task=12, attempt=2, update=10**9, version=123_456_789, epoch=10**6, lo=10**12, hi=10**12 + 10**9)
+    task = GradTask(task=12, attempt=2, ticket=10**9, version=123_456_789, epoch=10**6, lo=10**12, hi=10**12 + 10**9)
     call = dumps({"op": "actor_execute", "function": "run", "actor": "memtrain-worker-0123456789ab",
                   "args": [to_serialize(task)], "kwargs": {}})
     result = Result(task=12, attempt=2, outcome=Outcome.DONE, loss=1e30, rows=10**9, seconds=12.5)

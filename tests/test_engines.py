@@ -21,7 +21,10 @@ from memtrain.train.exchange.marks import STEP, Activity
 from memtrain.train.messages import GradTask
 from memtrain.train.schedule import ArrivalAgenda, PlannedAgenda, RecordedAgenda
 from memtrain.train.server import engines, server
+from memtrain.train.server.choice import ENGINES, engine_of
 from memtrain.train.server.engines import ClusterRounds, Desk, EngineContext, Rounds, ServerSteps
+from memtrain.train.server.onepass import OnePass
+from memtrain.train.server.replay import Replay
 from memtrain.train.timing import UNTIMED
 
 JOB = """
@@ -85,9 +88,9 @@ def chosen(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     return seen
 
 
-def train(tmp_path: Path, data: Path, train: str, *args: str) -> Path:
+def train(tmp_path: Path, data: Path, train: str, *args: str, kind: str = "softmax") -> Path:
     job = tmp_path / "job.toml"
-    job.write_text(JOB.format(data=data, train=train, run=tmp_path / "run"))
+    job.write_text(JOB.format(data=data, train=train, run=tmp_path / "run").replace('"softmax"', f'"{kind}"'))
     assert main(["train", str(job), "--quiet", *args]) == 0
     return tmp_path / "run"
 
@@ -112,12 +115,25 @@ def test_each_mode_runs_its_engine_and_schedule_once_chosen(tmp_path: Path, data
 
 def test_a_replay_is_the_server_engine_with_the_recorded_schedule(tmp_path: Path, data: Path,
                                                                   chosen: list[dict]) -> None:
+    """Chosen like every engine: the server's whole-vector loop with the lineage's schedule, run once."""
     run = train(tmp_path, data, 'mode = "async"\nasync_group = 2')
     assert main(["train", "--replay", str(run), "--quiet", "--run-dir", str(tmp_path / "replay"),
                  "--workers", "0"]) == 0
     replay = chosen[-1]
-    assert type(replay["engine"]) is ServerSteps and replay["runs"] == 1 and replay["closed"] == 1
+    assert type(replay["engine"]) is Replay and isinstance(replay["engine"], ServerSteps)
+    assert replay["runs"] == 1 and replay["closed"] == 1
     assert [type(a) for a in replay["agendas"]] == [RecordedAgenda]
+
+
+def test_an_additive_model_is_its_one_pass_engine_run_once(tmp_path: Path, data: Path, chosen: list[dict]) -> None:
+    """Chosen like every engine: one run (its statistics and its solve) whatever train.epochs says; a resume of
+    the solved run finds nothing left to run."""
+    run = train(tmp_path, data, "", kind="naive_bayes")
+    [entry] = chosen
+    assert type(entry["engine"]) is OnePass and entry["runs"] == 1 and entry["closed"] == 1
+    assert weight_versions(run) == [0, 1]
+    assert main(["train", "--resume", str(run), "--quiet"]) == 0
+    assert chosen[-1]["runs"] == 0 and weight_versions(run) == [0, 1]
 
 
 def context(**fields: object) -> SimpleNamespace:
@@ -159,7 +175,7 @@ def test_a_gradient_task_is_named_by_the_engine_that_handed_it_out() -> None:
     tickets (async) or a replay's steps, so its words give the rows and the version read. The Trainer asks the
     engine it chose, no flag of its own."""
     words = context(describe_rows=lambda lo, hi, epoch: f"rows {lo}-{hi} of epoch {epoch + 1}")
-    task = GradTask(task=2, attempt=0, update=7, version=5, epoch=1, lo=10, hi=20)
+    task = GradTask(task=2, attempt=0, ticket=7, version=5, epoch=1, lo=10, hi=20)
     cluster = ClusterRounds(words, files=None)
     assert cluster.describe_gradient(task) == "gradient task 2 (rows 10-20 of epoch 2) of update 8"
     steps = ServerSteps.__new__(ServerSteps)  # its loop is not needed for words
@@ -169,3 +185,23 @@ def test_a_gradient_task_is_named_by_the_engine_that_handed_it_out() -> None:
     trainer.engine = steps
     assert trainer.describe_task(task) == steps.describe_gradient(task)
 
+
+
+@pytest.mark.parametrize(("mode", "staleness_in", "cluster", "additive", "replaying", "engine", "placement"), [
+    ("sync", "rounds", "", False, False, "rounds", "rounds"),
+    ("sync", "stream", "", False, False, "stream", "stream"),
+    ("async", "rounds", "", False, False, "async", "desk"),
+    ("async", "rounds", "", False, True, "replay", "stream"),
+    ("sync", "rounds", "local:2", False, False, "cluster", "cluster"),
+    ("sync", "rounds", "", True, False, "solve", "rounds"),
+])
+def test_the_engine_is_one_row_of_one_table(mode: str, staleness_in: str, cluster: str, additive: bool,
+                                            replaying: bool, engine: str, placement: str) -> None:
+    """Which engine a run gets is one lookup (choice.engine_of, then ENGINES): the additive solve and the replay
+    are rows like the others, and only the whole ones (a replay, a solve) run once."""
+    staleness = 1 if staleness_in == "stream" else 0
+    job = SimpleNamespace(train=SimpleNamespace(mode=mode, staleness=staleness, staleness_in=staleness_in),
+                          run=SimpleNamespace(cluster=cluster))
+    assert engine_of(job, additive=additive, replaying=replaying) == engine
+    assert ENGINES[engine].placement == placement
+    assert ENGINES[engine].whole == (engine in ("replay", "solve")) and ENGINES[engine].one_pass == (engine == "solve")

@@ -8,6 +8,7 @@ Imports are read from the source (module level and inside functions, as they run
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import memtrain
@@ -154,3 +155,66 @@ def test_no_benchmark_script_patches_memtrain() -> None:
     assert scripts
     found = {(path.name, patch) for path in scripts for patch in patches(path)}
     assert found == PATCHES_LEFT, f"benchmarks/ patching memtrain (time through memtrain/train/timing.py): {found}"
+# What the Trainer must not name: it asks the Choice (train/server/choice.py) and its engine, never which mode
+# it runs (an additive model's pass and solve, a replay of a lineage, async mode). Words of identifiers.
+MODE_WORDS = {"additive", "replay", "replaying", "lineage", "recorded", "mode", "async"}
+
+
+def named_modes(source: str, cls: str = "Trainer") -> set[str]:
+    """Every identifier in class ``cls`` of ``source`` (names, attributes, arguments, functions) with a word
+    that names a mode (words: split at underscores and capitals)."""
+    [tree] = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ClassDef) and node.name == cls]
+    found = set()
+    for node in ast.walk(tree):
+        name = (node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute)
+                else node.arg if isinstance(node, (ast.arg, ast.keyword)) and node.arg
+                else node.name if isinstance(node, ast.FunctionDef) else None)
+        if name and MODE_WORDS & {w.lower() for w in re.findall(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])", name)}:
+            found.add(name)
+    return found
+
+
+def test_the_trainer_names_no_mode() -> None:
+    """The epoch loop and the choice of its engine read one Choice: no branch on an additive model, a replay's
+    lineage or the training mode (the words of its log lines are the Choice's)."""
+    assert named_modes((ROOT / "train" / "server" / "server.py").read_text()) == set()
+
+
+def test_the_mode_search_finds_a_branch() -> None:
+    source = "class Trainer:\n    def fit(self):\n        if self.context.additive or self.lineage:\n            pass\n"
+    assert named_modes(source) == {"additive", "lineage"}
+    assert named_modes(source.replace("self.lineage", "self.modelLineage")) == {"additive", "modelLineage"}
+    assert named_modes(source.replace(" or self.lineage", ".model_kind")) == {"additive"}
+
+
+# Names the glossary (memtrain/train/__init__.py) retired, each with the one name kept for its concept: the
+# server's own work between updates is its chores; the optimizer's vectors are its state vectors.
+RETIRED = {"heartbeat": "chores", "housekeeping": "chores", "between_updates": "chores", "while_waiting": "chores",
+           "meanwhile": "chores", "Looks": "Chores", "looks": "chores", "state_slots": "state_names",
+           "run_state_slots": "run_state_names"}
+
+
+def identifiers(source: str) -> set[str]:
+    """Every name, attribute, argument, keyword, function and class name of ``source``."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name):
+            found.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            found.add(node.attr)
+        elif isinstance(node, (ast.arg, ast.keyword)) and node.arg:
+            found.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            found.add(node.name)
+    return found
+
+
+def test_one_name_per_concept() -> None:
+    for name, path in modules().items():
+        if name.startswith(CORE):
+            assert not identifiers(path.read_text()) & set(RETIRED), name
+    from dataclasses import fields
+
+    from memtrain.train.messages import GradTask
+    assert "ticket" in {f.name for f in fields(GradTask)} and "update" not in {f.name for f in fields(GradTask)}, \
+        "a streamed gradient's number is its ticket; 'update' is the plan's number only"

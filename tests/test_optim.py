@@ -13,7 +13,7 @@ from memtrain.errors import InputError
 from memtrain.models import build_model
 from memtrain.models.params import ParamLayout
 from memtrain.models.protocol import DataSpec
-from memtrain.train.optim import OptimizerConfig, apply_update, learning_rate, state_slots
+from memtrain.train.optim import OptimizerConfig, apply_update, learning_rate, state_names
 
 CONFIGS = [
     OptimizerConfig(name="sgd", lr=0.1),
@@ -33,7 +33,7 @@ class Run:
     def __init__(self, config: OptimizerConfig, weights: np.ndarray):
         self.config = config
         self.weights = weights.copy()
-        self.state = {slot: np.zeros_like(weights) for slot in state_slots(config)}
+        self.state = {name: np.zeros_like(weights) for name in state_names(config)}
         self.step_count = 0
 
     def step(self, grad: np.ndarray, lr: float, bounds: list[int] | None = None) -> None:
@@ -91,14 +91,14 @@ def test_engine_sized_chunks_match_the_whole_vector(config):
 def test_inputs_are_never_written(config):
     rng = np.random.default_rng(0)
     weights, grad = rng.standard_normal(50).astype(np.float32), rng.standard_normal(50).astype(np.float32)
-    state = {slot: read_only(np.abs(rng.standard_normal(50)).astype(np.float32)) for slot in state_slots(config)}
+    state = {name: read_only(np.abs(rng.standard_normal(50)).astype(np.float32)) for name in state_names(config)}
     weights_out = np.empty_like(weights)
-    state_out = {slot: np.empty_like(weights) for slot in state}
+    state_out = {name: np.empty_like(weights) for name in state}
     apply_update(config, 3, config.lr, read_only(weights), read_only(grad), state, weights_out, state_out)
     assert weights_out.dtype == np.float32 and all(v.dtype == np.float32 for v in state_out.values())
     # re-running a step from the same inputs (a retried task) gives the same bytes
     again = np.empty_like(weights)
-    apply_update(config, 3, config.lr, weights, grad, state, again, {slot: np.empty_like(weights) for slot in state})
+    apply_update(config, 3, config.lr, weights, grad, state, again, {name: np.empty_like(weights) for name in state})
     assert again.tobytes() == weights_out.tobytes()
 
 
@@ -157,11 +157,11 @@ def test_first_adam_step_moves_each_weight_by_lr():
     np.testing.assert_allclose(run.weights, [-0.5, 0.5, -0.5], rtol=1e-6)
 
 
-def test_state_slots():
-    assert state_slots(OptimizerConfig("sgd")) == ()
-    assert state_slots(OptimizerConfig("sgd", momentum=0.9)) == ("m",)
-    assert state_slots(OptimizerConfig("adam")) == ("m", "v")
-    assert state_slots(OptimizerConfig("adamw")) == ("m", "v")
+def test_state_names():
+    assert state_names(OptimizerConfig("sgd")) == ()
+    assert state_names(OptimizerConfig("sgd", momentum=0.9)) == ("m",)
+    assert state_names(OptimizerConfig("adam")) == ("m", "v")
+    assert state_names(OptimizerConfig("adamw")) == ("m", "v")
 
 
 # schedules ---------------------------------------------------------------------------------------------
@@ -270,5 +270,5 @@ def test_an_unknown_optimizer_name_is_refused_never_run_as_another() -> None:
     with pytest.raises(InputError, match="bad value for train.optimizer"):
         apply_update(config, 1, 0.1, weights, grad, state, out, state_out)
     with pytest.raises(InputError, match="bad value for train.optimizer"):
-        state_slots(config)
+        state_names(config)
     assert not out.any(), "nothing was stepped"

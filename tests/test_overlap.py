@@ -32,7 +32,7 @@ class FakeStream:
         self.submitted: list[GradTask] = []
 
     def submit(self, task: GradTask) -> None:
-        assert (task.update, task.task) not in {(t.update, t.task) for t in self.current}, "a key twice in flight"
+        assert (task.ticket, task.task) not in {(t.ticket, t.task) for t in self.current}, "a key twice in flight"
         self.current.append(task)
         self.submitted.append(task)
 
@@ -57,7 +57,7 @@ class Recording(Overlap):
 
     def __init__(self, stream: FakeStream, staleness: int = 0, checksums: dict[int, str] | None = None):
         files = SimpleNamespace(exchange=Path("/nonexistent"))  # a stale gradient's file: none to delete here
-        super().__init__(epochs=1, files=files, stream=stream, logbook=None, per_epoch=1, look=lambda position: None)
+        super().__init__(epochs=1, files=files, stream=stream, logbook=None, per_epoch=1, chores=lambda position: None)
         self.staleness, self.checksums = staleness, checksums or {}
         self.steps: list[tuple[Update, list[GradTask], int, float | None, dict]] = []
 
@@ -121,7 +121,7 @@ def test_arrival_applies_every_task_once_in_arrival_order_within_the_bound(seed:
         assert oldest <= n
     discarded = sum(lineage["discarded"] for *_, lineage in loop.steps)
     assert len(stream.submitted) == len(got) + discarded, "every stale gradient was computed again"
-    assert len({t.update for t in stream.submitted}) == len(stream.submitted), "each hand-out has its own ticket"
+    assert len({t.ticket for t in stream.submitted}) == len(stream.submitted), "each hand-out has its own ticket"
     assert position.schedule == ArrivalState(applied=[]), "the epoch's end clears the record of applied tasks"
 
 
@@ -131,16 +131,16 @@ def test_arrival_counts_applied_tasks_mid_epoch() -> None:
     agenda = Arrival(group=2, per_epoch=2).agenda(position, plan_updates(4, 1))
     handed: list[GradTask] = []
 
-    def submit(*, update: int, epoch: int, rows: TaskRange, version: int) -> None:
-        handed.append(GradTask(task=rows.task, attempt=0, update=update, version=version, epoch=epoch,
+    def submit(*, ticket: int, epoch: int, rows: TaskRange, version: int) -> None:
+        handed.append(GradTask(task=rows.task, attempt=0, ticket=ticket, version=version, epoch=epoch,
                                lo=rows.lo, hi=rows.hi))
 
     agenda.start(lambda: 2 - len(handed), 0, submit)  # two workers
-    assert [t.task for t in handed] == [0, 1] and [t.update for t in handed] == [1, 2]
+    assert [t.task for t in handed] == [0, 1] and [t.ticket for t in handed] == [1, 2]
     assert agenda.arrived(handed[1], RESULT, more=True) and agenda.due() is None
     assert agenda.arrived(handed[0], RESULT, more=False)
     due = agenda.due()
-    assert due is not None and [task.update for task, _ in due.gradients] == [2, 1], "arrival order"
+    assert due is not None and [task.ticket for task, _ in due.gradients] == [2, 1], "arrival order"
     position.version, position.batch = 1, 1
     agenda.applied(position, "c")
     assert position.schedule == ArrivalState(applied=[1, 0]) and not agenda.done()

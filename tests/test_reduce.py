@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from memtrain.files import DIGEST_BYTES, block_digest
 from memtrain.train.exchange.weights import block_count
 from memtrain.train.loops.reduce import CHUNK, Scratch, reduce_and_step
-from memtrain.train.optim import OptimizerConfig, apply_update, state_slots
+from memtrain.train.optim import OptimizerConfig, apply_update, state_names
 from memtrain.train.plan import step_slices
 
 
@@ -22,7 +22,7 @@ def inputs(seed: int, size: int, tasks: int, optimizer: OptimizerConfig) -> dict
     rng = np.random.default_rng(seed)
     return {"grads": [rng.normal(size=size).astype(np.float32) for _ in range(tasks)],
             "weights": rng.normal(size=size).astype(np.float32),
-            "state_in": {k: np.abs(rng.normal(size=size)).astype(np.float32) for k in state_slots(optimizer)}}
+            "state_in": {k: np.abs(rng.normal(size=size)).astype(np.float32) for k in state_names(optimizer)}}
 
 
 def step(given_inputs: dict, *, rows: int, optimizer: OptimizerConfig, lr: float, slices: list[tuple[int, int]],

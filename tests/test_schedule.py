@@ -109,13 +109,13 @@ def test_a_planned_agenda_starts_the_next_k_plus_1_updates_each_at_its_version(k
     agenda, started = Planned(staleness=k).agenda(position, updates), []
     agenda.start(lambda: 0, position.version, lambda **task: started.append(task))
     expected = [(n, versions[max(0, n - k)]) for n in range(batch, min(batch + k + 1, batch + extra))]
-    assert [(t["update"], t["version"]) for t in started[::tasks]] == expected
+    assert [(t["ticket"], t["version"]) for t in started[::tasks]] == expected
     assert len(started) == len(expected) * tasks
     agenda.start(lambda: 0, position.version, lambda **task: started.append(task))
     assert len(started) == len(expected) * tasks, "nothing more before an update is applied"
     for task in reversed(started[:tasks]):  # the first update's gradients, arriving last task first
         assert agenda.due() is None
-        gradient = GradTask(task=task["rows"].task, attempt=0, update=task["update"], version=task["version"],
+        gradient = GradTask(task=task["rows"].task, attempt=0, ticket=task["ticket"], version=task["version"],
                             epoch=0, lo=task["rows"].lo, hi=task["rows"].hi)
         assert agenda.arrived(gradient, Result(task=gradient.task, attempt=0, outcome=Outcome.DONE), more=True)
     due = agenda.due()

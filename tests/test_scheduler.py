@@ -94,9 +94,9 @@ def test_the_task_stream_gives_results_as_they_arrive_with_the_attempt_that_made
     logs, discarded = [], []
     stream = scheduler(logs, discarded).stream(Scripted(2, {(5, 0): "die"}))
     for t in (5, 6, 7):
-        stream.submit(GradTask(task=t, attempt=0, update=t, version=1, epoch=0, lo=0, hi=1))
+        stream.submit(GradTask(task=t, attempt=0, ticket=t, version=1, epoch=0, lo=0, hi=1))
     with pytest.raises(ValueError, match="already in the stream"):
-        stream.submit(GradTask(task=6, attempt=0, update=6, version=1, epoch=0, lo=0, hi=1))
+        stream.submit(GradTask(task=6, attempt=0, ticket=6, version=1, epoch=0, lo=0, hi=1))
     arrived = []
     while stream.in_flight:
         arrived += [(task.task, task.attempt, result.attempt) for task, result in stream.wait()]

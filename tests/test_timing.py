@@ -17,7 +17,7 @@ from memtrain.train.timing import SECTIONS, UNTIMED, Recording, timed, timed_sec
 
 pytestmark = pytest.mark.timeout(120)
 # the sections a run whose rounds stay in the server goes through (the cluster's: tests/test_cluster.py's runs)
-IN_THE_SERVER = {"model", "gradient task", "rows", "step", "ready", "publish", "round", "heartbeat", "evaluate",
+IN_THE_SERVER = {"model", "gradient task", "rows", "step", "ready", "publish", "round", "stretch_chores", "evaluate",
                  "end_epoch", "rounds"}
 
 

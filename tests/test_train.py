@@ -36,7 +36,7 @@ from memtrain.train.messages import (
     StretchEnd,
     WorkerSetup,
 )
-from memtrain.train.optim import OptimizerConfig, apply_update, learning_rate, state_slots
+from memtrain.train.optim import OptimizerConfig, apply_update, learning_rate, state_names
 from memtrain.train.plan import step_slices, updates_per_epoch
 from memtrain.train.server.server import job_plan
 
@@ -189,7 +189,7 @@ def reference_weights(job_path: Path) -> np.ndarray:
     context = model_context(data, job.model.kind, job.model.options, job.data.normalize)
     layout, model, train = context.layout, context.model, data.split("train")
     weights = layout.flatten(model.init(np.random.default_rng(job.train.seed)))
-    state = {slot: np.zeros_like(weights) for slot in state_slots(job.train.optimizer)}
+    state = {name: np.zeros_like(weights) for name in state_names(job.train.optimizer)}
     total = updates_per_epoch(train.rows, job.train.batch_size) * job.train.epochs
     index = 0
     plan = job_plan(job, train.rows)  # the job's order (train.shuffle): each task's rows from Plan.rows
@@ -279,7 +279,7 @@ def test_messages_stay_small_whatever_the_sizes() -> None:
         StretchEnd(generation=huge, slot=huge, outcome=Outcome.CANCELLED),
         Stretch(generation=huge, epoch=huge, first=huge, stop=huge, version=huge, slot=huge, participants=huge,
                 slices=0, loop=Loop.DESK, group=huge, max_staleness=huge),
-        GradTask(task=huge, attempt=99, update=huge, version=huge, epoch=huge, lo=huge, hi=huge,
+        GradTask(task=huge, attempt=99, ticket=huge, version=huge, epoch=huge, lo=huge, hi=huge,
                  spare="g-s00000001-t00001-a001.npy", in_place=True),
         Stop(), Ready(pid=huge),
     ]

@@ -80,7 +80,7 @@ def run_loop(dataset: Path, epochs: int | None = None) -> dict[str, Any]:
     from memtrain.config import load_job
     from memtrain.dataset import open_dataset
     from memtrain.train.context import model_context
-    from memtrain.train.optim import apply_update, learning_rate, state_slots
+    from memtrain.train.optim import apply_update, learning_rate, state_names
     from memtrain.train.plan import updates_per_epoch
     from memtrain.train.server.server import job_plan
 
@@ -94,9 +94,9 @@ def run_loop(dataset: Path, epochs: int | None = None) -> dict[str, Any]:
     xv, yv = data.split("val").read(0, data.split("val").rows)
     xv, yv = context.normalize(xv), np.asarray(yv)
     weights = layout.flatten(model.init(np.random.default_rng(job.train.seed)))
-    state = {slot: np.zeros_like(weights) for slot in state_slots(opt)}
+    state = {name: np.zeros_like(weights) for name in state_names(opt)}
     grad, new_weights = np.empty_like(weights), np.empty_like(weights)
-    new_state = {slot: np.empty_like(weights) for slot in state}
+    new_state = {name: np.empty_like(weights) for name in state}
     total = updates_per_epoch(rows, job.train.batch_size) * job.train.epochs
     plan = job_plan(dataclasses.replace(job, train=dataclasses.replace(job.train, tasks_per_update=1)), rows)
     started = time.perf_counter()

@@ -29,7 +29,7 @@ from memtrain.rl.envs import Slot
 from memtrain.rl.policy import Policy
 from memtrain.rl.reference import ReferenceConfig, _learn, _retire
 from memtrain.rl.trajectory import read_shard, shard_path
-from memtrain.train.optim import OptimizerConfig, state_slots
+from memtrain.train.optim import OptimizerConfig, state_names
 
 Collector = Callable[[Path, int, list[EpisodeState]], list[EpisodeState]]
 
@@ -52,7 +52,7 @@ def _train(config: ReferenceConfig, run_dir: Path, progress: Any, collector: Col
     spaces = Slot(config.env, config.seed, 0).spaces
     policy = Policy(spaces, config.hidden)
     weights = policy.init(np.random.default_rng(np.random.SeedSequence([0x696E6974, config.seed])))
-    state = {slot: np.zeros_like(weights) for slot in state_slots(OptimizerConfig(name="adam", lr=config.lr))}
+    state = {name: np.zeros_like(weights) for name in state_names(OptimizerConfig(name="adam", lr=config.lr))}
     shards = Path(run_dir) / "trajectories"
     weights_path(Path(run_dir), 0).parent.mkdir(parents=True, exist_ok=True)
     shards.mkdir(parents=True, exist_ok=True)

@@ -284,7 +284,7 @@ def gradient_record(tasks: list[GradTask]) -> tuple[Any, ...]:
     (none when no task has one)."""
     first = tasks[0]
     spares = tuple(task.spare for task in tasks) if any(task.spare for task in tasks) else ()
-    return first.update, first.version, first.epoch, len(tasks), sum(t.hi - t.lo for t in tasks), spares
+    return first.ticket, first.version, first.epoch, len(tasks), sum(t.hi - t.lo for t in tasks), spares
 
 
 def gradient_tasks(plan: Any, record: tuple[Any, ...]) -> list[GradTask] | str:
@@ -295,7 +295,7 @@ def gradient_tasks(plan: Any, record: tuple[Any, ...]) -> list[GradTask] | str:
     if (update.epoch, len(update.tasks), update.rows) != (epoch, count, rows):
         return (f"update {number}: the worker's plan has epoch {update.epoch}, {len(update.tasks)} tasks, "
                 f"{update.rows} rows; the server's has epoch {epoch}, {count} tasks, {rows} rows")
-    return [GradTask(task=r.task, attempt=0, update=number, version=version, epoch=epoch, lo=r.lo, hi=r.hi,
+    return [GradTask(task=r.task, attempt=0, ticket=number, version=version, epoch=epoch, lo=r.lo, hi=r.hi,
                      spare=spares[r.task] if spares else "") for r in update.tasks]
 
 
@@ -356,12 +356,13 @@ class Broadcast:
                 continue
         return True
 
-    def ask(self, kind: str, body: Any, parts: int, meanwhile: Callable[[], None]) -> Answer:
-        """Post wave ``kind`` (its ``body``, dealing ``parts`` pieces of work), do ``meanwhile``, await its count."""
+    def ask(self, kind: str, body: Any, parts: int, chores: Callable[[], None]) -> Answer:
+        """Post wave ``kind`` (its ``body``, dealing ``parts`` pieces of work), do the server's ``chores``, await
+        its count."""
         wave = self.wave
         self.wave += 1
         self.call("memtrain_post", wave=wave, record=pickle.dumps((kind, body), protocol=5), parts=parts)
-        meanwhile()
+        chores()
         rule = self.rule
         while True:
             found = self.call("memtrain_await", wave=wave, seconds=AWAIT_SECONDS, timeout=self.timeout,

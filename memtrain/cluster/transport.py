@@ -88,7 +88,7 @@ class ClusterWorker:
         """Write the task's file back to the file server before the result says it is there."""
         import os
 
-        path = (STREAMED_GRADIENT.path(Path(self.setup.exchange_dir), task.update, task.task, task.attempt)
+        path = (STREAMED_GRADIENT.path(Path(self.setup.exchange_dir), task.ticket, task.task, task.attempt)
                 if isinstance(task, GradTask) else
                 statistics_dir(Path(self.setup.run_dir)) / partial_name(task.task, task.attempt))
         fd = os.open(path, os.O_RDONLY)

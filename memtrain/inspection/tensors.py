@@ -88,7 +88,7 @@ def checkpoint_layout(checkpoint: Path) -> ParamLayout:
 
 
 def checkpoint_file(checkpoint: Path, name: str) -> Tensors:
-    """One of a checkpoint's flat files (weights or an optimizer slot), named by its layout."""
+    """One of a checkpoint's flat files (weights or an optimizer state vector), named by its layout."""
     return with_layout(checkpoint / name, checkpoint_layout(checkpoint), checkpoint / CHECKPOINT_META, strict=True)
 
 

@@ -24,7 +24,7 @@ from memtrain.rl.learner import Learner, last_loss, learn
 from memtrain.rl.policy import Policy
 from memtrain.rl.ppo import PPOConfig
 from memtrain.rl.trajectory import read_shard, shard_path
-from memtrain.train.optim import OptimizerConfig, state_slots
+from memtrain.train.optim import OptimizerConfig, state_names
 
 ALGORITHMS = ("ppo", "a2c")
 
@@ -87,7 +87,7 @@ def _train(config: ReferenceConfig, run_dir: Path) -> tuple[np.ndarray, History]
     policy = Policy(spaces, config.hidden)
     weights = policy.init(np.random.default_rng(np.random.SeedSequence([0x696E6974, config.seed])))
     optimizer = OptimizerConfig(name="adam", lr=config.lr, eps=config.adam_eps)
-    state = {slot: np.zeros_like(weights) for slot in state_slots(optimizer)}
+    state = {name: np.zeros_like(weights) for name in state_names(optimizer)}
     shards = Path(run_dir) / "trajectories"
     for folder in (shards, weights_path(Path(run_dir), 0).parent):
         folder.mkdir(parents=True, exist_ok=True)

@@ -84,7 +84,7 @@ from memtrain.rl.trajectory import read_shard, shard_path
 from memtrain.stopping import StopRequest, on_stop_signals, start_resource_tracker
 from memtrain.train.exchange.weights import publish_params
 from memtrain.train.messages import CollectTask, RLWorkerSetup
-from memtrain.train.optim import state_slots
+from memtrain.train.optim import state_names
 from memtrain.train.records.run_dir import acquire_lock, log_event, write_params
 from memtrain.train.server.scheduler import CORES, Scheduler
 
@@ -280,7 +280,7 @@ def read_checkpoint(folder: Path, job: RLJob, policy: Policy) -> Position:
                                expected=job.env.slots, found=meta.get("slots"))
     weights = np.array(open_npy(folder / CHECKPOINT_WEIGHTS, shape=(policy.layout.size,), dtype=np.float32))
     state = {name: np.array(open_npy(folder / optimizer_state_name(name), shape=(policy.layout.size,),
-                                     dtype=np.float32)) for name in state_slots(job.train.optimizer)}
+                                     dtype=np.float32)) for name in state_names(job.train.optimizer)}
     version = int(meta["version"])
     episodes = [read_state(folder / episode_state_name(slot), job.spaces, version=version, slot=slot)
                 for slot in range(job.env.slots)]
@@ -349,7 +349,7 @@ def _start(job: RLJob, policy: Policy, run_dir: Path, resume: bool) -> Position:
         log_event(run_dir, f"resumed at weight version {position.version}")
         return position
     weights = initial_weights(policy, job.train.seed)
-    state = {name: np.zeros_like(weights) for name in state_slots(job.train.optimizer)}
+    state = {name: np.zeros_like(weights) for name in state_names(job.train.optimizer)}
     checksum = publish_params(run_dir, 0, policy.layout, policy.layout.views(weights), made_by="the initialisation")
     append_jsonl(run_dir / RUN_LINEAGE, seal({"version": 0, "seed": job.train.seed, "checksum": checksum}))
     log_event(run_dir, "started")

@@ -4,9 +4,13 @@ The folders say which process runs what (each folder's __init__.py says what it 
 
     server/      the server process only
       command.py   the `memtrain train` CLI;  fit.py, summary.py: memtrain.fit and its summary table
-      server.py    the epoch loop (Trainer.fit): the engine chosen once, evaluation, checkpoints, a clean stop
+      server.py    the epoch loop (Trainer.fit, naming no mode): the engine made once, evaluation, checkpoints,
+                   a clean stop
+      choice.py    the run's engine, chosen once from one table (ENGINES): its placement, its maker
       engines.py   who steps, one interface (run the rest of an epoch): Rounds, ClusterRounds, Desk, ServerSteps
                    (the server steps the whole vector: loops/overlap.py); each handed an EngineContext
+      replay.py, onepass.py   two more engines: Replay (a lineage run again: ServerSteps with Recorded), OnePass
+                   (an additive model's statistics and solve)
       placement.py rounds in the server or on workers (train.workers, measured at start)
       exchange.py  a pipe pair per worker slot; or InServer: the server as its own worker
       scheduler.py watches a stretch / runs tasks: deaths, hangs, failures, stop signals
@@ -67,6 +71,9 @@ Glossary (one name per concept, everywhere in this package):
                  reduction adds in this order); in async mode its number in the epoch's task stream. Its
                  rows: positions [lo, hi) of the epoch's row sequence, which Plan.rows turns into rows
     attempt      how many times a task was started before (a retry after a death: a new file name)
+    ticket       what a streamed gradient task is handed out under (messages.GradTask.ticket), naming its file:
+                 the plan's update number (fixed staleness, a cluster's rounds), async's own count of
+                 hand-outs, or a replay's step index; never called its update, which it is only in the first
     partial      an additive model's statistics of one task's rows, a float64 file the model adds into
     chunk        train.chunk_rows rows of a statistics task, read and added at once (loops/additive.py)
     schedule     what is computed: which gradients each update adds, at which version (schedule.py); what
@@ -75,15 +82,21 @@ Glossary (one name per concept, everywhere in this package):
     agenda       a schedule's state over one epoch (a replay: the whole lineage): what can start, which
                  arrived gradients form the next update (schedule.Agenda)
     engine       who steps, on the server's side (server/engines.py): Rounds (slices, marks), ClusterRounds (the
-                 server's stretch on a cluster), Desk (groups), ServerSteps (the whole vector, streamed); each
-                 is handed an EngineContext, what it uses of the server
+                 server's stretch on a cluster), Desk (groups), ServerSteps (the whole vector, streamed), Replay,
+                 OnePass (an additive model's solve); each is handed an EngineContext, what it uses of the server,
+                 and made as its row of server/choice.ENGINES says
     loop         what a worker runs a stretch with (messages.Loop): the rounds' or the desk's
     desk         async mode's meeting place on worker processes: the engine engines.Desk, its file and lock
                  desk.DeskFile
     board        the round's marks, ledger and activities (marks.Board); a cluster's broadcast round keeps
                  its records in a scheduler plugin, cluster/broadcast.BroadcastPlugin
     stretch      a run of updates handed to every participant at once (messages.Stretch)
+    chores       the server's own work between two updates: lines logged, progress shown, a stop or the
+                 placement's end of a stretch looked at (server/engines.Chores, stretch_chores); on a
+                 cluster also its file chores while the workers compute (loops/sliced.py)
     slot         a participant's number in a stretch (a worker process, or the server itself)
+    state vector one of the optimizer's per-parameter vectors (m, v: optim.state_names), double-buffered
+                 in the exchange (opt-<state>-<parity>.npy); a checkpoint's record lists them as "slots"
     generation   a stretch's number: the marks of an older stretch never count for a newer one
     mark         a word a participant writes on the board when its part of a meeting is done (exchange/marks.py)
     ledger       the last update finished and the version after it: where the next stretch starts

@@ -120,12 +120,14 @@ class StatsTask:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GradTask:
     """The gradient of the train rows of positions [lo, hi) of epoch ``epoch``'s row sequence (``Plan.rows``)
-    at published weight ``version``, into ``gradient_name(version, task, attempt)`` (train/loops/stream.py: the
-    round when the participants cannot meet at marks, e.g. on a cluster)."""
+    at published weight ``version``, into ``streamed_gradient_name(ticket, task, attempt)`` (train/loops/stream.py:
+    the round when the participants cannot meet at marks, e.g. on a cluster). ``ticket``: the number the agenda
+    that handed it out gave it, which names its file and finds it again: the plan's update number (fixed
+    staleness, a cluster's rounds), async's ticket or a replay's step index (schedule.Submit)."""
 
     task: int
     attempt: int
-    update: int
+    ticket: int
     version: int
     epoch: int
     lo: int

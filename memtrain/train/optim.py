@@ -23,9 +23,9 @@ from memtrain.errors import InputError
 F32 = np.float32
 
 
-def state_slots(config: OptimizerConfig) -> tuple[str, ...]:
+def state_names(config: OptimizerConfig) -> tuple[str, ...]:
     """Names of the per-parameter state vectors (each as long as the weights, initially zeros)."""
-    return optimizer_entry(config).slots(config)
+    return optimizer_entry(config).state(config)
 
 
 def optimizer_entry(config: OptimizerConfig) -> Optimizer:
@@ -138,15 +138,15 @@ class Optimizer:
     """One optimizer of the table: the state vectors it keeps, and its step on one slice (``apply_update``'s
     arguments, ``scratch`` last)."""
 
-    slots: Callable[[OptimizerConfig], tuple[str, ...]]
+    state: Callable[[OptimizerConfig], tuple[str, ...]]  # the names of its state vectors
     step: Callable[..., None]
 
 
 # Every optimizer, by its job name (train.optimizer): adding one is one entry here. ``apply_update`` and
-# ``state_slots`` look the name up; a name that is not here is refused, never run as another optimizer.
+# ``state_names`` look the name up; a name that is not here is refused, never run as another optimizer.
 OPTIMIZERS: dict[str, Optimizer] = {
-    "sgd": Optimizer(slots=lambda config: ("m",) if config.momentum > 0 else (), step=_sgd),
-    "adam": Optimizer(slots=lambda config: ("m", "v"), step=_adam),
-    "adamw": Optimizer(slots=lambda config: ("m", "v"), step=_adam),
+    "sgd": Optimizer(state=lambda config: ("m",) if config.momentum > 0 else (), step=_sgd),
+    "adam": Optimizer(state=lambda config: ("m", "v"), step=_adam),
+    "adamw": Optimizer(state=lambda config: ("m", "v"), step=_adam),
 }
 assert tuple(OPTIMIZERS) == OPTIMIZER_NAMES, "config.OPTIMIZER_NAMES names this table's optimizers"

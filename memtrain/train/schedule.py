@@ -231,9 +231,10 @@ class Due:
 
 
 class Submit(Protocol):
-    def __call__(self, *, update: int, epoch: int, rows: TaskRange, version: int) -> None:
-        """Hand out the gradient of ``rows`` (a task of epoch ``epoch``) at ``version``; ``update``: the
-        update's number (the plan's, a replay's step index, or async's ticket), which names its file."""
+    def __call__(self, *, ticket: int, epoch: int, rows: TaskRange, version: int) -> None:
+        """Hand out the gradient of ``rows`` (a task of epoch ``epoch``) at ``version``; ``ticket``: the number
+        that names its file and finds it again (``GradTask.ticket``): the plan's update number, async's ticket
+        or a replay's step index."""
 
 
 class Schedule(Protocol):
@@ -276,8 +277,8 @@ class Pending:
         self.count: dict[int, int] = {}  # update -> its gradients in
 
     def add(self, task: GradTask, result: Result) -> None:
-        self.got[task.update, task.task] = (task, result)
-        self.count[task.update] = self.count.get(task.update, 0) + 1
+        self.got[task.ticket, task.task] = (task, result)
+        self.count[task.ticket] = self.count.get(task.ticket, 0) + 1
 
     def complete(self, update: int, tasks: int) -> bool:
         return self.count.get(update, 0) >= tasks
@@ -305,7 +306,7 @@ class PlannedAgenda:
             update = self.updates[self.submitted]
             at = self.bases[self.planned.at(update.update)]
             for rows in update.tasks:
-                submit(update=update.update, epoch=update.epoch, rows=rows, version=at)
+                submit(ticket=update.update, epoch=update.epoch, rows=rows, version=at)
             self.submitted += 1
 
     def arrived(self, task: GradTask, result: Result, more: bool) -> bool:
@@ -357,7 +358,7 @@ class ArrivalAgenda:
         while self.remaining and free():
             rows = self.remaining.popleft()
             self.reading[version] += 1
-            submit(update=next(self.tickets), epoch=self.epoch, rows=rows, version=version)
+            submit(ticket=next(self.tickets), epoch=self.epoch, rows=rows, version=version)
 
     def arrived(self, task: GradTask, result: Result, more: bool) -> bool:
         self.reading[task.version] -= 1
@@ -408,7 +409,7 @@ class RecordedAgenda:
         while self.submitted < len(self.steps) and self.recorded.ready(self.submitted, version):
             step = self.steps[self.submitted]
             for i, gradient in enumerate(step.gradients):
-                submit(update=self.submitted, epoch=step.epoch - 1,
+                submit(ticket=self.submitted, epoch=step.epoch - 1,
                        rows=TaskRange(step.task(i), gradient.lo, gradient.hi), version=gradient.at)
             self.submitted += 1
 

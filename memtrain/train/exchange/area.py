@@ -63,7 +63,7 @@ class Kind:
 
 
 def template_regex(template: str) -> re.Pattern[str]:
-    """``g-tNNNNN.npy`` -> ``g-t`` + 5 digits + ``.npy``; ``<0|1>`` -> one of those; ``<slot>`` -> one word."""
+    """``g-tNNNNN.npy`` -> ``g-t`` + 5 digits + ``.npy``; ``<0|1>`` -> one of those; ``<state>`` -> one word."""
     regex = ""
     for part in re.split(r"(<[^>]+>|N{3,})", template):
         if part.startswith("<") and "|" in part:
@@ -91,7 +91,7 @@ BOARD = Kind((layout.ROUND_BOARD,), _constant(layout.ROUND_BOARD), "run", "serve
                    WITH_AREA)
 RECORDS = Kind((layout.ROUND_RECORDS,), _constant(layout.ROUND_RECORDS), "run", "server.create_round_files",
                      WITH_AREA)
-OPTIMIZER_STATE = Kind(("opt-<slot>-<0|1>.npy",), layout.state_buffer_name, "run", "state.start_fresh, state.resume",
+OPTIMIZER_STATE = Kind(("opt-<state>-<0|1>.npy",), layout.state_buffer_name, "run", "state.start_fresh, state.resume",
                        WITH_AREA)
 DESK_BUFFER = Kind(("d-sNNN-bNNN.npy",), layout.desk_buffer_name, "run", "desk.create_desk", WITH_AREA)
 DESK_WORDS = Kind((layout.ASYNC_DESK,), _constant(layout.ASYNC_DESK), "stretch", "desk.create_desk",
@@ -103,8 +103,8 @@ DESK_RECORDS = Kind((layout.ASYNC_RECORDS,), _constant(layout.ASYNC_RECORDS), "s
 SPARE_GRADIENT = Kind(("g-sNNNNNNNN-tNNNNN-aNNN.npy",), layout.spare_gradient_name, "stretch",
                       "overlap.apply, sliced (renamed from a stepped gradient)",
                       "a later task (renamed into its gradient), or the engine's end (overlap.close, sliced.run)")
-STATE_BUILDING = Kind(("opt-<slot>-nNNNNNNNN.npy",), layout.state_building_name, "update", "sliced.ready_state",
-                      "renamed over opt-<slot>-<0|1>.npy, or sliced.discard_state")
+STATE_BUILDING = Kind(("opt-<state>-nNNNNNNNN.npy",), layout.state_building_name, "update", "sliced.ready_state",
+                      "renamed over opt-<state>-<0|1>.npy, or sliced.discard_state")
 STREAMED_GRADIENT = Kind(("g-uNNNNNNNN-tNNNNN-aNNN.npy",), layout.streamed_gradient_name, "attempt",
                          "stream.StreamedGradient (a worker)",
                          "renamed into a spare once stepped; too stale, dead or superseded: the server (discard)")

@@ -38,7 +38,7 @@ from memtrain.train.loops.gradient import TaskGradient
 from memtrain.train.loops.maps import MapCache
 from memtrain.train.loops.reduce import Scratch, reduce_and_step
 from memtrain.train.messages import RoundSetup
-from memtrain.train.optim import OptimizerConfig, state_slots
+from memtrain.train.optim import OptimizerConfig, state_names
 from memtrain.train.plan import Plan, TaskRange, gradient_banks
 from memtrain.train.timing import UNTIMED, Timer, timed_sections
 
@@ -79,7 +79,7 @@ class RoundFiles:
         self.loss, self.seconds, self.bad = self.records["loss"], self.records["seconds"], self.records["bad"]
         self.grads = [[self._map(GRADIENT_BUFFER.path(exchange, t, bank)) for t in range(setup.tasks_per_update)]
                       for bank in range(gradient_banks(setup.staleness))]  # by plan.gradient_bank
-        self.state = [{slot: self._map(OPTIMIZER_STATE.path(exchange, slot, parity)) for slot in state_slots(optimizer)}
+        self.state = [{name: self._map(OPTIMIZER_STATE.path(exchange, name, parity)) for name in state_names(optimizer)}
                       for parity in (0, 1)]
         self.digests = maps.get(DIGESTS.path(exchange), digests_shape(self.size), np.uint8, "r+")
         self.scratch = Scratch()

@@ -53,16 +53,16 @@ from memtrain.train.server.scheduler import TaskStream
 class Overlap:
     """The server stepping the whole vector: ``run`` is the one loop of every schedule it runs.
 
-    ``look(position)``: the server's own work between two updates (logs, progress). ``per_epoch``: updates
+    ``chores(position)``: the server's chores between two updates (logs, progress). ``per_epoch``: updates
     per epoch (async mode: groups), for ``epochs`` epochs. ``publish_sync``/``recycle``: as for
     train/loops/stream.py's participant.
     """
 
     def __init__(self, *, epochs: int, files: RoundFiles, stream: TaskStream, logbook: Logbook, per_epoch: int,
-                 look: Callable[[Position], None], publish_sync: Callable[[Path], None] = lambda path: None,
+                 chores: Callable[[Position], None], publish_sync: Callable[[Path], None] = lambda path: None,
                  recycle: bool = True):
         self.files, self.stream, self.logbook = files, stream, logbook
-        self.per_epoch, self.look = per_epoch, look
+        self.per_epoch, self.chores = per_epoch, chores
         self.publish_sync, self.recycle = publish_sync, recycle
         self.total = per_epoch * epochs
         self.spares: list[str] = []  # stepped gradient files, for the next tasks to rewrite (train/loops/stream.py)
@@ -94,20 +94,20 @@ class Overlap:
                     position.epoch, position.batch = update.epoch, update.batch  # a replay's step says where
                     checksum = self.apply(position, update, due.gradients, oldest=due.oldest, lr=due.lr, **due.extra)
                     agenda.applied(position, checksum)
-                    self.look(position)
+                    self.chores(position)
                     due = agenda.due()
         position.schedule.epoch_done()  # the epoch is over (async mode: none of its tasks waits to be applied)
 
     # --- the loop's parts ---
 
-    def submit(self, *, update: int, epoch: int, rows: TaskRange, version: int) -> None:
+    def submit(self, *, ticket: int, epoch: int, rows: TaskRange, version: int) -> None:
         """Hand out the gradient of a task of epoch ``epoch`` (its rows: ``Plan.rows``) at ``version``."""
         spare = self.spares.pop() if self.spares else ""
-        self.stream.submit(GradTask(task=rows.task, attempt=0, update=update, version=version, epoch=epoch,
+        self.stream.submit(GradTask(task=rows.task, attempt=0, ticket=ticket, version=version, epoch=epoch,
                                     lo=rows.lo, hi=rows.hi, spare=spare, in_place=self.recycle))
 
     def gradient_path(self, task: GradTask) -> Path:
-        return STREAMED_GRADIENT.path(self.files.exchange, task.update, task.task, task.attempt)
+        return STREAMED_GRADIENT.path(self.files.exchange, task.ticket, task.task, task.attempt)
 
     def apply(self, position: Position, update: Update, arrived: list[Arrived], *, oldest: int,
               lr: float | None = None, **lineage: object) -> str | None:
@@ -121,7 +121,7 @@ class Overlap:
         version = position.version
         checksum = None if bad else self.step(version, paths, update.rows, lr, oldest)
         for path, (task, _) in zip(paths, arrived, strict=True):  # the files become spares for later tasks
-            spare = SPARE_GRADIENT.path(self.files.exchange, task.update, task.task, task.attempt)
+            spare = SPARE_GRADIENT.path(self.files.exchange, task.ticket, task.task, task.attempt)
             with contextlib.suppress(FileNotFoundError):
                 os.rename(path, spare)
                 self.spares.append(spare.name)

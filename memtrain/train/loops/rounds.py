@@ -89,8 +89,8 @@ class Participant:
     """One slot's part in one stretch: the loop, and the pieces of a round it is made of."""
 
     def __init__(self, files: RoundFiles, stretch: Stretch, *, alive: Callable[[], None],
-                 heartbeat: Callable[[], bool] | None = None, timer: Timer = UNTIMED):
-        self.files, self.stretch, self.alive, self.heartbeat = files, stretch, alive, heartbeat
+                 chores: Callable[[], bool] | None = None, timer: Timer = UNTIMED):
+        self.files, self.stretch, self.alive, self.chores = files, stretch, alive, chores
         timed_sections(self, timer, ("round", "ready", "publish"))  # train/timing.py: untimed, nothing
         self.reduce_and_step = timed(timer, "step", reduce_and_step)
         self.generation, self.slot = stretch.generation, stretch.slot
@@ -128,7 +128,7 @@ class Participant:
             pending = None
             for update in updates:
                 pending = self.round(step=pending, grads=update)
-                if self.heartbeat is not None and self.heartbeat():  # the server's own work, when it runs the loop
+                if self.chores is not None and self.chores():  # the server's chores, when it runs the loop
                     break
             self.round(step=pending, grads=None)  # the stretch's last step: evaluation needs its version
         except Cancelled:

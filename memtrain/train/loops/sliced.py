@@ -16,7 +16,7 @@ server's waits for their answers. One update, from version v:
    a new file per version, never rewritten for another one); syncs them where needed; answers with the
    slice's block digests (16 bytes per 64 Ki parameters) and whether it came out finite;
 3. **publish**: the server writes the digests into the block digests file, renames the state's new
-   files over the parity buffers (``state_buffer_name(slot, (v + 1) % 2)``, what checkpoints copy),
+   files over the parity buffers (``state_buffer_name(name, (v + 1) % 2)``, what checkpoints copy),
    records the update with the version's checksum and renames the version into place (a rename that
    never replaces), then sends the next update's gradient tasks, naming it.
 
@@ -59,7 +59,7 @@ from memtrain.train.loops.reduce import Scratch, reduce_and_step
 from memtrain.train.loops.rounds import Participant
 from memtrain.train.loops.stream import MappedBytes
 from memtrain.train.messages import GradTask, Outcome, Result, StepTask, Stretch
-from memtrain.train.optim import learning_rate, state_slots
+from memtrain.train.optim import learning_rate, state_names
 from memtrain.train.plan import Update, step_slices
 from memtrain.train.timing import UNTIMED, Timer, timed, timed_sections
 
@@ -71,7 +71,7 @@ if TYPE_CHECKING:
 DIGEST_BYTES = 16  # files.block_digest
 FINISH_SECONDS = 30.0  # at a stretch's end, the longest the server waits for the round's loops to return
 PAGE_FLOATS = 4096 // 4  # float32 values per page: one write each maps every page of a new version's file
-RunTasks = Callable[[list, Callable[[], None]], list[Result]]  # tasks (gradients, slices), the work meanwhile
+RunTasks = Callable[[list, Callable[[], None]], list[Result]]  # tasks (gradients, slices), the server's chores
 
 
 class SliceStep:
@@ -84,20 +84,20 @@ class SliceStep:
                  exchange: Path):
         self.layout, self.optimizer, self.server_pid = layout, optimizer, server_pid
         self.run_dir, self.exchange = run_dir, exchange
-        self.slots = state_slots(optimizer)
+        self.state_names = state_names(optimizer)
         self.memory: tuple[np.ndarray, dict[str, np.ndarray]] | None = None
         self.scratch = Scratch()
 
     def __call__(self, message: StepTask) -> Result:
-        size, slots, exchange = self.layout.size, self.slots, self.exchange
+        size, names, exchange = self.layout.size, self.state_names, self.exchange
         lo, hi = message.lo, message.hi
         weights = open_npy(weights_path(self.run_dir, message.version), shape=(size,), dtype=np.float32)
         grads = [open_npy(STREAMED_GRADIENT.path(exchange, message.update, task, attempt), shape=(size,),
                           dtype=np.float32)[lo:hi] for task, attempt in enumerate(message.attempts)]
         parity = message.version % 2
-        state_in = {slot: open_npy(OPTIMIZER_STATE.path(exchange, slot, parity), shape=(size,),
-                                   dtype=np.float32)[lo:hi] for slot in slots}
-        MappedBytes.read += (len(grads) + 1 + len(slots)) * (hi - lo) * 4
+        state_in = {name: open_npy(OPTIMIZER_STATE.path(exchange, name, parity), shape=(size,),
+                                   dtype=np.float32)[lo:hi] for name in names}
+        MappedBytes.read += (len(grads) + 1 + len(names)) * (hi - lo) * 4
         out, state_out = self.buffers(hi - lo)
         digests = np.zeros((-(-(hi - lo) // BLOCK), DIGEST_BYTES), dtype=np.uint8)
         trainable = self.layout.trainable
@@ -108,8 +108,8 @@ class SliceStep:
             return Result(task=message.task, attempt=message.attempt, outcome=Outcome.NONFINITE)
         sync = sync_needed(exchange)
         write_slice(building_path(self.run_dir, message.version + 1, self.server_pid), lo, out, size, sync)
-        for slot in slots:
-            write_slice(STATE_BUILDING.path(exchange, slot, message.version + 1), lo, state_out[slot], size, sync)
+        for name in names:
+            write_slice(STATE_BUILDING.path(exchange, name, message.version + 1), lo, state_out[name], size, sync)
         return Result(task=message.task, attempt=message.attempt, outcome=Outcome.DONE, rows=hi - lo,
                       digests=digests.tobytes())
 
@@ -117,7 +117,7 @@ class SliceStep:
         """The slice's new weights and optimizer state, kept between steps of the same length."""
         if self.memory is None or self.memory[0].size != length:
             self.memory = (np.empty(length, dtype=np.float32),
-                           {slot: np.empty(length, dtype=np.float32) for slot in self.slots})
+                           {name: np.empty(length, dtype=np.float32) for name in self.state_names})
         return self.memory
 
 
@@ -161,16 +161,17 @@ class SlicedParticipant(Participant):
 
     def __init__(self, files: RoundFiles, stretch: Stretch, *, run_tasks: RunTasks, workers: Callable[[], int],
                  slices: Callable[[], int], publish_sync: Callable[[Path], None], recycle: bool,
-                 heartbeat: Callable[[], bool] | None = None, broadcast: Broadcast | None = None,
+                 chores: Callable[[], bool] | None = None, broadcast: Broadcast | None = None,
                  timer: Timer = UNTIMED):
-        super().__init__(files, stretch, alive=lambda: None, heartbeat=heartbeat, timer=timer)
-        timed_sections(self, timer, ("step", "housekeeping"))  # train/timing.py: untimed, nothing
+        super().__init__(files, stretch, alive=lambda: None, chores=chores, timer=timer)
+        timed_sections(self, timer, ("step", "file_chores"))  # train/timing.py: untimed, nothing
         self.run_tasks, self.workers, self.slices = timed(timer, "tasks", run_tasks), workers, slices
         self.publish_sync, self.recycle, self.broadcast = publish_sync, recycle, broadcast
         self.received: list[tuple[Path, str]] = []  # the gradient files of the update to step next, spare names
         self.stepped: list[tuple[Path, str]] = []  # those of the update stepped last, and their spare names
         self.spares: list[str] = []  # names of stepped gradient files, for the next tasks to rewrite
         self.attempts: list[int] = []  # the attempt of each task of the update to step next, in task order
+        self.state_names = state_names(files.optimizer)  # the optimizer's state vectors, stepped in slices
 
     def run(self) -> Outcome:
         try:
@@ -191,7 +192,7 @@ class SlicedParticipant(Participant):
         self.publish()  # the version the tasks name is published (and synced) before any message names it
         spares, self.spares = self.spares[:len(update.tasks)], self.spares[len(update.tasks):]
         spares += [""] * (len(update.tasks) - len(spares))
-        tasks = [GradTask(task=rows.task, attempt=0, update=update.update, version=self.version, epoch=update.epoch,
+        tasks = [GradTask(task=rows.task, attempt=0, ticket=update.update, version=self.version, epoch=update.epoch,
                           lo=rows.lo, hi=rows.hi, spare=spare)
                  for rows, spare in zip(update.tasks, spares, strict=True)]
         self.computed_at[update.update] = self.version
@@ -218,16 +219,16 @@ class SlicedParticipant(Participant):
         may still be written by a late loop; deleted once that loop ended), with retries and backups."""
         broadcast = self.broadcast
         if broadcast is None or not (broadcast.active or broadcast.open()):
-            return self.run_tasks(tasks, self.housekeeping)
+            return self.run_tasks(tasks, self.file_chores)
         from memtrain.cluster.broadcast import gradient_record, gradient_results
 
-        answer = broadcast.ask("grads", gradient_record(tasks), len(tasks), self.housekeeping)
+        answer = broadcast.ask("grads", gradient_record(tasks), len(tasks), self.file_chores)
         found = gradient_results(tasks, answer.numbers)
         if answer.status == "done":
             return [found[task.task] for task in tasks]
         missing = [replace(task, attempt=1, spare="", in_place=False) for task in tasks if task.task not in found]
         self.round_over(answer, f"{len(missing)} of {len(tasks)} gradient tasks",
-                        [STREAMED_GRADIENT.path(self.files.exchange, t.update, t.task, 0) for t in missing])
+                        [STREAMED_GRADIENT.path(self.files.exchange, t.ticket, t.task, 0) for t in missing])
         done = {r.task: r for r in self.run_tasks(missing, lambda: None)}
         return [found.get(task.task) or done[task.task] for task in tasks]
 
@@ -293,17 +294,17 @@ class SlicedParticipant(Participant):
         for (lo, _), result in zip(ranges, results, strict=True):
             rows = np.frombuffer(result.digests, dtype=np.uint8).reshape(-1, DIGEST_BYTES)
             digests[lo // BLOCK: lo // BLOCK + len(rows)] = rows
-        for slot in state_slots(files.optimizer):  # the state of version + 1, where checkpoints and steps look
-            os.replace(STATE_BUILDING.path(files.exchange, slot, version + 1),
-                       OPTIMIZER_STATE.path(files.exchange, slot, (version + 1) % 2))
+        for name in self.state_names:  # the state of version + 1, where checkpoints and steps look
+            os.replace(STATE_BUILDING.path(files.exchange, name, version + 1),
+                       OPTIMIZER_STATE.path(files.exchange, name, (version + 1) % 2))
         self.out = None
         return True
 
     def ready_state(self, version: int) -> None:
         """The new files of ``version``'s optimizer state, whole (their space reserved), for the slice owners."""
         size = self.files.size
-        for slot in state_slots(self.files.optimizer):
-            path = STATE_BUILDING.path(self.files.exchange, slot, version)
+        for name in self.state_names:
+            path = STATE_BUILDING.path(self.files.exchange, name, version)
             if path.exists():
                 with contextlib.suppress(Exception):
                     check_npy(path, shape=(size,), dtype=np.float32)
@@ -312,7 +313,7 @@ class SlicedParticipant(Participant):
             allocate_npy(path, (size,), np.float32)
 
     def discard_state(self, version: int) -> None:
-        discard([STATE_BUILDING.path(self.files.exchange, slot, version) for slot in state_slots(self.files.optimizer)])
+        discard([STATE_BUILDING.path(self.files.exchange, name, version) for name in self.state_names])
 
     # --- 3. publication, records, the server's work while the workers compute ---
 
@@ -325,9 +326,9 @@ class SlicedParticipant(Participant):
     def record_participants(self, update: Update) -> int:
         return max(1, min(self.workers(), len(update.tasks)))
 
-    def housekeeping(self) -> None:
-        """While the workers compute: the last step's gradient files become spares, the next version's files
-        are made (their space reserved; the server writes none of their data)."""
+    def file_chores(self) -> None:
+        """The server's chores on files while the workers compute: the last step's gradient files become spares,
+        the next version's files are made (their space reserved; the server writes none of their data)."""
         self.spare_stepped_and_ready_next()
         self.ready_state(self.version + 1)
 

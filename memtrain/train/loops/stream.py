@@ -68,7 +68,7 @@ class StreamedGradient:
         weights = self.maps.get(weights_path(self.run_dir, message.version), (size,), np.float32)
         MappedBytes.read += weights.nbytes
         x, y = self.rows(message.epoch, message.lo, message.hi)
-        path = STREAMED_GRADIENT.path(self.exchange, message.update, message.task, message.attempt)
+        path = STREAMED_GRADIENT.path(self.exchange, message.ticket, message.task, message.attempt)
         mapped = self.spare_map(message) if message.in_place else None
         if mapped is None and self.scratch.size != size:
             self.scratch = np.empty(size, dtype=np.float32)

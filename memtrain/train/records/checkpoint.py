@@ -237,7 +237,7 @@ def read_meta(path: Path) -> dict[str, Any]:
            or not isinstance(record.get("checksum"), str)]
     if bad:  # a name that is not one of a checkpoint's own files could point anywhere
         raise CorruptFileError("checkpoint metadata names a file that is not a checkpoint's own", path=file,
-                               where="files", expected=f"{CHECKPOINT_WEIGHTS}, opt-<slot>.npy or weights-v<N>.npy",
+                               where="files", expected=f"{CHECKPOINT_WEIGHTS}, opt-<state>.npy or weights-v<N>.npy",
                                found=bad[0])
     return meta
 

@@ -43,7 +43,7 @@ from memtrain.records import CHECKPOINT_DATA, CHECKPOINT_POSITION, make
 from memtrain.train.context import ModelContext
 from memtrain.train.exchange.area import OPTIMIZER_STATE
 from memtrain.train.exchange.weights import publish_params
-from memtrain.train.optim import state_slots
+from memtrain.train.optim import state_names
 from memtrain.train.plan import run_updates_per_epoch
 from memtrain.train.records.checkpoint import (
     POSITION_KEYS,
@@ -89,9 +89,10 @@ def data_description(context: ModelContext, job: Job) -> dict[str, Any]:
                 target_scale=context.target.to_json() if context.target is not None else None)
 
 
-def run_state_slots(job: Job, context: ModelContext) -> tuple[str, ...]:
-    """The optimizer's state slots the run keeps: none for an additive model, which has no optimizer."""
-    return () if context.additive else tuple(state_slots(job.train.optimizer))
+def run_state_names(job: Job, context: ModelContext) -> tuple[str, ...]:
+    """The names of the optimizer's state vectors the run keeps: none for an additive model, which has no
+    optimizer."""
+    return () if context.additive else tuple(state_names(job.train.optimizer))
 
 
 def start_fresh(run: RunDir, job: Job, context: ModelContext) -> Position:
@@ -100,9 +101,9 @@ def start_fresh(run: RunDir, job: Job, context: ModelContext) -> Position:
                               made_by="the model's init")
     run.lineage(init_record(job.train.seed, checksum))
     zeros = np.zeros(context.layout.size, dtype=np.float32)
-    for slot in run_state_slots(job, context):
+    for name in run_state_names(job, context):
         for parity in (0, 1):
-            publish_array(OPTIMIZER_STATE.path(run.exchange, slot, parity), zeros, durable=False)
+            publish_array(OPTIMIZER_STATE.path(run.exchange, name, parity), zeros, durable=False)
     return Position(schedule=schedule_state(job.train))
 
 
@@ -156,10 +157,10 @@ def _restore_files(run: RunDir, job: Job, context: ModelContext, path: Path, pos
     for older in {v for v in position.schedule.read_versions() if v != version}:  # the versions still read
         stored = open_npy(path / checkpoint_version_name(older), shape=(size,), dtype=np.float32)
         publish_array(weights_path(run.path, older), stored, durable=False)
-    for slot in run_state_slots(job, context):
-        state = open_npy(path / optimizer_state_name(slot), shape=(size,), dtype=np.float32)
-        publish_array(OPTIMIZER_STATE.path(run.exchange, slot, version % 2), state, durable=False)
-        publish_array(OPTIMIZER_STATE.path(run.exchange, slot, 1 - version % 2), state, durable=False)
+    for name in run_state_names(job, context):
+        state = open_npy(path / optimizer_state_name(name), shape=(size,), dtype=np.float32)
+        publish_array(OPTIMIZER_STATE.path(run.exchange, name, version % 2), state, durable=False)
+        publish_array(OPTIMIZER_STATE.path(run.exchange, name, 1 - version % 2), state, durable=False)
 
 
 def _resume_point(run: RunDir) -> tuple[tuple[Path, dict[str, Any]] | None, list[dict[str, Any]] | None]:
@@ -255,7 +256,7 @@ def checkpoint_meta(job: Job, context: ModelContext, position: Position, per_epo
         "update": position.update_index(per_epoch),
         "weights_version": position.version,
         "rng": {"seed": job.train.seed, "scheme": "init from seed; batch order from (seed, epoch)"},
-        "optimizer": {"name": job.train.optimizer.name, "slots": list(run_state_slots(job, context)),
+        "optimizer": {"name": job.train.optimizer.name, "slots": list(run_state_names(job, context)),
                       "step": position.version},
         "model": {"kind": job.model.kind, "options": job.model.options},
         "data": data_description(context, job),
@@ -278,8 +279,8 @@ def position_json(position: Position) -> dict[str, Any]:
 
 
 def _state_files(run: RunDir, job: Job, context: ModelContext, position: Position) -> dict[str, Path]:
-    return {slot: OPTIMIZER_STATE.path(run.exchange, slot, position.version % 2)
-            for slot in run_state_slots(job, context)}
+    return {name: OPTIMIZER_STATE.path(run.exchange, name, position.version % 2)
+            for name in run_state_names(job, context)}
 
 
 def _older_versions(run: RunDir, position: Position) -> dict[str, Path]:

@@ -1,18 +1,20 @@
 """The engines: who steps. Each runs the rest of an epoch from a position, the same way for the epoch loop.
 
-``Trainer.choose`` (train/server/server.py) picks one engine per run, once, the reasons logged, and hands it an
-``EngineContext``: what it uses of the server, and nothing else (never the Trainer). The epoch loop
-(``Trainer.fit``) then calls ``engine.run(position)`` until the epoch's updates are all counted, and
-``engine.close()`` at the end. No engine asks which mode it is in: what it computes is its schedule's
-(train/schedule.py), decided when it was built.
+``Trainer.choose`` (train/server/server.py) makes the run's engine once, as the ``Choice`` made at start
+says (train/server/choice.py: one table), the reasons logged, and hands it an ``EngineContext``: what it uses of
+the server, and nothing else (never the Trainer). The epoch loop (``Trainer.fit``) then calls
+``engine.run(position)`` until the engine says the epoch is done (``epoch_done``), and ``engine.close()`` at
+the end. No engine asks which mode it is in: what it computes is its schedule's (train/schedule.py), decided
+when it was built.
 
 - ``Rounds``: the workers (or the server alone) meet at marks, each stepping a slice (train/loops/rounds.py):
   synchronous training and fixed staleness in the rounds. ``ClusterRounds``: the same stretch on a cluster,
   run by the server alone, its gradient tasks (and step slices) sent to the Dask workers (train/loops/sliced.py).
 - ``Desk``: async mode on worker processes; they claim tasks and step whole groups at the desk (train/loops/desk.py).
 - ``ServerSteps``: the server steps the whole vector, the gradients streamed to it (train/loops/overlap.py): fixed
-  staleness streamed, async mode in the server, and a replay, each the one loop ``Overlap.run`` asking its
-  schedule's agenda (``Planned``, ``Arrival``, ``Recorded``).
+  staleness streamed and async mode in the server, each the one loop ``Overlap.run`` asking its schedule's
+  agenda (``Planned``, ``Arrival``); ``Replay`` (train/server/replay.py) is the same loop with ``Recorded``.
+- ``OnePass`` (train/server/onepass.py): an additive model's one pass of statistics, then its solve.
 """
 
 from __future__ import annotations
@@ -22,24 +24,25 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from memtrain.errors import Interrupted, MemtrainError
 from memtrain.stopping import StopRequest
+from memtrain.train.exchange.area import STREAMED_GRADIENT, discard
 from memtrain.train.exchange.marks import GRADIENT, PUBLISH, READYING, STEP, Activity, Board, Ledger
 from memtrain.train.exchange.weights import BLOCK, ready_building, rounds_keep, unpublish_after
 from memtrain.train.loops.desk import DeskLog, create_desk
 from memtrain.train.loops.mapped import RoundFiles
 from memtrain.train.loops.overlap import Overlap
 from memtrain.train.loops.sliced import SlicedParticipant
-from memtrain.train.messages import GradTask, Loop, Outcome, Stretch
+from memtrain.train.messages import GradTask, Loop, Outcome, Stretch, Task
 from memtrain.train.plan import Plan, RowWords, step_slices, task_stream
 from memtrain.train.records.counters import update_number
 from memtrain.train.records.logbook import Logbook
 from memtrain.train.records.state import Position
-from memtrain.train.schedule import Arrival, ArrivalState, Planned, PlannedState, Recorded, Schedule
+from memtrain.train.schedule import ArrivalState, PlannedState, Schedule
 from memtrain.train.server.exchange import InServer
 from memtrain.train.server.scheduler import Scheduler
 from memtrain.train.timing import UNTIMED, Timer, timed
@@ -47,33 +50,34 @@ from memtrain.train.timing import UNTIMED, Timer, timed
 if TYPE_CHECKING:
     from memtrain.config import TrainConfig
     from memtrain.progress import Reporter
-    from memtrain.train.records.lineage import Lineage
     from memtrain.train.server.placement import Placement
     from memtrain.train.server.pools import OnCluster, Streamed
 
 
-PROGRESS_SECONDS = 0.2  # between the server's looks at the work in flight: logs and the progress line
+PROGRESS_SECONDS = 0.2  # between the server's chores while work is in flight: logs and the progress line
 
 
-class Looks:
-    """The server's looks between two updates: the logbook's lines written and the progress line shown, at most
-    every PROGRESS_SECONDS (``due``). ``epoch`` hands it the epoch's progress bar (the epoch loop's)."""
+class Chores:
+    """The server's chores: its own work between two updates (in this package always called its chores): the
+    logbook's lines written and the progress line shown, at most every PROGRESS_SECONDS (``due``); in a stretch
+    it runs itself, a stop or the placement's end of the stretch looked at too (``stretch_chores``). ``epoch``
+    hands it the epoch's progress bar (the epoch loop's)."""
 
     def __init__(self, logbook: Logbook):
         self.logbook = logbook
         self.bar: Reporter | None = None
         self.epoch_started = time.monotonic()
-        self.next_look = 0.0
+        self.next_time = 0.0
 
     def epoch(self, bar: Reporter | None, started: float) -> None:
         self.bar, self.epoch_started = bar, started
 
     def due(self) -> bool:
-        """Whether PROGRESS_SECONDS have passed since the server last looked between two updates."""
+        """Whether PROGRESS_SECONDS have passed since the server last did its chores."""
         now = time.monotonic()
-        if now < self.next_look:
+        if now < self.next_time:
             return False
-        self.next_look = now + PROGRESS_SECONDS
+        self.next_time = now + PROGRESS_SECONDS
         return True
 
     def report(self, position: Position) -> None:
@@ -84,13 +88,13 @@ class Looks:
             self.bar.update(position.batch, f"loss {position.epoch_loss / max(position.epoch_rows, 1):.4f}"
                                             f"  {rate:,.0f} samples/s")
 
-    def between_updates(self, position: Position) -> None:
-        """A look between two updates the server steps itself, now and then."""
+    def after_update(self, position: Position) -> None:
+        """The chores after an update the server stepped itself, now and then."""
         if self.due():
             self.report(position)
 
     def stretch(self, position: Position, ledger: Ledger) -> None:
-        """A look at a running stretch: the updates up to ``ledger`` logged, progress shown."""
+        """The chores while a stretch runs: the updates up to ``ledger`` logged, progress shown."""
         self.logbook.catch_up(position, ledger, final=False)
         self.report(position)
 
@@ -99,7 +103,7 @@ class Looks:
 class EngineContext:
     """What an engine uses of the server, built once by ``Trainer.choose``: the job's training settings and
     its plan, the run's places, the placement (the transport its work goes to, and what it measures), the
-    scheduler that watches that work, the logbook and the looks between updates, the stop request and the log.
+    scheduler that watches that work, the logbook and the server's chores, the stop request and the log.
     """
 
     train: TrainConfig
@@ -112,7 +116,7 @@ class EngineContext:
     placement: Placement | Streamed | OnCluster
     scheduler: Scheduler
     logbook: Logbook
-    looks: Looks
+    chores: Chores
     board: Board  # the exchange's board, where worker processes meet
     memory_board: Board  # the server's own, when it runs a stretch alone
     stop: StopRequest
@@ -121,18 +125,39 @@ class EngineContext:
     timer: Timer = UNTIMED  # the named sections' timing hook (train/timing.py): untimed but in a measurement
 
 
-class EpochEngine(Protocol):
-    """What the epoch loop asks of an engine."""
+class EpochEngine:
+    """What the epoch loop asks of an engine, with what most engines answer. ``context``: what it uses of the
+    server (``EngineContext``), handed to it when it is made."""
+
+    context: EngineContext
 
     def run(self, position: Position) -> None:
-        """Run the rest of ``position``'s epoch (a replay: the whole lineage), unless cut short by a fault or
-        a probe (then the loop calls it again); ``position`` moves past every update logged."""
+        """Run the rest of ``position``'s epoch (a replay: the whole lineage; an additive model: its pass and
+        solve), unless cut short by a fault or a probe (then the loop calls it again); ``position`` moves past
+        every update logged."""
+        raise NotImplementedError
+
+    def epoch_done(self, position: Position) -> bool:
+        """Whether ``position``'s epoch is over, so the loop evaluates it: its updates are all counted."""
+        return position.batch >= self.context.per_epoch
+
+    def epoch_ended(self, position: Position) -> None:
+        """The epoch is evaluated and checkpointed as the job says: what the engine kept for a restart can go."""
 
     def describe_activity(self, activity: Activity) -> str:
         """A participant's activity in words (what a dead or silent worker was doing), for the scheduler."""
+        return f"activity {activity.kind} at update {update_number(activity.update)}"  # an engine with no stretch
 
     def describe_gradient(self, task: GradTask) -> str:
         """A gradient task this engine handed out, in words (a dead, hung or failed one), for the scheduler."""
+        return f"gradient task ({self.context.describe_rows(task.lo, task.hi, epoch=task.epoch)})"
+
+    def discard(self, task: Task) -> None:
+        """Delete the file a dead or superseded attempt of a task this engine handed out may have written: a
+        streamed gradient's (the server's steps, a cluster's rounds; in the rounds, gradients go to the per-task
+        buffers, which the next attempt overwrites)."""
+        if isinstance(task, GradTask):
+            discard([STREAMED_GRADIENT.path(self.context.exchange, task.ticket, task.task, task.attempt)])
 
     def close(self) -> None:
         """Let go of what the engine holds (spare gradient files), at the run's end however it ends."""
@@ -146,7 +171,7 @@ def ended(outcome: Outcome) -> None:
         raise MemtrainError("a non-finite update stopped the run", hint="see the event log")
 
 
-class Rounds:
+class Rounds(EpochEngine):
     """Workers meeting at marks, each stepping a slice; or the server alone (train/loops/rounds.py)."""
 
     recycle = True  # a retired version's file becomes the next one's (not on a cluster: docs/cluster.md)
@@ -187,7 +212,7 @@ class Rounds:
             outcome = self.participate(stretches, position, board)
         finally:  # a stop or a lost cluster mid-stretch: the position (and so a checkpoint) is where it stands
             c.logbook.catch_up(position, board.ledger(), final=True)
-        c.looks.report(position)
+        c.chores.report(position)
         ended(outcome)
         done = position.update_index(c.per_epoch)
         c.placement.observe(c.logbook.timeline[logged:], done, c.plan.total_updates - done)
@@ -205,10 +230,10 @@ class Rounds:
         """Every participant runs its stretch; the server watches them (train/server/scheduler.py)."""
         c = self.context
 
-        def look() -> None:
-            c.looks.stretch(position, board.ledger())
+        def chores() -> None:
+            c.chores.stretch(position, board.ledger())
 
-        return c.scheduler.run_stretch(c.placement.transport, board, stretches, look, self.describe_activity)
+        return c.scheduler.run_stretch(c.placement.transport, board, stretches, chores, self.describe_activity)
 
     def describe_activity(self, activity: Activity) -> str:
         c = self.context
@@ -227,12 +252,10 @@ class Rounds:
         return f"a wait for its peers at update {update_number(update.update)}"
 
     def describe_gradient(self, task: GradTask) -> str:
-        """A plan's task (a cluster's rounds hand them out): its number in its update."""
+        """A plan's task (a cluster's rounds hand them out, their tickets the plan's update numbers): its number
+        in its update."""
         rows = self.context.describe_rows(task.lo, task.hi, epoch=task.epoch)
-        return f"gradient task {task.task} ({rows}) of update {update_number(task.update)}"
-
-    def close(self) -> None:
-        pass
+        return f"gradient task {task.task} ({rows}) of update {update_number(task.ticket)}"
 
 
 class ClusterRounds(Rounds):
@@ -260,18 +283,18 @@ class ClusterRounds(Rounds):
         c, transport = self.context, self.context.placement.transport
         sync = needs_sync(c.run_path)
 
-        def tasks(tasks: list, meanwhile: Callable[[], None] | None) -> list:
-            return c.scheduler.run(transport, tasks, meanwhile)
+        def tasks(tasks: list, chores: Callable[[], None] | None) -> list:
+            return c.scheduler.run(transport, tasks, chores)
 
         def workers() -> int:
             return len(transport.slots)
 
-        def heartbeat() -> bool:
-            return between_updates(c, position, c.memory_board)
+        def chores() -> bool:
+            return stretch_chores(c, position, c.memory_board)
 
         outcome = SlicedParticipant(
             self.files, stretches[0], workers=workers, run_tasks=tasks,
-            publish_sync=sync_for_readers if sync else lambda path: None, recycle=False, heartbeat=heartbeat,
+            publish_sync=sync_for_readers if sync else lambda path: None, recycle=False, chores=chores,
             slices=workers, broadcast=open_broadcast(transport, rule=c.scheduler.backup,  # the run's straggler rule
                                                      timeout=c.train.task_timeout, log=c.log), timer=c.timer).run()
         if c.stop.requested:
@@ -279,16 +302,16 @@ class ClusterRounds(Rounds):
         return Outcome.NONFINITE if outcome == Outcome.NONFINITE else Outcome.DONE
 
 
-def between_updates(context: EngineContext, position: Position, board: Board) -> bool:
-    """The server's own work between two updates of a stretch it runs itself, now and then: the updates logged,
+def stretch_chores(context: EngineContext, position: Position, board: Board) -> bool:
+    """The server's chores between two updates of a stretch it runs itself, now and then: the updates logged,
     progress shown; True ends the stretch there (a stop, or the placement's probe is over)."""
-    if not context.looks.due():
+    if not context.chores.due():
         return False
-    context.looks.stretch(position, board.ledger())
-    return context.stop.requested or context.placement.heartbeat()
+    context.chores.stretch(position, board.ledger())
+    return context.stop.requested or context.placement.ends_stretch()
 
 
-class Desk:
+class Desk(EpochEngine):
     """Async mode on worker processes: they claim tasks and step whole groups at the desk (train/loops/desk.py)."""
 
     def __init__(self, context: EngineContext):
@@ -317,12 +340,12 @@ class Desk:
                              slices=0, loop=Loop.DESK, group=train.async_group, max_staleness=train.max_staleness)
                      for slot in range(participants)]
 
-        def look() -> None:
+        def chores() -> None:
             log.catch_up(position, c.logbook)
-            c.looks.between_updates(position)
+            c.chores.after_update(position)
 
         try:
-            outcome = c.scheduler.run_stretch(transport, c.board, stretches, look, self.describe_activity)
+            outcome = c.scheduler.run_stretch(transport, c.board, stretches, chores, self.describe_activity)
         finally:  # a stop or a fault mid-stretch: the position (and so a checkpoint) is where it stands
             log.catch_up(position, c.logbook)
             if position.batch == c.per_epoch:  # the epoch is done, whatever ended the stretch
@@ -330,7 +353,7 @@ class Desk:
             newer = unpublish_after(c.run_path, position.version)  # renamed, never recorded: made again
             if newer:
                 c.log(f"unpublished versions {newer[0]}-{newer[-1]}: not recorded before the stretch ended")
-        c.looks.report(position)
+        c.chores.report(position)
         ended(outcome)
 
     def describe_activity(self, activity: Activity) -> str:
@@ -345,14 +368,9 @@ class Desk:
             return f"the step of update {update_number(activity.update)}"
         return f"a wait for a task or for its group's turn, at update {update_number(activity.update)}"
 
-    def describe_gradient(self, task: GradTask) -> str:  # never asked: the workers take the desk's tasks
-        return f"gradient task ({self.context.describe_rows(task.lo, task.hi, epoch=task.epoch)})"
-
-    def close(self) -> None:
-        pass
 
 
-class ServerSteps:
+class ServerSteps(EpochEngine):
     """The server steps the whole vector, the gradients streamed to it (train/loops/overlap.py): the one loop, run
     with the agenda its ``schedule`` makes (an epoch's, or a replay's whole)."""
 
@@ -361,7 +379,7 @@ class ServerSteps:
         self.overlap = Overlap(epochs=context.train.epochs, files=files,
                                stream=context.scheduler.stream(context.placement.transport),
                                logbook=context.logbook, per_epoch=context.per_epoch,
-                               look=context.looks.between_updates)
+                               chores=context.chores.after_update)
 
     def run(self, position: Position) -> None:
         try:
@@ -369,29 +387,11 @@ class ServerSteps:
         finally:
             self.context.logbook.write()
 
-    def describe_activity(self, activity: Activity) -> str:  # never asked: this engine runs no stretch
-        return f"activity {activity.kind} at update {update_number(activity.update)}"
-
     def describe_gradient(self, task: GradTask) -> str:
-        """A streamed task: its ``update`` is a ticket (async) or a replay's step, so the words say its rows and
+        """A streamed task: its ticket is no update number in async mode or a replay, so the words say its rows and
         the version it reads."""
         rows = self.context.describe_rows(task.lo, task.hi, epoch=task.epoch)
         return f"gradient task ({rows}) at weight version {task.version}"
 
     def close(self) -> None:
         self.overlap.close()
-
-
-# The schedule the server steps, by the run's kind: a replay's record, async's arrival order, or the plan
-# (synchronous, or fixed staleness k): chosen once (``server_schedule``), then only asked for agendas.
-SCHEDULES: dict[str, Callable[[TrainConfig, int, Lineage | None], Schedule]] = {
-    "replay": lambda train, per_epoch, lineage: Recorded(lineage.steps, lineage.path),
-    "async": lambda train, per_epoch, lineage: Arrival(group=train.async_group, max_staleness=train.max_staleness,
-                                                       per_epoch=per_epoch),
-    "sync": lambda train, per_epoch, lineage: Planned(staleness=train.staleness),
-}
-
-
-def server_schedule(train: TrainConfig, per_epoch: int, lineage: Lineage | None) -> Schedule:
-    """The schedule of the server's engine: ``SCHEDULES``' entry for a replay, or for ``train.mode``."""
-    return SCHEDULES["replay" if lineage is not None else train.mode](train, per_epoch, lineage)

@@ -196,7 +196,7 @@ class Placement:
             return PROBE_UPDATES + 1  # placement looks whether the other workers are ready
         return None
 
-    def heartbeat(self) -> bool:
+    def ends_stretch(self) -> bool:
         """Between two updates the server runs itself: True ends its stretch (the workers are ready)."""
         return self.phase == Phase.STARTING and self.pool.ready()
 

@@ -65,7 +65,7 @@ class Streamed:
     def stretch_limit(self) -> int | None:
         return None
 
-    def heartbeat(self) -> bool:
+    def ends_stretch(self) -> bool:
         return False
 
     def observe(self, timeline: list[tuple[int, float, float]], update: int, remaining: int) -> None:

@@ -44,7 +44,7 @@ from memtrain.train.context import ModelContext
 from memtrain.train.exchange.marks import WORD, Board, records_dtype
 from memtrain.train.exchange.weights import block_count
 from memtrain.train.memory import size_text
-from memtrain.train.optim import state_slots
+from memtrain.train.optim import state_names
 from memtrain.train.plan import gradient_banks
 
 # Per file: the .npy header of a 1-D array (128 bytes; 4 KiB is ample) and the rounding up to whole pages.
@@ -68,7 +68,7 @@ def room_needed(job: Job, context: ModelContext, *, per_epoch: int, slots: int) 
     tasks = train.tasks_per_update
     if context.additive:
         return additive_room(job, context, weights, per_epoch=per_epoch, slots=slots)
-    states = len(state_slots(job.train.optimizer))
+    states = len(state_names(job.train.optimizer))
     gradients = gradient_banks(train.staleness) * tasks * weights
     if job.run.cluster:
         gradients += 2 * tasks * weights + states * weights
@@ -108,7 +108,7 @@ def allow_open_files(job: Job) -> None:
     participant maps each task's gradient buffer (per bank) and the optimizer state, and each map holds a file
     descriptor. A hard limit below that refuses the job before anything is written (exit 2), naming the key."""
     banks = gradient_banks(job.train.staleness)
-    needed = banks * job.train.tasks_per_update + 2 * len(state_slots(job.train.optimizer)) + OTHER_FILES
+    needed = banks * job.train.tasks_per_update + 2 * len(state_names(job.train.optimizer)) + OTHER_FILES
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= needed:
         return

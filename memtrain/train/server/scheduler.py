@@ -40,10 +40,21 @@ from memtrain.errors import Interrupted, MemtrainError, WorkerFailure, plural
 from memtrain.faults import fault_point
 from memtrain.train.exchange.marks import WAITING, Activity, Board
 from memtrain.train.memory import limit_words, oom_killed, oom_kills, sigkilled
-from memtrain.train.messages import BackupRule, Event, Outcome, Result, Slot, Stretch, StretchEnd, Task, Transport
+from memtrain.train.messages import (
+    BackupRule,
+    Event,
+    GradTask,
+    Outcome,
+    Result,
+    Slot,
+    Stretch,
+    StretchEnd,
+    Task,
+    Transport,
+)
 
 WAIT_BOUND = 1.0  # seconds: the longest the server blocks without re-checking deadlines and signals
-TICK = 0.1  # seconds between the server's looks at a running stretch (progress, logs, time limits)
+TICK = 0.1  # seconds between the server's chores while a stretch runs (progress, logs), and its time limits
 CRASH_HINT = "the data or the model may crash the worker; check the rows named above, or raise train.max_attempts"
 LOWER_MEMORY = ("Lower train.chunk_rows (an additive model's statistics; a resume takes --set train.chunk_rows=N) "
                 "or the rows per task (train.batch_size, train.tasks_per_update), run fewer workers, or give the "
@@ -108,10 +119,10 @@ class Scheduler:
     # --- tasks ---
 
     def run(self, transport: Transport, tasks: list[Task],
-            while_waiting: Callable[[], None] | None = None) -> list[Result]:
+            chores: Callable[[], None] | None = None) -> list[Result]:
         """Run every task to a result; returns the results in the order of ``tasks``.
 
-        ``while_waiting`` is the server's own work that does not depend on these results. It is called
+        ``chores`` is the server's own work that does not depend on these results. It is called
         once, as soon as a core is spare: at once if fewer workers are busy than there are cores, else
         when a worker has finished and nothing is left to send it while others still compute. It is
         called at the latest before returning.
@@ -131,13 +142,13 @@ class Scheduler:
                 if event.answer is not None and race.live(event.message, current, done):
                     race.seconds.append(time.monotonic() - event.slot.since)
                 self._handle(event, current, pending, done, race)
-            if while_waiting is not None and self._core_to_spare(transport.slots, done, pending, len(tasks)):
-                while_waiting()
-                while_waiting = None
+            if chores is not None and self._core_for_chores(transport.slots, done, pending, len(tasks)):
+                chores()
+                chores = None
             self._check_stop()
             self._kill_overdue(transport)
-        if while_waiting is not None:
-            while_waiting()
+        if chores is not None:
+            chores()
         return [done[task_key(message)] for message in tasks]
 
     def stream(self, transport: Transport) -> TaskStream:
@@ -147,8 +158,10 @@ class Scheduler:
                  race: Race) -> None:
         """Start a backup copy of each straggler (``BackupRule``) on an idle worker, while there is one."""
         rule = race.rule
+        if rule is None or not race.seconds:  # no rule (one machine), or nothing finished yet to compare with
+            return
         idle = [slot for slot in transport.slots if slot.idle]
-        if rule is None or not idle or not race.seconds:
+        if not idle:
             return
         median = statistics.median(race.seconds)
         now = time.monotonic()
@@ -233,8 +246,8 @@ class Scheduler:
         current[key] = retry
         pending.appendleft(retry)
 
-    def _core_to_spare(self, slots: list[Slot], done: dict[tuple[int, int], Result], pending: deque[Task],
-                       total: int) -> bool:
+    def _core_for_chores(self, slots: list[Slot], done: dict[tuple[int, int], Result], pending: deque[Task],
+                         total: int) -> bool:
         busy = sum(not slot.idle for slot in slots)
         return busy < CORES or (bool(done) and not pending and len(done) < total)
 
@@ -247,7 +260,7 @@ class Scheduler:
     def _kill_overdue(self, transport: Transport) -> None:
         now = time.monotonic()
         for slot in transport.slots:
-            if (not slot.idle and slot.process is not None and now - slot.since > self.task_timeout
+            if (slot.process is not None and not slot.idle and now - slot.since > self.task_timeout
                     and slot.pid not in self.killed and slot.process.is_alive()):
                 self.killed.add(slot.pid)
                 self.log(f"worker {slot.index} (pid {slot.pid}) silent for {self.task_timeout:g} s "
@@ -257,8 +270,8 @@ class Scheduler:
     # --- stretches ---
 
     def run_stretch(self, transport: Transport, board: Board, stretches: list[Stretch],
-                    progress: Callable[[], None], describe: Callable[[Activity], str]) -> Outcome:
-        """Run one stretch on slots 0..len(stretches)-1; ``progress`` (the server's logging) runs every TICK;
+                    chores: Callable[[], None], describe: Callable[[Activity], str]) -> Outcome:
+        """Run one stretch on slots 0..len(stretches)-1; ``chores`` (the server's logging) run every TICK;
         ``describe``: the engine's words for a participant's activity (what a dead or silent worker was doing).
 
         Returns once every participant has ended. A failure, or a piece of work that killed its worker
@@ -271,7 +284,7 @@ class Scheduler:
         while len(watch.ended) < len(stretches):
             for event in transport.wait(TICK):
                 self._stretch_event(event, watch, board)
-            progress()
+            chores()
             if self.stop_requested() and not watch.stopped:
                 watch.stopped = True
                 board.cancel(generation)
@@ -443,8 +456,9 @@ def exit_words(code: int | None) -> str:
 
 
 def task_key(message: Task) -> tuple[int, int]:
-    """What tells two tasks apart: its update's number (a gradient task's; 0 otherwise) and its own."""
-    return getattr(message, "update", 0), message.task
+    """What tells two tasks apart: a gradient task's ticket or a step slice's update number (0 otherwise), and
+    its own number."""
+    return (message.ticket if isinstance(message, GradTask) else getattr(message, "update", 0)), message.task
 
 
 def task_key_of(message: object) -> tuple[int, int] | None:

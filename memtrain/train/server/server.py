@@ -1,13 +1,13 @@
 """A job -> a trained run: the epoch loop (``Trainer.fit``), each epoch run by the engine chosen once at start.
 
-The server chooses the run's engine and placement once (``Trainer.choose``, the reasons logged), one of
-train/server/engines.py's: the rounds (workers meeting at marks, each stepping a slice; or the server alone), the
-cluster's rounds, the desk (async mode on worker processes) or the server stepping the whole vector
-(train/loops/overlap.py). The epoch loop calls ``engine.run(position)`` until the epoch's updates are counted and
-never names a mode; a replay (``Trainer.replay``) is one run of the server's engine with the lineage's
-schedule. The server watches the engine's workers (train/server/scheduler.py), logs what finished
-(train/records/logbook.py), evaluates each epoch's last version, checkpoints and stops cleanly on a signal. When it
-runs the rounds itself, it does its own work between two updates (``heartbeat``)."""
+The run's engine is chosen once at start (train/server/choice.py, one table), then made with its placement
+(``Trainer.choose``, the reasons logged), one of train/server/engines.py's: the rounds (workers meeting at marks,
+each stepping a slice; or the server alone), the cluster's rounds, the desk (async mode on worker processes), the
+server stepping the whole vector (train/loops/overlap.py; a replay, train/server/replay.py) or an additive model's
+pass and solve (train/server/onepass.py). The epoch loop calls ``engine.run(position)`` until the engine says the
+epoch is done and never names a mode. The server watches the engine's workers (train/server/scheduler.py), logs
+what finished (train/records/logbook.py), evaluates each epoch's last version, checkpoints and stops cleanly on a
+signal. When it runs the rounds itself, it does its chores between two updates (``stretch_chores``)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ import sys
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,6 @@ from memtrain.dataset import Dataset, open_dataset
 from memtrain.errors import InputError, Interrupted, MemtrainError, plural
 from memtrain.files import allocate_npy, open_npy, read_jsonl
 from memtrain.layout import (
-    RUN_LINEAGE,
     RUN_METRICS,
     weights_path,
 )
@@ -38,7 +36,7 @@ from memtrain.progress import reporting
 from memtrain.records import METRICS_EPOCH, make
 from memtrain.stopping import StopRequest, on_stop_signals, start_resource_tracker
 from memtrain.train.context import ModelContext, startup_check
-from memtrain.train.exchange.area import BOARD, GRADIENT_BUFFER, METRICS, RECORDS, STREAMED_GRADIENT, discard
+from memtrain.train.exchange.area import BOARD, GRADIENT_BUFFER, METRICS, RECORDS, discard
 from memtrain.train.exchange.marks import (
     Board,
     create_records,
@@ -47,18 +45,9 @@ from memtrain.train.exchange.marks import (
 from memtrain.train.exchange.weights import (
     create_digests,
     discard_building,
-    publish_params,
     retire_weights,
     unpublish_after,
     versions_to_keep,
-)
-from memtrain.train.loops.additive import (
-    PassPlan,
-    StatisticsPass,
-    contract_note,
-    pass_source,
-    plan_chunk_rows,
-    solve,
 )
 from memtrain.train.memory import size_text
 from memtrain.train.messages import (
@@ -71,11 +60,11 @@ from memtrain.train.messages import (
     Task,
     WorkerSetup,
 )
-from memtrain.train.optim import state_slots
-from memtrain.train.plan import Plan, RowWords, eval_tasks, gradient_banks, in_rounds, split_range
+from memtrain.train.optim import state_names
+from memtrain.train.plan import Plan, RowWords, eval_tasks
 from memtrain.train.records.checkpoint import StagedBest
 from memtrain.train.records.counters import ONE_PASS, position_text, update_number
-from memtrain.train.records.lineage import Lineage, solve_record
+from memtrain.train.records.lineage import Lineage
 from memtrain.train.records.logbook import Logbook
 from memtrain.train.records.metrics import SHOWN
 from memtrain.train.records.metrics import collect as validation_metrics
@@ -84,26 +73,15 @@ from memtrain.train.records.run_dir import RunDir, beside_earlier, open_run_dir,
 from memtrain.train.records.state import (
     Position,
     commit_best,
-    job_updates_per_epoch,
     resume,
     save_checkpoint,
     stage_best,
     start_fresh,
 )
-from memtrain.train.schedule import replay_mismatch
 from memtrain.train.server.advice import few_updates_note, one_pass_note
+from memtrain.train.server.choice import Choice, choose, describe_mode
 from memtrain.train.server.datacheck import check_trainable
-from memtrain.train.server.engines import (
-    ClusterRounds,
-    Desk,
-    EngineContext,
-    EpochEngine,
-    Looks,
-    Rounds,
-    ServerSteps,
-    between_updates,
-    server_schedule,
-)
+from memtrain.train.server.engines import Chores, EngineContext, EpochEngine, stretch_chores
 from memtrain.train.server.exchange import InServer, WorkerPool
 from memtrain.train.server.monitor import check_monitor, monitor_for
 from memtrain.train.server.outline import server_context
@@ -220,8 +198,9 @@ def _train(job: Job, dataset: Dataset, context: ModelContext, stop: StopRequest,
                 say(note)
         if runtime:
             run.event(runtime)
-        return Trainer(job, dataset, context, run, stop, quiet=quiet, lineage=replay,
-                       callbacks=callbacks, timer=timer).run(run.decision)
+        choice = choose(job, context, dataset.split("train").rows, lineage=replay, record=run.lineage)
+        return Trainer(job, dataset, context, run, stop, choice, quiet=quiet, callbacks=callbacks,
+                       timer=timer).run(run.decision)
     except (MemtrainError, OSError) as exc:
         if not isinstance(exc, Interrupted):  # the run's log tells how it ended, even with no terminal
             run.event(f"failed: {exc}")
@@ -239,12 +218,6 @@ def overlapping(job: Job) -> bool:
     return job.train.mode == "async" or job.train.staleness > 0
 
 
-def describe_mode(job: Job) -> str:
-    if job.train.mode == "async":
-        return f"async mode (max_staleness {job.train.max_staleness}, async_group {job.train.async_group})"
-    return f"fixed staleness {job.train.staleness}"
-
-
 def job_plan(job: Job, train_rows: int) -> Plan:
     """The job's plan (train/plan.py) for a train split of ``train_rows`` rows."""
     t = job.train
@@ -259,35 +232,26 @@ def round_slots(job: Job) -> int:
 
 
 class Trainer:
-    def __init__(self, job: Job, dataset: Dataset, context: ModelContext, run: RunDir, stop: StopRequest, *,
-                 quiet: bool = False, lineage: Lineage | None = None, callbacks: Sequence[Any] = (),
-                 timer: Timer = UNTIMED):
+    """The epoch loop of one run, with ``choice``'s engine (train/server/choice.py), made once at start."""
+
+    def __init__(self, job: Job, dataset: Dataset, context: ModelContext, run: RunDir, stop: StopRequest,
+                 choice: Choice, *, quiet: bool = False, callbacks: Sequence[Any] = (), timer: Timer = UNTIMED):
         self.job, self.dataset, self.context, self.run_dir, self.stop = job, dataset, context, run, stop
-        self.timer = timer
-        timed_sections(self, timer, ("heartbeat", "evaluate", "end_epoch"))  # train/timing.py: untimed, nothing
+        self.choice, self.timer = choice, timer
+        timed_sections(self, timer, ("stretch_chores", "evaluate", "end_epoch"))  # train/timing.py: untimed, nothing
         self.callbacks = callbacks
         self.quiet = quiet
-        self.lineage = lineage  # a run to replay (memtrain train --replay)
         self.train_rows = dataset.split("train").rows
         self.val_rows = dataset.split("val").rows
         self.plan = job_plan(job, self.train_rows)
         self.describe_rows = RowWords(dataset, self.plan)
-        # async mode: groups of gradients; an additive model: its one solve
-        self.per_epoch = 1 if context.additive else job_updates_per_epoch(job, self.train_rows)
+        self.per_epoch = choice.per_epoch  # async mode: groups of gradients; an additive model: its one solve
         self.checkpointed: int | None = None
         self.staged_best = StagedBest(run.path)  # the best epoch's checkpoint, off the schedule, until the run stops
         self.started = time.monotonic()
         self.slots = round_slots(job)
-        # an additive model has no gradients: no buffers for them (its statistics go to train/loops/additive.py's files)
         self.board = create_round_files(run.exchange, context.layout.size, job.train.tasks_per_update, self.slots,
-                                        self.plan.per_epoch,
-                                        0 if context.additive else gradient_banks(job.train.staleness))
-        self.statistics = StatisticsPass(run.path, PassPlan(
-            tasks=tuple(split_range(0, self.train_rows, job.train.tasks_per_update)),
-            chunk_rows=plan_chunk_rows(context.model, job.train.chunk_rows, self.train_rows),
-            size=context.stats_layout.size,
-            source=pass_source(context.manifest, job.model.kind, job.model.options, job.data.normalize)),
-            self.log, describe_rows=self.describe_rows) if context.additive else None
+                                        self.plan.per_epoch, choice.banks)
         self.memory_board = Board(1)
         self.logbook = Logbook(run=run, exchange=run.exchange, plan=self.plan,
                                records=open_records(RECORDS.path(run.exchange), self.plan.per_epoch,
@@ -295,7 +259,7 @@ class Trainer:
                                optimizer=job.train.optimizer, on_nonfinite=job.train.on_nonfinite,
                                size=context.layout.size, describe_rows=self.describe_rows, log=self.log,
                                staleness=job.train.staleness)
-        self.looks = Looks(self.logbook)
+        self.chores = Chores(self.logbook)
 
     def run(self, decision: Decision | None) -> TrainSummary:
         """``decision``: what a resume was allowed to change; None for a new run."""
@@ -311,7 +275,7 @@ class Trainer:
             self.log(f"unpublished versions {newer[0]}-{newer[-1]}: made after the checkpoint, they are made again")
         self.log(f"server pid {os.getpid()}")
         self.in_server = InServer(WorkerState(self._setup(), alive=lambda: None, board=self.memory_board,
-                                              heartbeat=lambda: self.heartbeat(position), keep_statistics=True,
+                                              chores=lambda: self.stretch_chores(position), keep_statistics=True,
                                               plan=self.plan, dataset=self.dataset, context=self.context,
                                               timer=self.timer))
         self.scheduler = Scheduler(task_timeout=self.job.train.task_timeout, max_attempts=self.job.train.max_attempts,
@@ -322,8 +286,7 @@ class Trainer:
         engine = self.choose(position)  # the one place the mode is chosen; the placement with it
         try:
             with threadpool_limits(limits=self.job.train.blas_threads):  # the rounds it runs itself: same arithmetic
-                last = (self.replay(position, engine) if self.lineage is not None else
-                        self.fit(position, engine) or self._last_epoch_record())
+                last = self.fit(position, engine) or self._last_epoch_record()
         except (KeyboardInterrupt, Interrupted) as exc:
             self.placement.close(timeout=2.0)
             raise self._interrupted(position, exc) from None
@@ -335,72 +298,63 @@ class Trainer:
             self.monitor.close()
             self.staged_best.drop()  # committed by now if the run stopped as it should; a failed run's is lost
             discard_building(self.run_dir.path, os.getpid())
-        self.log(f"done: {ONE_PASS if self.context.additive else plural(position.epoch, 'epoch')}, "
+        self.log(f"done: {ONE_PASS if self.choice.one_pass else plural(position.epoch, 'epoch')}, "
                  f"weight version {position.version}")
         return TrainSummary(self.run_dir.path, position.version, position.epoch, last, position.best,
                             time.monotonic() - self.started, self.scheduler.deaths,
                             stopped_early=position.epoch < self.job.train.epochs
                             and self.monitor.exhausted(position.epoch, position.best), monitor=self.job.train.monitor,
-                            one_pass=self.context.additive)
+                            one_pass=self.choice.one_pass)
 
     def choose(self, position: Position) -> EpochEngine:
-        """The run's engine and placement, chosen once from the job and the start-up measurement, the reasons
-        logged (docs/async.md, "Where it runs"), train/server/engines.py: the rounds (synchronous; fixed staleness in
-        the rounds), the cluster's rounds, the desk (async mode on worker processes) or the server stepping
-        the whole vector (fixed staleness streamed, async mode in the server, a replay). The engine is handed
-        what it uses of the server (``EngineContext``), made once here."""
-        train = self.job.train
-        if train.staleness:
-            self.log(f"fixed staleness {train.staleness}: in the {train.staleness_in} "
-                     f"(train.staleness_in = {train.staleness_in!r})")
-        self.placement, make = self._place(position)
+        """The run's placement and engine, as the ``Choice`` made at start says (train/server/choice.py), the
+        reasons logged (docs/async.md, "Where it runs"). The engine is handed what it uses of the server
+        (``EngineContext``), made once here."""
+        for note in self.choice.notes:
+            self.log(note)
+        self.placement = {"cluster": self._cluster_placement, "rounds": self._rounds_placement,
+                          "stream": self._stream_placement, "desk": self._stream_placement}[self.choice.placement](
+                              position)
         self.engine_context = EngineContext(
-            train=train, keep_versions=self.job.run.keep_versions, plan=self.plan, per_epoch=self.per_epoch,
+            train=self.job.train, keep_versions=self.job.run.keep_versions, plan=self.plan, per_epoch=self.per_epoch,
             size=self.context.layout.size, run_path=self.run_dir.path, exchange=self.run_dir.exchange,
-            placement=self.placement, scheduler=self.scheduler, logbook=self.logbook, looks=self.looks,
+            placement=self.placement, scheduler=self.scheduler, logbook=self.logbook, chores=self.chores,
             board=self.board, memory_board=self.memory_board, stop=self.stop, log=self.log,
             describe_rows=self.describe_rows, timer=self.timer)
-        self.engine = make(self.engine_context)
+        self.engine = self.choice.make(self.engine_context, self.in_server.state.rounds)
         return self.engine
 
-    def _place(self, position: Position) -> tuple[Placement | Streamed | OnCluster, Callable[..., EpochEngine]]:
-        """The placement and the engine that goes with it (made once its context is: ``choose``)."""
-        train = self.job.train
-        if self.job.run.cluster:  # synchronous only (``train`` refuses the other modes there)
-            placement = OnCluster(open_cluster(self.job, self._setup(), self.run_dir, self.log,
-                                               stopped=lambda: self.stop.signum), self.log)
-            return placement, partial(ClusterRounds, files=self.in_server.state.rounds())
-        if in_rounds(train, replaying=self.lineage is not None):
-            count, why = thread_candidates(setting=train.server_threads, tasks=train.tasks_per_update, cores=CORES,
-                                           blas_threads=train.blas_threads, model=self.context.model)
-            threads = ServerThreads(count=count, timed=train.server_threads == "auto", why=why, log=self.log)
-            return Placement(workers=train.workers, tasks=train.tasks_per_update, cores=CORES,
-                             in_server=self.in_server, start_pool=self._start_pool, log=self.log,
-                             threads=threads, start_cost=worker_start_cost(self.context.build_seconds),
-                             outlined=getattr(self.context.model, "kept", None) is not None), Rounds
-        placement = self._overlap_placement(position)
-        if train.mode == "async" and self.lineage is None and isinstance(placement.transport, WorkerPool):
-            return placement, Desk
-        return placement, partial(ServerSteps, files=self.in_server.state.rounds(),
-                                  schedule=server_schedule(train, self.per_epoch, self.lineage))
+    def _cluster_placement(self, position: Position) -> OnCluster:
+        """A cluster's Dask workers (synchronous only: ``train`` refuses the other modes there)."""
+        return OnCluster(open_cluster(self.job, self._setup(), self.run_dir, self.log,
+                                      stopped=lambda: self.stop.signum), self.log)
 
-    def _overlap_placement(self, position: Position) -> Streamed:
-        """The overlapping modes stream their gradients to ``train.workers`` processes, or (0, or "auto" when
-        workers cannot pay for themselves) the server computes them itself."""
+    def _rounds_placement(self, position: Position) -> Placement:
+        """The rounds' placement: worker processes or the server's threads, measured at start (placement.py)."""
         train = self.job.train
+        count, why = thread_candidates(setting=train.server_threads, tasks=train.tasks_per_update, cores=CORES,
+                                       blas_threads=train.blas_threads, model=self.context.model)
+        threads = ServerThreads(count=count, timed=train.server_threads == "auto", why=why, log=self.log)
+        return Placement(workers=train.workers, tasks=train.tasks_per_update, cores=CORES,
+                         in_server=self.in_server, start_pool=self._start_pool, log=self.log,
+                         threads=threads, start_cost=worker_start_cost(self.context.build_seconds),
+                         outlined=getattr(self.context.model, "kept", None) is not None)
+
+    def _stream_placement(self, position: Position) -> Streamed:
+        """Gradients streamed to ``train.workers`` processes (at the desk, they step too), or (0, or "auto" when
+        workers cannot pay for themselves) the server computes them itself."""
+        train, choice = self.job.train, self.choice
         count, why = stream_workers(workers=train.workers, count=round_slots(self.job),
-                                    task_seconds=lambda: self.time_task(position),
-                                    tasks=train.async_group if train.mode == "async" else train.tasks_per_update,
+                                    task_seconds=lambda: self.time_task(position), tasks=choice.tasks,
                                     remaining=self.per_epoch * train.epochs - position.update_index(self.per_epoch),
                                     start_cost=worker_start_cost(self.context.build_seconds))
-        mode = "replay" if self.lineage is not None else describe_mode(self.job)
         if count == 0:
-            return Streamed(self.in_server, f"{mode}: gradients in the server ({why})", self.log)
-        if train.mode == "async" and self.lineage is None:
-            return Streamed(self._start_pool(count), f"{mode}: gradients and steps on {count} worker processes, at "
-                                                     f"the desk ({why})", self.log)
-        return Streamed(self._start_pool(count), f"{mode}: gradients on {count} worker processes, the steps in the "
-                                                 f"server ({why})", self.log)
+            return Streamed(self.in_server, f"{choice.words}: gradients in the server ({why})", self.log)
+        if choice.placement == "desk":
+            return Streamed(self._start_pool(count), f"{choice.words}: gradients and steps on {count} worker "
+                                                     f"processes, at the desk ({why})", self.log)
+        return Streamed(self._start_pool(count), f"{choice.words}: gradients on {count} worker processes, the "
+                                                 f"steps in the server ({why})", self.log)
 
     def time_task(self, position: Position) -> float:
         """Seconds of one gradient task of the epoch's first update, computed here (the least of three)."""
@@ -433,68 +387,31 @@ class Trainer:
         return pool
 
     def fit(self, position: Position, engine: EpochEngine) -> dict[str, Any]:
-        """The epoch loop: each epoch run by ``engine`` to its end, evaluated, checkpointed."""
+        """The epoch loop: each epoch run by ``engine`` until it says the epoch is done, evaluated, checkpointed.
+        A run in one piece (``Choice.whole``) is one such epoch, shown by its end alone."""
         last: dict[str, Any] = {}
-        if self.context.additive:  # one pass, whatever train.epochs says (advice.one_pass_note)
-            if position.version > 0:
-                return last  # solved and checkpointed already
-            started = time.monotonic()
-            self.fit_additive(position)
-            last = self.end_epoch(position, started, final=True)
-            self.statistics.clear()  # the checkpoint holds the solved weights: the pass's files are not needed
-            return last
-        for epoch in range(position.epoch, self.job.train.epochs):
+        whole = self.choice.whole
+        epochs = 1 if whole else self.job.train.epochs
+        for epoch in range(position.epoch, epochs):
             if self.monitor.exhausted(position.epoch, position.best):  # a resumed run that had stopped early
                 break
             started = time.monotonic()
-            with reporting(f"epoch {epoch + 1}/{self.job.train.epochs}", self.per_epoch, plain_every=math.inf,
-                           quiet=self.quiet) as bar:
-                self.looks.epoch(bar, started)
-                while position.batch < self.per_epoch:  # an engine's run cut short (a fault, a probe) goes on
+            with reporting(f"epoch {epoch + 1}/{epochs}", self.per_epoch, plain_every=math.inf,
+                           quiet=self.quiet or whole) as bar:
+                self.chores.epoch(bar, started)
+                while not engine.epoch_done(position):  # an engine's run cut short (a fault, a probe) goes on
                     engine.run(position)
-                last = self.end_epoch(position, started, final=epoch + 1 == self.job.train.epochs)
-                line = self.epoch_line(last)
-                self.log(line)  # the run's own record: the console may be gone (a closed terminal or pipe)
-                bar.line(line)
+                last = self.end_epoch(position, started, final=epoch + 1 == epochs)
+                engine.epoch_ended(position)
+                if not whole:
+                    line = self.epoch_line(last)
+                    self.log(line)  # the run's own record: the console may be gone (a closed terminal or pipe)
+                    bar.line(line)
         return last
 
-    def replay(self, position: Position, engine: EpochEngine) -> dict[str, Any]:
-        """Re-execute the lineage's run (``memtrain train --replay``): the server's engine with the lineage's
-        ``Recorded`` schedule, which checks every version's checksum; then one evaluation and checkpoint."""
-        lineage = self.lineage
-        started = time.monotonic()
-        found = read_jsonl(self.run_dir.path / RUN_LINEAGE)[0].get("checksum")
-        if lineage.init_checksum is not None and found != lineage.init_checksum:
-            raise replay_mismatch(0, lineage.init_checksum, found, lineage.path)
-        self.log(f"replay of {lineage.path.parent}: {plural(len(lineage.steps), 'update')}")
-        engine.run(position)
-        return self.end_epoch(position, started, final=True)
-
-    def heartbeat(self, position: Position) -> bool:
+    def stretch_chores(self, position: Position) -> bool:
         """Called by the rounds the server runs itself, between two updates; True ends the stretch there."""
-        return between_updates(self.engine_context, position, self.memory_board)
-
-    def fit_additive(self, position: Position) -> None:
-        """Additive models: one pass of sufficient statistics, summed in task order, then solved
-        (train/loops/additive.py). Partials a killed earlier start left whole are not computed again."""
-        plan = self.statistics.plan
-        note = contract_note(self.context.model, self.job.model.kind, plan)
-        if note:
-            self.log(note)
-        kept = self.statistics.start()
-        if kept:
-            self.log(f"statistics: {len(kept)} of {plural(len(plan.tasks), 'partial')} kept from an earlier start")
-        tasks = [StatsTask(task=i, attempt=0, lo=lo, hi=hi, chunk_rows=plan.chunk_rows)
-                 for i, (lo, hi) in enumerate(plan.tasks) if i not in kept]
-        results = self.scheduler.run(self.placement.transport, tasks)
-        partials = kept | {r.task: self.statistics.partial_path(r.task, r.attempt) for r in results}
-        params = solve(self.context.model, self.job.model.kind,
-                       self.context.stats_layout.views(self.statistics.summed(partials)))
-        checksum = publish_params(self.run_dir.path, 1, self.context.layout, params,
-                                  made_by=f"the solve of model {self.job.model.kind!r}")
-        del params
-        self.run_dir.lineage(solve_record(tasks=list(plan.tasks), solve=self.job.model.kind, checksum=checksum))
-        position.version, position.epoch_rows = 1, self.train_rows
+        return stretch_chores(self.engine_context, position, self.memory_board)
 
     def end_epoch(self, position: Position, started: float, *, final: bool) -> dict[str, Any]:
         self.logbook.write()
@@ -507,9 +424,9 @@ class Trainer:
         record = make(METRICS_EPOCH, kind="epoch", epoch=position.epoch + 1,
                       update=(position.epoch + 1) * self.per_epoch, version=position.version,
                       loss=position.epoch_loss / max(position.epoch_rows, 1),
-                      **self.evaluate(position.version, while_waiting=retire),
+                      **self.evaluate(position.version, chores=retire),
                       samples_per_s=position.epoch_rows / max(time.monotonic() - started, 1e-9), time=time.time())
-        if self.context.additive:
+        if self.choice.one_pass:
             record["loss"] = None  # one closed-form solve: there is no running training loss
         self.run_dir.metric(record)
         verdict = self.monitor.epoch_ended(position, record)  # train/server/monitor.py: best epoch, early stop, logs
@@ -531,15 +448,15 @@ class Trainer:
             raise verdict.failure
         return record
 
-    def evaluate(self, version: int, while_waiting: Any = None) -> dict[str, float]:
+    def evaluate(self, version: int, chores: Callable[[], None] | None = None) -> dict[str, float]:
         tasks = eval_tasks(self.val_rows, self.job.train.eval_rows, at_least=self.job.train.tasks_per_update)
         if not tasks:
-            if while_waiting is not None:
-                while_waiting()
+            if chores is not None:
+                chores()
             return {}
         results = self.scheduler.run(self.placement.transport,
                                      [EvalTask(task=t.task, attempt=0, version=version, lo=t.lo, hi=t.hi)
-                                      for t in tasks], while_waiting)
+                                      for t in tasks], chores)
         rows = sum(r.rows for r in results)
         metrics = {"val_loss": sum(r.loss for r in results) / rows}
         if self.context.classifier:
@@ -576,14 +493,11 @@ class Trainer:
         return epochs[-1] if epochs else {}
 
     def discard_attempt(self, message: Task) -> None:
-        """Delete the file a dead or superseded attempt may have written: statistics, an evaluation's sums, or a
-        streamed gradient (in the round, gradients go to the per-task buffers, which the next attempt overwrites)."""
-        if isinstance(message, StatsTask):
-            self.statistics.discard(message.task, message.attempt)
-        if isinstance(message, GradTask):  # a cluster run's gradients: one file per attempt (train/loops/stream.py)
-            discard([STREAMED_GRADIENT.path(self.run_dir.exchange, message.update, message.task, message.attempt)])
+        """Delete the file a dead or superseded attempt may have written: an evaluation's sums (the Trainer's own
+        tasks), or what the engine that handed the task out knows of (a streamed gradient, a partial)."""
         if isinstance(message, EvalTask):
             discard([METRICS.path(self.run_dir.exchange, message.version, message.task, message.attempt)])
+        self.engine.discard(message)
 
     def describe_task(self, message: Task) -> str:
         if isinstance(message, EvalTask):
@@ -599,7 +513,7 @@ class Trainer:
         """What a task holds in memory at once: its rows (a statistics task's chunk), read and normalized; a step
         slice (a cluster run's), its new weights and optimizer state."""
         if isinstance(message, StepTask):
-            held = (message.hi - message.lo) * 4 * (1 + len(state_slots(self.job.train.optimizer)))
+            held = (message.hi - message.lo) * 4 * (1 + len(state_names(self.job.train.optimizer)))
             return (f"the step slice held {size_text(held)} of new weights and optimizer state; the version, "
                     "its state and the update's gradients are mapped files")
         split = self.dataset.split("val" if isinstance(message, EvalTask) else "train")

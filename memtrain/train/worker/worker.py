@@ -192,7 +192,7 @@ class WorkerState:
     """What a worker keeps between messages: the model, the mapped shards and round files, the board.
 
     ``board`` is the board the rounds meet at (the exchange's file; the server passes its in-memory one
-    when it runs the rounds alone), ``heartbeat`` the server's own work between two updates then.
+    when it runs the rounds alone), ``chores`` the server's chores between two updates then.
     ``keep_statistics``: an evaluation task's statistics stay in ``kept_statistics`` (keyed by version, task
     and attempt) instead of going to a file: the server's own state, whose reader is in the same process.
     ``plan``, ``dataset``, ``context``: the server's own, shared with the rounds it runs itself (the dataset
@@ -201,9 +201,9 @@ class WorkerState:
     """
 
     def __init__(self, setup: WorkerSetup, *, alive: Callable[[], None], board: Board | None = None,
-                 heartbeat: Callable[[], bool] | None = None, keep_statistics: bool = False, plan: Plan | None = None,
+                 chores: Callable[[], bool] | None = None, keep_statistics: bool = False, plan: Plan | None = None,
                  dataset: Dataset | None = None, context: ModelContext | None = None, timer: Timer = UNTIMED):
-        self.setup, self.alive, self.heartbeat, self.timer = setup, alive, heartbeat, timer
+        self.setup, self.alive, self.chores, self.timer = setup, alive, chores, timer
         self.kept_statistics: dict[tuple[int, int, int], np.ndarray] | None = {} if keep_statistics else None
         self.exchange = Path(setup.exchange_dir)
         self.run_dir = Path(setup.run_dir)
@@ -264,7 +264,7 @@ class WorkerState:
         if stretch.loop is Loop.DESK:
             outcome = DeskParticipant(self.rounds(), stretch, alive=self.alive).run()
             return StretchEnd(generation=stretch.generation, slot=stretch.slot, outcome=outcome)
-        outcome = Participant(self.rounds(), stretch, alive=self.alive, heartbeat=self.heartbeat,
+        outcome = Participant(self.rounds(), stretch, alive=self.alive, chores=self.chores,
                               timer=self.timer).run()
         return StretchEnd(generation=stretch.generation, slot=stretch.slot, outcome=outcome)
 
