@@ -61,26 +61,61 @@ class Records:
     bytes = 0
 
 
-def counted(send: Any, completed: Any, call: Any) -> tuple[Any, Any, Any]:
-    """``ClusterPool.send``, ``ClusterPool._completed`` and ``Broadcast.call`` (the broadcast round's posts and
-    counts, memtrain/cluster/broadcast.py) that add their records' sizes to ``Records.bytes``."""
+class CostsTimer:
+    """The run's timing hook (memtrain/train/timing.py), used to count rather than to time: the pool the server
+    opens (section ``cluster``), the records' sizes (``task out``, ``result in``, ``broadcast call``: the
+    broadcast round's posts and counts, memtrain/cluster/broadcast.py) added to ``Records.bytes``, and a
+    ``snapshot`` after the step of update ``warmup`` and of the last one (``step``). Every other section runs
+    untouched; nothing of memtrain is patched."""
 
-    def send_counted(pool: Any, slot: Any, task: Any) -> None:
-        Records.bytes += len(pickle.dumps(task, protocol=5))
-        send(pool, slot, task)
+    def __init__(self, *, counted: tuple[int, int]):
+        self.counted = counted  # the updates after whose step a snapshot is taken
+        self.pools: list[Any] = []
+        self.marks: list[dict[str, Any]] = []
 
-    def completed_counted(pool: Any, item: Any) -> Any:
-        if item.result is not None:
-            Records.bytes += len(pickle.dumps(item.result, protocol=5))
-        return completed(pool, item)
+    def timed(self, name: str, function: Any) -> Any:
+        wrapper = {"cluster": self._cluster, "task out": self._task_out, "result in": self._result_in,
+                   "broadcast call": self._broadcast_call, "step": self._step}.get(name)
+        return function if wrapper is None else wrapper(function)
 
-    def call_counted(broadcast: Any, handler: str, **arguments: Any) -> Any:
-        Records.bytes += len(pickle.dumps((handler, arguments), protocol=5))
-        answer = call(broadcast, handler, **arguments)
-        Records.bytes += len(pickle.dumps(answer, protocol=5))
-        return answer
+    def _cluster(self, open_cluster: Any) -> Any:
+        def opened(*args: Any, **kwargs: Any) -> Any:
+            self.pools.append(open_cluster(*args, **kwargs))
+            return self.pools[-1]
+        return opened
 
-    return send_counted, completed_counted, call_counted
+    @staticmethod
+    def _task_out(send: Any) -> Any:
+        def sent(slot: Any, task: Any) -> None:
+            Records.bytes += len(pickle.dumps(task, protocol=5))
+            send(slot, task)
+        return sent
+
+    @staticmethod
+    def _result_in(completed: Any) -> Any:
+        def taken(item: Any) -> Any:
+            if item.result is not None:
+                Records.bytes += len(pickle.dumps(item.result, protocol=5))
+            return completed(item)
+        return taken
+
+    @staticmethod
+    def _broadcast_call(call: Any) -> Any:
+        def called(handler: str, **arguments: Any) -> Any:
+            Records.bytes += len(pickle.dumps((handler, arguments), protocol=5))
+            answer = call(handler, **arguments)
+            Records.bytes += len(pickle.dumps(answer, protocol=5))
+            return answer
+        return called
+
+    def _step(self, step: Any) -> Any:
+        def stepped(*args: Any, **kwargs: Any) -> Any:
+            result = step(*args, **kwargs)
+            update = args[0] if args else None  # the cluster's SlicedParticipant.step(update); the rounds' step
+            if getattr(update, "batch", None) in self.counted and self.pools:  # is keyword-only: not counted
+                self.marks.append(snapshot(self.pools[-1]))
+            return result
+        return stepped
 
 
 def other_threads_cpu() -> float:
@@ -106,42 +141,22 @@ def measure(params: int, cluster: str, updates: int, warmup: int, scratch: Path,
             ) -> dict[str, Any]:
     """One run of ``params`` parameters on ``cluster``: the counts per update (see the module's docstring);
     ``tasks`` per update (default: one per worker)."""
-    from memtrain.train.loops.sliced import SlicedParticipant
     from memtrain.train.server import server
 
     shape = mlp_shape(params)
     data = scratch / f"data-{shape.params}"
     if not data.exists():
         write_dataset(data, updates * BATCH, BATCH, features=shape.features, classes=shape.classes)
-    pools: list[Any] = []
-    marks: list[dict[str, Any]] = []
-
-    def open_and_keep(*args: Any, **kwargs: Any) -> Any:
-        pools.append(open_cluster(*args, **kwargs))
-        return pools[-1]
-
-    def step(participant: SlicedParticipant, update: Any) -> None:
-        step_sliced(participant, update)
-        if update.batch in (warmup, updates - 1):  # counted: the gradients and the step of each update after
-            marks.append(snapshot(pools[-1]))
-
-    from memtrain.cluster.broadcast import Broadcast
-    from memtrain.cluster.transport import ClusterPool
-
-    open_cluster, step_sliced = server.open_cluster, SlicedParticipant.step
-    send, completed, call = ClusterPool.send, ClusterPool._completed, Broadcast.call
+    # counted: the gradients and the step of each update after ``warmup``
+    timer = CostsTimer(counted=(warmup, updates - 1))
     count = int(cluster.split(":")[1]) if cluster.startswith("local:") else len(cluster_workers(cluster))
     problem = Problem(str(data), shape.hidden, updates, workers=tasks or count, epochs=1)
     run_dir = scratch / f"run-{shape.params}-{count}"
-    server.open_cluster, SlicedParticipant.step = open_and_keep, step
-    ClusterPool.send, ClusterPool._completed, Broadcast.call = counted(send, completed, call)
     try:
-        server.train(job_for(problem, run_dir, "run", count, cluster=cluster), quiet=True)
+        server.train(job_for(problem, run_dir, "run", count, cluster=cluster), quiet=True, timer=timer)
     finally:
-        server.open_cluster, SlicedParticipant.step = open_cluster, step_sliced
-        ClusterPool.send, ClusterPool._completed, Broadcast.call = send, completed, call
         shutil.rmtree(run_dir, ignore_errors=True)
-    return per_update(marks, updates - 1 - warmup, shape.params, count)
+    return per_update(timer.marks, updates - 1 - warmup, shape.params, count)
 
 
 def cluster_workers(cluster: str) -> list[str]:

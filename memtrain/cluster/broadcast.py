@@ -42,6 +42,7 @@ from memtrain.train.exchange.area import discard
 from memtrain.train.exchange.weights import BLOCK
 from memtrain.train.messages import BackupRule, GradTask, Outcome, Result
 from memtrain.train.plan import step_slices
+from memtrain.train.timing import timed
 
 if TYPE_CHECKING:  # the pool's actors call ``follow`` here: the transport imports this module, not back
     from memtrain.cluster.transport import ClusterPool, ClusterSlot
@@ -331,6 +332,9 @@ class Broadcast:
     wave: int = 0
     loops: dict[str, Any] = field(default_factory=dict)  # slot token -> the actor call of its last loop
     leftovers: list[Path] = field(default_factory=list)  # files a late loop may still write: deleted once ended
+
+    def __post_init__(self) -> None:
+        self.call = timed(self.pool.timer, "broadcast call", self.call)  # type: ignore[method-assign]
 
     @property
     def active(self) -> bool:

@@ -34,6 +34,7 @@ from memtrain.errors import MemtrainError
 from memtrain.layout import partial_name, statistics_dir
 from memtrain.train.exchange.area import STREAMED_GRADIENT
 from memtrain.train.messages import Event, GradTask, Result, StatsTask, Task, WorkerSetup
+from memtrain.train.timing import UNTIMED, Timer, timed
 
 START_SECONDS = 120.0  # for the actors of the first workers to open the dataset and answer the view check
 JOIN_SECONDS = 20.0  # the same for workers that join mid-run (the server's loop waits meanwhile)
@@ -164,9 +165,12 @@ class ClusterPool:
     _watched: float = 0.0
     _vacant_since: float | None = None
     on_close: contextlib.ExitStack | None = None  # the connection (and a local cluster), closed with the pool
+    timer: Timer = UNTIMED  # a measurement's hook (train/timing.py): tasks out, answers in, broadcast calls
 
     def __post_init__(self) -> None:
         """A slot for every worker present; any worker that cannot start or see the run's files refuses the run."""
+        self.send = timed(self.timer, "task out", self.send)  # type: ignore[method-assign]
+        self._completed = timed(self.timer, "result in", self._completed)  # type: ignore[method-assign]
         started, failures = self._start(sorted(self._workers()), START_SECONDS)
         self.slots.extend(started)
         if failures:

@@ -37,6 +37,10 @@ SECTIONS = {
     "evaluate": "an evaluation of a version (server.Trainer.evaluate)",
     "end_epoch": "an epoch's end: evaluation, checkpoint, monitor (server.Trainer.end_epoch)",
     "rounds": "the rounds' engine running an epoch (engines.Rounds.run, ClusterRounds.run)",
+    "cluster": "the Dask cluster's transport opened (pools.open_cluster); it returns the ClusterPool",
+    "task out": "a task sent to a Dask worker (cluster.transport.ClusterPool.send)",
+    "result in": "a Dask worker's answer taken in (cluster.transport.ClusterPool._completed)",
+    "broadcast call": "a call to the scheduler's BroadcastPlugin: a post, a count (cluster.broadcast.Broadcast.call)",
 }
 
 

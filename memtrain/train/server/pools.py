@@ -15,13 +15,15 @@ from typing import Any
 from memtrain.config import Job
 from memtrain.train.messages import Transport, WorkerSetup
 from memtrain.train.records.run_dir import RunDir
+from memtrain.train.timing import UNTIMED, Timer
 
 
 def open_cluster(job: Job, setup: WorkerSetup, run: RunDir, log: Callable[[str], None],
-                 stopped: Callable[[], int | None] = lambda: None) -> Any:
+                 stopped: Callable[[], int | None] = lambda: None, timer: Timer = UNTIMED) -> Any:
     """A ``cluster.transport.ClusterPool`` on ``run.cluster``, its workers checked against the run's files;
     its ``close`` also disconnects (and stops a ``local:N`` cluster). ``stopped``: a stop request's signal
-    number, or None; the connection's waits end at one (``Interrupted``)."""
+    number, or None; the connection's waits end at one (``Interrupted``). ``timer``: a measurement's hook
+    (train/timing.py), handed to the pool."""
     from memtrain.cluster.address import parse_cluster
     from memtrain.cluster.connect import connected
     from memtrain.cluster.sharedfs import cleanup, server_probe
@@ -34,7 +36,7 @@ def open_cluster(job: Job, setup: WorkerSetup, run: RunDir, log: Callable[[str],
         client = stack.enter_context(connected(parse_cluster(job.run.cluster, where="run.cluster"), stopped=stopped))
         probe = server_probe(Path(setup.dataset), run.path, run.exchange)
         stack.callback(cleanup, probe)
-        pool = ClusterPool(client, setup, probe, WorkerState, log=log, on_close=stack)
+        pool = ClusterPool(client, setup, probe, WorkerState, log=log, on_close=stack, timer=timer)
     except BaseException:
         stack.close()
         raise

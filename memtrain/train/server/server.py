@@ -96,7 +96,7 @@ from memtrain.train.server.pools import OnCluster, Streamed, check_cluster, open
 from memtrain.train.server.room import allow_open_files, room_needed
 from memtrain.train.server.scheduler import CORES, Scheduler
 from memtrain.train.server.summary import summary_html, summary_text
-from memtrain.train.timing import UNTIMED, Timer, timed_sections
+from memtrain.train.timing import UNTIMED, Timer, timed, timed_sections
 from memtrain.train.worker.worker import WorkerState
 
 
@@ -326,8 +326,9 @@ class Trainer:
 
     def _cluster_placement(self, position: Position) -> OnCluster:
         """A cluster's Dask workers (synchronous only: ``train`` refuses the other modes there)."""
-        return OnCluster(open_cluster(self.job, self._setup(), self.run_dir, self.log,
-                                      stopped=lambda: self.stop.signum), self.log)
+        opened = timed(self.timer, "cluster", open_cluster)  # train/timing.py: untimed, open_cluster itself
+        return OnCluster(opened(self.job, self._setup(), self.run_dir, self.log, stopped=lambda: self.stop.signum,
+                                timer=self.timer), self.log)
 
     def _rounds_placement(self, position: Position) -> Placement:
         """The rounds' placement: worker processes or the server's threads, measured at start (placement.py)."""
