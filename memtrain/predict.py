@@ -189,7 +189,7 @@ def load_model(path: str | Path, which: str | None = None) -> TrainedModel:
     ``load_model("runs/cartpole-ppo").act(observations, greedy=True)`` (see the reinforcement-learning page).
     """
     path = Path(path)
-    from memtrain.rl.server import is_rl_run
+    from memtrain.rl.kind import is_rl_run
 
     if is_rl_run(path) or is_rl_run(path.parent.parent):  # a reinforcement-learning run: its policy (docs/rl.md)
         from memtrain.rl.act import load_actor

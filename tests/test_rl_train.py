@@ -172,3 +172,24 @@ def test_inspect_verify_rehashes_an_rl_runs_records_and_names_a_changed_checkpoi
         assert main(["inspect", str(target), "--verify"]) == 1
         err = capsys.readouterr().err
         assert f"{changed}: checksum mismatch" in err and "Traceback" not in err
+
+
+def test_a_supervised_run_imports_nothing_of_rl_s_engine(tmp_path: Path) -> None:
+    """`memtrain train`, `inspect` and `predict` ask whether a job or run is RL (memtrain/rl/kind.py); only an RL
+    one loads rl/server.py and what it pulls in (the learner, policies, environments: about 50 ms of start-up)."""
+    import subprocess
+    import sys
+
+    from tiny_data import blobs, write_dataset
+
+    x, y = blobs(n=64, features=4, classes=3)
+    data = write_dataset(tmp_path / "ds", x, y)
+    (tmp_path / "job.toml").write_text(f'[data]\npath = "{data}"\n[model]\nkind = "softmax"\n[train]\nepochs = 1\n'
+                                       f'workers = 0\n[run]\ndir = "{tmp_path / "run"}"\n')
+    script = ("import sys\nfrom memtrain.cli import main\n"
+              f"code = main(['train', {str(tmp_path / 'job.toml')!r}, '--quiet'])\n"
+              f"code = code or main(['inspect', {str(tmp_path / 'run')!r}])\n"
+              "print(code, sorted(m for m in sys.modules if m.startswith('memtrain.rl.') or m == 'gymnasium'))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "0 ['memtrain.rl.kind']"

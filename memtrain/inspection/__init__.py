@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _rl_run(target: Target) -> Path | None:
     """The reinforcement-learning run ``target`` belongs to, if it belongs to one."""
-    from memtrain.rl.server import is_rl_run
+    from memtrain.rl.kind import is_rl_run
 
     return target.run if target.run is not None and is_rl_run(target.run) else None
 

@@ -32,7 +32,6 @@ import shutil
 import signal
 import sys
 import time
-import tomllib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,6 +75,7 @@ from memtrain.layout import (
 )
 from memtrain.rl.collect import EpisodeState, advance, blas_controller, read_state, write_state
 from memtrain.rl.config import RLJob, rl_job_from_dict
+from memtrain.rl.kind import RUN_FORMAT
 from memtrain.rl.learner import Learner, learn
 from memtrain.rl.metrics import eval_metrics, evaluate, version_metrics
 from memtrain.rl.policy import Policy
@@ -88,7 +88,6 @@ from memtrain.train.optim import state_names
 from memtrain.train.records.run_dir import acquire_lock, log_event, write_params
 from memtrain.train.server.scheduler import CORES, Scheduler
 
-RUN_FORMAT = "memtrain-rl-run"  # job.json's "kind" for a reinforcement-learning run
 RECENT_EPISODES = 100  # metrics.jsonl's return_last100_mean: CartPole's "solved" mark is 475 over the last 100
 INIT_TAG = 0x696E6974  # "init": the numpy policy's initial weights come from SeedSequence([INIT_TAG, seed])
 
@@ -132,15 +131,6 @@ def read_run_job(run_dir: Path) -> RLJob:
     raw = record["job"]
     raw.setdefault("run", {})["dir"] = str(run_dir)
     return rl_job_from_dict(raw, base=run_dir, where=run_dir / RUN_JOB)
-
-
-def is_rl_run(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds a reinforcement-learning run (its job.json says so)."""
-    try:
-        record = read_json(Path(run_dir) / RUN_JOB, what="the run's job record")
-    except MemtrainError:
-        return False
-    return isinstance(record, dict) and record.get("kind") == RUN_FORMAT
 
 
 def job_policy(job: RLJob) -> Policy:
@@ -495,21 +485,6 @@ def _progress(job: RLJob, line: dict[str, Any]) -> None:
 
 
 # --- the command ---
-
-
-def wants_rl(args: argparse.Namespace) -> bool:
-    """Whether ``memtrain train``'s arguments name a reinforcement-learning job or run."""
-    if isinstance(args.resume, str):
-        return is_rl_run(Path(args.resume))
-    if args.replay is not None:
-        return is_rl_run(Path(args.replay))
-    if args.job is None or not Path(args.job).is_file():
-        return False
-    try:
-        with open(args.job, "rb") as handle:
-            return isinstance(tomllib.load(handle).get("env"), dict)
-    except (OSError, tomllib.TOMLDecodeError):
-        return False  # the supervised path reports the file's problem
 
 
 def run_command(args: argparse.Namespace) -> int:

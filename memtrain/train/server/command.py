@@ -59,9 +59,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, timer: Timer = UNTIMED) -> int:
     """``memtrain train``; ``timer``: a measurement's timing hook (train/timing.py, benchmarks/first_job_items.py)."""
-    from memtrain.rl.server import run_command, wants_rl
+    from memtrain.rl.kind import wants_rl
 
     if wants_rl(args):  # a reinforcement-learning job ([env]) or run: memtrain/rl/server.py
+        from memtrain.rl.server import run_command
+
         return run_command(args)
     if args.replay is not None:
         return _replay(args)
