@@ -52,7 +52,7 @@ The folders say which process runs what (each folder's __init__.py says what it 
       plan.py      the job's updates and tasks, each task's rows (Plan.rows: train.shuffle's order),
                    who does which task and slice
       schedule.py  which gradients each update adds, at which version: Planned(k), Arrival, Recorded;
-                   one agenda(position, updates) each (server/engines.SCHEDULES: a table), pure
+                   one agenda(position, updates) each (server/choice.py ENGINES: a table), pure
       messages.py  the records that cross between processes
       context.py, normalize.py, optim.py   the model and its normalizer, the optimizer
       memory.py    the memory limits (the server's words for a killed worker; a worker's test limit)
