@@ -154,6 +154,7 @@ class StepTask:
     lr: float
     tasks: int  # the update's gradient tasks
     retried: tuple[tuple[int, int], ...] = ()  # (task, attempt taken) for each task whose taken attempt is not 0
+    chained: int = 0  # the sum of the first ``chained`` tasks is read from their partial (loops/node_sum.py)
 
     @property
     def attempts(self) -> tuple[int, ...]:
