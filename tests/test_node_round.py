@@ -97,9 +97,10 @@ def test_nodes_of_unequal_process_counts_give_the_weights_of_a_local_run(counts:
 
 def test_a_node_killed_mid_round_has_its_range_run_again_and_the_bits_stay(dask, dataset: Path, local_digest: str,
                                                                           tmp_path: Path, monkeypatch) -> None:
-    """Node 1 of 1+2+1 (tasks 1-3 of 6... its range of 3) SIGKILLs itself after writing its 2nd gradient into its
-    scratch, before its partial: the round ends, the tasks after the furthest whole partial (node 0's, 1 task)
-    run per task, the step adds them onto that partial; its nanny's new worker joins and takes part later."""
+    """The node of 2 processes among 1+2+1 (its range: 3 of the 6 tasks) SIGKILLs itself after writing its 2nd
+    gradient into its scratch, before its partial: the round ends, the node after it stops waiting, the tasks
+    after the furthest whole partial (the first node's, of 1 task, when it is the first) run per task, and the
+    step adds them onto that partial: the same bits; the next update opens a round of the nodes left."""
     processes, client = dask
     fired = tmp_path / "fired"
     start_nodes(processes, client, [1, 2, 1], {1: {"MEMTRAIN_FAULT": "after_grad_write:2",
@@ -117,6 +118,31 @@ def test_a_node_killed_mid_round_has_its_range_run_again_and_the_bits_stay(dask,
     assert opened[0] == 3 and len(opened) >= 2
     assert digest(tmp_path / "job" / "run") == local_digest
     assert not [p.name for p in (tmp_path / "job" / "run").rglob("c-u*")]
+
+
+def test_a_node_that_joins_mid_run_takes_part_from_the_next_update(dask, dataset: Path, local_digest: str,
+                                                                   tmp_path: Path, monkeypatch) -> None:
+    """A node of 3 joins while the first round (nodes of 1 and 2) runs: the round ends after that update, the next
+    round's node records carry three counts, and the weights are a local run's."""
+    processes, client = dask
+    start_nodes(processes, client, [1, 2])
+    opened: list[int] = []
+    open_round = Broadcast.open
+
+    def open_then_join(round: Broadcast) -> bool:
+        started = open_round(round)
+        opened.append(round.size)
+        if len(opened) == 1:  # joins while this round runs
+            processes.start_worker("node2", env={PROCESSES_ENV: "3"})
+            processes.wait_for_workers(client, {"node0", "node1", "node2"})
+        return started
+
+    monkeypatch.setattr(Broadcast, "open", open_then_join)
+    records, steps = node_run(tmp_path / "job", dataset, processes.address, monkeypatch)
+    counts = [sorted(body[1]) for kind, body in records if kind == "nodes"]
+    assert opened[:2] == [2, 3] and counts[0] == [1, 2] and counts[1:] == [[1, 2, 3]] * (len(counts) - 1)
+    assert {t.chained for t in steps} == {6}
+    assert digest(tmp_path / "job" / "run") == local_digest
 
 
 def test_the_process_count_is_checked() -> None:
