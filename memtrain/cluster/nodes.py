@@ -125,8 +125,10 @@ def node_gradient(actor: Any, scratch: Path) -> Callable[[GradTask], Any]:
 
 
 def every(seconds: float, check: Callable[[], bool]) -> Callable[[], bool]:
-    """``check``, asked at most once per ``seconds`` (its last answer in between)."""
-    last = [0.0, False]
+    """``check``, asked at most once per ``seconds`` and not in the first ``seconds`` (its last answer in between,
+    False at first): a member that finds the partial before its range within ``seconds`` asks the scheduler
+    nothing more."""
+    last = [time.monotonic(), False]
 
     def rated() -> bool:
         now = time.monotonic()
