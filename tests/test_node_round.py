@@ -1,6 +1,7 @@
 """The two-level round through ``memtrain train --cluster`` (issue 42; memtrain/cluster/nodes.py,
 memtrain/train/loops/node_round.py): Dask workers on 127.0.0.1 standing for nodes, each with its own local
-directory (its scratch) and ``MEMTRAIN_NODE_PROCESSES`` saying how many processes it stands for.
+directory (its scratch) and ``MEMTRAIN_NODE_PROCESSES`` saying how many processes it stands for (for now,
+threads of the worker's process: memtrain/cluster/nodes.py).
 
 Bitwise the weights of a local run for 1, 2 and 3 nodes of unequal process counts; every update went through
 node records and a step from the last partial; no gradient file on the shared filesystem; a node killed mid-round
@@ -91,8 +92,11 @@ def test_nodes_of_unequal_process_counts_give_the_weights_of_a_local_run(counts:
     assert digest(tmp_path / "job" / "run") == local_digest
     run = tmp_path / "job" / "run"
     assert not [p.name for p in run.rglob("g-*")] and not [p.name for p in run.rglob("c-u*")]
-    for j in range(len(counts)):  # each node's scratch is emptied after its fold
+    for j, count in enumerate(counts):  # each node's scratch is emptied after its fold
         assert not list((tmp_path / "dask" / f"node{j}" / "local").rglob("g-*"))
+        # its tasks on one thread per process (the MLP is thread_safe; BLAS on one thread)
+        log = (tmp_path / "dask" / f"node{j}" / "log.txt").read_text()
+        assert f"memtrain node of {count} processes: its tasks on {count} thread(s)" in log, log[-2000:]
 
 
 def test_a_node_killed_mid_round_has_its_range_run_again_and_the_bits_stay(dask, dataset: Path, local_digest: str,

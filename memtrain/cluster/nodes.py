@@ -18,13 +18,16 @@ sum in the same order, so the same bits as a local run whatever the layout. A me
 that will not come (the node before it was lost: the round ended) gives up at once (``abandoned``), so the
 per-task path that completes the update finds it idle.
 
-What is not done yet: the node's P processes. Today the member computes its range itself, one task after
-the other; P weighs its share of the tasks only (docs/cluster.md says what is measured).
+A node's P processes are, for now, P threads of its Dask worker's process (``NodeCompute``), when the model
+may be called from several threads at once (``thread_safe = True``: the numpy models; numpy releases the GIL in
+BLAS) and BLAS runs on one thread; otherwise one thread computes the range. Each task is computed exactly as
+alone into its own file, and the fold adds them in task order: the same bits either way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -86,12 +89,11 @@ def node_part(actor: Any, body: tuple[Any, ...], rank: int, abandoned: Callable[
         return [], b"", ""
     scratch = Path(actor.worker.local_directory) / SCRATCH
     scratch.mkdir(exist_ok=True)
-    compute = node_gradient(actor, scratch)
+    compute = node_compute(actor, scratch, counts[rank])
     numbers: list[float] = []
     paths = [scratch / streamed_gradient_name(t.update, t.task, t.attempt) for t in tasks[lo:hi]]
     try:
-        for task in tasks[lo:hi]:
-            result = compute(task)
+        for task, result in zip(tasks[lo:hi], compute(tasks[lo:hi]), strict=True):
             if result.outcome != Outcome.DONE:
                 return numbers, b"", result.error or f"task {task.task}: {result.outcome.name}"
             numbers += [task.task, result.loss, result.seconds]
@@ -111,16 +113,63 @@ def node_part(actor: Any, body: tuple[Any, ...], rank: int, abandoned: Callable[
                 os.unlink(path)
 
 
-def node_gradient(actor: Any, scratch: Path) -> Callable[[GradTask], Any]:
-    """The worker's streamed gradient, writing into the node's scratch (made once per actor)."""
-    from memtrain.train.loops.stream import StreamedGradient
+class NodeCompute:
+    """A node's gradients of its range on ``threads`` threads (train/loops/threads.py's ``TaskThreads``: task k of
+    the range on thread k % threads), each with its own streamed gradient (its own output buffer), row reader and
+    maps; every task computed exactly as alone, into its own file: the same bits as one thread."""
 
-    state = actor.state
-    made = getattr(actor, "node_gradient", None)
-    if made is None or made.exchange != scratch or made.rows != state.task_rows:
-        made = StreamedGradient(layout=state.context.layout, maps=state.maps, run_dir=state.run_dir,
-                                exchange=scratch, rows=state.task_rows, gradient=state.gradient)
-        actor.node_gradient = made
+    def __init__(self, state: Any, scratch: Path, threads: int):
+        from memtrain.train.loops.gradient import TaskGradient
+        from memtrain.train.loops.mapped import ROW_CACHE_BYTES, THREAD_ROWS_SHARE, TaskRows
+        from memtrain.train.loops.maps import MapCache
+        from memtrain.train.loops.stream import StreamedGradient
+        from memtrain.train.loops.threads import TaskThreads
+
+        self.state, self.scratch = state, scratch
+        self.threads = TaskThreads(threads)
+        self.gradients = []
+        for thread in range(threads):
+            rows = state.task_rows
+            if thread:  # a helper's own reader of the split's rows (it reuses its buffers)
+                reader = TaskRows(state.dataset.split("train"), state.context.normalize,
+                                  ROW_CACHE_BYTES // THREAD_ROWS_SHARE)
+                rows = lambda epoch, lo, hi, reader=reader: reader.get(state.plan.rows(epoch, lo, hi))  # noqa: E731
+            gradient = state.gradient if not thread else TaskGradient(state.context.model, seed=state.gradient.seed,
+                                                                         straggler=state.gradient.straggler)
+            self.gradients.append(StreamedGradient(layout=state.context.layout, maps=state.maps if not thread
+                                                   else MapCache(), run_dir=state.run_dir, exchange=scratch,
+                                                   rows=rows, gradient=gradient))
+
+    def __call__(self, tasks: list[GradTask]) -> list[Any]:
+        return self.threads.run([lambda thread, task=task: self.gradients[thread](task) for task in tasks])
+
+    def close(self) -> None:
+        self.threads.close()
+
+
+def node_threads(state: Any, processes: int) -> tuple[int, str]:
+    """How many threads a node of ``processes`` computes its range on, and why: one per process when the model
+    may be called from several threads at once (``thread_safe``, the numpy models) with BLAS on one thread."""
+    if processes < 2:
+        return 1, "one process"
+    if not getattr(state.context.model, "thread_safe", False):
+        return 1, f"the model ({type(state.context.model).__name__}) does not say thread_safe = True"
+    if state.setup.blas_threads != 1:
+        return 1, f"train.blas_threads = {state.setup.blas_threads}"
+    return processes, "thread_safe model"
+
+
+def node_compute(actor: Any, scratch: Path, processes: int) -> NodeCompute:
+    """The actor's ``NodeCompute`` (made once per run: again when the worker state or the count changes)."""
+    made = getattr(actor, "node_compute", None)
+    threads, why = node_threads(actor.state, processes)
+    if made is None or made.state is not actor.state or made.scratch != scratch or made.threads.count != threads:
+        if made is not None:
+            made.close()
+        made = actor.node_compute = NodeCompute(actor.state, scratch, threads)
+        # in the Dask worker's log (Dask's own loggers print at INFO)
+        logging.getLogger("distributed.worker.memtrain").info(
+            "memtrain node of %d processes: its tasks on %d thread(s) (%s)", processes, threads, why)
     return made
 
 
