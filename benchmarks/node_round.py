@@ -5,13 +5,14 @@ For each N nodes x P processes: a Dask scheduler and N single-threaded workers o
 benchmark's MLP with N x P tasks per update; and the same job on N x P workers without it (today's round: one
 Dask worker per process). Per update: the scheduler's CPU, the server's CPU, updates/s.
 
-    python -m benchmarks.node_round --params 1e6 --nodes 1,2,4 --processes 1,2 --updates 7 --warmup 2
+    python -m benchmarks.node_round --params 1e6 --nodes 1,2,4 --processes 1,2 --updates 7 --warmup 2 --repeats 3
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -65,26 +66,38 @@ def main() -> None:
     parser.add_argument("--processes", default="1,2")
     parser.add_argument("--updates", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=1, help="the whole grid this many times (median, range)")
     args = parser.parse_args()
     before = os.getloadavg()
-    rows = []
+    cells: dict[tuple[str, str, int], list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="node-round-") as scratch:
-        for nodes in map(int, args.nodes.split(",")):
-            for processes in map(int, args.processes.split(",")):
-                tasks = nodes * processes
-                for label, workers, as_node in (("nodes", nodes, processes), ("a worker per process", tasks, 0)):
-                    row = one(int(args.params), workers, tasks, as_node, args.updates, args.warmup,
-                              Path(scratch) / f"{nodes}x{processes}-{label[:5]}")
-                    rows.append((f"{nodes} x {processes}", label, workers, row))
+        for repeat in range(args.repeats):
+            for nodes in map(int, args.nodes.split(",")):
+                for processes in map(int, args.processes.split(",")):
+                    tasks = nodes * processes
+                    for label, workers, as_node in (("nodes", nodes, processes), ("a worker per process", tasks, 0)):
+                        row = one(int(args.params), workers, tasks, as_node, args.updates, args.warmup,
+                                  Path(scratch) / f"{repeat}-{nodes}x{processes}-{label[:5]}")
+                        cells.setdefault((f"{nodes} x {processes}", label, workers), []).append(row)
     after = os.getloadavg()
     print(f"load average {' '.join(f'{v:.1f}' for v in before)} before, {' '.join(f'{v:.1f}' for v in after)} after; "
-          f"{int(args.params):,} parameters, updates {args.warmup + 1}-{args.updates - 1} counted")
+          f"{int(args.params):,} parameters, updates {args.warmup + 1}-{args.updates - 1} counted, "
+          f"{args.repeats} repeat(s): median (range)")
     print("| nodes x processes | round | Dask workers | scheduler CPU ms/update | server CPU ms/update | updates/s "
           "| steps from the last partial |")
     print("|---|---|---|---|---|---|---|")
-    for layout, label, workers, row in rows:
-        print(f"| {layout} | {label} | {workers} | {row['scheduler_cpu_ms']:.1f} | {row['server_cpu_ms']:.1f} "
-              f"| {row['updates_per_s']:.2f} | {row['node_steps']} of {row['steps']} |")
+    for (layout, label, workers), runs in cells.items():
+        print(f"| {layout} | {label} | {workers} | {spread(runs, 'scheduler_cpu_ms')} "
+              f"| {spread(runs, 'server_cpu_ms')} | {spread(runs, 'updates_per_s', 2)} "
+              f"| {sum(r['node_steps'] for r in runs)} of {sum(r['steps'] for r in runs)} |")
+
+
+def spread(runs: list[dict], key: str, digits: int = 1) -> str:
+    values = sorted(run[key] for run in runs)
+    median = statistics.median(values)
+    if len(values) == 1:
+        return f"{median:.{digits}f}"
+    return f"{median:.{digits}f} ({values[0]:.{digits}f}-{values[-1]:.{digits}f})"
 
 
 if __name__ == "__main__":
