@@ -97,6 +97,10 @@ class NodeParticipant(SlicedParticipant):
         finally:
             self.discard_partials(update.update)
 
+    def skip(self, update: Update, bad: tuple[int, ...] | list[int]) -> None:
+        self.discard_partials(update.update)  # a non-finite loss: no step will read them
+        super().skip(update, bad)
+
     def chain(self, task: GradTask) -> PartialSum:
         return PartialSum(self.files.exchange, update=task.update, attempt=0, version=task.version,
                           size=self.files.size)
