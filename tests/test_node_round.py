@@ -154,3 +154,22 @@ def test_the_process_count_is_checked() -> None:
     for bad in ("0", "two", "-1"):
         with pytest.raises(InputError, match=PROCESSES_ENV):
             node_processes({PROCESSES_ENV: bad})
+
+
+def test_a_member_waiting_for_a_partial_that_will_not_come_gives_up_when_the_round_ended(tmp_path: Path) -> None:
+    """``fold_node(..., abandoned=)``: the wait for the partial before the range ends as soon as ``abandoned()``
+    says so (the round ended), long before the deadline; nothing is published."""
+    import time
+
+    import numpy as np
+
+    from memtrain.cluster.nodes import every
+    from memtrain.train.loops.node_sum import Abandoned, PartialSum, fold_node
+
+    chain = PartialSum(tmp_path, update=3, attempt=0, version=2, size=1000)
+    ended = every(0.2, lambda: True)  # asked at most every 0.2 s, never in the first 0.2 s
+    started = time.monotonic()
+    with pytest.raises(Abandoned):
+        fold_node(chain, 2, 4, lambda t: np.ones(1000, np.float32), deadline=started + 60, abandoned=ended)
+    assert 0.2 <= time.monotonic() - started < 5
+    assert not list(tmp_path.iterdir())
