@@ -6,8 +6,8 @@ of the gradient record: the gradient record, plus the members' process counts in
 derives the same ranges from it (``node_sum.node_tasks``: contiguous, in node order, about in proportion to the
 processes), and member ``rank``:
 
-1. computes the gradients of its range, in task order, into files of the node's own scratch (the Dask
-   worker's local directory: never on the shared filesystem);
+1. computes the gradients of its range (on its threads, below), each into a file of the node's own scratch
+   (the Dask worker's local directory: never on the shared filesystem);
 2. continues the update's fold (``node_sum.fold_node``): waits for the partial sum of the tasks before its
    range (published by the node before it in the shared exchange folder), adds its gradients in task order and
    publishes the partial of the tasks up to the end of its range; deletes its scratch files;
@@ -15,8 +15,9 @@ processes), and member ``rank``:
 
 The step then reads its slice of the last partial instead of every gradient (``StepTask.chained``): the same
 sum in the same order, so the same bits as a local run whatever the layout. A member waiting for a partial
-that will not come (the node before it was lost: the round ended) gives up at once (``abandoned``), so the
-per-task path that completes the update finds it idle.
+that will not come (the node before it was lost: the round ended) gives up within about a second
+(``abandoned``: the scheduler's plugin asked at most twice a second, and only after half a second of waiting),
+so the per-task path that completes the update finds it idle.
 
 A node's P processes are, for now, P threads of its Dask worker's process (``NodeCompute``), when the model
 may be called from several threads at once (``thread_safe = True``: the numpy models; numpy releases the GIL in
