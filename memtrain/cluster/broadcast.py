@@ -246,7 +246,13 @@ def follow(actor: Any, ident: str, rank: int, members: int) -> int:
             record = call("memtrain_next", wave=wave, seconds=NEXT_SECONDS)
             continue
         kind, body = pickle.loads(record)  # a record the run's server posted (like Dask's own messages)
-        numbers, blob, error = part(actor, kind, body, rank, members)
+        if kind == "nodes":  # a two-level round's node record (memtrain/cluster/nodes.py)
+            from memtrain.cluster.nodes import every, node_part
+
+            ended = every(0.5, lambda after=wave + 1: call("memtrain_next", wave=after, seconds=0.0) is None)
+            numbers, blob, error = node_part(actor, body, rank, ended)
+        else:
+            numbers, blob, error = part(actor, kind, body, rank, members)
         record = call("memtrain_answer", wave=wave, rank=rank, numbers=numbers, blob=blob, error=error,
                       seconds=NEXT_SECONDS)
         wave += 1

@@ -100,6 +100,9 @@ class ClusterWorker:
 
     def close(self) -> None:
         """Give back what the run held in this long-lived Dask worker: maps, descriptors, limits."""
+        if getattr(self, "node_compute", None) is not None:  # a node's task threads (cluster/nodes.py)
+            self.node_compute.close()
+            self.node_compute = None
         if self.state is not None:
             self.state.maps.close()
             self.state = None  # the dataset's maps go with it

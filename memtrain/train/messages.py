@@ -144,7 +144,8 @@ class StepTask:
     order -- over ``rows`` rows, the optimizer at learning rate ``lr``; written into the next version's file and
     the optimizer state's new files at the slice's place. ``task`` is the slice's number. About a hundred bytes
     whatever the number of tasks (no file names; only retried tasks listed), so the records of an update's N
-    slices grow as N, not N squared."""
+    slices grow as N, not N squared. ``chained``: in a two-level round (train/loops/node_round.py) the sum of the
+    first ``chained`` tasks is read from their chain's partial instead, the files of the others added onto it."""
 
     task: int
     attempt: int
@@ -156,6 +157,7 @@ class StepTask:
     lr: float
     tasks: int  # the update's gradient tasks
     retried: tuple[tuple[int, int], ...] = ()  # (task, attempt taken) for each task whose taken attempt is not 0
+    chained: int = 0  # the sum of the first ``chained`` tasks is read from their partial (loops/node_sum.py)
 
     @property
     def attempts(self) -> tuple[int, ...]:

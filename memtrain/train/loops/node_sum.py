@@ -65,6 +65,10 @@ class StalePartial(CorruptFileError):
     """A partial sum whose identity is not the one its reader expects (another update, attempt or version)."""
 
 
+class Abandoned(Exception):  # noqa: N818 - a signal to stop waiting, not an error
+    """The waiter's ``abandoned()`` said the partial awaited will not come (its round ended)."""
+
+
 def node_tasks(tasks: int, processes: Sequence[int]) -> list[tuple[int, int]]:
     """Tasks [0, ``tasks``) cut into one contiguous range per node, in node order, each about in proportion to
     the node's process count (``processes[j]`` >= 1). A function of its arguments only; a node may get an
@@ -183,10 +187,13 @@ class PartialSum:
         check(into, self.identity(tasks, segment), path)
         return into
 
-    def wait(self, tasks: int, segment: int, deadline: float) -> Path:
-        """Wait until the partial of ``tasks`` tasks, ``segment``, is published (polled, with backoff)."""
+    def wait(self, tasks: int, segment: int, deadline: float, abandoned: Callable[[], bool] | None = None) -> Path:
+        """Wait until the partial of ``tasks`` tasks, ``segment``, is published (polled, with backoff); raise
+        ``Abandoned`` as soon as ``abandoned()`` is true."""
         path, pause = self.path(tasks, segment), POLL_SECONDS[0]
         while not path.exists():
+            if abandoned is not None and abandoned():
+                raise Abandoned(f"update {self.update}: the partial of its first {tasks} tasks is no longer awaited")
             if time.monotonic() > deadline:
                 raise MemtrainError(f"the partial sum of the first {tasks} tasks of update {self.update} (segment "
                                     f"{segment}) was not published in time", path=path,
@@ -240,7 +247,8 @@ def check(record: np.ndarray, expected: dict[str, int], path: Path) -> None:
 
 
 def fold_node(chain: PartialSum, lo: int, hi: int, grad: Callable[[int], np.ndarray], *, deadline: float,
-              share: tuple[int, int] = (0, 1), source: PartialSum | None = None) -> list[Path]:
+              share: tuple[int, int] = (0, 1), source: PartialSum | None = None,
+              abandoned: Callable[[], bool] | None = None) -> list[Path]:
     """One node's part of the chain: for its tasks [lo, hi), each of its segments (``share`` = (i, p): process
     i of the node's p takes segments i, i + p, ...) -- wait for the partial of the first ``lo`` tasks, read
     it, add ``grad(t)[segment]`` for t in [lo, hi) in order, publish the partial of the first ``hi``.
@@ -248,7 +256,7 @@ def fold_node(chain: PartialSum, lo: int, hi: int, grad: Callable[[int], np.ndar
 
     ``source``: where the partial of the first ``lo`` tasks is read (default: ``chain``). After a node was lost
     mid-chain, a new attempt continues from an earlier attempt's furthest whole partial (``resume_point``):
-    the same sum, so the same bits."""
+    the same sum, so the same bits. ``abandoned``: asked while waiting; true raises ``Abandoned``."""
     if hi <= lo:
         return []
     source = source or chain
@@ -261,7 +269,7 @@ def fold_node(chain: PartialSum, lo: int, hi: int, grad: Callable[[int], np.ndar
         a, b = chain.segments()[segment]
         record = chain.record(segment)
         if lo:
-            source.wait(lo, segment, deadline)
+            source.wait(lo, segment, deadline, abandoned)
             source.read(lo, segment, record)
         fold(record["values"][0], [grad(t)[a:b] for t in range(lo, hi)], continued=lo > 0)
         published.append(chain.write(hi, segment, record))

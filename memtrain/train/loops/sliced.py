@@ -93,7 +93,12 @@ class SliceStep:
         lo, hi = message.lo, message.hi
         weights = open_npy(weights_path(self.run_dir, message.version), shape=(size,), dtype=np.float32)
         grads = [open_npy(STREAMED_GRADIENT.path(exchange, message.update, task, attempt), shape=(size,),
-                          dtype=np.float32)[lo:hi] for task, attempt in enumerate(message.attempts)]
+                          dtype=np.float32)[lo:hi] for task, attempt in enumerate(message.attempts)
+                 if task >= message.chained]
+        if message.chained:  # a two-level round: the fold of the first tasks continued, its partial read
+            from memtrain.train.loops.node_round import chained_sum
+
+            grads.insert(0, chained_sum(message, exchange, size))
         parity = message.version % 2
         state_in = {name: open_npy(OPTIMIZER_STATE.path(exchange, name, parity), shape=(size,),
                                    dtype=np.float32)[lo:hi] for name in names}

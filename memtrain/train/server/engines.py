@@ -35,8 +35,8 @@ from memtrain.train.exchange.marks import GRADIENT, PUBLISH, READYING, STEP, Act
 from memtrain.train.exchange.weights import BLOCK, ready_building, rounds_keep, unpublish_after
 from memtrain.train.loops.desk import DeskLog, create_desk
 from memtrain.train.loops.mapped import RoundFiles
+from memtrain.train.loops.node_round import NodeParticipant
 from memtrain.train.loops.overlap import Overlap
-from memtrain.train.loops.sliced import SlicedParticipant
 from memtrain.train.messages import GradTask, Loop, Outcome, Stretch, Task
 from memtrain.train.plan import Plan, RowWords, step_slices, task_stream
 from memtrain.train.records.counters import update_number
@@ -292,7 +292,7 @@ class ClusterRounds(Rounds):
         def chores() -> bool:
             return stretch_chores(c, position, c.memory_board)
 
-        outcome = SlicedParticipant(
+        outcome = NodeParticipant(  # a SlicedParticipant whose round members may be nodes (issue 42)
             self.files, stretches[0], workers=workers, run_tasks=tasks,
             publish_sync=sync_for_readers if sync else lambda path: None, recycle=False, chores=chores,
             slices=workers, broadcast=open_broadcast(transport, rule=c.scheduler.backup,  # the run's straggler rule

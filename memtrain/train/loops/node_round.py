@@ -1,0 +1,117 @@
+"""The server's side of a two-level round (issue 42; docs/cluster.md, "The two-level round").
+
+``NodeParticipant`` is the cluster's ``SlicedParticipant`` (train/loops/sliced.py) with one change: when every
+member of the broadcast round is a node (its Dask worker started with ``MEMTRAIN_NODE_PROCESSES``:
+memtrain/cluster/nodes.py), an update's gradients are asked with a **node record** -- the gradient record and
+the members' process counts in rank order -- and the members continue one fold of the update's gradients
+across the nodes (train/loops/node_sum.py). The step's slices then read the last partial
+(``StepTask.chained``) instead of every gradient file: the same sum, so the same bits.
+
+A round that ends early (a node left, failed or fell silent): the furthest partial whole in every segment at
+the end of an answered node's range (``node_sum.resume_point``) is kept, the tasks after it run per task
+(attempt 1, files of their own in the shared folder), and the step adds them onto that partial in task order
+-- again the in-order fold. Otherwise, and without nodes, everything is ``SlicedParticipant``'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from memtrain.errors import InputError
+from memtrain.train.loops.node_sum import PartialSum, node_tasks, read_sum, resume_point, segment_ranges
+from memtrain.train.loops.sliced import SlicedParticipant
+from memtrain.train.messages import GradTask, Result, StepTask
+from memtrain.train.plan import Update
+
+READ_SECONDS = 60.0  # a step slice's wait for the last partial (published before its node answered)
+
+
+def chained_sum(message: StepTask, exchange: Path, size: int) -> np.ndarray:
+    """Slice [lo, hi) of the sum of the first ``message.chained`` tasks of the update: its chain's partial."""
+    chain = PartialSum(exchange, update=message.update, attempt=0, version=message.version, size=size)
+    return read_sum(chain, message.chained, deadline=time.monotonic() + READ_SECONDS, lo=message.lo, hi=message.hi)
+
+
+class NodeParticipant(SlicedParticipant):
+    """The server of a cluster run whose round members may be nodes (see the module's docstring)."""
+
+    chained = 0  # tasks of the update to step next whose sum is its chain's partial
+    counts: tuple[str, list[int]] = ("", [])  # the open round's ident and its members' process counts
+
+    def member_processes(self) -> list[int]:
+        """The open round's members' process counts as nodes (asked once per round); [] unless all are nodes."""
+        broadcast = self.broadcast
+        assert broadcast is not None
+        if self.counts[0] != broadcast.ident:
+            from memtrain.cluster.nodes import reported_processes
+
+            addresses = [slot.process.address for slot in broadcast.members]
+            try:  # through the workers' event loops: their actors' one thread is busy in the round's loop
+                found = broadcast.pool.client.run(reported_processes, workers=addresses, on_error="return")
+            except Exception:  # noqa: BLE001 - a member gone meanwhile: not a node round (its first wave ends it)
+                found = {}
+            counts = [found.get(address) for address in addresses]
+            bad = [(address, c) for address, c in zip(addresses, counts, strict=True) if isinstance(c, str)]
+            if bad:
+                raise InputError(f"Dask worker {bad[0][0]}: {bad[0][1]}")
+            self.counts = (broadcast.ident, counts if all(isinstance(c, int) and c > 0 for c in counts) else [])
+        return self.counts[1]
+
+    def run_gradient_tasks(self, tasks: list[GradTask]) -> list[Result]:
+        self.chained = 0
+        broadcast = self.broadcast
+        if broadcast is None or not (broadcast.active or broadcast.open()) or not self.member_processes():
+            return super().run_gradient_tasks(tasks)
+        from memtrain.cluster.broadcast import gradient_record, gradient_results
+        from memtrain.cluster.nodes import CHAIN_SECONDS, node_record
+
+        counts = self.member_processes()
+        ranges = node_tasks(len(tasks), counts)
+        record = node_record(gradient_record(tasks), counts, broadcast.timeout or CHAIN_SECONDS)
+        answer = broadcast.ask("nodes", record, len(counts), self.housekeeping)
+        found = gradient_results(tasks, answer.numbers)
+        if answer.status == "done":
+            self.chained = len(tasks)
+            return [found[task.task] for task in tasks]
+        chain = self.chain(tasks[0])
+        first_missing = min((t.task for t in tasks if t.task not in found), default=len(tasks))
+        self.chained = resume_point(chain, [hi for _, hi in ranges if hi <= first_missing])
+        missing = [replace(task, attempt=1, spare="", in_place=False) for task in tasks[self.chained:]]
+        self.round_over(answer, f"{len(missing)} of {len(tasks)} gradient tasks (after the partial of the first "
+                        f"{self.chained})", self.partials(tasks[0], ranges))
+        done = {r.task: r for r in self.run_tasks(missing, lambda: None)}
+        return [done.get(task.task) or found[task.task] for task in tasks]
+
+    def run_step_tasks(self, tasks: list[StepTask], ranges: list[tuple[int, int]]) -> list[Result]:
+        return super().run_step_tasks([replace(task, chained=self.chained) for task in tasks], ranges)
+
+    def step(self, update: Update) -> None:
+        try:
+            super().step(update)
+        finally:
+            self.discard_partials(update.update)
+
+    def skip(self, update: Update, bad: tuple[int, ...] | list[int]) -> None:
+        self.discard_partials(update.update)  # a non-finite loss: no step will read them
+        super().skip(update, bad)
+
+    def chain(self, task: GradTask) -> PartialSum:
+        return PartialSum(self.files.exchange, update=task.update, attempt=0, version=task.version,
+                          size=self.files.size)
+
+    def partials(self, task: GradTask, ranges: list[tuple[int, int]]) -> list[Path]:
+        """Every partial file the update's chain may have published (a late member may still write one)."""
+        chain = self.chain(task)
+        return [chain.path(hi, s) for _, hi in ranges for s in range(len(segment_ranges(self.files.size)))]
+
+    def discard_partials(self, update: int) -> None:
+        """The update's partials, once its step is written (or it was skipped)."""
+        for path in self.files.exchange.glob(f"c-u{update:08d}-*"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)

@@ -1,0 +1,175 @@
+"""The two-level round through ``memtrain train --cluster`` (issue 42; memtrain/cluster/nodes.py,
+memtrain/train/loops/node_round.py): Dask workers on 127.0.0.1 standing for nodes, each with its own local
+directory (its scratch) and ``MEMTRAIN_NODE_PROCESSES`` saying how many processes it stands for (for now,
+threads of the worker's process: memtrain/cluster/nodes.py).
+
+Bitwise the weights of a local run for 1, 2 and 3 nodes of unequal process counts; every update went through
+node records and a step from the last partial; no gradient file on the shared filesystem; a node killed mid-round
+(after its 2nd gradient, before its partial) ends the round, the tasks after the furthest whole partial run per
+task, the same bits, and its restarted worker takes part from a later round.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("distributed")
+
+from distributed import Client  # noqa: E402
+
+from memtrain.cluster.broadcast import Broadcast  # noqa: E402
+from memtrain.cluster.nodes import PROCESSES_ENV, node_processes  # noqa: E402
+from memtrain.errors import InputError  # noqa: E402
+from memtrain.train.loops.sliced import SlicedParticipant  # noqa: E402
+from tests.dask_processes import DaskProcesses  # noqa: E402
+from tests.test_cluster import WIDE, WIDE_EPOCHS, digest, spy_records, train, write_job  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+
+TASKS = ("--set", "train.tasks_per_update=6")  # 6 tasks an update: 2+1+3 processes own 2, 1 and 3 of them
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tiny_data import blobs, write_dataset
+
+    x, y = blobs(n=1500, features=8, classes=3)
+    return write_dataset(tmp_path_factory.mktemp("data") / "blobs", x, y, shard_rows=300)
+
+
+@pytest.fixture(scope="module")
+def local_digest(tmp_path_factory: pytest.TempPathFactory, dataset: Path) -> str:
+    folder = tmp_path_factory.mktemp("local")
+    assert train(write_job(folder, dataset, WIDE_EPOCHS, WIDE), *TASKS) == 0
+    return digest(folder / "run")
+
+
+@pytest.fixture
+def dask(tmp_path: Path):
+    processes = DaskProcesses(tmp_path / "dask")
+    try:
+        processes.start_scheduler()
+        with Client(processes.address, timeout=30) as client:
+            yield processes, client
+    finally:
+        processes.close()
+
+
+def start_nodes(dask: DaskProcesses, client: Client, counts: list[int], env: dict[int, dict[str, str]] | None = None
+                ) -> None:
+    for j, count in enumerate(counts):
+        dask.start_worker(f"node{j}", env={PROCESSES_ENV: str(count), **(env or {}).get(j, {})})
+    dask.wait_for_workers(client, {f"node{j}" for j in range(len(counts))})
+
+
+def node_run(folder: Path, dataset: Path, address: str, monkeypatch) -> tuple[list, list]:
+    """The wide job on ``address``: the records posted (kind, body) and the step tasks (their ``chained``)."""
+    records, steps = spy_records(monkeypatch), []
+    run_steps = SlicedParticipant.run_step_tasks
+    monkeypatch.setattr(SlicedParticipant, "run_step_tasks",
+                        lambda participant, tasks, ranges: (steps.extend(tasks), run_steps(participant, tasks,
+                                                                                             ranges))[1])
+    assert train(write_job(folder, dataset, WIDE_EPOCHS, WIDE), "--cluster", address, *TASKS) == 0
+    monkeypatch.undo()
+    return records, steps
+
+
+@pytest.mark.parametrize("counts", [[2], [1, 2], [2, 1, 3]], ids=["one", "1+2", "2+1+3"])
+def test_nodes_of_unequal_process_counts_give_the_weights_of_a_local_run(counts: list[int], dask, dataset: Path,
+                                                                         local_digest: str, tmp_path: Path,
+                                                                         monkeypatch) -> None:
+    processes, client = dask
+    start_nodes(processes, client, counts)
+    records, steps = node_run(tmp_path / "job", dataset, processes.address, monkeypatch)
+    updates = len({t.update for t in steps})
+    assert [kind for kind, _ in records] == ["nodes", "step"] * updates
+    # every node's process count, in the round's rank order (the slots' order, not the order they started in)
+    assert all(sorted(body[1]) == sorted(counts) for kind, body in records if kind == "nodes")
+    assert {t.chained for t in steps} == {6}  # every step read the last partial, no gradient file
+    assert digest(tmp_path / "job" / "run") == local_digest
+    run = tmp_path / "job" / "run"
+    assert not [p.name for p in run.rglob("g-*")] and not [p.name for p in run.rglob("c-u*")]
+    for j, count in enumerate(counts):  # each node's scratch is emptied after its fold
+        assert not list((tmp_path / "dask" / f"node{j}" / "local").rglob("g-*"))
+        # its tasks on one thread per process (the MLP is thread_safe; BLAS on one thread)
+        log = (tmp_path / "dask" / f"node{j}" / "log.txt").read_text()
+        assert f"memtrain node of {count} processes: its tasks on {count} thread(s)" in log, log[-2000:]
+
+
+def test_a_node_killed_mid_round_has_its_range_run_again_and_the_bits_stay(dask, dataset: Path, local_digest: str,
+                                                                          tmp_path: Path, monkeypatch) -> None:
+    """The node of 2 processes among 1+2+1 (its range: 3 of the 6 tasks) SIGKILLs itself after writing its 2nd
+    gradient into its scratch, before its partial: the round ends, the node after it stops waiting, the tasks
+    after the furthest whole partial (the first node's, of 1 task, when it is the first) run per task, and the
+    step adds them onto that partial: the same bits; the next update opens a round of the nodes left."""
+    processes, client = dask
+    fired = tmp_path / "fired"
+    start_nodes(processes, client, [1, 2, 1], {1: {"MEMTRAIN_FAULT": "after_grad_write:2",
+                                                  "MEMTRAIN_FAULT_ONCE": str(fired)}})
+    opened: list[int] = []
+    open_round = Broadcast.open
+    monkeypatch.setattr(Broadcast, "open", lambda round: (open_round(round), opened.append(round.size))[0])
+    records, steps = node_run(tmp_path / "job", dataset, processes.address, monkeypatch)
+    assert fired.exists()
+    events = (tmp_path / "job" / "run" / "events.log").read_text()
+    assert re.search(r"broadcast round of 3 workers ended: a worker of the round left the scheduler; [3-6] of 6 "
+                     r"gradient tasks \(after the partial of the first [0-3]\) run per task", events), events
+    resumed = [t.chained for t in steps if t.chained != 6]
+    assert resumed and set(resumed) <= {0, 1, 3}  # that update's step: from node 0's partial (or from nothing)
+    assert opened[0] == 3 and len(opened) >= 2
+    assert digest(tmp_path / "job" / "run") == local_digest
+    assert not [p.name for p in (tmp_path / "job" / "run").rglob("c-u*")]
+
+
+def test_a_node_that_joins_mid_run_takes_part_from_the_next_update(dask, dataset: Path, local_digest: str,
+                                                                   tmp_path: Path, monkeypatch) -> None:
+    """A node of 3 joins while the first round (nodes of 1 and 2) runs: the round ends after that update, the next
+    round's node records carry three counts, and the weights are a local run's."""
+    processes, client = dask
+    start_nodes(processes, client, [1, 2])
+    opened: list[int] = []
+    open_round = Broadcast.open
+
+    def open_then_join(round: Broadcast) -> bool:
+        started = open_round(round)
+        opened.append(round.size)
+        if len(opened) == 1:  # joins while this round runs
+            processes.start_worker("node2", env={PROCESSES_ENV: "3"})
+            processes.wait_for_workers(client, {"node0", "node1", "node2"})
+        return started
+
+    monkeypatch.setattr(Broadcast, "open", open_then_join)
+    records, steps = node_run(tmp_path / "job", dataset, processes.address, monkeypatch)
+    counts = [sorted(body[1]) for kind, body in records if kind == "nodes"]
+    assert opened[:2] == [2, 3] and counts[0] == [1, 2] and counts[1:] == [[1, 2, 3]] * (len(counts) - 1)
+    assert {t.chained for t in steps} == {6}
+    assert digest(tmp_path / "job" / "run") == local_digest
+
+
+def test_the_process_count_is_checked() -> None:
+    assert node_processes({}) == 0 and node_processes({PROCESSES_ENV: "3"}) == 3
+    for bad in ("0", "two", "-1"):
+        with pytest.raises(InputError, match=PROCESSES_ENV):
+            node_processes({PROCESSES_ENV: bad})
+
+
+def test_a_member_waiting_for_a_partial_that_will_not_come_gives_up_when_the_round_ended(tmp_path: Path) -> None:
+    """``fold_node(..., abandoned=)``: the wait for the partial before the range ends as soon as ``abandoned()``
+    says so (the round ended), long before the deadline; nothing is published."""
+    import time
+
+    import numpy as np
+
+    from memtrain.cluster.nodes import every
+    from memtrain.train.loops.node_sum import Abandoned, PartialSum, fold_node
+
+    chain = PartialSum(tmp_path, update=3, attempt=0, version=2, size=1000)
+    ended = every(0.2, lambda: True)  # asked at most every 0.2 s, never in the first 0.2 s
+    started = time.monotonic()
+    with pytest.raises(Abandoned):
+        fold_node(chain, 2, 4, lambda t: np.ones(1000, np.float32), deadline=started + 60, abandoned=ended)
+    assert 0.2 <= time.monotonic() - started < 5
+    assert not list(tmp_path.iterdir())
