@@ -74,6 +74,7 @@ from memtrain.layout import (
     tmp_sibling,
     weights_path,
 )
+from memtrain.rl.asynchronous import replay, run_async, updates
 from memtrain.rl.collect import EpisodeState, advance, blas_controller, read_state, write_state
 from memtrain.rl.config import RLJob, rl_job_from_dict
 from memtrain.rl.learner import Learner, learn
@@ -170,11 +171,10 @@ def learner_of(job: RLJob, policy: Policy) -> Learner:
 
 def refuse_unsupported(job: RLJob, where: Any) -> None:
     """What ``memtrain train`` does not run yet for an RL job: a clear refusal naming the key."""
-    if job.train.mode == "async":
-        raise InputError("memtrain train runs reinforcement learning synchronously only, so far", path=where,
-                         expected="train.mode = 'sync' with train.staleness = 0 (collect with v, learn, publish "
-                                  "v+1) or 1 (collect with v while learning from v-1's shards)",
-                         found="train.mode = 'async'", hint="async mode and A3C are not done yet (docs/rl.md)")
+    if job.train.mode == "async" and job.train.staleness:
+        raise InputError("train.staleness applies to train.mode = 'sync'", path=where,
+                         expected="train.staleness = 0 in async mode", found=f"train.staleness = {job.train.staleness}",
+                         hint="async mode bounds the policy lag with train.max_policy_lag")
     if job.run.cluster:
         raise InputError("reinforcement learning runs on this machine only, so far", path=where,
                          expected="run.cluster unset", found=f"run.cluster = {job.run.cluster!r}")
@@ -335,7 +335,7 @@ class RLSummary:
 
 
 def train_rl(job: RLJob, raw: dict[str, Any], *, resume: bool = False, overwrite: bool = False,
-             quiet: bool = False) -> RLSummary:
+             quiet: bool = False, replaying: tuple[Path, list[dict[str, Any]]] | None = None) -> RLSummary:
     """Run (or resume) ``job`` to its budget; raises MemtrainError (Interrupted on SIGINT/SIGTERM/SIGHUP, after a
     checkpoint)."""
     refuse_unsupported(job, job.source or job.run.dir / RUN_JOB)
@@ -348,7 +348,7 @@ def train_rl(job: RLJob, raw: dict[str, Any], *, resume: bool = False, overwrite
             _create_run(run_dir, raw, policy, overwrite)
         lock = acquire_lock(run_dir)
         try:
-            return _run(job, policy, run_dir, stop, resume=resume, quiet=quiet)
+            return _run(job, policy, run_dir, stop, resume=resume, quiet=quiet, replaying=replaying)
         except (MemtrainError, OSError) as exc:
             if not isinstance(exc, Interrupted):
                 log_event(run_dir, f"failed: {exc}")
@@ -382,7 +382,8 @@ def worker_count(job: RLJob) -> int:
     return min(CORES, job.env.slots) if workers == "auto" else int(workers)
 
 
-def _run(job: RLJob, policy: Policy, run_dir: Path, stop: StopRequest, *, resume: bool, quiet: bool) -> RLSummary:
+def _run(job: RLJob, policy: Policy, run_dir: Path, stop: StopRequest, *, resume: bool, quiet: bool,
+         replaying: tuple[Path, list[dict[str, Any]]] | None = None) -> RLSummary:
     from memtrain.rl.worker import RLWorkerState
     from memtrain.train.server.exchange import InServer, WorkerPool
 
@@ -392,7 +393,7 @@ def _run(job: RLJob, policy: Policy, run_dir: Path, stop: StopRequest, *, resume
         sweep_orphans(folder, lambda name: True)
     position = _start(job, policy, run_dir, resume)
     setup = RLWorkerSetup(server_pid=os.getpid(), run_dir=str(run_dir), blas_threads=job.train.blas_threads)
-    workers = worker_count(job)
+    workers = 0 if replaying else worker_count(job)  # a replay collects each recorded shard in turn
     stop.deferred = True  # from here a stop signal is recorded, and the run checkpoints where it stands
     transport = WorkerPool(setup, workers, max_starts=job.train.max_attempts) if workers else \
         InServer(RLWorkerState(setup, job, policy))  # type: ignore[arg-type]
@@ -406,6 +407,9 @@ def _run(job: RLJob, policy: Policy, run_dir: Path, stop: StopRequest, *, resume
     recent = deque((r for line in read_jsonl(run_dir / RUN_METRICS) for r in line.get("episode_returns", [])),
                    maxlen=RECENT_EPISODES)  # a resume's: the kept lines' episodes
     try:
+        if job.train.mode == "async":
+            position, last = _run_async(job, policy, learner, run_dir, scheduler, transport, position, recent, stop,
+                                        quiet, replaying)
         while position.version < last_version(job):
             if stop.requested:
                 _stopped(job, run_dir, position, stop)
@@ -424,9 +428,37 @@ def _run(job: RLJob, policy: Policy, run_dir: Path, stop: StopRequest, *, resume
                      scheduler.deaths, last)
 
 
+def _run_async(job: RLJob, policy: Policy, learner: Learner, run_dir: Path, scheduler: Scheduler, transport: Any,
+               position: Position, recent: deque[float], stop: StopRequest, quiet: bool,
+               replaying: tuple[Path, list[dict[str, Any]]] | None) -> tuple[Position, dict[str, Any]]:
+    """Async mode (memtrain/rl/asynchronous.py), or the replay of an async run; a checkpoint every
+    ``run.checkpoint_every`` x slots versions (a version is one shard) and at the end."""
+    held = {"position": position}
+
+    def on_version(now: Position, line: dict[str, Any]) -> None:
+        held["position"] = now
+        if now.version % (job.run.checkpoint_every * job.env.slots) == 0 or now.version == last_version(job):
+            save_checkpoint(run_dir, job, now, job.run.keep_checkpoints)
+        if not quiet and now.version % job.env.slots == 0:
+            _progress(job, {**line, "version": now.version // job.env.slots - 1})
+        if stop.requested:
+            raise Interrupted("stop")
+
+    try:
+        if replaying:
+            return replay(job, policy, learner, run_dir, transport.state, position, recent, replaying[1],
+                          replaying[0], on_version)
+        return run_async(job, policy, learner, run_dir, scheduler, transport, position, recent, on_version)
+    except Interrupted:
+        _stopped(job, run_dir, held["position"], stop)
+        raise
+
+
 def last_version(job: RLJob) -> int:
     """The run's final weight version: one per version's collection, and with staleness 1 one more, the update
     on the last version's shards (version 1 is then version 0's weights: nothing was collected before 0)."""
+    if job.train.mode == "async":
+        return updates(job)  # one shard per version
     return job.versions + job.train.staleness
 
 
@@ -577,8 +609,7 @@ def wants_rl(args: argparse.Namespace) -> bool:
 def run_command(args: argparse.Namespace) -> int:
     """``memtrain train`` for an RL job (``JOB.toml`` with ``[env]``) or run (``--resume RUN_DIR``)."""
     if args.replay is not None:
-        raise InputError("--replay of a reinforcement-learning run is not done yet", path=args.replay,
-                         hint="a synchronous run is reproduced by running its job again (the same bits); docs/rl.md")
+        return _replay_command(args)
     if args.cluster:
         raise InputError("reinforcement learning runs on this machine only, so far", found=f"--cluster {args.cluster}")
     if args.workers is not None and args.workers < 0:
@@ -614,6 +645,36 @@ def run_command(args: argparse.Namespace) -> int:
         _name_resume(exc, run_dir)  # a failure after the run directory was made says how to continue it
         raise
     print_summary(summary)
+    return 0
+
+
+def _replay_command(args: argparse.Namespace) -> int:
+    """``memtrain train --replay RUN`` of an async RL run: its recorded order again, into another run directory."""
+    if args.job is not None or args.resume or args.overrides or args.cluster:
+        raise InputError("--replay takes a run directory and nothing that changes the job",
+                         expected="memtrain train --replay RUN_DIR [--run-dir OUT] [--overwrite]")
+    source = Path(args.replay).resolve()
+    job = read_run_job(source)
+    if job.train.mode != "async":
+        raise InputError("--replay re-executes an async run's recorded order; this run is synchronous",
+                         path=source, found=f"train.mode = {job.train.mode!r}",
+                         hint="a synchronous run gives the same bits when its job runs again, with any worker count")
+    lineage, damaged = read_sealed_jsonl(source / RUN_LINEAGE, what="lineage record")
+    versions = [r.get("version") for r in lineage]
+    if damaged or versions != list(range(len(lineage))) or len(lineage) < 2:
+        raise CorruptFileError("the run's lineage cannot be replayed: damaged, or a version is missing",
+                               path=source / RUN_LINEAGE, expected="versions 0, 1, 2, ... each sealed",
+                               found=f"{len(damaged)} damaged lines, versions {versions[:8]}")
+    target = Path(args.run_dir or source.with_name(source.name + "-replay")).resolve()
+    if target == source:
+        raise InputError("the replay needs its own run directory", path=target, hint="give --run-dir OUT")
+    record = unseal(read_json(source / RUN_JOB, what="the run's job record"), path=source / RUN_JOB,
+                    what="the run's job record")
+    raw = {**record["job"], "run": {**record["job"].get("run", {}), "dir": str(target)}}
+    job = rl_job_from_dict(raw, base=target, where=source / RUN_JOB)
+    summary = train_rl(job, raw, overwrite=args.overwrite, quiet=args.quiet, replaying=(source, lineage))
+    print_summary(summary)
+    print(f"replayed {source}: all {len(lineage) - 1} weight versions match the recorded checksums", flush=True)
     return 0
 
 
