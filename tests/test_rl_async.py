@@ -89,3 +89,19 @@ def test_a3c_applies_each_tasks_gradient_once_and_replays(tmp_path: Path, capsys
     assert not [p for p in (run / "trajectories").iterdir()]  # no shard or gradient left behind
     assert main(["train", "--replay", str(run), "--run-dir", str(again), "-q"]) == 0
     assert final_weights(again, len(pairs)) == final_weights(run, len(pairs))
+
+
+def test_an_async_run_killed_and_resumed_replays_bit_for_bit(tmp_path: Path) -> None:
+    from test_rl_faults import memtrain
+
+    path = write_job(tmp_path, ASYNC.replace('dir = "run"', 'dir = "run"\ncheckpoint_every = 2'))
+    killed = memtrain("train", path, "-q", cwd=tmp_path, MEMTRAIN_FAULT="rl_after_publish:13")
+    assert killed.returncode == -9, killed.stderr
+    run = tmp_path / "run"
+    resumed = memtrain("train", "--resume", run, "-q", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed at weight version 8" in (run / RUN_EVENTS).read_text()  # every 2 x 4 slots versions
+    assert [r["version"] for r in lineage(run)] == list(range(UPDATES + 1))
+    replayed = memtrain("train", "--replay", run, "--run-dir", tmp_path / "again", "-q", cwd=tmp_path)
+    assert replayed.returncode == 0, replayed.stderr
+    assert final_weights(tmp_path / "again", UPDATES) == final_weights(run, UPDATES)
