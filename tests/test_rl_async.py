@@ -40,6 +40,9 @@ def test_an_async_run_is_replayed_bit_for_bit(tmp_path: Path, capsys) -> None:
     assert final_weights(again, UPDATES) == final_weights(run, UPDATES)
     assert [r["checksum"] for r in lineage(again)] == [r["checksum"] for r in lineage(run)]
     assert applied(again) == applied(run)
+    assert main(["inspect", str(run), "--json"]) == 0
+    progress = __import__("json").loads(capsys.readouterr().out)["progress"]
+    assert progress == {"versions_done": UPDATES, "versions": UPDATES, "env_steps_done": 1280}
 
 
 def test_every_applied_shard_is_within_the_lag_bound_and_a_staler_one_is_collected_again(tmp_path: Path) -> None:
@@ -105,3 +108,25 @@ def test_an_async_run_killed_and_resumed_replays_bit_for_bit(tmp_path: Path) -> 
     replayed = memtrain("train", "--replay", run, "--run-dir", tmp_path / "again", "-q", cwd=tmp_path)
     assert replayed.returncode == 0, replayed.stderr
     assert final_weights(tmp_path / "again", UPDATES) == final_weights(run, UPDATES)
+
+
+def test_sigterm_stops_an_async_run_with_a_checkpoint_and_its_record_replays(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    from test_rl_faults import memtrain
+
+    path = write_job(tmp_path, ASYNC.replace("env_steps = 1280", "env_steps = 64000"))
+    process = memtrain("train", path, "-q", cwd=tmp_path, wait=False)
+    metrics, deadline = tmp_path / "run" / RUN_METRICS, time.monotonic() + 120
+    while time.monotonic() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 30):
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM, err
+    stopped_at = int(err.split("stopped by SIGTERM at weight version ")[1].split(";")[0])
+    run = tmp_path / "run"
+    replayed = memtrain("train", "--replay", run, "--run-dir", tmp_path / "again", "-q", cwd=tmp_path)
+    assert replayed.returncode == 0, replayed.stderr
+    assert f"all {stopped_at} weight versions match" in replayed.stdout
+    assert final_weights(tmp_path / "again", stopped_at) == final_weights(run, stopped_at)

@@ -52,7 +52,7 @@ def test_staleness_1_gives_the_same_bits_for_0_1_2_and_4_workers_and_the_referen
     assert episodes == [float(r) for returns in history.returns for r in returns]  # the same episodes, continued
 
 
-def test_the_lineage_names_the_version_each_kept_shard_was_collected_with(tmp_path: Path) -> None:
+def test_the_lineage_names_the_version_each_kept_shard_was_collected_with(tmp_path: Path, capsys) -> None:
     run = tmp_path / "run"
     assert main(["train", str(write_job(tmp_path, STALE)), "-q"]) == 0
     lineage, damaged = read_sealed_jsonl(run / RUN_LINEAGE, what="lineage record")
@@ -68,6 +68,10 @@ def test_the_lineage_names_the_version_each_kept_shard_was_collected_with(tmp_pa
     assert {m["policy_lag"] for m in metrics[1:]} == {1}
     assert [m["env_steps"] for m in metrics] == [128] * VERSIONS + [0]
     assert not list((run / "trajectories").iterdir())  # every kept shard was learned from, then removed
+    capsys.readouterr()
+    assert main(["inspect", str(run), "--json"]) == 0
+    progress = __import__("json").loads(capsys.readouterr().out)["progress"]
+    assert progress == {"versions_done": LAST, "versions": LAST, "env_steps_done": 1280}
 
 
 def test_the_update_on_the_kept_shards_runs_while_the_collection_tasks_are_out(tmp_path: Path, monkeypatch) -> None:

@@ -1,4 +1,5 @@
-"""``memtrain train`` of a reinforcement-learning job: the server's loop, synchronous (staleness 0 or 1).
+"""``memtrain train`` of a reinforcement-learning job: the server's loop, synchronous (staleness 0 or 1; async mode and
+A3C: memtrain/rl/asynchronous.py).
 
 Per version v (docs/rl.md):
 
@@ -13,6 +14,9 @@ Per version v (docs/rl.md):
    advances each slot's episode state from its shard, learns (memtrain/rl/learner.py, memtrain's optimizer) and
    publishes v + 1; then the version's ``metrics.jsonl`` line (with the greedy evaluation when due), and a
    checkpoint every ``run.checkpoint_every`` versions.
+
+With ``train.staleness = 1`` step 3 learns from the shards collected with v - 1 instead, during step 2 (the
+scheduler's ``while_waiting``), and those shards are part of the checkpoint (DPPO's kept buffers).
 
 Nothing depends on the worker count: the same job gives the same bits with 0, 1, 2 or more workers, and the same
 bits as memtrain/rl/reference.py's single-process loop. A checkpoint holds the weights, the optimizer state and
@@ -410,7 +414,7 @@ def _run(job: RLJob, policy: Policy, run_dir: Path, stop: StopRequest, *, resume
         if job.train.mode == "async":
             position, last = _run_async(job, policy, learner, run_dir, scheduler, transport, position, recent, stop,
                                         quiet, replaying)
-        while position.version < last_version(job):
+        while job.train.mode == "sync" and position.version < last_version(job):
             if stop.requested:
                 _stopped(job, run_dir, position, stop)
             try:
@@ -445,9 +449,11 @@ def _run_async(job: RLJob, policy: Policy, learner: Learner, run_dir: Path, sche
             raise Interrupted("stop")
 
     try:
-        if replaying:
-            return replay(job, policy, learner, run_dir, transport.state, position, recent, replaying[1],
-                          replaying[0], on_version)
+        if replaying:  # the recorded versions, then a checkpoint where the record ends
+            position, last = replay(job, policy, learner, run_dir, transport.state, position, recent, replaying[1],
+                                    replaying[0], on_version)
+            save_checkpoint(run_dir, job, position, job.run.keep_checkpoints)
+            return position, last
         return run_async(job, policy, learner, run_dir, scheduler, transport, position, recent, on_version)
     except Interrupted:
         _stopped(job, run_dir, held["position"], stop)
