@@ -75,28 +75,39 @@ def test_the_lineage_names_the_version_each_kept_shard_was_collected_with(tmp_pa
 
 
 def test_the_update_on_the_kept_shards_runs_while_the_collection_tasks_are_out(tmp_path: Path, monkeypatch) -> None:
-    """The scheduler is given the update as its ``while_waiting`` work: learning overlaps collection."""
-    inside, during = [False], []
+    """The update runs in a thread beside the dispatch, started before the version's tasks go out (a small update
+    may be done before the first task is sent: the test asks that it began before the tasks were all back)."""
+    import threading
+    import time
+
+    runs, learns = [], []
     run, learn = server.Scheduler.run, server.learn
 
     def scheduler_run(self, transport, tasks, while_waiting=None):
-        inside[0] = True
+        began = time.monotonic()
         try:
             return run(self, transport, tasks, while_waiting)
         finally:
-            inside[0] = False
+            runs.append((began, time.monotonic()))
 
     def recorded_learn(*args, **kwargs):
-        during.append(inside[0])
-        return learn(*args, **kwargs)
+        began = time.monotonic()
+        try:
+            return learn(*args, **kwargs)
+        finally:
+            learns.append((began, time.monotonic(), threading.current_thread() is threading.main_thread()))
 
     monkeypatch.setattr(server.Scheduler, "run", scheduler_run)
     monkeypatch.setattr(server, "learn", recorded_learn)
     assert main(["train", str(write_job(tmp_path, STALE)), "-q", "--workers", "2"]) == 0
-    assert during == [True] * (VERSIONS - 1) + [False]  # the last update has no collection left to overlap
-    during.clear()
+    assert len(runs) == VERSIONS and len(learns) == VERSIONS and not any(main for *_, main in learns)
+    for (_, run_ended), (learn_began, *_) in zip(runs[1:], learns, strict=False):
+        assert learn_began < run_ended  # version v's update under way before v + 1's tasks are all back
+    runs.clear()
+    learns.clear()
     assert main(["train", str(write_job(tmp_path / "sync")), "-q", "--workers", "2"]) == 0
-    assert during == [False] * VERSIONS  # staleness 0 learns from what it just collected
+    assert all(main for *_, main in learns)  # staleness 0 learns from what it just collected, in the server
+    assert all(learn_began >= run_ended for (_, run_ended), (learn_began, *_) in zip(runs, learns, strict=True))
 
 
 @pytest.fixture(scope="module")

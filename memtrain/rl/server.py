@@ -15,8 +15,8 @@ Per version v (docs/rl.md):
    publishes v + 1; then the version's ``metrics.jsonl`` line (with the greedy evaluation when due), and a
    checkpoint every ``run.checkpoint_every`` versions.
 
-With ``train.staleness = 1`` step 3 learns from the shards collected with v - 1 instead, during step 2 (the
-scheduler's ``while_waiting``), and those shards are part of the checkpoint (DPPO's kept buffers).
+With ``train.staleness = 1`` step 3 learns from the shards collected with v - 1 instead, during step 2 (in a
+thread beside the dispatch), and those shards are part of the checkpoint (DPPO's kept buffers).
 
 Nothing depends on the worker count: the same job gives the same bits with 0, 1, 2 or more workers, and the same
 bits as memtrain/rl/reference.py's single-process loop. A checkpoint holds the weights, the optimizer state and
@@ -35,6 +35,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 import tomllib
 from collections import deque
@@ -488,10 +489,10 @@ def _version(job: RLJob, policy: Policy, learner: Learner, run_dir: Path, schedu
     """Version ``position.version``: collect every slot with it, learn, publish the next version; its metrics line.
 
     Staleness 0 learns from the shards just collected. Staleness 1 learns from the shards collected with the
-    version before (``position.pending``), while the workers collect with this one (the scheduler's
-    ``while_waiting``): the update starts from this version's weights, so the kept shards are one version old,
-    as DPPO's kept buffers. Each slot's task starts from the episode state its previous task left (the
-    collection chain is the same in both modes; only what the learner reads differs).
+    version before (``position.pending``), in a thread of the server while the workers collect with this one
+    (the server's own thread keeps dispatching tasks): the update starts from this version's weights, so the
+    kept shards are one version old, as DPPO's kept buffers. Each slot's task starts from the episode state its
+    previous task left (the collection chain is the same in both modes; only what the learner reads differs).
     """
     version, slots, lag = position.version, job.env.slots, job.train.staleness
     collecting = version < job.versions
@@ -504,10 +505,13 @@ def _version(job: RLJob, policy: Policy, learner: Learner, run_dir: Path, schedu
                                           position.pending)
 
     started = time.monotonic()
-    if tasks:
-        scheduler.run(transport, tasks, while_waiting=learn_kept if lag else None)
-    elif lag:
-        learn_kept()
+    beside = _Beside(learn_kept) if lag else None  # the update beside the dispatch, not in the server's thread
+    try:
+        if tasks:
+            scheduler.run(transport, tasks)
+    finally:
+        if beside is not None:
+            beside.join()
     collected = time.monotonic() - started
     folder = run_dir / TRAJECTORIES_DIR
     trajectories = [read_shard(shard_path(folder, version, slot), spaces=job.spaces, version=version, slot=slot,
@@ -546,6 +550,27 @@ def _version(job: RLJob, policy: Policy, learner: Learner, run_dir: Path, schedu
     _retire(run_dir, version - lag if learned else None, slots, version + 1 - max(job.run.keep_versions, 1))
     pending, pending_shards = (trajectories, shards) if lag else ([], [])
     return Position(version + 1, weights, state, step, episodes, pending, pending_shards), line
+
+
+class _Beside:
+    """``work`` run in a thread beside the server's loop; ``join`` waits for it and raises what it raised. The
+    update is pure arithmetic on its own arrays, so the thread changes no bit (BLAS is limited process-wide)."""
+
+    def __init__(self, work: Callable[[], None]):
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(work,), name="memtrain-rl-learner", daemon=True)
+        self.thread.start()
+
+    def _run(self, work: Callable[[], None]) -> None:
+        try:
+            work()
+        except BaseException as exc:  # noqa: BLE001 - handed to the server's thread by join
+            self.error = exc
+
+    def join(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
 
 
 def _collection_tasks(job: RLJob, run_dir: Path, position: Position) -> list[CollectTask]:
