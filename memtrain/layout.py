@@ -214,6 +214,11 @@ TRAJECTORIES_DIR = "trajectories"  # a reinforcement-learning run's shards, reti
 EPISODES_DIR = "episodes"  # a reinforcement-learning run's slot states at the version being collected
 
 
+def rl_gradient_name(version: int, slot: int) -> str:
+    """The A3C gradient collection task (version, slot) publishes beside its shard (memtrain/rl/asynchronous.py)."""
+    return f"g-v{version:08d}-s{slot:05d}.npy"
+
+
 def episode_state_name(slot: int) -> str:
     """Where slot ``slot``'s episode stands at the start of the version being collected (memtrain/rl/collect.py
     ``write_state``): its episode, step and the actions since its seeded reset; rewritten by rename per version."""

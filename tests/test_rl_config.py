@@ -43,7 +43,8 @@ def _error(path: Path, *overrides: str) -> str:
     return text
 
 
-@pytest.mark.parametrize("name", ["cartpole-ppo", "pendulum-ppo", "cartpole-torch-a2c", "user-env-ppo"])
+@pytest.mark.parametrize("name", ["cartpole-ppo", "pendulum-ppo", "cartpole-torch-a2c", "user-env-ppo",
+                                  "cartpole-dppo", "cartpole-a3c"])
 def test_the_example_jobs_parse_and_validate(name: str) -> None:
     job = load_rl_job(EXAMPLES / f"{name}.toml")
     assert job.versions >= 1 and job.env.slots * job.env.steps * job.versions <= job.rl.env_steps

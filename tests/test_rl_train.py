@@ -111,8 +111,6 @@ def test_a_run_directory_in_use_or_full_is_refused_clearly(tmp_path: Path, capsy
 
 
 @pytest.mark.parametrize(("setting", "words"), [
-    ("train.staleness=1", "synchronously only"),
-    ('train.mode="async"', "synchronously only"),
     ('run.log_to=["csv"]', "is not written for a reinforcement-learning run yet"),
 ])
 def test_what_is_not_done_yet_is_refused_naming_the_key(tmp_path: Path, capsys, setting: str, words: str) -> None:

@@ -40,9 +40,15 @@ def rl_run_view(run: Path) -> dict[str, Any]:
     env, train = job.get("env", {}), job.get("train", {})
     budget = train.get("env_steps")
     per_version = env.get("slots", 8) * env.get("steps", 128)
+    versions = budget // per_version if isinstance(budget, int) else None
+    collected = [s for r in lineage for s in r.get("shards", [])]
+    if versions is not None and train.get("mode") == "async":
+        versions, per_version = versions * env.get("slots", 8), env.get("steps", 128)  # a version is one shard
+    elif versions is not None:
+        versions += int(train.get("staleness", 0))  # staleness 1: one more version, on the last shards
     return {"schema": SCHEMA, "kind": "rl-run", "path": str(run), "job": job, "record_problems": problems,
-            "progress": {"versions_done": max(made, default=0), "versions": budget // per_version if budget else None,
-                         "env_steps_done": max(made, default=0) * per_version},
+            "progress": {"versions_done": max(made, default=0), "versions": versions,
+                         "env_steps_done": len(collected) * env.get("steps", 128)},
             "versions": rows, "weights": weight_versions(run), "checkpoints": checkpoints(run)}
 
 

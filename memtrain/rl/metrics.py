@@ -54,7 +54,7 @@ def _summary(name: str, values: np.ndarray) -> dict[str, float | None]:
             f"{name}_max": float(np.max(values))}
 
 
-def version_metrics(version: int, trajectories: Sequence[Trajectory], batch: Batch,
+def version_metrics(version: int, trajectories: Sequence[Trajectory], batch: Batch | None,
                     steps: Sequence[LossResult]) -> dict[str, Any]:
     """One version's line: episodes ended, their return and length (mean/min/max), and the learner's
     approx_kl, clip_fraction, entropy, value_loss (means over its ``steps``, the minibatch updates) and the
@@ -64,7 +64,7 @@ def version_metrics(version: int, trajectories: Sequence[Trajectory], batch: Bat
                             "episodes": len(returns), **_summary("return", returns), **_summary("length", lengths)}
     for key in ("approx_kl", "clip_fraction", "entropy", "value_loss"):
         line[key] = float(np.mean([getattr(s, key) for s in steps])) if steps else None
-    line["explained_variance"] = explained_variance(batch.value, batch.returns)
+    line["explained_variance"] = explained_variance(batch.value, batch.returns) if batch is not None else None
     return line
 
 

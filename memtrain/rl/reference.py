@@ -3,7 +3,9 @@
 Per version v: every slot's collection task (``collect``) publishes its shard, the shards are read back
 (validated) in slot order, GAE is computed per shard, and the learner steps the flat vector with memtrain's
 Adam (memtrain/train/optim.py): PPO for ``epochs`` x ``minibatches`` steps in the order from (seed, v,
-epoch), or A2C for one step. The result is version v + 1. ``memtrain train`` (memtrain/rl/server.py) runs the same
+epoch), or A2C for one step. The result is version v + 1. With ``staleness = 1`` version v + 1 is learned from
+the shards collected with v - 1 instead (version 1 is version 0: nothing was collected before it), and one last
+version learns from the last collection's shards. ``memtrain train`` (memtrain/rl/server.py) runs the same
 computation with the tasks on workers, and gives the same bits (tests/test_rl_train.py).
 """
 
@@ -46,6 +48,7 @@ class ReferenceConfig:
     anneal_clip: bool = False  # likewise PPO's clip range (rl-zoo's CartPole set)
     adam_eps: float = 1e-5
     learner: PPOConfig = field(default_factory=lambda: PPOConfig(ent_coef=0.01))
+    staleness: int = 0  # 1: version v + 1 is learned from the shards collected with v - 1 (DPPO's kept buffers)
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -94,21 +97,28 @@ def _train(config: ReferenceConfig, run_dir: Path) -> tuple[np.ndarray, History]
     episodes = [EpisodeState.start(spaces) for _ in range(config.slots)]
     cache, history, step = SlotCache(), History(), 0
     try:
-        for version in range(config.versions):
+        pending: list = []  # staleness 1: the shards of the version before, learned from at this one
+        for version in range(config.versions + config.staleness):
             path = weights_path(Path(run_dir), version)
             publish_array(path, weights, durable=False)
             trajectories = []
-            for slot in range(config.slots):
+            for slot in range(config.slots if version < config.versions else 0):
                 done = collect(path, version, slot, config.env, config.seed, config.steps, episodes[slot],
                                out_dir=shards, hidden=config.hidden, cache=cache)
-                episodes[slot] = done.state
-            for slot in range(config.slots):  # consumed in slot order, read back as any learner would
+                episodes[slot] = done.state  # the next task of the slot continues where this one left it
+            for slot in range(config.slots if version < config.versions else 0):  # read back in slot order
                 trajectories.append(read_shard(shard_path(shards, version, slot), spaces=spaces, version=version,
                                                slot=slot, seed=config.seed, steps=config.steps))
-            history.returns.append(np.concatenate([t.episode_return[t.done] for t in trajectories]))
-            weights, state, step, loss = _learn(config, policy, weights, state, step, version, trajectories)
-            history.losses.append(loss)
-            _retire(path, shards, version, config.slots)
+            if trajectories:
+                history.returns.append(np.concatenate([t.episode_return[t.done] for t in trajectories]))
+            learned_from = pending if config.staleness else trajectories
+            if learned_from:  # staleness 1 at version 0: nothing collected before it, version 1 = version 0
+                weights, state, step, loss = _learn(config, policy, weights, state, step,
+                                                    version - config.staleness, learned_from)
+                history.losses.append(loss)
+                _retire(shards, version - config.staleness, config.slots)
+            os.unlink(path)
+            pending = trajectories
     finally:
         cache.close()
     return weights, history
@@ -122,9 +132,8 @@ def _learn(config: ReferenceConfig, policy: Policy, weights: np.ndarray, state: 
     return learned.weights, learned.state, learned.step, last_loss(learned)
 
 
-def _retire(path: Path, shards: Path, version: int, slots: int) -> None:
-    """Drop the version's weights and shards once learned from (the reference keeps no history on disk)."""
-    os.unlink(path)
+def _retire(shards: Path, version: int, slots: int) -> None:
+    """Drop the version's shards once learned from (the reference keeps no history on disk)."""
     for slot in range(slots):
         os.unlink(shard_path(shards, version, slot))
 

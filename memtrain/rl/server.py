@@ -1,4 +1,5 @@
-"""``memtrain train`` of a reinforcement-learning job: the server's loop, synchronous (staleness 0).
+"""``memtrain train`` of a reinforcement-learning job: the server's loop, synchronous (staleness 0 or 1; async mode and
+A3C: memtrain/rl/asynchronous.py).
 
 Per version v (docs/rl.md):
 
@@ -13,6 +14,9 @@ Per version v (docs/rl.md):
    advances each slot's episode state from its shard, learns (memtrain/rl/learner.py, memtrain's optimizer) and
    publishes v + 1; then the version's ``metrics.jsonl`` line (with the greedy evaluation when due), and a
    checkpoint every ``run.checkpoint_every`` versions.
+
+With ``train.staleness = 1`` step 3 learns from the shards collected with v - 1 instead, during step 2 (in a
+thread beside the dispatch), and those shards are part of the checkpoint (DPPO's kept buffers).
 
 Nothing depends on the worker count: the same job gives the same bits with 0, 1, 2 or more workers, and the same
 bits as memtrain/rl/reference.py's single-process loop. A checkpoint holds the weights, the optimizer state and
@@ -31,10 +35,11 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +78,7 @@ from memtrain.layout import (
     tmp_sibling,
     weights_path,
 )
+from memtrain.rl.asynchronous import replay, run_async, updates
 from memtrain.rl.collect import EpisodeState, advance, blas_controller, read_state, write_state
 from memtrain.rl.config import RLJob, rl_job_from_dict
 from memtrain.rl.kind import RUN_FORMAT
@@ -80,7 +86,7 @@ from memtrain.rl.learner import Learner, learn
 from memtrain.rl.metrics import eval_metrics, evaluate, version_metrics
 from memtrain.rl.policy import Policy
 from memtrain.rl.ppo import PPOConfig
-from memtrain.rl.trajectory import read_shard, shard_path
+from memtrain.rl.trajectory import Trajectory, read_shard, shard_path
 from memtrain.stopping import StopRequest, on_stop_signals, start_resource_tracker
 from memtrain.train.exchange.weights import publish_params
 from memtrain.train.messages import CollectTask, RLWorkerSetup
@@ -160,11 +166,10 @@ def learner_of(job: RLJob, policy: Policy) -> Learner:
 
 def refuse_unsupported(job: RLJob, where: Any) -> None:
     """What ``memtrain train`` does not run yet for an RL job: a clear refusal naming the key."""
-    if job.train.mode == "async" or job.train.staleness != 0:
-        found = "train.mode = 'async'" if job.train.mode == "async" else f"train.staleness = {job.train.staleness}"
-        raise InputError("memtrain train runs reinforcement learning synchronously only, so far", path=where,
-                         expected="train.mode = 'sync' and train.staleness = 0 (collect with v, learn, publish v+1)",
-                         found=found, hint="fixed staleness 1 and async/A3C are not done yet (docs/rl.md)")
+    if job.train.mode == "async" and job.train.staleness:
+        raise InputError("train.staleness applies to train.mode = 'sync'", path=where,
+                         expected="train.staleness = 0 in async mode", found=f"train.staleness = {job.train.staleness}",
+                         hint="async mode bounds the policy lag with train.max_policy_lag")
     if job.run.cluster:
         raise InputError("reinforcement learning runs on this machine only, so far", path=where,
                          expected="run.cluster unset", found=f"run.cluster = {job.run.cluster!r}")
@@ -187,9 +192,13 @@ class Position:
     state: dict[str, np.ndarray]
     step: int
     episodes: list[EpisodeState]
+    # staleness 1: the shards collected with version - 1, learned from while version collects (DPPO's kept
+    # buffers), and their lineage entries (slot, version, checksum); empty at version 0 and with staleness 0
+    pending: list[Trajectory] = field(default_factory=list)
+    pending_shards: list[dict[str, Any]] = field(default_factory=list)
 
     def env_steps(self, job: RLJob) -> int:
-        return self.version * job.env.slots * job.env.steps
+        return min(self.version, job.versions) * job.env.slots * job.env.steps
 
 
 def _create_run(run_dir: Path, raw: dict[str, Any], policy: Policy, overwrite: bool) -> None:
@@ -228,9 +237,16 @@ def save_checkpoint(run_dir: Path, job: RLJob, position: Position, keep: int) ->
     for slot, episode in enumerate(position.episodes):
         write_state(tmp / episode_state_name(slot), episode, job.spaces, version=position.version, slot=slot,
                     durable=True)
+    pending = []
+    for entry in position.pending_shards:  # staleness 1: the kept shards, byte for byte (their lineage checksums)
+        source = shard_path(run_dir / TRAJECTORIES_DIR, entry["version"], entry["slot"])
+        data = source.read_bytes()
+        publish(tmp / source.name, lambda handle, data=data: handle.write(data), durable=True)
+        pending.append(source.name)
     sums = {name: checksum_file(tmp / name) for name in sorted(os.listdir(tmp))}
     write_json(tmp / CHECKPOINT_META, seal({"kind": RUN_FORMAT, "version": position.version, "step": position.step,
-                                            "slots": job.env.slots, "files": sums}), durable=True)
+                                            "slots": job.env.slots, "pending": pending, "files": sums}),
+               durable=True)
     os.rename(tmp, final)
     fsync_dir(final.parent)
     for old in sorted(checkpoints(run_dir))[:-keep]:
@@ -274,7 +290,17 @@ def read_checkpoint(folder: Path, job: RLJob, policy: Policy) -> Position:
     version = int(meta["version"])
     episodes = [read_state(folder / episode_state_name(slot), job.spaces, version=version, slot=slot)
                 for slot in range(job.env.slots)]
-    return Position(version, weights, state, int(meta["step"]), episodes)
+    kept = meta.get("pending", [])
+    expected = job.env.slots if job.train.staleness and 0 < version <= job.versions else 0
+    if not isinstance(kept, list) or len(kept) != expected:
+        raise CorruptFileError("the checkpoint does not hold the shards its version learns from (staleness 1)",
+                               path=folder / CHECKPOINT_META, expected=f"{expected} shards of version {version - 1}",
+                               found=f"{kept!r}")
+    pending = [read_shard(shard_path(folder, version - 1, slot), spaces=job.spaces, version=version - 1, slot=slot,
+                          seed=job.train.seed, steps=job.env.steps) for slot in range(len(kept))]
+    shards = [{"slot": slot, "version": version - 1, "checksum": checksum_file(shard_path(folder, version - 1, slot))}
+              for slot in range(len(kept))]
+    return Position(version, weights, state, int(meta["step"]), episodes, pending, shards)
 
 
 def _truncate_records(run_dir: Path, version: int) -> None:
@@ -304,7 +330,7 @@ class RLSummary:
 
 
 def train_rl(job: RLJob, raw: dict[str, Any], *, resume: bool = False, overwrite: bool = False,
-             quiet: bool = False) -> RLSummary:
+             quiet: bool = False, replaying: tuple[Path, list[dict[str, Any]]] | None = None) -> RLSummary:
     """Run (or resume) ``job`` to its budget; raises MemtrainError (Interrupted on SIGINT/SIGTERM/SIGHUP, after a
     checkpoint)."""
     refuse_unsupported(job, job.source or job.run.dir / RUN_JOB)
@@ -317,7 +343,7 @@ def train_rl(job: RLJob, raw: dict[str, Any], *, resume: bool = False, overwrite
             _create_run(run_dir, raw, policy, overwrite)
         lock = acquire_lock(run_dir)
         try:
-            return _run(job, policy, run_dir, stop, resume=resume, quiet=quiet)
+            return _run(job, policy, run_dir, stop, resume=resume, quiet=quiet, replaying=replaying)
         except (MemtrainError, OSError) as exc:
             if not isinstance(exc, Interrupted):
                 log_event(run_dir, f"failed: {exc}")
@@ -351,7 +377,8 @@ def worker_count(job: RLJob) -> int:
     return min(CORES, job.env.slots) if workers == "auto" else int(workers)
 
 
-def _run(job: RLJob, policy: Policy, run_dir: Path, stop: StopRequest, *, resume: bool, quiet: bool) -> RLSummary:
+def _run(job: RLJob, policy: Policy, run_dir: Path, stop: StopRequest, *, resume: bool, quiet: bool,
+         replaying: tuple[Path, list[dict[str, Any]]] | None = None) -> RLSummary:
     from memtrain.rl.worker import RLWorkerState
     from memtrain.train.server.exchange import InServer, WorkerPool
 
@@ -361,7 +388,7 @@ def _run(job: RLJob, policy: Policy, run_dir: Path, stop: StopRequest, *, resume
         sweep_orphans(folder, lambda name: True)
     position = _start(job, policy, run_dir, resume)
     setup = RLWorkerSetup(server_pid=os.getpid(), run_dir=str(run_dir), blas_threads=job.train.blas_threads)
-    workers = worker_count(job)
+    workers = 0 if replaying else worker_count(job)  # a replay collects each recorded shard in turn
     stop.deferred = True  # from here a stop signal is recorded, and the run checkpoints where it stands
     transport = WorkerPool(setup, workers, max_starts=job.train.max_attempts) if workers else \
         InServer(RLWorkerState(setup, job, policy))  # type: ignore[arg-type]
@@ -375,14 +402,17 @@ def _run(job: RLJob, policy: Policy, run_dir: Path, stop: StopRequest, *, resume
     recent = deque((r for line in read_jsonl(run_dir / RUN_METRICS) for r in line.get("episode_returns", [])),
                    maxlen=RECENT_EPISODES)  # a resume's: the kept lines' episodes
     try:
-        while position.version < job.versions:
+        if job.train.mode == "async":
+            position, last = _run_async(job, policy, learner, run_dir, scheduler, transport, position, recent, stop,
+                                        quiet, replaying)
+        while job.train.mode == "sync" and position.version < last_version(job):
             if stop.requested:
                 _stopped(job, run_dir, position, stop)
             try:
                 position, last = _version(job, policy, learner, run_dir, scheduler, transport, position, recent)
             except Interrupted:
                 _stopped(job, run_dir, position, stop)
-            if position.version % job.run.checkpoint_every == 0 or position.version == job.versions:
+            if position.version % job.run.checkpoint_every == 0 or position.version == last_version(job):
                 save_checkpoint(run_dir, job, position, job.run.keep_checkpoints)
             if not quiet:
                 _progress(job, last)
@@ -391,6 +421,42 @@ def _run(job: RLJob, policy: Policy, run_dir: Path, stop: StopRequest, *, resume
     log_event(run_dir, f"done: weight version {position.version}")
     return RLSummary(run_dir, position.version, job.versions, position.env_steps(job), time.monotonic() - began,
                      scheduler.deaths, last)
+
+
+def _run_async(job: RLJob, policy: Policy, learner: Learner, run_dir: Path, scheduler: Scheduler, transport: Any,
+               position: Position, recent: deque[float], stop: StopRequest, quiet: bool,
+               replaying: tuple[Path, list[dict[str, Any]]] | None) -> tuple[Position, dict[str, Any]]:
+    """Async mode (memtrain/rl/asynchronous.py), or the replay of an async run; a checkpoint every
+    ``run.checkpoint_every`` x slots versions (a version is one shard) and at the end."""
+    held = {"position": position}
+
+    def on_version(now: Position, line: dict[str, Any]) -> None:
+        held["position"] = now
+        if now.version % (job.run.checkpoint_every * job.env.slots) == 0 or now.version == last_version(job):
+            save_checkpoint(run_dir, job, now, job.run.keep_checkpoints)
+        if not quiet and now.version % job.env.slots == 0:
+            _progress(job, {**line, "version": now.version // job.env.slots - 1})
+        if stop.requested:
+            raise Interrupted("stop")
+
+    try:
+        if replaying:  # the recorded versions, then a checkpoint where the record ends
+            position, last = replay(job, policy, learner, run_dir, transport.state, position, recent, replaying[1],
+                                    replaying[0], on_version)
+            save_checkpoint(run_dir, job, position, job.run.keep_checkpoints)
+            return position, last
+        return run_async(job, policy, learner, run_dir, scheduler, transport, position, recent, on_version)
+    except Interrupted:
+        _stopped(job, run_dir, held["position"], stop)
+        raise
+
+
+def last_version(job: RLJob) -> int:
+    """The run's final weight version: one per version's collection, and with staleness 1 one more, the update
+    on the last version's shards (version 1 is then version 0's weights: nothing was collected before 0)."""
+    if job.train.mode == "async":
+        return updates(job)  # one shard per version
+    return job.versions + job.train.staleness
 
 
 def _describe(task: Any) -> str:
@@ -410,44 +476,103 @@ def _stopped(job: RLJob, run_dir: Path, position: Position, stop: StopRequest) -
 
 def _version(job: RLJob, policy: Policy, learner: Learner, run_dir: Path, scheduler: Scheduler, transport: Any,
              position: Position, recent: deque[float]) -> tuple[Position, dict[str, Any]]:
-    """Version ``position.version``: collect every slot, learn, publish the next version; its metrics line."""
-    version, slots = position.version, job.env.slots
-    tasks = []
-    for slot, episode in enumerate(position.episodes):
-        path = run_dir / EPISODES_DIR / episode_state_name(slot)
-        write_state(path, episode, job.spaces, version=version, slot=slot)
-        tasks.append(CollectTask(task=slot, attempt=0, update=version, version=version, episode=episode.episode,
-                                 step=episode.step, state_key=episode.key()[2].hex(), state_file=str(path)))
+    """Version ``position.version``: collect every slot with it, learn, publish the next version; its metrics line.
+
+    Staleness 0 learns from the shards just collected. Staleness 1 learns from the shards collected with the
+    version before (``position.pending``), in a thread of the server while the workers collect with this one
+    (the server's own thread keeps dispatching tasks): the update starts from this version's weights, so the
+    kept shards are one version old, as DPPO's kept buffers. Each slot's task starts from the episode state its
+    previous task left (the collection chain is the same in both modes; only what the learner reads differs).
+    """
+    version, slots, lag = position.version, job.env.slots, job.train.staleness
+    collecting = version < job.versions
+    tasks = _collection_tasks(job, run_dir, position) if collecting else []
+    overlapped: dict[str, Any] = {}
+
+    def learn_kept() -> None:  # staleness 1: the update on version - 1's shards, while version collects
+        if position.pending:
+            overlapped["learned"] = learn(learner, position.weights, position.state, position.step, version - 1,
+                                          position.pending)
+
     started = time.monotonic()
-    scheduler.run(transport, tasks)
+    beside = _Beside(learn_kept) if lag else None  # the update beside the dispatch, not in the server's thread
+    try:
+        if tasks:
+            scheduler.run(transport, tasks)
+    finally:
+        if beside is not None:
+            beside.join()
     collected = time.monotonic() - started
     folder = run_dir / TRAJECTORIES_DIR
     trajectories = [read_shard(shard_path(folder, version, slot), spaces=job.spaces, version=version, slot=slot,
-                               seed=job.train.seed, steps=job.env.steps) for slot in range(slots)]
+                               seed=job.train.seed, steps=job.env.steps) for slot in range(slots)] if collecting else []
     shards = [{"slot": slot, "version": version, "checksum": checksum_file(shard_path(folder, version, slot))}
-              for slot in range(slots)]
-    episodes = [advance(e, t, job.spaces) for e, t in zip(position.episodes, trajectories, strict=True)]
-    learned = learn(learner, position.weights, position.state, position.step, version, trajectories)
-    checksum = publish_params(run_dir, version + 1, policy.layout, policy.layout.views(learned.weights),
-                              made_by=f"the {job.rl.algorithm.upper()} update of version {version}")
+              for slot in range(slots)] if collecting else []
+    episodes = [advance(e, t, job.spaces) for e, t in zip(position.episodes, trajectories, strict=True)] \
+        if collecting else position.episodes
+    if lag:
+        learned, used = overlapped.get("learned"), position.pending_shards
+    else:
+        learned, used = learn(learner, position.weights, position.state, position.step, version, trajectories), shards
+    weights, state, step = (learned.weights, learned.state, learned.step) if learned else \
+        (position.weights, position.state, position.step)  # staleness 1, version 0: nothing to learn from yet
+    what = f"the {job.rl.algorithm.upper()} update on the shards of version {version - lag}" if learned else \
+        "version 0's weights (staleness 1: nothing collected before it)"
+    checksum = publish_params(run_dir, version + 1, policy.layout, policy.layout.views(weights), made_by=what)
     fault_point("rl_after_publish")
-    line = version_metrics(version, trajectories, learned.batch, learned.steps)
+    line = version_metrics(version, trajectories, learned.batch if learned else None,
+                           learned.steps if learned else [])
     returns = [float(r) for t in trajectories for r in t.episode_return[t.done]]
     recent.extend(returns)
     line |= {"episode_returns": returns,
              "return_last100_mean": float(np.mean(recent)) if recent else None}  # over the run's last 100 episodes
-    line |= {"kind": "version", "env_steps_total": (version + 1) * slots * job.env.steps,
-             "env_steps_per_s": slots * job.env.steps / collected if collected > 0 else None, "lr": learned.lr,
-             "seconds": time.monotonic() - started}
-    due = job.rl.eval_every and ((version + 1) % job.rl.eval_every == 0 or version + 1 == job.versions)
+    line |= {"kind": "version", "env_steps_total": min(version + 1, job.versions) * slots * job.env.steps,
+             "env_steps_per_s": slots * job.env.steps / collected if collecting and collected > 0 else None,
+             "lr": learned.lr if learned else None, "learned_from": version - lag if learned else None,
+             "policy_lag": lag if learned else None, "seconds": time.monotonic() - started}
+    due = job.rl.eval_every and ((version + 1) % job.rl.eval_every == 0 or version + 1 == last_version(job))
     if due:
-        returns, lengths = _evaluate(job, policy, learned.weights, version + 1)
+        returns, lengths = _evaluate(job, policy, weights, version + 1)
         line |= {"eval_version": version + 1, **eval_metrics(returns, lengths)}
-    append_jsonl(run_dir / RUN_LINEAGE, seal({"version": version + 1, "parent": version, "shards": shards,
-                                              "optimizer_steps": learned.step - position.step, "checksum": checksum}))
+    append_jsonl(run_dir / RUN_LINEAGE, seal({"version": version + 1, "parent": version, "shards": used,
+                                              "optimizer_steps": step - position.step, "checksum": checksum}))
     append_jsonl(run_dir / RUN_METRICS, line)
-    _retire(run_dir, version, slots, job.run.keep_versions)
-    return Position(version + 1, learned.weights, learned.state, learned.step, episodes), line
+    _retire(run_dir, version - lag if learned else None, slots, version + 1 - max(job.run.keep_versions, 1))
+    pending, pending_shards = (trajectories, shards) if lag else ([], [])
+    return Position(version + 1, weights, state, step, episodes, pending, pending_shards), line
+
+
+class _Beside:
+    """``work`` run in a thread beside the server's loop; ``join`` waits for it and raises what it raised. The
+    update is pure arithmetic on its own arrays, so the thread changes no bit (BLAS is limited process-wide)."""
+
+    def __init__(self, work: Callable[[], None]):
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(work,), name="memtrain-rl-learner", daemon=True)
+        self.thread.start()
+
+    def _run(self, work: Callable[[], None]) -> None:
+        try:
+            work()
+        except BaseException as exc:  # noqa: BLE001 - handed to the server's thread by join
+            self.error = exc
+
+    def join(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
+def _collection_tasks(job: RLJob, run_dir: Path, position: Position) -> list[CollectTask]:
+    """One task per slot at ``position.version``, each from the episode state its slot's previous task left."""
+    tasks = []
+    for slot, episode in enumerate(position.episodes):
+        path = run_dir / EPISODES_DIR / episode_state_name(slot)
+        write_state(path, episode, job.spaces, version=position.version, slot=slot)
+        tasks.append(CollectTask(task=slot, attempt=0, update=position.version, version=position.version,
+                                 episode=episode.episode, step=episode.step, state_key=episode.key()[2].hex(),
+                                 state_file=str(path)))
+    return tasks
 
 
 def _evaluate(job: RLJob, policy: Policy, weights: np.ndarray, version: int) -> tuple[np.ndarray, np.ndarray]:
@@ -459,12 +584,12 @@ def _evaluate(job: RLJob, policy: Policy, weights: np.ndarray, version: int) -> 
     return evaluate(act, job.env.spec, job.rl.eval_episodes, seed, version=version)
 
 
-def _retire(run_dir: Path, version: int, slots: int, keep_versions: int) -> None:
-    """The version's shards once learned from, and weight versions older than the newest ``run.keep_versions``."""
-    for slot in range(slots):
+def _retire(run_dir: Path, learned: int | None, slots: int, old: int) -> None:
+    """The shards of version ``learned`` once learned from, and weight version ``old`` (older than the newest
+    ``run.keep_versions``)."""
+    for slot in range(slots if learned is not None else 0):
         with contextlib.suppress(FileNotFoundError):
-            shard_path(run_dir / TRAJECTORIES_DIR, version, slot).unlink()
-    old = version + 1 - max(keep_versions, 1)
+            shard_path(run_dir / TRAJECTORIES_DIR, learned, slot).unlink()
     if old >= 0:
         with contextlib.suppress(FileNotFoundError):
             weights_path(run_dir, old).unlink()
@@ -490,8 +615,7 @@ def _progress(job: RLJob, line: dict[str, Any]) -> None:
 def run_command(args: argparse.Namespace) -> int:
     """``memtrain train`` for an RL job (``JOB.toml`` with ``[env]``) or run (``--resume RUN_DIR``)."""
     if args.replay is not None:
-        raise InputError("--replay of a reinforcement-learning run is not done yet", path=args.replay,
-                         hint="a synchronous run is reproduced by running its job again (the same bits); docs/rl.md")
+        return _replay_command(args)
     if args.cluster:
         raise InputError("reinforcement learning runs on this machine only, so far", found=f"--cluster {args.cluster}")
     if args.workers is not None and args.workers < 0:
@@ -527,6 +651,36 @@ def run_command(args: argparse.Namespace) -> int:
         _name_resume(exc, run_dir)  # a failure after the run directory was made says how to continue it
         raise
     print_summary(summary)
+    return 0
+
+
+def _replay_command(args: argparse.Namespace) -> int:
+    """``memtrain train --replay RUN`` of an async RL run: its recorded order again, into another run directory."""
+    if args.job is not None or args.resume or args.overrides or args.cluster:
+        raise InputError("--replay takes a run directory and nothing that changes the job",
+                         expected="memtrain train --replay RUN_DIR [--run-dir OUT] [--overwrite]")
+    source = Path(args.replay).resolve()
+    job = read_run_job(source)
+    if job.train.mode != "async":
+        raise InputError("--replay re-executes an async run's recorded order; this run is synchronous",
+                         path=source, found=f"train.mode = {job.train.mode!r}",
+                         hint="a synchronous run gives the same bits when its job runs again, with any worker count")
+    lineage, damaged = read_sealed_jsonl(source / RUN_LINEAGE, what="lineage record")
+    versions = [r.get("version") for r in lineage]
+    if damaged or versions != list(range(len(lineage))) or len(lineage) < 2:
+        raise CorruptFileError("the run's lineage cannot be replayed: damaged, or a version is missing",
+                               path=source / RUN_LINEAGE, expected="versions 0, 1, 2, ... each sealed",
+                               found=f"{len(damaged)} damaged lines, versions {versions[:8]}")
+    target = Path(args.run_dir or source.with_name(source.name + "-replay")).resolve()
+    if target == source:
+        raise InputError("the replay needs its own run directory", path=target, hint="give --run-dir OUT")
+    record = unseal(read_json(source / RUN_JOB, what="the run's job record"), path=source / RUN_JOB,
+                    what="the run's job record")
+    raw = {**record["job"], "run": {**record["job"].get("run", {}), "dir": str(target)}}
+    job = rl_job_from_dict(raw, base=target, where=source / RUN_JOB)
+    summary = train_rl(job, raw, overwrite=args.overwrite, quiet=args.quiet, replaying=(source, lineage))
+    print_summary(summary)
+    print(f"replayed {source}: all {len(lineage) - 1} weight versions match the recorded checksums", flush=True)
     return 0
 
 

@@ -36,7 +36,7 @@ import xxhash
 
 from memtrain.errors import CorruptFileError
 from memtrain.files import open_npy, publish_array
-from memtrain.layout import trajectory_name
+from memtrain.layout import rl_gradient_name, trajectory_name
 from memtrain.rl.envs import DISCRETE, Spaces
 
 FORMAT_VERSION = 1
@@ -89,6 +89,11 @@ ARRAYS = tuple(f.name for f in fields(Trajectory))[5:]
 
 def shard_path(folder: Path, version: int, slot: int) -> Path:
     return Path(folder) / trajectory_name(version, slot)
+
+
+def gradient_path(folder: Path, version: int, slot: int) -> Path:
+    """The A3C gradient of collection task (version, slot), beside its shard."""
+    return Path(folder) / rl_gradient_name(version, slot)
 
 
 def write_shard(path: Path, traj: Trajectory, spaces: Spaces, *, durable: bool = False) -> None:

@@ -14,8 +14,10 @@ from pathlib import Path
 import numpy as np
 
 from memtrain.layout import EPISODES_DIR, TRAJECTORIES_DIR, episode_state_name, weights_path
-from memtrain.rl.collect import SlotCache, collect, read_state
+from memtrain.rl.asynchronous import a3c_gradient, is_a3c
+from memtrain.rl.collect import SlotCache, blas_controller, collect, read_state
 from memtrain.rl.config import RLJob
+from memtrain.rl.trajectory import gradient_path
 from memtrain.train.messages import CollectTask, Outcome, Result, RLWorkerSetup
 
 
@@ -58,9 +60,18 @@ class RLWorkerState:
             raise CorruptFileError("the slot's episode state is not the one the task was sent for",
                                    path=task.state_file, expected=f"episode {task.episode}, step {task.step}",
                                    found=f"episode {state.episode}, step {state.step}")
-        collect(weights_path(self.run_dir, task.version), task.version, task.task, job.env.spec, job.train.seed,
-                job.env.steps, state, out_dir=self.run_dir / TRAJECTORIES_DIR, cache=self.cache,
-                attempts=job.train.max_attempts, policy=self.policy)
+        done = collect(weights_path(self.run_dir, task.version), task.version, task.task, job.env.spec,
+                       job.train.seed, job.env.steps, state, out_dir=self.run_dir / TRAJECTORIES_DIR, cache=self.cache,
+                       attempts=job.train.max_attempts, policy=self.policy)
+        if is_a3c(job):  # A3C: the task's own actor-critic gradient, at the version it collected with
+            from memtrain.files import open_npy, publish_array
+            from memtrain.rl.server import learner_of
+
+            weights = open_npy(weights_path(self.run_dir, task.version), dtype=np.float32)
+            with blas_controller().limit(limits=1):
+                grad = a3c_gradient(job, learner_of(job, self.policy), np.asarray(weights), done.trajectory)
+            publish_array(gradient_path(self.run_dir / TRAJECTORIES_DIR, task.version, task.task), grad,
+                          durable=False)
 
     def close(self) -> None:
         self.cache.close()
