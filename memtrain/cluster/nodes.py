@@ -92,14 +92,14 @@ def node_part(actor: Any, body: tuple[Any, ...], rank: int, abandoned: Callable[
     scratch.mkdir(exist_ok=True)
     compute = node_compute(actor, scratch, counts[rank])
     numbers: list[float] = []
-    paths = [scratch / streamed_gradient_name(t.update, t.task, t.attempt) for t in tasks[lo:hi]]
+    paths = [scratch / streamed_gradient_name(t.ticket, t.task, t.attempt) for t in tasks[lo:hi]]
     try:
         for task, result in zip(tasks[lo:hi], compute(tasks[lo:hi]), strict=True):
             if result.outcome != Outcome.DONE:
                 return numbers, b"", result.error or f"task {task.task}: {result.outcome.name}"
             numbers += [task.task, result.loss, result.seconds]
         size = state.context.layout.size
-        chain = PartialSum(Path(actor.setup.exchange_dir), update=tasks[0].update, attempt=0,
+        chain = PartialSum(Path(actor.setup.exchange_dir), update=tasks[0].ticket, attempt=0,
                            version=tasks[0].version, size=size, sync=actor.sync)
         grads = {t: open_npy(path, shape=(size,), dtype=np.float32) for t, path in zip(range(lo, hi), paths,
                                                                                          strict=True)}

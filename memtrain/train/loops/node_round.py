@@ -74,7 +74,7 @@ class NodeParticipant(SlicedParticipant):
         counts = self.member_processes()
         ranges = node_tasks(len(tasks), counts)
         record = node_record(gradient_record(tasks), counts, broadcast.timeout or CHAIN_SECONDS)
-        answer = broadcast.ask("nodes", record, len(counts), self.housekeeping)
+        answer = broadcast.ask("nodes", record, len(counts), self.file_chores)
         found = gradient_results(tasks, answer.numbers)
         if answer.status == "done":
             self.chained = len(tasks)
@@ -102,7 +102,7 @@ class NodeParticipant(SlicedParticipant):
         super().skip(update, bad)
 
     def chain(self, task: GradTask) -> PartialSum:
-        return PartialSum(self.files.exchange, update=task.update, attempt=0, version=task.version,
+        return PartialSum(self.files.exchange, update=task.ticket, attempt=0, version=task.version,
                           size=self.files.size)
 
     def partials(self, task: GradTask, ranges: list[tuple[int, int]]) -> list[Path]:
