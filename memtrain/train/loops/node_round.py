@@ -17,25 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-
 from memtrain.errors import InputError
-from memtrain.train.loops.node_sum import PartialSum, node_tasks, read_sum, resume_point, segment_ranges
+from memtrain.train.loops.node_sum import PartialSum, node_tasks, resume_point, segment_ranges
 from memtrain.train.loops.sliced import SlicedParticipant
 from memtrain.train.messages import GradTask, Result, StepTask
 from memtrain.train.plan import Update
-
-READ_SECONDS = 60.0  # a step slice's wait for the last partial (published before its node answered)
-
-
-def chained_sum(message: StepTask, exchange: Path, size: int) -> np.ndarray:
-    """Slice [lo, hi) of the sum of the first ``message.chained`` tasks of the update: its chain's partial."""
-    chain = PartialSum(exchange, update=message.update, attempt=0, version=message.version, size=size)
-    return read_sum(chain, message.chained, deadline=time.monotonic() + READ_SECONDS, lo=message.lo, hi=message.hi)
 
 
 class NodeParticipant(SlicedParticipant):
