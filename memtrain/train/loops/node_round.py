@@ -15,15 +15,16 @@ the end of an answered node's range (``node_sum.resume_point``) is kept, the tas
 
 from __future__ import annotations
 
-import contextlib
-import os
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from memtrain.errors import InputError
+from memtrain.train.exchange.area import discard
+from memtrain.train.loops.mapped import RoundFiles
 from memtrain.train.loops.node_sum import PartialSum, node_tasks, resume_point, segment_ranges
 from memtrain.train.loops.sliced import SlicedParticipant
-from memtrain.train.messages import GradTask, Result, StepTask
+from memtrain.train.messages import GradTask, Result, StepTask, Stretch
 from memtrain.train.plan import Update
 
 
@@ -32,6 +33,11 @@ class NodeParticipant(SlicedParticipant):
 
     chained = 0  # tasks of the update to step next whose sum is its chain's partial
     counts: tuple[str, list[int]] = ("", [])  # the open round's ident and its members' process counts
+
+    def __init__(self, files: RoundFiles, stretch: Stretch, **options: Any):
+        super().__init__(files, stretch, **options)
+        self.published: dict[int, list[Path]] = {}  # per update asked with a node record: the partials its chain
+        # may publish (``partials``), removed after its step
 
     def member_processes(self) -> list[int]:
         """The open round's members' process counts as nodes (asked once per round); [] unless all are nodes."""
@@ -63,6 +69,7 @@ class NodeParticipant(SlicedParticipant):
         counts = self.member_processes()
         ranges = node_tasks(len(tasks), counts)
         record = node_record(gradient_record(tasks), counts, broadcast.timeout or CHAIN_SECONDS)
+        self.published[tasks[0].ticket] = self.partials(tasks[0], ranges)  # discarded after the step
         answer = broadcast.ask("nodes", record, len(counts), self.file_chores)
         found = gradient_results(tasks, answer.numbers)
         if answer.status == "done":
@@ -100,7 +107,6 @@ class NodeParticipant(SlicedParticipant):
         return [chain.path(hi, s) for _, hi in ranges for s in range(len(segment_ranges(self.files.size)))]
 
     def discard_partials(self, update: int) -> None:
-        """The update's partials, once its step is written (or it was skipped)."""
-        for path in self.files.exchange.glob(f"c-u{update:08d}-*"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+        """The update's partials, once its step is written (or it was skipped): every one its chain may have
+        published (``partials``, kept when its node record was posted)."""
+        discard(self.published.pop(update, []))

@@ -52,7 +52,8 @@ from memtrain.files import (
     open_regular,
     rename_new,
 )
-from memtrain.layout import chain_sum_name, tmp_sibling
+from memtrain.layout import tmp_sibling
+from memtrain.train.exchange.area import CHAIN_SUM, discard
 from memtrain.train.exchange.weights import BLOCK
 from memtrain.train.messages import StepTask
 from memtrain.train.plan import node_tasks as node_tasks  # the ranges are the plan's (the cluster derives them too)
@@ -117,7 +118,7 @@ class PartialSum:
         return segment_ranges(self.size, self.segment_blocks)
 
     def path(self, tasks: int, segment: int) -> Path:
-        return self.folder / chain_sum_name(self.update, self.attempt, tasks, segment)
+        return CHAIN_SUM.path(self.folder, self.update, self.attempt, tasks, segment)
 
     def identity(self, tasks: int, segment: int) -> dict[str, int]:
         lo, hi = self.segments()[segment]
@@ -147,7 +148,7 @@ class PartialSum:
             pass
         finally:
             if tmp.exists():
-                os.unlink(tmp)
+                discard([tmp])
         return path
 
     def read(self, tasks: int, segment: int, into: np.ndarray) -> np.ndarray:
