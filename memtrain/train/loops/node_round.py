@@ -26,6 +26,7 @@ from memtrain.train.loops.node_sum import PartialSum, node_tasks, resume_point, 
 from memtrain.train.loops.sliced import SlicedParticipant
 from memtrain.train.messages import GradTask, Result, StepTask, Stretch
 from memtrain.train.plan import Update
+from memtrain.train.timing import UNTIMED, timed_sections
 
 
 class NodeParticipant(SlicedParticipant):
@@ -36,6 +37,7 @@ class NodeParticipant(SlicedParticipant):
 
     def __init__(self, files: RoundFiles, stretch: Stretch, **options: Any):
         super().__init__(files, stretch, **options)
+        timed_sections(self, options.get("timer", UNTIMED), ("node_step",))  # train/timing.py: untimed, nothing
         self.published: dict[int, list[Path]] = {}  # per update asked with a node record: the partials its chain
         # may publish (``partials``), removed after its step
 
@@ -85,7 +87,12 @@ class NodeParticipant(SlicedParticipant):
         return [done.get(task.task) or found[task.task] for task in tasks]
 
     def run_step_tasks(self, tasks: list[StepTask], ranges: list[tuple[int, int]]) -> list[Result]:
-        return super().run_step_tasks([replace(task, chained=self.chained) for task in tasks], ranges)
+        return self.node_step([replace(task, chained=self.chained) for task in tasks], ranges)
+
+    def node_step(self, tasks: list[StepTask], ranges: list[tuple[int, int]]) -> list[Result]:
+        """The step's slices, each reading the sum of its update's first ``chained`` tasks from their chain's
+        partial (0: every gradient file): section ``node_step`` (train/timing.py)."""
+        return super().run_step_tasks(tasks, ranges)
 
     def step(self, update: Update) -> None:
         try:
