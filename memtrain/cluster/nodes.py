@@ -3,10 +3,11 @@
 A Dask worker started with ``MEMTRAIN_NODE_PROCESSES=P`` in its environment stands for a node of P processes.
 When every member of a broadcast round is such a node, the server posts a **node record** per update instead
 of the gradient record: the gradient record, plus the members' process counts in rank order. Every member
-derives the same ranges from it (``node_sum.node_tasks``: contiguous, in node order, about in proportion to the
+derives the same ranges from it (``plan.node_tasks``: contiguous, in node order, about in proportion to the
 processes), and member ``rank``:
 
-1. computes the gradients of its range (on its threads, below), each into a file of the node's own scratch
+1. computes the gradients of its range (on its threads: train/loops/node_compute.py, reached through the
+   worker's state its actor holds, ``WorkerState.node_range``), each into a file of the node's own scratch
    (the Dask worker's local directory: never on the shared filesystem);
 2. continues the update's fold (``node_sum.fold_node``): waits for the partial sum of the tasks before its
    range (published by the node before it in the shared exchange folder), adds its gradients in task order and
@@ -19,7 +20,7 @@ that will not come (the node before it was lost: the round ended) gives up withi
 (``abandoned``: the scheduler's plugin asked at most twice a second, and only after half a second of waiting),
 so the per-task path that completes the update finds it idle.
 
-A node's P processes are, for now, P threads of its Dask worker's process (``NodeCompute``), when the model
+A node's P processes are, for now, P threads of its Dask worker's process (``node_compute.NodeCompute``), when the model
 may be called from several threads at once (``thread_safe = True``: the numpy models; numpy releases the GIL in
 BLAS) and BLAS runs on one thread; otherwise one thread computes the range. Each task is computed exactly as
 alone into its own file, and the fold adds them in task order: the same bits either way.
