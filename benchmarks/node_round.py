@@ -16,11 +16,11 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from benchmarks.cluster_parts import external_cluster
 from memtrain.benchmarks.cluster_costs import measure
 from memtrain.cluster.nodes import PROCESSES_ENV
-from memtrain.train.loops.node_round import NodeParticipant
 
 
 def wait_for(address: str, workers: int, seconds: float = 120.0) -> None:
@@ -41,22 +41,32 @@ def one(params: int, workers: int, tasks: int, processes: int, updates: int, war
     else:
         os.environ.pop(PROCESSES_ENV, None)
     folder.mkdir(parents=True)
-    chained: list[int] = []  # per step: how many tasks' sum it read from a chain's partial (0: no node round)
-    run_steps = NodeParticipant.run_step_tasks
-
-    def spy(participant: NodeParticipant, tasks: list, ranges: list) -> list:
-        chained.append(participant.chained)
-        return run_steps(participant, tasks, ranges)
-
-    NodeParticipant.run_step_tasks = spy  # type: ignore[method-assign]
+    steps = StepCount()
     try:
         with external_cluster(workers, folder) as (address, _):
             wait_for(address, workers)
-            return measure(params, address, updates, warmup, folder, tasks) | {"node_steps": sum(
-                1 for c in chained if c == tasks), "steps": len(chained)}
+            return measure(params, address, updates, warmup, folder, tasks, others=steps) | {
+                "node_steps": sum(1 for c in steps.chained if c == tasks), "steps": len(steps.chained)}
     finally:
-        NodeParticipant.run_step_tasks = run_steps  # type: ignore[method-assign]
         os.environ.pop(PROCESSES_ENV, None)
+
+
+class StepCount:
+    """A timer (memtrain/train/timing.py) that counts rather than times: per step, how many of the update's
+    tasks' sum it read from a chain's partial (section ``node_step``; 0: no node round)."""
+
+    def __init__(self) -> None:
+        self.chained: list[int] = []
+
+    def timed(self, name: str, function: Any) -> Any:
+        if name != "node_step":
+            return function
+
+        def counted(tasks: list, ranges: list) -> Any:
+            self.chained.append(tasks[0].chained)
+            return function(tasks, ranges)
+
+        return counted
 
 
 def main() -> None:

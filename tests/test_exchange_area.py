@@ -29,7 +29,8 @@ EXAMPLES = {
     area.MARK: [()], area.GRADIENT_BUFFER: [(0, 0), (3, 1)], area.DIGESTS: [()], area.BOARD: [()],
     area.RECORDS: [()], area.OPTIMIZER_STATE: [("m", 0), ("v", 1)], area.DESK_BUFFER: [(0, 0), (2, 4)],
     area.DESK_WORDS: [()], area.DESK_TASKS: [()], area.DESK_RECORDS: [()], area.SPARE_GRADIENT: [(390, 1, 0)],
-    area.STATE_BUILDING: [("m", 391)], area.STREAMED_GRADIENT: [(390, 1, 2)], area.METRICS: [(390, 1, 0)],
+    area.STATE_BUILDING: [("m", 391)], area.CHAIN_SUM: [(390, 0, 7, 3)], area.STREAMED_GRADIENT: [(390, 1, 2)],
+    area.METRICS: [(390, 1, 0)],
     area.CLUSTER_PROBE: [("0123456789ab",)],
 }
 

@@ -1,7 +1,7 @@
 """The two-level round through ``memtrain train --cluster`` (issue 42; memtrain/cluster/nodes.py,
 memtrain/train/loops/node_round.py): Dask workers on 127.0.0.1 standing for nodes, each with its own local
 directory (its scratch) and ``MEMTRAIN_NODE_PROCESSES`` saying how many processes it stands for (for now,
-threads of the worker's process: memtrain/cluster/nodes.py).
+threads of the worker's process: memtrain/train/loops/node_compute.py).
 
 Bitwise the weights of a local run for 1, 2 and 3 nodes of unequal process counts; every update went through
 node records and a step from the last partial; no gradient file on the shared filesystem; a node killed mid-round

@@ -33,7 +33,7 @@ from memtrain.train.loops.node_sum import (
     segment_ranges,
 )
 from memtrain.train.loops.reduce import reduce_and_step
-from memtrain.train.optim import OptimizerConfig, state_slots
+from memtrain.train.optim import OptimizerConfig, state_names
 
 
 def gradients(seed: int, tasks: int, size: int) -> list[np.ndarray]:
@@ -136,7 +136,7 @@ def test_the_step_from_the_last_partial_gives_the_local_runs_weights(tmp_path: P
     rng = np.random.default_rng(4)
     weights = rng.normal(size=size).astype(np.float32)
     optimizer = OptimizerConfig(name=name, lr=0.01)
-    state = {k: np.abs(rng.normal(size=size)).astype(np.float32) for k in state_slots(optimizer)}
+    state = {k: np.abs(rng.normal(size=size)).astype(np.float32) for k in state_names(optimizer)}
 
     def step(given: list[np.ndarray]) -> bytes:
         out = np.empty(size, dtype=np.float32)

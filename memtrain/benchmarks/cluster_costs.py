@@ -36,6 +36,7 @@ from typing import Any
 from memtrain.benchmarks.memtrain_run import job_for
 from memtrain.benchmarks.problem import BATCH, Problem
 from memtrain.benchmarks.synthetic import mlp_shape, write_dataset
+from memtrain.train.timing import UNTIMED, Timer, timed
 
 IO_FIELDS = ("rchar", "wchar", "read_bytes", "write_bytes")
 
@@ -65,18 +66,19 @@ class CostsTimer:
     """The run's timing hook (memtrain/train/timing.py), used to count rather than to time: the pool the server
     opens (section ``cluster``), the records' sizes (``task out``, ``result in``, ``broadcast call``: the
     broadcast round's posts and counts, memtrain/cluster/broadcast.py) added to ``Records.bytes``, and a
-    ``snapshot`` after the step of update ``warmup`` and of the last one (``step``). Every other section runs
-    untouched; nothing of memtrain is patched."""
+    ``snapshot`` after the step of update ``warmup`` and of the last one (``step``). Every other section goes
+    to ``others`` (a script's own timer; untouched by default); nothing of memtrain is patched."""
 
-    def __init__(self, *, counted: tuple[int, int]):
+    def __init__(self, *, counted: tuple[int, int], others: Timer = UNTIMED):
         self.counted = counted  # the updates after whose step a snapshot is taken
+        self.others = others  # the sections it does not count itself go to this timer (a script's own)
         self.pools: list[Any] = []
         self.marks: list[dict[str, Any]] = []
 
     def timed(self, name: str, function: Any) -> Any:
         wrapper = {"cluster": self._cluster, "task out": self._task_out, "result in": self._result_in,
                    "broadcast call": self._broadcast_call, "step": self._step}.get(name)
-        return function if wrapper is None else wrapper(function)
+        return timed(self.others, name, function) if wrapper is None else wrapper(function)
 
     def _cluster(self, open_cluster: Any) -> Any:
         def opened(*args: Any, **kwargs: Any) -> Any:
@@ -137,10 +139,10 @@ def snapshot(pool: Any) -> dict[str, Any]:
             "scheduler": pool.client.run_on_scheduler(process_cpu)}
 
 
-def measure(params: int, cluster: str, updates: int, warmup: int, scratch: Path, tasks: int | None = None
-            ) -> dict[str, Any]:
+def measure(params: int, cluster: str, updates: int, warmup: int, scratch: Path, tasks: int | None = None,
+            others: Timer = UNTIMED) -> dict[str, Any]:
     """One run of ``params`` parameters on ``cluster``: the counts per update (see the module's docstring);
-    ``tasks`` per update (default: one per worker)."""
+    ``tasks`` per update (default: one per worker); the sections it does not count handed to ``others``."""
     from memtrain.train.server import server
 
     shape = mlp_shape(params)
@@ -148,7 +150,7 @@ def measure(params: int, cluster: str, updates: int, warmup: int, scratch: Path,
     if not data.exists():
         write_dataset(data, updates * BATCH, BATCH, features=shape.features, classes=shape.classes)
     # counted: the gradients and the step of each update after ``warmup``
-    timer = CostsTimer(counted=(warmup, updates - 1))
+    timer = CostsTimer(counted=(warmup, updates - 1), others=others)
     count = int(cluster.split(":")[1]) if cluster.startswith("local:") else len(cluster_workers(cluster))
     problem = Problem(str(data), shape.hidden, updates, workers=tasks or count, epochs=1)
     run_dir = scratch / f"run-{shape.params}-{count}"

@@ -250,7 +250,7 @@ def follow(actor: Any, ident: str, rank: int, members: int) -> int:
             from memtrain.cluster.nodes import every, node_part
 
             ended = every(0.5, lambda after=wave + 1: call("memtrain_next", wave=after, seconds=0.0) is None)
-            numbers, blob, error = node_part(actor, body, rank, ended)
+            numbers, blob, error = node_part(actor, gradient_tasks(actor.state.plan, body[0]), body, rank, ended)
         else:
             numbers, blob, error = part(actor, kind, body, rank, members)
         record = call("memtrain_answer", wave=wave, rank=rank, numbers=numbers, blob=blob, error=error,

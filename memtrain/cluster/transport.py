@@ -100,11 +100,8 @@ class ClusterWorker:
 
     def close(self) -> None:
         """Give back what the run held in this long-lived Dask worker: maps, descriptors, limits."""
-        if getattr(self, "node_compute", None) is not None:  # a node's task threads (cluster/nodes.py)
-            self.node_compute.close()
-            self.node_compute = None
         if self.state is not None:
-            self.state.maps.close()
+            self.state.close()  # its maps, and a node's task threads (cluster/nodes.py)
             self.state = None  # the dataset's maps go with it
         if self.limits is not None:
             self.limits.restore_original_limits()

@@ -23,6 +23,7 @@ row ranges.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -269,3 +270,22 @@ class RowWords:
         return (f"positions {lo}-{hi} of epoch {epoch_number(epoch)}'s shuffled row order of the train split "
                 f"(train.shuffle = 'rows'): rows {listed}{others}, shard{'s' if len(shards) > 1 else ''} "
                 f"{names}{more}")
+
+
+def node_tasks(tasks: int, processes: Sequence[int]) -> list[tuple[int, int]]:
+    """Tasks [0, ``tasks``) cut into one contiguous range per node, in node order, each about in proportion to
+    the node's process count (``processes[j]`` >= 1). A function of its arguments only; a node may get an
+    empty range (lo == hi), and then takes no part in the chain.
+
+    >>> node_tasks(7, [1, 2, 1])
+    [(0, 1), (1, 5), (5, 7)]
+    >>> node_tasks(2, [1, 1, 1])
+    [(0, 0), (0, 1), (1, 2)]
+    """
+    if not processes or min(processes) < 1:
+        raise ValueError(f"every node needs at least one process, got {list(processes)}")
+    total, edges, running = sum(processes), [0], 0
+    for count in processes:
+        running += count
+        edges.append(tasks * running // total)
+    return list(zip(edges, edges[1:], strict=False))

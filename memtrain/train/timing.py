@@ -32,6 +32,8 @@ SECTIONS = {
     "publish": "a version published: digest, record, rename (rounds.Participant.publish)",
     "round": "one round: the previous update's step and this update's gradients (rounds.Participant.round)",
     "tasks": "a cluster update's tasks: from sending them to every answer (sliced.SlicedParticipant)",
+    "node_step": "a cluster update's step slices asked, each told how many of the update's gradients it reads "
+                 "as a two-level round's partial (node_round.NodeParticipant.node_step)",
     "file_chores": "a cluster server's chores while its workers compute (sliced.SlicedParticipant.file_chores)",
     "stretch_chores": "the server's chores between updates: logs, progress (server.Trainer.stretch_chores)",
     "evaluate": "an evaluation of a version (server.Trainer.evaluate)",

@@ -19,7 +19,8 @@ The lifetimes:
              the previous stretch's, or kept by an engine while it runs (the server's own loop of whole-vector
              steps runs no stretch); removed by the engine when it ends, else with the area.
     update   one update's file on a cluster: made by the server before the update's step, renamed over a run
-             file once every slice is written, removed by the server if the step does not finish.
+             file once every slice is written, removed by the server if the step does not finish; or a
+             two-level round's partial sum, made by a node and removed by the server after the update's step.
     attempt  one task attempt's file: written by the attempt and removed by the server once it has read it (or
              renamed into another kind); a dead, superseded or too stale attempt's is removed by the server.
 
@@ -105,6 +106,9 @@ SPARE_GRADIENT = Kind(("g-sNNNNNNNN-tNNNNN-aNNN.npy",), layout.spare_gradient_na
                       "a later task (renamed into its gradient), or the engine's end (overlap.close, sliced.run)")
 STATE_BUILDING = Kind(("opt-<state>-nNNNNNNNN.npy",), layout.state_building_name, "update", "sliced.ready_state",
                       "renamed over opt-<state>-<0|1>.npy, or sliced.discard_state")
+CHAIN_SUM = Kind(("c-uNNNNNNNN-aNNN-tNNNNN-sNNNNN.npy",), layout.chain_sum_name, "update",
+                 "node_sum.PartialSum.write (a node of a two-level round)",
+                 "node_round.NodeParticipant.discard_partials (once the update is stepped or skipped)")
 STREAMED_GRADIENT = Kind(("g-uNNNNNNNN-tNNNNN-aNNN.npy",), layout.streamed_gradient_name, "attempt",
                          "stream.StreamedGradient (a worker)",
                          "renamed into a spare once stepped; too stale, dead or superseded: the server (discard)")
@@ -115,7 +119,7 @@ CLUSTER_PROBE = Kind((".cluster-probe-<token>.json",), layout.cluster_probe_name
                      "sharedfs.look (a Dask worker, at start)", "sharedfs.read_back (the server, once read)")
 
 KINDS = (MARK, GRADIENT_BUFFER, DIGESTS, BOARD, RECORDS, OPTIMIZER_STATE, DESK_BUFFER, DESK_WORDS, DESK_TASKS,
-         DESK_RECORDS, SPARE_GRADIENT, STATE_BUILDING, STREAMED_GRADIENT, METRICS, CLUSTER_PROBE)
+         DESK_RECORDS, SPARE_GRADIENT, STATE_BUILDING, CHAIN_SUM, STREAMED_GRADIENT, METRICS, CLUSTER_PROBE)
 
 
 def kind_of(name: str) -> Kind | None:

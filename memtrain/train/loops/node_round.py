@@ -15,27 +15,18 @@ the end of an answered node's range (``node_sum.resume_point``) is kept, the tas
 
 from __future__ import annotations
 
-import contextlib
-import os
-import time
 from dataclasses import replace
 from pathlib import Path
-
-import numpy as np
+from typing import Any
 
 from memtrain.errors import InputError
-from memtrain.train.loops.node_sum import PartialSum, node_tasks, read_sum, resume_point, segment_ranges
+from memtrain.train.exchange.area import discard
+from memtrain.train.loops.mapped import RoundFiles
+from memtrain.train.loops.node_sum import PartialSum, node_tasks, resume_point, segment_ranges
 from memtrain.train.loops.sliced import SlicedParticipant
-from memtrain.train.messages import GradTask, Result, StepTask
+from memtrain.train.messages import GradTask, Result, StepTask, Stretch
 from memtrain.train.plan import Update
-
-READ_SECONDS = 60.0  # a step slice's wait for the last partial (published before its node answered)
-
-
-def chained_sum(message: StepTask, exchange: Path, size: int) -> np.ndarray:
-    """Slice [lo, hi) of the sum of the first ``message.chained`` tasks of the update: its chain's partial."""
-    chain = PartialSum(exchange, update=message.update, attempt=0, version=message.version, size=size)
-    return read_sum(chain, message.chained, deadline=time.monotonic() + READ_SECONDS, lo=message.lo, hi=message.hi)
+from memtrain.train.timing import UNTIMED, timed_sections
 
 
 class NodeParticipant(SlicedParticipant):
@@ -43,6 +34,12 @@ class NodeParticipant(SlicedParticipant):
 
     chained = 0  # tasks of the update to step next whose sum is its chain's partial
     counts: tuple[str, list[int]] = ("", [])  # the open round's ident and its members' process counts
+
+    def __init__(self, files: RoundFiles, stretch: Stretch, **options: Any):
+        super().__init__(files, stretch, **options)
+        timed_sections(self, options.get("timer", UNTIMED), ("node_step",))  # train/timing.py: untimed, nothing
+        self.published: dict[int, list[Path]] = {}  # per update asked with a node record: the partials its chain
+        # may publish (``partials``), removed after its step
 
     def member_processes(self) -> list[int]:
         """The open round's members' process counts as nodes (asked once per round); [] unless all are nodes."""
@@ -74,7 +71,8 @@ class NodeParticipant(SlicedParticipant):
         counts = self.member_processes()
         ranges = node_tasks(len(tasks), counts)
         record = node_record(gradient_record(tasks), counts, broadcast.timeout or CHAIN_SECONDS)
-        answer = broadcast.ask("nodes", record, len(counts), self.housekeeping)
+        self.published[tasks[0].ticket] = self.partials(tasks[0], ranges)  # discarded after the step
+        answer = broadcast.ask("nodes", record, len(counts), self.file_chores)
         found = gradient_results(tasks, answer.numbers)
         if answer.status == "done":
             self.chained = len(tasks)
@@ -89,7 +87,12 @@ class NodeParticipant(SlicedParticipant):
         return [done.get(task.task) or found[task.task] for task in tasks]
 
     def run_step_tasks(self, tasks: list[StepTask], ranges: list[tuple[int, int]]) -> list[Result]:
-        return super().run_step_tasks([replace(task, chained=self.chained) for task in tasks], ranges)
+        return self.node_step([replace(task, chained=self.chained) for task in tasks], ranges)
+
+    def node_step(self, tasks: list[StepTask], ranges: list[tuple[int, int]]) -> list[Result]:
+        """The step's slices, each reading the sum of its update's first ``chained`` tasks from their chain's
+        partial (0: every gradient file): section ``node_step`` (train/timing.py)."""
+        return super().run_step_tasks(tasks, ranges)
 
     def step(self, update: Update) -> None:
         try:
@@ -102,7 +105,7 @@ class NodeParticipant(SlicedParticipant):
         super().skip(update, bad)
 
     def chain(self, task: GradTask) -> PartialSum:
-        return PartialSum(self.files.exchange, update=task.update, attempt=0, version=task.version,
+        return PartialSum(self.files.exchange, update=task.ticket, attempt=0, version=task.version,
                           size=self.files.size)
 
     def partials(self, task: GradTask, ranges: list[tuple[int, int]]) -> list[Path]:
@@ -111,7 +114,6 @@ class NodeParticipant(SlicedParticipant):
         return [chain.path(hi, s) for _, hi in ranges for s in range(len(segment_ranges(self.files.size)))]
 
     def discard_partials(self, update: int) -> None:
-        """The update's partials, once its step is written (or it was skipped)."""
-        for path in self.files.exchange.glob(f"c-u{update:08d}-*"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+        """The update's partials, once its step is written (or it was skipped): every one its chain may have
+        published (``partials``, kept when its node record was posted)."""
+        discard(self.published.pop(update, []))

@@ -7,7 +7,7 @@ would change bits. But a fold can be *continued*: if node j owns a **contiguous 
 gradients to it in order and writes the partial of [0, hi), then the last partial (tasks [0, T)) is the
 local fold bit for bit, whatever the number of nodes, their ranges, or the processes inside each.
 
-- **Ranges** (``node_tasks``): derived from the update's task count and the nodes' process counts only,
+- **Ranges** (``node_tasks``, train/plan.py): derived from the update's task count and the nodes' process counts only,
   contiguous, in node order, weighted by processes; a node may get none (more nodes than tasks) and then
   takes no part. A partial is named by how many tasks it holds, never by the node that wrote it: node j
   reads the partial of ``lo`` tasks, whoever made it.
@@ -52,13 +52,18 @@ from memtrain.files import (
     open_regular,
     rename_new,
 )
-from memtrain.layout import chain_sum_name, tmp_sibling
+from memtrain.layout import tmp_sibling
+from memtrain.train.exchange.area import CHAIN_SUM, discard
 from memtrain.train.exchange.weights import BLOCK
+from memtrain.train.messages import StepTask
+from memtrain.train.plan import node_tasks as node_tasks  # the ranges are the plan's (the cluster derives them too)
 
 MAGIC = b"mtchain1"
 SEGMENT_BLOCKS = 4  # checksum blocks per segment: 256 Ki parameters, 1 MiB; a 1e6 vector is 4 segments, 1e7 is 39
 POLL_SECONDS = (0.0002, 0.005)  # waiting for the previous partial: first and longest sleep between looks
 IDENTITY = ("update", "attempt", "version", "tasks", "lo", "hi", "size")
+
+READ_SECONDS = 60.0  # a step slice's wait for the last partial (published before its node answered)
 
 
 class StalePartial(CorruptFileError):
@@ -67,25 +72,6 @@ class StalePartial(CorruptFileError):
 
 class Abandoned(Exception):  # noqa: N818 - a signal to stop waiting, not an error
     """The waiter's ``abandoned()`` said the partial awaited will not come (its round ended)."""
-
-
-def node_tasks(tasks: int, processes: Sequence[int]) -> list[tuple[int, int]]:
-    """Tasks [0, ``tasks``) cut into one contiguous range per node, in node order, each about in proportion to
-    the node's process count (``processes[j]`` >= 1). A function of its arguments only; a node may get an
-    empty range (lo == hi), and then takes no part in the chain.
-
-    >>> node_tasks(7, [1, 2, 1])
-    [(0, 1), (1, 5), (5, 7)]
-    >>> node_tasks(2, [1, 1, 1])
-    [(0, 0), (0, 1), (1, 2)]
-    """
-    if not processes or min(processes) < 1:
-        raise ValueError(f"every node needs at least one process, got {list(processes)}")
-    total, edges, running = sum(processes), [0], 0
-    for count in processes:
-        running += count
-        edges.append(tasks * running // total)
-    return list(zip(edges, edges[1:], strict=False))
 
 
 def segment_ranges(size: int, segment_blocks: int = SEGMENT_BLOCKS) -> list[tuple[int, int]]:
@@ -132,7 +118,7 @@ class PartialSum:
         return segment_ranges(self.size, self.segment_blocks)
 
     def path(self, tasks: int, segment: int) -> Path:
-        return self.folder / chain_sum_name(self.update, self.attempt, tasks, segment)
+        return CHAIN_SUM.path(self.folder, self.update, self.attempt, tasks, segment)
 
     def identity(self, tasks: int, segment: int) -> dict[str, int]:
         lo, hi = self.segments()[segment]
@@ -162,7 +148,7 @@ class PartialSum:
             pass
         finally:
             if tmp.exists():
-                os.unlink(tmp)
+                discard([tmp])
         return path
 
     def read(self, tasks: int, segment: int, into: np.ndarray) -> np.ndarray:
@@ -305,3 +291,9 @@ def read_sum(chain: PartialSum, tasks: int, *, deadline: float, lo: int = 0, hi:
         values = chain.read(tasks, segment, chain.record(segment))["values"][0]
         out[max(a, lo) - lo: min(b, hi) - lo] = values[max(a, lo) - a: min(b, hi) - a]
     return out
+
+
+def chained_sum(message: StepTask, exchange: Path, size: int) -> np.ndarray:
+    """Slice [lo, hi) of the sum of the first ``message.chained`` tasks of the update: its chain's partial."""
+    chain = PartialSum(exchange, update=message.update, attempt=0, version=message.version, size=size)
+    return read_sum(chain, message.chained, deadline=time.monotonic() + READ_SECONDS, lo=message.lo, hi=message.hi)

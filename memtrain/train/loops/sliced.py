@@ -96,7 +96,7 @@ class SliceStep:
                           dtype=np.float32)[lo:hi] for task, attempt in enumerate(message.attempts)
                  if task >= message.chained]
         if message.chained:  # a two-level round: the fold of the first tasks continued, its partial read
-            from memtrain.train.loops.node_round import chained_sum
+            from memtrain.train.loops.node_sum import chained_sum
 
             grads.insert(0, chained_sum(message, exchange, size))
         parity = message.version % 2

@@ -36,6 +36,8 @@ from memtrain.train.loops.desk import DeskParticipant
 from memtrain.train.loops.gradient import TaskGradient
 from memtrain.train.loops.mapped import ROW_CACHE_BYTES, RoundFiles, RowCache, TaskRows, round_plan
 from memtrain.train.loops.maps import MapCache
+from memtrain.train.loops.node_compute import NodeCompute, compute_range, node_compute
+from memtrain.train.loops.node_sum import PartialSum
 from memtrain.train.loops.rounds import Participant
 from memtrain.train.loops.sliced import SliceStep
 from memtrain.train.loops.stream import StreamedGradient
@@ -227,6 +229,7 @@ class WorkerState:
                                                   exchange=self.exchange, rows=self.task_rows, gradient=self.gradient)
         self.slice_step = SliceStep(layout=self.context.layout, optimizer=setup.optimizer,
                                     server_pid=setup.server_pid, run_dir=self.run_dir, exchange=self.exchange)
+        self.node_compute: NodeCompute | None = None  # a node's task threads (a two-level round's member)
 
     def handle(self, message: Message) -> Result | StretchEnd:
         try:
@@ -247,6 +250,23 @@ class WorkerState:
                 return StretchEnd(generation=message.generation, slot=message.slot, outcome=Outcome.FAILED,
                                   error=error)
             return Result(task=message.task, attempt=message.attempt, outcome=Outcome.FAILED, error=error)
+
+    def node_range(self, tasks: list[GradTask], lo: int, scratch: Path, processes: int, *, sync: bool,
+                   deadline: float, abandoned: Callable[[], bool]) -> tuple[list[float], str]:
+        """A two-level round member's range (tasks ``lo``.. of the update) computed on the node's ``processes``
+        threads into ``scratch`` and folded onto the update's chain in the exchange (train/loops/node_compute.py;
+        the cluster's side, memtrain/cluster/nodes.py, hands it here): (task, loss, seconds of each, error)."""
+        self.node_compute = node_compute(self, self.node_compute, scratch, processes)
+        chain = PartialSum(self.exchange, update=tasks[0].ticket, attempt=0, version=tasks[0].version,
+                           size=self.context.layout.size, sync=sync)
+        return compute_range(self.node_compute, tasks, lo, chain, deadline=deadline, abandoned=abandoned)
+
+    def close(self) -> None:
+        """Give back the node's task threads and the maps (a long-lived Dask worker's state, at the run's end)."""
+        if self.node_compute is not None:
+            self.node_compute.close()
+            self.node_compute = None
+        self.maps.close()
 
     def rounds(self) -> RoundFiles:
         if self._rounds is None:

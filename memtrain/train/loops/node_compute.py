@@ -1,0 +1,108 @@
+"""A node's compute in a two-level round (issue 42; docs/cluster.md, "The two-level round"): the gradients of the
+member's range on the node's threads, folded onto the update's chain.
+
+The cluster's side (memtrain/cluster/nodes.py) decodes the node record and finds the member's range; it reaches
+this through the worker's state its actor holds (``WorkerState.node_range``, train/worker/worker.py), as a
+worker's task reaches its handlers: the cluster runs no loop of its own.
+
+A node's P processes are, for now, P threads of its Dask worker's process (``NodeCompute``), when the model
+may be called from several threads at once (``thread_safe = True``: the numpy models; numpy releases the GIL in
+BLAS) and BLAS runs on one thread; otherwise one thread computes the range. Each task is computed exactly as
+alone into its own file of the node's scratch, and the fold adds them in task order: the same bits either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memtrain.files import open_npy
+from memtrain.train.exchange.area import STREAMED_GRADIENT, discard
+from memtrain.train.loops.gradient import TaskGradient
+from memtrain.train.loops.mapped import ROW_CACHE_BYTES, THREAD_ROWS_SHARE, TaskRows
+from memtrain.train.loops.maps import MapCache
+from memtrain.train.loops.node_sum import Abandoned, PartialSum, fold_node
+from memtrain.train.loops.stream import StreamedGradient
+from memtrain.train.loops.threads import TaskThreads
+from memtrain.train.messages import GradTask, Outcome
+
+
+class NodeCompute:
+    """A node's gradients of its range on ``threads`` threads (train/loops/threads.py's ``TaskThreads``: task k of
+    the range on thread k % threads), each with its own streamed gradient (its own output buffer), row reader and
+    maps; every task computed exactly as alone, into its own file: the same bits as one thread."""
+
+    def __init__(self, state: Any, scratch: Path, threads: int):
+        self.state, self.scratch = state, scratch
+        self.threads = TaskThreads(threads)
+        self.gradients = []
+        for thread in range(threads):
+            rows = state.task_rows
+            if thread:  # a helper's own reader of the split's rows (it reuses its buffers)
+                reader = TaskRows(state.dataset.split("train"), state.context.normalize,
+                                  ROW_CACHE_BYTES // THREAD_ROWS_SHARE)
+                rows = lambda epoch, lo, hi, reader=reader: reader.get(state.plan.rows(epoch, lo, hi))  # noqa: E731
+            gradient = state.gradient if not thread else TaskGradient(state.context.model, seed=state.gradient.seed,
+                                                                         straggler=state.gradient.straggler)
+            self.gradients.append(StreamedGradient(layout=state.context.layout, maps=state.maps if not thread
+                                                   else MapCache(), run_dir=state.run_dir, exchange=scratch,
+                                                   rows=rows, gradient=gradient))
+
+    def __call__(self, tasks: list[GradTask]) -> list[Any]:
+        return self.threads.run([lambda thread, task=task: self.gradients[thread](task) for task in tasks])
+
+    def close(self) -> None:
+        self.threads.close()
+
+
+def node_threads(state: Any, processes: int) -> tuple[int, str]:
+    """How many threads a node of ``processes`` computes its range on, and why: one per process when the model
+    may be called from several threads at once (``thread_safe``, the numpy models) with BLAS on one thread."""
+    if processes < 2:
+        return 1, "one process"
+    if not getattr(state.context.model, "thread_safe", False):
+        return 1, f"the model ({type(state.context.model).__name__}) does not say thread_safe = True"
+    if state.setup.blas_threads != 1:
+        return 1, f"train.blas_threads = {state.setup.blas_threads}"
+    return processes, "thread_safe model"
+
+
+def node_compute(state: Any, made: NodeCompute | None, scratch: Path, processes: int) -> NodeCompute:
+    """The worker state's ``NodeCompute``: ``made`` while it fits (same scratch, same thread count), else a new
+    one (``made`` closed): made once per run."""
+    threads, why = node_threads(state, processes)
+    if made is not None and made.scratch == scratch and made.threads.count == threads:
+        return made
+    if made is not None:
+        made.close()
+    # in the Dask worker's log (Dask's own loggers print at INFO)
+    logging.getLogger("distributed.worker.memtrain").info(
+        "memtrain node of %d processes: its tasks on %d thread(s) (%s)", processes, threads, why)
+    return NodeCompute(state, scratch, threads)
+
+
+def compute_range(compute: NodeCompute, tasks: list[GradTask], lo: int, chain: PartialSum, *, deadline: float,
+                  abandoned: Callable[[], bool]) -> tuple[list[float], str]:
+    """Tasks ``lo``.. of the update (``tasks``, its member's range) computed on ``compute``'s threads into the
+    node's scratch and folded onto ``chain`` (``node_sum.fold_node``); (task, loss, seconds of each task, error).
+    The scratch files are deleted whatever happens; a round that ended meanwhile is no error (nobody reads the
+    answer)."""
+    numbers: list[float] = []
+    paths = [STREAMED_GRADIENT.path(compute.scratch, t.ticket, t.task, t.attempt) for t in tasks]
+    try:
+        for task, result in zip(tasks, compute(tasks), strict=True):
+            if result.outcome != Outcome.DONE:
+                return numbers, result.error or f"task {task.task}: {result.outcome.name}"
+            numbers += [task.task, result.loss, result.seconds]
+        grads = {t: open_npy(path, shape=(chain.size,), dtype=np.float32)
+                 for t, path in enumerate(paths, start=lo)}
+        with contextlib.suppress(Abandoned):  # the round ended meanwhile: nobody reads this answer
+            fold_node(chain, lo, lo + len(tasks), grads.__getitem__, deadline=deadline, abandoned=abandoned)
+        return numbers, ""
+    finally:
+        discard(paths)
