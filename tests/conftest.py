@@ -72,3 +72,20 @@ def table_csv(x: np.ndarray, y: np.ndarray, names: list[str] | None = None, labe
     lines = [",".join([*names, label])]
     lines += [",".join([*(repr(float(v)) for v in row), str(t)]) for row, t in zip(x, y, strict=True)]
     return "\n".join(lines) + "\n"
+
+
+# The files that take longest, longest first (`python -m pytest --durations=0`, summed per file; 2026-11-28). The
+# README's command runs the suite on 2 processes, a file to a process (`-n 2 --dist loadfile`), handing out the files
+# in collection order (`--no-loadscope-reorder`): started first, the long files end while the short ones fill the
+# other process, where xdist's own order (most tests first) hands out a long file of few tests (test_bench_rl.py:
+# 6 tests, 5% of the time) among the last, for one process to run while the other may have nothing left.
+LONGEST_FILES = ("test_faults.py", "test_torch.py", "test_async.py", "test_bench.py", "test_bench_rl.py",
+                 "test_cluster.py", "test_links.py", "test_serve.py", "test_additive.py", "test_goldens.py",
+                 "test_train.py", "test_inspect.py", "test_slurm.py", "test_bench_prepare.py", "test_format_spec.py",
+                 "test_rounds.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest files first, in LONGEST_FILES' order; every file's own tests keep their order."""
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FILES)))

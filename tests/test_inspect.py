@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -11,10 +10,12 @@ import sys
 import time
 import tracemalloc
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import CliResult
 from tiny_data import sealed
 
 import memtrain
@@ -308,19 +309,21 @@ def numbers(text: str) -> list[str]:
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("model", ["mlp", "torch"])
 def test_every_view_fits_80_columns_and_wide_terminals_keep_full_tables(
-        request: pytest.FixtureRequest, dataset: Path, tmp_path: Path, model: str) -> None:
+        request: pytest.FixtureRequest, dataset: Path, tmp_path: Path, model: str, cli: Callable[..., CliResult],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 44: at COLUMNS=80 every view is at most 80 columns and shows every number it shows on a wide
     terminal, whole (a table too wide is cut into parts of whole columns, never a number across two lines);
-    at COLUMNS=250 each table is one table, as before."""
+    at COLUMNS=250 each table is one table, as before. In this process (its stdout a pipe, as in a
+    subprocess): the views read COLUMNS at each command (inspection/render.py make_console)."""
     run = request.getfixturevalue("run" if model == "mlp" else "torch_run")
     for args in every_view(run, dataset, tmp_path):
         outputs = {}
         for columns in (80, 250):
             (tmp_path / "params.npz").unlink(missing_ok=True)
-            done = subprocess.run([sys.executable, "-m", "memtrain", "inspect", *map(str, args)], capture_output=True,
-                                  text=True, timeout=120, env={**os.environ, "COLUMNS": str(columns)})
-            assert done.returncode == 0, done.stderr
-            outputs[columns] = done.stdout
+            monkeypatch.setenv("COLUMNS", str(columns))
+            done = cli("inspect", *args)
+            assert done.code == 0, done.err
+            outputs[columns] = done.out
         narrow, wide = outputs[80], outputs[250]
         width = max(map(len, narrow.splitlines()))
         assert width <= 80, f"inspect {' '.join(map(str, args))}: {width} columns at COLUMNS=80:\n{narrow}"

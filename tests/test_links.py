@@ -5,6 +5,7 @@ everywhere"). Every test plants a link to a user's file of exactly the right siz
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -125,24 +126,33 @@ def test_a_cluster_workers_probe_never_writes_through_a_link(tmp_path: Path, dat
     assert not (exchange / cluster_probe_name("worker-1")).is_symlink()
 
 
-def logged_run(tmp_path: Path, data: Path) -> Path:
+@pytest.fixture(scope="module")
+def logged_run(tmp_path_factory: pytest.TempPathFactory, data: Path) -> Path:
     """A finished softmax run that writes every log memtrain has (metrics.csv, TensorBoard), its exchange
-    area in the run directory."""
-    (tmp_path / "job.toml").write_text(JOB.format(data=data, workers=2, train="").replace(
+    area in the run directory: trained once for the module. Tests only read it, or change a copy of its
+    folder (``copy_of``), which holds its job.toml and its ``run``."""
+    folder = tmp_path_factory.mktemp("logged")
+    (folder / "job.toml").write_text(JOB.format(data=data, workers=2, train="").replace(
         "keep_versions = 2", 'keep_versions = 2\nlog_to = ["csv", "tensorboard"]\nexchange = "run"'))
-    result = memtrain("train", tmp_path / "job.toml")
+    result = memtrain("train", folder / "job.toml")
     assert result.returncode == 0, result.stderr
-    return tmp_path / "run"
+    return folder / "run"
+
+
+def copy_of(run: Path, tmp_path: Path) -> Path:
+    """The run (and its job.toml beside it) copied into ``tmp_path``, links kept as links: a test's own to change."""
+    shutil.copytree(run.parent, tmp_path, symlinks=True, dirs_exist_ok=True)
+    return tmp_path / run.name
 
 
 @pytest.mark.parametrize("folder", RUN_FOLDERS)
-def test_a_link_at_any_folder_of_a_run_is_refused_never_written_through(tmp_path: Path, data: Path,
+def test_a_link_at_any_folder_of_a_run_is_refused_never_written_through(tmp_path: Path, logged_run: Path,
                                                                         folder: str) -> None:
     """Issue 41, #1: a link planted at ``tensorboard/`` was written through, also after ``--overwrite`` ("left in
     place"): event files landed outside the run. Every folder memtrain writes into goes through the one check
     (run_dir.check_entries over layout.RUN_FOLDERS): a resume and an overwrite are refused, naming it; the
     link and the folder it points to stay as they were."""
-    run = logged_run(tmp_path, data)
+    run = copy_of(logged_run, tmp_path)
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "mine.txt").write_text("the user's\n")
@@ -158,13 +168,12 @@ def test_a_link_at_any_folder_of_a_run_is_refused_never_written_through(tmp_path
         assert sorted(os.listdir(outside)) == ["mine.txt"] and (run / folder).is_symlink()
 
 
-def test_every_name_a_run_writes_is_declared_and_so_checked(tmp_path: Path, data: Path) -> None:
+def test_every_name_a_run_writes_is_declared_and_so_checked(tmp_path: Path, data: Path, logged_run: Path) -> None:
     """The rule is structural, not a list each feature must remember: a run made with every feature that writes
     under its directory (both logs, checkpoints, weights, an additive pass killed mid-way with its statistics and
     exchange area left) holds only names layout.py declares (RUN_FILES, RUN_FOLDERS, whose folders the one
     link check covers), exchange areas and temporary names."""
-    (tmp_path / "gradient").mkdir()
-    run = logged_run(tmp_path / "gradient", data)
+    run = logged_run
     (tmp_path / "additive").mkdir()
     (tmp_path / "additive" / "job.toml").write_text(
         f'[data]\npath = "{data}"\n[model]\nkind = "naive_bayes"\n[train]\nworkers = 1\ntasks_per_update = 3\n'
