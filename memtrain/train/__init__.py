@@ -37,6 +37,9 @@ The folders say which process runs what (each folder's __init__.py says what it 
       gradient.py  a task's loss and gradient: seeds, fault point, timing, straggler hook, read audit
       reduce.py    gradient buffers -> mean -> optimizer -> a slice of the next version
       maps.py, threads.py   maps kept between tasks; the server's task threads
+      node_round.py, node_sum.py, node_compute.py   the two-level cluster round (docs/cluster.md): the server's
+                   NodeParticipant, the partial sums a node continues the in-order fold through, a node's
+                   compute of its task range
     exchange/    the exchange area's shared files (/dev/shm), read and written by both processes
       area.py      the one owner of the exchange's files: each kind's name, lifetime (run, stretch, update,
                    attempt) and remover; every file made gets its path there, every removal goes through it
