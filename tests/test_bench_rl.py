@@ -5,8 +5,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -31,13 +33,17 @@ def test_every_side_runs_and_none_reaches_475_in_a_budget_too_small_for_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """100 episodes averaging 475 need 47,500 steps: with 1,024 no side can reach it, and every one says so."""
     pytest.importorskip("stable_baselines3")
-    temp = tmp_path.parent / f"{tmp_path.name}-temp"
-    temp.mkdir()
-    result = bench(tmp_path, "--env-steps", "1024", "--repeats", "1", "--json", temp=temp)
+    # a short temp dir of its own: SubprocVecEnv's forkserver puts a socket there (AF_UNIX paths are <= 107 bytes)
+    temp = Path(tempfile.mkdtemp(prefix="mt-"))
+    try:
+        result = bench(tmp_path, "--env-steps", "1024", "--repeats", "1", "--json", temp=temp)
+        leaked = [name for name in os.listdir(temp) if name.startswith("SB3-")]
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
     assert result.returncode == 0, result.stderr
     # SB3's default logger made an empty SB3-<time> folder in the temp dir on every run (torch's own compile
     # cache, torchinductor_<user>, is torch's to keep)
-    assert [name for name in os.listdir(temp) if name.startswith("SB3-")] == []
+    assert leaked == []
     report = json.loads(result.stdout)
     rows = report["results"]
     assert [r["side"] for r in rows] == list(SIDES)

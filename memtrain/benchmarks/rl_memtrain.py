@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,8 @@ def _train(config: ReferenceConfig, run_dir: Path, progress: Any, collector: Col
         if progress.after_collection(done_steps, np.concatenate([t.episode_return[t.done] for t in trajectories])):
             break
         weights, state, step, _ = _learn(config, policy, weights, state, step, version, trajectories)
-        _retire(path, shards, version, config.slots)
+        _retire(shards, version, config.slots)
+        os.unlink(path)
     return weights, done_steps
 
 
