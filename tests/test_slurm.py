@@ -183,3 +183,31 @@ def test_an_interface_this_node_lacks_is_a_clear_error(dataset: Path, tmp_path: 
     err = capsys.readouterr().err
     assert "no IPv4 address on network interface 'nosuch0'" in err and "lo" in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_heartbeat_to_a_closed_scheduler_is_a_line_not_a_traceback() -> None:
+    """Rank 0 ending the run while a worker's heartbeat is in flight: Dask logs the failure with its traceback,
+    which once made a clean requeued run print one. The worker processes' preload keeps the line, drops the
+    traceback; every other record passes untouched."""
+    import io
+    import logging
+
+    from memtrain.cluster.dask_child import dask_setup
+
+    logger, stream = logging.getLogger("distributed.worker"), io.StringIO()
+    handler = logging.StreamHandler(stream)
+    logger.addHandler(handler)
+    before = list(logger.filters)
+    try:
+        dask_setup(object())
+        for message in ("Failed to communicate with scheduler during heartbeat.", "another failure"):
+            try:
+                raise OSError("Stream is closed")
+            except OSError:
+                logger.exception(message)
+    finally:
+        logger.removeHandler(handler)
+        logger.filters[:] = before
+    printed = stream.getvalue()
+    assert "Failed to communicate with scheduler during heartbeat." in printed
+    assert printed.count("Traceback") == 1 and printed.index("another failure") < printed.index("Traceback")

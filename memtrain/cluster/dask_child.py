@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import logging
 import signal
 import sys
 
@@ -27,8 +28,26 @@ async def _wait_for_end() -> int:
     return int(END_SIGNAL)
 
 
+class HeartbeatWithoutTraceback(logging.Filter):
+    """A worker whose scheduler closes under it (rank 0 ending the run while a heartbeat is in flight) logs Dask's
+    "Failed to communicate with scheduler during heartbeat" with a traceback of Dask's own: the line is kept, the
+    traceback dropped, so that a run's clean end never prints a traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("Failed to communicate with scheduler during heartbeat"):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def dask_setup(worker: object) -> None:
+    """Dask's preload hook, run in each worker process (cluster/slurm.py passes ``--preload`` with this module: the
+    nanny's worker processes are new processes, which a filter added in ``main`` would not reach)."""
+    logging.getLogger("distributed.worker").addFilter(HeartbeatWithoutTraceback())
+
+
 def main() -> None:
     kind = sys.argv.pop(1)
+    logging.getLogger("distributed.worker").addFilter(HeartbeatWithoutTraceback())
     command = importlib.import_module(f"distributed.cli.dask_{kind}")
     command.wait_for_signals = _wait_for_end
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):

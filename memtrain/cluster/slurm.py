@@ -180,7 +180,8 @@ def work(task: SlurmTask, address: ClusterAddress, run_dir: Path, worker_process
     with tempfile.TemporaryDirectory(prefix="memtrain-slurm-") as scratch:
         workers = _spawn([*WORKER, scheduler_address, "--nthreads", "1", "--nworkers", str(worker_processes),
                           "--name", f"slurm-{task.rank}", "--no-dashboard", *_listening(listen_host(address)),
-                          "--local-directory", scratch, "--death-timeout", str(DEATH_SECONDS)], Path(scratch))
+                          "--local-directory", scratch, "--death-timeout", str(DEATH_SECONDS),
+                          "--preload", "memtrain.cluster.dask_child"], Path(scratch))
         try:
             stop_seen: float | None = None
             while workers.poll() is None and not _ended(rendezvous):
