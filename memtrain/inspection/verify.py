@@ -145,8 +145,17 @@ def lineage_checksums(run: Path) -> dict[int, str]:
 
 def record_checks(run: Path) -> list[Check]:
     """The run's own records: job.json, history.jsonl, params.json and every lineage line, each sealed."""
+    checks, damaged = sealed_checks(run, job=lambda: recorded_job(run))
+    if not damaged:  # each damaged line is reported above; continuity is about intact ones
+        checks.append(continuity_check(run))
+    return checks
+
+
+def sealed_checks(run: Path, *, job: Callable[[], object]) -> tuple[list[Check], bool]:
+    """job.json (read by ``job``: a supervised or an RL run's reader), params.json and every lineage line, each
+    checked against its seal; and whether a lineage line was damaged."""
     checks = []
-    for path, read in ((run / RUN_JOB, lambda: recorded_job(run)), (run / RUN_PARAMS, lambda: read_params(run))):
+    for path, read in ((run / RUN_JOB, job), (run / RUN_PARAMS, lambda: read_params(run))):
         try:
             read()
             checks.append(Check(path, "ok", "a sealed record", "its checksum matches"))
@@ -154,9 +163,7 @@ def record_checks(run: Path) -> list[Check]:
             checks.append(Check(path, "mismatch", "a sealed record", str(exc)))
     _, damaged = read_sealed_jsonl(run / RUN_LINEAGE, what="lineage record")
     checks += [Check(run / RUN_LINEAGE, "mismatch", "a sealed record", str(exc)) for exc in damaged]
-    if not damaged:  # each damaged line is reported above; continuity is about intact ones
-        checks.append(continuity_check(run))
-    return checks
+    return checks, bool(damaged)
 
 
 def continuity_check(run: Path) -> Check:

@@ -135,10 +135,9 @@ def rl_checks(target: Any) -> list[Any]:
     """``inspect --verify`` of an RL run, one of its checkpoints or files: every sealed record and every file whose
     checksum a record holds (job.json, params.json, the lineage's lines; each checkpoint's files against its
     meta.json; each weight version on disk against the lineage)."""
-    from memtrain.inspection.verify import Check, hash_check, lineage_checksums, weights_check
-    from memtrain.layout import CHECKPOINT_META, RUN_PARAMS
+    from memtrain.inspection.verify import Check, hash_check, lineage_checksums, sealed_checks, weights_check
+    from memtrain.layout import CHECKPOINT_META
     from memtrain.rl.server import checkpoint_dir, read_run_job
-    from memtrain.train.records.run_dir import read_params
 
     run = target.run
 
@@ -155,15 +154,7 @@ def rl_checks(target: Any) -> list[Any]:
         return [c for c in checkpoint(target.checkpoint) if c.path == target.path]
     if target.kind == "weights":
         return [weights_check(run, target.version, lineage_checksums(run), gone_ok=False)]
-    checks = []
-    for path, read in ((run / RUN_JOB, lambda: read_run_job(run)), (run / RUN_PARAMS, lambda: read_params(run))):
-        try:
-            read()
-            checks.append(Check(path, "ok", "a sealed record", "its checksum matches"))
-        except MemtrainError as exc:
-            checks.append(Check(path, "mismatch", "a sealed record", str(exc)))
-    _, damaged = read_sealed_jsonl(run / RUN_LINEAGE, what="lineage record")
-    checks += [Check(run / RUN_LINEAGE, "mismatch", "a sealed record", str(exc)) for exc in damaged]
+    checks, _ = sealed_checks(run, job=lambda: read_run_job(run))
     for version in checkpoints(run):
         checks += checkpoint(checkpoint_dir(run, version))
     recorded = lineage_checksums(run)
