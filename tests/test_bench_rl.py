@@ -11,12 +11,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import pytest
-import xxhash
 from table_widths import assert_fits_or_whole
 
-from memtrain.benchmarks.rl_bench import COLUMNS, LABELS, SIDES, Progress, memtrain_config, parse_sides, print_table
+from memtrain.benchmarks.rl_bench import COLUMNS, LABELS, SIDES, ZOO, parse_sides, print_table
 from memtrain.errors import InputError
 
 pytest.importorskip("gymnasium")
@@ -88,21 +86,35 @@ def test_a_target_reached_is_timed_per_seed_and_compared_with_the_faster_peer(tm
         "faster peer's time to target / memtrain's", "env steps/s, memtrain / SB3 SubprocVecEnv"]
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_memtrains_side_is_the_reference_loop_bit_for_bit(tmp_path: Path, workers: int) -> None:
-    """With the target out of reach, run_memtrain ends on reference.train's weights, with and without workers."""
-    from memtrain.benchmarks.rl_memtrain import run_memtrain
-    from memtrain.rl.reference import train
+def test_memtrains_side_is_memtrain_train_on_the_tuned_set_stopped_at_the_target(tmp_path: Path) -> None:
+    """memtrain's side runs `memtrain train` on a job file holding the tuned set, and stops it by SIGTERM (a
+    checkpoint, the run's records) once the stop rule holds; its digest is the lineage's record of the version
+    learned from the target version's shards."""
+    from memtrain.files import read_sealed_jsonl
+    from memtrain.rl.config import load_rl_job
 
-    spec = {"env": "CartPole-v1", "envs": 2, "steps": 128, "env_steps": 1024, "seed": 3, "target": 475.0,
-            "window": 100}
-    config = memtrain_config(spec)
-    result = run_memtrain(config, tmp_path / "bench", workers=workers, progress=Progress.start(spec))
-    weights, history = train(config, tmp_path / "reference")
-    assert result["digest"] == xxhash.xxh3_128_hexdigest(weights.tobytes())
-    assert result["env_steps"] == 1024 and result["reached_steps"] is None
-    assert result["episodes"] == sum(len(r) for r in history.returns)
-    assert result["last_mean"] == pytest.approx(float(np.mean(history.last_episodes(100))))
+    spec = {"side": "memtrain_0", "seed": 2, "dir": str(tmp_path / "side"), "env": "CartPole-v1", "envs": 2,
+            "steps": 128, "env_steps": 51200, "target": 9.0, "window": 100}
+    done = subprocess.run([sys.executable, "-m", "memtrain.benchmarks.rl_bench", json.dumps(spec)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    reached = result["reached_steps"]
+    assert reached is not None and reached == result["env_steps"] and reached % 256 == 0 and reached < 51200
+    run = tmp_path / "side" / "run"
+    job = load_rl_job(tmp_path / "side" / "job.toml")
+    assert (job.env.id, job.env.slots, job.env.steps, job.rl.env_steps, job.train.seed) == \
+        ("CartPole-v1", 2, 128, 51200, 2)
+    assert (job.rl.gamma, job.rl.gae_lambda, job.rl.clip, job.rl.epochs, job.rl.max_grad_norm, job.rl.eval_every,
+            job.train.optimizer.lr, job.train.optimizer.eps) == (ZOO["gamma"], ZOO["gae_lambda"], ZOO["clip"],
+                                                                ZOO["n_epochs"], ZOO["max_grad_norm"], 0, ZOO["lr"],
+                                                                ZOO["adam_eps"])
+    assert job.rl.anneal_lr and job.rl.anneal_clip
+    assert "stopped by SIGTERM" in (run / "events.log").read_text()  # memtrain train's own stop
+    lineage, damaged = read_sealed_jsonl(run / "lineage.jsonl", what="lineage record")
+    assert not damaged
+    assert result["digest"] == next(r["checksum"] for r in lineage if r["version"] == reached // 256)
+    assert "memtrain train: stopped by SIGTERM" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_a_missing_library_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

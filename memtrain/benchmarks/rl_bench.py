@@ -8,10 +8,11 @@ the sides interleaved by ``compare.interleaved``):
 - ``cleanrl``: a port of CleanRL's ``ppo.py`` (one process, torch, ``SyncVectorEnv``), as its author wrote it
   but for two settings made equal to the others: the value loss unclipped (SB3's ``clip_range_vf=None`` and
   memtrain have none) and the clip range annealed as the learning rate is (the tuned set's ``lin_0.2``);
-- ``memtrain_2`` / ``memtrain_0``: ``run_memtrain``, memtrain.rl's collection tasks, trajectory shards and
-  learner with 2 collecting worker processes / in the learner's process (memtrain.rl/reference.py's loop).
-  ``memtrain train`` now runs RL jobs (the same computation, memtrain/rl/server.py); moving this side onto it is
-  not done yet.
+- ``memtrain_2`` / ``memtrain_0``: ``memtrain train`` itself (``train_memtrain``): the tuned set written as a job
+  file (``memtrain_job``) and run by the command line's entry point, ``memtrain.cli.main(["train", JOB,
+  "--workers", N])``, with 2 worker processes / the collection in the server. A thread of the side's process
+  follows the run's ``metrics.jsonl`` and applies the stop rule to each version's line; at the target it sends
+  the process SIGTERM, which ``memtrain train`` answers as it answers a user's (a checkpoint, then exit 143).
 
 Every side runs the same published tuned hyperparameters (``ZOO``: rl-baselines3-zoo's CartPole-v1 PPO set),
 on ``envs`` environment copies x ``steps`` steps per update = the set's 8 x 32 = 256 samples, torch and BLAS
@@ -44,7 +45,7 @@ from memtrain.benchmarks.compare import Spread, Target, interleaved, median, pai
 from memtrain.errors import InputError, MemtrainError
 
 SIDES = ("memtrain_2", "memtrain_0", "sb3_subproc", "sb3_dummy", "cleanrl")
-LABELS = {"memtrain_2": "memtrain.rl, 2 workers", "memtrain_0": "memtrain.rl, 0 workers",
+LABELS = {"memtrain_2": "memtrain train, 2 workers", "memtrain_0": "memtrain train, 0 workers",
           "sb3_subproc": "SB3 PPO, SubprocVecEnv", "sb3_dummy": "SB3 PPO, DummyVecEnv",
           "cleanrl": "CleanRL-style ppo.py"}
 PEERS = ("sb3_subproc", "sb3_dummy", "cleanrl")
@@ -294,11 +295,12 @@ def _notes(report: dict[str, Any]) -> list[str]:
     if report["bits"] is not None:
         same = report["bits"]
         verdict = "the same bits" if all(same) else "DIFFER"
-        lines.append(f"final weights of memtrain.rl with 2 workers and with 0: {verdict} for {sum(same)}/{len(same)} "
-                     "seeds")
-    if any(r["side"] == "memtrain_2" for r in report["results"]):
-        lines.append("memtrain.rl with 2 workers: its collection tasks in 2 forked worker processes, each keeping "
-                     "its slots' live environments, the learner in the parent (run_memtrain, not memtrain train)")
+        lines.append(f"weights of memtrain train with 2 workers and with 0 at the stop: {verdict} for "
+                     f"{sum(same)}/{len(same)} seeds")
+    if any(r["side"].startswith("memtrain") for r in report["results"]):
+        lines.append("memtrain: `memtrain train JOB --workers N` (the command line's entry point in the side's "
+                     "process), the tuned set as its job, stopped by SIGTERM at the target; its time includes the "
+                     "update that follows the target version's collection")
     return lines
 
 
@@ -336,18 +338,87 @@ class Progress:
                 "episodes": len(self.returns), "last_mean": float(np.mean(last)) if last else None} | extra
 
 
-def memtrain_config(spec: dict[str, Any]) -> Any:
-    """The tuned set as memtrain.rl's job."""
-    from memtrain.rl.envs import EnvSpec
-    from memtrain.rl.ppo import PPOConfig
-    from memtrain.rl.reference import ReferenceConfig
+def memtrain_job(spec: dict[str, Any], run_dir: Path) -> str:
+    """The tuned set as ``memtrain train``'s job file (TOML): no evaluation (no peer evaluates), the rest the
+    defaults a user gets (checkpoints every 10 versions, the run's records)."""
+    tables = {"env": {"id": spec["env"], "slots": spec["envs"], "steps": spec["steps"]},
+              "model": {"kind": "mlp", "hidden": list(ZOO["hidden"])},
+              "train": {"algorithm": "ppo", "env_steps": spec["env_steps"], "gamma": ZOO["gamma"],
+                        "gae_lambda": ZOO["gae_lambda"], "clip": ZOO["clip"], "epochs": ZOO["n_epochs"],
+                        "minibatches": ZOO["samples"] // ZOO["batch_size"], "ent_coef": ZOO["ent_coef"],
+                        "vf_coef": ZOO["vf_coef"], "max_grad_norm": ZOO["max_grad_norm"], "norm_adv": True,
+                        "anneal_lr": True, "anneal_clip": True, "optimizer": "adam", "lr": ZOO["lr"],
+                        "eps": ZOO["adam_eps"], "seed": spec["seed"], "eval_every": 0},
+              "run": {"dir": str(run_dir)}}
+    return "".join(f"[{name}]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in table.items()) + "\n"
+                   for name, table in tables.items())
 
-    learner = PPOConfig(gamma=ZOO["gamma"], gae_lambda=ZOO["gae_lambda"], clip=ZOO["clip"], vf_coef=ZOO["vf_coef"],
-                        ent_coef=ZOO["ent_coef"], epochs=ZOO["n_epochs"],
-                        minibatches=ZOO["samples"] // ZOO["batch_size"], max_grad_norm=ZOO["max_grad_norm"])
-    return ReferenceConfig(EnvSpec(id=spec["env"]), env_steps=spec["env_steps"], slots=spec["envs"],
-                           steps=spec["steps"], seed=spec["seed"], hidden=ZOO["hidden"], lr=ZOO["lr"], anneal_lr=True,
-                           anneal_clip=True, adam_eps=ZOO["adam_eps"], learner=learner)
+
+class Follow:
+    """A thread that follows a run's ``metrics.jsonl`` and applies ``progress``'s stop rule to each version's line
+    (its ``env_steps_total`` and ``episode_returns``: the episodes that ended, in slot order); at the target it
+    sends this process SIGTERM (unless the line is the run's last: the run ends by itself)."""
+
+    POLL = 0.01  # seconds between looks at the file: the time to the target is at most this late
+
+    def __init__(self, metrics: Path, progress: Progress, last: int):
+        import threading
+
+        self.metrics, self.progress, self.last = metrics, progress, last
+        self.line: dict[str, Any] | None = None  # the last version line the rule was applied to
+        self.stopped = False
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._follow, name="bench-rl-follow", daemon=True)
+        self.thread.start()
+
+    def _follow(self) -> None:
+        import signal
+
+        offset, held = 0, b""
+        while not self.done.is_set():
+            try:
+                with open(self.metrics, "rb") as handle:
+                    handle.seek(offset)
+                    data = handle.read()
+            except FileNotFoundError:
+                data = b""
+            offset += len(data)
+            *lines, held = (held + data).split(b"\n")  # a line is whole once its newline is written
+            for text in lines:
+                self.line = json.loads(text)
+                if self.progress.after_collection(self.line["env_steps_total"], self.line["episode_returns"]):
+                    if self.line["version"] != self.last:
+                        self.stopped = True
+                        os.kill(os.getpid(), signal.SIGTERM)  # memtrain train's stop: a checkpoint, then exit 143
+                    return
+            self.done.wait(self.POLL)
+
+    def join(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+def train_memtrain(spec: dict[str, Any], progress: Progress, workers: int) -> dict[str, Any]:
+    """``memtrain train`` on the tuned set's job with ``workers`` workers, stopped at the target: its figures and
+    the checksum of the weights learned from the version that stopped it (its lineage's record)."""
+    import signal
+
+    from memtrain import cli
+    from memtrain.files import read_sealed_jsonl
+    from memtrain.layout import RUN_LINEAGE, RUN_METRICS
+
+    folder = Path(spec["dir"])
+    folder.mkdir(parents=True)
+    job, run_dir = folder / "job.toml", folder / "run"
+    job.write_text(memtrain_job(spec, run_dir))
+    follow = Follow(run_dir / RUN_METRICS, progress, spec["env_steps"] // (spec["envs"] * spec["steps"]) - 1)
+    code = cli.main(["train", str(job), "--workers", str(workers), "--quiet"])
+    follow.join()
+    if code != (128 + signal.SIGTERM if follow.stopped else 0) or follow.line is None:
+        raise MemtrainError(f"bench rl: memtrain train ended with exit code {code}", path=run_dir)
+    lineage, _ = read_sealed_jsonl(run_dir / RUN_LINEAGE, what="lineage record")
+    digest = next(r["checksum"] for r in lineage if r["version"] == follow.line["version"] + 1)
+    return progress.result(progress.reached_steps or follow.line["env_steps_total"], digest=digest)
 
 
 def run_child(spec: dict[str, Any]) -> dict[str, Any]:
@@ -355,10 +426,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     if side == "exchange":
         return exchange(spec)
     if side.startswith("memtrain"):
-        from memtrain.benchmarks.rl_memtrain import run_memtrain
-
-        return run_memtrain(memtrain_config(spec), Path(spec["dir"]), workers=int(side.split("_")[1]),
-                            progress=Progress.start(spec))
+        return train_memtrain(spec, Progress.start(spec), workers=int(side.split("_")[1]))
     import torch
 
     torch.set_num_threads(1)
