@@ -85,8 +85,8 @@ def run(args: argparse.Namespace) -> int:
 
         emit(rl_lineage_view(rl_run, args.lineage), args.json)
         return 0
-    if rl_run is not None and (args.plot is not None or args.export is not None or args.diff is not None):
-        raise InputError("--plot, --export and --diff of a reinforcement-learning run are not done yet",
+    if rl_run is not None and (args.export is not None or args.diff is not None):
+        raise InputError("--export and --diff of a reinforcement-learning run are not done yet",
                          path=rl_run, hint="memtrain inspect RUN shows every version's metrics; "
                                            "memtrain.load_model(RUN).act(observations) uses its policy")
     if args.lineage is not None:

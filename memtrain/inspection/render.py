@@ -408,6 +408,8 @@ def render_written(view: dict[str, Any], console: Console) -> None:
         detail = (f"{plural(len(view['arrays']), 'array')}, {view['format']}, {size(view['bytes'])}; "
                   f"normalization: {view.get('normalization', 'unknown')}"
                   + ("; table encoding: written" if view.get("encoding") == "written" else ""))
+    elif "versions" in view:  # a reinforcement-learning run's
+        detail = plural(view["versions"], "version")
     else:
         detail = f"{plural(view['epochs'], 'epoch')}, {plural(view['updates'], 'update')}"
     console.print(Text(f"wrote {view['out']} ({detail}) from {view['path']}"))

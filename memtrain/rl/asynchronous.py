@@ -104,25 +104,39 @@ def apply_shard(job: RLJob, learner: Learner, run_dir: Path, position: Any, slot
 def _apply_gradient(job: RLJob, learner: Learner, run_dir: Path, position: Any, slot: int, collected_at: int,
                     traj: Trajectory) -> Learned:
     """A3C: the task's gradient (computed at ``collected_at``), clipped, one optimizer step on the newest weights."""
+    from memtrain.rl.ppo import LossResult, batch
+
     path = gradient_path(run_dir / TRAJECTORIES_DIR, collected_at, slot)
-    grad = np.array(open_npy(path, shape=position.weights.shape, dtype=np.float32))
-    if not np.isfinite(grad).all():
+    size = position.weights.size
+    record = np.array(open_npy(path, shape=(size + len(GRADIENT_PARTS),), dtype=np.float32))
+    if not np.isfinite(record).all():
         raise CorruptFileError("the A3C gradient holds NaN or Inf", path=path)
+    grad, (policy_loss, value_loss, entropy) = record[:size], (float(v) for v in record[size:])
+    config = learner.config
+    stats = LossResult(policy_loss + config.vf_coef * value_loss - config.ent_coef * entropy, np.zeros(0, np.float32),
+                       policy_loss, value_loss, entropy)  # A2C at its own weights: KL and clip fraction are 0
     frac = 1.0 - position.version / learner.versions
     lr = learner.optimizer.lr * frac if learner.anneal_lr else learner.optimizer.lr
     step = position.step + 1
     weights, state = np.empty_like(position.weights), {k: np.empty_like(v) for k, v in position.state.items()}
     apply_update(learner.optimizer, step, lr, position.weights, clip_grad_norm(grad, learner.config.max_grad_norm),
                  position.state, weights, state)
-    return Learned(weights, state, step, [], None, lr)  # type: ignore[arg-type]
+    return Learned(weights, state, step, [stats], batch([traj], config), lr)
+
+
+# what follows the flat gradient in an A3C gradient file: the loss's parts at the task's version, for the metrics
+GRADIENT_PARTS = ("policy_loss", "value_loss", "entropy")
 
 
 def a3c_gradient(job: RLJob, learner: Learner, weights: np.ndarray, traj: Trajectory) -> np.ndarray:
-    """The actor-critic (A2C) gradient of one shard at the weights it was collected with (a worker's side)."""
+    """The actor-critic (A2C) gradient of one shard at the weights it was collected with (a worker's side),
+    followed by the loss's ``GRADIENT_PARTS``: one float32 file, the task's whole result."""
     from memtrain.rl.ppo import a2c_loss, batch
 
     data = batch([traj], learner.config)
-    return a2c_loss(learner.policy, weights, data.rows(np.arange(len(data))), learner.config).grad.astype(np.float32)
+    result = a2c_loss(learner.policy, weights, data.rows(np.arange(len(data))), learner.config)
+    parts = np.array([getattr(result, name) for name in GRADIENT_PARTS], np.float32)
+    return np.concatenate([result.grad.astype(np.float32), parts])
 
 
 def record(job: RLJob, policy: Any, run_dir: Path, position: Any, applied: Applied, recent: deque[float],
@@ -142,6 +156,7 @@ def record(job: RLJob, policy: Any, run_dir: Path, position: Any, applied: Appli
              "kind": "version", "env_steps_total": (version + 1) * job.env.steps, "lr": learned.lr,
              "slot": applied.slot, "collected_at": applied.collected_at, "policy_lag": lag,
              "collected_again": rejected, "seconds": time.monotonic() - started}
+    line["env_steps_per_s"] = job.env.steps / line["seconds"] if line["seconds"] > 0 else None  # since the last
     every = job.rl.eval_every * job.env.slots
     if every and ((version + 1) % every == 0 or version + 1 == updates(job)):
         from memtrain.rl.metrics import eval_metrics

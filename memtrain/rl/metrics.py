@@ -18,6 +18,14 @@ from memtrain.rl.envs import EnvSpec, Slot
 from memtrain.rl.ppo import Batch, LossResult
 from memtrain.rl.trajectory import Trajectory
 
+# The columns of an RL run's metrics.csv (run.log_to = ["csv"]; memtrain/train/server/monitor.py writes it): fixed,
+# since a version's line has the evaluation's keys only every train.eval_every versions
+LOG_COLUMNS = ("version", "env_steps_total", "episodes", "return_mean", "return_min", "return_max",
+               "return_last100_mean", "length_mean", "length_min", "length_max", "env_steps_per_s", "approx_kl",
+               "clip_fraction", "entropy", "value_loss", "policy_loss", "explained_variance", "lr", "policy_lag",
+               "eval_version", "eval_return_mean", "eval_return_min", "eval_return_max", "eval_length_mean",
+               "seconds")
+
 EVAL_TAG = 0x6576616C  # "eval": the evaluation's reset seeds come from another SeedSequence than training's
 
 
@@ -57,12 +65,12 @@ def _summary(name: str, values: np.ndarray) -> dict[str, float | None]:
 def version_metrics(version: int, trajectories: Sequence[Trajectory], batch: Batch | None,
                     steps: Sequence[LossResult]) -> dict[str, Any]:
     """One version's line: episodes ended, their return and length (mean/min/max), and the learner's
-    approx_kl, clip_fraction, entropy, value_loss (means over its ``steps``, the minibatch updates) and the
+    approx_kl, clip_fraction, entropy, value_loss, policy_loss (means over its ``steps``, the minibatch updates) and the
     explained variance of the values the shards recorded against their GAE returns."""
     returns, lengths = episodes(trajectories)
     line: dict[str, Any] = {"version": int(version), "env_steps": int(sum(t.steps for t in trajectories)),
                             "episodes": len(returns), **_summary("return", returns), **_summary("length", lengths)}
-    for key in ("approx_kl", "clip_fraction", "entropy", "value_loss"):
+    for key in ("approx_kl", "clip_fraction", "entropy", "value_loss", "policy_loss"):
         line[key] = float(np.mean([getattr(s, key) for s in steps])) if steps else None
     line["explained_variance"] = explained_variance(batch.value, batch.returns) if batch is not None else None
     return line

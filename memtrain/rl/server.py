@@ -83,7 +83,7 @@ from memtrain.rl.collect import EpisodeState, advance, blas_controller, read_sta
 from memtrain.rl.config import RLJob, rl_job_from_dict
 from memtrain.rl.kind import RUN_FORMAT
 from memtrain.rl.learner import Learner, learn
-from memtrain.rl.metrics import eval_metrics, evaluate, version_metrics
+from memtrain.rl.metrics import LOG_COLUMNS, eval_metrics, evaluate, version_metrics
 from memtrain.rl.policy import Policy
 from memtrain.rl.ppo import PPOConfig
 from memtrain.rl.trajectory import Trajectory, read_shard, shard_path
@@ -92,6 +92,7 @@ from memtrain.train.exchange.weights import publish_params
 from memtrain.train.messages import CollectTask, RLWorkerSetup
 from memtrain.train.optim import state_names
 from memtrain.train.records.run_dir import acquire_lock, log_event, write_params
+from memtrain.train.server.monitor import metric_logs
 from memtrain.train.server.scheduler import CORES, Scheduler
 
 RECENT_EPISODES = 100  # metrics.jsonl's return_last100_mean: CartPole's "solved" mark is 475 over the last 100
@@ -173,10 +174,6 @@ def refuse_unsupported(job: RLJob, where: Any) -> None:
     if job.run.cluster:
         raise InputError("reinforcement learning runs on this machine only, so far", path=where,
                          expected="run.cluster unset", found=f"run.cluster = {job.run.cluster!r}")
-    if job.run.log_to:
-        raise InputError("run.log_to (CSV, TensorBoard) is not written for a reinforcement-learning run yet",
-                         path=where, expected="run.log_to unset", found=f"run.log_to = {list(job.run.log_to)}",
-                         hint="metrics.jsonl has every version's line")
 
 
 # --- the run directory ---
@@ -399,12 +396,13 @@ def _run(job: RLJob, policy: Policy, run_dir: Path, stop: StopRequest, *, resume
                           stop_requested=lambda: stop.requested,
                           discard=lambda task: sweep_orphans(run_dir / TRAJECTORIES_DIR, lambda name: True))
     learner, last = learner_of(job, policy), {}
+    logs = metric_logs(job.run.log_to, run_dir, position.version, kind="version", columns=LOG_COLUMNS)
     recent = deque((r for line in read_jsonl(run_dir / RUN_METRICS) for r in line.get("episode_returns", [])),
                    maxlen=RECENT_EPISODES)  # a resume's: the kept lines' episodes
     try:
         if job.train.mode == "async":
             position, last = _run_async(job, policy, learner, run_dir, scheduler, transport, position, recent, stop,
-                                        quiet, replaying)
+                                        quiet, replaying, logs)
         while job.train.mode == "sync" and position.version < last_version(job):
             if stop.requested:
                 _stopped(job, run_dir, position, stop)
@@ -412,28 +410,38 @@ def _run(job: RLJob, policy: Policy, run_dir: Path, stop: StopRequest, *, resume
                 position, last = _version(job, policy, learner, run_dir, scheduler, transport, position, recent)
             except Interrupted:
                 _stopped(job, run_dir, position, stop)
-            if position.version % job.run.checkpoint_every == 0 or position.version == last_version(job):
-                save_checkpoint(run_dir, job, position, job.run.keep_checkpoints)
+            _version_done(job, run_dir, position, last, logs, every=job.run.checkpoint_every)
             if not quiet:
                 _progress(job, last)
     finally:
         transport.close()
+        for log in logs:
+            log.close()
     log_event(run_dir, f"done: weight version {position.version}")
     return RLSummary(run_dir, position.version, job.versions, position.env_steps(job), time.monotonic() - began,
                      scheduler.deaths, last)
 
 
+def _version_done(job: RLJob, run_dir: Path, position: Position, line: dict[str, Any], logs: list[Any], *,
+                  every: int) -> None:
+    """After a version's lines (sync or async): the metric logs (``run.log_to``), and a checkpoint every
+    ``every`` versions and at the end."""
+    for log in logs:
+        log.write(line)
+    if position.version % every == 0 or position.version == last_version(job):
+        save_checkpoint(run_dir, job, position, job.run.keep_checkpoints)
+
+
 def _run_async(job: RLJob, policy: Policy, learner: Learner, run_dir: Path, scheduler: Scheduler, transport: Any,
                position: Position, recent: deque[float], stop: StopRequest, quiet: bool,
-               replaying: tuple[Path, list[dict[str, Any]]] | None) -> tuple[Position, dict[str, Any]]:
+               replaying: tuple[Path, list[dict[str, Any]]] | None, logs: list[Any]) -> tuple[Position, dict[str, Any]]:
     """Async mode (memtrain/rl/asynchronous.py), or the replay of an async run; a checkpoint every
     ``run.checkpoint_every`` x slots versions (a version is one shard) and at the end."""
     held = {"position": position}
 
     def on_version(now: Position, line: dict[str, Any]) -> None:
         held["position"] = now
-        if now.version % (job.run.checkpoint_every * job.env.slots) == 0 or now.version == last_version(job):
-            save_checkpoint(run_dir, job, now, job.run.keep_checkpoints)
+        _version_done(job, run_dir, now, line, logs, every=job.run.checkpoint_every * job.env.slots)
         if not quiet and now.version % job.env.slots == 0:
             _progress(job, {**line, "version": now.version // job.env.slots - 1})
         if stop.requested:

@@ -29,8 +29,9 @@ from memtrain.errors import InputError, Interrupted, MemtrainError, plural
 from memtrain.files import append_text, publish, read_jsonl
 from memtrain.layout import RUN_CSV, RUN_METRICS, RUN_TENSORBOARD, run_folder, tensorboard_suffix
 
-# What TensorBoard gets per epoch: the record's metrics (its counters and clock are the step and wall time).
-NOT_LOGGED = ("kind", "epoch", "update", "version", "time")
+# What TensorBoard gets per epoch: the record's metrics (its counters and clock are the step and wall time; a
+# reinforcement-learning version's line also names the versions and the slot its shards came from).
+NOT_LOGGED = ("kind", "epoch", "update", "version", "time", "eval_version", "learned_from", "collected_at", "slot")
 
 
 def direction(monitor: str, mode: str) -> str:
@@ -79,11 +80,7 @@ class Monitor:
         self.run_dir = run_dir
         self.callbacks = [(_callback_name(c), c if callable(c) and not hasattr(c, "on_epoch_end")
                            else c.on_epoch_end) for c in callbacks]
-        self.logs: list[Any] = []
-        if "csv" in log_to:
-            self.logs.append(CsvLog(run_dir / RUN_CSV, run_dir / RUN_METRICS))
-        if "tensorboard" in log_to:
-            self.logs.append(TensorBoardLog(run_folder(run_dir, RUN_TENSORBOARD), first_epoch))
+        self.logs = metric_logs(log_to, run_dir, first_epoch)
 
     def better(self, value: Any, best: dict[str, Any] | None) -> bool:
         """Whether ``value`` of the monitor beats the best epoch record so far (None: there is none)."""
@@ -139,16 +136,36 @@ def _callback_name(callback: Any) -> str:
     return getattr(callback, "__qualname__", None) or type(callback).__qualname__
 
 
+def metric_logs(log_to: Sequence[str], run_dir: Path, first: int, *, kind: str = "epoch",
+                columns: Sequence[str] | None = None) -> list[Any]:
+    """The logs ``run.log_to`` asks for, of the ``kind`` records of ``metrics.jsonl`` ("epoch"; a
+    reinforcement-learning run's "version" lines, memtrain/rl/server.py); ``first``: the epochs (versions) the
+    run has done already; ``columns``: the CSV's (default: the first record's keys)."""
+    logs: list[Any] = []
+    if "csv" in log_to:
+        logs.append(CsvLog(run_dir / RUN_CSV, run_dir / RUN_METRICS, kind=kind, columns=columns))
+    if "tensorboard" in log_to:
+        logs.append(TensorBoardLog(run_folder(run_dir, RUN_TENSORBOARD), first))
+    return logs
+
+
+def log_step(record: dict[str, Any]) -> int:
+    """A record's step in the logs: an epoch record's epoch (the epochs done), a version line's weight version
+    made from it (``version`` + 1: the versions done), so that a resume from N drops the steps after N alike."""
+    return int(record["epoch"]) if record.get("kind") == "epoch" else int(record["version"]) + 1
+
+
 class CsvLog:
-    """``metrics.csv``: one row per epoch record, the columns those of the first record (csv module).
+    """``metrics.csv``: one row per ``kind`` record, the columns ``columns`` or those of the first record (csv
+    module); a value that is a list (a version's ``episode_returns``) stays in ``metrics.jsonl`` only.
 
     Rewritten at start from ``metrics.jsonl`` (which a resume has cut back to its checkpoint), then appended."""
 
-    def __init__(self, path: Path, metrics: Path):
+    def __init__(self, path: Path, metrics: Path, *, kind: str = "epoch", columns: Sequence[str] | None = None):
         self.path = path
-        records = [r for r in read_jsonl(metrics) if r.get("kind") == "epoch"]
-        self.columns: list[str] | None = list(records[0]) if records else None
-        text = self._rows(records, header=True) if records else ""
+        records = [r for r in read_jsonl(metrics) if r.get("kind") == kind]
+        self.columns: list[str] | None = list(columns) if columns else list(records[0]) if records else None
+        text = self._rows(records, header=True) if self.columns else ""
         publish(path, lambda handle: handle.write(text.encode()), durable=False)
 
     def _rows(self, records: list[dict[str, Any]], *, header: bool) -> str:
@@ -156,7 +173,8 @@ class CsvLog:
         writer = csv.DictWriter(out, fieldnames=self.columns, extrasaction="ignore", lineterminator="\n")
         if header:
             writer.writeheader()
-        writer.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in records)
+        writer.writerows({k: ("" if v is None else v) for k, v in r.items() if not isinstance(v, list)}
+                         for r in records)
         return out.getvalue()
 
     def write(self, record: dict[str, Any]) -> None:
@@ -170,9 +188,9 @@ class CsvLog:
 
 
 class TensorBoardLog:
-    """Event files in ``tensorboard/`` (tensorboardX): each metric of an epoch record as a scalar, at the step
-    of its epoch. After a resume, ``purge_step`` tells TensorBoard to drop what an earlier session wrote from
-    that epoch on."""
+    """Event files in ``tensorboard/`` (tensorboardX): each metric of a record as a scalar, at its ``log_step``
+    (an epoch record's epoch, a version line's version + 1). After a resume, ``purge_step`` tells TensorBoard to
+    drop what an earlier session wrote from that step on."""
 
     def __init__(self, folder: Path, first_epoch: int):
         """``folder``: the run's ``tensorboard/``, a real directory or absent (run_dir.check_entries: a link
@@ -187,7 +205,7 @@ class TensorBoardLog:
     def write(self, record: dict[str, Any]) -> None:
         for key, value in record.items():
             if key not in NOT_LOGGED and isinstance(value, int | float) and not isinstance(value, bool):
-                self.writer.add_scalar(key, value, global_step=record["epoch"], walltime=record.get("time"))
+                self.writer.add_scalar(key, value, global_step=log_step(record), walltime=record.get("time"))
         self.writer.flush()  # each epoch is on disk for a TensorBoard that is watching
 
     def close(self) -> None:
