@@ -95,7 +95,7 @@ def test_load_model_of_an_rl_run_acts_greedy_or_sampled(tmp_path: Path) -> None:
     assert np.array_equal(sampled, model.act(obs, greedy=False, rng=7)) and set(sampled) <= {0, 1}
     with pytest.raises(InputError, match="observations of the wrong shape"):
         model.act(np.zeros((2, 3)))
-    with pytest.raises(InputError, match="not kept yet"):
+    with pytest.raises(InputError, match="the run records no best evaluation"):  # eval_every = 0: none made
         memtrain.load_model(done, which="best")
 
 

@@ -74,6 +74,8 @@ def test_a_job_gives_typed_values_and_defaults(tmp_path: Path) -> None:
     ("train.epochs=0", ["train.epochs out of range"]),
     ("train.minibatches=0", ["train.minibatches out of range"]),
     ("train.eval_episodes=0", ["train.eval_episodes out of range"]),
+    ("train.eval_every=-1", ["train.eval_every out of range", "an integer from 0 to 1000000"]),
+    ("train.eval_every=1000001", ["train.eval_every out of range"]),
     ("train.epochs=2.5", ["wrong type for train.epochs", "int"]),
     ("train.gamma='high'", ["wrong type for train.gamma"]),
     ("train.anneal_lr=1", ["wrong type for train.anneal_lr", "bool"]),

@@ -141,9 +141,11 @@ def test_a_server_killed_then_resumed_continues_the_episodes_bit_for_bit(tmp_pat
     killed = memtrain("train", job(tmp_path), "-q", cwd=tmp_path, MEMTRAIN_FAULT="rl_after_publish:5")
     assert killed.returncode == -signal.SIGKILL
     run = tmp_path / "run"
-    assert checkpoints(run) == [3]  # the newest before the kill; versions 4 and 5 are made again
+    # the newest before the kill: 4, written off the schedule as its evaluation is the best so far (run.keep_best);
+    # version 5 is made again
+    assert checkpoints(run) == [3, 4]
     spaces = Spaces(obs_dim=4, kind=DISCRETE, n=2)
-    states = [read_state(checkpoint_dir(run, 3) / episode_state_name(slot), spaces, version=3, slot=slot)
+    states = [read_state(checkpoint_dir(run, 4) / episode_state_name(slot), spaces, version=4, slot=slot)
               for slot in range(4)]
     assert any(state.step > 0 for state in states)  # episodes under way: the resume must re-simulate them
     resumed = memtrain("train", "--resume", run, "-q", cwd=tmp_path)
@@ -154,7 +156,7 @@ def test_a_server_killed_then_resumed_continues_the_episodes_bit_for_bit(tmp_pat
     assert [m["version"] for m in metrics] == list(range(12))
     for key in ("episode_returns", "return_last100_mean", "approx_kl", "eval_return_mean"):  # rebuilt on resume
         assert [m.get(key) for m in metrics] == [m.get(key) for m in uninterrupted], key
-    assert "resumed at weight version 3" in (run / RUN_EVENTS).read_text()
+    assert "resumed at weight version 4" in (run / RUN_EVENTS).read_text()
 
 
 def test_sigterm_stops_cleanly_with_a_checkpoint_and_the_resume_gives_the_same_bits(tmp_path: Path) -> None:

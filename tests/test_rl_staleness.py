@@ -124,11 +124,11 @@ def test_a_server_killed_then_resumed_with_kept_shards_ends_on_the_uninterrupted
                       MEMTRAIN_FAULT="rl_after_publish:5")
     assert killed.returncode == -signal.SIGKILL
     run = tmp_path / "run"
-    assert checkpoints(run) == [3]
-    kept = sorted(p.name for p in checkpoint_dir(run, 3).iterdir() if p.name.startswith("r-"))
-    assert kept == [shard_path(run, 2, slot).name for slot in range(4)]  # version 2's shards, learned at 3
+    assert checkpoints(run) == [3, 4]  # 4: its evaluation the best so far, a best-only checkpoint (run.keep_best)
+    kept = sorted(p.name for p in checkpoint_dir(run, 4).iterdir() if p.name.startswith("r-"))
+    assert kept == [shard_path(run, 3, slot).name for slot in range(4)]  # version 3's shards, learned at 4
     for slot in range(4):  # what the resume must not read: the live folder's copies
-        shard_path(run / "trajectories", 2, slot).unlink(missing_ok=True)
+        shard_path(run / "trajectories", 3, slot).unlink(missing_ok=True)
     resumed = memtrain("train", "--resume", run, "-q", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert weights(run, 13) == weights(clean, 13)
@@ -136,7 +136,7 @@ def test_a_server_killed_then_resumed_with_kept_shards_ends_on_the_uninterrupted
     metrics, uninterrupted = read_jsonl(run / RUN_METRICS), read_jsonl(clean / RUN_METRICS)
     for key in ("version", "episode_returns", "return_last100_mean", "approx_kl", "learned_from", "eval_return_mean"):
         assert [m.get(key) for m in metrics] == [m.get(key) for m in uninterrupted], key
-    assert "resumed at weight version 3" in (run / RUN_EVENTS).read_text()
+    assert "resumed at weight version 4" in (run / RUN_EVENTS).read_text()
 
 
 def test_a_checkpoint_without_its_kept_shards_is_skipped_not_resumed_from(tmp_path: Path, clean: Path) -> None:
@@ -144,7 +144,7 @@ def test_a_checkpoint_without_its_kept_shards_is_skipped_not_resumed_from(tmp_pa
                       MEMTRAIN_FAULT="rl_after_publish:8")
     assert result.returncode == -signal.SIGKILL
     run = tmp_path / "run"
-    assert checkpoints(run) == [3, 6]
+    assert checkpoints(run) == [3, 4, 6]  # 4: the best evaluation's
     shard = checkpoint_dir(run, 6) / shard_path(run, 5, 1).name
     data = bytearray(shard.read_bytes())
     data[-40] ^= 1
@@ -152,7 +152,7 @@ def test_a_checkpoint_without_its_kept_shards_is_skipped_not_resumed_from(tmp_pa
     resumed = memtrain("train", "--resume", run, "-q", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert "checkpoint c00000006 skipped" in (run / RUN_EVENTS).read_text()
-    assert "resumed at weight version 3" in (run / RUN_EVENTS).read_text()
+    assert "resumed at weight version 4" in (run / RUN_EVENTS).read_text()
     assert weights(run, 13) == weights(clean, 13)
 
 

@@ -60,16 +60,29 @@ class Actor:
 def load_actor(path: str | Path, which: str | None = None) -> Actor:
     """The policy of an RL run's newest complete checkpoint (``path``: the run directory, or one of its checkpoint
     directories), every file's checksum verified: what ``memtrain.load_model`` gives for an RL run. ``which``:
-    None or "last" (a best checkpoint by evaluation return is not kept yet)."""
+    None or "last" (the newest), or "best": the checkpoint of the version whose greedy evaluation return was the
+    highest (the newest checkpoint's record of it; ``run.keep_best`` keeps it)."""
     from memtrain.layout import CHECKPOINT_META
-    from memtrain.rl.server import job_policy, load_checkpoint, read_checkpoint, read_run_job
+    from memtrain.rl.server import checkpoint_dir, job_policy, load_checkpoint, read_checkpoint, read_run_job
 
     path = Path(path)
-    if which not in (None, "last"):
-        raise InputError("which= of a reinforcement-learning run", expected="None or 'last' (the newest checkpoint)",
-                         found=repr(which), hint="a best checkpoint by evaluation return is not kept yet")
+    if which not in (None, "last", "best"):
+        raise InputError("which= of a reinforcement-learning run",
+                         expected="None or 'last' (the newest checkpoint), or 'best' (the best evaluation's)",
+                         found=repr(which))
     run = path.parent.parent if (path / CHECKPOINT_META).is_file() else path
     job = read_run_job(run)
     policy = job_policy(job)
     position = read_checkpoint(path, job, policy) if run != path else load_checkpoint(run, job, policy)
+    if which == "best":
+        if position.best is None:
+            raise InputError("the run records no best evaluation", path=run,
+                             found=f"train.eval_every = {job.rl.eval_every}", hint="train.eval_every = N evaluates "
+                             "the greedy policy every N versions; which='last' loads the newest checkpoint")
+        folder = checkpoint_dir(run, position.best["version"])
+        if not folder.is_dir():
+            raise InputError(f"the checkpoint of the best evaluation (version {position.best['version']}) was "
+                             "pruned (run.keep_best = false) or lost", path=folder,
+                             hint="run.keep_best = true keeps it; which='last' loads the newest checkpoint")
+        position = read_checkpoint(folder, job, policy)
     return Actor(policy, position.weights)

@@ -172,7 +172,7 @@ def record(job: RLJob, policy: Any, run_dir: Path, position: Any, applied: Appli
     _retire(run_dir, applied)
     episodes = list(position.episodes)
     episodes[applied.slot] = advance(episodes[applied.slot], applied.trajectory, job.spaces)
-    return Position(version + 1, learned.weights, learned.state, learned.step, episodes), line
+    return Position(version + 1, learned.weights, learned.state, learned.step, episodes, best=position.best), line
 
 
 def _retire(run_dir: Path, applied: Applied) -> None:

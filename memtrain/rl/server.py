@@ -91,8 +91,9 @@ from memtrain.stopping import StopRequest, on_stop_signals, start_resource_track
 from memtrain.train.exchange.weights import publish_params
 from memtrain.train.messages import CollectTask, RLWorkerSetup
 from memtrain.train.optim import state_names
+from memtrain.train.records.checkpoint import prune_checkpoints
 from memtrain.train.records.run_dir import acquire_lock, log_event, write_params
-from memtrain.train.server.monitor import metric_logs
+from memtrain.train.server.monitor import improves, metric_logs
 from memtrain.train.server.scheduler import CORES, Scheduler
 
 RECENT_EPISODES = 100  # metrics.jsonl's return_last100_mean: CartPole's "solved" mark is 475 over the last 100
@@ -193,6 +194,8 @@ class Position:
     # buffers), and their lineage entries (slot, version, checksum); empty at version 0 and with staleness 0
     pending: list[Trajectory] = field(default_factory=list)
     pending_shards: list[dict[str, Any]] = field(default_factory=list)
+    # the best greedy evaluation so far: {"version": V, "eval_return_mean": R} (its checkpoint is kept, run.keep_best)
+    best: dict[str, Any] | None = None
 
     def env_steps(self, job: RLJob) -> int:
         return min(self.version, job.versions) * job.env.slots * job.env.steps
@@ -219,9 +222,11 @@ def checkpoint_dir(run_dir: Path, version: int) -> Path:
     return run_dir / CHECKPOINTS_DIR / f"c{version:08d}"
 
 
-def save_checkpoint(run_dir: Path, job: RLJob, position: Position, keep: int) -> Path:
+def save_checkpoint(run_dir: Path, job: RLJob, position: Position, keep: int, *, best_only: bool = False) -> Path:
     """A checkpoint of ``position``: .npy files and a meta.json with their checksums, complete or absent (written
-    under a temporary name, synced, renamed)."""
+    under a temporary name, synced, renamed). ``best_only``: written because its version's evaluation is the best
+    so far, off the schedule; it goes once another is better (the supervised runs' keep rule,
+    train/records/checkpoint.py ``prune_checkpoints``)."""
     final = checkpoint_dir(run_dir, position.version)
     if final.exists():
         return final
@@ -242,13 +247,24 @@ def save_checkpoint(run_dir: Path, job: RLJob, position: Position, keep: int) ->
         pending.append(source.name)
     sums = {name: checksum_file(tmp / name) for name in sorted(os.listdir(tmp))}
     write_json(tmp / CHECKPOINT_META, seal({"kind": RUN_FORMAT, "version": position.version, "step": position.step,
-                                            "slots": job.env.slots, "pending": pending, "files": sums}),
+                                            "slots": job.env.slots, "pending": pending, "files": sums,
+                                            "best": position.best, "best_only": best_only}),
                durable=True)
     os.rename(tmp, final)
     fsync_dir(final.parent)
-    for old in sorted(checkpoints(run_dir))[:-keep]:
-        shutil.rmtree(checkpoint_dir(run_dir, old), ignore_errors=True)
+    protect = position.best["version"] if position.best is not None and job.run.keep_best else None
+    prune_checkpoints(run_dir, keep, protect, best_only=_best_only)
     return final
+
+
+def _best_only(folder: Path) -> bool:
+    """Whether a checkpoint was written only as the best evaluation's (a damaged one: pruned as any other)."""
+    try:
+        meta = unseal(read_json(folder / CHECKPOINT_META, what="checkpoint meta"), path=folder / CHECKPOINT_META,
+                      what="checkpoint meta")
+    except MemtrainError:
+        return False
+    return meta.get("best_only") is True
 
 
 def checkpoints(run_dir: Path) -> list[int]:
@@ -297,7 +313,12 @@ def read_checkpoint(folder: Path, job: RLJob, policy: Policy) -> Position:
                           seed=job.train.seed, steps=job.env.steps) for slot in range(len(kept))]
     shards = [{"slot": slot, "version": version - 1, "checksum": checksum_file(shard_path(folder, version - 1, slot))}
               for slot in range(len(kept))]
-    return Position(version, weights, state, int(meta["step"]), episodes, pending, shards)
+    best = meta.get("best")
+    if best is not None and not (isinstance(best, dict) and isinstance(best.get("version"), int)
+                                 and isinstance(best.get("eval_return_mean"), int | float)):
+        raise CorruptFileError("the checkpoint's best evaluation is not a record", path=folder / CHECKPOINT_META,
+                               expected='{"version": V, "eval_return_mean": R} or null', found=repr(best)[:120])
+    return Position(version, weights, state, int(meta["step"]), episodes, pending, shards, best)
 
 
 def _truncate_records(run_dir: Path, version: int) -> None:
@@ -424,12 +445,18 @@ def _run(job: RLJob, policy: Policy, run_dir: Path, stop: StopRequest, *, resume
 
 def _version_done(job: RLJob, run_dir: Path, position: Position, line: dict[str, Any], logs: list[Any], *,
                   every: int) -> None:
-    """After a version's lines (sync or async): the metric logs (``run.log_to``), and a checkpoint every
-    ``every`` versions and at the end."""
+    """After a version's lines (sync or async): the metric logs (``run.log_to``); the best evaluation so far
+    (``position.best``: a greedy evaluation return higher than every earlier one); a checkpoint every ``every``
+    versions, at the end, and at a new best's version (``run.keep_best``, best-only)."""
     for log in logs:
         log.write(line)
-    if position.version % every == 0 or position.version == last_version(job):
-        save_checkpoint(run_dir, job, position, job.run.keep_checkpoints)
+    improved = "eval_version" in line and improves(line.get("eval_return_mean"),
+                                                   (position.best or {}).get("eval_return_mean"), "max")
+    if improved:
+        position.best = {"version": line["eval_version"], "eval_return_mean": line["eval_return_mean"]}
+    scheduled = position.version % every == 0 or position.version == last_version(job)
+    if scheduled or (improved and job.run.keep_best):
+        save_checkpoint(run_dir, job, position, job.run.keep_checkpoints, best_only=not scheduled)
 
 
 def _run_async(job: RLJob, policy: Policy, learner: Learner, run_dir: Path, scheduler: Scheduler, transport: Any,
@@ -547,7 +574,7 @@ def _version(job: RLJob, policy: Policy, learner: Learner, run_dir: Path, schedu
     append_jsonl(run_dir / RUN_METRICS, line)
     _retire(run_dir, version - lag if learned else None, slots, version + 1 - max(job.run.keep_versions, 1))
     pending, pending_shards = (trajectories, shards) if lag else ([], [])
-    return Position(version + 1, weights, state, step, episodes, pending, pending_shards), line
+    return Position(version + 1, weights, state, step, episodes, pending, pending_shards, position.best), line
 
 
 class _Beside:

@@ -190,14 +190,17 @@ class StagedBest:
 REWRITE = os.O_WRONLY | os.O_CREAT
 
 
-def prune_checkpoints(run_dir: Path, keep: int, protect: int | None = None) -> None:
+def prune_checkpoints(run_dir: Path, keep: int, protect: int | None = None,
+                      best_only: Callable[[Path], bool] | None = None) -> None:
     """Keep the newest ``keep`` checkpoints and ``protect`` (the best epoch's); a checkpoint written only
     because its epoch was the best (``best_only`` in its metadata) goes once it is not the best any more, and
-    never counts among the ``keep``."""
+    never counts among the ``keep``. ``best_only``: how a checkpoint says so (a reinforcement-learning run's
+    own metadata, memtrain/rl/server.py; by default a training checkpoint's)."""
     updates = checkpoint_updates(run_dir)
+    best_only = best_only or _best_only
     # only a run that keeps its best epoch (protect) writes best-only checkpoints: without one, reading and
     # verifying every checkpoint's metadata at every epoch's end cost 14 ms an epoch for nothing
-    superseded = [u for u in updates if u != protect and _best_only(checkpoint_path(run_dir, u))] \
+    superseded = [u for u in updates if u != protect and best_only(checkpoint_path(run_dir, u))] \
         if protect is not None else []
     regular = [u for u in updates if u not in superseded]
     for update in superseded + (regular[:-keep] if keep > 0 else []):

@@ -84,12 +84,7 @@ class Monitor:
 
     def better(self, value: Any, best: dict[str, Any] | None) -> bool:
         """Whether ``value`` of the monitor beats the best epoch record so far (None: there is none)."""
-        if not isinstance(value, int | float) or not math.isfinite(value):
-            return False
-        old = None if best is None else best.get(self.monitor)
-        if not isinstance(old, int | float) or not math.isfinite(old):
-            return True
-        return value < old if self.mode == "min" else value > old
+        return improves(value, None if best is None else best.get(self.monitor), self.mode)
 
     def epoch_ended(self, position: Any, record: dict[str, Any]) -> Verdict:
         """The end of epoch ``record["epoch"]``: update ``position.best``, write the logs, call the callbacks."""
@@ -130,6 +125,17 @@ class Monitor:
     def close(self) -> None:
         for log in self.logs:
             log.close()
+
+
+def improves(value: Any, old: Any, mode: str) -> bool:
+    """The keep rule of a best checkpoint: a finite ``value`` strictly better than ``old`` (lower for "min",
+    higher for "max"; an earlier record wins a tie), or any finite value when there is no finite ``old``. The
+    best epoch's (``train.monitor``) and a reinforcement-learning run's best evaluation return."""
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        return False
+    if not isinstance(old, int | float) or not math.isfinite(old):
+        return True
+    return value < old if mode == "min" else value > old
 
 
 def _callback_name(callback: Any) -> str:
