@@ -45,7 +45,7 @@ from memtrain.benchmarks.compare import Spread, Target, interleaved, median, pai
 from memtrain.errors import InputError, MemtrainError
 
 SIDES = ("memtrain_2", "memtrain_0", "sb3_subproc", "sb3_dummy", "cleanrl")
-LABELS = {"memtrain_2": "memtrain train, 2 workers", "memtrain_0": "memtrain train, 0 workers",
+LABELS = {"memtrain_2": "memtrain train: 2 workers", "memtrain_0": "memtrain train: 0 workers",
           "sb3_subproc": "SB3 PPO, SubprocVecEnv", "sb3_dummy": "SB3 PPO, DummyVecEnv",
           "cleanrl": "CleanRL-style ppo.py"}
 PEERS = ("sb3_subproc", "sb3_dummy", "cleanrl")
