@@ -49,14 +49,15 @@ checkpoint_every = 3
 """
 CARTPOLE = 'id = "CartPole-v1"'
 FLAKY_ENV = '''import os
+import time
 from pathlib import Path
 
 import gymnasium as gym
 
 
 class Flaky(gym.Wrapper):
-    """CartPole whose step raises at the FLAKY_AT-th step of episode 1 of every slot: once per marker file
-    (FLAKY_ONCE), or always without one."""
+    """CartPole whose step raises (hangs, with FLAKY_HANG) at the FLAKY_AT-th step of episode 1 of every slot:
+    once per marker file (FLAKY_ONCE), or always without one."""
 
     def __init__(self):
         super().__init__(gym.make("CartPole-v1", disable_env_checker=True))
@@ -72,14 +73,19 @@ class Flaky(gym.Wrapper):
         if at and self.resets == 2 and self.steps == at:
             once = os.environ.get("FLAKY_ONCE")
             if not once:
-                raise RuntimeError("the simulator lost its state")
+                self.fail("the simulator lost its state")
             try:
                 Path(once).touch(exist_ok=False)
             except FileExistsError:
                 pass
             else:
-                raise RuntimeError("the simulator lost its state (once)")
+                self.fail("the simulator lost its state (once)")
         return self.env.step(action)
+
+    def fail(self, why):
+        if os.environ.get("FLAKY_HANG"):
+            time.sleep(3600)  # hung: only a bound on the task ends it
+        raise RuntimeError(why)
 
 
 def make_env():
@@ -207,6 +213,37 @@ def test_an_environment_that_always_raises_stops_the_run_naming_version_slot_see
     assert "collection task (version" in err and "the environment failed in step, at each of 3 attempts" in err
     for words in ("slot ", "seed 5", "episode 1", "step 2", "RuntimeError: the simulator lost its state",
                   "reproduce it with reset(seed=", "memtrain train --resume"):
+        assert words in err, (words, err)
+    assert "Traceback" not in err
+
+
+def test_an_environment_hung_in_the_server_runs_again_after_task_timeout_with_the_same_bits(tmp_path: Path) -> None:
+    """0 workers: the server's own collection task is bounded by train.task_timeout, as a worker's is."""
+    env = 'factory = "flaky:make_env"'
+    first = memtrain("train", job(tmp_path / "a", env=env, **{"flaky.py": FLAKY_ENV}), "-q", cwd=tmp_path / "a")
+    assert first.returncode == 0, first.stderr
+    path = job(tmp_path / "b", env=env, **{"flaky.py": FLAKY_ENV})
+    path.write_text(path.read_text().replace("workers = 0", "workers = 0\ntask_timeout = 1"))
+    hung = memtrain("train", path, "-q", cwd=tmp_path / "b", FLAKY_AT="3", FLAKY_HANG="1",
+                    FLAKY_ONCE=str(tmp_path / "once"))
+    assert hung.returncode == 0, hung.stderr
+    assert (tmp_path / "once").exists()  # it did hang
+    assert weights(tmp_path / "b" / "run", 12) == weights(tmp_path / "a" / "run", 12)
+
+
+def test_an_environment_always_hung_in_the_server_stops_the_run_naming_version_slot_seed_episode_and_step(
+        tmp_path: Path) -> None:
+    path = job(tmp_path, env='factory = "flaky:make_env"', **{"flaky.py": FLAKY_ENV})
+    path.write_text(path.read_text().replace("workers = 0", "workers = 0\ntask_timeout = 1"))
+    started = time.monotonic()
+    result = memtrain("train", path, "-q", cwd=tmp_path, FLAKY_AT="3", FLAKY_HANG="1")
+    assert result.returncode == 1, result.stderr
+    assert time.monotonic() - started < 60  # 3 attempts of 1 s, not the environment's hour
+    err = result.stderr
+    for words in ("collection task (version 0, slot ", "the environment failed in step, at each of 3 attempts",
+                  "seed 5", "episode 1", "step 2", "Overtime: the collection task ran for longer than "
+                  "train.task_timeout = 1 s in the server (0 workers)", "reproduce it with reset(seed=",
+                  "memtrain train --resume"):
         assert words in err, (words, err)
     assert "Traceback" not in err
 

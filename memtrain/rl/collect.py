@@ -15,8 +15,11 @@ job (environment, seed, steps, architecture), the weights of v and the slot's ep
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Sequence
+import signal
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -123,9 +126,40 @@ class Collected:
     state: EpisodeState
 
 
+class Overtime(Exception):  # noqa: N818 - what it says: the task ran over its time
+    """A run of a collection task the server makes itself (0 workers) went past ``train.task_timeout``: raised
+    by ``time_limit``'s alarm wherever the task stands, most often inside the environment's call (which names
+    the step), and then handled as an environment's failure."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None) -> Iterator[None]:
+    """Bound the block by ``seconds`` of wall time: SIGALRM raises ``Overtime`` in it. The server's own
+    collection tasks (0 workers) under ``train.task_timeout``, the rule the scheduler applies to a worker's
+    task (a worker silent that long is killed and its task runs again). Only the main thread gets signals: in
+    another thread, or with ``seconds`` None (a worker process, which the scheduler watches), nothing is armed.
+    An environment hung in C code that holds the interpreter lock is not interrupted (a worker process is)."""
+    if seconds is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def ring(signum: int, frame: object) -> None:
+        raise Overtime(f"the collection task ran for longer than train.task_timeout = {seconds:g} s in the server "
+                       "(0 workers)")
+
+    previous = signal.signal(signal.SIGALRM, ring)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def collect(weights_path: Path, version: int, slot: int, spec: EnvSpec, seed: int, steps: int,
             state: EpisodeState, *, out_dir: Path, hidden: tuple[int, ...] = (64, 64),
-            cache: SlotCache | None = None, attempts: int = 1, policy: Policy | None = None) -> Collected:
+            cache: SlotCache | None = None, attempts: int = 1, policy: Policy | None = None,
+            limit: float | None = None) -> Collected:
     """Run collection task (``version``, ``slot``): ``steps`` steps from ``state``, published in ``out_dir``.
 
     An environment that fails (raises, or gives a non-finite reward or observation: a ``WorkerFailure`` from
@@ -135,30 +169,46 @@ def collect(weights_path: Path, version: int, slot: int, spec: EnvSpec, seed: in
     episode's reset seed, so that the failure can be reproduced.
 
     ``policy``: the actor-critic acting (default: the numpy MLP of ``hidden``); a torch one
-    (memtrain/rl/torch_policy.py) runs its forward on the mapped weights the same way.
+    (memtrain/rl/torch_policy.py) runs its forward on the mapped weights the same way. ``limit``: seconds each
+    run of the task may take (``time_limit``: the server's own tasks); one that takes longer fails as an
+    environment that raised, naming where it stood (``Overtime``).
     """
     for key, value, least in (("version", version, 0), ("slot", slot, 0), ("env.steps", steps, 1), ("seed", seed, 0),
                               ("train.max_attempts", attempts, 1)):
         if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < least:
             raise InputError(f"bad value for {key}", expected=f"an integer >= {least}", found=repr(value))
     for attempt in range(1, int(attempts) + 1):
-        try:  # a failure while re-simulating: _environment closed its environment
-            env, obs = _environment(spec, seed, slot, version, state, cache)
-        except WorkerFailure as exc:
-            failure, episode = exc, state.episode
-        else:
-            try:
-                return _collect(env, obs, weights_path, version, slot, seed, steps, state, out_dir,
-                                policy or Policy(env.spaces, tuple(hidden)), cache)
-            except WorkerFailure as exc:
-                failure, episode = exc, env.episode
-                env.close()  # past the task's start now: a retry re-simulates a new one (the cache no longer holds it)
-            except BaseException:
-                env.close()
-                raise
+        with time_limit(limit):
+            done, failure, episode = _attempt(weights_path, version, slot, spec, seed, steps, state, out_dir, hidden,
+                                              cache, policy)
+        if done is not None:
+            return done
         if attempt == attempts:
             raise _gave_up(failure, spec, seed, slot, episode, attempts) from failure
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _attempt(weights_path: Path, version: int, slot: int, spec: EnvSpec, seed: int, steps: int, state: EpisodeState,
+             out_dir: Path, hidden: tuple[int, ...], cache: SlotCache | None,
+             policy: Policy | None) -> tuple[Collected | None, WorkerFailure, int]:
+    """One run of the task: (the result, -, -), or (None, the environment's failure, the episode it was in)."""
+    try:  # a failure while re-simulating: _environment closed its environment
+        env, obs = _environment(spec, seed, slot, version, state, cache)
+    except WorkerFailure as exc:
+        return None, exc, state.episode
+    except Overtime as exc:  # between the environment's calls: where the task stood
+        return None, WorkerFailure(str(exc), where=f"version {version}, slot {slot}, seed {seed}"), state.episode
+    try:
+        return _collect(env, obs, weights_path, version, slot, seed, steps, state, out_dir,
+                        policy or Policy(env.spaces, tuple(hidden)), cache), None, 0  # type: ignore[return-value]
+    except (WorkerFailure, Overtime) as exc:
+        env.close()  # past the task's start now: a retry re-simulates a new one (the cache no longer holds it)
+        if isinstance(exc, Overtime):
+            exc = WorkerFailure(str(exc), where=f"version {version}, slot {slot}, seed {seed}, episode {env.episode}")
+        return None, exc, env.episode
+    except BaseException:
+        env.close()
+        raise
 
 
 def _gave_up(exc: WorkerFailure, spec: EnvSpec, seed: int, slot: int, episode: int, attempts: int) -> WorkerFailure:

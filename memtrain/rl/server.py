@@ -409,7 +409,7 @@ def _run(job: RLJob, policy: Policy, run_dir: Path, stop: StopRequest, *, resume
     workers = 0 if replaying else worker_count(job)  # a replay collects each recorded shard in turn
     stop.deferred = True  # from here a stop signal is recorded, and the run checkpoints where it stands
     transport = WorkerPool(setup, workers, max_starts=job.train.max_attempts) if workers else \
-        InServer(RLWorkerState(setup, job, policy))  # type: ignore[arg-type]
+        InServer(RLWorkerState(setup, job, policy, limit=job.train.task_timeout))  # type: ignore[arg-type]
     where = plural(workers, "worker process", "worker processes") if workers else "in the server"
     log_event(run_dir, f"collection: {where}")
     scheduler = Scheduler(task_timeout=job.train.task_timeout, max_attempts=job.train.max_attempts,

@@ -24,10 +24,13 @@ from memtrain.train.messages import CollectTask, Outcome, Result, RLWorkerSetup
 class RLWorkerState:
     """What a worker keeps between collection tasks: the job, the policy, the live environments."""
 
-    def __init__(self, setup: RLWorkerSetup, job: RLJob | None = None, policy: object | None = None):
+    def __init__(self, setup: RLWorkerSetup, job: RLJob | None = None, policy: object | None = None, *,
+                 limit: float | None = None):
+        """``limit``: seconds a run of a task may take (the server's own tasks, 0 workers: train.task_timeout;
+        a worker process's are watched by the scheduler)."""
         from memtrain.rl.server import job_policy, read_run_job
 
-        self.setup = setup
+        self.setup, self.limit = setup, limit
         self.run_dir = Path(setup.run_dir)
         self.job = job if job is not None else read_run_job(self.run_dir)
         self.policy = policy if policy is not None else job_policy(self.job)
@@ -62,7 +65,7 @@ class RLWorkerState:
                                    found=f"episode {state.episode}, step {state.step}")
         done = collect(weights_path(self.run_dir, task.version), task.version, task.task, job.env.spec,
                        job.train.seed, job.env.steps, state, out_dir=self.run_dir / TRAJECTORIES_DIR, cache=self.cache,
-                       attempts=job.train.max_attempts, policy=self.policy)
+                       attempts=job.train.max_attempts, policy=self.policy, limit=self.limit)
         if is_a3c(job):  # A3C: the task's own actor-critic gradient, at the version it collected with
             from memtrain.files import open_npy, publish_array
             from memtrain.rl.server import learner_of
