@@ -14,6 +14,11 @@ from hypothesis import settings
 from memtrain import faults
 from memtrain.cli import main
 
+# Every Dask process the tests start (theirs and memtrain's, which inherit this environment) checks its event
+# loop's latency every 20 ms by default, only to warn when the loop was blocked: an idle scheduler and two
+# workers (5 processes) then burn 8% of a core. Every 500 ms: half that, and nothing the tests look at changes.
+os.environ.setdefault("DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL", "500ms")
+
 # Property tests check results, never speed: a per-example deadline only measures how loaded the machine is.
 settings.register_profile("memtrain", deadline=None)
 settings.load_profile("memtrain")
