@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,19 @@ from hypothesis import settings
 
 from memtrain import faults
 from memtrain.cli import main
+
+# The suite starts thousands of interpreters (servers, spawned workers, Dask processes, `python -m memtrain`), each
+# importing memtrain. Under PYTHONDONTWRITEBYTECODE (set in many containers and CI images) none of them finds a cached
+# .pyc of this checkout, so each compiles memtrain's modules again, and each pytest process rewrites every test
+# module's asserts anew: 20% of the suite's CPU (test_faults.py: 77 s of CPU with it, 61 s without). For the
+# suite's own processes, from here on, bytecode is cached as Python does by default (__pycache__, in .gitignore).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
+# Every Dask process the tests start (theirs and memtrain's, which inherit this environment) checks its event
+# loop's latency every 20 ms by default, only to warn when the loop was blocked: an idle scheduler and two
+# workers (5 processes) then burn 8% of a core. Every 500 ms: half that, and nothing the tests look at changes.
+os.environ.setdefault("DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL", "500ms")
 
 # Property tests check results, never speed: a per-example deadline only measures how loaded the machine is.
 settings.register_profile("memtrain", deadline=None)

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -133,6 +134,23 @@ def baseline(data: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     result = memtrain("train", job)
     assert result.returncode == 0, result.stderr
     return digest(job.parent / "run")
+
+
+@pytest.fixture(scope="module")
+def clean_digest(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., str]:
+    """``clean_digest(*args, **job)``: the digest of a fault-free ``memtrain train`` of ``write_job(data, **job)``
+    with ``args``, run once per module for every test (and parameter) that compares against it."""
+    digests: dict[tuple, str] = {}
+
+    def get(*args: object, **job: object) -> str:
+        key = (args, tuple(sorted(job.items())))
+        if key not in digests:
+            clean = write_job(tmp_path_factory.mktemp("clean"), data, **job)
+            result = memtrain("train", clean, *args)
+            assert result.returncode == 0, result.stderr
+            digests[key] = digest(clean.parent / "run")
+        return digests[key]
+    return get
 
 
 # --- workers dying ---
@@ -370,10 +388,9 @@ def test_server_killed_then_resumed_is_identical_and_leaves_no_orphans(tmp_path:
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_interrupt_checkpoints_and_says_how_to_resume(tmp_path: Path, data: Path, sig: int, code: int) -> None:
-    clean = write_job(tmp_path / "clean", data, epochs=12)  # 60 updates: the stop at version 7 lands mid-run
-    assert memtrain("train", clean).returncode == 0
-    job = write_job(tmp_path / "stopped", data, epochs=12)
+def test_interrupt_checkpoints_and_says_how_to_resume(tmp_path: Path, data: Path, clean_digest: Callable[..., str],
+                                                     sig: int, code: int) -> None:
+    job = write_job(tmp_path / "stopped", data, epochs=12)  # 60 updates: the stop at version 7 lands mid-run
     proc = start("train", job)
     run = tmp_path / "stopped" / "run"
     wait_for_version(run, 7)
@@ -385,7 +402,8 @@ def test_interrupt_checkpoints_and_says_how_to_resume(tmp_path: Path, data: Path
     assert checkpoint_updates(run), "no checkpoint after the interrupt"
     assert wait_gone(worker_pids(run), 5) == []
     assert memtrain("train", "--resume", run).returncode == 0
-    assert digest(run) == digest(tmp_path / "clean" / "run")
+    # the reference in the server: the same bits as any worker count (test_rounds.py), without 2 more interpreters
+    assert digest(run) == clean_digest("--workers", 0, epochs=12)
 
 
 # --- the server running the rounds itself (train.workers = 0): the same guarantees ---
@@ -406,10 +424,9 @@ def test_server_running_the_rounds_killed_then_resumed_is_identical(tmp_path: Pa
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_server_running_the_rounds_stops_cleanly_on_a_signal(tmp_path: Path, data: Path, sig: int,
+def test_server_running_the_rounds_stops_cleanly_on_a_signal(tmp_path: Path, data: Path,
+                                                             clean_digest: Callable[..., str], sig: int,
                                                              code: int) -> None:
-    clean = write_job(tmp_path / "clean", data, epochs=40, workers=2)
-    assert memtrain("train", clean).returncode == 0
     job = write_job(tmp_path / "stopped", data, epochs=40, workers=0)
     proc = start("train", job)
     run = tmp_path / "stopped" / "run"
@@ -421,7 +438,7 @@ def test_server_running_the_rounds_stops_cleanly_on_a_signal(tmp_path: Path, dat
     stopped_at = json.loads((run / "lineage.jsonl").read_text().splitlines()[-1])["version"]
     assert stopped_at < 200, "the signal landed after the run had finished"
     assert memtrain("train", "--resume", run).returncode == 0
-    assert digest(run) == digest(tmp_path / "clean" / "run")
+    assert digest(run) == clean_digest(epochs=40, workers=2)  # the workers' bits, from the server alone
 
 
 def test_a_version_an_outside_reader_locks_is_never_rewritten(tmp_path: Path, data: Path) -> None:
@@ -524,9 +541,8 @@ def test_a_header_claiming_a_huge_shape_is_refused_before_allocating(tmp_path: P
     assert "(1000000000000, 6)" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_resume_skips_a_corrupt_newest_checkpoint_and_says_so(tmp_path: Path, data: Path) -> None:
-    clean = write_job(tmp_path / "clean", data, epochs=3)
-    assert memtrain("train", clean).returncode == 0
+def test_resume_skips_a_corrupt_newest_checkpoint_and_says_so(tmp_path: Path, data: Path,
+                                                              clean_digest: Callable[..., str]) -> None:
     job = write_job(tmp_path / "run3", data, epochs=3)
     assert memtrain("train", job, "--set", "train.epochs=2").returncode == 0
     run = tmp_path / "run3" / "run"
@@ -536,7 +552,7 @@ def test_resume_skips_a_corrupt_newest_checkpoint_and_says_so(tmp_path: Path, da
     assert resumed.returncode == 0, resumed.stderr
     assert f"skipping checkpoint {newest.name}" in resumed.stdout + resumed.stderr
     assert "weights.npy: checksum mismatch" in resumed.stdout + resumed.stderr
-    assert digest(run) == digest(tmp_path / "clean" / "run")
+    assert digest(run) == clean_digest("--workers", 0, epochs=3)  # any worker count: the same bits
 
 
 # --- numerical failure ---
