@@ -3,7 +3,9 @@
 For each N nodes x P processes: a Dask scheduler and N single-threaded workers on 127.0.0.1, each started with
 ``MEMTRAIN_NODE_PROCESSES=P`` (a node: memtrain/cluster/nodes.py), then ``cluster_costs.measure`` of the
 benchmark's MLP with N x P tasks per update; and the same job on N x P workers without it (today's round: one
-Dask worker per process). Per update: the scheduler's CPU, the server's CPU, updates/s.
+Dask worker per process). Per update: the scheduler's CPU (and per second: its background work per worker is
+paid per second, so a longer update carries more of it), the messages the scheduler's BroadcastPlugin handled
+(every handler, over the whole run, per update stepped), the server's CPU, updates/s.
 
     python -m benchmarks.node_round --params 1e6 --nodes 1,2,4 --processes 1,2 --updates 7 --warmup 2 --repeats 3
 
@@ -47,10 +49,21 @@ def one(params: int, workers: int, tasks: int, processes: int, updates: int, war
     try:
         with external_cluster(workers, folder) as (address, _):
             wait_for(address, workers)
-            return measure(params, address, updates, warmup, folder, tasks, others=steps) | {
-                "node_steps": sum(1 for c in steps.chained if c == tasks), "steps": len(steps.chained)}
+            row = measure(params, address, updates, warmup, folder, tasks, others=steps)
+            return row | {"node_steps": sum(1 for c in steps.chained if c == tasks), "steps": len(steps.chained),
+                          "messages": plugin_messages(address) / max(1, len(steps.chained)),
+                          "scheduler_cpu_ms_per_s": row["scheduler_cpu_ms"] * row["updates_per_s"]}
     finally:
         os.environ.pop(PROCESSES_ENV, None)
+
+
+def plugin_messages(address: str) -> int:
+    """The messages the BroadcastPlugin handled in the run (every handler: memtrain/cluster/broadcast.py)."""
+    from distributed import Client
+
+    with Client(address, timeout=30) as client:
+        return sum(client.run_on_scheduler(lambda dask_scheduler: dict(
+            getattr(dask_scheduler.plugins.get("memtrain-broadcast"), "calls", {}))).values())
 
 
 class StepCount:
@@ -97,11 +110,12 @@ def main() -> None:
     print(f"load average {' '.join(f'{v:.1f}' for v in before)} before, {' '.join(f'{v:.1f}' for v in after)} after; "
           f"{int(args.params):,} parameters, updates {args.warmup + 1}-{args.updates - 1} counted, "
           f"{args.repeats} repeat(s): median (range)")
-    print("| nodes x processes | round | Dask workers | scheduler CPU ms/update | server CPU ms/update | updates/s "
-          "| steps from the last partial |")
-    print("|---|---|---|---|---|---|---|")
+    print("| nodes x processes | round | Dask workers | scheduler CPU ms/update | scheduler CPU ms/s "
+          "| plugin messages/update | server CPU ms/update | updates/s | steps from the last partial |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for (layout, label, workers), runs in cells.items():
         print(f"| {layout} | {label} | {workers} | {spread(runs, 'scheduler_cpu_ms')} "
+              f"| {spread(runs, 'scheduler_cpu_ms_per_s')} | {spread(runs, 'messages')} "
               f"| {spread(runs, 'server_cpu_ms')} | {spread(runs, 'updates_per_s', 2)} "
               f"| {sum(r['node_steps'] for r in runs)} of {sum(r['steps'] for r in runs)} |")
 

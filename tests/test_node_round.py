@@ -221,7 +221,8 @@ def test_a_wave_record_reads_back_as_it_was_posted(tmp_path: Path) -> None:
     files.answer(2, 1, [4.0, 0.25, 0.5], b"\x01\x02", "")
     state = RoundState(members=["a", "b"], client="")
     state.waves[2] = Wave(record=b"", posted=0.0, parts=2)
-    files.collect(state, 2)
+    assert files.collect(state, 2, every_rank=False) == 0  # rank 0's answer is first: not in yet
+    assert files.collect(state, 2, every_rank=True) == 1
     assert list(state.waves[2].answers) == [1] and state.waves[2].answers[1][1:] == ([4.0, 0.25, 0.5], b"\x01\x02", "")
     assert not files.answer_path(2, 1).exists()
     files.end()

@@ -57,6 +57,7 @@ CALL_SECONDS = 30.0  # a post or an end the scheduler does not answer within thi
 STATUS_SECONDS = 0.25  # a round of nodes: the server asks the scheduler how the round stands at most this often
 ALIVE_SECONDS = 2.0  # a round of nodes: a node waiting for a record asks the scheduler if the round is on this often
 FILE_POLL = (0.0002, 0.002)  # a round of nodes: first and longest sleep between looks for a wave file
+FULL_LOOK = 8  # a round of nodes: the server looks for every missing answer once in this many looks (else the first)
 
 
 @dataclass
@@ -352,18 +353,26 @@ class WaveFiles:
         write_json(self.answer_path(wave, rank), {"numbers": numbers, "blob": blob.hex(), "error": error},
                    durable=False)
 
-    def collect(self, state: RoundState, wave: int) -> None:
-        """The answers to wave ``wave`` published since the last look, into ``state`` (their files removed)."""
-        current = state.waves[wave]
+    def collect(self, state: RoundState, wave: int, *, every_rank: bool) -> int:
+        """The answers to wave ``wave`` published since the last look, into ``state`` (their files removed); how
+        many. The missing ranks in order up to the first still missing, or (``every_rank``) all of them: a look
+        costs one file lookup while the server waits, whatever the number of members (the chain's nodes
+        answer about in rank order)."""
+        current, found = state.waves[wave], 0
         for rank in range(len(state.members)):
             if rank in current.answers:
                 continue
             path = self.answer_path(wave, rank)
-            found = read_wave_file(path)
-            if found is not None:
-                current.answers[rank] = (time.monotonic(), [float(n) for n in found["numbers"]],
-                                         bytes.fromhex(found["blob"]), str(found["error"]))
-                discard([path])
+            answer = read_wave_file(path)
+            if answer is None:
+                if every_rank:
+                    continue
+                break
+            current.answers[rank] = (time.monotonic(), [float(n) for n in answer["numbers"]],
+                                     bytes.fromhex(answer["blob"]), str(answer["error"]))
+            discard([path])
+            found += 1
+        return found
 
     def end(self) -> None:
         write_json(self.end_path(), {}, durable=False)
@@ -576,21 +585,24 @@ class Broadcast:
         state.waves[wave] = Wave(record=b"", posted=time.monotonic(), parts=parts, shares=shares)
         chores()
         ratio, backup = (self.rule.ratio, self.rule.seconds) if self.rule else (0.0, 0.0)
-        pause = FILE_POLL[0]
+        pause, looks, due = FILE_POLL[0], 0, 0.0
         while True:
-            files.collect(state, wave)
-            status = "ended" if state.ended else settled(state, wave, self.timeout, ratio, backup)
-            due = self.checked + STATUS_SECONDS
-            unchecked = self.checked < state.waves[wave].posted  # not asked since the wave was posted
-            if (status == "done" and unchecked) or (not status and time.monotonic() >= due):
-                self.round_status(state)
+            new = files.collect(state, wave, every_rank=looks % FULL_LOOK == FULL_LOOK - 1)
+            looks += 1
+            if new or time.monotonic() >= due:  # the rules asked only when something changed or came due
                 status = "ended" if state.ended else settled(state, wave, self.timeout, ratio, backup)
-            if status:
-                found = summary(state, wave, status)
-                return Answer(status=status, numbers=found["numbers"], blob=found["blob"], ranks=found["ranks"],
-                              error=found["error"], joined=found["joined"], waited=found["waited"])
-            until = min(time.monotonic() + pause, due, due_at(state, wave, ratio, backup, self.timeout))
-            time.sleep(max(0.0, until - time.monotonic()))
+                unchecked = self.checked < state.waves[wave].posted  # not asked since the wave was posted
+                if (status == "done" and unchecked) or (not status and time.monotonic() >= self.checked +
+                                                        STATUS_SECONDS):
+                    self.round_status(state)
+                    status = "ended" if state.ended else settled(state, wave, self.timeout, ratio, backup)
+                if status:
+                    found = summary(state, wave, status)
+                    return Answer(status=status, numbers=found["numbers"], blob=found["blob"],
+                                  ranks=found["ranks"], error=found["error"], joined=found["joined"],
+                                  waited=found["waited"])
+                due = min(self.checked + STATUS_SECONDS, due_at(state, wave, ratio, backup, self.timeout))
+            time.sleep(max(0.0, min(pause, due - time.monotonic())))
             pause = min(pause * 2, FILE_POLL[1])
 
     def round_status(self, state: RoundState) -> None:
