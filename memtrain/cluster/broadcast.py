@@ -57,6 +57,8 @@ CALL_SECONDS = 30.0  # a post or an end the scheduler does not answer within thi
 STATUS_SECONDS = 0.25  # a round of nodes: the server asks the scheduler how the round stands at most this often
 ALIVE_SECONDS = 2.0  # a round of nodes: a node waiting for a record asks the scheduler if the round is on this often
 FILE_POLL = (0.0002, 0.002)  # a round of nodes: first and longest sleep between looks for a wave file
+LOOK_SHARE = 0.02  # ... or, longer, this share of the time waited so far (at most 2% more wait, far fewer looks)
+STATUS_SHARE = 0.1  # the server's look at the scheduler: every STATUS_SECONDS, or this share of the wave's time
 FULL_LOOK = 8  # a round of nodes: the server looks for every missing answer once in this many looks (else the first)
 
 
@@ -339,7 +341,7 @@ class WaveFiles:
 
     def next(self, wave: int, stop: Callable[[], bool]) -> tuple[str, Any] | None:
         """Wave ``wave``'s record once it is published (polled, with backoff); None once ``stop()``."""
-        pause = FILE_POLL[0]
+        pause, started = FILE_POLL[0], time.monotonic()
         while True:
             found = read_wave_file(self.record(wave))
             if found is not None:
@@ -347,7 +349,7 @@ class WaveFiles:
             if stop():
                 return None
             time.sleep(pause)
-            pause = min(pause * 2, FILE_POLL[1])
+            pause = look_pause(pause, started)
 
     def answer(self, wave: int, rank: int, numbers: list[float], blob: bytes, error: str) -> None:
         write_json(self.answer_path(wave, rank), {"numbers": numbers, "blob": blob.hex(), "error": error},
@@ -384,6 +386,13 @@ class WaveFiles:
         """The files a round of ``waves`` waves may still hold once it ended (a late member's answer included)."""
         last = [self.record(waves - 1), *(self.answer_path(waves - 1, r) for r in range(members))] if waves else []
         return [*last, self.end_path()]
+
+
+def look_pause(pause: float, started: float) -> float:
+    """The next sleep between looks for a wave file: doubling from ``FILE_POLL[0]`` up to ``FILE_POLL[1]``, or up
+    to ``LOOK_SHARE`` of the time waited since ``started`` when that is longer: a long wait (a wave of seconds
+    at 1e7 parameters) costs tens of looks per second, not hundreds, and at most 2% more time."""
+    return min(pause * 2, max(FILE_POLL[1], LOOK_SHARE * (time.monotonic() - started)))
 
 
 def read_wave_file(path: Path) -> Any:
@@ -592,8 +601,8 @@ class Broadcast:
             if new or time.monotonic() >= due:  # the rules asked only when something changed or came due
                 status = "ended" if state.ended else settled(state, wave, self.timeout, ratio, backup)
                 unchecked = self.checked < state.waves[wave].posted  # not asked since the wave was posted
-                if (status == "done" and unchecked) or (not status and time.monotonic() >= self.checked +
-                                                        STATUS_SECONDS):
+                if (status == "done" and unchecked) or (not status and time.monotonic() >= self.status_due(state,
+                                                                                                           wave)):
                     self.round_status(state)
                     status = "ended" if state.ended else settled(state, wave, self.timeout, ratio, backup)
                 if status:
@@ -601,9 +610,14 @@ class Broadcast:
                     return Answer(status=status, numbers=found["numbers"], blob=found["blob"],
                                   ranks=found["ranks"], error=found["error"], joined=found["joined"],
                                   waited=found["waited"])
-                due = min(self.checked + STATUS_SECONDS, due_at(state, wave, ratio, backup, self.timeout))
+                due = min(self.status_due(state, wave), due_at(state, wave, ratio, backup, self.timeout))
             time.sleep(max(0.0, min(pause, due - time.monotonic())))
-            pause = min(pause * 2, FILE_POLL[1])
+            pause = look_pause(pause, state.waves[wave].posted)
+
+    def status_due(self, state: RoundState, wave: int) -> float:
+        """When the server next asks the scheduler how the round stands: ``STATUS_SECONDS`` after the last ask,
+        or ``STATUS_SHARE`` of the wave's time so far when longer (a long wave: a few asks, not one per 0.25 s)."""
+        return self.checked + max(STATUS_SECONDS, STATUS_SHARE * (time.monotonic() - state.waves[wave].posted))
 
     def round_status(self, state: RoundState) -> None:
         """Ask the scheduler how the open round of nodes stands: a member left, a worker joined, it ended."""
