@@ -38,8 +38,9 @@ def test_worker_ranks_of_two_cpus_are_one_node_each_and_give_the_weights_of_a_lo
     for rank in (1, 2):
         assert f"rank {rank}: one Dask worker, a node of 2 processes" in output(tmp_path, rank)
     events = (tmp_path / "run" / "events.log").read_text()
-    workers = next(line for line in events.splitlines() if ": workers " in line)
-    assert workers.count("(host ") == 2, workers  # one per worker rank, not one per CPU
+    first = next(line for line in events.splitlines() if ": workers " in line)  # those present at the start
+    joined = [line for line in events.splitlines() if ") joined: slot " in line]  # and those that came later
+    assert first.count("(host ") + len(joined) == 2, events  # one per worker rank, not one per CPU
 
 
 def test_the_worker_layout_of_a_rank() -> None:
