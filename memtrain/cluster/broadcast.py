@@ -21,6 +21,11 @@ that update through the per-task path (``Scheduler.run``: retries, backups, kill
 with the workers present at the next update. A worker that joins is seen by the BroadcastPlugin (``add_worker``) and
 takes part from the next round. The coordination's cost per worker moves to the scheduler (a message in,
 one out, per worker per wait): it does not vanish (docs/cluster.md, "The model").
+
+A round whose members are all nodes (memtrain/cluster/nodes.py: one Dask worker per node) takes the scheduler
+out of the waves too (``WaveFiles``): records and answers are small JSON files of the exchange area on the
+shared filesystem, the server settles each wave by the same rules on its side, and the scheduler keeps the
+round's membership and liveness (``BroadcastPlugin.status``): a few messages per update whatever the nodes.
 """
 
 from __future__ import annotations
