@@ -304,6 +304,14 @@ def building_path(run_dir: Path, version: int, owner_pid: int) -> Path:
 
 
 # --- a cluster run (memtrain/cluster/) ---
+def wave_file_name(round_id: str, wave: int = -1, rank: int = -1) -> str:
+    """A round of nodes' wave file in the exchange area (memtrain/cluster/broadcast.py, ``WaveFiles``): the
+    record of ``wave`` (the server's), member ``rank``'s answer to it, or (no wave) the round's end mark."""
+    if wave < 0:
+        return f"w-{round_id}-end.json"
+    return f"w-{round_id}-{wave:08d}.json" if rank < 0 else f"w-{round_id}-{wave:08d}-r{rank:05d}.json"
+
+
 def cluster_probe_name(token: str) -> str:
     """The start-up probe a Dask worker writes into the exchange area (or the server into the run dir)."""
     return f".cluster-probe-{token}.json"

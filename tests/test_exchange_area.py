@@ -31,6 +31,7 @@ EXAMPLES = {
     area.DESK_WORDS: [()], area.DESK_TASKS: [()], area.DESK_RECORDS: [()], area.SPARE_GRADIENT: [(390, 1, 0)],
     area.STATE_BUILDING: [("m", 391)], area.CHAIN_SUM: [(390, 0, 7, 3)], area.STREAMED_GRADIENT: [(390, 1, 2)],
     area.METRICS: [(390, 1, 0)],
+    area.WAVE: [("0123456789ab", 4), ("0123456789ab", 4, 2), ("0123456789ab",)],
     area.CLUSTER_PROBE: [("0123456789ab",)],
 }
 

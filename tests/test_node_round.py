@@ -77,6 +77,11 @@ def node_run(folder: Path, dataset: Path, address: str, monkeypatch) -> tuple[li
     return records, steps
 
 
+def scheduler_calls(client: Client) -> dict[str, int]:
+    """The messages the scheduler's BroadcastPlugin handled so far, by handler."""
+    return client.run_on_scheduler(lambda dask_scheduler: dict(dask_scheduler.plugins["memtrain-broadcast"].calls))
+
+
 @pytest.mark.parametrize("counts", [[2], [1, 2], [2, 1, 3]], ids=["one", "1+2", "2+1+3"])
 def test_nodes_of_unequal_process_counts_give_the_weights_of_a_local_run(counts: list[int], dask, dataset: Path,
                                                                          local_digest: str, tmp_path: Path,
@@ -90,6 +95,10 @@ def test_nodes_of_unequal_process_counts_give_the_weights_of_a_local_run(counts:
     assert all(sorted(body[1]) == sorted(counts) for kind, body in records if kind == "nodes")
     assert {t.chained for t in steps} == {6}  # every step read the last partial, no gradient file
     assert digest(tmp_path / "job" / "run") == local_digest
+    # the waves went through the exchange's files: the scheduler handled no message per member per wave
+    calls = scheduler_calls(client)
+    assert not {"memtrain_post", "memtrain_next", "memtrain_answer", "memtrain_await"} & set(calls), calls
+    assert calls["memtrain_begin"] >= 1 and calls.get("memtrain_status", 0) >= updates
     run = tmp_path / "job" / "run"
     assert not [p.name for p in run.rglob("g-*")] and not [p.name for p in run.rglob("c-u*")]
     for j, count in enumerate(counts):  # each node's scratch is emptied after its fold
@@ -173,3 +182,48 @@ def test_a_member_waiting_for_a_partial_that_will_not_come_gives_up_when_the_rou
         fold_node(chain, 2, 4, lambda t: np.ones(1000, np.float32), deadline=started + 60, abandoned=ended)
     assert 0.2 <= time.monotonic() - started < 5
     assert not list(tmp_path.iterdir())
+
+
+def test_the_straggler_rule_takes_a_node_as_one_unit() -> None:
+    """Nodes of 1, 2 and 1 processes given 1, 4 and 2 of 7 tasks (``node_tasks``) each need 1, 2 and 2 tasks'
+    time: with node 0 in after 1 s and the rule at 2x, node 2 is late after 2 x 2 x 1 s, not 2 x 1 s."""
+    from memtrain.cluster.broadcast import RoundState, Wave, due_at
+    from memtrain.train.loops.node_round import node_shares
+    from memtrain.train.plan import node_tasks
+
+    shares = node_shares(node_tasks(7, [1, 2, 1]), [1, 2, 1])
+    assert shares == [1, 2, 2]
+    state = RoundState(members=["a", "b", "c"], client="")
+    state.waves[0] = Wave(record=b"", posted=100.0, parts=3, shares=shares)
+    state.waves[0].answers[0] = (101.0, [], b"", "")
+    assert due_at(state, 0, 2.0, 0.0, 0.0) == pytest.approx(104.0)
+    state.waves[0].answers[1] = (102.0, [], b"", "")  # node 1: 2 tasks' time in 2 s, 1 s per task as node 0
+    assert due_at(state, 0, 2.0, 0.0, 0.0) == pytest.approx(104.0)
+
+
+def test_a_wave_record_reads_back_as_it_was_posted(tmp_path: Path) -> None:
+    """A round of nodes' records are JSON files (never pickles): a step's template and a node record come back
+    equal, and an answer's numbers and digests too."""
+    from memtrain.cluster.broadcast import RoundState, Wave, WaveFiles
+    from memtrain.train.messages import StepTask
+
+    files = WaveFiles(tmp_path, "0123456789ab")
+    step = StepTask(task=0, attempt=0, update=3, version=3, lo=0, hi=0, rows=60, lr=0.1 / 3, tasks=6,
+                    retried=((2, 1),), chained=4)
+    node = ((3, 3, 1, 6, 60, ("", "s", "", "", "", "")), (1, 2), 600.0)
+    files.post(0, "nodes", node)
+    files.post(1, "step", step)
+    assert not files.record(0).exists()  # the previous wave's record goes once the next is posted
+    assert files.next(1, stop=lambda: True) == ("step", step)
+    files.post(2, "nodes", node)
+    assert files.next(2, stop=lambda: True) == ("nodes", node)
+    assert files.next(3, stop=lambda: True) is None  # not posted: stop() ends the wait
+    files.answer(2, 1, [4.0, 0.25, 0.5], b"\x01\x02", "")
+    state = RoundState(members=["a", "b"], client="")
+    state.waves[2] = Wave(record=b"", posted=0.0, parts=2)
+    assert files.collect(state, 2, every_rank=False) == 0  # rank 0's answer is first: not in yet
+    assert files.collect(state, 2, every_rank=True) == 1
+    assert list(state.waves[2].answers) == [1] and state.waves[2].answers[1][1:] == ([4.0, 0.25, 0.5], b"\x01\x02", "")
+    assert not files.answer_path(2, 1).exists()
+    files.end()
+    assert files.ended()

@@ -21,26 +21,35 @@ that update through the per-task path (``Scheduler.run``: retries, backups, kill
 with the workers present at the next update. A worker that joins is seen by the BroadcastPlugin (``add_worker``) and
 takes part from the next round. The coordination's cost per worker moves to the scheduler (a message in,
 one out, per worker per wait): it does not vanish (docs/cluster.md, "The model").
+
+A round whose members are all nodes (memtrain/cluster/nodes.py: one Dask worker per node) takes the scheduler
+out of the waves too (``WaveFiles``): records and answers are small JSON files of the exchange area on the
+shared filesystem, the server settles each wave by the same rules on its side, and the scheduler keeps the
+round's membership and liveness (``BroadcastPlugin.status``): a few messages per update whatever the nodes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import pickle
 import statistics
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from memtrain.train.exchange.area import discard
+from memtrain.errors import InputError
+from memtrain.files import open_regular, write_json
+from memtrain.train.exchange.area import WAVE, discard
 from memtrain.train.exchange.weights import BLOCK
-from memtrain.train.messages import BackupRule, GradTask, Outcome, Result
+from memtrain.train.messages import BackupRule, GradTask, Outcome, Result, StepTask
 from memtrain.train.plan import step_slices
 from memtrain.train.timing import timed
 
@@ -50,6 +59,12 @@ if TYPE_CHECKING:  # the pool's actors call ``follow`` here: the transport impor
 NEXT_SECONDS = 30.0  # a worker's wait for a record is re-asked after this (so a lost server is noticed)
 AWAIT_SECONDS = 5.0  # the server's wait for a count is re-asked after this (so a lost scheduler is noticed)
 CALL_SECONDS = 30.0  # a post or an end the scheduler does not answer within this: the scheduler is lost
+STATUS_SECONDS = 0.25  # a round of nodes: the server asks the scheduler how the round stands at most this often
+ALIVE_SECONDS = 2.0  # a round of nodes: a node waiting for a record asks the scheduler if the round is on this often
+FILE_POLL = (0.0002, 0.002)  # a round of nodes: first and longest sleep between looks for a wave file
+LOOK_SHARE = 0.02  # ... or, longer, this share of the time waited so far (at most 2% more wait, far fewer looks)
+STATUS_SHARE = 0.1  # the server's look at the scheduler: every STATUS_SECONDS, or this share of the wave's time
+FULL_LOOK = 8  # a round of nodes: the server looks for every missing answer once in this many looks (else the first)
 
 
 @dataclass
@@ -59,6 +74,7 @@ class Wave:
     record: bytes
     posted: float
     parts: int  # the pieces of work the wave deals out, piece j to rank j % N (tasks, or the step's slices)
+    shares: list[int] | None = None  # or each rank's share, in pieces, when not dealt so (a round of nodes)
     answers: dict[int, tuple[float, list[float], bytes, str]] = field(default_factory=dict)
 
 
@@ -92,24 +108,39 @@ class BroadcastPlugin(SchedulerPlugin):
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
         self.rounds: dict[str, RoundState] = {}
+        self.calls: Counter[str] = Counter()  # messages handled, by handler (what a round costs the scheduler)
         scheduler.handlers.update({"memtrain_begin": self.begin, "memtrain_post": self.post,
                                    "memtrain_next": self.next, "memtrain_answer": self.answer_and_next,
-                                   "memtrain_await": self.await_count, "memtrain_end": self.end})
+                                   "memtrain_await": self.await_count, "memtrain_end": self.end,
+                                   "memtrain_status": self.status})
 
     def begin(self, ident: str = "", members: list[str] | None = None, client: str = "") -> None:
+        self.calls["memtrain_begin"] += 1
         self.rounds = {key: state for key, state in self.rounds.items() if not state.ended}
         state = self.rounds[ident] = RoundState(members=list(members or []), client=client)
         gone = [worker for worker in state.members if worker not in self.scheduler.workers]
         state.left = gone[0] if gone else ""  # left before the round began: its first wave ends it
 
-    def post(self, ident: str = "", wave: int = 0, record: bytes = b"", parts: int = 0) -> None:
+    def post(self, ident: str = "", wave: int = 0, record: bytes = b"", parts: int = 0,
+             shares: list[int] | None = None) -> None:
+        self.calls["memtrain_post"] += 1
         state = self.rounds[ident]
         state.waves = {w: v for w, v in state.waves.items() if w >= wave - 1}
-        state.waves[wave] = Wave(record=record, posted=time.monotonic(), parts=parts)
+        state.waves[wave] = Wave(record=record, posted=time.monotonic(), parts=parts, shares=shares)
         state.wake()
+
+    def status(self, ident: str = "") -> dict[str, Any]:
+        """How the round stands for a round of nodes, whose waves go through files (``WaveFiles``): ended, the
+        member that left ("" none), whether a worker joined. One message, whatever the number of members."""
+        self.calls["memtrain_status"] += 1
+        state = self.rounds.get(ident)
+        if state is None:
+            return {"ended": True, "left": "", "joined": False}
+        return {"ended": state.ended, "left": state.left, "joined": state.joined}
 
     async def next(self, ident: str = "", wave: int = 0, seconds: float = NEXT_SECONDS) -> bytes | None:
         """Wave ``wave``'s record; None once the round ended; b"" after ``seconds`` without either (ask again)."""
+        self.calls["memtrain_next"] += 1
         deadline = time.monotonic() + seconds
         while True:
             state = self.rounds.get(ident)
@@ -125,6 +156,7 @@ class BroadcastPlugin(SchedulerPlugin):
                               seconds: float = NEXT_SECONDS) -> bytes | None:
         """A member's answer to wave ``wave``, then (in the same message, to halve the scheduler's) ``next``
         for wave ``wave`` + 1."""
+        self.calls["memtrain_answer"] += 1
         state = self.rounds.get(ident)
         if state is not None and not state.ended and wave in state.waves:  # else a late answer: nobody waits
             state.waves[wave].answers[rank] = (time.monotonic(), list(numbers or []), blob, error)
@@ -135,6 +167,7 @@ class BroadcastPlugin(SchedulerPlugin):
                           timeout: float = 0.0, ratio: float = 0.0, backup_seconds: float = 0.0) -> dict[str, Any]:
         """How wave ``wave`` stands once it settled (or after ``seconds``: status "waiting"): the status, the
         answers' numbers concatenated and their blobs joined in rank order, the ranks that answered."""
+        self.calls["memtrain_await"] += 1
         deadline = time.monotonic() + seconds
         while True:
             state = self.rounds.get(ident)
@@ -147,6 +180,7 @@ class BroadcastPlugin(SchedulerPlugin):
                 return summary(state, wave, "waiting")
 
     def end(self, ident: str = "") -> None:
+        self.calls["memtrain_end"] += 1
         state = self.rounds.get(ident)
         if state is not None:
             state.ended = True
@@ -199,9 +233,10 @@ def due_at(state: RoundState, wave: int, ratio: float, backup_seconds: float, ti
     The straggler rule (``BackupRule``) per piece of work: a member dealt ``k`` pieces is late once the wave
     has run ``ratio`` x ``k`` x the median time per piece of the answers in (members dealt none left out),
     and at least ``backup_seconds``: with more tasks than workers, a member doing two is not a straggler
-    for taking twice as long as one doing one."""
+    for taking twice as long as one doing one. A round of nodes gives each node's share itself
+    (``Wave.shares``: its tasks per process, rounded up), so a node is one unit of the rule."""
     current, members = state.waves[wave], len(state.members)
-    shares = [len(range(rank, current.parts, members)) for rank in range(members)]
+    shares = current.shares or [len(range(rank, current.parts, members)) for rank in range(members)]
     per_piece = [(at - current.posted) / shares[rank] for rank, (at, *_) in current.answers.items()
                  if rank < members and shares[rank]]
     missing = [shares[rank] for rank in range(members) if rank not in current.answers]
@@ -227,9 +262,10 @@ def summary(state: RoundState | None, wave: int, status: str) -> dict[str, Any]:
 # --- the worker's side ---
 
 
-def follow(actor: Any, ident: str, rank: int, members: int) -> int:
+def follow(actor: Any, ident: str, rank: int, members: int, files: bool = False) -> int:
     """A worker's loop for one round (run as an actor call: the actor's one thread): each record's part done
-    and answered, until the round ends. Returns how many waves it answered."""
+    and answered, until the round ends. Returns how many waves it answered. ``files``: a round of nodes,
+    whose records and answers are files of the exchange area (``follow_files``)."""
     from distributed.utils import sync
 
     worker = actor.worker
@@ -237,6 +273,9 @@ def follow(actor: Any, ident: str, rank: int, members: int) -> int:
     def call(handler: str, **arguments: Any) -> Any:
         return sync(worker.loop, getattr(worker.scheduler, handler), ident=ident, **arguments)
 
+    if files:
+        return follow_files(actor, WaveFiles(Path(actor.state.exchange), ident), rank, members,
+                            lambda: bool(call("memtrain_status")["ended"]))
     wave = 0
     record = call("memtrain_next", wave=wave, seconds=NEXT_SECONDS)
     while True:
@@ -256,6 +295,138 @@ def follow(actor: Any, ident: str, rank: int, members: int) -> int:
         record = call("memtrain_answer", wave=wave, rank=rank, numbers=numbers, blob=blob, error=error,
                       seconds=NEXT_SECONDS)
         wave += 1
+
+
+def follow_files(actor: Any, files: WaveFiles, rank: int, members: int, ended: Callable[[], bool]) -> int:
+    """``follow`` for a round of nodes: each wave's record read from its file, the answer written as a file;
+    the scheduler asked only whether the round is still on (``ended``: at most every ``ALIVE_SECONDS`` while
+    waiting for a record, so that a lost server is noticed), never once per wave."""
+    from memtrain.cluster.nodes import every, node_part
+
+    alive = every(ALIVE_SECONDS, ended)
+    wave = 0
+    while True:
+        record = files.next(wave, lambda: files.ended() or alive())
+        if record is None:
+            return wave
+        kind, body = record
+        if kind == "nodes":  # a two-level round's node record (memtrain/cluster/nodes.py)
+            numbers, blob, error = node_part(actor, gradient_tasks(actor.state.plan, body[0]), body, rank,
+                                             files.ended)
+        else:
+            numbers, blob, error = part(actor, kind, body, rank, members)
+        files.answer(wave, rank, numbers, blob, error)
+        wave += 1
+
+
+@dataclass(frozen=True)
+class WaveFiles:
+    """A round of nodes' waves as small JSON files of the exchange area (on the shared filesystem): the server
+    writes each wave's record, each member its answer, the server the round's end mark. The scheduler carries
+    no message per member per wave: it keeps the round's membership and liveness (``BroadcastPlugin.status``).
+    JSON, never a pickle: a file is never unpickled."""
+
+    exchange: Path
+    ident: str
+
+    def record(self, wave: int) -> Path:
+        return WAVE.path(self.exchange, self.ident, wave)
+
+    def answer_path(self, wave: int, rank: int) -> Path:
+        return WAVE.path(self.exchange, self.ident, wave, rank)
+
+    def end_path(self) -> Path:
+        return WAVE.path(self.exchange, self.ident)
+
+    def post(self, wave: int, kind: str, body: Any) -> None:
+        """Publish wave ``wave``'s record; the previous wave's (every member answered it) is removed."""
+        write_json(self.record(wave), encode_record(kind, body), durable=False)
+        if wave:
+            discard([self.record(wave - 1)])
+
+    def next(self, wave: int, stop: Callable[[], bool]) -> tuple[str, Any] | None:
+        """Wave ``wave``'s record once it is published (polled, with backoff); None once ``stop()``."""
+        pause, started = FILE_POLL[0], time.monotonic()
+        while True:
+            found = read_wave_file(self.record(wave))
+            if found is not None:
+                return decode_record(found)
+            if stop():
+                return None
+            time.sleep(pause)
+            pause = look_pause(pause, started)
+
+    def answer(self, wave: int, rank: int, numbers: list[float], blob: bytes, error: str) -> None:
+        write_json(self.answer_path(wave, rank), {"numbers": numbers, "blob": blob.hex(), "error": error},
+                   durable=False)
+
+    def collect(self, state: RoundState, wave: int, *, every_rank: bool) -> int:
+        """The answers to wave ``wave`` published since the last look, into ``state`` (their files removed); how
+        many. The missing ranks in order up to the first still missing, or (``every_rank``) all of them: a look
+        costs one file lookup while the server waits, whatever the number of members (the chain's nodes
+        answer about in rank order)."""
+        current, found = state.waves[wave], 0
+        for rank in range(len(state.members)):
+            if rank in current.answers:
+                continue
+            path = self.answer_path(wave, rank)
+            answer = read_wave_file(path)
+            if answer is None:
+                if every_rank:
+                    continue
+                break
+            current.answers[rank] = (time.monotonic(), [float(n) for n in answer["numbers"]],
+                                     bytes.fromhex(answer["blob"]), str(answer["error"]))
+            discard([path])
+            found += 1
+        return found
+
+    def end(self) -> None:
+        write_json(self.end_path(), {}, durable=False)
+
+    def ended(self) -> bool:
+        return self.end_path().exists()
+
+    def leftovers(self, waves: int, members: int) -> list[Path]:
+        """The files a round of ``waves`` waves may still hold once it ended (a late member's answer included)."""
+        last = [self.record(waves - 1), *(self.answer_path(waves - 1, r) for r in range(members))] if waves else []
+        return [*last, self.end_path()]
+
+
+def look_pause(pause: float, started: float) -> float:
+    """The next sleep between looks for a wave file: doubling from ``FILE_POLL[0]`` up to ``FILE_POLL[1]``, or up
+    to ``LOOK_SHARE`` of the time waited since ``started`` when that is longer: a long wait (a wave of seconds
+    at 1e7 parameters) costs tens of looks per second, not hundreds, and at most 2% more time."""
+    return min(pause * 2, max(FILE_POLL[1], LOOK_SHARE * (time.monotonic() - started)))
+
+
+def read_wave_file(path: Path) -> Any:
+    """A wave file's JSON, or None while it is not published (it appears whole: written, then renamed)."""
+    try:
+        with open_regular(path, what="a round's wave file") as handle:
+            return json.loads(handle.read())
+    except FileNotFoundError:
+        return None
+
+
+def encode_record(kind: str, body: Any) -> dict[str, Any]:
+    """A wave's (kind, body) as JSON: a step's template as its fields, a gradient or node record as it is."""
+    return {"kind": kind, "body": asdict(body) if kind == "step" else body}
+
+
+def decode_record(found: dict[str, Any]) -> tuple[str, Any]:
+    kind, body = found["kind"], found["body"]
+    if kind == "step":
+        return kind, StepTask(**{**body, "retried": tuple(tuple(pair) for pair in body["retried"])})
+    if kind == "nodes":
+        record, counts, seconds = body
+        return kind, (gradient_fields(record), tuple(counts), seconds)
+    return kind, gradient_fields(body)
+
+
+def gradient_fields(record: list[Any]) -> tuple[Any, ...]:
+    """A ``gradient_record`` read from JSON: its spares' names a tuple again."""
+    return tuple(tuple(item) if isinstance(item, list) else item for item in record)
 
 
 def part(actor: Any, kind: str, body: Any, rank: int, members: int) -> tuple[list[float], bytes, str]:
@@ -338,6 +509,11 @@ class Broadcast:
     wave: int = 0
     loops: dict[str, Any] = field(default_factory=dict)  # slot token -> the actor call of its last loop
     leftovers: list[Path] = field(default_factory=list)  # files a late loop may still write: deleted once ended
+    exchange: Path | None = None  # where a round of nodes' wave files go (set by a NodeParticipant); None: none
+    processes: list[int] = field(default_factory=list)  # the open round's members' process counts, all nodes
+    files: WaveFiles | None = None  # the open round's wave files when every member is a node
+    state: RoundState | None = None  # and how its waves stand (the server's copy: no scheduler keeps them)
+    checked: float = 0.0  # when the scheduler was last asked how the round of nodes stands
 
     def __post_init__(self) -> None:
         self.call = timed(self.pool.timer, "broadcast call", self.call)  # type: ignore[method-assign]
@@ -358,20 +534,47 @@ class Broadcast:
         if not members:
             return False
         self.ident, self.members, self.wave = uuid.uuid4().hex[:12], members, 0
-        self.call("memtrain_begin", members=[slot.process.address for slot in members], client=self.pool.client.id)
+        addresses = [slot.process.address for slot in members]
+        self.processes = self.node_counts(addresses)
+        self.files = WaveFiles(self.exchange, self.ident) if self.processes and self.exchange else None
+        self.state = RoundState(members=addresses, client="") if self.files else None
+        self.call("memtrain_begin", members=addresses, client=self.pool.client.id)
+        self.checked = time.monotonic()
         for rank, slot in enumerate(members):
             try:
-                self.loops[slot.token] = slot.actor.follow(self.ident, rank, len(members))
+                self.loops[slot.token] = slot.actor.follow(self.ident, rank, len(members), self.files is not None)
             except Exception:  # noqa: BLE001 - its worker is gone: the round's first wave sees it left
                 continue
         return True
 
-    def ask(self, kind: str, body: Any, parts: int, chores: Callable[[], None]) -> Answer:
-        """Post wave ``kind`` (its ``body``, dealing ``parts`` pieces of work), do the server's ``chores``, await
-        its count."""
+    def node_counts(self, addresses: list[str]) -> list[int]:
+        """The members' process counts as nodes (``MEMTRAIN_NODE_PROCESSES``, asked once per round through the
+        workers' event loops); [] unless every member is a node (or no ``exchange`` for their wave files)."""
+        if self.exchange is None:
+            return []
+        from memtrain.cluster.nodes import reported_processes
+
+        try:
+            found = self.pool.client.run(reported_processes, workers=addresses, on_error="return")
+        except Exception:  # noqa: BLE001 - a member gone meanwhile: not a node round (its first wave ends it)
+            return []
+        counts = [found.get(address) for address in addresses]
+        bad = [(address, c) for address, c in zip(addresses, counts, strict=True) if isinstance(c, str)]
+        if bad:
+            raise InputError(f"Dask worker {bad[0][0]}: {bad[0][1]}")
+        return counts if all(isinstance(c, int) and c > 0 for c in counts) else []
+
+    def ask(self, kind: str, body: Any, parts: int | list[int], chores: Callable[[], None]) -> Answer:
+        """Post wave ``kind`` (its ``body``, dealing ``parts`` pieces of work round-robin, or each rank its
+        share when ``parts`` is a list), do the server's ``chores``, await its count."""
         wave = self.wave
         self.wave += 1
-        self.call("memtrain_post", wave=wave, record=pickle.dumps((kind, body), protocol=5), parts=parts)
+        shares = None if isinstance(parts, int) else list(parts)
+        count = len(shares) if shares is not None else int(parts)
+        if self.files is not None:
+            return self.ask_files(wave, kind, body, count, shares, chores)
+        self.call("memtrain_post", wave=wave, record=pickle.dumps((kind, body), protocol=5), parts=count,
+                  shares=shares)
         chores()
         rule = self.rule
         while True:
@@ -382,6 +585,52 @@ class Broadcast:
                 return Answer(status=found["status"], numbers=list(found["numbers"]), blob=found["blob"],
                               ranks=list(found["ranks"]), error=found["error"], joined=found["joined"],
                               waited=found["waited"])
+
+    def ask_files(self, wave: int, kind: str, body: Any, parts: int, shares: list[int] | None,
+                  chores: Callable[[], None]) -> Answer:
+        """``ask`` for a round of nodes: the record written as a file, the answers' files collected (polled,
+        with backoff), the scheduler asked how the round stands at most every ``STATUS_SECONDS`` and once when
+        a wave is done (a member left, a worker joined): messages per wave that do not grow with the members.
+        The wave settles by the plugin's rules (``settled``, ``due_at``), on the server."""
+        files, state = self.files, self.state
+        assert files is not None and state is not None
+        files.post(wave, kind, body)
+        state.waves = {w: v for w, v in state.waves.items() if w >= wave - 1}
+        state.waves[wave] = Wave(record=b"", posted=time.monotonic(), parts=parts, shares=shares)
+        chores()
+        ratio, backup = (self.rule.ratio, self.rule.seconds) if self.rule else (0.0, 0.0)
+        pause, looks, due = FILE_POLL[0], 0, 0.0
+        while True:
+            new = files.collect(state, wave, every_rank=looks % FULL_LOOK == FULL_LOOK - 1)
+            looks += 1
+            if new or time.monotonic() >= due:  # the rules asked only when something changed or came due
+                status = "ended" if state.ended else settled(state, wave, self.timeout, ratio, backup)
+                unchecked = self.checked < state.waves[wave].posted  # not asked since the wave was posted
+                if (status == "done" and unchecked) or (not status and time.monotonic() >= self.status_due(state,
+                                                                                                           wave)):
+                    self.round_status(state)
+                    status = "ended" if state.ended else settled(state, wave, self.timeout, ratio, backup)
+                if status:
+                    found = summary(state, wave, status)
+                    return Answer(status=status, numbers=found["numbers"], blob=found["blob"],
+                                  ranks=found["ranks"], error=found["error"], joined=found["joined"],
+                                  waited=found["waited"])
+                due = min(self.status_due(state, wave), due_at(state, wave, ratio, backup, self.timeout))
+            time.sleep(max(0.0, min(pause, due - time.monotonic())))
+            pause = look_pause(pause, state.waves[wave].posted)
+
+    def status_due(self, state: RoundState, wave: int) -> float:
+        """When the server next asks the scheduler how the round stands: ``STATUS_SECONDS`` after the last ask,
+        or ``STATUS_SHARE`` of the wave's time so far when longer (a long wave: a few asks, not one per 0.25 s)."""
+        return self.checked + max(STATUS_SECONDS, STATUS_SHARE * (time.monotonic() - state.waves[wave].posted))
+
+    def round_status(self, state: RoundState) -> None:
+        """Ask the scheduler how the open round of nodes stands: a member left, a worker joined, it ended."""
+        found = self.call("memtrain_status")
+        self.checked = time.monotonic()
+        state.ended = state.ended or bool(found["ended"])
+        state.left = state.left or str(found["left"])
+        state.joined = state.joined or bool(found["joined"])
 
     def kill_silent(self, answered: list[int]) -> None:
         """The members that did not answer within ``timeout``: killed as hung, as the per-task path kills a
@@ -396,6 +645,10 @@ class Broadcast:
         """End the round: its loops return once their current part is done. ``leftovers``: files they may
         still write, deleted once they did."""
         self.leftovers += leftovers
+        if self.files is not None:  # a round of nodes: its members see the end mark
+            self.files.end()
+            self.leftovers += self.files.leftovers(self.wave, len(self.members))
+            self.files, self.state, self.processes = None, None, []
         if self.ident:
             ident, self.ident, self.members = self.ident, "", []
             self.call("memtrain_end", ident=ident)

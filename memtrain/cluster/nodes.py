@@ -15,10 +15,11 @@ processes), and member ``rank``:
 3. answers with task, loss and seconds of each of its tasks, as the gradient record's answer.
 
 The step then reads its slice of the last partial instead of every gradient (``StepTask.chained``): the same
-sum in the same order, so the same bits as a local run whatever the layout. A member waiting for a partial
-that will not come (the node before it was lost: the round ended) gives up within about a second
-(``abandoned``: the scheduler's plugin asked at most twice a second, and only after half a second of waiting),
-so the per-task path that completes the update finds it idle.
+sum in the same order, so the same bits as a local run whatever the layout. A round of nodes' records and
+answers are files of the exchange area, not messages through the scheduler (``broadcast.WaveFiles``); a
+member waiting for a partial that will not come (the node before it was lost: the round ended) gives up at
+its next look once the server's end file of the round is there (``abandoned``), so the per-task path that
+completes the update finds it idle.
 
 A node's P processes are, for now, P threads of its Dask worker's process (``node_compute.NodeCompute``), when the model
 may be called from several threads at once (``thread_safe = True``: the numpy models; numpy releases the GIL in

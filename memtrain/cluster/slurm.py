@@ -172,16 +172,20 @@ def _scheduler_address(scheduler: subprocess.Popen, info: Path, stopped: Callabl
 
 
 def work(task: SlurmTask, address: ClusterAddress, run_dir: Path, worker_processes: int,
-         stopped: Callable[[], int | None]) -> int:
+         stopped: Callable[[], int | None], node_processes: int = 0) -> int:
     """A rank above 0: Dask workers on rank 0's scheduler until rank 0 publishes the end in the rendezvous file
-    (checked every POLL_SECONDS: exit 0), or they fail."""
+    (checked every POLL_SECONDS: exit 0), or they fail. ``node_processes`` > 0: they are nodes of that many
+    processes (``MEMTRAIN_NODE_PROCESSES`` in their environment: memtrain/cluster/nodes.py)."""
+    from memtrain.cluster.nodes import PROCESSES_ENV
+
     rendezvous = slurm_rendezvous_path(run_dir, task.job_id, task.restart)
     scheduler_address = wait_for_rendezvous(rendezvous, seconds=RENDEZVOUS_SECONDS, stopped=stopped)
     with tempfile.TemporaryDirectory(prefix="memtrain-slurm-") as scratch:
         workers = _spawn([*WORKER, scheduler_address, "--nthreads", "1", "--nworkers", str(worker_processes),
                           "--name", f"slurm-{task.rank}", "--no-dashboard", *_listening(listen_host(address)),
                           "--local-directory", scratch, "--death-timeout", str(DEATH_SECONDS),
-                          "--preload", "memtrain.cluster.dask_child"], Path(scratch))
+                          "--preload", "memtrain.cluster.dask_child"], Path(scratch),
+                         {PROCESSES_ENV: str(node_processes)} if node_processes else {})
         try:
             stop_seen: float | None = None
             while workers.poll() is None and not _ended(rendezvous):
@@ -240,10 +244,11 @@ def _stop_check(stopped: Callable[[], int | None], doing: str) -> None:
         raise error
 
 
-def _spawn(command: list[str], folder: Path) -> subprocess.Popen:
+def _spawn(command: list[str], folder: Path, env: Mapping[str, str] | None = None) -> subprocess.Popen:
     """A Dask process in its own session: a signal to this task's process group does not reach it."""
     return subprocess.Popen(command, cwd=folder, stdin=subprocess.DEVNULL, start_new_session=True,
-                            env={"DASK_LOGGING__DISTRIBUTED": "warning", **os.environ})  # no INFO lines per task
+                            env={"DASK_LOGGING__DISTRIBUTED": "warning", **os.environ, **(env or {})})  # no INFO
+    # lines per task
 
 
 def _end(process: subprocess.Popen) -> None:
@@ -273,3 +278,28 @@ def worker_count(task: SlurmTask, workers: Any, blas_threads: int) -> int:
     if isinstance(workers, int) and workers > 0:
         return workers
     return max(1, task.cpus // max(1, blas_threads))
+
+
+def worker_layout(task: SlurmTask, *, workers: Any, blas_threads: int, model_kind: str,
+                  environ: Mapping[str, str] = os.environ) -> tuple[int, int, str]:
+    """How a worker rank serves its node: (Dask worker processes, processes per worker as a node -- 0: not a
+    node --, why). One Dask worker standing for the node's ``worker_count`` processes (a two-level round:
+    docs/cluster.md, "The round with nodes") when the model may be called from several threads at once
+    (``thread_safe``: a node's processes are its worker's threads) and BLAS runs on one thread, or when
+    ``MEMTRAIN_NODE_PROCESSES`` is set in the task's environment (that count); else a Dask worker per process."""
+    from memtrain.cluster.nodes import PROCESSES_ENV, node_processes
+    from memtrain.models.registry import model_class
+
+    given = node_processes(dict(environ))
+    if given:
+        return 1, given, f"{PROCESSES_ENV}={given} in the task's environment"
+    processes = worker_count(task, workers, blas_threads)
+    if blas_threads != 1:
+        return processes, 0, f"train.blas_threads = {blas_threads}"
+    try:
+        safe = bool(getattr(model_class(model_kind), "thread_safe", False))
+    except MemtrainError as exc:
+        return processes, 0, f"the model kind {model_kind!r} did not import here ({exc})"
+    if not safe:
+        return processes, 0, f"the model ({model_kind}) does not say thread_safe = True"
+    return 1, processes, f"thread_safe model ({model_kind})"

@@ -79,11 +79,12 @@ class ClusterWorker:
             self._sync(task)
         return result
 
-    def follow(self, ident: str, rank: int, members: int) -> int:
-        """This worker's part of a broadcast round (memtrain/cluster/broadcast.py), until the round ends."""
+    def follow(self, ident: str, rank: int, members: int, files: bool = False) -> int:
+        """This worker's part of a broadcast round (memtrain/cluster/broadcast.py), until the round ends;
+        ``files``: a round of nodes, its waves as files of the exchange area (``broadcast.WaveFiles``)."""
         from memtrain.cluster.broadcast import follow
 
-        return follow(self, ident, rank, members)
+        return follow(self, ident, rank, members, files)
 
     def _sync(self, task: GradTask | StatsTask) -> None:
         """Write the task's file back to the file server before the result says it is there."""

@@ -115,11 +115,16 @@ STREAMED_GRADIENT = Kind(("g-uNNNNNNNN-tNNNNN-aNNN.npy",), layout.streamed_gradi
 METRICS = Kind(("m-vNNNNNNNN-tNNNNN-aNNN.npy",), layout.metrics_name, "attempt",
                "metrics.write_task_statistics (a worker)",
                "metrics.collect (the server, once added); a dead or superseded attempt's: the server (discard)")
+WAVE = Kind(("w-<round>-NNNNNNNN.json", "w-<round>-NNNNNNNN-rNNNNN.json", "w-<round>-end.json"),
+            layout.wave_file_name, "attempt",
+            "broadcast.WaveFiles (a round of nodes: the server a wave's record and the round's end, a node its answer)",
+            "the server: an answer once read, a record once the next is posted, the rest once the round's loops "
+            "returned (broadcast.Broadcast.sweep)")
 CLUSTER_PROBE = Kind((".cluster-probe-<token>.json",), layout.cluster_probe_name, "attempt",
                      "sharedfs.look (a Dask worker, at start)", "sharedfs.read_back (the server, once read)")
 
 KINDS = (MARK, GRADIENT_BUFFER, DIGESTS, BOARD, RECORDS, OPTIMIZER_STATE, DESK_BUFFER, DESK_WORDS, DESK_TASKS,
-         DESK_RECORDS, SPARE_GRADIENT, STATE_BUILDING, CHAIN_SUM, STREAMED_GRADIENT, METRICS, CLUSTER_PROBE)
+         DESK_RECORDS, SPARE_GRADIENT, STATE_BUILDING, CHAIN_SUM, STREAMED_GRADIENT, METRICS, WAVE, CLUSTER_PROBE)
 
 
 def kind_of(name: str) -> Kind | None:

@@ -19,7 +19,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from memtrain.errors import InputError
 from memtrain.train.exchange.area import discard
 from memtrain.train.loops.mapped import RoundFiles
 from memtrain.train.loops.node_sum import PartialSum, node_tasks, resume_point, segment_ranges
@@ -29,36 +28,35 @@ from memtrain.train.plan import Update
 from memtrain.train.timing import UNTIMED, timed_sections
 
 
+def node_shares(ranges: list[tuple[int, int]], counts: list[int]) -> list[int]:
+    """Each node's share of an update for the straggler rule (``broadcast.due_at``): its tasks per process,
+    rounded up -- how many tasks' time it needs with its processes computing side by side -- so a node is one
+    unit of the rule: a node of 2 processes given 4 tasks is not late for taking twice one task's time.
+
+    >>> node_shares([(0, 1), (1, 5), (5, 7)], [1, 2, 1])
+    [1, 2, 2]
+    """
+    return [-(-(hi - lo) // count) for (lo, hi), count in zip(ranges, counts, strict=True)]
+
+
 class NodeParticipant(SlicedParticipant):
     """The server of a cluster run whose round members may be nodes (see the module's docstring)."""
 
     chained = 0  # tasks of the update to step next whose sum is its chain's partial
-    counts: tuple[str, list[int]] = ("", [])  # the open round's ident and its members' process counts
 
     def __init__(self, files: RoundFiles, stretch: Stretch, **options: Any):
         super().__init__(files, stretch, **options)
+        if self.broadcast is not None:  # a round of nodes: its waves are files of the exchange area
+            self.broadcast.exchange = files.exchange
         timed_sections(self, options.get("timer", UNTIMED), ("node_step",))  # train/timing.py: untimed, nothing
         self.published: dict[int, list[Path]] = {}  # per update asked with a node record: the partials its chain
         # may publish (``partials``), removed after its step
 
     def member_processes(self) -> list[int]:
-        """The open round's members' process counts as nodes (asked once per round); [] unless all are nodes."""
-        broadcast = self.broadcast
-        assert broadcast is not None
-        if self.counts[0] != broadcast.ident:
-            from memtrain.cluster.nodes import reported_processes
-
-            addresses = [slot.process.address for slot in broadcast.members]
-            try:  # through the workers' event loops: their actors' one thread is busy in the round's loop
-                found = broadcast.pool.client.run(reported_processes, workers=addresses, on_error="return")
-            except Exception:  # noqa: BLE001 - a member gone meanwhile: not a node round (its first wave ends it)
-                found = {}
-            counts = [found.get(address) for address in addresses]
-            bad = [(address, c) for address, c in zip(addresses, counts, strict=True) if isinstance(c, str)]
-            if bad:
-                raise InputError(f"Dask worker {bad[0][0]}: {bad[0][1]}")
-            self.counts = (broadcast.ident, counts if all(isinstance(c, int) and c > 0 for c in counts) else [])
-        return self.counts[1]
+        """The open round's members' process counts as nodes (asked once per round, when it opens:
+        ``Broadcast.node_counts``); [] unless all are nodes."""
+        assert self.broadcast is not None
+        return self.broadcast.processes
 
     def run_gradient_tasks(self, tasks: list[GradTask]) -> list[Result]:
         self.chained = 0
@@ -72,7 +70,7 @@ class NodeParticipant(SlicedParticipant):
         ranges = node_tasks(len(tasks), counts)
         record = node_record(gradient_record(tasks), counts, broadcast.timeout or CHAIN_SECONDS)
         self.published[tasks[0].ticket] = self.partials(tasks[0], ranges)  # discarded after the step
-        answer = broadcast.ask("nodes", record, len(counts), self.file_chores)
+        answer = broadcast.ask("nodes", record, node_shares(ranges, counts), self.file_chores)
         found = gradient_results(tasks, answer.numbers)
         if answer.status == "done":
             self.chained = len(tasks)

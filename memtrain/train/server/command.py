@@ -93,14 +93,17 @@ def _on_slurm(args: argparse.Namespace, job: Job) -> int:
     """``--cluster slurm`` (cluster/slurm.py): rank 0 starts a Dask scheduler and trains on it, the other ranks
     run its workers. A run directory that already holds a run (a requeued job, the script submitted again) is
     resumed, with the saved job; ``--overwrite`` applies only to a job's first start, never to a requeue."""
-    from memtrain.cluster.slurm import serve, slurm_task, stop_requests, work, worker_count
+    from memtrain.cluster.slurm import serve, slurm_task, stop_requests, work, worker_layout
 
     address = parse_cluster(job.run.cluster, where="run.cluster")
     task = slurm_task()
     with stop_requests() as stopped:
-        if task.rank > 0:
-            processes = worker_count(task, job.train.workers, job.train.blas_threads)
-            return work(task, address, job.run.dir, processes, stopped)
+        if task.rank > 0:  # one Dask worker for the node when its processes can be the worker's threads
+            workers, node, why = worker_layout(task, workers=job.train.workers, blas_threads=job.train.blas_threads,
+                                               model_kind=job.model.kind)
+            print(f"memtrain train: rank {task.rank}: " + (f"one Dask worker, a node of {node} processes ({why})"
+                  if node else f"{workers} Dask worker(s), one per process ({why})"), file=sys.stderr, flush=True)
+            return work(task, address, job.run.dir, workers, stopped, node)
 
         def on(scheduler: str) -> int:
             resume = bool(args.resume) or task.requeued or ((job.run.dir / RUN_JOB).is_file() and not args.overwrite)
