@@ -341,19 +341,36 @@ class JoinedPlaces:
     def __init__(self, order: WindowOrder, starts: np.ndarray,
                  joined: tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]) -> None:
         self.order, self.starts, self.joined = order, starts, joined
+        self.stride = shard_stride(starts)
         self._cached: tuple[int, np.ndarray] | None = None
 
     def window(self, w: int) -> np.ndarray:
         """Window ``w``'s rows in epoch order as a (2, rows) array: their places in joined x, then in joined y."""
         if self._cached is None or self._cached[0] != w:
             rows = self.order.window_rows(w)
-            shard_of = np.searchsorted(self.starts, rows, side="right") - 1
+            shard_of = shards_of(rows, self.starts, self.stride)
             places = np.empty((2, len(rows)), dtype=np.intp)
             for side, (_, shift) in enumerate(self.joined):
                 np.add(rows, shift[shard_of], out=places[side])
             places.flags.writeable = False
             self._cached = w, places
         return self._cached[1]
+
+
+def shard_stride(starts: np.ndarray) -> int | None:
+    """R when every shard but the last holds R > 0 rows (``starts``: each shard's first row, then the total)."""
+    sizes = set(np.diff(starts[:-1]).tolist())
+    return next(iter(sizes)) if len(sizes) == 1 and min(sizes) > 0 else None
+
+
+def shards_of(rows: np.ndarray, starts: np.ndarray, stride: int | None) -> np.ndarray:
+    """The shard each of ``rows`` lies in: ``min(row // R, shards - 1)`` with ``stride`` R (``shard_stride``),
+    else a ``searchsorted``, which for rows in no order costs as much as shuffling them."""
+    if len(starts) <= 2:  # one shard
+        return np.zeros(len(rows), dtype=np.intp)
+    if stride is not None:
+        return np.minimum(rows // stride, len(starts) - 2)
+    return np.searchsorted(starts, rows, side="right") - 1
 
 
 def take_into(source: np.ndarray, rows: np.ndarray, out: np.ndarray) -> np.ndarray:
