@@ -48,6 +48,10 @@ def check_report(tmp_path: Path, methods: tuple[str, ...], workers: str, repeats
         assert any(re.match(r"ds\.batches: \d+\.\d\d GB/s .*target >= 3 GB/s by median: (met|NOT met)$", t)
                    for t in targets)
         assert any(t.startswith("ds.batches / the gather floor") for t in targets) == ("gather_floor" in methods)
+        cpu = next(t for t in targets if t.startswith("by CPU time: ds.batches "))  # what load leaves comparable
+        assert ("the gather floor" in cpu) == ("gather_floor" in methods)
+    assert all((r["cpu_gb_per_s_spread"] is None) == (r["workers"] > 0) for r in rows)
+    assert all(r["cpu_gb_per_s_spread"]["median"] > 0 for r in rows if not r["workers"])
     assert report["settings"]["rows"] == 6000 and report["machine"]["cpus"] >= 1
     assert os.listdir(tmp_path) == []  # the sources are removed
     return report

@@ -16,7 +16,7 @@ import pytest
 from tiny_data import blobs, write_dataset
 
 import memtrain.dataset as dataset_module
-from memtrain.dataset import Split, open_dataset
+from memtrain.dataset import open_dataset
 from memtrain.errors import InputError
 from memtrain.order import WindowOrder
 
