@@ -235,10 +235,11 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
 def _cpu_rate(results: list[dict[str, Any]], workers: int) -> dict[str, Any] | None:
     """GB/s per CPU second of the run's process (median, range), for runs without loader workers: on a
     machine other work loads, a process's CPU time is slowed far less than its wall time. None with loader
-    workers, whose CPU time the main process's does not count."""
+    workers, whose CPU time the main process's does not count. The CPU seconds are those of the timed
+    batches (``timed_cpu_seconds``), not ``run_sampled``'s ``cpu_seconds`` (the whole process, imports too)."""
     if workers:
         return None
-    return Spread.of([r["rows"] * r["row_bytes"] / r["cpu_seconds"] / 1e9 for r in results]).as_dict()
+    return Spread.of([r["rows"] * r["row_bytes"] / r["timed_cpu_seconds"] / 1e9 for r in results]).as_dict()
 
 
 def _ratio(mine: list[float], other: list[float] | None) -> dict[str, Any] | None:
@@ -469,7 +470,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
             rows += len(x)
             row_bytes = x[0].nbytes + y[0].nbytes  # numpy arrays and torch tensors alike
     return {"rows": rows, "seconds": time.perf_counter() - start + setup, "setup_seconds": setup,
-            "cpu_seconds": time.process_time() - cpu + cpu_setup, "row_bytes": row_bytes, "checksum": total}
+            "timed_cpu_seconds": time.process_time() - cpu + cpu_setup, "row_bytes": row_bytes, "checksum": total}
 
 
 if __name__ == "__main__":
