@@ -30,6 +30,7 @@ epoch needs neither O(rows) time to start at batch k nor O(rows) memory.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -214,6 +215,7 @@ class WindowOrder:
     window_starts: np.ndarray = field(init=False, repr=False)  # epoch position where each window begins
     _window_starts: list[int] = field(init=False, repr=False)  # window_starts as Python ints
     _cached: tuple[int, np.ndarray] | None = field(init=False, default=None, repr=False)
+    _last_window: int = field(init=False, default=0, repr=False)  # the last window a batch ended in
 
     def __post_init__(self) -> None:
         self.batches = batch_count(self.rows, self.batch_size, self.drop_last)
@@ -237,16 +239,26 @@ class WindowOrder:
         self._window_starts = self.window_starts.tolist()
 
     def batch(self, k: int) -> Rows:
+        return self.batch_of(k, self.window_rows)
+
+    def batch_of(self, k: int, window: Callable[[int], np.ndarray]) -> np.ndarray:
+        """Batch k's part of ``window(w)`` for the windows it spans: ``window`` is ``window_rows`` or an array
+        made from it element by element along its last axis (a dataset's own places of those rows, say), so
+        that work done once per window is not done again per batch."""
         _check_k(k, self.batches)
         lo, hi = k * self.batch_size, min((k + 1) * self.batch_size, self.rows)
         starts = self._window_starts  # bisect on a list: a numpy searchsorted costs microseconds per batch
+        w = self._last_window  # batches run through windows in turn: most lie in the window of the one before
+        if starts[w] <= lo and hi <= starts[w + 1]:
+            return window(w)[..., lo - starts[w]:hi - starts[w]]
         first = bisect.bisect_right(starts, lo) - 1
         last = bisect.bisect_right(starts, hi - 1) - 1
+        self._last_window = last
         pieces = []
         for w in range(first, last + 1):
             start = starts[w]
-            pieces.append(self.window_rows(w)[max(lo, start) - start:hi - start])
-        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+            pieces.append(window(w)[..., max(lo, start) - start:hi - start])
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=-1)
 
     def window_rows(self, w: int) -> np.ndarray:
         """The rows of window ``w`` in epoch order (the last one used is kept: batches run through windows)."""

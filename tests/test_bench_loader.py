@@ -48,6 +48,12 @@ def check_report(tmp_path: Path, methods: tuple[str, ...], workers: str, repeats
         assert any(re.match(r"ds\.batches: \d+\.\d\d GB/s .*target >= 3 GB/s by median: (met|NOT met)$", t)
                    for t in targets)
         assert any(t.startswith("ds.batches / the gather floor") for t in targets) == ("gather_floor" in methods)
+        cpu = next(t for t in targets if t.startswith("by CPU time: ds.batches "))  # what load leaves comparable
+        assert ("the gather floor" in cpu) == ("gather_floor" in methods)
+    assert all((r["cpu_gb_per_s_spread"] is None) == (r["workers"] > 0) for r in rows)
+    for r in (r for r in rows if r["method"] in IN_PROCESS):  # one thread: its CPU time is at most its wall time
+        wall = [rate * r["gb_per_s"] / r["rows_per_s"] for rate in r["runs_rows_per_s"]]
+        assert all(cpu >= 0.95 * w for cpu, w in zip(r["cpu_gb_per_s_spread"]["runs"], wall, strict=True))
     assert report["settings"]["rows"] == 6000 and report["machine"]["cpus"] >= 1
     assert os.listdir(tmp_path) == []  # the sources are removed
     return report

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from tiny_data import blobs, write_dataset
 
-from memtrain.dataset import Split, open_dataset
+import memtrain.dataset as dataset_module
+from memtrain.dataset import open_dataset
 from memtrain.errors import InputError
 from memtrain.order import WindowOrder
 
@@ -84,12 +85,12 @@ def test_start_reads_only_the_batches_from_start_on(dataset: Path, monkeypatch: 
     ds = open_dataset(dataset)
     whole = global_batches(ds, 64)
     read, windows = [], []
-    gather, window_rows = Split.gather, WindowOrder.window_rows
-    monkeypatch.setattr(Split, "gather", lambda self, rows, out, **kw: read.append(len(rows)) or gather(self, rows, out,
-                                                                                                **kw))
+    take_into, window_rows = dataset_module.take_into, WindowOrder.window_rows
+    monkeypatch.setattr(dataset_module, "take_into", lambda source, rows, out: read.append(len(rows)) or take_into(
+        source, rows, out))
     monkeypatch.setattr(WindowOrder, "window_rows", lambda self, w: windows.append(w) or window_rows(self, w))
     first = next(ds.batches(64, **JOB, start=12))
-    assert read == [64] and len(set(windows)) <= 2  # batch 12's rows and its windows, nothing before it
+    assert read == [64, 64] and len(set(windows)) <= 2  # batch 12's x and y, its windows, nothing before it
     np.testing.assert_array_equal(first[0], whole[12][0])
     assert [len(x) for x, _ in ds.batches(64, **JOB, start=15)] == []
     with pytest.raises(InputError, match="start must be an integer from 0 to 15"):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from tiny_data import write_dataset
 
+import memtrain.dataset as dataset_module
 from memtrain.dataset import Split, open_dataset
 from memtrain.joined import place
 
@@ -73,3 +74,62 @@ def test_the_joined_shards_do_not_count_as_private_memory(tmp_path: Path) -> Non
     out = subprocess.run([sys.executable, "-c", LIMITED, str(root)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[0] == "True"
+
+
+@pytest.mark.parametrize(("window", "start", "rank", "world", "drop_last"),
+                         [(128, 0, 0, 1, False), (100, 3, 1, 3, False), (1 << 16, 0, 2, 4, True), (64, 5, 0, 2, True)])
+def test_rows_order_batches_from_the_joined_shards_are_the_orders_rows(many_shards, window, start, rank, world,
+                                                                       drop_last) -> None:
+    """ds.batches in rows order takes from the joined shards (places made a window at a time): batch k is
+    still rank ``rank``'s part of ``order.batch(k)``, in its order, across windows and 44 shards."""
+    root, x, y = many_shards
+    split = open_dataset(root).split("train")
+    order = split.order(48, seed=5, epoch=2, window=window, drop_last=drop_last)
+    got = list(split.batches(48, seed=5, epoch=2, window=window, drop_last=drop_last, start=start, rank=rank,
+                             world=world))
+    assert len(got) == order.batches - start
+    for k, (bx, by) in enumerate(got, start=start):
+        rows = np.asarray(order.batch(k))
+        part = rows[len(rows) * rank // world:len(rows) * (rank + 1) // world]
+        np.testing.assert_array_equal(bx, x[part])
+        np.testing.assert_array_equal(by, y[part])
+        assert not bx.flags.writeable and not by.flags.writeable
+
+
+def test_rows_order_places_are_worked_out_once_a_window_not_once_a_batch(many_shards, monkeypatch) -> None:
+    """Issue 43: per batch, the gather is its two takes; a row's shard is looked up for a whole window at
+    once (per batch it cost about 9 us of a batch's 60), and with shards of equal rows by a division, not a
+    searchsorted (which, for a window's rows in no order, cost as much as shuffling them)."""
+    root, x, _ = many_shards
+    split = open_dataset(root).split("train")
+    split._joined()  # mapped before counting
+    lookups, searches = [], []
+    shards_of, searchsorted = dataset_module.shards_of, np.searchsorted
+    monkeypatch.setattr(dataset_module, "shards_of", lambda *a: lookups.append(1) or shards_of(*a))
+    monkeypatch.setattr(np, "searchsorted", lambda *a, **k: searches.append(1) or searchsorted(*a, **k))
+    order = split.order(16, seed=1, window=256)
+    windows = len(order.window_starts) - 1
+    assert order.batches > 4 * windows  # many batches a window
+    assert sum(len(bx) for bx, _ in split.batches(16, seed=1, window=256)) == len(x)
+    assert len(lookups) == windows and not searches
+
+
+@pytest.mark.parametrize("sizes", [[23, 23, 23, 1], [23, 23, 40], [5, 7, 18], [9], [4, 0, 4, 2], [6, 6]])
+def test_the_shard_of_a_row_is_the_one_searchsorted_names(sizes) -> None:
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    rows = np.random.default_rng(0).permutation(int(starts[-1]))
+    stride = dataset_module.shard_stride(starts)
+    assert stride == (sizes[0] if len(sizes) > 1 and len(set(sizes[:-1])) == 1 and sizes[0] else None)
+    np.testing.assert_array_equal(dataset_module.shards_of(rows, starts, stride),
+                                  np.searchsorted(starts, rows, side="right") - 1)
+
+
+def test_a_window_order_gives_any_batch_in_any_order(many_shards) -> None:
+    """batch(k) remembers the window the batch before ended in (a shortcut for batches read in turn): batches
+    asked for out of turn are the rows a fresh order gives."""
+    root, _, _ = many_shards
+    split = open_dataset(root).split("train")
+    walked = split.order(40, seed=2, window=128)
+    ks = list(range(walked.batches)) + list(range(walked.batches - 1, -1, -3)) + [0, walked.batches - 1, 3]
+    for k in ks:
+        np.testing.assert_array_equal(walked.batch(k), split.order(40, seed=2, window=128).batch(k))

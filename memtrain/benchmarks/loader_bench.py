@@ -224,11 +224,22 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
                      "rows_per_s": spread.median, "runs_rows_per_s": rates[case], "rows_per_s_spread": spread.as_dict(),
                      "gb_per_s": spread.median * results[0]["row_bytes"] / 1e9,
                      "gb_per_s_spread": Spread.of([r * results[0]["row_bytes"] / 1e9 for r in rates[case]]).as_dict(),
+                     "cpu_gb_per_s_spread": _cpu_rate(results, int(workers)),
                      "vs_memmap": _ratio(rates[case], base), "vs_hf": _ratio(rates[case], hf or None),
                      "main_anon_mib": max(r["main_anon_mib"] for r in results),
                      "worker_anon_mib": max(r["worker_anon_mib"] for r in results),
                      "setup_seconds": Spread.of([r["setup_seconds"] for r in results]).as_dict()})
     return sorted(rows, key=lambda r: (r["workers"], METHODS.index(r["method"])))
+
+
+def _cpu_rate(results: list[dict[str, Any]], workers: int) -> dict[str, Any] | None:
+    """GB/s per CPU second of the run's process (median, range), for runs without loader workers: on a
+    machine other work loads, a process's CPU time is slowed far less than its wall time. None with loader
+    workers, whose CPU time the main process's does not count. The CPU seconds are those of the timed
+    batches (``timed_cpu_seconds``), not ``run_sampled``'s ``cpu_seconds`` (the whole process, imports too)."""
+    if workers:
+        return None
+    return Spread.of([r["rows"] * r["row_bytes"] / r["timed_cpu_seconds"] / 1e9 for r in results]).as_dict()
 
 
 def _ratio(mine: list[float], other: list[float] | None) -> dict[str, Any] | None:
@@ -269,7 +280,21 @@ def _row_shuffle_verdicts(results: list[dict[str, Any]]) -> list[str]:
         floor_rate = _spread(floor["gb_per_s_spread"])
         lines.append(f"ds.batches / the gather floor (one np.take per array of the same rows, "
                      f"{floor_rate.median:.2f} GB/s): {share.text() if share else '-'}")
+    lines.append(_by_cpu_time(mine, floor))
     return lines
+
+
+def _by_cpu_time(mine: dict[str, Any], floor: dict[str, Any] | None) -> str:
+    """ds.batches's rate per CPU second of its process, and the floor's: what a loaded machine leaves of the
+    comparison (each process's CPU time is its own; its wall time is everyone's)."""
+    rate = _spread(mine["cpu_gb_per_s_spread"])
+    line = f"by CPU time: ds.batches {rate.median:.2f} GB/s (runs {rate.low:.2f}-{rate.high:.2f})"
+    if floor is not None:
+        floor_rate = _spread(floor["cpu_gb_per_s_spread"])
+        share = pairwise(list(rate.runs), list(floor_rate.runs))
+        line += (f", the gather floor {floor_rate.median:.2f} GB/s (runs {floor_rate.low:.2f}-{floor_rate.high:.2f}),"
+                 f" ds.batches / floor {share.text() if share else '-'}")
+    return line
 
 
 def _spread(values: dict[str, Any]) -> Spread:
@@ -433,17 +458,19 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
             import datasets  # noqa: F401
         limit = data_segment() + (spec["limit_mib"] << 20)
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-    total, start, rows, row_bytes = 0.0, 0.0, 0, 0
+    total, start, cpu, rows, row_bytes = 0.0, 0.0, 0.0, 0, 0
+    cpu_setup = time.process_time()
     loader, setup = batches(spec)
+    cpu_setup = time.process_time() - cpu_setup if setup else 0.0  # counted where the wall setup is
     for seen, (x, y) in enumerate(loader, start=1):
         total += consume(x, y)
         if seen == WARMUP:
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
         elif seen > WARMUP:
             rows += len(x)
             row_bytes = x[0].nbytes + y[0].nbytes  # numpy arrays and torch tensors alike
     return {"rows": rows, "seconds": time.perf_counter() - start + setup, "setup_seconds": setup,
-            "row_bytes": row_bytes, "checksum": total}
+            "timed_cpu_seconds": time.process_time() - cpu + cpu_setup, "row_bytes": row_bytes, "checksum": total}
 
 
 if __name__ == "__main__":
