@@ -206,3 +206,12 @@ def test_a_name_is_found_where_an_older_layout_kept_it(tmp_path: Path, monkeypat
     with pytest.raises(ImportError, match="no read_lineage in any of oldlayout.train.lineage"):
         checkout_run.imported("read_lineage", ("oldlayout.train.lineage",))
     assert checkout_run.imported("train").__module__ == "memtrain.train.server.server"  # this checkout's
+
+
+def test_the_benchmark_job_stages_no_best_epoch(tmp_path: Path) -> None:
+    """Both checkouts run the same job: run.keep_best is false, passed where the checkout knows the key (its
+    default became true after ff71786, false there without train.patience: a best epoch's files copied at every
+    improving epoch by one checkout only)."""
+    spec = {"dataset": str(tmp_path / "data"), "hidden": 8, "epochs": 2, "batch": 64, "tasks": 2, "workers": 0,
+            "seed": 0, "optimizer": {"name": "sgd", "lr": 0.1}, "run_dir": str(tmp_path / "run")}
+    assert checkout_run.job_for(spec).run.keep_best is False

@@ -47,6 +47,23 @@ def test_every_kind_matches_the_names_it_makes_and_no_other_kind_does() -> None:
     assert area.kind_of("notes.npy") is None and area.kind_of("g-v00000001-t00000-a000.npy") is None
 
 
+def test_discard_builds_no_regex_per_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each kind's regex is compiled once, at its first use: ``discard`` runs on an update's path (a stretch's
+    spares, a too stale gradient, an evaluation's metrics), where building every kind's regexes per file cost
+    0.3 ms a file (issue 39's "no update slower")."""
+    assert area.kind_of("notes.npy") is None  # every kind asked once: its regex compiled and kept
+
+    def built(template: str) -> re.Pattern[str]:
+        raise AssertionError(f"a regex built per call: {template}")
+
+    monkeypatch.setattr(area, "template_regex", built)
+    path = area.METRICS.path(tmp_path, 390, 1, 0)
+    path.write_bytes(b"metrics")
+    area.discard([path, area.STREAMED_GRADIENT.path(tmp_path, 390, 1, 2)])  # the second one already gone
+    assert not path.exists()
+    assert area.kind_of("notes.npy") is None
+
+
 def test_discard_refuses_a_name_it_does_not_register(tmp_path: Path) -> None:
     (tmp_path / "notes.npy").write_bytes(b"a user's")
     with pytest.raises(ValueError, match="not a file of the exchange area"):

@@ -40,6 +40,10 @@ from typing import Any
 MOVED = {"train": ("memtrain.train.server.server", "memtrain.train.server"),
          "read_lineage": ("memtrain.train.records.lineage", "memtrain.train.lineage")}
 NEVER = 10_000  # checkpoint_every in epochs: no checkpoint but the last (the peers write none)
+# [run] keys passed where the checkout knows them: no best epoch's checkpoint staged at each improving epoch
+# (run.keep_best's default became true after ff71786, false there without train.patience: left to the
+# default, the two checkouts ran different jobs, one copying the best epoch's files at every epoch)
+RUN_IF_KNOWN = {"keep_best": False}
 DECIDED = re.compile(r"rounds: (?:(?:on|in) .*? from update (\d+)|on \d+ worker processes \(|in the server \()")
 
 
@@ -78,6 +82,7 @@ def job_for(spec: dict[str, Any]) -> Any:
     from memtrain.train.optim import OptimizerConfig
 
     known = {f.name for f in dataclasses.fields(TrainConfig)}
+    run_known = {f.name for f in dataclasses.fields(RunConfig)}
     train = train_keys(known, spec.get("train", {}), spec.get("train_if_known", {}))
     model = spec.get("model") or {"kind": "mlp", "options": {"hidden": [spec["hidden"]]}}
     return Job(
@@ -87,7 +92,8 @@ def job_for(spec: dict[str, Any]) -> Any:
                              "workers": spec["workers"], "seed": spec["seed"],
                              "optimizer": OptimizerConfig(**spec["optimizer"]), **train}),
         run=RunConfig(dir=Path(spec["run_dir"]), exchange=spec.get("exchange", "auto"), keep_versions=2,
-                      checkpoint_every=NEVER, cluster=spec.get("cluster", "")),
+                      checkpoint_every=NEVER, cluster=spec.get("cluster", ""),
+                      **{key: value for key, value in RUN_IF_KNOWN.items() if key in run_known}),
     )
 
 
