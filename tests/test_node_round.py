@@ -58,10 +58,12 @@ def dask(tmp_path: Path):
         processes.close()
 
 
-def start_nodes(dask: DaskProcesses, client: Client, counts: list[int], env: dict[int, dict[str, str]] | None = None
-                ) -> None:
+def start_nodes(dask: DaskProcesses, client: Client, counts: list[int], env: dict[int, dict[str, str]] | None = None,
+                *, nanny: bool = False) -> None:
+    """Dask workers standing for nodes of ``counts`` processes; under a nanny only where a test needs one to restart
+    a worker (a nanny is one more process importing distributed for each node: ~1 s of CPU)."""
     for j, count in enumerate(counts):
-        dask.start_worker(f"node{j}", env={PROCESSES_ENV: str(count), **(env or {}).get(j, {})})
+        dask.start_worker(f"node{j}", env={PROCESSES_ENV: str(count), **(env or {}).get(j, {})}, nanny=nanny)
     dask.wait_for_workers(client, {f"node{j}" for j in range(len(counts))})
 
 
@@ -117,7 +119,7 @@ def test_a_node_killed_mid_round_has_its_range_run_again_and_the_bits_stay(dask,
     processes, client = dask
     fired = tmp_path / "fired"
     start_nodes(processes, client, [1, 2, 1], {1: {"MEMTRAIN_FAULT": "after_grad_write:2",
-                                                  "MEMTRAIN_FAULT_ONCE": str(fired)}})
+                                                  "MEMTRAIN_FAULT_ONCE": str(fired)}}, nanny=True)
     opened: list[int] = []
     open_round = Broadcast.open
     monkeypatch.setattr(Broadcast, "open", lambda round: (open_round(round), opened.append(round.size))[0])

@@ -48,6 +48,7 @@ dir = "run"
 checkpoint_every = 3
 """
 CARTPOLE = 'id = "CartPole-v1"'
+FLAKY = 'factory = "flaky:make_env"'
 FLAKY_ENV = '''import os
 import time
 from pathlib import Path
@@ -167,7 +168,7 @@ def test_a_server_killed_then_resumed_continues_the_episodes_bit_for_bit(tmp_pat
 
 def test_sigterm_stops_cleanly_with_a_checkpoint_and_the_resume_gives_the_same_bits(tmp_path: Path) -> None:
     folder = tmp_path / "a"
-    path = job(folder, budget=96 * 200, workers=2)  # 200 versions: still running when the signal comes
+    path = job(folder, budget=96 * 100, workers=2)  # 100 versions: still running when the signal comes (at ~5-10)
     process = memtrain("train", path, "-q", cwd=folder, wait=False)
     metrics = folder / "run" / RUN_METRICS
     deadline = time.monotonic() + 120
@@ -180,27 +181,33 @@ def test_sigterm_stops_cleanly_with_a_checkpoint_and_the_resume_gives_the_same_b
     assert "Traceback" not in err
     run = folder / "run"
     stopped_at = int(err.split("stopped by SIGTERM at weight version ")[1].split(";")[0])
-    assert 5 <= stopped_at < 200 and checkpoints(run)[-1] == stopped_at
+    assert 5 <= stopped_at < 100 and checkpoints(run)[-1] == stopped_at
     # the rest, resumed on another worker count: the same bits as a run straight through with none
     resumed = memtrain("train", "--resume", run, "--workers", "1", "-q", cwd=folder)
     assert resumed.returncode == 0, resumed.stderr
     other = tmp_path / "b"
-    straight = memtrain("train", job(other, budget=96 * 200), "-q", cwd=other)
+    straight = memtrain("train", job(other, budget=96 * 100), "-q", cwd=other)
     assert straight.returncode == 0, straight.stderr
-    assert weights(run, 200) == weights(other / "run", 200)
+    assert weights(run, 100) == weights(other / "run", 100)
     assert "collection: 1 worker process\n" in (run / RUN_EVENTS).read_text()
     assert not list((run / EPISODES_DIR).glob(".*"))  # nothing left under a temporary name
 
 
-def test_an_environment_that_raises_once_is_retried_with_the_same_bits(tmp_path: Path) -> None:
-    env = 'factory = "flaky:make_env"'
-    first = memtrain("train", job(tmp_path / "a", env=env, **{"flaky.py": FLAKY_ENV}), "-q", cwd=tmp_path / "a")
-    assert first.returncode == 0, first.stderr
-    retried = memtrain("train", job(tmp_path / "b", env=env, workers=1, **{"flaky.py": FLAKY_ENV}), "-q",
+@pytest.fixture(scope="module")
+def flaky_clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted run on the flaky environment with no fault set, 0 workers: 12 versions."""
+    folder = tmp_path_factory.mktemp("flaky-clean")
+    result = memtrain("train", job(folder, env=FLAKY, **{"flaky.py": FLAKY_ENV}), "-q", cwd=folder)
+    assert result.returncode == 0, result.stderr
+    return folder / "run"
+
+
+def test_an_environment_that_raises_once_is_retried_with_the_same_bits(tmp_path: Path, flaky_clean: Path) -> None:
+    retried = memtrain("train", job(tmp_path / "b", env=FLAKY, workers=1, **{"flaky.py": FLAKY_ENV}), "-q",
                        cwd=tmp_path / "b", FLAKY_AT="3", FLAKY_ONCE=str(tmp_path / "once"))
     assert retried.returncode == 0, retried.stderr
     assert (tmp_path / "once").exists()  # it did raise
-    assert weights(tmp_path / "b" / "run", 12) == weights(tmp_path / "a" / "run", 12)
+    assert weights(tmp_path / "b" / "run", 12) == weights(flaky_clean, 12)
 
 
 @pytest.mark.parametrize("workers", [0, 1])
@@ -217,18 +224,16 @@ def test_an_environment_that_always_raises_stops_the_run_naming_version_slot_see
     assert "Traceback" not in err
 
 
-def test_an_environment_hung_in_the_server_runs_again_after_task_timeout_with_the_same_bits(tmp_path: Path) -> None:
+def test_an_environment_hung_in_the_server_runs_again_after_task_timeout_with_the_same_bits(
+        tmp_path: Path, flaky_clean: Path) -> None:
     """0 workers: the server's own collection task is bounded by train.task_timeout, as a worker's is."""
-    env = 'factory = "flaky:make_env"'
-    first = memtrain("train", job(tmp_path / "a", env=env, **{"flaky.py": FLAKY_ENV}), "-q", cwd=tmp_path / "a")
-    assert first.returncode == 0, first.stderr
-    path = job(tmp_path / "b", env=env, **{"flaky.py": FLAKY_ENV})
+    path = job(tmp_path / "b", env=FLAKY, **{"flaky.py": FLAKY_ENV})
     path.write_text(path.read_text().replace("workers = 0", "workers = 0\ntask_timeout = 1"))
     hung = memtrain("train", path, "-q", cwd=tmp_path / "b", FLAKY_AT="3", FLAKY_HANG="1",
                     FLAKY_ONCE=str(tmp_path / "once"))
     assert hung.returncode == 0, hung.stderr
     assert (tmp_path / "once").exists()  # it did hang
-    assert weights(tmp_path / "b" / "run", 12) == weights(tmp_path / "a" / "run", 12)
+    assert weights(tmp_path / "b" / "run", 12) == weights(flaky_clean, 12)
 
 
 def test_an_environment_always_hung_in_the_server_stops_the_run_naming_version_slot_seed_episode_and_step(

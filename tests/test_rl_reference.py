@@ -38,7 +38,8 @@ def test_ppo_learns_cartpole(tmp_path: Path) -> None:
 
 
 def test_a2c_learns_cartpole(tmp_path: Path) -> None:
-    config = ReferenceConfig(CARTPOLE, algorithm="a2c", env_steps=16_000, slots=8, steps=5, lr=7e-4, anneal_lr=False,
+    """10,000 steps: the last tenth averages 5x the first (measured on both OpenBLAS kernels), twice the bar."""
+    config = ReferenceConfig(CARTPOLE, algorithm="a2c", env_steps=10_000, slots=8, steps=5, lr=7e-4, anneal_lr=False,
                              learner=PPOConfig(gamma=0.99, gae_lambda=1.0, ent_coef=0.0, norm_adv=False))
     _, history = train(config, tmp_path)
     early, late = _early_and_late(history.returns)
