@@ -16,6 +16,10 @@ import pytest
 from memtrain.cli import main
 from memtrain.files import open_npy, read_jsonl, read_sealed_jsonl
 from memtrain.layout import RUN_EVENTS, RUN_LINEAGE, RUN_METRICS, TRAJECTORIES_DIR, weights_path
+from memtrain.rl.envs import EnvSpec
+from memtrain.rl.ppo import PPOConfig
+from memtrain.rl.reference import ReferenceConfig
+from memtrain.rl.reference import train as reference_train
 
 pytest.importorskip("gymnasium")
 pytestmark = pytest.mark.timeout(300)
@@ -71,6 +75,12 @@ def test_the_learner_on_the_workers_gives_the_servers_bits_for_any_worker_count(
         assert f"learner: the {'workers' if learner == 'workers' and workers else 'server'} (3 chunks" in events
         assert not [n for n in os.listdir(tmp_path / name / TRAJECTORIES_DIR) if n[:2] in ("m-", "h-")]
     assert all(result == runs["server-0"] for result in runs.values())
+    # and memtrain/rl/reference.py's single-process loop with the same chunks
+    spec = EnvSpec(id=env)
+    config = ReferenceConfig(spec, algorithm, env_steps=640, slots=4, steps=32, seed=3, hidden=(16, 16), lr=2.5e-4,
+                             learner=PPOConfig(epochs=2, minibatches=2), learner_chunks=3)
+    reference, _ = reference_train(config, tmp_path / "reference")
+    assert reference.tobytes() == runs["server-0"][0]
     # the chunks are the job's: one chunk is another computation (the minibatch's gradient in one piece)
     assert main(["train", str(job), "-q", "--run-dir", str(tmp_path / "one"), "--set", "train.learner_chunks=1"]) == 0
     assert outcome(tmp_path / "one")[0] != runs["server-0"][0]
@@ -100,3 +110,34 @@ def test_bad_learner_settings_are_clear_errors(tmp_path: Path, capsys) -> None:
         assert main(["train", str(job), "-q", "--set", setting, *extra]) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("kind", ["categorical", "gaussian"])
+@pytest.mark.parametrize("algorithm", ["ppo", "a2c"])
+def test_the_chunks_shares_add_up_to_the_minibatchs_loss_and_gradient(kind: str, algorithm: str) -> None:
+    from memtrain.rl.envs import CONTINUOUS, DISCRETE, Spaces
+    from memtrain.rl.learner import Learner, fold_shares
+    from memtrain.rl.policy import Policy
+    from memtrain.rl.ppo import Batch, PPOConfig, a2c_loss, ppo_loss
+    from memtrain.train.optim import OptimizerConfig
+
+    spaces = {"categorical": Spaces(obs_dim=3, kind=DISCRETE, n=3),
+              "gaussian": Spaces(obs_dim=3, kind=CONTINUOUS, n=2, low=(-1.0, -1.0), high=(1.0, 1.0))}[kind]
+    policy, rng, rows = Policy(spaces, hidden=(6, 5)), np.random.default_rng(4), 23
+    flat = policy.init(rng).astype(np.float64) + 0.3 * rng.standard_normal(policy.layout.size)
+    obs = rng.standard_normal((rows, 3)).astype(np.float32)
+    fwd = policy.forward(flat, obs)
+    actions = policy.sample(fwd, rng)
+    logp_old = (policy.log_prob(fwd, actions) + rng.uniform(-0.6, 0.6, rows)).astype(np.float32)
+    data = Batch(obs, actions, logp_old, rng.standard_normal(rows).astype(np.float32), rng.standard_normal(rows),
+                 rng.standard_normal(rows))
+    config = PPOConfig(ent_coef=0.01)
+    whole = (a2c_loss if algorithm == "a2c" else ppo_loss)(policy, flat, data, config)
+    for chunks in (2, 3, 5, 40):  # 40 > rows: the empty ranges are left out
+        learner = Learner(policy, OptimizerConfig(name="adam"), config, algorithm, 1, 10, chunks=chunks)
+        shares = [learner.share(flat, data, chunk, config) for chunk in range(learner.chunk_count(rows))]
+        assert len(shares) == min(chunks, rows)
+        folded = fold_shares(shares)
+        np.testing.assert_allclose(folded.grad, whole.grad, rtol=1e-10, atol=1e-12)
+        for name in ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"):
+            assert getattr(folded, name) == pytest.approx(getattr(whole, name), rel=1e-10, abs=1e-12), name
