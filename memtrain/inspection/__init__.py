@@ -62,7 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="where a weight version of a run came from: its gradients in the order they were "
                               "added, the version each was computed at, and the later versions that used it")
     parser.add_argument("--which", choices=WHICH, help="with --export of a run: the best epoch's checkpoint (by "
-                        "train.monitor) or the newest (default: the best epoch's if kept, else the newest)")
+                        "train.monitor; of a reinforcement-learning run, the best greedy evaluation's) or the newest "
+                        "(default: the best's if kept, else the newest)")
     parser.add_argument("--overwrite", action="store_true", help="with --export: replace an existing OUT")
     parser.add_argument("--json", action="store_true", help="print the view as JSON on stdout (NaN/Inf as null)")
     parser.add_argument("--chunk", type=int, default=CHUNK, metavar="N",
