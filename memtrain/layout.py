@@ -231,6 +231,12 @@ def rl_share_name(step: int, chunk: int, attempt: int) -> str:
     return f"h-p{step:08d}-c{chunk:05d}-a{attempt:03d}.npy"
 
 
+def is_rl_step_file(name: str) -> bool:
+    """True for an ``rl_step_name`` or ``rl_share_name`` file: never needed across a restart (a step is made again
+    from the checkpoint), so a resumed run removes what a killed server left."""
+    return re.fullmatch(r"m-p\d{8,}\.npy|h-p\d{8,}-c\d{5,}-a\d{3,}\.npy", name) is not None
+
+
 def episode_state_name(slot: int) -> str:
     """Where slot ``slot``'s episode stands at the start of the version being collected (memtrain/rl/collect.py
     ``write_state``): its episode, step and the actions since its seeded reset; rewritten by rename per version."""

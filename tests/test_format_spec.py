@@ -72,6 +72,7 @@ MADE = {
 READERS = {"parse_partial_name", "prepare_work_dirs", "weight_versions",
            "checkpoint_updates", "parse_exchange_owner", "tmp_owner_pid",
            "spool_job_name", "tmp_target", "is_version_name", "is_checkpoint_name", "is_shard_name",
+           "is_rl_step_file",
            "existing_hint"}
 # Constants that are parts of names, not names: each must occur inside a name made above.
 FRAGMENTS = {"PREPARE_WORK_MARK", "TMP_MARK", "EXCHANGE_PREFIX", "SPOOL_JOB_SUFFIX", "EXCHANGE_PROBE",

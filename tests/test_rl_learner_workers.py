@@ -99,6 +99,13 @@ def test_a_worker_killed_during_a_learner_task_has_it_run_again_with_the_same_bi
     events = (tmp_path / "killed" / RUN_EVENTS).read_text()
     assert "died with exit code -9 during learner task (optimizer step" in events
     assert outcome(tmp_path / "killed") == outcome(tmp_path / "clean")
+    folder = tmp_path / "killed" / TRAJECTORIES_DIR
+    assert not [name for name in os.listdir(folder) if name[:2] in ("m-", "h-")]  # every step's files removed
+    # what a killed server's step left is removed when the run starts again
+    (folder / "m-p00000003.npy").write_bytes(b"left")
+    (folder / "h-p00000003-c00001-a000.npy").write_bytes(b"left")
+    assert main(["train", "--resume", str(tmp_path / "killed"), "-q"]) == 0
+    assert not [name for name in os.listdir(folder) if name[:2] in ("m-", "h-")]
 
 
 def test_bad_learner_settings_are_clear_errors(tmp_path: Path, capsys) -> None:

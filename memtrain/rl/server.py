@@ -74,6 +74,7 @@ from memtrain.layout import (
     TRAJECTORIES_DIR,
     WEIGHTS_DIR,
     episode_state_name,
+    is_rl_step_file,
     optimizer_state_name,
     rl_share_name,
     rl_step_name,
@@ -406,6 +407,7 @@ def _run(job: RLJob, policy: Policy, run_dir: Path, stop: StopRequest, *, resume
     for folder in (run_dir / CHECKPOINTS_DIR, run_dir / TRAJECTORIES_DIR, run_dir / EPISODES_DIR,
                    run_dir / WEIGHTS_DIR):  # what a killed server left under a temporary name
         sweep_orphans(folder, lambda name: True)
+    _remove_step_files(run_dir / TRAJECTORIES_DIR)  # what a killed server's learner step left (train.learner)
     position = _start(job, policy, run_dir, resume)
     setup = RLWorkerSetup(server_pid=os.getpid(), run_dir=str(run_dir), blas_threads=job.train.blas_threads)
     workers = 0 if replaying else worker_count(job)  # a replay collects each recorded shard in turn
@@ -507,6 +509,15 @@ def _describe(task: Any) -> str:
     return f"collection task (version {task.version}, slot {task.task})"
 
 
+def _remove_step_files(folder: Path) -> None:
+    """Every learner step's file in ``folder`` (``layout.is_rl_step_file``): the inputs and each attempt's shares."""
+    with contextlib.suppress(FileNotFoundError):
+        for name in os.listdir(folder):
+            if is_rl_step_file(name):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(folder / name)
+
+
 def worker_shares(learner: Learner, run_dir: Path, scheduler: Scheduler, transport: Any) -> Shares:
     """``train.learner = "workers"``: each minibatch's chunks as GradTasks run by the workers through the scheduler
     (a worker that dies has its task run again under the next attempt number, which names a new file). The step's
@@ -521,18 +532,16 @@ def worker_shares(learner: Learner, run_dir: Path, scheduler: Scheduler, transpo
         tasks = [GradTask(task=chunk, attempt=0, ticket=minibatch.step, version=minibatch.version,
                           epoch=minibatch.epoch, lo=minibatch.lo, hi=minibatch.hi)
                  for chunk in range(learner.chunk_count(len(minibatch.rows)))]
-        results = scheduler.run(transport, tasks)
-        out = []
-        for result in results:
-            path = folder / rl_share_name(minibatch.step, result.task, result.attempt)
-            values = np.array(open_npy(path, shape=(size + len(SHARE_PARTS),), dtype=np.float64))
-            out.append(LossResult(grad=values[:size].astype(np.float32),
-                                  **{name: float(v) for name, v in zip(SHARE_PARTS, values[size:], strict=True)}))
-            for attempt in range(result.attempt + 1):  # the taken attempt's file, and what earlier ones published
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(folder / rl_share_name(minibatch.step, result.task, attempt))
-        os.unlink(inputs)
-        return out
+        try:
+            out = []
+            for result in scheduler.run(transport, tasks):
+                path = folder / rl_share_name(minibatch.step, result.task, result.attempt)
+                values = np.array(open_npy(path, shape=(size + len(SHARE_PARTS),), dtype=np.float64))
+                out.append(LossResult(grad=values[:size].astype(np.float32),
+                                      **{name: float(v) for name, v in zip(SHARE_PARTS, values[size:], strict=True)}))
+            return out
+        finally:  # done or stopped (a signal, a failed task): the step's files go, every attempt's (one step at a time)
+            _remove_step_files(folder)
     return shares
 
 
