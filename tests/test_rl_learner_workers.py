@@ -86,6 +86,20 @@ def test_the_learner_on_the_workers_gives_the_servers_bits_for_any_worker_count(
     assert outcome(tmp_path / "one")[0] != runs["server-0"][0]
 
 
+def test_a_torch_actor_critics_learner_on_the_workers_gives_the_servers_bits(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    text = JOB.format(env="CartPole-v1", algorithm="ppo").replace(
+        'kind = "mlp"\nhidden = [16, 16]',
+        f'kind = "torch"\nfactory = "rl_nets:make_actor_critic"\ncode_dir = "{ROOT / "jobs" / "examples"}"\n'
+        'hidden = 16')
+    assert 'kind = "torch"' in text
+    (tmp_path / "job.toml").write_text(text)
+    for learner, workers in (("server", 0), ("workers", 2)):
+        assert main(["train", str(tmp_path / "job.toml"), "-q", "--workers", str(workers), "--run-dir",
+                     str(tmp_path / learner), "--set", f"train.learner={learner}"]) == 0
+    assert outcome(tmp_path / "workers") == outcome(tmp_path / "server")
+
+
 def test_a_worker_killed_during_a_learner_task_has_it_run_again_with_the_same_bits(tmp_path: Path) -> None:
     job = write(tmp_path)
     assert main(["train", str(job), "-q", "--run-dir", str(tmp_path / "clean")]) == 0

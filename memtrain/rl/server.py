@@ -519,8 +519,9 @@ def _remove_step_files(folder: Path) -> None:
 
 
 def worker_shares(learner: Learner, run_dir: Path, scheduler: Scheduler, transport: Any) -> Shares:
-    """``train.learner = "workers"``: each minibatch's chunks as GradTasks run by the workers through the scheduler
-    (a worker that dies has its task run again under the next attempt number, which names a new file). The step's
+    """``train.learner = "workers"``: each minibatch's chunks but the first as GradTasks run by the workers through
+    the scheduler (a worker that dies has its task run again under the next attempt number, which names a new file);
+    the first is the server's, computed as the scheduler's chores (as soon as a core is spare). The step's
     weights and rows go in one file (``rl_step_name``), read by every task; each task's share comes back as float64
     (its float32 gradient exactly, then its loss's parts, ``SHARE_PARTS``). Every file is removed once read."""
     folder = run_dir / TRAJECTORIES_DIR
@@ -531,15 +532,20 @@ def worker_shares(learner: Learner, run_dir: Path, scheduler: Scheduler, transpo
         write_step(inputs, minibatch.weights, minibatch.rows)
         tasks = [GradTask(task=chunk, attempt=0, ticket=minibatch.step, version=minibatch.version,
                           epoch=minibatch.epoch, lo=minibatch.lo, hi=minibatch.hi)
-                 for chunk in range(learner.chunk_count(len(minibatch.rows)))]
+                 for chunk in range(1, learner.chunk_count(len(minibatch.rows)))]
+        own: list[LossResult] = []
+
+        def first() -> None:  # chunk 0: the server's own, while the workers compute the others
+            own.append(learner.share(minibatch.weights, minibatch.rows, 0, minibatch.config))
+
         try:
             out = []
-            for result in scheduler.run(transport, tasks):
+            for result in scheduler.run(transport, tasks, chores=first):
                 path = folder / rl_share_name(minibatch.step, result.task, result.attempt)
                 values = np.array(open_npy(path, shape=(size + len(SHARE_PARTS),), dtype=np.float64))
                 out.append(LossResult(grad=values[:size].astype(np.float32),
                                       **{name: float(v) for name, v in zip(SHARE_PARTS, values[size:], strict=True)}))
-            return out
+            return own + out
         finally:  # done or stopped (a signal, a failed task): the step's files go, every attempt's (one step at a time)
             _remove_step_files(folder)
     return shares
