@@ -521,7 +521,7 @@ def _remove_step_files(folder: Path) -> None:
 def worker_shares(learner: Learner, run_dir: Path, scheduler: Scheduler, transport: Any) -> Shares:
     """``train.learner = "workers"``: each minibatch's chunks but the first as GradTasks run by the workers through
     the scheduler (a worker that dies has its task run again under the next attempt number, which names a new file);
-    the first is the server's, computed as the scheduler's chores (as soon as a core is spare). The step's
+    the first is the server's, computed in a thread beside the scheduler's dispatch (``_Beside``). The step's
     weights and rows go in one file (``rl_step_name``), read by every task; each task's share comes back as float64
     (its float32 gradient exactly, then its loss's parts, ``SHARE_PARTS``). Every file is removed once read."""
     folder = run_dir / TRAJECTORIES_DIR
@@ -539,8 +539,13 @@ def worker_shares(learner: Learner, run_dir: Path, scheduler: Scheduler, transpo
             own.append(learner.share(minibatch.weights, minibatch.rows, 0, minibatch.config))
 
         try:
+            beside = _Beside(first)  # numpy's kernels release the GIL: the share runs beside the dispatch
+            try:
+                answered = scheduler.run(transport, tasks)
+            finally:
+                beside.join()
             out = []
-            for result in scheduler.run(transport, tasks, chores=first):
+            for result in answered:
                 path = folder / rl_share_name(minibatch.step, result.task, result.attempt)
                 values = np.array(open_npy(path, shape=(size + len(SHARE_PARTS),), dtype=np.float64))
                 out.append(LossResult(grad=values[:size].astype(np.float32),
