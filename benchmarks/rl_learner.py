@@ -1,7 +1,7 @@
 """The update of a reinforcement-learning run in the server or across the workers (``train.learner``, docs/rl.md
 "The update across the workers"): what each costs for a larger policy.
 
-Run: ``python -m benchmarks.rl_learner [--hidden 256 256] [--chunks 2] [--workers 2] [--repeats 3] [--dir DIR]``.
+Run: ``python -m benchmarks.rl_learner [--hidden 256 256] [--chunks 2] [--workers 1] [--repeats 3] [--dir DIR]``.
 PPO on CartPole-v1, 8 slots x 256 steps per version, 8 epochs x 2 minibatches (1,024 rows each), through
 ``memtrain train`` itself; the two placements interleaved, ``--repeats`` runs each. Per run, the median over its
 versions of the update's time: a version's seconds minus its collection's (``slots x steps / env_steps_per_s``,
@@ -52,7 +52,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, nargs="+", default=[256, 256])
     parser.add_argument("--chunks", type=int, default=2)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--versions", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=None)
