@@ -65,6 +65,7 @@ POINTS = {
     "prepare_before_publish": "the dataset complete, not renamed into place",
     # reinforcement learning (memtrain/rl)
     "rl_mid_collect": "a collection task half way through its steps (in a worker, or the server with 0 workers)",
+    "rl_mid_share": "a worker's learner task computed its share of a minibatch gradient, its file not written yet",
     "rl_after_publish": "the server published a version, its lineage and metrics lines not written yet",
     # serve
     "serve_after_claim": "a job claimed (moved to running/), its train not launched",

@@ -219,6 +219,24 @@ def rl_gradient_name(version: int, slot: int) -> str:
     return f"g-v{version:08d}-s{slot:05d}.npy"
 
 
+def rl_step_name(step: int) -> str:
+    """What optimizer step ``step`` of a run whose learner is on its workers takes its gradient from: the weights and
+    the minibatch's rows (memtrain/rl/server.py ``worker_shares``); gone once the step is taken."""
+    return f"m-p{step:08d}.npy"
+
+
+def rl_share_name(step: int, chunk: int, attempt: int) -> str:
+    """A worker's share of step ``step``'s minibatch gradient: chunk ``chunk``'s, attempt ``attempt``'s
+    (memtrain/rl/worker.py); gone once the step is taken."""
+    return f"h-p{step:08d}-c{chunk:05d}-a{attempt:03d}.npy"
+
+
+def is_rl_step_file(name: str) -> bool:
+    """True for an ``rl_step_name`` or ``rl_share_name`` file: never needed across a restart (a step is made again
+    from the checkpoint), so a resumed run removes what a killed server left."""
+    return re.fullmatch(r"m-p\d{8,}\.npy|h-p\d{8,}-c\d{5,}-a\d{3,}\.npy", name) is not None
+
+
 def episode_state_name(slot: int) -> str:
     """Where slot ``slot``'s episode stands at the start of the version being collected (memtrain/rl/collect.py
     ``write_state``): its episode, step and the actions since its seeded reset; rewritten by rename per version."""

@@ -23,7 +23,7 @@ PREPARE = {"prepare_mid_spool", "prepare_mid_shard", "prepare_after_shard", "pre
 SERVE = {"serve_after_claim", "serve_after_launch"}
 STALENESS = {"mid_publish"}  # fixed staleness in the rounds
 ADDITIVE = {"statistics_chunk", "statistics_summed"}  # an additive model's pass
-RL = {"rl_mid_collect", "rl_after_publish"}  # reinforcement learning (memtrain/rl/server.py)
+RL = {"rl_mid_collect", "rl_after_publish", "rl_mid_share"}  # reinforcement learning (memtrain/rl/server.py)
 
 
 def memtrain(*args: object, points: set[str], log: Path, cwd: Path) -> subprocess.CompletedProcess:
@@ -78,7 +78,8 @@ def test_the_staleness_point_fires(tmp_path: Path) -> None:
 def test_the_reinforcement_learning_points_fire(tmp_path: Path) -> None:
     path = tmp_path / "rl.toml"
     path.write_text('[env]\nid = "CartPole-v1"\nslots = 2\nsteps = 16\n[model]\nhidden = [8]\n[train]\n'
-                    f'env_steps = 64\nworkers = 1\n[run]\ndir = "{tmp_path / "run"}"\n')
+                    'env_steps = 64\nworkers = 1\nlearner = "workers"\nlearner_chunks = 2\n'
+                    f'[run]\ndir = "{tmp_path / "run"}"\n')
     result = memtrain("train", path, points=RL, log=tmp_path / "fired", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert fired(tmp_path / "fired") == RL

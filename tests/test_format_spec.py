@@ -61,6 +61,8 @@ MADE = {
     "cluster_probe_name": lambda: [layout.cluster_probe_name("0123456789ab")],
     "trajectory_name": lambda: [layout.trajectory_name(390, 7)],
     "rl_gradient_name": lambda: [layout.rl_gradient_name(390, 7)],
+    "rl_step_name": lambda: [layout.rl_step_name(390)],
+    "rl_share_name": lambda: [layout.rl_share_name(390, 2, 1)],
     "episode_state_name": lambda: [layout.episode_state_name(7)],
     "chain_sum_name": lambda: [layout.chain_sum_name(390, 0, 12, 3)],
     "numbered_run_dir": lambda: [layout.numbered_run_dir(Path("runs/digits-mlp"), 2).as_posix()],
@@ -70,6 +72,7 @@ MADE = {
 READERS = {"parse_partial_name", "prepare_work_dirs", "weight_versions",
            "checkpoint_updates", "parse_exchange_owner", "tmp_owner_pid",
            "spool_job_name", "tmp_target", "is_version_name", "is_checkpoint_name", "is_shard_name",
+           "is_rl_step_file",
            "existing_hint"}
 # Constants that are parts of names, not names: each must occur inside a name made above.
 FRAGMENTS = {"PREPARE_WORK_MARK", "TMP_MARK", "EXCHANGE_PREFIX", "SPOOL_JOB_SUFFIX", "EXCHANGE_PROBE",

@@ -37,7 +37,7 @@ from memtrain.inspection.render import render
 from memtrain.inspection.run_view import run_view
 from memtrain.inspection.stats import CHUNK
 from memtrain.inspection.tensor_view import tensor_view
-from memtrain.inspection.tensors import source_tensors, training_data
+from memtrain.inspection.tensors import Tensors, source_tensors, training_data
 from memtrain.inspection.verify import Check, annotate, verify
 from memtrain.train.records.checkpoint import WHICH
 
@@ -62,7 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="where a weight version of a run came from: its gradients in the order they were "
                               "added, the version each was computed at, and the later versions that used it")
     parser.add_argument("--which", choices=WHICH, help="with --export of a run: the best epoch's checkpoint (by "
-                        "train.monitor) or the newest (default: the best epoch's if kept, else the newest)")
+                        "train.monitor; of a reinforcement-learning run, the best greedy evaluation's) or the newest "
+                        "(default: the best's if kept, else the newest)")
     parser.add_argument("--overwrite", action="store_true", help="with --export: replace an existing OUT")
     parser.add_argument("--json", action="store_true", help="print the view as JSON on stdout (NaN/Inf as null)")
     parser.add_argument("--chunk", type=int, default=CHUNK, metavar="N",
@@ -85,10 +86,6 @@ def run(args: argparse.Namespace) -> int:
 
         emit(rl_lineage_view(rl_run, args.lineage), args.json)
         return 0
-    if rl_run is not None and (args.export is not None or args.diff is not None):
-        raise InputError("--export and --diff of a reinforcement-learning run are not done yet",
-                         path=rl_run, hint="memtrain inspect RUN shows every version's metrics; "
-                                           "memtrain.load_model(RUN).act(observations) uses its policy")
     if args.lineage is not None:
         if target.run is None:
             raise InputError("--lineage needs a run directory (or a file inside one)", path=target.path)
@@ -143,7 +140,7 @@ def run_action(target: Target, args: argparse.Namespace) -> int:
         if report(checks):
             return 1
     if other is not None:
-        left, right = source_tensors(target)[0], source_tensors(other)[0]
+        left, right = tensors_of(target)[0], tensors_of(other)[0]
         view = diff_view(left, right, args.chunk)
         left.check_unchanged()
         right.check_unchanged()
@@ -153,12 +150,23 @@ def run_action(target: Target, args: argparse.Namespace) -> int:
                              path=target.path)
         view = plot_run(target.run, args.plot)
     else:
-        tensors, meta = source_tensors(target, which=args.which)
-        view = export(tensors, args.export, meta, args.chunk, data=training_data(target, meta),
-                      overwrite=args.overwrite)
+        tensors, meta = tensors_of(target, which=args.which)
+        data = {"normalize": False} if _rl_run(target) is not None else training_data(target, meta)
+        view = export(tensors, args.export, meta, args.chunk, data=data, overwrite=args.overwrite)
         tensors.check_unchanged()
     emit(view, args.json)
     return 0
+
+
+def tensors_of(target: Target, which: str | None = "last") -> tuple[Tensors, dict[str, Any] | None]:
+    """What --diff and --export read: ``tensors.source_tensors``, or of a reinforcement-learning run, checkpoint or
+    checkpoint file ``rl.inspect.rl_source_tensors`` (its weights named by the run's params.json; the best
+    evaluation's checkpoint for ``which``). A weight version of either kind of run: the same code."""
+    if _rl_run(target) is not None and target.kind in ("run", "checkpoint", "npy"):
+        from memtrain.rl.inspect import rl_source_tensors
+
+        return rl_source_tensors(target, which)
+    return source_tensors(target, which)
 
 
 def emit(view: dict[str, Any], as_json: bool) -> None:

@@ -43,6 +43,7 @@ from memtrain.models.registry import code_on_path, import_path
 from memtrain.rl.envs import EnvSpec, Spaces, check_spaces, make_env
 
 ALGORITHMS = ("ppo", "a2c")
+LEARNERS = ("server", "workers")  # train.learner: where the update's minibatch gradients are computed
 MAX_SLOTS = 4096  # environment copies: each is a collection task per version with its own shard file
 MAX_STEPS = 10**6  # steps per slot per version (one shard holds them)
 
@@ -69,6 +70,7 @@ RL_RANGES: dict[str, tuple[str, typing.Callable[[Any], bool]]] = {
     "train.max_grad_norm": _non_negative(),
     "train.epochs": _integers(1, MAX_EPOCHS),
     "train.minibatches": _integers(1, MAX_TASKS),
+    "train.learner_chunks": _integers(1, MAX_TASKS),
     "train.max_policy_lag": _integers(0, MAX_STALENESS),
     "train.eval_every": _integers(0, MAX_EPOCHS),
     "train.eval_episodes": _integers(1, MAX_ATTEMPTS),
@@ -131,11 +133,16 @@ class RLConfig:
     eval_every: int = 10  # versions between evaluations of the greedy policy; 0: never
     eval_episodes: int = 10
     eval_seed: int | None = None  # the evaluation episodes' seed; default: one derived from train.seed, apart
+    learner: str = "server"  # who computes the update's minibatch gradients: "server" or "workers" (docs/rl.md)
+    learner_chunks: int = 1  # each minibatch's gradient is the fold of this many row ranges' shares, in order
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
             raise InputError("bad value for train.algorithm", expected=" or ".join(map(repr, ALGORITHMS)),
                              found=repr(self.algorithm), hint=did_you_mean(self.algorithm, ALGORITHMS))
+        if self.learner not in LEARNERS:
+            raise InputError("bad value for train.learner", expected=" or ".join(map(repr, LEARNERS)),
+                             found=repr(self.learner), hint=did_you_mean(str(self.learner), LEARNERS))
         check_rl_ranges(self, "train")
 
 
@@ -274,6 +281,11 @@ def _train(values: dict[str, Any], where: Any) -> tuple[TrainConfig, RLConfig]:
                          hint="in sync mode the policy lag is train.staleness (0 or 1)")
     if train.mode == "async" and rl.max_policy_lag is None:
         rl = dataclasses.replace(rl, max_policy_lag=base_config.ASYNC_DEFAULTS["max_staleness"])
+    if rl.learner == "workers" and (train.mode != "sync" or train.staleness):
+        raise InputError("train.learner = 'workers' applies to train.mode = 'sync' with train.staleness = 0",
+                         path=where, found=f"train.mode = {train.mode!r}, train.staleness = {train.staleness}",
+                         hint="staleness 1 learns beside the collection, and async mode (A3C) learns per shard: "
+                              "their learner is the server's (train.learner = 'server')")
     if train.staleness > 1:
         raise InputError("train.staleness out of range for a reinforcement-learning job", path=where,
                          expected="0 (collect with v, learn, publish v+1) or 1 (collect with v while learning "

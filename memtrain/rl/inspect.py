@@ -6,13 +6,14 @@ Safe on a live run, as the supervised view is: it reads the logs (a torn last li
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 from memtrain.errors import MemtrainError
-from memtrain.files import read_json, read_jsonl, read_sealed_jsonl
+from memtrain.files import read_json, read_jsonl, read_sealed_jsonl, unseal
 from memtrain.inspection.tensor_view import SCHEMA
-from memtrain.layout import RUN_JOB, RUN_LINEAGE, RUN_METRICS, weight_versions
+from memtrain.layout import CHECKPOINT_META, RUN_JOB, RUN_LINEAGE, RUN_METRICS, weight_versions
 from memtrain.rl.server import checkpoints
 
 SHOWN = ("return_mean", "return_min", "return_max", "return_last100_mean", "length_mean", "env_steps_per_s",
@@ -30,8 +31,8 @@ def rl_run_view(run: Path) -> dict[str, Any]:
     lineage, damaged = read_sealed_jsonl(run / RUN_LINEAGE, what="lineage record")
     problems += [str(exc) for exc in damaged]
     made = {r["version"]: r for r in lineage if isinstance(r.get("version"), int)}
-    rows = []
-    for line in read_jsonl(run / RUN_METRICS):
+    rows, lines = [], read_jsonl(run / RUN_METRICS)
+    for line in lines:
         version = line.get("version")
         record = made.get(version + 1, {}) if isinstance(version, int) else {}
         shards = record.get("shards", [])
@@ -49,7 +50,22 @@ def rl_run_view(run: Path) -> dict[str, Any]:
     return {"schema": SCHEMA, "kind": "rl-run", "path": str(run), "job": job, "record_problems": problems,
             "progress": {"versions_done": max(made, default=0), "versions": versions,
                          "env_steps_done": len(collected) * env.get("steps", 128)},
-            "versions": rows, "weights": weight_versions(run), "checkpoints": checkpoints(run)}
+            "versions": rows, "weights": weight_versions(run), "checkpoints": checkpoints(run),
+            "best": best_evaluation(lines, checkpoints(run))}
+
+
+def best_evaluation(lines: list[dict[str, Any]], kept: list[int]) -> dict[str, Any] | None:
+    """The version whose greedy evaluation return is the highest (the earliest of equals), by the rule the run keeps
+    it by (server._version_done: ``monitor.improves``), and whether its checkpoint is on disk; None if the run has
+    evaluated nothing."""
+    from memtrain.train.server.monitor import improves
+
+    best: dict[str, Any] | None = None
+    for line in lines:
+        if isinstance(line.get("eval_version"), int) and improves(
+                line.get("eval_return_mean"), (best or {}).get("eval_return_mean"), "max"):
+            best = {"version": line["eval_version"], "eval_return_mean": line["eval_return_mean"]}
+    return None if best is None else best | {"checkpoint": best["version"] in kept}
 
 
 def render_rl_run(view: dict[str, Any], console: Any) -> None:
@@ -66,6 +82,7 @@ def render_rl_run(view: dict[str, Any], console: Any) -> None:
                      f"{progress['env_steps_done']:,} env steps"),
         ("weight versions on disk", ", ".join(map(str, view["weights"])) or "none"),
         ("checkpoints", ", ".join(map(str, view["checkpoints"])) or "none"),
+        ("best evaluation", _best_line(view.get("best"))),
     ])
     columns = ("version", "episodes", "return mean", "min", "max", "last 100", "length", "steps/s", "approx KL",
                "clip frac", "entropy", "value loss", "expl. var", "eval of v+1")
@@ -76,6 +93,13 @@ def render_rl_run(view: dict[str, Any], console: Any) -> None:
     print_table(console, table("versions", columns, rows, right=columns))
     for problem in view["record_problems"]:
         console.print(f"record problem: {problem}")
+
+
+def _best_line(best: dict[str, Any] | None) -> str:
+    if best is None:
+        return "none (train.eval_every = 0, or no evaluation yet)"
+    kept = "its checkpoint kept" if best["checkpoint"] else "its checkpoint not on disk"
+    return f"version {best['version']}: greedy return {best['eval_return_mean']:g} ({kept})"
 
 
 def rl_lineage_view(run: Path, version: int) -> dict[str, Any]:
@@ -113,9 +137,6 @@ def render_rl_lineage(view: dict[str, Any], console: Any) -> None:
 
 def rl_checkpoint_view(folder: Path) -> dict[str, Any]:
     """``inspect`` of one checkpoint directory of an RL run: its version, optimizer steps and files."""
-    from memtrain.files import unseal
-    from memtrain.layout import CHECKPOINT_META
-
     meta = unseal(read_json(folder / CHECKPOINT_META, what="checkpoint meta"), path=folder / CHECKPOINT_META,
                   what="checkpoint meta")
     return {"schema": SCHEMA, "kind": "rl-checkpoint", "path": str(folder), "version": meta.get("version"),
@@ -136,7 +157,6 @@ def rl_checks(target: Any) -> list[Any]:
     checksum a record holds (job.json, params.json, the lineage's lines; each checkpoint's files against its
     meta.json; each weight version on disk against the lineage)."""
     from memtrain.inspection.verify import Check, hash_check, lineage_checksums, sealed_checks, weights_check
-    from memtrain.layout import CHECKPOINT_META
     from memtrain.rl.server import checkpoint_dir, read_run_job
 
     run = target.run
@@ -160,3 +180,51 @@ def rl_checks(target: Any) -> list[Any]:
     recorded = lineage_checksums(run)
     checks += [weights_check(run, version, recorded, gone_ok=True) for version in weight_versions(run)]
     return checks
+
+
+def rl_source_tensors(target: Any, which: str | None = "last") -> tuple[Any, dict[str, Any] | None]:
+    """What ``inspect --export`` and ``--diff`` read of an RL run or checkpoint (the supervised
+    ``tensors.source_tensors``' counterpart): the checkpoint's weights named by the run's ``params.json`` (the numpy
+    actor-critic's layers, a torch module's state_dict keys) and its meta.
+
+    Of a run, ``which``: "last" the newest complete checkpoint; "best" the best greedy evaluation's (an error if
+    the run records none or it was pruned); None (``--export``'s default) the best's if the run has it, else the
+    newest, with a note saying why. A checkpoint's files are checked against their checksums first. A ``.npy`` of a
+    checkpoint: its array(s), no meta."""
+    from memtrain.errors import InputError
+    from memtrain.inspection.tensors import run_layout, with_layout
+    from memtrain.layout import CHECKPOINT_WEIGHTS, RUN_PARAMS
+    from memtrain.rl.server import checkpoint_dir, job_policy, load_checkpoint, read_checkpoint, read_run_job
+
+    run = target.run
+    job = read_run_job(run)
+    policy = job_policy(job)
+    if target.kind == "checkpoint":
+        folder = target.path
+        read_checkpoint(folder, job, policy)  # every checksum, or CorruptFileError naming the file
+    elif target.kind == "run":
+        newest = load_checkpoint(run, job, policy)
+        folder = checkpoint_dir(run, newest.version)
+        if which != "last" and newest.best is not None:
+            best = checkpoint_dir(run, newest.best["version"])
+            try:
+                read_checkpoint(best, job, policy)
+                folder = best
+            except MemtrainError as exc:
+                reason = (f"the checkpoint of the best evaluation (version {newest.best['version']}) was pruned "
+                          f"(run.keep_best = false) or is damaged ({exc})")
+                if which == "best":
+                    raise InputError(reason, path=best, hint="run.keep_best = true keeps it; --which last exports "
+                                                             "the newest checkpoint") from exc
+                print(f"memtrain inspect: note: {reason}: using the newest checkpoint, {folder.name}, instead",
+                      file=sys.stderr)
+        elif which == "best":
+            raise InputError("the run records no best evaluation", path=run,
+                             found=f"train.eval_every = {job.rl.eval_every}",
+                             hint="train.eval_every = N evaluates the greedy policy every N versions; --which last "
+                                  "exports the newest checkpoint")
+    else:  # one of a checkpoint's files: named by the layout if it fits it (the weights, an optimizer state)
+        return with_layout(target.path, run_layout(run), run / RUN_PARAMS, strict=False), None
+    meta = unseal(read_json(folder / CHECKPOINT_META, what="checkpoint meta"), path=folder / CHECKPOINT_META,
+                  what="checkpoint meta")
+    return with_layout(folder / CHECKPOINT_WEIGHTS, run_layout(run), run / RUN_PARAMS, strict=True), meta

@@ -8,8 +8,9 @@ against finite differences in float64 (tests/test_rl_ppo.py).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -107,6 +108,19 @@ def minibatches(seed: int, version: int, epoch: int, n: int, count: int) -> list
     return np.array_split(minibatch_order(seed, version, epoch, n), count)
 
 
+def split_bounds(n: int, count: int) -> list[tuple[int, int]]:
+    """``np.array_split``'s parts of ``range(n)`` as [lo, hi) bounds (the first ``n % count`` one longer), the empty
+    ones left out: the positions of an epoch's minibatches in its order, and of a minibatch's chunks."""
+    size, extra = divmod(n, count)
+    bounds, lo = [], 0
+    for part in range(count):
+        hi = lo + size + (part < extra)
+        if hi > lo:
+            bounds.append((lo, hi))
+        lo = hi
+    return bounds
+
+
 @dataclass(frozen=True)
 class LossResult:
     """A loss, its gradient w.r.t. the flat vector, and its parts (for metrics)."""
@@ -127,15 +141,16 @@ def _advantages(batch: Batch, normalize: bool, dtype: np.dtype) -> np.ndarray:
     return adv.astype(dtype)
 
 
-def ppo_loss(policy: Policy, flat: np.ndarray, batch: Batch, config: PPOConfig) -> LossResult:
+def ppo_loss(policy: Policy, flat: np.ndarray, batch: Batch, config: PPOConfig,
+             part: tuple[int, int] | None = None) -> LossResult:
     """PPO's clipped surrogate + vf_coef * value loss - ent_coef * entropy, means over ``batch``'s rows.
 
     policy loss: mean(max(-A r, -A clip(r, 1 - eps, 1 + eps))), r = exp(logp - logp_old);
-    value loss: 0.5 mean((V - returns)^2).
+    value loss: 0.5 mean((V - returns)^2). ``part`` (lo, hi): rows [lo, hi)'s share of it (``_share``).
     """
-    fwd = policy.forward(flat, batch.obs)
     n, dtype = len(batch), flat.dtype
-    adv = _advantages(batch, config.norm_adv, dtype)
+    batch, adv, mean = _share(batch, _advantages(batch, config.norm_adv, dtype), part)
+    fwd = policy.forward(flat, batch.obs)
     logp = policy.log_prob(fwd, batch.actions)
     log_ratio = logp - batch.logp.astype(dtype)
     ratio = np.exp(log_ratio)
@@ -148,31 +163,46 @@ def ppo_loss(policy: Policy, flat: np.ndarray, batch: Batch, config: PPOConfig) 
     diff = fwd.value - batch.returns.astype(dtype)
     d_logp = np.where(active, -adv * ratio, 0.0) / n
     d_value = config.vf_coef * diff / n
-    d_entropy = np.full(n, -config.ent_coef / n, dtype)
+    d_entropy = np.full(len(batch), -config.ent_coef / n, dtype)
     grad = policy.gradient(flat, fwd, batch.actions, d_logp, d_entropy, d_value)
-    policy_loss = float(np.mean(np.maximum(unclipped_term, clipped_term)))
-    value_loss = float(0.5 * np.mean(diff * diff))
-    mean_entropy = float(np.mean(entropy))
+    policy_loss = float(mean(np.maximum(unclipped_term, clipped_term)))
+    value_loss = float(0.5 * mean(diff * diff))
+    mean_entropy = float(mean(entropy))
     return LossResult(policy_loss + config.vf_coef * value_loss - config.ent_coef * mean_entropy, grad, policy_loss,
-                      value_loss, mean_entropy, approx_kl=float(np.mean((ratio - 1.0) - log_ratio)),
-                      clip_fraction=float(np.mean(np.abs(ratio - 1.0) > config.clip)))
+                      value_loss, mean_entropy, approx_kl=float(mean((ratio - 1.0) - log_ratio)),
+                      clip_fraction=float(mean(np.abs(ratio - 1.0) > config.clip)))
 
 
-def a2c_loss(policy: Policy, flat: np.ndarray, batch: Batch, config: PPOConfig) -> LossResult:
-    """A2C: -mean(A logp) + vf_coef * 0.5 mean((V - returns)^2) - ent_coef * mean(entropy), one step per version."""
-    fwd = policy.forward(flat, batch.obs)
+def a2c_loss(policy: Policy, flat: np.ndarray, batch: Batch, config: PPOConfig,
+             part: tuple[int, int] | None = None) -> LossResult:
+    """A2C: -mean(A logp) + vf_coef * 0.5 mean((V - returns)^2) - ent_coef * mean(entropy), one step per version.
+    ``part`` (lo, hi): rows [lo, hi)'s share of it (``_share``)."""
     n, dtype = len(batch), flat.dtype
-    adv = _advantages(batch, config.norm_adv, dtype)
+    batch, adv, mean = _share(batch, _advantages(batch, config.norm_adv, dtype), part)
+    fwd = policy.forward(flat, batch.obs)
     logp = policy.log_prob(fwd, batch.actions)
     entropy = policy.entropy(fwd)
     diff = fwd.value - batch.returns.astype(dtype)
-    grad = policy.gradient(flat, fwd, batch.actions, -adv / n, np.full(n, -config.ent_coef / n, dtype),
+    grad = policy.gradient(flat, fwd, batch.actions, -adv / n, np.full(len(batch), -config.ent_coef / n, dtype),
                            config.vf_coef * diff / n)
-    policy_loss = float(-np.mean(adv * logp))
-    value_loss = float(0.5 * np.mean(diff * diff))
-    mean_entropy = float(np.mean(entropy))
+    policy_loss = float(-mean(adv * logp))
+    value_loss = float(0.5 * mean(diff * diff))
+    mean_entropy = float(mean(entropy))
     return LossResult(policy_loss + config.vf_coef * value_loss - config.ent_coef * mean_entropy, grad, policy_loss,
                       value_loss, mean_entropy)
+
+
+def _share(batch: Batch, adv: np.ndarray, part: tuple[int, int] | None
+           ) -> tuple[Batch, np.ndarray, Callable[[np.ndarray], Any]]:
+    """The rows a loss is computed on, their advantages, and its "mean". The whole batch: its rows, ``np.mean``.
+    A part [lo, hi): its rows with their advantages normalised over the whole batch, and the sum over the part
+    divided by the whole batch's row count (float64): the part's share, so that its gradient (each row's term
+    divided by the whole count) and its loss's parts are the shares the chunks of a minibatch add up to in chunk
+    order (memtrain/rl/learner.py ``fold_shares``), whoever computes them."""
+    if part is None:
+        return batch, adv, np.mean
+    n, (lo, hi) = len(batch), part
+    return batch.rows(np.arange(lo, hi)), adv[lo:hi], lambda x: np.sum(x, dtype=np.float64) / n
 
 
 def clip_grad_norm(grad: np.ndarray, max_norm: float) -> np.ndarray:

@@ -3,7 +3,8 @@
 Per version v: every slot's collection task (``collect``) publishes its shard, the shards are read back
 (validated) in slot order, GAE is computed per shard, and the learner steps the flat vector with memtrain's
 Adam (memtrain/train/optim.py): PPO for ``epochs`` x ``minibatches`` steps in the order from (seed, v,
-epoch), or A2C for one step. The result is version v + 1. With ``staleness = 1`` version v + 1 is learned from
+epoch), or A2C for one step (each minibatch's gradient the fold of ``learner_chunks`` shares, all computed here).
+The result is version v + 1. With ``staleness = 1`` version v + 1 is learned from
 the shards collected with v - 1 instead (version 1 is version 0: nothing was collected before it), and one last
 version learns from the last collection's shards. ``memtrain train`` (memtrain/rl/server.py) runs the same
 computation with the tasks on workers, and gives the same bits (tests/test_rl_train.py).
@@ -49,6 +50,7 @@ class ReferenceConfig:
     adam_eps: float = 1e-5
     learner: PPOConfig = field(default_factory=lambda: PPOConfig(ent_coef=0.01))
     staleness: int = 0  # 1: version v + 1 is learned from the shards collected with v - 1 (DPPO's kept buffers)
+    learner_chunks: int = 1  # each minibatch's gradient: the fold of this many shares (train.learner_chunks)
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -127,7 +129,8 @@ def _train(config: ReferenceConfig, run_dir: Path) -> tuple[np.ndarray, History]
 def _learn(config: ReferenceConfig, policy: Policy, weights: np.ndarray, state: dict[str, np.ndarray], step: int,
            version: int, trajectories: list) -> tuple[np.ndarray, dict[str, np.ndarray], int, float]:
     learner = Learner(policy, OptimizerConfig(name="adam", lr=config.lr, eps=config.adam_eps), config.learner,
-                      config.algorithm, config.seed, config.versions, config.anneal_lr, config.anneal_clip)
+                      config.algorithm, config.seed, config.versions, config.anneal_lr, config.anneal_clip,
+                      config.learner_chunks)
     learned = learn(learner, weights, state, step, version, trajectories)
     return learned.weights, learned.state, learned.step, last_loss(learned)
 

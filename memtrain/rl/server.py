@@ -74,7 +74,10 @@ from memtrain.layout import (
     TRAJECTORIES_DIR,
     WEIGHTS_DIR,
     episode_state_name,
+    is_rl_step_file,
     optimizer_state_name,
+    rl_share_name,
+    rl_step_name,
     tmp_sibling,
     weights_path,
 )
@@ -82,14 +85,14 @@ from memtrain.rl.asynchronous import replay, run_async, updates
 from memtrain.rl.collect import EpisodeState, advance, blas_controller, read_state, write_state
 from memtrain.rl.config import RLJob, rl_job_from_dict
 from memtrain.rl.kind import RUN_FORMAT
-from memtrain.rl.learner import Learner, learn
+from memtrain.rl.learner import SHARE_PARTS, Learner, Minibatch, Shares, learn, write_step
 from memtrain.rl.metrics import LOG_COLUMNS, eval_metrics, evaluate, version_metrics
 from memtrain.rl.policy import Policy
-from memtrain.rl.ppo import PPOConfig
+from memtrain.rl.ppo import LossResult, PPOConfig
 from memtrain.rl.trajectory import Trajectory, read_shard, shard_path
 from memtrain.stopping import StopRequest, on_stop_signals, start_resource_tracker
 from memtrain.train.exchange.weights import publish_params
-from memtrain.train.messages import CollectTask, RLWorkerSetup
+from memtrain.train.messages import CollectTask, GradTask, RLWorkerSetup
 from memtrain.train.optim import state_names
 from memtrain.train.records.checkpoint import prune_checkpoints
 from memtrain.train.records.run_dir import acquire_lock, log_event, write_params
@@ -163,7 +166,7 @@ def learner_of(job: RLJob, policy: Policy) -> Learner:
                        ent_coef=rl.ent_coef, epochs=rl.epochs, minibatches=rl.minibatches, norm_adv=rl.norm_adv,
                        max_grad_norm=rl.max_grad_norm)
     return Learner(policy, job.train.optimizer, config, rl.algorithm, job.train.seed, job.versions, rl.anneal_lr,
-                   rl.anneal_clip)
+                   rl.anneal_clip, rl.learner_chunks)
 
 
 def refuse_unsupported(job: RLJob, where: Any) -> None:
@@ -404,6 +407,7 @@ def _run(job: RLJob, policy: Policy, run_dir: Path, stop: StopRequest, *, resume
     for folder in (run_dir / CHECKPOINTS_DIR, run_dir / TRAJECTORIES_DIR, run_dir / EPISODES_DIR,
                    run_dir / WEIGHTS_DIR):  # what a killed server left under a temporary name
         sweep_orphans(folder, lambda name: True)
+    _remove_step_files(run_dir / TRAJECTORIES_DIR)  # what a killed server's learner step left (train.learner)
     position = _start(job, policy, run_dir, resume)
     setup = RLWorkerSetup(server_pid=os.getpid(), run_dir=str(run_dir), blas_threads=job.train.blas_threads)
     workers = 0 if replaying else worker_count(job)  # a replay collects each recorded shard in turn
@@ -417,6 +421,10 @@ def _run(job: RLJob, policy: Policy, run_dir: Path, stop: StopRequest, *, resume
                           stop_requested=lambda: stop.requested,
                           discard=lambda task: sweep_orphans(run_dir / TRAJECTORIES_DIR, lambda name: True))
     learner, last = learner_of(job, policy), {}
+    # train.learner = "workers": the minibatch gradients' chunks on the workers (with none: the server's, the same bits)
+    shares = worker_shares(learner, run_dir, scheduler, transport) if job.rl.learner == "workers" and workers else None
+    log_event(run_dir, f"learner: {'the workers' if shares else 'the server'} "
+                       f"({plural(job.rl.learner_chunks, 'chunk')} per minibatch)")
     logs = metric_logs(job.run.log_to, run_dir, position.version, kind="version", columns=LOG_COLUMNS)
     recent = deque((r for line in read_jsonl(run_dir / RUN_METRICS) for r in line.get("episode_returns", [])),
                    maxlen=RECENT_EPISODES)  # a resume's: the kept lines' episodes
@@ -428,7 +436,8 @@ def _run(job: RLJob, policy: Policy, run_dir: Path, stop: StopRequest, *, resume
             if stop.requested:
                 _stopped(job, run_dir, position, stop)
             try:
-                position, last = _version(job, policy, learner, run_dir, scheduler, transport, position, recent)
+                position, last = _version(job, policy, learner, run_dir, scheduler, transport, position, recent,
+                                          shares)
             except Interrupted:
                 _stopped(job, run_dir, position, stop)
             _version_done(job, run_dir, position, last, logs, every=job.run.checkpoint_every)
@@ -495,7 +504,56 @@ def last_version(job: RLJob) -> int:
 
 
 def _describe(task: Any) -> str:
+    if isinstance(task, GradTask):
+        return f"learner task (optimizer step {task.ticket}, chunk {task.task}, of version {task.version}'s update)"
     return f"collection task (version {task.version}, slot {task.task})"
+
+
+def _remove_step_files(folder: Path) -> None:
+    """Every learner step's file in ``folder`` (``layout.is_rl_step_file``): the inputs and each attempt's shares."""
+    with contextlib.suppress(FileNotFoundError):
+        for name in os.listdir(folder):
+            if is_rl_step_file(name):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(folder / name)
+
+
+def worker_shares(learner: Learner, run_dir: Path, scheduler: Scheduler, transport: Any) -> Shares:
+    """``train.learner = "workers"``: each minibatch's chunks but the first as GradTasks run by the workers through
+    the scheduler (a worker that dies has its task run again under the next attempt number, which names a new file);
+    the first is the server's, computed in a thread beside the scheduler's dispatch (``_Beside``). The step's
+    weights and rows go in one file (``rl_step_name``), read by every task; each task's share comes back as float64
+    (its float32 gradient exactly, then its loss's parts, ``SHARE_PARTS``). Every file is removed once read."""
+    folder = run_dir / TRAJECTORIES_DIR
+    size = learner.policy.layout.size
+
+    def shares(minibatch: Minibatch) -> list[LossResult]:
+        inputs = folder / rl_step_name(minibatch.step)
+        write_step(inputs, minibatch.weights, minibatch.rows)
+        tasks = [GradTask(task=chunk, attempt=0, ticket=minibatch.step, version=minibatch.version,
+                          epoch=minibatch.epoch, lo=minibatch.lo, hi=minibatch.hi)
+                 for chunk in range(1, learner.chunk_count(len(minibatch.rows)))]
+        own: list[LossResult] = []
+
+        def first() -> None:  # chunk 0: the server's own, while the workers compute the others
+            own.append(learner.share(minibatch.weights, minibatch.rows, 0, minibatch.config))
+
+        try:
+            beside = _Beside(first)  # numpy's kernels release the GIL: the share runs beside the dispatch
+            try:
+                answered = scheduler.run(transport, tasks)
+            finally:
+                beside.join()
+            out = []
+            for result in answered:
+                path = folder / rl_share_name(minibatch.step, result.task, result.attempt)
+                values = np.array(open_npy(path, shape=(size + len(SHARE_PARTS),), dtype=np.float64))
+                out.append(LossResult(grad=values[:size].astype(np.float32),
+                                      **{name: float(v) for name, v in zip(SHARE_PARTS, values[size:], strict=True)}))
+            return own + out
+        finally:  # done or stopped (a signal, a failed task): the step's files go, every attempt's (one step at a time)
+            _remove_step_files(folder)
+    return shares
 
 
 def _stopped(job: RLJob, run_dir: Path, position: Position, stop: StopRequest) -> None:
@@ -510,7 +568,7 @@ def _stopped(job: RLJob, run_dir: Path, position: Position, stop: StopRequest) -
 
 
 def _version(job: RLJob, policy: Policy, learner: Learner, run_dir: Path, scheduler: Scheduler, transport: Any,
-             position: Position, recent: deque[float]) -> tuple[Position, dict[str, Any]]:
+             position: Position, recent: deque[float], shares: Shares | None = None) -> tuple[Position, dict[str, Any]]:
     """Version ``position.version``: collect every slot with it, learn, publish the next version; its metrics line.
 
     Staleness 0 learns from the shards just collected. Staleness 1 learns from the shards collected with the
@@ -548,7 +606,8 @@ def _version(job: RLJob, policy: Policy, learner: Learner, run_dir: Path, schedu
     if lag:
         learned, used = overlapped.get("learned"), position.pending_shards
     else:
-        learned, used = learn(learner, position.weights, position.state, position.step, version, trajectories), shards
+        learned, used = learn(learner, position.weights, position.state, position.step, version, trajectories,
+                              shares), shards
     weights, state, step = (learned.weights, learned.state, learned.step) if learned else \
         (position.weights, position.state, position.step)  # staleness 1, version 0: nothing to learn from yet
     what = f"the {job.rl.algorithm.upper()} update on the shards of version {version - lag}" if learned else \

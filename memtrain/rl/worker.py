@@ -18,7 +18,7 @@ from memtrain.rl.asynchronous import a3c_gradient, is_a3c
 from memtrain.rl.collect import SlotCache, blas_controller, collect, read_state
 from memtrain.rl.config import RLJob
 from memtrain.rl.trajectory import gradient_path
-from memtrain.train.messages import CollectTask, Outcome, Result, RLWorkerSetup
+from memtrain.train.messages import CollectTask, GradTask, Outcome, Result, RLWorkerSetup
 
 
 class RLWorkerState:
@@ -40,13 +40,16 @@ class RLWorkerState:
 
             torch.set_num_threads(setup.blas_threads)
 
-    def handle(self, message: CollectTask) -> Result:
+    def handle(self, message: CollectTask | GradTask) -> Result:
         from memtrain.train.worker.worker import error_text
 
         started = time.perf_counter()
         try:
             with np.errstate(all="ignore"):
-                self.collect(message)
+                if isinstance(message, GradTask):
+                    self.share(message)
+                else:
+                    self.collect(message)
         except BaseException as exc:  # noqa: BLE001 - an environment is user code: reported, the server stops the run
             return Result(task=message.task, attempt=message.attempt, outcome=Outcome.FAILED, error=error_text(exc))
         return Result(task=message.task, attempt=message.attempt, outcome=Outcome.DONE, rows=self.job.env.steps,
@@ -75,6 +78,26 @@ class RLWorkerState:
                 grad = a3c_gradient(job, learner_of(job, self.policy), np.asarray(weights), done.trajectory)
             publish_array(gradient_path(self.run_dir / TRAJECTORIES_DIR, task.version, task.task), grad,
                           durable=False)
+
+    def share(self, task: GradTask) -> None:
+        """A learner task (``train.learner = "workers"``): chunk ``task.task``'s share of optimizer step
+        ``task.ticket``'s minibatch gradient, from the step's inputs, published as one float64 file (the gradient,
+        then its loss's parts)."""
+        from memtrain.faults import fault_point
+        from memtrain.files import publish_array
+        from memtrain.layout import rl_share_name, rl_step_name
+        from memtrain.rl.learner import SHARE_PARTS, read_step
+        from memtrain.rl.server import learner_of
+
+        folder = self.run_dir / TRAJECTORIES_DIR
+        weights, rows = read_step(folder / rl_step_name(task.ticket))
+        learner = learner_of(self.job, self.policy)
+        config, _ = learner.config_at(task.version)
+        with blas_controller().limit(limits=1):
+            share = learner.share(weights, rows, task.task, config)
+        fault_point("rl_mid_share")
+        values = np.concatenate([share.grad.astype(np.float64), [getattr(share, name) for name in SHARE_PARTS]])
+        publish_array(folder / rl_share_name(task.ticket, task.task, task.attempt), values, durable=False)
 
     def close(self) -> None:
         self.cache.close()
