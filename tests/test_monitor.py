@@ -324,3 +324,26 @@ def test_an_improving_epoch_copies_its_files_without_a_python_buffer_into_one_st
     model = memtrain.load_model(run, which="best")
     assert model.meta["epoch"] == best["epoch"]
     assert checkpoint_updates(run) == sorted({6 * 8, 7 * 8, best["update"]})
+
+
+@pytest.mark.parametrize("sendfile", [True, False], ids=["sendfile", "no-sendfile"])
+def test_a_checkpoint_copy_holds_its_sources_bytes_with_or_without_sendfile(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sendfile: bool) -> None:
+    """``checkpoint._send``, every checkpoint file's copy: ``sendfile`` where the system writes files with it,
+    ``pread``/``pwrite`` where it refuses (not Linux); a longer old staged copy is cut to the new size."""
+    import errno
+    import os
+
+    from memtrain.train.records import checkpoint
+
+    if not sendfile:
+        def refused(*args: object) -> int:
+            raise OSError(errno.ENOTSOCK, "not a socket")
+        monkeypatch.setattr(checkpoint.os, "sendfile", refused)
+    data = np.random.default_rng(3).bytes(3 * (1 << 20) + 17)
+    (tmp_path / "src").write_bytes(data)
+    (tmp_path / "staged").write_bytes(b"x" * (len(data) + 4096))  # an earlier, longer copy is rewritten in place
+    checkpoint._rewrite(tmp_path / "src", tmp_path / "staged")
+    checkpoint._copy(tmp_path / "src", tmp_path / "new")
+    assert (tmp_path / "staged").read_bytes() == data and (tmp_path / "new").read_bytes() == data
+    assert os.stat(tmp_path / "staged").st_ino != os.stat(tmp_path / "src").st_ino
