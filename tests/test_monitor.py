@@ -275,3 +275,75 @@ def test_a_crash_loses_the_staged_best_and_loading_the_run_says_so(tmp_path: Pat
                                          r"crash: using the newest checkpoint, c00000056 \(epoch 7\), instead"):
         assert memtrain.load_model(run).meta["epoch"] == 7
     assert memtrain.load_model(tmp_path / "whole").meta["epoch"] == reference.best["epoch"]
+
+
+def test_an_improving_epoch_copies_its_files_without_a_python_buffer_into_one_staging_directory(
+        tmp_path: Path, noise: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-epoch cost of ``run.keep_best`` (docs/performance.md): an improving epoch off the schedule copies
+    its checkpoint's files by ``sendfile`` (none through a Python buffer), each copy holding the bytes its source
+    had then; an improving epoch on the schedule forgets the copy but keeps its directory for the next one, so a
+    run makes and removes one staging directory, not one per best epoch; the best epoch's checkpoint is kept."""
+    import shutil
+
+    from memtrain.train.records import checkpoint
+
+    staged: list[int] = []
+    folders: set[str] = set()  # the staging directories' names
+    removed: list[str] = []
+    original_stage, original_rmtree = checkpoint.StagedBest.stage, shutil.rmtree
+
+    def stage(self: checkpoint.StagedBest, update: int, meta: dict, sources: dict) -> None:
+        original_stage(self, update, meta, sources)
+        assert self.folder is not None
+        for name, src in sources.items():
+            assert (self.folder / name).read_bytes() == src.read_bytes(), name
+        staged.append(update)
+        folders.add(self.folder.name)
+
+    def buffered(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a staged copy went through a Python buffer")
+
+    def rmtree(path: object, *args: object, **kwargs: object) -> None:
+        removed.append(Path(str(path)).name)
+        original_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint.StagedBest, "stage", stage)
+    monkeypatch.setattr(checkpoint.shutil, "copyfileobj", buffered)
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", rmtree)
+    run = tmp_path / "run"
+    memtrain.fit(settings(noise, epochs=7, lr=0.002), run={"checkpoint_every": 3, "keep_checkpoints": 2},
+                 run_dir=run, quiet=True)
+    records = epochs_of(run)
+    improved = [r["epoch"] for i, r in enumerate(records) if all(r["val_loss"] < b["val_loss"] for b in records[:i])]
+    assert [e for e in improved if e % 3] and [e for e in improved if e % 3 == 0 and e > min(improved)], \
+        "the test needs improving epochs off the schedule and on it after one"
+    assert staged == [r["update"] for r in records if r["epoch"] in improved and r["epoch"] % 3 and r["epoch"] < 7]
+    assert len(folders) == 1 and [n for n in removed if n in folders] == list(folders)  # made once, removed at the end
+    assert not [p.name for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]
+    best = min(records, key=lambda r: r["val_loss"])
+    model = memtrain.load_model(run, which="best")
+    assert model.meta["epoch"] == best["epoch"]
+    assert checkpoint_updates(run) == sorted({6 * 8, 7 * 8, best["update"]})
+
+
+@pytest.mark.parametrize("sendfile", [True, False], ids=["sendfile", "no-sendfile"])
+def test_a_checkpoint_copy_holds_its_sources_bytes_with_or_without_sendfile(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sendfile: bool) -> None:
+    """``checkpoint._send``, every checkpoint file's copy: ``sendfile`` where the system writes files with it,
+    ``pread``/``pwrite`` where it refuses (not Linux); a longer old staged copy is cut to the new size."""
+    import errno
+    import os
+
+    from memtrain.train.records import checkpoint
+
+    if not sendfile:
+        def refused(*args: object) -> int:
+            raise OSError(errno.ENOTSOCK, "not a socket")
+        monkeypatch.setattr(checkpoint.os, "sendfile", refused)
+    data = np.random.default_rng(3).bytes(3 * (1 << 20) + 17)
+    (tmp_path / "src").write_bytes(data)
+    (tmp_path / "staged").write_bytes(b"x" * (len(data) + 4096))  # an earlier, longer copy is rewritten in place
+    checkpoint._rewrite(tmp_path / "src", tmp_path / "staged")
+    checkpoint._copy(tmp_path / "src", tmp_path / "new")
+    assert (tmp_path / "staged").read_bytes() == data and (tmp_path / "new").read_bytes() == data
+    assert os.stat(tmp_path / "staged").st_ino != os.stat(tmp_path / "src").st_ino

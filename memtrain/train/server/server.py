@@ -439,7 +439,7 @@ class Trainer:
         if verdict.improved and self.job.run.keep_best and not scheduled:
             stage_best(self.run_dir, self.job, self.context, position, self.per_epoch, record, self.staged_best)
         elif verdict.improved:
-            self.staged_best.drop()  # an earlier best's copy: this epoch's checkpoint below is the best's
+            self.staged_best.forget()  # an earlier best's copy: this epoch's checkpoint below is the best's
         if scheduled:
             save_checkpoint(self.run_dir, self.job, self.context, position, self.per_epoch, record)
             self.checkpointed = position.update_index(self.per_epoch)
