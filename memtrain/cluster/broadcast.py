@@ -61,10 +61,10 @@ AWAIT_SECONDS = 5.0  # the server's wait for a count is re-asked after this (so 
 CALL_SECONDS = 30.0  # a post or an end the scheduler does not answer within this: the scheduler is lost
 STATUS_SECONDS = 0.25  # a round of nodes: the server asks the scheduler how the round stands at most this often
 ALIVE_SECONDS = 2.0  # a round of nodes: a node waiting for a record asks the scheduler if the round is on this often
-FILE_POLL = (0.0002, 0.002)  # a round of nodes: first and longest sleep between looks for a wave file
-LOOK_SHARE = 0.02  # ... or, longer, this share of the time waited so far (at most 2% more wait, far fewer looks)
+FILE_POLL = (0.0002, 0.002)  # a round of nodes: first and longest sleep between polls for a wave file
+POLL_SHARE = 0.02  # ... or, longer, this share of the time waited so far (at most 2% more wait, far fewer polls)
 STATUS_SHARE = 0.1  # the server's look at the scheduler: every STATUS_SECONDS, or this share of the wave's time
-FULL_LOOK = 8  # a round of nodes: the server looks for every missing answer once in this many looks (else the first)
+FULL_POLL = 8  # a round of nodes: the server polls for every missing answer once in this many polls (else the first)
 
 
 @dataclass
@@ -394,10 +394,10 @@ class WaveFiles:
 
 
 def look_pause(pause: float, started: float) -> float:
-    """The next sleep between looks for a wave file: doubling from ``FILE_POLL[0]`` up to ``FILE_POLL[1]``, or up
-    to ``LOOK_SHARE`` of the time waited since ``started`` when that is longer: a long wait (a wave of seconds
-    at 1e7 parameters) costs tens of looks per second, not hundreds, and at most 2% more time."""
-    return min(pause * 2, max(FILE_POLL[1], LOOK_SHARE * (time.monotonic() - started)))
+    """The next sleep between polls for a wave file: doubling from ``FILE_POLL[0]`` up to ``FILE_POLL[1]``, or up
+    to ``POLL_SHARE`` of the time waited since ``started`` when that is longer: a long wait (a wave of seconds
+    at 1e7 parameters) costs tens of polls per second, not hundreds, and at most 2% more time."""
+    return min(pause * 2, max(FILE_POLL[1], POLL_SHARE * (time.monotonic() - started)))
 
 
 def read_wave_file(path: Path) -> Any:
@@ -599,10 +599,10 @@ class Broadcast:
         state.waves[wave] = Wave(record=b"", posted=time.monotonic(), parts=parts, shares=shares)
         chores()
         ratio, backup = (self.rule.ratio, self.rule.seconds) if self.rule else (0.0, 0.0)
-        pause, looks, due = FILE_POLL[0], 0, 0.0
+        pause, polls, due = FILE_POLL[0], 0, 0.0
         while True:
-            new = files.collect(state, wave, every_rank=looks % FULL_LOOK == FULL_LOOK - 1)
-            looks += 1
+            new = files.collect(state, wave, every_rank=polls % FULL_POLL == FULL_POLL - 1)
+            polls += 1
             if new or time.monotonic() >= due:  # the rules asked only when something changed or came due
                 status = "ended" if state.ended else settled(state, wave, self.timeout, ratio, backup)
                 unchecked = self.checked < state.waves[wave].posted  # not asked since the wave was posted
