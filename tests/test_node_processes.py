@@ -130,3 +130,28 @@ def test_a_node_killed_with_its_processes_has_its_range_run_again(dask, dataset:
     assert re.search(r"broadcast round of 3 workers ended: a worker of the round left the scheduler", events), events
     assert [t.chained for t in steps if t.chained != 6]  # that update's tasks after the partial ran per task
     assert digest(tmp_path / "job" / "run") == unsafe_digest
+
+
+@pytest.mark.parametrize("counts", [[1, 2], [2, 1, 3]], ids=["1+2", "2+1+3"])
+def test_a_torch_model_on_nodes_of_worker_processes_gives_a_local_runs_weights(counts: list[int], dask,
+                                                                              tmp_path: Path) -> None:
+    """A torch module (not thread_safe) through nodes of 1+2 and 2+1+3 worker processes, 6 tasks an update: a
+    local run's bits (tests/test_torch.py's job and factory, found beside the job file)."""
+    pytest.importorskip("torch")
+    from tiny_data import blobs, write_dataset
+
+    from tests import test_torch as torch_tests
+
+    x, y = blobs(n=600, features=6, classes=3, seed=2)
+    data = write_dataset(tmp_path / "blobs", x, y, shard_rows=250)
+    runs = {}
+    for name, options in (("local", ()), ("nodes", ("--cluster", dask[0].address))):
+        torch_tests.copy_nets(tmp_path / name)
+        job = torch_tests.write_job(tmp_path / name, data, "torch_nets:bn_dropout", optimizer="adamw", lr=0.01,
+                                    train="weight_decay = 0.1")
+        if name == "nodes":
+            start_nodes(dask[0], dask[1], counts)
+        assert train(job, *options, *TASKS) == 0
+        runs[name] = torch_tests.digest(tmp_path / name / "run")
+    assert runs["nodes"] == runs["local"]
+    check_scratch_and_log(tmp_path / "dask", counts)
