@@ -2,7 +2,8 @@
 a model that does not say ``thread_safe = True`` has each node's range computed in P spawned workers of the local
 pool, whose gradient files stay in the node's scratch; the same bits as a local run for 1+2 and 2+1+3 nodes, when a
 process of a node is killed mid-task (its task computed again by its replacement), and when a whole node is killed
-(its processes die with it; the round's tasks after the furthest partial run per task).
+(its processes die with it; the round's tasks after the furthest partial run per task); and a torch module
+through nodes of 1+2 and 2+1+3 worker processes.
 """
 
 from __future__ import annotations
