@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import multiprocessing
+
 from memtrain.models.mlp import MLP
 
 
@@ -10,3 +12,13 @@ class UnsafeMLP(MLP):
     computes its range in P worker processes."""
 
     thread_safe = False
+
+
+class NotInNodeProcesses(UnsafeMLP):
+    """``UnsafeMLP`` that cannot be built in a node's worker process (a spawned ``memtrain-worker``): its
+    processes never start."""
+
+    def __init__(self, *args, **kwargs):
+        if multiprocessing.current_process().name.startswith("memtrain-worker"):
+            raise RuntimeError("this model is not built in a node's worker process")
+        super().__init__(*args, **kwargs)

@@ -156,3 +156,21 @@ def test_a_torch_model_on_nodes_of_worker_processes_gives_a_local_runs_weights(c
         runs[name] = torch_tests.digest(tmp_path / name / "run")
     assert runs["nodes"] == runs["local"]
     check_scratch_and_log(tmp_path / "dask", counts)
+
+
+def test_a_node_whose_processes_cannot_start_answers_their_error_and_its_tasks_run_per_task(
+        dask, dataset: Path, unsafe_digest: str, tmp_path: Path, monkeypatch) -> None:
+    """A model that cannot be built in a node's worker process: the node's pool gives up after 3 deaths before
+    Ready in a row and starts no more; the node answers that error in every round, the server runs the tasks per
+    task (on the Dask worker itself, where the model builds): the run ends with a local run's bits and its
+    events.log quotes the error."""
+    processes, client = dask
+    start_nodes(processes, client, [2])
+    job = unsafe_job(tmp_path / "job", dataset)
+    job.write_text(job.read_text().replace(KIND, "tests.node_models:NotInNodeProcesses"))
+    assert train(job, "--cluster", processes.address, *TASKS) == 0
+    events = (tmp_path / "job" / "run" / "events.log").read_text()
+    assert "worker processes could not start 3 times in a row" in events, events
+    assert "this model is not built in a node's worker process" in events
+    assert "could not start 4 times" not in events  # no more starts after the pool gave up
+    assert digest(tmp_path / "job" / "run") == unsafe_digest

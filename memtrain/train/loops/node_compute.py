@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from memtrain.errors import WorkerFailure
 from memtrain.files import open_npy
 from memtrain.train.exchange.area import STREAMED_GRADIENT, discard
 from memtrain.train.loops.gradient import TaskGradient
@@ -39,7 +40,7 @@ from memtrain.train.loops.maps import MapCache
 from memtrain.train.loops.node_sum import Abandoned, PartialSum, fold_node
 from memtrain.train.loops.stream import StreamedGradient
 from memtrain.train.loops.threads import TaskThreads
-from memtrain.train.messages import GradTask, Outcome
+from memtrain.train.messages import GradTask, Outcome, Result
 
 
 class NodeCompute:
@@ -83,12 +84,25 @@ class NodeProcesses:
         from memtrain.train.server.exchange import WorkerPool  # imports train/worker/worker.py, which imports us
 
         self.scratch, self.count = scratch, count
+        self.failed = ""  # the error of processes that could not start: the node's answer from then on
         setup = replace(state.setup, exchange_dir=str(scratch), server_pid=os.getpid())
         with children_allowed():
             self.pool = WorkerPool(setup, count)
 
     def __call__(self, tasks: list[GradTask]) -> list[Any]:
-        """Each task's ``Result``, in order; a task whose process died is sent again (to its replacement)."""
+        """Each task's ``Result``, in order; a task whose process died is sent again (to its replacement). When
+        the node's processes cannot start (``WorkerFailure``: ``max_starts`` deaths before Ready in a row), every
+        task is failed with its text, then and at every later call (no more starts): the node answers the error
+        (the server runs its tasks per task, on the Dask workers themselves, and its events.log quotes it)."""
+        if not self.failed:
+            try:
+                return self.run(tasks)
+            except WorkerFailure as exc:
+                self.failed = str(exc)
+                self.pool.close()
+        return [Result(task=t.task, attempt=t.attempt, outcome=Outcome.FAILED, error=self.failed) for t in tasks]
+
+    def run(self, tasks: list[GradTask]) -> list[Any]:
         waiting, results = list(range(len(tasks))), [None] * len(tasks)
         given: dict[int, int] = {}  # slot index -> index of the task it computes
         while waiting or given:
