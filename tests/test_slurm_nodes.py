@@ -47,13 +47,15 @@ def test_the_worker_layout_of_a_rank() -> None:
     task = SlurmTask(rank=1, tasks=3, job_id="1", restart=0, cpus=8)
     assert worker_layout(task, workers="auto", blas_threads=1, model_kind="mlp", environ={})[:2] == (1, 8)
     assert worker_layout(task, workers=4, blas_threads=1, model_kind="mlp", environ={})[:2] == (1, 4)
-    assert worker_layout(task, workers="auto", blas_threads=2, model_kind="mlp", environ={})[:2] == (4, 0)
+    # BLAS on 2 threads: a node of 4 worker processes (train/loops/node_compute.py NodeProcesses)
+    workers, node, why = worker_layout(task, workers="auto", blas_threads=2, model_kind="mlp", environ={})
+    assert (workers, node) == (1, 4) and why.startswith("worker processes")
     assert worker_layout(task, workers="auto", blas_threads=1, model_kind="mlp", environ={PROCESSES_ENV: "3"}
                          )[:2] == (1, 3)
-    # a model whose loss_and_grad may not run in several threads at once: a Dask worker per process
+    # a model whose loss_and_grad may not run in several threads at once: a node of 8 worker processes
     workers, node, why = worker_layout(task, workers="auto", blas_threads=1,
                                        model_kind="tests.test_slurm_nodes:Unsafe", environ={})
-    assert (workers, node) == (8, 0) and "thread_safe" in why
+    assert (workers, node) == (1, 8) and why.startswith("worker processes") and "thread_safe" in why
 
 
 class Unsafe:

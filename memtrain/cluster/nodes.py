@@ -6,7 +6,7 @@ of the gradient record: the gradient record, plus the members' process counts in
 derives the same ranges from it (``plan.node_tasks``: contiguous, in node order, about in proportion to the
 processes), and member ``rank``:
 
-1. computes the gradients of its range (on its threads: train/loops/node_compute.py, reached through the
+1. computes the gradients of its range (on its threads or processes: train/loops/node_compute.py, reached through the
    worker's state its actor holds, ``WorkerState.node_range``), each into a file of the node's own scratch
    (the Dask worker's local directory: never on the shared filesystem);
 2. continues the update's fold (``node_sum.fold_node``): waits for the partial sum of the tasks before its
@@ -21,10 +21,11 @@ member waiting for a partial that will not come (the node before it was lost: th
 its next look once the server's end file of the round is there (``abandoned``), so the per-task path that
 completes the update finds it idle.
 
-A node's P processes are, for now, P threads of its Dask worker's process (``node_compute.NodeCompute``), when the model
+A node's P processes are P threads of its Dask worker's process (``node_compute.NodeCompute``) when the model
 may be called from several threads at once (``thread_safe = True``: the numpy models; numpy releases the GIL in
-BLAS) and BLAS runs on one thread; otherwise one thread computes the range. Each task is computed exactly as
-alone into its own file, and the fold adds them in task order: the same bits either way.
+BLAS) and BLAS runs on one thread; otherwise P worker processes its Dask worker spawns
+(``node_compute.NodeProcesses``: the local worker pool, the node's scratch as their exchange folder). Each task
+is computed exactly as alone into its own file, and the fold adds them in task order: the same bits either way.
 """
 
 from __future__ import annotations

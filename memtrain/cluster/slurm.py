@@ -283,10 +283,11 @@ def worker_count(task: SlurmTask, workers: Any, blas_threads: int) -> int:
 def worker_layout(task: SlurmTask, *, workers: Any, blas_threads: int, model_kind: str,
                   environ: Mapping[str, str] = os.environ) -> tuple[int, int, str]:
     """How a worker rank serves its node: (Dask worker processes, processes per worker as a node -- 0: not a
-    node --, why). One Dask worker standing for the node's ``worker_count`` processes (a two-level round:
-    docs/cluster.md, "The round with nodes") when the model may be called from several threads at once
-    (``thread_safe``: a node's processes are its worker's threads) and BLAS runs on one thread, or when
-    ``MEMTRAIN_NODE_PROCESSES`` is set in the task's environment (that count); else a Dask worker per process."""
+    node --, why). Always one Dask worker standing for the node's processes (a two-level round: docs/cluster.md,
+    "The round with nodes"): ``MEMTRAIN_NODE_PROCESSES`` when set in the task's environment, else
+    ``worker_count``. Its processes are the worker's threads when the model may be called from several threads at
+    once (``thread_safe``) and BLAS runs on one thread, else real worker processes the node's Dask worker spawns
+    (train/loops/node_compute.py ``NodeProcesses``): the why says which."""
     from memtrain.cluster.nodes import PROCESSES_ENV, node_processes
     from memtrain.models.registry import model_class
 
@@ -295,11 +296,11 @@ def worker_layout(task: SlurmTask, *, workers: Any, blas_threads: int, model_kin
         return 1, given, f"{PROCESSES_ENV}={given} in the task's environment"
     processes = worker_count(task, workers, blas_threads)
     if blas_threads != 1:
-        return processes, 0, f"train.blas_threads = {blas_threads}"
+        return 1, processes, f"worker processes: train.blas_threads = {blas_threads}"
     try:
         safe = bool(getattr(model_class(model_kind), "thread_safe", False))
     except MemtrainError as exc:
-        return processes, 0, f"the model kind {model_kind!r} did not import here ({exc})"
+        return 1, processes, f"worker processes: the model kind {model_kind!r} did not import here ({exc})"
     if not safe:
-        return processes, 0, f"the model ({model_kind}) does not say thread_safe = True"
-    return 1, processes, f"thread_safe model ({model_kind})"
+        return 1, processes, f"worker processes: the model ({model_kind}) does not say thread_safe = True"
+    return 1, processes, f"threads: thread_safe model ({model_kind})"

@@ -9,18 +9,29 @@ A node's P processes are, for now, P threads of its Dask worker's process (``Nod
 may be called from several threads at once (``thread_safe = True``: the numpy models; numpy releases the GIL in
 BLAS) and BLAS runs on one thread; otherwise one thread computes the range. Each task is computed exactly as
 alone into its own file of the node's scratch, and the fold adds them in task order: the same bits either way.
+
+A model that does not say ``thread_safe = True`` (torch modules among them), or BLAS on more than one thread, has
+its node's range computed in P real processes instead (``NodeProcesses``): the project's local worker pool
+(train/server/exchange.py ``WorkerPool``, spawned workers running ``worker_main``), whose exchange folder is the
+node's scratch -- their gradient files stay on the node -- and whose server is the Dask worker's process (they
+die with it). A process killed mid-task is replaced by the pool and its task sent again: the same file, the
+same bits.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import multiprocessing
+import os
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from memtrain.errors import WorkerFailure
 from memtrain.files import open_npy
 from memtrain.train.exchange.area import STREAMED_GRADIENT, discard
 from memtrain.train.loops.gradient import TaskGradient
@@ -29,7 +40,7 @@ from memtrain.train.loops.maps import MapCache
 from memtrain.train.loops.node_sum import Abandoned, PartialSum, fold_node
 from memtrain.train.loops.stream import StreamedGradient
 from memtrain.train.loops.threads import TaskThreads
-from memtrain.train.messages import GradTask, Outcome
+from memtrain.train.messages import GradTask, Outcome, Result
 
 
 class NodeCompute:
@@ -53,11 +64,96 @@ class NodeCompute:
                                                    else MapCache(), run_dir=state.run_dir, exchange=scratch,
                                                    rows=rows, gradient=gradient))
 
+    @property
+    def count(self) -> int:
+        return self.threads.count
+
     def __call__(self, tasks: list[GradTask]) -> list[Any]:
         return self.threads.run([lambda thread, task=task: self.gradients[thread](task) for task in tasks])
 
     def close(self) -> None:
         self.threads.close()
+
+
+class NodeProcesses:
+    """A node's gradients of its range in ``count`` spawned worker processes (see the module's docstring): task k
+    of a range to the first idle process, each written by ``StreamedGradient`` into the scratch exactly as alone.
+    A run's worth: ``node_compute`` keeps it while it fits."""
+
+    def __init__(self, state: Any, scratch: Path, count: int):
+        from memtrain.train.server.exchange import WorkerPool  # imports train/worker/worker.py, which imports us
+
+        self.scratch, self.count = scratch, count
+        self.failed = ""  # the error of processes that could not start: the node's answer from then on
+        setup = replace(state.setup, exchange_dir=str(scratch), server_pid=os.getpid())
+        with children_allowed():
+            self.pool = WorkerPool(setup, count)
+
+    def __call__(self, tasks: list[GradTask]) -> list[Any]:
+        """Each task's ``Result``, in order; a task whose process died is sent again (to its replacement). When
+        the node's processes cannot start (``WorkerFailure``: ``max_starts`` deaths before Ready in a row), every
+        task is failed with its text, then and at every later call (no more starts): the node answers the error
+        (the server runs its tasks per task, on the Dask workers themselves, and its events.log quotes it)."""
+        if not self.failed:
+            try:
+                return self.run(tasks)
+            except WorkerFailure as exc:
+                self.failed = str(exc)
+                self.pool.close()
+        return [Result(task=t.task, attempt=t.attempt, outcome=Outcome.FAILED, error=self.failed) for t in tasks]
+
+    def run(self, tasks: list[GradTask]) -> list[Any]:
+        waiting, results = list(range(len(tasks))), [None] * len(tasks)
+        given: dict[int, int] = {}  # slot index -> index of the task it computes
+        while waiting or given:
+            with children_allowed():  # the pool replaces a dead process here
+                events = self.pool.wait(0.0 if waiting and self.idle() else 1.0)
+            for event in events:
+                index = given.pop(event.slot.index, None)
+                if index is None:
+                    continue
+                if event.answer is None:  # the process died with the task: computed again, into the same file
+                    waiting.insert(0, index)
+                else:
+                    results[index] = event.answer
+            for slot in self.idle():
+                if not waiting:
+                    break
+                given[slot.index] = waiting.pop(0)
+                self.pool.send(slot, tasks[given[slot.index]])
+        return results
+
+    def idle(self) -> list[Any]:
+        return [slot for slot in self.pool.slots if slot.idle and slot.ready]
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+@contextlib.contextmanager
+def children_allowed() -> Any:
+    """Inside: this process may start processes although it is daemonic (a Dask worker under a nanny is): its
+    node's workers die with it by their parent-death signal (train/worker/worker.py ``become_worker``), which is
+    what multiprocessing's refusal protects."""
+    config = multiprocessing.current_process()._config  # noqa: SLF001 - the one place the daemon flag is kept
+    daemon = config.get("daemon")
+    config["daemon"] = False
+    try:
+        yield
+    finally:
+        if daemon is not None:
+            config["daemon"] = daemon
+
+
+def node_processes_for(state: Any, processes: int) -> tuple[bool, str]:
+    """Whether a node of ``processes`` computes its range in real processes (``NodeProcesses``), and why."""
+    if processes < 2:
+        return False, "one process"
+    if not getattr(state.context.model, "thread_safe", False):
+        return True, f"the model ({type(state.context.model).__name__}) does not say thread_safe = True"
+    if state.setup.blas_threads != 1:
+        return True, f"train.blas_threads = {state.setup.blas_threads}"
+    return False, "thread_safe model"
 
 
 def node_threads(state: Any, processes: int) -> tuple[int, str]:
@@ -72,22 +168,30 @@ def node_threads(state: Any, processes: int) -> tuple[int, str]:
     return processes, "thread_safe model"
 
 
-def node_compute(state: Any, made: NodeCompute | None, scratch: Path, processes: int) -> NodeCompute:
-    """The worker state's ``NodeCompute``: ``made`` while it fits (same scratch, same thread count), else a new
-    one (``made`` closed): made once per run."""
-    threads, why = node_threads(state, processes)
-    if made is not None and made.scratch == scratch and made.threads.count == threads:
+def node_compute(state: Any, made: NodeCompute | NodeProcesses | None, scratch: Path, processes: int
+                 ) -> NodeCompute | NodeProcesses:
+    """The worker state's ``NodeCompute`` (or ``NodeProcesses``, when ``node_processes_for`` says so): ``made``
+    while it fits (same kind, scratch and count), else a new one (``made`` closed): made once per run."""
+    in_processes, why = node_processes_for(state, processes)
+    kind = NodeProcesses if in_processes else NodeCompute
+    threads = processes if in_processes else node_threads(state, processes)[0]
+    if made is not None and type(made) is kind and made.scratch == scratch and made.count == threads:
         return made
     if made is not None:
         made.close()
+    if in_processes:
+        logging.getLogger("distributed.worker.memtrain").info(
+            "memtrain node of %d processes: its tasks in %d worker processes (%s)", processes, processes, why)
+        return NodeProcesses(state, scratch, processes)
+    why = node_threads(state, processes)[1]
     # in the Dask worker's log (Dask's own loggers print at INFO)
     logging.getLogger("distributed.worker.memtrain").info(
         "memtrain node of %d processes: its tasks on %d thread(s) (%s)", processes, threads, why)
     return NodeCompute(state, scratch, threads)
 
 
-def compute_range(compute: NodeCompute, tasks: list[GradTask], lo: int, chain: PartialSum, *, deadline: float,
-                  abandoned: Callable[[], bool]) -> tuple[list[float], str]:
+def compute_range(compute: NodeCompute | NodeProcesses, tasks: list[GradTask], lo: int, chain: PartialSum, *,
+                  deadline: float, abandoned: Callable[[], bool]) -> tuple[list[float], str]:
     """Tasks ``lo``.. of the update (``tasks``, its member's range) computed on ``compute``'s threads into the
     node's scratch and folded onto ``chain`` (``node_sum.fold_node``); (task, loss, seconds of each task, error).
     The scratch files are deleted whatever happens; a round that ended meanwhile is no error (nobody reads the

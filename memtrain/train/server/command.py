@@ -98,7 +98,7 @@ def _on_slurm(args: argparse.Namespace, job: Job) -> int:
     address = parse_cluster(job.run.cluster, where="run.cluster")
     task = slurm_task()
     with stop_requests() as stopped:
-        if task.rank > 0:  # one Dask worker for the node when its processes can be the worker's threads
+        if task.rank > 0:  # one Dask worker for the node: its processes are threads or worker processes
             workers, node, why = worker_layout(task, workers=job.train.workers, blas_threads=job.train.blas_threads,
                                                model_kind=job.model.kind)
             print(f"memtrain train: rank {task.rank}: " + (f"one Dask worker, a node of {node} processes ({why})"

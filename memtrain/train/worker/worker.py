@@ -36,7 +36,7 @@ from memtrain.train.loops.desk import DeskParticipant
 from memtrain.train.loops.gradient import TaskGradient
 from memtrain.train.loops.mapped import ROW_CACHE_BYTES, RoundFiles, RowCache, TaskRows, round_plan
 from memtrain.train.loops.maps import MapCache
-from memtrain.train.loops.node_compute import NodeCompute, compute_range, node_compute
+from memtrain.train.loops.node_compute import NodeCompute, NodeProcesses, compute_range, node_compute
 from memtrain.train.loops.node_sum import PartialSum
 from memtrain.train.loops.rounds import Participant
 from memtrain.train.loops.sliced import SliceStep
@@ -229,7 +229,8 @@ class WorkerState:
                                                   exchange=self.exchange, rows=self.task_rows, gradient=self.gradient)
         self.slice_step = SliceStep(layout=self.context.layout, optimizer=setup.optimizer,
                                     server_pid=setup.server_pid, run_dir=self.run_dir, exchange=self.exchange)
-        self.node_compute: NodeCompute | None = None  # a node's task threads (a two-level round's member)
+        # a node's task threads or worker processes (a two-level round's member)
+        self.node_compute: NodeCompute | NodeProcesses | None = None
 
     def handle(self, message: Message) -> Result | StretchEnd:
         try:

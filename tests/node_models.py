@@ -1,0 +1,24 @@
+"""Model classes the Dask workers of tests/test_node_processes.py import by name (a module without test imports)."""
+
+from __future__ import annotations
+
+import multiprocessing
+
+from memtrain.models.mlp import MLP
+
+
+class UnsafeMLP(MLP):
+    """The MLP, as a model that may not run in several threads at once (as a torch module): a node of P processes
+    computes its range in P worker processes."""
+
+    thread_safe = False
+
+
+class NotInNodeProcesses(UnsafeMLP):
+    """``UnsafeMLP`` that cannot be built in a node's worker process (a spawned ``memtrain-worker``): its
+    processes never start."""
+
+    def __init__(self, *args, **kwargs):
+        if multiprocessing.current_process().name.startswith("memtrain-worker"):
+            raise RuntimeError("this model is not built in a node's worker process")
+        super().__init__(*args, **kwargs)

@@ -1,0 +1,176 @@
+"""A node's processes as real worker processes (issue 42; memtrain/train/loops/node_compute.py ``NodeProcesses``):
+a model that does not say ``thread_safe = True`` has each node's range computed in P spawned workers of the local
+pool, whose gradient files stay in the node's scratch; the same bits as a local run for 1+2 and 2+1+3 nodes, when a
+process of a node is killed mid-task (its task computed again by its replacement), and when a whole node is killed
+(its processes die with it; the round's tasks after the furthest partial run per task); and a torch module
+through nodes of 1+2 and 2+1+3 worker processes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("distributed")
+
+from tests import test_node_round  # noqa: E402
+from tests.test_cluster import WIDE, WIDE_EPOCHS, digest, train, write_job  # noqa: E402
+from tests.test_node_round import TASKS, node_run, start_nodes  # noqa: E402
+
+pytestmark = pytest.mark.timeout(400)
+
+dask, dataset = test_node_round.dask, test_node_round.dataset  # its fixtures
+
+KIND = "tests.node_models:UnsafeMLP"  # the MLP, not thread_safe
+
+
+def unsafe_job(folder: Path, dataset: Path) -> Path:
+    job = write_job(folder, dataset, WIDE_EPOCHS, WIDE)
+    job.write_text(job.read_text().replace('kind = "mlp"', f'kind = "{KIND}"'))
+    return job
+
+
+@pytest.fixture(scope="module")
+def unsafe_digest(tmp_path_factory: pytest.TempPathFactory, dataset: Path) -> str:
+    folder = tmp_path_factory.mktemp("local")
+    assert train(unsafe_job(folder, dataset), *TASKS) == 0
+    return digest(folder / "run")
+
+
+def unsafe_run(folder: Path, dataset: Path, address: str, monkeypatch) -> tuple[list, list]:
+    monkeypatch.setattr("tests.test_node_round.write_job", lambda folder, dataset, *_: unsafe_job(folder, dataset))
+    return node_run(folder, dataset, address, monkeypatch)
+
+
+def check_scratch_and_log(root: Path, counts: list[int]) -> None:
+    for j, count in enumerate(counts):
+        assert not list((root / f"node{j}" / "local").rglob("g-*"))  # each node's scratch emptied after its fold
+        log = (root / f"node{j}" / "log.txt").read_text()
+        if count > 1:
+            assert f"memtrain node of {count} processes: its tasks in {count} worker processes" in log, log[-2000:]
+
+
+@pytest.mark.parametrize("counts", [[1, 2], [2, 1, 3]], ids=["1+2", "2+1+3"])
+def test_nodes_in_worker_processes_give_the_weights_of_a_local_run(counts: list[int], dask, dataset: Path,
+                                                                   unsafe_digest: str, tmp_path: Path,
+                                                                   monkeypatch) -> None:
+    processes, client = dask
+    start_nodes(processes, client, counts)
+    records, steps = unsafe_run(tmp_path / "job", dataset, processes.address, monkeypatch)
+    assert {kind for kind, _ in records} == {"nodes", "step"}
+    assert {t.chained for t in steps} == {6}  # every step read the last partial
+    assert digest(tmp_path / "job" / "run") == unsafe_digest
+    run = tmp_path / "job" / "run"
+    assert not [p.name for p in run.rglob("g-*")] and not [p.name for p in run.rglob("c-u*")]
+    check_scratch_and_log(tmp_path / "dask", counts)
+
+
+def test_a_process_of_a_node_killed_mid_task_is_replaced_and_the_bits_stay(dask, dataset: Path, unsafe_digest: str,
+                                                                           tmp_path: Path, monkeypatch) -> None:
+    """A worker process of the node of 3 SIGKILLs itself after writing its 1st gradient (once): the node's pool
+    replaces it and sends the task again; the node still answers its whole range (every step reads the last
+    partial) and the weights are a local run's."""
+    processes, client = dask
+    fired = tmp_path / "fired"
+    start_nodes(processes, client, [1, 3], {1: {"MEMTRAIN_FAULT": "after_grad_write:1",
+                                               "MEMTRAIN_FAULT_ONCE": str(fired)}})
+    records, steps = unsafe_run(tmp_path / "job", dataset, processes.address, monkeypatch)
+    assert fired.exists()
+    assert {t.chained for t in steps} == {6}  # the node recovered inside its round: no task ran per task
+    assert digest(tmp_path / "job" / "run") == unsafe_digest
+    check_scratch_and_log(tmp_path / "dask", [1, 3])
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_a_node_killed_with_its_processes_has_its_range_run_again(dask, dataset: Path, unsafe_digest: str,
+                                                                  tmp_path: Path, monkeypatch) -> None:
+    """The node of 2 processes among 1+2+1: one of its worker processes stops itself (SIGSTOP) after writing its
+    2nd gradient, once; the test then SIGKILLs the node's Dask worker mid-round. Its worker processes die with
+    it (parent-death signal), the round ends, the tasks after the furthest partial run per task: the same bits."""
+    processes, client = dask
+    fired = tmp_path / "fired"
+    start_nodes(processes, client, [1, 2, 1], {1: {"MEMTRAIN_FAULT": "after_grad_write:2",
+                                                  "MEMTRAIN_FAULT_ACTION": "stop",
+                                                  "MEMTRAIN_FAULT_ONCE": str(fired)}})
+    node = processes.wait_for_workers(client, {"node1"})["node1"]["pid"]
+    killed: list[int] = []
+
+    def kill_the_node() -> None:
+        while not fired.exists():
+            time.sleep(0.05)
+        time.sleep(0.2)
+        killed.extend(children(node))
+        os.kill(node, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_the_node, daemon=True)
+    killer.start()
+    records, steps = unsafe_run(tmp_path / "job", dataset, processes.address, monkeypatch)
+    killer.join(5)
+    assert fired.exists() and len(killed) >= 2  # the node's worker processes (and the resource tracker)
+    assert not [pid for pid in killed if Path(f"/proc/{pid}").exists()
+                and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+    events = (tmp_path / "job" / "run" / "events.log").read_text()
+    assert re.search(r"broadcast round of 3 workers ended: a worker of the round left the scheduler", events), events
+    assert [t.chained for t in steps if t.chained != 6]  # that update's tasks after the partial ran per task
+    assert digest(tmp_path / "job" / "run") == unsafe_digest
+
+
+@pytest.mark.parametrize("counts", [[1, 2], [2, 1, 3]], ids=["1+2", "2+1+3"])
+def test_a_torch_model_on_nodes_of_worker_processes_gives_a_local_runs_weights(counts: list[int], dask,
+                                                                              tmp_path: Path) -> None:
+    """A torch module (not thread_safe) through nodes of 1+2 and 2+1+3 worker processes, 6 tasks an update: a
+    local run's bits (tests/test_torch.py's job and factory, found beside the job file)."""
+    pytest.importorskip("torch")
+    from tiny_data import blobs, write_dataset
+
+    from tests import test_torch as torch_tests
+
+    x, y = blobs(n=600, features=6, classes=3, seed=2)
+    data = write_dataset(tmp_path / "blobs", x, y, shard_rows=250)
+    runs = {}
+    for name, options in (("local", ()), ("nodes", ("--cluster", dask[0].address))):
+        torch_tests.copy_nets(tmp_path / name)
+        job = torch_tests.write_job(tmp_path / name, data, "torch_nets:bn_dropout", optimizer="adamw", lr=0.01,
+                                    train="weight_decay = 0.1")
+        if name == "nodes":
+            start_nodes(dask[0], dask[1], counts)
+        assert train(job, *options, *TASKS) == 0
+        runs[name] = torch_tests.digest(tmp_path / name / "run")
+    assert runs["nodes"] == runs["local"]
+    check_scratch_and_log(tmp_path / "dask", counts)
+
+
+def test_a_node_whose_processes_cannot_start_answers_their_error_and_its_tasks_run_per_task(
+        dask, dataset: Path, unsafe_digest: str, tmp_path: Path, monkeypatch) -> None:
+    """A model that cannot be built in a node's worker process: the node's pool gives up after 3 deaths before
+    Ready in a row and starts no more; the node answers that error in every round, the server runs the tasks per
+    task (on the Dask worker itself, where the model builds): the run ends with a local run's bits and its
+    events.log quotes the error."""
+    processes, client = dask
+    start_nodes(processes, client, [2])
+    job = unsafe_job(tmp_path / "job", dataset)
+    job.write_text(job.read_text().replace(KIND, "tests.node_models:NotInNodeProcesses"))
+    assert train(job, "--cluster", processes.address, *TASKS) == 0
+    events = (tmp_path / "job" / "run" / "events.log").read_text()
+    assert "worker processes could not start 3 times in a row" in events, events
+    assert "this model is not built in a node's worker process" in events
+    assert "could not start 4 times" not in events  # no more starts after the pool gave up
+    assert digest(tmp_path / "job" / "run") == unsafe_digest
