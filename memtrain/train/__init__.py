@@ -12,7 +12,7 @@ The folders say which process runs what (each folder's __init__.py says what it 
       replay.py, onepass.py   two more engines: Replay (a lineage run again: ServerSteps with Recorded), OnePass
                    (an additive model's statistics and solve)
       placement.py rounds in the server or on workers (train.workers, measured at start)
-      exchange.py  a pipe pair per worker slot; or InServer: the server as its own worker
+      exchange.py  WorkerPool: worker/pool.py's, running worker_main; or InServer: the server as its own worker
       scheduler.py watches a stretch / runs tasks: deaths, hangs, failures, stop signals
       pools.py     a cluster's Dask workers as a transport
       outline.py   the model built once in a short child when workers compute every gradient: the server
@@ -21,6 +21,7 @@ The folders say which process runs what (each folder's __init__.py says what it 
       room.py, datacheck.py, advice.py   the start-up checks: disk room, the data, advice
     worker/      a worker process only (one per slot; spawned); reaches nothing of server/
       worker.py    messages in, answers out;  launch.py: the process made quiet, BLAS on one thread
+      pool.py      the pool of worker processes (a pipe pair per slot), started by the server or by a node
     loops/       the loops an update runs through: in workers, and in the server when train.workers = 0
       rounds.py    the round, one loop: step the previous update's slice, meet, compute this update's
                    gradients, meet; slot 0 publishes (fixed staleness: one meeting per update)

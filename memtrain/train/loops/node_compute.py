@@ -12,10 +12,10 @@ alone into its own file of the node's scratch, and the fold adds them in task or
 
 A model that does not say ``thread_safe = True`` (torch modules among them), or BLAS on more than one thread, has
 its node's range computed in P real processes instead (``NodeProcesses``): the project's local worker pool
-(train/server/exchange.py ``WorkerPool``, spawned workers running ``worker_main``), whose exchange folder is the
-node's scratch -- their gradient files stay on the node -- and whose server is the Dask worker's process (they
-die with it). A process killed mid-task is replaced by the pool and its task sent again: the same file, the
-same bits.
+(train/worker/pool.py ``WorkerPool``; its spawned processes run the ``target`` the worker passes, ``worker_main``),
+whose exchange folder is the node's scratch -- their gradient files stay on the node -- and whose server is the
+Dask worker's process (they die with it). A process killed mid-task is replaced by the pool and its task sent
+again: the same file, the same bits.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from memtrain.train.loops.node_sum import Abandoned, PartialSum, fold_node
 from memtrain.train.loops.stream import StreamedGradient
 from memtrain.train.loops.threads import TaskThreads
 from memtrain.train.messages import GradTask, Outcome, Result
+from memtrain.train.worker.pool import WorkerPool
 
 
 class NodeCompute:
@@ -80,14 +81,12 @@ class NodeProcesses:
     of a range to the first idle process, each written by ``StreamedGradient`` into the scratch exactly as alone.
     A run's worth: ``node_compute`` keeps it while it fits."""
 
-    def __init__(self, state: Any, scratch: Path, count: int):
-        from memtrain.train.server.exchange import WorkerPool  # imports train/worker/worker.py, which imports us
-
+    def __init__(self, state: Any, scratch: Path, count: int, target: Callable[..., None]):
         self.scratch, self.count = scratch, count
         self.failed = ""  # the error of processes that could not start: the node's answer from then on
         setup = replace(state.setup, exchange_dir=str(scratch), server_pid=os.getpid())
         with children_allowed():
-            self.pool = WorkerPool(setup, count)
+            self.pool = WorkerPool(setup, count, target=target)
 
     def __call__(self, tasks: list[GradTask]) -> list[Any]:
         """Each task's ``Result``, in order; a task whose process died is sent again (to its replacement). When
@@ -168,8 +167,8 @@ def node_threads(state: Any, processes: int) -> tuple[int, str]:
     return processes, "thread_safe model"
 
 
-def node_compute(state: Any, made: NodeCompute | NodeProcesses | None, scratch: Path, processes: int
-                 ) -> NodeCompute | NodeProcesses:
+def node_compute(state: Any, made: NodeCompute | NodeProcesses | None, scratch: Path, processes: int,
+                 target: Callable[..., None]) -> NodeCompute | NodeProcesses:
     """The worker state's ``NodeCompute`` (or ``NodeProcesses``, when ``node_processes_for`` says so): ``made``
     while it fits (same kind, scratch and count), else a new one (``made`` closed): made once per run."""
     in_processes, why = node_processes_for(state, processes)
@@ -182,7 +181,7 @@ def node_compute(state: Any, made: NodeCompute | NodeProcesses | None, scratch: 
     if in_processes:
         logging.getLogger("distributed.worker.memtrain").info(
             "memtrain node of %d processes: its tasks in %d worker processes (%s)", processes, processes, why)
-        return NodeProcesses(state, scratch, processes)
+        return NodeProcesses(state, scratch, processes, target)
     why = node_threads(state, processes)[1]
     # in the Dask worker's log (Dask's own loggers print at INFO)
     logging.getLogger("distributed.worker.memtrain").info(

@@ -257,7 +257,7 @@ class WorkerState:
         """A two-level round member's range (tasks ``lo``.. of the update) computed on the node's ``processes``
         threads into ``scratch`` and folded onto the update's chain in the exchange (train/loops/node_compute.py;
         the cluster's side, memtrain/cluster/nodes.py, hands it here): (task, loss, seconds of each, error)."""
-        self.node_compute = node_compute(self, self.node_compute, scratch, processes)
+        self.node_compute = node_compute(self, self.node_compute, scratch, processes, worker_main)
         chain = PartialSum(self.exchange, update=tasks[0].ticket, attempt=0, version=tasks[0].version,
                            size=self.context.layout.size, sync=sync)
         return compute_range(self.node_compute, tasks, lo, chain, deadline=deadline, abandoned=abandoned)
