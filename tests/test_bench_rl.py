@@ -9,12 +9,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 from table_widths import assert_fits_or_whole
 
-from memtrain.benchmarks.rl_bench import COLUMNS, LABELS, SIDES, ZOO, parse_sides, print_table
+from memtrain.benchmarks.rl_bench import COLUMNS, LABELS, SIDES, ZOO, Follow, Progress, parse_sides, print_table
 from memtrain.errors import InputError
 
 pytest.importorskip("gymnasium")
@@ -136,3 +137,19 @@ def test_bad_options_are_clear_errors_before_any_run(tmp_path: Path) -> None:
         result = bench(tmp_path, *args)
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, result
     assert os.listdir(tmp_path) == []
+
+
+def test_the_follower_reads_every_line_the_run_wrote_before_it_ended(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run ends (``join``) right after its last lines are written: the follower still applies the rule to
+    them, so the digest compared between 0 and 2 workers is the last version's on both sides (a follower that
+    stopped at ``join`` without a last read compared whichever version each side happened to have read)."""
+    metrics = tmp_path / "metrics.jsonl"
+    monkeypatch.setattr(Follow, "POLL", 60.0)  # the follower's first look finds no file, then it waits: the run ends
+    follow = Follow(metrics, Progress(target=475.0, window=100, started=0.0, returns=[]), last=3)
+    time.sleep(0.3)
+    metrics.write_text("".join(json.dumps({"version": v, "env_steps_total": 256 * (v + 1), "episode_returns": [9.0]})
+                               + "\n" for v in range(4)))
+    follow.join()
+    assert follow.line is not None and follow.line["version"] == 3
+    assert not follow.stopped and follow.progress.returns == [9.0] * 4

@@ -375,7 +375,10 @@ class Follow:
         import signal
 
         offset, held = 0, b""
-        while not self.done.is_set():
+        while True:
+            # ``done`` is checked before the read: once the run has ended, one more read takes every line it wrote
+            # (stopping at ``done`` alone left the last lines unread, and 0 and 2 workers compared different versions)
+            finished = self.done.is_set()
             try:
                 with open(self.metrics, "rb") as handle:
                     handle.seek(offset)
@@ -391,6 +394,8 @@ class Follow:
                         self.stopped = True
                         os.kill(os.getpid(), signal.SIGTERM)  # memtrain train's stop: a checkpoint, then exit 143
                     return
+            if finished:
+                return
             self.done.wait(self.POLL)
 
     def join(self) -> None:
