@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_rl_best import JOB  # its run: the greedy evaluation peaks at version 14 of 20 (a best-only checkpoint)
 
 import memtrain
 from memtrain.cli import main
@@ -20,29 +21,6 @@ pytest.importorskip("gymnasium")
 pytestmark = pytest.mark.timeout(300)
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "jobs" / "examples"
-# the run of tests/test_rl_best.py: its greedy evaluation peaks at version 14 of 20 (a best-only checkpoint)
-JOB = """[env]
-id = "CartPole-v1"
-slots = 2
-steps = 64
-[model]
-kind = "mlp"
-hidden = [16]
-[train]
-algorithm = "ppo"
-env_steps = 2560
-epochs = 4
-minibatches = 2
-lr = 0.03
-seed = 2
-workers = 0
-eval_every = 2
-eval_episodes = 2
-[run]
-dir = "run"
-checkpoint_every = 8
-keep_checkpoints = 1
-"""
 TORCH_JOB = f"""[env]
 id = "CartPole-v1"
 slots = 2
