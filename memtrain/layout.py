@@ -321,6 +321,14 @@ def building_path(run_dir: Path, version: int, owner_pid: int) -> Path:
     return Path(f"{run_dir}/{WEIGHTS_DIR}/.v{version:08d}.npy{TMP_MARK}{owner_pid}-00000000")
 
 
+
+def private_path(run_dir: Path, ring: int, owner_pid: int) -> Path:
+    """One of the files the server steps its versions into in turn when no other process maps them (the rounds
+    in the server alone: train/loops/rounds.py), ``ring`` its place in the ring: a temporary name of the server's
+    with the same tag as ``building_path`` (swept with them), renamed to ``weights_path`` when its version is
+    published."""
+    return Path(f"{run_dir}/{WEIGHTS_DIR}/.p{ring:08d}.npy{TMP_MARK}{owner_pid}-00000000")
+
 # --- a cluster run (memtrain/cluster/) ---
 def wave_file_name(round_id: str, wave: int = -1, rank: int = -1) -> str:
     """A round of nodes' wave file in the exchange area (memtrain/cluster/broadcast.py, ``WaveFiles``): the

@@ -92,6 +92,9 @@ class Stretch:
     max_staleness: int = 0
     # the server alone (train/loops/threads.py): the threads its update's tasks are computed on; a worker's is 1
     threads: int = 1
+    # the server alone, no other process mapping its versions: each version is stepped into one of a ring of
+    # private files and only the stretch's newest are published at its end (train/loops/rounds.py)
+    private: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -22,7 +22,7 @@ import numpy as np
 
 from memtrain.dataset import Dataset, GatherBuffers, Split, take_into
 from memtrain.faults import fault_point
-from memtrain.layout import building_path, weights_path
+from memtrain.layout import building_path, private_path, weights_path
 from memtrain.order import Rows
 from memtrain.train.context import ModelContext
 from memtrain.train.exchange.area import DIGESTS, GRADIENT_BUFFER, OPTIMIZER_STATE, RECORDS
@@ -133,6 +133,18 @@ class RoundFiles:
             reader = self._thread_rows[thread] = TaskRows(self.train, self.context.normalize,
                                                           ROW_CACHE_BYTES // THREAD_ROWS_SHARE)
         return reader
+
+    def private_path(self, ring: int) -> Path:
+        """The ring's file ``ring`` of the rounds in the server alone (``layout.private_path``)."""
+        return private_path(self.run_dir, ring, self.server_pid)
+
+    def ready_private(self, version: int, ring: int) -> np.ndarray:
+        """Make sure the ring's file ``ring`` exists for the step of ``version`` (a retired version recycled, the
+        versions older than the newest ``keep`` before it retired: the folder is listed, once per file per
+        stretch); returns it mapped."""
+        path = self.private_path(ring)
+        ready_building(self.run_dir, version, self.size, self.server_pid, self.keep, path=path)
+        return self._map(path)
 
     def ready_building(self, version: int) -> None:
         ready_building(self.run_dir, version, self.size, self.server_pid, self.keep, fast=True,

@@ -108,6 +108,12 @@ class Participant:
         self.readied = stretch.version + 1
         self.out: np.ndarray | None = None  # the file of the version the last step wrote, mapped
         self.threads: TaskThreads | None = None  # the server's task threads, during ``run`` (stretch.threads > 1)
+        # the server alone (stretch.private, synchronous): version n is stepped into the ring's file n % ring, the
+        # newest ``keep`` of them and the one being stepped; only the stretch's newest are published, at its end
+        self.private = stretch.private and not self.staleness
+        self.ring = files.keep + 1
+        self.rings: dict[int, np.ndarray] = {}  # the ring's files readied in this stretch, mapped
+        self.recorded = stretch.version  # slot 0: the newest version recorded (the ledger's)
 
     def run(self) -> Outcome:
         """The stretch's rounds, on ``stretch.threads`` task threads (train/loops/threads.py), stopped at its end."""
@@ -124,6 +130,13 @@ class Participant:
 
     def loop(self) -> Outcome:
         updates = self.files.plan.updates(self.stretch.epoch)[self.stretch.first:self.stretch.stop]
+        try:
+            return self.rounds(updates)
+        finally:  # however the stretch ends: the next one, an evaluation, a checkpoint or a resume reads the files
+            if self.private:
+                self.publish_ring()
+
+    def rounds(self, updates: list[Update]) -> Outcome:
         try:
             pending = None
             for update in updates:
@@ -159,7 +172,8 @@ class Participant:
 
     def step(self, update: Update) -> None:
         files, board = self.files, self.files.board
-        out = self.out = files.building(self.version + 1)  # mapped now: once met, slot 0 may rename it any time
+        # mapped now: once met, slot 0 may rename it any time
+        out = self.out = self.ring_file(self.version + 1) if self.private else files.building(self.version + 1)
         finite = True
         if self.slice is not None:
             board.doing(self.slot, self.generation, STEP, update.update, self.slot)
@@ -240,6 +254,15 @@ class Participant:
             return None
         return update
 
+    def ring_file(self, version: int) -> np.ndarray:
+        """The ring's file that ``version`` is stepped into, mapped: readied once per stretch (the last ones the
+        stretch before published were renamed away), then the same file every ``ring`` updates."""
+        ring = version % self.ring
+        out = self.rings.get(ring)
+        if out is None:
+            out = self.rings[ring] = self.files.ready_private(version, ring)
+        return out
+
     def ready(self, version: int, update: Update) -> None:
         """Make the file of ``version`` ready for its step, retiring (recycling) the oldest version kept.
 
@@ -247,7 +270,10 @@ class Participant:
         With fixed staleness slot 0 readies the file of the step after next as it publishes a version,
         after recording it and before renaming it: a worker's death restarts the stretch from the newest
         version recorded, whose k older versions must still be there (the server completes a rename its
-        publisher died before: Logbook.catch_up), and no more than k + 1 are ever published."""
+        publisher died before: Logbook.catch_up), and no more than k + 1 are ever published. The server alone
+        (``private``) readies nothing here: each step finds its ring's file (``ring_file``)."""
+        if self.private:
+            return
         if self.readied != version:  # a skipped update asks for the same file again
             self.files.board.doing(self.slot, self.generation, READYING, update.update)
             self.files.ready_building(version)
@@ -295,12 +321,25 @@ class Participant:
         files.records["checksum"][update.batch] = np.frombuffer(weights_digest(files.digests[self.version % 2],
                                                                               files.size), np.uint8)
         self.record(update, PUBLISHED)  # from here the file is as good as published (Logbook.catch_up)
-        if self.staleness:
-            self.ready(self.version + 2, update)  # recycles the oldest version, before the newest is added
-            fault_point("mid_publish")
-        commit_weights(files.building_path(self.version), files.run_dir, self.version)
+        if not self.private:  # else its digest, recorded, is the version's proof; its file waits in the ring
+            if self.staleness:
+                self.ready(self.version + 2, update)  # recycles the oldest version, before the newest is added
+                fault_point("mid_publish")
+            commit_weights(files.building_path(self.version), files.run_dir, self.version)
         fault_point("after_publish")
         files.board.set_ledger(Ledger(self.generation, update.update, self.version))
+        self.recorded = self.version
+
+    def publish_ring(self) -> None:
+        """The stretch's end, the server alone: rename its newest recorded versions (the newest ``keep``, oldest
+        first) from the ring into place, leaving on disk what publishing every version would have left. The
+        ring holds them intact: a step writes version n + 1 into file (n + 1) % ring, never one of the ``keep``
+        recorded before it, and a version's bytes are never changed once recorded."""
+        newest = self.recorded
+        for version in range(max(self.stretch.version + 1, newest - self.files.keep + 1), newest + 1):
+            ring = version % self.ring
+            commit_weights(self.files.private_path(ring), self.files.run_dir, version)
+            del self.rings[ring]
 
     def skip(self, update: Update, bad: tuple[int, ...] | list[int]) -> None:
         """An update whose gradients or step came out non-finite: the version stays where it is."""

@@ -175,6 +175,7 @@ class Rounds(EpochEngine):
     """Workers meeting at marks, each stepping a slice; or the server alone (train/loops/rounds.py)."""
 
     recycle = True  # a retired version's file becomes the next one's (not on a cluster: docs/cluster.md)
+    private = True  # alone and synchronous, only a stretch's newest versions are published (train/loops/rounds.py)
 
     def __init__(self, context: EngineContext):
         self.context = context
@@ -196,8 +197,10 @@ class Rounds(EpochEngine):
         self.generation += 1
         board.set_ledger(Ledger(self.generation, position.update_index(c.per_epoch) - 1, version))
         c.logbook.begin_stretch(first, stop)
-        ready_building(c.run_path, version + 1, c.size, os.getpid(),
-                       rounds_keep(c.keep_versions, c.train.staleness), recycle=self.recycle)
+        private = self.private and alone and not c.train.staleness  # no other process maps the versions
+        if not private:  # else the participant readies its own files (rounds.Participant.ring_file)
+            ready_building(c.run_path, version + 1, c.size, os.getpid(),
+                           rounds_keep(c.keep_versions, c.train.staleness), recycle=self.recycle)
         slices = len(step_slices(c.size, participants, BLOCK))
         state = position.schedule  # the rounds step a plan: Planned(k)'s state
         assert isinstance(state, PlannedState)
@@ -205,7 +208,7 @@ class Rounds(EpochEngine):
         threads = self.server_threads() if alone else 1
         stretches = [Stretch(generation=self.generation, epoch=position.epoch, first=first, stop=stop,
                              version=version, slot=slot, participants=participants, slices=slices,
-                             bases=tuple(sorted(bases.items())), threads=threads)
+                             bases=tuple(sorted(bases.items())), threads=threads, private=private)
                      for slot in range(participants)]
         logged = len(c.logbook.timeline)
         try:
@@ -264,6 +267,7 @@ class ClusterRounds(Rounds):
     the server's own round files."""
 
     recycle = False
+    private = False  # its workers map every version
 
     def __init__(self, context: EngineContext, *, files: RoundFiles):
         super().__init__(context)
