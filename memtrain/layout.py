@@ -380,6 +380,14 @@ def is_version_name(name: str) -> bool:
     return _VERSION_RE.match(name) is not None
 
 
+_PRIVATE_RE = re.compile(r"^p(\d{8})\.npy$")
+
+
+def is_private_name(target: str) -> bool:
+    """Whether ``target``, a temporary name's target (``tmp_target``), is a ring file's (``private_path``)."""
+    return _PRIVATE_RE.match(target) is not None
+
+
 def is_checkpoint_name(name: str) -> bool:
     return _CHECKPOINT_RE.match(name) is not None
 

@@ -58,6 +58,7 @@ from memtrain.layout import (
     TENSORBOARD_EVENTS,
     WEIGHTS_DIR,
     is_checkpoint_name,
+    is_private_name,
     is_version_name,
     numbered_run_dir,
     parse_exchange_owner,
@@ -118,7 +119,10 @@ def sweep_leftovers(run_dir: Path, exchange_parents: list[Path]) -> list[Path]:
     (marked as memtrain's) and exchange probes whose owner is dead. ``notes.tmp-1-x`` or a user's
     ``memtrain-x-*`` stay."""
     removed = []
-    for folder, ours in ((run_dir / WEIGHTS_DIR, is_version_name), (run_dir, RUN_RECORDS.__contains__)):
+    def weights_temporary(target: str) -> bool:  # a version being written, or a ring file of the server's rounds
+        return is_version_name(target) or is_private_name(target)
+
+    for folder, ours in ((run_dir / WEIGHTS_DIR, weights_temporary), (run_dir, RUN_RECORDS.__contains__)):
         if folder.is_dir():
             for name in os.listdir(folder):
                 target = tmp_target(name)
@@ -343,7 +347,7 @@ def _clear_run(path: Path) -> None:
         if is_checkpoint_name(tmp_target(name) or name):
             shutil.rmtree(path / CHECKPOINTS_DIR / name, ignore_errors=True)
     for name in os.listdir(path / WEIGHTS_DIR) if (path / WEIGHTS_DIR).is_dir() else ():
-        if is_version_name(tmp_target(name) or name):
+        if is_version_name(tmp_target(name) or name) or is_private_name(tmp_target(name) or ""):
             (path / WEIGHTS_DIR / name).unlink(missing_ok=True)
     shutil.rmtree(path / STATISTICS_DIR, ignore_errors=True)  # an additive pass's partials: all memtrain's
     for name in os.listdir(path):
