@@ -7,6 +7,7 @@ End to end: the server running the rounds itself gives the same bits as worker p
 from __future__ import annotations
 
 import hashlib
+import json
 import multiprocessing
 import os
 import re
@@ -22,6 +23,7 @@ from memtrain.files import open_npy, publish_array
 from memtrain.layout import weight_versions, weights_path
 from memtrain.train.exchange import doorbell
 from memtrain.train.exchange.doorbell import Doorbell
+from memtrain.train.loops import rounds
 from memtrain.train.loops.mapped import RowCache, _private_bytes
 from memtrain.train.loops.maps import MapCache
 from memtrain.train.server import placement
@@ -111,6 +113,36 @@ def test_the_server_running_the_rounds_itself_gives_the_bits_of_worker_processes
     for name in ("lineage.jsonl", "metrics.jsonl"):  # the same versions, checksums, losses
         strip = re.compile(r'"(time|compute_s|samples_per_s)": [0-9.e+-]+')
         assert strip.sub("", (server / name).read_text()) == strip.sub("", (workers / name).read_text())
+
+
+def test_the_server_alone_publishes_a_stretchs_newest_versions_at_its_end_not_a_file_per_update(
+        tmp_path: Path, dataset: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """No other process maps the versions of the server's own rounds: each update's digest goes into the lineage,
+    and only the newest keep_versions (2) of each stretch (an epoch here) become files, at its end; the run
+    leaves the files, bits and records that worker processes, which publish every version, leave."""
+    published: list[int] = []
+    commit = rounds.commit_weights
+
+    def counted(tmp: Path, run_dir: Path, version: int) -> None:
+        published.append(version)
+        commit(tmp, run_dir, version)
+
+    monkeypatch.setattr(rounds, "commit_weights", counted)
+    server = train(tmp_path / "server", dataset, "workers = 0", epochs=3)
+    per_epoch = 7  # 1,350 train rows in batches of 200
+    assert published == [per_epoch - 1, per_epoch, 2 * per_epoch - 1, 2 * per_epoch, 3 * per_epoch - 1, 3 * per_epoch]
+    published.clear()
+    workers = train(tmp_path / "workers", dataset, "workers = 2", epochs=3)
+    assert published == []  # the workers publish: every version, in their own processes
+    assert weight_versions(server) == weight_versions(workers) == [3 * per_epoch - 1, 3 * per_epoch]
+    for version in weight_versions(server):
+        assert weights_path(server, version).read_bytes() == weights_path(workers, version).read_bytes()
+    lineage = [json.loads(line) for line in (server / "lineage.jsonl").read_text().splitlines()]
+    assert [record["version"] for record in lineage] == list(range(3 * per_epoch + 1))  # every version's digest
+    assert lineage == [json.loads(line) for line in (workers / "lineage.jsonl").read_text().splitlines()]
+    capsys.readouterr()
+    assert main(["inspect", str(server), "--verify"]) == 0, capsys.readouterr().out
+    assert not [name for name in os.listdir(server / "weights") if name.startswith(".")]  # no ring file left
 
 
 def test_auto_keeps_a_tiny_model_in_the_server_and_says_why(tmp_path: Path, dataset: Path) -> None:
