@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -248,9 +248,9 @@ class Agenda(Protocol):
     """One epoch's work under a schedule (a replay's: the whole lineage), as the server's loop asks it
     (train/loops/overlap.py ``Overlap.run``). Pure: records in, records out; the loop holds the files."""
 
-    def start(self, free: Callable[[], int], version: int, submit: Submit) -> None:
-        """``submit`` every gradient that can be computed now: ``free()`` workers are idle (asked only by a
-        schedule that cares), ``version`` is the newest published."""
+    def start(self, free: int, version: int, submit: Submit) -> None:
+        """``submit`` every gradient that can be computed now: ``free`` workers are idle (each task submitted
+        takes one; read only by a schedule that cares), ``version`` is the newest published."""
 
     def arrived(self, task: GradTask, result: Result, more: bool) -> bool:
         """A gradient came back (``more``: others are still out). False: it is not added (too stale: it is
@@ -301,7 +301,7 @@ class PlannedAgenda:
         self.pending = Pending()
         self.applied(position, None)
 
-    def start(self, free: Callable[[], int], version: int, submit: Submit) -> None:
+    def start(self, free: int, version: int, submit: Submit) -> None:
         while self.first + self.submitted in self.startable:
             update = self.updates[self.submitted]
             at = self.bases[self.planned.at(update.update)]
@@ -354,8 +354,9 @@ class ArrivalAgenda:
         self.recomputed = 0  # stale gradients computed again while this group filled
         self.ids: list[int] = []  # the due group's task numbers (the state's applied grows by them)
 
-    def start(self, free: Callable[[], int], version: int, submit: Submit) -> None:
-        while self.remaining and free():
+    def start(self, free: int, version: int, submit: Submit) -> None:
+        while self.remaining and free > 0:
+            free -= 1
             rows = self.remaining.popleft()
             self.reading[version] += 1
             submit(ticket=next(self.tickets), epoch=self.epoch, rows=rows, version=version)
@@ -405,7 +406,7 @@ class RecordedAgenda:
         self.version = position.version
         self.pending = Pending()  # by step index
 
-    def start(self, free: Callable[[], int], version: int, submit: Submit) -> None:
+    def start(self, free: int, version: int, submit: Submit) -> None:
         while self.submitted < len(self.steps) and self.recorded.ready(self.submitted, version):
             step = self.steps[self.submitted]
             for i, gradient in enumerate(step.gradients):

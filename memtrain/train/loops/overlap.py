@@ -35,6 +35,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -47,7 +48,10 @@ from memtrain.train.plan import TaskRange, Update
 from memtrain.train.records.logbook import Logbook
 from memtrain.train.records.state import Position
 from memtrain.train.schedule import Agenda, Arrived
-from memtrain.train.server.scheduler import TaskStream
+
+if TYPE_CHECKING:
+    from memtrain.train.loops.stream import ServerGradients
+    from memtrain.train.server.scheduler import TaskStream
 
 
 class Overlap:
@@ -58,9 +62,9 @@ class Overlap:
     train/loops/stream.py's participant.
     """
 
-    def __init__(self, *, epochs: int, files: RoundFiles, stream: TaskStream, logbook: Logbook, per_epoch: int,
-                 chores: Callable[[Position], None], publish_sync: Callable[[Path], None] = lambda path: None,
-                 recycle: bool = True):
+    def __init__(self, *, epochs: int, files: RoundFiles, stream: TaskStream | ServerGradients, logbook: Logbook,
+                 per_epoch: int, chores: Callable[[Position], None],
+                 publish_sync: Callable[[Path], None] = lambda path: None, recycle: bool = True):
         self.files, self.stream, self.logbook = files, stream, logbook
         self.per_epoch, self.chores = per_epoch, chores
         self.publish_sync, self.recycle = publish_sync, recycle
@@ -78,13 +82,13 @@ class Overlap:
         (``Planned.agenda``, ``Arrival.agenda``) or a whole replay (``Recorded.agenda``)."""
         stream = self.stream
         while stream.in_flight or not agenda.done():
-            agenda.start(stream.free, position.version, self.submit)
+            agenda.start(stream.free(), position.version, self.submit)
             results = stream.wait()
             last = len(results) - 1
             for n, (task, result) in enumerate(results):
                 # The worker that answered gets its next task at once, at the newest version published so
                 # far: it computes while the server applies what it returned.
-                agenda.start(stream.free, position.version, self.submit)
+                agenda.start(stream.free(), position.version, self.submit)
                 if not agenda.arrived(task, result, n < last or stream.in_flight > 0):  # others still out?
                     discard([self.gradient_path(task)])  # too stale: computed again, never applied
                     continue

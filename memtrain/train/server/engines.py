@@ -37,6 +37,7 @@ from memtrain.train.loops.desk import DeskLog, create_desk
 from memtrain.train.loops.mapped import RoundFiles
 from memtrain.train.loops.node_round import NodeParticipant
 from memtrain.train.loops.overlap import Overlap
+from memtrain.train.loops.stream import ServerGradients
 from memtrain.train.messages import GradTask, Loop, Outcome, Stretch, Task
 from memtrain.train.plan import Plan, RowWords, step_slices, task_stream
 from memtrain.train.records.counters import update_number
@@ -44,8 +45,9 @@ from memtrain.train.records.logbook import Logbook
 from memtrain.train.records.state import Position
 from memtrain.train.schedule import ArrivalState, PlannedState, Schedule
 from memtrain.train.server.exchange import InServer
-from memtrain.train.server.scheduler import Scheduler
+from memtrain.train.server.scheduler import Scheduler, TaskStream
 from memtrain.train.timing import UNTIMED, Timer, timed
+from memtrain.train.worker.worker import error_text
 
 if TYPE_CHECKING:
     from memtrain.config import TrainConfig
@@ -376,10 +378,22 @@ class ServerSteps(EpochEngine):
 
     def __init__(self, context: EngineContext, *, files: RoundFiles, schedule: Schedule):
         self.context, self.schedule = context, schedule
-        self.overlap = Overlap(epochs=context.train.epochs, files=files,
-                               stream=context.scheduler.stream(context.placement.transport),
+        self.overlap = Overlap(epochs=context.train.epochs, files=files, stream=self.stream(files),
                                logbook=context.logbook, per_epoch=context.per_epoch,
                                chores=context.chores.after_update)
+
+    def stream(self, files: RoundFiles) -> TaskStream | ServerGradients:
+        """Where the gradients are computed: worker processes, through the scheduler (which re-runs what a death
+        took); or, with none, the server itself, each task the moment it is submitted (``ServerGradients``: no
+        transport between the loop and the gradient, as the rounds run alone)."""
+        c = self.context
+        if not isinstance(c.placement.transport, InServer):
+            return c.scheduler.stream(c.placement.transport)
+
+        def failed(task: GradTask, exc: BaseException) -> Exception:
+            return c.scheduler.failure(task, error_text(exc))
+
+        return ServerGradients(files, stop=c.stop, failed=failed)
 
     def run(self, position: Position) -> None:
         try:
