@@ -135,7 +135,7 @@ def test_arrival_counts_applied_tasks_mid_epoch() -> None:
         handed.append(GradTask(task=rows.task, attempt=0, ticket=ticket, version=version, epoch=epoch,
                                lo=rows.lo, hi=rows.hi))
 
-    agenda.start(lambda: 2 - len(handed), 0, submit)  # two workers
+    agenda.start(2, 0, submit)  # two idle workers: each task handed takes one
     assert [t.task for t in handed] == [0, 1] and [t.ticket for t in handed] == [1, 2]
     assert agenda.arrived(handed[1], RESULT, more=True) and agenda.due() is None
     assert agenda.arrived(handed[0], RESULT, more=False)

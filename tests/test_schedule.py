@@ -107,11 +107,11 @@ def test_a_planned_agenda_starts_the_next_k_plus_1_updates_each_at_its_version(k
     state = PlannedState(staleness=k, bases=[[n, versions[n]] for n in range(max(0, batch - k), batch + 1)])
     position = Position(batch=batch, version=versions[batch], schedule=state)
     agenda, started = Planned(staleness=k).agenda(position, updates), []
-    agenda.start(lambda: 0, position.version, lambda **task: started.append(task))
+    agenda.start(0, position.version, lambda **task: started.append(task))
     expected = [(n, versions[max(0, n - k)]) for n in range(batch, min(batch + k + 1, batch + extra))]
     assert [(t["ticket"], t["version"]) for t in started[::tasks]] == expected
     assert len(started) == len(expected) * tasks
-    agenda.start(lambda: 0, position.version, lambda **task: started.append(task))
+    agenda.start(0, position.version, lambda **task: started.append(task))
     assert len(started) == len(expected) * tasks, "nothing more before an update is applied"
     for task in reversed(started[:tasks]):  # the first update's gradients, arriving last task first
         assert agenda.due() is None
