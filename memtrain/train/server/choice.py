@@ -10,11 +10,12 @@ its engine (train/server/engines.py) is made once the server's side exists, with
     replay   a lineage run again (``memtrain train --replay``): ``Replay``, the lineage's ``Recorded`` steps
     solve    an additive model: ``OnePass``, its statistics and its solve (on a cluster too)
 
-The start-up (``train``, train/server/server.py) makes the ``Choice`` as soon as it knows the model, before it
+The start-up (``_train``, train/server/server.py) makes the ``Choice`` as soon as it knows the model, before it
 writes anything: a job no engine runs (an overlapping mode or a replay on a cluster, an additive model with an
 overlapping mode) is refused there, by ``engine_of``; the run directory, the start-up note (``Entry.advice``) and
 the Trainer read the ``Choice``'s facts (updates per epoch, buffers, which placement, the words of its log line,
-whether the run is one whole piece, whether it is a solve) and call ``make`` once. None of them asks which."""
+whether the run is one whole piece, whether it is a solve) and the Trainer calls ``make`` once. None of them asks
+which (tests/test_layering.py checks the start-up functions and the Trainer)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,8 @@ when it was built.
   synchronous training and fixed staleness in the rounds. ``ClusterRounds``: the same stretch on a cluster,
   run by the server alone, its gradient tasks (and step slices) sent to the Dask workers (train/loops/sliced.py).
 - ``Desk``: async mode on worker processes; they claim tasks and step whole groups at the desk (train/loops/desk.py).
-- ``ServerSteps``: the server steps the whole vector, the gradients streamed to it (train/loops/overlap.py): fixed
+- ``ServerSteps``: the server steps the whole vector (train/loops/overlap.py), the gradients streamed to it by
+  worker processes, or computed by itself when it has none (``ServerGradients``, train/loops/stream.py): fixed
   staleness streamed and async mode in the server, each the one loop ``Overlap.run`` asking its schedule's
   agenda (``Planned``, ``Arrival``); ``Replay`` (train/server/replay.py) is the same loop with ``Recorded``.
 - ``OnePass`` (train/server/onepass.py): an additive model's one pass of statistics, then its solve.
