@@ -277,6 +277,22 @@ def test_a_task_that_raises_stops_the_run_with_the_worker_traceback(tmp_path: Pa
 
 
 
+@pytest.mark.parametrize("mode", [["train.mode=async"], ["train.staleness=1", "train.staleness_in=stream"]])
+def test_a_task_the_server_computes_itself_that_raises_stops_the_run_with_its_traceback(tmp_path: Path,
+                                                                                          mode: list[str]) -> None:
+    """Async mode and fixed staleness streamed with no worker: the server computes each gradient itself
+    (train/loops/stream.py ``ServerGradients``), and a task that raises is reported as a worker's would be."""
+    job = write_job(tmp_path, poisoned(tmp_path), kind="crash_models:RaisesOnPoison", model_extra="",
+                    normalize="false")
+    sets = [arg for key in mode for arg in ("--set", key)]
+    result = memtrain("train", job, "--workers", 0, *sets, timeout=60)
+    assert result.returncode == 1, result.stderr
+    assert re.search(r"gradient task .*\(positions \d+-\d+ of epoch 1's shuffled row order of the train split.* "
+                     r"failed in worker 0:", result.stderr), result.stderr
+    assert "ValueError: poisoned row in this batch" in result.stderr and "Traceback" not in result.stderr.split(
+        "failed in worker 0:")[0]
+
+
 # --- rounds: each worker steps its slice of the parameters, meets its peers at the marks, then computes ---
 
 TWO_SLICES = "hidden = [90000]"  # 14 checksum blocks: with 2 workers every step is cut into 2 slices

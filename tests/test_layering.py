@@ -180,6 +180,35 @@ def test_the_trainer_names_no_mode() -> None:
     assert named_modes((ROOT / "train" / "server" / "server.py").read_text()) == set()
 
 
+def branches_on_modes(source: str, functions: tuple[str, ...] = ("train", "_train")) -> set[str]:
+    """The conditions (of an ``if``, a conditional expression, a ``while``) in the start-up ``functions`` of ``source``
+    that name a mode (``MODE_WORDS``, or the overlapping modes): a start-up that asks which engine it runs."""
+    trees = [node for node in ast.walk(ast.parse(source))
+             if isinstance(node, ast.FunctionDef) and node.name in functions]
+    assert len(trees) == len(functions)
+    found = set()
+    for tree in trees:
+        for node in ast.walk(tree):
+            for test in [node.test] if isinstance(node, (ast.If, ast.IfExp, ast.While)) else []:
+                words = {w.lower() for name in identifiers(ast.unparse(test))
+                         for w in re.findall(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])", name)}
+                if words & (MODE_WORDS | {"overlapping", "staleness"}):
+                    found.add(ast.unparse(test))
+    return found
+
+
+def test_no_start_up_function_branches_on_a_mode() -> None:
+    """``train`` and ``_train`` choose no engine themselves: an additive model's solve and a replay are rows of the
+    one table (train/server/choice.py), which also refuses the jobs no engine runs."""
+    assert branches_on_modes((ROOT / "train" / "server" / "server.py").read_text()) == set()
+
+
+def test_the_start_up_branch_search_finds_one() -> None:
+    source = ("def train(job, replay):\n    if job.run.cluster and replay is not None:\n        raise X\n"
+              "def _train(context):\n    notes = [a(job) if context.additive else b(job)]\n")
+    assert branches_on_modes(source) == {"job.run.cluster and replay is not None", "context.additive"}
+
+
 def test_the_mode_search_finds_a_branch() -> None:
     source = "class Trainer:\n    def fit(self):\n        if self.context.additive or self.lineage:\n            pass\n"
     assert named_modes(source) == {"additive", "lineage"}

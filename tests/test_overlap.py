@@ -129,13 +129,8 @@ def test_arrival_counts_applied_tasks_mid_epoch() -> None:
     """Mid-epoch (a stop after the first group), the schedule's state names the tasks applied so far."""
     position = Position(schedule=ArrivalState())
     agenda = Arrival(group=2, per_epoch=2).agenda(position, plan_updates(4, 1))
-    handed: list[GradTask] = []
-
-    def submit(*, ticket: int, epoch: int, rows: TaskRange, version: int) -> None:
-        handed.append(GradTask(task=rows.task, attempt=0, ticket=ticket, version=version, epoch=epoch,
-                               lo=rows.lo, hi=rows.hi))
-
-    agenda.start(lambda: 2 - len(handed), 0, submit)  # two workers
+    handed = [GradTask(task=rows.task, attempt=0, ticket=ticket, version=version, epoch=epoch, lo=rows.lo, hi=rows.hi)
+              for ticket, epoch, rows, version in agenda.start(2, 0)]  # two idle workers: each task takes one
     assert [t.task for t in handed] == [0, 1] and [t.ticket for t in handed] == [1, 2]
     assert agenda.arrived(handed[1], RESULT, more=True) and agenda.due() is None
     assert agenda.arrived(handed[0], RESULT, more=False)

@@ -107,16 +107,16 @@ def test_a_planned_agenda_starts_the_next_k_plus_1_updates_each_at_its_version(k
     state = PlannedState(staleness=k, bases=[[n, versions[n]] for n in range(max(0, batch - k), batch + 1)])
     position = Position(batch=batch, version=versions[batch], schedule=state)
     agenda, started = Planned(staleness=k).agenda(position, updates), []
-    agenda.start(lambda: 0, position.version, lambda **task: started.append(task))
+    started += agenda.start(0, position.version)
     expected = [(n, versions[max(0, n - k)]) for n in range(batch, min(batch + k + 1, batch + extra))]
-    assert [(t["ticket"], t["version"]) for t in started[::tasks]] == expected
+    assert [(t.ticket, t.version) for t in started[::tasks]] == expected
     assert len(started) == len(expected) * tasks
-    agenda.start(lambda: 0, position.version, lambda **task: started.append(task))
+    started += agenda.start(0, position.version)
     assert len(started) == len(expected) * tasks, "nothing more before an update is applied"
     for task in reversed(started[:tasks]):  # the first update's gradients, arriving last task first
         assert agenda.due() is None
-        gradient = GradTask(task=task["rows"].task, attempt=0, ticket=task["ticket"], version=task["version"],
-                            epoch=0, lo=task["rows"].lo, hi=task["rows"].hi)
+        gradient = GradTask(task=task.rows.task, attempt=0, ticket=task.ticket, version=task.version,
+                            epoch=0, lo=task.rows.lo, hi=task.rows.hi)
         assert agenda.arrived(gradient, Result(task=gradient.task, attempt=0, outcome=Outcome.DONE), more=True)
     due = agenda.due()
     assert due is not None and due.update is updates[batch]

@@ -30,7 +30,9 @@ The folders say which process runs what (each folder's __init__.py says what it 
       overlap.py   the server's one loop of whole-vector steps (fixed staleness streamed, async in the
                    server, replay): tasks out as the schedule's agenda says (server only)
       sliced.py, stream.py   a cluster's round (SlicedParticipant): streamed gradient tasks, then one step
-                   task per slice written with pwrite, published (cluster/broadcast.py keeps its records)
+                   task per slice written with pwrite, published (cluster/broadcast.py keeps its records);
+                   stream.py's ServerGradients: the server computing its own streamed gradients (no
+                   worker: no transport, scheduler or message between overlap.py's loop and a gradient)
       additive.py  an additive model's pass: statistics tasks in chunks into mapped partials, summed in
                    task order (the server's side and the worker's)
       mapped.py    what every engine shares: the run's files mapped (RoundFiles), a task's rows (TaskRows),

@@ -126,7 +126,7 @@ class GradTask:
     at published weight ``version``, into ``streamed_gradient_name(ticket, task, attempt)`` (train/loops/stream.py:
     the round when the participants cannot meet at marks, e.g. on a cluster). ``ticket``: the number the agenda
     that handed it out gave it, which names its file and finds it again: the plan's update number (fixed
-    staleness, a cluster's rounds), async's ticket or a replay's step index (schedule.Submit)."""
+    staleness, a cluster's rounds), async's ticket or a replay's step index (schedule.Start)."""
 
     task: int
     attempt: int

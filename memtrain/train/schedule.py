@@ -33,10 +33,10 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 from memtrain.errors import MemtrainError
 from memtrain.train.messages import GradTask, Result
@@ -230,11 +230,15 @@ class Due:
     lr: float | None = None  # None: the optimizer's schedule's (a replay uses the recorded one)
 
 
-class Submit(Protocol):
-    def __call__(self, *, ticket: int, epoch: int, rows: TaskRange, version: int) -> None:
-        """Hand out the gradient of ``rows`` (a task of epoch ``epoch``) at ``version``; ``ticket``: the number
-        that names its file and finds it again (``GradTask.ticket``): the plan's update number, async's ticket
-        or a replay's step index."""
+class Start(NamedTuple):
+    """A gradient to hand out: ``rows`` (a task of epoch ``epoch``) at ``version``; ``ticket``: the number that
+    names its file and finds it again (``GradTask.ticket``): the plan's update number, async's ticket or a
+    replay's step index."""
+
+    ticket: int
+    epoch: int
+    rows: TaskRange
+    version: int
 
 
 class Schedule(Protocol):
@@ -248,9 +252,9 @@ class Agenda(Protocol):
     """One epoch's work under a schedule (a replay's: the whole lineage), as the server's loop asks it
     (train/loops/overlap.py ``Overlap.run``). Pure: records in, records out; the loop holds the files."""
 
-    def start(self, free: Callable[[], int], version: int, submit: Submit) -> None:
-        """``submit`` every gradient that can be computed now: ``free()`` workers are idle (asked only by a
-        schedule that cares), ``version`` is the newest published."""
+    def start(self, free: int, version: int) -> list[Start]:
+        """Every gradient that can be computed now, to hand out in this order: ``free`` workers are idle (each
+        task handed out takes one; read only by a schedule that cares), ``version`` is the newest published."""
 
     def arrived(self, task: GradTask, result: Result, more: bool) -> bool:
         """A gradient came back (``more``: others are still out). False: it is not added (too stale: it is
@@ -301,13 +305,14 @@ class PlannedAgenda:
         self.pending = Pending()
         self.applied(position, None)
 
-    def start(self, free: Callable[[], int], version: int, submit: Submit) -> None:
+    def start(self, free: int, version: int) -> list[Start]:
+        starts = []
         while self.first + self.submitted in self.startable:
             update = self.updates[self.submitted]
             at = self.bases[self.planned.at(update.update)]
-            for rows in update.tasks:
-                submit(ticket=update.update, epoch=update.epoch, rows=rows, version=at)
+            starts += [Start(update.update, update.epoch, rows, at) for rows in update.tasks]
             self.submitted += 1
+        return starts
 
     def arrived(self, task: GradTask, result: Result, more: bool) -> bool:
         self.pending.add(task, result)
@@ -354,11 +359,12 @@ class ArrivalAgenda:
         self.recomputed = 0  # stale gradients computed again while this group filled
         self.ids: list[int] = []  # the due group's task numbers (the state's applied grows by them)
 
-    def start(self, free: Callable[[], int], version: int, submit: Submit) -> None:
-        while self.remaining and free():
-            rows = self.remaining.popleft()
+    def start(self, free: int, version: int) -> list[Start]:
+        starts = []
+        while self.remaining and len(starts) < free:
             self.reading[version] += 1
-            submit(ticket=next(self.tickets), epoch=self.epoch, rows=rows, version=version)
+            starts.append(Start(next(self.tickets), self.epoch, self.remaining.popleft(), version))
+        return starts
 
     def arrived(self, task: GradTask, result: Result, more: bool) -> bool:
         self.reading[task.version] -= 1
@@ -405,13 +411,14 @@ class RecordedAgenda:
         self.version = position.version
         self.pending = Pending()  # by step index
 
-    def start(self, free: Callable[[], int], version: int, submit: Submit) -> None:
+    def start(self, free: int, version: int) -> list[Start]:
+        starts = []
         while self.submitted < len(self.steps) and self.recorded.ready(self.submitted, version):
             step = self.steps[self.submitted]
-            for i, gradient in enumerate(step.gradients):
-                submit(ticket=self.submitted, epoch=step.epoch - 1,
-                       rows=TaskRange(step.task(i), gradient.lo, gradient.hi), version=gradient.at)
+            starts += [Start(self.submitted, step.epoch - 1, TaskRange(step.task(i), gradient.lo, gradient.hi),
+                             gradient.at) for i, gradient in enumerate(step.gradients)]
             self.submitted += 1
+        return starts
 
     def arrived(self, task: GradTask, result: Result, more: bool) -> bool:
         self.pending.add(task, result)

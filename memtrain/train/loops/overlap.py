@@ -35,6 +35,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -43,24 +44,29 @@ from memtrain.train.exchange.weights import weights_checksum
 from memtrain.train.loops.mapped import RoundFiles
 from memtrain.train.messages import GradTask
 from memtrain.train.optim import learning_rate
-from memtrain.train.plan import TaskRange, Update
+from memtrain.train.plan import Update
 from memtrain.train.records.logbook import Logbook
 from memtrain.train.records.state import Position
-from memtrain.train.schedule import Agenda, Arrived
-from memtrain.train.server.scheduler import TaskStream
+from memtrain.train.schedule import Agenda, Arrived, Start
+
+if TYPE_CHECKING:
+    from memtrain.train.loops.stream import ServerGradients
+    from memtrain.train.server.scheduler import TaskStream
 
 
 class Overlap:
     """The server stepping the whole vector: ``run`` is the one loop of every schedule it runs.
 
-    ``chores(position)``: the server's chores between two updates (logs, progress). ``per_epoch``: updates
-    per epoch (async mode: groups), for ``epochs`` epochs. ``publish_sync``/``recycle``: as for
-    train/loops/stream.py's participant.
+    ``stream``: where the gradients are computed (the scheduler's ``TaskStream`` to worker processes, or
+    ``ServerGradients``: the server itself, train/loops/stream.py). ``chores(position)``: the server's chores
+    between two updates (logs, progress). ``per_epoch``: updates per epoch (async mode: groups), for ``epochs``
+    epochs. ``publish_sync``: what makes a published version readable by other machines (None: nothing);
+    ``recycle``: a retired version's file becomes the next one's (``RoundFiles.step_and_publish``).
     """
 
-    def __init__(self, *, epochs: int, files: RoundFiles, stream: TaskStream, logbook: Logbook, per_epoch: int,
-                 chores: Callable[[Position], None], publish_sync: Callable[[Path], None] = lambda path: None,
-                 recycle: bool = True):
+    def __init__(self, *, epochs: int, files: RoundFiles, stream: TaskStream | ServerGradients, logbook: Logbook,
+                 per_epoch: int, chores: Callable[[Position], None],
+                 publish_sync: Callable[[Path], None] | None = None, recycle: bool = True):
         self.files, self.stream, self.logbook = files, stream, logbook
         self.per_epoch, self.chores = per_epoch, chores
         self.publish_sync, self.recycle = publish_sync, recycle
@@ -73,18 +79,18 @@ class Overlap:
         self.spares = []
 
     def run(self, position: Position, agenda: Agenda) -> None:
-        """The one loop: submit what ``agenda`` says can start, wait for gradients, apply each update the
+        """The one loop: hand out what ``agenda`` says can start, wait for gradients, apply each update the
         agenda says is due (its gradients in the order it gives), until it is done. The rest of an epoch
         (``Planned.agenda``, ``Arrival.agenda``) or a whole replay (``Recorded.agenda``)."""
         stream = self.stream
         while stream.in_flight or not agenda.done():
-            agenda.start(stream.free, position.version, self.submit)
+            self.submit(agenda.start(stream.free(), position.version))
             results = stream.wait()
             last = len(results) - 1
             for n, (task, result) in enumerate(results):
                 # The worker that answered gets its next task at once, at the newest version published so
                 # far: it computes while the server applies what it returned.
-                agenda.start(stream.free, position.version, self.submit)
+                self.submit(agenda.start(stream.free(), position.version))
                 if not agenda.arrived(task, result, n < last or stream.in_flight > 0):  # others still out?
                     discard([self.gradient_path(task)])  # too stale: computed again, never applied
                     continue
@@ -100,11 +106,13 @@ class Overlap:
 
     # --- the loop's parts ---
 
-    def submit(self, *, ticket: int, epoch: int, rows: TaskRange, version: int) -> None:
-        """Hand out the gradient of a task of epoch ``epoch`` (its rows: ``Plan.rows``) at ``version``."""
-        spare = self.spares.pop() if self.spares else ""
-        self.stream.submit(GradTask(task=rows.task, attempt=0, ticket=ticket, version=version, epoch=epoch,
-                                    lo=rows.lo, hi=rows.hi, spare=spare, in_place=self.recycle))
+    def submit(self, starts: list[Start]) -> None:
+        """Hand out each gradient in ``starts`` (the agenda's, in its order): a task's rows (``Plan.rows``) at a
+        version."""
+        for ticket, epoch, rows, version in starts:
+            spare = self.spares.pop() if self.spares else ""
+            self.stream.submit(GradTask(task=rows.task, attempt=0, ticket=ticket, version=version, epoch=epoch,
+                                        lo=rows.lo, hi=rows.hi, spare=spare, in_place=self.recycle))
 
     def gradient_path(self, task: GradTask) -> Path:
         return STREAMED_GRADIENT.path(self.files.exchange, task.ticket, task.task, task.attempt)

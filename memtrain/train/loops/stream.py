@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from memtrain.errors import MemtrainError
+from memtrain.errors import Interrupted, MemtrainError
 from memtrain.faults import fault_point
 from memtrain.files import npy_header_bytes, open_reused, writing_npy_rows
 from memtrain.layout import weights_path
@@ -39,7 +39,9 @@ from memtrain.train.messages import GradTask, Outcome, Result
 
 if TYPE_CHECKING:
     from memtrain.models.params import ParamLayout
+    from memtrain.stopping import StopRequest
     from memtrain.train.loops.gradient import TaskGradient
+    from memtrain.train.loops.mapped import RoundFiles
     from memtrain.train.loops.maps import MapCache
 
 
@@ -95,6 +97,58 @@ class StreamedGradient:
             return self.maps.get(self.exchange / message.spare, (self.layout.size,), np.float32, "r+")
         except (FileNotFoundError, MemtrainError):
             return None
+
+
+class ServerGradients:
+    """The server computing its own streamed gradients (no worker process: ``train.workers = 0``, or none paying
+    for itself): each task computed here, by the worker's part above, the moment it is submitted, into the same
+    files with the same arithmetic; no transport, no scheduler, no message in between (as the rounds run
+    alone, train/loops/rounds.py). What the server's loop (train/loops/overlap.py) asks of a stream, as the
+    scheduler's ``TaskStream`` answers it for worker processes: ``submit``, ``free``, ``in_flight``, ``wait``,
+    in the same order (one slot: a schedule that asks ``free`` has one task in flight at a time).
+
+    ``files``: the server's round files (its maps, its rows, its gradient function); ``stop``: the run's stop
+    request (``wait`` raises Interrupted once it is asked, as the scheduler's does); ``failed(task, exc)``: the
+    error that stops the run when a task raises (the scheduler's words for a worker's failure)."""
+
+    def __init__(self, files: RoundFiles, *, stop: StopRequest,
+                 failed: Callable[[GradTask, BaseException], Exception]):
+        self.stop, self.failed = stop, failed
+        self.maps, self.plan, self.reader = files.maps, files.plan, files.reader(0)  # the rounds' own, shared
+        self.compute = StreamedGradient(layout=files.context.layout, maps=files.maps, run_dir=files.run_dir,
+                                        exchange=files.exchange, rows=self.rows, gradient=files.gradient)
+        self.results: list[tuple[GradTask, Result]] = []  # computed, not taken yet by ``wait``
+
+    def rows(self, epoch: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """A task's rows (``Plan.rows``), normalized: the server's own reader, the rounds' too."""
+        return self.reader.get(self.plan.rows(epoch, lo, hi))
+
+    def submit(self, task: GradTask) -> None:
+        self.maps.drop_deleted()  # as a worker does before each message: no map of a deleted file kept
+        try:
+            with np.errstate(all="ignore"):  # a non-finite result is detected and logged, not warned about
+                result = self.compute(task)
+        except BaseException as exc:  # noqa: BLE001 - the user's model may raise anything: the run stops, quoting it
+            raise self.failed(task, exc) from None
+        self.results.append((task, result))
+
+    @property
+    def in_flight(self) -> int:
+        """Tasks computed whose results were not taken yet."""
+        return len(self.results)
+
+    def free(self) -> int:
+        """1 when no result waits to be taken: the server is its own one worker."""
+        return 0 if self.results else 1
+
+    def wait(self) -> list[tuple[GradTask, Result]]:
+        """The results computed since the last call, in the order computed. Raises Interrupted on a stop signal."""
+        results, self.results = self.results, []
+        for _ in results:
+            fault_point("after_result")  # where the scheduler passes it for each result it takes
+        if self.stop.requested:
+            raise Interrupted("stopped by a signal")
+        return results
 
 
 def rewrite(spare: Path, path: Path, values: np.ndarray) -> bool:

@@ -11,7 +11,8 @@ when it was built.
   synchronous training and fixed staleness in the rounds. ``ClusterRounds``: the same stretch on a cluster,
   run by the server alone, its gradient tasks (and step slices) sent to the Dask workers (train/loops/sliced.py).
 - ``Desk``: async mode on worker processes; they claim tasks and step whole groups at the desk (train/loops/desk.py).
-- ``ServerSteps``: the server steps the whole vector, the gradients streamed to it (train/loops/overlap.py): fixed
+- ``ServerSteps``: the server steps the whole vector (train/loops/overlap.py), the gradients streamed to it by
+  worker processes, or computed by itself when it has none (``ServerGradients``, train/loops/stream.py): fixed
   staleness streamed and async mode in the server, each the one loop ``Overlap.run`` asking its schedule's
   agenda (``Planned``, ``Arrival``); ``Replay`` (train/server/replay.py) is the same loop with ``Recorded``.
 - ``OnePass`` (train/server/onepass.py): an additive model's one pass of statistics, then its solve.
@@ -37,6 +38,7 @@ from memtrain.train.loops.desk import DeskLog, create_desk
 from memtrain.train.loops.mapped import RoundFiles
 from memtrain.train.loops.node_round import NodeParticipant
 from memtrain.train.loops.overlap import Overlap
+from memtrain.train.loops.stream import ServerGradients
 from memtrain.train.messages import GradTask, Loop, Outcome, Stretch, Task
 from memtrain.train.plan import Plan, RowWords, step_slices, task_stream
 from memtrain.train.records.counters import update_number
@@ -44,8 +46,9 @@ from memtrain.train.records.logbook import Logbook
 from memtrain.train.records.state import Position
 from memtrain.train.schedule import ArrivalState, PlannedState, Schedule
 from memtrain.train.server.exchange import InServer
-from memtrain.train.server.scheduler import Scheduler
+from memtrain.train.server.scheduler import Scheduler, TaskStream
 from memtrain.train.timing import UNTIMED, Timer, timed
+from memtrain.train.worker.worker import error_text
 
 if TYPE_CHECKING:
     from memtrain.config import TrainConfig
@@ -380,10 +383,22 @@ class ServerSteps(EpochEngine):
 
     def __init__(self, context: EngineContext, *, files: RoundFiles, schedule: Schedule):
         self.context, self.schedule = context, schedule
-        self.overlap = Overlap(epochs=context.train.epochs, files=files,
-                               stream=context.scheduler.stream(context.placement.transport),
+        self.overlap = Overlap(epochs=context.train.epochs, files=files, stream=self.stream(files),
                                logbook=context.logbook, per_epoch=context.per_epoch,
                                chores=context.chores.after_update)
+
+    def stream(self, files: RoundFiles) -> TaskStream | ServerGradients:
+        """Where the gradients are computed: worker processes, through the scheduler (which re-runs what a death
+        took); or, with none, the server itself, each task the moment it is submitted (``ServerGradients``: no
+        transport between the loop and the gradient, as the rounds run alone)."""
+        c = self.context
+        if not isinstance(c.placement.transport, InServer):
+            return c.scheduler.stream(c.placement.transport)
+
+        def failed(task: GradTask, exc: BaseException) -> Exception:
+            return c.scheduler.failure(task, error_text(exc))
+
+        return ServerGradients(files, stop=c.stop, failed=failed)
 
     def run(self, position: Position) -> None:
         try:

@@ -154,6 +154,11 @@ class Scheduler:
     def stream(self, transport: Transport) -> TaskStream:
         return TaskStream(self, transport)
 
+    def failure(self, message: Task, error: str) -> WorkerFailure:
+        """The error that stops the run when a task the server ran itself raised (train/loops/stream.py's
+        ``ServerGradients``): the words a worker's failure gets."""
+        return worker_failure(self.describe_task(message), 0, error, self.describe_memory(message))
+
     def _back_up(self, transport: Transport, current: dict[tuple[int, int], Task], done: dict[tuple[int, int], Result],
                  race: Race) -> None:
         """Start a backup copy of each straggler (``BackupRule``) on an idle worker, while there is one."""
@@ -440,8 +445,13 @@ def memory_hint(holding: str) -> str:
 
 def failed(what: str, event: Event, holding: str = "") -> WorkerFailure:
     """A piece of work that raised in its worker: the worker's text; the memory hint after a MemoryError."""
-    error = event.answer.error.rstrip() if event.answer is not None else ""
-    return WorkerFailure(f"{what} failed in worker {event.slot.index}:\n{error}",
+    return worker_failure(what, event.slot.index, event.answer.error if event.answer is not None else "", holding)
+
+
+def worker_failure(what: str, slot: int, error: str, holding: str = "") -> WorkerFailure:
+    """``what`` raised in worker ``slot`` (the server's own: 0) with the text ``error``."""
+    error = error.rstrip()
+    return WorkerFailure(f"{what} failed in worker {slot}:\n{error}",
                          hint=f"it ran out of memory: {memory_hint(holding)}" if "MemoryError" in error else None)
 
 

@@ -26,7 +26,7 @@ from threadpoolctl import threadpool_limits
 
 from memtrain.config import Job
 from memtrain.dataset import Dataset, open_dataset
-from memtrain.errors import InputError, Interrupted, MemtrainError, plural
+from memtrain.errors import Interrupted, MemtrainError, plural
 from memtrain.files import allocate_npy, open_npy, read_jsonl
 from memtrain.layout import (
     RUN_METRICS,
@@ -78,8 +78,7 @@ from memtrain.train.records.state import (
     stage_best,
     start_fresh,
 )
-from memtrain.train.server.advice import few_updates_note, one_pass_note
-from memtrain.train.server.choice import Choice, choose, describe_mode
+from memtrain.train.server.choice import Choice, choose
 from memtrain.train.server.datacheck import check_trainable
 from memtrain.train.server.engines import Chores, EngineContext, EpochEngine, stretch_chores
 from memtrain.train.server.exchange import InServer, WorkerPool
@@ -144,10 +143,6 @@ def train(job: Job, *, resume_run: bool = False, verify: bool = False, overwrite
     called at the end of each epoch (train/server/monitor.py). ``timer``: the timing hook of the named sections run
     in this process (train/timing.py; a measurement's, benchmarks/); untimed by default.
     """
-    if job.run.cluster and (overlapping(job) or replay is not None):
-        raise InputError("fixed staleness, async mode and replay run on one machine only, so far",
-                         expected="run.cluster unset (no --cluster)", found=f"run.cluster = {job.run.cluster!r}",
-                         hint="on a cluster, train synchronously (train.mode = 'sync', train.staleness = 0)")
     earlier = job.run.dir
     if not (resume_run or overwrite):
         job = beside_earlier(job)  # a rerun of a job whose run directory memtrain named: runs/job-2, ...
@@ -172,22 +167,20 @@ def _train(job: Job, dataset: Dataset, context: ModelContext, stop: StopRequest,
            overwrite: bool, asked: Collection[str], quiet: bool, replay: Lineage | None,
            callbacks: Sequence[Any], say: Callable[[str], None], earlier: Path | None = None,
            timer: Timer = UNTIMED) -> TrainSummary:
-    """``train`` once the server has its model context: the start-up checks, the run directory, the run."""
-    if context.additive and overlapping(job):
-        raise InputError(f"a {job.model.kind} model is solved in one pass of statistics: it has no updates to "
-                         "overlap", expected="train.mode = 'sync' and train.staleness = 0",
-                         found=describe_mode(job))
+    """``train`` once the server has its model context: the run's engine chosen (or the job refused), the start-up
+    checks, the run directory, the run."""
+    train_rows = dataset.split("train").rows
+    choice = choose(job, context, train_rows, lineage=replay)  # train/server/choice.py: the one table
     runtime = startup_check(context, dataset, job.train.blas_threads)  # a model's dry run: its errors exit 2 here
     check_monitor(job.train.monitor, context.classifier, dataset.split("val").rows > 0, job.train.patience)
-    room = room_needed(job, context, per_epoch=job_plan(job, dataset.split("train").rows).per_epoch,
+    room = room_needed(job, context, per_epoch=job_plan(job, train_rows).per_epoch,
                        slots=round_slots(job))  # every file the run will write, at its peak
     allow_open_files(job)  # a mapped buffer per task: the limit of open files, raised or refused before writing
     check_cluster(job, stopped=lambda: stop.signum)  # a wrong address leaves no run directory behind
     run = open_run_dir(job, resume=resume_run, overwrite=overwrite, layout=context.layout.to_json(),
-                       asked=asked, one_pass=context.additive, need_exchange=room.exchange, need_run=room.run)
+                       asked=asked, one_pass=choice.one_pass, need_exchange=room.exchange, need_run=room.run)
     # after the run directory's refusals (a note above an error reads as its cause), and only when not quiet
-    notes = [one_pass_note(job) if context.additive else
-             few_updates_note(job, dataset.split("train").rows, context.additive)]
+    notes = [choice.advice(train_rows)]
     if earlier is not None:
         notes.append(f"{earlier} holds an earlier run: this one is {job.run.dir} (to continue that one: "
                      f"`memtrain train --resume {earlier}`; to replace it: --overwrite)")
@@ -198,7 +191,6 @@ def _train(job: Job, dataset: Dataset, context: ModelContext, stop: StopRequest,
                 say(note)
         if runtime:
             run.event(runtime)
-        choice = choose(job, context, dataset.split("train").rows, lineage=replay, record=run.lineage)
         return Trainer(job, dataset, context, run, stop, choice, quiet=quiet, callbacks=callbacks,
                        timer=timer).run(run.decision)
     except (MemtrainError, OSError) as exc:
@@ -211,11 +203,6 @@ def _train(job: Job, dataset: Dataset, context: ModelContext, stop: StopRequest,
 
 def _say(note: str) -> None:
     print(f"memtrain train: note: {note}", file=sys.stderr, flush=True)
-
-
-def overlapping(job: Job) -> bool:
-    """Whether the job trains in an overlapping mode (train/loops/overlap.py): fixed staleness or async."""
-    return job.train.mode == "async" or job.train.staleness > 0
 
 
 def job_plan(job: Job, train_rows: int) -> Plan:
@@ -321,7 +308,7 @@ class Trainer:
             placement=self.placement, scheduler=self.scheduler, logbook=self.logbook, chores=self.chores,
             board=self.board, memory_board=self.memory_board, stop=self.stop, log=self.log,
             describe_rows=self.describe_rows, timer=self.timer)
-        self.engine = self.choice.make(self.engine_context, self.in_server.state.rounds)
+        self.engine = self.choice.make(self.engine_context, self.in_server.state.rounds, self.run_dir)
         return self.engine
 
     def _cluster_placement(self, position: Position) -> OnCluster:
