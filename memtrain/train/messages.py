@@ -322,7 +322,8 @@ class BackupRule:
         return max(self.ratio * median, self.seconds)
 
 
-SET_ASIDE_MEDIANS = 50  # a straggler is set aside for this many median task times (at least train.backup_seconds)
+SET_ASIDE_MEDIANS = 50  # a straggler is set aside for this many median task times (at least train.backup_seconds),
+SET_ASIDE_DOUBLINGS = 5  # doubled each time its probe lags again, at most this many times (32 x)
 
 
 @dataclass
@@ -330,13 +331,14 @@ class SetAside:
     """The workers whose last task (or round's share) ran over ``BackupRule.ratio`` times the median of its
     finished peers: stragglers. A straggler's tasks go to the other workers until ``until`` (a monotonic time,
     by slot index); then it gets work again, a probe, and is back in good standing if that keeps up with its
-    peers, else set aside again. A worker that stalls (stopped, descheduled, a slower machine) thus costs each
-    later update nothing instead of a wait for it: the update's tasks queue on the healthy workers. Which
-    worker computes a task never changes a bit (tasks are pure). ``noted``: the slots whose setting aside the
-    event log has said (once until they keep up again)."""
+    peers, else set aside again, for twice as long each time in a row (at most 32 x). A worker that stalls
+    (stopped, descheduled, a slower machine) thus costs later updates nothing instead of a wait for it: an
+    update's tasks queue on the healthy workers. Which worker computes a task never changes a bit (tasks are
+    pure). ``noted``: the slots whose setting aside the event log has said (once until they keep up again)."""
 
     until: dict[int, float] = field(default_factory=dict)
     noted: set[int] = field(default_factory=set)
+    strikes: dict[int, int] = field(default_factory=dict)  # by slot index: set-asides in a row (the time aside doubles)
 
     def usable_now(self, slot: Any) -> bool:
         """Whether ``slot`` is in good standing or its time aside is over."""
@@ -356,6 +358,7 @@ class SetAside:
 
     def keeps_up(self, slot: Any, log: Callable[[str], None]) -> None:
         """``slot``'s work kept up with its peers': in good standing (said once if it was set aside)."""
+        self.strikes.pop(slot.index, None)
         if slot.index in self.noted:
             self.noted.discard(slot.index)
             log(f"worker {slot.index} keeps up with its peers again: it gets work as the others do")
@@ -365,10 +368,11 @@ class SetAside:
         if seconds <= rule.ratio * median:
             self.keeps_up(slot, log)
             return
-        aside = max(SET_ASIDE_MEDIANS * median, rule.seconds)
+        strikes = self.strikes[slot.index] = self.strikes.get(slot.index, 0) + 1
+        aside = max(SET_ASIDE_MEDIANS * median, rule.seconds) * 2 ** min(strikes - 1, SET_ASIDE_DOUBLINGS)
         self.until[slot.index] = time.monotonic() + aside
         if slot.index not in self.noted:
             self.noted.add(slot.index)
             log(f"worker {slot.index} took {seconds:.3f} s, over {rule.ratio:g} x the median {median:.3f} s of "
-                f"its finished peers: set aside, its work goes to the others (tried again every {aside:.2f} s "
-                "until it keeps up)")
+                f"its finished peers: set aside, its work goes to the others for {aside:.2f} s (then tried again; "
+                "twice as long each time it lags again, until it keeps up)")
