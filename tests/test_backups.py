@@ -152,3 +152,40 @@ def test_the_rule_comes_from_the_job_on_a_cluster_only_and_its_values_are_range_
     for key, value in (("backup_ratio", 0.5), ("backup_ratio", float("inf")), ("backup_seconds", -1.0)):
         with pytest.raises(InputError, match=f"train.{key} out of range"):
             TrainConfig(**{key: value})
+
+
+class SlowSlot(Timed):
+    """Workers whose every answer takes ``slow`` seconds on the slots in ``lagging``, 0.01 s elsewhere."""
+
+    def __init__(self, slots: int, lagging: set[int], slow: float):
+        super().__init__(slots, {})
+        self.lagging, self.slow = lagging, slow
+
+    def _due(self, slot: Slot) -> float:
+        return slot.since + (self.slow if slot.index in self.lagging else 0.01)
+
+
+def test_a_worker_that_lagged_is_set_aside_and_the_next_calls_tasks_go_to_the_others() -> None:
+    """Below the backup floor (2 s) a 0.3 s lag gets no backup copy, but it sets the worker aside: the next
+    call's tasks all go to the healthy worker (queued there) instead of waiting 0.3 s for the straggler."""
+    logs, discarded = [], []
+    transport = SlowSlot(2, lagging={1}, slow=0.3)
+    run = scheduler(logs, discarded, BackupRule(ratio=3.0, seconds=2.0))
+    assert [(r.task, r.attempt) for r in run.run(transport, tasks(2))] == [(0, 0), (1, 0)]
+    assert any("worker 1 took 0.3" in line and "set aside, its work goes to the others" in line for line in logs)
+    transport.sent.clear()
+    started = time.monotonic()
+    assert [(r.task, r.attempt) for r in run.run(transport, tasks(3))] == [(0, 0), (1, 0), (2, 0)]
+    assert time.monotonic() - started < 0.25, "the straggler was not waited for"
+    assert {index for _, _, index in transport.sent} == {0} and not discarded
+
+
+def test_without_a_rule_no_worker_is_set_aside() -> None:
+    logs, discarded = [], []
+    transport = SlowSlot(2, lagging={1}, slow=0.1)
+    run = scheduler(logs, discarded, None)
+    for _ in range(2):
+        transport.sent.clear()
+        run.run(transport, tasks(2))
+        assert {index for _, _, index in transport.sent} == {0, 1}
+    assert not any("set aside" in line for line in logs)

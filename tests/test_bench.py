@@ -329,7 +329,7 @@ def test_memory_is_the_median_of_the_repeats_peaks_with_their_range(capsys: pyte
 
 
 RUN_OPTIONS = {"--sizes", "--updates", "--warmup", "--workers", "--exchange", "--against", "--shuffle"}
-OWN_OPTIONS = {"train": RUN_OPTIONS | {"--epochs", "--methods", "--first-job", "--cluster", "--costs",
+OWN_OPTIONS = {"train": RUN_OPTIONS | {"--epochs", "--methods", "--first-job", "--cluster", "--costs", "--startup",
                                       "--larger-than-ram", "--limit-mib", "--data-factor", "--params"},
                "prepare": {"--gb", "--sources", "--settle"},
                "async": RUN_OPTIONS | {"--straggler", "--straggler-from"},

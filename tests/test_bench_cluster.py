@@ -73,3 +73,36 @@ def test_the_cluster_costs_table_fits_an_80_column_terminal_and_stays_markdown_i
     assert max(len(line) for line in narrow.splitlines()) <= 80
     for number in ("1,000,000", "10,000,000", "12.3", "3.2", "4.6", "17.50", "11.4 MiB (3.00)", "38.1 MiB (1.00)"):
         assert number in narrow, number
+
+
+def test_startup_without_a_cluster_is_a_usage_error(tmp_path: Path) -> None:
+    result = bench(tmp_path, "--startup")
+    assert result.returncode == 2, result.stderr
+    assert "--startup measures a cluster's start-up" in result.stderr and "--cluster" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow  # two runs of the first job, one of them starting a Dask cluster: about 15 s on a busy machine
+def test_startup_times_the_first_job_to_its_workers_listed_and_its_first_task(tmp_path: Path) -> None:
+    """``--startup``: a real ``memtrain train --cluster local:2`` of the README's first job, timed to its
+    workers listed and its rounds line, beside the same job without a cluster; the runs stopped at once."""
+    result = bench(tmp_path, "--cluster", "local:2", "--startup", "--repeats", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["cluster"] == "local:2" and report["job"] == "jobs/examples/digits-mlp.toml"
+    listed, rounds, local = (report[key]["median"] for key in ("listed_s", "cluster_rounds_s", "local_rounds_s"))
+    assert 0 < listed <= rounds < 280 and 0 < local < 280
+    assert len(report["loadavg_before"]) == 3
+    assert not list(tmp_path.iterdir())  # the scratch directory (dataset, runs) is removed
+
+
+def test_the_startup_table_says_the_target_and_the_load(capsys: pytest.CaptureFixture[str]) -> None:
+    from memtrain.benchmarks.cluster_start import print_startup
+
+    spread = {"median": 1.2, "low": 1.1, "high": 1.7, "runs": [1.1, 1.2, 1.7]}
+    print_startup({"cluster": "local:2", "repeats": 3, "job": "jobs/examples/digits-mlp.toml",
+                   "loadavg_before": [0.5, 0.4, 0.3], "loadavg_after": [0.6, 0.4, 0.3], "listed_s": spread,
+                   "cluster_rounds_s": spread, "local_rounds_s": spread})
+    printed = capsys.readouterr().out
+    assert "| --cluster local:2 | 1.20 (1.10-1.70) | 1.20 (1.10-1.70) |" in printed
+    assert "load average before 0.50 0.40 0.30" in printed and "<= 5 s by median: met" in printed

@@ -317,6 +317,32 @@ def test_a_straggler_is_outrun_by_a_backup_copy(cluster, dataset: Path, wide_dig
         dask.started.remove(slow)
 
 
+def test_a_straggler_is_set_aside_and_the_next_rounds_go_on_without_it(cluster, dataset: Path, wide_digest: str,
+                                                                       tmp_path: Path, monkeypatch) -> None:
+    """A third worker's gradients are made 40 times slower, and the backup rule's floor is out of reach (60 s):
+    the first round in which it lags sets it aside (the set-aside rule has no floor: a stall of milliseconds
+    costs every update that waits for it), and the next rounds are opened with the two others only; the
+    weights are those of a local run, bit for bit."""
+    dask, client = cluster
+    sizes: list[int] = []
+    opened = Broadcast.open
+    monkeypatch.setattr(Broadcast, "open", lambda round: (opened(round), sizes.append(round.size))[0])
+    slow = dask.start_worker("lagging", env={"MEMTRAIN_STRAGGLER": f"40:{tmp_path / 'straggler'}"}, nanny=False)
+    try:
+        dask.wait_for_workers(client, {"w1", "w2", "lagging"})
+        job = write_job(tmp_path, dataset, WIDE_EPOCHS, WIDE)
+        assert train(job, "--cluster", dask.address, "--set", "train.backup_ratio=3",
+                     "--set", "train.backup_seconds=60") == 0
+        events = (tmp_path / "run" / "events.log").read_text()
+        assert "over 3 x the median" in events and "set aside, its work goes to the others" in events
+        assert "ended: the last answers are late" not in events  # no backup: the floor was never reached
+        assert sizes[0] == 3 and 2 in sizes[1:], sizes  # a round of the three, then rounds of the two others
+        assert digest(tmp_path / "run") == wide_digest
+    finally:
+        dask.stop(slow)
+        dask.started.remove(slow)
+
+
 def test_a_cluster_run_gives_the_weights_of_a_local_run_bitwise(cluster, dataset: Path, local_digest, tmp_path: Path,
                                                                  capsys, monkeypatch) -> None:
     """... and no shared-memory tricks across machines: only records travel, never a stretch of rounds (whose

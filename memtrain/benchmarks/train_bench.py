@@ -133,6 +133,10 @@ def add_arguments(parser: argparse._ActionsContainer) -> None:
                         help="with --cluster: instead of the table, one cluster run per size, printing per update "
                              "the server's CPU and bytes read and written, each worker's bytes, and updates/s "
                              "(docs/cluster.md)")
+    parser.add_argument("--startup", action="store_true",
+                        help="with --cluster local:N: instead of the table, the seconds from the start of "
+                             "'memtrain train' (the README's first job) to its workers listed and its first task, "
+                             "--repeats runs interleaved with the same job without --cluster (docs/cluster.md)")
     larger_than_ram.add_arguments(parser)
 
 
@@ -175,6 +179,8 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "costs", False) and not getattr(args, "cluster", ""):
         raise InputError("--costs measures a cluster run", expected="--cluster ADDRESS (or local:N) too",
                          found="no --cluster")
+    if getattr(args, "startup", False):
+        return startup(args)
     scratch = Path(tempfile.mkdtemp(prefix="memtrain-bench-", dir=getattr(args, "dir", None)))
     try:
         if getattr(args, "costs", False):
@@ -207,6 +213,29 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     else:
         print_table(report)
+    return 0
+
+
+def startup(args: argparse.Namespace) -> int:
+    """``--startup``: the cluster start-up of the README's first job (memtrain/benchmarks/cluster_start.py)."""
+    from memtrain.benchmarks import cluster_start, first_job
+
+    if not getattr(args, "cluster", ""):
+        raise InputError("--startup measures a cluster's start-up", expected="--cluster local:N too",
+                         found="no --cluster")
+    if not first_job.available():
+        raise InputError("--startup runs the README's first job, which ships with the repository only",
+                         expected=f"{first_job.JOB} and {first_job.SOURCE}", found="missing",
+                         hint="run it from a clone of the repository")
+    scratch = Path(tempfile.mkdtemp(prefix="memtrain-bench-", dir=getattr(args, "dir", None)))
+    try:
+        report = cluster_start.run_startup(args.cluster, args.repeats, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        cluster_start.print_startup(report)
     return 0
 
 

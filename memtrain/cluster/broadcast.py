@@ -49,7 +49,7 @@ from memtrain.errors import InputError
 from memtrain.files import open_regular, write_json
 from memtrain.train.exchange.area import WAVE, discard
 from memtrain.train.exchange.weights import BLOCK
-from memtrain.train.messages import BackupRule, GradTask, Outcome, Result, StepTask
+from memtrain.train.messages import BackupRule, GradTask, Outcome, Result, SetAside, StepTask
 from memtrain.train.plan import step_slices
 from memtrain.train.timing import timed
 
@@ -173,7 +173,7 @@ class BroadcastPlugin(SchedulerPlugin):
             state = self.rounds.get(ident)
             status = "ended" if state is None or state.ended else settled(state, wave, timeout, ratio, backup_seconds)
             if status:
-                return summary(state, wave, status)
+                return summary(state, wave, status, ratio)
             assert state is not None
             until = min(deadline, due_at(state, wave, ratio, backup_seconds, timeout))
             if not await wait(state.answered, until) and time.monotonic() >= deadline:
@@ -247,12 +247,29 @@ def due_at(state: RoundState, wave: int, ratio: float, backup_seconds: float, ti
     return min(late, current.posted + timeout if timeout else float("inf"))
 
 
-def summary(state: RoundState | None, wave: int, status: str) -> dict[str, Any]:
+def laggards(state: RoundState, current: Wave, ratio: float) -> list[tuple[int, float, float]]:
+    """The answered members whose seconds per piece of the wave (from the post to the answer, over the share;
+    members dealt none left out) are over ``ratio`` times the median of the others': (rank, their seconds,
+    that median), for the set-aside rule (``SetAside``). Usually none: the answer stays as small whatever N."""
+    members = len(state.members)
+    shares = current.shares or [len(range(rank, current.parts, members)) for rank in range(members)]
+    seconds = {rank: (at - current.posted) / shares[rank] for rank, (at, *_) in current.answers.items()
+               if rank < members and shares[rank]}
+    found = []
+    for rank, own in seconds.items():
+        others = [value for other, value in seconds.items() if other != rank]
+        if ratio and others and own > ratio * statistics.median(others):
+            found.append((rank, own, statistics.median(others)))
+    return found
+
+
+def summary(state: RoundState | None, wave: int, status: str, ratio: float = 0.0) -> dict[str, Any]:
     current = state.waves.get(wave) if state is not None else None
     ranks = sorted(current.answers) if current is not None else []
     answers = [current.answers[rank] for rank in ranks] if current is not None else []
     errors = [error for _, _, _, error in answers if error]
     return {"status": status, "ranks": ranks if status != "done" else [],
+            "laggards": laggards(state, current, ratio) if state is not None and current and status == "done" else [],
             "numbers": [n for _, numbers, _, _ in answers for n in numbers],
             "blob": b"".join(blob for _, _, blob, _ in answers), "error": errors[0] if errors else "",
             "joined": bool(state is not None and state.joined),
@@ -492,6 +509,7 @@ class Answer:
     error: str
     joined: bool
     waited: float
+    laggards: list[tuple[int, float, float]] = field(default_factory=list)  # (rank, seconds, the others' median)
 
 
 @dataclass
@@ -514,6 +532,8 @@ class Broadcast:
     files: WaveFiles | None = None  # the open round's wave files when every member is a node
     state: RoundState | None = None  # and how its waves stand (the server's copy: no scheduler keeps them)
     checked: float = 0.0  # when the scheduler was last asked how the round of nodes stands
+    aside: SetAside = field(default_factory=SetAside)  # stragglers left out of the next rounds for a while
+    # (the pool's, shared with the per-task path: ``open_broadcast``)
 
     def __post_init__(self) -> None:
         self.call = timed(self.pool.timer, "broadcast call", self.call)  # type: ignore[method-assign]
@@ -533,6 +553,7 @@ class Broadcast:
         members = [slot for slot in self.pool.slots if slot.token not in self.loops]
         if not members:
             return False
+        members = self.aside.usable(members)  # a straggler set aside sits the round out (unless all are)
         self.ident, self.members, self.wave = uuid.uuid4().hex[:12], members, 0
         addresses = [slot.process.address for slot in members]
         self.processes = self.node_counts(addresses)
@@ -582,9 +603,36 @@ class Broadcast:
                               ratio=rule.ratio if rule else 0.0, backup_seconds=rule.seconds if rule else 0.0,
                               bound=AWAIT_SECONDS + CALL_SECONDS)
             if found["status"] != "waiting":
-                return Answer(status=found["status"], numbers=list(found["numbers"]), blob=found["blob"],
-                              ranks=list(found["ranks"]), error=found["error"], joined=found["joined"],
-                              waited=found["waited"])
+                answer = Answer(status=found["status"], numbers=list(found["numbers"]), blob=found["blob"],
+                                ranks=list(found["ranks"]), error=found["error"], joined=found["joined"],
+                                waited=found["waited"], laggards=[tuple(row) for row in found["laggards"]])
+                if answer.status == "done":
+                    self.judge(answer, step=kind == "step")
+                return answer
+
+    def judge(self, answer: Answer, *, step: bool) -> None:
+        """After a wave every member answered: a member that ran over the straggler rule's ratio times the
+        median of the others (per piece) is set aside (``SetAside``) and the round closed, so that the next
+        update's round goes on without it; after an update's step, a round that leaves out a worker whose
+        time aside is over is closed, so that the next one takes it back (a probe: if it still lags, it is
+        set aside again). The rounds' and the per-task path's answers give the same bits whoever computes
+        them; ``train.backup_ratio = 0`` (no rule) sets no one aside."""
+        rule = self.rule
+        if rule is None or not rule.ratio:
+            return
+        late = {rank: (seconds, median) for rank, seconds, median in answer.laggards}
+        before = {slot.index for slot in self.members if not self.aside.usable_now(slot)}
+        for rank, slot in enumerate(self.members):
+            if rank in late:
+                self.aside.verdict(slot, *late[rank], rule, self.log)
+            else:
+                self.aside.keeps_up(slot, self.log)
+        newly = {slot.index for slot in self.members if not self.aside.usable_now(slot)} - before
+        members = {slot.token for slot in self.members}
+        back = step and any(slot.token not in members and slot.token not in self.loops and self.aside.usable_now(slot)
+                            for slot in self.pool.slots)
+        if (newly and len(newly) < len(self.members)) or back:
+            self.close()
 
     def ask_files(self, wave: int, kind: str, body: Any, parts: int, shares: list[int] | None,
                   chores: Callable[[], None]) -> Answer:
@@ -713,7 +761,7 @@ def open_broadcast(pool: Any, *, rule: BackupRule | None, timeout: float, log: C
             _REFUSED.add(client.id)
             return None
         _REGISTERED.add(client.id)
-    return Broadcast(pool=pool, rule=rule, timeout=timeout, log=log)
+    return Broadcast(pool=pool, rule=rule, timeout=timeout, log=log, aside=getattr(pool, "aside", None) or SetAside())
 
 
 def gradient_results(tasks: list[GradTask], numbers: list[float]) -> dict[int, Result]:

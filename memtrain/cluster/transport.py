@@ -33,7 +33,7 @@ from memtrain.cluster.sharedfs import View, ViewProbe, look, needs_sync, read_ba
 from memtrain.errors import MemtrainError
 from memtrain.layout import partial_name, statistics_dir
 from memtrain.train.exchange.area import STREAMED_GRADIENT
-from memtrain.train.messages import Event, GradTask, Result, StatsTask, Task, WorkerSetup
+from memtrain.train.messages import Event, GradTask, Result, SetAside, StatsTask, Task, WorkerSetup
 from memtrain.train.timing import UNTIMED, Timer, timed
 
 START_SECONDS = 120.0  # for the actors of the first workers to open the dataset and answer the view check
@@ -167,6 +167,7 @@ class ClusterPool:
     _vacant_since: float | None = None
     on_close: contextlib.ExitStack | None = None  # the connection (and a local cluster), closed with the pool
     timer: Timer = UNTIMED  # a measurement's hook (train/timing.py): tasks out, answers in, broadcast calls
+    aside: SetAside = field(default_factory=SetAside)  # the stragglers set aside (rounds and per-task path alike)
 
     def __post_init__(self) -> None:
         """A slot for every worker present; any worker that cannot start or see the run's files refuses the run."""

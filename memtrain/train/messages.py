@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import enum
 import os
-from dataclasses import dataclass
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
@@ -320,3 +323,59 @@ class BackupRule:
     def due(self, median: float) -> float:
         """How long a task may run, its finished peers' median time being ``median``, before it gets a backup."""
         return max(self.ratio * median, self.seconds)
+
+
+SET_ASIDE_MEDIANS = 50  # a straggler is set aside for this many median task times (at least train.backup_seconds),
+SET_ASIDE_DOUBLINGS = 5  # doubled each time its probe lags again, at most this many times (32 x)
+
+
+@dataclass
+class SetAside:
+    """The workers whose last task (or round's share) ran over ``BackupRule.ratio`` times the median of its
+    finished peers: stragglers. A straggler's tasks go to the other workers until ``until`` (a monotonic time,
+    by slot index); then it gets work again, a probe, and is back in good standing if that keeps up with its
+    peers, else set aside again, for twice as long each time in a row (at most 32 x). A worker that stalls
+    (stopped, descheduled, a slower machine) thus costs later updates nothing instead of a wait for it: an
+    update's tasks queue on the healthy workers. Which worker computes a task never changes a bit (tasks are
+    pure). ``noted``: the slots whose setting aside the event log has said (once until they keep up again)."""
+
+    until: dict[int, float] = field(default_factory=dict)
+    noted: set[int] = field(default_factory=set)
+    strikes: dict[int, int] = field(default_factory=dict)  # by slot index: set-asides in a row (the time aside doubles)
+
+    def usable_now(self, slot: Any) -> bool:
+        """Whether ``slot`` is in good standing or its time aside is over."""
+        return self.until.get(slot.index, 0.0) <= time.monotonic()
+
+    def usable(self, slots: list[Any]) -> list[Any]:
+        """The slots that may be given work now: all but those set aside, unless every one is."""
+        return [slot for slot in slots if self.usable_now(slot)] or slots
+
+    def judge(self, slot: Any, seconds: float, peers: list[float], rule: BackupRule,
+              log: Callable[[str], None]) -> None:
+        """After ``slot`` answered work that took ``seconds``, its finished peers' having taken ``peers``: set
+        it aside when that is over ``rule.ratio`` times their median, for ``SET_ASIDE_MEDIANS`` times that
+        median and at least ``rule.seconds``; else it is in good standing. Nothing to compare: nothing done."""
+        if peers and rule.ratio:
+            self.verdict(slot, seconds, statistics.median(peers), rule, log)
+
+    def keeps_up(self, slot: Any, log: Callable[[str], None]) -> None:
+        """``slot``'s work kept up with its peers': in good standing (said once if it was set aside)."""
+        self.strikes.pop(slot.index, None)
+        if slot.index in self.noted:
+            self.noted.discard(slot.index)
+            log(f"worker {slot.index} keeps up with its peers again: it gets work as the others do")
+
+    def verdict(self, slot: Any, seconds: float, median: float, rule: BackupRule, log: Callable[[str], None]) -> None:
+        """``judge`` with the peers' median known (a broadcast round's, computed on the scheduler)."""
+        if seconds <= rule.ratio * median:
+            self.keeps_up(slot, log)
+            return
+        strikes = self.strikes[slot.index] = self.strikes.get(slot.index, 0) + 1
+        aside = max(SET_ASIDE_MEDIANS * median, rule.seconds) * 2 ** min(strikes - 1, SET_ASIDE_DOUBLINGS)
+        self.until[slot.index] = time.monotonic() + aside
+        if slot.index not in self.noted:
+            self.noted.add(slot.index)
+            log(f"worker {slot.index} took {seconds:.3f} s, over {rule.ratio:g} x the median {median:.3f} s of "
+                f"its finished peers: set aside, its work goes to the others for {aside:.2f} s (then tried again; "
+                "twice as long each time it lags again, until it keeps up)")

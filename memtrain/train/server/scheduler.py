@@ -46,6 +46,7 @@ from memtrain.train.messages import (
     GradTask,
     Outcome,
     Result,
+    SetAside,
     Slot,
     Stretch,
     StretchEnd,
@@ -100,7 +101,8 @@ class Scheduler:
                  stop_requested: Callable[[], bool], discard: Callable[[Task], None] = lambda task: None,
                  describe_memory: Callable[[Task], str] = lambda task: "", backup: BackupRule | None = None,
                  check_mapped: Callable[[], None] = lambda: None):
-        self.backup = backup  # the straggler rule of ``run``; None: no backup copies
+        self.backup = backup  # the straggler rule of ``run``; None: no backup copies, no slot set aside
+        self.aside = SetAside()  # ``run``'s stragglers on a transport without its own (``transport.aside``)
         # after a worker's SIGBUS: checks the files workers map that may have shrunk (raises MemtrainError naming one)
         self.check_mapped = check_mapped
         self.task_timeout = task_timeout
@@ -132,7 +134,7 @@ class Scheduler:
         done: dict[tuple[int, int], Result] = {}
         race = Race(self.backup)
         while len(done) < len(tasks):
-            for slot in transport.slots:
+            for slot in self._aside(transport).usable(transport.slots) if self.backup is not None else transport.slots:
                 if slot.idle and pending:
                     transport.send(slot, pending.popleft())
             if not pending:
@@ -140,7 +142,10 @@ class Scheduler:
             bound = race.wait_bound(transport.slots, current, done)
             for event in transport.wait(min(self._wait_time(transport.slots), bound)):
                 if event.answer is not None and race.live(event.message, current, done):
-                    race.seconds.append(time.monotonic() - event.slot.since)
+                    seconds = time.monotonic() - event.slot.since
+                    if self.backup is not None:
+                        self._judge(transport, event, seconds, race)
+                    race.seconds.append(seconds)
                 self._handle(event, current, pending, done, race)
             if chores is not None and self._core_for_chores(transport.slots, done, pending, len(tasks)):
                 chores()
@@ -158,6 +163,22 @@ class Scheduler:
         """The error that stops the run when a task the server ran itself raised (train/loops/stream.py's
         ``ServerGradients``): the words a worker's failure gets."""
         return worker_failure(self.describe_task(message), 0, error, self.describe_memory(message))
+
+    def _aside(self, transport: Transport) -> SetAside:
+        """The transport's stragglers (a cluster pool keeps them for its broadcast rounds too), else the scheduler's."""
+        return getattr(transport, "aside", None) or self.aside
+
+    def _judge(self, transport: Transport, event: Event, seconds: float, race: Race) -> None:
+        """``SetAside.judge`` the slot that answered; when its answer is a backup copy's, taken, the slot
+        still running the original too (it ran longer than the copy's whole wait)."""
+        assert self.backup is not None
+        aside = self._aside(transport)
+        aside.judge(event.slot, seconds, race.seconds, self.backup, self.log)
+        key = task_key_of(event.message)
+        if key is not None and race.copies.get(key) == event.message:
+            for slot in transport.slots:
+                if slot is not event.slot and task_key_of(slot.current) == key:
+                    aside.judge(slot, time.monotonic() - slot.since, race.seconds + [seconds], self.backup, self.log)
 
     def _back_up(self, transport: Transport, current: dict[tuple[int, int], Task], done: dict[tuple[int, int], Result],
                  race: Race) -> None:
