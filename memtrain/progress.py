@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskProgressColumn,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
-from rich.table import Column
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
 
 # A bench runs for minutes, one measured run after another: on a terminal a bar on stderr names the run under
 # way; in a log (stderr not a terminal) a line every BENCH_EVERY seconds at most. Its tables go to stdout alone.
@@ -29,7 +23,21 @@ TIME = len("0:00:00")
 
 
 def console(stderr: bool = True) -> Console:
+    from rich.console import Console
+
     return Console(stderr=stderr, highlight=False)
+
+
+def may_be_a_terminal() -> bool:
+    """False where rich's ``Console.is_terminal`` is sure to say no (stderr not a terminal, neither FORCE_COLOR nor
+    TTY_COMPATIBLE=1 set): every `memtrain` process whose stderr is a log or a pipe (each run's workers, servers
+    under a service, the tests' thousands of commands) then prints plain lines without importing rich (40 ms of
+    CPU a process). Where it may be one, rich decides."""
+    try:
+        on_a_tty = sys.stderr is not None and sys.stderr.isatty()
+    except ValueError:  # closed
+        on_a_tty = False
+    return on_a_tty or os.environ.get("TTY_COMPATIBLE") == "1" or bool(os.environ.get("FORCE_COLOR"))
 
 
 class Reporter:
@@ -99,10 +107,21 @@ def reporting(label: str, total: float, *, plain_every: float = 5.0, force_plain
     if quiet:
         yield Silent()
         return
-    out = console()
-    if force_plain or not out.is_terminal:
+    out = console() if not force_plain and may_be_a_terminal() else None
+    if out is None or not out.is_terminal:
         yield Reporter(None, None, label, total, plain_every)
         return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TaskProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+    from rich.table import Column
+
     columns = (TextColumn("[bold]{task.description}", table_column=Column(no_wrap=True)),
                BarColumn(bar_width=BAR, table_column=Column(no_wrap=True)),
                MofNCompleteColumn(table_column=Column(no_wrap=True)),

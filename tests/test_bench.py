@@ -196,6 +196,7 @@ def test_the_bench_bar_never_cuts_its_times(monkeypatch: pytest.MonkeyPatch, col
     screen = io.StringIO()
     monkeypatch.setattr(memtrain.progress, "console", lambda stderr=True: Console(
         file=screen, force_terminal=True, width=columns, color_system=None))
+    monkeypatch.setattr(memtrain.progress, "may_be_a_terminal", lambda: True)
     with memtrain.progress.reporting("bench train", 24) as progress:
         progress.update(3, "10,360 params: memtrain, train.workers = N (in the server, 2 threads) (4 of 24)")
         line = io.StringIO()

@@ -71,6 +71,11 @@ def screen(raw: bytes) -> list[str]:
 
 def run_in_terminal(argv: list[str], cwd: Path) -> list[str]:
     """Run ``memtrain ARGV`` with a pseudo-terminal as stdout and stderr; the final screen."""
+    return screen(terminal_output(argv, cwd))
+
+
+def terminal_output(argv: list[str], cwd: Path) -> bytes:
+    """Run ``memtrain ARGV`` with a pseudo-terminal as stdout and stderr; every byte it wrote there."""
     leader, follower = pty.openpty()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "120", "TERM": "xterm"}
     process = subprocess.Popen([sys.executable, "-m", "memtrain", *argv], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
@@ -87,7 +92,7 @@ def run_in_terminal(argv: list[str], cwd: Path) -> list[str]:
         raw += chunk
     os.close(leader)
     assert process.wait(timeout=60) == 0, raw.decode(errors="replace")
-    return screen(raw)
+    return raw
 
 
 def test_progress_bars_leave_no_trace_on_a_terminal(tmp_path: Path, dataset: Path) -> None:
@@ -99,6 +104,22 @@ def test_progress_bars_leave_no_trace_on_a_terminal(tmp_path: Path, dataset: Pat
     assert not any("━" in line or "%" in line for line in shown), shown
     shown = run_in_terminal(["prepare", "--synthetic", "2e3x4", str(tmp_path / "synthetic")], tmp_path)
     assert shown[0] == f"prepared {tmp_path / 'synthetic'}" and not any("━" in line for line in shown), shown
+
+
+def test_the_bar_is_drawn_on_a_terminal_and_off_one_rich_is_never_imported(tmp_path: Path, dataset: Path) -> None:
+    """Off a terminal (stderr a pipe or a log: a run's own processes, a service's, the tests' commands) the plain
+    lines need no rich, and its import (40 ms of CPU a process) is left out; on a terminal, or where FORCE_COLOR
+    says the pipe is one, rich draws the bar."""
+    job = job_file(tmp_path, dataset, epochs=3)
+    assert "━".encode() in terminal_output(["train", str(job), "--run-dir", tmp_path / "tty"], tmp_path)
+    code = ("import sys; from memtrain.cli import main; code = main(['train', sys.argv[1], '--run-dir', sys.argv[2]]); "
+            "print(code, any(name.split('.')[0] == 'rich' for name in sys.modules))")
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
+    for name, extra, rich in (("pipe", {}, False), ("forced", {"FORCE_COLOR": "1"}, True)):
+        done = subprocess.run([sys.executable, "-c", code, str(job), str(tmp_path / name)], capture_output=True,
+                              text=True, timeout=60, env={**env, "PYTHONPATH": str(ROOT), **extra}, cwd=tmp_path)
+        assert done.stdout.splitlines()[-1].split() == ["0", str(rich)], done.stderr
+        assert ("━" in done.stderr) == rich and "epoch 3/3" in done.stderr, done.stderr
 
 
 def test_quiet_prints_no_progress_and_no_epoch_lines(tmp_path: Path, dataset: Path, cli) -> None:

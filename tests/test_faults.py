@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -239,13 +239,68 @@ def test_a_shard_truncated_under_workers_reading_it_names_the_file_not_a_bus_err
 HUNG_TIMEOUT_S = 8
 
 
-def test_hung_worker_is_killed_and_its_task_rerun(tmp_path: Path, data: Path, baseline: str) -> None:
-    job = write_job(tmp_path, data, task_timeout=HUNG_TIMEOUT_S)
-    result = memtrain("train", job, env={"MEMTRAIN_FAULT": "before_grad_write:2", "MEMTRAIN_FAULT_ACTION": "stop",
-                                         "MEMTRAIN_FAULT_ONCE": str(tmp_path / "fired")})
+class Started:
+    """A ``memtrain train`` of JOB started in the background when the module starts (``hung_runs``), so that its
+    wait (a hang of HUNG_TIMEOUT_S, all idle) passes while the module's other tests run; ``result`` waits for it.
+    Its output goes to files in FOLDER, never to a pipe it could fill."""
+
+    def __init__(self, folder: Path, job: Path, env: dict[str, str]):
+        self.folder = folder
+        self._out, self._err = folder / "stdout.txt", folder / "stderr.txt"
+        with self._out.open("w") as out, self._err.open("w") as err:
+            self._proc = subprocess.Popen([sys.executable, "-m", "memtrain", "train", str(job)], stdout=out,
+                                          stderr=err, env={**os.environ, "PYTHONPATH": PYTHONPATH, **env})
+
+    def result(self, timeout: float = 120) -> subprocess.CompletedProcess:
+        code = self._proc.wait(timeout=timeout)
+        return subprocess.CompletedProcess(self._proc.args, code, self._out.read_text(), self._err.read_text())
+
+    def stop(self) -> None:
+        self._proc.kill()
+        self._proc.wait()
+
+
+# The tests whose worker hangs (SIGSTOP, once) at a fault point, by test id: their runs start with the module.
+HUNG_RUNS = {
+    "test_hung_worker_is_killed_and_its_task_rerun": ("before_grad_write:2", lambda: {}),
+    "test_worker_lost_in_its_step_slice_while_its_peer_waits_recovers_identically[stop]":
+        ("mid_step:10", lambda: {"model_extra": TWO_SLICES}),
+}
+
+
+def start_hung(name: str, folder: Path, data: Path) -> Started:
+    point, job = HUNG_RUNS[name]
+    return Started(folder, write_job(folder, data, task_timeout=HUNG_TIMEOUT_S, **job()),
+                   {"MEMTRAIN_FAULT": point, "MEMTRAIN_FAULT_ACTION": "stop",
+                    "MEMTRAIN_FAULT_ONCE": str(folder / "fired")})
+
+
+@pytest.fixture(scope="module", autouse=True)
+def hung_runs(request: pytest.FixtureRequest, data: Path,
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Started]]:
+    """The runs of HUNG_RUNS whose tests are selected, started in the background when the module starts: their
+    2 x HUNG_TIMEOUT_S of idle wait pass while the module's other tests run. The tests wait for them."""
+    selected = {item.name for item in request.session.items if item.path == request.path}
+    runs = {name: start_hung(name, tmp_path_factory.mktemp("hung"), data) for name in HUNG_RUNS if name in selected}
+    yield runs
+    for run in runs.values():
+        run.stop()
+
+
+def hung_run(runs: dict[str, Started], request: pytest.FixtureRequest, data: Path, tmp_path: Path) -> Started:
+    """This test's run (started now if the module's fixture did not start it)."""
+    if request.node.name not in runs:
+        runs[request.node.name] = start_hung(request.node.name, tmp_path, data)
+    return runs[request.node.name]
+
+
+def test_hung_worker_is_killed_and_its_task_rerun(hung_runs: dict[str, Started], baseline: str, data: Path,
+                                                  tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    started = hung_run(hung_runs, request, data, tmp_path)
+    result = started.result()
     assert result.returncode == 0, result.stderr
-    assert events(tmp_path / "run").count(f"silent for {HUNG_TIMEOUT_S} s") == 1  # killed, and logged, once
-    assert digest(tmp_path / "run") == baseline
+    assert events(started.folder / "run").count(f"silent for {HUNG_TIMEOUT_S} s") == 1  # killed, and logged, once
+    assert digest(started.folder / "run") == baseline
 
 
 def poisoned(folder: Path, row: int = 700) -> Path:
@@ -324,16 +379,22 @@ def two_slice_baseline(data: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 @pytest.mark.parametrize("action", ["kill", "stop"])
 def test_worker_lost_in_its_step_slice_while_its_peer_waits_recovers_identically(
-        tmp_path: Path, data: Path, two_slice_baseline: str, action: str) -> None:
+        tmp_path: Path, data: Path, two_slice_baseline: str, action: str, hung_runs: dict[str, Started],
+        request: pytest.FixtureRequest) -> None:
     """Killed (or hung, then killed after task_timeout) in the middle of its slice: the server calls the
     stretch off, the peer that waits for that slice ends it, and the next stretch, with a replacement,
-    redoes the update from the ledger."""
-    job = write_job(tmp_path, data, model_extra=TWO_SLICES, task_timeout=HUNG_TIMEOUT_S)
-    result = memtrain("train", job, env={"MEMTRAIN_FAULT": "mid_step:10", "MEMTRAIN_FAULT_ACTION": action,
-                                         "MEMTRAIN_FAULT_ONCE": str(tmp_path / "fired")})
+    redoes the update from the ledger. The hung run was started with the module (hung_runs)."""
+    if action == "stop":
+        started = hung_run(hung_runs, request, data, tmp_path)
+        folder, result = started.folder, started.result()
+    else:
+        folder = tmp_path
+        job = write_job(folder, data, model_extra=TWO_SLICES, task_timeout=HUNG_TIMEOUT_S)
+        result = memtrain("train", job, env={"MEMTRAIN_FAULT": "mid_step:10", "MEMTRAIN_FAULT_ACTION": action,
+                                             "MEMTRAIN_FAULT_ONCE": str(folder / "fired")})
     assert result.returncode == 0, result.stderr
-    assert (tmp_path / "fired").exists(), "the fault never fired"
-    run = tmp_path / "run"
+    assert (folder / "fired").exists(), "the fault never fired"
+    run = folder / "run"
     assert "died with exit code -9" in events(run)
     if action == "stop":
         assert f"silent for {HUNG_TIMEOUT_S} s" in events(run)
