@@ -240,7 +240,7 @@ def test_a_wave_record_reads_back_as_it_was_posted(tmp_path: Path) -> None:
     files = WaveFiles(tmp_path, "0123456789ab")
     step = StepTask(task=0, attempt=0, update=3, version=3, lo=0, hi=0, rows=60, lr=0.1 / 3, tasks=6,
                     retried=((2, 1),), chained=4)
-    node = ((3, 3, 1, 6, 60, ("", "s", "", "", "", "")), (1, 2), 600.0)
+    node = ((3, 3, 1, 6, 60, ("", "s", "", "", "", "")), (1, 2), 600.0, 3)
     files.post(0, "nodes", node)
     files.post(1, "step", step)
     assert not files.record(0).exists()  # the previous wave's record goes once the next is posted

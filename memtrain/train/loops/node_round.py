@@ -68,7 +68,7 @@ class NodeParticipant(SlicedParticipant):
 
         counts = self.member_processes()
         ranges = node_tasks(len(tasks), counts)
-        record = node_record(gradient_record(tasks), counts, broadcast.timeout or CHAIN_SECONDS)
+        record = node_record(gradient_record(tasks), counts, broadcast.timeout or CHAIN_SECONDS, broadcast.attempts)
         ends = [hi for _, hi in ranges]
         self.published[tasks[0].ticket] = self.partials(tasks[0], ends)  # discarded after the step
         answer = broadcast.ask("nodes", record, node_shares(ranges, counts), self.file_chores)
@@ -80,6 +80,10 @@ class NodeParticipant(SlicedParticipant):
         first_missing = min((t.task for t in tasks if t.task not in found), default=len(tasks))
         self.chained = resume_point(chain, [hi for _, hi in ranges if hi <= first_missing])
         missing = [replace(task, attempt=1, spare="", in_place=False) for task in tasks[self.chained:]]
+        if answer.status == "timeout":  # the nodes answer in chain order: those after the first silent one wait for
+            # its partial, silent through no fault of theirs; only that one is killed as hung (``kill_silent``)
+            first = min(set(range(broadcast.size)) - set(answer.ranks))
+            answer = replace(answer, ranks=[rank for rank in range(broadcast.size) if rank != first])
         # the round's leftovers, deleted as soon as its loops have returned (maybe at once): the partials a late
         # member may still write, never the one the step reads (whole already; discarded after the step)
         self.round_over(answer, f"{len(missing)} of {len(tasks)} gradient tasks (after the partial of the first "
