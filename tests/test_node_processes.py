@@ -172,6 +172,24 @@ def test_a_process_of_a_live_node_that_hangs_is_killed_at_the_task_timeout_and_i
     assert digest(tmp_path / "job" / "run") == unsafe_digest
 
 
+def test_a_task_that_kills_every_process_of_a_node_fails_after_max_attempts_naming_the_node_task_and_process(
+        dask, dataset: Path, unsafe_digest: str, tmp_path: Path) -> None:
+    """Every worker process of the node of 2 SIGKILLs itself at its 1st gradient (no once-marker: replacements
+    too). After train.max_attempts (2 here) deaths with one task, the node answers that task's error -- naming the
+    node, the task and the process -- instead of replacing processes for ever; the server ends the round, quotes it
+    and completes the update per task (the node's Dask worker, computing in its own process, dies there too); the
+    run ends on the other node with a local run's bits."""
+    processes, client = dask
+    start_nodes(processes, client, [1, 2], {1: {"MEMTRAIN_FAULT": "before_grad_write:1"}})
+    job = unsafe_job(tmp_path / "job", dataset)
+    assert train(job, "--cluster", processes.address, *TASKS, "--set", "train.max_attempts=2") == 0
+    events = (tmp_path / "job" / "run" / "events.log").read_text()
+    assert re.search(r"ended: a task failed: node node1 \(Dask worker tcp://127\.0\.0\.1:\d+, host [^)]+\): gradient "
+                     r"task \d of update \d+ lost its worker process 2 time\(s\) \(train\.max_attempts\); the last, "
+                     r"process \d \(pid \d+\), died \(exit code -9\)", events), events[-3000:]
+    assert digest(tmp_path / "job" / "run") == unsafe_digest
+
+
 @pytest.mark.parametrize("counts", [[1, 2], [2, 1, 3]], ids=["1+2", "2+1+3"])
 def test_a_torch_model_on_nodes_of_worker_processes_gives_a_local_runs_weights(counts: list[int], dask,
                                                                               tmp_path: Path) -> None:
