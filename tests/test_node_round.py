@@ -257,3 +257,25 @@ def test_a_wave_record_reads_back_as_it_was_posted(tmp_path: Path) -> None:
     assert not files.answer_path(2, 1).exists()
     files.end()
     assert files.ended()
+
+
+def test_the_benchmark_counts_a_nodes_shared_bytes_from_its_trace(tmp_path: Path) -> None:
+    """benchmarks/node_round.py ``--bytes``: calls on run-directory files by their return values, a mapped version
+    once per file (two threads' maps of it: one node fetch), the node's scratch and the dataset left out."""
+    from benchmarks.node_round import node_bytes
+
+    run, data = tmp_path / "run-1-2", tmp_path / "data-1"
+    scratch = run / "dask-scratch-space" / "worker-1" / "memtrain-node"
+    trace = tmp_path / "strace.txt"
+    trace.write_text("\n".join([
+        f"101 mmap(NULL, 4000128, PROT_READ, MAP_SHARED, 12<{run}/weights/v3.npy>, 0) = 0x7f00",
+        f"102 mmap(NULL, 4000128, PROT_READ, MAP_SHARED, 14<{run}/weights/v3.npy>, 0) = 0x7f10",
+        f"101 read(15<{run}/x/c-u3-a0-t2-s0.npy>, \"...\", 1048700) = 1048700",
+        f"101 pwrite64(16<{run}/x/v4.tmp>, \"...\", 2000000, 128) = 2000000",
+        f"101 read(17<{scratch}/g-u3-t2-a0.npy>, \"...\", 4000000) = 4000000",
+        f"101 read(18<{data}/train/x-00000.npy>, \"...\", 128) = 128",
+        f"101 mmap(NULL, 7328, PROT_READ, MAP_SHARED, 19<{data}/train/x-00000.npy>, 0) = 0x7f20",
+        "101 read(3<socket:[1234]>, \"...\", 65536) = 600",
+    ]))
+    found = node_bytes(trace, tmp_path)
+    assert (found["mapped"], found["read"], found["written"], found["rows"]) == (4000128, 1048700, 2000000, 128)
