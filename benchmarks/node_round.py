@@ -9,7 +9,9 @@ paid per second, so a longer update carries more of it), the messages the schedu
 
     python -m benchmarks.node_round --params 1e6 --nodes 1,2,4 --processes 1,2 --updates 7 --warmup 2 --repeats 3
 
-``--nodes-only`` leaves today's round out (half the time).
+``--nodes-only`` leaves today's round out (half the time). ``--idle SECONDS`` prints instead, for each node count,
+the scheduler's CPU per second with the nodes and one client connected and no run (Dask's own background:
+heartbeats, periodic callbacks), the part of its CPU per update that is not the round's.
 
 ``--bytes`` adds, per node, the bytes it moved over the shared filesystem per update (the most of any node, as a
 multiple of the parameter vector): each node's Dask worker is traced with ``strace -f -y`` over the counted
@@ -82,6 +84,30 @@ def one(params: int, workers: int, tasks: int, processes: int, updates: int, war
                                   "scheduler_cpu_ms_per_s": row["scheduler_cpu_ms"] * row["updates_per_s"]}
     finally:
         os.environ.pop(PROCESSES_ENV, None)
+
+
+def idle_scheduler(nodes: int, seconds: float, folder: Path) -> float:
+    """The scheduler's CPU in ms per second over ``seconds`` with ``nodes`` node workers and a client, no run."""
+    from distributed import Client
+
+    folder.mkdir(parents=True)
+    os.environ[PROCESSES_ENV] = "1"
+    try:
+        with external_cluster(nodes, folder) as (address, pid), Client(address, timeout=30):
+            wait_for(address, nodes)
+            time.sleep(3.0)  # past the workers' and the client's start
+            before, started = process_seconds(pid), time.monotonic()
+            time.sleep(seconds)
+            return 1000 * (process_seconds(pid) - before) / (time.monotonic() - started)
+    finally:
+        os.environ.pop(PROCESSES_ENV, None)
+
+
+def process_seconds(pid: int) -> float:
+    """User and system CPU seconds of process ``pid`` (``/proc/PID/stat``, clock ticks)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def worker_pids(address: str) -> list[int]:
@@ -199,10 +225,21 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1, help="the whole grid this many times (median, range)")
     parser.add_argument("--nodes-only", action="store_true", help="skip today's round of a worker per process")
+    parser.add_argument("--idle", type=float, default=0.0, help="only the idle scheduler's CPU per second, over "
+                        "this many seconds per node count")
     parser.add_argument("--bytes", action="store_true", help="each node's shared-filesystem bytes per update "
                         "(strace; see the module's docstring)")
     args = parser.parse_args()
     before = os.getloadavg()
+    if args.idle:
+        with tempfile.TemporaryDirectory(prefix="node-round-") as scratch:
+            rates = {n: idle_scheduler(n, args.idle, Path(scratch) / str(n)) for n in map(int, args.nodes.split(","))}
+        print(f"load average {' '.join(f'{v:.1f}' for v in before)} before, "
+              f"{' '.join(f'{v:.1f}' for v in os.getloadavg())} after; the scheduler idle, {args.idle:g} s each")
+        print("| nodes | scheduler CPU ms/s, idle |\n|---|---|")
+        for nodes, rate in rates.items():
+            print(f"| {nodes} | {rate:.1f} |")
+        return
     cells: dict[tuple[str, str, int], list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="node-round-") as scratch:
         for repeat in range(args.repeats):
