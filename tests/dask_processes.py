@@ -121,3 +121,8 @@ class DaskProcesses:
         for started in reversed(self.started):
             self.stop(started)
         self.started.clear()
+
+
+def set_environ(values: dict[str, str]) -> None:
+    """Run on a Dask worker (``client.run(set_environ, {...}, workers=[...])``): variables into its environment."""
+    os.environ.update(values)

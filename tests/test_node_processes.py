@@ -8,6 +8,7 @@ through nodes of 2+1+3 worker processes (and 1+2, with -m slow).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -130,6 +131,62 @@ def test_a_node_killed_with_its_processes_has_its_range_run_again(dask, dataset:
     events = (tmp_path / "job" / "run" / "events.log").read_text()
     assert re.search(r"broadcast round of 3 workers ended: a worker of the round left the scheduler", events), events
     assert [t.chained for t in steps if t.chained != 6]  # that update's tasks after the partial ran per task
+    assert digest(tmp_path / "job" / "run") == unsafe_digest
+
+
+def states(pids: list[int]) -> list[str]:
+    """The state letters (R, S, T stopped, Z ...) of the processes of ``pids`` still there."""
+    found = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            found.append(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0])
+    return found
+
+
+def test_a_process_of_a_live_node_that_hangs_is_killed_at_the_task_timeout_and_its_task_sent_again(
+        dask, dataset: Path, unsafe_digest: str, tmp_path: Path) -> None:
+    """A worker process of the node of 2 stops itself (SIGSTOP) before computing its 1st gradient, once: a hung
+    process in a live node. The server's rule ends the round at train.task_timeout (8 s) and completes the update
+    per task; inside the node the same timeout kills the process, its replacement gets the task again, and the
+    node's thread returns -- no process of the node is left stopped. Before, the node's thread waited for the
+    stopped process for ever. The weights are a local run's."""
+    processes, client = dask
+    fired = tmp_path / "fired"
+    start_nodes(processes, client, [1, 2], {1: {"MEMTRAIN_FAULT": "before_grad_write:1",
+                                               "MEMTRAIN_FAULT_ACTION": "stop", "MEMTRAIN_FAULT_ONCE": str(fired)}})
+    node = processes.wait_for_workers(client, {"node1"})["node1"]["pid"]
+    job = unsafe_job(tmp_path / "job", dataset)
+    assert train(job, "--cluster", processes.address, *TASKS, "--set", "train.task_timeout=8") == 0
+    assert fired.exists()
+    # the node's own timeout runs from the task's send to the process (after the processes started): a little
+    # after the server's, which ends the round; then the replacement's task, the fold of a round that ended (bounded)
+    killing = re.compile(r"memtrain node node1 \(Dask worker tcp://127\.0\.0\.1:\d+, host [^)]+\): worker process \d "
+                         r"\(pid \d+\) silent for 8 s on gradient task \d of update \d+; killing it")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and ("T" in states(children(node)) or not killing.search(
+            (tmp_path / "dask" / "node1" / "log.txt").read_text())):
+        time.sleep(0.1)
+    log = (tmp_path / "dask" / "node1" / "log.txt").read_text()
+    assert killing.search(log), log[-3000:]
+    assert "T" not in states(children(node))
+    assert digest(tmp_path / "job" / "run") == unsafe_digest
+
+
+def test_a_task_that_kills_every_process_of_a_node_fails_after_max_attempts_naming_the_node_task_and_process(
+        dask, dataset: Path, unsafe_digest: str, tmp_path: Path) -> None:
+    """Every worker process of the node of 2 SIGKILLs itself at its 1st gradient (no once-marker: replacements
+    too). After train.max_attempts (2 here) deaths with one task, the node answers that task's error -- naming the
+    node, the task and the process -- instead of replacing processes for ever; the server ends the round, quotes it
+    and completes the update per task (the node's Dask worker, computing in its own process, dies there too); the
+    run ends on the other node with a local run's bits."""
+    processes, client = dask
+    start_nodes(processes, client, [1, 2], {1: {"MEMTRAIN_FAULT": "before_grad_write:1"}})
+    job = unsafe_job(tmp_path / "job", dataset)
+    assert train(job, "--cluster", processes.address, *TASKS, "--set", "train.max_attempts=2") == 0
+    events = (tmp_path / "job" / "run" / "events.log").read_text()
+    assert re.search(r"ended: a task failed: node node1 \(Dask worker tcp://127\.0\.0\.1:\d+, host [^)]+\): gradient "
+                     r"task \d of update \d+ lost its worker process 2 time\(s\) \(train\.max_attempts\); the last, "
+                     r"process \d \(pid \d+\), died \(exit code -9\)", events), events[-3000:]
     assert digest(tmp_path / "job" / "run") == unsafe_digest
 
 

@@ -12,6 +12,7 @@ task, the same bits, and its restarted worker takes part from a later round.
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from memtrain.cluster.broadcast import Broadcast  # noqa: E402
 from memtrain.cluster.nodes import PROCESSES_ENV, node_processes  # noqa: E402
 from memtrain.errors import InputError  # noqa: E402
 from memtrain.train.loops.sliced import SlicedParticipant  # noqa: E402
-from tests.dask_processes import DaskProcesses  # noqa: E402
+from tests.dask_processes import DaskProcesses, set_environ  # noqa: E402
 from tests.test_cluster import WIDE, WIDE_EPOCHS, digest, spy_records, train, write_job  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -112,27 +113,55 @@ def test_nodes_of_unequal_process_counts_give_the_weights_of_a_local_run(counts:
 
 def test_a_node_killed_mid_round_has_its_range_run_again_and_the_bits_stay(dask, dataset: Path, local_digest: str,
                                                                           tmp_path: Path, monkeypatch) -> None:
-    """The node of 2 processes among 1+2+1 (its range: 3 of the 6 tasks) SIGKILLs itself after writing its 2nd
-    gradient into its scratch, before its partial: the round ends, the node after it stops waiting, the tasks
-    after the furthest whole partial (the first node's, of 1 task, when it is the first) run per task, and the
-    step adds them onto that partial: the same bits; the next update opens a round of the nodes left."""
+    """The node of 2 processes among 1+2+1 (rank 1; its range: 3 of the 6 tasks) SIGKILLs itself after writing its
+    2nd gradient into its scratch, before its partial: the round ends, the node after it stops waiting, the tasks
+    after the furthest whole partial (rank 0's, of 1 task) run per task, and the step adds them onto that partial:
+    the same bits; the next update opens a round of the nodes left (and of the killed node's restarted worker).
+
+    The round's end reaches the scheduler after its loops have returned (``end_after_the_loops``), so the round's
+    leftovers are deleted at once: the partial the step reads must not be among them. Before, it was, and on a
+    loaded machine every step slice then waited for it until killed as silent, every worker in turn ("no Dask
+    worker left for 120 s"), whenever the killed node was not rank 0 (ranks follow the workers' addresses)."""
     processes, client = dask
     fired = tmp_path / "fired"
-    start_nodes(processes, client, [1, 2, 1], {1: {"MEMTRAIN_FAULT": "after_grad_write:2",
-                                                  "MEMTRAIN_FAULT_ONCE": str(fired)}}, nanny=True)
+    start_nodes(processes, client, [1, 1, 1], nanny=True)
+    # the node of 2 that will be killed is rank 1 (the round's ranks: the workers' addresses in order); its process
+    # count and fault hook are read when first needed; its nanny restarts it from the nanny's environment: a node of 1
+    ranks = sorted(client.scheduler_info()["workers"])
+    client.run(set_environ, {PROCESSES_ENV: "2", "MEMTRAIN_FAULT": "after_grad_write:2",
+                             "MEMTRAIN_FAULT_ONCE": str(fired)}, workers=[ranks[1]])
     opened: list[int] = []
     open_round = Broadcast.open
     monkeypatch.setattr(Broadcast, "open", lambda round: (open_round(round), opened.append(round.size))[0])
+    end_after_the_loops(monkeypatch)
     records, steps = node_run(tmp_path / "job", dataset, processes.address, monkeypatch)
     assert fired.exists()
     events = (tmp_path / "job" / "run" / "events.log").read_text()
-    assert re.search(r"broadcast round of 3 workers ended: a worker of the round left the scheduler; [3-6] of 6 "
-                     r"gradient tasks \(after the partial of the first [0-3]\) run per task", events), events
+    assert re.search(r"broadcast round of 3 workers ended: a worker of the round left the scheduler; 5 of 6 "
+                     r"gradient tasks \(after the partial of the first 1\) run per task", events), events
     resumed = [t.chained for t in steps if t.chained != 6]
-    assert resumed and set(resumed) <= {0, 1, 3}  # that update's step: from node 0's partial (or from nothing)
+    assert resumed and set(resumed) == {1}  # that update's step: from rank 0's partial
     assert opened[0] == 3 and len(opened) >= 2
     assert digest(tmp_path / "job" / "run") == local_digest
     assert not [p.name for p in (tmp_path / "job" / "run").rglob("c-u*")]
+
+
+def end_after_the_loops(monkeypatch, seconds: float = 10.0) -> None:
+    """The scheduler answers a round's end (``memtrain_end``) only once the round's loops have returned (they see
+    its end file first), as on a loaded machine, where the round's leftovers are then deleted at once: the order
+    that made the killed node's test fail in full suite runs (the partial the step reads was among them)."""
+    call = Broadcast.call
+
+    def end_late(round: Broadcast, handler: str, *args, **kwargs):
+        if handler == "memtrain_end":
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline and any(
+                    not loop.done() for token, loop in round.loops.items()
+                    if token in {slot.token for slot in round.pool.slots}):
+                time.sleep(0.01)
+        return call(round, handler, *args, **kwargs)
+
+    monkeypatch.setattr(Broadcast, "call", end_late)
 
 
 def test_a_node_that_joins_mid_run_takes_part_from_the_next_update(dask, dataset: Path, local_digest: str,
@@ -170,7 +199,6 @@ def test_the_process_count_is_checked() -> None:
 def test_a_member_waiting_for_a_partial_that_will_not_come_gives_up_when_the_round_ended(tmp_path: Path) -> None:
     """``fold_node(..., abandoned=)``: the wait for the partial before the range ends as soon as ``abandoned()``
     says so (the round ended), long before the deadline; nothing is published."""
-    import time
 
     import numpy as np
 
@@ -212,7 +240,7 @@ def test_a_wave_record_reads_back_as_it_was_posted(tmp_path: Path) -> None:
     files = WaveFiles(tmp_path, "0123456789ab")
     step = StepTask(task=0, attempt=0, update=3, version=3, lo=0, hi=0, rows=60, lr=0.1 / 3, tasks=6,
                     retried=((2, 1),), chained=4)
-    node = ((3, 3, 1, 6, 60, ("", "s", "", "", "", "")), (1, 2), 600.0)
+    node = ((3, 3, 1, 6, 60, ("", "s", "", "", "", "")), (1, 2), 600.0, 3)
     files.post(0, "nodes", node)
     files.post(1, "step", step)
     assert not files.record(0).exists()  # the previous wave's record goes once the next is posted
@@ -229,3 +257,25 @@ def test_a_wave_record_reads_back_as_it_was_posted(tmp_path: Path) -> None:
     assert not files.answer_path(2, 1).exists()
     files.end()
     assert files.ended()
+
+
+def test_the_benchmark_counts_a_nodes_shared_bytes_from_its_trace(tmp_path: Path) -> None:
+    """benchmarks/node_round.py ``--bytes``: calls on run-directory files by their return values, a mapped version
+    once per file (two threads' maps of it: one node fetch), the node's scratch and the dataset left out."""
+    from benchmarks.node_round import node_bytes
+
+    run, data = tmp_path / "run-1-2", tmp_path / "data-1"
+    scratch = run / "dask-scratch-space" / "worker-1" / "memtrain-node"
+    trace = tmp_path / "strace.txt"
+    trace.write_text("\n".join([
+        f"101 mmap(NULL, 4000128, PROT_READ, MAP_SHARED, 12<{run}/weights/v3.npy>, 0) = 0x7f00",
+        f"102 mmap(NULL, 4000128, PROT_READ, MAP_SHARED, 14<{run}/weights/v3.npy>, 0) = 0x7f10",
+        f"101 read(15<{run}/x/c-u3-a0-t2-s0.npy>, \"...\", 1048700) = 1048700",
+        f"101 pwrite64(16<{run}/x/v4.tmp>, \"...\", 2000000, 128) = 2000000",
+        f"101 read(17<{scratch}/g-u3-t2-a0.npy>, \"...\", 4000000) = 4000000",
+        f"101 read(18<{data}/train/x-00000.npy>, \"...\", 128) = 128",
+        f"101 mmap(NULL, 7328, PROT_READ, MAP_SHARED, 19<{data}/train/x-00000.npy>, 0) = 0x7f20",
+        "101 read(3<socket:[1234]>, \"...\", 65536) = 600",
+    ]))
+    found = node_bytes(trace, tmp_path)
+    assert (found["mapped"], found["read"], found["written"], found["rows"]) == (4000128, 1048700, 2000000, 128)

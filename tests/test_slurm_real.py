@@ -115,7 +115,12 @@ def test_the_time_limit_warning_checkpoints_and_the_requeued_job_resumes_to_the_
     stopped = [int(u) for u in checkpoint_updates(run)]
     assert stopped and max(stopped) >= 10
     assert digest(run) == local_digest[12]
-    first = out.split("srun: error:")[0]  # the first attempt's output, up to srun's report of its tasks' 143
+    # the first attempt's output: up to the requeued attempt's first line (each worker rank says its layout once
+    # per attempt). Not up to srun's first "srun: error:" report of a task's 143: rank 0 marks the end in the
+    # rendezvous file before its own message is printed, so a worker rank may exit, and srun say so, before it
+    again = "memtrain train: rank 1:"
+    assert out.count(again) == 2, out
+    first = out[:out.find(again, out.find(again) + 1)]
     assert "stopped by SIGTERM" in first and "resume with" in first and "Traceback" not in first
     for restart in (0, 1):
         assert not slurm_rendezvous_path(run, job_id, restart).exists()

@@ -436,8 +436,8 @@ def decode_record(found: dict[str, Any]) -> tuple[str, Any]:
     if kind == "step":
         return kind, StepTask(**{**body, "retried": tuple(tuple(pair) for pair in body["retried"])})
     if kind == "nodes":
-        record, counts, seconds = body
-        return kind, (gradient_fields(record), tuple(counts), seconds)
+        record, counts, seconds, attempts = body
+        return kind, (gradient_fields(record), tuple(counts), seconds, attempts)
     return kind, gradient_fields(body)
 
 
@@ -522,6 +522,7 @@ class Broadcast:
     rule: BackupRule | None
     timeout: float
     log: Callable[[str], None]
+    attempts: int = 3  # train.max_attempts: a node's tries of a task whose process dies or hangs (nodes.TaskLimit)
     ident: str = ""  # the open round's; "": none open
     members: list[ClusterSlot] = field(default_factory=list)
     wave: int = 0
@@ -742,8 +743,8 @@ _REGISTERED: set[str] = set()  # Dask clients whose scheduler has the BroadcastP
 _REFUSED: set[str] = set()  # and those whose scheduler could not load it (said once)
 
 
-def open_broadcast(pool: Any, *, rule: BackupRule | None, timeout: float, log: Callable[[str], None]
-                   ) -> Broadcast | None:
+def open_broadcast(pool: Any, *, rule: BackupRule | None, timeout: float, log: Callable[[str], None],
+                   attempts: int = 3) -> Broadcast | None:
     """The broadcast rounds on ``pool`` (a ClusterPool), the BroadcastPlugin registered on its scheduler once per
     client; None (the per-task path throughout) for another transport or a scheduler that cannot load it."""
     client = getattr(pool, "client", None)  # a ClusterPool's Dask client; another transport has none
@@ -761,7 +762,8 @@ def open_broadcast(pool: Any, *, rule: BackupRule | None, timeout: float, log: C
             _REFUSED.add(client.id)
             return None
         _REGISTERED.add(client.id)
-    return Broadcast(pool=pool, rule=rule, timeout=timeout, log=log, aside=getattr(pool, "aside", None) or SetAside())
+    return Broadcast(pool=pool, rule=rule, timeout=timeout, log=log, attempts=attempts,
+                     aside=getattr(pool, "aside", None) or SetAside())
 
 
 def gradient_results(tasks: list[GradTask], numbers: list[float]) -> dict[int, Result]:

@@ -31,12 +31,14 @@ is computed exactly as alone into its own file, and the fold adds them in task o
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from memtrain.errors import InputError
+from memtrain.train.loops.node_compute import TaskLimit
 from memtrain.train.messages import GradTask
 from memtrain.train.plan import node_tasks
 
@@ -65,10 +67,11 @@ def reported_processes() -> int | str:
         return str(exc)
 
 
-def node_record(record: tuple[Any, ...], counts: list[int], seconds: float) -> tuple[Any, ...]:
+def node_record(record: tuple[Any, ...], counts: list[int], seconds: float, attempts: int) -> tuple[Any, ...]:
     """The node record the server posts: the update's gradient record, the members' process counts in rank
-    order, how long a member may wait for the partial before its range."""
-    return record, tuple(counts), seconds
+    order, how long a member may wait for the partial before its range -- the run's ``train.task_timeout``, also
+    how long a node's process may be silent on a task (``TaskLimit``) -- and ``train.max_attempts``."""
+    return record, tuple(counts), seconds, attempts
 
 
 def node_part(actor: Any, tasks: list[GradTask] | str, body: tuple[Any, ...], rank: int,
@@ -79,7 +82,7 @@ def node_part(actor: Any, tasks: list[GradTask] | str, body: tuple[Any, ...], ra
     range is computed by the worker's state the actor holds (``WorkerState.node_range``:
     train/loops/node_compute.py), as ``broadcast.part`` runs a task through the actor: the cluster runs none of
     the engine itself."""
-    _, counts, seconds = body
+    _, counts, seconds, attempts = body
     if isinstance(tasks, str):
         return [], b"", tasks
     lo, hi = node_tasks(len(tasks), counts)[rank]
@@ -87,8 +90,11 @@ def node_part(actor: Any, tasks: list[GradTask] | str, body: tuple[Any, ...], ra
         return [], b"", ""
     scratch = Path(actor.worker.local_directory) / SCRATCH
     scratch.mkdir(exist_ok=True)
+    worker = actor.worker
+    limit = TaskLimit(seconds=seconds, attempts=attempts,
+                      node=f"{worker.name} (Dask worker {worker.address}, host {socket.gethostname()})")
     numbers, error = actor.state.node_range(tasks[lo:hi], lo, scratch, counts[rank], sync=actor.sync,
-                                            deadline=time.monotonic() + seconds, abandoned=abandoned)
+                                            deadline=time.monotonic() + seconds, abandoned=abandoned, limit=limit)
     return numbers, b"", error
 
 

@@ -15,7 +15,10 @@ its node's range computed in P real processes instead (``NodeProcesses``): the p
 (train/worker/pool.py ``WorkerPool``; its spawned processes run the ``target`` the worker passes, ``worker_main``),
 whose exchange folder is the node's scratch -- their gradient files stay on the node -- and whose server is the
 Dask worker's process (they die with it). A process killed mid-task is replaced by the pool and its task sent
-again: the same file, the same bits.
+again: the same file, the same bits. A process silent on a task for ``train.task_timeout`` (``TaskLimit``, from
+the node record) is killed, replaced and its task sent again, as the server's Scheduler does with a local worker;
+a task whose processes died or were killed ``train.max_attempts`` times fails, naming the node, the task and the
+process (the node's answer: the server completes the update per task and its events.log quotes it).
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +47,19 @@ from memtrain.train.loops.stream import StreamedGradient
 from memtrain.train.loops.threads import TaskThreads
 from memtrain.train.messages import GradTask, Outcome, Result
 from memtrain.train.worker.pool import WorkerPool
+
+LOG = logging.getLogger("distributed.worker.memtrain")  # in the Dask worker's log (Dask's loggers print at INFO)
+WAIT_BOUND = 1.0  # the longest wait for the node's processes between two looks at the silent ones
+
+
+@dataclass(frozen=True)
+class TaskLimit:
+    """How long a node's process may be silent on a task (``train.task_timeout``) and how many times a task may
+    lose its process (``train.max_attempts``), from the node record; ``node``: the node's name in the errors."""
+
+    seconds: float
+    attempts: int
+    node: str
 
 
 class NodeCompute:
@@ -69,7 +87,9 @@ class NodeCompute:
     def count(self) -> int:
         return self.threads.count
 
-    def __call__(self, tasks: list[GradTask]) -> list[Any]:
+    def __call__(self, tasks: list[GradTask], limit: TaskLimit) -> list[Any]:
+        """Each task's result, in order. ``limit`` is not applied: a thread cannot be killed (a hung one is the
+        whole node silent, which the server's rules handle)."""
         return self.threads.run([lambda thread, task=task: self.gradients[thread](task) for task in tasks])
 
     def close(self) -> None:
@@ -88,33 +108,46 @@ class NodeProcesses:
         with children_allowed():
             self.pool = WorkerPool(setup, count, target=target)
 
-    def __call__(self, tasks: list[GradTask]) -> list[Any]:
-        """Each task's ``Result``, in order; a task whose process died is sent again (to its replacement). When
+    def __call__(self, tasks: list[GradTask], limit: TaskLimit) -> list[Any]:
+        """Each task's ``Result``, in order; a task whose process died, or was killed silent past ``limit.seconds``,
+        is sent again (to its replacement), up to ``limit.attempts`` times (then it fails: ``run``). When
         the node's processes cannot start (``WorkerFailure``: ``max_starts`` deaths before Ready in a row), every
         task is failed with its text, then and at every later call (no more starts): the node answers the error
         (the server runs its tasks per task, on the Dask workers themselves, and its events.log quotes it)."""
         if not self.failed:
             try:
-                return self.run(tasks)
+                return self.run(tasks, limit)
             except WorkerFailure as exc:
                 self.failed = str(exc)
                 self.pool.close()
         return [Result(task=t.task, attempt=t.attempt, outcome=Outcome.FAILED, error=self.failed) for t in tasks]
 
-    def run(self, tasks: list[GradTask]) -> list[Any]:
+    def run(self, tasks: list[GradTask], limit: TaskLimit) -> list[Any]:
         waiting, results = list(range(len(tasks))), [None] * len(tasks)
         given: dict[int, int] = {}  # slot index -> index of the task it computes
+        lost: Counter[int] = Counter()  # task index -> processes that died or were killed with it
+        killed: dict[int, str] = {}  # pid -> how it was silent, for the error (the pool reports its death)
         while waiting or given:
             with children_allowed():  # the pool replaces a dead process here
-                events = self.pool.wait(0.0 if waiting and self.idle() else 1.0)
+                events = self.pool.wait(0.0 if waiting and self.idle() else self.wait_time(given, limit, killed))
             for event in events:
                 index = given.pop(event.slot.index, None)
                 if index is None:
                     continue
-                if event.answer is None:  # the process died with the task: computed again, into the same file
-                    waiting.insert(0, index)
-                else:
+                if event.answer is not None:
                     results[index] = event.answer
+                    continue
+                lost[index] += 1  # the process died with the task (or was killed silent): computed again, into
+                if lost[index] < limit.attempts:  # the same file, by its replacement
+                    waiting.insert(0, index)
+                    continue
+                how = killed.get(event.slot.pid, f"died (exit code {event.slot.process.exitcode})")
+                results[index] = Result(task=tasks[index].task, attempt=tasks[index].attempt, outcome=Outcome.FAILED,
+                                        error=f"node {limit.node}: gradient task {tasks[index].task} of update "
+                                              f"{tasks[index].ticket} lost its worker process {limit.attempts} "
+                                              f"time(s) (train.max_attempts); the last, process {event.slot.index} "
+                                              f"(pid {event.slot.pid}), {how}")
+            self.kill_silent(given, tasks, limit, killed)
             for slot in self.idle():
                 if not waiting:
                     break
@@ -124,6 +157,25 @@ class NodeProcesses:
 
     def idle(self) -> list[Any]:
         return [slot for slot in self.pool.slots if slot.idle and slot.ready]
+
+    def wait_time(self, given: dict[int, int], limit: TaskLimit, killed: dict[int, str]) -> float:
+        """Until the first busy process is due to be killed as silent, at most ``WAIT_BOUND``."""
+        busy = [self.pool.slots[index].since for index in given if self.pool.slots[index].pid not in killed]
+        return max(0.0, min([WAIT_BOUND, *(since + limit.seconds - time.monotonic() for since in busy)]))
+
+    def kill_silent(self, given: dict[int, int], tasks: list[GradTask], limit: TaskLimit, killed: dict[int, str]
+                    ) -> None:
+        """Kill every process silent on its task past ``limit.seconds`` (SIGKILL: a stopped one too); the pool
+        reports its death at the next wait and replaces it, and ``run`` sends the task again."""
+        now = time.monotonic()
+        for index, task in given.items():
+            slot = self.pool.slots[index]
+            if now - slot.since > limit.seconds and slot.pid not in killed:
+                killed[slot.pid] = f"silent for {limit.seconds:g} s on it (train.task_timeout): killed"
+                LOG.warning("memtrain node %s: worker process %d (pid %d) silent for %g s on gradient task %d of "
+                            "update %d; killing it, the task goes to its replacement", limit.node, index, slot.pid,
+                            limit.seconds, tasks[task].task, tasks[task].ticket)
+                self.pool.kill(slot)
 
     def close(self) -> None:
         self.pool.close()
@@ -190,7 +242,7 @@ def node_compute(state: Any, made: NodeCompute | NodeProcesses | None, scratch: 
 
 
 def compute_range(compute: NodeCompute | NodeProcesses, tasks: list[GradTask], lo: int, chain: PartialSum, *,
-                  deadline: float, abandoned: Callable[[], bool]) -> tuple[list[float], str]:
+                  deadline: float, abandoned: Callable[[], bool], limit: TaskLimit) -> tuple[list[float], str]:
     """Tasks ``lo``.. of the update (``tasks``, its member's range) computed on ``compute``'s threads into the
     node's scratch and folded onto ``chain`` (``node_sum.fold_node``); (task, loss, seconds of each task, error).
     The scratch files are deleted whatever happens; a round that ended meanwhile is no error (nobody reads the
@@ -198,7 +250,7 @@ def compute_range(compute: NodeCompute | NodeProcesses, tasks: list[GradTask], l
     numbers: list[float] = []
     paths = [STREAMED_GRADIENT.path(compute.scratch, t.ticket, t.task, t.attempt) for t in tasks]
     try:
-        for task, result in zip(tasks, compute(tasks), strict=True):
+        for task, result in zip(tasks, compute(tasks, limit), strict=True):
             if result.outcome != Outcome.DONE:
                 return numbers, result.error or f"task {task.task}: {result.outcome.name}"
             numbers += [task.task, result.loss, result.seconds]

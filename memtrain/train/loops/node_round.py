@@ -68,8 +68,9 @@ class NodeParticipant(SlicedParticipant):
 
         counts = self.member_processes()
         ranges = node_tasks(len(tasks), counts)
-        record = node_record(gradient_record(tasks), counts, broadcast.timeout or CHAIN_SECONDS)
-        self.published[tasks[0].ticket] = self.partials(tasks[0], ranges)  # discarded after the step
+        record = node_record(gradient_record(tasks), counts, broadcast.timeout or CHAIN_SECONDS, broadcast.attempts)
+        ends = [hi for _, hi in ranges]
+        self.published[tasks[0].ticket] = self.partials(tasks[0], ends)  # discarded after the step
         answer = broadcast.ask("nodes", record, node_shares(ranges, counts), self.file_chores)
         found = gradient_results(tasks, answer.numbers)
         if answer.status == "done":
@@ -79,8 +80,14 @@ class NodeParticipant(SlicedParticipant):
         first_missing = min((t.task for t in tasks if t.task not in found), default=len(tasks))
         self.chained = resume_point(chain, [hi for _, hi in ranges if hi <= first_missing])
         missing = [replace(task, attempt=1, spare="", in_place=False) for task in tasks[self.chained:]]
+        if answer.status == "timeout":  # the nodes answer in chain order: those after the first silent one wait for
+            # its partial, silent through no fault of theirs; only that one is killed as hung (``kill_silent``)
+            first = min(set(range(broadcast.size)) - set(answer.ranks))
+            answer = replace(answer, ranks=[rank for rank in range(broadcast.size) if rank != first])
+        # the round's leftovers, deleted as soon as its loops have returned (maybe at once): the partials a late
+        # member may still write, never the one the step reads (whole already; discarded after the step)
         self.round_over(answer, f"{len(missing)} of {len(tasks)} gradient tasks (after the partial of the first "
-                        f"{self.chained})", self.partials(tasks[0], ranges))
+                        f"{self.chained})", self.partials(tasks[0], [hi for hi in ends if hi != self.chained]))
         done = {r.task: r for r in self.run_tasks(missing, lambda: None)}
         return [done.get(task.task) or found[task.task] for task in tasks]
 
@@ -106,10 +113,10 @@ class NodeParticipant(SlicedParticipant):
         return PartialSum(self.files.exchange, update=task.ticket, attempt=0, version=task.version,
                           size=self.files.size)
 
-    def partials(self, task: GradTask, ranges: list[tuple[int, int]]) -> list[Path]:
-        """Every partial file the update's chain may have published (a late member may still write one)."""
+    def partials(self, task: GradTask, ends: list[int]) -> list[Path]:
+        """Every partial file of the update's chain ending at one of ``ends`` (tasks): every segment of it."""
         chain = self.chain(task)
-        return [chain.path(hi, s) for _, hi in ranges for s in range(len(segment_ranges(self.files.size)))]
+        return [chain.path(hi, s) for hi in ends for s in range(len(segment_ranges(self.files.size)))]
 
     def discard_partials(self, update: int) -> None:
         """The update's partials, once its step is written (or it was skipped): every one its chain may have

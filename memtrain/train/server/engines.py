@@ -303,7 +303,8 @@ class ClusterRounds(Rounds):
             self.files, stretches[0], workers=workers, run_tasks=tasks,
             publish_sync=sync_for_readers if sync else lambda path: None, recycle=False, chores=chores,
             slices=workers, broadcast=open_broadcast(transport, rule=c.scheduler.backup,  # the run's straggler rule
-                                                     timeout=c.train.task_timeout, log=c.log), timer=c.timer).run()
+                                                     timeout=c.train.task_timeout, log=c.log,
+                                                     attempts=c.train.max_attempts), timer=c.timer).run()
         if c.stop.requested:
             return Outcome.STOPPED
         return Outcome.NONFINITE if outcome == Outcome.NONFINITE else Outcome.DONE

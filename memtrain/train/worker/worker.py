@@ -36,7 +36,7 @@ from memtrain.train.loops.desk import DeskParticipant
 from memtrain.train.loops.gradient import TaskGradient
 from memtrain.train.loops.mapped import ROW_CACHE_BYTES, RoundFiles, RowCache, TaskRows, round_plan
 from memtrain.train.loops.maps import MapCache
-from memtrain.train.loops.node_compute import NodeCompute, NodeProcesses, compute_range, node_compute
+from memtrain.train.loops.node_compute import NodeCompute, NodeProcesses, TaskLimit, compute_range, node_compute
 from memtrain.train.loops.node_sum import PartialSum
 from memtrain.train.loops.rounds import Participant
 from memtrain.train.loops.sliced import SliceStep
@@ -253,14 +253,15 @@ class WorkerState:
             return Result(task=message.task, attempt=message.attempt, outcome=Outcome.FAILED, error=error)
 
     def node_range(self, tasks: list[GradTask], lo: int, scratch: Path, processes: int, *, sync: bool,
-                   deadline: float, abandoned: Callable[[], bool]) -> tuple[list[float], str]:
+                   deadline: float, abandoned: Callable[[], bool], limit: TaskLimit) -> tuple[list[float], str]:
         """A two-level round member's range (tasks ``lo``.. of the update) computed on the node's ``processes``
         threads into ``scratch`` and folded onto the update's chain in the exchange (train/loops/node_compute.py;
         the cluster's side, memtrain/cluster/nodes.py, hands it here): (task, loss, seconds of each, error)."""
         self.node_compute = node_compute(self, self.node_compute, scratch, processes, worker_main)
         chain = PartialSum(self.exchange, update=tasks[0].ticket, attempt=0, version=tasks[0].version,
                            size=self.context.layout.size, sync=sync)
-        return compute_range(self.node_compute, tasks, lo, chain, deadline=deadline, abandoned=abandoned)
+        return compute_range(self.node_compute, tasks, lo, chain, deadline=deadline, abandoned=abandoned,
+                             limit=limit)
 
     def close(self) -> None:
         """Give back the node's task threads and the maps (a long-lived Dask worker's state, at the run's end)."""
