@@ -14,7 +14,7 @@ Both are counted over the whole package and over ``memtrain/train/`` alone; ``--
 ``train/`` by caller, callee and function. docs/development.md ("Following one update") keeps the figures, and
 tests/test_follow_update.py bounds them, so that a change which tangles an update's path again is seen. The
 counts are the code's, not the machine's, but for one thing: the server's chores (the logbook written, the
-progress line) run at most every ``engines.PROGRESS_SECONDS`` between two updates, so on a slow or loaded machine
+progress line) run at most every ``logbook.PROGRESS_SECONDS`` between two updates, so on a slow or loaded machine
 they may fall inside the followed update (the rounds: 6 more files of train/ and 16 to 18 more returns).
 """
 

@@ -358,7 +358,7 @@ def test_the_records_runs_write_are_the_declared_ones(runs: Path) -> None:
 def test_a_writer_cannot_drift_from_the_declaration() -> None:
     """The writers build records through records.make: a field the declaration lacks, or a required one
     missing, is refused before anything is written."""
-    from memtrain.train.records.lineage import update_record
+    from memtrain.train.records.logbook import update_record
 
     line = dict(version=3, update=3, epoch=1, batch=3, tasks=[(0, 10)], at=[2], lr=0.1, checksum="x")
     assert list(update_record(**line, ids=[4], discarded=0)) == [*records.LINEAGE_UPDATE.keys[:-1]]

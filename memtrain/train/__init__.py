@@ -51,8 +51,10 @@ The folders say which process runs what (each folder's __init__.py says what it 
       weights.py   publishing, retiring and recycling weight versions; the one keep rule
     records/     the run directory's records, which outlive the run (written by the server)
       run_dir.py, record.py   the run directory, job.json and history.jsonl
-      logbook.py   records up to the ledger -> lineage and metric lines, the position
-      lineage.py, metrics.py, counters.py   lineage.jsonl, metrics and task statistics, the counters shown
+      logbook.py   records up to the ledger -> each update's lineage and metric lines, the position; the
+                   server's chores (Chores: when the lines are written, the progress line shown)
+      lineage.py, metrics.py, counters.py   lineage.jsonl (its first line, reading it back), metrics and task
+                   statistics, the counters shown
       checkpoint.py, state.py   checkpoints, and where a run stands: fresh starts and resumes
     shared, at the top (both processes)
       plan.py      the job's updates and tasks, each task's rows (Plan.rows: train.shuffle's order),
@@ -98,7 +100,7 @@ Glossary (one name per concept, everywhere in this package):
                  its records in a scheduler plugin, cluster/broadcast.BroadcastPlugin
     stretch      a run of updates handed to every participant at once (messages.Stretch)
     chores       the server's own work between two updates: lines logged, progress shown, a stop or the
-                 placement's end of a stretch looked at (server/engines.Chores, stretch_chores); on a
+                 placement's end of a stretch looked at (records/logbook.Chores, in_stretch); on a
                  cluster also its file chores while the workers compute (loops/sliced.py)
     slot         a participant's number in a stretch (a worker process, or the server itself)
     state vector one of the optimizer's per-parameter vectors (m, v: optim.state_names), double-buffered

@@ -3,7 +3,9 @@
 One JSON line per published version (format in docs/formats.md). The first line, version 0, names the
 format and its version; every later line names the rows whose gradients made the version, in the order
 they were added, and the version each gradient was computed at (``at``). That is the whole schedule of
-a run (read back by ``read_lineage``).
+a run (read back by ``read_lineage``). Each update's line is made where it is logged, with its metric line, by
+the one owner of an update's records (train/records/logbook.py ``update_record``); this module makes the
+first line and an additive model's, and reads them all back.
 Lines written before format 2 have no ``at``: their gradients were all computed at the parent.
 """
 
@@ -18,7 +20,7 @@ from typing import Any
 from memtrain.errors import CorruptFileError
 from memtrain.files import SEAL_KEY, open_regular, unseal
 from memtrain.layout import RUN_LINEAGE
-from memtrain.records import LINEAGE_INIT, LINEAGE_SOLVE, LINEAGE_UPDATE, make
+from memtrain.records import LINEAGE_INIT, LINEAGE_SOLVE, make
 
 FORMAT = "memtrain.lineage"
 FORMAT_VERSION = 2  # 2: "at" (the version each gradient was computed at); 1 (no "format" field): no "at"
@@ -28,17 +30,6 @@ def init_record(seed: int, checksum: str) -> dict[str, Any]:
     """The first line: version 0, the initial weights drawn from ``seed`` (``RunDir.lineage`` seals each line)."""
     return make(LINEAGE_INIT, version=0, parent=None, init={"seed": seed}, checksum=checksum, format=FORMAT,
                 format_version=FORMAT_VERSION)
-
-
-def update_record(*, version: int, update: int, epoch: int, batch: int, tasks: list[tuple[int, int]],
-                  at: list[int], lr: float, checksum: str, **extra: Any) -> dict[str, Any]:
-    """The line of ``version``, made from ``version - 1`` by the gradients of ``tasks`` (the plan's tasks, as
-    positions [lo, hi) of the epoch's row sequence: ``Plan.rows``; in the order they were added) computed at
-    versions ``at``."""
-    if len(tasks) != len(at):
-        raise ValueError(f"{len(tasks)} row ranges but {len(at)} versions")
-    return make(LINEAGE_UPDATE, version=version, parent=version - 1, update=update, epoch=epoch, batch=batch,
-                split="train", tasks=[list(t) for t in tasks], at=list(at), lr=lr, checksum=checksum, **extra)
 
 
 def solve_record(*, tasks: list[tuple[int, int]], solve: str, checksum: str) -> dict[str, Any]:

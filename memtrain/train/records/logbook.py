@@ -5,14 +5,20 @@ update ended) and the publisher moves the ledger past it; the server reads the r
 ledger, moves its ``Position`` along and writes the log lines -- in batches, while the rounds go on, and
 always before an epoch's record, a checkpoint, an interrupt or the end of the run. A crash in between
 loses only lines that a resume rewrites anyway (it truncates the logs to its checkpoint).
+
+Each update's two lines are made here, numbered once (train/records/counters.py): its lineage line
+(``update_record``; the format in docs/formats.md, read back by train/records/lineage.py) and its metric line.
+The logbook's ``Chores`` say when they are written, and the progress line shown: at most every
+``PROGRESS_SECONDS``, between two updates (the engines call them, train/server/engines.py).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,16 +26,29 @@ from memtrain.errors import MemtrainError
 from memtrain.faults import fault_point
 from memtrain.files import open_npy
 from memtrain.layout import building_path, weights_path
-from memtrain.records import METRICS_UPDATE, make
+from memtrain.records import LINEAGE_UPDATE, METRICS_UPDATE, make
 from memtrain.train.exchange.area import GRADIENT_BUFFER
 from memtrain.train.exchange.marks import PUBLISHED, SKIPPED, Ledger
 from memtrain.train.exchange.weights import commit_weights
 from memtrain.train.optim import OptimizerConfig, learning_rate
 from memtrain.train.plan import Plan, TaskRange, Update, gradient_bank, task_owner
 from memtrain.train.records.counters import batch_number, epoch_number, update_number
-from memtrain.train.records.lineage import update_record
 from memtrain.train.records.run_dir import RunDir
 from memtrain.train.records.state import Position
+
+if TYPE_CHECKING:
+    from memtrain.progress import Reporter
+
+
+def update_record(*, version: int, update: int, epoch: int, batch: int, tasks: list[tuple[int, int]],
+                  at: list[int], lr: float, checksum: str, **extra: Any) -> dict[str, Any]:
+    """The lineage line of ``version``, made from ``version - 1`` by the gradients of ``tasks`` (the plan's tasks, as
+    positions [lo, hi) of the epoch's row sequence: ``Plan.rows``; in the order they were added) computed at
+    versions ``at``."""
+    if len(tasks) != len(at):
+        raise ValueError(f"{len(tasks)} row ranges but {len(at)} versions")
+    return make(LINEAGE_UPDATE, version=version, parent=version - 1, update=update, epoch=epoch, batch=batch,
+                split="train", tasks=[list(t) for t in tasks], at=list(at), lr=lr, checksum=checksum, **extra)
 
 
 class Logbook:
@@ -101,23 +120,23 @@ class Logbook:
         if lr is None:
             lr = learning_rate(self.optimizer, update.update, self.plan.total_updates)
         before = position.version
+        number, epoch, batch = update_number(update.update), epoch_number(update.epoch), batch_number(update.batch)
         if version is not None:
             position.version = version
-            self.lineage.append(update_record(
-                version=version, update=update_number(update.update), epoch=epoch_number(update.epoch),
-                batch=batch_number(update.batch), tasks=[(t.lo, t.hi) for t in update.tasks], at=at, lr=lr,
-                checksum=checksum, **extra))
+            self.lineage.append(update_record(version=version, update=number, epoch=epoch, batch=batch,
+                                              tasks=[(t.lo, t.hi) for t in update.tasks], at=at, lr=lr,
+                                              checksum=checksum, **extra))
         else:
             self.nonfinite(update, bad)
             position.skipped += 1
         position.epoch_loss += loss
-        position.epoch_rows += update.rows
+        rows = update.rows
+        position.epoch_rows += rows
         position.batch += 1
         position.schedule.logged(update.update, before, position.version)
         self.metrics.append(make(
-            METRICS_UPDATE, kind="update", epoch=epoch_number(update.epoch), batch=batch_number(update.batch),
-            update=update_number(update.update), version=position.version, loss=loss / update.rows,
-            rows=update.rows, skipped=version is None, compute_s=compute, time=when))
+            METRICS_UPDATE, kind="update", epoch=epoch, batch=batch, update=number, version=position.version,
+            loss=loss / rows, rows=rows, skipped=version is None, compute_s=compute, time=when))
         self.timeline.append((update.update, when, compute))
         fault_point("after_update_logged")
 
@@ -151,3 +170,56 @@ class Logbook:
             self.run.metric(*self.metrics)
             self.metrics.clear()
 
+
+PROGRESS_SECONDS = 0.2  # between the server's chores while work is in flight: logs and the progress line
+
+
+class Chores:
+    """The server's chores: its own work between two updates (in this package always called its chores): the
+    logbook's lines written and the progress line shown, at most every PROGRESS_SECONDS (``due``); in a stretch
+    it runs itself, a stop or the placement's end of the stretch looked at too (``in_stretch``). ``epoch``
+    hands it the epoch's progress bar (the epoch loop's)."""
+
+    def __init__(self, logbook: Logbook):
+        self.logbook = logbook
+        self.bar: Reporter | None = None
+        self.epoch_started = time.monotonic()
+        self.next_time = 0.0
+
+    def epoch(self, bar: Reporter | None, started: float) -> None:
+        self.bar, self.epoch_started = bar, started
+
+    def due(self) -> bool:
+        """Whether PROGRESS_SECONDS have passed since the server last did its chores."""
+        now = time.monotonic()
+        if now < self.next_time:
+            return False
+        self.next_time = now + PROGRESS_SECONDS
+        return True
+
+    def report(self, position: Position) -> None:
+        """The lines logged so far written; the progress line (loss and speed of the epoch so far) shown."""
+        self.logbook.write()
+        if self.bar is not None:
+            rate = position.epoch_rows / max(time.monotonic() - self.epoch_started, 1e-9)
+            self.bar.update(position.batch, f"loss {position.epoch_loss / max(position.epoch_rows, 1):.4f}"
+                                            f"  {rate:,.0f} samples/s")
+
+    def after_update(self, position: Position) -> None:
+        """The chores after an update the server stepped itself, now and then."""
+        if self.due():
+            self.report(position)
+
+    def stretch(self, position: Position, ledger: Ledger) -> None:
+        """The chores while a stretch runs: the updates up to ``ledger`` logged, progress shown."""
+        self.logbook.catch_up(position, ledger, final=False)
+        self.report(position)
+
+    def in_stretch(self, position: Position, ledger: Callable[[], Ledger], ends: Callable[[], bool]) -> bool:
+        """The chores between two updates of a stretch the server runs itself, now and then: the updates up to
+        the ``ledger`` logged, progress shown; True ends the stretch there (``ends``: a stop, or the placement's
+        probe is over: ``EngineContext.stretch_ends``)."""
+        if not self.due():
+            return False
+        self.stretch(position, ledger())
+        return ends()

@@ -21,9 +21,9 @@ when it was built.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,7 +42,7 @@ from memtrain.train.loops.stream import ServerGradients
 from memtrain.train.messages import GradTask, Loop, Outcome, Stretch, Task
 from memtrain.train.plan import Plan, RowWords, step_slices, task_stream
 from memtrain.train.records.counters import update_number
-from memtrain.train.records.logbook import Logbook
+from memtrain.train.records.logbook import Chores, Logbook
 from memtrain.train.records.state import Position
 from memtrain.train.schedule import ArrivalState, PlannedState, Schedule
 from memtrain.train.server.exchange import InServer
@@ -52,54 +52,8 @@ from memtrain.train.worker.worker import error_text
 
 if TYPE_CHECKING:
     from memtrain.config import TrainConfig
-    from memtrain.progress import Reporter
     from memtrain.train.server.placement import Placement
     from memtrain.train.server.pools import OnCluster, Streamed
-
-
-PROGRESS_SECONDS = 0.2  # between the server's chores while work is in flight: logs and the progress line
-
-
-class Chores:
-    """The server's chores: its own work between two updates (in this package always called its chores): the
-    logbook's lines written and the progress line shown, at most every PROGRESS_SECONDS (``due``); in a stretch
-    it runs itself, a stop or the placement's end of the stretch looked at too (``stretch_chores``). ``epoch``
-    hands it the epoch's progress bar (the epoch loop's)."""
-
-    def __init__(self, logbook: Logbook):
-        self.logbook = logbook
-        self.bar: Reporter | None = None
-        self.epoch_started = time.monotonic()
-        self.next_time = 0.0
-
-    def epoch(self, bar: Reporter | None, started: float) -> None:
-        self.bar, self.epoch_started = bar, started
-
-    def due(self) -> bool:
-        """Whether PROGRESS_SECONDS have passed since the server last did its chores."""
-        now = time.monotonic()
-        if now < self.next_time:
-            return False
-        self.next_time = now + PROGRESS_SECONDS
-        return True
-
-    def report(self, position: Position) -> None:
-        """The lines logged so far written; the progress line (loss and speed of the epoch so far) shown."""
-        self.logbook.write()
-        if self.bar is not None:
-            rate = position.epoch_rows / max(time.monotonic() - self.epoch_started, 1e-9)
-            self.bar.update(position.batch, f"loss {position.epoch_loss / max(position.epoch_rows, 1):.4f}"
-                                            f"  {rate:,.0f} samples/s")
-
-    def after_update(self, position: Position) -> None:
-        """The chores after an update the server stepped itself, now and then."""
-        if self.due():
-            self.report(position)
-
-    def stretch(self, position: Position, ledger: Ledger) -> None:
-        """The chores while a stretch runs: the updates up to ``ledger`` logged, progress shown."""
-        self.logbook.catch_up(position, ledger, final=False)
-        self.report(position)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -126,6 +80,10 @@ class EngineContext:
     log: Callable[[str], None]
     describe_rows: RowWords
     timer: Timer = UNTIMED  # the named sections' timing hook (train/timing.py): untimed but in a measurement
+
+    def stretch_ends(self) -> bool:
+        """Whether a stretch the server runs itself ends at its chores: a stop, or the placement's probe is over."""
+        return self.stop.requested or self.placement.ends_stretch()
 
 
 class EpochEngine:
@@ -296,9 +254,8 @@ class ClusterRounds(Rounds):
         def workers() -> int:
             return len(transport.slots)
 
-        def chores() -> bool:
-            return stretch_chores(c, position, c.memory_board)
-
+        # the server's chores between two updates: the loop calls them straight (Chores.in_stretch)
+        chores = partial(c.chores.in_stretch, position, c.memory_board.ledger, c.stretch_ends)
         outcome = NodeParticipant(  # a SlicedParticipant whose round members may be nodes (issue 42)
             self.files, stretches[0], workers=workers, run_tasks=tasks,
             publish_sync=sync_for_readers if sync else lambda path: None, recycle=False, chores=chores,
@@ -308,15 +265,6 @@ class ClusterRounds(Rounds):
         if c.stop.requested:
             return Outcome.STOPPED
         return Outcome.NONFINITE if outcome == Outcome.NONFINITE else Outcome.DONE
-
-
-def stretch_chores(context: EngineContext, position: Position, board: Board) -> bool:
-    """The server's chores between two updates of a stretch it runs itself, now and then: the updates logged,
-    progress shown; True ends the stretch there (a stop, or the placement's probe is over)."""
-    if not context.chores.due():
-        return False
-    context.chores.stretch(position, board.ledger())
-    return context.stop.requested or context.placement.ends_stretch()
 
 
 class Desk(EpochEngine):

@@ -65,7 +65,7 @@ from memtrain.train.plan import Plan, RowWords, eval_tasks
 from memtrain.train.records.checkpoint import StagedBest
 from memtrain.train.records.counters import ONE_PASS, position_text, update_number
 from memtrain.train.records.lineage import Lineage
-from memtrain.train.records.logbook import Logbook
+from memtrain.train.records.logbook import Chores, Logbook
 from memtrain.train.records.metrics import SHOWN
 from memtrain.train.records.metrics import collect as validation_metrics
 from memtrain.train.records.record import Decision
@@ -80,7 +80,7 @@ from memtrain.train.records.state import (
 )
 from memtrain.train.server.choice import Choice, choose
 from memtrain.train.server.datacheck import check_trainable
-from memtrain.train.server.engines import Chores, EngineContext, EpochEngine, stretch_chores
+from memtrain.train.server.engines import EngineContext, EpochEngine
 from memtrain.train.server.exchange import InServer, WorkerPool
 from memtrain.train.server.monitor import check_monitor, monitor_for
 from memtrain.train.server.outline import server_context
@@ -399,7 +399,7 @@ class Trainer:
 
     def stretch_chores(self, position: Position) -> bool:
         """Called by the rounds the server runs itself, between two updates; True ends the stretch there."""
-        return stretch_chores(self.engine_context, position, self.memory_board)
+        return self.chores.in_stretch(position, self.memory_board.ledger, self.engine_context.stretch_ends)
 
     def end_epoch(self, position: Position, started: float, *, final: bool) -> dict[str, Any]:
         self.logbook.write()
