@@ -47,6 +47,7 @@ MADE = {
     "spare_gradient_name": lambda: [layout.spare_gradient_name(390, 1, 0)],
     "gradient_buffer_name": lambda: [layout.gradient_buffer_name(task, bank) for task in (0, 3) for bank in (0, 1)],
     "building_path": lambda: [layout.building_path(Path(), 391, 4242).as_posix()],
+    "private_path": lambda: [layout.private_path(Path(), 2, 4242).as_posix()],
     "state_buffer_name": lambda: [layout.state_buffer_name("m", 0), layout.state_buffer_name("v", 1)],
     "state_building_name": lambda: [layout.state_building_name("m", 391), layout.state_building_name("v", 391)],
     "desk_buffer_name": lambda: [layout.desk_buffer_name(0, 0), layout.desk_buffer_name(1, 4)],
@@ -73,7 +74,7 @@ MADE = {
 # Functions that read names back (parsers and listings) and the prefix of a name made above.
 READERS = {"parse_partial_name", "prepare_work_dirs", "weight_versions",
            "checkpoint_updates", "parse_exchange_owner", "tmp_owner_pid",
-           "spool_job_name", "tmp_target", "is_version_name", "is_checkpoint_name", "is_shard_name",
+           "spool_job_name", "tmp_target", "is_version_name", "is_checkpoint_name", "is_private_name", "is_shard_name",
            "is_rl_step_file",
            "existing_hint"}
 # Constants that are parts of names, not names: each must occur inside a name made above.
