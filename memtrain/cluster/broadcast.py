@@ -622,13 +622,7 @@ class Broadcast:
         if rule is None or not rule.ratio:
             return
         late = {rank: (seconds, median) for rank, seconds, median in answer.laggards}
-        before = {slot.index for slot in self.members if not self.aside.usable_now(slot)}
-        for rank, slot in enumerate(self.members):
-            if rank in late:
-                self.aside.verdict(slot, *late[rank], rule, self.log)
-            else:
-                self.aside.keeps_up(slot, self.log)
-        newly = {slot.index for slot in self.members if not self.aside.usable_now(slot)} - before
+        newly = self.aside.judge_round(self.members, late, rule, self.log)
         members = {slot.token for slot in self.members}
         back = step and any(slot.token not in members and slot.token not in self.loops and self.aside.usable_now(slot)
                             for slot in self.pool.slots)

@@ -38,8 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrain.errors import InputError
-from memtrain.train.loops.node_compute import TaskLimit
-from memtrain.train.messages import GradTask
+from memtrain.train.messages import GradTask, TaskLimit
 from memtrain.train.plan import node_tasks
 
 PROCESSES_ENV = "MEMTRAIN_NODE_PROCESSES"

@@ -366,6 +366,21 @@ class SetAside:
             self.noted.discard(slot.index)
             log(f"worker {slot.index} keeps up with its peers again: it gets work as the others do")
 
+    def judge_round(self, members: list[Any], late: dict[int, tuple[float, float]], rule: BackupRule,
+                    log: Callable[[str], None]) -> set[int]:
+        """A broadcast round's ``verdict`` on each of its ``members`` (by rank: ``late`` holds the ranks that ran
+        over the rule, with their seconds and their peers' median); the slot indexes newly set aside. Nothing
+        late and nobody aside or noted: nothing to do (the common update)."""
+        if not late and not self.until and not self.strikes and not self.noted:
+            return set()
+        before = {slot.index for slot in members if not self.usable_now(slot)}
+        for rank, slot in enumerate(members):
+            if rank in late:
+                self.verdict(slot, *late[rank], rule, log)
+            else:
+                self.keeps_up(slot, log)
+        return {slot.index for slot in members if not self.usable_now(slot)} - before
+
     def verdict(self, slot: Any, seconds: float, median: float, rule: BackupRule, log: Callable[[str], None]) -> None:
         """``judge`` with the peers' median known (a broadcast round's, computed on the scheduler)."""
         if seconds <= rule.ratio * median:
@@ -379,3 +394,13 @@ class SetAside:
             log(f"worker {slot.index} took {seconds:.3f} s, over {rule.ratio:g} x the median {median:.3f} s of "
                 f"its finished peers: set aside, its work goes to the others for {aside:.2f} s (then tried again; "
                 "twice as long each time it lags again, until it keeps up)")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskLimit:
+    """How long a node's process may be silent on a task (``train.task_timeout``) and how many times a task may
+    lose its process (``train.max_attempts``), from the node record; ``node``: the node's name in the errors."""
+
+    seconds: float
+    attempts: int
+    node: str

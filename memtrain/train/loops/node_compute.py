@@ -15,10 +15,11 @@ its node's range computed in P real processes instead (``NodeProcesses``): the p
 (train/worker/pool.py ``WorkerPool``; its spawned processes run the ``target`` the worker passes, ``worker_main``),
 whose exchange folder is the node's scratch -- their gradient files stay on the node -- and whose server is the
 Dask worker's process (they die with it). A process killed mid-task is replaced by the pool and its task sent
-again: the same file, the same bits. A process silent on a task for ``train.task_timeout`` (``TaskLimit``, from
-the node record) is killed, replaced and its task sent again, as the server's Scheduler does with a local worker;
-a task whose processes died or were killed ``train.max_attempts`` times fails, naming the node, the task and the
-process (the node's answer: the server completes the update per task and its events.log quotes it).
+again: the same file, the same bits. A process silent on a task for ``train.task_timeout`` (``TaskLimit``, a
+record of train/messages.py, from the node record) is killed, replaced and its task sent again, as the server's
+Scheduler does with a local worker; a task whose processes died or were killed ``train.max_attempts`` times fails,
+naming the node, the task and the process (the node's answer: the server completes the update per task and its
+events.log quotes it).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,21 +46,11 @@ from memtrain.train.loops.maps import MapCache
 from memtrain.train.loops.node_sum import Abandoned, PartialSum, fold_node
 from memtrain.train.loops.stream import StreamedGradient
 from memtrain.train.loops.threads import TaskThreads
-from memtrain.train.messages import GradTask, Outcome, Result
+from memtrain.train.messages import GradTask, Outcome, Result, TaskLimit
 from memtrain.train.worker.pool import WorkerPool
 
 LOG = logging.getLogger("distributed.worker.memtrain")  # in the Dask worker's log (Dask's loggers print at INFO)
 WAIT_BOUND = 1.0  # the longest wait for the node's processes between two looks at the silent ones
-
-
-@dataclass(frozen=True)
-class TaskLimit:
-    """How long a node's process may be silent on a task (``train.task_timeout``) and how many times a task may
-    lose its process (``train.max_attempts``), from the node record; ``node``: the node's name in the errors."""
-
-    seconds: float
-    attempts: int
-    node: str
 
 
 class NodeCompute:

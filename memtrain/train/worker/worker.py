@@ -36,7 +36,7 @@ from memtrain.train.loops.desk import DeskParticipant
 from memtrain.train.loops.gradient import TaskGradient
 from memtrain.train.loops.mapped import ROW_CACHE_BYTES, RoundFiles, RowCache, TaskRows, round_plan
 from memtrain.train.loops.maps import MapCache
-from memtrain.train.loops.node_compute import NodeCompute, NodeProcesses, TaskLimit, compute_range, node_compute
+from memtrain.train.loops.node_compute import NodeCompute, NodeProcesses, compute_range, node_compute
 from memtrain.train.loops.node_sum import PartialSum
 from memtrain.train.loops.rounds import Participant
 from memtrain.train.loops.sliced import SliceStep
@@ -57,6 +57,7 @@ from memtrain.train.messages import (
     Stop,
     Stretch,
     StretchEnd,
+    TaskLimit,
     WorkerSetup,
 )
 from memtrain.train.plan import Plan
