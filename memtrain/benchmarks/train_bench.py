@@ -72,7 +72,9 @@ EPOCHS, SMALL_EPOCHS = 1, 5
 # 1 and 2 epochs of 40 updates are not, so memtrain kept its rounds in the server there, as no real job
 # would (docs/torch.md). Their E: the torch peers run the same epochs.
 TORCH_EPOCHS, TORCH_LONG_PARAMS = 15, 2e6
-FIRST_JOB_TARGET = Target(name="the README's first command, memtrain / plain loop", at_least=0.5)
+FIRST_JOB_NAME = "the README's first command, memtrain / plain loop"
+# issue 43: >= 0.8x the plain loop for the whole run, >= 0.6x with the start-up cancelled
+FIRST_JOB_TARGETS = {"whole run, start-up included": 0.8, "start-up cancelled": 0.6}
 # bench async at small sizes: an update takes a few ms there, and a rate over 37 of them (~0.1 s) swings with
 # every wake-up of the machine (async's runs at 1e4 gave 0.92x and 1.36x synchronous over 20 and 180 updates)
 SMALL_PARAMS, SMALL_UPDATES, SMALL_WARMUP = 2e5, 200, 20
@@ -554,9 +556,14 @@ def bench_first_job(repeats: int, scratch: Path, progress: Reporter) -> dict[str
               f"{problem.epochs} more epochs, start-up cancelled": pairwise(loop["runs_epochs"],
                                                                           memtrain["runs_epochs"])}
     return {"rows": rows, "ratios": {name: ratio.as_dict() if ratio else None for name, ratio in ratios.items()},
-            "verdicts": [Target(name=f"{FIRST_JOB_TARGET.name}, {name}", at_least=FIRST_JOB_TARGET.at_least)
+            "verdicts": [Target(name=f"{FIRST_JOB_NAME}, {name}", at_least=first_job_target(name))
                          .verdict(ratio) if ratio else f"{name}: not timed (E and 2E epochs too close)"
                          for name, ratio in ratios.items()]}
+
+
+def first_job_target(name: str) -> float:
+    """The first command's target for the ratio ``name`` (``FIRST_JOB_TARGETS``, by the end of its name)."""
+    return next(at_least for end, at_least in FIRST_JOB_TARGETS.items() if name.endswith(end))
 
 
 def run_once(method: str, problem: Problem, scratch: Path, exchange: str,
