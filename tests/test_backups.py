@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from memtrain.train.messages import BackupRule, Event, GradTask, Message, Outcome, Result, Slot
+from memtrain.train.messages import BackupRule, Event, GradTask, Message, Outcome, Result, SetAside, Slot
 from memtrain.train.server.scheduler import Scheduler
 
 
@@ -21,6 +21,7 @@ class Timed:
     def __init__(self, slots: int, delay: dict[tuple[int, int], float], die: frozenset = frozenset()):
         self.slots = [Slot(index=i, process=None, ready=True) for i in range(slots)]
         self.delay, self.die, self.sent = delay, die, []
+        self.aside = SetAside()
 
     def send(self, slot: Slot, message: Message) -> None:
         slot.current, slot.since = message, time.monotonic()

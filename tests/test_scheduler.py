@@ -10,7 +10,7 @@ import time
 import pytest
 
 from memtrain.errors import WorkerFailure
-from memtrain.train.messages import EvalTask, Event, GradTask, Message, Outcome, Result, Slot
+from memtrain.train.messages import EvalTask, Event, GradTask, Message, Outcome, Result, SetAside, Slot
 from memtrain.train.server.scheduler import Scheduler
 
 
@@ -22,6 +22,7 @@ class Scripted:
     def __init__(self, slots: int, script: dict[tuple[int, int], str]):
         self.slots = [Slot(index=i, process=None, ready=True) for i in range(slots)]
         self.script, self.sent = script, []
+        self.aside = SetAside()
 
     def send(self, slot: Slot, message: Message) -> None:
         slot.current, slot.since = message, time.monotonic()

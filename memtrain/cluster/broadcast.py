@@ -522,6 +522,7 @@ class Broadcast:
     rule: BackupRule | None
     timeout: float
     log: Callable[[str], None]
+    aside: SetAside  # stragglers left out of the next rounds for a while: the pool's, shared with its per-task path
     attempts: int = 3  # train.max_attempts: a node's tries of a task whose process dies or hangs (nodes.TaskLimit)
     ident: str = ""  # the open round's; "": none open
     members: list[ClusterSlot] = field(default_factory=list)
@@ -533,8 +534,6 @@ class Broadcast:
     files: WaveFiles | None = None  # the open round's wave files when every member is a node
     state: RoundState | None = None  # and how its waves stand (the server's copy: no scheduler keeps them)
     checked: float = 0.0  # when the scheduler was last asked how the round of nodes stands
-    aside: SetAside = field(default_factory=SetAside)  # stragglers left out of the next rounds for a while
-    # (the pool's, shared with the per-task path: ``open_broadcast``)
 
     def __post_init__(self) -> None:
         self.call = timed(self.pool.timer, "broadcast call", self.call)  # type: ignore[method-assign]
@@ -757,7 +756,7 @@ def open_broadcast(pool: Any, *, rule: BackupRule | None, timeout: float, log: C
             return None
         _REGISTERED.add(client.id)
     return Broadcast(pool=pool, rule=rule, timeout=timeout, log=log, attempts=attempts,
-                     aside=getattr(pool, "aside", None) or SetAside())
+                     aside=pool.aside)
 
 
 def gradient_results(tasks: list[GradTask], numbers: list[float]) -> dict[int, Result]:

@@ -300,7 +300,12 @@ class Event:
 
 
 class Transport(Protocol):
+    """Slots to send tasks to and the events they answer with. ``aside``: the transport's stragglers
+    (``SetAside``), kept by the transport so that everything sending on it (the scheduler's calls, a cluster's
+    broadcast rounds) sees the same ones."""
+
     slots: list[Slot]
+    aside: SetAside
 
     def send(self, slot: Slot, message: Message) -> None: ...
 

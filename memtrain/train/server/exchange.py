@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from memtrain.train.messages import Event, Message, Slot, WorkerSetup
+from memtrain.train.messages import Event, Message, SetAside, Slot, WorkerSetup
 from memtrain.train.worker import pool
 from memtrain.train.worker.worker import WorkerState, worker_main
 
@@ -40,6 +40,7 @@ class InServer:
     def __init__(self, state: WorkerState):
         self.state = state
         self.slots = [Slot(0, None, ready=True)]
+        self.aside = SetAside()  # the Transport's (its one slot is never set aside: it has no peers)
         self._events: list[Event] = []
 
     def send(self, slot: Slot, message: Message) -> None:

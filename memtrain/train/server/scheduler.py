@@ -46,7 +46,6 @@ from memtrain.train.messages import (
     GradTask,
     Outcome,
     Result,
-    SetAside,
     Slot,
     Stretch,
     StretchEnd,
@@ -102,7 +101,6 @@ class Scheduler:
                  describe_memory: Callable[[Task], str] = lambda task: "", backup: BackupRule | None = None,
                  check_mapped: Callable[[], None] = lambda: None):
         self.backup = backup  # the straggler rule of ``run``; None: no backup copies, no slot set aside
-        self.aside = SetAside()  # ``run``'s stragglers on a transport without its own (``transport.aside``)
         # after a worker's SIGBUS: checks the files workers map that may have shrunk (raises MemtrainError naming one)
         self.check_mapped = check_mapped
         self.task_timeout = task_timeout
@@ -134,7 +132,7 @@ class Scheduler:
         done: dict[tuple[int, int], Result] = {}
         race = Race(self.backup)
         while len(done) < len(tasks):
-            for slot in self._aside(transport).usable(transport.slots) if self.backup is not None else transport.slots:
+            for slot in transport.aside.usable(transport.slots) if self.backup is not None else transport.slots:
                 if slot.idle and pending:
                     transport.send(slot, pending.popleft())
             if not pending:
@@ -164,15 +162,11 @@ class Scheduler:
         ``ServerGradients``): the words a worker's failure gets."""
         return worker_failure(self.describe_task(message), 0, error, self.describe_memory(message))
 
-    def _aside(self, transport: Transport) -> SetAside:
-        """The transport's stragglers (a cluster pool keeps them for its broadcast rounds too), else the scheduler's."""
-        return getattr(transport, "aside", None) or self.aside
-
     def _judge(self, transport: Transport, event: Event, seconds: float, race: Race) -> None:
         """``SetAside.judge`` the slot that answered; when its answer is a backup copy's, taken, the slot
         still running the original too (it ran longer than the copy's whole wait)."""
         assert self.backup is not None
-        aside = self._aside(transport)
+        aside = transport.aside
         aside.judge(event.slot, seconds, race.seconds, self.backup, self.log)
         key = task_key_of(event.message)
         if key is not None and race.copies.get(key) == event.message:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from memtrain.errors import WorkerFailure, plural
-from memtrain.train.messages import Event, Message, Ready, Slot, StartFailed, Stop, WorkerSetup
+from memtrain.train.messages import Event, Message, Ready, SetAside, Slot, StartFailed, Stop, WorkerSetup
 from memtrain.train.worker.launch import script_not_rerun
 
 # Workers start with `spawn`: never fork a server that may hold threads, BLAS pools or HDF5 handles.
@@ -53,6 +53,7 @@ class WorkerPool:
         self._poll = select.poll()
         self._by_fd: dict[int, tuple[int, bool]] = {}  # answer pipe or sentinel -> (slot index, is sentinel)
         self.pending: list[Slot] = []
+        self.aside = SetAside()  # the stragglers the scheduler sets aside (train/messages.py)
         self.slots = [self._adopt(adopt) if index == 0 and adopt is not None else self._start(index)
                       for index in range(count)]
 
