@@ -756,6 +756,9 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 # --- sealed JSON records ---
 SEAL_KEY = "record_checksum"
+# The compact JSON a seal hashes (``json_checksum``), made once: ``json.dumps`` with these options would build a
+# new encoder for every record it is given (every update's lineage line).
+CANONICAL_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
 def json_checksum(body: dict[str, Any], *, native: bool = False) -> str:
@@ -766,7 +769,7 @@ def json_checksum(body: dict[str, Any], *, native: bool = False) -> str:
     bool, None, lists and dicts), so the round trip is skipped (one per update in a run's lineage).
     """
     canonical = body if native else json.loads(json.dumps(body))
-    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    text = CANONICAL_JSON.encode(canonical)
     return f"{CHECKSUM_ALGO}:{xxhash.xxh3_128_hexdigest(text.encode())}"
 
 

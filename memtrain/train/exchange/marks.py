@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -235,6 +236,26 @@ def records_dtype(tasks: int) -> np.dtype:
     return np.dtype([("loss", "<f8", (tasks,)), ("seconds", "<f8", (tasks,)), ("bad", "u1", (tasks,)),
                      ("status", "i1"), ("participants", "<i2"), ("version", "<i8"), ("at", "<i8"), ("time", "<f8"),
                      ("checksum", "u1", (DIGEST_BYTES,))])
+
+
+class UpdateRecord(NamedTuple):
+    """One update's record as Python values (``read_record``), its fields those of ``records_dtype``, in order."""
+
+    loss: np.ndarray  # per task
+    seconds: np.ndarray  # per task
+    bad: np.ndarray  # per task
+    status: int
+    participants: int
+    version: int
+    at: int
+    time: float
+    checksum: np.ndarray
+
+
+def read_record(row: np.void) -> UpdateRecord:
+    """``row`` of the records (``records_dtype``) in one conversion: the logbook reads every field of every
+    update, and reading a structured row field by field costs about a microsecond a field."""
+    return UpdateRecord(*row.item())
 
 
 def create_records(path: Path, updates: int, tasks: int) -> None:

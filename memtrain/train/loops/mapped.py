@@ -76,7 +76,10 @@ class RoundFiles:
         # the plan: derived here, or the server's own when it runs the rounds itself (each epoch's list made once)
         self.plan = plan if plan is not None else round_plan(self.train.rows, setup)
         self.records = open_records(RECORDS.path(exchange), self.plan.per_epoch, setup.tasks_per_update)
-        self.loss, self.seconds, self.bad = self.records["loss"], self.records["seconds"], self.records["bad"]
+        # each field of the records as an array (an update writes a field of its row: a row's field costs a
+        # microsecond, a column's element a tenth of that)
+        self.columns = {name: self.records[name] for name in self.records.dtype.names}
+        self.loss, self.seconds, self.bad = self.columns["loss"], self.columns["seconds"], self.columns["bad"]
         self.grads = [[self._map(GRADIENT_BUFFER.path(exchange, t, bank)) for t in range(setup.tasks_per_update)]
                       for bank in range(gradient_banks(setup.staleness))]  # by plan.gradient_bank
         self.state = [{name: self._map(OPTIMIZER_STATE.path(exchange, name, parity)) for name in state_names(optimizer)}

@@ -318,7 +318,7 @@ class Participant:
         update, self.unpublished = self.unpublished, None
         files = self.files
         files.board.doing(self.slot, self.generation, PUBLISH, update.update)
-        files.records["checksum"][update.batch] = np.frombuffer(weights_digest(files.digests[self.version % 2],
+        files.columns["checksum"][update.batch] = np.frombuffer(weights_digest(files.digests[self.version % 2],
                                                                               files.size), np.uint8)
         self.record(update, PUBLISHED)  # from here the file is as good as published (Logbook.catch_up)
         if not self.private:  # else its digest, recorded, is the version's proof; its file waits in the ring
@@ -354,12 +354,12 @@ class Participant:
 
     def record(self, update: Update, status: int) -> None:
         """How ``update`` ended, into its record; the status last (the server trusts a record by it)."""
-        row = self.files.records[update.batch]
-        row["version"], row["time"] = self.version, time.time()
-        row["at"] = self.computed_at.pop(update.update, self.version)
-        row["participants"] = self.record_participants(update)
-        self.files.bad[update.batch] = 0
-        row["status"] = status
+        column, row = self.files.columns, update.batch
+        column["version"][row], column["time"][row] = self.version, time.time()
+        column["at"][row] = self.computed_at.pop(update.update, self.version)
+        column["participants"][row] = self.record_participants(update)
+        column["bad"][row] = 0
+        column["status"][row] = status
 
     def record_participants(self, update: Update) -> int:
         """How many computed the update's tasks side by side: the slots, or the server's task threads (which

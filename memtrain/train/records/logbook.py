@@ -28,7 +28,7 @@ from memtrain.files import open_npy
 from memtrain.layout import building_path, weights_path
 from memtrain.records import LINEAGE_UPDATE, METRICS_UPDATE, make
 from memtrain.train.exchange.area import GRADIENT_BUFFER
-from memtrain.train.exchange.marks import PUBLISHED, SKIPPED, Ledger
+from memtrain.train.exchange.marks import PUBLISHED, SKIPPED, Ledger, UpdateRecord, read_record
 from memtrain.train.exchange.weights import commit_weights
 from memtrain.train.optim import OptimizerConfig, learning_rate
 from memtrain.train.plan import Plan, TaskRange, Update, gradient_bank, task_owner
@@ -79,9 +79,12 @@ class Logbook:
             update = self.plan.updates(position.epoch)[position.batch]
             row = self.records[position.batch]
             finished = update.update <= ledger.update or (final and self._published_after_ledger(row, position))
-            if not finished or (row["status"] == SKIPPED and self.on_nonfinite == "stop" and not final):
+            if not finished:
                 return
-            self.finish(position, update, row)
+            record = read_record(row)
+            if record.status == SKIPPED and self.on_nonfinite == "stop" and not final:
+                return
+            self.finish(position, update, record)
 
     def _published_after_ledger(self, row: np.void, position: Position) -> bool:
         """Whether the update after the ledger was published, its publisher dying before the ledger: renamed
@@ -96,18 +99,17 @@ class Logbook:
             self.log(f"published version {version}: its publisher died after recording it, before the rename")
         return weights_path(self.run.path, version).exists()
 
-    def finish(self, position: Position, update: Update, row: np.void) -> None:
+    def finish(self, position: Position, update: Update, record: UpdateRecord) -> None:
         tasks = len(update.tasks)
-        participants = max(1, int(row["participants"]))
-        seconds = row["seconds"][:tasks].tolist()
+        participants = max(1, record.participants)
+        seconds = record.seconds[:tasks].tolist()
         compute = max(sum(seconds[t] for t in range(tasks) if task_owner(t, participants) == slot)
                       for slot in range(min(participants, tasks)))
-        published = bool(row["status"] == PUBLISHED)
-        self.applied(position, update, row["loss"][:tasks].tolist(),
-                     version=int(row["version"]) if published else None,
-                     at=[int(row["at"])] * tasks,  # the round computes an update's gradients at one version
-                     checksum="xxh3-128-blocks:" + bytes(row["checksum"]).hex(), compute=compute,
-                     bad=[t for t in update.tasks if row["bad"][t.task]], when=float(row["time"]))
+        self.applied(position, update, record.loss[:tasks].tolist(),
+                     version=record.version if record.status == PUBLISHED else None,
+                     at=[record.at] * tasks,  # the round computes an update's gradients at one version
+                     checksum="xxh3-128-blocks:" + record.checksum.tobytes().hex(), compute=compute,
+                     bad=[t for t in update.tasks if record.bad[t.task]], when=record.time)
 
     def applied(self, position: Position, update: Update, losses: list[float], *, version: int | None,
                 at: list[int], checksum: str, compute: float, bad: list[TaskRange], when: float,
