@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from memtrain.order import SHUFFLES
 from memtrain.train.plan import (
     Plan,
+    TaskRange,
     async_updates_per_epoch,
     epoch_updates,
     eval_tasks,
@@ -64,6 +65,16 @@ def test_batch_order_changes_between_epochs_but_not_between_runs() -> None:
               for epoch in range(3)]
     assert orders[0] != orders[1] != orders[2]
     assert orders[1] == [u.tasks[0].lo for u in epoch_updates(10_000, 100, 2, 7, 1, shuffle="batches")]
+
+
+def test_every_epoch_has_the_same_batches_whose_tasks_are_made_once() -> None:
+    """An epoch's updates are the same batches in another order: each batch's tasks are one tuple for every epoch
+    (a plan's list of updates made its tasks anew every epoch: most of its cost, per update of the rounds)."""
+    tasks = [{u.tasks[0].lo: u.tasks for u in epoch_updates(10_000, 100, 2, 7, epoch, shuffle="batches")}
+             for epoch in range(2)]
+    assert tasks[0].keys() == tasks[1].keys()
+    assert all(tasks[0][lo] is tasks[1][lo] for lo in tasks[0])
+    assert tasks[0][300] == (TaskRange(0, 300, 350), TaskRange(1, 350, 400))
 
 
 @given(st.integers(0, 100_000), st.integers(1, 10_000), st.integers(1, 16))

@@ -23,6 +23,7 @@ row ranges.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -95,9 +96,15 @@ def epoch_updates(train_rows: int, batch_size: int | None, tasks_per_update: int
             range(len(starts))
         batches = [(starts[k], min(starts[k] + batch_size, train_rows)) for k in order]
     first = epoch * len(batches)
-    return [Update(epoch, number, first + number,
-                   tuple(TaskRange(i, a, b) for i, (a, b) in enumerate(split_range(lo, hi, tasks_per_update))))
+    return [Update(epoch, number, first + number, batch_tasks(lo, hi, tasks_per_update))
             for number, (lo, hi) in enumerate(batches)]
+
+
+@functools.lru_cache(maxsize=4096)
+def batch_tasks(lo: int, hi: int, tasks_per_update: int) -> tuple[TaskRange, ...]:
+    """The tasks of the batch that is positions [lo, hi): made once, since every epoch has the same batches in
+    another order (a plan's list of an epoch's updates was most of its cost)."""
+    return tuple(TaskRange(i, a, b) for i, (a, b) in enumerate(split_range(lo, hi, tasks_per_update)))
 
 
 class Plan:
