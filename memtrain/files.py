@@ -775,7 +775,7 @@ def json_checksum(body: dict[str, Any], *, native: bool = False) -> str:
 
 def seal(record: dict[str, Any], *, native: bool = False) -> dict[str, Any]:
     """``record`` with a ``record_checksum`` field covering every other field (``native``: see json_checksum)."""
-    body = {key: value for key, value in record.items() if key != SEAL_KEY}
+    body = {key: value for key, value in record.items() if key != SEAL_KEY} if SEAL_KEY in record else record
     return {**body, SEAL_KEY: json_checksum(body, native=native)}
 
 

@@ -41,6 +41,11 @@ class Record:
         return frozenset(self.keys)
 
     @cached_property
+    def accepted(self) -> set[tuple[str, ...]]:
+        """The lists of keys ``make`` has accepted for this record in this process (it checks each list once)."""
+        return set()
+
+    @cached_property
     def required(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.fields if f.required and f.name != SEAL[0])
 
@@ -315,9 +320,14 @@ def problems(record: Record, obj: dict[str, Any]) -> list[str]:
 
 def make(record: Record, **values: Any) -> dict[str, Any]:
     """``values`` as a dict (in the order given), refused (ValueError: a bug) unless its keys are ``record``'s
-    and every required one is there; the seal is added later, by whoever writes it."""
+    and every required one is there; the seal is added later, by whoever writes it. The keys a record is made
+    with are checked once per process (a run makes two records per update, always with the same keys)."""
+    keys = tuple(values)
+    if keys in record.accepted:
+        return values
     wrong = [key for key in values if key not in record.names]
     missing = [name for name in record.required if name not in values]
     if wrong or missing:
         raise ValueError(f"{record.name} record: undeclared {wrong}, missing {missing} (memtrain/records.py)")
+    record.accepted.add(keys)
     return values

@@ -367,3 +367,17 @@ def test_a_writer_cannot_drift_from_the_declaration() -> None:
         update_record(**line, seconds=[0.5])
     with pytest.raises(ValueError, match=r"missing \['kind'\]"):
         records.make(records.METRICS_EPOCH, epoch=1, update=3, version=3, loss=0.5, samples_per_s=1.0, time=0.0)
+
+
+def test_a_records_keys_are_checked_once_and_a_wrong_list_is_still_refused() -> None:
+    """make checks each list of keys once per process (a run makes two records per update with the same keys);
+    a list it accepted never lets another through."""
+    fields = dict(kind="update", epoch=1, batch=0, update=1, version=1, loss=0.5, rows=8, skipped=False,
+                  compute_s=0.1, time=0.0)
+    assert records.make(records.METRICS_UPDATE, **fields) == fields
+    assert tuple(fields) in records.METRICS_UPDATE.accepted
+    assert records.make(records.METRICS_UPDATE, **fields) == fields
+    with pytest.raises(ValueError, match=r"undeclared \['seconds'\]"):
+        records.make(records.METRICS_UPDATE, **fields, seconds=1.0)
+    with pytest.raises(ValueError, match=r"missing \['kind'\]"):
+        records.make(records.METRICS_UPDATE, **{key: value for key, value in fields.items() if key != "kind"})
