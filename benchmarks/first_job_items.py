@@ -10,6 +10,12 @@ piece's wall time holds whatever ran meanwhile, its CPU time does not, so the it
 compare on a busy machine (the timer adds about 1 µs a call). It measures the rounds the server runs
 itself: use it with ``train.workers = 0`` or "auto" on a job whose updates stay in the server (the README's
 first job, the 1e4 and 1e5 bench MLPs).
+
+The fixed cost without the model: with ``model.kind = "benchmarks.first_job_items:ZeroGradientMLP"`` (run from the
+checkout's root) the job has the MLP's parameters and the same step, records, logs and version files, but its
+gradient is zeros written into the buffers, so "the rounds, in all" less "the model's loss and gradient" is
+memtrain's own work per update, without the model's compute and without its cache effects (the model's rows and
+activations evict the interpreter's working set, which makes the Python after it slower: docs/performance.md).
 """
 
 from __future__ import annotations
@@ -17,10 +23,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from memtrain.files import read_jsonl
 from memtrain.layout import RUN_METRICS
+from memtrain.models.mlp import MLP
 from memtrain.train.timing import Recording
 
 # (named section, item): the sections timed, in the order printed
@@ -36,6 +46,17 @@ ITEMS = (
     ("end_epoch", "per epoch: all of the epoch's end"),
     ("rounds", "the rounds, in all"),
 )
+
+
+@dataclass(frozen=True)
+class ZeroGradientMLP(MLP):
+    """The MLP's parameters, a gradient of zeros and a loss of 1 per task (see the module's text)."""
+
+    def loss_and_grad(self, params: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray,
+                      grads: dict[str, np.ndarray]) -> float:
+        for grad in grads.values():
+            grad.fill(0)
+        return 1.0
 
 
 def main(argv: list[str]) -> int:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from table_widths import assert_fits_or_whole
 
@@ -277,6 +278,20 @@ def test_the_items_of_an_update_are_timed_in_cpu_and_fit_inside_the_server_s_cpu
     assert all(value > 0 for value in items.values())
     assert items["the model's loss and gradient"] < items["a gradient task (the model's included)"]
     assert items["the rounds, in all"] < whole
+
+
+def test_the_zero_gradient_mlp_has_the_mlps_parameters_and_writes_a_gradient_of_zeros() -> None:
+    """first_job_items.ZeroGradientMLP: memtrain's own work per update (the MLP's step, records and files) without
+    the model's compute."""
+    from memtrain.models.protocol import DataSpec
+    from memtrain.models.registry import build_model
+
+    spec = DataSpec(n_features=6, task="classification", n_classes=3)
+    model = build_model("benchmarks.first_job_items:ZeroGradientMLP", {"hidden": [8]}, spec)
+    assert model.parameter_shapes() == build_model("mlp", {"hidden": [8]}, spec).parameter_shapes()
+    grads = {name: np.ones(shape, np.float32) for name, shape in model.parameter_shapes().items()}
+    assert model.loss_and_grad({}, np.ones((4, 6), np.float32), np.zeros(4, np.int64), grads) == 1.0
+    assert all(not grad.any() for grad in grads.values())
 
 
 def test_a_memtrain_row_whose_runs_ended_in_different_places_says_so() -> None:
