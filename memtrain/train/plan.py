@@ -102,8 +102,8 @@ def epoch_updates(train_rows: int, batch_size: int | None, tasks_per_update: int
 
 @functools.lru_cache(maxsize=4096)
 def batch_tasks(lo: int, hi: int, tasks_per_update: int) -> tuple[TaskRange, ...]:
-    """The tasks of the batch that is positions [lo, hi): made once, since every epoch has the same batches in
-    another order (a plan's list of an epoch's updates was most of its cost)."""
+    """The tasks of the batch that is positions [lo, hi): made once (for the 4,096 batches used last), since every
+    epoch has the same batches in another order (making them was most of the cost of an epoch's list of updates)."""
     return tuple(TaskRange(i, a, b) for i, (a, b) in enumerate(split_range(lo, hi, tasks_per_update)))
 
 
