@@ -32,7 +32,7 @@ from tests.test_node_round import TASKS, node_run, start_nodes  # noqa: E402
 
 pytestmark = pytest.mark.timeout(400)
 
-dask, dataset = test_node_round.dask, test_node_round.dataset  # its fixtures
+scheduler, dask, dataset = test_node_round.scheduler, test_node_round.dask, test_node_round.dataset  # its fixtures
 
 KIND = "tests.node_models:UnsafeMLP"  # the MLP, not thread_safe
 PYTHONPATH = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)  # KIND's tests package
