@@ -1,5 +1,5 @@
-"""torch.nn.Module models end to end: agreement with a plain torch loop, bitwise identical weights with 1, 2
-and 4 workers, worker and server kills, the buffer and randomness rules, start-up errors, export round trips."""
+"""torch.nn.Module models end to end: agreement with a plain torch loop, bitwise identical weights with 1 and 2
+workers, worker and server kills, the buffer and randomness rules, start-up errors, export round trips."""
 
 from __future__ import annotations
 
