@@ -1,5 +1,6 @@
-"""torch.nn.Module models end to end: agreement with a plain torch loop, bitwise identical weights with 1 and 2
-workers, worker and server kills, the buffer and randomness rules, start-up errors, export round trips."""
+"""torch.nn.Module models end to end: agreement with a plain torch loop, bitwise identical weights in the server
+alone and with 2 workers, worker and server kills, the buffer and randomness rules, start-up errors, export round
+trips."""
 
 from __future__ import annotations
 
@@ -102,12 +103,14 @@ def mlp_run(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def bn_runs(data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
-    """The BatchNorm + dropout net trained with 1 and 2 workers (AdamW: its weight decay must not touch
-    the buffers). Not 4 as well: four more processes importing torch (~4 s of CPU) for a split of the 3 tasks an
-    update that 2 workers already make uneven (2 and 1); more workers than tasks is tests/test_train.py's
-    test_any_worker_count_gives_bitwise_identical_weights[4] (4 workers, 3 tasks an update)."""
+    """The BatchNorm + dropout net trained by the server alone (0 workers: every task in one process, as 1 worker
+    does, in this process, which has torch already) and with 2 workers (AdamW: its weight decay must not touch the
+    buffers). Not 1 and 4 workers as well: 7 more processes importing torch (~7 s of CPU), for the 3 tasks of an
+    update in one process (the server's) and split unevenly (2 workers: 2 and 1); more workers than tasks is
+    tests/test_train.py's test_any_worker_count_gives_bitwise_identical_weights[4] (4 workers, 3 tasks an update),
+    and 1 worker test_server_killed_then_resumed_is_bitwise_identical's killed run."""
     runs = {}
-    for workers in (1, 2):
+    for workers in (0, 2):
         job = write_job(tmp_path_factory.mktemp(f"bn{workers}"), data, "torch_nets:bn_dropout", optimizer="adamw",
                         lr=0.01, train="weight_decay = 0.1")
         train_in_process(job, "--workers", workers)
@@ -149,9 +152,9 @@ def test_matches_a_plain_torch_loop_to_float32_rounding(data: Path, mlp_run: Pat
 
 # --- determinism, buffers, randomness ---
 
-def test_one_and_two_workers_give_bitwise_identical_weights(bn_runs: dict[int, Path]) -> None:
+def test_the_server_alone_and_two_workers_give_bitwise_identical_weights(bn_runs: dict[int, Path]) -> None:
     """With dropout and BatchNorm: the random draws and the buffer means do not depend on the worker count."""
-    assert digest(bn_runs[1]) == digest(bn_runs[2])
+    assert digest(bn_runs[0]) == digest(bn_runs[2])
     events = (bn_runs[2] / "events.log").read_text()
     assert f"torch {torch.__version__}: 1 intra-op thread(s) per worker" in events
     assert "deterministic algorithms on" in events
