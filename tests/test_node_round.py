@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ from memtrain.cluster.broadcast import Broadcast  # noqa: E402
 from memtrain.cluster.nodes import PROCESSES_ENV, node_processes  # noqa: E402
 from memtrain.errors import InputError  # noqa: E402
 from memtrain.train.loops.sliced import SlicedParticipant  # noqa: E402
-from tests.dask_processes import DaskProcesses, set_environ  # noqa: E402
+from tests.dask_processes import STOP_SECONDS, DaskProcesses, set_environ  # noqa: E402
 from tests.test_cluster import WIDE, WIDE_EPOCHS, digest, spy_records, train, write_job  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -48,15 +49,36 @@ def local_digest(tmp_path_factory: pytest.TempPathFactory, dataset: Path) -> str
     return digest(folder / "run")
 
 
-@pytest.fixture
-def dask(tmp_path: Path):
-    processes = DaskProcesses(tmp_path / "dask")
+@pytest.fixture(scope="module")
+def scheduler(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaskProcesses]:
+    """One Dask scheduler for the module's tests, each of which starts and ends its own nodes (``dask``): a
+    scheduler process fewer per test (~1 s of wall and CPU to start and stop one)."""
+    processes = DaskProcesses(tmp_path_factory.mktemp("scheduler"))
     try:
         processes.start_scheduler()
-        with Client(processes.address, timeout=30) as client:
-            yield processes, client
+        yield processes
     finally:
         processes.close()
+
+
+@pytest.fixture
+def dask(scheduler: DaskProcesses, tmp_path: Path) -> Iterator[tuple[DaskProcesses, Client]]:
+    """The module's scheduler with this test's nodes (``start_nodes``), each in ``tmp_path / "dask"``; the nodes
+    are ended after the test and awaited gone from the scheduler (the next test's nodes take the same names), and
+    the scheduler's count of broadcast messages starts from nothing (``scheduler_calls``)."""
+    processes = DaskProcesses(tmp_path / "dask", address=scheduler.address)
+    with Client(processes.address, timeout=30) as client:
+        # its BroadcastPlugin's count of messages (``scheduler_calls``), kept across runs (``idempotent``), emptied;
+        # a lambda that names no global of this module, which the scheduler could not import
+        client.run_on_scheduler(lambda dask_scheduler: [plugin.calls.clear() for name, plugin in
+                                                        dask_scheduler.plugins.items() if name == "memtrain-broadcast"])
+        try:
+            yield processes, client
+        finally:
+            processes.close()
+            deadline = time.monotonic() + STOP_SECONDS
+            while client.scheduler_info()["workers"] and time.monotonic() < deadline:
+                time.sleep(0.05)
 
 
 def start_nodes(dask: DaskProcesses, client: Client, counts: list[int], env: dict[int, dict[str, str]] | None = None,

@@ -69,7 +69,8 @@ def start_cluster(nodes: Nodes, folder: Path, workers: dict[str, tuple[Path, ...
         local.mkdir()
         nodes.start(name, [sys.executable, "-m", "distributed.cli.dask_worker", address, "--host", node.address,
                            "--nthreads", "1", "--name", name, "--no-dashboard", "--dashboard-address",
-                           f"{node.address}:0", "--local-directory", str(local), "--memory-limit", "0"],
+                           f"{node.address}:0", "--local-directory", str(local), "--memory-limit", "0",
+                           "--no-nanny"],  # no restart is part of these tests: a process fewer importing distributed
                     folder / f"{name}.txt", env(), cwd=folder)
     wait_for_workers(nodes, address, set(workers), folder)
     return address

@@ -98,34 +98,46 @@ def test_one_server_rank_and_two_worker_ranks_give_the_weights_of_a_local_run(da
     assert "Traceback" not in "".join(output(tmp_path, rank) for rank in range(RANKS))
 
 
-@pytest.mark.parametrize("signalled", ["every task", "rank 0"])
-def test_sigterm_checkpoints_and_the_requeued_job_resumes_to_the_same_bits(
-        signalled: str, dataset: Path, local_digest, tmp_path: Path) -> None:
-    """SIGTERM to every task (srun forwarding the batch shell's) or to rank 0 alone: rank 0 checkpoints, the
-    worker ranks end (143 if they were signalled, else 0), and a requeue ends on the uninterrupted bits."""
+def test_sigterm_checkpoints_and_the_requeued_job_resumes_to_the_same_bits(dataset: Path, local_digest,
+                                                                           tmp_path: Path) -> None:
+    """SIGTERM to every task (srun forwarding the batch shell's), then, in the requeued job, to rank 0 alone: each
+    time rank 0 checkpoints where it stands and the worker ranks end (143 if they were signalled, else 0); the job
+    requeued once more ends on the uninterrupted bits. One job takes both signals (before, a job each: one start
+    of 3 ranks and their Dask processes more)."""
     job = write_job(tmp_path, dataset, epochs=12)
     run = tmp_path / "run"
-    ranks = start_ranks(tmp_path, job)
+    stopped_at = 0
+    for restart, signalled in enumerate(["every task", "rank 0"]):
+        stopped_at = stop_mid_run(tmp_path, job, restart, signalled, past=stopped_at + 10)
+    codes = finish(start_ranks(tmp_path, job, restart=2))  # the requeue: the same command, restart count 2
+    assert codes == [0, 0, 0], [output(tmp_path, rank, 2) for rank in range(RANKS)]
+    assert digest(run) == local_digest[12]
+    assert (run / "events.log").read_text().count("resumed from") == 2
+    assert "Traceback" not in "".join(output(tmp_path, rank, restart) for rank in range(RANKS)
+                                      for restart in (0, 1, 2))
+
+
+def stop_mid_run(folder: Path, job: Path, restart: int, signalled: str, past: int) -> int:
+    """The job's ranks (of this restart count) SIGTERMed (``signalled``: every task or rank 0) once a weight version
+    past ``past`` is out; checks how each rank ended and returns the update of the checkpoint rank 0 wrote."""
+    run = folder / "run"
+    ranks = start_ranks(folder, job, restart=restart)
     try:
         deadline = time.monotonic() + 120
-        while (not (run / WEIGHTS_DIR).is_dir() or max(weight_versions(run), default=0) < 10) \
+        while (not (run / WEIGHTS_DIR).is_dir() or max(weight_versions(run), default=0) < past) \
                 and time.monotonic() < deadline and ranks[0].poll() is None:
             time.sleep(0.01)
         for process in ranks if signalled == "every task" else ranks[:1]:
             process.send_signal(signal.SIGTERM)
     finally:
         codes = finish(ranks)
-    assert codes[0] == 128 + signal.SIGTERM, output(tmp_path, 0)
-    assert "resume with" in output(tmp_path, 0) and "Traceback" not in output(tmp_path, 0)
+    assert codes[0] == 128 + signal.SIGTERM, output(folder, 0, restart)
+    assert "resume with" in output(folder, 0, restart) and "Traceback" not in output(folder, 0, restart)
     assert codes[1:] == [128 + signal.SIGTERM if signalled == "every task" else 0] * (RANKS - 1), codes
     stopped_at = max(checkpoint_updates(run))
-    assert stopped_at >= 10  # where it stood, not only the last epoch's checkpoint
-    assert not slurm_rendezvous_path(run, "4242", 0).exists()
-    codes = finish(start_ranks(tmp_path, job, restart=1))  # the requeue: the same command, restart count 1
-    assert codes == [0, 0, 0], [output(tmp_path, rank, 1) for rank in range(RANKS)]
-    assert digest(run) == local_digest[12]
-    assert "resumed from" in (run / "events.log").read_text()
-    assert "Traceback" not in "".join(output(tmp_path, rank, restart) for rank in range(RANKS) for restart in (0, 1))
+    assert stopped_at >= past  # where it stood, not only the last epoch's checkpoint
+    assert not slurm_rendezvous_path(run, "4242", restart).exists()
+    return stopped_at
 
 
 def test_outside_an_allocation_the_error_says_how_to_start_it(dataset: Path, tmp_path: Path) -> None:

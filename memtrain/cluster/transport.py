@@ -47,6 +47,10 @@ class ClusterLost(MemtrainError):
     """The Dask scheduler is gone: the run stops with its checkpoints."""
 
 
+class WorkerLeft(Exception):
+    """A Dask worker left the scheduler before its actor started: the actor, bound to it, can never start."""
+
+
 class ClusterWorker:
     """The actor on a Dask worker: a memtrain WorkerState answering tasks, its files on the shared filesystem.
     ``worker_state(setup, alive=...)`` makes it (train/worker/worker.py's ``WorkerState``, handed down by the pool's
@@ -311,6 +315,10 @@ class ClusterPool:
             try:
                 view = self._check(slot, deadline)
                 problems = read_back(self.probe, slot.token, view)
+            except WorkerLeft:
+                problems, view = None, None
+                failures.append(MemtrainError(f"Dask worker {slot.process.address} left the scheduler before its "
+                                              "memtrain worker started"))
             except Exception as exc:  # noqa: BLE001 - a worker that cannot start is named, with what it said
                 problems, view = None, None
                 failures.append(MemtrainError(f"Dask worker {slot.process.address} could not start a memtrain "
@@ -328,10 +336,23 @@ class ClusterPool:
 
     def _check(self, slot: ClusterSlot, deadline: float) -> View:
         with self.client.as_current():  # the handle binds to the current client: ours, not another one
-            slot.actor = slot.future.result(timeout=max(0.1, deadline - time.monotonic()))
+            slot.actor = self._actor(slot, deadline)
         view = slot.actor.start(self.probe).result(timeout=max(0.1, deadline - time.monotonic()))
         slot.process.host, slot.process.pid = view.host, view.pid
         return view
+
+    def _actor(self, slot: ClusterSlot, deadline: float) -> Any:
+        """The slot's actor once started, asking the scheduler every ``WATCH_SECONDS`` meanwhile whether its worker
+        is still there: one that left (a worker that died while the scheduler still listed it, which the pool then
+        took for one that joined) never runs it, so the wait ends then, not at ``deadline``."""
+        while True:
+            try:
+                return slot.future.result(timeout=max(0.1, min(deadline - time.monotonic(), WATCH_SECONDS)))
+            except TimeoutError:
+                if time.monotonic() >= deadline:
+                    raise
+            if slot.process.address not in self._workers():
+                raise WorkerLeft(slot.process.address)
 
     def _release(self, slot: ClusterSlot) -> None:
         """Forget a slot's actor (what a dead attempt wrote is discarded by the Scheduler)."""
