@@ -79,16 +79,19 @@ def follower(prefix: str, waves: int, total: int) -> int:
 @contextlib.contextmanager
 def external_cluster(workers: int, folder: Path) -> Iterator[tuple[str, int]]:
     """A scheduler and ``workers`` single-threaded workers, each a process of its own session; ended on exit.
-    Yields the scheduler's address and pid."""
+    Yields the scheduler's address and pid. Started with the Dask settings of the clusters memtrain starts
+    (memtrain/cluster/dask_settings.py: the environment, and the scheduler's preload), as its Slurm launch does."""
+    from memtrain.cluster.dask_settings import environment
+
     info = folder / "scheduler.json"
     processes = []
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(Path.cwd()), os.environ.get("PYTHONPATH", ""))
-                                                        if p)}
+    path = os.pathsep.join(p for p in (str(Path.cwd()), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**environment(), **os.environ, "PYTHONPATH": path}
     try:
         processes.append(subprocess.Popen(
             [sys.executable, "-m", "distributed.cli.dask_scheduler", "--port", "0", *LOOPBACK, "--scheduler-file",
-             str(info)], cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-            env=env))
+             str(info), "--preload", "memtrain.cluster.dask_settings"], cwd=folder, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True, env=env))
         deadline = time.monotonic() + START_SECONDS
         while not info.exists() or not info.read_text().strip().endswith("}"):
             if time.monotonic() > deadline:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from memtrain.cluster.address import ClusterAddress
+from memtrain.cluster.dask_settings import configured, slower_heartbeats
 from memtrain.errors import InputError, Interrupted, MemtrainError
 
 T = TypeVar("T")
@@ -88,7 +89,8 @@ def _local_cluster(distributed: Any, workers: int, stopped: Callable[[], int | N
     scratch = tempfile.mkdtemp(prefix="memtrain-dask-")
 
     def start() -> Any:
-        with dask.config.set({"temporary-directory": scratch}):  # the scheduler's and the nannies' directories
+        # the scheduler's and the nannies' directories; Dask's background turned down (dask_settings.py)
+        with dask.config.set({"temporary-directory": scratch}), configured():
             return distributed.LocalCluster(
                 n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
                 dashboard_address=None, silence_logs=logging.ERROR, local_directory=scratch,
@@ -103,7 +105,7 @@ def _local_cluster(distributed: Any, workers: int, stopped: Callable[[], int | N
                                                       f"{LOCAL_START_SECONDS:g} s",
                                                       hint="the machine may be out of memory or processes; "
                                                            "try fewer workers (local:1) or run without --cluster"))
-        with cluster:
+        with slower_heartbeats(), cluster:  # its scheduler runs in this process
             yield cluster
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

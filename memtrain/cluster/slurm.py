@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memtrain.cluster import dask_settings
 from memtrain.cluster.address import ClusterAddress
 from memtrain.errors import InputError, Interrupted, MemtrainError
 from memtrain.files import read_json, write_json
@@ -126,7 +127,8 @@ def serve(task: SlurmTask, address: ClusterAddress, run_dir: Path, train: Callab
     with tempfile.TemporaryDirectory(prefix="memtrain-slurm-") as scratch, contextlib.ExitStack() as stack:
         info = Path(scratch) / "scheduler.json"
         scheduler = _spawn([*SCHEDULER, "--port", "0", "--no-dashboard", *_listening(listen_host(address)),
-                            "--scheduler-file", str(info)], Path(scratch))
+                            "--scheduler-file", str(info), "--preload", "memtrain.cluster.dask_settings"],
+                           Path(scratch))
         stack.callback(_end, scheduler)
         scheduler_address = _scheduler_address(scheduler, info, stopped)
         record = {"scheduler": scheduler_address, "job_id": task.job_id, "restart": task.restart,
@@ -247,8 +249,8 @@ def _stop_check(stopped: Callable[[], int | None], doing: str) -> None:
 def _spawn(command: list[str], folder: Path, env: Mapping[str, str] | None = None) -> subprocess.Popen:
     """A Dask process in its own session: a signal to this task's process group does not reach it."""
     return subprocess.Popen(command, cwd=folder, stdin=subprocess.DEVNULL, start_new_session=True,
-                            env={"DASK_LOGGING__DISTRIBUTED": "warning", **os.environ, **(env or {})})  # no INFO
-    # lines per task
+                            env={"DASK_LOGGING__DISTRIBUTED": "warning", **dask_settings.environment(), **os.environ,
+                                 **(env or {})})  # no INFO lines per task; Dask's background turned down
 
 
 def _end(process: subprocess.Popen) -> None:
