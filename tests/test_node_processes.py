@@ -28,7 +28,7 @@ from distributed import Client  # noqa: E402
 from tests import test_node_round  # noqa: E402
 from tests.dask_processes import REPO, DaskProcesses  # noqa: E402
 from tests.test_cluster import WIDE, WIDE_EPOCHS, digest, train, write_job  # noqa: E402
-from tests.test_node_round import TASKS, node_run, start_nodes  # noqa: E402
+from tests.test_node_round import EVERY_NODE, TASKS, node_run, start_nodes  # noqa: E402
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -287,6 +287,7 @@ def test_a_torch_model_on_nodes_of_worker_processes_gives_a_local_runs_weights(c
                                     train="weight_decay = 0.1")
         if name == "nodes":
             start_nodes(dask[0], dask[1], counts)
+            options = (*options, *EVERY_NODE)  # every node's log says its processes (check_scratch_and_log)
         assert train(job, *options, *TASKS) == 0
         runs[name] = torch_tests.digest(tmp_path / name / "run")
     assert runs["nodes"] == runs["local"]
