@@ -5,7 +5,9 @@ or optimizer state; a worker the kernel kills is said to be killed for memory.""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import os
 import subprocess
@@ -16,6 +18,7 @@ import numpy as np
 import pytest
 from tiny_data import write_dataset
 
+from memtrain.cli import main
 from memtrain.layout import STATISTICS_DIR, parse_partial_name, weight_versions, weights_path
 from memtrain.train.memory import OOM_EVENTS_ENV, WORKER_DATA_LIMIT_ENV
 
@@ -26,8 +29,16 @@ TRAIN_ROWS, SHARD_ROWS, CHUNK_ROWS, TASKS = 360, 100, 37, 3
 
 
 def memtrain(*args: object, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``memtrain ARGS``: with ``env`` (a fault point, a memory limit) in a child process, which such a run may
+    kill; without, in this process (the CLI's entry point, its workers spawned as always), sparing an
+    interpreter's start-up per run."""
+    if env is None:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([str(arg) for arg in args])
+        return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
     return subprocess.run([sys.executable, "-m", "memtrain", *map(str, args)], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": PYTHONPATH, **(env or {})}, timeout=100)
+                          env={**os.environ, "PYTHONPATH": PYTHONPATH, **env}, timeout=100)
 
 
 def regression(folder: Path, rows: int, features: int, shard_rows: int = SHARD_ROWS) -> Path:
@@ -68,6 +79,15 @@ def straight(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder / "job"
 
 
+@pytest.fixture(scope="module")
+def four_tasks(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reference of the resumed 4-task runs: the pass in 4 tasks on 2 workers, uninterrupted."""
+    folder = tmp_path_factory.mktemp("four-tasks")
+    result = memtrain("train", write_job(folder, data, workers=2, tasks=4, name="ref"))
+    assert result.returncode == 0, result.stderr
+    return folder / "ref"
+
+
 def test_chunks_are_the_jobs_and_cut_shards_and_the_bits_never_depend_on_the_workers(
         data: Path, straight: Path, tmp_path: Path) -> None:
     tasks = [(t * TRAIN_ROWS // TASKS, (t + 1) * TRAIN_ROWS // TASKS) for t in range(TASKS)]
@@ -83,7 +103,7 @@ def test_chunks_are_the_jobs_and_cut_shards_and_the_bits_never_depend_on_the_wor
 
 
 def test_an_additive_run_says_what_does_not_apply_and_makes_no_gradient_or_optimizer_files(
-        data: Path, straight: Path, tmp_path: Path) -> None:
+        data: Path, four_tasks: Path, tmp_path: Path) -> None:
     """The server is killed after the second statistics result: its exchange area is left as it was."""
     job = write_job(tmp_path, data, workers=1, tasks=4, extra='epochs = 7\noptimizer = "sgd"\nlr = 0.5')
     killed = memtrain("train", job, env={"MEMTRAIN_FAULT": "after_result:2"})
@@ -105,9 +125,7 @@ def test_an_additive_run_says_what_does_not_apply_and_makes_no_gradient_or_optim
     metrics = (run / "metrics.jsonl").read_text()
     assert '"epoch": 1,' in metrics and '"epoch": 7' not in metrics  # one pass, not seven epochs
     assert sorted(os.listdir(run / "checkpoints")) == ["c00000001"]
-    reference = write_job(tmp_path, data, workers=2, tasks=4, name="ref")
-    assert memtrain("train", reference).returncode == 0
-    assert digest(run) == digest(tmp_path / "ref")
+    assert digest(run) == digest(four_tasks)
 
 
 def test_a_worker_killed_mid_pass_leaves_nothing_half_written_that_is_read(data: Path, straight: Path,
@@ -250,12 +268,11 @@ def flip_last_float(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-def test_kept_statistics_are_verified_against_their_checksums_on_resume(data: Path, tmp_path: Path) -> None:
+def test_kept_statistics_are_verified_against_their_checksums_on_resume(data: Path, four_tasks: Path,
+                                                                       tmp_path: Path) -> None:
     """Issue 41, #3: a flipped float in a kept partial, a partial replaced by a link to a user's .npy, a damaged
     sum.npy were trusted on resume (header and size only): exit 0 with wrong weights. Each is now absent, logged,
     computed again: the resumed run has the bits of an uninterrupted one, and the user's file is untouched."""
-    reference = write_job(tmp_path, data, workers=2, tasks=4, name="ref")
-    assert memtrain("train", reference).returncode == 0
     job = write_job(tmp_path, data, workers=1, tasks=4)
     run = tmp_path / "job"
     assert memtrain("train", job, env={"MEMTRAIN_FAULT": "after_result:3"}).returncode == -9
@@ -274,7 +291,7 @@ def test_kept_statistics_are_verified_against_their_checksums_on_resume(data: Pa
     assert f"statistics: {flipped}: checksum mismatch: the file changed since it was written" in events
     assert f"statistics: {linked}: a symbolic link, not a file memtrain published; computing it again" in events
     assert users.read_bytes() == before
-    assert digest(run) == digest(tmp_path / "ref")
+    assert digest(run) == digest(four_tasks)
 
     again = write_job(tmp_path, data, workers=1, tasks=4, name="summed")
     run = tmp_path / "summed"
@@ -286,7 +303,7 @@ def test_kept_statistics_are_verified_against_their_checksums_on_resume(data: Pa
     events = (run / "events.log").read_text()
     assert f"statistics: {run / STATISTICS_DIR / 'sum.npy'}: checksum mismatch" in events
     assert "partials kept from an earlier start" not in events.split("checksum mismatch")[1]  # all computed again
-    assert digest(run) == digest(tmp_path / "ref")
+    assert digest(run) == digest(four_tasks)
 
 
 def test_a_model_of_the_whole_rows_contract_gets_each_tasks_rows_at_once_and_exact_counts(tmp_path: Path) -> None:

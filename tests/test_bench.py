@@ -13,11 +13,13 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-from table_widths import assert_fits_or_whole
+from conftest import CliResult
+from table_widths import assert_fits_or_whole, printed
 
 from benchmarks import first_job_items
 from memtrain.benchmarks.runner import METHODS, TORCH_METHODS
@@ -47,14 +49,29 @@ def _timed(values: list[float | None]) -> list[float]:
     return [v for v in values if v is not None]
 
 
-def test_json_report_has_every_method_with_sane_fields(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+@pytest.fixture(scope="module")
+def train_bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """One `bench train --json` of every method (the numpy ones, memtrain_server, the torch ones) and the README's
+    first command, for the three tests below: each reads its rows (the runs are what the figures come from; one
+    run instead of three spares two benches' start-up and their common methods' runs). Returns the command's
+    result and what it left in its --dir."""
+    scratch = tmp_path_factory.mktemp("bench")
+    methods = (*METHODS, "memtrain_server", *TORCH_METHODS)
+    result = bench(scratch, "--json", "--methods", ",".join(methods))
+    return result, os.listdir(scratch)
+
+
+def test_json_report_has_every_method_with_sane_fields(train_bench: tuple[subprocess.CompletedProcess, list[str]],
+                                                      capsys: pytest.CaptureFixture[str],
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    result = bench(tmp_path, "--json", "--no-first-job", "--methods", ",".join(METHODS))
+    result, left = train_bench
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     rows = report["results"]
-    assert [row["method"] for row in rows] == list(METHODS)
+    assert [row["method"] for row in rows] == [*METHODS, "memtrain_server", *TORCH_METHODS]
     for row in rows:
+        if row["method"] not in METHODS:
+            continue
         assert row["params"] == mlp_shape(10_000).params and row["epochs"] == [5, 10]  # small: E = 5
         assert row["extra_updates"] == 4 * 5 and row["peak_mib"] > 0
         assert 0 < row["pss_mib"] <= row["peak_mib"]
@@ -68,7 +85,7 @@ def test_json_report_has_every_method_with_sane_fields(tmp_path: Path, capsys: p
     assert all(any(line.startswith("rounds: ") for line in run) for run in memtrain["rounds"])
     (best,) = report["baselines"]
     assert best["best"] in ("one_process", "one_process_blas", "shared_memory", None)
-    assert os.listdir(tmp_path) == []  # datasets and runs are removed
+    assert left == []  # datasets and runs are removed
     assert report["machine"]["cpus"] >= 1 and report["machine"]["cpu"] and report["machine"]["blas"] != "unknown"
     assert report["machine"]["memory_gib"] > 0
     from memtrain.benchmarks.train_bench import print_table
@@ -76,11 +93,12 @@ def test_json_report_has_every_method_with_sane_fields(tmp_path: Path, capsys: p
     assert_fits_or_whole(print_table, report, TRAIN_COLUMNS, capsys, monkeypatch)  # its table, from real figures
 
 
-def test_torch_comparison_runs_ddp_and_takes_ratios_against_memtrain_with_the_torch_module(tmp_path: Path) -> None:
-    result = bench(tmp_path, "--json", "--no-first-job", "--methods", ",".join(TORCH_METHODS))
+def test_torch_comparison_runs_ddp_and_takes_ratios_against_memtrain_with_the_torch_module(
+        train_bench: tuple[subprocess.CompletedProcess, list[str]]) -> None:
+    result, left = train_bench
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    rows = {row["method"]: row for row in report["results"]}
+    rows = {row["method"]: row for row in report["results"] if row["method"] in TORCH_METHODS}
     assert list(rows) == list(TORCH_METHODS)
     base = rows["torch_memtrain"]["runs_samples_per_s"]
     for row in rows.values():
@@ -92,15 +110,21 @@ def test_torch_comparison_runs_ddp_and_takes_ratios_against_memtrain_with_the_to
         else:
             assert row["ratio"] is None and row["memtrain_ratio"] is None
     assert report["machine"]["torch"].startswith("2.13.0")
-    assert os.listdir(tmp_path) == []
+    assert left == []
 
 
-def test_table_lists_every_method_and_the_first_command(tmp_path: Path) -> None:
-    """On an 80-column terminal (issue 44: the table was 240 columns, each row three lines)."""
-    result = bench(tmp_path, "--methods", "memtrain,one_process,memtrain_server", env={"COLUMNS": "80"})
+def test_table_lists_every_method_and_the_first_command(train_bench: tuple[subprocess.CompletedProcess, list[str]],
+                                                        capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an 80-column terminal (issue 44: the table was 240 columns, each row three lines): the table the command
+    prints without --json (train_bench.run: ``print_table(report)``), of the shared run's report."""
+    from memtrain.benchmarks.train_bench import print_table
+
+    result, _ = train_bench
     assert result.returncode == 0, result.stderr
-    assert max(map(len, result.stdout.splitlines())) <= 80, result.stdout
-    text = " ".join(result.stdout.split())  # the title and the lines under the table wrap at 80 columns
+    table = printed(print_table, json.loads(result.stdout), 80, capsys, monkeypatch)
+    assert max(map(len, table.splitlines())) <= 80, table
+    text = " ".join(table.split())  # the title and the lines under the table wrap at 80 columns
     for header in ("samples/s", "ms/update (range)", "overhead ms", "CPU ms/update", "start-up s", "peak MiB",
                    "peak PSS MiB", "memtrain ÷ method (range)"):
         assert header in text
@@ -114,9 +138,9 @@ def test_table_lists_every_method_and_the_first_command(tmp_path: Path) -> None:
     assert "memtrain train (" in text  # where its rounds ran
     assert "memtrain / plain loop, whole run, start-up included" in text
     assert "more epochs, start-up cancelled" in text
-    # progress on stderr, not in the table: stderr is not a terminal here, so a line every 10 s at most
-    assert result.stderr.startswith("bench train:   0.0% 10,360 params: memtrain (1 of 5)\n")
-    assert not any(line.startswith("bench train:") for line in text.splitlines())
+    # progress on stderr, not in the report: stderr is not a terminal here, so a line every 10 s at most
+    assert result.stderr.startswith("bench train:   0.0% 10,360 params: memtrain (1 of 11)\n")
+    assert not any(line.startswith("bench train:") for line in result.stdout.splitlines())
 
 
 def test_the_placement_label_is_the_decision_not_a_figure_in_it() -> None:
@@ -139,35 +163,35 @@ def test_the_placement_label_is_the_decision_not_a_figure_in_it() -> None:
     assert placement(["rounds: timed on 1 worker process (train.workers = \"auto\")", alone]) == "on 1 worker"
 
 
-def test_unknown_method_is_a_usage_error(tmp_path: Path) -> None:
-    result = bench(tmp_path, "--methods", "memtrain,mpi")
-    assert result.returncode == 2
-    assert "unknown --methods" in result.stderr
+def test_unknown_method_is_a_usage_error(tmp_path: Path, cli: Callable[..., CliResult]) -> None:
+    result = cli("bench", "train", "--sizes", "1e4", "--dir", tmp_path, "--methods", "memtrain,mpi")
+    assert result.code == 2
+    assert "unknown --methods" in result.err and os.listdir(tmp_path) == []
 
 
 def test_bench_async_runs_every_mode_with_and_without_a_straggler(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    result = subprocess.run([sys.executable, "-m", "memtrain", "bench", "async", "--sizes", "1e3,2e3", "--updates",
+    result = subprocess.run([sys.executable, "-m", "memtrain", "bench", "async", "--sizes", "1e3", "--updates",
                              "6", "--warmup", "2", "--repeats", "1", "--dir", str(tmp_path), "--json"],
                             capture_output=True, text=True, timeout=230, env=dict(os.environ))
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     rows = report["results"]
-    assert [(r["straggler"], r["mode"]) for r in rows] == 2 * [(s, m) for s in (None, 3.0)
-                                                               for m in ("sync", "staleness 1",
-                                                                         "staleness 1, stream", "async")]
+    assert [(r["straggler"], r["mode"]) for r in rows] == [(s, m) for s in (None, 3.0)
+                                                           for m in ("sync", "staleness 1", "staleness 1, stream",
+                                                                     "async")]
     for row in rows:
         assert row["updates_per_s"] > 0 and row["vs_sync"]["median"] > 0 and row["steady"]["median"] > 0
         assert len(row["vs_sync"]["runs"]) == 1 and row["updates"] == 6
         assert row["straggled"] == [row["straggler"] is not None], "every straggler run had its straggler"
-    assert all(row["steady_updates"] == 6 - 2 for row in rows)  # the window given, at every size
+    assert all(row["steady_updates"] == 6 - 2 for row in rows)  # the window given, not a small model's default
     staleness = {r["mode"]: r["staleness_max"] for r in rows[:4]}
     assert staleness["sync"] == 0 and staleness["staleness 1"] == staleness["staleness 1, stream"] == 1
-    assert [c["check"] for c in report["checks"]] == 2 * ["async vs sync, with a straggler",
-                                                          "staleness 1 vs sync, no straggler"]
+    assert [c["check"] for c in report["checks"]] == ["async vs sync, with a straggler",
+                                                      "staleness 1 vs sync, no straggler"]
     assert all(c["verdict"].endswith(("by median: met", "by median: NOT met")) for c in report["checks"])
     assert os.listdir(tmp_path) == []
-    assert result.stderr.startswith("bench async:   0.0% 1,045 params: sync (1 of 16)\n")  # progress, not --json
+    assert result.stderr.startswith("bench async:   0.0% 1,045 params: sync (1 of 8)\n")  # progress, not --json
     from memtrain.benchmarks.async_bench import print_table
 
     assert_fits_or_whole(print_table, report, ASYNC_COLUMNS, capsys, monkeypatch)
@@ -355,18 +379,24 @@ OWN_OPTIONS = {"train": RUN_OPTIONS | {"--epochs", "--methods", "--first-job", "
 
 
 @pytest.mark.parametrize("what", sorted(OWN_OPTIONS))
-def test_each_bench_command_lists_only_its_own_options(what: str) -> None:
-    """``memtrain bench WHAT --help`` names WHAT's options and none of the other benchmarks' (issue 7)."""
-    result = subprocess.run([sys.executable, "-m", "memtrain", "bench", what, "--help"], capture_output=True,
-                            text=True, timeout=60, env=dict(os.environ, COLUMNS="100"))
-    assert result.returncode == 0, result.stderr
-    listed = {line.split()[0].rstrip(",") for line in result.stdout.splitlines()
+def test_each_bench_command_lists_only_its_own_options(what: str, capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """``memtrain bench WHAT --help`` names WHAT's options and none of the other benchmarks' (issue 7). Through the
+    CLI's entry point in this process: argparse prints the help and exits 0."""
+    from memtrain.cli import main
+
+    monkeypatch.setenv("COLUMNS", "100")
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", what, "--help"])
+    out = capsys.readouterr().out
+    assert exited.value.code == 0, out
+    listed = {line.split()[0].rstrip(",") for line in out.splitlines()
               if line.startswith("  --") or line.startswith("  -h")}
     assert OWN_OPTIONS[what] <= listed, OWN_OPTIONS[what] - listed
     others = set().union(*(OWN_OPTIONS[other] for other in OWN_OPTIONS if other != what)) - OWN_OPTIONS[what]
     assert not listed & others, f"bench {what} --help lists other benchmarks' options: {sorted(listed & others)}"
     assert listed == OWN_OPTIONS[what] | {"-h", "--debug", "--dir", "--repeats", "--json"}
-    assert f"memtrain bench {what} " in result.stdout  # its own examples
+    assert f"memtrain bench {what} " in out  # its own examples
 
 
 def test_a_bench_command_refuses_another_ones_option(tmp_path: Path) -> None:

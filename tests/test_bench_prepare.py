@@ -61,13 +61,13 @@ def test_table_names_each_baseline_and_the_machine(tmp_path: Path) -> None:
 def test_json_report_keeps_every_run(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     result = run_bench("--gb", "0.002", "--repeats", "2", "--sources", "npz", "--dir", str(tmp_path), "--json",
-                       "--settle", "0.1")
+                       "--settle", "0.01")  # its 8 timed runs wait 0.01 s each, not 0.1
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["settings"]["settle"] == 0.1
+    assert report["settings"]["settle"] == 0.01
     assert_fits_or_whole(bench.print_table, report, bench.COLUMNS, capsys, monkeypatch)
     bench.print_table(report)
-    assert "each run after a sync and 0.1 s of quiet" in " ".join(capsys.readouterr().out.split())
+    assert "each run after a sync and 0.01 s of quiet" in " ".join(capsys.readouterr().out.split())
     assert [(r["source"], r["options"]) for r in report["results"]] == [("npz", "shuffle"), ("npz", "no-shuffle")]
     for row in report["results"]:
         assert row["baseline"] == "np.load(.npz) + np.save + fsync"

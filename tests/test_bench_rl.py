@@ -10,9 +10,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from conftest import CliResult
 from table_widths import assert_fits_or_whole
 
 from memtrain.benchmarks.rl_bench import COLUMNS, LABELS, SIDES, ZOO, Follow, Progress, parse_sides, print_table
@@ -22,28 +24,31 @@ pytest.importorskip("gymnasium")
 pytestmark = pytest.mark.timeout(300)
 
 
-def bench(tmp_path: Path, *args: str, temp: Path | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, COLUMNS="250") | ({"TMPDIR": str(temp)} if temp else {})
+def bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, COLUMNS="250")
     return subprocess.run([sys.executable, "-m", "memtrain", "bench", "rl", "--dir", str(tmp_path), *args],
                           capture_output=True, text=True, timeout=280, env=env)
 
 
 def test_every_side_runs_and_none_reaches_475_in_a_budget_too_small_for_it(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """100 episodes averaging 475 need 47,500 steps: with 1,024 no side can reach it, and every one says so."""
+        tmp_path: Path, cli: Callable[..., CliResult], capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """100 episodes averaging 475 need 47,500 steps: with 256 (one update, the least --env-steps takes) no side can
+    reach it, and every one says so."""
     pytest.importorskip("stable_baselines3")
     # a short temp dir of its own: SubprocVecEnv's forkserver puts a socket there (AF_UNIX paths are <= 107 bytes)
     temp = Path(tempfile.mkdtemp(prefix="mt-"))
     try:
-        result = bench(tmp_path, "--env-steps", "1024", "--repeats", "1", "--json", temp=temp)
+        monkeypatch.setenv("TMPDIR", str(temp))  # the sides' processes' temp dir
+        result = cli("bench", "rl", "--dir", tmp_path, "--env-steps", "256", "--repeats", "1", "--json")
         leaked = [name for name in os.listdir(temp) if name.startswith("SB3-")]
     finally:
         shutil.rmtree(temp, ignore_errors=True)
-    assert result.returncode == 0, result.stderr
+    assert result.code == 0, result.err
+    report = json.loads(result.out)
     # SB3's default logger made an empty SB3-<time> folder in the temp dir on every run (torch's own compile
     # cache, torchinductor_<user>, is torch's to keep)
     assert leaked == []
-    report = json.loads(result.stdout)
     rows = report["results"]
     assert [r["side"] for r in rows] == list(SIDES)
     for row in rows:
@@ -68,13 +73,14 @@ def _printed(report: dict, capsys: pytest.CaptureFixture[str]) -> str:
     return capsys.readouterr().out
 
 
-def test_a_target_reached_is_timed_per_seed_and_compared_with_the_faster_peer(tmp_path: Path) -> None:
+def test_a_target_reached_is_timed_per_seed_and_compared_with_the_faster_peer(
+        tmp_path: Path, cli: Callable[..., CliResult]) -> None:
     """A target every side reaches once 100 episodes have ended (at most 100 x 500 steps: inside the budget): steps
     and seconds to it, per seed."""
-    result = bench(tmp_path, "--sides", "memtrain_2,memtrain_0,cleanrl", "--env-steps", "51200", "--target", "9",
-                   "--repeats", "2", "--json")
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
+    result = cli("bench", "rl", "--dir", tmp_path, "--sides", "memtrain_2,memtrain_0,cleanrl", "--env-steps",
+                 "51200", "--target", "9", "--repeats", "2", "--json")
+    assert result.code == 0, result.err
+    report = json.loads(result.out)
     for row in report["results"]:
         assert row["reached"] == 2 == len(row["seconds_to_target"]["runs"]), row
         steps = row["env_steps_to_target"]["runs"]

@@ -4,13 +4,16 @@ the files on disk carry."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -192,7 +195,7 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
     jobs.mkdir(mode=0o700)
     (jobs / "job.toml").write_text(f'[data]\npath = "{root / "data"}"\n[model]\nkind = "softmax"\n'
                                    f'[train]\nepochs = 1\nworkers = 1\n[run]\ndir = "{root / "served"}"\n')
-    assert main(["serve", "--jobs", str(jobs), "--once"]) == 0
+    assert main(["serve", "--jobs", str(jobs), "--once", "--settle", "0.05"]) == 0  # the file is whole: no 1 s wait
     return root
 
 
@@ -264,9 +267,16 @@ def test_the_spec_table_is_the_declaration(record: records.Record) -> None:
 
 
 def run_cli(*args: object, env: dict[str, str] | None = None) -> int:
-    """The CLI in a child process (a run killed by a fault point must not kill the test)."""
+    """The CLI in a child process (a run killed by a fault point must not kill the test; a torch module's run must
+    not import torch into the test's process)."""
     return subprocess.run([sys.executable, "-m", "memtrain", *map(str, args)], capture_output=True, timeout=170,
                           env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}).returncode
+
+
+def run_here(*args: object) -> int:
+    """The CLI in this process, quiet: the runs that need no process of their own (no fault point, no torch)."""
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        return main([str(arg) for arg in args])
 
 
 @pytest.fixture(scope="module")
@@ -278,30 +288,33 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rows = ["a,b,c,label"] + [f"{i % 7 * 0.5},{'xyz'[i % 3] if i % 5 else ''},{'' if i % 11 == 0 else i},{'pq'[i % 2]}"
                               for i in range(240)]
     (root / "t.csv").write_text("\n".join(rows) + "\n")
-    assert run_cli("prepare", root / "t.csv", root / "table", "--label", "label", "-q") == 0
-    assert run_cli("prepare", "--synthetic", "400x4", root / "classes", "--classes", "3", "-q") == 0
-    assert run_cli("prepare", "--synthetic", "300x3", root / "numbers", "--task", "regression", "-q") == 0
+    assert run_here("prepare", root / "t.csv", root / "table", "--label", "label", "-q") == 0
+    assert run_here("prepare", "--synthetic", "400x4", root / "classes", "--classes", "3", "-q") == 0
+    assert run_here("prepare", "--synthetic", "300x3", root / "numbers", "--task", "regression", "-q") == 0
     examples = ROOT / "jobs" / "examples"
 
-    def train(job: str, data: str, run: str, *sets: str, env: dict[str, str] | None = None) -> int:
+    def train(job: str, data: str, run: str, *sets: str, env: dict[str, str] | None = None,
+              cli: Callable[..., int] = run_here) -> int:
         settings = [arg for value in (f'data.path="{root / data}"', "train.batch_size=100", *sets)
                     for arg in ("--set", value)]
-        return run_cli("train", examples / job, *settings, "--run-dir", root / run, "--workers", 1, env=env)
+        return cli("train", examples / job, *settings, "--run-dir", root / run, "--workers", 1,
+                   **({"env": env} if env else {}))
 
     assert train("digits-mlp.toml", "table", "mlp", "train.epochs=1") == 0
-    assert run_cli("train", "--resume", root / "mlp", "--set", "train.epochs=2") == 0
+    assert run_here("train", "--resume", root / "mlp", "--set", "train.epochs=2") == 0
     assert train("softmax.toml", "classes", "async", "train.epochs=1", 'train.mode="async"') == 0
-    assert train("ridge.toml", "numbers", "ridge", env={"MEMTRAIN_FAULT": "statistics_summed:1"}) == -9
+    assert train("ridge.toml", "numbers", "ridge", env={"MEMTRAIN_FAULT": "statistics_summed:1"}, cli=run_cli) == -9
     shutil.copytree(root / "ridge" / layout.STATISTICS_DIR, root / "statistics")  # removed once it is solved
-    assert run_cli("train", "--resume", root / "ridge") == 0
-    assert train("digits-torch-mlp.toml", "classes", "torch", "train.epochs=1", "data.normalize=false") == 0
+    assert run_here("train", "--resume", root / "ridge") == 0
+    assert train("digits-torch-mlp.toml", "classes", "torch", "train.epochs=1", "data.normalize=false",
+                 cli=run_cli) == 0
     assert run_cli("prepare", root / "t.csv", root / "halfway", "--label", "label", "--shard-mb", "0.001", "-q",
                    env={"MEMTRAIN_FAULT": "prepare_after_shard:2"}) == -9  # leaves its work area: done.jsonl
     jobs = root / "jobs"
     jobs.mkdir(mode=0o700)
     (jobs / "job.toml").write_text(f'[data]\npath = "{root / "classes"}"\n[model]\nkind = "softmax"\n'
                                    f'[train]\nepochs = 1\nworkers = 1\n[run]\ndir = "{root / "served"}"\n')
-    assert run_cli("serve", "--jobs", jobs, "--once") == 0
+    assert run_here("serve", "--jobs", jobs, "--once", "--settle", "0.05") == 0  # the file is whole: no 1 s wait
     return root
 
 

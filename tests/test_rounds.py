@@ -167,11 +167,12 @@ def test_auto_keeps_a_tiny_model_in_the_server_and_says_why(tmp_path: Path, data
 def test_auto_times_workers_against_the_server_and_keeps_the_faster(tmp_path: Path, dataset: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     # Whether workers are worth trying at all (the spawn cost against the updates left) is the test above's;
-    # here they must be tried: a lower spawn cost lets a 280-update job (not 560) try them on a fast machine
-    # too, still long enough for them to start and be timed (a few ms of compute per update).
+    # here they must be tried: a lower spawn cost lets a 140-update job try them on a fast machine too, still
+    # long enough for them to start and be timed (a few ms of compute per update; at load 6 on 2 cores they
+    # were timed and the choice made by update 42).
     monkeypatch.setattr(placement, "SPAWN_COST_S", 0.05)
     big = "[1024, 512]"
-    run = train(tmp_path / "auto", dataset, "", hidden=big, epochs=40)
+    run = train(tmp_path / "auto", dataset, "", hidden=big, epochs=20)
     log = events(run)
     assert re.search(r"rounds: an update takes [\d.]+ ms in the server, [\d.]+ ms of it computing; starting 2 "
                      r"workers to compare", log), log
@@ -182,7 +183,7 @@ def test_auto_times_workers_against_the_server_and_keeps_the_faster(tmp_path: Pa
     faster = "on 2 workers" if float(decided.group(3)) < float(decided.group(4)) else "in the server"
     assert decided.group(1) == faster
     assert ("workers stopped" in log) == (faster == "in the server")
-    assert digest(run) == digest(train(tmp_path / "server", dataset, "workers = 0", hidden=big, epochs=40))
+    assert digest(run) == digest(train(tmp_path / "server", dataset, "workers = 0", hidden=big, epochs=20))
 
 
 # --- what a participant keeps between updates ---
