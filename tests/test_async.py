@@ -16,13 +16,12 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
+from in_process import here
 from tiny_data import blobs, write_dataset
 
-from memtrain.cli import main
 from memtrain.config import load_job
 from memtrain.dataset import open_dataset
 from memtrain.faults import ONCE_ENV, READ_AUDIT_ENV, STRAGGLER_ENV
@@ -79,22 +78,6 @@ def write_job(folder: Path, data: Path, train: str = "", *, epochs: int = 3, kee
 def memtrain(*args: object, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "memtrain", *map(str, args)], capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=150)
-
-
-@pytest.fixture
-def in_process(capsys: pytest.CaptureFixture[str]) -> Callable[..., subprocess.CompletedProcess]:
-    """``memtrain ARGS...`` run in this process (``memtrain.cli.main``), for a command no fault or signal
-    needs a process boundary for: an interpreter's start saved. The result as ``memtrain`` gives it; an
-    exception the command does not turn into its message fails the test, as a traceback would."""
-    def run(*args: object) -> subprocess.CompletedProcess:
-        capsys.readouterr()
-        try:
-            code = main([str(arg) for arg in args])
-        except SystemExit as exc:  # argparse's usage errors
-            code = exc.code if isinstance(exc.code, int) else 2
-        captured = capsys.readouterr()
-        return subprocess.CompletedProcess(args, code, captured.out, captured.err)
-    return run
 
 
 def straggler(folder: Path, factor: float) -> dict[str, str]:
@@ -255,9 +238,8 @@ def test_async_in_the_server_computes_one_gradient_ahead(tmp_path: Path, data: P
     assert sum(r.get("discarded", 0) for r in records) == 0
 
 
-def test_replay_reproduces_an_async_run_bitwise_with_another_worker_count(async_run: Path, tmp_path: Path,
-                                                                         in_process: Callable[..., Any]) -> None:
-    result = in_process("train", "--replay", async_run, "--run-dir", tmp_path / "replay", "--workers", 1)
+def test_replay_reproduces_an_async_run_bitwise_with_another_worker_count(async_run: Path, tmp_path: Path) -> None:
+    result = here("train", "--replay", async_run, "--run-dir", tmp_path / "replay", "--workers", 1)
     assert result.returncode == 0, result.stderr
     assert "weight versions match the recorded checksums" in result.stdout
     assert digest(tmp_path / "replay") == digest(async_run)
@@ -265,39 +247,36 @@ def test_replay_reproduces_an_async_run_bitwise_with_another_worker_count(async_
 
 
 def test_replay_reproduces_a_synchronous_and_a_fixed_staleness_run(staleness_runs: dict[int, Path],
-                                                                    tmp_path: Path,
-                                                                    in_process: Callable[..., Any]) -> None:
+                                                                    tmp_path: Path) -> None:
     for key in (0, 2):
-        result = in_process("train", "--replay", staleness_runs[key], "--run-dir", tmp_path / f"replay-{key}",
+        result = here("train", "--replay", staleness_runs[key], "--run-dir", tmp_path / f"replay-{key}",
                           "--workers", 1)
         assert result.returncode == 0, result.stderr
         assert digest(tmp_path / f"replay-{key}") == digest(staleness_runs[key])
 
 
-def test_replay_usage_errors_name_what_is_wrong(async_run: Path, tmp_path: Path,
-                                                in_process: Callable[..., Any]) -> None:
+def test_replay_usage_errors_name_what_is_wrong(async_run: Path, tmp_path: Path) -> None:
     cases = [(["--replay", tmp_path / "nothing"], "--replay needs the run directory of a memtrain train run"),
              (["--replay", async_run, async_run.parent / "job.toml"], "--replay takes a run directory and nothing"),
              (["--replay", async_run, "--set", "train.lr=1"], "--replay takes a run directory and nothing"),
              (["--replay", async_run, "--run-dir", async_run], "the replay needs its own run directory")]
     for args, message in cases:
-        result = in_process("train", *args)
+        result = here("train", *args)
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, args
 
 
-def test_replay_names_the_first_version_that_differs(async_run: Path, tmp_path: Path,
-                                                      in_process: Callable[..., Any]) -> None:
+def test_replay_names_the_first_version_that_differs(async_run: Path, tmp_path: Path) -> None:
     source = tmp_path / "copy"
     subprocess.run(["cp", "-r", async_run, source], check=True)
     records = lineage(source)
     records[7]["at"] = [0] * len(records[7]["at"])  # as if its gradients had been computed at the initial weights
     (source / "lineage.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    result = in_process("train", "--replay", source)
+    result = here("train", "--replay", source)
     assert result.returncode == 1 and "line 8" in result.stderr and "damaged" in result.stderr, result.stderr
     for record in records:
         record.pop("record_checksum")
     (source / "lineage.jsonl").write_text("".join(json.dumps(seal(r)) + "\n" for r in records))  # sealed anew
-    result = in_process("train", "--replay", source, "--overwrite")
+    result = here("train", "--replay", source, "--overwrite")
     assert result.returncode == 1, result.stderr
     assert "the replay differs from the run at weight version 7" in result.stderr and "Traceback" not in result.stderr
 
@@ -326,7 +305,7 @@ def test_server_killed_mid_epoch_with_fixed_staleness_resumes_bitwise(tmp_path: 
 
 @pytest.mark.parametrize(("workers", "point"), [(2, "after_update_logged"), (0, "mid_step")])
 def test_server_killed_in_async_mode_resumes_and_replays_bitwise(tmp_path: Path, data: Path, workers: int,
-                                                                 point: str, in_process: Callable[..., Any]) -> None:
+                                                                 point: str) -> None:
     """At the desk (worker processes) the server is killed as it logs a group; streamed to its own slot
     (``train.workers = 0``), mid-step: the server steps."""
     job = write_job(tmp_path, data, ASYNC)
@@ -335,15 +314,14 @@ def test_server_killed_in_async_mode_resumes_and_replays_bitwise(tmp_path: Path,
     assert ("gradients and steps on 2 worker processes" if workers else "gradients in the server") in \
         (run / "events.log").read_text()
     assert_every_task_applied_once_per_epoch(run, 3)
-    assert in_process("train", "--replay", run).returncode == 0
+    assert here("train", "--replay", run).returncode == 0
     assert digest(run) == digest(tmp_path / "run-replay")
 
 
 @pytest.mark.parametrize(("point", "logged"), [("mid_step", "died with exit code"),
                                                ("after_publish", "not recorded before the stretch ended")])
 def test_a_worker_killed_while_stepping_at_the_desk_loses_no_gradient(tmp_path: Path, data: Path, point: str,
-                                                                      logged: str,
-                                                                      in_process: Callable[..., Any]) -> None:
+                                                                      logged: str) -> None:
     """A worker dies stepping a group (mid-step), or after renaming its version into place and before recording
     it: the group is not applied, its tasks are computed again in the next stretch, and the renamed version is
     deleted and made again; the run replays bitwise."""
@@ -354,7 +332,7 @@ def test_a_worker_killed_while_stepping_at_the_desk_loses_no_gradient(tmp_path: 
     events = (run / "events.log").read_text()
     assert "died with exit code" in events and logged in events
     assert_every_task_applied_once_per_epoch(run, 3)
-    assert in_process("train", "--replay", run).returncode == 0
+    assert here("train", "--replay", run).returncode == 0
     assert digest(run) == digest(tmp_path / "run-replay")
 
 
@@ -406,8 +384,7 @@ def stop_mid_epoch(job: Path, env: dict[str, str]) -> Path:
 @pytest.mark.parametrize("mode", ["staleness = 2", ASYNC])
 def test_stopped_mid_epoch_resumes_where_it_stopped(tmp_path: Path, mode: str, written: str,
                                                     staleness_runs: dict[int, Path],
-                                                    stopped_runs: Callable[[str], Path],
-                                                    in_process: Callable[..., Any]) -> None:
+                                                    stopped_runs: Callable[[str], Path]) -> None:
     """SIGTERM mid-epoch: the checkpoint holds the older versions (staleness) or the tasks applied (async), under
     the schedule's name. ``before``: the checkpoint rewritten as earlier releases wrote it (the schedule's state
     at the position's top level) resumes alike, bitwise. Each case resumes its own copy of the stopped run."""
@@ -418,13 +395,13 @@ def test_stopped_mid_epoch_resumes_where_it_stopped(tmp_path: Path, mode: str, w
     assert meta["position"]["epoch"] == 0 and meta["position"]["batch"] > 0, "a mid-epoch checkpoint"
     if written == "before":
         as_written_before(newest)
-    resumed = in_process("train", "--resume", run)
+    resumed = here("train", "--resume", run)
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed from {newest.name}" in (run / "events.log").read_text()
     if mode == ASYNC:
         assert meta["position"]["arrival"]["applied"]
         assert_every_task_applied_once_per_epoch(run, 3)
-        assert in_process("train", "--replay", run).returncode == 0
+        assert here("train", "--replay", run).returncode == 0
         assert digest(run) == digest(tmp_path / "run-replay")
     else:
         version = meta["position"]["version"]
@@ -435,16 +412,15 @@ def test_stopped_mid_epoch_resumes_where_it_stopped(tmp_path: Path, mode: str, w
 
 
 @pytest.mark.parametrize("mode", ["staleness = 2", ASYNC])
-def test_nonfinite_gradients_are_skipped_or_stop_the_run(tmp_path: Path, mode: str,
-                                                         in_process: Callable[..., Any]) -> None:
+def test_nonfinite_gradients_are_skipped_or_stop_the_run(tmp_path: Path, mode: str) -> None:
     x, y = blobs(n=600, features=6, classes=3)
     x[400:420] = 3e38  # finite in float32, but the loss overflows to inf
     data = write_dataset(tmp_path / "big", x, y, shard_rows=300)
     job = write_job(tmp_path, data, mode, epochs=1)
     job.write_text(job.read_text().replace("[data]\n", "[data]\nnormalize = false\n"))
-    stopped = in_process("train", job)
+    stopped = here("train", job)
     assert stopped.returncode == 1 and "non-finite loss or gradient at update" in stopped.stderr, stopped.stderr
-    skipped = in_process("train", job, "--overwrite", "--set", 'train.on_nonfinite="skip"')
+    skipped = here("train", job, "--overwrite", "--set", 'train.on_nonfinite="skip"')
     assert skipped.returncode == 0, skipped.stderr
     assert "update skipped" in (tmp_path / "run" / "events.log").read_text()
     records = lineage(tmp_path / "run")
@@ -496,38 +472,35 @@ def test_no_worker_reads_weights_that_change_under_it(tmp_path: Path, data: Path
     assert all(r["before"] == r["after"] == checksums[r["version"]] for r in reads)
 
 
-def test_an_additive_model_refuses_the_overlapping_modes(tmp_path: Path, data: Path,
-                                                         in_process: Callable[..., Any]) -> None:
+def test_an_additive_model_refuses_the_overlapping_modes(tmp_path: Path, data: Path) -> None:
     job = write_job(tmp_path, data, "staleness = 1")
     job.write_text(job.read_text().replace('kind = "mlp"\nhidden = [16]', 'kind = "ridge"'))
-    result = in_process("train", job)
+    result = here("train", job)
     assert result.returncode == 2 and "solved in one pass" in result.stderr, result.stderr
 
 
-def test_the_overlapping_modes_refuse_a_cluster_at_start(tmp_path: Path, data: Path,
-                                                         in_process: Callable[..., Any]) -> None:
+def test_the_overlapping_modes_refuse_a_cluster_at_start(tmp_path: Path, data: Path) -> None:
     for mode in ("staleness = 1", ASYNC):
-        result = in_process("train", write_job(tmp_path / mode[:5], data, mode), "--cluster", "local:2")
+        result = here("train", write_job(tmp_path / mode[:5], data, mode), "--cluster", "local:2")
         assert result.returncode == 2 and "run on one machine only" in result.stderr, result.stderr
         assert "Traceback" not in result.stderr and not (tmp_path / mode[:5] / "run").exists()
 
 
-def test_inspect_shows_the_staleness_histogram_and_where_a_version_came_from(async_run: Path,
-                                                                               in_process: Callable[..., Any]) -> None:
-    shown = in_process("inspect", async_run, "--json")
+def test_inspect_shows_the_staleness_histogram_and_where_a_version_came_from(async_run: Path) -> None:
+    shown = here("inspect", async_run, "--json")
     schedule = json.loads(shown.stdout)["schedule"]
     applied = [r["parent"] - at for r in lineage(async_run)[1:] for at in r["at"]]
     assert {row["staleness"]: row["gradients"] for row in schedule["histogram"]} == Counter(applied)
     assert schedule["max"] == max(applied) and schedule["mean"] == pytest.approx(np.mean(applied))
-    assert "gradient staleness (async, max_staleness 3, async_group 2)" in in_process("inspect", async_run).stdout
+    assert "gradient staleness (async, max_staleness 3, async_group 2)" in here("inspect", async_run).stdout
     record = next(r for r in lineage(async_run)[1:] if len(set(r["at"])) > 1 or r["at"][0] < r["parent"])
-    view = json.loads(in_process("inspect", async_run, "--lineage", record["version"], "--json").stdout)
+    view = json.loads(here("inspect", async_run, "--lineage", record["version"], "--json").stdout)
     assert view["sources"] == sorted(set(record["at"])) and view["epoch"] == record["epoch"]
     assert [g["at"] for g in view["gradients"]] == record["at"]
     assert [g["rows"] for g in view["gradients"]] == record["tasks"]
-    assert f"applied to version {record['parent']}" in in_process("inspect", async_run, "--lineage",
+    assert f"applied to version {record['parent']}" in here("inspect", async_run, "--lineage",
                                                                  record["version"]).stdout
-    assert in_process("inspect", async_run, "--lineage", 10_000).returncode == 2
+    assert here("inspect", async_run, "--lineage", 10_000).returncode == 2
 
 
 def test_the_digits_mlp_converges_with_staleness_2_and_async_max_staleness_4(tmp_path: Path) -> None:
@@ -550,8 +523,7 @@ def test_the_digits_mlp_converges_with_staleness_2_and_async_max_staleness_4(tmp
     assert 3 <= max(staleness) <= 4, staleness  # the bound was exercised, never exceeded
 
 
-def test_async_at_the_desk_with_four_workers_applies_every_task_once(tmp_path: Path, data: Path,
-                                                                    in_process: Callable[..., Any]) -> None:
+def test_async_at_the_desk_with_four_workers_applies_every_task_once(tmp_path: Path, data: Path) -> None:
     """Four participants on two cores, one a straggler, versions retired as soon as allowed: groups are handed
     to several steppers at once (a fast worker's gradients wait in several of them), every task is applied
     once per epoch, at most the newest ``keep_versions`` outlive the run, and the run replays bitwise."""
@@ -563,5 +535,5 @@ def test_async_at_the_desk_with_four_workers_applies_every_task_once(tmp_path: P
     assert "gradients and steps on 4 worker processes" in (run / "events.log").read_text()
     assert_every_task_applied_once_per_epoch(run, 3)
     assert len(weight_versions(run)) == 1
-    assert in_process("train", "--replay", run).returncode == 0
+    assert here("train", "--replay", run).returncode == 0
     assert digest(run) == digest(tmp_path / "run-replay")
