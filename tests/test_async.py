@@ -117,7 +117,7 @@ def staleness_runs(data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     for key, workers, train in ((1, 1, rounds), (2, 2, rounds), (4, 4, rounds), ("server", 0, rounds),
                                 ("stream-2", 2, stream), ("stream-server", 0, stream), (0, 2, "")):
         folder = tmp_path_factory.mktemp(f"stale-{key}")
-        result = memtrain("train", write_job(folder, data, train), "--workers", workers)
+        result = here("train", write_job(folder, data, train), "--workers", workers)
         assert result.returncode == 0, result.stderr
         runs[key] = folder / "run"
     assert "fixed staleness 2: in the rounds (train.staleness_in = 'rounds')" in (runs[4] / "events.log").read_text()
@@ -201,7 +201,7 @@ def test_fixed_staleness_keeps_k_plus_1_versions_alive_and_no_more(tmp_path: Pat
 def async_run(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Async mode with 3 workers, one of them 20x slower: gradients really arrive out of order and stale."""
     folder = tmp_path_factory.mktemp("async")
-    result = memtrain("train", write_job(folder, data, ASYNC), "--workers", 3, env=straggler(folder, 20))
+    result = here("train", write_job(folder, data, ASYNC), "--workers", 3, env=straggler(folder, 20))
     assert result.returncode == 0, result.stderr
     return folder / "run"
 
@@ -230,7 +230,7 @@ def test_async_applies_each_task_once_in_arrival_order_within_the_bound(async_ru
 def test_async_in_the_server_computes_one_gradient_ahead(tmp_path: Path, data: Path) -> None:
     """train.workers = 0: the server computes the next task (at the newest version) before it applies the
     gradient it just got, as a worker would -- one task ahead, not the whole epoch at one version."""
-    result = memtrain("train", write_job(tmp_path, data, ASYNC), "--workers", 0)
+    result = here("train", write_job(tmp_path, data, ASYNC), "--workers", 0)
     assert result.returncode == 0, result.stderr
     assert_every_task_applied_once_per_epoch(tmp_path / "run", 3)
     records = lineage(tmp_path / "run")[1:]
@@ -284,7 +284,7 @@ def test_replay_names_the_first_version_that_differs(async_run: Path, tmp_path: 
 def kill_server_then_resume(job: Path, hit: int, env: dict[str, str] | None = None, point: str = "mid_step") -> Path:
     crashed = memtrain("train", job, env={"MEMTRAIN_FAULT": f"{point}:{hit}", **(env or {})})
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
-    resumed = memtrain("train", "--resume", job.parent / "run", env=env)
+    resumed = here("train", "--resume", job.parent / "run", env=env)
     assert resumed.returncode == 0, resumed.stderr
     return job.parent / "run"
 
@@ -464,7 +464,7 @@ def test_no_worker_reads_weights_that_change_under_it(tmp_path: Path, data: Path
     """
     audit = tmp_path / "audit.jsonl"
     job = write_job(tmp_path, data, 'mode = "async"\nmax_staleness = 3', keep=1)  # recycles every retired file
-    result = memtrain("train", job, "--workers", 3, env={READ_AUDIT_ENV: str(audit), **straggler(tmp_path, 20)})
+    result = here("train", job, "--workers", 3, env={READ_AUDIT_ENV: str(audit), **straggler(tmp_path, 20)})
     assert result.returncode == 0, result.stderr
     checksums = {r["version"]: r["checksum"] for r in lineage(tmp_path / "run")}
     reads = [json.loads(line) for line in audit.read_text().splitlines()]
@@ -507,7 +507,7 @@ def test_the_digits_mlp_converges_with_staleness_2_and_async_max_staleness_4(tmp
     """The README's first job (jobs/examples/digits-mlp.toml, lr 0.003) reaches >= 97% in both modes; async
     with 3 workers, one at a third of the others' speed, so gradients up to 4 versions stale are applied."""
     repo = Path(__file__).parent.parent
-    assert memtrain("prepare", repo / "data" / "digits.csv", tmp_path / "digits").returncode == 0
+    assert here("prepare", repo / "data" / "digits.csv", tmp_path / "digits").returncode == 0
     job = tmp_path / "digits-mlp.toml"
     job.write_text((repo / "jobs" / "examples" / "digits-mlp.toml").read_text()
                    .replace('"../../data/digits"', json.dumps(str(tmp_path / "digits"))))
@@ -515,7 +515,7 @@ def test_the_digits_mlp_converges_with_staleness_2_and_async_max_staleness_4(tmp
              "async": (["--set", 'train.mode="async"', "--set", "train.max_staleness=4", "--workers", "3"],
                        straggler(tmp_path, 3))}
     for name, (args, env) in modes.items():
-        result = memtrain("train", job, "--run-dir", tmp_path / name, *args, env=env)
+        result = here("train", job, "--run-dir", tmp_path / name, *args, env=env)
         assert result.returncode == 0, result.stderr
         epochs = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         assert [r for r in epochs if r["kind"] == "epoch"][-1]["val_accuracy"] >= 0.97, name
@@ -529,7 +529,7 @@ def test_async_at_the_desk_with_four_workers_applies_every_task_once(tmp_path: P
     once per epoch, at most the newest ``keep_versions`` outlive the run, and the run replays bitwise."""
     job = write_job(tmp_path, data, ASYNC, keep=1)
     job.write_text(job.read_text().replace("workers = 2", "workers = 4"))
-    result = memtrain("train", job, env=straggler(tmp_path, 3))
+    result = here("train", job, env=straggler(tmp_path, 3))
     assert result.returncode == 0, result.stderr
     run = tmp_path / "run"
     assert "gradients and steps on 4 worker processes" in (run / "events.log").read_text()
