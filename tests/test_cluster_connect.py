@@ -132,7 +132,14 @@ def test_not_a_scheduler_is_a_clear_error_within_the_bound(listener) -> None:
         assert time.monotonic() - started < 5
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("signum", [
+    signal.SIGTERM,
+    # out of CI for time: one handler for SIGINT, SIGTERM and SIGHUP (memtrain/stopping.py StopRequest.record), the
+    # name and code computed from the signal; the wait's stop and start-up message are [SIGTERM]'s, SIGINT's name and
+    # code test_faults.py::test_interrupt_checkpoints_and_says_how_to_resume[2-130]'s and test_cluster.py's
+    # test_a_stop_signal_mid_run_checkpoints_and_resume_finishes_it
+    pytest.param(signal.SIGINT, marks=pytest.mark.slow),
+], ids=["SIGTERM", "SIGINT"])
 def test_a_stop_ends_the_wait_for_a_handshake(tmp_path: Path, signum: int) -> None:
     """`memtrain train --cluster` to a listener that never answers: the stop is honoured at once (it waited
     13 minutes for SIGKILL), with a message and exit 128 + the signal, nothing left behind."""
