@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from in_process import here
 from tiny_data import blobs, write_dataset
 
 from memtrain.config import load_job
@@ -115,7 +117,7 @@ def staleness_runs(data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     for key, workers, train in ((1, 1, rounds), (2, 2, rounds), (4, 4, rounds), ("server", 0, rounds),
                                 ("stream-2", 2, stream), ("stream-server", 0, stream), (0, 2, "")):
         folder = tmp_path_factory.mktemp(f"stale-{key}")
-        result = memtrain("train", write_job(folder, data, train), "--workers", workers)
+        result = here("train", write_job(folder, data, train), "--workers", workers)
         assert result.returncode == 0, result.stderr
         runs[key] = folder / "run"
     assert "fixed staleness 2: in the rounds (train.staleness_in = 'rounds')" in (runs[4] / "events.log").read_text()
@@ -199,7 +201,7 @@ def test_fixed_staleness_keeps_k_plus_1_versions_alive_and_no_more(tmp_path: Pat
 def async_run(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Async mode with 3 workers, one of them 20x slower: gradients really arrive out of order and stale."""
     folder = tmp_path_factory.mktemp("async")
-    result = memtrain("train", write_job(folder, data, ASYNC), "--workers", 3, env=straggler(folder, 20))
+    result = here("train", write_job(folder, data, ASYNC), "--workers", 3, env=straggler(folder, 20))
     assert result.returncode == 0, result.stderr
     return folder / "run"
 
@@ -228,7 +230,7 @@ def test_async_applies_each_task_once_in_arrival_order_within_the_bound(async_ru
 def test_async_in_the_server_computes_one_gradient_ahead(tmp_path: Path, data: Path) -> None:
     """train.workers = 0: the server computes the next task (at the newest version) before it applies the
     gradient it just got, as a worker would -- one task ahead, not the whole epoch at one version."""
-    result = memtrain("train", write_job(tmp_path, data, ASYNC), "--workers", 0)
+    result = here("train", write_job(tmp_path, data, ASYNC), "--workers", 0)
     assert result.returncode == 0, result.stderr
     assert_every_task_applied_once_per_epoch(tmp_path / "run", 3)
     records = lineage(tmp_path / "run")[1:]
@@ -237,7 +239,7 @@ def test_async_in_the_server_computes_one_gradient_ahead(tmp_path: Path, data: P
 
 
 def test_replay_reproduces_an_async_run_bitwise_with_another_worker_count(async_run: Path, tmp_path: Path) -> None:
-    result = memtrain("train", "--replay", async_run, "--run-dir", tmp_path / "replay", "--workers", 1)
+    result = here("train", "--replay", async_run, "--run-dir", tmp_path / "replay", "--workers", 1)
     assert result.returncode == 0, result.stderr
     assert "weight versions match the recorded checksums" in result.stdout
     assert digest(tmp_path / "replay") == digest(async_run)
@@ -247,7 +249,7 @@ def test_replay_reproduces_an_async_run_bitwise_with_another_worker_count(async_
 def test_replay_reproduces_a_synchronous_and_a_fixed_staleness_run(staleness_runs: dict[int, Path],
                                                                     tmp_path: Path) -> None:
     for key in (0, 2):
-        result = memtrain("train", "--replay", staleness_runs[key], "--run-dir", tmp_path / f"replay-{key}",
+        result = here("train", "--replay", staleness_runs[key], "--run-dir", tmp_path / f"replay-{key}",
                           "--workers", 1)
         assert result.returncode == 0, result.stderr
         assert digest(tmp_path / f"replay-{key}") == digest(staleness_runs[key])
@@ -259,7 +261,7 @@ def test_replay_usage_errors_name_what_is_wrong(async_run: Path, tmp_path: Path)
              (["--replay", async_run, "--set", "train.lr=1"], "--replay takes a run directory and nothing"),
              (["--replay", async_run, "--run-dir", async_run], "the replay needs its own run directory")]
     for args, message in cases:
-        result = memtrain("train", *args)
+        result = here("train", *args)
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, args
 
 
@@ -269,12 +271,12 @@ def test_replay_names_the_first_version_that_differs(async_run: Path, tmp_path: 
     records = lineage(source)
     records[7]["at"] = [0] * len(records[7]["at"])  # as if its gradients had been computed at the initial weights
     (source / "lineage.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    result = memtrain("train", "--replay", source)
+    result = here("train", "--replay", source)
     assert result.returncode == 1 and "line 8" in result.stderr and "damaged" in result.stderr, result.stderr
     for record in records:
         record.pop("record_checksum")
     (source / "lineage.jsonl").write_text("".join(json.dumps(seal(r)) + "\n" for r in records))  # sealed anew
-    result = memtrain("train", "--replay", source, "--overwrite")
+    result = here("train", "--replay", source, "--overwrite")
     assert result.returncode == 1, result.stderr
     assert "the replay differs from the run at weight version 7" in result.stderr and "Traceback" not in result.stderr
 
@@ -282,7 +284,7 @@ def test_replay_names_the_first_version_that_differs(async_run: Path, tmp_path: 
 def kill_server_then_resume(job: Path, hit: int, env: dict[str, str] | None = None, point: str = "mid_step") -> Path:
     crashed = memtrain("train", job, env={"MEMTRAIN_FAULT": f"{point}:{hit}", **(env or {})})
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
-    resumed = memtrain("train", "--resume", job.parent / "run", env=env)
+    resumed = here("train", "--resume", job.parent / "run", env=env)
     assert resumed.returncode == 0, resumed.stderr
     return job.parent / "run"
 
@@ -312,7 +314,7 @@ def test_server_killed_in_async_mode_resumes_and_replays_bitwise(tmp_path: Path,
     assert ("gradients and steps on 2 worker processes" if workers else "gradients in the server") in \
         (run / "events.log").read_text()
     assert_every_task_applied_once_per_epoch(run, 3)
-    assert memtrain("train", "--replay", run).returncode == 0
+    assert here("train", "--replay", run).returncode == 0
     assert digest(run) == digest(tmp_path / "run-replay")
 
 
@@ -330,7 +332,7 @@ def test_a_worker_killed_while_stepping_at_the_desk_loses_no_gradient(tmp_path: 
     events = (run / "events.log").read_text()
     assert "died with exit code" in events and logged in events
     assert_every_task_applied_once_per_epoch(run, 3)
-    assert memtrain("train", "--replay", run).returncode == 0
+    assert here("train", "--replay", run).returncode == 0
     assert digest(run) == digest(tmp_path / "run-replay")
 
 
@@ -345,20 +347,29 @@ def as_written_before(checkpoint: Path) -> None:
     path.write_text(json.dumps(seal(meta), indent=2))
 
 
-@pytest.mark.parametrize("written", ["now", "before"])
-@pytest.mark.parametrize("mode", ["staleness = 2", ASYNC])
-def test_stopped_mid_epoch_resumes_where_it_stopped(tmp_path: Path, data: Path, mode: str, written: str,
-                                                    staleness_runs: dict[int, Path]) -> None:
-    """SIGTERM mid-epoch: the checkpoint holds the older versions (staleness) or the tasks applied (async), under
-    the schedule's name. Async mode runs with one worker, the straggler: two would finish the epoch at the fast
-    one's pace before the signal lands. ``before``: the checkpoint rewritten as earlier releases wrote it (the
-    schedule's state at the position's top level) resumes alike, bitwise."""
-    job = write_job(tmp_path, data, mode)
-    if mode == ASYNC:
-        job.write_text(job.read_text().replace("workers = 2", "workers = 1"))
-    run = tmp_path / "run"
+@pytest.fixture(scope="module")
+def stopped_runs(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``stopped(mode)``: a run of ``mode`` stopped by SIGTERM mid-epoch, made once per module for both ways its
+    checkpoint is written (the tests resume copies of it). Async mode runs with one worker, the straggler: two
+    would finish the epoch at the fast one's pace before the signal lands."""
+    runs: dict[str, Path] = {}
+
+    def stopped(mode: str) -> Path:
+        if mode not in runs:
+            folder = tmp_path_factory.mktemp("stopped")
+            job = write_job(folder, data, mode)
+            if mode == ASYNC:
+                job.write_text(job.read_text().replace("workers = 2", "workers = 1"))
+            runs[mode] = stop_mid_epoch(job, env=straggler(folder, 200))
+        return runs[mode]
+    return stopped
+
+
+def stop_mid_epoch(job: Path, env: dict[str, str]) -> Path:
+    """``memtrain train JOB`` stopped by SIGTERM once weight version 4 is out; its run directory."""
+    run = job.parent / "run"
     process = subprocess.Popen([sys.executable, "-m", "memtrain", "train", str(job)], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env={**os.environ, **straggler(tmp_path, 200)})
+                               stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
     deadline = time.monotonic() + 60
     while not (run / "weights").is_dir() or not weight_versions(run) or weight_versions(run)[-1] < 4:
         assert time.monotonic() < deadline and process.poll() is None
@@ -366,18 +377,31 @@ def test_stopped_mid_epoch_resumes_where_it_stopped(tmp_path: Path, data: Path, 
     process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=60)
     assert process.returncode == 143, err
+    return run
+
+
+@pytest.mark.parametrize("written", ["now", "before"])
+@pytest.mark.parametrize("mode", ["staleness = 2", ASYNC])
+def test_stopped_mid_epoch_resumes_where_it_stopped(tmp_path: Path, mode: str, written: str,
+                                                    staleness_runs: dict[int, Path],
+                                                    stopped_runs: Callable[[str], Path]) -> None:
+    """SIGTERM mid-epoch: the checkpoint holds the older versions (staleness) or the tasks applied (async), under
+    the schedule's name. ``before``: the checkpoint rewritten as earlier releases wrote it (the schedule's state
+    at the position's top level) resumes alike, bitwise. Each case resumes its own copy of the stopped run."""
+    run = tmp_path / "run"
+    shutil.copytree(stopped_runs(mode), run, symlinks=True)
     newest = checkpoint_path(run, checkpoint_updates(run)[-1])
     meta = json.loads((newest / "meta.json").read_text())
     assert meta["position"]["epoch"] == 0 and meta["position"]["batch"] > 0, "a mid-epoch checkpoint"
     if written == "before":
         as_written_before(newest)
-    resumed = memtrain("train", "--resume", run)
+    resumed = here("train", "--resume", run)
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed from {newest.name}" in (run / "events.log").read_text()
     if mode == ASYNC:
         assert meta["position"]["arrival"]["applied"]
         assert_every_task_applied_once_per_epoch(run, 3)
-        assert memtrain("train", "--replay", run).returncode == 0
+        assert here("train", "--replay", run).returncode == 0
         assert digest(run) == digest(tmp_path / "run-replay")
     else:
         version = meta["position"]["version"]
@@ -394,9 +418,9 @@ def test_nonfinite_gradients_are_skipped_or_stop_the_run(tmp_path: Path, mode: s
     data = write_dataset(tmp_path / "big", x, y, shard_rows=300)
     job = write_job(tmp_path, data, mode, epochs=1)
     job.write_text(job.read_text().replace("[data]\n", "[data]\nnormalize = false\n"))
-    stopped = memtrain("train", job)
+    stopped = here("train", job)
     assert stopped.returncode == 1 and "non-finite loss or gradient at update" in stopped.stderr, stopped.stderr
-    skipped = memtrain("train", job, "--overwrite", "--set", 'train.on_nonfinite="skip"')
+    skipped = here("train", job, "--overwrite", "--set", 'train.on_nonfinite="skip"')
     assert skipped.returncode == 0, skipped.stderr
     assert "update skipped" in (tmp_path / "run" / "events.log").read_text()
     records = lineage(tmp_path / "run")
@@ -440,7 +464,7 @@ def test_no_worker_reads_weights_that_change_under_it(tmp_path: Path, data: Path
     """
     audit = tmp_path / "audit.jsonl"
     job = write_job(tmp_path, data, 'mode = "async"\nmax_staleness = 3', keep=1)  # recycles every retired file
-    result = memtrain("train", job, "--workers", 3, env={READ_AUDIT_ENV: str(audit), **straggler(tmp_path, 20)})
+    result = here("train", job, "--workers", 3, env={READ_AUDIT_ENV: str(audit), **straggler(tmp_path, 20)})
     assert result.returncode == 0, result.stderr
     checksums = {r["version"]: r["checksum"] for r in lineage(tmp_path / "run")}
     reads = [json.loads(line) for line in audit.read_text().splitlines()]
@@ -451,39 +475,39 @@ def test_no_worker_reads_weights_that_change_under_it(tmp_path: Path, data: Path
 def test_an_additive_model_refuses_the_overlapping_modes(tmp_path: Path, data: Path) -> None:
     job = write_job(tmp_path, data, "staleness = 1")
     job.write_text(job.read_text().replace('kind = "mlp"\nhidden = [16]', 'kind = "ridge"'))
-    result = memtrain("train", job)
+    result = here("train", job)
     assert result.returncode == 2 and "solved in one pass" in result.stderr, result.stderr
 
 
 def test_the_overlapping_modes_refuse_a_cluster_at_start(tmp_path: Path, data: Path) -> None:
     for mode in ("staleness = 1", ASYNC):
-        result = memtrain("train", write_job(tmp_path / mode[:5], data, mode), "--cluster", "local:2")
+        result = here("train", write_job(tmp_path / mode[:5], data, mode), "--cluster", "local:2")
         assert result.returncode == 2 and "run on one machine only" in result.stderr, result.stderr
         assert "Traceback" not in result.stderr and not (tmp_path / mode[:5] / "run").exists()
 
 
 def test_inspect_shows_the_staleness_histogram_and_where_a_version_came_from(async_run: Path) -> None:
-    shown = memtrain("inspect", async_run, "--json")
+    shown = here("inspect", async_run, "--json")
     schedule = json.loads(shown.stdout)["schedule"]
     applied = [r["parent"] - at for r in lineage(async_run)[1:] for at in r["at"]]
     assert {row["staleness"]: row["gradients"] for row in schedule["histogram"]} == Counter(applied)
     assert schedule["max"] == max(applied) and schedule["mean"] == pytest.approx(np.mean(applied))
-    assert "gradient staleness (async, max_staleness 3, async_group 2)" in memtrain("inspect", async_run).stdout
+    assert "gradient staleness (async, max_staleness 3, async_group 2)" in here("inspect", async_run).stdout
     record = next(r for r in lineage(async_run)[1:] if len(set(r["at"])) > 1 or r["at"][0] < r["parent"])
-    view = json.loads(memtrain("inspect", async_run, "--lineage", record["version"], "--json").stdout)
+    view = json.loads(here("inspect", async_run, "--lineage", record["version"], "--json").stdout)
     assert view["sources"] == sorted(set(record["at"])) and view["epoch"] == record["epoch"]
     assert [g["at"] for g in view["gradients"]] == record["at"]
     assert [g["rows"] for g in view["gradients"]] == record["tasks"]
-    assert f"applied to version {record['parent']}" in memtrain("inspect", async_run, "--lineage",
+    assert f"applied to version {record['parent']}" in here("inspect", async_run, "--lineage",
                                                                  record["version"]).stdout
-    assert memtrain("inspect", async_run, "--lineage", 10_000).returncode == 2
+    assert here("inspect", async_run, "--lineage", 10_000).returncode == 2
 
 
 def test_the_digits_mlp_converges_with_staleness_2_and_async_max_staleness_4(tmp_path: Path) -> None:
     """The README's first job (jobs/examples/digits-mlp.toml, lr 0.003) reaches >= 97% in both modes; async
     with 3 workers, one at a third of the others' speed, so gradients up to 4 versions stale are applied."""
     repo = Path(__file__).parent.parent
-    assert memtrain("prepare", repo / "data" / "digits.csv", tmp_path / "digits").returncode == 0
+    assert here("prepare", repo / "data" / "digits.csv", tmp_path / "digits").returncode == 0
     job = tmp_path / "digits-mlp.toml"
     job.write_text((repo / "jobs" / "examples" / "digits-mlp.toml").read_text()
                    .replace('"../../data/digits"', json.dumps(str(tmp_path / "digits"))))
@@ -491,7 +515,7 @@ def test_the_digits_mlp_converges_with_staleness_2_and_async_max_staleness_4(tmp
              "async": (["--set", 'train.mode="async"', "--set", "train.max_staleness=4", "--workers", "3"],
                        straggler(tmp_path, 3))}
     for name, (args, env) in modes.items():
-        result = memtrain("train", job, "--run-dir", tmp_path / name, *args, env=env)
+        result = here("train", job, "--run-dir", tmp_path / name, *args, env=env)
         assert result.returncode == 0, result.stderr
         epochs = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         assert [r for r in epochs if r["kind"] == "epoch"][-1]["val_accuracy"] >= 0.97, name
@@ -505,11 +529,11 @@ def test_async_at_the_desk_with_four_workers_applies_every_task_once(tmp_path: P
     once per epoch, at most the newest ``keep_versions`` outlive the run, and the run replays bitwise."""
     job = write_job(tmp_path, data, ASYNC, keep=1)
     job.write_text(job.read_text().replace("workers = 2", "workers = 4"))
-    result = memtrain("train", job, env=straggler(tmp_path, 3))
+    result = here("train", job, env=straggler(tmp_path, 3))
     assert result.returncode == 0, result.stderr
     run = tmp_path / "run"
     assert "gradients and steps on 4 worker processes" in (run / "events.log").read_text()
     assert_every_task_applied_once_per_epoch(run, 3)
     assert len(weight_versions(run)) == 1
-    assert memtrain("train", "--replay", run).returncode == 0
+    assert here("train", "--replay", run).returncode == 0
     assert digest(run) == digest(tmp_path / "run-replay")

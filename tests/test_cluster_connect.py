@@ -30,6 +30,10 @@ from memtrain.errors import MemtrainError  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
+# The bound these tests give `connected` (the command line's is 20 s): every listener here fails, so a short one
+# only shortens the wait the tests are about (it ends at the bound plus as long again for the handshake).
+BOUND_S = 0.25
+
 JOB = """
 [data]
 path = "{data}"
@@ -122,13 +126,20 @@ def test_not_a_scheduler_is_a_clear_error_within_the_bound(listener) -> None:
     with listener() as port:
         started = time.monotonic()
         with pytest.raises(MemtrainError, match=rf"cannot reach the Dask scheduler at tcp://127.0.0.1:{port} "
-                                                r"within 1 s"), \
-                connected(parse_cluster(f"tcp://127.0.0.1:{port}"), connect_seconds=1):
+                                                rf"within {BOUND_S:g} s"), \
+                connected(parse_cluster(f"tcp://127.0.0.1:{port}"), connect_seconds=BOUND_S):
             pass
         assert time.monotonic() - started < 5
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("signum", [
+    signal.SIGTERM,
+    # out of CI for time: one handler for SIGINT, SIGTERM and SIGHUP (memtrain/stopping.py StopRequest.record), the
+    # name and code computed from the signal; the wait's stop and start-up message are [SIGTERM]'s, SIGINT's name and
+    # code test_faults.py::test_interrupt_checkpoints_and_says_how_to_resume[2-130]'s and test_cluster.py's
+    # test_a_stop_signal_mid_run_checkpoints_and_resume_finishes_it
+    pytest.param(signal.SIGINT, marks=pytest.mark.slow),
+], ids=["SIGTERM", "SIGINT"])
 def test_a_stop_ends_the_wait_for_a_handshake(tmp_path: Path, signum: int) -> None:
     """`memtrain train --cluster` to a listener that never answers: the stop is honoured at once (it waited
     13 minutes for SIGKILL), with a message and exit 128 + the signal, nothing left behind."""
@@ -161,7 +172,7 @@ def test_a_listener_answering_with_other_bytes_is_a_clear_error() -> None:
         started = time.monotonic()
         with pytest.raises(MemtrainError, match=rf"the listener at tcp://127.0.0.1:{port} did not answer as a Dask "
                                                 r"scheduler .*not its dashboard's"), \
-                connected(parse_cluster(f"tcp://127.0.0.1:{port}"), connect_seconds=1):
+                connected(parse_cluster(f"tcp://127.0.0.1:{port}"), connect_seconds=BOUND_S):
             pass
         assert time.monotonic() - started < 5
 
@@ -226,7 +237,7 @@ def test_a_connection_given_up_on_leaves_nothing_running_in_the_process() -> Non
     Now a handshake on an event loop of its own, bounded inside that loop, comes before any Client."""
     for listener in (silent_listener, http_server, answering_http_server):
         with listener() as port, pytest.raises(MemtrainError, match=f"tcp://127.0.0.1:{port}"), \
-                connected(parse_cluster(f"tcp://127.0.0.1:{port}"), connect_seconds=1):
+                connected(parse_cluster(f"tcp://127.0.0.1:{port}"), connect_seconds=BOUND_S):
             pass
     deadline = time.monotonic() + 10
     while _connecting_threads() and time.monotonic() < deadline:

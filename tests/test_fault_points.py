@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from in_process import here
 from tiny_data import blobs, write_dataset
 
 from memtrain.faults import POINTS
@@ -26,11 +26,11 @@ ADDITIVE = {"statistics_chunk", "statistics_summed"}  # an additive model's pass
 RL = {"rl_mid_collect", "rl_after_publish", "rl_mid_share"}  # reinforcement learning (memtrain/rl/server.py)
 
 
-def memtrain(*args: object, points: set[str], log: Path, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": PYTHONPATH, "MEMTRAIN_FAULT": ",".join(f"{p}:1" for p in sorted(points)),
-           "MEMTRAIN_FAULT_ACTION": "record", "MEMTRAIN_FAULT_LOG": str(log)}
-    return subprocess.run([sys.executable, "-m", "memtrain", *map(str, args)], capture_output=True, text=True,
-                          env=env, timeout=150, cwd=cwd)
+def memtrain(*args: object, points: set[str], log: Path) -> subprocess.CompletedProcess:
+    """``memtrain ARGS`` in this process (tests/in_process.py: no point kills anything here, each is recorded),
+    with ``points`` armed in it and in every process it starts."""
+    return here(*args, env={"PYTHONPATH": PYTHONPATH, "MEMTRAIN_FAULT": ",".join(f"{p}:1" for p in sorted(points)),
+                            "MEMTRAIN_FAULT_ACTION": "record", "MEMTRAIN_FAULT_LOG": str(log)})
 
 
 def fired(log: Path) -> set[str]:
@@ -51,7 +51,7 @@ def job(folder: Path, data: Path, name: str = "job", hidden: int = 8) -> Path:
 def test_every_train_point_fires(tmp_path: Path) -> None:
     x, y = blobs(n=500, features=4, classes=3)
     data = write_dataset(tmp_path / "data", x, y, shard_rows=200)
-    result = memtrain("train", job(tmp_path, data), points=TRAIN, log=tmp_path / "fired", cwd=tmp_path)
+    result = memtrain("train", job(tmp_path, data), points=TRAIN, log=tmp_path / "fired")
     assert result.returncode == 0, result.stderr
     assert fired(tmp_path / "fired") == TRAIN
 
@@ -61,7 +61,7 @@ def test_the_statistics_points_fire(tmp_path: Path) -> None:
     data = write_dataset(tmp_path / "data", x, y, shard_rows=200)
     path = job(tmp_path, data)
     path.write_text(path.read_text().replace('kind = "mlp"\nhidden = [8]', 'kind = "ridge"'))
-    result = memtrain("train", path, points=ADDITIVE, log=tmp_path / "fired", cwd=tmp_path)
+    result = memtrain("train", path, points=ADDITIVE, log=tmp_path / "fired")
     assert result.returncode == 0, result.stderr
     assert fired(tmp_path / "fired") == ADDITIVE
 
@@ -70,7 +70,7 @@ def test_the_staleness_point_fires(tmp_path: Path) -> None:
     x, y = blobs(n=500, features=4, classes=3)
     data = write_dataset(tmp_path / "data", x, y, shard_rows=200)
     result = memtrain("train", job(tmp_path, data), "--set", "train.staleness=1", "--set",
-                      'train.staleness_in="rounds"', points=STALENESS, log=tmp_path / "fired", cwd=tmp_path)
+                      'train.staleness_in="rounds"', points=STALENESS, log=tmp_path / "fired")
     assert result.returncode == 0, result.stderr
     assert fired(tmp_path / "fired") == STALENESS
 
@@ -80,7 +80,7 @@ def test_the_reinforcement_learning_points_fire(tmp_path: Path) -> None:
     path.write_text('[env]\nid = "CartPole-v1"\nslots = 2\nsteps = 16\n[model]\nhidden = [8]\n[train]\n'
                     'env_steps = 64\nworkers = 1\nlearner = "workers"\nlearner_chunks = 2\n'
                     f'[run]\ndir = "{tmp_path / "run"}"\n')
-    result = memtrain("train", path, points=RL, log=tmp_path / "fired", cwd=tmp_path)
+    result = memtrain("train", path, points=RL, log=tmp_path / "fired")
     assert result.returncode == 0, result.stderr
     assert fired(tmp_path / "fired") == RL
 
@@ -88,7 +88,7 @@ def test_the_reinforcement_learning_points_fire(tmp_path: Path) -> None:
 def test_every_prepare_point_fires(tmp_path: Path) -> None:
     (source,) = write_synthetic_source(tmp_path / "s.csv", 12_000, 16, seed=3)
     result = memtrain("prepare", source, tmp_path / "ds", "--shard-mb", "0.1", "--chunk-mb", "0.5", points=PREPARE,
-                      log=tmp_path / "fired", cwd=tmp_path)
+                      log=tmp_path / "fired")
     assert result.returncode == 0, result.stderr
     assert fired(tmp_path / "fired") == PREPARE
 
@@ -99,7 +99,7 @@ def test_every_serve_point_fires(tmp_path: Path) -> None:
     spool = tmp_path / "jobs"
     spool.mkdir(mode=0o700)
     job(spool, data, "k").write_text(job(tmp_path, data).read_text())
-    result = memtrain("serve", "--jobs", spool, "--once", points=SERVE, log=tmp_path / "fired", cwd=tmp_path)
+    result = memtrain("serve", "--jobs", spool, "--once", points=SERVE, log=tmp_path / "fired")
     assert result.returncode == 0, result.stderr
     assert fired(tmp_path / "fired") == SERVE
 
@@ -110,8 +110,7 @@ def test_every_serve_point_fires(tmp_path: Path) -> None:
     ("mid_step:x", "bad hit count for fault point 'mid_step'"),
 ])
 def test_an_unknown_point_or_count_is_refused(tmp_path: Path, spec: str, message: str) -> None:
-    result = subprocess.run([sys.executable, "-m", "memtrain", "inspect", str(tmp_path)], capture_output=True,
-                            text=True, env={**os.environ, "MEMTRAIN_FAULT": spec}, timeout=60)
+    result = here("inspect", tmp_path, env={"MEMTRAIN_FAULT": spec})
     assert result.returncode == 2
     assert message in result.stderr and "expected" in result.stderr
 

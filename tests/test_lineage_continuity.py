@@ -6,12 +6,11 @@ trains on leaving a run that replay refuses."""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from in_process import here
 from tiny_data import blobs, write_dataset
 
 pytestmark = pytest.mark.timeout(120)
@@ -38,16 +37,11 @@ dir = "run"
 """
 
 
-def memtrain(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "memtrain", *map(str, args)], capture_output=True, text=True,
-                          timeout=100)
-
-
 def async_run(folder: Path, epochs: int) -> Path:
     x, y = blobs(n=1000, features=4, classes=3, seed=2)
     data = write_dataset(folder / "data", x, y, shard_rows=300)
     (folder / "job.toml").write_text(JOB.format(data=data))
-    result = memtrain("train", folder / "job.toml", "--set", f"train.epochs={epochs}")
+    result = here("train", folder / "job.toml", "--set", f"train.epochs={epochs}")
     assert result.returncode == 0, result.stderr
     return folder / "run"
 
@@ -80,9 +74,9 @@ def damage(run: Path, tmp_path: Path, how: Callable[[list[str]], str]) -> Path:
 
 @pytest.mark.parametrize("how", [torn, missing, repeated])
 def test_verify_checks_the_lineage_continuity(finished: Path, tmp_path: Path, how: Callable) -> None:
-    assert memtrain("inspect", finished, "--verify").returncode == 0
+    assert here("inspect", finished, "--verify").returncode == 0
     run = damage(finished, tmp_path, how)
-    result = memtrain("inspect", run, "--verify")
+    result = here("inspect", run, "--verify")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "lineage.jsonl" in result.stdout + result.stderr and "Traceback" not in result.stderr
 
@@ -91,7 +85,7 @@ def test_verify_checks_the_lineage_continuity(finished: Path, tmp_path: Path, ho
 def test_resume_refuses_a_gap_before_its_checkpoint(finished: Path, tmp_path: Path, how: Callable) -> None:
     run = damage(finished, tmp_path, how)
     before = (run / "lineage.jsonl").read_bytes()
-    result = memtrain("train", "--resume", run, "--set", "train.epochs=2")
+    result = here("train", "--resume", run, "--set", "train.epochs=2")
     assert result.returncode == 1, result.stderr
     assert "the lineage has a gap before the checkpoint" in result.stderr and "Traceback" not in result.stderr
     assert (run / "lineage.jsonl").read_bytes() == before, "a refused resume changed nothing"
@@ -99,10 +93,10 @@ def test_resume_refuses_a_gap_before_its_checkpoint(finished: Path, tmp_path: Pa
 
 def test_resume_drops_a_repeated_line_and_the_run_replays(finished: Path, tmp_path: Path) -> None:
     run = damage(finished, tmp_path, repeated)
-    result = memtrain("train", "--resume", run, "--set", "train.epochs=2")
+    result = here("train", "--resume", run, "--set", "train.epochs=2")
     assert result.returncode == 0, result.stderr
-    assert memtrain("inspect", run, "--verify").returncode == 0
-    replay = memtrain("train", "--replay", run, "--run-dir", tmp_path / "replay")
+    assert here("inspect", run, "--verify").returncode == 0
+    replay = here("train", "--replay", run, "--run-dir", tmp_path / "replay")
     assert replay.returncode == 0, replay.stderr
 
 
@@ -112,11 +106,11 @@ def test_resume_falls_back_to_the_newest_checkpoint_before_the_gap(tmp_path: Pat
     run = async_run(tmp_path, 2)
     lines = (run / "lineage.jsonl").read_text().splitlines(keepends=True)
     (run / "lineage.jsonl").write_text(torn(lines))
-    result = memtrain("train", "--resume", run, "--set", "train.epochs=3")
+    result = here("train", "--resume", run, "--set", "train.epochs=3")
     assert result.returncode == 0, result.stderr
     assert "skipping checkpoint" in result.stdout and "the lineage has a gap before the checkpoint" in result.stdout
-    assert memtrain("inspect", run, "--verify").returncode == 0
-    replay = memtrain("train", "--replay", run, "--run-dir", tmp_path / "replay")
+    assert here("inspect", run, "--verify").returncode == 0
+    replay = here("train", "--replay", run, "--run-dir", tmp_path / "replay")
     assert replay.returncode == 0, replay.stderr
 
 
@@ -128,13 +122,13 @@ def test_verify_passes_an_intact_additive_run_and_words_a_lost_solve_line_as_a_g
     data = write_dataset(tmp_path / "data", x, y, shard_rows=100)
     (tmp_path / "job.toml").write_text(f'[data]\npath = "{data}"\n[model]\nkind = "naive_bayes"\n'
                                        f'[train]\nworkers = 1\n[run]\ndir = "{tmp_path / "run"}"\n')
-    assert memtrain("train", tmp_path / "job.toml").returncode == 0
-    verified = memtrain("inspect", tmp_path / "run", "--verify")
+    assert here("train", tmp_path / "job.toml").returncode == 0
+    verified = here("inspect", tmp_path / "run", "--verify")
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert "every checksum matches" in verified.stdout
     lineage = tmp_path / "run" / "lineage.jsonl"
     lineage.write_text(lineage.read_text().splitlines(keepends=True)[0])
-    broken = memtrain("inspect", tmp_path / "run", "--verify")
+    broken = here("inspect", tmp_path / "run", "--verify")
     assert broken.returncode == 1, broken.stdout + broken.stderr
     assert "lineage.jsonl: the lineage is not continuous" in broken.stderr
     assert "the lineage ends at version 0, before the checkpoint of version 1" in broken.stderr

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from in_process import here
 
 from memtrain.prepare.synthetic import write_synthetic_source
 from tests.dataset_files import dataset_bytes
@@ -16,14 +17,16 @@ ROOT = Path(__file__).parents[1]
 OPTIONS = ["--shard-mb", "0.1", "--chunk-mb", "0.5", "--seed", "4"]
 
 
-def run_prepare(source: Path, out: Path, *extra: str, fault: str | None = None, action: str | None = None):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMTRAIN_FAULT")}
-    if fault:
-        env["MEMTRAIN_FAULT"] = fault
-    if action:
-        env["MEMTRAIN_FAULT_ACTION"] = action
-    return subprocess.run([sys.executable, "-m", "memtrain", "prepare", str(source), str(out), *OPTIONS, *extra],
-                          capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+def run_prepare(source: Path, out: Path, *extra: str, fault: str | None = None,
+                action: str | None = None) -> subprocess.CompletedProcess:
+    """``memtrain prepare SOURCE OUT``: a process of its own when ``fault`` kills it (SIGKILL, the default action),
+    else in this process (tests/in_process.py: an interpreter's start saved)."""
+    args = ["prepare", str(source), str(out), *OPTIONS, *extra]
+    if fault and action is None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MEMTRAIN_FAULT")}
+        return subprocess.run([sys.executable, "-m", "memtrain", *args], capture_output=True, text=True, timeout=60,
+                              env={**env, "MEMTRAIN_FAULT": fault}, cwd=ROOT)
+    return here(*args, env={"MEMTRAIN_FAULT": fault, "MEMTRAIN_FAULT_ACTION": action} if fault and action else None)
 
 
 @pytest.fixture(scope="module")

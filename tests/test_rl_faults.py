@@ -11,7 +11,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -123,6 +125,84 @@ def lineage_checksums(run: Path) -> list[tuple[int, str, list[str]]]:
     return [(r["version"], r["checksum"], [s["checksum"] for s in r.get("shards", [])]) for r in records]
 
 
+class Started:
+    """``memtrain ARGS`` started in the background when the module starts (``hung_runs``), so that its wait (a
+    hang bounded by train.task_timeout, all idle) passes while the module's other tests run. Its output goes to
+    files in FOLDER, never to a pipe it could fill; ``seconds`` is how long it ran, start to exit."""
+
+    def __init__(self, folder: Path, args: list[object], env: dict[str, str]):
+        self.folder = folder
+        self._out, self._err = folder / "stdout.txt", folder / "stderr.txt"
+        environ = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                   **env}
+        started = time.monotonic()
+        with self._out.open("w") as out, self._err.open("w") as err:
+            self._proc = subprocess.Popen([sys.executable, "-m", "memtrain", *map(str, args)], cwd=folder,
+                                          stdout=out, stderr=err, env=environ)
+        self.seconds = float("inf")
+
+        def timed() -> None:
+            self._proc.wait()
+            self.seconds = time.monotonic() - started
+        self._waiter = threading.Thread(target=timed, daemon=True)
+        self._waiter.start()
+
+    def result(self, timeout: float = 240) -> subprocess.CompletedProcess:
+        self._waiter.join(timeout)
+        code = self._proc.wait(timeout=1)
+        return subprocess.CompletedProcess(self._proc.args, code, self._out.read_text(), self._err.read_text())
+
+    def stop(self) -> None:
+        self._proc.kill()
+        self._proc.wait()
+
+
+def hung_in_the_server(folder: Path, *, once: bool) -> Started:
+    """0 workers, train.task_timeout = 1: the flaky environment hangs at step 3 of episode 1 (``once``: in one
+    attempt only)."""
+    path = job(folder / "b", env=FLAKY, **{"flaky.py": FLAKY_ENV})
+    path.write_text(path.read_text().replace("workers = 0", "workers = 0\ntask_timeout = 1"))
+    env = {"FLAKY_AT": "3", "FLAKY_HANG": "1", **({"FLAKY_ONCE": str(folder / "once")} if once else {})}
+    return Started(folder / "b", ["train", path, "-q"], env)
+
+
+def hung_collection(folder: Path) -> Started:
+    """1 worker, train.task_timeout = 2: the worker stops (SIGSTOP) half way through its 4th collection task."""
+    path = job(folder, workers=1)
+    path.write_text(path.read_text().replace("workers = 1", "workers = 1\ntask_timeout = 2"))
+    return Started(folder, ["train", path, "-q"], {"MEMTRAIN_FAULT": "rl_mid_collect:4",
+                                                   "MEMTRAIN_FAULT_ACTION": "stop",
+                                                   "MEMTRAIN_FAULT_ONCE": str(folder / "fired")})
+
+
+# The tests whose run waits out a task_timeout, by test name: their runs start with the module (hung_runs).
+HUNG_RUNS = {
+    "test_an_environment_hung_in_the_server_runs_again_after_task_timeout_with_the_same_bits":
+        lambda folder: hung_in_the_server(folder, once=True),
+    "test_an_environment_always_hung_in_the_server_stops_the_run_naming_version_slot_seed_episode_and_step":
+        lambda folder: hung_in_the_server(folder, once=False),
+    "test_a_hung_collection_task_has_its_worker_killed_and_runs_again": hung_collection,
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def hung_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Started]]:
+    """The runs of HUNG_RUNS whose tests are selected, started in the background when the module starts: their
+    waits for train.task_timeout pass while the module's other tests run. The tests wait for them."""
+    selected = {item.name for item in request.session.items if item.path == request.path}
+    runs = {name: start(tmp_path_factory.mktemp("hung")) for name, start in HUNG_RUNS.items() if name in selected}
+    yield runs
+    for run in runs.values():
+        run.stop()
+
+
+def hung_run(runs: dict[str, Started], request: pytest.FixtureRequest, tmp_path: Path) -> Started:
+    """This test's run (started now if the module's fixture did not start it)."""
+    if request.node.name not in runs:
+        runs[request.node.name] = HUNG_RUNS[request.node.name](tmp_path)
+    return runs[request.node.name]
+
+
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The uninterrupted run, 0 workers: 12 versions."""
@@ -166,9 +246,15 @@ def test_a_server_killed_then_resumed_continues_the_episodes_bit_for_bit(tmp_pat
     assert "resumed at weight version 4" in (run / RUN_EVENTS).read_text()
 
 
+VERSIONS = 40  # of the SIGTERM test's job
+
+
 def test_sigterm_stops_cleanly_with_a_checkpoint_and_the_resume_gives_the_same_bits(tmp_path: Path) -> None:
+    """The signal comes at version 5 or a little later; the run is long enough that it still runs then (a stop
+    after its end fails the test, never passes it), and every version after it is trained twice: the resume and
+    the run straight through."""
     folder = tmp_path / "a"
-    path = job(folder, budget=96 * 100, workers=2)  # 100 versions: still running when the signal comes (at ~5-10)
+    path = job(folder, budget=96 * VERSIONS, workers=2)  # still running when the signal comes (at ~5-10)
     process = memtrain("train", path, "-q", cwd=folder, wait=False)
     metrics = folder / "run" / RUN_METRICS
     deadline = time.monotonic() + 120
@@ -181,14 +267,14 @@ def test_sigterm_stops_cleanly_with_a_checkpoint_and_the_resume_gives_the_same_b
     assert "Traceback" not in err
     run = folder / "run"
     stopped_at = int(err.split("stopped by SIGTERM at weight version ")[1].split(";")[0])
-    assert 5 <= stopped_at < 100 and checkpoints(run)[-1] == stopped_at
+    assert 5 <= stopped_at < VERSIONS and checkpoints(run)[-1] == stopped_at
     # the rest, resumed on another worker count: the same bits as a run straight through with none
     resumed = memtrain("train", "--resume", run, "--workers", "1", "-q", cwd=folder)
     assert resumed.returncode == 0, resumed.stderr
     other = tmp_path / "b"
-    straight = memtrain("train", job(other, budget=96 * 100), "-q", cwd=other)
+    straight = memtrain("train", job(other, budget=96 * VERSIONS), "-q", cwd=other)
     assert straight.returncode == 0, straight.stderr
-    assert weights(run, 100) == weights(other / "run", 100)
+    assert weights(run, VERSIONS) == weights(other / "run", VERSIONS)
     assert "collection: 1 worker process\n" in (run / RUN_EVENTS).read_text()
     assert not list((run / EPISODES_DIR).glob(".*"))  # nothing left under a temporary name
 
@@ -225,25 +311,22 @@ def test_an_environment_that_always_raises_stops_the_run_naming_version_slot_see
 
 
 def test_an_environment_hung_in_the_server_runs_again_after_task_timeout_with_the_same_bits(
-        tmp_path: Path, flaky_clean: Path) -> None:
-    """0 workers: the server's own collection task is bounded by train.task_timeout, as a worker's is."""
-    path = job(tmp_path / "b", env=FLAKY, **{"flaky.py": FLAKY_ENV})
-    path.write_text(path.read_text().replace("workers = 0", "workers = 0\ntask_timeout = 1"))
-    hung = memtrain("train", path, "-q", cwd=tmp_path / "b", FLAKY_AT="3", FLAKY_HANG="1",
-                    FLAKY_ONCE=str(tmp_path / "once"))
+        hung_runs: dict[str, Started], request: pytest.FixtureRequest, tmp_path: Path, flaky_clean: Path) -> None:
+    """0 workers: the server's own collection task is bounded by train.task_timeout, as a worker's is. The run
+    was started with the module (hung_runs)."""
+    started = hung_run(hung_runs, request, tmp_path)
+    hung = started.result()
     assert hung.returncode == 0, hung.stderr
-    assert (tmp_path / "once").exists()  # it did hang
-    assert weights(tmp_path / "b" / "run", 12) == weights(flaky_clean, 12)
+    assert (started.folder.parent / "once").exists()  # it did hang
+    assert weights(started.folder / "run", 12) == weights(flaky_clean, 12)
 
 
 def test_an_environment_always_hung_in_the_server_stops_the_run_naming_version_slot_seed_episode_and_step(
-        tmp_path: Path) -> None:
-    path = job(tmp_path, env='factory = "flaky:make_env"', **{"flaky.py": FLAKY_ENV})
-    path.write_text(path.read_text().replace("workers = 0", "workers = 0\ntask_timeout = 1"))
-    started = time.monotonic()
-    result = memtrain("train", path, "-q", cwd=tmp_path, FLAKY_AT="3", FLAKY_HANG="1")
+        hung_runs: dict[str, Started], request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    started = hung_run(hung_runs, request, tmp_path)
+    result = started.result()
     assert result.returncode == 1, result.stderr
-    assert time.monotonic() - started < 60  # 3 attempts of 1 s, not the environment's hour
+    assert started.seconds < 60  # 3 attempts of 1 s, not the environment's hour
     err = result.stderr
     for words in ("collection task (version 0, slot ", "the environment failed in step, at each of 3 attempts",
                   "seed 5", "episode 1", "step 2", "Overtime: the collection task ran for longer than "
@@ -253,15 +336,15 @@ def test_an_environment_always_hung_in_the_server_stops_the_run_naming_version_s
     assert "Traceback" not in err
 
 
-def test_a_hung_collection_task_has_its_worker_killed_and_runs_again(tmp_path: Path, clean: Path) -> None:
-    path = job(tmp_path, workers=1)
-    path.write_text(path.read_text().replace("workers = 1", "workers = 1\ntask_timeout = 2"))
-    result = memtrain("train", path, "-q", cwd=tmp_path, MEMTRAIN_FAULT="rl_mid_collect:4",
-                      MEMTRAIN_FAULT_ACTION="stop", MEMTRAIN_FAULT_ONCE=str(tmp_path / "fired"))
+def test_a_hung_collection_task_has_its_worker_killed_and_runs_again(hung_runs: dict[str, Started],
+                                                                     request: pytest.FixtureRequest, tmp_path: Path,
+                                                                     clean: Path) -> None:
+    started = hung_run(hung_runs, request, tmp_path)
+    result = started.result()
     assert result.returncode == 0, result.stderr
-    events = (tmp_path / "run" / RUN_EVENTS).read_text()
+    events = (started.folder / "run" / RUN_EVENTS).read_text()
     assert "silent for 2 s on collection task (version" in events
-    assert weights(tmp_path / "run", 12) == weights(clean, 12)
+    assert weights(started.folder / "run", 12) == weights(clean, 12)
 
 
 def test_a_damaged_checkpoint_is_skipped_on_resume_and_the_one_before_gives_the_same_bits(tmp_path: Path,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from in_process import here
 
 from memtrain.errors import InputError
 from memtrain.layout import RUN_EVENTS, RUN_JOB, RUN_METRICS
@@ -24,10 +25,11 @@ pytestmark = pytest.mark.timeout(60)
 # Small waits keep the tests fast; --rescan is long unless a test needs it, so that a job picked up
 # after the start is proof that the observer's events work, not the periodic scan.
 FAST = ("--settle", "0.3", "--grace", "1", "--rescan", "60")
-# A job that must still be running when the test stops the service (status.json is rewritten every
-# second): ~3.5 s on the development machine, where 40 epochs took under a second and raced the stop. The
-# stop comes at most about a second after epoch 2; the resume then trains the rest, so longer costs twice.
-LONG_EPOCHS = 200
+# A job that must still be running when the test stops the service: the stop comes as soon as the run's
+# metrics.jsonl shows epoch 2 (within a tick of the service's loop, 0.1 s), about 12 epochs on the development
+# machine (200 took ~3.5 s there); the resume then trains the rest, so longer costs twice. (Waiting for
+# status.json, rewritten every second, took up to a second more: 200 epochs, where 40 raced the stop.)
+LONG_EPOCHS = 60
 
 JOB = """
 [data]
@@ -83,8 +85,12 @@ def serve(folder: Path, *args: str, env: dict[str, str] | None = None) -> subpro
 
 
 def serve_once(folder: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "memtrain", "serve", "--jobs", str(folder), *FAST, "--once",
-                           *args], capture_output=True, text=True, timeout=50, env={**os.environ, **(env or {})})
+    """``memtrain serve --once`` on ``folder``: a process of its own when a fault is armed (it kills the service),
+    else in this process (tests/in_process.py: an interpreter's start saved; its jobs' trains are processes still)."""
+    if env and "MEMTRAIN_FAULT" in env:
+        return subprocess.run([sys.executable, "-m", "memtrain", "serve", "--jobs", str(folder), *FAST, "--once",
+                               *args], capture_output=True, text=True, timeout=50, env={**os.environ, **env})
+    return here("serve", "--jobs", folder, *FAST, "--once", *args, env=env)
 
 
 def wait_for(condition: Callable[[], object], timeout: float = 30.0) -> None:
@@ -139,13 +145,14 @@ def test_job_renamed_in_runs_once_despite_duplicate_events(spool: Path) -> None:
 def test_slow_writer_is_never_read_half_written(spool: Path) -> None:
     text = job_text("slow", epochs=3)
     cut = text.index("[train]")  # the first half alone is a valid job too (10 epochs by default)
-    proc = serve(spool, "--grace", "10")  # a writer seen writing is waited for until it closes (or grace)
+    # a writer seen writing is waited for until it closes (or grace); a short settle, for a short pause
+    proc = serve(spool, "--grace", "10", "--settle", "0.1")
     try:
         wait_for((spool / "status.json").exists)
         with open(spool / "slow.toml", "w") as handle:
             handle.write(text[:cut])
             handle.flush()
-            time.sleep(1.5)  # five settle times: quiet alone does not make it complete
+            time.sleep(0.5)  # five settle times: quiet alone does not make it complete
             handle.write(text[cut:])
         wait_for((spool / "done" / "slow.result.json").exists)
     finally:
@@ -223,8 +230,7 @@ def test_second_service_on_the_same_folder_is_refused(spool: Path) -> None:
     try:
         wait_for((spool / "status.json").exists)
         second = serve_once(spool)
-        status = subprocess.run([sys.executable, "-m", "memtrain", "serve", "--jobs", str(spool), "--status",
-                                 "--json"], capture_output=True, text=True, timeout=30)
+        status = here("serve", "--jobs", spool, "--status", "--json")
     finally:
         assert stop(first) == 143
     assert json.loads(status.stdout)["service"]["pid"] == first.pid
@@ -270,16 +276,16 @@ def test_sigterm_checkpoints_and_the_next_start_resumes(spool: Path) -> None:
     metrics = spool.parent / "runs" / "long" / RUN_METRICS
     proc = serve(spool)
     try:
-        wait_for(lambda: _running(spool) and _running(spool)[0]["progress"].get("epochs_done", 0) >= 2)
+        wait_for(lambda: metrics.exists() and metrics.read_text().count('"kind": "epoch"') >= 2)
     finally:
         assert stop(proc) == 143
     running = _running(spool)
     assert [(r["name"], r["state"], r["epochs"]) for r in running] == [("long", "stopped", LONG_EPOCHS)]
+    assert running[0]["progress"]["epochs_done"] >= 2  # where the run stood, read from its metrics
     assert metrics.read_text().count('"kind": "epoch"') < LONG_EPOCHS
     assert names(spool / "running") == ["long.state.json", "long.toml"]
     assert json.loads((spool / "running" / "long.state.json").read_text())["clean_stop"] is True
-    table = subprocess.run([sys.executable, "-m", "memtrain", "serve", "--jobs", str(spool), "--status"],
-                           capture_output=True, text=True, timeout=30)
+    table = here("serve", "--jobs", spool, "--status")
     assert "no service running" in " ".join(table.stdout.split()) and "stopped" in table.stdout  # lines wrap
     done = serve_once(spool)
     assert done.returncode == 0, done.stderr
@@ -300,8 +306,7 @@ def test_status_fits_80_columns_and_never_breaks_a_path(tmp_path: Path, cli: Cal
     drop(folder, "no-data", job_text("no-data", data=missing))
     assert serve_once(folder).returncode == 0
     drop(folder, "waiting", job_text("waiting"))
-    status = subprocess.run([sys.executable, "-m", "memtrain", "serve", "--jobs", str(folder), "--status"],
-                            capture_output=True, text=True, timeout=30, env={**os.environ, "COLUMNS": "80"})
+    status = here("serve", "--jobs", folder, "--status", env={"COLUMNS": "80"})
     assert status.returncode == 0, status.stderr
     shown = status.stdout.splitlines()
     assert max(map(len, shown)) <= 80

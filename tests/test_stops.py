@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_faults import TESTS, data, digest, events, memtrain, wait_for_version, wait_gone, worker_pids, write_job
+from test_faults import TESTS, data, digest, events, train_here, wait_for_version, wait_gone, worker_pids, write_job
 
 from memtrain.layout import checkpoint_updates
 
@@ -35,7 +35,7 @@ def popen(job: Path, **kwargs) -> subprocess.Popen:
 @pytest.fixture(scope="module")
 def clean(data: Path, tmp_path_factory: pytest.TempPathFactory) -> str:  # noqa: F811
     job = write_job(tmp_path_factory.mktemp("clean"), data, epochs=EPOCHS)
-    result = memtrain("train", job)
+    result = train_here(job)
     assert result.returncode == 0, result.stderr
     return digest(job.parent / "run")
 
@@ -86,7 +86,7 @@ def test_the_stop_message_events_metrics_and_inspect_name_the_same_place(hung_up
 
 def test_a_run_stopped_by_sighup_resumes_identically(hung_up, clean: str) -> None:
     run, _, _ = hung_up
-    resumed = memtrain("train", "--resume", run)
+    resumed = train_here("--resume", run)
     assert resumed.returncode == 0, resumed.stderr
     assert digest(run) == clean
 
