@@ -93,9 +93,9 @@ def table_csv(x: np.ndarray, y: np.ndarray, names: list[str] | None = None, labe
 # in collection order (`--no-loadscope-reorder`): started first, the long files end while the short ones fill the
 # other process, where xdist's own order (most tests first) hands out a long file of few tests (test_bench_rl.py:
 # 6 tests, 5% of the time) among the last, for one process to run while the other may have nothing left.
-LONGEST_FILES = ("test_faults.py", "test_torch.py", "test_async.py", "test_bench.py", "test_bench_rl.py",
-                 "test_cluster.py", "test_links.py", "test_serve.py", "test_additive.py", "test_goldens.py",
-                 "test_train.py", "test_inspect.py", "test_slurm.py", "test_node_processes.py", "test_rl_faults.py",
+LONGEST_FILES = ("test_faults.py", "test_bench.py", "test_bench_rl.py", "test_async.py", "test_node_processes.py",
+                 "test_torch.py", "test_cluster.py", "test_serve.py", "test_slurm.py", "test_rl_faults.py",
+                 "test_additive.py", "test_goldens.py", "test_train.py", "test_inspect.py", "test_links.py",
                  "test_node_round.py", "test_rl_learner_workers.py", "test_bench_prepare.py", "test_format_spec.py",
                  "test_rounds.py", "test_pools.py", "test_rl_staleness.py", "test_rl_async.py", "test_nodes.py")
 
