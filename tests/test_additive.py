@@ -5,9 +5,7 @@ or optimizer state; a worker the kernel kills is said to be killed for memory.""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
 import json
 import os
 import subprocess
@@ -16,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from in_process import here
 from tiny_data import write_dataset
 
-from memtrain.cli import main
 from memtrain.layout import STATISTICS_DIR, parse_partial_name, weight_versions, weights_path
 from memtrain.train.memory import OOM_EVENTS_ENV, WORKER_DATA_LIMIT_ENV
 
@@ -33,10 +31,7 @@ def memtrain(*args: object, env: dict[str, str] | None = None) -> subprocess.Com
     kill; without, in this process (the CLI's entry point, its workers spawned as always), sparing an
     interpreter's start-up per run."""
     if env is None:
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main([str(arg) for arg in args])
-        return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+        return here(*args)
     return subprocess.run([sys.executable, "-m", "memtrain", *map(str, args)], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": PYTHONPATH, **env}, timeout=100)
 

@@ -4,9 +4,7 @@ the files on disk carry."""
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import io
 import json
 import os
 import re
@@ -18,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from in_process import here
 
 from memtrain import layout, records
 from memtrain.cli import main
@@ -275,8 +274,7 @@ def run_cli(*args: object, env: dict[str, str] | None = None) -> int:
 
 def run_here(*args: object) -> int:
     """The CLI in this process, quiet: the runs that need no process of their own (no fault point, no torch)."""
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        return main([str(arg) for arg in args])
+    return here(*args).returncode
 
 
 @pytest.fixture(scope="module")

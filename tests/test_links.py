@@ -4,8 +4,6 @@ everywhere"). Every test plants a link to a user's file of exactly the right siz
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import shutil
 import subprocess
@@ -14,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from in_process import here
 from tiny_data import blobs, write_dataset
 
-from memtrain.cli import main
 from memtrain.errors import MemtrainError
 from memtrain.layout import RUN_FILES, RUN_FOLDERS, parse_exchange_owner, tmp_target, weight_versions, weights_path
 from memtrain.train.exchange.weights import retire_weights
@@ -54,10 +52,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def memtrain(*args: object) -> subprocess.CompletedProcess:
     """``memtrain ARGS`` through the CLI's entry point in this process (its workers spawned as always): none of
     these runs is killed, so none needs an interpreter of its own."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([str(arg) for arg in args])
-    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+    return here(*args)
 
 
 @pytest.mark.parametrize("workers, train", [(0, ""), (2, ""), (2, 'mode = "async"\nmax_staleness = 2')],
