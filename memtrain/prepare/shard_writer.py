@@ -165,6 +165,5 @@ class ShardWriter:
             stack.close()  # fsync, rename into place
             self.entries.append(entry)
             self.on_done(self.spec.name, index, entry)
-            fault_point("prepare_after_shard")
 
         self._writer.submit(lambda: self._publisher.submit(publish))  # once its rows are written

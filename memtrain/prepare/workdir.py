@@ -12,11 +12,13 @@ import contextlib
 import fcntl
 import os
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
 from memtrain.dataset import shard_file
 from memtrain.errors import CorruptFileError, InputError
+from memtrain.faults import fault_point
 from memtrain.files import (
     append_jsonl,
     fsync_dir,
@@ -88,6 +90,7 @@ class WorkArea:
         self.spool = self.root / PREPARE_SPOOL_DIR
         self.dataset = self.root / PREPARE_DATASET_DIR
         self._lock: int | None = None
+        self._done_log = threading.Lock()  # each split's publisher thread appends to done.jsonl
 
     def claim(self) -> None:
         if self.root.is_symlink():
@@ -159,7 +162,12 @@ class WorkArea:
         return finished
 
     def record_shard(self, split: str, index: int, entry: dict[str, Any]) -> None:
-        append_jsonl(self.root / PREPARE_DONE_LOG, seal(make(PREPARE_DONE, split=split, index=index, entry=entry)))
+        """Log one finished shard pair. The splits' writers publish from their own threads; one at a time, so
+        the log's lines never interleave and a kill at the n-th logged pair leaves exactly n lines."""
+        with self._done_log:
+            append_jsonl(self.root / PREPARE_DONE_LOG, seal(make(PREPARE_DONE, split=split, index=index,
+                                                                 entry=entry)))
+            fault_point("prepare_after_shard")
 
     def publish(self, overwrite: bool) -> None:
         """Rename the finished dataset into OUT; an old dataset is moved aside first and removed after."""
