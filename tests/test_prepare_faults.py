@@ -124,3 +124,37 @@ def test_real_disk_full_on_a_small_tmpfs(source, tiny_tmpfs):
     assert "no space left" in result.stderr and "Traceback" not in result.stderr
     assert not out.exists()
     assert not list(tiny_tmpfs.rglob("*.tmp-*"))
+
+
+def test_a_kill_at_the_nth_logged_shard_leaves_exactly_n_lines_whatever_the_splits_threads(tmp_path, monkeypatch):
+    """Each split's writer publishes from its own thread (train, val, test at once). The fault point
+    ``prepare_after_shard`` is hit under the log's lock, so when it is hit for the n-th time done.jsonl holds
+    exactly n whole lines: a kill there leaves what the test that armed it expects (CI once saw 3 for 2)."""
+    import threading
+
+    from memtrain.layout import PREPARE_DONE_LOG
+    from memtrain.prepare import workdir
+
+    work = workdir.WorkArea(tmp_path / "out", "k")
+    work.root.mkdir(parents=True)
+    seen: list[tuple[int, int]] = []
+
+    def count_lines(name: str) -> None:
+        if name == "prepare_after_shard":
+            seen.append((len(seen) + 1, len((work.root / PREPARE_DONE_LOG).read_text().splitlines())))
+
+    monkeypatch.setattr(workdir, "fault_point", count_lines)
+    start = threading.Barrier(3)
+
+    def publish(split: str) -> None:
+        start.wait()
+        for index in range(60):
+            work.record_shard(split, index, {"rows": index, "x": f"{split}-{index}"})
+
+    threads = [threading.Thread(target=publish, args=(split,)) for split in ("train", "val", "test")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert len(seen) == 180
+    assert [lines for _, lines in seen] == [hit for hit, _ in seen]
