@@ -28,6 +28,7 @@ import errno
 import functools
 import os
 import signal
+import threading
 from collections import Counter
 
 from memtrain.errors import InputError
@@ -76,6 +77,7 @@ POINTS = {
 # of module state in memtrain: the hook must count hits across call sites without threading a counter
 # through every function.
 _hits: Counter[str] = Counter()
+_counting = threading.Lock()  # points hit from several threads (a prepare's split writers) count each hit once
 
 
 def _targets() -> dict[str, int]:
@@ -124,8 +126,10 @@ def fault_point(name: str) -> None:
     wanted = targets.get(name)
     if wanted is None:
         return
-    _hits[name] += 1
-    if _hits[name] != wanted or not _claim_once():
+    with _counting:
+        _hits[name] += 1
+        hit = _hits[name]
+    if hit != wanted or not _claim_once():
         return
     action = os.environ.get(ACTION_ENV, "kill")
     if action == "record":
