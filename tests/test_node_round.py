@@ -243,6 +243,48 @@ def test_the_server_is_told_when_a_wave_ends_and_asks_nothing_per_second(dask, d
     assert 2 * updates <= calls["memtrain_done"] <= 2 * 2 * updates, calls  # at most one per member per wave
 
 
+def test_a_lost_server_is_pushed_to_the_members_workers_not_asked_for(tmp_path: Path) -> None:
+    """The scheduler's plugin, when a round's client (its server) leaves, pushes the round's end to each member's
+    worker (``ENDED_OP``), whose handler ``RoundEnds`` installed: a member waiting for a record stops without
+    asking every 2 s. A worker without the handler is sent nothing (an unknown message closes its stream)."""
+    import asyncio
+
+    from memtrain.cluster.broadcast import ENDED, ENDED_OP, BroadcastPlugin, RoundEnds, WaveFiles, follow_files
+
+    class Scheduler:
+        def __init__(self, plugins: dict) -> None:
+            self.handlers, self.workers, self.worker_plugins, self.sent = {}, {"w1": 0, "w2": 0}, plugins, []
+
+        def send_all(self, clients: dict, workers: dict) -> None:
+            self.sent.append(workers)
+
+        def log_event(self, topic: str, msg: dict) -> None:
+            pass
+
+    class Worker:
+        stream_handlers: dict = {}
+
+    for plugins, pushed in (({RoundEnds.name: RoundEnds()}, True), ({}, False)):
+        scheduler, plugin = Scheduler(plugins), BroadcastPlugin()
+        asyncio.run(plugin.start(scheduler))
+        plugin.begin("r1", members=["w1", "w2"], client="c1")
+        plugin.begin("r2", members=["w2"], client="c2")
+        plugin.remove_client(scheduler, "c1")
+        assert plugin.rounds["r1"].ended and not plugin.rounds["r2"].ended
+        expected = [{"w1": [{"op": ENDED_OP, "ident": "r1"}], "w2": [{"op": ENDED_OP, "ident": "r1"}]}]
+        assert scheduler.sent == (expected if pushed else [])
+    worker = Worker()
+    RoundEnds().setup(worker)
+    worker.stream_handlers[ENDED_OP](ident="r1")
+    assert "r1" in ENDED
+    # a member of r1 waiting for its first record stops at its next look, without asking the scheduler
+    asked: list[int] = []
+    started = time.monotonic()
+    assert follow_files(None, WaveFiles(tmp_path, "r1"), 0, 2, lambda: asked.append(1) or False,
+                        lambda wave: None) == 0
+    assert not asked and time.monotonic() - started < 1.0
+
+
 def test_the_process_count_is_checked() -> None:
     assert node_processes({}) == 0 and node_processes({PROCESSES_ENV: "3"}) == 3
     for bad in ("0", "two", "-1"):

@@ -336,7 +336,7 @@ def follow(actor: Any, ident: str, rank: int, members: int, files: bool = False)
 
     if files:
         return follow_files(actor, WaveFiles(Path(actor.state.exchange), ident), rank, members,
-                            lambda: ident in ENDED or bool(call("memtrain_status")["ended"]),
+                            lambda: bool(call("memtrain_status")["ended"]),
                             lambda wave: worker.log_event(TOPIC, {"ident": ident, "kind": "done", "wave": wave}))
     wave = 0
     record = call("memtrain_next", wave=wave, seconds=NEXT_SECONDS)
@@ -369,16 +369,19 @@ def follow_files(actor: Any, files: WaveFiles, rank: int, members: int, ended: C
     from memtrain.cluster.nodes import every, node_part
 
     alive = every(ALIVE_SECONDS, ended)
+
+    def over() -> bool:  # the round's end file, or its server's loss pushed to this worker: no message
+        return files.ended() or files.ident in ENDED
+
     wave = 0
     while True:
-        record = files.next(wave, lambda: files.ended() or alive())
+        record = files.next(wave, lambda: over() or alive())
         if record is None:
             return wave
         started = time.monotonic()
         kind, body = record
         if kind == "nodes":  # a two-level round's node record (memtrain/cluster/nodes.py)
-            numbers, blob, error = node_part(actor, gradient_tasks(actor.state.plan, body[0]), body, rank,
-                                             files.ended)
+            numbers, blob, error = node_part(actor, gradient_tasks(actor.state.plan, body[0]), body, rank, over)
         else:
             numbers, blob, error = part(actor, kind, body, rank, members)
         files.answer(wave, rank, numbers, blob, error, time.monotonic() - started)
