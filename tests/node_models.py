@@ -39,3 +39,19 @@ def slow_node_parts(seconds: float) -> None:
 
     slowed.unslowed = part
     nodes.node_part = slowed
+
+
+def node_part_raises(at: int) -> None:
+    """Run on a node's Dask worker (``Client.run``): its ``at``-th part of a node record (counting from 1) raises
+    instead of answering, once: the member's loop of the round ends with the error, its worker lives on."""
+    from memtrain.cluster import nodes
+
+    part, calls = nodes.node_part, [0]
+
+    def raising(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == at:
+            raise RuntimeError(f"node part {at} raised (a test)")
+        return part(*args, **kwargs)
+
+    nodes.node_part = raising

@@ -27,7 +27,7 @@ from memtrain.cluster.nodes import PROCESSES_ENV, node_processes  # noqa: E402
 from memtrain.errors import InputError  # noqa: E402
 from memtrain.train.loops.sliced import SlicedParticipant  # noqa: E402
 from tests.dask_processes import STOP_SECONDS, DaskProcesses, set_environ  # noqa: E402
-from tests.node_models import slow_node_parts  # noqa: E402
+from tests.node_models import node_part_raises, slow_node_parts  # noqa: E402
 from tests.test_cluster import WIDE, WIDE_EPOCHS, digest, spy_records, train, write_job  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -241,6 +241,25 @@ def test_the_server_is_told_when_a_wave_ends_and_asks_nothing_per_second(dask, d
     calls = scheduler_calls(client)
     assert calls.get("memtrain_status", 0) < updates, calls
     assert 2 * updates <= calls["memtrain_done"] <= 2 * 2 * updates, calls  # at most one per member per wave
+
+
+def test_a_member_whose_loop_ends_without_answering_fails_the_wave_at_once(dask, dataset: Path, local_digest: str,
+                                                                          tmp_path: Path, monkeypatch) -> None:
+    """A member's loop of the round raises (its worker lives on: no member left the scheduler) before answering its
+    2nd node record: the server sees the loop ended at its next look and fails the wave with that error, rather than
+    waiting for an answer that cannot come (before: until train.task_timeout, here out of reach); the update's tasks
+    run per task, the same bits, and the next round takes the member back."""
+    processes, client = dask
+    start_nodes(processes, client, [1, 2])
+    client.run(node_part_raises, 2, workers=[sorted(client.scheduler_info()["workers"])[1]])
+    started = time.monotonic()
+    records, steps = node_run(tmp_path / "job", dataset, processes.address, monkeypatch)
+    assert time.monotonic() - started < 50  # train.task_timeout is 60 s
+    events = (tmp_path / "job" / "run" / "events.log").read_text()
+    assert re.search(r"broadcast round of 2 workers ended: a task failed: worker \d+ \(Dask worker tcp://[\d.:]+\): "
+                     r"its loop of the round ended \(RuntimeError: node part 2 raised \(a test\)\)", events), events
+    assert len({t.update for t in steps}) == 7 and sum(t.chained == 6 for t in steps) >= 5
+    assert digest(tmp_path / "job" / "run") == local_digest
 
 
 def test_a_lost_server_is_pushed_to_the_members_workers_not_asked_for(tmp_path: Path) -> None:

@@ -334,9 +334,14 @@ def follow(actor: Any, ident: str, rank: int, members: int, files: bool = False)
     def call(handler: str, **arguments: Any) -> Any:
         return sync(worker.loop, getattr(worker.scheduler, handler), ident=ident, **arguments)
 
+    def ended() -> bool:  # a failed ask is no answer: the round's end file, or a push, still ends the loop
+        try:
+            return bool(call("memtrain_status")["ended"])
+        except Exception:  # noqa: BLE001 - whatever the comm raised, asked again in ALIVE_SECONDS
+            return False
+
     if files:
-        return follow_files(actor, WaveFiles(Path(actor.state.exchange), ident), rank, members,
-                            lambda: bool(call("memtrain_status")["ended"]),
+        return follow_files(actor, WaveFiles(Path(actor.state.exchange), ident), rank, members, ended,
                             lambda wave: worker.log_event(TOPIC, {"ident": ident, "kind": "done", "wave": wave}))
     wave = 0
     record = call("memtrain_next", wave=wave, seconds=NEXT_SECONDS)
@@ -714,6 +719,7 @@ class Broadcast:
             now = time.monotonic()
             if self.take_news(state, wave) or now >= self.due(self.looked, LOOK_SECONDS, state, wave):
                 files.collect(state, wave)
+                self.loops_ended(state, wave)
                 self.looked = now
             if now >= self.due(self.checked, STATUS_SECONDS, state, wave):
                 self.round_status(state)
@@ -729,6 +735,22 @@ class Broadcast:
                       due_at(state, wave, ratio, backup, self.timeout))
             self.bell.wait(max(0.0, due - time.monotonic()))
             self.bell.clear()
+
+    def loops_ended(self, state: RoundState, wave: int) -> None:
+        """A member whose loop of the round ended (returned, or raised) without answering wave ``wave`` answers it
+        with that error: the wave fails at once rather than waiting for an answer that cannot come (its worker
+        lives on, so no member left the scheduler), and its tasks run per task."""
+        current = state.waves[wave]
+        for rank, slot in enumerate(self.members):
+            call = self.loops.get(slot.token)
+            if rank in current.answers or call is None or not call.done():
+                continue
+            try:
+                why = f"returned after {call.result(timeout=0)} wave(s)"
+            except Exception as exc:  # noqa: BLE001 - whatever ended the member's loop, it is the wave's error
+                why = f"{type(exc).__name__}: {exc}"
+            current.answers[rank] = (time.monotonic(), [], b"", f"worker {slot.index} (Dask worker "
+                                     f"{slot.process.address}): its loop of the round ended ({why})")
 
     def due(self, last: float, seconds: float, state: RoundState, wave: int) -> float:
         """When a fallback falls due: ``seconds`` after ``last``, or ``LOOK_SHARE`` of the wave's time so far when
