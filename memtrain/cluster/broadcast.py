@@ -603,6 +603,7 @@ class Broadcast:
     looked: float = 0.0  # when the answer files were last looked at without being told
     news: deque[dict[str, Any]] = field(default_factory=deque)  # the events told (``TOPIC``), not yet taken
     bell: threading.Event = field(default_factory=threading.Event)  # set when told: the server's wait ends
+    quiet: dict[str, float] = field(default_factory=dict)  # slot token -> when its loop was first seen ended
 
     def __post_init__(self) -> None:
         self.call = timed(self.pool.timer, "broadcast call", self.call)  # type: ignore[method-assign]
@@ -629,6 +630,7 @@ class Broadcast:
         self.files = WaveFiles(self.exchange, self.ident) if self.processes and self.exchange else None
         self.state = RoundState(members=addresses, client="") if self.files else None
         self.news.clear()
+        self.quiet.clear()
         self.call("memtrain_begin", members=addresses, client=self.pool.client.id)
         self.checked = self.looked = time.monotonic()
         for rank, slot in enumerate(members):
@@ -737,16 +739,19 @@ class Broadcast:
             self.bell.clear()
 
     def loops_ended(self, state: RoundState, wave: int) -> None:
-        """A member whose loop of the round ended (returned, or raised) without answering wave ``wave`` answers it
-        with that error: the wave fails at once rather than waiting for an answer that cannot come (its worker
-        lives on, so no member left the scheduler), and its tasks run per task."""
-        current = state.waves[wave]
+        """A member whose loop of the round ended (returned, or raised) without answering wave ``wave``, and still
+        had not one look later, answers it with that error: the wave fails then rather than waiting for an answer
+        that cannot come (its worker lives on, so no member left the scheduler), and its tasks run per task. The
+        look's grace leaves a member that died to the scheduler's word (a member left: the round's fault path)."""
+        current, now = state.waves[wave], time.monotonic()
         for rank, slot in enumerate(self.members):
             call = self.loops.get(slot.token)
             if rank in current.answers or call is None or not call.done():
                 continue
+            if now - self.quiet.setdefault(slot.token, now) < LOOK_SECONDS:
+                continue
             try:
-                why = f"returned after {call.result(timeout=0)} wave(s)"
+                why = f"returned after {call.result(timeout=CALL_SECONDS)} wave(s)"
             except Exception as exc:  # noqa: BLE001 - whatever ended the member's loop, it is the wave's error
                 why = f"{type(exc).__name__}: {exc}"
             current.answers[rank] = (time.monotonic(), [], b"", f"worker {slot.index} (Dask worker "
