@@ -13,6 +13,11 @@ paid per second, so a longer update carries more of it), the messages the schedu
 the scheduler's CPU per second with the nodes and one client connected and no run (Dask's own background:
 heartbeats, periodic callbacks), the part of its CPU per update that is not the round's.
 
+``--handlers`` adds, per cell, what the scheduler handled per update over the whole run, by handler (every
+message a Dask scheduler takes: memtrain's plugin's, the workers' heartbeats, the client's, Dask's pub/sub): the
+count per update and, for handlers that are plain functions, their CPU per update on the scheduler's event loop
+(``time.thread_time`` around the call; not the comms' reading and decoding): the itemised rest of its CPU.
+
 ``--bytes`` adds, per node, the bytes it moved over the shared filesystem per update (the most of any node, as a
 multiple of the parameter vector): each node's Dask worker is traced with ``strace -f -y`` over the counted
 updates (from the end of update ``warmup``'s step to the end of the last counted step; started from the server's
@@ -59,9 +64,9 @@ def wait_for(address: str, workers: int, seconds: float = 120.0) -> None:
 
 
 def one(params: int, workers: int, tasks: int, processes: int, updates: int, warmup: int, folder: Path,
-        traced: bool = False) -> dict:
+        traced: bool = False, handlers: bool = False) -> dict:
     """``measure`` on ``workers`` Dask workers, each a node of ``processes`` (0: not nodes); ``traced``: with each
-    node's shared-filesystem bytes per update (``NodeBytes``)."""
+    node's shared-filesystem bytes per update (``NodeBytes``); ``handlers``: the scheduler's handlers counted."""
     if processes:
         os.environ[PROCESSES_ENV] = str(processes)  # the workers' environment (external_cluster copies it)
     else:
@@ -71,13 +76,16 @@ def one(params: int, workers: int, tasks: int, processes: int, updates: int, war
         with external_cluster(workers, folder) as (address, _):
             wait_for(address, workers)
             trace = NodeBytes(folder, worker_pids(address), window=(warmup, updates - 1)) if traced else None
-            steps = StepCount(trace)
-            try:
-                row = measure(params, address, updates, warmup, folder, tasks, others=steps)
-            finally:
-                if trace is not None:
-                    trace.stop()
+            with HandlerCounts(address) if handlers else contextlib.nullcontext() as counts:
+                steps = StepCount(trace, counts, window=(warmup, updates - 1))
+                try:
+                    row = measure(params, address, updates, warmup, folder, tasks, others=steps)
+                finally:
+                    if trace is not None:
+                        trace.stop()
             extra = trace.per_update(updates - 1 - warmup, params) if trace is not None else {}
+            if counts is not None:
+                extra["handlers"] = counts.per_update(updates - 1 - warmup)
             return row | extra | {"node_steps": sum(1 for c in steps.chained if c == tasks),
                                   "steps": len(steps.chained),
                                   "messages": plugin_messages(address) / max(1, len(steps.chained)),
@@ -185,6 +193,73 @@ def node_bytes(trace: Path, folder: Path) -> dict[str, int]:
     return found
 
 
+class HandlerCounts:
+    """The scheduler's handlers counted (``count_handlers``) from the end of the step of update ``warmup`` to the
+    end of the last (``mark``, from the server's step hook, ``StepCount``), read through a client of its own that
+    asks the scheduler nothing periodically (its scheduler-info interval an hour): in the window, its only
+    message is the first mark's ``run_function``."""
+
+    def __init__(self, address: str) -> None:
+        self.address, self.marks = address, []
+
+    def __enter__(self) -> HandlerCounts:
+        import dask
+        from distributed import Client
+
+        with dask.config.set({"distributed.client.scheduler-info-interval": "1h"}):
+            self.client = Client(self.address, timeout=30)
+        self.client.run_on_scheduler(count_handlers)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.client.close()
+
+    def mark(self) -> None:
+        self.marks.append(self.client.run_on_scheduler(handler_counts))
+
+    def per_update(self, updates: int) -> dict[str, tuple[float, float]]:
+        """Messages and CPU ms per update by handler, between the first and the last mark."""
+        first, last = self.marks[0], self.marks[-1]
+        return {op: ((n - first.get(op, (0, 0.0))[0]) / updates, (cpu - first.get(op, (0, 0.0))[1]) * 1e3 / updates)
+                for op, (n, cpu) in last.items() if n > first.get(op, (0, 0.0))[0]}
+
+
+def count_handlers(dask_scheduler: Any) -> None:
+    """Run on the scheduler: each handler (``handlers``: messages answered; ``stream_handlers``: the workers' and
+    clients' batched streams) counted, and a plain function's CPU on the event loop's thread timed."""
+    import functools
+    import inspect
+
+    counts: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    dask_scheduler.memtrain_handler_counts = counts
+
+    def counted(op: str, function: Any) -> Any:
+        if inspect.iscoroutinefunction(function):
+            @functools.wraps(function)
+            async def wrapped(*args: Any, **kwargs: Any) -> Any:
+                counts[op][0] += 1
+                return await function(*args, **kwargs)
+        else:
+            @functools.wraps(function)
+            def wrapped(*args: Any, **kwargs: Any) -> Any:
+                started = time.thread_time()
+                try:
+                    return function(*args, **kwargs)
+                finally:
+                    counts[op][0] += 1
+                    counts[op][1] += time.thread_time() - started
+        wrapped.__signature__ = inspect.signature(function)  # Dask passes ``comm`` by the handler's signature
+        return wrapped
+
+    for table in (dask_scheduler.handlers, dask_scheduler.stream_handlers):
+        for op, function in list(table.items()):
+            table[op] = counted(op, function)
+
+
+def handler_counts(dask_scheduler: Any) -> dict[str, tuple[int, float]]:
+    return {op: (int(n), cpu) for op, (n, cpu) in dask_scheduler.memtrain_handler_counts.items()}
+
+
 def plugin_messages(address: str) -> int:
     """The messages the BroadcastPlugin handled in the run (every handler: memtrain/cluster/broadcast.py)."""
     from distributed import Client
@@ -197,11 +272,12 @@ def plugin_messages(address: str) -> int:
 class StepCount:
     """A timer (memtrain/train/timing.py) that counts rather than times: per step, how many of the update's
     tasks' sum it read from a chain's partial (section ``node_step``; 0: no node round); ``trace``: started after
-    step ``window[0]``, stopped after step ``window[1]`` (counting from 1)."""
+    step ``window[0]``, stopped after step ``window[1]`` (counting from 1); ``counts``: marked after both."""
 
-    def __init__(self, trace: NodeBytes | None = None) -> None:
+    def __init__(self, trace: NodeBytes | None = None, counts: HandlerCounts | None = None,
+                 window: tuple[int, int] = (0, 0)) -> None:
         self.chained: list[int] = []
-        self.trace = trace
+        self.trace, self.counts, self.window = trace, counts, window
 
     def timed(self, name: str, function: Any) -> Any:
         if name != "node_step":
@@ -214,6 +290,8 @@ class StepCount:
                 self.trace.start()
             if self.trace is not None and len(self.chained) == self.trace.window[1]:
                 self.trace.stop()
+            if self.counts is not None and len(self.chained) in self.window:
+                self.counts.mark()
             return result
 
         return counted
@@ -230,6 +308,8 @@ def main() -> None:
     parser.add_argument("--nodes-only", action="store_true", help="skip today's round of a worker per process")
     parser.add_argument("--idle", type=float, default=0.0, help="only the idle scheduler's CPU per second, over "
                         "this many seconds per node count")
+    parser.add_argument("--handlers", action="store_true", help="the scheduler's messages per update by handler "
+                        "(see the module's docstring)")
     parser.add_argument("--bytes", action="store_true", help="each node's shared-filesystem bytes per update "
                         "(strace; see the module's docstring)")
     args = parser.parse_args()
@@ -252,7 +332,8 @@ def main() -> None:
                     rounds = (("nodes", nodes, processes), ("a worker per process", tasks, 0))
                     for label, workers, as_node in rounds[:1] if args.nodes_only else rounds:
                         row = one(int(args.params), workers, tasks, as_node, args.updates, args.warmup,
-                                  Path(scratch) / f"{repeat}-{nodes}x{processes}-{label[:5]}", args.bytes)
+                                  Path(scratch) / f"{repeat}-{nodes}x{processes}-{label[:5]}", args.bytes,
+                                  args.handlers)
                         cells.setdefault((f"{nodes} x {processes}", label, workers), []).append(row)
     after = os.getloadavg()
     print(f"load average {' '.join(f'{v:.1f}' for v in before)} before, {' '.join(f'{v:.1f}' for v in after)} after; "
@@ -270,6 +351,17 @@ def main() -> None:
               f"| {spread(runs, 'scheduler_cpu_ms_per_s')} | {spread(runs, 'messages')} "
               f"| {spread(runs, 'server_cpu_ms')} | {spread(runs, 'updates_per_s', 2)} "
               f"| {sum(r['node_steps'] for r in runs)} of {sum(r['steps'] for r in runs)}{moved} |")
+    if args.handlers:
+        print_handlers(cells)
+
+
+def print_handlers(cells: dict[tuple[str, str, int], list[dict]]) -> None:
+    """The scheduler's handlers per update, per cell (the first run's), the busiest first."""
+    print("\n| nodes x processes | scheduler handler | messages/update | its CPU ms/update (plain functions) |")
+    print("|---|---|---|---|")
+    for (layout, _, _), runs in cells.items():
+        for op, (count, cpu) in sorted(runs[0]["handlers"].items(), key=lambda item: -item[1][0]):
+            print(f"| {layout} | {op} | {count:.2f} | {cpu:.2f} |")
 
 
 def spread(runs: list[dict], key: str, digits: int = 1) -> str:

@@ -22,3 +22,36 @@ class NotInNodeProcesses(UnsafeMLP):
         if multiprocessing.current_process().name.startswith("memtrain-worker"):
             raise RuntimeError("this model is not built in a node's worker process")
         super().__init__(*args, **kwargs)
+
+
+def slow_node_parts(seconds: float) -> None:
+    """Run on a node's Dask worker (``Client.run``): each of its parts of a node record (memtrain/cluster/nodes.py's
+    ``node_part``, looked up by the round's loop when it starts) takes ``seconds`` longer: waves of seconds."""
+    import time
+
+    from memtrain.cluster import nodes
+
+    part = getattr(nodes.node_part, "unslowed", nodes.node_part)
+
+    def slowed(*args, **kwargs):
+        time.sleep(seconds)
+        return part(*args, **kwargs)
+
+    slowed.unslowed = part
+    nodes.node_part = slowed
+
+
+def node_part_raises(at: int) -> None:
+    """Run on a node's Dask worker (``Client.run``): its ``at``-th part of a node record (counting from 1) raises
+    instead of answering, once: the member's loop of the round ends with the error, its worker lives on."""
+    from memtrain.cluster import nodes
+
+    part, calls = nodes.node_part, [0]
+
+    def raising(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == at:
+            raise RuntimeError(f"node part {at} raised (a test)")
+        return part(*args, **kwargs)
+
+    nodes.node_part = raising

@@ -106,3 +106,23 @@ def test_the_startup_table_says_the_target_and_the_load(capsys: pytest.CaptureFi
     printed = capsys.readouterr().out
     assert "| --cluster local:2 | 1.20 (1.10-1.70) | 1.20 (1.10-1.70) |" in printed
     assert "load average before 0.50 0.40 0.30" in printed and "<= 5 s by median: met" in printed
+
+
+def test_a_window_leaves_out_the_snapshots_own_messages() -> None:
+    """``per_update``: the CPU and wall clocks run from after the first snapshot's messages (``Client.run`` to
+    every worker, ``run_on_scheduler``: a few ms of the scheduler's and the server's CPU each, more with more
+    workers) to before the last one's; the scheduler's CPU from ``/proc`` when it is on this machine."""
+    from memtrain.benchmarks.cluster_costs import per_update, threads_cpu
+
+    def clocks(at: float) -> dict:
+        return {"wall": at, "cpu": at / 2, "loop_cpu": 0.0, "scheduler_local": at / 4}
+
+    counts = {"server": {}, "workers": {}, "scheduler": (-1, 100.0)}
+    first = clocks(0.0) | counts | {"after": clocks(1.0)}  # its messages took 1 s
+    last = clocks(5.0) | counts | {"after": clocks(6.0)}
+    row = per_update([first, last], 2, 10, 1)
+    assert row["updates_per_s"] == pytest.approx(0.5)  # 2 updates in 4 s, not 5
+    assert row["server_cpu_ms"] == pytest.approx(1000.0) and row["scheduler_cpu_ms"] == pytest.approx(500.0)
+    spent = threads_cpu(os.getpid())
+    sum(i * i for i in range(200_000))
+    assert threads_cpu(os.getpid()) > spent and threads_cpu(2**22 + 7) is None

@@ -27,6 +27,7 @@ from memtrain.cluster.nodes import PROCESSES_ENV, node_processes  # noqa: E402
 from memtrain.errors import InputError  # noqa: E402
 from memtrain.train.loops.sliced import SlicedParticipant  # noqa: E402
 from tests.dask_processes import STOP_SECONDS, DaskProcesses, set_environ  # noqa: E402
+from tests.node_models import node_part_raises, slow_node_parts  # noqa: E402
 from tests.test_cluster import WIDE, WIDE_EPOCHS, digest, spy_records, train, write_job  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -128,7 +129,9 @@ def test_nodes_of_unequal_process_counts_give_the_weights_of_a_local_run(counts:
     # the waves went through the exchange's files: the scheduler handled no message per member per wave
     calls = scheduler_calls(client)
     assert not {"memtrain_post", "memtrain_next", "memtrain_answer", "memtrain_await"} & set(calls), calls
-    assert calls["memtrain_begin"] >= 1 and calls.get("memtrain_status", 0) >= updates
+    # each wave's end told by the member that completed it (one event), none asked for per wave
+    assert calls["memtrain_begin"] >= 1 and calls.get("memtrain_done", 0) >= 2 * updates
+    assert calls.get("memtrain_status", 0) < updates, calls
     run = tmp_path / "job" / "run"
     assert not [p.name for p in run.rglob("g-*")] and not [p.name for p in run.rglob("c-u*")]
     for j, count in enumerate(counts):  # each node's scratch is emptied after its fold
@@ -216,6 +219,91 @@ def test_a_node_that_joins_mid_run_takes_part_from_the_next_update(dask, dataset
     assert digest(tmp_path / "job" / "run") == local_digest
 
 
+def test_the_server_is_told_when_a_wave_ends_and_asks_nothing_per_second(dask, dataset: Path, local_digest: str,
+                                                                         tmp_path: Path, monkeypatch) -> None:
+    """Nodes of 1 and 2 whose gradient waves take over a second each (``slow_node_parts``), with the server's
+    fallback looks at the answer files and asks of the scheduler pushed out of reach: every wave ends because the
+    member that completed it told the server (one event), and the scheduler handled no message per second of a
+    wave -- before, the server asked it how the round stood every 0.25 s of a wave (4 or more per update here)."""
+    from memtrain.cluster import broadcast
+
+    processes, client = dask
+    start_nodes(processes, client, [1, 2])
+    client.run(slow_node_parts, 1.0)
+    for name in ("LOOK_SECONDS", "STATUS_SECONDS"):  # no fallback within the run: only being told ends a wave
+        monkeypatch.setattr(broadcast, name, 1e6, raising=False)
+    started = time.monotonic()
+    records, steps = node_run(tmp_path / "job", dataset, processes.address, monkeypatch)
+    updates = len({t.update for t in steps})
+    assert updates == 7 and {t.chained for t in steps} == {6}
+    assert time.monotonic() - started < 120
+    assert digest(tmp_path / "job" / "run") == local_digest
+    calls = scheduler_calls(client)
+    assert calls.get("memtrain_status", 0) < updates, calls
+    assert 2 * updates <= calls["memtrain_done"] <= 2 * 2 * updates, calls  # at most one per member per wave
+
+
+def test_a_member_whose_loop_ends_without_answering_fails_the_wave_at_once(dask, dataset: Path, local_digest: str,
+                                                                          tmp_path: Path, monkeypatch) -> None:
+    """A member's loop of the round raises (its worker lives on: no member left the scheduler) before answering its
+    2nd node record: the server sees the loop ended at its next look and fails the wave with that error, rather than
+    waiting for an answer that cannot come (before: until train.task_timeout, here out of reach); the update's tasks
+    run per task, the same bits, and the next round takes the member back."""
+    processes, client = dask
+    start_nodes(processes, client, [1, 2])
+    client.run(node_part_raises, 2, workers=[sorted(client.scheduler_info()["workers"])[1]])
+    started = time.monotonic()
+    records, steps = node_run(tmp_path / "job", dataset, processes.address, monkeypatch)
+    assert time.monotonic() - started < 50  # train.task_timeout is 60 s
+    events = (tmp_path / "job" / "run" / "events.log").read_text()
+    assert re.search(r"broadcast round of 2 workers ended: a task failed: worker \d+ \(Dask worker tcp://[\d.:]+\): "
+                     r"its loop of the round ended \(RuntimeError: node part 2 raised \(a test\)\)", events), events
+    assert len({t.update for t in steps}) == 7 and sum(t.chained == 6 for t in steps) >= 5
+    assert digest(tmp_path / "job" / "run") == local_digest
+
+
+def test_a_lost_server_is_pushed_to_the_members_workers_not_asked_for(tmp_path: Path) -> None:
+    """The scheduler's plugin, when a round's client (its server) leaves, pushes the round's end to each member's
+    worker (``ENDED_OP``), whose handler ``RoundEnds`` installed: a member waiting for a record stops without
+    asking every 2 s. A worker without the handler is sent nothing (an unknown message closes its stream)."""
+    import asyncio
+
+    from memtrain.cluster.broadcast import ENDED, ENDED_OP, BroadcastPlugin, RoundEnds, WaveFiles, follow_files
+
+    class Scheduler:
+        def __init__(self, plugins: dict) -> None:
+            self.handlers, self.workers, self.worker_plugins, self.sent = {}, {"w1": 0, "w2": 0}, plugins, []
+
+        def send_all(self, clients: dict, workers: dict) -> None:
+            self.sent.append(workers)
+
+        def log_event(self, topic: str, msg: dict) -> None:
+            pass
+
+    class Worker:
+        stream_handlers: dict = {}
+
+    for plugins, pushed in (({RoundEnds.name: RoundEnds()}, True), ({}, False)):
+        scheduler, plugin = Scheduler(plugins), BroadcastPlugin()
+        asyncio.run(plugin.start(scheduler))
+        plugin.begin("r1", members=["w1", "w2"], client="c1")
+        plugin.begin("r2", members=["w2"], client="c2")
+        plugin.remove_client(scheduler, "c1")
+        assert plugin.rounds["r1"].ended and not plugin.rounds["r2"].ended
+        expected = [{"w1": [{"op": ENDED_OP, "ident": "r1"}], "w2": [{"op": ENDED_OP, "ident": "r1"}]}]
+        assert scheduler.sent == (expected if pushed else [])
+    worker = Worker()
+    RoundEnds().setup(worker)
+    worker.stream_handlers[ENDED_OP](ident="r1")
+    assert "r1" in ENDED
+    # a member of r1 waiting for its first record stops at its next look, without asking the scheduler
+    asked: list[int] = []
+    started = time.monotonic()
+    assert follow_files(None, WaveFiles(tmp_path, "r1"), 0, 2, lambda: asked.append(1) or False,
+                        lambda wave: None) == 0
+    assert not asked and time.monotonic() - started < 1.0
+
+
 def test_the_process_count_is_checked() -> None:
     assert node_processes({}) == 0 and node_processes({PROCESSES_ENV: "3"}) == 3
     for bad in ("0", "two", "-1"):
@@ -275,13 +363,18 @@ def test_a_wave_record_reads_back_as_it_was_posted(tmp_path: Path) -> None:
     files.post(2, "nodes", node)
     assert files.next(2, stop=lambda: True) == ("nodes", node)
     assert files.next(3, stop=lambda: True) is None  # not posted: stop() ends the wait
-    files.answer(2, 1, [4.0, 0.25, 0.5], b"\x01\x02", "")
+    files.answer(2, 1, [4.0, 0.25, 0.5], b"\x01\x02", "", 1.5)
     state = RoundState(members=["a", "b"], client="")
     state.waves[2] = Wave(record=b"", posted=0.0, parts=2)
-    assert files.collect(state, 2, every_rank=False) == 0  # rank 0's answer is first: not in yet
-    assert files.collect(state, 2, every_rank=True) == 1
-    assert list(state.waves[2].answers) == [1] and state.waves[2].answers[1][1:] == ([4.0, 0.25, 0.5], b"\x01\x02", "")
-    assert not files.answer_path(2, 1).exists()
+    assert not files.complete(2, 2)  # rank 0's answer is not in yet: rank 1 does not tell the server
+    assert files.collect(state, 2) == 1
+    # its time is the member's own, from the record to the answer (the server looks only when told, or later)
+    assert state.waves[2].answers[1] == (1.5, [4.0, 0.25, 0.5], b"\x01\x02", "")
+    files.answer(2, 0, [], b"", "", 0.5)
+    assert files.complete(2, 2) and files.collect(state, 2) == 1
+    assert files.answer_path(2, 1).exists()  # the answers stay until the wave settled: the last member saw them
+    files.settle(2, 2)
+    assert not files.answer_path(2, 0).exists() and not files.answer_path(2, 1).exists()
     files.end()
     assert files.ended()
 

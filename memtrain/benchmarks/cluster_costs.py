@@ -19,16 +19,24 @@ gradients and the step of each update after it -- it counts:
   server's process, and its CPU is in the server's);
 - updates per second (wall time over the counted updates).
 
+The snapshots' own messages (``Client.run`` to every worker, ``run_on_scheduler``: a few ms of the scheduler's
+and the server's CPU each, more with more workers) are left out of the counts: the CPU clocks and the wall time are
+read before a snapshot's messages and again after them, and the window runs from the first snapshot's "after" to
+the last one's "before"; the scheduler's CPU is read from ``/proc`` when it runs on this machine (every thread's
+``schedstat``, to the nanosecond: no message), else asked of it.
+
 Byte counts are counts: they hold on a busy machine. CPU seconds and updates/s are not: the table says
 the load average before and after.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pickle
 import shutil
+import socket
 import threading
 import time
 from pathlib import Path
@@ -75,6 +83,7 @@ class CostsTimer:
         self.others = others  # the sections it does not count itself go to this timer (a script's own)
         self.pools: list[Any] = []
         self.marks: list[dict[str, Any]] = []
+        self.scheduler_pid: int | None = None  # the scheduler's, when it runs on this machine in a process of its own
 
     def timed(self, name: str, function: Any) -> Any:
         wrapper = {"cluster": self._cluster, "task out": self._task_out, "result in": self._result_in,
@@ -116,7 +125,9 @@ class CostsTimer:
             result = step(*args, **kwargs)
             update = args[0] if args else None  # the cluster's SlicedParticipant.step(update); the rounds' step
             if getattr(update, "batch", None) in self.counted and self.pools:  # is keyword-only: not counted
-                self.marks.append(snapshot(self.pools[-1]))
+                if not self.marks:
+                    self.scheduler_pid = local_scheduler(self.pools[-1])
+                self.marks.append(snapshot(self.pools[-1], self.scheduler_pid))
             return result
         return stepped
 
@@ -128,16 +139,42 @@ def other_threads_cpu() -> float:
     return time.process_time() - time.clock_gettime(main)
 
 
-def process_cpu() -> tuple[int, float]:
-    """This process's pid and CPU seconds (run on the scheduler: what the broadcast round costs it)."""
-    return os.getpid(), time.process_time()
+def process_cpu() -> tuple[int, float, str]:
+    """This process's pid, CPU seconds and host (run on the scheduler: what the broadcast round costs it)."""
+    return os.getpid(), time.process_time(), socket.gethostname()
 
 
-def snapshot(pool: Any) -> dict[str, Any]:
-    server = process_io() | {"records": Records.bytes}
+def local_scheduler(pool: Any) -> int | None:
+    """The scheduler's pid when it runs on this machine in a process of its own (its CPU read from ``/proc``)."""
+    pid, _, host = pool.client.run_on_scheduler(process_cpu)
+    return pid if host == socket.gethostname() and pid != os.getpid() and threads_cpu(pid) is not None else None
+
+
+def threads_cpu(pid: int) -> float | None:
+    """CPU seconds of process ``pid``'s live threads (``/proc/PID/task/*/schedstat``: ns); None if unreadable."""
+    total = 0
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+                total += int((task / "schedstat").read_text().split()[0])
+    except OSError:
+        return None
+    return total / 1e9
+
+
+def clocks(scheduler_pid: int | None) -> dict[str, Any]:
+    """The wall and CPU clocks a window is measured by (no message: the scheduler's from ``/proc``, or None)."""
     return {"wall": time.perf_counter(), "cpu": time.process_time(), "loop_cpu": other_threads_cpu(),
-            "server": server, "workers": pool.client.run(process_io),
-            "scheduler": pool.client.run_on_scheduler(process_cpu)}
+            "scheduler_local": threads_cpu(scheduler_pid) if scheduler_pid else None}
+
+
+def snapshot(pool: Any, scheduler_pid: int | None = None) -> dict[str, Any]:
+    """The counts now; the clocks read before the snapshot's messages (its keys) and after them (``after``)."""
+    before = clocks(scheduler_pid)
+    server = process_io() | {"records": Records.bytes}
+    found = {"server": server, "workers": pool.client.run(process_io),
+             "scheduler": pool.client.run_on_scheduler(process_cpu)[:2]}
+    return before | found | {"after": clocks(scheduler_pid)}
 
 
 def measure(params: int, cluster: str, updates: int, warmup: int, scratch: Path, tasks: int | None = None,
@@ -180,6 +217,8 @@ def cluster_workers(cluster: str) -> list[str]:
 
 def per_update(marks: list[dict[str, Any]], steps: int, params: int, workers: int) -> dict[str, Any]:
     first, last = marks[0], marks[-1]
+    start = first.get("after", first)  # the window: after the first snapshot's messages, before the last one's
+    local = start.get("scheduler_local") is not None and last.get("scheduler_local") is not None
 
     def delta(before: dict[str, int], after: dict[str, int], key: str) -> float:
         return (after.get(key, 0) - before.get(key, 0)) / steps
@@ -192,13 +231,14 @@ def per_update(marks: list[dict[str, Any]], steps: int, params: int, workers: in
                      "written": delta(before, after, "wchar"), "read_bytes": delta(before, after, "read_bytes"),
                      "write_bytes": delta(before, after, "write_bytes")})
     return {"params": params, "workers": workers, "vector_bytes": params * 4,
-            "server_cpu_ms": (last["cpu"] - first["cpu"]) / steps * 1e3,
-            "server_loop_cpu_ms": (last["loop_cpu"] - first["loop_cpu"]) / steps * 1e3,
+            "server_cpu_ms": (last["cpu"] - start["cpu"]) / steps * 1e3,
+            "server_loop_cpu_ms": (last["loop_cpu"] - start["loop_cpu"]) / steps * 1e3,
             # None when the scheduler runs in the server's process (local:N): its CPU is in the server's then
             "scheduler_cpu_ms": None if last["scheduler"][0] == os.getpid() else
+            (last["scheduler_local"] - start["scheduler_local"]) / steps * 1e3 if local else
             (last["scheduler"][1] - first["scheduler"][1]) / steps * 1e3,
             "server": server, "each_worker": each,
-            "updates_per_s": steps / (last["wall"] - first["wall"])}
+            "updates_per_s": steps / (last["wall"] - start["wall"])}
 
 
 def run_costs(sizes: list[int], cluster: str, updates: int, warmup: int, scratch: Path, tasks: int | None = None

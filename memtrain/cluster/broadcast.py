@@ -25,7 +25,12 @@ one out, per worker per wait): it does not vanish (docs/cluster.md, "The model")
 A round whose members are all nodes (memtrain/cluster/nodes.py: one Dask worker per node) takes the scheduler
 out of the waves too (``WaveFiles``): records and answers are small JSON files of the exchange area on the
 shared filesystem, the server settles each wave by the same rules on its side, and the scheduler keeps the
-round's membership and liveness (``BroadcastPlugin.status``): a few messages per update whatever the nodes.
+round's membership and liveness. Nobody waits by asking the scheduler: the member that completes a wave (it finds
+every answer file there after writing its own) says so in one event, and the plugin publishes a member that left
+or a worker that joined as it happens, both on the topic the server subscribes to (``TOPIC``: Dask's pub/sub,
+over the connection its client holds); the server sleeps until told, looking at the answer files and asking the
+scheduler only as a bounded fallback (``LOOK_SECONDS``, ``STATUS_SECONDS``). A lost server is pushed to the
+members' workers (``RoundEnds``). A few messages per update, whatever the nodes and however long a wave takes.
 """
 
 from __future__ import annotations
@@ -35,15 +40,16 @@ import contextlib
 import json
 import pickle
 import statistics
+import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distributed.diagnostics.plugin import SchedulerPlugin
+from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
 from memtrain.errors import InputError
 from memtrain.files import open_regular, write_json
@@ -59,12 +65,14 @@ if TYPE_CHECKING:  # the pool's actors call ``follow`` here: the transport impor
 NEXT_SECONDS = 30.0  # a worker's wait for a record is re-asked after this (so a lost server is noticed)
 AWAIT_SECONDS = 5.0  # the server's wait for a count is re-asked after this (so a lost scheduler is noticed)
 CALL_SECONDS = 30.0  # a post or an end the scheduler does not answer within this: the scheduler is lost
-STATUS_SECONDS = 0.25  # a round of nodes: the server asks the scheduler how the round stands at most this often
-ALIVE_SECONDS = 2.0  # a round of nodes: a node waiting for a record asks the scheduler if the round is on this often
+TOPIC = "memtrain-round"  # a round of nodes: the events the server is told by (a wave done, a member left, a join)
+LOOK_SECONDS = 0.25  # ... and, when not told, it looks at the answer files this often (a lost event: it cannot hang)
+STATUS_SECONDS = 5.0  # ... and asks the scheduler how the round stands this often (a lost event, a lost scheduler)
+ALIVE_SECONDS = NEXT_SECONDS  # a node waiting for a record asks if the round is on this often (a lost push)
+ENDED_OP = "memtrain-round-ended"  # the scheduler's push to a round's members' workers: its server is gone
 FILE_POLL = (0.0002, 0.002)  # a round of nodes: first and longest sleep between polls for a wave file
 POLL_SHARE = 0.02  # ... or, longer, this share of the time waited so far (at most 2% more wait, far fewer polls)
-STATUS_SHARE = 0.1  # the server's look at the scheduler: every STATUS_SECONDS, or this share of the wave's time
-FULL_POLL = 8  # a round of nodes: the server polls for every missing answer once in this many polls (else the first)
+LOOK_SHARE = 0.1  # the server's fallback looks: every LOOK_SECONDS (STATUS_SECONDS), or this share of the wave's time
 
 
 @dataclass
@@ -187,20 +195,56 @@ class BroadcastPlugin(SchedulerPlugin):
             state.wake()
 
     def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
-        for state in self.rounds.values():
+        for ident, state in self.rounds.items():
             if worker in state.members and not state.left:
                 state.left = worker
                 state.wake()
+                self.tell(ident, "left", worker=worker)
 
     def add_worker(self, scheduler: Any, worker: str) -> None:
-        for state in self.rounds.values():
-            state.joined = True
+        for ident, state in self.rounds.items():
+            if not state.ended:
+                state.joined = True
+                self.tell(ident, "joined", worker=worker)
 
     def remove_client(self, scheduler: Any, client: str) -> None:
-        for state in self.rounds.values():  # the server is gone: its workers' loops end
-            if state.client == client:
+        for ident, state in self.rounds.items():  # the server is gone: its workers' loops end
+            if state.client == client and not state.ended:
                 state.ended = True
                 state.wake()
+                # a round of nodes' members wait on files, not on this plugin: told (``RoundEnds``), not asking;
+                # only workers that have its handler (a message without one would close the worker's stream)
+                if RoundEnds.name in getattr(scheduler, "worker_plugins", {}):
+                    scheduler.send_all({}, {member: [{"op": ENDED_OP, "ident": ident}] for member in state.members})
+
+    def tell(self, ident: str, kind: str, **fields: Any) -> None:
+        """Publish how a round changed to the server (``TOPIC``: its client subscribed, ``Broadcast.told``)."""
+        self.scheduler.log_event(TOPIC, {"ident": ident, "kind": kind, **fields})
+
+    def log_event(self, topic: str, msg: Any) -> None:
+        """Count the round's events (a member's "done", the plugin's own "left" and "joined"): messages too."""
+        if topic == TOPIC and isinstance(msg, dict):
+            self.calls[f"memtrain_{msg.get('kind', '')}"] += 1
+
+
+class RoundEnds(WorkerPlugin):
+    """On every Dask worker of the run: the handler of the scheduler's push that a round's server is gone
+    (``ENDED_OP``, sent by ``BroadcastPlugin.remove_client``), so that a member waiting for a record of a round
+    of nodes stops without asking (``ENDED``). Installed before the worker handles the scheduler's stream (a
+    worker plugin is set up before it), so that no push can reach a worker without it."""
+
+    name = "memtrain-round-ends"
+    idempotent = True
+
+    def setup(self, worker: Any) -> None:
+        worker.stream_handlers[ENDED_OP] = round_ended
+
+
+ENDED: set[str] = set()  # on a worker: the rounds whose server the scheduler said is gone
+
+
+def round_ended(ident: str = "", **_: Any) -> None:
+    ENDED.add(ident)
 
 
 async def wait(event: asyncio.Event, until: float) -> bool:
@@ -290,9 +334,15 @@ def follow(actor: Any, ident: str, rank: int, members: int, files: bool = False)
     def call(handler: str, **arguments: Any) -> Any:
         return sync(worker.loop, getattr(worker.scheduler, handler), ident=ident, **arguments)
 
+    def ended() -> bool:  # a failed ask is no answer: the round's end file, or a push, still ends the loop
+        try:
+            return bool(call("memtrain_status")["ended"])
+        except Exception:  # noqa: BLE001 - whatever the comm raised, asked again in ALIVE_SECONDS
+            return False
+
     if files:
-        return follow_files(actor, WaveFiles(Path(actor.state.exchange), ident), rank, members,
-                            lambda: bool(call("memtrain_status")["ended"]))
+        return follow_files(actor, WaveFiles(Path(actor.state.exchange), ident), rank, members, ended,
+                            lambda wave: worker.log_event(TOPIC, {"ident": ident, "kind": "done", "wave": wave}))
     wave = 0
     record = call("memtrain_next", wave=wave, seconds=NEXT_SECONDS)
     while True:
@@ -314,25 +364,34 @@ def follow(actor: Any, ident: str, rank: int, members: int, files: bool = False)
         wave += 1
 
 
-def follow_files(actor: Any, files: WaveFiles, rank: int, members: int, ended: Callable[[], bool]) -> int:
+def follow_files(actor: Any, files: WaveFiles, rank: int, members: int, ended: Callable[[], bool],
+                 done: Callable[[int], None]) -> int:
     """``follow`` for a round of nodes: each wave's record read from its file, the answer written as a file;
-    the scheduler asked only whether the round is still on (``ended``: at most every ``ALIVE_SECONDS`` while
-    waiting for a record, so that a lost server is noticed), never once per wave."""
+    the member whose answer completes the wave (every member's answer file there once its own is written) tells
+    the server (``done``: one event, published to the server's client: it sleeps until then). The round's end
+    is its end file; a lost server is pushed (``RoundEnds``), and the scheduler asked only as a fallback
+    (``ended``: at most every ``ALIVE_SECONDS`` while waiting for a record), never once per wave."""
     from memtrain.cluster.nodes import every, node_part
 
     alive = every(ALIVE_SECONDS, ended)
+
+    def over() -> bool:  # the round's end file, or its server's loss pushed to this worker: no message
+        return files.ended() or files.ident in ENDED
+
     wave = 0
     while True:
-        record = files.next(wave, lambda: files.ended() or alive())
+        record = files.next(wave, lambda: over() or alive())
         if record is None:
             return wave
+        started = time.monotonic()
         kind, body = record
         if kind == "nodes":  # a two-level round's node record (memtrain/cluster/nodes.py)
-            numbers, blob, error = node_part(actor, gradient_tasks(actor.state.plan, body[0]), body, rank,
-                                             files.ended)
+            numbers, blob, error = node_part(actor, gradient_tasks(actor.state.plan, body[0]), body, rank, over)
         else:
             numbers, blob, error = part(actor, kind, body, rank, members)
-        files.answer(wave, rank, numbers, blob, error)
+        files.answer(wave, rank, numbers, blob, error, time.monotonic() - started)
+        if error or files.complete(wave, members):
+            done(wave)
         wave += 1
 
 
@@ -373,30 +432,37 @@ class WaveFiles:
             time.sleep(pause)
             pause = look_pause(pause, started)
 
-    def answer(self, wave: int, rank: int, numbers: list[float], blob: bytes, error: str) -> None:
-        write_json(self.answer_path(wave, rank), {"numbers": numbers, "blob": blob.hex(), "error": error},
-                   durable=False)
+    def answer(self, wave: int, rank: int, numbers: list[float], blob: bytes, error: str, seconds: float) -> None:
+        """A member's answer; ``seconds``: from reading the record to the answer (the straggler rule's time, as
+        the server looks at the answers only when told or as a fallback)."""
+        write_json(self.answer_path(wave, rank), {"numbers": numbers, "blob": blob.hex(), "error": error,
+                                                  "seconds": seconds}, durable=False)
 
-    def collect(self, state: RoundState, wave: int, *, every_rank: bool) -> int:
-        """The answers to wave ``wave`` published since the last look, into ``state`` (their files removed); how
-        many. The missing ranks in order up to the first still missing, or (``every_rank``) all of them: a look
-        costs one file lookup while the server waits, whatever the number of members (the chain's nodes
-        answer about in rank order)."""
+    def complete(self, wave: int, members: int) -> bool:
+        """Whether every member's answer to wave ``wave`` is there: the last rank first, up to the first missing
+        (the chain's nodes answer about in rank order, so a member that is not the last stops at one lookup)."""
+        return all(self.answer_path(wave, rank).exists() for rank in reversed(range(members)))
+
+    def collect(self, state: RoundState, wave: int) -> int:
+        """The answers to wave ``wave`` published since the last look, into ``state``; how many. Their files stay
+        until the wave settled (``settle``): the member that completes a wave sees every answer (``complete``)."""
         current, found = state.waves[wave], 0
         for rank in range(len(state.members)):
             if rank in current.answers:
                 continue
-            path = self.answer_path(wave, rank)
-            answer = read_wave_file(path)
+            answer = read_wave_file(self.answer_path(wave, rank))
             if answer is None:
-                if every_rank:
-                    continue
-                break
-            current.answers[rank] = (time.monotonic(), [float(n) for n in answer["numbers"]],
+                continue
+            seconds = answer.get("seconds")
+            at = current.posted + float(seconds) if seconds is not None else time.monotonic()
+            current.answers[rank] = (min(at, time.monotonic()), [float(n) for n in answer["numbers"]],
                                      bytes.fromhex(answer["blob"]), str(answer["error"]))
-            discard([path])
             found += 1
         return found
+
+    def settle(self, wave: int, members: int) -> None:
+        """Remove wave ``wave``'s answer files once it settled (a late member's: the round's ``leftovers``)."""
+        discard([self.answer_path(wave, rank) for rank in range(members)])
 
     def end(self) -> None:
         write_json(self.end_path(), {}, durable=False)
@@ -534,6 +600,10 @@ class Broadcast:
     files: WaveFiles | None = None  # the open round's wave files when every member is a node
     state: RoundState | None = None  # and how its waves stand (the server's copy: no scheduler keeps them)
     checked: float = 0.0  # when the scheduler was last asked how the round of nodes stands
+    looked: float = 0.0  # when the answer files were last looked at without being told
+    news: deque[dict[str, Any]] = field(default_factory=deque)  # the events told (``TOPIC``), not yet taken
+    bell: threading.Event = field(default_factory=threading.Event)  # set when told: the server's wait ends
+    quiet: dict[str, float] = field(default_factory=dict)  # slot token -> when its loop was first seen ended
 
     def __post_init__(self) -> None:
         self.call = timed(self.pool.timer, "broadcast call", self.call)  # type: ignore[method-assign]
@@ -559,8 +629,10 @@ class Broadcast:
         self.processes = self.node_counts(addresses)
         self.files = WaveFiles(self.exchange, self.ident) if self.processes and self.exchange else None
         self.state = RoundState(members=addresses, client="") if self.files else None
+        self.news.clear()
+        self.quiet.clear()
         self.call("memtrain_begin", members=addresses, client=self.pool.client.id)
-        self.checked = time.monotonic()
+        self.checked = self.looked = time.monotonic()
         for rank, slot in enumerate(members):
             try:
                 self.loops[slot.token] = slot.actor.follow(self.ident, rank, len(members), self.files is not None)
@@ -630,9 +702,11 @@ class Broadcast:
 
     def ask_files(self, wave: int, kind: str, body: Any, parts: int, shares: list[int] | None,
                   chores: Callable[[], None]) -> Answer:
-        """``ask`` for a round of nodes: the record written as a file, the answers' files collected (polled,
-        with backoff), the scheduler asked how the round stands at most every ``STATUS_SECONDS`` and once when
-        a wave is done (a member left, a worker joined): messages per wave that do not grow with the members.
+        """``ask`` for a round of nodes: the record written as a file; then the server sleeps until told (``told``:
+        the member that completed the wave, a member that left, a worker that joined), with bounded fallbacks: it
+        looks at the answer files every ``LOOK_SECONDS`` (or ``LOOK_SHARE`` of the wave's time, when longer) and
+        asks the scheduler how the round stands every ``STATUS_SECONDS`` (a lost event cannot hang the round; a
+        lost scheduler is seen). Messages per wave that grow neither with the members nor with the wave's time.
         The wave settles by the plugin's rules (``settled``, ``due_at``), on the server."""
         files, state = self.files, self.state
         assert files is not None and state is not None
@@ -641,30 +715,74 @@ class Broadcast:
         state.waves[wave] = Wave(record=b"", posted=time.monotonic(), parts=parts, shares=shares)
         chores()
         ratio, backup = (self.rule.ratio, self.rule.seconds) if self.rule else (0.0, 0.0)
-        pause, polls, due = FILE_POLL[0], 0, 0.0
         while True:
-            new = files.collect(state, wave, every_rank=polls % FULL_POLL == FULL_POLL - 1)
-            polls += 1
-            if new or time.monotonic() >= due:  # the rules asked only when something changed or came due
-                status = "ended" if state.ended else settled(state, wave, self.timeout, ratio, backup)
-                unchecked = self.checked < state.waves[wave].posted  # not asked since the wave was posted
-                if (status == "done" and unchecked) or (not status and time.monotonic() >= self.status_due(state,
-                                                                                                           wave)):
-                    self.round_status(state)
-                    status = "ended" if state.ended else settled(state, wave, self.timeout, ratio, backup)
-                if status:
-                    found = summary(state, wave, status)
-                    return Answer(status=status, numbers=found["numbers"], blob=found["blob"],
-                                  ranks=found["ranks"], error=found["error"], joined=found["joined"],
-                                  waited=found["waited"])
-                due = min(self.status_due(state, wave), due_at(state, wave, ratio, backup, self.timeout))
-            time.sleep(max(0.0, min(pause, due - time.monotonic())))
-            pause = look_pause(pause, state.waves[wave].posted)
+            if self.pool.client.status != "running":
+                raise self.pool._lost(f"client {self.pool.client.status}")
+            now = time.monotonic()
+            if self.take_news(state, wave) or now >= self.due(self.looked, LOOK_SECONDS, state, wave):
+                files.collect(state, wave)
+                self.loops_ended(state, wave)
+                self.looked = now
+            if now >= self.due(self.checked, STATUS_SECONDS, state, wave):
+                self.round_status(state)
+            status = "ended" if state.ended else settled(state, wave, self.timeout, ratio, backup)
+            if status:
+                files.settle(wave, len(state.members))
+                found = summary(state, wave, status)
+                return Answer(status=status, numbers=found["numbers"], blob=found["blob"],
+                              ranks=found["ranks"], error=found["error"], joined=found["joined"],
+                              waited=found["waited"])
+            due = min(self.due(self.looked, LOOK_SECONDS, state, wave),
+                      self.due(self.checked, STATUS_SECONDS, state, wave),
+                      due_at(state, wave, ratio, backup, self.timeout))
+            self.bell.wait(max(0.0, due - time.monotonic()))
+            self.bell.clear()
 
-    def status_due(self, state: RoundState, wave: int) -> float:
-        """When the server next asks the scheduler how the round stands: ``STATUS_SECONDS`` after the last ask,
-        or ``STATUS_SHARE`` of the wave's time so far when longer (a long wave: a few asks, not one per 0.25 s)."""
-        return self.checked + max(STATUS_SECONDS, STATUS_SHARE * (time.monotonic() - state.waves[wave].posted))
+    def loops_ended(self, state: RoundState, wave: int) -> None:
+        """A member whose loop of the round ended (returned, or raised) without answering wave ``wave``, and still
+        had not one look later, answers it with that error: the wave fails then rather than waiting for an answer
+        that cannot come (its worker lives on, so no member left the scheduler), and its tasks run per task. The
+        look's grace leaves a member that died to the scheduler's word (a member left: the round's fault path)."""
+        current, now = state.waves[wave], time.monotonic()
+        for rank, slot in enumerate(self.members):
+            call = self.loops.get(slot.token)
+            if rank in current.answers or call is None or not call.done():
+                continue
+            if now - self.quiet.setdefault(slot.token, now) < LOOK_SECONDS:
+                continue
+            try:
+                why = f"returned after {call.result(timeout=CALL_SECONDS)} wave(s)"
+            except Exception as exc:  # noqa: BLE001 - whatever ended the member's loop, it is the wave's error
+                why = f"{type(exc).__name__}: {exc}"
+            current.answers[rank] = (time.monotonic(), [], b"", f"worker {slot.index} (Dask worker "
+                                     f"{slot.process.address}): its loop of the round ended ({why})")
+
+    def due(self, last: float, seconds: float, state: RoundState, wave: int) -> float:
+        """When a fallback falls due: ``seconds`` after ``last``, or ``LOOK_SHARE`` of the wave's time so far when
+        longer (a long wave: a few looks, not one per ``seconds``)."""
+        return last + max(seconds, LOOK_SHARE * (time.monotonic() - state.waves[wave].posted))
+
+    def told(self, event: tuple[float, Any]) -> None:
+        """The handler of ``TOPIC``'s events (on the client's event loop): kept for the server's thread, woken."""
+        message = event[1]
+        if isinstance(message, dict) and message.get("ident") == self.ident:
+            self.news.append(message)
+            self.bell.set()
+
+    def take_news(self, state: RoundState, wave: int) -> bool:
+        """Apply the events told since the last look to ``state``; whether one concerns wave ``wave`` (it was
+        said done, or a member left or a worker joined: the answers in are looked at before it settles, as the
+        fallback path through a member's loss keeps the furthest partial of a node that answered)."""
+        told = False
+        while self.news:
+            message = self.news.popleft()
+            kind = message.get("kind")
+            if kind == "left":
+                state.left = state.left or str(message.get("worker", ""))
+            elif kind == "joined":
+                state.joined = True
+            told = told or kind != "done" or message.get("wave") == wave
+        return told
 
     def round_status(self, state: RoundState) -> None:
         """Ask the scheduler how the open round of nodes stands: a member left, a worker joined, it ended."""
@@ -755,8 +873,11 @@ def open_broadcast(pool: Any, *, rule: BackupRule | None, timeout: float, log: C
             _REFUSED.add(client.id)
             return None
         _REGISTERED.add(client.id)
-    return Broadcast(pool=pool, rule=rule, timeout=timeout, log=log, attempts=attempts,
-                     aside=pool.aside)
+        with contextlib.suppress(Exception):  # without it, a member notices a lost server by its fallback ask
+            client.register_plugin(RoundEnds(), name=RoundEnds.name)
+    broadcast = Broadcast(pool=pool, rule=rule, timeout=timeout, log=log, attempts=attempts, aside=pool.aside)
+    client.subscribe_topic(TOPIC, broadcast.told)  # this run's rounds are told here (one subscription per client)
+    return broadcast
 
 
 def gradient_results(tasks: list[GradTask], numbers: list[float]) -> dict[int, Result]:
