@@ -174,6 +174,10 @@ class DeskParticipant:
         self.total_updates = self.per_epoch * files.setup.epochs
         self.buffers = [[files.maps.get(DESK_BUFFER.path(exchange, s, b), (files.size,), np.float32, "r+")
                          for b in range(buffers_per_slot(self.group))] for s in range(stretch.participants)]
+        # on the board once every file of the stretch is open: the server may end the stretch without this
+        # participant (once another found every task applied) only then, for until then the path of each file
+        # could lead to the next stretch's (train/server/scheduler.py ``run_stretch``)
+        files.board.doing(self.slot, stretch.generation, WAITING, self.update_index(0))
 
     def run(self) -> Outcome:
         try:
@@ -184,7 +188,10 @@ class DeskParticipant:
                     handed = self.post(index, at, buffer, loss, seconds)
                     if handed is not None:
                         self.step(*handed)
-                return Outcome.NONFINITE if self.desk.words[STOPPED] else Outcome.DONE
+                if self.desk.words[STOPPED]:
+                    return Outcome.NONFINITE
+                fault_point("desk_done")
+                return Outcome.DONE
         except Cancelled:
             return Outcome.CANCELLED
         finally:
