@@ -174,13 +174,16 @@ class DeskParticipant:
         self.total_updates = self.per_epoch * files.setup.epochs
         self.buffers = [[files.maps.get(DESK_BUFFER.path(exchange, s, b), (files.size,), np.float32, "r+")
                          for b in range(buffers_per_slot(self.group))] for s in range(stretch.participants)]
-        # on the board once every file of the stretch is open: the server may end the stretch without this
-        # participant (once another found every task applied) only then, for until then the path of each file
-        # could lead to the next stretch's (train/server/scheduler.py ``run_stretch``)
-        files.board.doing(self.slot, stretch.generation, WAITING, self.update_index(0))
+        # Looked at once every file of the stretch is open: a stretch the server ended meanwhile without this
+        # participant (another found every task applied: train/server/scheduler.py ``run_stretch``) is over, and
+        # the files just opened may be the next stretch's (same names, made after the end was written): touch
+        # nothing. Not ended yet: the end, and so the next stretch's files, came after these were opened.
+        self.over = files.board.ended(stretch.generation)
 
     def run(self) -> Outcome:
         try:
+            if self.over:
+                return Outcome.DONE
             with np.errstate(all="ignore"):
                 while (buffer := self.free_buffer()) is not None and (claim := self.take()) is not None:
                     index, at = claim

@@ -304,8 +304,8 @@ class Scheduler:
 
         Returns once every participant has ended; or, with ``done_at_first_end`` (the desk's stretches: a
         participant ends DONE only when every piece of the stretch is applied, after which the others have
-        nothing left to write), at the first participant that ends DONE while nothing failed and every other has
-        started (``_done_early``): the others **linger**, busy until they answer, and the engine leaves them out
+        nothing left to write), at the first participant that ends DONE while nothing failed (``_done_early``):
+        the others **linger**, busy until they answer, and the engine leaves them out
         of its next stretch (a worker stopped at the end of an epoch no longer holds up the next one). A lingering
         slot silent for ``task_timeout`` more is killed (``_kill_overdue``). A failure, or a piece of work that
         killed its worker ``max_attempts`` times, raises WorkerFailure -- after the others have ended, so nobody
@@ -349,20 +349,18 @@ class Scheduler:
 
     @staticmethod
     def _done_early(watch: _Watch, board: Board) -> bool:
-        """A participant ended DONE, nothing failed, stopped or died, and every participant still running has
-        started the stretch (an activity of its generation on the board: its files are open; one that has not
-        could still open the next stretch's files, which take the same paths): the others are left lingering,
-        each given ``task_timeout`` from now to answer (then killed as silent)."""
+        """A participant ended DONE and nothing failed, stopped or died: the stretch is ended on the board (a
+        participant that has not opened its files yet then touches nothing: they could be the next stretch's,
+        which take the same names) and the others are left lingering, each given ``task_timeout`` from now to
+        answer (then killed as silent)."""
         if (watch.failure is not None or watch.stopped or watch.faults or watch.killed
                 or not any(end.outcome == Outcome.DONE for end in watch.ended.values())):
             return False
-        running = [slot for slot in watch.slots if slot.index not in watch.ended]
-        started = {activity.slot for activity in board.activities(watch.generation)}
-        if any(slot.index not in started for slot in running):
-            return False
+        board.end(watch.generation)
         now = time.monotonic()
-        for slot in running:
-            slot.since = now
+        for slot in watch.slots:
+            if slot.index not in watch.ended:
+                slot.since = now
         return True
 
     def _stretch_event(self, event: Event, watch: _Watch, board: Board) -> None:
