@@ -35,6 +35,11 @@ off; the server logs the records published so far (a version renamed but not rec
 made again) and starts the next stretch from the tasks not applied. A group being filled dies with its
 stretch: its tasks are not applied, so they are computed again. Nothing is applied twice: a task is
 applied when its group's record says so, and the next stretch's list leaves it out.
+
+A participant answers DONE only once every task is applied, after which the others have nothing left to write: the
+server ends the stretch at the first DONE (a worker stopped at the end of an epoch does not hold up the next one),
+writing the end on the board before it makes the next stretch's files; a participant that finds its stretch ended
+once its own files are open touches nothing (they may be the next stretch's, under the same names).
 """
 
 from __future__ import annotations
