@@ -49,6 +49,7 @@ POINTS = {
     "mid_publish": "fixed staleness in the rounds: a version recorded as published and the oldest recycled, "
                    "not renamed into place yet",
     "after_publish": "a version renamed into place, the ledger not yet past its update",
+    "desk_done": "async mode at the desk: a participant found every task of its stretch applied, not answered yet",
     # the server
     "after_result": "an evaluation or statistics result accepted",
     "statistics_chunk": "a chunk of a statistics task added into its partial (not published yet)",

@@ -46,3 +46,19 @@ def open_files_under(folder: str) -> list[str]:
         if target.startswith(folder.rstrip("/") + "/"):
             found.append(target)
     return found
+
+
+START_SLEEP = 2.0
+
+
+def slow_worker_state(setup: object, alive: object) -> object:
+    """``WorkerState`` (train/worker/worker.py) made slowly, as a worker opening a large dataset on a busy node: noting
+    in the run directory when this process began and ended making it, so that a test sees whether the workers of a
+    pool started side by side."""
+    from memtrain.train.worker.worker import WorkerState
+
+    began = time.time()
+    time.sleep(START_SLEEP)
+    state = WorkerState(setup, alive=alive)
+    Path(setup.run_dir, f"started-{os.getpid()}.txt").write_text(f"{began} {time.time()}")  # type: ignore[attr-defined]
+    return state

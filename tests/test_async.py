@@ -336,6 +336,28 @@ def test_a_worker_killed_while_stepping_at_the_desk_loses_no_gradient(tmp_path: 
     assert digest(run) == digest(tmp_path / "run-replay")
 
 
+def test_a_worker_stopped_at_the_end_of_an_epoch_does_not_hold_up_the_next(tmp_path: Path, data: Path) -> None:
+    """A worker stopped (SIGSTOP, as when another program takes its core) once every task of its epoch's stretch is
+    applied has nothing left to write: the next epoch starts on the other worker at once, instead of waiting for the
+    stopped one to say it is done (the server used to wait for it until ``task_timeout`` judged it silent on its last
+    piece of work, killed it and restarted the stretch: 15 s for this run with a timeout of 10 s). The run finishes
+    well within the timeout, no worker judged silent, every task applied once, and it replays bitwise."""
+    env = {"MEMTRAIN_FAULT": "desk_done:1", "MEMTRAIN_FAULT_ACTION": "stop", ONCE_ENV: str(tmp_path / "fired")}
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "memtrain", "train", str(write_job(tmp_path, data, ASYNC)),
+                             "--set", "train.task_timeout=30"], capture_output=True, text=True,
+                            env={**os.environ, **env}, timeout=120)
+    took = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "fired").exists(), "a worker was stopped"
+    run = tmp_path / "run"
+    assert_every_task_applied_once_per_epoch(run, 3)
+    assert "silent for" not in (run / "events.log").read_text()
+    assert took < 30, f"{took:.1f} s: the run waited for the stopped worker"
+    assert here("train", "--replay", run).returncode == 0
+    assert digest(run) == digest(tmp_path / "run-replay")
+
+
 def as_written_before(checkpoint: Path) -> None:
     """A checkpoint's position as releases before the schedules owned their state wrote it (88bcd0a): every
     schedule's state at the top level, ``bases`` and ``applied`` both present, no entry under a schedule's name."""

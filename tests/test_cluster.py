@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -492,7 +493,8 @@ def covering(folder: Path) -> tuple[str, ...]:
             f"mount -t tmpfs memtrain-test {folder} && exec \"$@\"", "sh")
 
 
-def pool_of_the_workers(client: Client, dataset: Path, run: Path, exchange: Path, logs: list[str]) -> ClusterPool:
+def pool_of_the_workers(client: Client, dataset: Path, run: Path, exchange: Path, logs: list[str],
+                        worker_state: Callable[..., object] = WorkerState) -> ClusterPool:
     """A ClusterPool of the cluster's workers for a run of the small MLP in ``run`` (its version 0 published)."""
     (run / WEIGHTS_DIR).mkdir(parents=True)
     exchange.mkdir()
@@ -504,7 +506,25 @@ def pool_of_the_workers(client: Client, dataset: Path, run: Path, exchange: Path
     setup = WorkerSetup(server_pid=os.getpid(), run_dir=str(run), exchange_dir=str(exchange), dataset=str(dataset),
                         normalize=True, model_kind="mlp", model_options=(("hidden", [16]),), blas_threads=1,
                         optimizer=OptimizerConfig(), rounds=rounds)
-    return ClusterPool(client, setup, server_probe(dataset, run, exchange), WorkerState, log=logs.append)
+    return ClusterPool(client, setup, server_probe(dataset, run, exchange), worker_state, log=logs.append)
+
+
+def test_the_workers_of_a_pool_start_side_by_side(cluster, dataset: Path, tmp_path: Path) -> None:
+    """Each worker's start (the view check, the dataset and the model opened: seconds on a busy machine) is called on
+    every worker before any answer is awaited: the pool's start takes about one worker's start, not the sum of
+    them (the pool once awaited each worker's start before calling the next one's)."""
+    from tests.cluster_tasks import START_SLEEP, slow_worker_state
+
+    run = tmp_path / "run"
+    pool = pool_of_the_workers(cluster[1], dataset, run, tmp_path / "exchange", [], slow_worker_state)
+    try:
+        spans = [tuple(map(float, path.read_text().split())) for path in run.glob("started-*.txt")]
+        assert len(spans) == 2 == len(pool.slots), spans
+        (began_1, ended_1), (began_2, ended_2) = sorted(spans)
+        assert began_2 < ended_1, f"the second worker began its start {began_2 - ended_1:.2f} s after the first ended"
+        assert ended_1 - began_1 >= START_SLEEP
+    finally:
+        pool.close()
 
 
 def test_a_worker_that_leaves_before_its_memtrain_worker_starts_is_given_up_then(cluster, dataset: Path,

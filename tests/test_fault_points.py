@@ -24,6 +24,7 @@ SERVE = {"serve_after_claim", "serve_after_launch"}
 STALENESS = {"mid_publish"}  # fixed staleness in the rounds
 ADDITIVE = {"statistics_chunk", "statistics_summed"}  # an additive model's pass
 RL = {"rl_mid_collect", "rl_after_publish", "rl_mid_share"}  # reinforcement learning (memtrain/rl/server.py)
+DESK = {"desk_done"}  # async mode at the desk (memtrain/train/loops/desk.py)
 
 
 def memtrain(*args: object, points: set[str], log: Path) -> subprocess.CompletedProcess:
@@ -38,7 +39,7 @@ def fired(log: Path) -> set[str]:
 
 
 def test_the_scenarios_cover_every_declared_point() -> None:
-    assert set(POINTS) == TRAIN | STALENESS | PREPARE | SERVE | ADDITIVE | RL
+    assert set(POINTS) == TRAIN | STALENESS | PREPARE | SERVE | ADDITIVE | RL | DESK
 
 
 def job(folder: Path, data: Path, name: str = "job", hidden: int = 8) -> Path:
@@ -73,6 +74,14 @@ def test_the_staleness_point_fires(tmp_path: Path) -> None:
                       'train.staleness_in="rounds"', points=STALENESS, log=tmp_path / "fired")
     assert result.returncode == 0, result.stderr
     assert fired(tmp_path / "fired") == STALENESS
+
+
+def test_the_desk_point_fires(tmp_path: Path) -> None:
+    x, y = blobs(n=500, features=4, classes=3)
+    data = write_dataset(tmp_path / "data", x, y, shard_rows=200)
+    result = memtrain("train", job(tmp_path, data), "--set", 'train.mode="async"', points=DESK, log=tmp_path / "fired")
+    assert result.returncode == 0, result.stderr
+    assert fired(tmp_path / "fired") == DESK
 
 
 def test_the_reinforcement_learning_points_fire(tmp_path: Path) -> None:

@@ -296,7 +296,9 @@ class ClusterPool:
                                              f"{self.setup.run_dir}` (with --cluster, or --cluster \"\" to run here)")
 
     def _start(self, addresses: list[str], seconds: float) -> tuple[list[ClusterSlot], list[MemtrainError]]:
-        """An actor on each of ``addresses`` (started all at once), checked against the server's view.
+        """An actor on each of ``addresses``, checked against the server's view, the workers side by side: every
+        actor is submitted, then every actor's start (its view check, the dataset and the model opened) is called
+        before any answer is awaited, never one worker's start after another's.
 
         Returns the slots that passed and an error for each worker that did not (it is left out of the run
         for good); bounded by ``seconds`` in all.
@@ -310,23 +312,14 @@ class ClusterPool:
             pending.append(ClusterSlot(self._next_index, RemoteWorker(address, "?", 0), None, future, token))
             self._next_index += 1
         deadline = time.monotonic() + seconds
+        calls = [(slot, self._attempt(slot, lambda slot=slot: self._begin(slot, deadline))) for slot in pending]
         started, failures = [], []
-        for slot in pending:
-            try:
-                view = self._check(slot, deadline)
-                problems = read_back(self.probe, slot.token, view)
-            except WorkerLeft:
-                problems, view = None, None
-                failures.append(MemtrainError(f"Dask worker {slot.process.address} left the scheduler before its "
-                                              "memtrain worker started"))
-            except Exception as exc:  # noqa: BLE001 - a worker that cannot start is named, with what it said
-                problems, view = None, None
-                failures.append(MemtrainError(f"Dask worker {slot.process.address} could not start a memtrain "
-                                              f"worker: {type(exc).__name__}: {exc}",
-                                              hint="memtrain (same version) must be installed on every worker"))
-            if problems:
-                failures.append(refuse(slot.process.address, view, problems))
-            if problems is None or problems:
+        for slot, call in calls:
+            view = call if isinstance(call, MemtrainError) else self._attempt(
+                slot, lambda slot=slot, call=call: self._view(slot, call, deadline))
+            failure = view if isinstance(view, MemtrainError) else self._refusal(slot, view)
+            if failure is not None:
+                failures.append(failure)
                 self.excluded.add(slot.process.address)
                 self._close_actors([slot])
                 self._release(slot)
@@ -334,12 +327,35 @@ class ClusterPool:
             started.append(slot)
         return started, failures
 
-    def _check(self, slot: ClusterSlot, deadline: float) -> View:
+    @staticmethod
+    def _attempt(slot: ClusterSlot, step: Callable[[], Any]) -> Any:
+        """``step()``, or the error that leaves the slot's worker out of the run (named, with what it said)."""
+        try:
+            return step()
+        except WorkerLeft:
+            return MemtrainError(f"Dask worker {slot.process.address} left the scheduler before its memtrain "
+                                 "worker started")
+        except Exception as exc:  # noqa: BLE001 - a worker that cannot start is named, with what it said
+            return MemtrainError(f"Dask worker {slot.process.address} could not start a memtrain worker: "
+                                 f"{type(exc).__name__}: {exc}",
+                                 hint="memtrain (same version) must be installed on every worker")
+
+    def _begin(self, slot: ClusterSlot, deadline: float) -> Any:
+        """The slot's actor once started, its start call sent: the call's future, not awaited here."""
         with self.client.as_current():  # the handle binds to the current client: ours, not another one
             slot.actor = self._actor(slot, deadline)
-        view = slot.actor.start(self.probe).result(timeout=max(0.1, deadline - time.monotonic()))
+        return slot.actor.start(self.probe)
+
+    def _view(self, slot: ClusterSlot, call: Any, deadline: float) -> View:
+        """The start call's answer: the worker's view of the run's files."""
+        view = call.result(timeout=max(0.1, deadline - time.monotonic()))
         slot.process.host, slot.process.pid = view.host, view.pid
         return view
+
+    def _refusal(self, slot: ClusterSlot, view: View) -> MemtrainError | None:
+        """The error refusing a worker whose view of the run's files differs from the server's, else None."""
+        problems = read_back(self.probe, slot.token, view)
+        return refuse(slot.process.address, view, problems) if problems else None
 
     def _actor(self, slot: ClusterSlot, deadline: float) -> Any:
         """The slot's actor once started, asking the scheduler every ``WATCH_SECONDS`` meanwhile whether its worker

@@ -57,8 +57,9 @@ SPIN_SECONDS = 200e-6
 ALIVE_EVERY = 1.0  # seconds between the waiter's checks that its server is still there
 
 # The board's header words, by index: the cancel word, the ledger (three words: generation, update,
-# version), the ready mark, the doorbell (train/exchange/doorbell.py), then ACTIVITY_WORDS per slot
-CANCEL, LEDGER, READY_MARK, DOORBELL, ACTIVITIES = 0, 1, 4, 6, 8
+# version), the ready mark, the newest stretch ended without all its participants (``end``), the doorbell
+# (train/exchange/doorbell.py), then ACTIVITY_WORDS per slot
+CANCEL, LEDGER, READY_MARK, ENDED, DOORBELL, ACTIVITIES = 0, 1, 4, 5, 6, 8
 ACTIVITY_WORDS = 5  # generation, kind, update, item, started (ns of CLOCK_MONOTONIC)
 
 # Activity kinds (a slot's activity word ``kind``)
@@ -202,6 +203,15 @@ class Board:
 
     def cancelled(self, generation: int) -> bool:
         return self._read()[CANCEL] == generation
+
+    def end(self, generation: int) -> None:
+        """Stretch ``generation`` is over although some participants have not answered (a desk stretch, every
+        task applied: train/server/scheduler.py ``run_stretch``). Written before the next stretch's files are made."""
+        self._write(ENDED, generation, ring=False)
+
+    def ended(self, generation: int) -> bool:
+        """Whether stretch ``generation`` (or a later one) was ended without waiting for all its participants."""
+        return self._read()[ENDED] >= generation
 
     def set_ledger(self, ledger: Ledger) -> None:
         self._write(LEDGER, ledger.generation, ledger.update, ledger.version, ring=False)

@@ -35,6 +35,11 @@ off; the server logs the records published so far (a version renamed but not rec
 made again) and starts the next stretch from the tasks not applied. A group being filled dies with its
 stretch: its tasks are not applied, so they are computed again. Nothing is applied twice: a task is
 applied when its group's record says so, and the next stretch's list leaves it out.
+
+A participant answers DONE only once every task is applied, after which the others have nothing left to write: the
+server ends the stretch at the first DONE (a worker stopped at the end of an epoch does not hold up the next one),
+writing the end on the board before it makes the next stretch's files; a participant that finds its stretch ended
+once its own files are open touches nothing (they may be the next stretch's, under the same names).
 """
 
 from __future__ import annotations
@@ -174,9 +179,16 @@ class DeskParticipant:
         self.total_updates = self.per_epoch * files.setup.epochs
         self.buffers = [[files.maps.get(DESK_BUFFER.path(exchange, s, b), (files.size,), np.float32, "r+")
                          for b in range(buffers_per_slot(self.group))] for s in range(stretch.participants)]
+        # Looked at once every file of the stretch is open: a stretch the server ended meanwhile without this
+        # participant (another found every task applied: train/server/scheduler.py ``run_stretch``) is over, and
+        # the files just opened may be the next stretch's (same names, made after the end was written): touch
+        # nothing. Not ended yet: the end, and so the next stretch's files, came after these were opened.
+        self.over = files.board.ended(stretch.generation)
 
     def run(self) -> Outcome:
         try:
+            if self.over:
+                return Outcome.DONE
             with np.errstate(all="ignore"):
                 while (buffer := self.free_buffer()) is not None and (claim := self.take()) is not None:
                     index, at = claim
@@ -184,7 +196,10 @@ class DeskParticipant:
                     handed = self.post(index, at, buffer, loss, seconds)
                     if handed is not None:
                         self.step(*handed)
-                return Outcome.NONFINITE if self.desk.words[STOPPED] else Outcome.DONE
+                if self.desk.words[STOPPED]:
+                    return Outcome.NONFINITE
+                fault_point("desk_done")
+                return Outcome.DONE
         except Cancelled:
             return Outcome.CANCELLED
         finally:

@@ -287,21 +287,24 @@ class Desk(EpochEngine):
             raise MemtrainError(f"epoch {position.epoch + 1}: every task is applied, but only {position.batch} of "
                                 f"{c.per_epoch} updates are counted", hint="this is a bug in memtrain: please "
                                 "report it with the run's events.log")
-        participants = len(transport.slots)
+        # every slot has its place at the desk; the stretch goes to those not still ending the previous one
+        participants = max(slot.index for slot in transport.slots) + 1
+        free = c.scheduler.free_slots(transport)
         self.generation += 1
         create_desk(exchange, c.size, participants, train.async_group, tasks, position.version)
         log = DeskLog(exchange, train.async_group, tasks, ranges, c.per_epoch)
         stretches = [Stretch(generation=self.generation, epoch=position.epoch, first=position.batch,
-                             stop=c.per_epoch, version=position.version, slot=slot, participants=participants,
+                             stop=c.per_epoch, version=position.version, slot=slot.index, participants=participants,
                              slices=0, loop=Loop.DESK, group=train.async_group, max_staleness=train.max_staleness)
-                     for slot in range(participants)]
+                     for slot in free]
 
         def chores() -> None:
             log.catch_up(position, c.logbook)
             c.chores.after_update(position)
 
         try:
-            outcome = c.scheduler.run_stretch(transport, c.board, stretches, chores, self.describe_activity)
+            outcome = c.scheduler.run_stretch(transport, c.board, stretches, chores, self.describe_activity,
+                                              slots=free, done_at_first_end=True)
         finally:  # a stop or a fault mid-stretch: the position (and so a checkpoint) is where it stands
             log.catch_up(position, c.logbook)
             if position.batch == c.per_epoch:  # the epoch is done, whatever ended the stretch

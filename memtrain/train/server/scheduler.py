@@ -15,7 +15,8 @@ Three kinds of work:
   the rounds' path: it watches the processes, the board's activities (train/exchange/marks.py) and the clock.
   A death, a silent participant (killed), a failure or a stop signal calls the stretch off: every other
   participant ends at its next mark, and the server starts the next stretch from the ledger, after the
-  last update that was finished.
+  last update that was finished. A desk stretch (async mode) ends at its first participant done: the others
+  linger until they answer, left out of the next stretch (``free_slots``).
 
 A piece of work that kills its worker ``max_attempts`` times stops the run naming it and its rows. Every other
 death counts too: a worker that dies with no piece of work to blame (idle between tasks, at the start of a
@@ -33,7 +34,7 @@ import signal
 import statistics
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 
 from memtrain.errors import Interrupted, MemtrainError, WorkerFailure, plural
@@ -277,33 +278,50 @@ class Scheduler:
             return WAIT_BOUND
         return max(0.0, min(WAIT_BOUND, min(busy) + self.task_timeout - time.monotonic()))
 
-    def _kill_overdue(self, transport: Transport) -> None:
+    def _kill_overdue(self, transport: Transport, leaving_out: Collection[Slot] = ()) -> None:
+        """Kill a worker silent past ``task_timeout`` on what it was sent (but the slots ``leaving_out``)."""
         now = time.monotonic()
+        left_out = {id(slot) for slot in leaving_out}
         for slot in transport.slots:
-            if (slot.process is not None and not slot.idle and now - slot.since > self.task_timeout
-                    and slot.pid not in self.killed and slot.process.is_alive()):
+            if (id(slot) not in left_out and slot.process is not None and not slot.idle
+                    and now - slot.since > self.task_timeout and slot.pid not in self.killed
+                    and slot.process.is_alive()):
                 self.killed.add(slot.pid)
+                what = ("the end of its stretch" if isinstance(slot.current, Stretch)  # lingering (run_stretch)
+                        else self.describe_task(slot.current))
                 self.log(f"worker {slot.index} (pid {slot.pid}) silent for {self.task_timeout:g} s "
-                         f"on {self.describe_task(slot.current)}; killing it")
+                         f"on {what}; killing it")
                 transport.kill(slot)
 
     # --- stretches ---
 
     def run_stretch(self, transport: Transport, board: Board, stretches: list[Stretch],
-                    chores: Callable[[], None], describe: Callable[[Activity], str]) -> Outcome:
-        """Run one stretch on slots 0..len(stretches)-1; ``chores`` (the server's logging) run every TICK;
-        ``describe``: the engine's words for a participant's activity (what a dead or silent worker was doing).
+                    chores: Callable[[], None], describe: Callable[[Activity], str], *,
+                    slots: list[Slot] | None = None, done_at_first_end: bool = False) -> Outcome:
+        """Run one stretch: ``stretches[i]`` on ``slots[i]`` (slots 0..len(stretches)-1 unless given; a stretch's
+        ``slot`` is its slot's index); ``chores`` (the server's logging) run every TICK; ``describe``: the engine's
+        words for a participant's activity (what a dead or silent worker was doing).
 
-        Returns once every participant has ended. A failure, or a piece of work that killed its worker
-        ``max_attempts`` times, raises WorkerFailure -- after the others have ended, so nobody still writes.
+        Returns once every participant has ended; or, with ``done_at_first_end`` (the desk's stretches: a
+        participant ends DONE only when every piece of the stretch is applied, after which the others have
+        nothing left to write), at the first participant that ends DONE while nothing failed (``_done_early``):
+        the others **linger**, busy until they answer, and the engine leaves them out
+        of its next stretch (a worker stopped at the end of an epoch no longer holds up the next one). A lingering
+        slot silent for ``task_timeout`` more is killed (``_kill_overdue``). A failure, or a piece of work that
+        killed its worker ``max_attempts`` times, raises WorkerFailure -- after the others have ended, so nobody
+        still writes.
         """
         generation = stretches[0].generation
-        for slot, stretch in zip(transport.slots, stretches, strict=False):
+        slots = list(transport.slots[:len(stretches)]) if slots is None else slots
+        for slot, stretch in zip(slots, stretches, strict=True):
             transport.send(slot, stretch)  # the server's own slot runs the whole stretch right here
-        watch = _Watch(len(stretches), generation, describe)
+        watch = _Watch(len(stretches), generation, describe, slots=slots)
         while len(watch.ended) < len(stretches):
             for event in transport.wait(TICK):
                 self._stretch_event(event, watch, board)
+            if done_at_first_end and self._done_early(watch, board):
+                break
+            self._kill_overdue(transport, leaving_out=slots)  # slots lingering in an earlier stretch
             chores()
             if self.stop_requested() and not watch.stopped:
                 watch.stopped = True
@@ -318,6 +336,32 @@ class Scheduler:
         if any(end.outcome == Outcome.NONFINITE for end in watch.ended.values()):
             return Outcome.NONFINITE
         return Outcome.DONE
+
+    def free_slots(self, transport: Transport) -> list[Slot]:
+        """The slots not still ending an earlier stretch (``run_stretch``'s lingering ones), waiting for one if
+        every slot is; their late answers are taken here as any stale answer is."""
+        while not any(slot.idle for slot in transport.slots):
+            for event in transport.wait(TICK):
+                self._handle(event, {}, deque(), {})
+            self._check_stop()
+            self._kill_overdue(transport)
+        return [slot for slot in transport.slots if slot.idle]
+
+    @staticmethod
+    def _done_early(watch: _Watch, board: Board) -> bool:
+        """A participant ended DONE and nothing failed, stopped or died: the stretch is ended on the board (a
+        participant that has not opened its files yet then touches nothing: they could be the next stretch's,
+        which take the same names) and the others are left lingering, each given ``task_timeout`` from now to
+        answer (then killed as silent)."""
+        if (watch.failure is not None or watch.stopped or watch.faults or watch.killed
+                or not any(end.outcome == Outcome.DONE for end in watch.ended.values())):
+            return False
+        board.end(watch.generation)
+        now = time.monotonic()
+        for slot in watch.slots:
+            if slot.index not in watch.ended:
+                slot.since = now
+        return True
 
     def _stretch_event(self, event: Event, watch: _Watch, board: Board) -> None:
         message = event.message
@@ -352,7 +396,7 @@ class Scheduler:
         """Kill a participant that has worked on one piece for longer than ``task_timeout`` (hung)."""
         now = time.monotonic()
         activities = {a.slot: a for a in board.activities(watch.generation)}
-        for slot in transport.slots[:watch.participants]:
+        for slot in watch.slots:
             if slot.index in watch.ended or slot.index in watch.killed or slot.process is None:
                 continue
             activity = activities.get(slot.index)
@@ -554,6 +598,7 @@ class _Watch:
     failure: WorkerFailure | None = None
     faults: int = 0
     stopped: bool = False
+    slots: list[Slot] = field(default_factory=list)  # the transport's slots the stretch was sent to, in order
 
 
 def _current(board: Board, generation: int, slot: int) -> Activity | None:
