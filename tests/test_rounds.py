@@ -11,6 +11,7 @@ import json
 import multiprocessing
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from memtrain.files import open_npy, publish_array
 from memtrain.layout import weight_versions, weights_path
 from memtrain.train.exchange import doorbell
 from memtrain.train.exchange.doorbell import Doorbell
-from memtrain.train.loops import rounds
+from memtrain.train.loops import mapped, rounds
 from memtrain.train.loops.mapped import RowCache, _private_bytes
 from memtrain.train.loops.maps import MapCache
 from memtrain.train.server import placement
@@ -143,6 +144,39 @@ def test_the_server_alone_publishes_a_stretchs_newest_versions_at_its_end_not_a_
     capsys.readouterr()
     assert main(["inspect", str(server), "--verify"]) == 0, capsys.readouterr().out
     assert not [name for name in os.listdir(server / "weights") if name.startswith(".")]  # no ring file left
+
+
+def test_the_server_alone_keeps_its_ring_file_across_stretches_unless_its_name_no_longer_holds_it(
+        tmp_path: Path, dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ring has keep_versions + 1 files; a stretch publishes its newest keep_versions, and the file left is
+    stepped into again by the next stretch without being readied anew (no folder listing, header check or new
+    map). A file that is no longer the one at its name (here a copy renamed over it) is readied again."""
+    readied: list[Path] = []
+    ready = mapped.ready_building
+
+    def counted(*args: object, **kwargs: object) -> Path:
+        readied.append(kwargs["path"])  # type: ignore[arg-type]
+        return ready(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(mapped, "ready_building", counted)
+    kept = train(tmp_path / "kept", dataset, "workers = 0", epochs=3)
+    assert len(readied) == 3 + 2 + 2  # the first stretch readies the whole ring, later ones the keep_versions gone
+    readied.clear()
+    publish_ring = rounds.Participant.publish_ring
+
+    def swapped(self: rounds.Participant) -> None:
+        publish_ring(self)
+        for name in os.listdir(self.files.run_dir / "weights"):
+            if name.startswith(".p"):  # the ring's file left: a copy takes its name
+                path = self.files.run_dir / "weights" / name
+                shutil.copyfile(path, path.with_name(name + "-copy"))
+                os.replace(path.with_name(name + "-copy"), path)
+
+    monkeypatch.setattr(rounds.Participant, "publish_ring", swapped)
+    copied = train(tmp_path / "copied", dataset, "workers = 0", epochs=3)
+    assert len(readied) == 3 + 3 + 3
+    assert digest(copied) == digest(kept)
+    assert (copied / "lineage.jsonl").read_text() == (kept / "lineage.jsonl").read_text()
 
 
 def test_auto_keeps_a_tiny_model_in_the_server_and_says_why(tmp_path: Path, dataset: Path) -> None:

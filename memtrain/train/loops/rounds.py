@@ -339,6 +339,7 @@ class Participant:
         for version in range(max(self.stretch.version + 1, newest - self.files.keep + 1), newest + 1):
             ring = version % self.ring
             commit_weights(self.files.private_path(ring), self.files.run_dir, version)
+            self.files.published_ring(ring)
             del self.rings[ring]
 
     def skip(self, update: Update, bad: tuple[int, ...] | list[int]) -> None:
