@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from memtrain.files import open_npy, publish_array
 from memtrain.layout import weight_versions, weights_path
 from memtrain.train.exchange import doorbell
 from memtrain.train.exchange.doorbell import Doorbell
+from memtrain.train.exchange.marks import Board
 from memtrain.train.loops import mapped, rounds
 from memtrain.train.loops.mapped import RowCache, _private_bytes
 from memtrain.train.loops.maps import MapCache
@@ -177,6 +179,28 @@ def test_the_server_alone_keeps_its_ring_file_across_stretches_unless_its_name_n
     assert len(readied) == 3 + 3 + 3
     assert digest(copied) == digest(kept)
     assert (copied / "lineage.jsonl").read_text() == (kept / "lineage.jsonl").read_text()
+
+
+def test_the_server_alone_meets_nobody_it_writes_no_marks_and_waits_for_none(
+        tmp_path: Path, dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lone participant's marks and waits would only read back its own mark: the server alone skips them (its
+    activity words and the ledger stay), and still gives the bits of worker processes, which meet."""
+    met: list[str] = []
+
+    def noted(name: str) -> Callable[..., object]:
+        method = getattr(Board, name)
+
+        def call(self: Board, *args: object, **kwargs: object) -> object:
+            met.append(name)
+            return method(self, *args, **kwargs)
+        return call
+
+    for name in ("mark_step", "mark_gradients", "mark_ready", "wait_step", "wait_gradients", "wait_both"):
+        monkeypatch.setattr(Board, name, noted(name))
+    server = train(tmp_path / "server", dataset, "workers = 0")
+    assert met == []
+    workers = train(tmp_path / "workers", dataset, "workers = 2")
+    assert digest(server) == digest(workers)
 
 
 def test_auto_keeps_a_tiny_model_in_the_server_and_says_why(tmp_path: Path, dataset: Path) -> None:

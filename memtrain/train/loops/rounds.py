@@ -25,6 +25,10 @@ The overlap: nobody waits for the server, and the bookkeeping runs while peers a
 carries all of it. Two meetings per update, at marks (train/exchange/marks.py); the server only watches the
 board, the processes and the clock.
 
+The server alone, synchronous (``stretch.private``), has no peer to meet: it writes no marks and waits for
+none (each would read back its own), keeping only its activity words (what a failure reports it was doing)
+and the ledger; whether a step or a task came out finite it knows itself.
+
 Fixed staleness k >= 1 (``train.staleness``, in the rounds by default): the gradients of an update are
 computed at the version of k updates earlier (plan.gradient_base), complete already, so a participant
 goes from its step slice straight to its gradients and the step's marks are waited for at the
@@ -185,6 +189,9 @@ class Participant:
                                      lr=learning_rate(files.optimizer, update.update, files.plan.total_updates),
                                      digests=files.digests[(self.version + 1) % 2],
                                      trainable=files.context.layout.trainable, scratch=files.scratch)
+        if self.private:  # alone: nobody to meet (a mark and a wait would read back its own mark)
+            self.settle(update, finite)
+            return
         board.mark_step(self.generation, update.update, self.slot, finite)
         if self.staleness:
             return  # met at the next gradients' meeting
@@ -229,6 +236,8 @@ class Participant:
         if self.slot == 0:  # before its mark: once everyone has met, the next step rewrites the digests it reads
             self.computed_at[update.update] = at
             self.publish()
+        if self.private:  # alone: nobody to meet, and each step finds its ring's file (``ready``)
+            return self.after_gradients(update, finite)
         board.mark_gradients(self.generation, update.update, self.slot, finite)
         if self.staleness:
             if self.slot == 0:  # the next step's file was readied after the last meeting (``ready``)
@@ -248,8 +257,12 @@ class Participant:
                 self.publish()  # readies the file of the step after next too
             else:
                 self.ready(self.version + 2, update)
+        return self.after_gradients(update, finite)
+
+    def after_gradients(self, update: Update, finite: bool) -> Update | None:
+        """``update`` to step next, or None once it is skipped (a task's loss came out non-finite: ``finite``)."""
         if not finite:
-            losses = files.loss[update.batch, :len(update.tasks)]
+            losses = self.files.loss[update.batch, :len(update.tasks)]
             self.skip(update, np.flatnonzero(~np.isfinite(losses)).tolist())
             return None
         return update
