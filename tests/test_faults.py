@@ -501,7 +501,9 @@ def test_interrupt_checkpoints_and_says_how_to_resume(tmp_path: Path, data: Path
 
 # --- the server running the rounds itself (train.workers = 0): the same guarantees ---
 
-@pytest.mark.parametrize("point", ["before_grad_write:7", "mid_step:4", "after_publish:3", "after_update_logged:5"])
+@pytest.mark.parametrize("point", ["before_grad_write:7", "mid_step:4", "after_publish:3", "after_update_logged:5",
+                                   # the second epoch's stretch, stepping into the ring's file the first one left
+                                   "mid_step:8", "after_publish:7"])
 def test_server_running_the_rounds_killed_then_resumed_is_identical(tmp_path: Path, data: Path, baseline: str,
                                                                     point: str) -> None:
     """The baseline ran on 2 worker processes: the same bits from the server alone, across a crash."""
