@@ -24,6 +24,7 @@ from memtrain.cli import main
 from memtrain.files import open_npy, publish_array
 from memtrain.layout import weight_versions, weights_path
 from memtrain.train.exchange import doorbell
+from memtrain.train.exchange import weights as weights_module
 from memtrain.train.exchange.doorbell import Doorbell
 from memtrain.train.exchange.marks import Board
 from memtrain.train.loops import mapped, rounds
@@ -179,6 +180,36 @@ def test_the_server_alone_keeps_its_ring_file_across_stretches_unless_its_name_n
     assert len(readied) == 3 + 3 + 3
     assert digest(copied) == digest(kept)
     assert (copied / "lineage.jsonl").read_text() == (kept / "lineage.jsonl").read_text()
+
+
+def test_the_server_alone_lists_its_versions_once_per_stretch_and_leaves_only_the_newest(
+        tmp_path: Path, dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stretch readies keep_versions ring files (3 in the first, the whole ring); only the first lists weights/ to
+    retire the versions older than the newest kept, the later ones retire from where it left. The run leaves
+    exactly the newest keep_versions versions, as worker processes do."""
+    listings: list[Path] = []
+    readying: list[bool] = []
+    listing, ready = weights_module.weight_versions, mapped.ready_building
+
+    def counted(run_dir: Path) -> list[int]:
+        if readying:  # a ring file readied (an evaluation retires the versions it no longer needs, listing too)
+            listings.append(run_dir)
+        return listing(run_dir)
+
+    def readied(*args: object, **kwargs: object) -> Path:
+        readying.append(True)
+        try:
+            return ready(*args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            readying.pop()
+
+    monkeypatch.setattr(weights_module, "weight_versions", counted)
+    monkeypatch.setattr(mapped, "ready_building", readied)
+    server = train(tmp_path / "server", dataset, "workers = 0", epochs=3)
+    assert len(listings) == 3  # one per stretch (an epoch here); 7 before: one per file readied
+    monkeypatch.undo()
+    workers = train(tmp_path / "workers", dataset, "workers = 2", epochs=3)
+    assert weight_versions(server) == weight_versions(workers) == [20, 21]  # 7 updates per epoch
 
 
 def test_the_server_alone_meets_nobody_it_writes_no_marks_and_waits_for_none(

@@ -146,23 +146,25 @@ class RoundFiles:
         """The ring's file ``ring`` of the rounds in the server alone (``layout.private_path``)."""
         return private_path(self.run_dir, ring, self.server_pid)
 
-    def ready_private(self, version: int, ring: int) -> np.ndarray:
+    def ready_private(self, version: int, ring: int, *, left_from: int | None = None) -> tuple[np.ndarray, int | None]:
         """Make sure the ring's file ``ring`` exists for the step of ``version`` (a retired version recycled, the
-        versions older than the newest ``keep`` before it retired: the folder is listed, once per file per
-        stretch); returns it mapped. A ring file this process readied and has not published (a stretch publishes
-        its newest ``keep``; the ring's other file stays) is taken again as it is, once a stat shows that its name
-        still holds that file: nobody else writes it, and its header was checked when it was readied."""
+        versions older than the newest ``keep`` before it retired); returns it mapped, and the oldest version that
+        may be left on disk now. ``left_from``: that version as an earlier call of the stretch returned it (every
+        older one is retired), so the folder is not listed again; None: it is (once per stretch). A ring file this
+        process readied and has not published (a stretch publishes its newest ``keep``; the ring's other file
+        stays) is taken again as it is, once a stat shows that its name still holds that file: nobody else writes
+        it, and its header was checked when it was readied."""
         path = self.private_path(ring)
         kept = self._ring.pop(ring, None)
         if kept is not None:
             with contextlib.suppress(FileNotFoundError):
                 if os.stat(path).st_ino == kept[0]:
                     self._ring[ring] = kept
-                    return kept[1]
-        ready_building(self.run_dir, version, self.size, self.server_pid, self.keep, path=path)
+                    return kept[1], left_from  # nothing retired
+        ready_building(self.run_dir, version, self.size, self.server_pid, self.keep, path=path, left_from=left_from)
         mapped = self._map(path)
         self._ring[ring] = (os.stat(path).st_ino, mapped)
-        return mapped
+        return mapped, version - self.keep  # every version before it retired
 
     def published_ring(self, ring: int) -> None:
         """The ring's file ``ring`` was renamed into place as a version: the next stretch readies another."""

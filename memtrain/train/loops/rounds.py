@@ -117,6 +117,7 @@ class Participant:
         self.private = stretch.private and not self.staleness
         self.ring = files.keep + 1
         self.rings: dict[int, np.ndarray] = {}  # the ring's files readied in this stretch, mapped
+        self.ring_left: int | None = None  # the oldest version left on disk, once a ring file was readied
         self.recorded = stretch.version  # slot 0: the newest version recorded (the ledger's)
 
     def run(self) -> Outcome:
@@ -272,8 +273,9 @@ class Participant:
         stretch before published were renamed away), then the same file every ``ring`` updates."""
         ring = version % self.ring
         out = self.rings.get(ring)
-        if out is None:
-            out = self.rings[ring] = self.files.ready_private(version, ring)
+        if out is None:  # the stretch's first readying lists the folder, the later ones retire from where it left
+            out, self.ring_left = self.files.ready_private(version, ring, left_from=self.ring_left)
+            self.rings[ring] = out
         return out
 
     def ready(self, version: int, update: Update) -> None:
