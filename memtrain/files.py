@@ -734,10 +734,44 @@ def read_json(path: Path, *, what: str = "JSON file") -> Any:
         raise CorruptFileError(f"{what} is not valid JSON ({exc})", path=path, where=where) from exc
 
 
+def json_encoder(*, sort_keys: bool, separators: tuple[str, str]) -> Callable[[Any], str]:
+    """``json.dumps(value, sort_keys=sort_keys, separators=separators)`` as one reusable function: the same text.
+
+    ``json.dumps`` (and ``JSONEncoder.encode``) builds a new C encoder for every value it is given, which costs as
+    much again as encoding a small record; a log writes a few per update (its lineage line, the seal's canonical
+    form, its metric line), so the C encoder is built once here. It keeps no state between calls: without
+    ``check_circular``'s table (which one encoder shared by threads could not keep), a value that contains itself
+    fails with RecursionError instead of ValueError -- memtrain's records never do. Where CPython's C encoder is
+    missing, ``json.dumps`` itself."""
+    from json import encoder
+
+    if encoder.c_make_encoder is None:  # pragma: no cover -- an interpreter without the _json accelerator
+        return partial(json.dumps, sort_keys=sort_keys, separators=separators)
+    item, key = separators
+    encode = encoder.c_make_encoder(None, _not_serializable, encoder.encode_basestring_ascii, None, key, item,
+                                    sort_keys, False, True)  # markers, default, str, indent, ..., skipkeys, allow_nan
+
+    def dumps(value: Any) -> str:
+        if isinstance(value, str):  # as JSONEncoder.encode: a bare string is not a container the C encoder takes
+            return encoder.encode_basestring_ascii(value)
+        return "".join(encode(value, 0))
+
+    return dumps
+
+
+def _not_serializable(value: Any) -> Any:
+    raise TypeError(f"Object of type {value.__class__.__name__} is not JSON serializable")
+
+
+# A log line as ``json.dumps(record)`` writes it (its default separators), and a seal's compact canonical form
+JSON_LINE = json_encoder(sort_keys=False, separators=(", ", ": "))
+CANONICAL_JSON = json_encoder(sort_keys=True, separators=(",", ":"))
+
+
 def append_jsonl(path: Path, *records: dict[str, Any]) -> None:
-    """Append one line per record, in one write; a crash can leave at most one partial last line, which
-    readers skip."""
-    append_text(path, "".join(json.dumps(record) + "\n" for record in records))
+    """Append one line per record (``json.dumps``'s text), in one write; a crash can leave at most one partial last
+    line, which readers skip."""
+    append_text(path, "".join(JSON_LINE(record) + "\n" for record in records))
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -756,9 +790,6 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 # --- sealed JSON records ---
 SEAL_KEY = "record_checksum"
-# The compact JSON a seal hashes (``json_checksum``), made once: ``json.dumps`` with these options would build a
-# new encoder for every record it is given (every update's lineage line).
-CANONICAL_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
 def json_checksum(body: dict[str, Any], *, native: bool = False) -> str:
@@ -769,7 +800,7 @@ def json_checksum(body: dict[str, Any], *, native: bool = False) -> str:
     bool, None, lists and dicts), so the round trip is skipped (one per update in a run's lineage).
     """
     canonical = body if native else json.loads(json.dumps(body))
-    text = CANONICAL_JSON.encode(canonical)
+    text = CANONICAL_JSON(canonical)  # made once (``json_encoder``)
     return f"{CHECKSUM_ALGO}:{xxhash.xxh3_128_hexdigest(text.encode())}"
 
 

@@ -421,15 +421,17 @@ def poisoned_batch(folder: Path) -> Path:
     return write_dataset(folder / "poison", x, y, shard_rows=300)
 
 
-def test_a_nonfinite_step_skips_its_update_like_a_nonfinite_gradient(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [2, 0])
+def test_a_nonfinite_step_skips_its_update_like_a_nonfinite_gradient(tmp_path: Path, workers: int) -> None:
     """Every task's gradient finite, their sum not: the update is skipped at its step, inside the round
     that already computes the next gradients. Those are recomputed at the unchanged version, so the run
-    ends bitwise where a run that skipped the same update at its gradients ends."""
+    ends bitwise where a run that skipped the same update at its gradients ends. On workers, and in the server
+    alone (which meets nobody: it knows the finiteness itself)."""
     data = poisoned_batch(tmp_path)
     runs = {}
     for kind in ("NanLossOnPoison", "HugeGradientOnPoison"):
         job = write_job(tmp_path / kind, data, kind=f"crash_models:{kind}", model_extra=TWO_SLICES,
-                        normalize="false")
+                        normalize="false", workers=workers)
         result = train_here(job, "--set", 'train.on_nonfinite="skip"', *BATCHES)
         assert result.returncode == 0, result.stderr
         runs[kind] = tmp_path / kind / "run"
@@ -442,9 +444,10 @@ def test_a_nonfinite_step_skips_its_update_like_a_nonfinite_gradient(tmp_path: P
         assert np.isfinite(np.load(weights_path(runs["HugeGradientOnPoison"], version))).all()
 
 
-def test_a_nonfinite_step_stops_the_run_with_the_published_weights_intact(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [2, 0])
+def test_a_nonfinite_step_stops_the_run_with_the_published_weights_intact(tmp_path: Path, workers: int) -> None:
     job = write_job(tmp_path, poisoned_batch(tmp_path), kind="crash_models:HugeGradientOnPoison",
-                    model_extra=TWO_SLICES, normalize="false")
+                    model_extra=TWO_SLICES, normalize="false", workers=workers)
     result = train_here(job, *BATCHES)
     assert result.returncode == 1
     assert ("non-finite loss or gradient at update 2 (epoch 1, batch 2): the mean gradient or the new weights"
@@ -498,7 +501,9 @@ def test_interrupt_checkpoints_and_says_how_to_resume(tmp_path: Path, data: Path
 
 # --- the server running the rounds itself (train.workers = 0): the same guarantees ---
 
-@pytest.mark.parametrize("point", ["before_grad_write:7", "mid_step:4", "after_publish:3", "after_update_logged:5"])
+@pytest.mark.parametrize("point", ["before_grad_write:7", "mid_step:4", "after_publish:3", "after_update_logged:5",
+                                   # the second epoch's stretch, stepping into the ring's file the first one left
+                                   "mid_step:8", "after_publish:7"])
 def test_server_running_the_rounds_killed_then_resumed_is_identical(tmp_path: Path, data: Path, baseline: str,
                                                                     point: str) -> None:
     """The baseline ran on 2 worker processes: the same bits from the server alone, across a crash."""

@@ -193,3 +193,21 @@ def test_rename_new_renames_and_never_replaces(tmp_path: Path, monkeypatch: pyte
     assert os.stat(dst).st_nlink == 1
     with pytest.raises(FileNotFoundError):
         rename_new(tmp_path / "missing", tmp_path / "d")
+
+
+def test_the_log_encoders_made_once_write_json_dumps_text() -> None:
+    """files.JSON_LINE and files.CANONICAL_JSON are C encoders built once (json.dumps builds one per value): the text
+    is json.dumps' with the same options, for nested values, NaN and infinities, float subclasses, non-ASCII, int keys
+    and a bare string; a value JSON cannot hold is refused with json.dumps' TypeError."""
+    import json
+
+    values = [{"a": 1, "b": [1.5, None, True], "é": "ü\n", 3: "x"}, "é\t", 5, -0.0, None, [], {},
+              {"f": np.float64(0.1), "n": float("nan"), "i": float("-inf"), "z": {"y": [[1, 2], {"k": 1e300}]}},
+              {"version": 7, "tasks": [[0, 64], [64, 128]], "lr": 0.003, "checksum": "xxh3-128-blocks:00ff"}]
+    for value in values:
+        assert files.JSON_LINE(value) == json.dumps(value)
+        if not (isinstance(value, dict) and 3 in value):  # mixed keys cannot be sorted, by either
+            assert files.CANONICAL_JSON(value) == json.dumps(value, sort_keys=True, separators=(",", ":"))
+    for bad in ({"a": object()}, {"a": np.int64(3)}):
+        with pytest.raises(TypeError, match="is not JSON serializable"):
+            files.JSON_LINE(bad)

@@ -11,7 +11,9 @@ import json
 import multiprocessing
 import os
 import re
+import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +24,10 @@ from memtrain.cli import main
 from memtrain.files import open_npy, publish_array
 from memtrain.layout import weight_versions, weights_path
 from memtrain.train.exchange import doorbell
+from memtrain.train.exchange import weights as weights_module
 from memtrain.train.exchange.doorbell import Doorbell
-from memtrain.train.loops import rounds
+from memtrain.train.exchange.marks import Board
+from memtrain.train.loops import mapped, rounds
 from memtrain.train.loops.mapped import RowCache, _private_bytes
 from memtrain.train.loops.maps import MapCache
 from memtrain.train.server import placement
@@ -143,6 +147,91 @@ def test_the_server_alone_publishes_a_stretchs_newest_versions_at_its_end_not_a_
     capsys.readouterr()
     assert main(["inspect", str(server), "--verify"]) == 0, capsys.readouterr().out
     assert not [name for name in os.listdir(server / "weights") if name.startswith(".")]  # no ring file left
+
+
+def test_the_server_alone_keeps_its_ring_file_across_stretches_unless_its_name_no_longer_holds_it(
+        tmp_path: Path, dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ring has keep_versions + 1 files; a stretch publishes its newest keep_versions, and the file left is
+    stepped into again by the next stretch without being readied anew (no folder listing, header check or new
+    map). A file that is no longer the one at its name (here a copy renamed over it) is readied again."""
+    readied: list[Path] = []
+    ready = mapped.ready_building
+
+    def counted(*args: object, **kwargs: object) -> Path:
+        readied.append(kwargs["path"])  # type: ignore[arg-type]
+        return ready(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(mapped, "ready_building", counted)
+    kept = train(tmp_path / "kept", dataset, "workers = 0", epochs=3)
+    assert len(readied) == 3 + 2 + 2  # the first stretch readies the whole ring, later ones the keep_versions gone
+    readied.clear()
+    publish_ring = rounds.Participant.publish_ring
+
+    def swapped(self: rounds.Participant) -> None:
+        publish_ring(self)
+        for name in os.listdir(self.files.run_dir / "weights"):
+            if name.startswith(".p"):  # the ring's file left: a copy takes its name
+                path = self.files.run_dir / "weights" / name
+                shutil.copyfile(path, path.with_name(name + "-copy"))
+                os.replace(path.with_name(name + "-copy"), path)
+
+    monkeypatch.setattr(rounds.Participant, "publish_ring", swapped)
+    copied = train(tmp_path / "copied", dataset, "workers = 0", epochs=3)
+    assert len(readied) == 3 + 3 + 3
+    assert digest(copied) == digest(kept)
+    assert (copied / "lineage.jsonl").read_text() == (kept / "lineage.jsonl").read_text()
+
+
+def test_the_server_alone_lists_its_versions_once_per_stretch_and_leaves_only_the_newest(
+        tmp_path: Path, dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stretch readies keep_versions ring files (3 in the first, the whole ring); only the first lists weights/ to
+    retire the versions older than the newest kept, the later ones retire from where it left. The run leaves
+    exactly the newest keep_versions versions, as worker processes do."""
+    listings: list[Path] = []
+    readying: list[bool] = []
+    listing, ready = weights_module.weight_versions, mapped.ready_building
+
+    def counted(run_dir: Path) -> list[int]:
+        if readying:  # a ring file readied (an evaluation retires the versions it no longer needs, listing too)
+            listings.append(run_dir)
+        return listing(run_dir)
+
+    def readied(*args: object, **kwargs: object) -> Path:
+        readying.append(True)
+        try:
+            return ready(*args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            readying.pop()
+
+    monkeypatch.setattr(weights_module, "weight_versions", counted)
+    monkeypatch.setattr(mapped, "ready_building", readied)
+    server = train(tmp_path / "server", dataset, "workers = 0", epochs=3)
+    assert len(listings) == 3  # one per stretch (an epoch here); 7 before: one per file readied
+    monkeypatch.undo()
+    workers = train(tmp_path / "workers", dataset, "workers = 2", epochs=3)
+    assert weight_versions(server) == weight_versions(workers) == [20, 21]  # 7 updates per epoch
+
+
+def test_the_server_alone_meets_nobody_it_writes_no_marks_and_waits_for_none(
+        tmp_path: Path, dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lone participant's marks and waits would only read back its own mark: the server alone skips them (its
+    activity words and the ledger stay), and still gives the bits of worker processes, which meet."""
+    met: list[str] = []
+
+    def noted(name: str) -> Callable[..., object]:
+        method = getattr(Board, name)
+
+        def call(self: Board, *args: object, **kwargs: object) -> object:
+            met.append(name)
+            return method(self, *args, **kwargs)
+        return call
+
+    for name in ("mark_step", "mark_gradients", "mark_ready", "wait_step", "wait_gradients", "wait_both"):
+        monkeypatch.setattr(Board, name, noted(name))
+    server = train(tmp_path / "server", dataset, "workers = 0")
+    assert met == []
+    workers = train(tmp_path / "workers", dataset, "workers = 2")
+    assert digest(server) == digest(workers)
 
 
 def test_auto_keeps_a_tiny_model_in_the_server_and_says_why(tmp_path: Path, dataset: Path) -> None:

@@ -20,7 +20,7 @@ from memtrain.dataset import open_dataset
 from memtrain.files import BLOCK_CHECKSUM_ALGO, checksum_file
 from memtrain.layout import ROUND_BOARD, checkpoint_updates, weight_versions, weights_path
 from memtrain.train.context import model_context
-from memtrain.train.exchange.marks import Board, Cancelled, Ledger, UpdateRecord, read_record, records_dtype
+from memtrain.train.exchange.marks import Board, Cancelled, Ledger, UpdateRecord, read_records, records_dtype
 from memtrain.train.exchange.weights import BLOCK
 from memtrain.train.messages import (
     EvalTask,
@@ -374,15 +374,17 @@ def test_marks_wait_for_every_participant_of_this_update_and_report_a_void_one(t
 
 
 def test_an_updates_record_is_read_by_its_fields_names_in_one_conversion(tmp_path: Path) -> None:
-    """read_record's fields are records_dtype's, in its order: the logbook reads each by name."""
+    """read_records' fields are records_dtype's, in its order, as Python values: the logbook reads each by name."""
     records = np.zeros(3, records_dtype(2))
     assert UpdateRecord._fields == records.dtype.names
     row = records[1]
     row["loss"], row["seconds"], row["bad"] = (1.5, -2.25), (0.5, 0.25), (0, 1)
     row["status"], row["participants"], row["version"], row["at"], row["time"] = 2, 3, 7, 6, 12.5
     row["checksum"] = np.arange(16, dtype=np.uint8)
-    record = read_record(row)
-    assert (record.loss.tolist(), record.seconds.tolist(), record.bad.tolist()) == ([1.5, -2.25], [0.5, 0.25], [0, 1])
+    records[2]["checksum"] = np.arange(16, 32, dtype=np.uint8)
+    first, record, last = read_records(records)
+    assert (record.loss, record.seconds, record.bad) == ([1.5, -2.25], [0.5, 0.25], [0, 1])
     assert (record.status, record.participants, record.version, record.at, record.time) == (2, 3, 7, 6, 12.5)
     assert all(type(value) is kind for value, kind in zip(record[3:8], (int, int, int, int, float), strict=True))
-    assert record.checksum.tobytes() == bytes(range(16))
+    assert (first.checksum, record.checksum, last.checksum) == (bytes(16), bytes(range(16)), bytes(range(16, 32)))
+    assert read_records(records[1:2]) == [record]

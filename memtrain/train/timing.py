@@ -28,7 +28,8 @@ SECTIONS = {
     "rows": "a task's rows: read and normalized (mapped.RoundFiles.rows)",
     "step": "the step: gradients summed, mean, optimizer, block digests (rounds: reduce_and_step; on a cluster: "
             "sliced.SlicedParticipant.step, the slices' tasks out and back)",
-    "ready": "a version's file readied, the retired one recycled (rounds.Participant.ready)",
+    "ready": "a version's file readied, the retired one recycled (rounds.Participant.ready; the server alone readies "
+             "its ring's files once per stretch instead)",
     "publish": "a version published: digest, record, rename (rounds.Participant.publish)",
     "round": "one round: the previous update's step and this update's gradients (rounds.Participant.round)",
     "tasks": "a cluster update's tasks: from sending them to every answer (sliced.SlicedParticipant)",

@@ -249,23 +249,28 @@ def records_dtype(tasks: int) -> np.dtype:
 
 
 class UpdateRecord(NamedTuple):
-    """One update's record as Python values (``read_record``), its fields those of ``records_dtype``, in order."""
+    """One update's record as Python values (``read_records``), its fields those of ``records_dtype``, in order."""
 
-    loss: np.ndarray  # per task
-    seconds: np.ndarray  # per task
-    bad: np.ndarray  # per task
+    loss: list[float]  # per task
+    seconds: list[float]  # per task
+    bad: list[int]  # per task
     status: int
     participants: int
     version: int
     at: int
     time: float
-    checksum: np.ndarray
+    checksum: bytes
 
 
-def read_record(row: np.void) -> UpdateRecord:
-    """``row`` of the records (``records_dtype``) in one conversion: the logbook reads every field of every
-    update, and reading a structured row field by field costs about a microsecond a field."""
-    return UpdateRecord(*row.item())
+def read_records(rows: np.ndarray) -> list[UpdateRecord]:
+    """Consecutive ``rows`` of the records (``records_dtype``) as Python values, converted a column at a time: the
+    logbook reads every field of every update it logs, in groups, and a structured row costs about a microsecond a
+    field read by name, or four new arrays (its per-task fields and its checksum) converted whole."""
+    columns = [rows[name].tolist() for name in rows.dtype.names[:-1]]
+    digests = rows["checksum"].tobytes()
+    width = rows.dtype["checksum"].itemsize
+    return [UpdateRecord(*fields, digests[i * width:(i + 1) * width])
+            for i, fields in enumerate(zip(*columns, strict=True))]
 
 
 def create_records(path: Path, updates: int, tasks: int) -> None:

@@ -12,8 +12,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import mmap
+import os
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -93,6 +95,9 @@ class RoundFiles:
         self._views_kept = setup.tasks_per_update + self.keep + 2
         self._rows = rows if rows is not None else TaskRows(self.train, context.normalize, ROW_CACHE_BYTES)
         self._thread_rows: dict[int, TaskRows] = {}  # the server's helper threads' own readers (train/loops/threads.py)
+        # the server alone: the ring's files it readied and still holds at their names, ring -> (inode, map), kept
+        # across stretches (``ready_private``)
+        self._ring: dict[int, tuple[int, np.ndarray]] = {}
 
     def _map(self, path: Path, mode: str = "r+") -> np.ndarray:
         return self.maps.get(path, (self.size,), np.float32, mode)
@@ -141,13 +146,29 @@ class RoundFiles:
         """The ring's file ``ring`` of the rounds in the server alone (``layout.private_path``)."""
         return private_path(self.run_dir, ring, self.server_pid)
 
-    def ready_private(self, version: int, ring: int) -> np.ndarray:
+    def ready_private(self, version: int, ring: int, *, left_from: int | None = None) -> tuple[np.ndarray, int | None]:
         """Make sure the ring's file ``ring`` exists for the step of ``version`` (a retired version recycled, the
-        versions older than the newest ``keep`` before it retired: the folder is listed, once per file per
-        stretch); returns it mapped."""
+        versions older than the newest ``keep`` before it retired); returns it mapped, and the oldest version that
+        may be left on disk now. ``left_from``: that version as an earlier call of the stretch returned it (every
+        older one is retired), so the folder is not listed again; None: it is (once per stretch). A ring file this
+        process readied and has not published (a stretch publishes its newest ``keep``; the ring's other file
+        stays) is taken again as it is, once a stat shows that its name still holds that file: nobody else writes
+        it, and its header was checked when it was readied."""
         path = self.private_path(ring)
-        ready_building(self.run_dir, version, self.size, self.server_pid, self.keep, path=path)
-        return self._map(path)
+        kept = self._ring.pop(ring, None)
+        if kept is not None:
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(path).st_ino == kept[0]:
+                    self._ring[ring] = kept
+                    return kept[1], left_from  # nothing retired
+        ready_building(self.run_dir, version, self.size, self.server_pid, self.keep, path=path, left_from=left_from)
+        mapped = self._map(path)
+        self._ring[ring] = (os.stat(path).st_ino, mapped)
+        return mapped, version - self.keep  # every version before it retired
+
+    def published_ring(self, ring: int) -> None:
+        """The ring's file ``ring`` was renamed into place as a version: the next stretch readies another."""
+        self._ring.pop(ring, None)
 
     def ready_building(self, version: int) -> None:
         ready_building(self.run_dir, version, self.size, self.server_pid, self.keep, fast=True,

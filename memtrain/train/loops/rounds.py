@@ -25,6 +25,10 @@ The overlap: nobody waits for the server, and the bookkeeping runs while peers a
 carries all of it. Two meetings per update, at marks (train/exchange/marks.py); the server only watches the
 board, the processes and the clock.
 
+The server alone, synchronous (``stretch.private``), has no peer to meet: it writes no marks and waits for
+none (each would read back its own), keeping only its activity words (what a failure reports it was doing)
+and the ledger; whether a step or a task came out finite it knows itself.
+
 Fixed staleness k >= 1 (``train.staleness``, in the rounds by default): the gradients of an update are
 computed at the version of k updates earlier (plan.gradient_base), complete already, so a participant
 goes from its step slice straight to its gradients and the step's marks are waited for at the
@@ -113,6 +117,7 @@ class Participant:
         self.private = stretch.private and not self.staleness
         self.ring = files.keep + 1
         self.rings: dict[int, np.ndarray] = {}  # the ring's files readied in this stretch, mapped
+        self.ring_left: int | None = None  # the oldest version left on disk, once a ring file was readied
         self.recorded = stretch.version  # slot 0: the newest version recorded (the ledger's)
 
     def run(self) -> Outcome:
@@ -185,6 +190,9 @@ class Participant:
                                      lr=learning_rate(files.optimizer, update.update, files.plan.total_updates),
                                      digests=files.digests[(self.version + 1) % 2],
                                      trainable=files.context.layout.trainable, scratch=files.scratch)
+        if self.private:  # alone: nobody to meet (a mark and a wait would read back its own mark)
+            self.settle(update, finite)
+            return
         board.mark_step(self.generation, update.update, self.slot, finite)
         if self.staleness:
             return  # met at the next gradients' meeting
@@ -229,6 +237,8 @@ class Participant:
         if self.slot == 0:  # before its mark: once everyone has met, the next step rewrites the digests it reads
             self.computed_at[update.update] = at
             self.publish()
+        if self.private:  # alone: nobody to meet, and each step finds its ring's file (``ready``)
+            return self.after_gradients(update, finite)
         board.mark_gradients(self.generation, update.update, self.slot, finite)
         if self.staleness:
             if self.slot == 0:  # the next step's file was readied after the last meeting (``ready``)
@@ -248,8 +258,12 @@ class Participant:
                 self.publish()  # readies the file of the step after next too
             else:
                 self.ready(self.version + 2, update)
+        return self.after_gradients(update, finite)
+
+    def after_gradients(self, update: Update, finite: bool) -> Update | None:
+        """``update`` to step next, or None once it is skipped (a task's loss came out non-finite: ``finite``)."""
         if not finite:
-            losses = files.loss[update.batch, :len(update.tasks)]
+            losses = self.files.loss[update.batch, :len(update.tasks)]
             self.skip(update, np.flatnonzero(~np.isfinite(losses)).tolist())
             return None
         return update
@@ -259,8 +273,9 @@ class Participant:
         stretch before published were renamed away), then the same file every ``ring`` updates."""
         ring = version % self.ring
         out = self.rings.get(ring)
-        if out is None:
-            out = self.rings[ring] = self.files.ready_private(version, ring)
+        if out is None:  # the stretch's first readying lists the folder, the later ones retire from where it left
+            out, self.ring_left = self.files.ready_private(version, ring, left_from=self.ring_left)
+            self.rings[ring] = out
         return out
 
     def ready(self, version: int, update: Update) -> None:
@@ -339,6 +354,7 @@ class Participant:
         for version in range(max(self.stretch.version + 1, newest - self.files.keep + 1), newest + 1):
             ring = version % self.ring
             commit_weights(self.files.private_path(ring), self.files.run_dir, version)
+            self.files.published_ring(ring)
             del self.rings[ring]
 
     def skip(self, update: Update, bad: tuple[int, ...] | list[int]) -> None:

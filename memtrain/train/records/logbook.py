@@ -28,7 +28,7 @@ from memtrain.files import open_npy
 from memtrain.layout import building_path, weights_path
 from memtrain.records import LINEAGE_UPDATE, METRICS_UPDATE, make
 from memtrain.train.exchange.area import GRADIENT_BUFFER
-from memtrain.train.exchange.marks import PUBLISHED, SKIPPED, Ledger, UpdateRecord, read_record
+from memtrain.train.exchange.marks import PUBLISHED, SKIPPED, Ledger, UpdateRecord, read_records
 from memtrain.train.exchange.weights import commit_weights
 from memtrain.train.optim import OptimizerConfig, learning_rate
 from memtrain.train.plan import Plan, TaskRange, Update, gradient_bank, task_owner
@@ -75,16 +75,19 @@ class Logbook:
         update with ``on_nonfinite = "stop"``, which raises.
         """
         per_epoch = self.plan.per_epoch
-        while position.batch < per_epoch:
-            update = self.plan.updates(position.epoch)[position.batch]
-            row = self.records[position.batch]
-            finished = update.update <= ledger.update or (final and self._published_after_ledger(row, position))
-            if not finished:
-                return
-            record = read_record(row)
+        if position.batch >= per_epoch:
+            return
+        updates = self.plan.updates(position.epoch)
+        # the ledger's update and those before it, read as one group (an epoch's updates are numbered in a row)
+        end = min(per_epoch, max(position.batch, ledger.update - updates[0].update + 1))
+        for record in read_records(self.records[position.batch:end]):
             if record.status == SKIPPED and self.on_nonfinite == "stop" and not final:
                 return
-            self.finish(position, update, record)
+            self.finish(position, updates[position.batch], record)
+        while final and position.batch < per_epoch and \
+                self._published_after_ledger(self.records[position.batch], position):
+            self.finish(position, updates[position.batch],
+                        read_records(self.records[position.batch:position.batch + 1])[0])
 
     def _published_after_ledger(self, row: np.void, position: Position) -> bool:
         """Whether the update after the ledger was published, its publisher dying before the ledger: renamed
@@ -102,13 +105,14 @@ class Logbook:
     def finish(self, position: Position, update: Update, record: UpdateRecord) -> None:
         tasks = len(update.tasks)
         participants = max(1, record.participants)
-        seconds = record.seconds[:tasks].tolist()
-        compute = max(sum(seconds[t] for t in range(tasks) if task_owner(t, participants) == slot)
-                      for slot in range(min(participants, tasks)))
-        self.applied(position, update, record.loss[:tasks].tolist(),
+        seconds = record.seconds[:tasks]
+        compute = sum(seconds) if participants == 1 else \
+            max(sum(seconds[t] for t in range(tasks) if task_owner(t, participants) == slot)
+                for slot in range(min(participants, tasks)))
+        self.applied(position, update, record.loss[:tasks],
                      version=record.version if record.status == PUBLISHED else None,
                      at=[record.at] * tasks,  # the round computes an update's gradients at one version
-                     checksum="xxh3-128-blocks:" + record.checksum.tobytes().hex(), compute=compute,
+                     checksum="xxh3-128-blocks:" + record.checksum.hex(), compute=compute,
                      bad=[t for t in update.tasks if record.bad[t.task]], when=record.time)
 
     def applied(self, position: Position, update: Update, losses: list[float], *, version: int | None,
