@@ -24,6 +24,7 @@ from memtrain.errors import CorruptFileError, MemtrainError
 from memtrain.files import DIGEST_BYTES
 from memtrain.train.exchange.weights import BLOCK, block_count
 from memtrain.train.loops.node_sum import (
+    KeptSum,
     PartialSum,
     StalePartial,
     fold_node,
@@ -34,6 +35,7 @@ from memtrain.train.loops.node_sum import (
 )
 from memtrain.train.loops.reduce import reduce_and_step
 from memtrain.train.optim import OptimizerConfig, state_names
+from memtrain.train.plan import step_slices
 
 
 def gradients(seed: int, tasks: int, size: int) -> list[np.ndarray]:
@@ -181,6 +183,39 @@ def test_node_ranges_are_contiguous_in_node_order_and_cover_every_task() -> None
 def test_segments_are_whole_checksum_blocks() -> None:
     assert segment_ranges(2 * BLOCK + 1, 1) == [(0, BLOCK), (BLOCK, 2 * BLOCK), (2 * BLOCK, 2 * BLOCK + 1)]
     assert segment_ranges(5, 16) == [(0, 5)]
+
+
+def test_the_node_ending_the_chain_steps_its_own_slice_from_memory_not_from_the_shared_file(tmp_path: Path) -> None:
+    """Issue 42's bytes per node: the last node of the chain keeps the segments of its own step slice of the last
+    partial (``KeptSum``) and the step reads them from there -- the same bits, without reading back over the shared
+    filesystem what it has just written (at one node, the whole vector). Every segment is still published (a step
+    run elsewhere after the node is lost reads it), and a slice or chain it does not keep is read from the file."""
+    size, counts = 5 * BLOCK + 9, [1, 2]
+    grads = gradients(11, 5, size)
+    chain = PartialSum(tmp_path, update=7, attempt=0, version=6, size=size, segment_blocks=1)
+    (lo0, hi0), (lo1, hi1) = node_tasks(len(grads), counts)
+    own, other = step_slices(size, len(counts), BLOCK)[1], step_slices(size, len(counts), BLOCK)[0]
+    kept = KeptSum()
+    kept.expect(chain, *own)
+    deadline = time.monotonic() + 30
+    fold_node(chain, lo0, hi0, grads.__getitem__, deadline=deadline)
+    fold_node(chain, lo1, hi1, grads.__getitem__, deadline=deadline, keep=kept)
+    mine = [s for s, (a, b) in enumerate(chain.segments()) if a < own[1] and b > own[0]]
+    assert sorted(s for _, s in kept.segments) == mine and len(mine) < len(chain.segments())
+    assert all(chain.path(hi1, s).exists() for s in range(len(chain.segments())))  # all published all the same
+    for s in mine:  # the step slice's own segments are not read back: gone, it still gets them
+        chain.path(hi1, s).unlink()
+    whole = in_order(grads)
+    got = read_sum(chain, hi1, deadline=deadline, lo=own[0], hi=own[1], kept=kept)
+    assert got.tobytes() == whole[own[0]:own[1]].tobytes()
+    assert kept.taken == len(mine) and not kept.segments  # taken once: a second step of the slice reads the file
+    with pytest.raises(MemtrainError, match="not published in time"):
+        read_sum(chain, hi1, deadline=time.monotonic() + 0.2, lo=own[0], hi=own[1], kept=kept)
+    got = read_sum(chain, hi1, deadline=deadline, lo=other[0], hi=other[1], kept=kept)  # the other node's slice
+    assert got.tobytes() == whole[other[0]:other[1]].tobytes()
+    kept.expect(PartialSum(tmp_path, update=8, attempt=0, version=7, size=size, segment_blocks=1), *own)
+    fold_node(chain, lo1, hi1, grads.__getitem__, deadline=deadline, keep=kept)  # another chain's: not kept
+    assert not kept.segments
 
 
 def published(tmp_path: Path, *, update: int = 7, attempt: int = 0) -> tuple[PartialSum, Path]:

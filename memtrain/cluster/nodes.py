@@ -11,7 +11,8 @@ processes), and member ``rank``:
    (the Dask worker's local directory: never on the shared filesystem);
 2. continues the update's fold (``node_sum.fold_node``): waits for the partial sum of the tasks before its
    range (published by the node before it in the shared exchange folder), adds its gradients in task order and
-   publishes the partial of the tasks up to the end of its range; deletes its scratch files;
+   publishes the partial of the tasks up to the end of its range; deletes its scratch files (the last node of
+   the chain also keeps the segments of its own step slice in memory, for the step: ``node_sum.KeptSum``);
 3. answers with task, loss and seconds of each of its tasks, as the gradient record's answer.
 
 The step then reads its slice of the last partial instead of every gradient (``StepTask.chained``): the same
@@ -38,8 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from memtrain.errors import InputError
+from memtrain.train.exchange.weights import BLOCK
 from memtrain.train.messages import GradTask, TaskLimit
-from memtrain.train.plan import node_tasks
+from memtrain.train.plan import node_tasks, step_slices
 
 PROCESSES_ENV = "MEMTRAIN_NODE_PROCESSES"
 SCRATCH = "memtrain-node"  # the node's gradient files, under the Dask worker's local directory
@@ -92,8 +94,12 @@ def node_part(actor: Any, tasks: list[GradTask] | str, body: tuple[Any, ...], ra
     worker = actor.worker
     limit = TaskLimit(seconds=seconds, attempts=attempts,
                       node=f"{worker.name} (Dask worker {worker.address}, host {socket.gethostname()})")
+    # the node that ends the chain steps its own slice of the last partial from memory (``node_sum.KeptSum``):
+    # the step's slice ``rank`` of as many as there are members (``broadcast.part``)
+    own = step_slices(actor.state.context.layout.size, len(counts), BLOCK)[rank] if hi == len(tasks) else None
     numbers, error = actor.state.node_range(tasks[lo:hi], lo, scratch, counts[rank], sync=actor.sync,
-                                            deadline=time.monotonic() + seconds, abandoned=abandoned, limit=limit)
+                                            deadline=time.monotonic() + seconds, abandoned=abandoned, limit=limit,
+                                            own_slice=own)
     return numbers, b"", error
 
 

@@ -29,12 +29,16 @@ local fold bit for bit, whatever the number of nodes, their ranges, or the proce
 Bytes per node per update over the shared filesystem: the version read once, the previous partial
 read, its own partial written -- three vectors, whatever its process count (the issue's bound).
 The step then starts from the last partial: ``reduce_and_step(grads=[last partial])`` gives the same
-weights as from every gradient (tests/test_node_sum.py checks both).
+weights as from every gradient (tests/test_node_sum.py checks both). Each slice owner reads its slice of
+the last partial, except the node that wrote it: that node keeps the segments of its own step slice in
+memory (``KeptSum``) and steps them from there, so it does not read back over the shared filesystem what it
+has just written (at one node, the whole vector: docs/cluster.md, "Bytes per node per update").
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -232,9 +236,48 @@ def check(record: np.ndarray, expected: dict[str, int], path: Path) -> None:
             raise CorruptFileError(f"partial sum's block {k} does not match its digest", path=path)
 
 
+class KeptSum:
+    """The segments of the update's last partial that the node which wrote it will step itself (its own step
+    slice), kept in its memory by ``fold_node`` (``keep``) and taken by ``read_sum`` instead of reading them back
+    from the shared filesystem: the same values, so the same bits. Holds one chain's segments at a time (a new
+    chain's drops the old ones: at most the node's step slice plus a segment); a step run elsewhere (the node lost,
+    a backup) reads the published file, which is always written too."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.chain: tuple = ()  # the identity of the chain whose segments are kept
+        self.segments: dict[tuple[int, int], np.ndarray] = {}  # (tasks, segment) -> the partial's values
+        self.want = (0, 0)  # the slice [lo, hi) of the vector whose segments are kept
+        self.taken = 0  # segments read from here rather than from their file (tests and the benchmark look)
+
+    @staticmethod
+    def key(chain: PartialSum) -> tuple:
+        return chain.folder, chain.update, chain.attempt, chain.version, chain.size, chain.segment_blocks
+
+    def expect(self, chain: PartialSum, lo: int, hi: int) -> None:
+        """Keep, from now on, the segments of ``chain`` that overlap the step slice [lo, hi); forget any other."""
+        with self.lock:
+            self.chain, self.segments, self.want = self.key(chain), {}, (lo, hi)
+
+    def put(self, chain: PartialSum, tasks: int, segment: int, values: np.ndarray) -> None:
+        a, b = chain.segments()[segment]
+        with self.lock:
+            if self.key(chain) == self.chain and a < self.want[1] and b > self.want[0]:
+                self.segments[(tasks, segment)] = values
+
+    def take(self, chain: PartialSum, tasks: int, segment: int) -> np.ndarray | None:
+        """The values of the partial of ``tasks`` tasks, ``segment``, if kept (then no longer kept), else None."""
+        with self.lock:
+            if self.key(chain) != self.chain:
+                return None
+            values = self.segments.pop((tasks, segment), None)
+            self.taken += values is not None
+            return values
+
+
 def fold_node(chain: PartialSum, lo: int, hi: int, grad: Callable[[int], np.ndarray], *, deadline: float,
               share: tuple[int, int] = (0, 1), source: PartialSum | None = None,
-              abandoned: Callable[[], bool] | None = None) -> list[Path]:
+              abandoned: Callable[[], bool] | None = None, keep: KeptSum | None = None) -> list[Path]:
     """One node's part of the chain: for its tasks [lo, hi), each of its segments (``share`` = (i, p): process
     i of the node's p takes segments i, i + p, ...) -- wait for the partial of the first ``lo`` tasks, read
     it, add ``grad(t)[segment]`` for t in [lo, hi) in order, publish the partial of the first ``hi``.
@@ -242,7 +285,8 @@ def fold_node(chain: PartialSum, lo: int, hi: int, grad: Callable[[int], np.ndar
 
     ``source``: where the partial of the first ``lo`` tasks is read (default: ``chain``). After a node was lost
     mid-chain, a new attempt continues from an earlier attempt's furthest whole partial (``resume_point``):
-    the same sum, so the same bits. ``abandoned``: asked while waiting; true raises ``Abandoned``."""
+    the same sum, so the same bits. ``abandoned``: asked while waiting; true raises ``Abandoned``. ``keep``: the
+    segments it expects (``KeptSum.expect``) are also kept in memory once published."""
     if hi <= lo:
         return []
     source = source or chain
@@ -259,6 +303,8 @@ def fold_node(chain: PartialSum, lo: int, hi: int, grad: Callable[[int], np.ndar
             source.read(lo, segment, record)
         fold(record["values"][0], [grad(t)[a:b] for t in range(lo, hi)], continued=lo > 0)
         published.append(chain.write(hi, segment, record))
+        if keep is not None:
+            keep.put(chain, hi, segment, record["values"][0])
     return published
 
 
@@ -276,10 +322,11 @@ def resume_point(chain: PartialSum, boundaries: Sequence[int]) -> int:
     return 0
 
 
-def read_sum(chain: PartialSum, tasks: int, *, deadline: float, lo: int = 0, hi: int | None = None) -> np.ndarray:
+def read_sum(chain: PartialSum, tasks: int, *, deadline: float, lo: int = 0, hi: int | None = None,
+             kept: KeptSum | None = None) -> np.ndarray:
     """Elements [lo, hi) (default: all) of the sum of the first ``tasks`` tasks -- with every task of the update,
     the last partial, what the step starts from: a slice owner reads its slice only (the segments it overlaps,
-    each checked whole). A new array."""
+    each checked whole; those ``kept`` holds, this node's own, from its memory). A new array."""
     hi = chain.size if hi is None else hi
     if not 0 <= lo <= hi <= chain.size:
         raise ValueError(f"[{lo}, {hi}) is not a slice of a vector of {chain.size}")
@@ -287,13 +334,17 @@ def read_sum(chain: PartialSum, tasks: int, *, deadline: float, lo: int = 0, hi:
     for segment, (a, b) in enumerate(chain.segments()):
         if b <= lo or a >= hi:
             continue
-        chain.wait(tasks, segment, deadline)
-        values = chain.read(tasks, segment, chain.record(segment))["values"][0]
+        values = kept.take(chain, tasks, segment) if kept is not None else None
+        if values is None:
+            chain.wait(tasks, segment, deadline)
+            values = chain.read(tasks, segment, chain.record(segment))["values"][0]
         out[max(a, lo) - lo: min(b, hi) - lo] = values[max(a, lo) - a: min(b, hi) - a]
     return out
 
 
-def chained_sum(message: StepTask, exchange: Path, size: int) -> np.ndarray:
-    """Slice [lo, hi) of the sum of the first ``message.chained`` tasks of the update: its chain's partial."""
+def chained_sum(message: StepTask, exchange: Path, size: int, kept: KeptSum | None = None) -> np.ndarray:
+    """Slice [lo, hi) of the sum of the first ``message.chained`` tasks of the update: its chain's partial (the
+    segments ``kept`` holds from this node's memory)."""
     chain = PartialSum(exchange, update=message.update, attempt=0, version=message.version, size=size)
-    return read_sum(chain, message.chained, deadline=time.monotonic() + READ_SECONDS, lo=message.lo, hi=message.hi)
+    return read_sum(chain, message.chained, deadline=time.monotonic() + READ_SECONDS, lo=message.lo, hi=message.hi,
+                    kept=kept)

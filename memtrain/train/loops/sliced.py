@@ -66,6 +66,7 @@ from memtrain.train.timing import UNTIMED, Timer, timed, timed_sections
 if TYPE_CHECKING:
     from memtrain.cluster.broadcast import Answer, Broadcast
     from memtrain.models.params import ParamLayout
+    from memtrain.train.loops.node_sum import KeptSum
     from memtrain.train.optim import OptimizerConfig
 
 DIGEST_BYTES = 16  # files.block_digest
@@ -81,9 +82,10 @@ class SliceStep:
     bytes leave the machine (a map's dirty page at a slice's edge would carry a neighbour's bytes too)."""
 
     def __init__(self, *, layout: ParamLayout, optimizer: OptimizerConfig, server_pid: int, run_dir: Path,
-                 exchange: Path):
+                 exchange: Path, kept: KeptSum | None = None):
         self.layout, self.optimizer, self.server_pid = layout, optimizer, server_pid
         self.run_dir, self.exchange = run_dir, exchange
+        self.kept = kept  # a two-level round: the segments of the last partial this node wrote for its own slice
         self.state_names = state_names(optimizer)
         self.memory: tuple[np.ndarray, dict[str, np.ndarray]] | None = None
         self.scratch = Scratch()
@@ -98,7 +100,7 @@ class SliceStep:
         if message.chained:  # a two-level round: the fold of the first tasks continued, its partial read
             from memtrain.train.loops.node_sum import chained_sum
 
-            grads.insert(0, chained_sum(message, exchange, size))
+            grads.insert(0, chained_sum(message, exchange, size, self.kept))
         parity = message.version % 2
         state_in = {name: open_npy(OPTIMIZER_STATE.path(exchange, name, parity), shape=(size,),
                                    dtype=np.float32)[lo:hi] for name in names}
