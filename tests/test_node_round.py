@@ -11,6 +11,7 @@ task, the same bits, and its restarted worker takes part from a later round.
 
 from __future__ import annotations
 
+import importlib
 import re
 import time
 from collections.abc import Iterator
@@ -125,6 +126,10 @@ def test_nodes_of_unequal_process_counts_give_the_weights_of_a_local_run(counts:
     assert all(sorted(body[1]) == sorted(counts) for kind, body in records if kind == "nodes")
     assert {t.chained for t in steps} == {6}  # every step read the last partial, no gradient file
     assert digest(tmp_path / "job" / "run") == local_digest
+    # the node that ended each chain stepped its own slice from memory, not from the partial it had just written
+    # (issue 42's bytes per node: node_sum.KeptSum): at least one segment per update
+    taken = client.run(lambda: importlib.import_module("memtrain.train.loops.node_sum").KeptSum.taken_in_process)
+    assert sum(taken.values()) >= updates, taken
     # the waves went through the exchange's files: the scheduler handled no message per member per wave
     calls = scheduler_calls(client)
     assert not {"memtrain_post", "memtrain_next", "memtrain_answer", "memtrain_await"} & set(calls), calls

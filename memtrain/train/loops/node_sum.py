@@ -243,12 +243,15 @@ class KeptSum:
     chain's drops the old ones: at most the node's step slice plus a segment); a step run elsewhere (the node lost,
     a backup) reads the published file, which is always written too."""
 
+    taken_in_process = 0  # segments any KeptSum of this process gave instead of their file (a node's Dask worker:
+    # tests/test_node_round.py asks it through ``client.run``)
+
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.chain: tuple = ()  # the identity of the chain whose segments are kept
         self.segments: dict[tuple[int, int], np.ndarray] = {}  # (tasks, segment) -> the partial's values
         self.want = (0, 0)  # the slice [lo, hi) of the vector whose segments are kept
-        self.taken = 0  # segments read from here rather than from their file (tests and the benchmark look)
+        self.taken = 0  # segments read from here rather than from their file
 
     @staticmethod
     def key(chain: PartialSum) -> tuple:
@@ -271,7 +274,9 @@ class KeptSum:
             if self.key(chain) != self.chain:
                 return None
             values = self.segments.pop((tasks, segment), None)
-            self.taken += values is not None
+            if values is not None:
+                self.taken += 1
+                KeptSum.taken_in_process += 1
             return values
 
 
