@@ -12,6 +12,7 @@ task, the same bits, and its restarted worker takes part from a later round.
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -96,16 +97,25 @@ def start_nodes(dask: DaskProcesses, client: Client, counts: list[int], env: dic
     dask.wait_for_workers(client, {f"node{j}" for j in range(len(counts))})
 
 
-def node_run(folder: Path, dataset: Path, address: str, monkeypatch) -> tuple[list, list]:
-    """The wide job on ``address``: the records posted (kind, body) and the step tasks (their ``chained``)."""
+def node_run(folder: Path, dataset: Path, address: str, monkeypatch, hidden: str = WIDE) -> tuple[list, list]:
+    """The wide job (or the MLP of ``hidden``) on ``address``: the records posted (kind, body) and the step tasks
+    (their ``chained``)."""
     records, steps = spy_records(monkeypatch), []
     run_steps = SlicedParticipant.run_step_tasks
     monkeypatch.setattr(SlicedParticipant, "run_step_tasks",
                         lambda participant, tasks, ranges: (steps.extend(tasks), run_steps(participant, tasks,
                                                                                              ranges))[1])
-    assert train(write_job(folder, dataset, WIDE_EPOCHS, WIDE), "--cluster", address, *TASKS, *EVERY_NODE) == 0
+    assert train(write_job(folder, dataset, WIDE_EPOCHS, hidden), "--cluster", address, *TASKS, *EVERY_NODE) == 0
     monkeypatch.undo()
     return records, steps
+
+
+def kept_segments_taken(client: Client) -> int:
+    """The segments of a last partial that the nodes' steps took from their own memory (``node_sum.KeptSum``), in
+    every Dask worker's process together: where their step ran, whether the node's tasks ran on threads or in
+    worker processes."""
+    taken = client.run(lambda: importlib.import_module("memtrain.train.loops.node_sum").KeptSum.taken_in_process)
+    return sum(taken.values())
 
 
 def scheduler_calls(client: Client) -> dict[str, int]:
@@ -128,8 +138,7 @@ def test_nodes_of_unequal_process_counts_give_the_weights_of_a_local_run(counts:
     assert digest(tmp_path / "job" / "run") == local_digest
     # the node that ended each chain stepped its own slice from memory, not from the partial it had just written
     # (issue 42's bytes per node: node_sum.KeptSum): at least one segment per update
-    taken = client.run(lambda: importlib.import_module("memtrain.train.loops.node_sum").KeptSum.taken_in_process)
-    assert sum(taken.values()) >= updates, taken
+    assert kept_segments_taken(client) >= updates
     # the waves went through the exchange's files: the scheduler handled no message per member per wave
     calls = scheduler_calls(client)
     assert not {"memtrain_post", "memtrain_next", "memtrain_answer", "memtrain_await"} & set(calls), calls
@@ -141,6 +150,49 @@ def test_nodes_of_unequal_process_counts_give_the_weights_of_a_local_run(counts:
         # its tasks on one thread per process (the MLP is thread_safe; BLAS on one thread)
         log = (tmp_path / "dask" / f"node{j}" / "log.txt").read_text()
         assert f"memtrain node of {count} processes: its tasks on {count} thread(s)" in log, log[-2000:]
+
+
+SMALL = "[4]"  # an MLP of 51 parameters: one checksum block, so a step of one slice whatever the members
+
+
+@pytest.mark.timeout(240)  # it waited for ever before: bounded, it fails instead
+def test_a_vector_of_fewer_blocks_than_nodes_still_goes_through_node_rounds(dask, dataset: Path, tmp_path: Path,
+                                                                            monkeypatch) -> None:
+    """A model of one checksum block on nodes of 1 and 2 processes, the straggler rule off: the step has one slice
+    (``plan.member_slice``), so the node that ends the chain (rank 1) has none to keep for itself. It used to look
+    its slice up anyway (``step_slices(...)[rank]``): an IndexError that ended its round loop without an answer,
+    and the server then waited for that answer for ever (this test timed out). Now every update goes through a
+    node record and a step from the last partial, with a local run's bits."""
+    processes, client = dask
+    assert train(write_job(tmp_path / "local", dataset, WIDE_EPOCHS, SMALL), *TASKS) == 0
+    start_nodes(processes, client, [1, 2])
+    records, steps = node_run(tmp_path / "job", dataset, processes.address, monkeypatch, SMALL)
+    updates = len({t.update for t in steps})
+    assert updates and [kind for kind, _ in records] == ["nodes", "step"] * updates
+    assert {t.chained for t in steps} == {6}
+    assert digest(tmp_path / "job" / "run") == digest(tmp_path / "local" / "run")
+
+
+def test_a_part_that_raises_is_answered_as_the_waves_error(tmp_path: Path) -> None:
+    """``broadcast.member_part``: a member whose part of a wave raises answers the error (the wave ends "failed",
+    the server completes the update per task) and reads the next wave; before, the exception ended its loop with
+    no answer, and with no straggler rule nor task timeout the server waited for ever."""
+    from types import SimpleNamespace
+
+    from memtrain.cluster.broadcast import WaveFiles, follow_files
+
+    def update(number: int) -> None:
+        raise RuntimeError(f"no update {number} in this plan")
+
+    actor = SimpleNamespace(state=SimpleNamespace(plan=SimpleNamespace(update=update)))
+    files = WaveFiles(tmp_path, "0123456789ab")
+    files.post(0, "grads", (3, 3, 0, 6, 60, ()))
+    files.end()  # the round ends after this wave: the loop returns once it answered
+    assert follow_files(actor, files, 0, 1, ended=lambda: False) == 1
+    answer = json.loads(files.answer_path(0, 0).read_text())
+    assert answer["numbers"] == [] and answer["blob"] == ""
+    assert answer["error"].startswith("member 0's part of a 'grads' wave raised RuntimeError: no update 3 in this "
+                                      "plan"), answer
 
 
 def test_a_node_killed_mid_round_has_its_range_run_again_and_the_bits_stay(dask, dataset: Path, local_digest: str,

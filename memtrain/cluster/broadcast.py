@@ -36,6 +36,7 @@ import json
 import pickle
 import statistics
 import time
+import traceback
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -50,7 +51,7 @@ from memtrain.files import open_regular, write_json
 from memtrain.train.exchange.area import WAVE, discard
 from memtrain.train.exchange.weights import BLOCK
 from memtrain.train.messages import BackupRule, GradTask, Outcome, Result, SetAside, StepTask
-from memtrain.train.plan import step_slices
+from memtrain.train.plan import member_slice
 from memtrain.train.timing import timed
 
 if TYPE_CHECKING:  # the pool's actors call ``follow`` here: the transport imports this module, not back
@@ -290,6 +291,8 @@ def follow(actor: Any, ident: str, rank: int, members: int, files: bool = False)
     def call(handler: str, **arguments: Any) -> Any:
         return sync(worker.loop, getattr(worker.scheduler, handler), ident=ident, **arguments)
 
+    from memtrain.cluster.nodes import every
+
     if files:
         return follow_files(actor, WaveFiles(Path(actor.state.exchange), ident), rank, members,
                             lambda: bool(call("memtrain_status")["ended"]))
@@ -302,13 +305,8 @@ def follow(actor: Any, ident: str, rank: int, members: int, files: bool = False)
             record = call("memtrain_next", wave=wave, seconds=NEXT_SECONDS)
             continue
         kind, body = pickle.loads(record)  # a record the run's server posted (like Dask's own messages)
-        if kind == "nodes":  # a two-level round's node record (memtrain/cluster/nodes.py)
-            from memtrain.cluster.nodes import every, node_part
-
-            ended = every(0.5, lambda after=wave + 1: call("memtrain_next", wave=after, seconds=0.0) is None)
-            numbers, blob, error = node_part(actor, gradient_tasks(actor.state.plan, body[0]), body, rank, ended)
-        else:
-            numbers, blob, error = part(actor, kind, body, rank, members)
+        ended = every(0.5, lambda after=wave + 1: call("memtrain_next", wave=after, seconds=0.0) is None)
+        numbers, blob, error = member_part(actor, kind, body, rank, members, ended)
         record = call("memtrain_answer", wave=wave, rank=rank, numbers=numbers, blob=blob, error=error,
                       seconds=NEXT_SECONDS)
         wave += 1
@@ -318,7 +316,7 @@ def follow_files(actor: Any, files: WaveFiles, rank: int, members: int, ended: C
     """``follow`` for a round of nodes: each wave's record read from its file, the answer written as a file;
     the scheduler asked only whether the round is still on (``ended``: at most every ``ALIVE_SECONDS`` while
     waiting for a record, so that a lost server is noticed), never once per wave."""
-    from memtrain.cluster.nodes import every, node_part
+    from memtrain.cluster.nodes import every
 
     alive = every(ALIVE_SECONDS, ended)
     wave = 0
@@ -327,13 +325,28 @@ def follow_files(actor: Any, files: WaveFiles, rank: int, members: int, ended: C
         if record is None:
             return wave
         kind, body = record
-        if kind == "nodes":  # a two-level round's node record (memtrain/cluster/nodes.py)
-            numbers, blob, error = node_part(actor, gradient_tasks(actor.state.plan, body[0]), body, rank,
-                                             files.ended)
-        else:
-            numbers, blob, error = part(actor, kind, body, rank, members)
+        numbers, blob, error = member_part(actor, kind, body, rank, members, files.ended)
         files.answer(wave, rank, numbers, blob, error)
         wave += 1
+
+
+def member_part(actor: Any, kind: str, body: Any, rank: int, members: int, ended: Callable[[], bool]
+                ) -> tuple[list[float], bytes, str]:
+    """Member ``rank``'s part of a wave of ``kind`` (a node record's: memtrain/cluster/nodes.py ``node_part``,
+    ``ended`` its look at whether the round ended; else ``part``), or what it raised as the answer's error: every
+    member answers every wave it reads. A part that raises must not end the member's loop unanswered -- the
+    server would wait for that answer for ever when nothing else ends a wave (``train.backup_ratio = 0``, no
+    ``train.task_timeout``) -- so the wave ends "failed" at once, the server completes the update per task and
+    its events.log quotes the error."""
+    try:
+        if kind == "nodes":  # a two-level round's node record
+            from memtrain.cluster.nodes import node_part
+
+            return node_part(actor, gradient_tasks(actor.state.plan, body[0]), body, rank, ended)
+        return part(actor, kind, body, rank, members)
+    except Exception as exc:  # noqa: BLE001 - any bug of a part: answered, never a silent end of the loop
+        where = "".join(traceback.format_exception(exc, limit=-4)[1:-1]).rstrip()
+        return [], b"", f"member {rank}'s part of a {kind!r} wave raised {type(exc).__name__}: {exc}\n{where}"
 
 
 @dataclass(frozen=True)
@@ -461,10 +474,10 @@ def part(actor: Any, kind: str, body: Any, rank: int, members: int) -> tuple[lis
                 return numbers, b"", result.error or f"task {task.task}: {result.outcome.name}"
             numbers += [task.task, result.loss, result.seconds]
         return numbers, b"", ""
-    ranges = step_slices(actor.state.context.layout.size, members, BLOCK)
-    if rank >= len(ranges):
+    own = member_slice(actor.state.context.layout.size, members, rank, BLOCK)
+    if own is None:
         return [], b"", ""
-    lo, hi = ranges[rank]
+    lo, hi = own
     result = actor.run(replace(body, task=rank, lo=lo, hi=hi))
     if result.outcome == Outcome.NONFINITE:
         return [1.0], b"", ""

@@ -41,7 +41,7 @@ from typing import Any
 from memtrain.errors import InputError
 from memtrain.train.exchange.weights import BLOCK
 from memtrain.train.messages import GradTask, TaskLimit
-from memtrain.train.plan import node_tasks, step_slices
+from memtrain.train.plan import member_slice, node_tasks
 
 PROCESSES_ENV = "MEMTRAIN_NODE_PROCESSES"
 SCRATCH = "memtrain-node"  # the node's gradient files, under the Dask worker's local directory
@@ -95,8 +95,9 @@ def node_part(actor: Any, tasks: list[GradTask] | str, body: tuple[Any, ...], ra
     limit = TaskLimit(seconds=seconds, attempts=attempts,
                       node=f"{worker.name} (Dask worker {worker.address}, host {socket.gethostname()})")
     # the node that ends the chain steps its own slice of the last partial from memory (``node_sum.KeptSum``):
-    # the step's slice ``rank`` of as many as there are members (``broadcast.part``)
-    own = step_slices(actor.state.context.layout.size, len(counts), BLOCK)[rank] if hi == len(tasks) else None
+    # the step's slice ``rank`` of as many as there are members, as ``broadcast.part`` deals it (none when the
+    # vector has fewer blocks than there are members)
+    own = member_slice(actor.state.context.layout.size, len(counts), rank, BLOCK) if hi == len(tasks) else None
     numbers, error = actor.state.node_range(tasks[lo:hi], lo, scratch, counts[rank], sync=actor.sync,
                                             deadline=time.monotonic() + seconds, abandoned=abandoned, limit=limit,
                                             own_slice=own)
