@@ -155,14 +155,15 @@ def test_nodes_of_unequal_process_counts_give_the_weights_of_a_local_run(counts:
 SMALL = "[4]"  # an MLP of 51 parameters: one checksum block, so a step of one slice whatever the members
 
 
-@pytest.mark.timeout(240)  # it waited for ever before: bounded, it fails instead
+@pytest.mark.timeout(240)  # bounded: before the fix a round stalled until the job's train.task_timeout (60 s)
 def test_a_vector_of_fewer_blocks_than_nodes_still_goes_through_node_rounds(dask, dataset: Path, tmp_path: Path,
                                                                             monkeypatch) -> None:
     """A model of one checksum block on nodes of 1 and 2 processes, the straggler rule off: the step has one slice
     (``plan.member_slice``), so the node that ends the chain (rank 1) has none to keep for itself. It used to look
     its slice up anyway (``step_slices(...)[rank]``): an IndexError that ended its round loop without an answer,
-    and the server then waited for that answer for ever (this test timed out). Now every update goes through a
-    node record and a step from the last partial, with a local run's bits."""
+    and the server then waited for that answer until ``train.task_timeout`` (60 s in this job; 600 s by default),
+    killed the node as silent and ran every update per task. Now every update goes through a node record and a
+    step from the last partial, with a local run's bits."""
     processes, client = dask
     assert train(write_job(tmp_path / "local", dataset, WIDE_EPOCHS, SMALL), *TASKS) == 0
     start_nodes(processes, client, [1, 2])
@@ -176,7 +177,7 @@ def test_a_vector_of_fewer_blocks_than_nodes_still_goes_through_node_rounds(dask
 def test_a_part_that_raises_is_answered_as_the_waves_error(tmp_path: Path) -> None:
     """``broadcast.member_part``: a member whose part of a wave raises answers the error (the wave ends "failed",
     the server completes the update per task) and reads the next wave; before, the exception ended its loop with
-    no answer, and with no straggler rule nor task timeout the server waited for ever."""
+    no answer, and with no straggler rule the server waited for it until ``train.task_timeout``."""
     from types import SimpleNamespace
 
     from memtrain.cluster.broadcast import WaveFiles, follow_files

@@ -334,10 +334,10 @@ def member_part(actor: Any, kind: str, body: Any, rank: int, members: int, ended
                 ) -> tuple[list[float], bytes, str]:
     """Member ``rank``'s part of a wave of ``kind`` (a node record's: memtrain/cluster/nodes.py ``node_part``,
     ``ended`` its look at whether the round ended; else ``part``), or what it raised as the answer's error: every
-    member answers every wave it reads. A part that raises must not end the member's loop unanswered -- the
-    server would wait for that answer for ever when nothing else ends a wave (``train.backup_ratio = 0``, no
-    ``train.task_timeout``) -- so the wave ends "failed" at once, the server completes the update per task and
-    its events.log quotes the error."""
+    member answers every wave it reads. A part that raises must not end the member's loop unanswered -- with
+    nothing else to end the wave (``train.backup_ratio = 0``) the server would wait for that answer until
+    ``train.task_timeout`` and kill the member as silent -- so the wave ends "failed" at once, the server
+    completes the update per task and its events.log quotes the error."""
     try:
         if kind == "nodes":  # a two-level round's node record
             from memtrain.cluster.nodes import node_part
