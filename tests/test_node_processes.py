@@ -74,7 +74,7 @@ def test_nodes_in_worker_processes_give_the_weights_of_a_local_run(counts: list[
     processes, client = dask
     start_nodes(processes, client, counts)
     records, steps = unsafe_run(tmp_path / "job", dataset, processes.address, monkeypatch)
-    assert {kind for kind, _ in records} == {"nodes", "step"}
+    assert {kind for kind, _ in records} == {"nodes", "node-step"}
     assert {t.chained for t in steps} == {6}  # every step read the last partial
     assert digest(tmp_path / "job" / "run") == unsafe_digest
     # the node ending each chain stepped its own slice of it from the memory of its Dask worker, where both its fold

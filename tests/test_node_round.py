@@ -131,7 +131,7 @@ def test_nodes_of_unequal_process_counts_give_the_weights_of_a_local_run(counts:
     start_nodes(processes, client, counts)
     records, steps = node_run(tmp_path / "job", dataset, processes.address, monkeypatch)
     updates = len({t.update for t in steps})
-    assert [kind for kind, _ in records] == ["nodes", "step"] * updates
+    assert [kind for kind, _ in records] == ["nodes", "node-step"] * updates
     # every node's process count, in the round's rank order (the slots' order, not the order they started in)
     assert all(sorted(body[1]) == sorted(counts) for kind, body in records if kind == "nodes")
     assert {t.chained for t in steps} == {6}  # every step read the last partial, no gradient file
@@ -169,8 +169,29 @@ def test_a_vector_of_fewer_blocks_than_nodes_still_goes_through_node_rounds(dask
     start_nodes(processes, client, [1, 2])
     records, steps = node_run(tmp_path / "job", dataset, processes.address, monkeypatch, SMALL)
     updates = len({t.update for t in steps})
-    assert updates and [kind for kind, _ in records] == ["nodes", "step"] * updates
+    assert updates and [kind for kind, _ in records] == ["nodes", "node-step"] * updates
     assert {t.chained for t in steps} == {6}
+    assert digest(tmp_path / "job" / "run") == digest(tmp_path / "local" / "run")
+
+
+BROAD = "[50000]"  # an MLP of 600,003 parameters: over two segments of the chain, so the step is cut in two
+
+
+def test_a_step_dealt_to_the_first_and_last_node_gives_a_local_runs_bits(dask, dataset: Path, tmp_path: Path,
+                                                                         monkeypatch) -> None:
+    """Nodes of 2+1+3 and a vector of more than two segments: the step goes to the first node of the chain (the
+    first segment, read from the published partial) and the last (the rest, from its own memory, never
+    published); the middle node steps nothing (``node_sum.node_step_deal``). A local run's bits."""
+    processes, client = dask
+    assert train(write_job(tmp_path / "local", dataset, WIDE_EPOCHS, BROAD), *TASKS) == 0
+    start_nodes(processes, client, [2, 1, 3])
+    records, steps = node_run(tmp_path / "job", dataset, processes.address, monkeypatch, BROAD)
+    updates = len({t.update for t in steps})
+    assert updates and [kind for kind, _ in records] == ["nodes", "node-step"] * updates
+    deals = {body[1] for kind, body in records if kind == "node-step"}
+    assert deals == {((0, 262144), (0, 0), (262144, 600003))}, deals
+    assert {(t.lo, t.hi) for t in steps} == {(0, 262144), (262144, 600003)}
+    assert kept_segments_taken(client) >= 2 * updates  # the last node's two segments, each update
     assert digest(tmp_path / "job" / "run") == digest(tmp_path / "local" / "run")
 
 
@@ -229,6 +250,32 @@ def test_a_node_killed_mid_round_has_its_range_run_again_and_the_bits_stay(dask,
     assert opened[0] == 3 and len(opened) >= 2
     assert digest(tmp_path / "job" / "run") == local_digest
     assert not [p.name for p in (tmp_path / "job" / "run").rglob("c-u*")]
+
+
+def test_the_node_ending_the_chain_lost_in_its_step_has_its_range_computed_again(dask, dataset: Path,
+                                                                                 local_digest: str, tmp_path: Path,
+                                                                                 monkeypatch) -> None:
+    """Nodes of 1+1+1: the last of the chain (rank 2, tasks 4-5) keeps its step slice of the last partial in its
+    memory, unpublished (``node_sum.node_step_deal``), and SIGKILLs itself in that step (``mid_step``, once): its
+    answer to the gradients is in, but the slice it kept is gone with it (the wide model is under two segments:
+    it steps the whole vector, the step's one slice). The step wave ends (the node left), the last partial is not
+    whole, so the server reads the furthest whole one (the first 4 tasks'), computes tasks 4 and 5 again per task
+    and steps the slice per task from those: the same bits as a local run."""
+    processes, client = dask
+    fired = tmp_path / "fired"
+    start_nodes(processes, client, [1, 1, 1])
+    ranks = sorted(client.scheduler_info()["workers"])  # the round's ranks: the workers' addresses in order
+    client.run(set_environ, {"MEMTRAIN_FAULT": "mid_step:1", "MEMTRAIN_FAULT_ONCE": str(fired)}, workers=[ranks[2]])
+    records, steps = node_run(tmp_path / "job", dataset, processes.address, monkeypatch)
+    assert fired.exists()
+    events = (tmp_path / "job" / "run" / "events.log").read_text()
+    assert re.search(r"broadcast round of 3 workers ended: a worker of the round left the scheduler; the step's 1 "
+                     r"slices run per task", events), events
+    assert re.search(r"update \d+: the partial of its first 6 tasks is not whole .*; tasks 4-5 computed again per "
+                     r"task", events), events
+    assert digest(tmp_path / "job" / "run") == local_digest
+    assert not [p.name for p in (tmp_path / "job" / "run").rglob("c-u*")]
+    assert not [p.name for p in (tmp_path / "job" / "run").rglob("g-*")]
 
 
 def end_after_the_loops(monkeypatch, seconds: float = 10.0) -> None:
@@ -332,6 +379,9 @@ def test_a_wave_record_reads_back_as_it_was_posted(tmp_path: Path) -> None:
     assert files.next(1, stop=lambda: True) == ("step", step)
     files.post(2, "nodes", node)
     assert files.next(2, stop=lambda: True) == ("nodes", node)
+    deal = ((0, 262144), (0, 0), (262144, 1000000))  # a round of nodes' step: the template and each rank's slice
+    files.post(2, "node-step", (step, deal))
+    assert files.next(2, stop=lambda: True) == ("node-step", (step, deal))
     assert files.next(3, stop=lambda: True) is None  # not posted: stop() ends the wait
     files.answer(2, 1, [4.0, 0.25, 0.5], b"\x01\x02", "")
     state = RoundState(members=["a", "b"], client="")

@@ -343,6 +343,10 @@ def member_part(actor: Any, kind: str, body: Any, rank: int, members: int, ended
             from memtrain.cluster.nodes import node_part
 
             return node_part(actor, gradient_tasks(actor.state.plan, body[0]), body, rank, ended)
+        if kind == "node-step":  # its step: the template and each rank's slice (``node_sum.node_step_deal``)
+            template, deal = body
+            lo, hi = deal[rank]
+            return step_part(actor, template, rank, lo, hi) if hi > lo else ([], b"", "")
         return part(actor, kind, body, rank, members)
     except Exception as exc:  # noqa: BLE001 - any bug of a part: answered, never a silent end of the loop
         where = "".join(traceback.format_exception(exc, limit=-4)[1:-1]).rstrip()
@@ -441,17 +445,26 @@ def read_wave_file(path: Path) -> Any:
 
 def encode_record(kind: str, body: Any) -> dict[str, Any]:
     """A wave's (kind, body) as JSON: a step's template as its fields, a gradient or node record as it is."""
+    if kind == "node-step":
+        template, deal = body
+        return {"kind": kind, "body": {"step": asdict(template), "deal": [list(pair) for pair in deal]}}
     return {"kind": kind, "body": asdict(body) if kind == "step" else body}
 
 
 def decode_record(found: dict[str, Any]) -> tuple[str, Any]:
     kind, body = found["kind"], found["body"]
     if kind == "step":
-        return kind, StepTask(**{**body, "retried": tuple(tuple(pair) for pair in body["retried"])})
+        return kind, step_task(body)
+    if kind == "node-step":
+        return kind, (step_task(body["step"]), tuple(tuple(pair) for pair in body["deal"]))
     if kind == "nodes":
         record, counts, seconds, attempts = body
         return kind, (gradient_fields(record), tuple(counts), seconds, attempts)
     return kind, gradient_fields(body)
+
+
+def step_task(fields: dict[str, Any]) -> StepTask:
+    return StepTask(**{**fields, "retried": tuple(tuple(pair) for pair in fields["retried"])})
 
 
 def gradient_fields(record: list[Any]) -> tuple[Any, ...]:
@@ -477,8 +490,12 @@ def part(actor: Any, kind: str, body: Any, rank: int, members: int) -> tuple[lis
     own = member_slice(actor.state.context.layout.size, members, rank, BLOCK)
     if own is None:
         return [], b"", ""
-    lo, hi = own
-    result = actor.run(replace(body, task=rank, lo=lo, hi=hi))
+    return step_part(actor, body, rank, *own)
+
+
+def step_part(actor: Any, template: StepTask, rank: int, lo: int, hi: int) -> tuple[list[float], bytes, str]:
+    """Slice [lo, hi) of a step wave's ``template``, as member ``rank``'s part: (numbers, blob, error)."""
+    result = actor.run(replace(template, task=rank, lo=lo, hi=hi))
     if result.outcome == Outcome.NONFINITE:
         return [1.0], b"", ""
     if result.outcome != Outcome.DONE:

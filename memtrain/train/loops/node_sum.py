@@ -258,14 +258,23 @@ class KeptSum:
         return chain.folder, chain.update, chain.attempt, chain.version, chain.size, chain.segment_blocks
 
     def expect(self, chain: PartialSum, lo: int, hi: int) -> None:
-        """Keep, from now on, the segments of ``chain`` that overlap the step slice [lo, hi); forget any other."""
+        """Keep, from now on, the segments of ``chain`` in the step slice [lo, hi) -- whole segments
+        (``node_step_deal``): ``fold_node`` keeps them instead of publishing them; forget any other."""
+        step = chain.segment_blocks * BLOCK
+        if lo % step or (hi % step and hi != chain.size):
+            raise ValueError(f"[{lo}, {hi}) is not a run of whole segments of {step} parameters")
         with self.lock:
             self.chain, self.segments, self.want = self.key(chain), {}, (lo, hi)
 
-    def put(self, chain: PartialSum, tasks: int, segment: int, values: np.ndarray) -> None:
+    def wants(self, chain: PartialSum, segment: int) -> bool:
+        """Whether ``segment`` of ``chain`` is one this node keeps (and does not publish)."""
         a, b = chain.segments()[segment]
         with self.lock:
-            if self.key(chain) == self.chain and a < self.want[1] and b > self.want[0]:
+            return self.key(chain) == self.chain and a < self.want[1] and b > self.want[0]
+
+    def put(self, chain: PartialSum, tasks: int, segment: int, values: np.ndarray) -> None:
+        if self.wants(chain, segment):
+            with self.lock:
                 self.segments[(tasks, segment)] = values
 
     def take(self, chain: PartialSum, tasks: int, segment: int) -> np.ndarray | None:
@@ -291,7 +300,8 @@ def fold_node(chain: PartialSum, lo: int, hi: int, grad: Callable[[int], np.ndar
     ``source``: where the partial of the first ``lo`` tasks is read (default: ``chain``). After a node was lost
     mid-chain, a new attempt continues from an earlier attempt's furthest whole partial (``resume_point``):
     the same sum, so the same bits. ``abandoned``: asked while waiting; true raises ``Abandoned``. ``keep``: the
-    segments it expects (``KeptSum.expect``) are also kept in memory once published."""
+    segments it expects (``KeptSum.expect``: the node ending the chain, its own step slice) are kept in memory
+    instead of published -- the step that reads them runs in this process (``node_step_deal``)."""
     if hi <= lo:
         return []
     source = source or chain
@@ -307,10 +317,35 @@ def fold_node(chain: PartialSum, lo: int, hi: int, grad: Callable[[int], np.ndar
             source.wait(lo, segment, deadline, abandoned)
             source.read(lo, segment, record)
         fold(record["values"][0], [grad(t)[a:b] for t in range(lo, hi)], continued=lo > 0)
-        published.append(chain.write(hi, segment, record))
-        if keep is not None:
+        if keep is not None and keep.wants(chain, segment):
             keep.put(chain, hi, segment, record["values"][0])
+        else:
+            published.append(chain.write(hi, segment, record))
     return published
+
+
+def node_step_deal(size: int, ranges: Sequence[tuple[int, int]], segment_blocks: int = SEGMENT_BLOCKS
+                   ) -> list[tuple[int, int]]:
+    """Each member's slice of the step in a round of nodes (their task ranges ``ranges``, ``node_tasks``), by rank:
+    the node ending the chain steps [m, size) from its memory, never published (``KeptSum``); the node starting
+    it steps [0, m), read from the published segments; the nodes between step nothing ((0, 0)). ``m`` is the
+    segment boundary at or below half the vector: the last node steps at least half, so that no node moves more
+    than 3 vectors over the shared filesystem per update with SGD (docs/cluster.md, "Bytes per node per update").
+    With one node in the chain, it steps the whole vector.
+
+    >>> node_step_deal(10 * BLOCK, [(0, 2), (2, 3), (3, 6)], segment_blocks=2)
+    [(0, 262144), (0, 0), (262144, 655360)]
+    """
+    active = [rank for rank, (lo, hi) in enumerate(ranges) if hi > lo]
+    deal = [(0, 0)] * len(ranges)
+    if not active:
+        return deal
+    step = segment_blocks * BLOCK
+    cut = 0 if len(active) == 1 else size // 2 // step * step
+    deal[active[-1]] = (cut, size)
+    if cut:
+        deal[active[0]] = (0, cut)
+    return deal
 
 
 def resume_point(chain: PartialSum, boundaries: Sequence[int]) -> int:

@@ -244,16 +244,28 @@ class SlicedParticipant(Participant):
         now) every slice per task: a slice is pure, rewriting it writes the same bits."""
         broadcast = self.broadcast
         if broadcast is None or not broadcast.active:
-            return self.run_tasks(tasks, lambda: None)
+            return self.step_per_task(tasks)
         from memtrain.cluster.broadcast import step_results
 
-        answer = broadcast.ask("step", replace(tasks[0], task=0, lo=0, hi=0), len(ranges), lambda: None)
+        answer = self.ask_step(broadcast, tasks, ranges)
         if answer.status == "done":
             if answer.joined:  # a worker joined: it takes part from the next round (``open`` gives it a slot)
                 broadcast.close()
             return step_results(ranges, answer)
         self.round_over(answer, f"the step's {len(tasks)} slices", [])
+        return self.step_per_task(tasks)
+
+    def step_per_task(self, tasks: list[StepTask]) -> list[Result]:
+        """The step's slices sent per task (no round, or its step wave ended early)."""
         return self.run_tasks(tasks, lambda: None)
+
+    def ask_step(self, broadcast: Broadcast, tasks: list[StepTask], ranges: list[tuple[int, int]]) -> Answer:
+        """The step's wave: its template; member j steps slice j (``step_slices``, as many as members)."""
+        return broadcast.ask("step", replace(tasks[0], task=0, lo=0, hi=0), len(ranges), lambda: None)
+
+    def step_ranges(self, count: int) -> list[tuple[int, int]]:
+        """The slices of the next step, cut for ``count`` workers (any cut gives the same bits)."""
+        return step_slices(self.files.size, count, BLOCK)
 
     def round_over(self, answer: Answer, what: str, leftovers: list[Path]) -> None:
         """A broadcast round ended before every answer was in: say why, kill its silent members (``timeout``),
@@ -284,7 +296,7 @@ class SlicedParticipant(Participant):
         self.ready_state(version + 1)
         broadcast = self.broadcast
         count = broadcast.size if broadcast is not None and broadcast.active else max(1, self.slices())
-        ranges = step_slices(files.size, count, BLOCK)
+        ranges = self.step_ranges(count)
         attempts = tuple(self.attempts)
         if [t.task for t in update.tasks] != list(range(len(attempts))):
             raise MemtrainError(f"update {update.update}: tasks {[t.task for t in update.tasks]} are not numbered "

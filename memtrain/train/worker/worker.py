@@ -262,7 +262,7 @@ class WorkerState:
         threads into ``scratch`` and folded onto the update's chain in the exchange (train/loops/node_compute.py;
         the cluster's side, memtrain/cluster/nodes.py, hands it here): (task, loss, seconds of each, error).
         ``own_slice``: the range ends the chain, and this node steps slice [lo, hi) of it: those segments of the
-        last partial are kept in memory for the step (``KeptSum``)."""
+        last partial are kept in memory for its step instead of published (``KeptSum``)."""
         self.node_compute = node_compute(self, self.node_compute, scratch, processes, worker_main)
         chain = PartialSum(self.exchange, update=tasks[0].ticket, attempt=0, version=tasks[0].version,
                            size=self.context.layout.size, sync=sync)
