@@ -97,15 +97,17 @@ def start_nodes(dask: DaskProcesses, client: Client, counts: list[int], env: dic
     dask.wait_for_workers(client, {f"node{j}" for j in range(len(counts))})
 
 
-def node_run(folder: Path, dataset: Path, address: str, monkeypatch, hidden: str = WIDE) -> tuple[list, list]:
-    """The wide job (or the MLP of ``hidden``) on ``address``: the records posted (kind, body) and the step tasks
-    (their ``chained``)."""
+def node_run(folder: Path, dataset: Path, address: str, monkeypatch, hidden: str = WIDE,
+             extra: tuple[str, ...] = ()) -> tuple[list, list]:
+    """The wide job (or the MLP of ``hidden``; ``extra`` options) on ``address``: the records posted (kind, body)
+    and the step tasks (their ``chained``)."""
     records, steps = spy_records(monkeypatch), []
     run_steps = SlicedParticipant.run_step_tasks
     monkeypatch.setattr(SlicedParticipant, "run_step_tasks",
                         lambda participant, tasks, ranges: (steps.extend(tasks), run_steps(participant, tasks,
                                                                                              ranges))[1])
-    assert train(write_job(folder, dataset, WIDE_EPOCHS, hidden), "--cluster", address, *TASKS, *EVERY_NODE) == 0
+    assert train(write_job(folder, dataset, WIDE_EPOCHS, hidden), "--cluster", address, *TASKS, *EVERY_NODE,
+                 *extra) == 0
     monkeypatch.undo()
     return records, steps
 
@@ -175,17 +177,19 @@ def test_a_vector_of_fewer_blocks_than_nodes_still_goes_through_node_rounds(dask
 
 
 BROAD = "[50000]"  # an MLP of 600,003 parameters: over two segments of the chain, so the step is cut in two
+SGD = ("--set", "train.optimizer=sgd")  # no optimizer state: the step on the chain's first and last nodes only
 
 
 def test_a_step_dealt_to_the_first_and_last_node_gives_a_local_runs_bits(dask, dataset: Path, tmp_path: Path,
                                                                          monkeypatch) -> None:
-    """Nodes of 2+1+3 and a vector of more than two segments: the step goes to the first node of the chain (the
-    first segment, read from the published partial) and the last (the rest, from its own memory, never
-    published); the middle node steps nothing (``node_sum.node_step_deal``). A local run's bits."""
+    """SGD on nodes of 2+1+3 and a vector of more than two segments: the step goes to the first node of the chain
+    (the first segment, read from the published partial) and the last (the rest, from its own memory, never
+    published); the middle node steps nothing (``node_sum.node_step_deal``). A local run's bits. (The other tests'
+    job uses Adam, whose step is spread over the nodes, the last slice to the last node.)"""
     processes, client = dask
-    assert train(write_job(tmp_path / "local", dataset, WIDE_EPOCHS, BROAD), *TASKS) == 0
+    assert train(write_job(tmp_path / "local", dataset, WIDE_EPOCHS, BROAD), *TASKS, *SGD) == 0
     start_nodes(processes, client, [2, 1, 3])
-    records, steps = node_run(tmp_path / "job", dataset, processes.address, monkeypatch, BROAD)
+    records, steps = node_run(tmp_path / "job", dataset, processes.address, monkeypatch, BROAD, SGD)
     updates = len({t.update for t in steps})
     assert updates and [kind for kind, _ in records] == ["nodes", "node-step"] * updates
     deals = {body[1] for kind, body in records if kind == "node-step"}

@@ -235,6 +235,14 @@ def test_the_step_deal_of_a_round_of_nodes() -> None:
     for size in (10 ** 6, 10 ** 7, 4 * segment, 4 * segment + 1):
         (_, cut), (start, end) = node_step_deal(size, [(0, 1), (1, 2)])
         assert cut == start and end == size and cut % segment == 0 and size - cut >= size / 2
+    # with optimizer state (Adam: 2 vectors) every member steps, in whole segments, as many slices as there are
+    # (the last slice to the node ending the chain, which keeps it unpublished; fewer slices than members: the
+    # first ranks step nothing)
+    deal = node_step_deal(10 ** 6, [(0, 1)] * 8, state_vectors=2)
+    assert deal[:4] == [(0, 0)] * 4
+    assert deal[4:] == [(0, segment), (segment, 2 * segment), (2 * segment, 3 * segment), (3 * segment, 10 ** 6)]
+    assert node_step_deal(51, [(0, 3), (3, 6)], state_vectors=2) == [(0, 0), (0, 51)]
+    assert node_step_deal(51, [(0, 3), (3, 6), (6, 6)], state_vectors=2) == [(0, 0), (0, 51), (0, 0)]
 
 
 def published(tmp_path: Path, *, update: int = 7, attempt: int = 0) -> tuple[PartialSum, Path]:

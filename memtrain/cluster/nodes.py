@@ -97,7 +97,8 @@ def node_part(actor: Any, tasks: list[GradTask] | str, body: tuple[Any, ...], ra
                       node=f"{worker.name} (Dask worker {worker.address}, host {socket.gethostname()})")
     # the node that ends the chain steps its own slice of the last partial from its memory, unpublished
     # (``node_sum.KeptSum``): its slice of the step as a round of nodes deals it (``node_sum.node_step_deal``)
-    own = node_step_deal(actor.state.context.layout.size, ranges)[rank] if hi == len(tasks) else None
+    deal = node_step_deal(actor.state.context.layout.size, ranges, len(actor.state.slice_step.state_names))
+    own = deal[rank] if hi == len(tasks) and deal[rank][1] > deal[rank][0] else None
     numbers, error = actor.state.node_range(tasks[lo:hi], lo, scratch, counts[rank], sync=actor.sync,
                                             deadline=time.monotonic() + seconds, abandoned=abandoned, limit=limit,
                                             own_slice=own)

@@ -5,7 +5,11 @@ member of the broadcast round is a node (its Dask worker started with ``MEMTRAIN
 memtrain/cluster/nodes.py), an update's gradients are asked with a **node record** -- the gradient record and
 the members' process counts in rank order -- and the members continue one fold of the update's gradients
 across the nodes (train/loops/node_sum.py). The step's slices then read the last partial
-(``StepTask.chained``) instead of every gradient file: the same sum, so the same bits.
+(``StepTask.chained``) instead of every gradient file: the same sum, so the same bits. The step wave
+(``node-step``) deals the slices by ``node_sum.node_step_deal``: the node ending the chain steps its own slice
+from its memory, never published; a step of that slice anywhere else (the node lost after its answer, a step
+sent per task) finds the last partial not whole, and ``step_per_task`` has the tasks after the furthest whole
+partial computed again per task first: the same bits.
 
 A round that ends early (a node left, failed or fell silent): the furthest partial whole in every segment at
 the end of an answered node's range (``node_sum.resume_point``) is kept, the tasks after it run per task
@@ -76,7 +80,8 @@ class NodeParticipant(SlicedParticipant):
         self.published[tasks[0].ticket] = self.partials(tasks[0], ends)  # discarded after the step
         answer = broadcast.ask("nodes", record, node_shares(ranges, counts), self.file_chores)
         found = gradient_results(tasks, answer.numbers)
-        self.dealt = (tasks, ends, node_step_deal(self.files.size, ranges) if answer.status == "done" else None)
+        deal = node_step_deal(self.files.size, ranges, len(self.state_names))
+        self.dealt = (tasks, ends, deal if answer.status == "done" else None)
         if answer.status == "done":
             self.chained = len(tasks)
             return [found[task.task] for task in tasks]
@@ -116,8 +121,8 @@ class NodeParticipant(SlicedParticipant):
         return super().step_ranges(count) if deal is None else [(lo, hi) for lo, hi in deal if hi > lo]
 
     def ask_step(self, broadcast: Any, tasks: list[StepTask], ranges: list[tuple[int, int]]) -> Any:
-        """A round of nodes' step wave: the template and the deal (the first and the last node of the chain step,
-        the last one its slice from its memory); any other round's as without nodes."""
+        """A round of nodes' step wave: the template and the deal (``node_step_deal``: the node ending the chain
+        steps its slice from its memory); any other round's as without nodes."""
         deal = self.node_deal()
         if deal is None:
             return super().ask_step(broadcast, tasks, ranges)
