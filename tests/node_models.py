@@ -41,17 +41,18 @@ def slow_node_parts(seconds: float) -> None:
     nodes.node_part = slowed
 
 
-def node_part_raises(at: int) -> None:
-    """Run on a node's Dask worker (``Client.run``): its ``at``-th part of a node record (counting from 1) raises
-    instead of answering, once: the member's loop of the round ends with the error, its worker lives on."""
-    from memtrain.cluster import nodes
+def wave_answer_raises(at: int) -> None:
+    """Run on a node's Dask worker (``Client.run``): its ``at``-th answer to a wave (counting from 1) raises before
+    the answer is written, once: the member's loop of the round ends with the error, unanswered, its worker lives
+    on. (A part that raises is answered as the wave's error: ``broadcast.member_part``; this is the loop itself.)"""
+    from memtrain.cluster import broadcast
 
-    part, calls = nodes.node_part, [0]
+    answer, calls = broadcast.WaveFiles.answer, [0]
 
     def raising(*args, **kwargs):
         calls[0] += 1
         if calls[0] == at:
-            raise RuntimeError(f"node part {at} raised (a test)")
-        return part(*args, **kwargs)
+            raise RuntimeError(f"answer {at} raised (a test)")
+        return answer(*args, **kwargs)
 
-    nodes.node_part = raising
+    broadcast.WaveFiles.answer = raising

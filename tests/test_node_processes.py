@@ -28,7 +28,7 @@ from distributed import Client  # noqa: E402
 from tests import test_node_round  # noqa: E402
 from tests.dask_processes import REPO, DaskProcesses  # noqa: E402
 from tests.test_cluster import WIDE, WIDE_EPOCHS, digest, train, write_job  # noqa: E402
-from tests.test_node_round import EVERY_NODE, TASKS, node_run, start_nodes  # noqa: E402
+from tests.test_node_round import EVERY_NODE, TASKS, kept_segments_taken, node_run, start_nodes  # noqa: E402
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -74,9 +74,12 @@ def test_nodes_in_worker_processes_give_the_weights_of_a_local_run(counts: list[
     processes, client = dask
     start_nodes(processes, client, counts)
     records, steps = unsafe_run(tmp_path / "job", dataset, processes.address, monkeypatch)
-    assert {kind for kind, _ in records} == {"nodes", "step"}
+    assert {kind for kind, _ in records} == {"nodes", "node-step"}
     assert {t.chained for t in steps} == {6}  # every step read the last partial
     assert digest(tmp_path / "job" / "run") == unsafe_digest
+    # the node ending each chain stepped its own slice of it from the memory of its Dask worker, where both its fold
+    # and its step run (its worker processes compute gradients only): at least one segment per update
+    assert kept_segments_taken(client) >= len({t.update for t in steps})
     run = tmp_path / "job" / "run"
     assert not [p.name for p in run.rglob("g-*")] and not [p.name for p in run.rglob("c-u*")]
     check_scratch_and_log(tmp_path / "dask", counts)

@@ -11,6 +11,8 @@ task, the same bits, and its restarted worker takes part from a later round.
 
 from __future__ import annotations
 
+import importlib
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -27,7 +29,7 @@ from memtrain.cluster.nodes import PROCESSES_ENV, node_processes  # noqa: E402
 from memtrain.errors import InputError  # noqa: E402
 from memtrain.train.loops.sliced import SlicedParticipant  # noqa: E402
 from tests.dask_processes import STOP_SECONDS, DaskProcesses, set_environ  # noqa: E402
-from tests.node_models import node_part_raises, slow_node_parts  # noqa: E402
+from tests.node_models import slow_node_parts, wave_answer_raises  # noqa: E402
 from tests.test_cluster import WIDE, WIDE_EPOCHS, digest, spy_records, train, write_job  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -96,16 +98,27 @@ def start_nodes(dask: DaskProcesses, client: Client, counts: list[int], env: dic
     dask.wait_for_workers(client, {f"node{j}" for j in range(len(counts))})
 
 
-def node_run(folder: Path, dataset: Path, address: str, monkeypatch) -> tuple[list, list]:
-    """The wide job on ``address``: the records posted (kind, body) and the step tasks (their ``chained``)."""
+def node_run(folder: Path, dataset: Path, address: str, monkeypatch, hidden: str = WIDE,
+             extra: tuple[str, ...] = ()) -> tuple[list, list]:
+    """The wide job (or the MLP of ``hidden``; ``extra`` options) on ``address``: the records posted (kind, body)
+    and the step tasks (their ``chained``)."""
     records, steps = spy_records(monkeypatch), []
     run_steps = SlicedParticipant.run_step_tasks
     monkeypatch.setattr(SlicedParticipant, "run_step_tasks",
                         lambda participant, tasks, ranges: (steps.extend(tasks), run_steps(participant, tasks,
                                                                                              ranges))[1])
-    assert train(write_job(folder, dataset, WIDE_EPOCHS, WIDE), "--cluster", address, *TASKS, *EVERY_NODE) == 0
+    assert train(write_job(folder, dataset, WIDE_EPOCHS, hidden), "--cluster", address, *TASKS, *EVERY_NODE,
+                 *extra) == 0
     monkeypatch.undo()
     return records, steps
+
+
+def kept_segments_taken(client: Client) -> int:
+    """The segments of a last partial that the nodes' steps took from their own memory (``node_sum.KeptSum``), in
+    every Dask worker's process together: where their step ran, whether the node's tasks ran on threads or in
+    worker processes."""
+    taken = client.run(lambda: importlib.import_module("memtrain.train.loops.node_sum").KeptSum.taken_in_process)
+    return sum(taken.values())
 
 
 def scheduler_calls(client: Client) -> dict[str, int]:
@@ -121,11 +134,14 @@ def test_nodes_of_unequal_process_counts_give_the_weights_of_a_local_run(counts:
     start_nodes(processes, client, counts)
     records, steps = node_run(tmp_path / "job", dataset, processes.address, monkeypatch)
     updates = len({t.update for t in steps})
-    assert [kind for kind, _ in records] == ["nodes", "step"] * updates
+    assert [kind for kind, _ in records] == ["nodes", "node-step"] * updates
     # every node's process count, in the round's rank order (the slots' order, not the order they started in)
     assert all(sorted(body[1]) == sorted(counts) for kind, body in records if kind == "nodes")
     assert {t.chained for t in steps} == {6}  # every step read the last partial, no gradient file
     assert digest(tmp_path / "job" / "run") == local_digest
+    # the node that ended each chain stepped its own slice from memory, not from the partial it had just written
+    # (issue 42's bytes per node: node_sum.KeptSum): at least one segment per update
+    assert kept_segments_taken(client) >= updates
     # the waves went through the exchange's files: the scheduler handled no message per member per wave
     calls = scheduler_calls(client)
     assert not {"memtrain_post", "memtrain_next", "memtrain_answer", "memtrain_await"} & set(calls), calls
@@ -139,6 +155,73 @@ def test_nodes_of_unequal_process_counts_give_the_weights_of_a_local_run(counts:
         # its tasks on one thread per process (the MLP is thread_safe; BLAS on one thread)
         log = (tmp_path / "dask" / f"node{j}" / "log.txt").read_text()
         assert f"memtrain node of {count} processes: its tasks on {count} thread(s)" in log, log[-2000:]
+
+
+SMALL = "[4]"  # an MLP of 51 parameters: one checksum block, so a step of one slice whatever the members
+
+
+@pytest.mark.timeout(240)  # bounded: before the fix a round stalled until the job's train.task_timeout (60 s)
+def test_a_vector_of_fewer_blocks_than_nodes_still_goes_through_node_rounds(dask, dataset: Path, tmp_path: Path,
+                                                                            monkeypatch) -> None:
+    """A model of one checksum block on nodes of 1 and 2 processes, the straggler rule off: the step has one slice
+    (``plan.member_slice``), so the node that ends the chain (rank 1) has none to keep for itself. It used to look
+    its slice up anyway (``step_slices(...)[rank]``): an IndexError that ended its round loop without an answer,
+    and the server then waited for that answer until ``train.task_timeout`` (60 s in this job; 600 s by default),
+    killed the node as silent and ran every update per task. Now every update goes through a node record and a
+    step from the last partial, with a local run's bits."""
+    processes, client = dask
+    assert train(write_job(tmp_path / "local", dataset, WIDE_EPOCHS, SMALL), *TASKS) == 0
+    start_nodes(processes, client, [1, 2])
+    records, steps = node_run(tmp_path / "job", dataset, processes.address, monkeypatch, SMALL)
+    updates = len({t.update for t in steps})
+    assert updates and [kind for kind, _ in records] == ["nodes", "node-step"] * updates
+    assert {t.chained for t in steps} == {6}
+    assert digest(tmp_path / "job" / "run") == digest(tmp_path / "local" / "run")
+
+
+BROAD = "[50000]"  # an MLP of 600,003 parameters: over two segments of the chain, so the step is cut in two
+SGD = ("--set", "train.optimizer=sgd")  # no optimizer state: the step on the chain's first and last nodes only
+
+
+def test_a_step_dealt_to_the_first_and_last_node_gives_a_local_runs_bits(dask, dataset: Path, tmp_path: Path,
+                                                                         monkeypatch) -> None:
+    """SGD on nodes of 2+1+3 and a vector of more than two segments: the step goes to the first node of the chain
+    (the first segment, read from the published partial) and the last (the rest, from its own memory, never
+    published); the middle node steps nothing (``node_sum.node_step_deal``). A local run's bits. (The other tests'
+    job uses Adam, whose step is spread over the nodes, the last slice to the last node.)"""
+    processes, client = dask
+    assert train(write_job(tmp_path / "local", dataset, WIDE_EPOCHS, BROAD), *TASKS, *SGD) == 0
+    start_nodes(processes, client, [2, 1, 3])
+    records, steps = node_run(tmp_path / "job", dataset, processes.address, monkeypatch, BROAD, SGD)
+    updates = len({t.update for t in steps})
+    assert updates and [kind for kind, _ in records] == ["nodes", "node-step"] * updates
+    deals = {body[1] for kind, body in records if kind == "node-step"}
+    assert deals == {((0, 262144), (0, 0), (262144, 600003))}, deals
+    assert {(t.lo, t.hi) for t in steps} == {(0, 262144), (262144, 600003)}
+    assert kept_segments_taken(client) >= 2 * updates  # the last node's two segments, each update
+    assert digest(tmp_path / "job" / "run") == digest(tmp_path / "local" / "run")
+
+
+def test_a_part_that_raises_is_answered_as_the_waves_error(tmp_path: Path) -> None:
+    """``broadcast.member_part``: a member whose part of a wave raises answers the error (the wave ends "failed",
+    the server completes the update per task) and reads the next wave; before, the exception ended its loop with
+    no answer, and with no straggler rule the server waited for it until ``train.task_timeout``."""
+    from types import SimpleNamespace
+
+    from memtrain.cluster.broadcast import WaveFiles, follow_files
+
+    def update(number: int) -> None:
+        raise RuntimeError(f"no update {number} in this plan")
+
+    actor = SimpleNamespace(state=SimpleNamespace(plan=SimpleNamespace(update=update)))
+    files = WaveFiles(tmp_path, "0123456789ab")
+    files.post(0, "grads", (3, 3, 0, 6, 60, ()))
+    files.end()  # the round ends after this wave: the loop returns once it answered
+    assert follow_files(actor, files, 0, 1, ended=lambda: False, done=lambda wave: None) == 1
+    answer = json.loads(files.answer_path(0, 0).read_text())
+    assert answer["numbers"] == [] and answer["blob"] == ""
+    assert answer["error"].startswith("member 0's part of a 'grads' wave raised RuntimeError: no update 3 in this "
+                                      "plan"), answer
 
 
 def test_a_node_killed_mid_round_has_its_range_run_again_and_the_bits_stay(dask, dataset: Path, local_digest: str,
@@ -174,6 +257,32 @@ def test_a_node_killed_mid_round_has_its_range_run_again_and_the_bits_stay(dask,
     assert opened[0] == 3 and len(opened) >= 2
     assert digest(tmp_path / "job" / "run") == local_digest
     assert not [p.name for p in (tmp_path / "job" / "run").rglob("c-u*")]
+
+
+def test_the_node_ending_the_chain_lost_in_its_step_has_its_range_computed_again(dask, dataset: Path,
+                                                                                 local_digest: str, tmp_path: Path,
+                                                                                 monkeypatch) -> None:
+    """Nodes of 1+1+1: the last of the chain (rank 2, tasks 4-5) keeps its step slice of the last partial in its
+    memory, unpublished (``node_sum.node_step_deal``), and SIGKILLs itself in that step (``mid_step``, once): its
+    answer to the gradients is in, but the slice it kept is gone with it (the wide model is under two segments:
+    it steps the whole vector, the step's one slice). The step wave ends (the node left), the last partial is not
+    whole, so the server reads the furthest whole one (the first 4 tasks'), computes tasks 4 and 5 again per task
+    and steps the slice per task from those: the same bits as a local run."""
+    processes, client = dask
+    fired = tmp_path / "fired"
+    start_nodes(processes, client, [1, 1, 1])
+    ranks = sorted(client.scheduler_info()["workers"])  # the round's ranks: the workers' addresses in order
+    client.run(set_environ, {"MEMTRAIN_FAULT": "mid_step:1", "MEMTRAIN_FAULT_ONCE": str(fired)}, workers=[ranks[2]])
+    records, steps = node_run(tmp_path / "job", dataset, processes.address, monkeypatch)
+    assert fired.exists()
+    events = (tmp_path / "job" / "run" / "events.log").read_text()
+    assert re.search(r"broadcast round of 3 workers ended: a worker of the round left the scheduler; the step's 1 "
+                     r"slices run per task", events), events
+    assert re.search(r"update \d+: the partial of its first 6 tasks is not whole .*; tasks 4-5 computed again per "
+                     r"task", events), events
+    assert digest(tmp_path / "job" / "run") == local_digest
+    assert not [p.name for p in (tmp_path / "job" / "run").rglob("c-u*")]
+    assert not [p.name for p in (tmp_path / "job" / "run").rglob("g-*")]
 
 
 def end_after_the_loops(monkeypatch, seconds: float = 10.0) -> None:
@@ -245,19 +354,19 @@ def test_the_server_is_told_when_a_wave_ends_and_asks_nothing_per_second(dask, d
 
 def test_a_member_whose_loop_ends_without_answering_fails_the_wave_at_once(dask, dataset: Path, local_digest: str,
                                                                           tmp_path: Path, monkeypatch) -> None:
-    """A member's loop of the round raises (its worker lives on: no member left the scheduler) before answering its
-    2nd node record: the server sees the loop ended at its next look and fails the wave with that error, rather than
+    """A member's loop of the round raises (its worker lives on: no member left the scheduler) writing its 2nd
+    answer: the server sees the loop ended at its next look and fails the wave with that error, rather than
     waiting for an answer that cannot come (before: until train.task_timeout, here out of reach); the update's tasks
     run per task, the same bits, and the next round takes the member back."""
     processes, client = dask
     start_nodes(processes, client, [1, 2])
-    client.run(node_part_raises, 2, workers=[sorted(client.scheduler_info()["workers"])[1]])
+    client.run(wave_answer_raises, 2, workers=[sorted(client.scheduler_info()["workers"])[1]])
     started = time.monotonic()
     records, steps = node_run(tmp_path / "job", dataset, processes.address, monkeypatch)
     assert time.monotonic() - started < 50  # train.task_timeout is 60 s
     events = (tmp_path / "job" / "run" / "events.log").read_text()
     assert re.search(r"broadcast round of 2 workers ended: a task failed: worker \d+ \(Dask worker tcp://[\d.:]+\): "
-                     r"its loop of the round ended \(RuntimeError: node part 2 raised \(a test\)\)", events), events
+                     r"its loop of the round ended \(RuntimeError: answer 2 raised \(a test\)\)", events), events
     assert len({t.update for t in steps}) == 7 and sum(t.chained == 6 for t in steps) >= 5
     assert digest(tmp_path / "job" / "run") == local_digest
 
@@ -362,6 +471,9 @@ def test_a_wave_record_reads_back_as_it_was_posted(tmp_path: Path) -> None:
     assert files.next(1, stop=lambda: True) == ("step", step)
     files.post(2, "nodes", node)
     assert files.next(2, stop=lambda: True) == ("nodes", node)
+    deal = ((0, 262144), (0, 0), (262144, 1000000))  # a round of nodes' step: the template and each rank's slice
+    files.post(2, "node-step", (step, deal))
+    assert files.next(2, stop=lambda: True) == ("node-step", (step, deal))
     assert files.next(3, stop=lambda: True) is None  # not posted: stop() ends the wait
     files.answer(2, 1, [4.0, 0.25, 0.5], b"\x01\x02", "", 1.5)
     state = RoundState(members=["a", "b"], client="")

@@ -24,9 +24,12 @@ from memtrain.errors import CorruptFileError, MemtrainError
 from memtrain.files import DIGEST_BYTES
 from memtrain.train.exchange.weights import BLOCK, block_count
 from memtrain.train.loops.node_sum import (
+    SEGMENT_BLOCKS,
+    KeptSum,
     PartialSum,
     StalePartial,
     fold_node,
+    node_step_deal,
     node_tasks,
     read_sum,
     resume_point,
@@ -181,6 +184,65 @@ def test_node_ranges_are_contiguous_in_node_order_and_cover_every_task() -> None
 def test_segments_are_whole_checksum_blocks() -> None:
     assert segment_ranges(2 * BLOCK + 1, 1) == [(0, BLOCK), (BLOCK, 2 * BLOCK), (2 * BLOCK, 2 * BLOCK + 1)]
     assert segment_ranges(5, 16) == [(0, 5)]
+
+
+def test_the_node_ending_the_chain_steps_its_own_slice_from_memory_unpublished(tmp_path: Path) -> None:
+    """Issue 42's bytes per node: the last node of the chain keeps the segments of its own step slice of the last
+    partial (``KeptSum``, the slice ``node_step_deal`` gives it: at least half the vector, whole segments) instead
+    of publishing them, and its step reads them from there -- the same bits. The other segments are published for
+    the first node's slice; the kept ones are taken once (a step of them run elsewhere finds no file: the server
+    computes the last node's range again, node_round.py); another chain's segments are not kept."""
+    size, counts = 5 * BLOCK + 9, [1, 2]
+    grads = gradients(11, 5, size)
+    chain = PartialSum(tmp_path, update=7, attempt=0, version=6, size=size, segment_blocks=1)
+    ranges = node_tasks(len(grads), counts)
+    (lo0, hi0), (lo1, hi1) = ranges
+    other, own = node_step_deal(size, ranges, segment_blocks=1)
+    assert other == (0, 2 * BLOCK) and own == (2 * BLOCK, size)  # the last node steps at least half
+    kept = KeptSum()
+    with pytest.raises(ValueError, match="whole segments"):
+        kept.expect(chain, BLOCK + 1, size)
+    kept.expect(chain, *own)
+    deadline = time.monotonic() + 30
+    fold_node(chain, lo0, hi0, grads.__getitem__, deadline=deadline)
+    fold_node(chain, lo1, hi1, grads.__getitem__, deadline=deadline, keep=kept)
+    mine = [s for s, (a, b) in enumerate(chain.segments()) if a < own[1] and b > own[0]]
+    assert sorted(s for _, s in kept.segments) == mine == [2, 3, 4, 5]
+    assert [s for s in range(len(chain.segments())) if chain.path(hi1, s).exists()] == [0, 1]  # kept: unpublished
+    whole = in_order(grads)
+    got = read_sum(chain, hi1, deadline=deadline, lo=own[0], hi=own[1], kept=kept)
+    assert got.tobytes() == whole[own[0]:own[1]].tobytes()
+    assert kept.taken == len(mine) and not kept.segments  # taken once: a second step of the slice finds no file
+    with pytest.raises(MemtrainError, match="not published in time"):
+        read_sum(chain, hi1, deadline=time.monotonic() + 0.2, lo=own[0], hi=own[1], kept=kept)
+    got = read_sum(chain, hi1, deadline=deadline, lo=other[0], hi=other[1], kept=kept)  # the first node's slice
+    assert got.tobytes() == whole[other[0]:other[1]].tobytes()
+    assert resume_point(chain, [hi0, hi1]) == hi0  # the last partial is not whole: a lost last node's range redone
+    kept.expect(PartialSum(tmp_path, update=8, attempt=0, version=7, size=size, segment_blocks=1), *own)
+    fold_node(chain, lo1, hi1, grads.__getitem__, deadline=deadline, keep=kept)  # another chain's: published
+    assert not kept.segments and all(chain.path(hi1, s).exists() for s in range(len(chain.segments())))
+
+
+def test_the_step_deal_of_a_round_of_nodes() -> None:
+    """``node_step_deal``: the first and the last node of the chain step, the last at least half the vector, in
+    whole segments; the nodes between, and nodes without tasks, none; one node in the chain steps it all."""
+    segment = SEGMENT_BLOCKS * BLOCK
+    assert node_step_deal(10 ** 6, [(0, 3), (3, 6)]) == [(0, segment), (segment, 10 ** 6)]
+    assert node_step_deal(10 ** 6, [(0, 2), (2, 4), (4, 6)]) == [(0, segment), (0, 0), (segment, 10 ** 6)]
+    assert node_step_deal(10 ** 6, [(0, 6)]) == [(0, 10 ** 6)]
+    assert node_step_deal(10 ** 6, [(0, 0), (0, 6), (6, 6)]) == [(0, 0), (0, 10 ** 6), (0, 0)]
+    assert node_step_deal(51, [(0, 3), (3, 6)]) == [(0, 0), (0, 51)]  # under two segments: the last steps it all
+    for size in (10 ** 6, 10 ** 7, 4 * segment, 4 * segment + 1):
+        (_, cut), (start, end) = node_step_deal(size, [(0, 1), (1, 2)])
+        assert cut == start and end == size and cut % segment == 0 and size - cut >= size / 2
+    # with optimizer state (Adam: 2 vectors) every member steps, in whole segments, as many slices as there are
+    # (the last slice to the node ending the chain, which keeps it unpublished; fewer slices than members: the
+    # first ranks step nothing)
+    deal = node_step_deal(10 ** 6, [(0, 1)] * 8, state_vectors=2)
+    assert deal[:4] == [(0, 0)] * 4
+    assert deal[4:] == [(0, segment), (segment, 2 * segment), (2 * segment, 3 * segment), (3 * segment, 10 ** 6)]
+    assert node_step_deal(51, [(0, 3), (3, 6)], state_vectors=2) == [(0, 0), (0, 51)]
+    assert node_step_deal(51, [(0, 3), (3, 6), (6, 6)], state_vectors=2) == [(0, 0), (0, 51), (0, 0)]
 
 
 def published(tmp_path: Path, *, update: int = 7, attempt: int = 0) -> tuple[PartialSum, Path]:

@@ -42,6 +42,7 @@ import pickle
 import statistics
 import threading
 import time
+import traceback
 import uuid
 from collections import Counter, deque
 from collections.abc import Callable
@@ -56,7 +57,7 @@ from memtrain.files import open_regular, write_json
 from memtrain.train.exchange.area import WAVE, discard
 from memtrain.train.exchange.weights import BLOCK
 from memtrain.train.messages import BackupRule, GradTask, Outcome, Result, SetAside, StepTask
-from memtrain.train.plan import step_slices
+from memtrain.train.plan import member_slice
 from memtrain.train.timing import timed
 
 if TYPE_CHECKING:  # the pool's actors call ``follow`` here: the transport imports this module, not back
@@ -340,6 +341,8 @@ def follow(actor: Any, ident: str, rank: int, members: int, files: bool = False)
         except Exception:  # noqa: BLE001 - whatever the comm raised, asked again in ALIVE_SECONDS
             return False
 
+    from memtrain.cluster.nodes import every
+
     if files:
         return follow_files(actor, WaveFiles(Path(actor.state.exchange), ident), rank, members, ended,
                             lambda wave: worker.log_event(TOPIC, {"ident": ident, "kind": "done", "wave": wave}))
@@ -352,13 +355,8 @@ def follow(actor: Any, ident: str, rank: int, members: int, files: bool = False)
             record = call("memtrain_next", wave=wave, seconds=NEXT_SECONDS)
             continue
         kind, body = pickle.loads(record)  # a record the run's server posted (like Dask's own messages)
-        if kind == "nodes":  # a two-level round's node record (memtrain/cluster/nodes.py)
-            from memtrain.cluster.nodes import every, node_part
-
-            ended = every(0.5, lambda after=wave + 1: call("memtrain_next", wave=after, seconds=0.0) is None)
-            numbers, blob, error = node_part(actor, gradient_tasks(actor.state.plan, body[0]), body, rank, ended)
-        else:
-            numbers, blob, error = part(actor, kind, body, rank, members)
+        over = every(0.5, lambda after=wave + 1: call("memtrain_next", wave=after, seconds=0.0) is None)
+        numbers, blob, error = member_part(actor, kind, body, rank, members, over)
         record = call("memtrain_answer", wave=wave, rank=rank, numbers=numbers, blob=blob, error=error,
                       seconds=NEXT_SECONDS)
         wave += 1
@@ -371,7 +369,7 @@ def follow_files(actor: Any, files: WaveFiles, rank: int, members: int, ended: C
     the server (``done``: one event, published to the server's client: it sleeps until then). The round's end
     is its end file; a lost server is pushed (``RoundEnds``), and the scheduler asked only as a fallback
     (``ended``: at most every ``ALIVE_SECONDS`` while waiting for a record), never once per wave."""
-    from memtrain.cluster.nodes import every, node_part
+    from memtrain.cluster.nodes import every
 
     alive = every(ALIVE_SECONDS, ended)
 
@@ -385,14 +383,34 @@ def follow_files(actor: Any, files: WaveFiles, rank: int, members: int, ended: C
             return wave
         started = time.monotonic()
         kind, body = record
-        if kind == "nodes":  # a two-level round's node record (memtrain/cluster/nodes.py)
-            numbers, blob, error = node_part(actor, gradient_tasks(actor.state.plan, body[0]), body, rank, over)
-        else:
-            numbers, blob, error = part(actor, kind, body, rank, members)
+        numbers, blob, error = member_part(actor, kind, body, rank, members, over)
         files.answer(wave, rank, numbers, blob, error, time.monotonic() - started)
         if error or files.complete(wave, members):
             done(wave)
         wave += 1
+
+
+def member_part(actor: Any, kind: str, body: Any, rank: int, members: int, ended: Callable[[], bool]
+                ) -> tuple[list[float], bytes, str]:
+    """Member ``rank``'s part of a wave of ``kind`` (a node record's: memtrain/cluster/nodes.py ``node_part``,
+    ``ended`` its look at whether the round ended; else ``part``), or what it raised as the answer's error: every
+    member answers every wave it reads. A part that raises must not end the member's loop unanswered -- with
+    nothing else to end the wave (``train.backup_ratio = 0``) the server would wait for that answer until
+    ``train.task_timeout`` and kill the member as silent -- so the wave ends "failed" at once, the server
+    completes the update per task and its events.log quotes the error."""
+    try:
+        if kind == "nodes":  # a two-level round's node record
+            from memtrain.cluster.nodes import node_part
+
+            return node_part(actor, gradient_tasks(actor.state.plan, body[0]), body, rank, ended)
+        if kind == "node-step":  # its step: the template and each rank's slice (``node_sum.node_step_deal``)
+            template, deal = body
+            lo, hi = deal[rank]
+            return step_part(actor, template, rank, lo, hi) if hi > lo else ([], b"", "")
+        return part(actor, kind, body, rank, members)
+    except Exception as exc:  # noqa: BLE001 - any bug of a part: answered, never a silent end of the loop
+        where = "".join(traceback.format_exception(exc, limit=-4)[1:-1]).rstrip()
+        return [], b"", f"member {rank}'s part of a {kind!r} wave raised {type(exc).__name__}: {exc}\n{where}"
 
 
 @dataclass(frozen=True)
@@ -494,17 +512,26 @@ def read_wave_file(path: Path) -> Any:
 
 def encode_record(kind: str, body: Any) -> dict[str, Any]:
     """A wave's (kind, body) as JSON: a step's template as its fields, a gradient or node record as it is."""
+    if kind == "node-step":
+        template, deal = body
+        return {"kind": kind, "body": {"step": asdict(template), "deal": [list(pair) for pair in deal]}}
     return {"kind": kind, "body": asdict(body) if kind == "step" else body}
 
 
 def decode_record(found: dict[str, Any]) -> tuple[str, Any]:
     kind, body = found["kind"], found["body"]
     if kind == "step":
-        return kind, StepTask(**{**body, "retried": tuple(tuple(pair) for pair in body["retried"])})
+        return kind, step_task(body)
+    if kind == "node-step":
+        return kind, (step_task(body["step"]), tuple(tuple(pair) for pair in body["deal"]))
     if kind == "nodes":
         record, counts, seconds, attempts = body
         return kind, (gradient_fields(record), tuple(counts), seconds, attempts)
     return kind, gradient_fields(body)
+
+
+def step_task(fields: dict[str, Any]) -> StepTask:
+    return StepTask(**{**fields, "retried": tuple(tuple(pair) for pair in fields["retried"])})
 
 
 def gradient_fields(record: list[Any]) -> tuple[Any, ...]:
@@ -527,11 +554,15 @@ def part(actor: Any, kind: str, body: Any, rank: int, members: int) -> tuple[lis
                 return numbers, b"", result.error or f"task {task.task}: {result.outcome.name}"
             numbers += [task.task, result.loss, result.seconds]
         return numbers, b"", ""
-    ranges = step_slices(actor.state.context.layout.size, members, BLOCK)
-    if rank >= len(ranges):
+    own = member_slice(actor.state.context.layout.size, members, rank, BLOCK)
+    if own is None:
         return [], b"", ""
-    lo, hi = ranges[rank]
-    result = actor.run(replace(body, task=rank, lo=lo, hi=hi))
+    return step_part(actor, body, rank, *own)
+
+
+def step_part(actor: Any, template: StepTask, rank: int, lo: int, hi: int) -> tuple[list[float], bytes, str]:
+    """Slice [lo, hi) of a step wave's ``template``, as member ``rank``'s part: (numbers, blob, error)."""
+    result = actor.run(replace(template, task=rank, lo=lo, hi=hi))
     if result.outcome == Outcome.NONFINITE:
         return [1.0], b"", ""
     if result.outcome != Outcome.DONE:

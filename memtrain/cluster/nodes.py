@@ -11,7 +11,8 @@ processes), and member ``rank``:
    (the Dask worker's local directory: never on the shared filesystem);
 2. continues the update's fold (``node_sum.fold_node``): waits for the partial sum of the tasks before its
    range (published by the node before it in the shared exchange folder), adds its gradients in task order and
-   publishes the partial of the tasks up to the end of its range; deletes its scratch files;
+   publishes the partial of the tasks up to the end of its range; deletes its scratch files (the last node of
+   the chain keeps the segments of its own step slice in memory instead, for its step: ``node_sum.KeptSum``);
 3. answers with task, loss and seconds of each of its tasks, as the gradient record's answer.
 
 The step then reads its slice of the last partial instead of every gradient (``StepTask.chained``): the same
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrain.errors import InputError
+from memtrain.train.loops.node_sum import node_step_deal
 from memtrain.train.messages import GradTask, TaskLimit
 from memtrain.train.plan import node_tasks
 
@@ -84,7 +86,8 @@ def node_part(actor: Any, tasks: list[GradTask] | str, body: tuple[Any, ...], ra
     _, counts, seconds, attempts = body
     if isinstance(tasks, str):
         return [], b"", tasks
-    lo, hi = node_tasks(len(tasks), counts)[rank]
+    ranges = node_tasks(len(tasks), counts)
+    lo, hi = ranges[rank]
     if hi <= lo:
         return [], b"", ""
     scratch = Path(actor.worker.local_directory) / SCRATCH
@@ -92,8 +95,13 @@ def node_part(actor: Any, tasks: list[GradTask] | str, body: tuple[Any, ...], ra
     worker = actor.worker
     limit = TaskLimit(seconds=seconds, attempts=attempts,
                       node=f"{worker.name} (Dask worker {worker.address}, host {socket.gethostname()})")
+    # the node that ends the chain steps its own slice of the last partial from its memory, unpublished
+    # (``node_sum.KeptSum``): its slice of the step as a round of nodes deals it (``node_sum.node_step_deal``)
+    deal = node_step_deal(actor.state.context.layout.size, ranges, len(actor.state.slice_step.state_names))
+    own = deal[rank] if hi == len(tasks) and deal[rank][1] > deal[rank][0] else None
     numbers, error = actor.state.node_range(tasks[lo:hi], lo, scratch, counts[rank], sync=actor.sync,
-                                            deadline=time.monotonic() + seconds, abandoned=abandoned, limit=limit)
+                                            deadline=time.monotonic() + seconds, abandoned=abandoned, limit=limit,
+                                            own_slice=own)
     return numbers, b"", error
 
 

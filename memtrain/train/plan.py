@@ -177,6 +177,17 @@ def step_slices(size: int, participants: int, block: int) -> list[tuple[int, int
     return [(a * block, min(b * block, size)) for a, b in split_range(0, blocks, min(participants, blocks))]
 
 
+def member_slice(size: int, members: int, rank: int, block: int) -> tuple[int, int] | None:
+    """Member ``rank``'s slice of a step dealt to ``members`` (``step_slices``); None when it has none: a vector of
+    fewer blocks than members has fewer slices, and the last members step nothing.
+
+    >>> member_slice(10, 2, 1, 8), member_slice(5, 2, 1, 8)
+    ((8, 10), None)
+    """
+    slices = step_slices(size, members, block)
+    return slices[rank] if rank < len(slices) else None
+
+
 def eval_tasks(val_rows: int, eval_rows: int, *, at_least: int = 1) -> tuple[TaskRange, ...]:
     """The evaluation tasks of ``val_rows`` validation rows: contiguous pieces of at most ``eval_rows`` rows,
     and at least ``at_least`` of them (the job's ``tasks_per_update``, so that the participants of an update

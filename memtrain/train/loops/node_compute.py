@@ -43,7 +43,7 @@ from memtrain.train.exchange.area import STREAMED_GRADIENT, discard
 from memtrain.train.loops.gradient import TaskGradient
 from memtrain.train.loops.mapped import ROW_CACHE_BYTES, THREAD_ROWS_SHARE, TaskRows
 from memtrain.train.loops.maps import MapCache
-from memtrain.train.loops.node_sum import Abandoned, PartialSum, fold_node
+from memtrain.train.loops.node_sum import Abandoned, KeptSum, PartialSum, fold_node
 from memtrain.train.loops.stream import StreamedGradient
 from memtrain.train.loops.threads import TaskThreads
 from memtrain.train.messages import GradTask, Outcome, Result, TaskLimit
@@ -233,9 +233,11 @@ def node_compute(state: Any, made: NodeCompute | NodeProcesses | None, scratch: 
 
 
 def compute_range(compute: NodeCompute | NodeProcesses, tasks: list[GradTask], lo: int, chain: PartialSum, *,
-                  deadline: float, abandoned: Callable[[], bool], limit: TaskLimit) -> tuple[list[float], str]:
+                  deadline: float, abandoned: Callable[[], bool], limit: TaskLimit,
+                  keep: KeptSum | None = None) -> tuple[list[float], str]:
     """Tasks ``lo``.. of the update (``tasks``, its member's range) computed on ``compute``'s threads into the
-    node's scratch and folded onto ``chain`` (``node_sum.fold_node``); (task, loss, seconds of each task, error).
+    node's scratch and folded onto ``chain`` (``node_sum.fold_node``, ``keep`` as there); (task, loss, seconds of
+    each task, error).
     The scratch files are deleted whatever happens; a round that ended meanwhile is no error (nobody reads the
     answer)."""
     numbers: list[float] = []
@@ -248,7 +250,8 @@ def compute_range(compute: NodeCompute | NodeProcesses, tasks: list[GradTask], l
         grads = {t: open_npy(path, shape=(chain.size,), dtype=np.float32)
                  for t, path in enumerate(paths, start=lo)}
         with contextlib.suppress(Abandoned):  # the round ended meanwhile: nobody reads this answer
-            fold_node(chain, lo, lo + len(tasks), grads.__getitem__, deadline=deadline, abandoned=abandoned)
+            fold_node(chain, lo, lo + len(tasks), grads.__getitem__, deadline=deadline, abandoned=abandoned,
+                      keep=keep)
         return numbers, ""
     finally:
         discard(paths)

@@ -5,7 +5,11 @@ member of the broadcast round is a node (its Dask worker started with ``MEMTRAIN
 memtrain/cluster/nodes.py), an update's gradients are asked with a **node record** -- the gradient record and
 the members' process counts in rank order -- and the members continue one fold of the update's gradients
 across the nodes (train/loops/node_sum.py). The step's slices then read the last partial
-(``StepTask.chained``) instead of every gradient file: the same sum, so the same bits.
+(``StepTask.chained``) instead of every gradient file: the same sum, so the same bits. The step wave
+(``node-step``) deals the slices by ``node_sum.node_step_deal``: the node ending the chain steps its own slice
+from its memory, never published; a step of that slice anywhere else (the node lost after its answer, a step
+sent per task) finds the last partial not whole, and ``step_per_task`` has the tasks after the furthest whole
+partial computed again per task first: the same bits.
 
 A round that ends early (a node left, failed or fell silent): the furthest partial whole in every segment at
 the end of an answered node's range (``node_sum.resume_point``) is kept, the tasks after it run per task
@@ -19,9 +23,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from memtrain.train.exchange.area import discard
+from memtrain.train.exchange.area import SPARE_GRADIENT, STREAMED_GRADIENT, discard
 from memtrain.train.loops.mapped import RoundFiles
-from memtrain.train.loops.node_sum import PartialSum, node_tasks, resume_point, segment_ranges
+from memtrain.train.loops.node_sum import PartialSum, node_step_deal, node_tasks, resume_point, segment_ranges
 from memtrain.train.loops.sliced import SlicedParticipant
 from memtrain.train.messages import GradTask, Result, StepTask, Stretch
 from memtrain.train.plan import Update
@@ -43,6 +47,9 @@ class NodeParticipant(SlicedParticipant):
     """The server of a cluster run whose round members may be nodes (see the module's docstring)."""
 
     chained = 0  # tasks of the update to step next whose sum is its chain's partial
+    # the update to step next when its gradients went through a round of nodes: (its gradient tasks, where the
+    # nodes' ranges end, the step's deal by rank when every node answered -- else None)
+    dealt: tuple[list[GradTask], list[int], list[tuple[int, int]] | None] | None = None
 
     def __init__(self, files: RoundFiles, stretch: Stretch, **options: Any):
         super().__init__(files, stretch, **options)
@@ -59,7 +66,7 @@ class NodeParticipant(SlicedParticipant):
         return self.broadcast.processes
 
     def run_gradient_tasks(self, tasks: list[GradTask]) -> list[Result]:
-        self.chained = 0
+        self.chained, self.dealt = 0, None
         broadcast = self.broadcast
         if broadcast is None or not (broadcast.active or broadcast.open()) or not self.member_processes():
             return super().run_gradient_tasks(tasks)
@@ -73,6 +80,8 @@ class NodeParticipant(SlicedParticipant):
         self.published[tasks[0].ticket] = self.partials(tasks[0], ends)  # discarded after the step
         answer = broadcast.ask("nodes", record, node_shares(ranges, counts), self.file_chores)
         found = gradient_results(tasks, answer.numbers)
+        deal = node_step_deal(self.files.size, ranges, len(self.state_names))
+        self.dealt = (tasks, ends, deal if answer.status == "done" else None)
         if answer.status == "done":
             self.chained = len(tasks)
             return [found[task.task] for task in tasks]
@@ -98,6 +107,52 @@ class NodeParticipant(SlicedParticipant):
         """The step's slices, each reading the sum of its update's first ``chained`` tasks from their chain's
         partial (0: every gradient file): section ``node_step`` (train/timing.py)."""
         return super().run_step_tasks(tasks, ranges)
+
+    def node_deal(self) -> list[tuple[int, int]] | None:
+        """The step's deal by rank (``node_sum.node_step_deal``) while the round whose nodes folded the whole
+        update is still on; else None (the step is sliced and sent as without nodes)."""
+        broadcast = self.broadcast
+        if self.dealt is None or self.dealt[2] is None or broadcast is None or not broadcast.active:
+            return None
+        return self.dealt[2]
+
+    def step_ranges(self, count: int) -> list[tuple[int, int]]:
+        deal = self.node_deal()
+        return super().step_ranges(count) if deal is None else [(lo, hi) for lo, hi in deal if hi > lo]
+
+    def ask_step(self, broadcast: Any, tasks: list[StepTask], ranges: list[tuple[int, int]]) -> Any:
+        """A round of nodes' step wave: the template and the deal (``node_step_deal``: the node ending the chain
+        steps its slice from its memory); any other round's as without nodes."""
+        deal = self.node_deal()
+        if deal is None:
+            return super().ask_step(broadcast, tasks, ranges)
+        return broadcast.ask("node-step", (replace(tasks[0], task=0, lo=0, hi=0), tuple(deal)),
+                             [int(hi > lo) for lo, hi in deal], lambda: None)
+
+    def step_per_task(self, tasks: list[StepTask]) -> list[Result]:
+        """The slices per task. The node that ended the chain kept its slice of the last partial unpublished: if
+        that partial is not whole (that node was lost, or its round ended, before its step), the furthest whole
+        partial at a node's range end is read instead, and the tasks after it are computed again per task
+        (attempt 1, as when a node is lost mid-round): the same sum, so the same bits."""
+        chained = tasks[0].chained if tasks else 0
+        if not chained or self.dealt is None or self.dealt[0][0].ticket != tasks[0].update:
+            return super().step_per_task(tasks)
+        grads, ends, _ = self.dealt
+        whole = resume_point(self.chain(grads[0]), [end for end in ends if end <= chained])
+        if whole < chained:
+            if self.broadcast is not None:
+                self.broadcast.log(f"update {tasks[0].update}: the partial of its first {chained} tasks is not whole "
+                                   f"(the node that ended the chain kept its step slice and is gone or its round "
+                                   f"ended); tasks {whole}-{chained - 1} computed again per task")
+            redo = [replace(task, attempt=1, spare="", in_place=False) for task in grads[whole:chained]]
+            done = self.run_tasks(redo, lambda: None)
+            self.received += [(STREAMED_GRADIENT.path(self.files.exchange, r_task.ticket, r.task, r.attempt),
+                               SPARE_GRADIENT.name(r_task.ticket, r.task, r.attempt))
+                              for r_task, r in zip(redo, done, strict=True)]
+            taken = {**dict(tasks[0].retried), **{r.task: r.attempt for r in done}}
+            retried = tuple(sorted((task, attempt) for task, attempt in taken.items() if attempt))
+            tasks = [replace(task, chained=whole, retried=retried) for task in tasks]
+        return super().step_per_task(tasks)
 
     def step(self, update: Update) -> None:
         try:

@@ -29,12 +29,19 @@ local fold bit for bit, whatever the number of nodes, their ranges, or the proce
 Bytes per node per update over the shared filesystem: the version read once, the previous partial
 read, its own partial written -- three vectors, whatever its process count (the issue's bound).
 The step then starts from the last partial: ``reduce_and_step(grads=[last partial])`` gives the same
-weights as from every gradient (tests/test_node_sum.py checks both).
+weights as from every gradient (tests/test_node_sum.py checks both). Each slice owner reads its slice of
+the last partial, except the node that wrote it: that node keeps the segments of its own step slice in
+memory (``KeptSum``), never publishes them, and steps them from there; with SGD only the chain's first and
+last nodes step, the last at least half the vector (``node_step_deal``): at most 3 vectors per node per
+update, the step included (docs/cluster.md, "Bytes per node per update"). A step of the kept slice anywhere
+else finds the last partial not whole and the server computes the tasks after the furthest whole one again
+(train/loops/node_round.py).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -57,6 +64,7 @@ from memtrain.train.exchange.area import CHAIN_SUM, discard
 from memtrain.train.exchange.weights import BLOCK
 from memtrain.train.messages import StepTask
 from memtrain.train.plan import node_tasks as node_tasks  # the ranges are the plan's (the cluster derives them too)
+from memtrain.train.plan import step_slices
 
 MAGIC = b"mtchain1"
 SEGMENT_BLOCKS = 4  # checksum blocks per segment: 256 Ki parameters, 1 MiB; a 1e6 vector is 4 segments, 1e7 is 39
@@ -232,9 +240,62 @@ def check(record: np.ndarray, expected: dict[str, int], path: Path) -> None:
             raise CorruptFileError(f"partial sum's block {k} does not match its digest", path=path)
 
 
+class KeptSum:
+    """The segments of the update's last partial that the node which wrote it will step itself (its own step
+    slice), kept in its memory by ``fold_node`` (``keep``) and taken by ``read_sum`` instead of reading them back
+    from the shared filesystem: the same values, so the same bits. Holds one chain's segments at a time (a new
+    chain's drops the old ones: at most the node's step slice plus a segment); a step run elsewhere (the node lost,
+    a backup) reads the published file, which is always written too."""
+
+    taken_in_process = 0  # segments any KeptSum of this process gave instead of their file (a node's Dask worker:
+    # tests/test_node_round.py asks it through ``client.run``)
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.chain: tuple = ()  # the identity of the chain whose segments are kept
+        self.segments: dict[tuple[int, int], np.ndarray] = {}  # (tasks, segment) -> the partial's values
+        self.want = (0, 0)  # the slice [lo, hi) of the vector whose segments are kept
+        self.taken = 0  # segments read from here rather than from their file
+
+    @staticmethod
+    def key(chain: PartialSum) -> tuple:
+        return chain.folder, chain.update, chain.attempt, chain.version, chain.size, chain.segment_blocks
+
+    def expect(self, chain: PartialSum, lo: int, hi: int) -> None:
+        """Keep, from now on, the segments of ``chain`` in the step slice [lo, hi) -- whole segments
+        (``node_step_deal``): ``fold_node`` keeps them instead of publishing them; forget any other."""
+        step = chain.segment_blocks * BLOCK
+        if lo % step or (hi % step and hi != chain.size):
+            raise ValueError(f"[{lo}, {hi}) is not a run of whole segments of {step} parameters")
+        with self.lock:
+            self.chain, self.segments, self.want = self.key(chain), {}, (lo, hi)
+
+    def wants(self, chain: PartialSum, segment: int) -> bool:
+        """Whether ``segment`` of ``chain`` is one this node keeps (and does not publish)."""
+        a, b = chain.segments()[segment]
+        with self.lock:
+            return self.key(chain) == self.chain and a < self.want[1] and b > self.want[0]
+
+    def put(self, chain: PartialSum, tasks: int, segment: int, values: np.ndarray) -> None:
+        if self.wants(chain, segment):
+            with self.lock:
+                self.segments[(tasks, segment)] = values
+
+    def take(self, chain: PartialSum, tasks: int, segment: int) -> np.ndarray | None:
+        """The values of the partial of ``tasks`` tasks, ``segment``, if kept (then no longer kept), else None."""
+        with self.lock:
+            if self.key(chain) != self.chain:
+                return None
+            values = self.segments.pop((tasks, segment), None)
+            if values is not None:
+                self.taken += 1
+                KeptSum.taken_in_process += 1
+            return values
+
+
 def fold_node(chain: PartialSum, lo: int, hi: int, grad: Callable[[int], np.ndarray], *, deadline: float,
               share: tuple[int, int] = (0, 1), source: PartialSum | None = None,
-              abandoned: Callable[[], bool] | None = None) -> list[Path]:
+              abandoned: Callable[[], bool] | None = None, keep: KeptSum | None = None) -> list[Path]:
     """One node's part of the chain: for its tasks [lo, hi), each of its segments (``share`` = (i, p): process
     i of the node's p takes segments i, i + p, ...) -- wait for the partial of the first ``lo`` tasks, read
     it, add ``grad(t)[segment]`` for t in [lo, hi) in order, publish the partial of the first ``hi``.
@@ -242,7 +303,9 @@ def fold_node(chain: PartialSum, lo: int, hi: int, grad: Callable[[int], np.ndar
 
     ``source``: where the partial of the first ``lo`` tasks is read (default: ``chain``). After a node was lost
     mid-chain, a new attempt continues from an earlier attempt's furthest whole partial (``resume_point``):
-    the same sum, so the same bits. ``abandoned``: asked while waiting; true raises ``Abandoned``."""
+    the same sum, so the same bits. ``abandoned``: asked while waiting; true raises ``Abandoned``. ``keep``: the
+    segments it expects (``KeptSum.expect``: the node ending the chain, its own step slice) are kept in memory
+    instead of published -- the step that reads them runs in this process (``node_step_deal``)."""
     if hi <= lo:
         return []
     source = source or chain
@@ -258,8 +321,49 @@ def fold_node(chain: PartialSum, lo: int, hi: int, grad: Callable[[int], np.ndar
             source.wait(lo, segment, deadline, abandoned)
             source.read(lo, segment, record)
         fold(record["values"][0], [grad(t)[a:b] for t in range(lo, hi)], continued=lo > 0)
-        published.append(chain.write(hi, segment, record))
+        if keep is not None and keep.wants(chain, segment):
+            keep.put(chain, hi, segment, record["values"][0])
+        else:
+            published.append(chain.write(hi, segment, record))
     return published
+
+
+def node_step_deal(size: int, ranges: Sequence[tuple[int, int]], state_vectors: int = 0,
+                   segment_blocks: int = SEGMENT_BLOCKS) -> list[tuple[int, int]]:
+    """Each member's slice of the step in a round of nodes (their task ranges ``ranges``, ``node_tasks``), by rank,
+    in whole segments: the node ending the chain keeps its own slice of the last partial in its memory, never
+    published (``KeptSum``), and steps it from there.
+
+    With an optimizer without state (``state_vectors`` = 0: SGD) the chain's last node steps [m, size) and its
+    first node [0, m), the nodes between nothing ((0, 0)); ``m`` is the segment boundary at or below half the
+    vector: the last node steps at least half, so that no node moves more than 3 vectors over the shared
+    filesystem per update (docs/cluster.md, "Bytes per node per update"); one node in the chain steps it all.
+    With optimizer state, which every slice owner reads and writes for its slice, the step is spread over the
+    members as without nodes (``plan.step_slices``, in whole segments) -- concentrated on two nodes it would move
+    more bytes through them, not fewer -- the last slice to the node ending the chain, the others to the ranks
+    before it (fewer slices than members when the vector has fewer segments: the first ranks step nothing).
+
+    >>> node_step_deal(10 * BLOCK, [(0, 2), (2, 3), (3, 6)], segment_blocks=2)
+    [(0, 262144), (0, 0), (262144, 655360)]
+    >>> node_step_deal(10 * BLOCK, [(0, 2), (2, 3), (3, 6)], state_vectors=2, segment_blocks=2)
+    [(0, 131072), (131072, 393216), (393216, 655360)]
+    >>> node_step_deal(10 * BLOCK, [(0, 2), (2, 3), (3, 6)], state_vectors=2, segment_blocks=8)
+    [(0, 0), (0, 524288), (524288, 655360)]
+    """
+    step = segment_blocks * BLOCK
+    active = [rank for rank, (lo, hi) in enumerate(ranges) if hi > lo]
+    deal = [(0, 0)] * len(ranges)
+    if not active:
+        return deal
+    if state_vectors:
+        slices = step_slices(size, active[-1] + 1, step)
+        deal[active[-1] + 1 - len(slices): active[-1] + 1] = slices
+        return deal
+    cut = 0 if len(active) == 1 else size // 2 // step * step
+    deal[active[-1]] = (cut, size)
+    if cut:
+        deal[active[0]] = (0, cut)
+    return deal
 
 
 def resume_point(chain: PartialSum, boundaries: Sequence[int]) -> int:
@@ -276,10 +380,11 @@ def resume_point(chain: PartialSum, boundaries: Sequence[int]) -> int:
     return 0
 
 
-def read_sum(chain: PartialSum, tasks: int, *, deadline: float, lo: int = 0, hi: int | None = None) -> np.ndarray:
+def read_sum(chain: PartialSum, tasks: int, *, deadline: float, lo: int = 0, hi: int | None = None,
+             kept: KeptSum | None = None) -> np.ndarray:
     """Elements [lo, hi) (default: all) of the sum of the first ``tasks`` tasks -- with every task of the update,
     the last partial, what the step starts from: a slice owner reads its slice only (the segments it overlaps,
-    each checked whole). A new array."""
+    each checked whole; those ``kept`` holds, this node's own, from its memory). A new array."""
     hi = chain.size if hi is None else hi
     if not 0 <= lo <= hi <= chain.size:
         raise ValueError(f"[{lo}, {hi}) is not a slice of a vector of {chain.size}")
@@ -287,13 +392,17 @@ def read_sum(chain: PartialSum, tasks: int, *, deadline: float, lo: int = 0, hi:
     for segment, (a, b) in enumerate(chain.segments()):
         if b <= lo or a >= hi:
             continue
-        chain.wait(tasks, segment, deadline)
-        values = chain.read(tasks, segment, chain.record(segment))["values"][0]
+        values = kept.take(chain, tasks, segment) if kept is not None else None
+        if values is None:
+            chain.wait(tasks, segment, deadline)
+            values = chain.read(tasks, segment, chain.record(segment))["values"][0]
         out[max(a, lo) - lo: min(b, hi) - lo] = values[max(a, lo) - a: min(b, hi) - a]
     return out
 
 
-def chained_sum(message: StepTask, exchange: Path, size: int) -> np.ndarray:
-    """Slice [lo, hi) of the sum of the first ``message.chained`` tasks of the update: its chain's partial."""
+def chained_sum(message: StepTask, exchange: Path, size: int, kept: KeptSum | None = None) -> np.ndarray:
+    """Slice [lo, hi) of the sum of the first ``message.chained`` tasks of the update: its chain's partial (the
+    segments ``kept`` holds from this node's memory)."""
     chain = PartialSum(exchange, update=message.update, attempt=0, version=message.version, size=size)
-    return read_sum(chain, message.chained, deadline=time.monotonic() + READ_SECONDS, lo=message.lo, hi=message.hi)
+    return read_sum(chain, message.chained, deadline=time.monotonic() + READ_SECONDS, lo=message.lo, hi=message.hi,
+                    kept=kept)

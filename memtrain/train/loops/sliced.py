@@ -66,6 +66,7 @@ from memtrain.train.timing import UNTIMED, Timer, timed, timed_sections
 if TYPE_CHECKING:
     from memtrain.cluster.broadcast import Answer, Broadcast
     from memtrain.models.params import ParamLayout
+    from memtrain.train.loops.node_sum import KeptSum
     from memtrain.train.optim import OptimizerConfig
 
 DIGEST_BYTES = 16  # files.block_digest
@@ -81,9 +82,10 @@ class SliceStep:
     bytes leave the machine (a map's dirty page at a slice's edge would carry a neighbour's bytes too)."""
 
     def __init__(self, *, layout: ParamLayout, optimizer: OptimizerConfig, server_pid: int, run_dir: Path,
-                 exchange: Path):
+                 exchange: Path, kept: KeptSum | None = None):
         self.layout, self.optimizer, self.server_pid = layout, optimizer, server_pid
         self.run_dir, self.exchange = run_dir, exchange
+        self.kept = kept  # a two-level round: the segments of the last partial this node wrote for its own slice
         self.state_names = state_names(optimizer)
         self.memory: tuple[np.ndarray, dict[str, np.ndarray]] | None = None
         self.scratch = Scratch()
@@ -98,7 +100,7 @@ class SliceStep:
         if message.chained:  # a two-level round: the fold of the first tasks continued, its partial read
             from memtrain.train.loops.node_sum import chained_sum
 
-            grads.insert(0, chained_sum(message, exchange, size))
+            grads.insert(0, chained_sum(message, exchange, size, self.kept))
         parity = message.version % 2
         state_in = {name: open_npy(OPTIMIZER_STATE.path(exchange, name, parity), shape=(size,),
                                    dtype=np.float32)[lo:hi] for name in names}
@@ -242,16 +244,28 @@ class SlicedParticipant(Participant):
         now) every slice per task: a slice is pure, rewriting it writes the same bits."""
         broadcast = self.broadcast
         if broadcast is None or not broadcast.active:
-            return self.run_tasks(tasks, lambda: None)
+            return self.step_per_task(tasks)
         from memtrain.cluster.broadcast import step_results
 
-        answer = broadcast.ask("step", replace(tasks[0], task=0, lo=0, hi=0), len(ranges), lambda: None)
+        answer = self.ask_step(broadcast, tasks, ranges)
         if answer.status == "done":
             if answer.joined:  # a worker joined: it takes part from the next round (``open`` gives it a slot)
                 broadcast.close()
             return step_results(ranges, answer)
         self.round_over(answer, f"the step's {len(tasks)} slices", [])
+        return self.step_per_task(tasks)
+
+    def step_per_task(self, tasks: list[StepTask]) -> list[Result]:
+        """The step's slices sent per task (no round, or its step wave ended early)."""
         return self.run_tasks(tasks, lambda: None)
+
+    def ask_step(self, broadcast: Broadcast, tasks: list[StepTask], ranges: list[tuple[int, int]]) -> Answer:
+        """The step's wave: its template; member j steps slice j (``step_slices``, as many as members)."""
+        return broadcast.ask("step", replace(tasks[0], task=0, lo=0, hi=0), len(ranges), lambda: None)
+
+    def step_ranges(self, count: int) -> list[tuple[int, int]]:
+        """The slices of the next step, cut for ``count`` workers (any cut gives the same bits)."""
+        return step_slices(self.files.size, count, BLOCK)
 
     def round_over(self, answer: Answer, what: str, leftovers: list[Path]) -> None:
         """A broadcast round ended before every answer was in: say why, kill its silent members (``timeout``),
@@ -282,7 +296,7 @@ class SlicedParticipant(Participant):
         self.ready_state(version + 1)
         broadcast = self.broadcast
         count = broadcast.size if broadcast is not None and broadcast.active else max(1, self.slices())
-        ranges = step_slices(files.size, count, BLOCK)
+        ranges = self.step_ranges(count)
         attempts = tuple(self.attempts)
         if [t.task for t in update.tasks] != list(range(len(attempts))):
             raise MemtrainError(f"update {update.update}: tasks {[t.task for t in update.tasks]} are not numbered "

@@ -37,7 +37,7 @@ from memtrain.train.loops.gradient import TaskGradient
 from memtrain.train.loops.mapped import ROW_CACHE_BYTES, RoundFiles, RowCache, TaskRows, round_plan
 from memtrain.train.loops.maps import MapCache
 from memtrain.train.loops.node_compute import NodeCompute, NodeProcesses, compute_range, node_compute
-from memtrain.train.loops.node_sum import PartialSum
+from memtrain.train.loops.node_sum import KeptSum, PartialSum
 from memtrain.train.loops.rounds import Participant
 from memtrain.train.loops.sliced import SliceStep
 from memtrain.train.loops.stream import StreamedGradient
@@ -228,8 +228,10 @@ class WorkerState:
         # the handlers of a streamed gradient task and of a cluster's step slice, each handed what it uses
         self.streamed_gradient = StreamedGradient(layout=self.context.layout, maps=self.maps, run_dir=self.run_dir,
                                                   exchange=self.exchange, rows=self.task_rows, gradient=self.gradient)
+        self.kept = KeptSum()  # a node ending a chain: its own step slice of the last partial (node_sum.py)
         self.slice_step = SliceStep(layout=self.context.layout, optimizer=setup.optimizer,
-                                    server_pid=setup.server_pid, run_dir=self.run_dir, exchange=self.exchange)
+                                    server_pid=setup.server_pid, run_dir=self.run_dir, exchange=self.exchange,
+                                    kept=self.kept)
         # a node's task threads or worker processes (a two-level round's member)
         self.node_compute: NodeCompute | NodeProcesses | None = None
 
@@ -254,15 +256,20 @@ class WorkerState:
             return Result(task=message.task, attempt=message.attempt, outcome=Outcome.FAILED, error=error)
 
     def node_range(self, tasks: list[GradTask], lo: int, scratch: Path, processes: int, *, sync: bool,
-                   deadline: float, abandoned: Callable[[], bool], limit: TaskLimit) -> tuple[list[float], str]:
+                   deadline: float, abandoned: Callable[[], bool], limit: TaskLimit,
+                   own_slice: tuple[int, int] | None = None) -> tuple[list[float], str]:
         """A two-level round member's range (tasks ``lo``.. of the update) computed on the node's ``processes``
         threads into ``scratch`` and folded onto the update's chain in the exchange (train/loops/node_compute.py;
-        the cluster's side, memtrain/cluster/nodes.py, hands it here): (task, loss, seconds of each, error)."""
+        the cluster's side, memtrain/cluster/nodes.py, hands it here): (task, loss, seconds of each, error).
+        ``own_slice``: the range ends the chain, and this node steps slice [lo, hi) of it: those segments of the
+        last partial are kept in memory for its step instead of published (``KeptSum``)."""
         self.node_compute = node_compute(self, self.node_compute, scratch, processes, worker_main)
         chain = PartialSum(self.exchange, update=tasks[0].ticket, attempt=0, version=tasks[0].version,
                            size=self.context.layout.size, sync=sync)
+        if own_slice is not None:
+            self.kept.expect(chain, *own_slice)
         return compute_range(self.node_compute, tasks, lo, chain, deadline=deadline, abandoned=abandoned,
-                             limit=limit)
+                             limit=limit, keep=self.kept if own_slice is not None else None)
 
     def close(self) -> None:
         """Give back the node's task threads and the maps (a long-lived Dask worker's state, at the run's end)."""
