@@ -39,7 +39,7 @@ ITEMS = (
     ("gradient task", "a gradient task (the model's included)"),
     ("rows", "the tasks' rows: read and normalized"),
     ("step", "the step: sum, mean, optimizer, block digests"),
-    ("ready", "version file: readying (the retired one recycled)"),
+    # no "ready": the server alone readies its ring's version files once per stretch, not per update (timing.SECTIONS)
     ("publish", "version file: publication (digest, record, rename)"),
     ("stretch_chores", "the server's chores between updates (logs, progress)"),
     ("evaluate", "per epoch: evaluation"),

@@ -17,7 +17,9 @@ from memtrain.cluster.broadcast import BroadcastPlugin, RoundState, Wave, due_at
 
 def board(workers: list[str]) -> BroadcastPlugin:
     plugin = BroadcastPlugin()
-    scheduler = SimpleNamespace(handlers={}, workers=dict.fromkeys(workers))
+    told: list[tuple[str, dict]] = []  # what the plugin publishes to the servers (``BroadcastPlugin.tell``)
+    scheduler = SimpleNamespace(handlers={}, workers=dict.fromkeys(workers), told=told,
+                                log_event=lambda topic, message: told.append((topic, message)))
     asyncio.run(plugin.start(scheduler))
     return plugin
 
@@ -62,6 +64,7 @@ def test_a_wave_ends_when_a_member_leaves_fails_or_is_late_and_a_member_asking_a
 
     found = asyncio.run(left())
     assert found["status"] == "left" and found["ranks"] == [0] and found["numbers"] == [0]
+    assert ("memtrain-round", {"ident": "r", "kind": "left", "worker": "b"}) in plugin.scheduler.told  # the server told
     started = time.monotonic()
     found = asyncio.run(wave(plugin, {0: "", 2: ""}, ratio=3.0, backup_seconds=0.2))
     assert found["status"] == "late" and found["ranks"] == [0, 2] and 0.2 <= time.monotonic() - started < 1.5

@@ -187,7 +187,7 @@ def test_a_step_dealt_to_the_first_and_last_node_gives_a_local_runs_bits(dask, d
                                                                          monkeypatch) -> None:
     """SGD on nodes of 2+1+3 and a vector of more than two segments: the step goes to the first node of the chain
     (the first segment, read from the published partial) and the last (the rest, from its own memory, never
-    published); the middle node steps nothing (``node_sum.node_step_deal``). A local run's bits. (The other tests'
+    published); the middle node steps nothing (``plan.node_step_deal``). A local run's bits. (The other tests'
     job uses Adam, whose step is spread over the nodes, the last slice to the last node.)"""
     processes, client = dask
     assert train(write_job(tmp_path / "local", dataset, WIDE_EPOCHS, BROAD), *TASKS, *SGD) == 0
@@ -263,7 +263,7 @@ def test_the_node_ending_the_chain_lost_in_its_step_has_its_range_computed_again
                                                                                  local_digest: str, tmp_path: Path,
                                                                                  monkeypatch) -> None:
     """Nodes of 1+1+1: the last of the chain (rank 2, tasks 4-5) keeps its step slice of the last partial in its
-    memory, unpublished (``node_sum.node_step_deal``), and SIGKILLs itself in that step (``mid_step``, once): its
+    memory, unpublished (``plan.node_step_deal``), and SIGKILLs itself in that step (``mid_step``, once): its
     answer to the gradients is in, but the slice it kept is gone with it (the wide model is under two segments:
     it steps the whole vector, the step's one slice). The step wave ends (the node left), the last partial is not
     whole, so the server reads the furthest whole one (the first 4 tasks'), computes tasks 4 and 5 again per task

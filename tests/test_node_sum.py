@@ -24,12 +24,10 @@ from memtrain.errors import CorruptFileError, MemtrainError
 from memtrain.files import DIGEST_BYTES
 from memtrain.train.exchange.weights import BLOCK, block_count
 from memtrain.train.loops.node_sum import (
-    SEGMENT_BLOCKS,
     KeptSum,
     PartialSum,
     StalePartial,
     fold_node,
-    node_step_deal,
     node_tasks,
     read_sum,
     resume_point,
@@ -37,6 +35,7 @@ from memtrain.train.loops.node_sum import (
 )
 from memtrain.train.loops.reduce import reduce_and_step
 from memtrain.train.optim import OptimizerConfig, state_names
+from memtrain.train.plan import SEGMENT_BLOCKS, node_step_deal
 
 
 def gradients(seed: int, tasks: int, size: int) -> list[np.ndarray]:
@@ -197,7 +196,7 @@ def test_the_node_ending_the_chain_steps_its_own_slice_from_memory_unpublished(t
     chain = PartialSum(tmp_path, update=7, attempt=0, version=6, size=size, segment_blocks=1)
     ranges = node_tasks(len(grads), counts)
     (lo0, hi0), (lo1, hi1) = ranges
-    other, own = node_step_deal(size, ranges, segment_blocks=1)
+    other, own = node_step_deal(size, ranges, BLOCK, segment_blocks=1)
     assert other == (0, 2 * BLOCK) and own == (2 * BLOCK, size)  # the last node steps at least half
     kept = KeptSum()
     with pytest.raises(ValueError, match="whole segments"):
@@ -227,22 +226,22 @@ def test_the_step_deal_of_a_round_of_nodes() -> None:
     """``node_step_deal``: the first and the last node of the chain step, the last at least half the vector, in
     whole segments; the nodes between, and nodes without tasks, none; one node in the chain steps it all."""
     segment = SEGMENT_BLOCKS * BLOCK
-    assert node_step_deal(10 ** 6, [(0, 3), (3, 6)]) == [(0, segment), (segment, 10 ** 6)]
-    assert node_step_deal(10 ** 6, [(0, 2), (2, 4), (4, 6)]) == [(0, segment), (0, 0), (segment, 10 ** 6)]
-    assert node_step_deal(10 ** 6, [(0, 6)]) == [(0, 10 ** 6)]
-    assert node_step_deal(10 ** 6, [(0, 0), (0, 6), (6, 6)]) == [(0, 0), (0, 10 ** 6), (0, 0)]
-    assert node_step_deal(51, [(0, 3), (3, 6)]) == [(0, 0), (0, 51)]  # under two segments: the last steps it all
+    assert node_step_deal(10 ** 6, [(0, 3), (3, 6)], BLOCK) == [(0, segment), (segment, 10 ** 6)]
+    assert node_step_deal(10 ** 6, [(0, 2), (2, 4), (4, 6)], BLOCK) == [(0, segment), (0, 0), (segment, 10 ** 6)]
+    assert node_step_deal(10 ** 6, [(0, 6)], BLOCK) == [(0, 10 ** 6)]
+    assert node_step_deal(10 ** 6, [(0, 0), (0, 6), (6, 6)], BLOCK) == [(0, 0), (0, 10 ** 6), (0, 0)]
+    assert node_step_deal(51, [(0, 3), (3, 6)], BLOCK) == [(0, 0), (0, 51)]  # under two segments: the last steps it all
     for size in (10 ** 6, 10 ** 7, 4 * segment, 4 * segment + 1):
-        (_, cut), (start, end) = node_step_deal(size, [(0, 1), (1, 2)])
+        (_, cut), (start, end) = node_step_deal(size, [(0, 1), (1, 2)], BLOCK)
         assert cut == start and end == size and cut % segment == 0 and size - cut >= size / 2
     # with optimizer state (Adam: 2 vectors) every member steps, in whole segments, as many slices as there are
     # (the last slice to the node ending the chain, which keeps it unpublished; fewer slices than members: the
     # first ranks step nothing)
-    deal = node_step_deal(10 ** 6, [(0, 1)] * 8, state_vectors=2)
+    deal = node_step_deal(10 ** 6, [(0, 1)] * 8, BLOCK, state_vectors=2)
     assert deal[:4] == [(0, 0)] * 4
     assert deal[4:] == [(0, segment), (segment, 2 * segment), (2 * segment, 3 * segment), (3 * segment, 10 ** 6)]
-    assert node_step_deal(51, [(0, 3), (3, 6)], state_vectors=2) == [(0, 0), (0, 51)]
-    assert node_step_deal(51, [(0, 3), (3, 6), (6, 6)], state_vectors=2) == [(0, 0), (0, 51), (0, 0)]
+    assert node_step_deal(51, [(0, 3), (3, 6)], BLOCK, state_vectors=2) == [(0, 0), (0, 51)]
+    assert node_step_deal(51, [(0, 3), (3, 6), (6, 6)], BLOCK, state_vectors=2) == [(0, 0), (0, 51), (0, 0)]
 
 
 def published(tmp_path: Path, *, update: int = 7, attempt: int = 0) -> tuple[PartialSum, Path]:

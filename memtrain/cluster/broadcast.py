@@ -403,7 +403,7 @@ def member_part(actor: Any, kind: str, body: Any, rank: int, members: int, ended
             from memtrain.cluster.nodes import node_part
 
             return node_part(actor, gradient_tasks(actor.state.plan, body[0]), body, rank, ended)
-        if kind == "node-step":  # its step: the template and each rank's slice (``node_sum.node_step_deal``)
+        if kind == "node-step":  # its step: the template and each rank's slice (``plan.node_step_deal``)
             template, deal = body
             lo, hi = deal[rank]
             return step_part(actor, template, rank, lo, hi) if hi > lo else ([], b"", "")

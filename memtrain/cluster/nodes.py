@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from memtrain.errors import InputError
-from memtrain.train.loops.node_sum import node_step_deal
+from memtrain.train.exchange.weights import BLOCK
 from memtrain.train.messages import GradTask, TaskLimit
-from memtrain.train.plan import node_tasks
+from memtrain.train.plan import node_step_deal, node_tasks
 
 PROCESSES_ENV = "MEMTRAIN_NODE_PROCESSES"
 SCRATCH = "memtrain-node"  # the node's gradient files, under the Dask worker's local directory
@@ -96,8 +96,8 @@ def node_part(actor: Any, tasks: list[GradTask] | str, body: tuple[Any, ...], ra
     limit = TaskLimit(seconds=seconds, attempts=attempts,
                       node=f"{worker.name} (Dask worker {worker.address}, host {socket.gethostname()})")
     # the node that ends the chain steps its own slice of the last partial from its memory, unpublished
-    # (``node_sum.KeptSum``): its slice of the step as a round of nodes deals it (``node_sum.node_step_deal``)
-    deal = node_step_deal(actor.state.context.layout.size, ranges, len(actor.state.slice_step.state_names))
+    # (``node_sum.KeptSum``): its slice of the step as a round of nodes deals it (``plan.node_step_deal``)
+    deal = node_step_deal(actor.state.context.layout.size, ranges, BLOCK, len(actor.state.slice_step.state_names))
     own = deal[rank] if hi == len(tasks) and deal[rank][1] > deal[rank][0] else None
     numbers, error = actor.state.node_range(tasks[lo:hi], lo, scratch, counts[rank], sync=actor.sync,
                                             deadline=time.monotonic() + seconds, abandoned=abandoned, limit=limit,

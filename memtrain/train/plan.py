@@ -170,6 +170,9 @@ def task_owner(task: int, participants: int) -> int:
     return task % participants
 
 
+SEGMENT_BLOCKS = 4  # checksum blocks per segment: 256 Ki parameters, 1 MiB; a 1e6 vector is 4 segments, 1e7 is 39
+
+
 def step_slices(size: int, participants: int, block: int) -> list[tuple[int, int]]:
     """The parameter slices of a step, one per participant at most, each a whole number of ``block``s
     (the checksum blocks, so each block's digest has one writer). Slice j is stepped by slot j."""
@@ -186,6 +189,45 @@ def member_slice(size: int, members: int, rank: int, block: int) -> tuple[int, i
     """
     slices = step_slices(size, members, block)
     return slices[rank] if rank < len(slices) else None
+
+
+def node_step_deal(size: int, ranges: Sequence[tuple[int, int]], block: int, state_vectors: int = 0,
+                   segment_blocks: int = SEGMENT_BLOCKS) -> list[tuple[int, int]]:
+    """Each member's slice of the step in a round of nodes (their task ranges ``ranges``, ``node_tasks``), by rank,
+    in whole segments (``segment_blocks`` checksum blocks of ``block`` parameters): the node ending the chain
+    keeps its own slice of the last partial in its memory, never published (``node_sum.KeptSum``), and steps it
+    from there.
+
+    With an optimizer without state (``state_vectors`` = 0: SGD) the chain's last node steps [m, size) and its
+    first node [0, m), the nodes between nothing ((0, 0)); ``m`` is the segment boundary at or below half the
+    vector: the last node steps at least half, so that no node moves more than 3 vectors over the shared
+    filesystem per update (docs/cluster.md, "Bytes per node per update"); one node in the chain steps it all.
+    With optimizer state, which every slice owner reads and writes for its slice, the step is spread over the
+    members as without nodes (``plan.step_slices``, in whole segments) -- concentrated on two nodes it would move
+    more bytes through them, not fewer -- the last slice to the node ending the chain, the others to the ranks
+    before it (fewer slices than members when the vector has fewer segments: the first ranks step nothing).
+
+    >>> node_step_deal(10 * 65536, [(0, 2), (2, 3), (3, 6)], 65536, segment_blocks=2)
+    [(0, 262144), (0, 0), (262144, 655360)]
+    >>> node_step_deal(10 * 65536, [(0, 2), (2, 3), (3, 6)], 65536, state_vectors=2, segment_blocks=2)
+    [(0, 131072), (131072, 393216), (393216, 655360)]
+    >>> node_step_deal(10 * 65536, [(0, 2), (2, 3), (3, 6)], 65536, state_vectors=2, segment_blocks=8)
+    [(0, 0), (0, 524288), (524288, 655360)]
+    """
+    step = segment_blocks * block
+    active = [rank for rank, (lo, hi) in enumerate(ranges) if hi > lo]
+    deal = [(0, 0)] * len(ranges)
+    if not active:
+        return deal
+    if state_vectors:
+        slices = step_slices(size, active[-1] + 1, step)
+        deal[active[-1] + 1 - len(slices): active[-1] + 1] = slices
+        return deal
+    cut = 0 if len(active) == 1 else size // 2 // step * step
+    deal[active[-1]] = (cut, size)
+    if cut:
+        deal[active[0]] = (0, cut)
+    return deal
 
 
 def eval_tasks(val_rows: int, eval_rows: int, *, at_least: int = 1) -> tuple[TaskRange, ...]:

@@ -6,7 +6,7 @@ memtrain/cluster/nodes.py), an update's gradients are asked with a **node record
 the members' process counts in rank order -- and the members continue one fold of the update's gradients
 across the nodes (train/loops/node_sum.py). The step's slices then read the last partial
 (``StepTask.chained``) instead of every gradient file: the same sum, so the same bits. The step wave
-(``node-step``) deals the slices by ``node_sum.node_step_deal``: the node ending the chain steps its own slice
+(``node-step``) deals the slices by ``plan.node_step_deal``: the node ending the chain steps its own slice
 from its memory, never published; a step of that slice anywhere else (the node lost after its answer, a step
 sent per task) finds the last partial not whole, and ``step_per_task`` has the tasks after the furthest whole
 partial computed again per task first: the same bits.
@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from memtrain.train.exchange.area import SPARE_GRADIENT, STREAMED_GRADIENT, discard
+from memtrain.train.exchange.weights import BLOCK
 from memtrain.train.loops.mapped import RoundFiles
-from memtrain.train.loops.node_sum import PartialSum, node_step_deal, node_tasks, resume_point, segment_ranges
+from memtrain.train.loops.node_sum import PartialSum, node_tasks, resume_point, segment_ranges
 from memtrain.train.loops.sliced import SlicedParticipant
 from memtrain.train.messages import GradTask, Result, StepTask, Stretch
-from memtrain.train.plan import Update
+from memtrain.train.plan import Update, node_step_deal
 from memtrain.train.timing import UNTIMED, timed_sections
 
 
@@ -80,7 +81,7 @@ class NodeParticipant(SlicedParticipant):
         self.published[tasks[0].ticket] = self.partials(tasks[0], ends)  # discarded after the step
         answer = broadcast.ask("nodes", record, node_shares(ranges, counts), self.file_chores)
         found = gradient_results(tasks, answer.numbers)
-        deal = node_step_deal(self.files.size, ranges, len(self.state_names))
+        deal = node_step_deal(self.files.size, ranges, BLOCK, len(self.state_names))
         self.dealt = (tasks, ends, deal if answer.status == "done" else None)
         if answer.status == "done":
             self.chained = len(tasks)
@@ -109,7 +110,7 @@ class NodeParticipant(SlicedParticipant):
         return super().run_step_tasks(tasks, ranges)
 
     def node_deal(self) -> list[tuple[int, int]] | None:
-        """The step's deal by rank (``node_sum.node_step_deal``) while the round whose nodes folded the whole
+        """The step's deal by rank (``plan.node_step_deal``) while the round whose nodes folded the whole
         update is still on; else None (the step is sliced and sent as without nodes)."""
         broadcast = self.broadcast
         if self.dealt is None or self.dealt[2] is None or broadcast is None or not broadcast.active:

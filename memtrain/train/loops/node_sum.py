@@ -32,7 +32,7 @@ The step then starts from the last partial: ``reduce_and_step(grads=[last partia
 weights as from every gradient (tests/test_node_sum.py checks both). Each slice owner reads its slice of
 the last partial, except the node that wrote it: that node keeps the segments of its own step slice in
 memory (``KeptSum``), never publishes them, and steps them from there; with SGD only the chain's first and
-last nodes step, the last at least half the vector (``node_step_deal``): at most 3 vectors per node per
+last nodes step, the last at least half the vector (``plan.node_step_deal``): at most 3 vectors per node per
 update, the step included (docs/cluster.md, "Bytes per node per update"). A step of the kept slice anywhere
 else finds the last partial not whole and the server computes the tasks after the furthest whole one again
 (train/loops/node_round.py).
@@ -63,11 +63,10 @@ from memtrain.layout import tmp_sibling
 from memtrain.train.exchange.area import CHAIN_SUM, discard
 from memtrain.train.exchange.weights import BLOCK
 from memtrain.train.messages import StepTask
+from memtrain.train.plan import SEGMENT_BLOCKS
 from memtrain.train.plan import node_tasks as node_tasks  # the ranges are the plan's (the cluster derives them too)
-from memtrain.train.plan import step_slices
 
 MAGIC = b"mtchain1"
-SEGMENT_BLOCKS = 4  # checksum blocks per segment: 256 Ki parameters, 1 MiB; a 1e6 vector is 4 segments, 1e7 is 39
 POLL_SECONDS = (0.0002, 0.005)  # waiting for the previous partial: first and longest sleep between looks
 IDENTITY = ("update", "attempt", "version", "tasks", "lo", "hi", "size")
 
@@ -263,7 +262,7 @@ class KeptSum:
 
     def expect(self, chain: PartialSum, lo: int, hi: int) -> None:
         """Keep, from now on, the segments of ``chain`` in the step slice [lo, hi) -- whole segments
-        (``node_step_deal``): ``fold_node`` keeps them instead of publishing them; forget any other."""
+        (``plan.node_step_deal``): ``fold_node`` keeps them instead of publishing them; forget any other."""
         step = chain.segment_blocks * BLOCK
         if lo % step or (hi % step and hi != chain.size):
             raise ValueError(f"[{lo}, {hi}) is not a run of whole segments of {step} parameters")
@@ -305,7 +304,7 @@ def fold_node(chain: PartialSum, lo: int, hi: int, grad: Callable[[int], np.ndar
     mid-chain, a new attempt continues from an earlier attempt's furthest whole partial (``resume_point``):
     the same sum, so the same bits. ``abandoned``: asked while waiting; true raises ``Abandoned``. ``keep``: the
     segments it expects (``KeptSum.expect``: the node ending the chain, its own step slice) are kept in memory
-    instead of published -- the step that reads them runs in this process (``node_step_deal``)."""
+    instead of published -- the step that reads them runs in this process (``plan.node_step_deal``)."""
     if hi <= lo:
         return []
     source = source or chain
@@ -326,44 +325,6 @@ def fold_node(chain: PartialSum, lo: int, hi: int, grad: Callable[[int], np.ndar
         else:
             published.append(chain.write(hi, segment, record))
     return published
-
-
-def node_step_deal(size: int, ranges: Sequence[tuple[int, int]], state_vectors: int = 0,
-                   segment_blocks: int = SEGMENT_BLOCKS) -> list[tuple[int, int]]:
-    """Each member's slice of the step in a round of nodes (their task ranges ``ranges``, ``node_tasks``), by rank,
-    in whole segments: the node ending the chain keeps its own slice of the last partial in its memory, never
-    published (``KeptSum``), and steps it from there.
-
-    With an optimizer without state (``state_vectors`` = 0: SGD) the chain's last node steps [m, size) and its
-    first node [0, m), the nodes between nothing ((0, 0)); ``m`` is the segment boundary at or below half the
-    vector: the last node steps at least half, so that no node moves more than 3 vectors over the shared
-    filesystem per update (docs/cluster.md, "Bytes per node per update"); one node in the chain steps it all.
-    With optimizer state, which every slice owner reads and writes for its slice, the step is spread over the
-    members as without nodes (``plan.step_slices``, in whole segments) -- concentrated on two nodes it would move
-    more bytes through them, not fewer -- the last slice to the node ending the chain, the others to the ranks
-    before it (fewer slices than members when the vector has fewer segments: the first ranks step nothing).
-
-    >>> node_step_deal(10 * BLOCK, [(0, 2), (2, 3), (3, 6)], segment_blocks=2)
-    [(0, 262144), (0, 0), (262144, 655360)]
-    >>> node_step_deal(10 * BLOCK, [(0, 2), (2, 3), (3, 6)], state_vectors=2, segment_blocks=2)
-    [(0, 131072), (131072, 393216), (393216, 655360)]
-    >>> node_step_deal(10 * BLOCK, [(0, 2), (2, 3), (3, 6)], state_vectors=2, segment_blocks=8)
-    [(0, 0), (0, 524288), (524288, 655360)]
-    """
-    step = segment_blocks * BLOCK
-    active = [rank for rank, (lo, hi) in enumerate(ranges) if hi > lo]
-    deal = [(0, 0)] * len(ranges)
-    if not active:
-        return deal
-    if state_vectors:
-        slices = step_slices(size, active[-1] + 1, step)
-        deal[active[-1] + 1 - len(slices): active[-1] + 1] = slices
-        return deal
-    cut = 0 if len(active) == 1 else size // 2 // step * step
-    deal[active[-1]] = (cut, size)
-    if cut:
-        deal[active[0]] = (0, cut)
-    return deal
 
 
 def resume_point(chain: PartialSum, boundaries: Sequence[int]) -> int:
