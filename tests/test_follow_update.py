@@ -11,8 +11,8 @@ up to ``TRIES`` times and the fewest files and returns are bounded. The bounds a
 train/messages.py's ``SetAside``, the straggler rule its rounds judge each update by; its returns went from 26 to
 30 when a round of nodes began to deal its own step, issue 42: ``plan.node_step_deal``, two hooks of the sliced
 step, ``step_ranges`` and ``ask_step``, each entered from train/loops/sliced.py and returning to it); the code
-before issue 39's third step (async 14 / 53: the chores in train/server/engines.py, the lineage line made in lineage.py) fails
-the async bound, and the code before the server alone stopped meeting itself at marks (issue 43: sync 10 / 28) the
+before issue 39's third step (async 14 / 53: the chores in train/server/engines.py, the lineage line made in
+lineage.py) fails the async bound, and the code before the server alone stopped meeting itself at marks (issue 43: sync 10 / 28) the
 sync bound.
 """
 
