@@ -12,8 +12,8 @@ train/messages.py's ``SetAside``, the straggler rule its rounds judge each updat
 30 when a round of nodes began to deal its own step, issue 42: ``plan.node_step_deal``, two hooks of the sliced
 step, ``step_ranges`` and ``ask_step``, each entered from train/loops/sliced.py and returning to it); the code
 before issue 39's third step (async 14 / 53: the chores in train/server/engines.py, the lineage line made in
-lineage.py) fails the async bound, and the code before the server alone stopped meeting itself at marks (issue 43: sync 10 / 28) the
-sync bound.
+lineage.py) fails the async bound, and the code before the server alone stopped meeting itself at marks
+(issue 43: sync 10 / 28) the sync bound.
 """
 
 from __future__ import annotations
