@@ -40,8 +40,13 @@ def prepare(root: Path, rows: int) -> None:
 
 
 def epoch(method: str, root: Path, batch: int, consumer: str) -> dict[str, float]:
-    """One epoch of ``method``, timed from before its iterator is made to after the last batch is consumed."""
+    """One epoch of ``method``, timed from before its iterator is made to after the last batch is consumed
+    (modules imported before the clock starts: a program imports them once, not per epoch)."""
     import torch
+    import torch.utils.data  # noqa: F401
+
+    import memtrain.dataset
+    import memtrain.torch  # noqa: F401
 
     if consumer == "torch":
         def touch(x, y):  # noqa: ANN001, ANN202
