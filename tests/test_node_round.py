@@ -127,8 +127,9 @@ def scheduler_calls(client: Client) -> dict[str, int]:
 
 
 def spy_partial_unlinks(monkeypatch) -> tuple[list[str], list[str]]:
-    """The partials' files the server removed that were there: (after an update's step -- ``discard_partials``,
-    at the end of a round -- ``Broadcast.sweep``), by name."""
+    """The partials' and wave answers' files the server removed that were there: (after an update's step --
+    ``discard_partials``, anywhere else in memtrain/cluster/broadcast.py -- a wave settled, a round's end), by
+    name."""
     from memtrain.cluster import broadcast
     from memtrain.train.loops import node_round
 
@@ -136,7 +137,7 @@ def spy_partial_unlinks(monkeypatch) -> tuple[list[str], list[str]]:
     for module, names in ((node_round, removed[0]), (broadcast, removed[1])):
         def spied(paths, names=names, discard=module.discard) -> None:
             paths = list(paths)
-            names += [p.name for p in paths if p.name.startswith("c-u") and p.exists()]
+            names += [p.name for p in paths if re.match(r"c-u|w-.*-r\d+\.json", p.name) and p.exists()]
             discard(paths)
 
         monkeypatch.setattr(module, "discard", spied)
@@ -155,7 +156,11 @@ def test_nodes_of_unequal_process_counts_give_the_weights_of_a_local_run(counts:
     # the server removed no partial after a step: each node removed its own when its next part started; the
     # round's end removed those of the update stepped last only (before, the server removed every update's)
     assert not by_step, by_step
-    assert len({name.split("-t")[0] for name in by_sweep}) <= 1, by_sweep
+    assert len({name.split("-t")[0] for name in by_sweep if name.startswith("c-u")}) <= 1, by_sweep
+    # nor an answer to a wave every member answered: each member removed its own with its next answer; the round's
+    # end removed those to its last wave only
+    answers = [name for name in by_sweep if name.startswith("w-")]
+    assert len({name.rsplit("-r", 1)[0] for name in answers}) <= 1 and len(answers) <= len(counts), answers
     assert [kind for kind, _ in records] == ["nodes", "node-step"] * updates
     # every node's process count, in the round's rank order (the slots' order, not the order they started in)
     assert all(sorted(body[1]) == sorted(counts) for kind, body in records if kind == "nodes")

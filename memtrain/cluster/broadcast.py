@@ -385,6 +385,8 @@ def follow_files(actor: Any, files: WaveFiles, rank: int, members: int, ended: C
         kind, body = record
         numbers, blob, error = member_part(actor, kind, body, rank, members, over)
         files.answer(wave, rank, numbers, blob, error, time.monotonic() - started)
+        if wave:  # its answer to the wave before: the server read every answer to it before posting this one
+            discard([files.answer_path(wave - 1, rank)])
         if error or files.complete(wave, members):
             done(wave)
         wave += 1
@@ -479,7 +481,10 @@ class WaveFiles:
         return found
 
     def settle(self, wave: int, members: int) -> None:
-        """Remove wave ``wave``'s answer files once it settled (a late member's: the round's ``leftovers``)."""
+        """Remove wave ``wave``'s answer files once it settled other than done (a late member's: the round's
+        ``leftovers``). A wave every member answered is not settled here: each member removes its own answer
+        when it answers the next wave (``follow_files``), so the server's work per wave does not grow with the
+        members."""
         discard([self.answer_path(wave, rank) for rank in range(members)])
 
     def end(self) -> None:
@@ -489,8 +494,10 @@ class WaveFiles:
         return self.end_path().exists()
 
     def leftovers(self, waves: int, members: int) -> list[Path]:
-        """The files a round of ``waves`` waves may still hold once it ended (a late member's answer included)."""
-        last = [self.record(waves - 1), *(self.answer_path(waves - 1, r) for r in range(members))] if waves else []
+        """The files a round of ``waves`` waves may still hold once it ended (a late member's answer included;
+        the answers to the wave before the last of the members that did not answer the last)."""
+        last = [self.record(waves - 1), *(self.answer_path(wave, r) for wave in range(max(0, waves - 2), waves)
+                                          for r in range(members))] if waves else []
         return [*last, self.end_path()]
 
 
@@ -761,7 +768,8 @@ class Broadcast:
                 self.round_status(state)
             status = "ended" if state.ended else settled(state, wave, self.timeout, ratio, backup)
             if status:
-                files.settle(wave, len(state.members))
+                if status != "done":  # a wave every member answered: each removes its own answer with its next
+                    files.settle(wave, len(state.members))
                 found = summary(state, wave, status)
                 return Answer(status=status, numbers=found["numbers"], blob=found["blob"],
                               ranks=found["ranks"], error=found["error"], joined=found["joined"],
