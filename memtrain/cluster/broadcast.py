@@ -385,10 +385,14 @@ def follow_files(actor: Any, files: WaveFiles, rank: int, members: int, ended: C
         kind, body = record
         numbers, blob, error = member_part(actor, kind, body, rank, members, over)
         files.answer(wave, rank, numbers, blob, error, time.monotonic() - started)
-        if wave:  # its answer to the wave before: the server read every answer to it before posting this one
-            discard([files.answer_path(wave - 1, rank)])
         if error or files.complete(wave, members):
             done(wave)
+        # after the answer (the part is not slower for them): its answer to the wave before (the server read every
+        # answer to it before posting this one) and its partials of the update before (nodes.node_part)
+        if wave:
+            discard([files.answer_path(wave - 1, rank)])
+        if kind == "nodes":
+            actor.state.remove_dropped()
         wave += 1
 
 

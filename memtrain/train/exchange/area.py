@@ -116,7 +116,7 @@ STATE_BUILDING = Kind(("opt-<state>-nNNNNNNNN.npy",), layout.state_building_name
                       "renamed over opt-<state>-<0|1>.npy, or sliced.discard_state")
 CHAIN_SUM = Kind(("c-uNNNNNNNN-aNNN-tNNNNN-sNNNNN.npy",), layout.chain_sum_name, "update",
                  "node_sum.PartialSum.write (a node of a two-level round)",
-                 "the node that wrote it, when its next update's part starts (WorkerState.drop_partials); the "
+                 "the node that wrote it, after its answer to the next update (WorkerState.drop_partials); the "
                  "server once the update is stepped or skipped if a node was lost, failed or late "
                  "(node_round.NodeParticipant.discard_partials), else when the round ends (Broadcast.kept)")
 STREAMED_GRADIENT = Kind(("g-uNNNNNNNN-tNNNNN-aNNN.npy",), layout.streamed_gradient_name, "attempt",

@@ -231,6 +231,7 @@ class WorkerState:
         self.kept = KeptSum()  # a node ending a chain: its own step slice of the last partial (node_sum.py)
         self.published: tuple[int, list[Path]] = (-1, [])  # a node: the update whose partials it published last
         # and their files, removed by itself when its next update's part starts (``drop_partials``)
+        self.dropped: list[Path] = []
         self.slice_step = SliceStep(layout=self.context.layout, optimizer=setup.optimizer,
                                     server_pid=setup.server_pid, run_dir=self.run_dir, exchange=self.exchange,
                                     kept=self.kept)
@@ -276,13 +277,19 @@ class WorkerState:
                              published=self.published[1])
 
     def drop_partials(self, update: int) -> None:
-        """A node's part of update ``update`` starts: remove the partials it published for an earlier update.
-        The server posts an update's node record only once the update before it is stepped, so nobody reads
-        them any more; the server then removes none in a round where every node answered (docs/cluster.md,
+        """A node's part of update ``update`` starts: the partials it published for an earlier update are set
+        aside, removed once its answer is written (``remove_dropped``: not before, so that its part is not
+        slower). The server posts an update's node record only once the update before it is stepped, so nobody
+        reads them any more; the server then removes none in a round where every node answered (docs/cluster.md,
         "The server told, not asking"), and those of a node lost with its state when that round ends."""
         if self.published[0] != update:
-            paths, self.published = self.published[1], (update, [])
-            discard(paths)
+            self.dropped += self.published[1]
+            self.published = (update, [])
+
+    def remove_dropped(self) -> None:
+        """Remove the partials ``drop_partials`` set aside (after the node's answer)."""
+        paths, self.dropped = self.dropped, []
+        discard(paths)
 
     def close(self) -> None:
         """Give back the node's task threads and the maps (a long-lived Dask worker's state, at the run's end)."""
