@@ -126,14 +126,41 @@ def scheduler_calls(client: Client) -> dict[str, int]:
     return client.run_on_scheduler(lambda dask_scheduler: dict(dask_scheduler.plugins["memtrain-broadcast"].calls))
 
 
+def spy_partial_unlinks(monkeypatch) -> tuple[list[str], list[str]]:
+    """The partials' and wave answers' files the server removed that were there: (after an update's step --
+    ``discard_partials``, anywhere else in memtrain/cluster/broadcast.py -- a wave settled, a round's end), by
+    name."""
+    from memtrain.cluster import broadcast
+    from memtrain.train.loops import node_round
+
+    removed: tuple[list[str], list[str]] = ([], [])
+    for module, names in ((node_round, removed[0]), (broadcast, removed[1])):
+        def spied(paths, names=names, discard=module.discard) -> None:
+            paths = list(paths)
+            names += [p.name for p in paths if re.match(r"c-u|w-.*-r\d+\.json", p.name) and p.exists()]
+            discard(paths)
+
+        monkeypatch.setattr(module, "discard", spied)
+    return removed
+
+
 @pytest.mark.parametrize("counts", [[2], [1, 2], [2, 1, 3]], ids=["one", "1+2", "2+1+3"])
 def test_nodes_of_unequal_process_counts_give_the_weights_of_a_local_run(counts: list[int], dask, dataset: Path,
                                                                          local_digest: str, tmp_path: Path,
                                                                          monkeypatch) -> None:
     processes, client = dask
     start_nodes(processes, client, counts)
+    by_step, by_sweep = spy_partial_unlinks(monkeypatch)
     records, steps = node_run(tmp_path / "job", dataset, processes.address, monkeypatch)
     updates = len({t.update for t in steps})
+    # the server removed no partial after a step: each node removed its own when its next part started; the
+    # round's end removed those of the update stepped last only (before, the server removed every update's)
+    assert not by_step, by_step
+    assert len({name.split("-t")[0] for name in by_sweep if name.startswith("c-u")}) <= 1, by_sweep
+    # nor an answer to a wave every member answered: each member removed its own with its next answer; the round's
+    # end removed those to its last wave only
+    answers = [name for name in by_sweep if name.startswith("w-")]
+    assert len({name.rsplit("-r", 1)[0] for name in answers}) <= 1 and len(answers) <= len(counts), answers
     assert [kind for kind, _ in records] == ["nodes", "node-step"] * updates
     # every node's process count, in the round's rank order (the slots' order, not the order they started in)
     assert all(sorted(body[1]) == sorted(counts) for kind, body in records if kind == "nodes")

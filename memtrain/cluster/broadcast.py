@@ -387,6 +387,12 @@ def follow_files(actor: Any, files: WaveFiles, rank: int, members: int, ended: C
         files.answer(wave, rank, numbers, blob, error, time.monotonic() - started)
         if error or files.complete(wave, members):
             done(wave)
+        # after the answer (the part is not slower for them): its answer to the wave before (the server read every
+        # answer to it before posting this one) and its partials of the update before (nodes.node_part)
+        if wave:
+            discard([files.answer_path(wave - 1, rank)])
+        if kind == "nodes":
+            actor.state.remove_dropped()
         wave += 1
 
 
@@ -479,7 +485,10 @@ class WaveFiles:
         return found
 
     def settle(self, wave: int, members: int) -> None:
-        """Remove wave ``wave``'s answer files once it settled (a late member's: the round's ``leftovers``)."""
+        """Remove wave ``wave``'s answer files once it settled other than done (a late member's: the round's
+        ``leftovers``). A wave every member answered is not settled here: each member removes its own answer
+        when it answers the next wave (``follow_files``), so the server's work per wave does not grow with the
+        members."""
         discard([self.answer_path(wave, rank) for rank in range(members)])
 
     def end(self) -> None:
@@ -489,8 +498,10 @@ class WaveFiles:
         return self.end_path().exists()
 
     def leftovers(self, waves: int, members: int) -> list[Path]:
-        """The files a round of ``waves`` waves may still hold once it ended (a late member's answer included)."""
-        last = [self.record(waves - 1), *(self.answer_path(waves - 1, r) for r in range(members))] if waves else []
+        """The files a round of ``waves`` waves may still hold once it ended (a late member's answer included;
+        the answers to the wave before the last of the members that did not answer the last)."""
+        last = [self.record(waves - 1), *(self.answer_path(wave, r) for wave in range(max(0, waves - 2), waves)
+                                          for r in range(members))] if waves else []
         return [*last, self.end_path()]
 
 
@@ -626,6 +637,9 @@ class Broadcast:
     wave: int = 0
     loops: dict[str, Any] = field(default_factory=dict)  # slot token -> the actor call of its last loop
     leftovers: list[Path] = field(default_factory=list)  # files a late loop may still write: deleted once ended
+    # files the members remove themselves while the round is on (a round of nodes: the partials of the update
+    # stepped last, each removed by the node that published it when its next part starts): deleted once ended
+    kept: list[Path] = field(default_factory=list)
     exchange: Path | None = None  # where a round of nodes' wave files go (set by a NodeParticipant); None: none
     processes: list[int] = field(default_factory=list)  # the open round's members' process counts, all nodes
     files: WaveFiles | None = None  # the open round's wave files when every member is a node
@@ -758,7 +772,8 @@ class Broadcast:
                 self.round_status(state)
             status = "ended" if state.ended else settled(state, wave, self.timeout, ratio, backup)
             if status:
-                files.settle(wave, len(state.members))
+                if status != "done":  # a wave every member answered: each removes its own answer with its next
+                    files.settle(wave, len(state.members))
                 found = summary(state, wave, status)
                 return Answer(status=status, numbers=found["numbers"], blob=found["blob"],
                               ranks=found["ranks"], error=found["error"], joined=found["joined"],
@@ -835,7 +850,8 @@ class Broadcast:
     def close(self, leftovers: tuple[Path, ...] | list[Path] = ()) -> None:
         """End the round: its loops return once their current part is done. ``leftovers``: files they may
         still write, deleted once they did."""
-        self.leftovers += leftovers
+        self.leftovers += [*leftovers, *self.kept]
+        self.kept = []
         if self.files is not None:  # a round of nodes: its members see the end mark
             self.files.end()
             self.leftovers += self.files.leftovers(self.wave, len(self.members))

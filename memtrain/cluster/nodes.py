@@ -86,6 +86,8 @@ def node_part(actor: Any, tasks: list[GradTask] | str, body: tuple[Any, ...], ra
     _, counts, seconds, attempts = body
     if isinstance(tasks, str):
         return [], b"", tasks
+    if tasks:
+        actor.state.drop_partials(tasks[0].ticket)  # its previous update's partials: stepped, read by nobody now
     ranges = node_tasks(len(tasks), counts)
     lo, hi = ranges[rank]
     if hi <= lo:

@@ -116,7 +116,9 @@ STATE_BUILDING = Kind(("opt-<state>-nNNNNNNNN.npy",), layout.state_building_name
                       "renamed over opt-<state>-<0|1>.npy, or sliced.discard_state")
 CHAIN_SUM = Kind(("c-uNNNNNNNN-aNNN-tNNNNN-sNNNNN.npy",), layout.chain_sum_name, "update",
                  "node_sum.PartialSum.write (a node of a two-level round)",
-                 "node_round.NodeParticipant.discard_partials (once the update is stepped or skipped)")
+                 "the node that wrote it, after its answer to the next update (WorkerState.drop_partials); the "
+                 "server once the update is stepped or skipped if a node was lost, failed or late "
+                 "(node_round.NodeParticipant.discard_partials), else when the round ends (Broadcast.kept)")
 STREAMED_GRADIENT = Kind(("g-uNNNNNNNN-tNNNNN-aNNN.npy",), layout.streamed_gradient_name, "attempt",
                          "stream.StreamedGradient (a worker)",
                          "renamed into a spare once stepped; too stale, dead or superseded: the server (discard)")
@@ -126,7 +128,8 @@ METRICS = Kind(("m-vNNNNNNNN-tNNNNN-aNNN.npy",), layout.metrics_name, "attempt",
 WAVE = Kind(("w-<round>-NNNNNNNN.json", "w-<round>-NNNNNNNN-rNNNNN.json", "w-<round>-end.json"),
             layout.wave_file_name, "attempt",
             "broadcast.WaveFiles (a round of nodes: the server a wave's record and the round's end, a node its answer)",
-            "the server: an answer once read, a record once the next is posted, the rest once the round's loops "
+            "a node: its answer when it answers the next wave; the server: a record once the next is posted, the "
+            "answers to a wave not every member answered once it settled, the rest once the round's loops "
             "returned (broadcast.Broadcast.sweep)")
 CLUSTER_PROBE = Kind((".cluster-probe-<token>.json",), layout.cluster_probe_name, "attempt",
                      "sharedfs.look (a Dask worker, at start)", "sharedfs.read_back (the server, once read)")

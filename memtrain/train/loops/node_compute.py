@@ -234,10 +234,10 @@ def node_compute(state: Any, made: NodeCompute | NodeProcesses | None, scratch: 
 
 def compute_range(compute: NodeCompute | NodeProcesses, tasks: list[GradTask], lo: int, chain: PartialSum, *,
                   deadline: float, abandoned: Callable[[], bool], limit: TaskLimit,
-                  keep: KeptSum | None = None) -> tuple[list[float], str]:
+                  keep: KeptSum | None = None, published: list[Path] | None = None) -> tuple[list[float], str]:
     """Tasks ``lo``.. of the update (``tasks``, its member's range) computed on ``compute``'s threads into the
     node's scratch and folded onto ``chain`` (``node_sum.fold_node``, ``keep`` as there); (task, loss, seconds of
-    each task, error).
+    each task, error). ``published``: extended with the partials' files it published.
     The scratch files are deleted whatever happens; a round that ended meanwhile is no error (nobody reads the
     answer)."""
     numbers: list[float] = []
@@ -250,8 +250,10 @@ def compute_range(compute: NodeCompute | NodeProcesses, tasks: list[GradTask], l
         grads = {t: open_npy(path, shape=(chain.size,), dtype=np.float32)
                  for t, path in enumerate(paths, start=lo)}
         with contextlib.suppress(Abandoned):  # the round ended meanwhile: nobody reads this answer
-            fold_node(chain, lo, lo + len(tasks), grads.__getitem__, deadline=deadline, abandoned=abandoned,
-                      keep=keep)
+            written = fold_node(chain, lo, lo + len(tasks), grads.__getitem__, deadline=deadline,
+                                abandoned=abandoned, keep=keep)
+            if published is not None:
+                published += written
         return numbers, ""
     finally:
         discard(paths)

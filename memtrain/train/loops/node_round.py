@@ -84,6 +84,7 @@ class NodeParticipant(SlicedParticipant):
         deal = node_step_deal(self.files.size, ranges, BLOCK, len(self.state_names))
         self.dealt = (tasks, ends, deal if answer.status == "done" else None)
         if answer.status == "done":
+            broadcast.kept = []  # every node started this part: each removed its previous update's partials
             self.chained = len(tasks)
             return [found[task.task] for task in tasks]
         chain = self.chain(tasks[0])
@@ -176,5 +177,14 @@ class NodeParticipant(SlicedParticipant):
 
     def discard_partials(self, update: int) -> None:
         """The update's partials, once its step is written (or it was skipped): every one its chain may have
-        published (``partials``, kept when its node record was posted)."""
-        discard(self.published.pop(update, []))
+        published (``partials``, kept when its node record was posted). While the round in which every node
+        answered is still on, the server removes none: each node removes its own when its next part starts
+        (``WorkerState.drop_partials``), and the round's end removes those of the update stepped last
+        (``Broadcast.kept``): the server's work per update does not grow with the nodes. Otherwise (a node
+        lost, failed or late) every one is removed here."""
+        paths = self.published.pop(update, [])
+        broadcast = self.broadcast
+        if broadcast is not None and self.node_deal() is not None and self.dealt[0][0].ticket == update:
+            broadcast.kept = paths
+        else:
+            discard(paths)

@@ -29,7 +29,7 @@ from memtrain.errors import MemtrainError
 from memtrain.faults import straggler_factor
 from memtrain.layout import partial_name, statistics_dir, weights_path
 from memtrain.train.context import ModelContext, model_context
-from memtrain.train.exchange.area import BOARD
+from memtrain.train.exchange.area import BOARD, discard
 from memtrain.train.exchange.marks import Board
 from memtrain.train.loops.additive import task_partial
 from memtrain.train.loops.desk import DeskParticipant
@@ -229,6 +229,9 @@ class WorkerState:
         self.streamed_gradient = StreamedGradient(layout=self.context.layout, maps=self.maps, run_dir=self.run_dir,
                                                   exchange=self.exchange, rows=self.task_rows, gradient=self.gradient)
         self.kept = KeptSum()  # a node ending a chain: its own step slice of the last partial (node_sum.py)
+        self.published: tuple[int, list[Path]] = (-1, [])  # a node: the update whose partials it published last
+        # and their files, removed by itself when its next update's part starts (``drop_partials``)
+        self.dropped: list[Path] = []
         self.slice_step = SliceStep(layout=self.context.layout, optimizer=setup.optimizer,
                                     server_pid=setup.server_pid, run_dir=self.run_dir, exchange=self.exchange,
                                     kept=self.kept)
@@ -268,8 +271,25 @@ class WorkerState:
                            size=self.context.layout.size, sync=sync)
         if own_slice is not None:
             self.kept.expect(chain, *own_slice)
+        self.drop_partials(tasks[0].ticket)
         return compute_range(self.node_compute, tasks, lo, chain, deadline=deadline, abandoned=abandoned,
-                             limit=limit, keep=self.kept if own_slice is not None else None)
+                             limit=limit, keep=self.kept if own_slice is not None else None,
+                             published=self.published[1])
+
+    def drop_partials(self, update: int) -> None:
+        """A node's part of update ``update`` starts: the partials it published for an earlier update are set
+        aside, removed once its answer is written (``remove_dropped``: not before, so that its part is not
+        slower). The server posts an update's node record only once the update before it is stepped, so nobody
+        reads them any more; the server then removes none in a round where every node answered (docs/cluster.md,
+        "The server told, not asking"), and those of a node lost with its state when that round ends."""
+        if self.published[0] != update:
+            self.dropped += self.published[1]
+            self.published = (update, [])
+
+    def remove_dropped(self) -> None:
+        """Remove the partials ``drop_partials`` set aside (after the node's answer)."""
+        paths, self.dropped = self.dropped, []
+        discard(paths)
 
     def close(self) -> None:
         """Give back the node's task threads and the maps (a long-lived Dask worker's state, at the run's end)."""
