@@ -242,11 +242,13 @@ def test_auto_keeps_a_tiny_model_in_the_server_and_says_why(tmp_path: Path, data
     else:
         found = re.search(r"rounds: in the server from update (\d+): an update takes ([\d.]+) ms in the server, "
                           r"([\d.]+) ms of it computing; 2 workers could save at most ([\d.]+) (ms of it|s over the "
-                          r"(\d+) updates left)", log)
+                          r"(\d+) updates left)(, no more than the ([\d.]+) ms an update spends outside)?", log)
         assert found, log
         assert int(found.group(1)) == 2 * (PROBE_UPDATES + 1)  # timed on one thread, then on the task threads
         saved = float(found.group(4))
         limit = MIN_GAIN_S * 1e3 if found.group(5) == "ms of it" else SPAWN_COST_S * 2
+        if found.group(7):  # the saving no more than the overhead measured where the rounds run (placement.py)
+            limit = float(found.group(8))
         assert saved <= limit * 1.01, (saved, limit)  # the log rounds (2 decimals, 3 digits): 0.149 prints as 0.15
     assert "workers started" not in log
     assert digest(run) == digest(train(tmp_path / "two", dataset, "workers = 2"))
@@ -260,6 +262,7 @@ def test_auto_times_workers_against_the_server_and_keeps_the_faster(tmp_path: Pa
     # long enough for them to start and be timed (a few ms of compute per update; at load 6 on 2 cores they
     # were timed and the choice made by update 42).
     monkeypatch.setattr(placement, "SPAWN_COST_S", 0.05)
+    monkeypatch.setattr(placement, "OVERHEAD_RATIO", 0.0)  # nor the overhead a loaded machine's probe measures
     big = "[1024, 512]"
     run = train(tmp_path / "auto", dataset, "", hidden=big, epochs=20)
     log = events(run)

@@ -234,6 +234,44 @@ def test_every_binding_variant_gives_the_same_gradient_and_leaves_the_weights_al
     np.testing.assert_array_equal(weights, before)
 
 
+def test_a_gradient_task_silences_the_read_only_warning_once_not_per_tensor(data: Path, tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small module's task paid ``warnings.catch_warnings`` (about 10 us) for each of its tensors: 9 of them for a
+    2-layer MLP, a fifth of what memtrain added to its forward and backward passes (docs/torch.md). Now writable
+    arrays (the gradient buffer, the rows) take torch.from_numpy directly and the read-only weights are bound
+    under one catch_warnings; the gradient is the same bits and torch's warning still never shows."""
+    import warnings
+
+    import memtrain.models.torch_bind as torch_bind
+
+    dataset = open_dataset(data)
+    context = model_context(dataset, "torch", {"factory": "torch_nets:mlp"}, True)
+    layout, model = context.layout, context.model
+    path = tmp_path / "w.npy"
+    np.save(path, layout.flatten(model.init(np.random.default_rng(1))))
+    weights = np.load(path, mmap_mode="r")  # read-only, as a worker maps it
+    x, y = dataset.split("train").read(0, 60)
+    x = context.normalize(x)
+    expected = np.zeros(layout.size, dtype=np.float32)
+    expected_loss = model.loss_and_grad(layout.views(weights), x, y, layout.views(expected), seed=(1, 2, 3))
+    entered = []
+    real = warnings.catch_warnings
+
+    def counted(*args, **kwargs):
+        entered.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch_bind.warnings, "catch_warnings", counted)
+    out = np.zeros(layout.size, dtype=np.float32)
+    with real(record=True) as shown:  # the test's own, not counted
+        warnings.simplefilter("always")
+        loss = model.loss_and_grad(layout.views(weights), x, y, layout.views(out), seed=(1, 2, 3))
+    monkeypatch.undo()
+    assert len(entered) == 1  # one for the bound weights, none for the gradient views and the rows
+    assert not [w for w in shown if "not writable" in str(w.message)]
+    assert loss == expected_loss
+    np.testing.assert_array_equal(out, expected)
+
 def test_an_evaluation_runs_the_module_once_and_gives_the_bits_of_loss_predict_and_proba(data: Path) -> None:
     """An evaluation task asks for the loss, the predictions and the probabilities of the same rows: one
     forward pass gives all three, bitwise as the three calls do (each of which runs the module)."""

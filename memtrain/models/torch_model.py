@@ -26,7 +26,7 @@ from memtrain.errors import InputError, MemtrainError
 from memtrain.models.checks import CLASSIFICATION
 from memtrain.models.layers import regression_output
 from memtrain.models.protocol import DataSpec, Evaluation
-from memtrain.models.torch_bind import BINDINGS, CHOSEN, Slots, as_tensor, private_state
+from memtrain.models.torch_bind import BINDINGS, CHOSEN, Slots, as_tensor, as_tensors, private_state
 from memtrain.models.torch_losses import check_output, resolve_loss, targets
 from memtrain.models.torch_module import (
     build_module,
@@ -189,7 +189,8 @@ class TorchModel:
         import torch
         from torch.func import functional_call
 
-        tensors = {name: as_tensor(params[name]) for name in self.slots.trained_names}
+        names = self.slots.trained_names
+        tensors = dict(zip(names, as_tensors(params[name] for name in names), strict=True))
         tensors |= private_state(self.slots, params)
         self.module.eval()
         with torch.no_grad():

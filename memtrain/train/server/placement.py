@@ -43,6 +43,14 @@ from memtrain.train.server.exchange import InServer, WorkerPool
 # for the stretch's start).
 PROBE_UPDATES = 6
 
+# The measured calibration beside it (``_after_server_probe``): workers are not tried either when what they could
+# save is no more than what an update already spends outside its compute where the rounds run now (wall less
+# compute, medians of the probe: the step, publication, records and every wake-up at this machine's current
+# load). A round between processes pays that again in its meetings, and more under load: a torch module of
+# 2,442 parameters (issue 43, 2 tasks of 128 rows, load average 16-21) took 1.6 ms per update in the server
+# alone (1.1 ms computing), 1.8 ms on one worker and 14-24 ms on two, where the rule without this saw a
+# 0.5 ms saving. (A test that must see workers tried on a busy machine sets OVERHEAD_RATIO to 0.)
+OVERHEAD_RATIO = 1.0
 # Compute per update that workers must be able to take off the server before they are even tried (and
 # spawned: ~0.3 s of start-up each). Between processes an update costs at least two futex wake-ups
 # (~10-50 us each on an idle core) and the marks' system calls on top of what the server pays; this
@@ -242,6 +250,13 @@ class Placement:
                      f"most {gain * remaining:.3g} s over the {remaining} updates left, less than starting "
                      f"{'the other ' + str(starting) if self.outlined else 'them'} costs "
                      f"({start_cost_text(self.start_cost, starting)})")
+            return
+        overhead = (wall - compute) * OVERHEAD_RATIO
+        if gain <= overhead:
+            self.phase = Phase.SERVER
+            self.log(f"rounds: {self.alone} from update {update}: {figures}; {self.count} workers could save at "
+                     f"most {gain * 1e3:.2f} ms of it, no more than the {overhead * 1e3:.2f} ms an update spends "
+                     f"outside its compute here, which a round between processes pays again in its meetings")
             return
         if self.outlined:
             self.log(f"rounds: {figures}; starting {starting} more worker(s) to compare {self.count} with 1")
