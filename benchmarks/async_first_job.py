@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +24,7 @@ from typing import Any
 
 from memtrain.benchmarks.compare import Spread, Target, interleaved, pairwise
 from memtrain.benchmarks.first_job import JOB, prepare_digits
-from memtrain.benchmarks.outside_straggler import OutsideStraggler
+from memtrain.benchmarks.outside_straggler import run_straggled
 
 TARGET = Target(name="async vs sync with a straggler, whole runs", at_least=1.5)
 
@@ -34,18 +33,8 @@ def one_run(dataset: Path, run_dir: Path, mode: str, group: int, stopped: float)
     options = ["--set", 'train.mode="async"', "--set", f"train.async_group={group}"] if mode == "async" else []
     command = [sys.executable, "-m", "memtrain", "train", str(JOB), "--overwrite", "--run-dir", str(run_dir),
                "--set", f'data.path="{dataset}"', "--set", "train.workers=2", "-q", *options]
-    began, started = time.time(), time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    straggler = OutsideStraggler(process.pid, stopped) if stopped else None
-    if straggler is not None:
-        straggler.start()
-    _, stderr = process.communicate()
-    seconds = time.perf_counter() - started
-    if straggler is not None:
-        straggler.finish()
-        straggler.check(f"the straggled {mode} run")
-    if process.returncode != 0:
-        raise SystemExit(f"memtrain train failed (exit {process.returncode}): {stderr[-2000:]}")
+    began = time.time()
+    seconds = run_straggled(command, stopped, f"the straggled {mode} run")
     lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     times = [record["time"] for record in map(json.loads, lines) if record.get("kind") == "update"]
     return {"seconds": seconds, "first": times[0] - began, "span": times[-1] - times[0], "updates": len(times)}

@@ -17,16 +17,14 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from memtrain.benchmarks.compare import Spread, Target, interleaved, pairwise
 from memtrain.benchmarks.first_job import JOB, prepare_digits
-from memtrain.benchmarks.outside_straggler import OutsideStraggler
+from memtrain.benchmarks.outside_straggler import run_straggled
 
 TARGET = Target(name="cluster run with a straggler / healthy", at_most=1.5)
 
@@ -41,18 +39,7 @@ def one_run(dataset: Path, run_dir: Path, workers: int, stopped: float) -> dict[
     """One whole ``memtrain train`` process, straggled when ``stopped`` > 0: its seconds, digest and backups."""
     command = [sys.executable, "-m", "memtrain", "train", str(JOB), "--overwrite", "--run-dir", str(run_dir),
                "--set", f'data.path="{dataset}"', "--cluster", f"local:{workers}", "-q"]
-    started = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    straggler = OutsideStraggler(process.pid, stopped) if stopped else None
-    if straggler is not None:
-        straggler.start()
-    _, stderr = process.communicate()
-    seconds = time.perf_counter() - started
-    if straggler is not None:
-        straggler.finish()
-        straggler.check("the straggled cluster run")
-    if process.returncode != 0:
-        raise SystemExit(f"memtrain train failed (exit {process.returncode}): {stderr[-2000:]}")
+    seconds = run_straggled(command, stopped, "the straggled cluster run")
     events = (run_dir / "events.log").read_text(encoding="utf-8")
     return {"seconds": seconds, "digest": final_digest(run_dir), "backups": events.count("a backup copy (attempt"),
             "set_aside": events.count("set aside")}

@@ -78,3 +78,23 @@ class OutsideStraggler(threading.Thread):
             if workers:
                 return workers[0]
         return None
+
+
+def run_straggled(command: list[str], stopped: float, what: str) -> float:
+    """Run ``command`` (a whole ``memtrain train``) to its end, one of its workers stopped ``stopped`` of the time
+    when > 0 (checked to have been stopped: ``what`` names the run in that check's error); its wall seconds."""
+    import subprocess
+
+    started = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    straggler = OutsideStraggler(process.pid, stopped) if stopped else None
+    if straggler is not None:
+        straggler.start()
+    _, stderr = process.communicate()
+    seconds = time.perf_counter() - started
+    if straggler is not None:
+        straggler.finish()
+        straggler.check(what)
+    if process.returncode != 0:
+        raise SystemExit(f"memtrain train failed (exit {process.returncode}): {stderr[-2000:]}")
+    return seconds
