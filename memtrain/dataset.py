@@ -203,9 +203,9 @@ class Split:
         order = self.order(batch_size, seed=seed, epoch=epoch, shuffle=shuffle, window=window, drop_last=drop_last)
         check_part(start, rank, world, order.batches)
         buffers = GatherBuffers(self)
-        joined = self._joined() if isinstance(order, WindowOrder) else None
-        if joined is not None:  # the rows order: places in the joined arrays made a window at a time
-            yield from self._joined_batches(JoinedPlaces(order, self._starts, joined), buffers, start, rank, world)
+        places = self.places(order)
+        if places is not None:  # the rows order: places in the joined arrays made a window at a time
+            yield from self._joined_batches(places, buffers, start, rank, world)
             return
         for k in range(start, order.batches):
             rows = rank_part(order.batch(k), rank, world)
@@ -219,15 +219,16 @@ class Split:
                         ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """``batches`` of a rows order from the joined shards: per batch, rank ``rank``'s part of its places
         and two takes into buffers nobody holds (the same rows, in the same order, as ``gather``)."""
-        (xj, _), (yj, _) = places.joined
         for k in range(start, places.order.batches):
-            both = places.order.batch_of(k, places.window)
-            n = both.shape[1]
-            part = both[:, n * rank // world:n * (rank + 1) // world]
-            x, y = buffers.next(part.shape[1])
-            take_into(xj, part[0], x)
-            take_into(yj, part[1], y)
+            part = places.batch(k, rank, world)
+            x, y = places.read_into(part, buffers.next(part.shape[1]))
             yield _read_only(x), _read_only(y)
+
+    def places(self, order: EpochOrder) -> JoinedPlaces | None:
+        """A rows order's batches as places in the split's joined shards (two takes per batch, nothing more:
+        ``JoinedPlaces``), or None for another order or where the shards cannot be joined (then ``gather``)."""
+        joined = self._joined() if isinstance(order, WindowOrder) else None
+        return None if joined is None else JoinedPlaces(order, self._starts, joined)
 
     def order(self, batch_size: int, *, seed: int = 0, epoch: int = 0, shuffle: str | bool = "rows",
               window: int = WINDOW, drop_last: bool = False) -> EpochOrder:
@@ -355,6 +356,20 @@ class JoinedPlaces:
             places.flags.writeable = False
             self._cached = w, places
         return self._cached[1]
+
+    def batch(self, k: int, rank: int = 0, world: int = 1) -> np.ndarray:
+        """Rank ``rank``'s part of global batch k as a (2, rows) array of places (``window``'s, sliced)."""
+        both = self.order.batch_of(k, self.window)
+        n = both.shape[1]
+        return both[:, n * rank // world:n * (rank + 1) // world]
+
+    def read_into(self, part: np.ndarray, out: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """The rows at places ``part`` (from ``batch``) copied into ``out``: one take each for x and y, the
+        same rows in the same order as ``Split.gather`` of the batch's rows."""
+        (xj, _), (yj, _) = self.joined
+        take_into(xj, part[0], out[0])
+        take_into(yj, part[1], out[1])
+        return out
 
 
 def shard_stride(starts: np.ndarray) -> int | None:

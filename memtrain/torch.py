@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from memtrain.dataset import Dataset, Split
+from memtrain.dataset import Dataset, JoinedPlaces, Split
 from memtrain.errors import InputError
 from memtrain.order import WINDOW, EpochOrder, check_integer, check_part, policy, rank_part
 from memtrain.position import ORDER, check_state, order_record
@@ -132,17 +132,30 @@ class BatchDataset(IterableDataset):
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor] | Handover]:
         info = get_worker_info()
         order = self._order()
+        places = self.split.places(order)
         if info is None:  # in the process that iterates: each batch counted as it is handed to the loop
             self._begin(counter="process")
             for k in range(self.start, order.batches):
-                batch = self._tensors(rank_part(order.batch(k), self.rank, self.world), shared=False)
+                batch = self._tensors(self._rows(places, order, k), places, shared=False)
                 self._taken += 1
                 yield batch
             return
         ring = worker_ring(self._layout())
         for k in range(self.start + info.id, order.batches, info.num_workers):
-            rows = rank_part(order.batch(k), self.rank, self.world)
-            yield Handover(ident=self._ident, step=self._pass, batch=self._into_ring(ring, rows))
+            rows = self._rows(places, order, k)
+            yield Handover(ident=self._ident, step=self._pass, batch=self._into_ring(ring, rows, places))
+
+    def _rows(self, places: JoinedPlaces | None, order: EpochOrder, k: int) -> Any:
+        """This rank's part of batch k: its places in the joined shards (a rows order: 2 x rows), else its rows."""
+        if places is not None:
+            return places.batch(k, self.rank, self.world)
+        return rank_part(order.batch(k), self.rank, self.world)
+
+    def _read(self, rows: Any, places: JoinedPlaces | None, out: tuple[np.ndarray, np.ndarray]) -> None:
+        if places is not None:  # rows are places from ``_rows``: two takes
+            places.read_into(rows, out)
+        else:
+            self.split.read_into(rows, out)
 
     def _layout(self) -> Layout:
         split = self.split
@@ -150,21 +163,29 @@ class BatchDataset(IterableDataset):
         return Layout(rows=-(-largest // self.world), x_shape=split.x_shape, x_dtype=split.x_dtype.str,
                       y_shape=split.y_shape, y_dtype=split.y_dtype.str)
 
-    def _into_ring(self, ring: Ring, rows: Any) -> RingBatch | tuple[torch.Tensor, torch.Tensor]:
+    def _into_ring(self, ring: Ring, rows: Any, places: JoinedPlaces | None
+                   ) -> RingBatch | tuple[torch.Tensor, torch.Tensor]:
         """In a worker: the batch gathered into a free slot of the worker's ring (only the slot's number
         crosses to the main process); when the receiver still holds every slot, a fresh shared tensor pair."""
-        taken = ring.take(len(rows)) if len(rows) else None
+        n = _count(rows)
+        taken = ring.take(n) if n else None
         if taken is None:
-            return self._tensors(rows, shared=True)
+            return self._tensors(rows, places, shared=True)
         slot, x, y = taken
-        self.split.read_into(rows, (x, y))
-        return ring.batch(slot, len(rows))
+        self._read(rows, places, (x, y))
+        return ring.batch(slot, n)
 
-    def _tensors(self, rows: Any, *, shared: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        x = _empty(len(rows), self.split.x_shape, self.split.x_dtype, shared)
-        y = _empty(len(rows), self.split.y_shape, self.split.y_dtype, shared)
-        self.split.read_into(rows, (x.numpy(), y.numpy()))
+    def _tensors(self, rows: Any, places: JoinedPlaces | None, *, shared: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        n = _count(rows)
+        x = _empty(n, self.split.x_shape, self.split.x_dtype, shared)
+        y = _empty(n, self.split.y_shape, self.split.y_dtype, shared)
+        self._read(rows, places, (x.numpy(), y.numpy()))
         return x, y
+
+
+def _count(rows: Any) -> int:
+    """The rows of a batch given as rows (a range or an array) or as places (a 2 x rows array)."""
+    return rows.shape[1] if isinstance(rows, np.ndarray) and rows.ndim == 2 else len(rows)
 
 
 def _empty(rows: int, shape: tuple[int, ...], dtype: np.dtype, shared: bool) -> torch.Tensor:

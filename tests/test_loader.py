@@ -378,3 +378,23 @@ def test_the_main_process_keeps_the_rings_of_live_workers_only(dataset: Path) ->
         gc.collect()
         counts.append(ring_maps())
     assert counts[0] >= 2 and max(counts) <= 4, counts  # this epoch's 2 rings, and at most the last epoch's 2
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_batch_dataset_rows_are_the_orders_rows_across_windows_and_shards(dataset: Path, train, world: int) -> None:
+    """BatchDataset gathers a rows order through the joined shards' places (issue 43): every rank's batch is
+    still exactly the source rows of its part of ``order.batch(k)``, across window boundaries (window=64: 15
+    windows, batches straddling them) and shards, and a dataset iterated once still pickles as paths."""
+    from memtrain.order import rank_part
+    from memtrain.torch import BatchDataset
+
+    order = open_dataset(dataset).split("train").order(48, **JOB | {"window": 64})
+    for rank in range(world):
+        data = BatchDataset(open_dataset(dataset), 48, rank=rank, world=world, **JOB | {"window": 64})
+        got = list(data)
+        assert len(got) == order.batches
+        for k, (x, y) in enumerate(got):
+            rows = np.asarray(rank_part(order.batch(k), rank, world))
+            np.testing.assert_array_equal(x.numpy(), train[0][rows])
+            np.testing.assert_array_equal(y.numpy(), train[1][rows])
+        assert len(pickle.dumps(data)) < 8_000
