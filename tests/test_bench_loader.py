@@ -51,12 +51,12 @@ def check_report(tmp_path: Path, methods: tuple[str, ...], workers: str, repeats
         cpu = next(t for t in targets if t.startswith("by CPU time: ds.batches "))  # what load leaves comparable
         assert ("the gather floor" in cpu) == ("gather_floor" in methods)
     assert all((r["cpu_gb_per_s_spread"] is None) == (r["workers"] > 0) for r in rows)
-    # one thread: its CPU time is about its wall time, so its rate by CPU time is not far below its wall rate. The
-    # bound is loose because the process's other threads (the interpreter's, the bench's) also count in its CPU
-    # time (0.95 failed once on a quiet machine); a rate 3x too low (a clash of fields, fixed) still fails it
+    # one thread: its CPU time is at most its wall time, so its rate by CPU time is not below its wall rate (the
+    # process's CPU time was once counted instead: OpenBLAS's pool, spinning after numpy's import, made a 0.2 ms
+    # window read 17x its wall time in 1 run of 4); a rate 3x too low (a clash of fields, fixed) also fails it
     for r in (r for r in rows if r["method"] in IN_PROCESS):
         wall = [rate * r["gb_per_s"] / r["rows_per_s"] for rate in r["runs_rows_per_s"]]
-        assert all(cpu >= 0.6 * w for cpu, w in zip(r["cpu_gb_per_s_spread"]["runs"], wall, strict=True))
+        assert all(cpu >= 0.9 * w for cpu, w in zip(r["cpu_gb_per_s_spread"]["runs"], wall, strict=True))
     assert report["settings"]["rows"] == 6000 and report["machine"]["cpus"] >= 1
     assert os.listdir(tmp_path) == []  # the sources are removed
     return report

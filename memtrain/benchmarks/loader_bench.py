@@ -233,9 +233,9 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 
 def _cpu_rate(results: list[dict[str, Any]], workers: int) -> dict[str, Any] | None:
-    """GB/s per CPU second of the run's process (median, range), for runs without loader workers: on a
-    machine other work loads, a process's CPU time is slowed far less than its wall time. None with loader
-    workers, whose CPU time the main process's does not count. The CPU seconds are those of the timed
+    """GB/s per CPU second of the run's loading thread (median, range), for runs without loader workers: on a
+    machine other work loads, a thread's CPU time is slowed far less than its wall time. None with loader
+    workers, whose CPU time the main thread's does not count. The CPU seconds are those of the timed
     batches (``timed_cpu_seconds``), not ``run_sampled``'s ``cpu_seconds`` (the whole process, imports too)."""
     if workers:
         return None
@@ -459,18 +459,21 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
         limit = data_segment() + (spec["limit_mib"] << 20)
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     total, start, cpu, rows, row_bytes = 0.0, 0.0, 0.0, 0, 0
-    cpu_setup = time.process_time()
+    cpu_setup = time.thread_time()
     loader, setup = batches(spec)
-    cpu_setup = time.process_time() - cpu_setup if setup else 0.0  # counted where the wall setup is
+    cpu_setup = time.thread_time() - cpu_setup if setup else 0.0  # counted where the wall setup is
     for seen, (x, y) in enumerate(loader, start=1):
         total += consume(x, y)
         if seen == WARMUP:
-            start, cpu = time.perf_counter(), time.process_time()
+            start, cpu = time.perf_counter(), time.thread_time()
         elif seen > WARMUP:
             rows += len(x)
             row_bytes = x[0].nbytes + y[0].nbytes  # numpy arrays and torch tensors alike
+    # the loading thread's CPU time, not the process's: numpy's OpenBLAS pool spins on the other cores for about
+    # 0.1 s after import, and the kernel adds a spinning thread's time a tick (4 ms) at a time, so a timed window
+    # of 0.2 ms could read 20x its wall time in CPU (every in-process method loads and consumes in this thread)
     return {"rows": rows, "seconds": time.perf_counter() - start + setup, "setup_seconds": setup,
-            "timed_cpu_seconds": time.process_time() - cpu + cpu_setup, "row_bytes": row_bytes, "checksum": total}
+            "timed_cpu_seconds": time.thread_time() - cpu + cpu_setup, "row_bytes": row_bytes, "checksum": total}
 
 
 if __name__ == "__main__":
