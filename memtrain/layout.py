@@ -330,12 +330,15 @@ def private_path(run_dir: Path, ring: int, owner_pid: int) -> Path:
     return Path(f"{run_dir}/{WEIGHTS_DIR}/.p{ring:08d}.npy{TMP_MARK}{owner_pid}-00000000")
 
 # --- a cluster run (memtrain/cluster/) ---
-def wave_file_name(round_id: str, wave: int = -1, rank: int = -1) -> str:
+def wave_file_name(round_id: str, wave: int = -1, rank: int | str = -1) -> str:
     """A round of nodes' wave file in the exchange area (memtrain/cluster/broadcast.py, ``WaveFiles``): the
-    record of ``wave`` (the server's), member ``rank``'s answer to it, or (no wave) the round's end mark."""
+    record of ``wave`` (the server's), member ``rank``'s answer to it, every member's answers in one file
+    (``rank`` "all": written by the member that completed the wave), or (no wave) the round's end mark."""
     if wave < 0:
         return f"w-{round_id}-end.json"
-    return f"w-{round_id}-{wave:08d}.json" if rank < 0 else f"w-{round_id}-{wave:08d}-r{rank:05d}.json"
+    if rank == "all":
+        return f"w-{round_id}-{wave:08d}-all.json"
+    return f"w-{round_id}-{wave:08d}.json" if int(rank) < 0 else f"w-{round_id}-{wave:08d}-r{int(rank):05d}.json"
 
 
 def cluster_probe_name(token: str) -> str:

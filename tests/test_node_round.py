@@ -485,6 +485,70 @@ def test_the_straggler_rule_takes_a_node_as_one_unit() -> None:
     assert due_at(state, 0, 2.0, 0.0, 0.0) == pytest.approx(104.0)
 
 
+def test_the_server_reads_one_file_of_answers_per_wave_whatever_the_members(tmp_path: Path, monkeypatch) -> None:
+    """The member that completes a wave writes every answer to it into one file (``WaveFiles.merge``), and the
+    server reads that file alone: its reads per wave do not grow with the nodes (issue 42's server CPU; before,
+    one file per member). A second member that saw the wave complete leaves the first's file as it is; that
+    member removes it with its next answer, and a wave that settled otherwise has it removed by the server."""
+    from memtrain.cluster import broadcast
+    from memtrain.cluster.broadcast import RoundState, Wave, WaveFiles
+
+    members = 8
+    files = WaveFiles(tmp_path, "0123456789ab")
+    for rank in range(members):
+        files.answer(4, rank, [float(rank), 0.5], bytes([rank]), "", 0.25 * rank)
+    assert files.complete(4, members) and files.merge(4, members)
+    first = files.answers_path(4).stat()
+    assert not files.merge(4, members)  # published already: the second writer's is dropped, the file untouched
+    assert files.answers_path(4).stat().st_ino == first.st_ino
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left
+    reads: list[str] = []
+    real = broadcast.read_wave_file
+    monkeypatch.setattr(broadcast, "read_wave_file", lambda path: (reads.append(path.name), real(path))[1])
+    state = RoundState(members=[str(r) for r in range(members)], client="")
+    state.waves[4] = Wave(record=b"", posted=0.0, parts=members)
+    assert files.collect(state, 4) == members
+    assert reads == [files.answers_path(4).name]
+    assert state.waves[4].answers == {r: (0.25 * r, [float(r), 0.5], bytes([r]), "") for r in range(members)}
+    # without the merged file (a wave not every member answered), one file per member, as before
+    files.answer(5, 0, [], b"", "", 0.1)
+    state.waves[5] = Wave(record=b"", posted=0.0, parts=members)
+    assert not files.merge(5, members) and not files.answers_path(5).exists()
+    reads.clear()
+    assert files.collect(state, 5) == 1 and len(reads) == 1 + members
+    files.settle(4, members)  # settled other than done: the server removes the merged file too
+    assert not files.answers_path(4).exists()
+
+
+def test_a_member_removes_the_file_of_answers_it_wrote_with_its_next_answer(tmp_path: Path) -> None:
+    """``follow_files``: the member that completed wave 0 wrote its one file of answers and, once it answered wave
+    1, removed it with its own answer to wave 0 -- the server posted wave 1 only after reading it."""
+    from types import SimpleNamespace
+
+    from memtrain.cluster.broadcast import WaveFiles, follow_files
+
+    files = WaveFiles(tmp_path, "0123456789ab")
+    told: list[int] = []
+    actor = SimpleNamespace(state=SimpleNamespace(plan=SimpleNamespace(update=lambda number: 1 / 0)))
+    files.post(0, "grads", (3, 3, 0, 6, 60, ()))
+    files.answer(0, 0, [], b"", "", 0.1)  # member 0 answered already: member 1 completes wave 0
+    posted = []
+
+    def done(wave: int) -> None:
+        told.append(wave)
+        if wave == 0:
+            assert files.answers_path(0).exists()  # written before the server is told
+            posted.append(json.loads(files.answers_path(0).read_text()))
+            files.post(1, "grads", (3, 3, 0, 6, 60, ()))
+            files.end()
+
+    assert follow_files(actor, files, 1, 2, ended=lambda: False, done=done) == 2
+    assert [a["error"][:40] for a in posted[0]["answers"]] == ["", "member 1's part of a 'grads' wave raised"]
+    assert told == [0, 1]  # wave 1: member 1's error, told at once
+    assert not files.answers_path(0).exists() and not files.answer_path(0, 1).exists()
+    assert not files.answers_path(1).exists()  # wave 1 was not complete: no file of answers
+
+
 def test_a_wave_record_reads_back_as_it_was_posted(tmp_path: Path) -> None:
     """A round of nodes' records are JSON files (never pickles): a step's template and a node record come back
     equal, and an answer's numbers and digests too."""

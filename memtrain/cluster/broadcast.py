@@ -26,7 +26,8 @@ A round whose members are all nodes (memtrain/cluster/nodes.py: one Dask worker 
 out of the waves too (``WaveFiles``): records and answers are small JSON files of the exchange area on the
 shared filesystem, the server settles each wave by the same rules on its side, and the scheduler keeps the
 round's membership and liveness. Nobody waits by asking the scheduler: the member that completes a wave (it finds
-every answer file there after writing its own) says so in one event, and the plugin publishes a member that left
+every answer file there after writing its own) writes them all into one file, which the server reads whatever the
+members (``WaveFiles.merge``), and says so in one event, and the plugin publishes a member that left
 or a worker that joined as it happens, both on the topic the server subscribes to (``TOPIC``: Dask's pub/sub,
 over the connection its client holds); the server sleeps until told, looking at the answer files and asking the
 scheduler only as a bounded fallback (``LOOK_SECONDS``, ``STATUS_SECONDS``). A lost server is pushed to the
@@ -53,7 +54,8 @@ from typing import TYPE_CHECKING, Any
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
 from memtrain.errors import InputError
-from memtrain.files import open_regular, write_json
+from memtrain.files import open_new, open_regular, rename_new, write_json
+from memtrain.layout import tmp_sibling
 from memtrain.train.exchange.area import WAVE, discard
 from memtrain.train.exchange.weights import BLOCK
 from memtrain.train.messages import BackupRule, GradTask, Outcome, Result, SetAside, StepTask
@@ -376,7 +378,7 @@ def follow_files(actor: Any, files: WaveFiles, rank: int, members: int, ended: C
     def over() -> bool:  # the round's end file, or its server's loss pushed to this worker: no message
         return files.ended() or files.ident in ENDED
 
-    wave = 0
+    wave, merged = 0, False
     while True:
         record = files.next(wave, lambda: over() or alive())
         if record is None:
@@ -385,12 +387,16 @@ def follow_files(actor: Any, files: WaveFiles, rank: int, members: int, ended: C
         kind, body = record
         numbers, blob, error = member_part(actor, kind, body, rank, members, over)
         files.answer(wave, rank, numbers, blob, error, time.monotonic() - started)
-        if error or files.complete(wave, members):
+        complete = files.complete(wave, members)
+        ours = complete and files.merge(wave, members)  # the server reads one file, whatever the members
+        if error or complete:
             done(wave)
-        # after the answer (the part is not slower for them): its answer to the wave before (the server read every
-        # answer to it before posting this one) and its partials of the update before (nodes.node_part)
+        # after the answer (the part is not slower for them): its answer to the wave before, and the one file of
+        # answers to it if this member wrote it (the server read every answer to it before posting this one), and
+        # its partials of the update before (nodes.node_part)
         if wave:
-            discard([files.answer_path(wave - 1, rank)])
+            discard([files.answer_path(wave - 1, rank), *([files.answers_path(wave - 1)] if merged else [])])
+        merged = ours
         if kind == "nodes":
             actor.state.remove_dropped()
         wave += 1
@@ -456,6 +462,10 @@ class WaveFiles:
             time.sleep(pause)
             pause = look_pause(pause, started)
 
+    def answers_path(self, wave: int) -> Path:
+        """Every member's answer to wave ``wave`` in one file (``merge``)."""
+        return WAVE.path(self.exchange, self.ident, wave, "all")
+
     def answer(self, wave: int, rank: int, numbers: list[float], blob: bytes, error: str, seconds: float) -> None:
         """A member's answer; ``seconds``: from reading the record to the answer (the straggler rule's time, as
         the server looks at the answers only when told or as a fallback)."""
@@ -467,14 +477,39 @@ class WaveFiles:
         (the chain's nodes answer about in rank order, so a member that is not the last stops at one lookup)."""
         return all(self.answer_path(wave, rank).exists() for rank in reversed(range(members)))
 
+    def merge(self, wave: int, members: int) -> bool:
+        """Write every member's answer to wave ``wave`` into one file, so that the server reads one file per wave
+        whatever the members (``collect``). Done by the member that saw the wave complete; two that both saw it
+        write the same answers, and the name is never replaced (``rename_new``): the second's is dropped. Whether
+        this member's was published (it then removes it, as its own answer, when it answers the next wave)."""
+        answers = [read_wave_file(self.answer_path(wave, rank)) for rank in range(members)]
+        if any(answer is None for answer in answers):  # not complete after all: the server reads them one by one
+            return False
+        path = self.answers_path(wave)
+        tmp = tmp_sibling(path)
+        try:
+            with open_new(tmp) as handle:
+                handle.write(json.dumps({"answers": answers}).encode())
+            rename_new(tmp, path)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            if tmp.exists():
+                discard([tmp])
+
     def collect(self, state: RoundState, wave: int) -> int:
-        """The answers to wave ``wave`` published since the last look, into ``state``; how many. Their files stay
-        until the wave settled (``settle``): the member that completes a wave sees every answer (``complete``)."""
+        """The answers to wave ``wave`` published since the last look, into ``state``; how many. From the one file
+        of every answer when a member wrote it (``merge``), else one file per member. Their files stay until the
+        wave settled (``settle``): the member that completes a wave sees every answer (``complete``)."""
         current, found = state.waves[wave], 0
-        for rank in range(len(state.members)):
-            if rank in current.answers:
-                continue
-            answer = read_wave_file(self.answer_path(wave, rank))
+        missing = [rank for rank in range(len(state.members)) if rank not in current.answers]
+        merged = read_wave_file(self.answers_path(wave)) if missing else None
+        every = merged.get("answers") if isinstance(merged, dict) else None
+        if not isinstance(every, list) or len(every) != len(state.members):
+            every = None
+        for rank in missing:
+            answer = every[rank] if every is not None else read_wave_file(self.answer_path(wave, rank))
             if answer is None:
                 continue
             seconds = answer.get("seconds")
@@ -489,7 +524,7 @@ class WaveFiles:
         ``leftovers``). A wave every member answered is not settled here: each member removes its own answer
         when it answers the next wave (``follow_files``), so the server's work per wave does not grow with the
         members."""
-        discard([self.answer_path(wave, rank) for rank in range(members)])
+        discard([self.answers_path(wave), *(self.answer_path(wave, rank) for rank in range(members))])
 
     def end(self) -> None:
         write_json(self.end_path(), {}, durable=False)
@@ -500,8 +535,10 @@ class WaveFiles:
     def leftovers(self, waves: int, members: int) -> list[Path]:
         """The files a round of ``waves`` waves may still hold once it ended (a late member's answer included;
         the answers to the wave before the last of the members that did not answer the last)."""
-        last = [self.record(waves - 1), *(self.answer_path(wave, r) for wave in range(max(0, waves - 2), waves)
-                                          for r in range(members))] if waves else []
+        last = [self.record(waves - 1), *(path for wave in range(max(0, waves - 2), waves)
+                                          for path in (self.answers_path(wave),
+                                                       *(self.answer_path(wave, r) for r in range(members))))
+                ] if waves else []
         return [*last, self.end_path()]
 
 

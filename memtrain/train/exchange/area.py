@@ -125,12 +125,14 @@ STREAMED_GRADIENT = Kind(("g-uNNNNNNNN-tNNNNN-aNNN.npy",), layout.streamed_gradi
 METRICS = Kind(("m-vNNNNNNNN-tNNNNN-aNNN.npy",), layout.metrics_name, "attempt",
                "metrics.write_task_statistics (a worker)",
                "metrics.collect (the server, once added); a dead or superseded attempt's: the server (discard)")
-WAVE = Kind(("w-<round>-NNNNNNNN.json", "w-<round>-NNNNNNNN-rNNNNN.json", "w-<round>-end.json"),
+WAVE = Kind(("w-<round>-NNNNNNNN.json", "w-<round>-NNNNNNNN-rNNNNN.json", "w-<round>-NNNNNNNN-all.json",
+             "w-<round>-end.json"),
             layout.wave_file_name, "attempt",
-            "broadcast.WaveFiles (a round of nodes: the server a wave's record and the round's end, a node its answer)",
-            "a node: its answer when it answers the next wave; the server: a record once the next is posted, the "
-            "answers to a wave not every member answered once it settled, the rest once the round's loops "
-            "returned (broadcast.Broadcast.sweep)")
+            "broadcast.WaveFiles (a round of nodes: the server a wave's record and the round's end, a node its "
+            "answer, the node that completed a wave every answer to it in one file)",
+            "a node: its answer, and the one file of answers it wrote, when it answers the next wave; the server: "
+            "a record once the next is posted, the answers to a wave not every member answered once it settled, "
+            "the rest once the round's loops returned (broadcast.Broadcast.sweep)")
 CLUSTER_PROBE = Kind((".cluster-probe-<token>.json",), layout.cluster_probe_name, "attempt",
                      "sharedfs.look (a Dask worker, at start)", "sharedfs.read_back (the server, once read)")
 
