@@ -19,6 +19,7 @@ the end of an answered node's range (``node_sum.resume_point``) is kept, the tas
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -57,8 +58,9 @@ class NodeParticipant(SlicedParticipant):
         if self.broadcast is not None:  # a round of nodes: its waves are files of the exchange area
             self.broadcast.exchange = files.exchange
         timed_sections(self, options.get("timer", UNTIMED), ("node_step",))  # train/timing.py: untimed, nothing
-        self.published: dict[int, list[Path]] = {}  # per update asked with a node record: the partials its chain
-        # may publish (``partials``), removed after its step
+        # per update asked with a node record: its first task and the chain's ends, whose partials (``partials``)
+        # are removed after its step; their names are made only when the server removes them itself
+        self.published: dict[int, tuple[GradTask, list[int]]] = {}
 
     def member_processes(self) -> list[int]:
         """The open round's members' process counts as nodes (asked once per round, when it opens:
@@ -78,13 +80,13 @@ class NodeParticipant(SlicedParticipant):
         ranges = node_tasks(len(tasks), counts)
         record = node_record(gradient_record(tasks), counts, broadcast.timeout or CHAIN_SECONDS, broadcast.attempts)
         ends = [hi for _, hi in ranges]
-        self.published[tasks[0].ticket] = self.partials(tasks[0], ends)  # discarded after the step
+        self.published[tasks[0].ticket] = (tasks[0], ends)  # discarded after the step
         answer = broadcast.ask("nodes", record, node_shares(ranges, counts), self.file_chores)
         found = gradient_results(tasks, answer.numbers)
         deal = node_step_deal(self.files.size, ranges, BLOCK, len(self.state_names))
         self.dealt = (tasks, ends, deal if answer.status == "done" else None)
         if answer.status == "done":
-            broadcast.kept = []  # every node started this part: each removed its previous update's partials
+            broadcast.kept = list  # every node started this part: each removed its previous update's partials
             self.chained = len(tasks)
             return [found[task.task] for task in tasks]
         chain = self.chain(tasks[0])
@@ -182,9 +184,10 @@ class NodeParticipant(SlicedParticipant):
         (``WorkerState.drop_partials``), and the round's end removes those of the update stepped last
         (``Broadcast.kept``): the server's work per update does not grow with the nodes. Otherwise (a node
         lost, failed or late) every one is removed here."""
-        paths = self.published.pop(update, [])
+        published = self.published.pop(update, None)
+        named = functools.partial(self.partials, *published) if published is not None else list
         broadcast = self.broadcast
         if broadcast is not None and self.node_deal() is not None and self.dealt[0][0].ticket == update:
-            broadcast.kept = paths
+            broadcast.kept = named
         else:
-            discard(paths)
+            discard(named())
