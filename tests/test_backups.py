@@ -190,3 +190,42 @@ def test_without_a_rule_no_worker_is_set_aside() -> None:
         run.run(transport, tasks(2))
         assert {index for _, _, index in transport.sent} == {0, 1}
     assert not any("set aside" in line for line in logs)
+
+
+def test_an_answer_in_time_while_still_aside_does_not_clear_a_stragglers_record(monkeypatch) -> None:
+    """A worker stopped most of the time answers a small share in time now and then: that is not a probe (its time
+    aside is not over), so its next lag sets it aside for twice as long, not for the first time again (before, a
+    worker stopped 80% of the time was set aside 30 times a run for 0.5 s each, and taken back at once)."""
+    from memtrain.train import messages
+
+    now = [100.0]
+    monkeypatch.setattr(messages.time, "monotonic", lambda: now[0])
+    logs: list[str] = []
+    aside, rule, slot = SetAside(), BackupRule(ratio=3.0, seconds=0.5), Slot(index=1, process=None)
+    aside.judge(slot, 0.9, [0.01], rule, logs.append)
+    assert aside.until[1] == 100.5 and not aside.usable_now(slot)
+    aside.judge(slot, 0.01, [0.01], rule, logs.append)  # in time, but still aside: its record stands
+    assert aside.strikes[1] == 1 and not any("keeps up with its peers again" in line for line in logs)
+    aside.judge(slot, 0.9, [0.01], rule, logs.append)
+    assert aside.until[1] == 101.0  # twice as long: the second set-aside in a row
+    now[0] = 101.5  # its time aside is over: an answer in time now is a probe, and clears its record
+    aside.judge(slot, 0.01, [0.01], rule, logs.append)
+    assert 1 not in aside.strikes and any("worker 1 keeps up with its peers again" in line for line in logs)
+
+
+def test_when_every_worker_is_aside_those_whose_time_ends_first_get_the_work(monkeypatch) -> None:
+    """Two workers, both set aside: the one set aside by a short false alarm gets the work, not both (before,
+    every slot was usable again when all were aside, and the straggler came back with the healthy one)."""
+    from memtrain.train import messages
+
+    now = [100.0]
+    monkeypatch.setattr(messages.time, "monotonic", lambda: now[0])
+    aside, rule = SetAside(), BackupRule(ratio=3.0, seconds=0.5)
+    healthy, straggler = Slot(index=0, process=None), Slot(index=1, process=None)
+    for _ in range(3):  # three lags in a row: aside for 2 s
+        aside.judge(straggler, 0.9, [0.01], rule, lambda line: None)
+    aside.judge(healthy, 0.05, [0.01], rule, lambda line: None)  # a false alarm: aside for 0.5 s
+    assert aside.usable([healthy, straggler]) == [healthy]
+    now[0] = 100.6
+    assert aside.usable([healthy, straggler]) == [healthy]
+    assert aside.usable([]) == []
