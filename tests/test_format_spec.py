@@ -69,6 +69,7 @@ MADE = {
     "episode_state_name": lambda: [layout.episode_state_name(7)],
     "chain_sum_name": lambda: [layout.chain_sum_name(390, 0, 12, 3)],
     "wave_file_name": lambda: [layout.wave_file_name("r0123", 5), layout.wave_file_name("r0123", 5, 2),
+                               layout.wave_file_name("r0123", 5, "all"),
                                layout.wave_file_name("r0123")],
     "numbered_run_dir": lambda: [layout.numbered_run_dir(Path("runs/digits-mlp"), 2).as_posix()],
     "slurm_rendezvous_path": lambda: [layout.slurm_rendezvous_path(Path("runs/digits-mlp"), "4242", 1).name],
