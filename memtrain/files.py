@@ -150,6 +150,27 @@ def rename_new(src: Path, dst: Path) -> None:
     os.unlink(src)
 
 
+def publish_new(path: Path, write: Callable[[IO[bytes]], None], *, durable: bool) -> bool:
+    """Write a file under a temporary name, then rename it to ``path`` unless ``path`` exists (``rename_new``):
+    whether this one was published. For names several writers may publish with the same bytes (a backup copy of
+    a chain's link, two members that both saw a wave complete): the first stays, the others are dropped.
+    ``durable`` syncs the file before the rename."""
+    tmp = tmp_sibling(path)
+    try:
+        with open_new(tmp) as handle:
+            write(handle)
+            handle.flush()
+            if durable:
+                os.fsync(handle.fileno())
+        rename_new(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
 # Flags of every descriptor memtrain writes through: a symbolic link (which memtrain never makes) is
 # refused rather than followed out of the directory, and a FIFO cannot block the open.
 WRITE_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK

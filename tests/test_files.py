@@ -195,6 +195,18 @@ def test_rename_new_renames_and_never_replaces(tmp_path: Path, monkeypatch: pyte
         rename_new(tmp_path / "missing", tmp_path / "d")
 
 
+@pytest.mark.parametrize("durable", [False, True])
+def test_publish_new_keeps_the_first_of_several_writers(tmp_path: Path, durable: bool) -> None:
+    """``publish_new``: the first writer's bytes stay at the name; a second is dropped (False), no temporary
+    file is left by either."""
+    path = tmp_path / "w-0123456789ab-00000004-all.json"
+    assert files.publish_new(path, lambda handle: handle.write(b"first"), durable=durable)
+    inode = os.stat(path).st_ino
+    assert not files.publish_new(path, lambda handle: handle.write(b"second"), durable=durable)
+    assert path.read_bytes() == b"first" and os.stat(path).st_ino == inode
+    assert os.listdir(tmp_path) == [path.name]
+
+
 def test_the_log_encoders_made_once_write_json_dumps_text() -> None:
     """files.JSON_LINE and files.CANONICAL_JSON are C encoders built once (json.dumps builds one per value): the text
     is json.dumps' with the same options, for nested values, NaN and infinities, float subclasses, non-ASCII, int keys

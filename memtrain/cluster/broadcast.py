@@ -54,8 +54,7 @@ from typing import TYPE_CHECKING, Any
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
 from memtrain.errors import InputError
-from memtrain.files import open_new, open_regular, rename_new, write_json
-from memtrain.layout import tmp_sibling
+from memtrain.files import open_regular, publish_new, write_json
 from memtrain.train.exchange.area import WAVE, discard
 from memtrain.train.exchange.weights import BLOCK
 from memtrain.train.messages import BackupRule, GradTask, Outcome, Result, SetAside, StepTask
@@ -485,18 +484,8 @@ class WaveFiles:
         answers = [read_wave_file(self.answer_path(wave, rank)) for rank in range(members)]
         if any(answer is None for answer in answers):  # not complete after all: the server reads them one by one
             return False
-        path = self.answers_path(wave)
-        tmp = tmp_sibling(path)
-        try:
-            with open_new(tmp) as handle:
-                handle.write(json.dumps({"answers": answers}).encode())
-            rename_new(tmp, path)
-            return True
-        except FileExistsError:
-            return False
-        finally:
-            if tmp.exists():
-                discard([tmp])
+        text = json.dumps({"answers": answers}).encode()
+        return publish_new(self.answers_path(wave), lambda handle: handle.write(text), durable=False)
 
     def collect(self, state: RoundState, wave: int) -> int:
         """The answers to wave ``wave`` published since the last look, into ``state``; how many. From the one file

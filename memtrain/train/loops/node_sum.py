@@ -40,12 +40,12 @@ else finds the last partial not whole and the server computes the tasks after th
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 
@@ -55,12 +55,10 @@ from memtrain.files import (
     block_checksum_digest,
     block_digest,
     npy_header_bytes,
-    open_new,
     open_regular,
-    rename_new,
+    publish_new,
 )
-from memtrain.layout import tmp_sibling
-from memtrain.train.exchange.area import CHAIN_SUM, discard
+from memtrain.train.exchange.area import CHAIN_SUM
 from memtrain.train.exchange.weights import BLOCK
 from memtrain.train.messages import StepTask
 from memtrain.train.plan import SEGMENT_BLOCKS
@@ -142,20 +140,12 @@ class PartialSum:
         bits): ours is dropped."""
         stamp(record, self.identity(tasks, segment))
         path = self.path(tasks, segment)
-        tmp = tmp_sibling(path)
-        try:
-            with open_new(tmp) as handle:
-                handle.write(npy_header_bytes((), record.dtype))
-                handle.write(memoryview(record.view(np.uint8)))
-                handle.flush()
-                if self.sync:
-                    os.fsync(handle.fileno())
-            rename_new(tmp, path)
-        except FileExistsError:
-            pass
-        finally:
-            if tmp.exists():
-                discard([tmp])
+
+        def write(handle: IO[bytes]) -> None:
+            handle.write(npy_header_bytes((), record.dtype))
+            handle.write(memoryview(record.view(np.uint8)))
+
+        publish_new(path, write, durable=self.sync)
         return path
 
     def read(self, tasks: int, segment: int, into: np.ndarray) -> np.ndarray:
