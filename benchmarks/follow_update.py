@@ -13,9 +13,11 @@ per-update function (the rounds' ``Participant.round``, the server's ``Overlap.a
 Both are counted over the whole package and over ``memtrain/train/`` alone; ``--edges`` lists the returns into
 ``train/`` by caller, callee and function. docs/development.md ("Following one update") keeps the figures, and
 tests/test_follow_update.py bounds them, so that a change which tangles an update's path again is seen. The
-counts are the code's, not the machine's, but for one thing: the server's chores (the logbook written, the
-progress line) run at most every ``logbook.PROGRESS_SECONDS`` between two updates, so on a slow or loaded machine
-they may fall inside the followed update (the rounds: 6 more files of train/ and 16 to 18 more returns).
+counts are the code's, not the machine's: the server's chores (the logbook written, the progress line, a stop or
+the placement's probe looked at: ``logbook.Chores``) run at most every ``logbook.PROGRESS_SECONDS`` between two
+updates, so whether they fall inside the followed update depends on the machine's speed (on a loaded one, often:
+the rounds then entered 2 to 4 more files of train/ and 13 more returns); the calls made inside them are not
+counted (the call into the chores is).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any
 
 import numpy as np
@@ -72,12 +74,21 @@ class Followed:
                 **{f"{scope}_returns": self.returns[scope] for scope in self.returns}}
 
 
+def chores_code() -> set[CodeType]:
+    """The server's chores' entry points (``logbook.Chores``), whose inner calls the follower leaves out."""
+    from memtrain.train.records.logbook import Chores
+
+    return {Chores.after_update.__code__, Chores.in_stretch.__code__}
+
+
 class Tracer:
-    """The profile hook: counts the calls across memtrain's files inside the window."""
+    """The profile hook: counts the calls across memtrain's files inside the window, but those inside the
+    server's chores (``chores_code``)."""
 
     def __init__(self, mode: str):
         self.followed = Followed(mode)
         self.marker = marker(mode)
+        self.chores = chores_code()
         self.on = False
 
     def __call__(self, frame: FrameType, event: str, arg: object) -> None:
@@ -87,8 +98,16 @@ class Tracer:
         if (code.co_filename, code.co_name) == self.marker:
             self.followed.calls += 1
             self.on = self.followed.calls == FIRST or (self.on and self.followed.calls < LAST)
-        if self.on and code.co_filename.startswith(ROOT):
+        if self.on and code.co_filename.startswith(ROOT) and not self.in_chores(frame.f_back):
             self.count(code.co_filename[len(ROOT):], frame.f_back, code.co_name)
+
+    def in_chores(self, frame: FrameType | None) -> bool:
+        """Whether ``frame`` is inside the server's chores (one of their entry points on its stack)."""
+        while frame is not None:
+            if frame.f_code in self.chores:
+                return True
+            frame = frame.f_back
+        return False
 
     def count(self, path: str, back: FrameType | None, name: str) -> None:
         caller = back.f_code.co_filename if back is not None else ""
