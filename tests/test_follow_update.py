@@ -6,8 +6,8 @@ per-update function, the files of memtrain/train/ entered and the returns (calls
 The counts are the code's: the calls inside the server's chores (the logbook written, the progress line; at most
 every PROGRESS_SECONDS, train/records/logbook.py ``Chores``), which fall inside the followed update on a loaded
 machine (a fresh check once saw the cluster's 14 files in all three tries), are not counted. The follower still
-runs up to ``TRIES`` times and the fewest files and returns are bounded. The bounds are this code's counts (sync 10 files
-/ 21 returns, cluster 12 / 30, async in the server 12 / 49) with a little room (the cluster's 12th file is
+runs up to ``TRIES`` times and the fewest files and returns are bounded. The bounds are this code's counts (sync
+10 files / 21 returns, cluster 12 / 31, async in the server 12 / 49) with a little room (the cluster's 12th file is
 train/messages.py's ``SetAside``, the straggler rule its rounds judge each update by; its returns went from 26 to
 30 when a round of nodes began to deal its own step, issue 42: ``plan.node_step_deal``, two hooks of the sliced
 step, ``step_ranges`` and ``ask_step``, each entered from train/loops/sliced.py and returning to it); the code
